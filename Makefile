@@ -1,0 +1,51 @@
+# The two commands from the README: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint typecheck contracts pytest bench snapshots-update clean
+
+$(BIN)/python:
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gpuconsole needs Python 3.11+"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(VENV)/.installed $@
+
+## the console on a simulated cluster
+demo: $(VENV)/.installed
+	$(BIN)/gpuconsole demo
+
+## ruff, the import contract, mypy on the core, then pytest
+test: lint contracts typecheck pytest
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check gpuconsole tests benchmarks
+	$(BIN)/ruff format --check gpuconsole tests benchmarks
+
+contracts: $(VENV)/.installed-test
+	$(BIN)/lint-imports
+
+typecheck: $(VENV)/.installed-test
+	$(BIN)/mypy
+
+pytest: $(VENV)/.installed-test
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+## speed and memory figures (medians), printed
+bench: $(VENV)/.installed-test
+	$(BIN)/python -m benchmarks
+
+## rewrite the SVG snapshots under snapshots/
+snapshots-update: $(VENV)/.installed-test
+	$(BIN)/pytest -q tests -k snapshot --snapshot-update
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

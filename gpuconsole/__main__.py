@@ -1,0 +1,7 @@
+"""`python -m gpuconsole`."""
+
+import sys
+
+from gpuconsole.cli import main
+
+sys.exit(main())

@@ -1,0 +1,321 @@
+"""The `gpuconsole` command and its subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuconsole import config as config_mod
+from gpuconsole import format as fmt
+from gpuconsole import paths
+from gpuconsole.config import Config, ConfigError
+from gpuconsole.hub import Hub, HubSettings
+from gpuconsole.model import FleetSnapshot, NodeSnapshot, gpu_health
+from gpuconsole.sim.profiles import PROFILES
+
+log = logging.getLogger("gpuconsole")
+
+NOT_YET = {
+    "wallboard": "the read-only wallboard arrives with issue #7 (three ways in)",
+    "agent": "the headless Prometheus exporter arrives with issue #7 (three ways in)",
+    "ssh-server": "the ssh-in console arrives with issue #7 (three ways in)",
+}
+
+
+# --- building the data loop ---------------------------------------------------------------
+
+
+def hub_settings(cfg: Config) -> HubSettings:
+    return HubSettings(
+        history_points=cfg.hub.history_points,
+        event_log_size=cfg.hub.event_log_size,
+        max_backoff_s=cfg.hub.max_backoff_s,
+    )
+
+
+def node_hub(cfg: Config) -> Hub:
+    """The hub for this machine's own sources, as the config says."""
+    from gpuconsole.sources.nvml import NvmlSource, load_pynvml
+
+    hub = Hub(hub_settings(cfg))
+    node = cfg.host.node_name
+    hub.add_node(node)
+    if cfg.nvml.enabled:
+        hub.add_source(
+            NvmlSource(
+                node,
+                lib=load_pynvml(cfg.nvml.library) if cfg.nvml.library else None,
+                interval_s=cfg.nvml.interval_s,
+                timeout_s=cfg.nvml.timeout_s,
+                detail_every=cfg.nvml.detail_every,
+                inventory_every=cfg.nvml.inventory_every,
+                events=cfg.nvml.events,
+            )
+        )
+    return hub
+
+
+def sim_hub(cfg: Config, nodes: int | None, seed: int | None, *, events: bool = True) -> Hub:
+    """The hub over the simulated cluster."""
+    from gpuconsole.sim.cluster import add_sim_sources, build_sim_nodes, demo_cluster
+
+    count = nodes if nodes is not None else (cfg.demo.nodes or None)
+    hub = Hub(hub_settings(cfg))
+    specs = demo_cluster(count)
+    sims = build_sim_nodes(specs, seed=cfg.demo.seed if seed is None else seed)
+    add_sim_sources(hub, sims, interval_s=cfg.nvml.interval_s, events=events)
+    return hub
+
+
+# --- subcommands ----------------------------------------------------------------------
+
+
+def _config(args: argparse.Namespace) -> Config:
+    return config_mod.load(Path(args.config) if args.config else None)
+
+
+def _log_to_file() -> None:
+    """Full-screen modes must never print: log to a file under the XDG state folder."""
+    folder = paths.state_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.FileHandler(folder / "gpuconsole.log")
+    except OSError:
+        handler = logging.NullHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+
+
+def _run_console(hub: Hub, theme: str | None) -> int:
+    try:
+        from gpuconsole.tui.app import ConsoleApp
+    except ImportError as exc:
+        print(f"gpuconsole: the console cannot start: {exc}", file=sys.stderr)
+        return 1
+    _log_to_file()
+    ConsoleApp(hub, theme=theme).run()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    hub = sim_hub(cfg, args.nodes, args.seed)
+    return _run_console(hub, args.theme or cfg.ui.theme)
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    return _run_console(node_hub(cfg), args.theme or cfg.ui.theme)
+
+
+def cmd_not_yet(args: argparse.Namespace) -> int:
+    print(f"gpuconsole {args.command}: not built yet: {NOT_YET[args.command]}.", file=sys.stderr)
+    return 2
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    if args.demo:
+        hub = sim_hub(cfg, args.nodes, args.seed, events=False)
+    else:
+        hub = node_hub(cfg)
+    snapshot = asyncio.run(hub.poll_once())
+    if args.json:
+        from gpuconsole.codec import dumps
+
+        print(dumps(snapshot, indent=2 if args.pretty else None))
+    else:
+        print(render_table(snapshot))
+    failed = [s for n in snapshot.nodes for s in n.statuses if not s.ok]
+    return 1 if failed and len(failed) == sum(len(n.statuses) for n in snapshot.nodes) else 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    if args.action == "example":
+        print(config_mod.example())
+        return 0
+    cfg = _config(args)
+    where = cfg.path or f"{paths.default_config_file()} (absent: defaults)"
+    print(f"{where}: ok")
+    return 0
+
+
+# --- the plain-text table -------------------------------------------------------------
+
+
+def _node_table(node: NodeSnapshot) -> list[str]:
+    nvml = node.nvml
+    product = PROFILES[node.profile].product if node.profile in PROFILES else ""
+    head = [node.node]
+    if product:
+        head.append(product)
+    if node.simulated:
+        head.append("(simulated)")
+    if nvml is not None:
+        head.append(f"driver {nvml.driver_version or '?'}  CUDA {nvml.cuda_driver_version or '?'}")
+    for status in node.statuses:
+        state = "ok" if status.ok else f"STALE: {status.error}"
+        head.append(f"{status.source}: {state}")
+    lines = ["  ".join(head)]
+    if nvml is None:
+        return lines
+    rows = [
+        (
+            "GPU",
+            "NAME",
+            "BUS ID",
+            "UTIL",
+            "MEMORY",
+            "TEMP",
+            "HBM",
+            "POWER",
+            "SM CLOCK",
+            "THROTTLE",
+            "ECC",
+            "HEALTH",
+        )
+    ]
+    for gpu in nvml.gpus:
+        if gpu.lost:
+            rows.append(
+                (
+                    str(gpu.index),
+                    gpu.name,
+                    gpu.pci_bus_id,
+                    "LOST",
+                    fmt.NA,
+                    fmt.NA,
+                    fmt.NA,
+                    fmt.NA,
+                    fmt.NA,
+                    fmt.NA,
+                    fmt.NA,
+                    "critical",
+                )
+            )
+            continue
+        memory = f"{fmt.gib(gpu.mem_used_bytes)} / {fmt.gib(gpu.mem_total_bytes)}"
+        power = f"{fmt.watts(gpu.power_w)} / {fmt.watts(gpu.power_limit_w)}"
+        util = fmt.pct(gpu.util_gpu_pct)
+        if gpu.mig_enabled:
+            util = f"MIG x{len(gpu.mig_instances)}"
+        ecc = str(gpu.ecc.volatile_uncorrected or 0) + "/" + str(gpu.ecc.volatile_corrected or 0)
+        if gpu.ecc.remap_pending:
+            ecc += " remap pending"
+        rows.append(
+            (
+                str(gpu.index),
+                gpu.name,
+                gpu.pci_bus_id,
+                util,
+                memory,
+                fmt.celsius(gpu.temp_gpu_c),
+                fmt.celsius(gpu.temp_hbm_c),
+                power,
+                fmt.mhz(gpu.sm_clock_mhz),
+                fmt.throttle_words(gpu.throttle_reasons),
+                ecc,
+                gpu_health(gpu).value,
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        lines.append(
+            "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        )
+    return lines
+
+
+def render_table(snapshot: FleetSnapshot) -> str:
+    """One reading as text, node by node."""
+    out: list[str] = []
+    for node in snapshot.nodes:
+        out.extend(_node_table(node))
+        out.append("")
+    if snapshot.simulated:
+        out.append("SIMULATED DATA: no real GPU was read.")
+    return "\n".join(out).rstrip() + "\n"
+
+
+# --- argument parsing -----------------------------------------------------------------
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--config", metavar="FILE", help="config file (default: XDG location)")
+
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, metavar="N", help="simulated nodes (default: 7)")
+    p.add_argument("--seed", type=int, metavar="S", help="simulation seed")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuconsole",
+        description="A terminal console for GPU clusters: GPUs, BMCs, fabric and owners.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("demo", help="the console on a simulated cluster (no GPU needed)")
+    _common(p)
+    _demo_args(p)
+    p.add_argument("--theme", help="theme name")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("console", help="the console on this node's real sources")
+    _common(p)
+    p.add_argument("--theme", help="theme name")
+    p.set_defaults(func=cmd_console)
+
+    for name in ("wallboard", "agent", "ssh-server"):
+        p = sub.add_parser(name, help=f"{NOT_YET[name]} (not built yet)")
+        _common(p)
+        p.set_defaults(func=cmd_not_yet)
+
+    p = sub.add_parser("snapshot", help="one reading of every source, as a table or JSON")
+    _common(p)
+    _demo_args(p)
+    p.add_argument("--demo", action="store_true", help="read the simulated cluster")
+    p.add_argument("--json", action="store_true", help="versioned JSON (schema_version)")
+    p.add_argument("--pretty", action="store_true", help="indent the JSON")
+    p.set_defaults(func=cmd_snapshot)
+
+    p = sub.add_parser("config", help="print an example config, or check one")
+    p.add_argument("action", choices=["example", "check"])
+    _common(p)
+    p.set_defaults(func=cmd_config)
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpuconsole")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command not in ("demo", "console"):
+        logging.basicConfig(level=logging.WARNING, format="gpuconsole: %(message)s")
+    try:
+        result: Any = args.func(args)
+    except ConfigError as exc:
+        print(f"gpuconsole: config error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return int(result)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,388 @@
+"""The one data loop: polls sources, keeps the latest good readings, fans snapshots out.
+
+Each source runs on its own interval with a timeout and exponential backoff. A poll that
+overruns its timeout is never started twice: the hub waits for the stuck one instead.
+Readings are merged into one immutable NodeSnapshot per node; counters become rates
+here (32-bit wrap and resets handled once) and gauges go into bounded history rings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from gpuconsole.counters import RateTracker
+from gpuconsole.history import HistoryStore
+from gpuconsole.model import (
+    Event,
+    FleetSnapshot,
+    Key,
+    NodeSnapshot,
+    Severity,
+    SourceStatus,
+)
+from gpuconsole.sources.base import Reading, Source
+
+log = logging.getLogger(__name__)
+
+Subscriber = Callable[[FleetSnapshot], None]
+
+
+@dataclass
+class _SourceState:
+    source: Source
+    status: SourceStatus
+    task: asyncio.Task[None] | None = None
+    inflight: asyncio.Task[Reading] | None = None
+
+
+@dataclass
+class _NodeState:
+    name: str
+    simulated: bool
+    profile: str | None
+    readings: dict[str, Any] = field(default_factory=dict)
+    rates: dict[str, dict[Key, float]] = field(default_factory=dict)
+    trackers: dict[str, RateTracker] = field(default_factory=dict)
+    history: HistoryStore = field(default_factory=lambda: HistoryStore(300))
+    snapshot: NodeSnapshot | None = None
+    sources: list[_SourceState] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    """Knobs of the data loop; every one has a default."""
+
+    history_points: int = 300
+    event_log_size: int = 2000
+    snapshot_events: int = 200
+    max_backoff_s: float = 60.0
+    publish_gap_s: float = 0.2
+
+
+class Hub:
+    """Runs sources, merges readings, publishes FleetSnapshots to subscribers."""
+
+    def __init__(
+        self,
+        settings: HubSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings or HubSettings()
+        self._clock = clock
+        self._monotonic = monotonic
+        self._nodes: dict[str, _NodeState] = {}
+        self._events: deque[Event] = deque(maxlen=self.settings.event_log_size)
+        self._event_seq = 0
+        self._subscribers: list[Subscriber] = []
+        self._dirty: set[str] = set()
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._publisher: asyncio.Task[None] | None = None
+        self._seq = 0
+        self._latest: FleetSnapshot | None = None
+        self._running = False
+
+    # --- setup ---------------------------------------------------------------------
+
+    def add_node(self, name: str, *, simulated: bool = False, profile: str | None = None) -> None:
+        if name not in self._nodes:
+            node = _NodeState(name, simulated, profile)
+            node.history = HistoryStore(self.settings.history_points)
+            self._nodes[name] = node
+            self._dirty.add(name)
+
+    def add_source(self, source: Source) -> None:
+        self.add_node(source.node)
+        status = SourceStatus(
+            node=source.node, source=source.kind, ok=False, error="waiting for first reading"
+        )
+        self._nodes[source.node].sources.append(_SourceState(source, status))
+
+    @property
+    def sources(self) -> list[Source]:
+        return [s.source for node in self._nodes.values() for s in node.sources]
+
+    # --- running -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every source and its poll loop, and the publisher."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._running = True
+        for node in self._nodes.values():
+            for state in node.sources:
+                await self._start_source(state)
+                state.task = asyncio.create_task(
+                    self._poll_loop(node, state), name=f"poll {node.name}/{state.source.kind}"
+                )
+        self._publisher = asyncio.create_task(self._publish_loop(), name="hub publisher")
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop polling and close every source."""
+        self._running = False
+        tasks = [s.task for n in self._nodes.values() for s in n.sources if s.task is not None]
+        if self._publisher is not None:
+            tasks.append(self._publisher)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for node in self._nodes.values():
+            for state in node.sources:
+                try:
+                    await state.source.close()
+                except Exception:
+                    log.exception("closing %s/%s", node.name, state.source.kind)
+
+    async def poll_once(self) -> FleetSnapshot:
+        """Start, poll every source once (rates need two rounds), stop; for one-shot readers."""
+        self._loop = asyncio.get_running_loop()
+        states = [(n, s) for n in self._nodes.values() for s in n.sources]
+        for _node, state in states:
+            await self._start_source(state)
+        try:
+            await asyncio.gather(*(self._poll(node, state) for node, state in states))
+        finally:
+            for _node, state in states:
+                with contextlib.suppress(Exception):
+                    await state.source.close()
+        return self.publish()
+
+    async def _start_source(self, state: _SourceState) -> None:
+        source = state.source
+        try:
+            await source.start(self.post_event)
+        except Exception as exc:
+            self._mark_failed(state, f"start failed: {_describe(exc)}")
+
+    async def _poll_loop(self, node: _NodeState, state: _SourceState) -> None:
+        source = state.source
+        failures = 0
+        while self._running:
+            began = self._monotonic()
+            ok = await self._poll(node, state)
+            failures = 0 if ok else failures + 1
+            delay = source.interval_s * (2 ** min(failures, 10)) if failures else source.interval_s
+            delay = min(delay, max(self.settings.max_backoff_s, source.interval_s))
+            elapsed = self._monotonic() - began
+            await asyncio.sleep(max(0.0, delay - elapsed))
+
+    async def _poll(self, node: _NodeState, state: _SourceState) -> bool:
+        """One poll with a timeout; True when a fresh reading landed."""
+        source = state.source
+        began = self._monotonic()
+        if state.inflight is None or state.inflight.done():
+            state.inflight = asyncio.ensure_future(source.poll())
+        try:
+            reading = await asyncio.wait_for(asyncio.shield(state.inflight), source.timeout_s)
+        except TimeoutError:
+            self._mark_failed(state, f"timeout after {source.timeout_s:g} s")
+            return False
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            state.inflight = None
+            self._mark_failed(state, _describe(exc))
+            return False
+        state.inflight = None
+        self._accept(node, state, reading, self._monotonic() - began)
+        return True
+
+    # --- merging -------------------------------------------------------------------
+
+    def _accept(self, node: _NodeState, state: _SourceState, reading: Reading, took: float) -> None:
+        kind = state.source.kind
+        now = self._clock()
+        node.readings[kind] = reading
+        tracker = node.trackers.setdefault(kind, RateTracker())
+        rates = tracker.update(reading.counters(), self._monotonic())
+        node.rates[kind] = rates
+        node.history.record(reading.series())
+        node.history.record(rates.items())
+        old = state.status
+        if not old.ok and old.polls > 0 and old.stale_since is not None:
+            self.post_event(
+                Event(
+                    now,
+                    node.name,
+                    kind,
+                    "source_recovered",
+                    Severity.INFO,
+                    f"{kind} recovered after {now - old.stale_since:.0f} s",
+                )
+            )
+        state.status = dataclasses.replace(
+            old,
+            ok=True,
+            last_ok_at=now,
+            stale_since=None,
+            error=None,
+            polls=old.polls + 1,
+            last_poll_s=took,
+        )
+        self._mark_dirty(node.name)
+
+    def _mark_failed(self, state: _SourceState, error: str) -> None:
+        now = self._clock()
+        old = state.status
+        was_ok = old.ok or (old.polls == 0 and old.failures == 0)
+        state.status = dataclasses.replace(
+            old,
+            ok=False,
+            stale_since=old.stale_since if old.stale_since is not None else now,
+            error=error,
+            polls=old.polls + 1,
+            failures=old.failures + 1,
+        )
+        if was_ok or old.error != error:
+            log.warning("%s/%s stale: %s", old.node, old.source, error)
+        if was_ok:
+            self.post_event(
+                Event(
+                    now,
+                    old.node,
+                    old.source,
+                    "source_stale",
+                    Severity.WARNING,
+                    f"{old.source} stale: {error}",
+                )
+            )
+        self._mark_dirty(old.node)
+
+    def _mark_dirty(self, node: str) -> None:
+        self._dirty.add(node)
+        if self._wake is not None:
+            self._wake.set()
+
+    # --- events --------------------------------------------------------------------
+
+    def post_event(self, event: Event) -> None:
+        """Record an event; safe to call from any thread."""
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is not loop:
+                loop.call_soon_threadsafe(self._record_event, event)
+                return
+        self._record_event(event)
+
+    def _record_event(self, event: Event) -> None:
+        self._events.append(event)
+        self._event_seq += 1
+        if event.node in self._nodes:
+            self._mark_dirty(event.node)
+        elif self._wake is not None:
+            self._wake.set()
+
+    def events(self) -> tuple[Event, ...]:
+        return tuple(self._events)
+
+    # --- publishing ----------------------------------------------------------------
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call `callback` with every new snapshot; returns the unsubscribe function.
+
+        Callbacks run on the hub's loop and must be quick (post a message, set a slot).
+        """
+        self._subscribers.append(callback)
+        if self._latest is not None:
+            callback(self._latest)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    async def snapshots(self) -> AsyncIterator[FleetSnapshot]:
+        """Latest-wins stream: a slow reader skips snapshots instead of queueing them."""
+        slot: list[FleetSnapshot] = []
+        ready = asyncio.Event()
+
+        def put(snapshot: FleetSnapshot) -> None:
+            slot[:] = [snapshot]
+            ready.set()
+
+        unsubscribe = self.subscribe(put)
+        try:
+            while True:
+                await ready.wait()
+                ready.clear()
+                yield slot[0]
+        finally:
+            unsubscribe()
+
+    @property
+    def latest(self) -> FleetSnapshot | None:
+        return self._latest
+
+    async def _publish_loop(self) -> None:
+        assert self._wake is not None
+        while self._running:
+            await self._wake.wait()
+            self._wake.clear()
+            self.publish()
+            await asyncio.sleep(self.settings.publish_gap_s)
+
+    def publish(self) -> FleetSnapshot:
+        """Build a snapshot from what changed and hand it to every subscriber."""
+        for name in self._dirty:
+            node = self._nodes.get(name)
+            if node is not None:
+                node.snapshot = self._node_snapshot(node)
+        self._dirty.clear()
+        self._seq += 1
+        events = tuple(self._events)[-self.settings.snapshot_events :]
+        nodes = tuple(n.snapshot for n in self._nodes.values() if n.snapshot is not None)
+        snapshot = FleetSnapshot(self._seq, self._clock(), nodes, events)
+        self._latest = snapshot
+        for callback in list(self._subscribers):
+            try:
+                callback(snapshot)
+            except Exception:
+                log.exception("snapshot subscriber failed")
+        return snapshot
+
+    def _node_snapshot(self, node: _NodeState) -> NodeSnapshot:
+        rates: dict[Key, float] = {}
+        for part in node.rates.values():
+            rates.update(part)
+        fields = {
+            kind: reading
+            for kind, reading in node.readings.items()
+            if kind in NodeSnapshot.__dataclass_fields__
+        }
+        simulated = node.simulated or any(
+            getattr(reading, "simulated", False) for reading in node.readings.values()
+        )
+        return NodeSnapshot(
+            node=node.name,
+            simulated=simulated,
+            profile=node.profile,
+            statuses=tuple(s.status for s in node.sources),
+            rates=MappingProxyType(rates),
+            history=node.history.view(),
+            **fields,
+        )
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    name = type(exc).__name__
+    return f"{name}: {text}" if text and name not in text else (text or name)

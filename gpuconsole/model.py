@@ -1,0 +1,392 @@
+"""Readings: immutable, typed, units in field names.
+
+Sources return partial readings (one per source kind); the hub merges them into a
+NodeSnapshot per node and a FleetSnapshot for the whole process. Counters are stored
+raw; the hub derives rates from what `counters()` yields, so wrap and reset are
+handled in one place.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuconsole.history import HistoryView
+
+SCHEMA_VERSION = 1
+
+# A counter or series is named by a path, e.g. ("gpu", "GPU-1234", "energy_mj").
+Key = tuple[str, ...]
+
+
+class Severity(enum.StrEnum):
+    """How much an event or a state should worry an operator."""
+
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class Health(enum.StrEnum):
+    """Health at a glance for a node, a GPU or a source."""
+
+    OK = "ok"
+    WARNING = "warning"
+    CRITICAL = "critical"
+    STALE = "stale"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSample:
+    """One raw, monotonically increasing counter as read, with its width in bits."""
+
+    key: Key
+    value: int
+    bits: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Something that happened: an XID, a source going stale, an action."""
+
+    at: float
+    node: str
+    source: str
+    kind: str
+    severity: Severity
+    message: str
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """Whether a source's latest reading is fresh, and if not since when and why."""
+
+    node: str
+    source: str
+    ok: bool
+    last_ok_at: float | None = None
+    stale_since: float | None = None
+    error: str | None = None
+    polls: int = 0
+    failures: int = 0
+    last_poll_s: float | None = None
+
+    @property
+    def stale(self) -> bool:
+        return not self.ok
+
+
+# --- NVML -------------------------------------------------------------------------
+
+
+class GpuState(enum.StrEnum):
+    """Whether the GPU answers."""
+
+    OK = "ok"
+    LOST = "lost"  # fell off the bus (XID 79 / NVML_ERROR_GPU_IS_LOST)
+    ERROR = "error"  # answers, but some readings failed this round
+
+
+@dataclass(frozen=True, slots=True)
+class EccReading:
+    """ECC error counts and the row remapper's state."""
+
+    volatile_corrected: int | None = None
+    volatile_uncorrected: int | None = None
+    aggregate_corrected: int | None = None
+    aggregate_uncorrected: int | None = None
+    remapped_corrected: int | None = None
+    remapped_uncorrected: int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PcieReading:
+    """The GPU's host link: negotiated against maximum, and its counters."""
+
+    gen_current: int | None = None
+    gen_max: int | None = None
+    width_current: int | None = None
+    width_max: int | None = None
+    replay_count: int | None = None
+    tx_bytes_total: int | None = None
+    rx_bytes_total: int | None = None
+
+    @property
+    def downtrained(self) -> bool:
+        """True when the link runs below the generation or width it is capable of."""
+        gen = self.gen_current is not None and self.gen_max is not None
+        width = self.width_current is not None and self.width_max is not None
+        return (gen and self.gen_current < self.gen_max) or (  # type: ignore[operator]
+            width and self.width_current < self.width_max  # type: ignore[operator]
+        )
+
+
+class RemoteKind(enum.StrEnum):
+    """What sits at the far end of an NVLink."""
+
+    GPU = "gpu"
+    NVSWITCH = "nvswitch"
+    IBMNPU = "ibmnpu"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkReading:
+    """One NVLink: state, far end and raw data counters (KiB)."""
+
+    link: int
+    active: bool
+    version: int | None = None
+    remote_kind: RemoteKind = RemoteKind.UNKNOWN
+    remote_pci_bus_id: str | None = None
+    tx_kib_total: int | None = None
+    rx_kib_total: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessReading:
+    """A compute process on a GPU (PID in the host namespace)."""
+
+    pid: int
+    used_mem_bytes: int | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpmMetrics:
+    """Hopper+ GPU performance monitoring, over the last sample interval."""
+
+    sm_util_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    tensor_util_pct: float | None = None
+    fp64_util_pct: float | None = None
+    fp32_util_pct: float | None = None
+    fp16_util_pct: float | None = None
+    dram_bw_util_pct: float | None = None
+    pcie_tx_bytes_per_s: float | None = None
+    pcie_rx_bytes_per_s: float | None = None
+    nvlink_tx_bytes_per_s: float | None = None
+    nvlink_rx_bytes_per_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """A MIG GPU instance (with its first compute instance) carved out of a GPU."""
+
+    gpu_instance_id: int
+    compute_instance_id: int | None
+    uuid: str
+    profile_name: str  # as nvidia-smi prints it, e.g. "3g.40gb"
+    slice_count: int
+    sm_count: int
+    mem_total_bytes: int | None = None
+    mem_used_bytes: int | None = None
+    placement_start: int | None = None
+    gpm: GpmMetrics | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """Everything NVML told us about one GPU in one poll."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    state: GpuState = GpuState.OK
+    serial: str | None = None
+    module_id: int | None = None
+    architecture: str | None = None
+    sm_count: int | None = None
+    lost_since: float | None = None
+    error: str | None = None
+
+    util_gpu_pct: float | None = None
+    util_mem_pct: float | None = None
+    mem_total_bytes: int | None = None
+    mem_used_bytes: int | None = None
+    mem_reserved_bytes: int | None = None
+    temp_gpu_c: float | None = None
+    temp_hbm_c: float | None = None
+    temp_slowdown_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    energy_mj_total: int | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    mem_clock_max_mhz: int | None = None
+    pstate: int | None = None
+    throttle_reasons: tuple[str, ...] = ()
+
+    ecc: EccReading = field(default_factory=EccReading)
+    pcie: PcieReading = field(default_factory=PcieReading)
+    nvlinks: tuple[NvLinkReading, ...] = ()
+
+    numa_node: int | None = None
+    cpu_affinity: str | None = None  # "0-55,112-167"
+    processes: tuple[ProcessReading, ...] = ()
+    mig_enabled: bool | None = None
+    mig_pending: bool | None = None
+    mig_instances: tuple[MigInstance, ...] = ()
+    virtualization_mode: str | None = None
+    fabric_state: str | None = None
+    gpm: GpmMetrics | None = None
+    unsupported: tuple[str, ...] = ()  # NVML calls this GPU answered NotSupported
+
+    @property
+    def lost(self) -> bool:
+        return self.state is GpuState.LOST
+
+    @property
+    def mem_used_pct(self) -> float | None:
+        if not self.mem_total_bytes or self.mem_used_bytes is None:
+            return None
+        return 100.0 * self.mem_used_bytes / self.mem_total_bytes
+
+    @property
+    def nvlinks_active(self) -> int:
+        return sum(1 for link in self.nvlinks if link.active)
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlReading:
+    """The NVML source's partial reading of one node."""
+
+    at: float
+    driver_version: str | None
+    nvml_version: str | None
+    cuda_driver_version: str | None
+    gpus: tuple[GpuReading, ...]
+    # topo codes between GPUs as nvidia-smi prints them: "X", "NV18", "PIX", "SYS", ...
+    gpu_topology: tuple[tuple[str, ...], ...] = ()
+    simulated: bool = False
+
+    def gpu(self, index: int) -> GpuReading | None:
+        for gpu in self.gpus:
+            if gpu.index == index:
+                return gpu
+        return None
+
+    def counters(self) -> Iterator[CounterSample]:
+        for gpu in self.gpus:
+            base = ("gpu", gpu.uuid)
+            if gpu.energy_mj_total is not None:
+                yield CounterSample((*base, "energy_mj"), gpu.energy_mj_total)
+            if gpu.pcie.tx_bytes_total is not None:
+                yield CounterSample((*base, "pcie_tx_bytes"), gpu.pcie.tx_bytes_total)
+            if gpu.pcie.rx_bytes_total is not None:
+                yield CounterSample((*base, "pcie_rx_bytes"), gpu.pcie.rx_bytes_total)
+            if gpu.pcie.replay_count is not None:
+                yield CounterSample((*base, "pcie_replays"), gpu.pcie.replay_count)
+            for link in gpu.nvlinks:
+                lk = (*base, "nvlink", str(link.link))
+                if link.tx_kib_total is not None:
+                    yield CounterSample((*lk, "tx_kib"), link.tx_kib_total)
+                if link.rx_kib_total is not None:
+                    yield CounterSample((*lk, "rx_kib"), link.rx_kib_total)
+
+    def series(self) -> Iterator[tuple[Key, float]]:
+        """Gauges worth a sparkline."""
+        for gpu in self.gpus:
+            base = ("gpu", gpu.uuid)
+            for name in ("util_gpu_pct", "temp_gpu_c", "power_w", "sm_clock_mhz"):
+                value = getattr(gpu, name)
+                if value is not None:
+                    yield (*base, name), float(value)
+            used = gpu.mem_used_pct
+            if used is not None:
+                yield (*base, "mem_used_pct"), used
+            if gpu.gpm is not None and gpu.gpm.sm_util_pct is not None:
+                yield (*base, "sm_util_pct"), gpu.gpm.sm_util_pct
+
+
+# --- Node and fleet ---------------------------------------------------------------
+
+_EMPTY_RATES: Mapping[Key, float] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """The latest readings of one node, merged from its sources, with derived rates."""
+
+    node: str
+    simulated: bool = False
+    profile: str | None = None
+    nvml: NvmlReading | None = None
+    statuses: tuple[SourceStatus, ...] = ()
+    rates: Mapping[Key, float] = field(default_factory=lambda: _EMPTY_RATES)
+    history: HistoryView | None = None
+
+    def status(self, source: str) -> SourceStatus | None:
+        for status in self.statuses:
+            if status.source == source:
+                return status
+        return None
+
+    def rate(self, *key: str) -> float | None:
+        """Per-second rate of a counter, e.g. rate("gpu", uuid, "energy_mj")."""
+        return self.rates.get(key)
+
+    @property
+    def gpus(self) -> tuple[GpuReading, ...]:
+        return self.nvml.gpus if self.nvml is not None else ()
+
+    @property
+    def health(self) -> Health:
+        if not self.statuses:
+            return Health.UNKNOWN
+        if any(s.stale for s in self.statuses):
+            worst = Health.STALE
+        else:
+            worst = Health.OK
+        for gpu in self.gpus:
+            level = gpu_health(gpu)
+            if level is Health.CRITICAL:
+                return Health.CRITICAL
+            if level is Health.WARNING and worst is Health.OK:
+                worst = Health.WARNING
+        return worst
+
+
+def gpu_health(gpu: GpuReading) -> Health:
+    """One GPU at a glance: lost or failing is critical, throttled or erring is a warning."""
+    if gpu.lost or gpu.ecc.remap_failure or (gpu.ecc.volatile_uncorrected or 0) > 0:
+        return Health.CRITICAL
+    hot = {"hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown", "hw_slowdown"}
+    if gpu.ecc.remap_pending or gpu.pcie.downtrained or hot.intersection(gpu.throttle_reasons):
+        return Health.WARNING
+    if gpu.state is GpuState.ERROR:
+        return Health.WARNING
+    return Health.OK
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    """Every node this process knows, as of one moment; what consumers receive."""
+
+    seq: int
+    at: float
+    nodes: tuple[NodeSnapshot, ...]
+    events: tuple[Event, ...] = ()  # the most recent events, oldest first
+
+    def node(self, name: str) -> NodeSnapshot | None:
+        for node in self.nodes:
+            if node.node == name:
+                return node
+        return None
+
+    @property
+    def simulated(self) -> bool:
+        return any(node.simulated for node in self.nodes)

@@ -1,0 +1,114 @@
+"""The simulated cluster that `gpuconsole demo` shows: which nodes, which scenarios."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gpuconsole.hub import Hub
+from gpuconsole.sim.node import Scenario, SimNode
+from gpuconsole.sim.nvml import SimNvml
+from gpuconsole.sim.profiles import get_profile
+from gpuconsole.sources.nvml import NvmlSource
+
+
+@dataclass(frozen=True, slots=True)
+class SimNodeSpec:
+    """One node of the demo cluster."""
+
+    name: str
+    profile: str
+    scenarios: tuple[Scenario, ...] = ()
+
+
+# The small cluster: every profile and every scenario on at least one node.
+DEMO_CLUSTER: tuple[SimNodeSpec, ...] = (
+    SimNodeSpec("dgx-001", "dgx-h100"),
+    SimNodeSpec("dgx-002", "dgx-h100", (Scenario("thermal", 3),)),
+    SimNodeSpec("dgx-003", "dgx-h100", (Scenario("xid79", 5, 45.0),)),
+    SimNodeSpec("dgx-004", "dgx-h100", (Scenario("mig", 7), Scenario("ecc", 2))),
+    SimNodeSpec("dgxa-001", "dgx-a100", (Scenario("mig", 0),)),
+    SimNodeSpec("dgxa-002", "dgx-a100"),
+    SimNodeSpec("apollo-01", "apollo-pcie"),
+)
+
+
+def demo_cluster(nodes: int | None = None) -> tuple[SimNodeSpec, ...]:
+    """The demo cluster, or `nodes` nodes in the same proportions with scenarios sprinkled."""
+    if nodes is None or nodes == len(DEMO_CLUSTER):
+        return DEMO_CLUSTER
+    if nodes < 1:
+        raise ValueError("a cluster needs at least one node")
+    specs: list[SimNodeSpec] = []
+    kinds = ("thermal", "ecc", "mig", "xid79")
+    for i in range(nodes):
+        if i % 20 == 19:
+            name, profile = f"apollo-{i // 20 + 1:02d}", "apollo-pcie"
+        elif i % 5 == 4:
+            name, profile = f"dgxa-{i + 1:03d}", "dgx-a100"
+        else:
+            name, profile = f"dgx-{i + 1:03d}", "dgx-h100"
+        scenarios: tuple[Scenario, ...] = ()
+        if i % 7 == 1:
+            kind = kinds[(i // 7) % len(kinds)]
+            at = 45.0 + (i % 11) * 30 if kind == "xid79" else 0.0
+            scenarios = (Scenario(kind, (i * 3) % 8, at),)
+        specs.append(SimNodeSpec(name, profile, scenarios))
+    return tuple(specs)
+
+
+def build_sim_nodes(
+    specs: Sequence[SimNodeSpec],
+    *,
+    seed: int = 0,
+    clock: Callable[[], float] = time.time,
+    start: float | None = None,
+) -> list[SimNode]:
+    """SimNodes for the specs, all started at the same instant."""
+    t0 = clock() if start is None else start
+    return [
+        SimNode(
+            s.name, get_profile(s.profile), seed=seed, scenarios=s.scenarios, clock=clock, start=t0
+        )
+        for s in specs
+    ]
+
+
+def add_sim_sources(
+    hub: Hub,
+    nodes: Sequence[SimNode],
+    *,
+    interval_s: float = 1.0,
+    events: bool = True,
+    clock: Callable[[], float] = time.time,
+) -> None:
+    """Give the hub an NVML source per simulated node, running over the simulator."""
+    for node in nodes:
+        hub.add_node(node.name, simulated=True, profile=node.profile.name)
+        hub.add_source(
+            NvmlSource(
+                node.name,
+                lib=SimNvml(node),
+                interval_s=interval_s,
+                events=events,
+                simulated=True,
+                clock=clock,
+            )
+        )
+
+
+def demo_hub(
+    nodes: int | None = None,
+    *,
+    seed: int = 0,
+    interval_s: float = 1.0,
+    events: bool = True,
+    clock: Callable[[], float] = time.time,
+    start: float | None = None,
+) -> Hub:
+    """A hub over the simulated demo cluster (not started)."""
+    hub = Hub(clock=clock)
+    sims = build_sim_nodes(demo_cluster(nodes), seed=seed, clock=clock, start=start)
+    add_sim_sources(hub, sims, interval_s=interval_s, events=events, clock=clock)
+    return hub

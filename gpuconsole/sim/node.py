@@ -1,0 +1,276 @@
+"""A simulated server: load that moves, and the physics that follow it.
+
+Everything is a deterministic function of (node name, seed, seconds since start), so two
+readers at the same instant agree, a frozen clock gives a frozen world, and the same
+profile drives the NVML simulator and (later) the BMC, fabric and tenancy simulators.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gpuconsole.sim.identity import gpu_serial, gpu_uuid
+from gpuconsole.sim.profiles import GpuModel, MigProfile, NodeProfile
+
+SCENARIO_KINDS = ("thermal", "xid79", "ecc", "mig", "notsupported")
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """Something going wrong (or being set up) on one GPU, from `at_s` seconds on."""
+
+    kind: str
+    gpu: int
+    at_s: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> Scenario:
+        """'thermal:3', 'xid79:5@60' (GPU 5 falls off the bus 60 s in), 'mig:7'."""
+        kind, _, rest = text.strip().partition(":")
+        where, _, at = rest.partition("@")
+        if kind not in SCENARIO_KINDS:
+            raise ValueError(
+                f"unknown scenario {kind!r} in {text!r} (known: {', '.join(SCENARIO_KINDS)})"
+            )
+        try:
+            return cls(kind, int(where), float(at) if at else 0.0)
+        except ValueError:
+            raise ValueError(f"scenario {text!r}: expected KIND:GPU[@SECONDS]") from None
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.gpu}" + (f"@{self.at_s:g}" if self.at_s else "")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPhysics:
+    """What a simulated GPU is doing at one instant."""
+
+    util_pct: float
+    mem_util_pct: float
+    mem_used_bytes: int
+    power_w: float
+    temp_c: float
+    temp_hbm_c: float
+    sm_clock_mhz: int
+    pstate: int
+    throttle_mask: int
+    energy_mj: int
+    activity_s: float  # integral of utilization (seconds at 100%)
+
+
+@dataclass(frozen=True, slots=True)
+class SimMigSlice:
+    """A MIG instance the simulator carves out of a GPU."""
+
+    gpu_instance_id: int
+    compute_instance_id: int
+    placement_start: int
+    profile: MigProfile
+    uuid: str
+
+
+# MIG layouts used by the `mig` scenario (profile name, placement start)
+MIG_LAYOUTS = {
+    "hopper": (("3g.40gb", 4), ("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3)),
+    "ampere": (("3g.20gb", 4), ("2g.10gb", 0), ("1g.5gb", 2), ("1g.5gb", 3)),
+}
+
+
+class _Load:
+    """Utilization of one GPU over time: a job pattern drawn from the seed."""
+
+    def __init__(self, rng: random.Random, pattern: str) -> None:
+        self.pattern = pattern
+        self.phase = [rng.uniform(0, 2 * math.pi) for _ in range(3)]
+        self.period = [rng.uniform(25, 45), rng.uniform(5, 9), rng.uniform(240, 360)]
+        self.level = rng.uniform(0.9, 1.0)
+
+    def util(self, second: int) -> float:
+        t = float(second)
+        p, w = self.phase, self.period
+        if self.pattern == "idle":
+            return 0.0
+        if self.pattern == "bursty":
+            u = 50 + 45 * math.sin(2 * math.pi * t / (3 * w[0]) + p[0])
+            return max(0.0, min(100.0, u))
+        # training: high and steady, with evaluation/checkpoint dips every few minutes
+        if (t + p[2] * 40) % w[2] < 15:
+            return 12.0 + 5 * math.sin(t + p[1])
+        u = 100 * self.level - 4 + 3 * math.sin(2 * math.pi * t / w[0] + p[0])
+        u += 1.5 * math.sin(2 * math.pi * t / w[1] + p[1])
+        return max(0.0, min(100.0, u))
+
+
+class SimNode:
+    """One simulated server, shared by every simulated source of that node."""
+
+    def __init__(
+        self,
+        name: str,
+        profile: NodeProfile,
+        *,
+        seed: int = 0,
+        scenarios: Iterable[Scenario | str] = (),
+        clock: Callable[[], float] = time.time,
+        start: float | None = None,
+    ) -> None:
+        self.name = name
+        self.profile = profile
+        self.seed = seed
+        self.scenarios = tuple(
+            s if isinstance(s, Scenario) else Scenario.parse(s) for s in scenarios
+        )
+        for s in self.scenarios:
+            if not 0 <= s.gpu < len(profile.gpus):
+                raise ValueError(f"scenario {s}: {profile.name} has no GPU {s.gpu}")
+        self.clock = clock
+        self.t0 = clock() if start is None else start
+        rng = random.Random(f"{name}/{seed}")
+        node_job = rng.random() < 0.6  # most nodes run one 8-GPU job
+        patterns = []
+        for _ in profile.gpus:
+            if node_job:
+                patterns.append("train")
+            else:
+                patterns.append(rng.choices(["train", "idle", "bursty"], [0.5, 0.3, 0.2])[0])
+        shared = random.Random(f"{name}/{seed}/job")
+        self._loads = [
+            _Load(shared if node_job else random.Random(f"{name}/{seed}/{i}"), pattern)
+            for i, pattern in enumerate(patterns)
+        ]
+        if node_job:  # one job: every GPU moves together
+            self._loads = [self._loads[0]] * len(profile.gpus)
+        self._integrals: dict[int, tuple[int, float]] = {}
+        self.uuids = tuple(gpu_uuid(name, seed, g.index) for g in profile.gpus)
+        self.serials = tuple(gpu_serial(name, seed, g.index) for g in profile.gpus)
+        self.migs = {s.gpu: self._mig_slices(s.gpu) for s in self.scenarios if s.kind == "mig"}
+
+    # --- time and scenarios ----------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return max(0.0, self.clock() - self.t0)
+
+    def active(self, kind: str, gpu: int) -> Scenario | None:
+        """The scenario of this kind on this GPU, if it has started."""
+        t = self.elapsed()
+        for s in self.scenarios:
+            if s.kind == kind and s.gpu == gpu and t >= s.at_s:
+                return s
+        return None
+
+    def lost(self, gpu: int) -> bool:
+        return self.active("xid79", gpu) is not None
+
+    @property
+    def model(self) -> GpuModel:
+        return self.profile.gpu_model
+
+    def pattern(self, gpu: int) -> str:
+        return self._loads[gpu].pattern
+
+    # --- physics ---------------------------------------------------------------------
+
+    def _activity(self, gpu: int, t: float) -> float:
+        """Integral of utilization/100 from 0 to t, stepping whole seconds (cached)."""
+        load = self._loads[gpu]
+        whole = int(t)
+        start, total = self._integrals.get(gpu, (0, 0.0))
+        if start > whole:
+            start, total = 0, 0.0
+        for second in range(start, whole):
+            total += load.util(second) / 100.0
+        self._integrals[gpu] = (whole, total)
+        return total + (t - whole) * load.util(whole) / 100.0
+
+    def gpu(self, index: int) -> GpuPhysics:
+        """The state of GPU `index` now."""
+        m = self.model
+        t = self.elapsed()
+        load = self._loads[index]
+        util = load.util(int(t))
+        if self.migs.get(index):
+            util *= 0.8  # a partitioned GPU rarely has every slice busy
+        idle_w = 0.11 * m.tdp_w
+        span_w = 0.92 * m.tdp_w - idle_w
+        power = idle_w + span_w * util / 100.0
+        activity = self._activity(index, t)
+        energy_j = idle_w * t + span_w * activity
+        temp = 31.0 + 38.0 * power / m.tdp_w + (index % 3)
+        hbm = temp + 6.0
+        busy = util > 3.0
+        clock = m.sm_clock_max_mhz if busy else m.sm_clock_idle_mhz
+        mask = 0x0 if busy else 0x1  # GPU idle
+        if self.active("thermal", index):
+            temp = m.temp_slowdown_c + 2.0
+            hbm = 95.0
+            clock = 1410 if m.sm_clock_max_mhz > 1410 else int(m.sm_clock_max_mhz * 0.75)
+            power = min(power, 0.8 * m.tdp_w)
+            mask = 0x40 | 0x20  # HW and SW thermal slowdown
+        frac = 0.82 + 0.1 * math.sin(index + 0.1 * t / 60.0) if busy else 0.004
+        if load.pattern == "bursty":
+            frac = 0.35 + 0.2 * util / 100.0
+        used = int(m.mem_bytes * frac)
+        return GpuPhysics(
+            util_pct=round(util),
+            mem_util_pct=round(util * 0.55),
+            mem_used_bytes=used,
+            power_w=power,
+            temp_c=round(temp),
+            temp_hbm_c=round(hbm),
+            sm_clock_mhz=clock,
+            pstate=0 if busy else 8,
+            throttle_mask=mask,
+            energy_mj=int(energy_j * 1000),
+            activity_s=activity,
+        )
+
+    def ecc(self, index: int) -> tuple[int, int, int, int, bool]:
+        """(volatile corrected, volatile uncorrected, aggregate corrected, aggregate
+        uncorrected, remap pending)."""
+        if self.active("ecc", index) is None:
+            return 0, 0, 0, 0, False
+        grown = int(self.elapsed() / 30)
+        return 12 + grown, 0, 40 + grown, 1, True
+
+    def pcie_bytes(self, index: int) -> tuple[int, int]:
+        """PCIe tx/rx byte counters: a share of the link's bandwidth while busy."""
+        gbps = {5: 64e9, 4: 32e9}.get(self.model.pcie_gen_max, 16e9) * 0.12
+        a = self._activity(index, self.elapsed())
+        return int(a * gbps * 0.4), int(a * gbps)
+
+    def nvlink_kib(self, index: int, link: int) -> int:
+        """NVLink data counter of one link, in KiB (both directions move alike)."""
+        if not self.model.nvlink_count:
+            return 0
+        per_link = self.model.nvlink_gbytes_per_s * 1e9 / 2 / self.model.nvlink_count
+        a = self._activity(index, self.elapsed())
+        return int(a * per_link * 0.35 * (1 + 0.02 * (link % 3)) / 1024)
+
+    def processes(self, index: int) -> list[tuple[int, int, int | None]]:
+        """(pid, used bytes, gpu instance id) of compute processes on a GPU."""
+        phys = self.gpu(index)
+        base = 1000 + (sum(self.name.encode()) * 37 + self.seed) % 60000
+        slices = self.migs.get(index)
+        if slices:
+            return [
+                (base + 100 * index + k, int(s.profile.mem_bytes * 0.7), s.gpu_instance_id)
+                for k, s in enumerate(slices)
+                if k % 2 == 0
+            ]
+        if phys.util_pct <= 3:
+            return []
+        pid = base + (0 if self.pattern(index) == "train" else 100 * index)
+        return [(pid + index, max(0, phys.mem_used_bytes - 600 * 1024**2), None)]
+
+    def _mig_slices(self, index: int) -> tuple[SimMigSlice, ...]:
+        by_name = {p.name: p for p in self.model.mig_profiles}
+        layout = MIG_LAYOUTS.get(self.model.architecture, ())
+        slices = []
+        for k, (pname, start) in enumerate(layout):
+            uuid = gpu_uuid(f"{self.name}/mig{index}", self.seed, k).replace("GPU-", "MIG-")
+            slices.append(SimMigSlice(k + 1, 0, start, by_name[pname], uuid))
+        return tuple(slices)

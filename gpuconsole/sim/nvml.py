@@ -1,0 +1,584 @@
+"""An in-process stand-in for the `pynvml` module, backed by a SimNode.
+
+It answers the same function names with the same shapes (ctypes structures where the NVML
+source reads them as such) and raises pynvml's own NVMLError subclasses, so the NVML
+source runs unchanged. Calls are counted like the fake C library counts them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import time
+from collections import Counter
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any, TypeVar
+
+import pynvml
+
+from gpuconsole.sim.node import SimMigSlice, SimNode
+from gpuconsole.sim.profiles import TOPO_LEVEL
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+IDENTITY_CALLS = frozenset(
+    {
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetIndex",
+        "nvmlDeviceGetHandleByIndex",
+    }
+)
+
+
+def _error(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+class SimDevice:
+    """A GPU handle."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+class SimMigDevice:
+    """A MIG device handle."""
+
+    def __init__(self, parent: SimDevice, mig: SimMigSlice) -> None:
+        self.parent = parent
+        self.mig = mig
+
+
+class _Sample:
+    def __init__(self) -> None:
+        self.buffer = ctypes.create_string_buffer(16)
+        self.pointer = ctypes.cast(self.buffer, pynvml.c_nvmlGpmSample_t)
+        self.taken: tuple[float, float, SimDevice, int | None] | None = None
+
+
+def _counted(fn: F) -> F:
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def wrapper(self: SimNvml, *args: Any, **kwargs: Any) -> Any:
+        self.calls[name] += 1
+        if not self._initialized and name not in ("nvmlInit", "nvmlInitWithFlags"):
+            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+        if args and isinstance(args[0], SimDevice | SimMigDevice):
+            device = args[0].parent if isinstance(args[0], SimMigDevice) else args[0]
+            self.device_calls[device.index] += 1
+            if self.node.lost(device.index):
+                raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
+            if name not in IDENTITY_CALLS and self.node.active("notsupported", device.index):
+                raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return fn(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class SimNvml:
+    """A pynvml-shaped view of one SimNode."""
+
+    NVMLError = pynvml.NVMLError
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
+    c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
+    c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
+    NVML_GPM_METRICS_GET_VERSION = pynvml.NVML_GPM_METRICS_GET_VERSION
+
+    def __init__(self, node: SimNode) -> None:
+        self.node = node
+        self.calls: Counter[str] = Counter()
+        self.device_calls: Counter[int] = Counter()  # calls per GPU index
+        self._initialized = False
+        self._devices = [SimDevice(g.index) for g in node.profile.gpus]
+        self._samples: dict[int, _Sample] = {}
+        self._delivered: set[tuple[str, int]] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("nvml"):
+            # pynvml resolves symbols lazily and raises FunctionNotFound for absent ones.
+            def missing(*_args: Any, **_kwargs: Any) -> Any:
+                self.calls[name] += 1
+                raise _error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+            return missing
+        raise AttributeError(name)
+
+    # --- system ----------------------------------------------------------------------
+
+    @_counted
+    def nvmlInit(self) -> None:
+        self._initialized = True
+
+    @_counted
+    def nvmlShutdown(self) -> None:
+        self._initialized = False
+
+    @_counted
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.node.profile.driver_version
+
+    @_counted
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        return "12." + self.node.profile.driver_version
+
+    @_counted
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return self.node.profile.cuda_driver_version
+
+    @_counted
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self._devices)
+
+    @_counted
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimDevice:
+        if not 0 <= index < len(self._devices):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._devices[index]
+
+    # --- identity --------------------------------------------------------------------
+
+    def _slot(self, h: SimDevice) -> Any:
+        return self.node.profile.gpus[h.index]
+
+    @_counted
+    def nvmlDeviceGetName(self, h: SimDevice | SimMigDevice) -> str:
+        if isinstance(h, SimMigDevice):
+            return f"{self.node.model.name} MIG {h.mig.profile.name}"
+        return self.node.model.name
+
+    @_counted
+    def nvmlDeviceGetUUID(self, h: SimDevice | SimMigDevice) -> str:
+        if isinstance(h, SimMigDevice):
+            return h.mig.uuid
+        return self.node.uuids[h.index]
+
+    @_counted
+    def nvmlDeviceGetSerial(self, h: SimDevice) -> str:
+        return self.node.serials[h.index]
+
+    @_counted
+    def nvmlDeviceGetPciInfo(self, h: SimDevice) -> Any:
+        slot = self._slot(h)
+        return SimpleNamespace(
+            busId=slot.bus_id,
+            pciDeviceId=self.node.model.pci_device_id,
+            domain=0,
+            bus=int(slot.bus_id.split(":")[1], 16),
+            device=0,
+        )
+
+    @_counted
+    def nvmlDeviceGetModuleId(self, h: SimDevice) -> int:
+        return int(self._slot(h).module_id)
+
+    @_counted
+    def nvmlDeviceGetArchitecture(self, h: SimDevice) -> int:
+        return self.node.model.arch_code
+
+    @_counted
+    def nvmlDeviceGetAttributes(self, h: SimDevice | SimMigDevice) -> Any:
+        if isinstance(h, SimMigDevice):
+            p = h.mig.profile
+            return SimpleNamespace(
+                multiprocessorCount=p.sm_count,
+                gpuInstanceSliceCount=p.slices,
+                computeInstanceSliceCount=p.slices,
+                memorySizeMB=p.mem_bytes // 2**20,
+            )
+        m = self.node.model
+        return SimpleNamespace(
+            multiprocessorCount=m.sm_count,
+            gpuInstanceSliceCount=7,
+            computeInstanceSliceCount=7,
+            memorySizeMB=m.mem_bytes // 2**20,
+        )
+
+    @_counted
+    def nvmlDeviceGetMaxClockInfo(self, h: SimDevice, clock: int) -> int:
+        m = self.node.model
+        return m.sm_clock_max_mhz if clock in (0, 1) else m.mem_clock_mhz
+
+    @_counted
+    def nvmlDeviceGetTemperatureThreshold(self, h: SimDevice, threshold: int) -> int:
+        m = self.node.model
+        return m.temp_slowdown_c if threshold == 1 else m.temp_shutdown_c
+
+    @_counted
+    def nvmlDeviceGetNumaNodeId(self, h: SimDevice) -> int:
+        return int(self._slot(h).numa_node)
+
+    @_counted
+    def nvmlDeviceGetCpuAffinity(self, h: SimDevice, words: int) -> list[int]:
+        mask = [0] * words
+        for part in self._slot(h).cpu_affinity.split(","):
+            lo, _, hi = part.partition("-")
+            for cpu in range(int(lo), int(hi or lo) + 1):
+                if cpu // 64 < words:
+                    mask[cpu // 64] |= 1 << (cpu % 64)
+        return mask
+
+    @_counted
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: SimDevice) -> int:
+        return self.node.model.pcie_gen_max
+
+    @_counted
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: SimDevice) -> int:
+        return self.node.model.pcie_width_max
+
+    @_counted
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: SimDevice) -> int:
+        return self.node.model.pcie_gen_max
+
+    @_counted
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: SimDevice) -> int:
+        return self.node.model.pcie_width_max
+
+    @_counted
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: SimDevice, b: SimDevice) -> int:
+        p = self.node.profile
+        return TOPO_LEVEL[p.pci_level(p.gpus[a.index].pci_path, p.gpus[b.index].pci_path)]
+
+    @_counted
+    def nvmlDeviceGetVirtualizationMode(self, h: SimDevice) -> int:
+        return 0
+
+    @_counted
+    def nvmlDeviceGetGpuFabricInfo(self, h: SimDevice, ref: Any) -> int:
+        if not self.node.profile.nvswitches:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = getattr(ref, "_obj", ref)
+        info.state = 3  # completed
+        info.status = 0
+        return 0
+
+    @_counted
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: SimDevice) -> int:
+        return self.node.model.tdp_w * 1000
+
+    # --- dynamic ---------------------------------------------------------------------
+
+    @_counted
+    def nvmlDeviceGetUtilizationRates(self, h: SimDevice) -> Any:
+        if self.node.migs.get(h.index):
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # not supported in MIG mode
+        g = self.node.gpu(h.index)
+        return SimpleNamespace(gpu=int(g.util_pct), memory=int(g.mem_util_pct))
+
+    @_counted
+    def nvmlDeviceGetMemoryInfo(self, h: SimDevice | SimMigDevice, version: int = 0) -> Any:
+        if isinstance(h, SimMigDevice):
+            total = h.mig.profile.mem_bytes
+            used = sum(
+                b
+                for _pid, b, gi in self.node.processes(h.parent.index)
+                if gi == h.mig.gpu_instance_id
+            )
+            return SimpleNamespace(total=total, used=used, free=total - used, reserved=0)
+        total = self.node.model.mem_bytes
+        used = self.node.gpu(h.index).mem_used_bytes
+        reserved = 512 * 2**20
+        return SimpleNamespace(
+            total=total, used=used, free=total - used - reserved, reserved=reserved
+        )
+
+    @_counted
+    def nvmlDeviceGetTemperatureV(self, h: SimDevice, sensor: int) -> int:
+        return int(self.node.gpu(h.index).temp_c)
+
+    @_counted
+    def nvmlDeviceGetPowerUsage(self, h: SimDevice) -> int:
+        return int(self.node.gpu(h.index).power_w * 1000)
+
+    @_counted
+    def nvmlDeviceGetClockInfo(self, h: SimDevice, clock: int) -> int:
+        if clock == 2:
+            return self.node.model.mem_clock_mhz
+        return self.node.gpu(h.index).sm_clock_mhz
+
+    @_counted
+    def nvmlDeviceGetPerformanceState(self, h: SimDevice) -> int:
+        return self.node.gpu(h.index).pstate
+
+    @_counted
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: SimDevice) -> int:
+        return self.node.gpu(h.index).throttle_mask
+
+    @_counted
+    def nvmlDeviceGetComputeRunningProcesses(self, h: SimDevice) -> list[Any]:
+        na = 0xFFFFFFFF
+        return [
+            SimpleNamespace(
+                pid=pid,
+                usedGpuMemory=used,
+                gpuInstanceId=na if gi is None else gi,
+                computeInstanceId=na if gi is None else 0,
+            )
+            for pid, used, gi in self.node.processes(h.index)
+        ]
+
+    @_counted
+    def nvmlDeviceGetFieldValues(self, h: SimDevice, fields: list[Any]) -> Any:
+        node, i = self.node, h.index
+        g = node.gpu(i)
+        sbe_v, dbe_v, sbe_a, dbe_a, pending = node.ecc(i)
+        tx, rx = node.pcie_bytes(i)
+        scalar: dict[int, tuple[int, int]] = {
+            82: (1, int(g.temp_hbm_c)),
+            83: (3, g.energy_mj),
+            186: (1, int(g.power_w * 1000)),
+            185: (1, int(g.power_w * 1000)),
+            3: (3, sbe_v),
+            4: (3, dbe_v),
+            5: (3, sbe_a),
+            6: (3, dbe_a),
+            142: (1, 2 if pending else 0),
+            143: (1, 1 if pending else 0),
+            144: (1, int(pending)),
+            145: (1, 0),
+            94: (1, 0),
+            197: (3, tx),
+            198: (3, rx),
+            91: (1, node.model.nvlink_count),
+        }
+        values = (pynvml.c_nvmlFieldValue_t * len(fields))()
+        for k, requested in enumerate(fields):
+            fid, scope = requested if isinstance(requested, tuple) else (requested, 0)
+            entry = values[k]
+            entry.fieldId, entry.scopeId = fid, scope
+            entry.timestamp = int(node.clock() * 1e6)
+            value: int
+            if fid in (138, 139) and scope < node.model.nvlink_count:
+                kind, value = 3, node.nvlink_kib(i, scope)
+            elif fid in scalar:
+                kind, value = scalar[fid]
+            else:
+                entry.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            entry.valueType = kind
+            entry.nvmlReturn = 0
+            if kind == 3:
+                entry.value.ullVal = int(value)
+            else:
+                entry.value.uiVal = int(value)
+        return values
+
+    # --- NVLink ----------------------------------------------------------------------
+
+    def _link_switch(self, index: int, link: int) -> Any:
+        n = 0
+        for switch in self.node.profile.nvswitches:
+            n += switch.links_per_gpu[index]
+            if link < n:
+                return switch
+        return None
+
+    @_counted
+    def nvmlDeviceGetNvLinkState(self, h: SimDevice, link: int) -> int:
+        if link >= self.node.model.nvlink_count:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 1 if self._link_switch(h.index, link) is not None else 0
+
+    @_counted
+    def nvmlDeviceGetNvLinkVersion(self, h: SimDevice, link: int) -> int:
+        return self.node.model.nvlink_gen
+
+    @_counted
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: SimDevice, link: int) -> int:
+        return 2  # NVSwitch
+
+    @_counted
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: SimDevice, link: int) -> Any:
+        switch = self._link_switch(h.index, link)
+        if switch is None:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return SimpleNamespace(busId=switch.bus_id)
+
+    # --- MIG -------------------------------------------------------------------------
+
+    @_counted
+    def nvmlDeviceGetMigMode(self, h: SimDevice) -> list[int]:
+        if not self.node.model.mig_profiles:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        on = 1 if self.node.migs.get(h.index) else 0
+        return [on, on]
+
+    @_counted
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: SimDevice) -> int:
+        return 7
+
+    @_counted
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: SimDevice, slot: int) -> SimMigDevice:
+        slices = self.node.migs.get(h.index, ())
+        if slot >= len(slices):
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return SimMigDevice(h, slices[slot])
+
+    @_counted
+    def nvmlDeviceGetGpuInstanceId(self, h: SimMigDevice) -> int:
+        return h.mig.gpu_instance_id
+
+    @_counted
+    def nvmlDeviceGetComputeInstanceId(self, h: SimMigDevice) -> int:
+        return h.mig.compute_instance_id
+
+    @_counted
+    def nvmlDeviceGetGpuInstanceById(self, h: SimDevice, gi: int) -> Any:
+        for mig in self.node.migs.get(h.index, ()):
+            if mig.gpu_instance_id == gi:
+                return mig
+        raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+
+    @_counted
+    def nvmlGpuInstanceGetInfo(self, mig: SimMigSlice) -> Any:
+        return SimpleNamespace(
+            id=mig.gpu_instance_id,
+            profileId=mig.profile.index,
+            placement=SimpleNamespace(start=mig.placement_start, size=mig.profile.slices),
+        )
+
+    @_counted
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h: SimDevice, index: int) -> Any:
+        for p in self.node.model.mig_profiles:
+            if p.index == index:
+                return SimpleNamespace(
+                    id=p.profile_id,
+                    sliceCount=p.slices,
+                    multiprocessorCount=p.sm_count,
+                    memorySizeMB=p.mem_bytes // 2**20,
+                    instanceCount=p.max_instances,
+                    name=f"MIG {p.name}",
+                )
+        raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    # --- GPM -------------------------------------------------------------------------
+
+    @_counted
+    def nvmlGpmQueryDeviceSupport(self, h: SimDevice) -> Any:
+        return SimpleNamespace(isSupportedDevice=int(self.node.model.gpm))
+
+    @_counted
+    def nvmlGpmSampleAlloc(self) -> Any:
+        sample = _Sample()
+        address = ctypes.cast(sample.pointer, ctypes.c_void_p).value or 0
+        self._samples[address] = sample
+        return sample.pointer
+
+    @_counted
+    def nvmlGpmSampleFree(self, pointer: Any) -> None:
+        self._samples.pop(ctypes.cast(pointer, ctypes.c_void_p).value or 0, None)
+
+    def _sample(self, pointer: Any) -> _Sample:
+        sample = self._samples.get(ctypes.cast(pointer, ctypes.c_void_p).value or 0)
+        if sample is None:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return sample
+
+    @_counted
+    def nvmlGpmSampleGet(self, h: SimDevice, pointer: Any) -> Any:
+        if not self.node.model.gpm:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        t = self.node.elapsed()
+        self._sample(pointer).taken = (t, self.node.gpu(h.index).activity_s, h, None)
+        return pointer
+
+    @_counted
+    def nvmlGpmMigSampleGet(self, h: SimDevice, gi: int, pointer: Any) -> Any:
+        if not self.node.model.gpm:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        t = self.node.elapsed()
+        self._sample(pointer).taken = (t, self.node.gpu(h.index).activity_s, h, gi)
+        return pointer
+
+    @_counted
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+        first, second = self._sample(request.sample1).taken, self._sample(request.sample2).taken
+        if first is None or second is None or second[0] <= first[0]:
+            for k in range(request.numMetrics):
+                request.metrics[k].nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
+            return request
+        busy = max(0.0, min(1.0, (second[1] - first[1]) / (second[0] - first[0])))
+        gi = second[3]
+        if gi is not None:  # one MIG instance: its share of the GPU's activity
+            busy = min(1.0, busy * (1.1 if gi % 2 else 0.6))
+        m = self.node.model
+        pcie = {5: 64e9, 4: 32e9}.get(m.pcie_gen_max, 16e9) * 0.12 / 2**20
+        nvlink = m.nvlink_gbytes_per_s * 1e9 / 2 * 0.35 / 2**20
+        values = {
+            2: 100 * busy * 0.97,
+            3: 100 * busy * 0.42,
+            5: 100 * busy * 0.61,
+            6: 0.0,
+            7: 100 * busy * 0.55,
+            8: 0.0,
+            9: 0.0,
+            10: 100 * busy * 0.48,
+            11: 100 * busy * 0.02,
+            12: 100 * busy * 0.18,
+            13: 100 * busy * 0.09,
+            20: busy * pcie * 0.4,
+            21: busy * pcie,
+            60: busy * nvlink,
+            61: busy * nvlink,
+        }
+        for k in range(request.numMetrics):
+            metric = request.metrics[k]
+            if metric.metricId in values:
+                metric.value = values[metric.metricId]
+                metric.nvmlReturn = 0
+            else:
+                metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return request
+
+    # --- events ----------------------------------------------------------------------
+
+    @_counted
+    def nvmlEventSetCreate(self) -> Any:
+        return SimpleNamespace(devices=[])
+
+    @_counted
+    def nvmlDeviceGetSupportedEventTypes(self, h: SimDevice) -> int:
+        return 0x1 | 0x2 | 0x4 | 0x8
+
+    @_counted
+    def nvmlDeviceRegisterEvents(self, h: SimDevice, mask: int, event_set: Any) -> None:
+        event_set.devices.append(h)
+
+    def _due_event(self, event_set: Any) -> Any:
+        for s in self.node.scenarios:
+            xid = {"xid79": 79, "ecc": 63}.get(s.kind)
+            if xid is None or (s.kind, s.gpu) in self._delivered:
+                continue
+            if self.node.active(s.kind, s.gpu) is None:
+                continue
+            self._delivered.add((s.kind, s.gpu))
+            device = self._devices[s.gpu]
+            if device not in event_set.devices:
+                continue
+            return SimpleNamespace(
+                device=device,
+                eventType=0x8,
+                eventData=xid,
+                gpuInstanceId=0xFFFFFFFF,
+                computeInstanceId=0xFFFFFFFF,
+            )
+        return None
+
+    @_counted
+    def nvmlEventSetWait(self, event_set: Any, timeout_ms: int) -> Any:
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        while True:
+            event = self._due_event(event_set)
+            if event is not None:
+                return event
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _error(pynvml.NVML_ERROR_TIMEOUT)
+            time.sleep(min(left, 0.25))
+
+    @_counted
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        event_set.devices.clear()

@@ -1,0 +1,470 @@
+"""Server profiles the simulator, the fake libnvidia-ml.so, tests and benchmarks share.
+
+Facts follow ../shared/DOMAIN.md (DGX H100 user guide, published `nvidia-smi topo -m`
+outputs for HGX H100 and DGX A100). Where the layout is not published (Apollo 6500
+PCIe switches) the profile says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024**3
+MIB = 1024**2
+
+# nvmlGpuTopologyLevel_t values, and the codes nvidia-smi prints for them.
+TOPO_LEVEL = {"X": 0, "PIX": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50}
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """A GPU instance profile as `nvidia-smi mig -lgip` lists it."""
+
+    name: str  # "3g.40gb"
+    profile_id: int  # the id nvidia-smi prints (19, 15, 14, 9, 5, 0)
+    index: int  # NVML_GPU_INSTANCE_PROFILE_* constant
+    slices: int
+    sm_count: int
+    mem_bytes: int
+    max_instances: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuModel:
+    """What does not change between two GPUs of one model."""
+
+    name: str  # as nvmlDeviceGetName returns it
+    short: str  # "H100", for narrow columns
+    architecture: str  # "hopper", "ampere"
+    arch_code: int  # NVML_DEVICE_ARCH_*
+    pci_device_id: int  # (device << 16) | vendor, as nvmlPciInfo.pciDeviceId
+    sm_count: int
+    gpc_count: int
+    tpc_per_gpc: tuple[int, ...]  # TPCs enabled in each GPC; 2 SMs per TPC
+    fp32_cores_per_sm: int
+    tensor_cores_per_sm: int
+    l2_bytes: int
+    mem_bytes: int
+    mem_kind: str
+    mem_bandwidth_bytes_per_s: int
+    tdp_w: int
+    power_min_w: int
+    sm_clock_max_mhz: int
+    sm_clock_idle_mhz: int
+    mem_clock_mhz: int
+    temp_slowdown_c: int
+    temp_shutdown_c: int
+    nvlink_gen: int
+    nvlink_count: int
+    nvlink_gbytes_per_s: int  # all links, both directions, as NVIDIA quotes it
+    pcie_gen_max: int
+    pcie_width_max: int
+    gpm: bool
+    mig_profiles: tuple[MigProfile, ...]
+
+
+H100_MIG = (
+    MigProfile("1g.10gb", 19, 0, 1, 16, 10 * GIB, 7),
+    MigProfile("1g.20gb", 15, 7, 1, 26, 20 * GIB, 4),
+    MigProfile("2g.20gb", 14, 1, 2, 32, 20 * GIB, 3),
+    MigProfile("3g.40gb", 9, 2, 3, 60, 40 * GIB, 2),
+    MigProfile("4g.40gb", 5, 3, 4, 64, 40 * GIB, 1),
+    MigProfile("7g.80gb", 0, 4, 7, 132, 80 * GIB, 1),
+)
+
+A100_40_MIG = (
+    MigProfile("1g.5gb", 19, 0, 1, 14, 5 * GIB, 7),
+    MigProfile("1g.10gb", 15, 7, 1, 14, 10 * GIB, 4),
+    MigProfile("2g.10gb", 14, 1, 2, 28, 10 * GIB, 3),
+    MigProfile("3g.20gb", 9, 2, 3, 42, 20 * GIB, 2),
+    MigProfile("4g.20gb", 5, 3, 4, 56, 20 * GIB, 1),
+    MigProfile("7g.40gb", 0, 4, 7, 98, 40 * GIB, 1),
+)
+
+H100_SXM5 = GpuModel(
+    name="NVIDIA H100 80GB HBM3",
+    short="H100",
+    architecture="hopper",
+    arch_code=9,
+    pci_device_id=(0x2330 << 16) | 0x10DE,
+    sm_count=132,
+    gpc_count=8,
+    # 66 TPCs over 8 GPCs (the full die has 8x9); which TPCs are fused off varies by part.
+    tpc_per_gpc=(9, 9, 8, 8, 8, 8, 8, 8),
+    fp32_cores_per_sm=128,
+    tensor_cores_per_sm=4,
+    l2_bytes=50 * MIB,
+    mem_bytes=80 * GIB,
+    mem_kind="HBM3",
+    mem_bandwidth_bytes_per_s=3_350_000_000_000,
+    tdp_w=700,
+    power_min_w=200,
+    sm_clock_max_mhz=1980,
+    sm_clock_idle_mhz=345,
+    mem_clock_mhz=2619,
+    temp_slowdown_c=87,
+    temp_shutdown_c=92,
+    nvlink_gen=4,
+    nvlink_count=18,
+    nvlink_gbytes_per_s=900,
+    pcie_gen_max=5,
+    pcie_width_max=16,
+    gpm=True,
+    mig_profiles=H100_MIG,
+)
+
+A100_SXM4_40GB = GpuModel(
+    name="NVIDIA A100-SXM4-40GB",
+    short="A100",
+    architecture="ampere",
+    arch_code=7,
+    pci_device_id=(0x20B0 << 16) | 0x10DE,
+    sm_count=108,
+    gpc_count=8,
+    # 54 TPCs over 8 GPCs (full die 8x8): one GPC carries only 5 TPCs on SXM4 parts.
+    tpc_per_gpc=(7, 7, 7, 7, 7, 7, 7, 5),
+    fp32_cores_per_sm=64,
+    tensor_cores_per_sm=4,
+    l2_bytes=40 * MIB,
+    mem_bytes=40 * GIB,
+    mem_kind="HBM2",
+    mem_bandwidth_bytes_per_s=1_555_000_000_000,
+    tdp_w=400,
+    power_min_w=100,
+    sm_clock_max_mhz=1410,
+    sm_clock_idle_mhz=210,
+    mem_clock_mhz=1215,
+    temp_slowdown_c=85,
+    temp_shutdown_c=90,
+    nvlink_gen=3,
+    nvlink_count=12,
+    nvlink_gbytes_per_s=600,
+    pcie_gen_max=4,
+    pcie_width_max=16,
+    gpm=False,
+    mig_profiles=A100_40_MIG,
+)
+
+# PCIe A100 for the PCIe-switch server: no NVLink, 250 W.
+A100_PCIE_40GB = GpuModel(
+    name="NVIDIA A100-PCIE-40GB",
+    short="A100P",
+    architecture="ampere",
+    arch_code=7,
+    pci_device_id=(0x20F1 << 16) | 0x10DE,
+    sm_count=108,
+    gpc_count=8,
+    tpc_per_gpc=(7, 7, 7, 7, 7, 7, 7, 5),
+    fp32_cores_per_sm=64,
+    tensor_cores_per_sm=4,
+    l2_bytes=40 * MIB,
+    mem_bytes=40 * GIB,
+    mem_kind="HBM2",
+    mem_bandwidth_bytes_per_s=1_555_000_000_000,
+    tdp_w=250,
+    power_min_w=150,
+    sm_clock_max_mhz=1410,
+    sm_clock_idle_mhz=210,
+    mem_clock_mhz=1215,
+    temp_slowdown_c=85,
+    temp_shutdown_c=90,
+    nvlink_gen=0,
+    nvlink_count=0,
+    nvlink_gbytes_per_s=0,
+    pcie_gen_max=4,
+    pcie_width_max=16,
+    gpm=False,
+    mig_profiles=A100_40_MIG,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSlot:
+    """Where one GPU sits in its server."""
+
+    index: int
+    bus_id: str  # "00000000:18:00.0"
+    module_id: int  # HGX module id (1-based physical SXM position)
+    numa_node: int
+    cpu_affinity: str  # cpulist, as in /sys/bus/pci/devices/*/local_cpulist
+    pci_path: tuple[str, ...]  # socket, root port, switches... (shared prefix = topology)
+
+
+@dataclass(frozen=True, slots=True)
+class NicSlot:
+    """One RDMA port (single-port adapters, or one port of a dual-port card)."""
+
+    name: str  # mlx5_0
+    netdev: str  # ibp24s0
+    bus_id: str
+    numa_node: int
+    role: str  # compute, storage, management
+    rate_gbps: int
+    link_layer: str  # InfiniBand or Ethernet
+    pci_path: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NvSwitchSlot:
+    """An NVSwitch chip on the baseboard."""
+
+    index: int
+    bus_id: str
+    links_per_gpu: tuple[int, ...]  # links from GPU i to this switch
+
+
+@dataclass(frozen=True, slots=True)
+class NodeProfile:
+    """A whole server as the simulator builds it."""
+
+    name: str  # "dgx-h100"
+    product: str  # "DGX H100"
+    gpu_model: GpuModel
+    gpus: tuple[GpuSlot, ...]
+    nics: tuple[NicSlot, ...]
+    nvswitches: tuple[NvSwitchSlot, ...]
+    cpu_model: str
+    sockets: int
+    cores_per_socket: int
+    numa_nodes: int
+    driver_version: str
+    cuda_driver_version: int  # 12040 = 12.4
+    # Published topo matrices show SYS between a GPU and any NIC or GPU not under its
+    # own PCIe switch, even on the same socket; profiles that follow them set this.
+    cross_switch_level: str | None = None
+    notes: str = ""
+
+    def nvlinks_between(self, a: int, b: int) -> int:
+        """Bonded NVLinks between two GPUs as `topo -m` counts them (through NVSwitch)."""
+        if not self.nvswitches or a == b:
+            return 0
+        return sum(sw.links_per_gpu[a] for sw in self.nvswitches)
+
+    def pci_level(self, path_a: tuple[str, ...], path_b: tuple[str, ...]) -> str:
+        """PIX/PXB/PHB/NODE/SYS between two PCI devices, from their paths.
+
+        A path is (socket, numa, root port, switch, ..., device): the shared prefix of
+        the two devices' ancestors says what traffic between them crosses.
+        """
+        if path_a == path_b:
+            return "X"
+        up_a, up_b = path_a[:-1], path_b[:-1]
+        common = 0
+        for x, y in zip(up_a, up_b, strict=False):
+            if x != y:
+                break
+            common += 1
+        if common > 3:  # the deepest shared ancestor is a PCIe switch
+            return "PIX" if len(up_a) == len(up_b) == common else "PXB"
+        if self.cross_switch_level is not None:
+            return self.cross_switch_level
+        return {3: "PHB", 2: "NODE", 1: "NODE"}.get(common, "SYS")
+
+    def gpu_topology(self) -> tuple[tuple[str, ...], ...]:
+        """The GPU-by-GPU part of `nvidia-smi topo -m`."""
+        rows = []
+        for a in self.gpus:
+            row = []
+            for b in self.gpus:
+                links = self.nvlinks_between(a.index, b.index)
+                if a.index == b.index:
+                    row.append("X")
+                elif links:
+                    row.append(f"NV{links}")
+                else:
+                    row.append(self.pci_level(a.pci_path, b.pci_path))
+            rows.append(tuple(row))
+        return tuple(rows)
+
+
+def _bus(bus: int) -> str:
+    return f"00000000:{bus:02X}:00.0"
+
+
+def _dgx_h100() -> NodeProfile:
+    # GPU bus ids and NIC pairing from the DGX H100 user guide (GPU i <-> mlx5_x, netdev
+    # ibpNs0 gives the NIC's bus in decimal). GPUs sit under the same Broadcom Gen5 switch
+    # as their NIC.
+    pairs = [
+        (0x1B, "mlx5_0", "ibp24s0", 24),
+        (0x43, "mlx5_3", "ibp64s0", 64),
+        (0x52, "mlx5_4", "ibp79s0", 79),
+        (0x61, "mlx5_5", "ibp94s0", 94),
+        (0x9D, "mlx5_6", "ibp154s0", 154),
+        (0xC3, "mlx5_9", "ibp192s0", 192),
+        (0xD1, "mlx5_10", "ibp206s0", 206),
+        (0xDF, "mlx5_11", "ibp220s0", 220),
+    ]
+    module_ids = (2, 4, 3, 1, 7, 5, 8, 6)
+    gpus, nics = [], []
+    for i, (gbus, rdma, netdev, nbus) in enumerate(pairs):
+        socket = 0 if i < 4 else 1
+        cpus = "0-55,112-167" if socket == 0 else "56-111,168-223"
+        path = (f"socket{socket}", f"numa{socket}", f"rp{i}", f"sw{i}")
+        gpus.append(GpuSlot(i, _bus(gbus), module_ids[i], socket, cpus, (*path, f"gpu{i}")))
+        nics.append(
+            NicSlot(rdma, netdev, _bus(nbus), socket, "compute", 400, "InfiniBand", (*path, rdma))
+        )
+    # Two dual-port ConnectX-7 for storage and in-band management (the remaining mlx5_1/2/7/8).
+    for name, netdev, bus, socket in (
+        ("mlx5_1", "enp41s0f0np0", 0x29, 0),
+        ("mlx5_2", "enp41s0f1np1", 0x29, 0),
+        ("mlx5_7", "enp170s0f0np0", 0xAA, 1),
+        ("mlx5_8", "enp170s0f1np1", 0xAA, 1),
+    ):
+        role = "storage" if name in ("mlx5_1", "mlx5_7") else "management"
+        nics.append(
+            NicSlot(
+                name,
+                netdev,
+                f"00000000:{bus:02X}:00.{0 if netdev.endswith('np0') else 1}",
+                socket,
+                role,
+                200,
+                "Ethernet",
+                (f"socket{socket}", f"numa{socket}", f"rps{socket}", name),
+            )
+        )
+    # 4 NVSwitch chips, 4+5+5+4 links from every GPU (18 in all).
+    switches = tuple(
+        NvSwitchSlot(k, _bus(bus), (links,) * 8)
+        for k, (bus, links) in enumerate(((0x05, 4), (0x06, 5), (0x07, 5), (0x08, 4)))
+    )
+    return NodeProfile(
+        name="dgx-h100",
+        product="DGX H100",
+        gpu_model=H100_SXM5,
+        gpus=tuple(gpus),
+        nics=tuple(nics),
+        nvswitches=switches,
+        cpu_model="Intel Xeon Platinum 8480C",
+        sockets=2,
+        cores_per_socket=56,
+        numa_nodes=2,
+        driver_version="550.90.07",
+        cuda_driver_version=12040,
+        cross_switch_level="SYS",
+    )
+
+
+def _dgx_a100() -> NodeProfile:
+    # Published topo for DGX A100 40GB (NPS4): GPU pairs share a switch tree with two
+    # compute NICs (PXB); GPUs 0,1 on NUMA 3, 2,3 on 1, 4,5 on 7, 6,7 on 5.
+    groups = [
+        (3, "48-63,176-191", (0x07, 0x0F), ("mlx5_0", "mlx5_1"), (0x0C, 0x0D)),
+        (1, "16-31,144-159", (0x47, 0x4E), ("mlx5_2", "mlx5_3"), (0x4B, 0x54)),
+        (7, "112-127,240-255", (0xB7, 0xBD), ("mlx5_6", "mlx5_7"), (0xBA, 0xCC)),
+        (5, "80-95,208-223", (0x87, 0x90), ("mlx5_8", "mlx5_9"), (0x8B, 0x93)),
+    ]
+    module_ids = (7, 5, 8, 6, 3, 1, 4, 2)
+    gpus, nics = [], []
+    for g, (numa, cpus, gbuses, nic_names, nbuses) in enumerate(groups):
+        socket = 0 if numa < 4 else 1
+        root = (f"socket{socket}", f"numa{numa}", f"rp{g}", f"sw{g}")
+        for k in range(2):
+            i = 2 * g + k
+            gpus.append(
+                GpuSlot(
+                    i, _bus(gbuses[k]), module_ids[i], numa, cpus, (*root, f"sw{g}{k}", f"gpu{i}")
+                )
+            )
+            nics.append(
+                NicSlot(
+                    nic_names[k],
+                    f"ibp{nbuses[k]}s0",
+                    _bus(nbuses[k]),
+                    numa,
+                    "compute",
+                    200,
+                    "InfiniBand",
+                    (*root, f"sw{g}{k}n", nic_names[k]),
+                )
+            )
+    for name, port, rate in (("mlx5_4", 0, 200), ("mlx5_5", 1, 100)):
+        nics.append(
+            NicSlot(
+                name,
+                f"enp225s0f{port}",
+                f"00000000:E1:00.{port}",
+                0,
+                "storage",
+                rate,
+                "Ethernet",
+                ("socket0", "numa0", "rps0", name),
+            )
+        )
+    switches = tuple(NvSwitchSlot(k, _bus(0xC4 + k), (2,) * 8) for k in range(6))
+    return NodeProfile(
+        name="dgx-a100",
+        product="DGX A100",
+        gpu_model=A100_SXM4_40GB,
+        gpus=tuple(gpus),
+        nics=tuple(nics),
+        nvswitches=switches,
+        cpu_model="AMD EPYC 7742",
+        sockets=2,
+        cores_per_socket=64,
+        numa_nodes=8,
+        driver_version="535.183.01",
+        cuda_driver_version=12020,
+        cross_switch_level="SYS",
+    )
+
+
+def _apollo_pcie() -> NodeProfile:
+    # Apollo 6500 Gen10 Plus style, XL675d with PCIe GPUs: the exact switch layout is not
+    # published; this is the CPU-balanced option, one Gen4 switch per socket with four
+    # GPUs and one HDR NIC beneath it.
+    gpus, nics = [], []
+    for i in range(8):
+        socket = i // 4
+        cpus = "0-63,128-191" if socket == 0 else "64-127,192-255"
+        path = (f"socket{socket}", f"numa{socket}", f"rp{socket}", f"sw{socket}")
+        bus = (0x21 + 4 * i) if socket == 0 else (0xA1 + 4 * (i - 4))
+        gpus.append(GpuSlot(i, _bus(bus), i + 1, socket, cpus, (*path, f"gpu{i}")))
+    for socket in range(2):
+        path = (f"socket{socket}", f"numa{socket}", f"rp{socket}", f"sw{socket}")
+        bus = 0x31 if socket == 0 else 0xB1
+        nics.append(
+            NicSlot(
+                f"mlx5_{socket}",
+                f"ibp{bus}s0",
+                _bus(bus),
+                socket,
+                "compute",
+                200,
+                "InfiniBand",
+                (*path, f"mlx5_{socket}"),
+            )
+        )
+    return NodeProfile(
+        name="apollo-pcie",
+        product="Apollo 6500 Gen10 Plus (XL675d, PCIe GPUs)",
+        gpu_model=A100_PCIE_40GB,
+        gpus=tuple(gpus),
+        nics=tuple(nics),
+        nvswitches=(),
+        cpu_model="AMD EPYC 7763",
+        sockets=2,
+        cores_per_socket=64,
+        numa_nodes=2,
+        driver_version="535.183.01",
+        cuda_driver_version=12020,
+        notes="PCIe switch layout assumed (CPU-balanced); HPE does not publish it.",
+    )
+
+
+DGX_H100 = _dgx_h100()
+DGX_A100 = _dgx_a100()
+APOLLO_PCIE = _apollo_pcie()
+
+PROFILES: dict[str, NodeProfile] = {p.name: p for p in (DGX_H100, DGX_A100, APOLLO_PCIE)}
+
+
+def get_profile(name: str) -> NodeProfile:
+    """Look a profile up by name, with a message that lists the known ones."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        known = ", ".join(sorted(PROFILES))
+        raise KeyError(f"unknown simulator profile {name!r} (known: {known})") from None

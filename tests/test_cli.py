@@ -1,0 +1,84 @@
+"""The command line: every subcommand answers, and the unbuilt ones say which issue."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuconsole.cli import main
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuconsole", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_snapshot_demo_prints_every_node_and_says_it_is_simulated() -> None:
+    result = run("snapshot", "--demo")
+    assert result.returncode == 0, result.stderr
+    for node in ("dgx-001", "dgx-004", "dgxa-001", "apollo-01"):
+        assert node in result.stdout
+    assert "NVIDIA H100 80GB HBM3" in result.stdout
+    assert "HW thermal slowdown" in result.stdout  # dgx-002 GPU 3
+    assert "SIMULATED DATA" in result.stdout
+
+
+def test_snapshot_json_is_versioned() -> None:
+    result = run("snapshot", "--demo", "--json", "--nodes", "3")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["schema_version"] == 1
+    assert len(data["nodes"]) == 3
+    assert len(data["nodes"][0]["nvml"]["gpus"]) == 8
+
+
+@pytest.mark.parametrize("command", ["wallboard", "agent", "ssh-server"])
+def test_modes_not_built_yet_name_their_issue(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([command]) == 2
+    assert "issue #7" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command", ["demo", "console", "wallboard", "agent", "ssh-server", "snapshot", "config"]
+)
+def test_every_subcommand_has_help(command: str) -> None:
+    result = run(command, "--help")
+    assert result.returncode == 0 and "usage: gpuconsole" in result.stdout
+
+
+def test_a_bad_config_is_an_error_with_key_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[nvml]\ninterval_s = -1\n")
+    assert main(["config", "check", "-c", str(path)]) == 2
+    assert "bad.toml:2: [nvml] interval_s must be at least" in capsys.readouterr().err
+
+
+def test_config_example_prints_a_file_that_checks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["config", "example"]) == 0
+    path = tmp_path / "example.toml"
+    path.write_text(capsys.readouterr().out)
+    assert main(["config", "check", "-c", str(path)]) == 0
+
+
+def test_snapshot_on_a_machine_without_nvml_says_so(tmp_path: Path) -> None:
+    import ctypes.util
+
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("this machine has a real libnvidia-ml")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[host]\nname = 'gpu-node'\n")
+    result = run("snapshot", "-c", str(cfg))
+    assert result.returncode == 1
+    assert "gpu-node" in result.stdout
+    assert "STALE" in result.stdout and "libnvidia-ml.so.1 not found" in result.stdout

@@ -1,0 +1,30 @@
+"""History rings are bounded, and a snapshot's view does not move afterwards."""
+
+from gpuconsole.history import HistoryStore, Ring
+
+
+def test_a_ring_keeps_only_its_capacity() -> None:
+    ring = Ring(3)
+    for value in range(10):
+        ring.append(float(value))
+    assert ring.values() == (7.0, 8.0, 9.0)
+
+
+def test_a_view_shows_history_as_of_its_snapshot() -> None:
+    store = HistoryStore(capacity=4)
+    key = ("gpu", "GPU-1", "power_w")
+    store.record([(key, 1.0), (key, 2.0)])
+    view = store.view()
+    store.record([(key, 3.0)])
+    assert view.series(*key) == (1.0, 2.0)
+    assert store.view().series(*key) == (1.0, 2.0, 3.0)
+    assert view.series("gpu", "GPU-2", "power_w") == ()
+
+
+def test_a_view_older_than_the_ring_loses_what_was_overwritten() -> None:
+    store = HistoryStore(capacity=2)
+    key = ("k",)
+    store.record([(key, 1.0), (key, 2.0)])
+    view = store.view()
+    store.record([(key, 3.0)])
+    assert view.series(*key) == (2.0,)

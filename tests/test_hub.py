@@ -1,0 +1,252 @@
+"""The hub: intervals, timeouts, staleness, recovery, fan-out, events, rates, history."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+
+from gpuconsole.hub import Hub, HubSettings
+from gpuconsole.model import CounterSample, Event, FleetSnapshot, Key, Severity
+from gpuconsole.sources.base import EmitEvent
+
+
+@dataclass(frozen=True)
+class CountReading:
+    value: int
+
+    def counters(self) -> Iterator[CounterSample]:
+        yield CounterSample(("thing", "bytes"), self.value, 32)
+
+    def series(self) -> Iterator[tuple[Key, float]]:
+        yield ("thing", "value"), float(self.value)
+
+
+class ScriptedSource:
+    """A source whose behaviour the test steers: fine, failing or hanging."""
+
+    kind: ClassVar[str] = "nvml"
+
+    def __init__(self, node: str, interval_s: float = 0.05, timeout_s: float = 0.2) -> None:
+        self.node = node
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.mode = "ok"
+        self.value = 0
+        self.step = 100
+        self.polls = 0
+        self.concurrent = 0
+        self.max_concurrent = 0
+        self.release = asyncio.Event()
+        self.closed = False
+        self.emit: EmitEvent | None = None
+
+    async def start(self, emit: EmitEvent) -> None:
+        self.emit = emit
+
+    async def poll(self) -> CountReading:
+        self.polls += 1
+        self.concurrent += 1
+        self.max_concurrent = max(self.max_concurrent, self.concurrent)
+        try:
+            if self.mode == "fail":
+                raise OSError("BMC at 10.0.0.9 unreachable")
+            if self.mode == "hang":
+                await self.release.wait()
+            self.value += self.step
+            return CountReading(self.value)
+        finally:
+            self.concurrent -= 1
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def wait_for(predicate, timeout: float = 3.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+def fast_hub() -> Hub:
+    return Hub(HubSettings(publish_gap_s=0.01, max_backoff_s=0.2))
+
+
+async def test_a_failing_source_is_stale_with_its_reason_and_the_others_keep_going() -> None:
+    hub = fast_hub()
+    good, bad = ScriptedSource("n1"), ScriptedSource("n2")
+    bad.mode = "fail"
+    hub.add_source(good)
+    hub.add_source(bad)
+    await hub.start()
+    try:
+        await wait_for(lambda: good.polls >= 5)
+        snap = hub.latest
+        assert snap is not None
+        bad_status = snap.node("n2").statuses[0]  # type: ignore[union-attr]
+        assert not bad_status.ok
+        assert "unreachable" in (bad_status.error or "")
+        assert bad_status.stale_since is not None
+        assert snap.node("n1").statuses[0].ok  # type: ignore[union-attr]
+        kinds = [e.kind for e in hub.events()]
+        assert "source_stale" in kinds
+    finally:
+        await hub.stop()
+    assert good.closed and bad.closed
+
+
+async def test_a_source_recovers_by_itself_and_says_so() -> None:
+    hub = fast_hub()
+    src = ScriptedSource("n1")
+    src.mode = "fail"
+    hub.add_source(src)
+    await hub.start()
+    try:
+        await wait_for(lambda: src.polls >= 2)
+        src.mode = "ok"
+        await wait_for(lambda: hub.latest is not None and hub.latest.nodes[0].statuses[0].ok)
+        assert any(e.kind == "source_recovered" for e in hub.events())
+    finally:
+        await hub.stop()
+
+
+async def test_a_hung_poll_times_out_and_is_never_started_twice() -> None:
+    hub = fast_hub()
+    src = ScriptedSource("n1", interval_s=0.02, timeout_s=0.05)
+    src.mode = "hang"
+    hub.add_source(src)
+    await hub.start()
+    try:
+        await wait_for(
+            lambda: (
+                hub.latest is not None
+                and "timeout" in (hub.latest.nodes[0].statuses[0].error or "")
+            )
+        )
+        await asyncio.sleep(0.3)  # several intervals pass while the poll is stuck
+        assert src.polls == 1
+        assert src.max_concurrent == 1
+        src.mode = "ok"
+        src.release.set()
+        await wait_for(lambda: hub.latest is not None and hub.latest.nodes[0].statuses[0].ok)
+    finally:
+        await hub.stop()
+
+
+async def test_backoff_slows_a_failing_source() -> None:
+    hub = Hub(HubSettings(publish_gap_s=0.01, max_backoff_s=5.0))
+    src = ScriptedSource("n1", interval_s=0.02)
+    src.mode = "fail"
+    hub.add_source(src)
+    await hub.start()
+    await asyncio.sleep(0.5)
+    await hub.stop()
+    # Without backoff 25 polls would fit in 0.5 s; doubling from 20 ms allows about 5.
+    assert 2 <= src.polls <= 7
+
+
+async def test_many_subscribers_share_one_poll() -> None:
+    hub = fast_hub()
+    src = ScriptedSource("n1", interval_s=0.1)
+    hub.add_source(src)
+    received: list[list[FleetSnapshot]] = [[] for _ in range(10)]
+    for inbox in received:
+        hub.subscribe(inbox.append)
+    await hub.start()
+    await asyncio.sleep(0.55)
+    await hub.stop()
+    assert 4 <= src.polls <= 8
+    assert all(len(inbox) >= 3 for inbox in received)
+    assert all(inbox[-1] is received[0][-1] for inbox in received)
+
+
+async def test_rates_and_history_come_from_the_readings() -> None:
+    hub = fast_hub()
+    src = ScriptedSource("n1", interval_s=0.05)
+    src.step = 1000
+    hub.add_source(src)
+    await hub.start()
+    try:
+        await wait_for(lambda: src.polls >= 4)
+        await asyncio.sleep(0.05)
+        node = hub.latest.nodes[0]  # type: ignore[union-attr]
+        rate = node.rate("thing", "bytes")
+        assert rate is not None and 5_000 < rate < 40_000  # 1000 per ~50 ms
+        series = node.history.series("thing", "value")  # type: ignore[union-attr]
+        assert len(series) >= 3 and list(series) == sorted(series)
+    finally:
+        await hub.stop()
+
+
+async def test_history_is_bounded() -> None:
+    hub = Hub(HubSettings(history_points=5, publish_gap_s=0.01))
+    src = ScriptedSource("n1", interval_s=0.01)
+    hub.add_source(src)
+    await hub.start()
+    await wait_for(lambda: src.polls >= 20)
+    await hub.stop()
+    snapshot = hub.publish()
+    assert len(snapshot.nodes[0].history.series("thing", "value")) == 5  # type: ignore[union-attr]
+
+
+async def test_events_posted_from_another_thread_reach_the_snapshot() -> None:
+    hub = fast_hub()
+    src = ScriptedSource("n1")
+    hub.add_source(src)
+    await hub.start()
+    try:
+        event = Event(1.0, "n1", "nvml", "xid", Severity.CRITICAL, "XID 79 on GPU 5", 5, None, 79)
+        thread = threading.Thread(target=lambda: src.emit(event))  # type: ignore[misc]
+        thread.start()
+        thread.join()
+        await wait_for(lambda: hub.latest is not None and event in hub.latest.events)
+    finally:
+        await hub.stop()
+
+
+async def test_a_slow_reader_skips_snapshots_instead_of_queueing_them() -> None:
+    hub = fast_hub()
+    src = ScriptedSource("n1", interval_s=0.01)
+    hub.add_source(src)
+    await hub.start()
+    seen: list[int] = []
+    try:
+        async for snapshot in hub.snapshots():
+            seen.append(snapshot.seq)
+            await asyncio.sleep(0.15)  # much slower than the hub publishes
+            if len(seen) == 3:
+                break
+    finally:
+        await hub.stop()
+    assert seen[1] - seen[0] > 1 and seen[2] - seen[1] > 1
+
+
+async def test_a_source_that_fails_to_start_is_stale_not_fatal() -> None:
+    class Broken(ScriptedSource):
+        async def start(self, emit: EmitEvent) -> None:
+            raise RuntimeError("no driver")
+
+    hub = fast_hub()
+    hub.add_source(Broken("n1"))
+    snapshot = await hub.poll_once()
+    assert snapshot.nodes[0].statuses[0].ok  # its poll still succeeded
+    assert any("no driver" in (e.message or "") for e in hub.events())
+
+
+@pytest.mark.parametrize("mode", ["ok", "fail"])
+async def test_poll_once_reads_every_source_once(mode: str) -> None:
+    hub = fast_hub()
+    sources = [ScriptedSource(f"n{i}") for i in range(3)]
+    for s in sources:
+        s.mode = mode
+        hub.add_source(s)
+    snapshot = await hub.poll_once()
+    assert [s.polls for s in sources] == [1, 1, 1]
+    assert [n.statuses[0].ok for n in snapshot.nodes] == [mode == "ok"] * 3
+    assert all(s.closed for s in sources)

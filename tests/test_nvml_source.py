@@ -1,0 +1,198 @@
+"""The NVML source over the in-process simulator: the same code that reads a real GPU."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes.util
+
+import pytest
+
+from gpuconsole.hub import Hub
+from gpuconsole.model import GpuState, RemoteKind
+from gpuconsole.sim.node import SimNode
+from gpuconsole.sim.nvml import SimNvml
+from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100, NodeProfile
+from gpuconsole.sources.base import SourceUnavailable
+from gpuconsole.sources.nvml import NvmlSource, cpulist
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float = 1_796_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(profile: NodeProfile, *scenarios: str, clock: Clock | None = None, **kw: object):  # type: ignore[no-untyped-def]
+    clock = clock or Clock()
+    node = SimNode("dgx-test", profile, scenarios=scenarios, clock=clock, start=clock.now)
+    lib = SimNvml(node)
+    source = NvmlSource("dgx-test", lib=lib, events=False, clock=clock, **kw)  # type: ignore[arg-type]
+    return source, lib, clock
+
+
+def test_a_dgx_h100_reads_as_eight_h100s_on_nvswitch() -> None:
+    source, _lib, _ = make(DGX_H100)
+    reading = source.collect()
+    assert [g.name for g in reading.gpus] == ["NVIDIA H100 80GB HBM3"] * 8
+    assert [g.pci_bus_id for g in reading.gpus] == [s.bus_id for s in DGX_H100.gpus]
+    gpu = reading.gpus[0]
+    assert gpu.sm_count == 132 and gpu.architecture == "hopper"
+    assert gpu.mem_total_bytes == 80 * 1024**3
+    assert gpu.power_limit_w == 700.0
+    assert gpu.nvlinks_active == 18
+    assert {link.remote_kind for link in gpu.nvlinks} == {RemoteKind.NVSWITCH}
+    assert {link.remote_pci_bus_id for link in gpu.nvlinks} == {
+        s.bus_id for s in DGX_H100.nvswitches
+    }
+    assert gpu.numa_node == 0 and gpu.cpu_affinity == "0-55,112-167"
+    assert reading.gpus[4].cpu_affinity == "56-111,168-223"
+    assert gpu.fabric_state == "completed"
+    assert gpu.pcie.gen_max == 5 and gpu.pcie.width_current == 16 and not gpu.pcie.downtrained
+    assert reading.gpu_topology == DGX_H100.gpu_topology()
+    assert reading.gpu_topology[0][1] == "NV18"
+    assert reading.driver_version == DGX_H100.driver_version
+    assert reading.cuda_driver_version == "12.4"
+
+
+def test_gpm_figures_appear_from_the_second_detail_poll_on_hopper() -> None:
+    source, _lib, clock = make(DGX_H100, detail_every=1)
+    assert source.collect().gpus[0].gpm is None  # one sample is not a rate
+    clock.now += 1.0
+    gpm = source.collect().gpus[0].gpm
+    assert gpm is not None and gpm.sm_util_pct is not None and 0 <= gpm.sm_util_pct <= 100
+    assert gpm.nvlink_tx_bytes_per_s is not None and gpm.nvlink_tx_bytes_per_s > 0
+
+
+def test_an_a100_has_no_gpm_and_follows_the_published_topology() -> None:
+    source, _lib, clock = make(DGX_A100, detail_every=1)
+    source.collect()
+    clock.now += 1.0
+    reading = source.collect()
+    assert all(g.gpm is None for g in reading.gpus)
+    assert reading.gpus[0].numa_node == 3 and reading.gpus[0].cpu_affinity == "48-63,176-191"
+    assert reading.gpu_topology[0][7] == "NV12"
+    assert reading.gpus[0].sm_count == 108
+
+
+def test_a_pcie_server_has_no_nvlink_and_pci_levels_between_gpus() -> None:
+    source, _lib, _ = make(APOLLO_PCIE)
+    reading = source.collect()
+    assert all(not g.nvlinks for g in reading.gpus)
+    assert reading.gpu_topology[0][1] == "PIX" and reading.gpu_topology[0][4] == "SYS"
+    assert reading.gpus[0].fabric_state is None
+    assert "fabric_info" in reading.gpus[0].unsupported
+
+
+def test_the_table_costs_four_nvml_calls_per_gpu_per_steady_poll() -> None:
+    source, lib, clock = make(DGX_H100, detail_every=1000, inventory_every=1000)
+    source.collect()  # first poll reads everything
+    clock.now += 1.0
+    source.collect()
+    before = sum(lib.calls.values())
+    for _ in range(5):
+        clock.now += 1.0
+        source.collect()
+    per_gpu_per_poll = (sum(lib.calls.values()) - before) / 5 / 8
+    assert per_gpu_per_poll == 4
+
+
+def test_not_supported_is_remembered_per_gpu_and_not_asked_again() -> None:
+    source, lib, clock = make(DGX_H100, "notsupported:1", detail_every=1, inventory_every=1)
+    first = source.collect()
+    assert first.gpus[1].temp_gpu_c is None and first.gpus[1].state is GpuState.OK
+    assert "utilization" in first.gpus[1].unsupported
+    asked_before = lib.device_calls[1]
+    clock.now += 1.0
+    second = source.collect()
+    assert lib.device_calls[1] - asked_before <= 2  # only NVLink probes by link number remain
+    assert second.gpus[0].temp_gpu_c is not None
+
+
+def test_a_lost_gpu_is_marked_and_the_others_keep_polling() -> None:
+    source, _lib, clock = make(DGX_H100, "xid79:5@10")
+    events = []
+    source._emit = events.append  # what the hub would pass to start()
+    assert source.collect().gpus[5].state is GpuState.OK
+    clock.now += 11
+    reading = source.collect()
+    assert reading.gpus[5].state is GpuState.LOST
+    assert reading.gpus[5].uuid == source.collect().gpus[5].uuid  # identity kept
+    assert all(
+        g.state is GpuState.OK and g.util_gpu_pct is not None for g in reading.gpus if g.index != 5
+    )
+    assert [e.kind for e in events] == ["gpu_lost"]
+    assert events[0].gpu_index == 5
+
+
+def test_a_thermal_throttle_shows_its_reason_clock_and_heat() -> None:
+    source, _lib, _ = make(DGX_H100, "thermal:3")
+    gpu = source.collect().gpus[3]
+    assert "hw_thermal_slowdown" in gpu.throttle_reasons
+    assert gpu.sm_clock_mhz == 1410
+    assert gpu.temp_hbm_c == 95.0
+    assert gpu.temp_gpu_c is not None and gpu.temp_gpu_c > 87
+
+
+def test_ecc_errors_with_a_pending_remap() -> None:
+    source, _lib, _ = make(DGX_H100, "ecc:2")
+    ecc = source.collect().gpus[2].ecc
+    assert ecc.remap_pending is True and (ecc.volatile_corrected or 0) > 0
+    assert ecc.aggregate_uncorrected == 1
+
+
+def test_a_mig_partitioned_gpu_lists_its_instances() -> None:
+    source, _lib, clock = make(DGX_H100, "mig:7", detail_every=1)
+    source.collect()
+    clock.now += 1.0
+    gpu = source.collect().gpus[7]
+    assert gpu.mig_enabled is True
+    assert [(m.profile_name, m.sm_count) for m in gpu.mig_instances] == [
+        ("3g.40gb", 60),
+        ("2g.20gb", 32),
+        ("1g.10gb", 16),
+        ("1g.10gb", 16),
+    ]
+    assert all(m.uuid.startswith("MIG-") for m in gpu.mig_instances)
+    assert all(m.gpm is not None for m in gpu.mig_instances)
+    assert gpu.util_gpu_pct is None  # NVML has no utilization for a GPU in MIG mode
+    assert {p.gpu_instance_id for p in gpu.processes} <= {
+        m.gpu_instance_id for m in gpu.mig_instances
+    }
+
+
+def test_a_missing_library_gives_one_clear_message() -> None:
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("this machine has a real libnvidia-ml")
+    source = NvmlSource("n1", events=False)
+    with pytest.raises(SourceUnavailable, match=r"libnvidia-ml\.so\.1 not found"):
+        source.collect()
+
+
+async def test_xid_events_reach_the_hub_from_the_event_thread() -> None:
+    clock = Clock()
+    node = SimNode("dgx-test", DGX_H100, scenarios=["xid79:5@30"], clock=clock, start=clock.now)
+    hub = Hub()
+    hub.add_source(NvmlSource("dgx-test", lib=SimNvml(node), interval_s=0.1, clock=clock))
+    await hub.start()
+    clock.now += 31  # the GPU falls off the bus while the event thread waits
+    try:
+        for _ in range(100):
+            if any(e.kind == "xid" and e.code == 79 for e in hub.events()):
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await hub.stop()
+    xids = [e for e in hub.events() if e.kind == "xid"]
+    assert xids and xids[0].gpu_index == 5 and "fallen off the bus" in xids[0].message
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [([0], ""), ([1], "0"), ([0b1011], "0-1,3"), ([0, 1], "64"), ([2**64 - 1, 1], "0-64")],
+)
+def test_cpu_masks_become_cpulists(words: list[int], expected: str) -> None:
+    assert cpulist(words) == expected
