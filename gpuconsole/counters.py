@@ -19,29 +19,33 @@ def counter_delta(previous: int, current: int, bits: int) -> int | None:
 
 
 class RateTracker:
-    """Per-second rates from successive raw counter samples."""
+    """Per-second rates from successive raw counter samples of one source."""
 
     def __init__(self) -> None:
-        self._last: dict[Key, tuple[int, float]] = {}
+        self._last: dict[Key, int] = {}
+        self._last_at: float | None = None
         self.resets = 0
 
     def update(self, samples: Iterable[CounterSample], at: float) -> dict[Key, float]:
+        """Rates since the previous update; counters seen for the first time have none."""
         rates: dict[Key, float] = {}
         last = self._last
-        seen: dict[Key, tuple[int, float]] = {}
-        for sample in samples:
-            prev = last.get(sample.key)
-            seen[sample.key] = (sample.value, at)
-            if prev is None:
+        seen: dict[Key, int] = {}
+        dt = at - self._last_at if self._last_at is not None else 0.0
+        for key, value, bits, _history in samples:
+            seen[key] = value
+            prev = last.get(key)
+            if prev is None or dt <= 0:
                 continue
-            dt = at - prev[1]
-            if dt <= 0:
+            if value >= prev:
+                rates[key] = (value - prev) / dt
                 continue
-            delta = counter_delta(prev[0], sample.value, sample.bits)
+            delta = counter_delta(prev, value, bits)
             if delta is None:
                 self.resets += 1
-                continue
-            rates[sample.key] = delta / dt
+            else:
+                rates[key] = delta / dt
         # Counters that vanished (a GPU lost, a port gone) are forgotten.
         self._last = seen
+        self._last_at = at
         return rates

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import time
 from collections import deque
@@ -84,6 +85,7 @@ class Hub:
         self._nodes: dict[str, _NodeState] = {}
         self._events: deque[Event] = deque(maxlen=self.settings.event_log_size)
         self._event_seq = 0
+        self._events_cache: tuple[int, tuple[Event, ...]] = (0, ())
         self._subscribers: list[Subscriber] = []
         self._dirty: set[str] = set()
         self._wake: asyncio.Event | None = None
@@ -208,10 +210,11 @@ class Hub:
         now = self._clock()
         node.readings[kind] = reading
         tracker = node.trackers.setdefault(kind, RateTracker())
-        rates = tracker.update(reading.counters(), self._monotonic())
+        samples = list(reading.counters())
+        rates = tracker.update(samples, self._monotonic())
         node.rates[kind] = rates
         node.history.record(reading.series())
-        node.history.record(rates.items())
+        node.history.record((s.key, rates[s.key]) for s in samples if s.history and s.key in rates)
         old = state.status
         if not old.ok and old.polls > 0 and old.stale_since is not None:
             self.post_event(
@@ -348,7 +351,10 @@ class Hub:
                 node.snapshot = self._node_snapshot(node)
         self._dirty.clear()
         self._seq += 1
-        events = tuple(self._events)[-self.settings.snapshot_events :]
+        if self._events_cache[0] != self._event_seq:
+            tail = itertools.islice(reversed(self._events), self.settings.snapshot_events)
+            self._events_cache = (self._event_seq, tuple(reversed(list(tail))))
+        events = self._events_cache[1]
         nodes = tuple(n.snapshot for n in self._nodes.values() if n.snapshot is not None)
         snapshot = FleetSnapshot(self._seq, self._clock(), nodes, events)
         self._latest = snapshot

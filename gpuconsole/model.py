@@ -9,6 +9,7 @@ handled in one place.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -17,71 +18,42 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from gpuconsole.history import HistoryView
 
-SCHEMA_VERSION = 1
+from gpuconsole.readings.base import (
+    SCHEMA_VERSION,
+    CounterSample,
+    Event,
+    Health,
+    Key,
+    Severity,
+    SourceStatus,
+)
+from gpuconsole.readings.bmc import BmcReading
+from gpuconsole.readings.fabric import FabricReading
 
-# A counter or series is named by a path, e.g. ("gpu", "GPU-1234", "energy_mj").
-Key = tuple[str, ...]
-
-
-class Severity(enum.StrEnum):
-    """How much an event or a state should worry an operator."""
-
-    INFO = "info"
-    WARNING = "warning"
-    CRITICAL = "critical"
-
-
-class Health(enum.StrEnum):
-    """Health at a glance for a node, a GPU or a source."""
-
-    OK = "ok"
-    WARNING = "warning"
-    CRITICAL = "critical"
-    STALE = "stale"
-    UNKNOWN = "unknown"
-
-
-@dataclass(frozen=True, slots=True)
-class CounterSample:
-    """One raw, monotonically increasing counter as read, with its width in bits."""
-
-    key: Key
-    value: int
-    bits: int = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """Something that happened: an XID, a source going stale, an action."""
-
-    at: float
-    node: str
-    source: str
-    kind: str
-    severity: Severity
-    message: str
-    gpu_index: int | None = None
-    gpu_uuid: str | None = None
-    code: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SourceStatus:
-    """Whether a source's latest reading is fresh, and if not since when and why."""
-
-    node: str
-    source: str
-    ok: bool
-    last_ok_at: float | None = None
-    stale_since: float | None = None
-    error: str | None = None
-    polls: int = 0
-    failures: int = 0
-    last_poll_s: float | None = None
-
-    @property
-    def stale(self) -> bool:
-        return not self.ok
+__all__ = [
+    "SCHEMA_VERSION",
+    "BmcReading",
+    "CounterSample",
+    "EccReading",
+    "Event",
+    "FabricReading",
+    "FleetSnapshot",
+    "GpmMetrics",
+    "GpuReading",
+    "GpuState",
+    "Health",
+    "Key",
+    "MigInstance",
+    "NodeSnapshot",
+    "NvLinkReading",
+    "NvmlReading",
+    "PcieReading",
+    "ProcessReading",
+    "RemoteKind",
+    "Severity",
+    "SourceStatus",
+    "gpu_health",
+]
 
 
 # --- NVML -------------------------------------------------------------------------
@@ -281,21 +253,22 @@ class NvmlReading:
 
     def counters(self) -> Iterator[CounterSample]:
         for gpu in self.gpus:
-            base = ("gpu", gpu.uuid)
+            keys = _gpu_keys(gpu.uuid)
             if gpu.energy_mj_total is not None:
-                yield CounterSample((*base, "energy_mj"), gpu.energy_mj_total)
-            if gpu.pcie.tx_bytes_total is not None:
-                yield CounterSample((*base, "pcie_tx_bytes"), gpu.pcie.tx_bytes_total)
-            if gpu.pcie.rx_bytes_total is not None:
-                yield CounterSample((*base, "pcie_rx_bytes"), gpu.pcie.rx_bytes_total)
-            if gpu.pcie.replay_count is not None:
-                yield CounterSample((*base, "pcie_replays"), gpu.pcie.replay_count)
+                yield CounterSample(keys[0], gpu.energy_mj_total)
+            pcie = gpu.pcie
+            if pcie.tx_bytes_total is not None:
+                yield CounterSample(keys[1], pcie.tx_bytes_total, 64, True)
+            if pcie.rx_bytes_total is not None:
+                yield CounterSample(keys[2], pcie.rx_bytes_total, 64, True)
+            if pcie.replay_count is not None:
+                yield CounterSample(keys[3], pcie.replay_count)
             for link in gpu.nvlinks:
-                lk = (*base, "nvlink", str(link.link))
+                tx_key, rx_key = _link_keys(gpu.uuid, link.link)
                 if link.tx_kib_total is not None:
-                    yield CounterSample((*lk, "tx_kib"), link.tx_kib_total)
+                    yield CounterSample(tx_key, link.tx_kib_total)
                 if link.rx_kib_total is not None:
-                    yield CounterSample((*lk, "rx_kib"), link.rx_kib_total)
+                    yield CounterSample(rx_key, link.rx_kib_total)
 
     def series(self) -> Iterator[tuple[Key, float]]:
         """Gauges worth a sparkline."""
@@ -312,6 +285,26 @@ class NvmlReading:
                 yield (*base, "sm_util_pct"), gpu.gpm.sm_util_pct
 
 
+@functools.lru_cache(maxsize=65536)
+def _gpu_keys(uuid: str) -> tuple[Key, Key, Key, Key]:
+    base = ("gpu", uuid)
+    return (
+        (*base, "energy_mj"),
+        (*base, "pcie_tx_bytes"),
+        (*base, "pcie_rx_bytes"),
+        (
+            *base,
+            "pcie_replays",
+        ),
+    )
+
+
+@functools.lru_cache(maxsize=65536)
+def _link_keys(uuid: str, link: int) -> tuple[Key, Key]:
+    base = ("gpu", uuid, "nvlink", str(link))
+    return (*base, "tx_kib"), (*base, "rx_kib")
+
+
 # --- Node and fleet ---------------------------------------------------------------
 
 _EMPTY_RATES: Mapping[Key, float] = MappingProxyType({})
@@ -325,6 +318,8 @@ class NodeSnapshot:
     simulated: bool = False
     profile: str | None = None
     nvml: NvmlReading | None = None
+    bmc: BmcReading | None = None
+    fabric: FabricReading | None = None
     statuses: tuple[SourceStatus, ...] = ()
     rates: Mapping[Key, float] = field(default_factory=lambda: _EMPTY_RATES)
     history: HistoryView | None = None

@@ -815,7 +815,11 @@ class NvmlSource:
             gpu.mig_enabled = gpu.mig_pending = None
             gpu.migs = []
             return
-        gpu.mig_enabled, gpu.mig_pending = bool(mode[0]), bool(mode[1])
+        enabled = bool(mode[0])
+        if gpu.mig_enabled is not None and enabled != gpu.mig_enabled:
+            # Utilization and per-process figures come and go with MIG mode.
+            gpu.unsupported -= {"utilization", "processes"}
+        gpu.mig_enabled, gpu.mig_pending = enabled, bool(mode[1])
         if not gpu.mig_enabled:
             gpu.migs = []
             return

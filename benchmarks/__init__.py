@@ -1,0 +1,1 @@
+"""`make bench`: speed and memory figures, printed (medians, ratios from one run)."""

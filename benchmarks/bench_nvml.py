@@ -1,0 +1,162 @@
+"""CPU cost of one NVML poll of an 8-GPU DGX H100, and NVML calls per GPU per poll.
+
+Three paths: the in-process simulator, pynvml over the fake libnvidia-ml.so (a child
+process, since the library is found through LD_LIBRARY_PATH), and the hub's own work per
+snapshot. Figures are medians; compare ratios from one run, the machine is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpuconsole.hub import Hub
+from gpuconsole.sim.node import SimNode
+from gpuconsole.sim.nvml import SimNvml
+from gpuconsole.sim.profiles import DGX_H100
+from gpuconsole.sources.nvml import NvmlSource
+
+GPUS = len(DGX_H100.gpus)
+POLLS = 120
+
+
+def _cpu_us(fn: Callable[[], Any], rounds: int) -> list[float]:
+    samples = []
+    for _ in range(rounds):
+        began = time.process_time_ns()
+        fn()
+        samples.append((time.process_time_ns() - began) / 1000.0)
+    return samples
+
+
+def poll_costs(source: NvmlSource, count_calls: Callable[[], int]) -> dict[str, float]:
+    """Median CPU per poll, per tier, and NVML calls per GPU per poll."""
+    source.collect()  # the first poll reads identity, inventory and everything else
+    table_only, everything = [], []
+    calls_before = count_calls()
+    table_calls = 0
+    table_polls = 0
+    for _ in range(POLLS):
+        upcoming = source._round + 1
+        is_table = upcoming % source.detail_every and upcoming % source.inventory_every
+        before = count_calls()
+        (cost,) = _cpu_us(source.collect, 1)
+        everything.append(cost)
+        if is_table:
+            table_only.append(cost)
+            table_calls += count_calls() - before
+            table_polls += 1
+    all_calls = count_calls() - calls_before
+    return {
+        "poll_us_median": statistics.median(everything),
+        "table_poll_us_median": statistics.median(table_only) if table_only else float("nan"),
+        "us_per_gpu": statistics.median(everything) / GPUS,
+        "table_calls_per_gpu": table_calls / max(1, table_polls) / GPUS,
+        "all_calls_per_gpu": all_calls / POLLS / GPUS,
+    }
+
+
+def sim_figures() -> dict[str, float]:
+    node = SimNode("bench", DGX_H100, scenarios=["mig:7"])
+    lib = SimNvml(node)
+    source = NvmlSource("bench", lib=lib, events=False, simulated=True)
+    return poll_costs(source, lambda: sum(lib.calls.values()))
+
+
+def hub_figures() -> dict[str, float]:
+    """The hub's own cost per snapshot: accept a reading (rates, history) and publish."""
+    node = SimNode("bench", DGX_H100)
+    source = NvmlSource("bench", lib=SimNvml(node), events=False, simulated=True)
+    readings = [source.collect() for _ in range(8)]
+    hub = Hub()
+    hub.add_source(source)
+    state = hub._nodes["bench"]
+    source_state = state.sources[0]
+    hub.subscribe(lambda snapshot: None)
+    i = 0
+
+    def one() -> None:
+        nonlocal i
+        hub._accept(state, source_state, readings[i % len(readings)], 0.0)
+        hub.publish()
+        i += 1
+
+    samples = _cpu_us(one, 400)
+    return {"hub_us_per_snapshot": statistics.median(samples[50:])}
+
+
+def fake_child() -> None:
+    """Runs in a child whose LD_LIBRARY_PATH points at the fake library."""
+    from gpuconsole.sim.fakenvml import call_counts
+
+    source = NvmlSource("bench", events=False)
+    figures = poll_costs(source, lambda: sum(call_counts().values()))
+    print(json.dumps(figures))
+
+
+def fake_figures() -> dict[str, float] | str:
+    try:
+        from gpuconsole.sim.fakenvml import build_library, environment, write_profile
+    except ImportError as exc:
+        return f"fake library glue missing: {exc}"
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        try:
+            lib_dir = build_library(folder).parent
+        except Exception as exc:
+            return f"fake library not built: {exc}"
+        profile = write_profile(DGX_H100, folder / "profile.txt", scenarios=["mig:7"])
+        env = {**os.environ, **environment(lib_dir, profile)}
+        result = subprocess.run(
+            [sys.executable, "-m", "benchmarks.bench_nvml", "--fake-child"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    if result.returncode != 0:
+        return f"child failed: {result.stderr.strip()[-400:]}"
+    figures: dict[str, float] = json.loads(result.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def main() -> None:
+    print("NVML poll of an 8-GPU DGX H100 (CPU time, medians)")
+    sim = sim_figures()
+    fake = fake_figures()
+    hub = hub_figures()
+    rows = [("in-process simulator", sim)]
+    if isinstance(fake, dict):
+        rows.append(("pynvml + fake libnvidia-ml.so", fake))
+    print(
+        f"  {'path':32} {'poll':>10} {'table poll':>11} {'per GPU':>9} "
+        f"{'calls/GPU table':>16} {'calls/GPU all':>14}"
+    )
+    for name, f in rows:
+        print(
+            f"  {name:32} {f['poll_us_median'] / 1000:8.2f}ms {f['table_poll_us_median'] / 1000:9.2f}ms "
+            f"{f['us_per_gpu']:7.0f}us {f['table_calls_per_gpu']:16.2f} {f['all_calls_per_gpu']:14.2f}"
+        )
+    if not isinstance(fake, dict):
+        print(f"  pynvml + fake libnvidia-ml.so: skipped ({fake})")
+    reference = fake if isinstance(fake, dict) else sim
+    share = hub["hub_us_per_snapshot"] / reference["poll_us_median"]
+    print(f"  hub per snapshot: {hub['hub_us_per_snapshot']:.0f} us = {share:.1%} of one poll")
+    print(
+        "  targets: poll through pynvml < 5 ms; hub < 10% of a poll; <= 4 calls/GPU for the table"
+    )
+
+
+if __name__ == "__main__":
+    if "--fake-child" in sys.argv:
+        fake_child()
+    else:
+        main()
