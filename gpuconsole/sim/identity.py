@@ -18,3 +18,8 @@ def gpu_uuid(node: str, seed: int, index: int) -> str:
 def gpu_serial(node: str, seed: int, index: int) -> str:
     """A 13-digit board serial, as NVML reports for datacenter GPUs."""
     return "1" + str(int(_digest(node, seed, index, "serial")[:12], 16))[:12].zfill(12)
+
+
+def mig_uuid(node: str, seed: int, index: int, slot: int) -> str:
+    """The UUID of the MIG device in MIG slot `slot` (0-based) of GPU `index`: MIG-xxxxxxxx-…."""
+    return gpu_uuid(f"{node}/mig{index}", seed, slot).replace("GPU-", "MIG-")

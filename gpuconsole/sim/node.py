@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gpuconsole.sim.identity import gpu_serial, gpu_uuid
+from gpuconsole.sim.identity import gpu_serial, gpu_uuid, mig_uuid
 from gpuconsole.sim.profiles import GpuModel, MigProfile, NodeProfile
 
 SCENARIO_KINDS = ("thermal", "xid79", "ecc", "mig", "notsupported")
@@ -271,6 +271,6 @@ class SimNode:
         layout = MIG_LAYOUTS.get(self.model.architecture, ())
         slices = []
         for k, (pname, start) in enumerate(layout):
-            uuid = gpu_uuid(f"{self.name}/mig{index}", self.seed, k).replace("GPU-", "MIG-")
+            uuid = mig_uuid(self.name, self.seed, index, k)
             slices.append(SimMigSlice(k + 1, 0, start, by_name[pname], uuid))
         return tuple(slices)

@@ -436,12 +436,14 @@ class SimNvml:
     def nvmlGpuInstanceGetInfo(self, mig: SimMigSlice) -> Any:
         return SimpleNamespace(
             id=mig.gpu_instance_id,
-            profileId=mig.profile.index,
+            profileId=mig.profile.profile_id,
             placement=SimpleNamespace(start=mig.placement_start, size=mig.profile.slices),
         )
 
     @_counted
     def nvmlDeviceGetGpuInstanceProfileInfo(self, h: SimDevice, index: int) -> Any:
+        if not self.node.migs.get(h.index):
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         for p in self.node.model.mig_profiles:
             if p.index == index:
                 return SimpleNamespace(

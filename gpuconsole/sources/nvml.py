@@ -133,6 +133,8 @@ GPM_METRICS: tuple[tuple[int, str, float], ...] = (
     (60, "nvlink_rx_bytes_per_s", 1024.0 * 1024.0),
 )
 
+MIG_PROFILE_INDEXES = 15  # NVML_GPU_INSTANCE_PROFILE_COUNT in current drivers
+
 EVENT_XID = 0x8
 EVENT_SBE = 0x1
 EVENT_DBE = 0x2
@@ -243,6 +245,7 @@ class _Gpu:
     mig_enabled: bool | None = None
     mig_pending: bool | None = None
     migs: list[_Mig] = field(default_factory=list)
+    mig_profile_names: dict[int, str] | None = None
     virtualization: str | None = None
     fabric_state: str | None = None
 
@@ -853,15 +856,7 @@ class NvmlSource:
             info = call(gpu, "gi_info", lib.nvmlGpuInstanceGetInfo, instance)
             if info is not None:
                 start = int(info.placement.start)
-                profile = call(
-                    gpu,
-                    "gi_profile",
-                    lib.nvmlDeviceGetGpuInstanceProfileInfo,
-                    gpu.handle,
-                    info.profileId,
-                )
-                if profile is not None:
-                    name = _text(profile.name).removeprefix("MIG ")
+                name = self._mig_profile_names(gpu).get(int(info.profileId))
         if name is None:
             name = f"{slices}g.{round((mem_mb or 0) / 1024)}gb"
         return _Mig(
@@ -875,6 +870,22 @@ class NvmlSource:
             mem_total_bytes=mem_mb * 1024 * 1024 if mem_mb is not None else None,
             placement_start=start,
         )
+
+    def _mig_profile_names(self, gpu: _Gpu) -> dict[int, str]:
+        """Profile id (as nvmlGpuInstanceGetInfo reports it) to name, e.g. 9 -> "3g.40gb".
+
+        NVML's profile-info call takes the profile *index*, so walk the indexes once.
+        """
+        if gpu.mig_profile_names is None:
+            names: dict[int, str] = {}
+            for index in range(MIG_PROFILE_INDEXES):
+                try:
+                    info = self._lib.nvmlDeviceGetGpuInstanceProfileInfo(gpu.handle, index)
+                except self._lib.NVMLError:
+                    continue
+                names[int(info.id)] = _text(info.name).removeprefix("MIG ")
+            gpu.mig_profile_names = names
+        return gpu.mig_profile_names
 
     def _topology(self) -> tuple[tuple[str, ...], ...]:
         """PCI levels from NVML, with NV# where NVLinks join two GPUs (or both reach NVSwitch)."""

@@ -1,0 +1,5 @@
+"""Fixtures shared across the suite, gathered from their modules."""
+
+from tests.fakenvml_fixtures import FakeNvmlEnv, fake_nvml_env, fake_nvml_lib
+
+__all__ = ["FakeNvmlEnv", "fake_nvml_env", "fake_nvml_lib"]

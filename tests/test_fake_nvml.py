@@ -1,0 +1,940 @@
+"""The fake libnvidia-ml.so.1: pynvml, gpustat and nvitop run against it unchanged.
+
+Every NVML check runs in a subprocess, because LD_LIBRARY_PATH and the profile must be set
+before pynvml loads the library (and a library, once loaded, stays loaded in a process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuconsole.sim.fakenvml import (
+    FakeNvmlError,
+    build_library,
+    mig_partition,
+    parse_scenario,
+    read_counts_file,
+    write_profile,
+)
+from gpuconsole.sim.identity import gpu_serial, gpu_uuid, mig_uuid
+from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100, TOPO_LEVEL, NodeProfile
+from tests.fakenvml_fixtures import FakeNvmlEnv, fake_nvml_env, fake_nvml_lib
+from tests.peers import require_peer
+
+__all__ = ["fake_nvml_env", "fake_nvml_lib"]  # the fixtures, re-exported for pytest
+
+REQUIRE_ENV = "GPUCONSOLE_REQUIRE_PEERS"
+
+PRELUDE = """
+import ctypes, json, os, sys, time
+import pynvml as N
+
+def err(fn, *args):
+    try:
+        fn(*args)
+    except N.NVMLError as exc:
+        return type(exc).__name__
+    return None
+"""
+
+
+def run_py(env: dict[str, str], body: str, timeout: float = 60) -> Any:
+    """Run `body` (which sets `out`) under `env`; return `out` decoded from JSON."""
+    code = PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(out))\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, f"subprocess failed:\n{proc.stderr}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def cpus_of(words: list[int]) -> list[int]:
+    return [64 * w + bit for w, word in enumerate(words) for bit in range(64) if word >> bit & 1]
+
+
+def tool(name: str, hint: str) -> str:
+    """The console script `name` from this interpreter's environment."""
+    path = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    require_peer(name, path is not None, hint)
+    assert path is not None
+    return path
+
+
+# -------------------------------------------------------------------------------------------
+# Identity and static facts
+# -------------------------------------------------------------------------------------------
+
+
+def test_dgx_h100_reports_the_profile(fake_nvml_env: FakeNvmlEnv) -> None:
+    out = run_py(
+        fake_nvml_env("dgx-h100"),
+        """
+        N.nvmlInit()
+        gpus = []
+        for i in range(N.nvmlDeviceGetCount()):
+            h = N.nvmlDeviceGetHandleByIndex(i)
+            links = [
+                (N.nvmlDeviceGetNvLinkRemotePciInfo(h, k).busId,
+                 N.nvmlDeviceGetNvLinkRemoteDeviceType(h, k),
+                 N.nvmlDeviceGetNvLinkState(h, k))
+                for k in range(18)
+            ]
+            gpus.append({
+                "name": N.nvmlDeviceGetName(h),
+                "uuid": N.nvmlDeviceGetUUID(h),
+                "serial": N.nvmlDeviceGetSerial(h),
+                "index": N.nvmlDeviceGetIndex(h),
+                "bus": N.nvmlDeviceGetPciInfo(h).busId,
+                "legacy": N.nvmlDeviceGetPciInfo(h).busIdLegacy,
+                "device_id": N.nvmlDeviceGetPciInfo(h).pciDeviceId,
+                "sm": N.nvmlDeviceGetAttributes(h).multiprocessorCount,
+                "mem": N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).total,
+                "module": N.nvmlDeviceGetModuleId(h),
+                "numa": N.nvmlDeviceGetNumaNodeId(h),
+                "arch": N.nvmlDeviceGetArchitecture(h),
+                "tdp": N.nvmlDeviceGetEnforcedPowerLimit(h),
+                "slowdown": N.nvmlDeviceGetTemperatureThreshold(
+                    h, N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+                "max_sm": N.nvmlDeviceGetMaxClockInfo(h, N.NVML_CLOCK_SM),
+                "pcie": [N.nvmlDeviceGetMaxPcieLinkGeneration(h),
+                         N.nvmlDeviceGetMaxPcieLinkWidth(h)],
+                "links": links,
+                "link_count": N.nvmlDeviceGetFieldValues(h, [91])[0].value.uiVal,
+            })
+        by_uuid = N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByUUID(gpus[3]["uuid"]))
+        by_bus = N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByPciBusId("0000:9d:00.0"))
+        h0, h4 = N.nvmlDeviceGetHandleByIndex(0), N.nvmlDeviceGetHandleByIndex(4)
+        out = {
+            "driver": N.nvmlSystemGetDriverVersion(),
+            "cuda": N.nvmlSystemGetCudaDriverVersion_v2(),
+            "gpus": gpus,
+            "by_uuid": by_uuid,
+            "by_bus": by_bus,
+            "topo_0_4": N.nvmlDeviceGetTopologyCommonAncestor(h0, h4),
+            "past_last_link": err(N.nvmlDeviceGetNvLinkState, h0, 18),
+        }
+        """,
+    )
+    p = DGX_H100
+    assert out["driver"] == p.driver_version and out["cuda"] == p.cuda_driver_version
+    assert len(out["gpus"]) == 8
+    for slot, gpu in zip(p.gpus, out["gpus"], strict=True):
+        assert gpu["name"] == "NVIDIA H100 80GB HBM3"
+        assert gpu["sm"] == 132
+        assert gpu["index"] == slot.index
+        assert gpu["uuid"] == gpu_uuid(p.name, 0, slot.index)
+        assert gpu["serial"] == gpu_serial(p.name, 0, slot.index)
+        assert gpu["bus"] == slot.bus_id
+        assert gpu["legacy"] == slot.bus_id[4:]  # "0000:1B:00.0"
+        assert gpu["device_id"] == p.gpu_model.pci_device_id
+        assert gpu["mem"] == 80 * 1024**3
+        assert gpu["module"] == slot.module_id
+        assert gpu["numa"] == slot.numa_node
+        assert gpu["arch"] == 9
+        assert gpu["tdp"] == 700_000
+        assert gpu["slowdown"] == p.gpu_model.temp_slowdown_c
+        assert gpu["max_sm"] == 1980
+        assert gpu["pcie"] == [5, 16]
+        assert gpu["link_count"] == 18
+        expected_remotes = [sw.bus_id for sw in p.nvswitches for _ in range(sw.links_per_gpu[0])]
+        assert [bus for bus, _, _ in gpu["links"]] == expected_remotes
+        assert {(kind, state) for _, kind, state in gpu["links"]} == {(2, 1)}  # SWITCH, up
+    assert out["by_uuid"] == 3
+    assert out["by_bus"] == 4
+    assert out["topo_0_4"] == TOPO_LEVEL[p.pci_level(p.gpus[0].pci_path, p.gpus[4].pci_path)]
+    assert out["topo_0_4"] == 50  # SYS: across the sockets
+    assert out["past_last_link"] == "NVMLError_InvalidArgument"
+
+
+@pytest.mark.parametrize("profile", [DGX_A100, APOLLO_PCIE], ids=lambda p: p.name)
+def test_topology_matrix_matches_the_profile(
+    fake_nvml_env: FakeNvmlEnv, profile: NodeProfile
+) -> None:
+    out = run_py(
+        fake_nvml_env(profile),
+        """
+        N.nvmlInit()
+        hs = [N.nvmlDeviceGetHandleByIndex(i) for i in range(N.nvmlDeviceGetCount())]
+        out = [[N.nvmlDeviceGetTopologyCommonAncestor(a, b) for b in hs] for a in hs]
+        """,
+    )
+    expected = [
+        [TOPO_LEVEL[profile.pci_level(a.pci_path, b.pci_path)] for b in profile.gpus]
+        for a in profile.gpus
+    ]
+    assert out == expected
+    assert len({level for row in out for level in row}) >= 3  # not one level everywhere
+
+
+def test_cpu_affinity_by_node_and_socket(fake_nvml_env: FakeNvmlEnv) -> None:
+    out = run_py(
+        fake_nvml_env("dgx-a100"),
+        """
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        out = {
+            "plain": list(N.nvmlDeviceGetCpuAffinity(h, 4)),
+            "node": list(N.nvmlDeviceGetCpuAffinityWithinScope(h, 4, N.NVML_AFFINITY_SCOPE_NODE)),
+            "socket": list(
+                N.nvmlDeviceGetCpuAffinityWithinScope(h, 4, N.NVML_AFFINITY_SCOPE_SOCKET)),
+            "numa": N.nvmlDeviceGetNumaNodeId(h),
+        }
+        """,
+    )
+    assert cpus_of(out["plain"]) == [*range(48, 64), *range(176, 192)]
+    assert cpus_of(out["node"]) == cpus_of(out["plain"])
+    assert cpus_of(out["socket"]) == [*range(0, 64), *range(128, 192)]
+    assert out["numa"] == 3
+
+
+def test_pcie_gpus_have_no_nvlink_fabric_or_fans(fake_nvml_env: FakeNvmlEnv) -> None:
+    out = run_py(
+        fake_nvml_env("apollo-pcie"),
+        """
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        info = N.c_nvmlGpuFabricInfo_t()
+        v = N.nvmlDeviceGetFieldValues(h, [91, (138, 0)])
+        out = {
+            "name": N.nvmlDeviceGetName(h),
+            "nvlink": err(N.nvmlDeviceGetNvLinkState, h, 0),
+            "fabric": err(N.nvmlDeviceGetGpuFabricInfo, h, ctypes.byref(info)),
+            "fan": err(N.nvmlDeviceGetFanSpeed, h),
+            "fans": err(N.nvmlDeviceGetNumFans, h),
+            "fields": [e.nvmlReturn for e in v],
+            "gpm": N.nvmlGpmQueryDeviceSupport(h).isSupportedDevice,
+            "gpm_sample": err(N.nvmlGpmSampleGet, h, N.nvmlGpmSampleAlloc()),
+        }
+        """,
+    )
+    assert out["name"] == "NVIDIA A100-PCIE-40GB"
+    assert out["nvlink"] == out["fabric"] == out["fan"] == out["fans"] == "NVMLError_NotSupported"
+    assert out["fields"] == [3, 3]
+    assert out["gpm"] == 0
+    assert out["gpm_sample"] == "NVMLError_NotSupported"
+
+
+def test_nvswitch_gpus_report_a_completed_fabric(fake_nvml_env: FakeNvmlEnv) -> None:
+    out = run_py(
+        fake_nvml_env("dgx-h100"),
+        """
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(2)
+        v1 = N.c_nvmlGpuFabricInfo_t()
+        N.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(v1))
+        v2 = N.c_nvmlGpuFabricInfo_v2_t()
+        N.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(v2))
+        bad = N.c_nvmlGpuFabricInfo_v2_t()
+        bad.version = 7
+        out = {
+            "v1": [v1.state, v1.status],
+            "v2": [v2.state, v2.status],
+            "bad_version": err(N.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(bad)),
+            "fan": err(N.nvmlDeviceGetFanSpeed_v2, h, 0),
+        }
+        """,
+    )
+    assert out["v1"] == out["v2"] == [3, 0]  # NVML_GPU_FABRIC_STATE_COMPLETED, SUCCESS
+    assert out["bad_version"] == "NVMLError_ArgumentVersionMismatch"
+    assert out["fan"] == "NVMLError_NotSupported"
+
+
+# -------------------------------------------------------------------------------------------
+# Errors as the real library gives them
+# -------------------------------------------------------------------------------------------
+
+
+def test_a_function_the_library_lacks_is_function_not_found(fake_nvml_env: FakeNvmlEnv) -> None:
+    out = run_py(
+        fake_nvml_env(),
+        """
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        out = [err(N.nvmlDeviceGetSamples, h, 1, 0), err(N.nvmlDeviceGetPowerUsage, h)]
+        """,
+    )
+    assert out == ["NVMLError_FunctionNotFound", None]
+
+
+def test_without_a_profile_the_driver_is_not_loaded(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    env = fake_nvml_env()
+    body = "out = [err(N.nvmlInit), err(N.nvmlDeviceGetCount)]"
+    unset = {k: v for k, v in env.items() if k != "GPUCONSOLE_FAKE_NVML_PROFILE"}
+    assert run_py(unset, body) == ["NVMLError_DriverNotLoaded", "NVMLError_Uninitialized"]
+    missing = {**env, "GPUCONSOLE_FAKE_NVML_PROFILE": str(tmp_path / "absent")}
+    assert run_py(missing, body)[0] == "NVMLError_DriverNotLoaded"
+    broken = tmp_path / "broken.profile"
+    broken.write_text("format 1\ngpu 0\nwarp_drive 9\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", PRELUDE + body + "\nprint(json.dumps(out))"],
+        env={**env, "GPUCONSOLE_FAKE_NVML_PROFILE": str(broken)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(proc.stdout)[0] == "NVMLError_DriverNotLoaded"
+    assert "line 3" in proc.stderr and "warp_drive" in proc.stderr
+
+
+def test_calls_before_init_and_after_shutdown_are_uninitialized(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    out = run_py(
+        fake_nvml_env(),
+        """
+        N.nvmlInit()
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        N.nvmlShutdown()
+        still = N.nvmlDeviceGetName(h)          # ref-counted: one init left
+        N.nvmlShutdown()
+        out = [still, err(N.nvmlDeviceGetName, h), err(N.nvmlShutdown)]
+        """,
+    )
+    assert out == ["NVIDIA H100 80GB HBM3", "NVMLError_Uninitialized", "NVMLError_Uninitialized"]
+
+
+# -------------------------------------------------------------------------------------------
+# Scenarios
+# -------------------------------------------------------------------------------------------
+
+
+def test_xid79_loses_that_gpu_only(fake_nvml_env: FakeNvmlEnv) -> None:
+    out = run_py(
+        fake_nvml_env(scenarios=["xid79 5"]),
+        """
+        N.nvmlInit()
+        out = {
+            "count": N.nvmlDeviceGetCount(),
+            "handles": [err(N.nvmlDeviceGetHandleByIndex, i) for i in range(8)],
+            "by_bus": err(N.nvmlDeviceGetHandleByPciBusId, "00000000:C3:00.0"),
+        }
+        """,
+    )
+    assert out["count"] == 8
+    assert out["handles"] == [None] * 5 + ["NVMLError_GpuIsLost"] + [None] * 2
+    assert out["by_bus"] == "NVMLError_GpuIsLost"
+
+
+def test_xid79_is_delivered_as_an_event_then_the_gpu_is_lost(fake_nvml_env: FakeNvmlEnv) -> None:
+    out = run_py(
+        fake_nvml_env(scenarios=["xid79 5 at 1"]),
+        """
+        N.nvmlInit()
+        hs = [N.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
+        before = N.nvmlDeviceGetName(hs[5])
+        es = N.nvmlEventSetCreate()
+        for h in hs:
+            N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, es)
+        t0 = time.monotonic()
+        d = N.nvmlEventSetWait(es, 10000)
+        waited = time.monotonic() - t0
+        out = {
+            "before": before,
+            "type": d.eventType,
+            "xid": d.eventData,
+            "gi": d.gpuInstanceId,
+            "is_gpu5": ctypes.addressof(d.device.contents) == ctypes.addressof(hs[5].contents),
+            "waited": waited,
+            "after": err(N.nvmlDeviceGetName, hs[5]),
+            "power": err(N.nvmlDeviceGetPowerUsage, hs[5]),
+            "neighbour": err(N.nvmlDeviceGetPowerUsage, hs[4]),
+            "again": err(N.nvmlEventSetWait, es, 200),
+        }
+        N.nvmlEventSetFree(es)
+        """,
+    )
+    assert out["before"] == "NVIDIA H100 80GB HBM3"
+    assert out["type"] == 0x8 and out["xid"] == 79 and out["is_gpu5"]
+    assert out["gi"] == 0xFFFFFFFF
+    assert 0.8 < out["waited"] < 5.0
+    assert out["after"] == out["power"] == "NVMLError_GpuIsLost"
+    assert out["neighbour"] is None
+    assert out["again"] == "NVMLError_Timeout"  # delivered once
+
+
+def test_event_wait_times_out_when_nothing_happens(fake_nvml_env: FakeNvmlEnv) -> None:
+    out = run_py(
+        fake_nvml_env(),
+        """
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        es = N.nvmlEventSetCreate()
+        supported = N.nvmlDeviceGetSupportedEventTypes(h)
+        N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, es)
+        t0 = time.monotonic()
+        out = {
+            "wait": err(N.nvmlEventSetWait, es, 300),
+            "took": time.monotonic() - t0,
+            "xid_supported": bool(supported & N.nvmlEventTypeXidCriticalError),
+            "unsupported_type": err(N.nvmlDeviceRegisterEvents, h, 1 << 40, es),
+        }
+        """,
+    )
+    assert out["wait"] == "NVMLError_Timeout"
+    assert 0.25 <= out["took"] < 3.0
+    assert out["xid_supported"]
+    assert out["unsupported_type"] == "NVMLError_NotSupported"
+
+
+@pytest.mark.parametrize(
+    ("profile", "gpu", "names", "sms"),
+    [
+        (DGX_H100, 7, ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"], [60, 32, 16, 16]),
+        (DGX_A100, 2, ["3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"], [42, 28, 14, 14]),
+    ],
+    ids=["h100", "a100"],
+)
+def test_mig_scenario_lists_four_mig_devices(
+    fake_nvml_env: FakeNvmlEnv, profile: NodeProfile, gpu: int, names: list[str], sms: list[int]
+) -> None:
+    out = run_py(
+        fake_nvml_env(profile, scenarios=[f"mig {gpu}"]),
+        f"""
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex({gpu})
+        migs, empty = [], []
+        for k in range(N.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                m = N.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+            except N.NVMLError_NotFound:
+                empty.append(k)
+                continue
+            gi = N.nvmlDeviceGetGpuInstanceId(m)
+            info = N.nvmlGpuInstanceGetInfo(N.nvmlDeviceGetGpuInstanceById(h, gi))
+            by_index = {{p: N.nvmlDeviceGetGpuInstanceProfileInfo(h, p)
+                         for p in (0, 1, 2, 3, 4, 7)}}
+            prof = [p for p in by_index.values() if p.id == info.profileId][0]
+            parent = N.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m)
+            migs.append({{
+                "name": N.nvmlDeviceGetName(m),
+                "profile": prof.name,
+                "uuid": N.nvmlDeviceGetUUID(m),
+                "gi": gi,
+                "ci": N.nvmlDeviceGetComputeInstanceId(m),
+                "sm": N.nvmlDeviceGetAttributes(m).multiprocessorCount,
+                "mem": N.nvmlDeviceGetMemoryInfo(m).total,
+                "is_mig": N.nvmlDeviceIsMigDeviceHandle(m).value,
+                "parent": N.nvmlDeviceGetIndex(parent),
+                "by_uuid": N.nvmlDeviceIsMigDeviceHandle(
+                    N.nvmlDeviceGetHandleByUUID(N.nvmlDeviceGetUUID(m))).value,
+            }})
+        other = N.nvmlDeviceGetHandleByIndex({(gpu + 1) % 8})
+        out = {{
+            "mode": N.nvmlDeviceGetMigMode(h),
+            "other_mode": N.nvmlDeviceGetMigMode(other),
+            "migs": migs,
+            "empty": empty,
+            "util": err(N.nvmlDeviceGetUtilizationRates, h),
+            "procs": [p.gpuInstanceId for p in N.nvmlDeviceGetComputeRunningProcesses(h)],
+            "parent_is_mig": N.nvmlDeviceIsMigDeviceHandle(h).value,
+        }}
+        """,
+    )
+    assert out["mode"] == [1, 1] and out["other_mode"] == [0, 0]
+    assert [m["profile"] for m in out["migs"]] == [f"MIG {n}" for n in names]
+    assert [m["name"] for m in out["migs"]] == [f"{profile.gpu_model.name} MIG {n}" for n in names]
+    assert [m["sm"] for m in out["migs"]] == sms
+    assert [m["uuid"] for m in out["migs"]] == [mig_uuid(profile.name, 0, gpu, k) for k in range(4)]
+    assert all(m["uuid"].startswith("MIG-") for m in out["migs"])
+    partition = mig_partition(profile.gpu_model)
+    assert [m["gi"] for m in out["migs"]] == [gi for gi, _, _, _ in partition]
+    assert [m["mem"] for m in out["migs"]] == [mp.mem_bytes for _, mp, _, _ in partition]
+    assert {m["ci"] for m in out["migs"]} == {0}
+    assert all(m["is_mig"] == 1 and m["by_uuid"] == 1 for m in out["migs"])
+    assert {m["parent"] for m in out["migs"]} == {gpu}
+    assert out["empty"] == [4, 5, 6]
+    assert out["util"] == "NVMLError_NotSupported"
+    assert set(out["procs"]) <= {gi for gi, _, _, _ in partition} and out["procs"]
+    assert out["parent_is_mig"] == 0
+
+
+def test_thermal_scenario_throttles_and_counts_violation_time(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    out = run_py(
+        fake_nvml_env(scenarios=["thermal 3"]),
+        """
+        N.nvmlInit()
+        def read(i):
+            h = N.nvmlDeviceGetHandleByIndex(i)
+            v = N.nvmlDeviceGetFieldValues(h, [270, 82])
+            return {
+                "temp": N.nvmlDeviceGetTemperatureV(h, N.NVML_TEMPERATURE_GPU),
+                "legacy_temp": N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU),
+                "sm": N.nvmlDeviceGetClockInfo(h, N.NVML_CLOCK_SM),
+                "reasons": N.nvmlDeviceGetCurrentClocksEventReasons(h),
+                "throttle": N.nvmlDeviceGetCurrentClocksThrottleReasons(h),
+                "violation_ns": v[0].value.ullVal,
+                "hbm": v[1].value.uiVal,
+            }
+        first = read(3)
+        time.sleep(0.3)
+        out = {"first": first, "later": read(3), "cool": read(2)}
+        """,
+    )
+    first, later, cool = out["first"], out["later"], out["cool"]
+    assert first["temp"] >= DGX_H100.gpu_model.temp_slowdown_c
+    assert first["legacy_temp"] == first["temp"]
+    assert first["sm"] == 1410
+    assert first["reasons"] & 0x40 and first["throttle"] == first["reasons"]
+    assert first["hbm"] > first["temp"]
+    assert later["violation_ns"] - first["violation_ns"] >= 0.2e9
+    assert not cool["reasons"] & 0x40
+    assert cool["violation_ns"] == 0
+    assert cool["temp"] < DGX_H100.gpu_model.temp_slowdown_c
+
+
+def test_ecc_scenario_shows_corrected_errors_and_a_pending_remap(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    out = run_py(
+        fake_nvml_env(scenarios=["ecc 2"]),
+        """
+        N.nvmlInit()
+        def read(i):
+            h = N.nvmlDeviceGetHandleByIndex(i)
+            return {
+                "vol": N.nvmlDeviceGetTotalEccErrors(h, N.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                                                     N.NVML_VOLATILE_ECC),
+                "unc": N.nvmlDeviceGetTotalEccErrors(h, N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                                     N.NVML_AGGREGATE_ECC),
+                "remap": list(N.nvmlDeviceGetRemappedRows(h)),
+                "fields": [e.value.ullVal if e.valueType == 3 else e.value.uiVal
+                           for e in N.nvmlDeviceGetFieldValues(h, [3, 4, 144])],
+                "mode": N.nvmlDeviceGetEccMode(h),
+                "retired": err(N.nvmlDeviceGetRetiredPages, h, 0),
+            }
+        out = {"bad": read(2), "good": read(0)}
+        """,
+    )
+    bad, good = out["bad"], out["good"]
+    assert bad["vol"] > 0 and bad["unc"] == 0
+    assert bad["remap"] == [1, 0, 1, 0]  # corrected rows, uncorrected, pending, failure
+    assert bad["fields"][0] == bad["vol"] and bad["fields"][1:] == [0, 1]
+    assert good["vol"] == 0 and good["remap"] == [0, 0, 0, 0] and good["fields"] == [0, 0, 0]
+    assert bad["mode"] == [1, 1]
+    assert bad["retired"] == "NVMLError_NotSupported"  # Hopper remaps rows instead
+
+
+def test_notsupported_scenario_keeps_only_identity(fake_nvml_env: FakeNvmlEnv) -> None:
+    out = run_py(
+        fake_nvml_env(scenarios=["notsupported 1"]),
+        """
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(1)
+        out = {
+            "identity": [N.nvmlDeviceGetName(h), N.nvmlDeviceGetPciInfo(h).busId,
+                         N.nvmlDeviceGetIndex(h)],
+            "other": [err(N.nvmlDeviceGetPowerUsage, h), err(N.nvmlDeviceGetMemoryInfo, h),
+                      err(N.nvmlDeviceGetFieldValues, h, [83]),
+                      err(N.nvmlDeviceGetTopologyCommonAncestor, h, h)],
+            "neighbour": err(N.nvmlDeviceGetPowerUsage, N.nvmlDeviceGetHandleByIndex(0)),
+        }
+        """,
+    )
+    assert out["identity"] == ["NVIDIA H100 80GB HBM3", DGX_H100.gpus[1].bus_id, 1]
+    assert out["other"] == ["NVMLError_NotSupported"] * 4
+    assert out["neighbour"] is None
+
+
+# -------------------------------------------------------------------------------------------
+# Dynamic readings
+# -------------------------------------------------------------------------------------------
+
+
+def test_process_list_follows_nvmls_insufficient_size_protocol(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    out = run_py(
+        fake_nvml_env(),
+        """
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(6)
+        fn = N.nvmlLib.nvmlDeviceGetComputeRunningProcesses_v3
+        count = ctypes.c_uint(0)
+        first = fn(h, ctypes.byref(count), None)
+        need = count.value
+        small = (N.c_nvmlProcessInfo_v3_t * max(1, need - 1))()
+        count.value = need - 1
+        second = fn(h, ctypes.byref(count), small)
+        exact = (N.c_nvmlProcessInfo_v3_t * need)()
+        count.value = need
+        third = fn(h, ctypes.byref(count), exact)
+        procs = N.nvmlDeviceGetComputeRunningProcesses(h)
+        out = {
+            "rets": [first, second, third],
+            "need": need,
+            "count": count.value,
+            "pids": [p.pid for p in procs],
+            "exact_pids": [exact[i].pid for i in range(need)],
+            "used": sum(p.usedGpuMemory for p in procs),
+            "gi": {p.gpuInstanceId for p in procs} == {0xFFFFFFFF},
+            "mem_used": N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).used,
+            "graphics": N.nvmlDeviceGetGraphicsRunningProcesses(h),
+            "mps": N.nvmlDeviceGetMPSComputeRunningProcesses(h),
+        }
+        """,
+    )
+    assert out["need"] >= 1
+    assert out["rets"] == [7, 7, 0]  # INSUFFICIENT_SIZE, INSUFFICIENT_SIZE, SUCCESS
+    assert out["count"] == out["need"] == len(out["pids"])
+    assert out["exact_pids"] == out["pids"]
+    assert len(set(out["pids"])) == len(out["pids"])
+    assert out["gi"]
+    assert 0 < out["used"] <= out["mem_used"]
+    assert out["graphics"] == [] and out["mps"] == []
+
+
+def test_field_values_fill_each_entry(fake_nvml_env: FakeNvmlEnv) -> None:
+    out = run_py(
+        fake_nvml_env(),
+        """
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        ids = [83, 186, 185, 190, 194, 82, 94, 197, 198, 74, 76, 269, 270, 271, 142, 3, 9999,
+               (138, 0), (139, 17), (138, 18)]
+        def read():
+            return [[e.fieldId, e.scopeId, e.nvmlReturn, e.valueType,
+                     e.value.ullVal if e.valueType == 3 else e.value.uiVal, e.timestamp]
+                    for e in N.nvmlDeviceGetFieldValues(h, ids)]
+        first = read()
+        time.sleep(0.25)
+        out = {"first": first, "later": read(), "now_us": time.time() * 1e6,
+               "energy": N.nvmlDeviceGetTotalEnergyConsumption(h)}
+        """,
+    )
+    first = {(f[0], f[1]): f for f in out["first"]}
+    later = {(f[0], f[1]): f for f in out["later"]}
+    rets = {k: f[2] for k, f in first.items()}
+    assert rets.pop((9999, 0)) == 3  # unknown field: NOT_SUPPORTED, only for that entry
+    assert rets.pop((138, 18)) == 2  # H100 has links 0-17
+    assert set(rets.values()) == {0}
+    assert first[(83, 0)][3] == 3 and first[(186, 0)][3] == 1  # ULL energy, UINT power
+    assert later[(83, 0)][4] > first[(83, 0)][4]  # energy integrates power
+    assert later[(197, 0)][4] > first[(197, 0)][4]  # PCIe bytes integrate throughput
+    assert later[(138, 0)][4] >= first[(138, 0)][4]
+    assert first[(190, 0)][4] == 700_000 and first[(194, 0)][4] == 87
+    assert 200_000 <= first[(186, 0)][4] <= 700_000
+    assert abs(first[(83, 0)][5] - out["now_us"]) < 5e6  # microseconds since the epoch
+    assert out["energy"] >= later[(83, 0)][4]
+
+
+def test_dynamics_follow_the_load(fake_nvml_env: FakeNvmlEnv) -> None:
+    """Sweep the frozen clock: power tracks utilization, clocks track load, energy only grows."""
+    out = run_py(
+        fake_nvml_env(frozen_time=0),
+        """
+        N.nvmlInit()
+        hs = [N.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
+        rows = []
+        for t in range(0, 600, 7):
+            os.environ["GPUCONSOLE_FAKE_NVML_TIME"] = str(t)
+            for i, h in enumerate(hs):
+                rows.append([t, i, N.nvmlDeviceGetUtilizationRates(h).gpu,
+                             N.nvmlDeviceGetPowerUsage(h), N.nvmlDeviceGetClockInfo(h, 1),
+                             N.nvmlDeviceGetTotalEnergyConsumption(h),
+                             N.nvmlDeviceGetTemperatureV(h, 0),
+                             N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).used,
+                             N.nvmlDeviceGetCurrentClocksEventReasons(h)])
+        out = rows
+        """,
+    )
+    m = DGX_H100.gpu_model
+    lo, hi = m.power_min_w * 1000, m.tdp_w * 1000
+    energy: dict[int, int] = {}
+    utils: dict[int, set[int]] = {}
+    for t, i, util, power, sm, joules, temp, used, reasons in out:
+        assert abs(power - (lo + (hi - lo) * util / 100)) <= 0.006 * (hi - lo), (t, i)
+        if util <= 1:
+            assert sm == m.sm_clock_idle_mhz and reasons & 0x1
+        elif 3 <= util < 95:
+            assert sm == m.sm_clock_max_mhz and reasons == 0
+        assert 25 <= temp < m.temp_slowdown_c
+        assert 0 < used < m.mem_bytes
+        assert joules >= energy.get(i, 0)
+        energy[i] = joules
+        utils.setdefault(i, set()).add(util)
+    assert all(len(seen) > 10 for seen in utils.values())  # the load moves
+    assert len({tuple(sorted(seen)) for seen in utils.values()}) == 8  # differently per GPU
+    # Over 600 s a GPU between 200 W and 700 W uses between 120 kJ and 420 kJ.
+    assert all(119_000_000 <= e <= 421_000_000 for e in energy.values())
+
+
+def test_readings_are_deterministic_for_a_seed(fake_nvml_env: FakeNvmlEnv) -> None:
+    body = """
+    N.nvmlInit()
+    out = []
+    for i in range(8):
+        h = N.nvmlDeviceGetHandleByIndex(i)
+        out.append([N.nvmlDeviceGetUUID(h), N.nvmlDeviceGetUtilizationRates(h).gpu,
+                    N.nvmlDeviceGetPowerUsage(h), N.nvmlDeviceGetTemperatureV(h, 0),
+                    N.nvmlDeviceGetTotalEnergyConsumption(h),
+                    N.nvmlDeviceGetFieldValues(h, [(138, 3)])[0].value.ullVal,
+                    [p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(h)]])
+    """
+    a = run_py(fake_nvml_env(frozen_time=123.4), body)
+    b = run_py(fake_nvml_env(frozen_time=123.4), body)
+    other = run_py(fake_nvml_env(frozen_time=123.4, seed=1), body)
+    assert a == b
+    assert [row[0] for row in other] == [gpu_uuid("dgx-h100", 1, i) for i in range(8)]
+    assert [row[1:] for row in other] != [row[1:] for row in a]
+
+
+def test_gpm_metrics_on_hopper(fake_nvml_env: FakeNvmlEnv) -> None:
+    out = run_py(
+        fake_nvml_env(scenarios=["mig 0"]),
+        """
+        N.nvmlInit()
+        ids = [1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 20, 21, 60, 61, 62, 97, 99, 212]
+        def metrics(take):
+            s1, s2 = N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()
+            take(s1)
+            time.sleep(0.2)
+            take(s2)
+            req = N.c_nvmlGpmMetricsGet_t()
+            req.version = N.NVML_GPM_METRICS_GET_VERSION
+            req.numMetrics = len(ids)
+            req.sample1, req.sample2 = s1, s2
+            for i, mid in enumerate(ids):
+                req.metrics[i].metricId = mid
+            N.nvmlGpmMetricsGet(req)
+            N.nvmlGpmSampleFree(s1)
+            N.nvmlGpmSampleFree(s2)
+            return {mid: [req.metrics[i].nvmlReturn, req.metrics[i].value]
+                    for i, mid in enumerate(ids)}
+        h3, h0 = N.nvmlDeviceGetHandleByIndex(3), N.nvmlDeviceGetHandleByIndex(0)
+        bad = N.c_nvmlGpmMetricsGet_t()
+        bad.version = 9
+        out = {
+            "supported": N.nvmlGpmQueryDeviceSupport(h3).isSupportedDevice,
+            "gpu": metrics(lambda s: N.nvmlGpmSampleGet(h3, s)),
+            "mig": metrics(lambda s: N.nvmlGpmMigSampleGet(h0, 1, s)),
+            "util": N.nvmlDeviceGetUtilizationRates(h3).gpu,
+            "bad_version": err(N.nvmlGpmMetricsGet, bad),
+            "no_such_instance": err(N.nvmlGpmMigSampleGet, h0, 42, N.nvmlGpmSampleAlloc()),
+        }
+        """,
+    )
+    assert out["supported"] == 1
+    for scope in ("gpu", "mig"):
+        got = {int(k): v for k, v in out[scope].items()}
+        assert got.pop(99) == [3, 0.0]  # a C2C metric: not on H100 SXM
+        assert got.pop(212) == [3, 0.0]  # link 18 does not exist on an 18-link GPU
+        assert {ret for ret, _ in got.values()} == {0}
+        for mid in (1, 2, 3, 5, 10, 12):
+            assert 0.0 <= got[mid][1] <= 100.0
+        assert got[2][1] <= got[1][1]  # busy SMs never exceed the time anything ran
+        assert got[20][1] > 0 and got[21][1] > got[20][1]
+        assert got[60][1] > got[62][1] > 0  # all links carry more than link 0 alone
+    assert abs(out["gpu"]["1"][1] - out["util"]) < 15  # GPM agrees with the utilization rate
+    assert out["bad_version"] == "NVMLError_ArgumentVersionMismatch"
+    assert out["no_such_instance"] == "NVMLError_NotFound"
+
+
+# -------------------------------------------------------------------------------------------
+# Call counts
+# -------------------------------------------------------------------------------------------
+
+
+def test_every_exported_nvml_function_is_counted(
+    fake_nvml_env: FakeNvmlEnv, fake_nvml_lib: Path
+) -> None:
+    out = run_py(
+        fake_nvml_env(),
+        """
+        from gpuconsole.sim.fakenvml import call_counts, reset_call_counts
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        reset_call_counts()
+        N.nvmlDeviceGetName(h)
+        N.nvmlDeviceGetName(h)
+        N.nvmlDeviceGetFieldValues(h, [83, 186])
+        err(N.nvmlDeviceGetFanSpeed, h)
+        counts = call_counts()
+        out = {"counts": counts,
+               "exported": [n for n in counts if hasattr(N.nvmlLib, n)]}
+        """,
+    )
+    counts = out["counts"]
+    assert sorted(out["exported"]) == sorted(counts)
+    assert {k: v for k, v in counts.items() if v} == {
+        "nvmlDeviceGetName": 2,
+        "nvmlDeviceGetFieldValues": 1,
+        "nvmlDeviceGetFanSpeed": 1,
+    }
+    nm = shutil.which("nm")
+    if nm is not None:  # binutils comes with gcc
+        symbols = subprocess.run(
+            [nm, "-D", "--defined-only", str(fake_nvml_lib)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        assert sorted(s for s in symbols if s.startswith("nvml")) == sorted(counts)
+
+
+def test_counts_file_records_a_gpustat_run(fake_nvml_env: FakeNvmlEnv, tmp_path: Path) -> None:
+    gpustat = tool("gpustat", "pip install gpustat==1.1.1")
+    counts = tmp_path / "counts.txt"
+    env = fake_nvml_env(counts=counts)
+    subprocess.run([gpustat, "--json"], env=env, capture_output=True, check=True, timeout=60)
+    got = read_counts_file(counts)
+    assert got["nvmlDeviceGetHandleByIndex_v2"] == 8
+    assert got["nvmlDeviceGetMemoryInfo_v2"] == 8
+    assert got["nvmlShutdown"] >= 1
+    assert all(n > 0 for n in got.values())
+
+
+# -------------------------------------------------------------------------------------------
+# Other programs, unchanged
+# -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", [DGX_H100, DGX_A100, APOLLO_PCIE], ids=lambda p: p.name)
+def test_gpustat_json_matches_the_profile(fake_nvml_env: FakeNvmlEnv, profile: NodeProfile) -> None:
+    gpustat = tool("gpustat", "pip install gpustat==1.1.1")
+    proc = subprocess.run(
+        [gpustat, "--json"],
+        env=fake_nvml_env(profile, seed=7),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    gpus = report["gpus"]
+    assert report["driver_version"] == profile.driver_version
+    assert [g["index"] for g in gpus] == [s.index for s in profile.gpus]
+    assert [g["name"] for g in gpus] == [profile.gpu_model.name] * len(profile.gpus)
+    assert [g["uuid"] for g in gpus] == [gpu_uuid(profile.name, 7, s.index) for s in profile.gpus]
+    assert {g["memory.total"] for g in gpus} == {profile.gpu_model.mem_bytes // 2**20}
+    assert {g["enforced.power.limit"] for g in gpus} == {profile.gpu_model.tdp_w}
+    assert all(g["fan.speed"] is None for g in gpus)  # no fans on these boards
+    assert all(0 <= g["utilization.gpu"] <= 100 for g in gpus)
+
+
+def test_gpustat_marks_a_lost_gpu(fake_nvml_env: FakeNvmlEnv) -> None:
+    gpustat = tool("gpustat", "pip install gpustat==1.1.1")
+    proc = subprocess.run(
+        [gpustat, "--no-color"],
+        env=fake_nvml_env(scenarios=["xid79 5"]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()[1:]
+    assert "GPU is lost" in lines[5]
+    assert all("H100" in line for k, line in enumerate(lines) if k != 5)
+
+
+@pytest.mark.parametrize(
+    ("profile", "scenarios"),
+    [(DGX_H100, ["mig 0", "thermal 3"]), (DGX_A100, []), (APOLLO_PCIE, [])],
+    ids=["dgx-h100", "dgx-a100", "apollo-pcie"],
+)
+def test_nvitop_once_shows_every_gpu(
+    fake_nvml_env: FakeNvmlEnv, profile: NodeProfile, scenarios: list[str]
+) -> None:
+    nvitop = tool("nvitop", "pip install nvitop==1.7.2")
+    env = {**fake_nvml_env(profile, scenarios=scenarios), "TERM": "xterm-256color"}
+    env.update(COLUMNS="160", LINES="60")
+    proc = subprocess.run(
+        [nvitop, "--once"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "ERROR" not in proc.stderr and "FunctionNotFound" not in proc.stderr, proc.stderr
+    assert f"Driver Version: {profile.driver_version}" in proc.stdout
+    short = profile.gpu_model.name.removeprefix("NVIDIA ")
+    for slot in profile.gpus:
+        assert slot.bus_id in proc.stdout
+    assert proc.stdout.count(short) == len(profile.gpus)
+    if scenarios:
+        assert "3g.40gb" in proc.stdout and "1g.10gb" in proc.stdout
+
+
+# -------------------------------------------------------------------------------------------
+# The Python glue
+# -------------------------------------------------------------------------------------------
+
+
+def test_build_library_skips_a_fresh_build(fake_nvml_lib: Path) -> None:
+    before = fake_nvml_lib.stat().st_mtime_ns
+    assert build_library(fake_nvml_lib.parent) == fake_nvml_lib
+    assert fake_nvml_lib.stat().st_mtime_ns == before
+    assert not [p for p in fake_nvml_lib.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_build_library_names_gcc_when_it_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(FakeNvmlError, match="gcc"):
+        build_library(tmp_path / "out")
+    assert not (tmp_path / "out" / "libnvidia-ml.so.1").exists()
+
+
+def test_scenarios_parse_in_both_spellings() -> None:
+    assert parse_scenario("xid79 5 at 20") == ("xid79", 5, 20.0)
+    assert parse_scenario("xid79:5@20") == ("xid79", 5, 20.0)
+    assert parse_scenario("  mig   7 ") == ("mig", 7, None)
+    assert parse_scenario("thermal:3") == ("thermal", 3, None)
+    for bad in ("lava 3", "thermal", "thermal three", "xid 5", "ecc 2 at soon"):
+        with pytest.raises(ValueError, match="scenario"):
+            parse_scenario(bad)
+
+
+def test_write_profile_rejects_a_gpu_the_node_lacks(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="GPU 8"):
+        write_profile(DGX_H100, tmp_path / "p", scenarios=["thermal 8"])
+    text = write_profile(DGX_H100, tmp_path / "q", scenarios=["xid79:5@20"]).read_text()
+    assert "scenario xid79 5 at 20\n" in text
+    assert text.count("\ngpu ") == 8
+
+
+def test_require_peer_skips_or_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    require_peer("present", True, "nothing to do")  # returns quietly
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match=r"gcc.*apt-get install gcc"):
+        require_peer("gcc", False, "apt-get install gcc")
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="gcc"):
+        require_peer("gcc", False, "apt-get install gcc")
+
+
+def test_missing_gcc_fails_the_fixture_when_peers_are_required(tmp_path: Path) -> None:
+    """The session fixture itself: skip without gcc, fail under GPUCONSOLE_REQUIRE_PEERS=1."""
+    (tmp_path / "test_probe.py").write_text(
+        "from tests.fakenvml_fixtures import fake_nvml_lib\n"
+        "def test_probe(fake_nvml_lib):\n    pass\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    base = {**os.environ, "PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(root)}
+    if shutil.which("gcc", path=base["PATH"]):
+        pytest.skip("gcc sits next to the interpreter; cannot hide it")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(tmp_path)]
+    relaxed = {k: v for k, v in base.items() if k != REQUIRE_ENV}
+    skipped = subprocess.run(cmd, env=relaxed, capture_output=True, text=True, cwd=tmp_path)
+    assert "1 skipped" in skipped.stdout and "gcc" in skipped.stdout, skipped.stdout
+    strict = {**base, REQUIRE_ENV: "1"}
+    failed = subprocess.run(cmd, env=strict, capture_output=True, text=True, cwd=tmp_path)
+    assert failed.returncode != 0 and "gcc" in failed.stdout, failed.stdout
