@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuconsole import config as config_mod
 from gpuconsole import format as fmt
@@ -18,11 +18,13 @@ from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.model import FleetSnapshot, NodeSnapshot, gpu_health
 from gpuconsole.sim.profiles import PROFILES
 
+if TYPE_CHECKING:
+    from gpuconsole.export.agent import AgentSettings
+
 log = logging.getLogger("gpuconsole")
 
 NOT_YET = {
     "wallboard": "the read-only wallboard arrives with issue #7 (three ways in)",
-    "agent": "the headless Prometheus exporter arrives with issue #7 (three ways in)",
     "ssh-server": "the ssh-in console arrives with issue #7 (three ways in)",
 }
 
@@ -116,6 +118,61 @@ def cmd_console(args: argparse.Namespace) -> int:
 def cmd_not_yet(args: argparse.Namespace) -> int:
     print(f"gpuconsole {args.command}: not built yet: {NOT_YET[args.command]}.", file=sys.stderr)
     return 2
+
+
+def agent_settings(cfg: Config, listen: str | None) -> AgentSettings:
+    """The agent's listen address, TLS and basic auth from the config and the command line."""
+    from gpuconsole.export.agent import AgentSettings, parse_listen
+
+    try:
+        host, port = parse_listen(listen or cfg.agent.listen)
+    except ValueError as exc:
+        raise ConfigError(f"[agent] listen: {exc}") from None
+    password = None
+    if cfg.agent.basic_auth_user:
+        if not cfg.agent.basic_auth_password_file:
+            raise ConfigError("[agent] basic_auth_user needs basic_auth_password_file")
+        password = read_secret(Path(cfg.agent.basic_auth_password_file), "[agent] basic auth")
+    if bool(cfg.agent.tls_cert) != bool(cfg.agent.tls_key):
+        raise ConfigError("[agent] tls_cert and tls_key go together")
+    return AgentSettings(
+        host=host,
+        port=port,
+        tls_cert=Path(cfg.agent.tls_cert) if cfg.agent.tls_cert else None,
+        tls_key=Path(cfg.agent.tls_key) if cfg.agent.tls_key else None,
+        basic_auth_user=cfg.agent.basic_auth_user or None,
+        basic_auth_password=password,
+    )
+
+
+def read_secret(path: Path, what: str) -> str:
+    """A password from a file; warns when others may read it, never echoes it."""
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        log.warning("%s: %s is readable by others; chmod 600 it", what, path)
+    return text
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from gpuconsole.export.agent import serve
+
+    cfg = _config(args)
+    settings = agent_settings(cfg, args.listen)
+    hub = sim_hub(cfg, args.nodes, args.seed) if args.demo else node_hub(cfg)
+    logging.getLogger().setLevel(logging.INFO)
+    try:
+        asyncio.run(serve(hub, settings))
+    except OSError as exc:
+        print(
+            f"gpuconsole agent: cannot listen on {settings.host}:{settings.port}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
@@ -273,7 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--theme", help="theme name")
     p.set_defaults(func=cmd_console)
 
-    for name in ("wallboard", "agent", "ssh-server"):
+    p = sub.add_parser("agent", help="headless Prometheus exporter: /metrics, /api/v1/snapshot")
+    _common(p)
+    _demo_args(p)
+    p.add_argument("--demo", action="store_true", help="export the simulated cluster")
+    p.add_argument("--listen", metavar="HOST:PORT", help="default: [agent] listen, 127.0.0.1:9400")
+    p.set_defaults(func=cmd_agent)
+
+    for name in ("wallboard", "ssh-server"):
         p = sub.add_parser(name, help=f"{NOT_YET[name]} (not built yet)")
         _common(p)
         p.set_defaults(func=cmd_not_yet)

@@ -66,6 +66,14 @@ def _decode(kind: Any, data: Any, where: str) -> Any:
             except DecodeError:
                 continue
         raise DecodeError(f"{where}: {data!r} matches none of {kind}")
+    if origin in (dict, Mapping):
+        key_type, value_type = typing.get_args(kind)
+        if not isinstance(data, dict):
+            raise DecodeError(f"{where}: expected an object")
+        return {
+            _decode(key_type, k, where): _decode(value_type, v, f"{where}.{k}")
+            for k, v in data.items()
+        }
     if origin is tuple:
         args = typing.get_args(kind)
         if not isinstance(data, list):

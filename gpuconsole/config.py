@@ -100,6 +100,19 @@ class UiConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    """[agent]: the headless exporter (`gpuconsole agent`)."""
+
+    listen: str = field(default="127.0.0.1:9400", metadata=_doc("HOST:PORT to serve /metrics on"))
+    tls_cert: str = field(default="", metadata=_doc("PEM certificate file; empty: plain HTTP"))
+    tls_key: str = field(default="", metadata=_doc("PEM key file for tls_cert"))
+    basic_auth_user: str = field(default="", metadata=_doc("Require HTTP basic auth as this user"))
+    basic_auth_password_file: str = field(
+        default="", metadata=_doc("File holding the basic-auth password (mode 0600)")
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole file."""
 
@@ -108,6 +121,7 @@ class Config:
     nvml: NvmlConfig = field(default_factory=NvmlConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
     ui: UiConfig = field(default_factory=UiConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     path: Path | None = field(default=None, compare=False)
 
 

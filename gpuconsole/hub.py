@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -56,6 +56,7 @@ class _NodeState:
     history: HistoryStore = field(default_factory=lambda: HistoryStore(300))
     snapshot: NodeSnapshot | None = None
     sources: list[_SourceState] = field(default_factory=list)
+    last_xid: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,8 @@ class Hub:
         self._events: deque[Event] = deque(maxlen=self.settings.event_log_size)
         self._event_seq = 0
         self._events_cache: tuple[int, tuple[Event, ...]] = (0, ())
+        self._event_counts: Counter[tuple[str, str, str]] = Counter()
+        self._counts_cache: tuple[tuple[str, str, str, int], ...] = ()
         self._subscribers: list[Subscriber] = []
         self._dirty: set[str] = set()
         self._wake: asyncio.Event | None = None
@@ -288,6 +291,10 @@ class Hub:
     def _record_event(self, event: Event) -> None:
         self._events.append(event)
         self._event_seq += 1
+        self._event_counts[(event.node, event.kind, event.severity.value)] += 1
+        node = self._nodes.get(event.node)
+        if node is not None and event.kind == "xid" and event.gpu_uuid and event.code is not None:
+            node.last_xid[event.gpu_uuid] = event.code
         if event.node in self._nodes:
             self._mark_dirty(event.node)
         elif self._wake is not None:
@@ -354,9 +361,12 @@ class Hub:
         if self._events_cache[0] != self._event_seq:
             tail = itertools.islice(reversed(self._events), self.settings.snapshot_events)
             self._events_cache = (self._event_seq, tuple(reversed(list(tail))))
+            self._counts_cache = tuple(
+                (*key, count) for key, count in sorted(self._event_counts.items())
+            )
         events = self._events_cache[1]
         nodes = tuple(n.snapshot for n in self._nodes.values() if n.snapshot is not None)
-        snapshot = FleetSnapshot(self._seq, self._clock(), nodes, events)
+        snapshot = FleetSnapshot(self._seq, self._clock(), nodes, events, self._counts_cache)
         self._latest = snapshot
         for callback in list(self._subscribers):
             try:
@@ -383,6 +393,7 @@ class Hub:
             profile=node.profile,
             statuses=tuple(s.status for s in node.sources),
             rates=MappingProxyType(rates),
+            last_xid=MappingProxyType(dict(node.last_xid)),
             history=node.history.view(),
             **fields,
         )

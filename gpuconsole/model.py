@@ -308,6 +308,7 @@ def _link_keys(uuid: str, link: int) -> tuple[Key, Key]:
 # --- Node and fleet ---------------------------------------------------------------
 
 _EMPTY_RATES: Mapping[Key, float] = MappingProxyType({})
+_EMPTY_XIDS: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +323,7 @@ class NodeSnapshot:
     fabric: FabricReading | None = None
     statuses: tuple[SourceStatus, ...] = ()
     rates: Mapping[Key, float] = field(default_factory=lambda: _EMPTY_RATES)
+    last_xid: Mapping[str, int] = field(default_factory=lambda: _EMPTY_XIDS)  # by GPU UUID
     history: HistoryView | None = None
 
     def status(self, source: str) -> SourceStatus | None:
@@ -375,6 +377,8 @@ class FleetSnapshot:
     at: float
     nodes: tuple[NodeSnapshot, ...]
     events: tuple[Event, ...] = ()  # the most recent events, oldest first
+    # every event since the process started, counted by (node, kind, severity)
+    event_counts: tuple[tuple[str, str, str, int], ...] = ()
 
     def node(self, name: str) -> NodeSnapshot | None:
         for node in self.nodes:

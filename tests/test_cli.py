@@ -37,7 +37,7 @@ def test_snapshot_json_is_versioned() -> None:
     assert len(data["nodes"][0]["nvml"]["gpus"]) == 8
 
 
-@pytest.mark.parametrize("command", ["wallboard", "agent", "ssh-server"])
+@pytest.mark.parametrize("command", ["wallboard", "ssh-server"])
 def test_modes_not_built_yet_name_their_issue(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,0 +1,168 @@
+"""The agent's HTTP server: /metrics, /api/v1/snapshot, /-/healthy and /-/ready.
+
+It serves what the hub already holds; no request ever polls hardware. Optional TLS and
+HTTP basic auth (the password compared in constant time, never logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from gpuconsole.codec import dumps
+from gpuconsole.export.collector import MetricsCache
+from gpuconsole.hub import Hub
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Where and how the agent listens."""
+
+    host: str = "127.0.0.1"
+    port: int = 9400
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    basic_auth_user: str | None = None
+    basic_auth_password: str | None = None
+
+
+def parse_listen(text: str, default_port: int = 9400) -> tuple[str, int]:
+    """'HOST:PORT', ':PORT', 'HOST' or '[::1]:PORT' to (host, port)."""
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest.removeprefix(":")
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host, port_text = text, ""
+    try:
+        port = int(port_text) if port_text else default_port
+    except ValueError:
+        raise ValueError(f"listen address {text!r}: port must be a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"listen address {text!r}: port out of range")
+    return host or "0.0.0.0", port
+
+
+class Agent:
+    """Serves one hub over HTTP."""
+
+    def __init__(self, hub: Hub, settings: AgentSettings) -> None:
+        self.hub = hub
+        self.settings = settings
+        self.metrics = MetricsCache(lambda: hub.latest)
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth])
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/api/v1/snapshot", self._snapshot)
+        app.router.add_get("/-/healthy", self._healthy)
+        app.router.add_get("/-/ready", self._ready)
+        app.router.add_get("/", self._index)
+        return app
+
+    @web.middleware
+    async def _auth(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        user, password = self.settings.basic_auth_user, self.settings.basic_auth_password
+        if user is None or request.path == "/-/healthy":
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        ok = False
+        if header.startswith("Basic "):
+            try:
+                given = base64.b64decode(header[6:], validate=True).decode()
+            except (ValueError, UnicodeDecodeError):
+                given = ""
+            given_user, _, given_password = given.partition(":")
+            ok = hmac.compare_digest(given_user, user) & hmac.compare_digest(
+                given_password, password or ""
+            )
+        if not ok:
+            return web.Response(
+                status=401, text="unauthorized\n",
+                headers={"WWW-Authenticate": 'Basic realm="gpuconsole"'},
+            )  # fmt: skip
+        return await handler(request)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = self.metrics.render()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_METRICS})
+
+    async def _snapshot(self, request: web.Request) -> web.Response:
+        snapshot = self.hub.latest
+        if snapshot is None:
+            return web.Response(status=503, text="no snapshot yet\n")
+        return web.Response(text=dumps(snapshot), content_type="application/json")
+
+    async def _healthy(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        snapshot = self.hub.latest
+        ready = snapshot is not None and all(
+            status.polls > 0 for node in snapshot.nodes for status in node.statuses
+        )
+        return web.Response(
+            status=200 if ready else 503, text="ready\n" if ready else "not ready\n"
+        )
+
+    async def _index(self, request: web.Request) -> web.Response:
+        return web.Response(
+            text="gpuconsole agent: /metrics /api/v1/snapshot /-/healthy /-/ready\n"
+        )
+
+    def _ssl(self) -> ssl.SSLContext | None:
+        cert, key = self.settings.tls_cert, self.settings.tls_key
+        if cert is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        return context
+
+    async def start(self) -> None:
+        """Listen; `port` holds the bound port (useful when 0 was asked for)."""
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(
+            self._runner, self.settings.host, self.settings.port, ssl_context=self._ssl()
+        )
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self.settings.port
+        scheme = "https" if self.settings.tls_cert else "http"
+        log.info("agent listening on %s://%s:%s", scheme, self.settings.host, self.port)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+async def serve(hub: Hub, settings: AgentSettings) -> None:
+    """Run the hub and the agent until cancelled."""
+    await hub.start()
+    agent = Agent(hub, settings)
+    try:
+        await agent.start()
+        await asyncio.Event().wait()
+    finally:
+        await agent.stop()
+        await hub.stop()
