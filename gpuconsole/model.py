@@ -29,6 +29,7 @@ from gpuconsole.readings.base import (
 )
 from gpuconsole.readings.bmc import BmcReading
 from gpuconsole.readings.fabric import FabricReading
+from gpuconsole.readings.tenancy import TenancyReading
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -52,6 +53,7 @@ __all__ = [
     "RemoteKind",
     "Severity",
     "SourceStatus",
+    "TenancyReading",
     "gpu_health",
 ]
 
@@ -321,6 +323,7 @@ class NodeSnapshot:
     nvml: NvmlReading | None = None
     bmc: BmcReading | None = None
     fabric: FabricReading | None = None
+    tenancy: TenancyReading | None = None
     statuses: tuple[SourceStatus, ...] = ()
     rates: Mapping[Key, float] = field(default_factory=lambda: _EMPTY_RATES)
     last_xid: Mapping[str, int] = field(default_factory=lambda: _EMPTY_XIDS)  # by GPU UUID

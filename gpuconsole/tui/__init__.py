@@ -1,0 +1,1 @@
+"""The Textual console: fleet, node, GPU, topology, SM map and events views."""
