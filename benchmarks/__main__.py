@@ -5,8 +5,11 @@ from __future__ import annotations
 import importlib
 import platform
 import sys
+from pathlib import Path
 
-BENCHES = ["benchmarks.bench_nvml", "benchmarks.bench_console"]
+BENCHES = sorted(
+    f"benchmarks.{path.stem}" for path in Path(__file__).parent.glob("bench_*.py")
+)
 
 
 def main() -> int:
