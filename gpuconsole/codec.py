@@ -7,11 +7,11 @@ import enum
 import json
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuconsole.history import HistoryView
-from gpuconsole.model import SCHEMA_VERSION, FleetSnapshot, NodeSnapshot
+from gpuconsole.model import SCHEMA_VERSION, FleetSnapshot, Key, NodeSnapshot
 
 _SKIP = {"history"}  # history stays in the process that recorded it
 
@@ -52,70 +52,133 @@ class DecodeError(ValueError):
     """A JSON snapshot that does not match the schema, with the path that is wrong."""
 
 
-def _decode(kind: Any, data: Any, where: str) -> Any:
+Decoder = Callable[[Any, str], Any]
+_DECODERS: dict[Any, Decoder] = {}
+
+
+def _decoder(kind: Any) -> Decoder:
+    """A decoding function for a type, built once per type and cached."""
+    found = _DECODERS.get(kind)
+    if found is None:
+        found = _DECODERS[kind] = _build(kind)
+    return found
+
+
+def _build(kind: Any) -> Decoder:
     origin = typing.get_origin(kind)
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(kind)
-        if data is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _decode(arg, data, where)
-            except DecodeError:
-                continue
-        raise DecodeError(f"{where}: {data!r} matches none of {kind}")
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(kind))
+        choices = [_decoder(a) for a in args]
+
+        def union(data: Any, where: str) -> Any:
+            if data is None and optional:
+                return None
+            for choice in choices:
+                try:
+                    return choice(data, where)
+                except DecodeError:
+                    continue
+            raise DecodeError(f"{where}: {data!r} matches none of {kind}")
+
+        return union
     if origin in (dict, Mapping):
         key_type, value_type = typing.get_args(kind)
-        if not isinstance(data, dict):
-            raise DecodeError(f"{where}: expected an object")
-        return {
-            _decode(key_type, k, where): _decode(value_type, v, f"{where}.{k}")
-            for k, v in data.items()
-        }
+        keys, values = _decoder(key_type), _decoder(value_type)
+
+        def mapping(data: Any, where: str) -> Any:
+            if not isinstance(data, dict):
+                raise DecodeError(f"{where}: expected an object")
+            return {keys(k, where): values(v, f"{where}.{k}") for k, v in data.items()}
+
+        return mapping
     if origin is tuple:
-        args = typing.get_args(kind)
-        if not isinstance(data, list):
-            raise DecodeError(f"{where}: expected a list")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(data))
-        return tuple(
-            _decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data, strict=False))
-        )
+        parts = typing.get_args(kind)
+        if len(parts) == 2 and parts[1] is Ellipsis:
+            item = _decoder(parts[0])
+
+            def sequence(data: Any, where: str) -> Any:
+                if not isinstance(data, list):
+                    raise DecodeError(f"{where}: expected a list")
+                return tuple(item(v, f"{where}[{i}]") for i, v in enumerate(data))
+
+            return sequence
+        items = [_decoder(a) for a in parts]
+
+        def fixed(data: Any, where: str) -> Any:
+            if not isinstance(data, list) or len(data) != len(items):
+                raise DecodeError(f"{where}: expected a list of {len(items)}")
+            return tuple(
+                f(v, f"{where}[{i}]") for i, (f, v) in enumerate(zip(items, data, strict=True))
+            )
+
+        return fixed
     if dataclasses.is_dataclass(kind):
+        return _dataclass_decoder(kind)
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+
+        def enumeration(data: Any, where: str) -> Any:
+            try:
+                return kind(data)
+            except ValueError:
+                raise DecodeError(f"{where}: {data!r} is not a {kind.__name__}") from None
+
+        return enumeration
+    if kind is float:
+
+        def number(data: Any, where: str) -> Any:
+            if isinstance(data, int | float) and not isinstance(data, bool):
+                return float(data)
+            raise DecodeError(f"{where}: expected a number")
+
+        return number
+    if kind in (int, str, bool):
+
+        def scalar(data: Any, where: str) -> Any:
+            if type(data) is kind:
+                return data
+            raise DecodeError(f"{where}: expected {kind.__name__}")
+
+        return scalar
+    if kind is Any:
+        return lambda data, where: data
+    raise TypeError(f"cannot decode {kind}")
+
+
+def _dataclass_decoder(kind: Any) -> Decoder:
+    hints = typing.get_type_hints(kind, localns={"HistoryView": HistoryView})
+    fields = [
+        (f.name, _rates if f.name == "rates" else _decoder(hints[f.name]))
+        for f in dataclasses.fields(kind)
+        if f.name not in _SKIP
+    ]
+
+    def decode(data: Any, where: str) -> Any:
         if not isinstance(data, dict):
             raise DecodeError(f"{where}: expected an object")
-        hints = typing.get_type_hints(kind, localns={"HistoryView": HistoryView})
-        values = {}
-        for f in dataclasses.fields(kind):
-            if f.name in data and f.name not in _SKIP:
-                if f.name == "rates":
-                    values[f.name] = {
-                        tuple(k.split("/")): float(v) for k, v in data[f.name].items()
-                    }
-                else:
-                    values[f.name] = _decode(hints[f.name], data[f.name], f"{where}.{f.name}")
+        values = {name: f(data[name], where + "." + name) for name, f in fields if name in data}
         try:
-            return kind(**values)  # type: ignore[operator]
+            return kind(**values)
         except TypeError as exc:
             raise DecodeError(f"{where}: {exc}") from None
-    if isinstance(kind, type) and issubclass(kind, enum.Enum):
-        try:
-            return kind(data)
-        except ValueError:
-            raise DecodeError(f"{where}: {data!r} is not a {kind.__name__}") from None
-    if kind is float:
-        if isinstance(data, int | float) and not isinstance(data, bool):
-            return float(data)
-        raise DecodeError(f"{where}: expected a number")
-    if kind in (int, str, bool):
-        if isinstance(data, kind) and not (kind is int and isinstance(data, bool)):
-            return data
-        raise DecodeError(f"{where}: expected {kind.__name__}")
-    if kind is Any:
-        return data
-    raise DecodeError(f"{where}: cannot decode {kind}")
+
+    return decode
+
+
+def _rates(data: Any, where: str) -> dict[Key, float]:
+    if not isinstance(data, dict):
+        raise DecodeError(f"{where}: expected an object")
+    try:
+        return {tuple(k.split("/")): float(v) for k, v in data.items()}
+    except (TypeError, ValueError):
+        raise DecodeError(f"{where}: rates must be numbers") from None
+
+
+def decode_node(data: Any, where: str = "$") -> NodeSnapshot:
+    """One NodeSnapshot from its JSON form (as in a fleet snapshot's "nodes")."""
+    result = _decoder(NodeSnapshot)(data, where)
+    assert isinstance(result, NodeSnapshot)
+    return result
 
 
 def loads(text: str | bytes) -> FleetSnapshot:
@@ -129,9 +192,9 @@ def loads(text: str | bytes) -> FleetSnapshot:
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise DecodeError(f"schema_version {version!r} is not {SCHEMA_VERSION}")
-    result = _decode(FleetSnapshot, data, "$")
+    result = _decoder(FleetSnapshot)(data, "$")
     assert isinstance(result, FleetSnapshot)
     return result
 
 
-__all__ = ["DecodeError", "NodeSnapshot", "dumps", "encode", "loads", "snapshot_json"]
+__all__ = ["DecodeError", "decode_node", "dumps", "encode", "loads", "snapshot_json"]

@@ -30,6 +30,7 @@ from gpuconsole.model import (
     Severity,
     SourceStatus,
 )
+from gpuconsole.readings.remote import REMOTE_PARTS, RemoteReading
 from gpuconsole.sources.base import Reading, Source
 
 log = logging.getLogger(__name__)
@@ -387,13 +388,28 @@ class Hub:
         simulated = node.simulated or any(
             getattr(reading, "simulated", False) for reading in node.readings.values()
         )
+        statuses = tuple(s.status for s in node.sources)
+        profile, last_xid = node.profile, dict(node.last_xid)
+        remote = node.readings.get("remote")
+        if isinstance(remote, RemoteReading):
+            # A node read through its agent: its parts, statuses and rates, as sent.
+            far = remote.node
+            for kind in REMOTE_PARTS:
+                if fields.get(kind) is None and getattr(far, kind) is not None:
+                    fields[kind] = getattr(far, kind)
+            statuses += tuple(dataclasses.replace(s, node=node.name) for s in far.statuses)
+            rates.update(far.rates)
+            profile = profile or far.profile
+            simulated = simulated or far.simulated
+            last_xid = {**far.last_xid, **last_xid}
+        fields.pop("remote", None)
         return NodeSnapshot(
             node=node.name,
             simulated=simulated,
-            profile=node.profile,
-            statuses=tuple(s.status for s in node.sources),
+            profile=profile,
+            statuses=statuses,
             rates=MappingProxyType(rates),
-            last_xid=MappingProxyType(dict(node.last_xid)),
+            last_xid=MappingProxyType(last_xid),
             history=node.history.view(),
             **fields,
         )

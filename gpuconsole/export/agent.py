@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hmac
 import logging
 import ssl
@@ -20,8 +21,24 @@ from aiohttp import web
 from gpuconsole.codec import dumps
 from gpuconsole.export.collector import MetricsCache
 from gpuconsole.hub import Hub
+from gpuconsole.model import FleetSnapshot
+from gpuconsole.readings.remote import summarize
 
 log = logging.getLogger(__name__)
+
+
+def select(snapshot: FleetSnapshot, node: str | None, *, summary: bool) -> FleetSnapshot:
+    """The snapshot cut to one node (when it is served here) and, for fleets, summarized."""
+    nodes = snapshot.nodes
+    if node is not None and any(n.node == node for n in nodes):
+        nodes = tuple(n for n in nodes if n.node == node)
+    if summary:
+        nodes = tuple(summarize(n) for n in nodes)
+    names = {n.node for n in nodes}
+    events = tuple(e for e in snapshot.events if e.node in names)
+    counts = tuple(c for c in snapshot.event_counts if c[0] in names)
+    return dataclasses.replace(snapshot, nodes=nodes, events=events, event_counts=counts)
+
 
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -66,6 +83,8 @@ class Agent:
         self.metrics = MetricsCache(lambda: hub.latest)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
+        self._json_key: tuple[int, str, str | None] | None = None
+        self._json_body = b""
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth])
@@ -106,10 +125,19 @@ class Agent:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_METRICS})
 
     async def _snapshot(self, request: web.Request) -> web.Response:
+        """The JSON snapshot; ?view=summary for the fleet view, ?node=NAME for one node."""
         snapshot = self.hub.latest
         if snapshot is None:
             return web.Response(status=503, text="no snapshot yet\n")
-        return web.Response(text=dumps(snapshot), content_type="application/json")
+        view = request.query.get("view", "full")
+        if view not in ("full", "summary"):
+            return web.Response(status=400, text="view must be full or summary\n")
+        node = request.query.get("node")
+        key = (snapshot.seq, view, node)
+        if self._json_key != key:
+            self._json_body = dumps(select(snapshot, node, summary=view == "summary")).encode()
+            self._json_key = key
+        return web.Response(body=self._json_body, content_type="application/json")
 
     async def _healthy(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")

@@ -1,0 +1,170 @@
+"""The remote source: a node read through its agent's JSON snapshot, over HTTP.
+
+Many nodes share one client with a bound on open connections; each node is its own
+source, so the hub gives each its own timeout, backoff and staleness, and an unreachable
+agent never delays the others. Events the agent recorded are re-posted here once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import aiohttp
+
+from gpuconsole.codec import DecodeError, decode_node
+from gpuconsole.model import SCHEMA_VERSION, Event, Severity
+from gpuconsole.readings.remote import RemoteReading
+from gpuconsole.sources.base import EmitEvent
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class AgentClient:
+    """One HTTP client for every agent of a fleet, with a cap on open connections."""
+
+    def __init__(self, max_connections: int = 64, *, auth: tuple[str, str] | None = None) -> None:
+        self.max_connections = max_connections
+        self._auth = aiohttp.BasicAuth(*auth) if auth else None
+        self._session: aiohttp.ClientSession | None = None
+        self._users = 0
+
+    def acquire(self) -> None:
+        self._users += 1
+
+    async def release(self) -> None:
+        self._users -= 1
+        if self._users <= 0 and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self.max_connections, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(connector=connector, auth=self._auth)
+        return self._session
+
+    async def get_json(self, url: str, timeout_s: float) -> Any:
+        """GET a JSON document; errors say what went wrong in a line."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with self._client().get(url, timeout=timeout) as response:
+                if response.status != 200:
+                    reason = (await response.text())[:200].strip()
+                    raise ConnectionError(f"agent answered HTTP {response.status}: {reason}")
+                body = await response.content.read(MAX_BODY_BYTES + 1)
+        except aiohttp.ClientConnectorError as exc:
+            raise ConnectionError(f"agent unreachable: {exc.os_error or exc}") from None
+        except aiohttp.ClientError as exc:
+            raise ConnectionError(f"agent connection failed: {exc}") from None
+        if len(body) > MAX_BODY_BYTES:
+            raise ValueError(f"agent sent more than {MAX_BODY_BYTES} bytes")
+        try:
+            return json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"agent sent something that is not JSON: {exc}") from None
+
+
+class RemoteSource:
+    """One node, read from its agent (`gpuconsole agent`) at `url`."""
+
+    kind: ClassVar[str] = "remote"
+
+    def __init__(
+        self,
+        node: str,
+        url: str,
+        client: AgentClient,
+        *,
+        interval_s: float = 1.0,
+        timeout_s: float = 5.0,
+        summary: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.url = url.rstrip("/")
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.summary = summary
+        self._client = client
+        self._clock = clock
+        self._emit: EmitEvent | None = None
+        self._seen_events: float | None = None
+        client.acquire()
+
+    async def start(self, emit: EmitEvent) -> None:
+        self._emit = emit
+
+    async def close(self) -> None:
+        await self._client.release()
+
+    def _request_url(self) -> str:
+        view = "summary" if self.summary else "full"
+        return f"{self.url}/api/v1/snapshot?view={view}&node={self.node}"
+
+    async def poll(self) -> RemoteReading:
+        # the whole poll (connect, transfer, decode) must fit the hub's timeout
+        data = await self._client.get_json(self._request_url(), self.timeout_s * 0.9)
+        reading = self.parse(data)
+        self._repost_events(data)
+        return reading
+
+    def parse(self, data: Any) -> RemoteReading:
+        """The reading from an agent's document; ValueError says what does not fit."""
+        if not isinstance(data, dict):
+            raise ValueError("agent sent JSON that is not an object")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"agent speaks schema {version!r}, this console {SCHEMA_VERSION}")
+        nodes = data.get("nodes")
+        if not isinstance(nodes, list) or not nodes:
+            raise ValueError("agent sent no node")
+        chosen = next(
+            (n for n in nodes if isinstance(n, dict) and n.get("node") == self.node), None
+        )
+        if chosen is None:
+            if len(nodes) != 1:
+                raise ValueError(f"agent at {self.url} does not serve node {self.node}")
+            chosen = nodes[0]
+        try:
+            snapshot = decode_node(chosen, f"{self.url} $.nodes")
+        except DecodeError as exc:
+            raise ValueError(f"agent sent a snapshot that does not fit: {exc}") from None
+        return RemoteReading(self._clock(), self.url, snapshot, self.summary)
+
+    def _repost_events(self, data: dict[str, Any]) -> None:
+        events = data.get("events")
+        if self._emit is None or not isinstance(events, list):
+            return
+        newest = self._seen_events
+        for item in events:
+            try:
+                at = float(item["at"])
+                if self._seen_events is not None and at <= self._seen_events:
+                    continue
+                if item.get("node") not in (None, self.node) and len(data.get("nodes", ())) > 1:
+                    continue
+                event = Event(
+                    at=at,
+                    node=self.node,
+                    source=str(item["source"]),
+                    kind=str(item["kind"]),
+                    severity=Severity(item["severity"]),
+                    message=str(item["message"]),
+                    gpu_index=item.get("gpu_index"),
+                    gpu_uuid=item.get("gpu_uuid"),
+                    code=item.get("code"),
+                )
+            except (KeyError, TypeError, ValueError):
+                continue  # one odd event never costs the node its reading
+            self._emit(event)
+            newest = at if newest is None else max(newest, at)
+        self._seen_events = newest
+
+
+async def wait_closed(sources: list[RemoteSource]) -> None:
+    """Close every source (and so the shared client)."""
+    await asyncio.gather(*(s.close() for s in sources), return_exceptions=True)

@@ -1,0 +1,240 @@
+"""The head reads nodes through their agents: real agents on loopback, killed and restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from aiohttp import web
+
+from gpuconsole import codec
+from gpuconsole.export.agent import Agent, AgentSettings
+from gpuconsole.hub import Hub, HubSettings
+from gpuconsole.model import Event, FleetSnapshot, Severity
+from gpuconsole.readings.remote import summarize
+from gpuconsole.sim.cluster import add_sim_sources, build_sim_nodes, demo_cluster
+from gpuconsole.sources.remote import AgentClient, RemoteSource
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class NodeAgent:
+    """A simulated GPU node running its own hub and agent, as `gpuconsole agent` does."""
+
+    def __init__(self, name: str, profile: str, port: int) -> None:
+        self.name, self.port = name, port
+        spec = next(s for s in demo_cluster() if s.profile == profile)
+        self.hub = Hub(HubSettings(publish_gap_s=0.05))
+        sims = build_sim_nodes([type(spec)(name, profile, spec.scenarios)])
+        add_sim_sources(self.hub, sims, interval_s=0.2, events=False)
+        self.agent = Agent(self.hub, AgentSettings(port=port))
+
+    async def start(self) -> None:
+        await self.hub.start()
+        await self.agent.start()
+
+    async def stop(self) -> None:
+        await self.agent.stop()
+        await self.hub.stop()
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def agents() -> AsyncIterator[list[NodeAgent]]:
+    nodes = [
+        NodeAgent("dgx-101", "dgx-h100", free_port()),
+        NodeAgent("dgx-102", "dgx-h100", free_port()),
+        NodeAgent("dgxa-101", "dgx-a100", free_port()),
+    ]
+    for node in nodes:
+        await node.start()
+    try:
+        yield nodes
+    finally:
+        for node in nodes:
+            await node.stop()
+
+
+def head_for(agents: list[NodeAgent], **kw: object) -> tuple[Hub, AgentClient]:
+    head = Hub(HubSettings(publish_gap_s=0.05, max_backoff_s=0.5))
+    client = AgentClient(max_connections=4)
+    for a in agents:
+        head.add_source(
+            RemoteSource(
+                a.name, f"http://127.0.0.1:{a.port}", client, interval_s=0.2, timeout_s=2.0, **kw
+            )  # type: ignore[arg-type]
+        )
+    return head, client
+
+
+def ok(snapshot: FleetSnapshot | None, node: str, source: str = "remote") -> bool:
+    if snapshot is None or snapshot.node(node) is None:
+        return False
+    status = snapshot.node(node).status(source)  # type: ignore[union-attr]
+    return status is not None and status.ok
+
+
+async def test_the_head_shows_every_node_its_agents_serve(agents: list[NodeAgent]) -> None:
+    head, _ = head_for(agents)
+    await head.start()
+    try:
+        await until(
+            lambda: all(ok(head.latest, a.name) and ok(head.latest, a.name, "nvml") for a in agents)
+        )
+        snapshot = head.latest
+        assert snapshot is not None
+        for a in agents:
+            ours, theirs = snapshot.node(a.name), a.hub.latest.node(a.name)  # type: ignore[union-attr]
+            assert ours is not None and theirs is not None
+            assert [g.uuid for g in ours.gpus] == [g.uuid for g in theirs.gpus]
+            assert ours.simulated and ours.profile == theirs.profile
+        assert snapshot.node("dgxa-101").gpus[0].name == "NVIDIA A100-SXM4-40GB"  # type: ignore[union-attr]
+        # the summary leaves per-link NVLink readings to the drill-down
+        assert snapshot.node("dgx-101").gpus[0].nvlinks == ()  # type: ignore[union-attr]
+        # history builds on the head from what the agents send
+        await asyncio.sleep(0.6)
+        node = head.latest.node("dgx-101")  # type: ignore[union-attr]
+        uuid = node.gpus[0].uuid  # type: ignore[union-attr]
+        assert len(node.history.series("gpu", uuid, "power_w")) >= 3  # type: ignore[union-attr]
+    finally:
+        await head.stop()
+
+
+async def test_an_agent_killed_and_restarted_goes_stale_and_comes_back(
+    agents: list[NodeAgent],
+) -> None:
+    head, _ = head_for(agents)
+    await head.start()
+    victim = agents[1]
+    try:
+        await until(lambda: all(ok(head.latest, a.name, "nvml") for a in agents))
+        await victim.stop()
+        await until(lambda: not ok(head.latest, victim.name))
+        status = head.latest.node(victim.name).status("remote")  # type: ignore[union-attr]
+        assert status is not None and "unreachable" in (status.error or "")
+        # its last reading is kept, the others keep updating
+        assert head.latest.node(victim.name).gpus  # type: ignore[union-attr]
+        assert ok(head.latest, agents[0].name) and ok(head.latest, agents[2].name)
+        revived = NodeAgent(victim.name, "dgx-h100", victim.port)
+        agents[1] = revived
+        await revived.start()
+        await until(lambda: ok(head.latest, victim.name))
+        assert any(e.kind == "source_recovered" and e.node == victim.name for e in head.events())
+    finally:
+        await head.stop()
+
+
+async def test_events_recorded_by_an_agent_reach_the_head_once(agents: list[NodeAgent]) -> None:
+    head, _ = head_for(agents[:1])
+    await head.start()
+    try:
+        await until(lambda: ok(head.latest, agents[0].name))
+        xid = Event(
+            agents[0].hub.latest.at,
+            agents[0].name,
+            "nvml",
+            "xid",
+            Severity.CRITICAL,  # type: ignore[union-attr]
+            "XID 79 on GPU 5: GPU has fallen off the bus",
+            5,
+            "GPU-x",
+            79,
+        )
+        agents[0].hub.post_event(xid)
+        await until(lambda: any(e.kind == "xid" for e in head.events()))
+        await asyncio.sleep(0.6)  # several more polls
+        assert [e.message for e in head.events() if e.kind == "xid"] == [xid.message]
+        assert head.latest.node(agents[0].name).last_xid.get("GPU-x") == 79  # type: ignore[union-attr]
+    finally:
+        await head.stop()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "expected"),
+    [
+        (b"<html>oops</html>", 200, "not JSON"),
+        (b'{"schema_version": 99, "nodes": []}', 200, "schema 99"),
+        (b'{"schema_version": 1, "nodes": [{"node": 5}]}', 200, "does not fit"),
+        (b"busy", 503, "HTTP 503"),
+    ],
+)
+async def test_an_agent_that_returns_garbage_is_stale_with_a_reason(
+    body: bytes, status: int, expected: str
+) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=body, status=status)
+
+    app = web.Application()
+    app.router.add_get("/api/v1/snapshot", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    head = Hub()
+    head.add_source(RemoteSource("dgx-9", f"http://127.0.0.1:{port}", AgentClient()))
+    try:
+        snapshot = await head.poll_once()
+    finally:
+        await runner.cleanup()
+    status_ = snapshot.node("dgx-9").status("remote")  # type: ignore[union-attr]
+    assert status_ is not None and not status_.ok
+    assert expected in (status_.error or "")
+
+
+async def test_the_summary_is_much_smaller_than_the_full_snapshot(agents: list[NodeAgent]) -> None:
+    await until(lambda: ok(agents[0].hub.latest, agents[0].name, "nvml"))
+    full = agents[0].hub.latest
+    assert full is not None
+    node = full.nodes[0]
+    small = summarize(node)
+    full_text = codec.dumps(FleetSnapshot(1, 0.0, (node,)))
+    small_text = codec.dumps(FleetSnapshot(1, 0.0, (small,)))
+    assert len(small_text) * 3 < len(full_text)
+    back = codec.loads(small_text).nodes[0]
+    assert [g.util_gpu_pct for g in back.gpus] == [g.util_gpu_pct for g in node.gpus]
+    assert json.loads(small_text)["nodes"][0]["nvml"]["gpus"][0]["nvlinks"] == []
+
+
+async def test_connections_are_bounded() -> None:
+    """Twenty nodes behind one slow agent: never more than the client's limit at once."""
+    open_now = 0
+    most = 0
+
+    async def handler(request: web.Request) -> web.Response:
+        nonlocal open_now, most
+        open_now += 1
+        most = max(most, open_now)
+        await asyncio.sleep(0.1)
+        open_now -= 1
+        return web.Response(status=503, text="busy")
+
+    app = web.Application()
+    app.router.add_get("/api/v1/snapshot", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    head = Hub()
+    client = AgentClient(max_connections=3)
+    for i in range(20):
+        head.add_source(RemoteSource(f"n{i}", f"http://127.0.0.1:{port}", client))
+    try:
+        await head.poll_once()
+    finally:
+        await runner.cleanup()
+    assert 1 <= most <= 3
