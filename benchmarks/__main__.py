@@ -7,9 +7,7 @@ import platform
 import sys
 from pathlib import Path
 
-BENCHES = sorted(
-    f"benchmarks.{path.stem}" for path in Path(__file__).parent.glob("bench_*.py")
-)
+BENCHES = sorted(f"benchmarks.{path.stem}" for path in Path(__file__).parent.glob("bench_*.py"))
 
 
 def main() -> int:

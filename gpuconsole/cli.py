@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
@@ -20,6 +21,8 @@ from gpuconsole.sim.profiles import PROFILES
 
 if TYPE_CHECKING:
     from gpuconsole.export.agent import AgentSettings
+    from gpuconsole.readings.bmc import BmcReading
+    from gpuconsole.sources.bmc import BmcSource
 
 log = logging.getLogger("gpuconsole")
 
@@ -59,18 +62,77 @@ def node_hub(cfg: Config) -> Hub:
                 events=cfg.nvml.events,
             )
         )
+    if cfg.fabric.enabled:
+        from gpuconsole.sources.fabric import FabricSource
+
+        hub.add_source(
+            FabricSource(
+                node,
+                sysfs_root=cfg.host.sysfs_root,
+                interval_s=cfg.fabric.interval_s,
+                timeout_s=cfg.fabric.timeout_s,
+                roles=cfg.fabric.roles,
+                netlink=cfg.fabric.netlink,
+                netns=cfg.fabric.netns or None,
+            )
+        )
+    for source in bmc_sources(cfg):
+        hub.add_source(source)
     return hub
+
+
+def bmc_sources(cfg: Config) -> list[BmcSource]:
+    """A BMC source per [[bmc]] entry, all sharing one bound on concurrent polls."""
+    from gpuconsole.sources.bmc import BmcError, BmcPool, BmcTarget, source_for
+    from gpuconsole.sources.bmc.source import read_password
+
+    pool = BmcPool()
+    sources = []
+    for entry in cfg.bmc:
+        target = BmcTarget(
+            node=entry.node or cfg.host.node_name,
+            host=entry.host,
+            protocol=entry.protocol,
+            port=entry.port,
+            username=entry.username,
+            verify_tls=entry.verify_tls,
+            ca_file=entry.ca_file,
+            timeout_s=entry.timeout_s,
+        )
+        try:
+            password = entry.password
+            if entry.password_file:
+                password = read_password(entry.password_file, target.label)
+            target = dataclasses.replace(target, password=password)
+            sources.append(
+                source_for(
+                    target, interval_s=entry.interval_s, pool=pool, state_dir=paths.state_dir()
+                )
+            )
+        except BmcError as exc:
+            raise ConfigError(str(exc)) from None
+    return sources
 
 
 def sim_hub(cfg: Config, nodes: int | None, seed: int | None, *, events: bool = True) -> Hub:
     """The hub over the simulated cluster."""
-    from gpuconsole.sim.cluster import add_sim_sources, build_sim_nodes, demo_cluster
+    from gpuconsole.sim.cluster import (
+        add_sim_bmc_sources,
+        add_sim_sources,
+        build_sim_nodes,
+        demo_cluster,
+    )
 
     count = nodes if nodes is not None else (cfg.demo.nodes or None)
     hub = Hub(hub_settings(cfg))
     specs = demo_cluster(count)
     sims = build_sim_nodes(specs, seed=cfg.demo.seed if seed is None else seed)
     add_sim_sources(hub, sims, interval_s=cfg.nvml.interval_s, events=events)
+    add_sim_bmc_sources(hub, sims)
+    if cfg.fabric.enabled:
+        from gpuconsole.sim.fabric import add_sim_fabric_sources
+
+        add_sim_fabric_sources(hub, sims, interval_s=cfg.fabric.interval_s)
     return hub
 
 
@@ -192,6 +254,57 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return 1 if failed and len(failed) == sum(len(n.statuses) for n in snapshot.nodes) else 0
 
 
+def cmd_power(args: argparse.Namespace) -> int:
+    """Power a node on, off, soft off or reset through its BMC: checked, confirmed, audited."""
+    from gpuconsole.actions.audit import AuditLog
+    from gpuconsole.actions.power import ActionRefused, PowerRequest, power
+    from gpuconsole.actions.roles import Actor, Role, local_actor
+    from gpuconsole.sources.bmc import BmcError, PowerAction
+
+    cfg = _config(args)
+    actor = local_actor()
+    if args.demo:
+        from gpuconsole.sim.bmc import sim_link
+        from gpuconsole.sim.cluster import build_sim_nodes, demo_cluster
+        from gpuconsole.sources.bmc import BmcSource
+
+        sims = {n.name: n for n in build_sim_nodes(demo_cluster(cfg.demo.nodes or None))}
+        if args.node not in sims:
+            print(f"gpuconsole power: no simulated node {args.node!r}", file=sys.stderr)
+            return 2
+        source = BmcSource(args.node, sim_link(sims[args.node]), simulated=True)
+        if not actor.role.may_act:  # a simulated server: nobody's machine is at stake
+            actor = Actor(actor.user, Role.OPERATOR)
+    else:
+        found = [s for s in bmc_sources(cfg) if s.node == args.node]
+        if not found:
+            print(f"gpuconsole power: no [[bmc]] for node {args.node!r}", file=sys.stderr)
+            return 2
+        source = found[0]
+    confirm = args.confirm
+    if confirm is None and sys.stdin.isatty():
+        confirm = input(f"Power {args.state} {args.node}: type the node name to confirm: ")
+    request = PowerRequest(args.node, PowerAction(args.state), actor, (confirm or "").strip())
+
+    async def run() -> str:
+        await source.start(lambda _event: None)
+        try:
+            return await power(request, source, AuditLog())
+        finally:
+            await source.close()
+
+    try:
+        answer = asyncio.run(run())
+    except ActionRefused as exc:
+        print(f"gpuconsole power: refused: {exc}", file=sys.stderr)
+        return 3
+    except BmcError as exc:
+        print(f"gpuconsole power: failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.node}: power {args.state} requested through {source.label} ({answer})")
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     if args.action == "example":
         print(config_mod.example())
@@ -219,6 +332,8 @@ def _node_table(node: NodeSnapshot) -> list[str]:
         state = "ok" if status.ok else f"STALE: {status.error}"
         head.append(f"{status.source}: {state}")
     lines = ["  ".join(head)]
+    if node.bmc is not None:
+        lines.append(_bmc_line(node.bmc))
     if nvml is None:
         return lines
     rows = [
@@ -288,6 +403,16 @@ def _node_table(node: NodeSnapshot) -> list[str]:
     return lines
 
 
+def _bmc_line(bmc: BmcReading) -> str:
+    """The server around the GPUs in one line: power, temperatures, fans and PSUs."""
+    fans = f"fans {bmc.fans_present - bmc.fans_failed}/{bmc.fans_present} ok"
+    psus = f"PSUs {bmc.psus_present - bmc.psus_failed}/{bmc.psus_present} ok"
+    return (
+        f"  BMC: power {bmc.power_state}  {fmt.watts(bmc.power_w)}  "
+        f"inlet {fmt.celsius(bmc.inlet_c)}  exhaust {fmt.celsius(bmc.exhaust_c)}  {fans}  {psus}"
+    )
+
+
 def render_table(snapshot: FleetSnapshot) -> str:
     """One reading as text, node by node."""
     out: list[str] = []
@@ -349,6 +474,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="versioned JSON (schema_version)")
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
     p.set_defaults(func=cmd_snapshot)
+
+    p = sub.add_parser("power", help="power a node on, off, soft off or reset through its BMC")
+    p.add_argument("node", help="the node, as [[bmc]] node names it")
+    p.add_argument("state", choices=["on", "off", "soft", "reset"])
+    p.add_argument("--confirm", metavar="NODE", help="the node name again, to confirm")
+    p.add_argument("--demo", action="store_true", help="a node of the simulated cluster")
+    _common(p)
+    p.set_defaults(func=cmd_power)
 
     p = sub.add_parser("config", help="print an example config, or check one")
     p.add_argument("action", choices=["example", "check"])

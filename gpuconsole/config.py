@@ -19,7 +19,7 @@ from typing import Any, get_type_hints
 from gpuconsole import paths
 
 
-def _doc(text: str, **limits: float) -> dict[str, Any]:
+def _doc(text: str, **limits: Any) -> dict[str, Any]:
     return {"doc": text, **limits}
 
 
@@ -80,6 +80,34 @@ class NvmlConfig:
 
 
 @dataclass(frozen=True)
+class FabricConfig:
+    """[fabric]: InfiniBand and RoCE ports, their netdevs, and GPU-NIC affinity."""
+
+    enabled: bool = field(default=True, metadata=_doc("Read RDMA ports under [host] sysfs_root"))
+    interval_s: float = field(
+        default=2.0, metadata=_doc("Seconds between polls", minimum=0.1, maximum=3600)
+    )
+    timeout_s: float = field(
+        default=5.0, metadata=_doc("A poll taking longer marks the source stale", minimum=0.1)
+    )
+    netlink: bool = field(
+        default=True,
+        metadata=_doc("RoCE netdev statistics and link up/down notifications over rtnetlink"),
+    )
+    netns: str = field(
+        default="", metadata=_doc("Network namespace of the netdevs; empty: this process's")
+    )
+    roles: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_doc(
+            'Port roles by device, device/port or netdev, e.g. { mlx5_1 = "storage" }; '
+            "unnamed ports: compute when under a GPU's PCIe switch",
+            choices=("compute", "storage", "management"),
+        ),
+    )
+
+
+@dataclass(frozen=True)
 class DemoConfig:
     """[demo]: the simulated cluster."""
 
@@ -113,15 +141,56 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class BmcConfig:
+    """[[bmc]]: one BMC, over IPMI (RMCP+) or Redfish (HTTPS); repeat the table for more."""
+
+    node: str = field(default="", metadata=_doc("Node this BMC belongs to; empty: [host] name"))
+    host: str = field(default="", metadata=_doc("Address of the BMC (required)"))
+    port: int = field(
+        default=0,
+        metadata=_doc("Port; 0: 623 for ipmi, 443 for redfish", minimum=0, maximum=65535),
+    )
+    protocol: str = field(
+        default="ipmi",
+        metadata=_doc("ipmi (RMCP+ over UDP) or redfish (HTTPS)", choices=("ipmi", "redfish")),
+    )
+    username: str = field(default="", metadata=_doc("User name on the BMC"))
+    password_file: str = field(
+        default="", metadata=_doc("File whose first line is the password (mode 0600)")
+    )
+    password: str = field(
+        default="",
+        repr=False,
+        metadata=_doc("The password itself; prefer password_file", secret=True),
+    )
+    verify_tls: bool = field(
+        default=True,
+        metadata=_doc("Check the Redfish certificate; false turns checking off for this BMC"),
+    )
+    ca_file: str = field(
+        default="",
+        metadata=_doc("PEM file: a CA, or the BMC's own certificate; empty: the system's CAs"),
+    )
+    interval_s: float = field(
+        default=10.0, metadata=_doc("Seconds between polls", minimum=1, maximum=3600)
+    )
+    timeout_s: float = field(
+        default=20.0, metadata=_doc("A poll taking longer marks the BMC stale", minimum=0.5)
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole file."""
 
     host: HostConfig = field(default_factory=HostConfig)
     hub: HubConfig = field(default_factory=HubConfig)
     nvml: NvmlConfig = field(default_factory=NvmlConfig)
+    fabric: FabricConfig = field(default_factory=FabricConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
     ui: UiConfig = field(default_factory=UiConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    bmc: tuple[BmcConfig, ...] = ()
     path: Path | None = field(default=None, compare=False)
 
 
@@ -130,17 +199,24 @@ class ConfigError(Exception):
 
 
 _SECTIONS = [f.name for f in dataclasses.fields(Config) if f.name != "path"]
+# Arrays of tables ([[bmc]]): each entry is checked like a table, named "[[bmc]] #2".
+_ARRAYS: dict[str, type] = {"bmc": BmcConfig}
 
 
-def _line_of(text: str, table: str, key: str | None) -> int | None:
-    """The line where [table] key is set (or where [table] starts)."""
+def _line_of(text: str, table: str, key: str | None, index: int | None = None) -> int | None:
+    """The line where [table] key is set (or where [table] starts); with `index`, in the
+    index-th (1-based) [[table]]."""
     current = ""
-    header = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
+    header = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.-]+)\s*\]\]?\s*(#.*)?$")
     assign = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*=")
+    seen = 0
     for number, line in enumerate(text.splitlines(), start=1):
         m = header.match(line)
         if m:
-            current = m.group(1)
+            current = m.group(2)
+            if index is not None:
+                seen += current == table and m.group(1) == "[["
+                current = current if current == table and seen == index else ""
             if key is None and current == table:
                 return number
             continue
@@ -151,9 +227,12 @@ def _line_of(text: str, table: str, key: str | None) -> int | None:
     return None
 
 
-def _where(path: Path | None, text: str, table: str, key: str | None) -> str:
-    line = _line_of(text, table, key)
-    name = f"[{table}] {key}" if key else f"[{table}]"
+def _where(
+    path: Path | None, text: str, table: str, key: str | None, index: int | None = None
+) -> str:
+    line = _line_of(text, table, key, index)
+    head = f"[[{table}]] #{index}" if index is not None else f"[{table}]"
+    name = f"{head} {key}" if key else head
     place = str(path) if path else "config"
     return f"{place}:{line}: {name}" if line else f"{place}: {name}"
 
@@ -180,12 +259,18 @@ def _convert(value: Any, kind: Any) -> Any:
         if isinstance(value, str):
             return value
         raise TypeError("must be a string")
+    if kind == dict[str, str]:
+        if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+            return dict(value)
+        raise TypeError("must be a table of strings")
     raise TypeError(f"unsupported type {kind}")
 
 
-def _section(cls: type, data: Any, path: Path | None, text: str, table: str) -> Any:
+def _section(
+    cls: type, data: Any, path: Path | None, text: str, table: str, index: int | None = None
+) -> Any:
     if not isinstance(data, dict):
-        raise ConfigError(f"{_where(path, text, table, None)} must be a table")
+        raise ConfigError(f"{_where(path, text, table, None, index)} must be a table")
     hints = get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
     values: dict[str, Any] = {}
@@ -193,17 +278,26 @@ def _section(cls: type, data: Any, path: Path | None, text: str, table: str) -> 
         spec = known.get(key)
         if spec is None:
             raise ConfigError(
-                f"{_where(path, text, table, key)}: unknown key{_suggest(key, list(known))}"
+                f"{_where(path, text, table, key, index)}: unknown key{_suggest(key, list(known))}"
             )
         try:
             value = _convert(raw, hints[key])
         except TypeError as exc:
-            raise ConfigError(f"{_where(path, text, table, key)} {exc}, got {raw!r}") from None
+            got = "" if spec.metadata.get("secret") else f", got {raw!r}"  # never echo secrets
+            raise ConfigError(f"{_where(path, text, table, key, index)} {exc}{got}") from None
+        choices = spec.metadata.get("choices")
+        if choices is not None:
+            for item in value.values() if isinstance(value, dict) else (value,):
+                if item not in choices:
+                    raise ConfigError(
+                        f"{_where(path, text, table, key, index)} {item!r} is not one of "
+                        f"{', '.join(choices)}"
+                    )
         low, high = spec.metadata.get("minimum"), spec.metadata.get("maximum")
         if low is not None and value < low:
-            raise ConfigError(f"{_where(path, text, table, key)} must be at least {low:g}")
+            raise ConfigError(f"{_where(path, text, table, key, index)} must be at least {low:g}")
         if high is not None and value > high:
-            raise ConfigError(f"{_where(path, text, table, key)} must be at most {high:g}")
+            raise ConfigError(f"{_where(path, text, table, key, index)} must be at most {high:g}")
         values[key] = value
     return cls(**values)
 
@@ -221,8 +315,41 @@ def parse(text: str, path: Path | None = None) -> Config:
             raise ConfigError(
                 f"{_where(path, text, table, None)}: unknown table{_suggest(table, _SECTIONS)}"
             )
-        sections[table] = _section(hints[table], body, path, text, table)
+        if table in _ARRAYS:
+            sections[table] = _array(_ARRAYS[table], body, path, text, table)
+        else:
+            sections[table] = _section(hints[table], body, path, text, table)
     return Config(**sections, path=path)
+
+
+def _array(cls: type, data: Any, path: Path | None, text: str, table: str) -> tuple[Any, ...]:
+    if not isinstance(data, list):
+        raise ConfigError(f"{_where(path, text, table, None)} must be written [[{table}]]")
+    items = tuple(
+        _section(cls, body, path, text, table, index) for index, body in enumerate(data, start=1)
+    )
+    if cls is BmcConfig:
+        _check_bmcs(items, path, text)
+    return items
+
+
+def _check_bmcs(bmcs: tuple[BmcConfig, ...], path: Path | None, text: str) -> None:
+    """Every [[bmc]] names a host and one way to give the password; one BMC per node."""
+    nodes: dict[str, int] = {}
+    for index, bmc in enumerate(bmcs, start=1):
+        if not bmc.host:
+            raise ConfigError(f"{_where(path, text, 'bmc', None, index)} needs a host")
+        if bmc.password and bmc.password_file:
+            raise ConfigError(
+                f"{_where(path, text, 'bmc', 'password', index)}: give password or "
+                "password_file, not both"
+            )
+        if bmc.node in nodes:
+            raise ConfigError(
+                f"{_where(path, text, 'bmc', 'node', index)}: node {bmc.node or '(this host)'!r}"
+                f" already has a BMC ([[bmc]] #{nodes[bmc.node]})"
+            )
+        nodes[bmc.node] = index
 
 
 def load(path: Path | None = None) -> Config:
@@ -245,6 +372,9 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, dict):
+        items = ", ".join(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + items + " }" if items else "{}"
     return repr(value)
 
 
@@ -257,6 +387,9 @@ def example() -> str:
     ]
     defaults = Config()
     for table in _SECTIONS:
+        if table in _ARRAYS:
+            lines.extend(_array_example(table, _ARRAYS[table]))
+            continue
         section = getattr(defaults, table)
         lines.append(f"# {type(section).__doc__}")
         lines.append(f"[{table}]")
@@ -266,3 +399,13 @@ def example() -> str:
             lines.append(f"{spec.name} = {_toml_value(getattr(section, spec.name))}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _array_example(table: str, cls: type) -> list[str]:
+    """A commented-out [[table]] entry: arrays are empty unless the file adds entries."""
+    lines = [f"# {cls.__doc__}", f"# [[{table}]]"]
+    for spec in dataclasses.fields(cls):
+        lines.append(f"#   {spec.metadata.get('doc', '')}")
+        lines.append(f"#   {spec.name} = {_toml_value(getattr(cls(), spec.name))}")
+    lines.append("")
+    return lines

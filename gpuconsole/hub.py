@@ -192,6 +192,8 @@ class Hub:
         began = self._monotonic()
         if state.inflight is None or state.inflight.done():
             state.inflight = asyncio.ensure_future(source.poll())
+            # A poll that outlives its timeout may fail later, unawaited: collect its error.
+            state.inflight.add_done_callback(_retrieve)
         try:
             reading = await asyncio.wait_for(asyncio.shield(state.inflight), source.timeout_s)
         except TimeoutError:
@@ -413,6 +415,11 @@ class Hub:
             history=node.history.view(),
             **fields,
         )
+
+
+def _retrieve(task: asyncio.Future[Reading]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _describe(exc: BaseException) -> str:

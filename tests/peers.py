@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import pytest
 
@@ -23,8 +24,10 @@ def require_peer(name: str, available: bool, install_hint: str) -> None:
 
 
 def require_program(program: str, install_hint: str) -> str:
-    """The path of a program on PATH, or skip/fail naming the package that brings it."""
-    path = shutil.which(program)
+    """The path of a program (on PATH or beside this Python, as a venv installs them), or
+    skip/fail naming the package that brings it."""
+    search = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    path = shutil.which(program, path=search)
     require_peer(program, path is not None, install_hint)
     assert path is not None
     return path

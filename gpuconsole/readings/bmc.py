@@ -1,11 +1,110 @@
-"""bmc readings: frozen dataclasses, units in field names."""
+"""BMC readings: the server around the GPUs, as its baseboard management controller sees it.
+
+Sensors are normalised (kind, unit, health) whatever the protocol (IPMI or Redfish); the
+node totals (power, inlet, exhaust, fans, PSUs) are worked out once, by the source. Each
+sensor keeps what ipmi_exporter's metrics need: name, id, type, state, value and unit.
+"""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gpuconsole.readings.base import CounterSample, Key
+from gpuconsole.readings.base import CounterSample, Health, Key, Severity
+
+
+class SensorKind(enum.StrEnum):
+    """What a sensor measures."""
+
+    TEMPERATURE = "temperature"
+    FAN = "fan"
+    POWER = "power"
+    VOLTAGE = "voltage"
+    CURRENT = "current"
+    OTHER = "other"
+
+
+class SensorHealth(enum.StrEnum):
+    """A sensor's state, from the thresholds it crossed or the states it asserts."""
+
+    OK = "ok"
+    WARNING = "warning"
+    CRITICAL = "critical"
+    FAILED = "failed"
+
+
+class PowerState(enum.StrEnum):
+    """The server's power, as its BMC reports it."""
+
+    ON = "on"
+    OFF = "off"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """The limits a BMC gives for a sensor, in the sensor's unit (None: not given)."""
+
+    lower_non_recoverable: float | None = None
+    lower_critical: float | None = None
+    lower_non_critical: float | None = None
+    upper_non_critical: float | None = None
+    upper_critical: float | None = None
+    upper_non_recoverable: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BmcSensor:
+    """One sensor, normalised.
+
+    `sensor_id` is the IPMI sensor number or the Redfish sensor Id; `type` is the BMC's
+    own word ("Temperature", "Power Supply", "Rotational"). `value` is None when the BMC
+    has no reading for it. `context` places it: "intake", "exhaust", "cpu", "gpu",
+    "memory", "psu", "fan", "total" or None. `gpu_module_id` is the HGX module (SXM n)
+    the sensor belongs to, where the BMC names it.
+    """
+
+    name: str
+    sensor_id: str
+    kind: SensorKind
+    type: str
+    value: float | None
+    unit: str
+    health: SensorHealth = SensorHealth.OK
+    states: tuple[str, ...] = ()
+    thresholds: Thresholds | None = None
+    context: str | None = None
+    gpu_module_id: int | None = None
+
+    @property
+    def available(self) -> bool:
+        return self.value is not None
+
+
+@dataclass(frozen=True, slots=True)
+class SelEntry:
+    """One system event log record."""
+
+    record_id: int
+    at: float | None  # Unix time, when the BMC gave a usable timestamp
+    sensor: str
+    sensor_type: str
+    event: str
+    severity: Severity
+    deassertion: bool = False
+    reading: float | None = None  # the value that triggered it, in `unit`
+    threshold: float | None = None  # the threshold it crossed, in `unit`
+    unit: str = ""
+
+    @property
+    def message(self) -> str:
+        """'FAN 3 at 0 RPM: Lower critical', 'PSU 2: Failure (deasserted)'."""
+        where = self.sensor
+        if where and self.reading is not None:
+            where += f" at {self.reading:g}" + (f" {self.unit}" if self.unit else "")
+        text = f"{where}: {self.event}" if where else self.event
+        return text + (" (deasserted)" if self.deassertion else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,10 +112,55 @@ class BmcReading:
     """The bmc source's partial reading of one node."""
 
     at: float
+    bmc: str = ""  # "redfish://10.0.0.17:443", never with credentials
+    power_state: PowerState = PowerState.UNKNOWN
+    sensors: tuple[BmcSensor, ...] = ()
+    power_w: float | None = None
+    inlet_c: float | None = None
+    exhaust_c: float | None = None
+    fans_present: int = 0
+    fans_failed: int = 0
+    psus_present: int = 0
+    psus_failed: int = 0
+    sel_recent: tuple[SelEntry, ...] = ()  # the newest records, oldest first
     simulated: bool = False
 
     def counters(self) -> Iterator[CounterSample]:
         return iter(())
 
     def series(self) -> Iterator[tuple[Key, float]]:
-        return iter(())
+        """Gauges worth a sparkline."""
+        if self.power_w is not None:
+            yield ("bmc", "power_w"), self.power_w
+        if self.inlet_c is not None:
+            yield ("bmc", "inlet_c"), self.inlet_c
+        if self.exhaust_c is not None:
+            yield ("bmc", "exhaust_c"), self.exhaust_c
+
+    def sensor(self, name: str) -> BmcSensor | None:
+        for sensor in self.sensors:
+            if sensor.name == name:
+                return sensor
+        return None
+
+    def of_kind(self, kind: SensorKind) -> tuple[BmcSensor, ...]:
+        return tuple(s for s in self.sensors if s.kind is kind)
+
+    def gpu_sensors(self, module_id: int | None) -> tuple[BmcSensor, ...]:
+        """The sensors of the GPU in HGX module `module_id` (GpuReading.module_id)."""
+        if module_id is None:
+            return ()
+        return tuple(s for s in self.sensors if s.gpu_module_id == module_id)
+
+    @property
+    def health(self) -> Health:
+        """Failed PSUs or fans, or a sensor past a critical limit: critical."""
+        if self.psus_failed or self.fans_failed:
+            return Health.CRITICAL
+        worst = Health.OK
+        for sensor in self.sensors:
+            if sensor.health in (SensorHealth.CRITICAL, SensorHealth.FAILED):
+                return Health.CRITICAL
+            if sensor.health is SensorHealth.WARNING:
+                worst = Health.WARNING
+        return worst

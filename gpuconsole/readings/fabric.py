@@ -1,11 +1,178 @@
-"""fabric readings: frozen dataclasses, units in field names."""
+"""fabric readings: RDMA ports, their netdevs, and which NIC each GPU should use.
+
+Counters keep the sysfs file names (`port_xmit_data`, `np_cnp_sent`) and raw values as
+read, so the exporter can map them to node_exporter's names; the hub derives rates.
+`port_problems` is the one place that turns a port plus its rates into worries.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import enum
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from gpuconsole.readings.base import CounterSample, Key
+from gpuconsole.readings.base import CounterSample, Key, Severity
+
+# port_{xmit,rcv}_data count octets divided by 4.
+DATA_OCTETS_PER_UNIT = 4
+# Topology levels as nvidia-smi prints them, nearest first.
+LEVELS = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")
+
+RateLookup = Callable[[str], float | None]
+
+
+class PortRole(enum.StrEnum):
+    """Which of the node's three networks a port belongs to."""
+
+    COMPUTE = "compute"
+    STORAGE = "storage"
+    MANAGEMENT = "management"
+
+
+@dataclass(frozen=True, slots=True)
+class NetdevStats:
+    """A netdev's link state and 64-bit kernel statistics, as rtnetlink reports them."""
+
+    ifname: str
+    operstate: str  # UP, DOWN, LOWERLAYERDOWN, ...
+    carrier: bool | None = None
+    mtu: int | None = None
+    rx_bytes: int = 0
+    tx_bytes: int = 0
+    rx_packets: int = 0
+    tx_packets: int = 0
+    rx_errors: int = 0
+    tx_errors: int = 0
+    rx_dropped: int = 0
+    tx_dropped: int = 0
+    multicast: int = 0
+
+
+NETDEV_COUNTERS = (
+    "rx_bytes",
+    "tx_bytes",
+    "rx_packets",
+    "tx_packets",
+    "rx_errors",
+    "tx_errors",
+    "rx_dropped",
+    "tx_dropped",
+    "multicast",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FabricPort:
+    """One port of an RDMA device: link, rate, role and raw counters."""
+
+    device: str  # mlx5_0
+    port: int
+    state: str  # ACTIVE, DOWN, INIT, ARMED, ...
+    state_id: int | None
+    phys_state: str  # LinkUp, Disabled, Polling, ...
+    phys_state_id: int | None
+    link_layer: str  # InfiniBand or Ethernet
+    role: PortRole
+    role_from: str  # "config" or the rule that chose it
+    rate_gbps: float | None = None
+    rate_text: str = ""  # "400 Gb/sec (4X NDR)"
+    width: int | None = None  # lanes: the 4 of 4X
+    speed: str | None = None  # NDR, HDR, ...
+    expected_rate_gbps: float | None = None  # what a healthy rail of this role runs at
+    lid: int | None = None
+    sm_lid: int | None = None
+    netdev: str | None = None
+    netdev_stats: NetdevStats | None = None
+    netdev_error: str | None = None  # why netdev_stats is missing
+    # (sysfs file name, raw value, width in bits) for counters/* and hw_counters/*
+    counters: tuple[tuple[str, int, int], ...] = ()
+    hw_counters: tuple[tuple[str, int, int], ...] = ()
+    no_pma: bool = False  # counters/* read "N/A (no PMA)"
+
+    @property
+    def name(self) -> str:
+        return f"{self.device}/{self.port}"
+
+    @property
+    def active(self) -> bool:
+        return self.state == "ACTIVE"
+
+    @property
+    def downtrained(self) -> bool:
+        """Up, but narrower than 4X or slower than the node's other rails of its role."""
+        if not self.active or self.rate_gbps is None:
+            return False
+        if self.link_layer == "InfiniBand" and self.width is not None and self.width < 4:
+            return True
+        expected = self.expected_rate_gbps
+        return expected is not None and self.rate_gbps < expected
+
+    def counter(self, name: str) -> int | None:
+        """The raw value of a counters/* or hw_counters/* file, by its name."""
+        for key, value, _bits in self.counters:
+            if key == name:
+                return value
+        for key, value, _bits in self.hw_counters:
+            if key == name:
+                return value
+        return None
+
+    @property
+    def xmit_bytes_total(self) -> int | None:
+        data = self.counter("port_xmit_data")
+        return None if data is None else data * DATA_OCTETS_PER_UNIT
+
+    @property
+    def rcv_bytes_total(self) -> int | None:
+        data = self.counter("port_rcv_data")
+        return None if data is None else data * DATA_OCTETS_PER_UNIT
+
+
+@dataclass(frozen=True, slots=True)
+class FabricDevice:
+    """One RDMA device (an HCA or one function of a dual-port card) and its ports."""
+
+    name: str
+    pci_bus_id: str | None = None  # 0000:18:00.0
+    numa_node: int | None = None
+    socket: int | None = None
+    board_id: str | None = None
+    fw_ver: str | None = None
+    hca_type: str | None = None
+    node_guid: str | None = None
+    ports: tuple[FabricPort, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NicLevel:
+    """How far one GPU is from one RDMA device over PCIe."""
+
+    device: str
+    level: str  # PIX, PXB, PHB, NODE, SYS
+
+
+class AffinityFlag(enum.StrEnum):
+    """Why a GPU's GPUDirect RDMA pairing is not what it should be."""
+
+    CROSS_SOCKET = "crosses the socket link"
+    NO_NEAR_NIC = "no NIC under its PCIe switch"
+    RAIL_DOWN = "its rail is down"
+    RAIL_DOWNTRAINED = "its rail is downtrained"
+    NO_PEERMEM = "nvidia-peermem not loaded"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuAffinity:
+    """One GPU's place on PCIe and the NIC it should use for GPUDirect RDMA."""
+
+    pci_bus_id: str
+    numa_node: int | None = None
+    socket: int | None = None
+    levels: tuple[NicLevel, ...] = ()
+    best_device: str | None = None
+    best_level: str | None = None
+    flags: tuple[AffinityFlag, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,10 +180,182 @@ class FabricReading:
     """The fabric source's partial reading of one node."""
 
     at: float
+    devices: tuple[FabricDevice, ...] = ()
+    gpus: tuple[GpuAffinity, ...] = ()
+    peermem_loaded: bool | None = None
+    netlink_error: str | None = None  # netdev stats unavailable for every port, and why
+    link_events_error: str | None = None  # link notifications unavailable, and why
     simulated: bool = False
 
+    @property
+    def ports(self) -> tuple[FabricPort, ...]:
+        return tuple(port for device in self.devices for port in device.ports)
+
+    def port(self, device: str, port: int = 1) -> FabricPort | None:
+        for dev in self.devices:
+            if dev.name == device:
+                for p in dev.ports:
+                    if p.port == port:
+                        return p
+        return None
+
+    def device(self, name: str) -> FabricDevice | None:
+        for dev in self.devices:
+            if dev.name == name:
+                return dev
+        return None
+
+    def gpu(self, pci_bus_id: str) -> GpuAffinity | None:
+        wanted = normal_bus_id(pci_bus_id)
+        for gpu in self.gpus:
+            if gpu.pci_bus_id == wanted:
+                return gpu
+        return None
+
     def counters(self) -> Iterator[CounterSample]:
-        return iter(())
+        for dev in self.devices:
+            for port in dev.ports:
+                number = str(port.port)
+                for name, value, bits in port.counters:
+                    yield CounterSample(
+                        port_key(dev.name, number, name), value, bits, name in _HISTORY
+                    )
+                for name, value, bits in port.hw_counters:
+                    yield CounterSample(port_key(dev.name, number, name), value, bits)
+                stats = port.netdev_stats
+                if stats is not None:
+                    for name in NETDEV_COUNTERS:
+                        yield CounterSample(
+                            netdev_key(dev.name, number, name),
+                            getattr(stats, name),
+                            64,
+                            name in _HISTORY,
+                        )
 
     def series(self) -> Iterator[tuple[Key, float]]:
         return iter(())
+
+
+_HISTORY = frozenset({"port_xmit_data", "port_rcv_data", "rx_bytes", "tx_bytes"})
+
+
+@functools.lru_cache(maxsize=65536)
+def port_key(device: str, port: str, name: str) -> Key:
+    """The rate key of a port counter: ("fabric", "mlx5_0", "1", "port_xmit_data")."""
+    return ("fabric", device, port, name)
+
+
+@functools.lru_cache(maxsize=65536)
+def netdev_key(device: str, port: str, name: str) -> Key:
+    """The rate key of a netdev counter behind a port: (..., "netdev", "tx_bytes")."""
+    return ("fabric", device, port, "netdev", name)
+
+
+def normal_bus_id(bus_id: str) -> str:
+    """'00000000:18:00.0' (NVML) or '0000:18:00.0' (sysfs) as sysfs writes it, lower case."""
+    parts = bus_id.strip().lower().split(":")
+    if len(parts) == 3:
+        return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+    if len(parts) == 2:
+        return f"0000:{parts[0]}:{parts[1]}"
+    return bus_id.strip().lower()
+
+
+def port_rates(rates: Callable[..., float | None], port: FabricPort) -> RateLookup:
+    """A rate lookup for one port from NodeSnapshot.rate: name -> per-second rate."""
+    number = str(port.port)
+
+    def lookup(name: str) -> float | None:
+        if name.startswith("netdev."):
+            return rates("fabric", port.device, number, "netdev", name[7:])
+        return rates("fabric", port.device, number, name)
+
+    return lookup
+
+
+def port_traffic(port: FabricPort, rate: RateLookup) -> tuple[float | None, float | None]:
+    """(transmit, receive) bytes per second: IB data counters, else the netdev's."""
+    tx, rx = rate("port_xmit_data"), rate("port_rcv_data")
+    if tx is not None or rx is not None:
+        return (
+            None if tx is None else tx * DATA_OCTETS_PER_UNIT,
+            None if rx is None else rx * DATA_OCTETS_PER_UNIT,
+        )
+    return rate("netdev.tx_bytes"), rate("netdev.rx_bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class PortProblem:
+    """One thing wrong with a port, in the words an operator reads."""
+
+    severity: Severity
+    what: str
+    counter: str | None = None  # the counter behind it, when there is one
+    per_s: float | None = None
+
+
+# (counter, words, severity, per-second rate from which it counts)
+ERROR_RULES: tuple[tuple[str, str, Severity, float], ...] = (
+    ("link_downed", "link went down", Severity.CRITICAL, 0.0),
+    ("link_error_recovery", "link error recovery", Severity.WARNING, 0.0),
+    ("symbol_error", "symbol errors", Severity.WARNING, 0.0),
+    ("port_rcv_errors", "receive errors", Severity.WARNING, 0.0),
+    ("port_rcv_remote_physical_errors", "remote physical errors", Severity.WARNING, 0.0),
+    ("local_link_integrity_errors", "link integrity errors", Severity.WARNING, 0.0),
+    ("excessive_buffer_overrun_errors", "buffer overruns", Severity.WARNING, 0.0),
+    ("port_xmit_discards", "transmit discards", Severity.WARNING, 0.0),
+    ("netdev.rx_errors", "netdev receive errors", Severity.WARNING, 0.0),
+    ("netdev.tx_errors", "netdev transmit errors", Severity.WARNING, 0.0),
+    ("out_of_sequence", "out-of-sequence packets", Severity.WARNING, 1.0),
+    ("packet_seq_err", "packet sequence errors", Severity.WARNING, 1.0),
+    ("local_ack_timeout_err", "ack timeouts", Severity.WARNING, 0.0),
+    ("roce_adp_retrans", "retransmits", Severity.WARNING, 1.0),
+    ("req_transport_retries_exceeded", "transport retries exceeded", Severity.CRITICAL, 0.0),
+    ("rnr_nak_retry_err", "RNR retries exceeded", Severity.WARNING, 0.0),
+)
+# Congestion: CNPs and ECN marks (RoCE), and transmit wait ticks (IB credits starved).
+CONGESTION_RULES: tuple[tuple[str, str, float, float], ...] = (
+    ("np_ecn_marked_roce_packets", "ECN-marked packets", 100.0, 10_000.0),
+    ("np_cnp_sent", "CNPs sent", 100.0, 10_000.0),
+    ("rp_cnp_handled", "CNPs handled", 100.0, 10_000.0),
+    ("port_xmit_wait", "transmit wait", 1e5, 1e7),
+)
+
+
+def port_problems(port: FabricPort, rate: RateLookup) -> tuple[PortProblem, ...]:
+    """What is wrong with a port now, worst first; `rate` gives a counter's per-second rate.
+
+    Down compute and storage rails are critical, a down management port a warning;
+    error counters that moved since the last poll are worries; so is congestion.
+    """
+    found: list[PortProblem] = []
+    if not port.active:
+        severity = Severity.WARNING if port.role is PortRole.MANAGEMENT else Severity.CRITICAL
+        found.append(PortProblem(severity, f"link {port.state.lower()} ({port.phys_state})"))
+    elif port.downtrained:
+        expected = f"{port.expected_rate_gbps:g}" if port.expected_rate_gbps else "4X"
+        found.append(
+            PortProblem(Severity.WARNING, f"downtrained: {port.rate_text} (expected {expected})")
+        )
+    stats = port.netdev_stats
+    if stats is not None and stats.operstate not in ("UP", "UNKNOWN") and port.active:
+        found.append(PortProblem(Severity.WARNING, f"netdev {stats.ifname} {stats.operstate}"))
+    for counter, words, severity, floor in ERROR_RULES:
+        per_s = rate(counter)
+        if per_s is not None and per_s > floor:
+            found.append(PortProblem(severity, f"{words} {per_s:.3g}/s", counter, per_s))
+    for counter, words, warn, critical in CONGESTION_RULES:
+        per_s = rate(counter)
+        if per_s is None or per_s <= warn:
+            continue
+        severity = Severity.CRITICAL if per_s > critical else Severity.WARNING
+        found.append(PortProblem(severity, f"congestion: {words} {per_s:.3g}/s", counter, per_s))
+    order = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
+    found.sort(key=lambda p: order[p.severity])
+    return tuple(found)
+
+
+def port_severity(port: FabricPort, rate: RateLookup) -> Severity | None:
+    """The worst of `port_problems`, or None for a healthy port."""
+    problems = port_problems(port, rate)
+    return problems[0].severity if problems else None

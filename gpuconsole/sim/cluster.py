@@ -23,13 +23,15 @@ class SimNodeSpec:
 
 
 # The small cluster: every profile and every scenario on at least one node.
+# BMC trouble: dgx-002's FAN 3 stops (its GPU 3 runs hot), dgxa-001 loses PSU 2,
+# dgxa-002's BMC stops answering 60 s in.
 DEMO_CLUSTER: tuple[SimNodeSpec, ...] = (
     SimNodeSpec("dgx-001", "dgx-h100"),
-    SimNodeSpec("dgx-002", "dgx-h100", (Scenario("thermal", 3),)),
+    SimNodeSpec("dgx-002", "dgx-h100", (Scenario("thermal", 3), Scenario("fan", 3))),
     SimNodeSpec("dgx-003", "dgx-h100", (Scenario("xid79", 5, 45.0),)),
     SimNodeSpec("dgx-004", "dgx-h100", (Scenario("mig", 7), Scenario("ecc", 2))),
-    SimNodeSpec("dgxa-001", "dgx-a100", (Scenario("mig", 0),)),
-    SimNodeSpec("dgxa-002", "dgx-a100"),
+    SimNodeSpec("dgxa-001", "dgx-a100", (Scenario("mig", 0), Scenario("psu", 2))),
+    SimNodeSpec("dgxa-002", "dgx-a100", (Scenario("bmcsilent", 0, 60.0),)),
     SimNodeSpec("apollo-01", "apollo-pcie"),
 )
 
@@ -98,6 +100,36 @@ def add_sim_sources(
         )
 
 
+def add_sim_bmc_sources(
+    hub: Hub,
+    nodes: Sequence[SimNode],
+    *,
+    interval_s: float = 5.0,
+    clock: Callable[[], float] = time.time,
+) -> None:
+    """Give the hub a BMC source per simulated node, over its simulated BMC (IPMI-shaped)."""
+    from gpuconsole.sim.bmc import sim_link
+    from gpuconsole.sources.bmc import BmcPool, BmcSource
+    from gpuconsole.sources.bmc.sel import SelCursor
+
+    pool = BmcPool()
+    for node in nodes:
+        hub.add_node(node.name, simulated=True, profile=node.profile.name)
+        hub.add_source(
+            BmcSource(
+                node.name,
+                sim_link(node),
+                interval_s=interval_s,
+                timeout_s=max(2.0, interval_s),
+                pool=pool,
+                # a simulated cluster starts fresh: its whole SEL is news
+                sel_cursor=SelCursor(last_record_id=0, loaded=True),
+                simulated=True,
+                clock=clock,
+            )
+        )
+
+
 def demo_hub(
     nodes: int | None = None,
     *,
@@ -106,9 +138,18 @@ def demo_hub(
     events: bool = True,
     clock: Callable[[], float] = time.time,
     start: float | None = None,
+    fabric: bool = False,
+    bmc: bool = False,
 ) -> Hub:
-    """A hub over the simulated demo cluster (not started)."""
+    """A hub over the simulated demo cluster (not started); `fabric` and `bmc` add those
+    sources."""
     hub = Hub(clock=clock)
     sims = build_sim_nodes(demo_cluster(nodes), seed=seed, clock=clock, start=start)
     add_sim_sources(hub, sims, interval_s=interval_s, events=events, clock=clock)
+    if fabric:
+        from gpuconsole.sim.fabric import add_sim_fabric_sources
+
+        add_sim_fabric_sources(hub, sims, clock=clock)
+    if bmc:
+        add_sim_bmc_sources(hub, sims, clock=clock)
     return hub

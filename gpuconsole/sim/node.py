@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from gpuconsole.sim.identity import gpu_serial, gpu_uuid, mig_uuid
 from gpuconsole.sim.profiles import GpuModel, MigProfile, NodeProfile
 
-SCENARIO_KINDS = ("thermal", "xid79", "ecc", "mig", "notsupported")
+SCENARIO_KINDS = ("thermal", "xid79", "ecc", "mig", "notsupported", "psu", "fan", "bmcsilent")
+# Node-level kinds: their number is a PSU or fan (1-based), not a GPU (gpuconsole.sim.bmc).
+NODE_SCENARIO_KINDS = ("psu", "fan", "bmcsilent")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +127,7 @@ class SimNode:
             s if isinstance(s, Scenario) else Scenario.parse(s) for s in scenarios
         )
         for s in self.scenarios:
-            if not 0 <= s.gpu < len(profile.gpus):
+            if s.kind not in NODE_SCENARIO_KINDS and not 0 <= s.gpu < len(profile.gpus):
                 raise ValueError(f"scenario {s}: {profile.name} has no GPU {s.gpu}")
         self.clock = clock
         self.t0 = clock() if start is None else start

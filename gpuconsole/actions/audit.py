@@ -1,0 +1,61 @@
+"""The audit log: one JSON line per action asked for, whatever came of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuconsole import paths
+
+
+def default_audit_path() -> Path:
+    return paths.state_dir() / "audit.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """Who asked for what, when, and what came of it ("ok", "refused", "failed")."""
+
+    at: float
+    user: str
+    role: str
+    action: str
+    target: str
+    outcome: str
+    detail: str = ""
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+class AuditLog:
+    """Appends records to a JSON-lines file (mode 0600), one write per record."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or default_audit_path()
+        self._lock = threading.Lock()
+
+    def append(self, record: AuditRecord) -> None:
+        body = asdict(record)
+        body["args"] = dict(record.args)
+        body["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(record.at))
+        line = (json.dumps(body, sort_keys=True) + "\n").encode()
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every record so far, oldest first."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.strip()]

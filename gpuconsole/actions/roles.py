@@ -1,0 +1,55 @@
+"""Who may act: viewers look, operators and admins act."""
+
+from __future__ import annotations
+
+import enum
+import getpass
+import grp
+import os
+from dataclasses import dataclass
+
+# Local users get a role from their Unix groups; root is an admin.
+ADMIN_GROUP = "gpuconsole-admin"
+OPERATOR_GROUP = "gpuconsole-operator"
+
+
+class Role(enum.StrEnum):
+    """What a user of the console may do."""
+
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+    ADMIN = "admin"
+
+    @property
+    def may_act(self) -> bool:
+        return self is not Role.VIEWER
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Someone asking for an action: a user name and the role it holds."""
+
+    user: str
+    role: Role
+
+
+def local_actor() -> Actor:
+    """The user running this process: root and gpuconsole-admin members are admins,
+    gpuconsole-operator members operators, everyone else a viewer."""
+    user = getpass.getuser()
+    if os.geteuid() == 0:
+        return Actor(user, Role.ADMIN)
+    groups = {grp.getgrgid(g).gr_name for g in os.getgroups() if _known(g)}
+    if ADMIN_GROUP in groups:
+        return Actor(user, Role.ADMIN)
+    if OPERATOR_GROUP in groups:
+        return Actor(user, Role.OPERATOR)
+    return Actor(user, Role.VIEWER)
+
+
+def _known(gid: int) -> bool:
+    try:
+        grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return True

@@ -1,0 +1,314 @@
+"""IPMI over LAN (RMCP+) through pyghmi, and what its answers mean.
+
+Two layers: an `IpmiSession` returns what pyghmi returns (sensor readings with their
+health bitmask and states, power state, SEL records as dicts); `IpmiLink` turns that
+into normalised sensors and SEL entries. `PyghmiSession` is the real session; the demo's
+simulated BMC (gpuconsole.sim.bmc) is another `IpmiSession`, so everything above the
+wire is the same code for both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gpuconsole.readings.base import Severity
+from gpuconsole.readings.bmc import BmcSensor, PowerState, SelEntry, Thresholds
+from gpuconsole.sources.bmc.link import (
+    BmcAuthError,
+    BmcError,
+    LinkReading,
+    PowerAction,
+)
+from gpuconsole.sources.bmc.sensors import (
+    context_of,
+    gpu_module_of,
+    health_from_mask,
+    kind_of,
+    unit_of,
+)
+
+log = logging.getLogger(__name__)
+
+# pyghmi's names for the power states it can ask for
+PYGHMI_POWER = {
+    PowerAction.ON: "on",
+    PowerAction.OFF: "off",
+    PowerAction.SOFT: "softoff",
+    PowerAction.RESET: "reset",
+}
+# Threshold mask bits and reading offsets of Get Sensor Thresholds (IPMI 2.0, 35.9)
+_THRESHOLD_FIELDS = (
+    (0x01, "lower_non_critical"),
+    (0x02, "lower_critical"),
+    (0x04, "lower_non_recoverable"),
+    (0x08, "upper_non_critical"),
+    (0x10, "upper_critical"),
+    (0x20, "upper_non_recoverable"),
+)
+_AUTH_WORDS = ("password", "unauthorized", "user name", "username", "privilege")
+_SENSOR_ABSENT = 0xCB  # completion code: requested sensor not present
+
+
+@dataclass(frozen=True, slots=True)
+class IpmiSensorData:
+    """One sensor as pyghmi reads it, with the sensor number it does not keep."""
+
+    sensor_id: str
+    name: str
+    type: str
+    value: float | None
+    units: str
+    health: int  # pyghmi.constants.Health bitmask
+    states: tuple[str, ...]
+    unavailable: bool
+
+
+class IpmiSession(Protocol):
+    """The pyghmi-shaped layer under IpmiLink (blocking)."""
+
+    def sensor_data(self) -> Iterable[IpmiSensorData]: ...
+
+    def thresholds(self) -> Mapping[str, Thresholds]:
+        """Thresholds by sensor id, for the sensors that have them."""
+
+    def get_power(self) -> Mapping[str, Any]: ...
+
+    def set_power(self, powerstate: str, wait: bool = False) -> Mapping[str, Any]: ...
+
+    def sel_signature(self) -> tuple[int, ...] | None:
+        """Something that changes whenever the SEL does (None: unknown, always fetch)."""
+
+    def get_event_log(self) -> Iterable[Mapping[str, Any]]: ...
+
+    def logout(self) -> None: ...
+
+
+class PyghmiSession:
+    """A real RMCP+ session through pyghmi.ipmi.command.Command."""
+
+    def __init__(self, host: str, port: int, username: bytes, password: bytes) -> None:
+        from pyghmi.ipmi import command
+
+        # bytes, not str: with str a second Command to the same BMC can hang (PEERS.md)
+        self._cmd = command.Command(bmc=host, userid=username, password=password, port=port)
+
+    def _entries(self) -> list[Any]:
+        sdr = self._cmd.init_sdr()
+        return [sdr.sensors[key] for key in sdr.get_sensor_numbers()]
+
+    def sensor_data(self) -> Iterable[IpmiSensorData]:
+        from pyghmi.exceptions import IpmiException
+
+        for entry in self._entries():
+            rsp = self._cmd.raw_command(
+                netfn=4, command=0x2D, rslun=entry.sensor_lun, data=(entry.sensor_number,)
+            )
+            if "error" in rsp:
+                if rsp.get("code") == _SENSOR_ABSENT:
+                    continue
+                raise IpmiException(rsp["error"], code=rsp.get("code", 0))
+            reading = entry.decode_sensor_reading(self._cmd, rsp["data"])
+            yield IpmiSensorData(
+                sensor_id=str(entry.sensor_number),
+                name=reading.name,
+                type=reading.type,
+                value=reading.value,
+                units=reading.units or "",
+                health=int(reading.health or 0),
+                states=tuple(reading.states or ()),
+                unavailable=bool(reading.unavailable),
+            )
+
+    def thresholds(self) -> Mapping[str, Thresholds]:
+        out: dict[str, Thresholds] = {}
+        for entry in self._entries():
+            if not getattr(entry, "has_thresholds", False):
+                continue
+            rsp = self._cmd.raw_command(
+                netfn=4, command=0x27, rslun=entry.sensor_lun, data=(entry.sensor_number,)
+            )
+            if "error" in rsp or len(rsp["data"]) < 7:
+                continue
+            data = rsp["data"]
+            values: dict[str, float] = {}
+            for offset, (bit, name) in enumerate(_THRESHOLD_FIELDS, start=1):
+                if data[0] & bit:
+                    values[name] = round(entry.decode_value(self._cmd, data[offset]), 6)
+            if values:
+                out[str(entry.sensor_number)] = Thresholds(**values)
+        return out
+
+    def get_power(self) -> Mapping[str, Any]:
+        return dict(self._cmd.get_power())
+
+    def set_power(self, powerstate: str, wait: bool = False) -> Mapping[str, Any]:
+        return dict(self._cmd.set_power(powerstate, wait=wait))
+
+    def sel_signature(self) -> tuple[int, ...] | None:
+        rsp = self._cmd.raw_command(netfn=0x0A, command=0x40)  # Get SEL Info
+        if "error" in rsp or len(rsp["data"]) < 13:
+            return None
+        return tuple(rsp["data"][1:3]) + tuple(rsp["data"][5:13])
+
+    def get_event_log(self) -> Iterable[Mapping[str, Any]]:
+        records = [dict(r) for r in self._cmd.get_event_log()]
+        sdr = self._cmd.init_sdr()
+        for record in records:
+            # pyghmi leaves threshold events' values as raw bytes: convert with the SDR
+            # (and for other events they are not readings at all)
+            entry = sdr.sensors.get(record.get("component_id"))
+            threshold = entry is not None and getattr(entry, "has_thresholds", False)
+            for key in ("triggered_value", "threshold_value"):
+                raw = record.pop(key, None)
+                if isinstance(raw, int) and threshold:
+                    record[key] = round(entry.decode_value(self._cmd, raw), 6)
+        return records
+
+    def logout(self) -> None:
+        with contextlib.suppress(Exception):
+            self._cmd.ipmi_session.logout()
+
+
+class IpmiLink:
+    """A BmcLink over an IpmiSession: one session, opened on first use, reopened after errors."""
+
+    def __init__(
+        self,
+        label: str,
+        connect: Callable[[], IpmiSession],
+        *,
+        thresholds_every: int = 60,
+    ) -> None:
+        self.label = label
+        self._connect = connect
+        self._session: IpmiSession | None = None
+        self._thresholds: Mapping[str, Thresholds] = {}
+        self._thresholds_every = max(1, thresholds_every)
+        self._reads = 0
+        self._sel_signature: tuple[int, ...] | None = None
+        self._sel: tuple[SelEntry, ...] = ()
+
+    def _open(self) -> IpmiSession:
+        if self._session is None:
+            self._session = self._call(self._connect)
+        return self._session
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run one pyghmi call; its errors become BmcErrors that name this BMC."""
+        try:
+            return fn()
+        except BmcError:
+            raise
+        except Exception as exc:
+            self._drop()
+            text = str(exc).strip()
+            if any(word in text.lower() for word in _AUTH_WORDS):
+                raise BmcAuthError(
+                    f"{self.label}: the BMC refused the user name or password ({text})"
+                ) from None
+            if not text or text == "None":
+                text = "no answer (BMC down or unreachable?)"
+            raise BmcError(f"{self.label}: {text}") from None
+
+    def _drop(self) -> None:
+        session, self._session = self._session, None
+        self._sel_signature = None
+        if session is not None:
+            session.logout()
+
+    def read(self, *, sel: bool) -> LinkReading:
+        session = self._open()
+        if self._reads % self._thresholds_every == 0:
+            self._thresholds = self._call(session.thresholds)
+        self._reads += 1
+        raw = self._call(lambda: list(session.sensor_data()))
+        sensors = tuple(self._sensor(data) for data in raw)
+        power = self._call(session.get_power).get("powerstate")
+        state = PowerState(power) if power in ("on", "off") else PowerState.UNKNOWN
+        if sel:
+            signature = self._call(session.sel_signature)
+            if signature is None or signature != self._sel_signature:
+                records = self._call(lambda: list(session.get_event_log()))
+                units = {s.name: s.unit for s in sensors}
+                self._sel = tuple(
+                    entry for r in records if (entry := sel_entry(r, units)) is not None
+                )
+                self._sel_signature = signature
+        return LinkReading(state, sensors, self._sel)
+
+    def _sensor(self, data: IpmiSensorData) -> BmcSensor:
+        unit = unit_of(data.units)
+        kind = kind_of(data.type, unit)
+        return BmcSensor(
+            name=data.name,
+            sensor_id=data.sensor_id,
+            kind=kind,
+            type=data.type,
+            value=None if data.unavailable else data.value,
+            unit=unit,
+            health=health_from_mask(data.health),
+            states=data.states,
+            thresholds=self._thresholds.get(data.sensor_id),
+            context=context_of(data.name, kind),
+            gpu_module_id=gpu_module_of(data.name),
+        )
+
+    def set_power(self, action: PowerAction) -> str:
+        session = self._open()
+        answer = self._call(lambda: session.set_power(PYGHMI_POWER[action], wait=False))
+        return str(answer.get("pendingpowerstate") or answer.get("powerstate") or "requested")
+
+    def close(self) -> None:
+        self._drop()
+
+
+def sel_entry(record: Mapping[str, Any], units: Mapping[str, str]) -> SelEntry | None:
+    """A pyghmi SEL record (a dict) as a SelEntry; None for a record without an id.
+
+    `units` gives the unit of each sensor by name, for the values a threshold event carries.
+    """
+    record_id = record.get("record_id")
+    if not isinstance(record_id, int):
+        return None
+    sensor = str(record.get("component") or "")
+    return SelEntry(
+        record_id=record_id,
+        at=_timestamp(record.get("timestamp")),
+        sensor=sensor,
+        sensor_type=str(record.get("component_type") or ""),
+        event=str(record.get("event") or record.get("message") or "event"),
+        severity=severity_of(int(record.get("severity") or 0)),
+        deassertion=bool(record.get("deassertion")),
+        reading=_float(record.get("triggered_value")),
+        threshold=_float(record.get("threshold_value")),
+        unit=units.get(sensor, ""),
+    )
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def severity_of(mask: int) -> Severity:
+    if mask & 0b110:
+        return Severity.CRITICAL
+    if mask & 0b1:
+        return Severity.WARNING
+    return Severity.INFO
+
+
+def _timestamp(text: Any) -> float | None:
+    """pyghmi's local ISO 8601 time as Unix time."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None

@@ -1,0 +1,193 @@
+"""Sensor normalisation shared by every BMC protocol: kinds, units, places, node totals."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gpuconsole.readings.bmc import BmcSensor, SensorHealth, SensorKind
+
+# pyghmi.constants.Health: a bitmask
+HEALTH_WARNING = 1
+HEALTH_CRITICAL = 2
+HEALTH_FAILED = 4
+
+_HGX_GPU = re.compile(r"HGX[_ ]GPU[_ ]SXM[_ ]?(\d+)", re.IGNORECASE)
+_PSU = re.compile(r"\b(psu|power[ _]?supply|ps\d)", re.IGNORECASE)
+_FAN = re.compile(r"\bfan", re.IGNORECASE)
+_TOTAL_POWER = re.compile(
+    r"(total|system|sys|node|chassis)[ _]?(power|pwr)|pwr[ _]?consumption", re.I
+)
+
+# Units as they are shown, from what pyghmi and Redfish call them.
+UNITS = {
+    "°C": "C",
+    "C": "C",
+    "Cel": "C",
+    "degrees C": "C",
+    "RPM": "RPM",
+    "W": "W",
+    "Watts": "W",
+    "V": "V",
+    "Volts": "V",
+    "A": "A",
+    "Amps": "A",
+    "%": "%",
+    "Percent": "%",
+    "J": "J",
+}
+
+
+def health_from_mask(mask: int) -> SensorHealth:
+    """pyghmi's Health bitmask (Ok=0, Warning=1, Critical=2, Failed=4) to one word."""
+    if mask & HEALTH_FAILED:
+        return SensorHealth.FAILED
+    if mask & HEALTH_CRITICAL:
+        return SensorHealth.CRITICAL
+    if mask & HEALTH_WARNING:
+        return SensorHealth.WARNING
+    return SensorHealth.OK
+
+
+def kind_of(type_name: str, unit: str) -> SensorKind:
+    """The kind of a sensor from the BMC's type word and its unit."""
+    word = type_name.lower()
+    if unit == "C" or "temp" in word:
+        return SensorKind.TEMPERATURE
+    if unit == "RPM" or "fan" in word or word == "rotational":
+        return SensorKind.FAN
+    if unit == "W" or word == "power":
+        return SensorKind.POWER
+    if unit == "V" or "volt" in word:
+        return SensorKind.VOLTAGE
+    if unit == "A" or word in ("current", "amperage"):
+        return SensorKind.CURRENT
+    return SensorKind.OTHER
+
+
+def context_of(name: str, kind: SensorKind, hint: str | None = None) -> str | None:
+    """Where a sensor sits, from a Redfish PhysicalContext (`hint`) or its name."""
+    hint = (hint or "").lower()
+    lowered = name.lower()
+    if hint == "intake" or any(w in lowered for w in ("inlet", "intake", "ambient")):
+        return "intake"
+    if hint == "exhaust" or any(w in lowered for w in ("exhaust", "outlet")):
+        return "exhaust"
+    if _HGX_GPU.search(name) or hint in ("gpu", "accelerator"):
+        return "gpu"
+    if hint == "powersupply" or _PSU.search(name):
+        return "psu"
+    if kind is SensorKind.FAN or hint == "fan" or _FAN.search(name):
+        return "fan"
+    if kind is SensorKind.POWER and (_TOTAL_POWER.search(name) or hint == "chassis"):
+        return "total"
+    if hint == "cpu" or "cpu" in lowered:
+        return "cpu"
+    if hint == "memory" or "dimm" in lowered or "dram" in lowered:
+        return "memory"
+    return hint or None
+
+
+def gpu_module_of(*names: str) -> int | None:
+    """The HGX module number in a name like HGX_GPU_SXM_5_TEMP_0 (SXM n = module id n)."""
+    for name in names:
+        match = _HGX_GPU.search(name)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def unit_of(raw: str | None) -> str:
+    if not raw:
+        return ""
+    return UNITS.get(raw.strip(), raw.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTotals:
+    """What a node's sensors add up to."""
+
+    power_w: float | None
+    inlet_c: float | None
+    exhaust_c: float | None
+    fans_present: int
+    fans_failed: int
+    psus_present: int
+    psus_failed: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnitStatus:
+    """Presence and failure of a PSU or fan, where the BMC reports them apart from readings."""
+
+    name: str
+    present: bool
+    failed: bool
+
+
+_PSU_FAILED_STATES = ("failure", "input lost", "out of range", "predictive failure")
+
+
+def summarise(
+    sensors: Sequence[BmcSensor],
+    *,
+    psus: Iterable[UnitStatus] = (),
+    fans: Iterable[UnitStatus] = (),
+) -> NodeTotals:
+    """Node totals: power in watts, inlet and exhaust temperature, fans and PSUs."""
+    power = _first(s for s in sensors if s.kind is SensorKind.POWER and s.context == "total")
+    if power is None:
+        psu_power = [
+            s.value
+            for s in sensors
+            if s.kind is SensorKind.POWER and s.context == "psu" and s.value is not None
+        ]
+        power = sum(psu_power) if psu_power else None
+    inlet = _first(s for s in sensors if s.kind is SensorKind.TEMPERATURE and s.context == "intake")
+    exhaust = _first(
+        s for s in sensors if s.kind is SensorKind.TEMPERATURE and s.context == "exhaust"
+    )
+
+    fan_units = list(fans)
+    if fan_units:
+        fans_present = sum(1 for f in fan_units if f.present)
+        fans_failed = sum(1 for f in fan_units if f.present and f.failed)
+    else:
+        fans_present = fans_failed = 0
+    fan_sensors = [s for s in sensors if s.kind is SensorKind.FAN and s.available]
+    failed_fans = [s for s in fan_sensors if _bad(s) or s.value == 0]
+    if not fan_units:
+        fans_present = len(fan_sensors)
+    fans_failed = max(fans_failed, len(failed_fans))
+
+    psu_units = list(psus)
+    status_sensors = [s for s in sensors if s.type.lower() == "power supply" and s.states]
+    if psu_units:
+        psus_present = sum(1 for p in psu_units if p.present)
+        psus_failed = sum(1 for p in psu_units if p.present and p.failed)
+    elif status_sensors:
+        psus_present = sum(1 for s in status_sensors if _says(s, "present"))
+        psus_failed = sum(1 for s in status_sensors if _says(s, *_PSU_FAILED_STATES))
+    else:
+        psu_power_sensors = [
+            s for s in sensors if s.kind is SensorKind.POWER and s.context == "psu"
+        ]
+        psus_present = len(psu_power_sensors)
+        psus_failed = sum(1 for s in psu_power_sensors if _bad(s))
+    return NodeTotals(power, inlet, exhaust, fans_present, fans_failed, psus_present, psus_failed)
+
+
+def _first(sensors: Iterable[BmcSensor]) -> float | None:
+    for sensor in sensors:
+        if sensor.value is not None:
+            return sensor.value
+    return None
+
+
+def _bad(sensor: BmcSensor) -> bool:
+    return sensor.health in (SensorHealth.CRITICAL, SensorHealth.FAILED)
+
+
+def _says(sensor: BmcSensor, *words: str) -> bool:
+    return any(w in state.lower() for state in sensor.states for w in words)

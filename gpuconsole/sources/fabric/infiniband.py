@@ -1,0 +1,329 @@
+"""/sys/class/infiniband parsed: devices, ports, link state, rate and raw counters.
+
+Layout (Documentation/ABI/stable/sysfs-class-infiniband): per device fw_ver, board_id,
+hca_type, node_guid and a `device` link to the PCI function; per port state ("4: ACTIVE"),
+phys_state ("5: LinkUp"), rate ("400 Gb/sec (4X NDR)"), link_layer, lid, sm_lid,
+counters/* and, on mlx5, hw_counters/*. A counter reading "N/A (no PMA)" is skipped, as
+node_exporter does; a file or device vanishing mid-read drops only what vanished.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from gpuconsole.sources.pci import PciDevice, read_path
+
+# Data and packet counters come from PortCountersExtended (64-bit) where the HCA has the
+# extended PMA, as every ConnectX-4 and newer does; legacy counters and mlx5 hw_counters
+# are read as 32-bit. A value past 2^32 proves a counter wide, and it stays so.
+EXTENDED = frozenset(
+    {
+        "port_xmit_data",
+        "port_rcv_data",
+        "port_xmit_packets",
+        "port_rcv_packets",
+        "unicast_xmit_packets",
+        "unicast_rcv_packets",
+        "multicast_xmit_packets",
+        "multicast_rcv_packets",
+    }
+)
+EXTENDED_PMA_DRIVERS = ("mlx5_",)
+_RATE = re.compile(r"^\s*([\d.]+)\s*Gb/sec\s*\((\d+)X\s*([A-Za-z0-9]*)\)")
+NO_PMA = "N/A (no PMA)"
+
+
+@dataclass(frozen=True, slots=True)
+class IbPort:
+    """One port as sysfs shows it this instant."""
+
+    device: str
+    port: int
+    state_id: int | None
+    state: str
+    phys_state_id: int | None
+    phys_state: str
+    link_layer: str
+    rate_gbps: float | None
+    rate_text: str
+    width: int | None
+    speed: str | None
+    lid: int | None
+    sm_lid: int | None
+    netdev: str | None
+    counters: tuple[tuple[str, int, int], ...]
+    hw_counters: tuple[tuple[str, int, int], ...]
+    no_pma: bool
+
+
+@dataclass(frozen=True, slots=True)
+class IbDevice:
+    """One RDMA device and the PCI function behind it."""
+
+    name: str
+    pci: PciDevice | None
+    board_id: str | None
+    fw_ver: str | None
+    hca_type: str | None
+    node_guid: str | None
+    ports: tuple[IbPort, ...]
+
+
+def parse_state(text: str) -> tuple[int | None, str]:
+    """'4: ACTIVE' -> (4, 'ACTIVE'); '5: LinkUp' -> (5, 'LinkUp')."""
+    head, sep, name = text.strip().partition(":")
+    if sep and head.strip().isdigit():
+        return int(head), name.strip()
+    return None, text.strip()
+
+
+def parse_rate(text: str) -> tuple[float | None, int | None, str | None]:
+    """'400 Gb/sec (4X NDR)' -> (400.0, 4, 'NDR'); '10 Gb/sec (4X)' -> (10.0, 4, None)."""
+    m = _RATE.match(text)
+    if m is None:
+        return None, None, None
+    return float(m.group(1)), int(m.group(2)), m.group(3) or None
+
+
+def _read(path: str) -> str | None:
+    """A small sysfs file's text, or None when it is gone or unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _int(text: str | None, base: int = 10) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text.strip(), base)
+    except ValueError:
+        return None
+
+
+def _natural(name: str) -> tuple[str, int]:
+    head = name.rstrip("0123456789")
+    tail = name[len(head) :]
+    return head, int(tail) if tail else -1
+
+
+@dataclass
+class _PortLayout:
+    device: str
+    port: int
+    path: str
+    counters: list[str]
+    hw_counters: list[str]
+    extended: bool
+
+
+@dataclass
+class _DeviceLayout:
+    name: str
+    pci: PciDevice | None
+    board_id: str | None
+    fw_ver: str | None
+    hca_type: str | None
+    node_guid: str | None
+    ports: list[_PortLayout]
+    net: list[str]
+
+
+class InfinibandReader:
+    """Reads every RDMA device under a sysfs root; the layout is listed once and re-listed
+    every `rescan_every` reads, or at once when something vanished."""
+
+    def __init__(self, sysfs_root: str = "/sys", *, rescan_every: int = 30) -> None:
+        self.sysfs_root = sysfs_root
+        self.class_dir = os.path.join(sysfs_root, "class", "infiniband")
+        self.rescan_every = max(1, rescan_every)
+        self._layout: list[_DeviceLayout] | None = None
+        self._reads = 0
+        self._wide: set[tuple[str, int, str]] = set()
+
+    @property
+    def present(self) -> bool:
+        return os.path.isdir(self.class_dir)
+
+    def rescan(self) -> None:
+        """Forget the layout; the next read lists devices, ports and counters again."""
+        self._layout = None
+
+    def read(self) -> tuple[IbDevice, ...]:
+        """Every device and port now."""
+        if self._layout is None or self._reads % self.rescan_every == 0:
+            self._layout = self._scan()
+        self._reads += 1
+        devices = []
+        for dev in self._layout:
+            ports = []
+            for layout in dev.ports:
+                port = self._read_port(layout, dev)
+                if port is not None:
+                    ports.append(port)
+            devices.append(
+                IbDevice(
+                    dev.name,
+                    dev.pci,
+                    dev.board_id,
+                    dev.fw_ver,
+                    dev.hca_type,
+                    dev.node_guid,
+                    tuple(ports),
+                )
+            )
+        return tuple(devices)
+
+    # --- layout --------------------------------------------------------------------
+
+    def _scan(self) -> list[_DeviceLayout]:
+        try:
+            names = sorted(os.listdir(self.class_dir), key=_natural)
+        except OSError:
+            return []
+        layout = []
+        for name in names:
+            base = os.path.join(self.class_dir, name)
+            try:
+                port_names = sorted(os.listdir(os.path.join(base, "ports")), key=_natural)
+            except OSError:
+                continue  # vanished between the two listings
+            pci_link = os.path.join(base, "device")
+            pci = read_path(self.sysfs_root, pci_link) if os.path.exists(pci_link) else None
+            try:
+                net = sorted(os.listdir(os.path.join(pci_link, "net")))
+            except OSError:
+                net = []
+            ports = []
+            extended = name.startswith(EXTENDED_PMA_DRIVERS)
+            for port_name in port_names:
+                if not port_name.isdigit():
+                    continue
+                path = os.path.join(base, "ports", port_name)
+                ports.append(
+                    _PortLayout(
+                        name,
+                        int(port_name),
+                        path,
+                        _list(os.path.join(path, "counters")),
+                        [c for c in _list(os.path.join(path, "hw_counters")) if c != "lifespan"],
+                        extended,
+                    )
+                )
+            layout.append(
+                _DeviceLayout(
+                    name,
+                    pci,
+                    _strip(_read(os.path.join(base, "board_id"))),
+                    _strip(_read(os.path.join(base, "fw_ver"))),
+                    _strip(_read(os.path.join(base, "hca_type"))),
+                    _strip(_read(os.path.join(base, "node_guid"))),
+                    ports,
+                    net,
+                )
+            )
+        return layout
+
+    # --- one port ------------------------------------------------------------------
+
+    def _read_port(self, layout: _PortLayout, dev: _DeviceLayout) -> IbPort | None:
+        path = layout.path
+        state_text = _read(os.path.join(path, "state"))
+        if state_text is None:
+            self.rescan()  # the port (or its device) went away
+            return None
+        state_id, state = parse_state(state_text)
+        phys_id, phys = parse_state(_read(os.path.join(path, "phys_state")) or "")
+        rate_text = (_read(os.path.join(path, "rate")) or "").strip()
+        rate, width, speed = parse_rate(rate_text)
+        link_layer = (_read(os.path.join(path, "link_layer")) or "InfiniBand").strip()
+        counters, no_pma = self._counters(layout, "counters", layout.counters, layout.extended)
+        hw, _ = self._counters(layout, "hw_counters", layout.hw_counters, False)
+        return IbPort(
+            device=layout.device,
+            port=layout.port,
+            state_id=state_id,
+            state=state,
+            phys_state_id=phys_id,
+            phys_state=phys,
+            link_layer=link_layer,
+            rate_gbps=rate,
+            rate_text=rate_text,
+            width=width,
+            speed=speed,
+            lid=_int(_read(os.path.join(path, "lid")), 16),
+            sm_lid=_int(_read(os.path.join(path, "sm_lid")), 16),
+            netdev=self._netdev(path, layout.port, dev.net),
+            counters=counters,
+            hw_counters=hw,
+            no_pma=no_pma,
+        )
+
+    def _counters(
+        self, layout: _PortLayout, folder: str, names: list[str], extended: bool
+    ) -> tuple[tuple[tuple[str, int, int], ...], bool]:
+        base = os.path.join(layout.path, folder)
+        values = []
+        no_pma = False
+        wide = self._wide
+        for name in names:
+            try:
+                fd = os.open(os.path.join(base, name), os.O_RDONLY)
+            except FileNotFoundError:
+                self.rescan()
+                continue
+            except OSError:
+                continue
+            try:
+                raw = os.read(fd, 64)
+            except OSError:
+                continue  # EINVAL/EIO: the HCA did not answer this counter (busy firmware)
+            finally:
+                os.close(fd)
+            try:
+                value = int(raw)
+            except ValueError:
+                if raw.startswith(b"N/A"):
+                    no_pma = True
+                continue
+            key = (layout.device, layout.port, name)
+            if value >= 1 << 32 or key in wide:
+                wide.add(key)
+                bits = 64
+            else:
+                bits = 64 if extended and name in EXTENDED else 32
+            values.append((name, value, bits))
+        return tuple(values), no_pma
+
+    def _netdev(self, path: str, port: int, net: list[str]) -> str | None:
+        # RoCE: the netdev of GID 0; otherwise the PCI function's netdev (IPoIB, or a
+        # RoCE port whose GID table is not readable).
+        name = _strip(_read(os.path.join(path, "gid_attrs", "ndevs", "0")))
+        if name:
+            return name
+        if len(net) == 1:
+            return net[0]
+        return net[port - 1] if 0 < port <= len(net) else None
+
+
+def _list(folder: str) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except OSError:
+        return []
+
+
+def _strip(text: str | None) -> str | None:
+    if text is None:
+        return None
+    text = text.strip()
+    return text or None

@@ -1,0 +1,304 @@
+"""FabricSource: every RDMA port of one node, its netdev, its role, and GPU-NIC affinity.
+
+sysfs is read in a worker thread; netdev statistics and link notifications go through
+rtnetlink on the hub's loop. A port whose netdev cannot be read says why and keeps its
+sysfs reading; a source with no /sys/class/infiniband at all is unavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import ClassVar
+
+from gpuconsole.readings.base import Event, Severity
+from gpuconsole.readings.fabric import (
+    FabricDevice,
+    FabricPort,
+    FabricReading,
+    NetdevStats,
+    PortRole,
+)
+from gpuconsole.sources.base import EmitEvent, SourceUnavailable
+from gpuconsole.sources.fabric.affinity import GpuPlace, gpu_affinity, parse_roles, port_role
+from gpuconsole.sources.fabric.infiniband import IbDevice, IbPort, InfinibandReader
+from gpuconsole.sources.fabric.netlink import LinkWatcher, NetdevReader, NetlinkUnavailable
+from gpuconsole.sources.pci import find_gpus, socket_of_numa
+
+PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")
+
+
+class FabricSource:
+    """Reads the compute, storage and management ports of one node."""
+
+    kind: ClassVar[str] = "fabric"
+
+    def __init__(
+        self,
+        node: str,
+        *,
+        sysfs_root: str = "/sys",
+        interval_s: float = 2.0,
+        timeout_s: float = 5.0,
+        roles: Mapping[str, str] | None = None,
+        netlink: bool = True,
+        netns: str | None = None,
+        simulated: bool = False,
+        prepare: Callable[[], None] | None = None,
+        rescan_every: int = 30,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.sysfs_root = sysfs_root
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.simulated = simulated
+        self.roles = parse_roles(roles or {})
+        self.netlink = netlink
+        self.netns = netns or None
+        self.rescan_every = max(1, rescan_every)
+        self._prepare = prepare
+        self._clock = clock
+        self._ib: InfinibandReader | None = None
+        self._netdevs = NetdevReader(self.netns)
+        self._watcher: LinkWatcher | None = None
+        self._watch_error: str | None = None
+        self._emit: EmitEvent | None = None
+        self._gpus: tuple[GpuPlace, ...] = ()
+        self._sockets: dict[int, int | None] = {}
+        self._reads = 0
+        self._last_states: dict[tuple[str, int], tuple[str, PortRole]] = {}
+        self._by_netdev: dict[str, FabricPort] = {}
+        self._watched: set[str] = set()
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def start(self, emit: EmitEvent) -> None:
+        self._emit = emit
+        if self.netlink:
+            watcher = LinkWatcher(self._link_changed, self.netns)
+            try:
+                await watcher.start()
+            except NetlinkUnavailable as exc:
+                self._watch_error = f"link notifications unavailable: {exc}"
+            else:
+                self._watcher = watcher
+
+    async def poll(self) -> FabricReading:
+        devices, peermem = await asyncio.to_thread(self._read_sysfs)
+        stats: dict[str, NetdevStats] = {}
+        netlink_error: str | None = None
+        if not self.netlink:
+            netlink_error = "netlink disabled in the config"
+        elif any(p.link_layer == "Ethernet" and p.netdev for d in devices for p in d.ports):
+            try:
+                stats = await self._netdevs.read()
+            except NetlinkUnavailable as exc:
+                netlink_error = str(exc)
+            if self._watcher is not None:
+                self._watcher.seed({name: s.operstate for name, s in stats.items()})
+        reading = self._assemble(devices, peermem, stats, netlink_error)
+        self._note_changes(reading)
+        return reading
+
+    async def close(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            await watcher.close()
+        self._netdevs.close()
+
+    # --- sysfs (worker thread) -------------------------------------------------------
+
+    def _read_sysfs(self) -> tuple[tuple[IbDevice, ...], bool | None]:
+        if self._prepare is not None:
+            self._prepare()
+        if self._ib is None or self._ib.sysfs_root != self.sysfs_root:
+            self._ib = InfinibandReader(self.sysfs_root, rescan_every=self.rescan_every)
+        ib = self._ib
+        if not ib.present:
+            raise SourceUnavailable(
+                f"no RDMA devices: {ib.class_dir} is absent (no HCA, or its driver is not loaded)"
+            )
+        if self._reads % self.rescan_every == 0:
+            self._sockets.clear()
+            self._gpus = tuple(
+                GpuPlace(pci, self._socket(pci.numa_node)) for pci in find_gpus(self.sysfs_root)
+            )
+        self._reads += 1
+        modules = os.path.join(self.sysfs_root, "module")
+        peermem: bool | None = None
+        if os.path.isdir(modules):
+            peermem = any(os.path.isdir(os.path.join(modules, m)) for m in PEERMEM_MODULES)
+        return ib.read(), peermem
+
+    def _socket(self, numa: int | None) -> int | None:
+        if numa is None:
+            return None
+        if numa not in self._sockets:
+            self._sockets[numa] = socket_of_numa(self.sysfs_root, numa)
+        return self._sockets[numa]
+
+    # --- assembling the reading ------------------------------------------------------
+
+    def _assemble(
+        self,
+        devices: Sequence[IbDevice],
+        peermem: bool | None,
+        stats: Mapping[str, NetdevStats],
+        netlink_error: str | None,
+    ) -> FabricReading:
+        gpus = self._gpus
+        roles = {
+            (d.name, p.port): port_role(d, p, gpus, self.roles) for d in devices for p in d.ports
+        }
+        expected: dict[PortRole, float] = {}
+        for d in devices:
+            for p in d.ports:
+                role = roles[(d.name, p.port)][0]
+                if p.link_layer == "InfiniBand" and p.state == "ACTIVE" and p.rate_gbps:
+                    expected[role] = max(expected.get(role, 0.0), p.rate_gbps)
+        out_devices = []
+        all_ports: list[FabricPort] = []
+        sockets: list[tuple[IbDevice, int | None]] = []
+        for d in devices:
+            numa = d.pci.numa_node if d.pci is not None else None
+            socket = self._socket(numa)
+            sockets.append((d, socket))
+            ports = tuple(
+                self._port(p, *roles[(d.name, p.port)], expected, stats, netlink_error)
+                for p in d.ports
+            )
+            all_ports.extend(ports)
+            out_devices.append(
+                FabricDevice(
+                    name=d.name,
+                    pci_bus_id=d.pci.bus_id if d.pci is not None else None,
+                    numa_node=numa,
+                    socket=socket,
+                    board_id=d.board_id,
+                    fw_ver=d.fw_ver,
+                    hca_type=d.hca_type,
+                    node_guid=d.node_guid,
+                    ports=ports,
+                )
+            )
+        affinity = gpu_affinity(gpus, sockets, all_ports, peermem)
+        eth = any(p.link_layer == "Ethernet" and p.netdev for p in all_ports)
+        return FabricReading(
+            at=self._clock(),
+            devices=tuple(out_devices),
+            gpus=affinity,
+            peermem_loaded=peermem,
+            netlink_error=netlink_error if eth else None,
+            link_events_error=self._events_error() if eth else None,
+            simulated=self.simulated,
+        )
+
+    def _events_error(self) -> str | None:
+        if not self.netlink:
+            return None
+        if self._watcher is not None:
+            return self._watcher.error
+        return self._watch_error
+
+    def _port(
+        self,
+        p: IbPort,
+        role: PortRole,
+        role_from: str,
+        expected: Mapping[PortRole, float],
+        stats: Mapping[str, NetdevStats],
+        netlink_error: str | None,
+    ) -> FabricPort:
+        netdev_stats: NetdevStats | None = None
+        netdev_error: str | None = None
+        if p.link_layer == "Ethernet":
+            if p.netdev is None:
+                netdev_error = "netdev stats unavailable: no netdev behind this port"
+            elif netlink_error is not None:
+                netdev_error = f"netdev stats unavailable: {netlink_error}"
+            else:
+                netdev_stats = stats.get(p.netdev)
+                if netdev_stats is None:
+                    where = f" in network namespace {self.netns}" if self.netns else ""
+                    netdev_error = f"netdev stats unavailable: no netdev {p.netdev}{where}"
+        return FabricPort(
+            device=p.device,
+            port=p.port,
+            state=p.state,
+            state_id=p.state_id,
+            phys_state=p.phys_state,
+            phys_state_id=p.phys_state_id,
+            link_layer=p.link_layer,
+            role=role,
+            role_from=role_from,
+            rate_gbps=p.rate_gbps,
+            rate_text=p.rate_text,
+            width=p.width,
+            speed=p.speed,
+            expected_rate_gbps=expected.get(role) if p.link_layer == "InfiniBand" else None,
+            lid=p.lid,
+            sm_lid=p.sm_lid,
+            netdev=p.netdev,
+            netdev_stats=netdev_stats,
+            netdev_error=netdev_error,
+            counters=p.counters,
+            hw_counters=p.hw_counters,
+            no_pma=p.no_pma,
+        )
+
+    # --- events ----------------------------------------------------------------------
+
+    def _post(self, kind: str, severity: Severity, message: str) -> None:
+        if self._emit is not None:
+            self._emit(Event(self._clock(), self.node, self.kind, kind, severity, message))
+
+    def _note_changes(self, reading: FabricReading) -> None:
+        """Port state changes seen in sysfs, for ports netlink does not already report."""
+        by_netdev = {p.netdev: p for p in reading.ports if p.netdev is not None}
+        self._by_netdev = by_netdev
+        self._watched = {
+            p.netdev for p in reading.ports if p.netdev is not None and p.netdev_stats is not None
+        }
+        watching = self._watcher is not None
+        now: dict[tuple[str, int], tuple[str, PortRole]] = {}
+        for port in reading.ports:
+            key = (port.device, port.port)
+            now[key] = (port.state, port.role)
+            before = self._last_states.get(key)
+            if before is None or before[0] == port.state:
+                continue
+            if watching and port.netdev in self._watched:
+                continue
+            self._post_state(port, f"{port.name} ({port.role})", port.state, "sysfs")
+        for key, (_state, role) in self._last_states.items():
+            if key not in now:
+                self._post(
+                    "port_gone",
+                    Severity.WARNING,
+                    f"{key[0]}/{key[1]} ({role}) is gone from sysfs",
+                )
+        self._last_states = now
+
+    def _post_state(self, port: FabricPort, who: str, state: str, how: str) -> None:
+        up = state in ("ACTIVE", "UP")
+        if up:
+            self._post("link_up", Severity.INFO, f"{who} link up ({how})")
+            return
+        severity = Severity.WARNING if port.role is PortRole.MANAGEMENT else Severity.CRITICAL
+        self._post("link_down", severity, f"{who} link {state.lower()} ({how})")
+
+    def _link_changed(self, ifname: str, before: str | None, now: str) -> None:
+        """A netlink notification: only netdevs behind our ports become events."""
+        port = self._by_netdev.get(ifname)
+        if port is None or before is None:
+            return
+        who = f"{port.name} ({ifname}, {port.role})"
+        if now == "GONE":
+            self._post("link_gone", Severity.WARNING, f"{who} netdev removed (netlink)")
+            return
+        if (before == "UP") == (now == "UP"):
+            return  # e.g. DOWN -> LOWERLAYERDOWN: still down
+        self._post_state(port, who, now, "netlink")

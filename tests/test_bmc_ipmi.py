@@ -1,0 +1,213 @@
+"""The BMC source against a real IPMI BMC (ipmi_sim), checked against ipmitool."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuconsole.codec import dumps
+from gpuconsole.hub import Hub
+from gpuconsole.model import Event
+from gpuconsole.readings.bmc import BmcReading, PowerState, SensorHealth, SensorKind
+from gpuconsole.sources.bmc import BmcPool, BmcSource, BmcTarget, PowerAction, open_link
+from gpuconsole.sources.bmc.sel import SelCursor
+from tests.bmc_fixtures import IPMI_PASSWORD, IpmiSim, free_port, running_ipmi_sim
+
+
+@pytest.fixture
+def bmc(tmp_path: Path) -> Iterator[IpmiSim]:
+    with running_ipmi_sim(tmp_path / "ipmi_sim") as sim:
+        yield sim
+
+
+def target(sim: IpmiSim, *, node: str = "dgx-017", password: str | None = None) -> BmcTarget:
+    return BmcTarget(
+        node=node,
+        host="127.0.0.1",
+        protocol="ipmi",
+        port=sim.port,
+        username=sim.username,
+        password=sim.password if password is None else password,
+    )
+
+
+async def read_once(source: BmcSource, events: list[Event] | None = None) -> BmcReading:
+    await source.start((events if events is not None else []).append)
+    try:
+        return await source.poll()
+    finally:
+        await source.close()
+
+
+def number(text: str) -> float:
+    match = re.match(r"-?[0-9.]+", text)
+    assert match, text
+    return float(match.group(0))
+
+
+def test_every_value_equals_what_ipmitool_reads(bmc: IpmiSim) -> None:
+    reading = asyncio.run(read_once(BmcSource("dgx-017", open_link(target(bmc)))))
+    sdr = bmc.sdr_list()
+    numeric = [s for s in reading.sensors if s.value is not None]
+    assert len(numeric) == 8  # every analog sensor but the one without a reading
+    for sensor in numeric:
+        assert sensor.value == pytest.approx(number(sdr[sensor.name])), sensor.name
+    assert {s.name for s in reading.sensors} == set(sdr)
+    kinds = {s.name: (s.kind, s.unit) for s in reading.sensors}
+    assert kinds["Inlet Temp"] == (SensorKind.TEMPERATURE, "C")
+    assert kinds["FAN 1"] == (SensorKind.FAN, "RPM")
+    assert kinds["Total Power"] == (SensorKind.POWER, "W")
+    assert kinds["P12V"] == (SensorKind.VOLTAGE, "V")
+    assert kinds["PSU1 Current"] == (SensorKind.CURRENT, "A")
+
+
+def test_thresholds_equal_ipmitool_and_a_sensor_without_reading_has_none(bmc: IpmiSim) -> None:
+    reading = asyncio.run(read_once(BmcSource("dgx-017", open_link(target(bmc)))))
+    expected = bmc.sensor_thresholds()
+    names = {
+        "lnr": "lower_non_recoverable",
+        "lcr": "lower_critical",
+        "lnc": "lower_non_critical",
+        "unc": "upper_non_critical",
+        "ucr": "upper_critical",
+        "unr": "upper_non_recoverable",
+    }
+    for sensor in reading.sensors:
+        limits = expected[sensor.name]
+        if not limits:
+            assert sensor.thresholds is None
+            continue
+        assert sensor.thresholds is not None, sensor.name
+        for short, value in limits.items():
+            assert getattr(sensor.thresholds, names[short]) == pytest.approx(value), sensor.name
+    cpu = reading.sensor("CPU0 Temp")
+    assert cpu is not None and cpu.value is None and not cpu.available
+    assert bmc.sdr_list()["CPU0 Temp"] in ("disabled", "no reading")
+
+
+def test_node_totals(bmc: IpmiSim) -> None:
+    reading = asyncio.run(read_once(BmcSource("dgx-017", open_link(target(bmc)))))
+    assert reading.power_w == 6000.0
+    assert (reading.inlet_c, reading.exhaust_c) == (24.0, 41.0)
+    assert (reading.fans_present, reading.fans_failed) == (2, 0)
+    assert (reading.psus_present, reading.psus_failed) == (1, 0)
+    assert reading.power_state is PowerState.ON
+    assert reading.bmc == f"ipmi://127.0.0.1:{bmc.port}"
+
+
+def test_a_threshold_crossing_lands_in_the_sel_and_is_announced_once(
+    bmc: IpmiSim, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+
+    def source() -> BmcSource:
+        label = f"ipmi://127.0.0.1:{bmc.port}"
+        cursor = SelCursor.for_bmc(state, label)
+        return BmcSource("dgx-017", open_link(target(bmc)), sel_cursor=cursor)
+
+    async def rounds() -> tuple[list[Event], list[Event], list[Event]]:
+        first: list[Event] = []
+        src = source()
+        await src.start(first.append)
+        await src.poll()  # first contact: the log so far is history
+        bmc.set_raw(1, 42)  # Inlet Temp 42 C: past non-critical (35) and critical (40)
+        after: list[Event] = []
+        src._emit = after.append
+        reading = await src.poll()
+        assert reading.sensor("Inlet Temp").health is SensorHealth.CRITICAL  # type: ignore[union-attr]
+        await src.poll()
+        await src.close()
+        restarted: list[Event] = []
+        await read_once(source(), restarted)  # a new process: the cursor was persisted
+        return first, after, restarted
+
+    first, after, restarted = asyncio.run(rounds())
+    assert first == []
+    assert [e.code for e in after] == [1, 2]
+    assert all(e.kind == "sel" and e.source == "bmc" for e in after)
+    assert after[-1].severity.value == "critical"
+    assert after[-1].message == "SEL: Inlet Temp at 42 C: Upper critical"
+    sel = bmc.ipmitool("sel", "list").splitlines()
+    assert [int(line.split("|")[0], 16) for line in sel] == [1, 2]
+    assert "Upper Critical going high" in sel[1]
+    assert restarted == []
+    saved = json.loads(next(state.glob("sel-*.json")).read_text())
+    assert saved == {"last_record_id": 2}
+
+
+def test_power_off_and_on_reach_the_bmc(bmc: IpmiSim) -> None:
+    async def toggle() -> tuple[str, BmcReading, BmcReading]:
+        src = BmcSource("dgx-017", open_link(target(bmc)))
+        await src.start(lambda _e: None)
+        answer = await src.set_power(PowerAction.OFF)
+        off = await src.poll()
+        await src.set_power(PowerAction.ON)
+        on = await src.poll()
+        await src.close()
+        return answer, off, on
+
+    answer, off, on = asyncio.run(toggle())
+    assert answer == "off"
+    assert off.power_state is PowerState.OFF
+    assert on.power_state is PowerState.ON
+    assert "Chassis Power is on" in bmc.ipmitool("chassis", "power", "status")
+
+
+def test_a_wrong_password_is_a_clear_error_that_never_shows_the_password(
+    bmc: IpmiSim, caplog: pytest.LogCaptureFixture
+) -> None:
+    wrong = "WrongPass-93xq"
+    hub = Hub()
+    hub.add_source(BmcSource("dgx-017", open_link(target(bmc, password=wrong)), timeout_s=10))
+    with caplog.at_level(logging.DEBUG):
+        snapshot = asyncio.run(hub.poll_once())
+    status = snapshot.nodes[0].status("bmc")
+    assert status is not None and not status.ok
+    assert status.error is not None
+    assert f"ipmi://127.0.0.1:{bmc.port}" in status.error
+    assert "refused the user name or password" in status.error
+    text = dumps(snapshot) + caplog.text + repr(target(bmc, password=wrong))
+    assert wrong not in text and IPMI_PASSWORD not in text
+
+
+def test_a_dead_and_a_slow_bmc_go_stale_while_the_others_are_fine(
+    bmc: IpmiSim, tmp_path: Path
+) -> None:
+    dead_port = free_port()
+    with running_ipmi_sim(tmp_path / "slow") as slow:
+        slow.proc.send_signal(19)  # SIGSTOP: it stops answering, like a hung BMC
+        try:
+            pool = BmcPool(8)
+            hub = Hub()
+            good = BmcSource("good", open_link(target(bmc)), pool=pool, timeout_s=5)
+            dead_target = BmcTarget("dead", "127.0.0.1", "ipmi", dead_port, "admin", "x")
+            dead = BmcSource("dead", open_link(dead_target), pool=pool, timeout_s=8)
+            stuck = BmcSource(
+                "slow", open_link(target(slow, node="slow")), pool=pool, timeout_s=0.5
+            )
+            for source in (good, dead, stuck):
+                hub.add_source(source)
+            began = time.monotonic()
+            snapshot = asyncio.run(hub.poll_once())
+            took = time.monotonic() - began
+        finally:
+            slow.proc.send_signal(18)  # SIGCONT, so it can be stopped cleanly
+    statuses = {n.node: n.status("bmc") for n in snapshot.nodes}
+    # pyghmi gives up on the dead BMC after ~4.5 s; the good one is read by then. (Its first
+    # poll can still take seconds: pyghmi shares one I/O thread and its logon waits.)
+    assert statuses["good"].ok and statuses["good"].last_poll_s < 5.0  # type: ignore[union-attr]
+    assert snapshot.node("good").bmc.power_w == 6000.0  # type: ignore[union-attr]
+    assert statuses["slow"].error == "timeout after 0.5 s"  # type: ignore[union-attr]
+    dead_error = statuses["dead"].error  # type: ignore[union-attr]
+    assert (
+        dead_error
+        == f"BmcError: ipmi://127.0.0.1:{dead_port}: no answer (BMC down or unreachable?)"
+    )
+    assert took < 8
