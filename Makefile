@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck contracts pytest bench snapshots-update clean
+.PHONY: demo test lint typecheck contracts pytest bench test-snapshot-update snapshots-update clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gpuconsole needs Python 3.11+"'
@@ -44,8 +44,8 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python -m benchmarks
 
 ## rewrite the SVG snapshots under snapshots/
-snapshots-update: $(VENV)/.installed-test
-	$(BIN)/pytest -q tests -k snapshot --snapshot-update
+test-snapshot-update snapshots-update: $(VENV)/.installed-test
+	$(BIN)/pytest -q tests/test_tui_snapshots.py --snapshot-update
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

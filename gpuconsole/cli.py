@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from gpuconsole.export.agent import AgentSettings
     from gpuconsole.readings.bmc import BmcReading
     from gpuconsole.sources.bmc import BmcSource
+    from gpuconsole.sources.tenancy import TenancySource
 
 log = logging.getLogger("gpuconsole")
 
@@ -78,7 +79,29 @@ def node_hub(cfg: Config) -> Hub:
         )
     for source in bmc_sources(cfg):
         hub.add_source(source)
+    if cfg.tenancy.enabled:
+        hub.add_source(tenancy_source(cfg))
     return hub
+
+
+def tenancy_source(cfg: Config) -> TenancySource:
+    """The tenancy source for this machine, with the config's tenant rules."""
+    from gpuconsole.sources.tenancy import TenancySource, TenantRules
+
+    t = cfg.tenancy
+    return TenancySource(
+        cfg.host.node_name,
+        sysfs_root=cfg.host.sysfs_root,
+        proc_root=cfg.host.proc_root,
+        libvirt_uri=t.libvirt_uri,
+        kubelet_socket=t.kubelet_socket,
+        processes=t.processes,
+        rules=TenantRules.from_tables(
+            namespaces=t.namespaces, domains=t.domains, accounts=t.accounts, users=t.users
+        ),
+        interval_s=t.interval_s,
+        timeout_s=t.timeout_s,
+    )
 
 
 def bmc_sources(cfg: Config) -> list[BmcSource]:
@@ -115,25 +138,20 @@ def bmc_sources(cfg: Config) -> list[BmcSource]:
 
 
 def sim_hub(cfg: Config, nodes: int | None, seed: int | None, *, events: bool = True) -> Hub:
-    """The hub over the simulated cluster."""
-    from gpuconsole.sim.cluster import (
-        add_sim_bmc_sources,
-        add_sim_sources,
-        build_sim_nodes,
-        demo_cluster,
+    """The hub over the simulated cluster, with the config's intervals and switches."""
+    from gpuconsole.sim.cluster import demo_hub
+
+    return demo_hub(
+        nodes if nodes is not None else (cfg.demo.nodes or None),
+        seed=cfg.demo.seed if seed is None else seed,
+        interval_s=cfg.nvml.interval_s,
+        events=events,
+        settings=hub_settings(cfg),
+        fabric=cfg.fabric.enabled,
+        tenancy=cfg.tenancy.enabled,
+        fabric_interval_s=cfg.fabric.interval_s,
+        tenancy_interval_s=cfg.tenancy.interval_s,
     )
-
-    count = nodes if nodes is not None else (cfg.demo.nodes or None)
-    hub = Hub(hub_settings(cfg))
-    specs = demo_cluster(count)
-    sims = build_sim_nodes(specs, seed=cfg.demo.seed if seed is None else seed)
-    add_sim_sources(hub, sims, interval_s=cfg.nvml.interval_s, events=events)
-    add_sim_bmc_sources(hub, sims)
-    if cfg.fabric.enabled:
-        from gpuconsole.sim.fabric import add_sim_fabric_sources
-
-        add_sim_fabric_sources(hub, sims, interval_s=cfg.fabric.interval_s)
-    return hub
 
 
 # --- subcommands ----------------------------------------------------------------------

@@ -108,6 +108,51 @@ class FabricConfig:
 
 
 @dataclass(frozen=True)
+class TenancyConfig:
+    """[tenancy]: who owns each GPU: PCI drivers, KVM guests, Kubernetes pods, processes."""
+
+    enabled: bool = field(default=True, metadata=_doc("Read GPU ownership on this node"))
+    interval_s: float = field(
+        default=5.0, metadata=_doc("Seconds between polls", minimum=0.5, maximum=3600)
+    )
+    timeout_s: float = field(
+        default=10.0, metadata=_doc("A poll taking longer marks the source stale", minimum=0.5)
+    )
+    libvirt_uri: str = field(
+        default="qemu:///system",
+        metadata=_doc(
+            "libvirt to ask which guest holds each GPU (needs gpuconsole[libvirt]); "
+            "empty: QEMU command lines only"
+        ),
+    )
+    kubelet_socket: str = field(
+        default="/var/lib/kubelet/pod-resources/kubelet.sock",
+        metadata=_doc("The kubelet's pod-resources socket; empty: do not ask Kubernetes"),
+    )
+    processes: bool = field(
+        default=True,
+        metadata=_doc("Map GPU processes to pods, containers and Slurm jobs via /proc cgroups"),
+    )
+    namespaces: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_doc('Kubernetes namespace (glob) to tenant, e.g. { "team-nlp" = "nlp" }'),
+    )
+    domains: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_doc(
+            'libvirt domain name (glob) to tenant, e.g. { "acme-*" = "acme" }; a domain\'s '
+            "<metadata> tenant element wins"
+        ),
+    )
+    accounts: dict[str, str] = field(
+        default_factory=dict, metadata=_doc("Slurm account (glob) to tenant")
+    )
+    users: dict[str, str] = field(
+        default_factory=dict, metadata=_doc("Unix user (glob) to tenant, for plain processes")
+    )
+
+
+@dataclass(frozen=True)
 class DemoConfig:
     """[demo]: the simulated cluster."""
 
@@ -187,6 +232,7 @@ class Config:
     hub: HubConfig = field(default_factory=HubConfig)
     nvml: NvmlConfig = field(default_factory=NvmlConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
+    tenancy: TenancyConfig = field(default_factory=TenancyConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
     ui: UiConfig = field(default_factory=UiConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)

@@ -153,14 +153,23 @@ class Hub:
                 except Exception:
                     log.exception("closing %s/%s", node.name, state.source.kind)
 
-    async def poll_once(self) -> FleetSnapshot:
-        """Start, poll every source once (rates need two rounds), stop; for one-shot readers."""
+    async def poll_once(
+        self, rounds: int = 1, *, between: Callable[[], None] | None = None
+    ) -> FleetSnapshot:
+        """Start, poll every source `rounds` times, stop; for one-shot readers and tests.
+
+        Rates, GPM and other two-sample figures need two rounds; `between` runs before each
+        later round (a test moves its clock there).
+        """
         self._loop = asyncio.get_running_loop()
         states = [(n, s) for n in self._nodes.values() for s in n.sources]
         for _node, state in states:
             await self._start_source(state)
         try:
-            await asyncio.gather(*(self._poll(node, state) for node, state in states))
+            for round_ in range(rounds):
+                if round_ and between is not None:
+                    between()
+                await asyncio.gather(*(self._poll(node, state) for node, state in states))
         finally:
             for _node, state in states:
                 with contextlib.suppress(Exception):

@@ -42,7 +42,7 @@ async def test_the_node_hub_reads_fabric_under_the_configured_sysfs_root(tmp_pat
         "[nvml]\nenabled = false\n[fabric]\nnetlink = false\nroles = { mlx5_6 = 'storage' }\n"
     )
     hub = cli.node_hub(cfg)
-    (source,) = hub.sources
+    (source,) = [s for s in hub.sources if s.kind == "fabric"]
     assert isinstance(source, FabricSource)
     node = (await hub.poll_once()).nodes[0]
     assert node.node == "dgx-017" and node.fabric is not None

@@ -1,11 +1,149 @@
-"""Tenancy readings: who owns each GPU and MIG instance. Frozen dataclasses."""
+"""Tenancy readings: what the tenancy source alone knows about who holds each GPU.
+
+The source reports facts from below NVML (PCI drivers and IOMMU groups, libvirt guests,
+QEMU command lines, kubelet allocations, the cgroups of processes holding /dev/nvidia*),
+with tenants already mapped from the config. Who owns which GPU needs NVML's view as
+well (UUIDs, processes, MIG instances, lost GPUs): `gpuconsole.ownership` merges both.
+"""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpuconsole.readings.base import CounterSample, Key
+
+__all__ = [
+    "ACTIVE_GUEST_STATES",
+    "Guest",
+    "HostProcess",
+    "IommuPeer",
+    "OwnerKind",
+    "PartStatus",
+    "PciGpu",
+    "PodDevice",
+    "TenancyReading",
+]
+
+
+class OwnerKind(enum.StrEnum):
+    """What holds a GPU or MIG instance."""
+
+    VM = "vm"  # a KVM guest, through vfio-pci passthrough
+    POD = "pod"  # a Kubernetes pod, through the device plugin
+    JOB = "job"  # a Slurm job
+    PROCESS = "process"  # a process (or a non-Kubernetes container) on the host
+    FREE = "free"  # nobody: in the host pool (nvidia) or the passthrough pool (vfio-pci)
+    UNAVAILABLE = "unavailable"  # nobody can use it: lost, unbound, or bound elsewhere
+
+
+@dataclass(frozen=True, slots=True)
+class PartStatus:
+    """One part of the tenancy source (pci, libvirt, qemu, kubelet, processes) and how it went.
+
+    `enabled` is False when the config turned the part off; `detail` says what was found
+    ("3 domains") or, when `ok` is False, why nothing was ("kubelet socket ... not found").
+    """
+
+    part: str
+    ok: bool
+    detail: str = ""
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class IommuPeer:
+    """Another PCI function in a GPU's IOMMU group, and the driver holding it."""
+
+    bus_id: str
+    pci_class: int | None
+    driver: str | None
+
+    @property
+    def bridge(self) -> bool:
+        """PCI bridges stay with the host; VFIO does not need them assigned."""
+        return self.pci_class is not None and self.pci_class >> 8 == 0x0604
+
+
+@dataclass(frozen=True, slots=True)
+class PciGpu:
+    """A GPU as sysfs shows it, whichever driver holds it (NVML cannot see vfio-pci ones)."""
+
+    bus_id: str  # sysfs form, 0000:1b:00.0
+    device_id: int | None = None
+    driver: str | None = None  # "nvidia", "vfio-pci", or None when no driver is bound
+    driver_override: str | None = None
+    iommu_group: int | None = None
+    iommu_peers: tuple[IommuPeer, ...] = ()
+    numa_node: int | None = None
+    # From /proc/driver/nvidia/gpus/BDF/information, present while nvidia holds the GPU.
+    uuid: str | None = None
+    model: str | None = None
+    minor: int | None = None  # N of /dev/nvidiaN
+    bound_since: float | None = None  # when this source first saw the current driver
+
+
+# Guests in these states hold their devices (virsh names).
+ACTIVE_GUEST_STATES = frozenset({"running", "paused", "blocked", "in shutdown", "pmsuspended"})
+
+
+@dataclass(frozen=True, slots=True)
+class Guest:
+    """A KVM guest and the PCI functions it holds, from libvirt or a QEMU command line."""
+
+    name: str
+    state: str  # running, paused, shut off, crashed, ... as virsh prints them
+    bus_ids: tuple[str, ...]  # <hostdev> PCI addresses (or vfio-pci,host=), sysfs form
+    source: str  # "libvirt" or "qemu"
+    uuid: str | None = None
+    tenant: str | None = None
+    pid: int | None = None  # the QEMU process, when known
+    since: float | None = None
+    since_observed: bool = True  # since is when gpuconsole first saw it, not when it began
+    problems: tuple[str, ...] = ()  # e.g. a <hostdev> without an address
+
+    @property
+    def active(self) -> bool:
+        """Running guests (and paused or suspended ones) hold their devices."""
+        return self.state in ACTIVE_GUEST_STATES
+
+
+@dataclass(frozen=True, slots=True)
+class PodDevice:
+    """One device the kubelet allocated to a container, as its pod-resources API says."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str  # nvidia.com/gpu, nvidia.com/mig-1g.10gb, ...
+    device_id: str  # as the device plugin wrote it
+    # GPU-... or MIG-... with a time-slicing suffix (::n) or GKE's /vgpuN removed; None
+    # when the ID has no UUID (index strategy: see `index`).
+    uuid: str | None
+    replica: int | None = None
+    index: int | None = None  # --device-id-strategy=index
+    tenant: str | None = None
+    since: float | None = None  # when gpuconsole first saw the allocation
+
+
+@dataclass(frozen=True, slots=True)
+class HostProcess:
+    """A process with an NVIDIA device open, and what its cgroup says it belongs to."""
+
+    pid: int
+    comm: str
+    cgroup: str
+    uid: int | None = None
+    user: str | None = None
+    started_at: float | None = None
+    pod_uid: str | None = None
+    container_id: str | None = None
+    runtime: str | None = None  # containerd, cri-o, docker, podman
+    slurm_job: str | None = None
+    slurm_account: str | None = None
+    tenant: str | None = None
+    gpu_minors: tuple[int, ...] = ()  # which /dev/nvidiaN it has open
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,6 +152,19 @@ class TenancyReading:
 
     at: float
     simulated: bool = False
+    gpus: tuple[PciGpu, ...] = ()
+    guests: tuple[Guest, ...] = ()
+    pod_devices: tuple[PodDevice, ...] = ()
+    # device IDs the kubelet can hand out for GPU resources (GetAllocatableResources)
+    allocatable: tuple[str, ...] = ()
+    processes: tuple[HostProcess, ...] = ()
+    parts: tuple[PartStatus, ...] = ()
+
+    def part(self, name: str) -> PartStatus | None:
+        for part in self.parts:
+            if part.part == name:
+                return part
+        return None
 
     def counters(self) -> Iterator[CounterSample]:
         return iter(())

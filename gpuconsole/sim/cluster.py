@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpuconsole.hub import Hub
+from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.sim.node import Scenario, SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.profiles import get_profile
@@ -138,18 +138,27 @@ def demo_hub(
     events: bool = True,
     clock: Callable[[], float] = time.time,
     start: float | None = None,
-    fabric: bool = False,
-    bmc: bool = False,
+    settings: HubSettings | None = None,
+    bmc: bool = True,
+    fabric: bool = True,
+    tenancy: bool = True,
+    fabric_interval_s: float = 2.0,
+    tenancy_interval_s: float = 5.0,
 ) -> Hub:
-    """A hub over the simulated demo cluster (not started); `fabric` and `bmc` add those
-    sources."""
-    hub = Hub(clock=clock)
+    """A hub over the simulated demo cluster (not started): NVML, and unless turned off the
+    BMC, fabric and tenancy of every node."""
+    # A simulated world on a test's clock derives its rates on that clock too.
+    hub = Hub(settings, clock=clock, monotonic=time.monotonic if clock is time.time else clock)
     sims = build_sim_nodes(demo_cluster(nodes), seed=seed, clock=clock, start=start)
     add_sim_sources(hub, sims, interval_s=interval_s, events=events, clock=clock)
+    if bmc:
+        add_sim_bmc_sources(hub, sims, clock=clock)
     if fabric:
         from gpuconsole.sim.fabric import add_sim_fabric_sources
 
-        add_sim_fabric_sources(hub, sims, clock=clock)
-    if bmc:
-        add_sim_bmc_sources(hub, sims, clock=clock)
+        add_sim_fabric_sources(hub, sims, interval_s=fabric_interval_s, clock=clock)
+    if tenancy:
+        from gpuconsole.sim.tenancy import add_sim_tenancy_sources
+
+        add_sim_tenancy_sources(hub, sims, interval_s=tenancy_interval_s, clock=clock)
     return hub

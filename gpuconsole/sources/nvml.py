@@ -301,6 +301,9 @@ class NvmlSource:
         thread = self._event_thread
         if thread is not None:
             await asyncio.to_thread(thread.join, 5.0)
+            self._event_thread = None
+        # A later start() discovers afresh: tiers count from the first poll again.
+        self._round = 0
         if self._initialized:
             try:
                 self._lib.nvmlShutdown()
@@ -371,17 +374,9 @@ class NvmlSource:
             except lib.NVMLError as exc:
                 # A GPU that cannot even name itself is still a GPU the operator must see.
                 log.warning("GPU %d unreadable at start: %s", index, exc)
-                gpus.append(
-                    _Gpu(
-                        index,
-                        None,
-                        f"unknown-{index}",
-                        "unknown",
-                        "unknown",
-                        lost_since=self._clock(),
-                        errors=[str(exc)],
-                    )
-                )
+                gpu = _Gpu(index, None, f"unknown-{index}", "unknown", "unknown", errors=[str(exc)])
+                gpus.append(gpu)
+                self._mark_lost(gpu, str(exc))
         self._gpus = gpus
         self._pci_topology = self._read_pci_topology()
 

@@ -1,0 +1,615 @@
+"""Who owns each GPU and MIG instance: NVML's view and the tenancy source's, merged.
+
+`resolve_owners` is pure: it joins the PCI inventory (every GPU, NVML-visible or not) to
+NVML's GPUs by bus id, kubelet device IDs to GPUs and MIG instances by UUID, guests'
+<hostdev> addresses by bus id, and NVML's compute processes to what their cgroup says, and
+flags what does not add up instead of hiding it. Consumers (console, exporter) call it on
+a NodeSnapshot through `node_ownership`, which remembers the last few answers.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from gpuconsole.model import GpuReading, MigInstance, NodeSnapshot, NvmlReading
+from gpuconsole.readings.base import Severity
+from gpuconsole.readings.fabric import normal_bus_id
+from gpuconsole.readings.tenancy import (
+    ACTIVE_GUEST_STATES,
+    Guest,
+    HostProcess,
+    OwnerKind,
+    PartStatus,
+    PciGpu,
+    PodDevice,
+    TenancyReading,
+)
+
+__all__ = [
+    "GpuOwner",
+    "Inconsistency",
+    "MigOwner",
+    "Owner",
+    "OwnerKind",
+    "Ownership",
+    "ProblemKind",
+    "node_ownership",
+    "resolve_owners",
+]
+
+# Host drivers that leave an IOMMU group viable for VFIO (the kernel's own list, less pcieport).
+_VFIO_SAFE = frozenset({None, "vfio-pci", "pci-stub"})
+_ORDER = {
+    OwnerKind.VM: 0,
+    OwnerKind.POD: 1,
+    OwnerKind.JOB: 2,
+    OwnerKind.PROCESS: 3,
+    OwnerKind.FREE: 4,
+    OwnerKind.UNAVAILABLE: 5,
+}
+
+
+class ProblemKind(enum.StrEnum):
+    """The inconsistencies ownership flags."""
+
+    VFIO_WITH_PROCESSES = "vfio_with_processes"  # guest's GPU, yet host processes on it
+    TWO_OWNERS = "two_owners"  # exclusive claims from more than one owner
+    HELD_BUT_LOST = "held_but_lost"  # an owner holds a GPU NVML reports lost
+    PARTIAL_IOMMU_GROUP = "partial_iommu_group"  # a guest holds part of an IOMMU group
+    GUEST_ON_HOST_DRIVER = "guest_on_host_driver"  # running guest, GPU bound to nvidia
+    UNKNOWN_DEVICE = "unknown_device"  # an allocation naming no GPU on this node
+    BAD_GUEST = "bad_guest"  # a domain XML that cannot be read fully
+
+
+@dataclass(frozen=True, slots=True)
+class Inconsistency:
+    """Something about ownership that does not add up, and how much it matters."""
+
+    kind: ProblemKind
+    severity: Severity
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """One holder of a GPU or MIG instance: its kind, tenant, name, identifiers and since."""
+
+    kind: OwnerKind
+    name: str  # vm: the domain; pod: namespace/pod; job: its id; process: user; free: pool
+    source: str  # which part said so: libvirt, qemu, kubelet, cgroup, nvml, pci
+    tenant: str | None = None
+    since: float | None = None
+    since_observed: bool = False  # since is when gpuconsole first saw it, not when it began
+    state: str | None = None  # a guest's: running, paused, shut off
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None  # Kubernetes container name(s), comma-separated
+    pod_uid: str | None = None
+    container_id: str | None = None  # a runtime's container id (non-Kubernetes containers)
+    job: str | None = None
+    user: str | None = None
+    guest_uuid: str | None = None
+    pids: tuple[int, ...] = ()
+    replicas: tuple[int, ...] = ()  # time-sliced replicas (uuid::n) this owner holds
+
+    @property
+    def label(self) -> str:
+        """'vm tenant-b-vm7', 'pod team-nlp/train-0', 'job 4711', 'free', ...; what a table shows."""
+        if self.kind is OwnerKind.FREE:
+            return "free" if self.name in ("", "host") else f"free ({self.name})"
+        if self.kind is OwnerKind.UNAVAILABLE:
+            return f"unavailable ({self.name})" if self.name else "unavailable"
+        state = f" ({self.state})" if self.state and self.state not in ACTIVE_GUEST_STATES else ""
+        return f"{self.kind.value} {self.name}{state}"
+
+    @property
+    def holds(self) -> bool:
+        """True for a real holder (not free or unavailable)."""
+        return self.kind not in (OwnerKind.FREE, OwnerKind.UNAVAILABLE)
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True, slots=True)
+class MigOwner:
+    """The owners of one MIG instance."""
+
+    gpu_instance_id: int
+    uuid: str
+    profile: str
+    owners: tuple[Owner, ...]
+    problems: tuple[Inconsistency, ...] = ()
+
+    @property
+    def owner(self) -> Owner:
+        return self.owners[0]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuOwner:
+    """Who owns one GPU (and each of its MIG instances), and what does not add up."""
+
+    bus_id: str  # sysfs form
+    uuid: str | None
+    index: int | None  # NVML's index; None when NVML cannot see it (vfio-pci)
+    model: str | None
+    driver: str | None
+    iommu_group: int | None
+    owners: tuple[Owner, ...]  # never empty: free or unavailable when nobody holds it
+    migs: tuple[MigOwner, ...] = ()
+    problems: tuple[Inconsistency, ...] = ()
+
+    @property
+    def owner(self) -> Owner:
+        return self.owners[0]
+
+    @property
+    def kind(self) -> OwnerKind:
+        return self.owners[0].kind
+
+    @property
+    def label(self) -> str:
+        """The first owner's label, with a count of the others: 'pod a/b +1'."""
+        extra = len(self.owners) - 1
+        return self.owner.label + (f" +{extra}" if extra else "")
+
+    @property
+    def all_problems(self) -> tuple[Inconsistency, ...]:
+        return self.problems + tuple(p for mig in self.migs for p in mig.problems)
+
+
+@dataclass(frozen=True, slots=True)
+class Ownership:
+    """Every GPU of a node with its owners, plus problems that belong to no single GPU."""
+
+    gpus: tuple[GpuOwner, ...]
+    problems: tuple[Inconsistency, ...] = ()
+    parts: tuple[PartStatus, ...] = ()
+    _by_key: dict[str, GpuOwner] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for gpu in self.gpus:
+            self._by_key[gpu.bus_id] = gpu
+            if gpu.uuid:
+                self._by_key[gpu.uuid] = gpu
+
+    def gpu(self, key: str) -> GpuOwner | None:
+        """A GPU by UUID or bus id (NVML or sysfs form)."""
+        found = self._by_key.get(key)
+        if found is None and ":" in key:
+            found = self._by_key.get(normal_bus_id(key))
+        return found
+
+    def owner_of(self, key: str) -> GpuOwner | None:
+        """The GPU's ownership (its label reads as the owner), by UUID or bus id."""
+        return self.gpu(key)
+
+    @property
+    def all_problems(self) -> tuple[Inconsistency, ...]:
+        return self.problems + tuple(p for gpu in self.gpus for p in gpu.all_problems)
+
+    def count_by_tenant(self) -> dict[str, int]:
+        """GPUs per tenant ("" for owners with no tenant); free and unavailable excluded."""
+        counts: dict[str, int] = {}
+        for gpu in self.gpus:
+            tenants = {o.tenant or "" for o in gpu.owners if o.holds}
+            for tenant in tenants:
+                counts[tenant] = counts.get(tenant, 0) + 1
+        return counts
+
+
+# --- the merge ------------------------------------------------------------------------
+
+
+@dataclass
+class _Claim:
+    owner: Owner
+    exclusive: bool  # False: time-sliced replicas, shut-off guests
+
+
+@dataclass
+class _Gpu:
+    bus_id: str
+    pci: PciGpu | None = None
+    nvml: GpuReading | None = None
+    claims: list[_Claim] = field(default_factory=list)
+    mig_claims: dict[int, list[_Claim]] = field(default_factory=dict)
+    problems: list[Inconsistency] = field(default_factory=list)
+    mig_problems: dict[int, list[Inconsistency]] = field(default_factory=dict)
+
+    @property
+    def uuid(self) -> str | None:
+        return self.nvml.uuid if self.nvml is not None else (self.pci.uuid if self.pci else None)
+
+    @property
+    def driver(self) -> str | None:
+        if self.pci is not None:
+            return self.pci.driver
+        return "nvidia" if self.nvml is not None else None
+
+    @property
+    def migs(self) -> tuple[MigInstance, ...]:
+        return self.nvml.mig_instances if self.nvml is not None else ()
+
+    def where(self) -> str:
+        index = f"GPU {self.nvml.index} " if self.nvml is not None else "GPU "
+        return f"{index}({self.bus_id})"
+
+
+def _guest_owner(guest: Guest) -> Owner:
+    return Owner(
+        kind=OwnerKind.VM,
+        name=guest.name,
+        source=guest.source,
+        tenant=guest.tenant,
+        since=guest.since,
+        since_observed=guest.since_observed,
+        state=guest.state,
+        guest_uuid=guest.uuid,
+        pids=(guest.pid,) if guest.pid is not None else (),
+    )
+
+
+def _pod_owner(devices: list[PodDevice]) -> Owner:
+    first = devices[0]
+    containers = sorted({d.container for d in devices})
+    since = [d.since for d in devices if d.since is not None]
+    return Owner(
+        kind=OwnerKind.POD,
+        name=f"{first.namespace}/{first.pod}",
+        source="kubelet",
+        tenant=first.tenant,
+        since=min(since) if since else None,
+        since_observed=True,
+        namespace=first.namespace,
+        pod=first.pod,
+        container=",".join(containers),
+        replicas=tuple(sorted({d.replica for d in devices if d.replica is not None})),
+    )
+
+
+def _process_key(pid: int, host: HostProcess | None) -> tuple[OwnerKind, str]:
+    if host is None:
+        return OwnerKind.PROCESS, f"pid {pid}"
+    if host.slurm_job is not None:
+        return OwnerKind.JOB, host.slurm_job
+    if host.pod_uid is not None:
+        return OwnerKind.POD, f"pod-uid {host.pod_uid}"
+    if host.container_id is not None:
+        return OwnerKind.PROCESS, f"container {host.container_id[:12]}"
+    return OwnerKind.PROCESS, host.user or f"pid {pid}"
+
+
+def _process_owners(pids: Iterable[int], hosts: dict[int, HostProcess]) -> list[Owner]:
+    """Owners for NVML's compute processes, grouped by job, pod, container or user."""
+    groups: dict[tuple[OwnerKind, str], list[int]] = {}
+    for pid in pids:
+        groups.setdefault(_process_key(pid, hosts.get(pid)), []).append(pid)
+    owners = []
+    for (kind, name), members in groups.items():
+        infos = [hosts[p] for p in members if p in hosts]
+        first = infos[0] if infos else None
+        started = [i.started_at for i in infos if i.started_at is not None]
+        owners.append(
+            Owner(
+                kind=kind,
+                name=name,
+                source="cgroup" if first is not None else "nvml",
+                tenant=first.tenant if first else None,
+                since=min(started) if started else None,
+                user=first.user if first else None,
+                job=first.slurm_job if first else None,
+                pod_uid=first.pod_uid if first else None,
+                container_id=first.container_id if first else None,
+                pids=tuple(sorted(members)),
+            )
+        )
+    return owners
+
+
+def _dedupe(claims: list[_Claim]) -> list[_Claim]:
+    """One claim per owner identity; libvirt's word beats QEMU's for the same guest."""
+    out: dict[tuple[OwnerKind, str], _Claim] = {}
+    for claim in claims:
+        key = (claim.owner.kind, claim.owner.name)
+        if key not in out:
+            out[key] = claim
+    return list(out.values())
+
+
+def _settle(
+    claims: list[_Claim], where: str, lost: bool
+) -> tuple[tuple[Owner, ...], list[Inconsistency]]:
+    """Owners in order from a list of claims; two exclusive holders is a problem."""
+    claims = _dedupe(claims)
+    active = [c for c in claims if c.owner.state is None or c.owner.state in ACTIVE_GUEST_STATES]
+    reserved = [c for c in claims if c not in active]
+    problems: list[Inconsistency] = []
+    holders = active or reserved
+    exclusive = {(c.owner.kind, c.owner.name) for c in active if c.exclusive}
+    shared = {(c.owner.kind, c.owner.name) for c in active if not c.exclusive}
+    if len(exclusive) > 1 or (exclusive and shared):
+        names = ", ".join(f"{c.owner.label} ({c.owner.source})" for c in active)
+        problems.append(
+            Inconsistency(
+                ProblemKind.TWO_OWNERS,
+                Severity.CRITICAL,
+                f"{where} is claimed by {len(exclusive | shared)} owners: {names}",
+            )
+        )
+    if lost:
+        for claim in active:
+            problems.append(
+                Inconsistency(
+                    ProblemKind.HELD_BUT_LOST,
+                    Severity.CRITICAL,
+                    f"{claim.owner.label} holds {where}, which NVML reports lost",
+                )
+            )
+    owners = tuple(sorted((c.owner for c in holders), key=lambda o: _ORDER[o.kind]))
+    return owners, problems
+
+
+def _idle_owner(entry: _Gpu) -> Owner:
+    """Free or unavailable, from the driver, for a GPU nobody holds."""
+    pci, nvml = entry.pci, entry.nvml
+    since = pci.bound_since if pci is not None else None
+    if nvml is not None and nvml.lost:
+        return Owner(
+            OwnerKind.UNAVAILABLE, "lost", "nvml", since=nvml.lost_since, since_observed=True
+        )
+    driver = entry.driver
+    if driver == "vfio-pci":
+        return Owner(OwnerKind.FREE, "vfio-pci", "pci", since=since, since_observed=True)
+    if driver == "nvidia":
+        return Owner(OwnerKind.FREE, "host", "pci", since=since, since_observed=True)
+    reason = "no driver bound" if driver is None else f"bound to {driver}"
+    return Owner(OwnerKind.UNAVAILABLE, reason, "pci", since=since, since_observed=True)
+
+
+def resolve_owners(nvml: NvmlReading | None, tenancy: TenancyReading | None) -> Ownership:
+    """Every GPU's owners and inconsistencies, from NVML's reading and the tenancy reading."""
+    entries: dict[str, _Gpu] = {}
+    for pci in tenancy.gpus if tenancy is not None else ():
+        bus = normal_bus_id(pci.bus_id)
+        entries[bus] = _Gpu(bus, pci=pci)
+    pci_by_uuid = {e.pci.uuid: e for e in entries.values() if e.pci is not None and e.pci.uuid}
+    for gpu in nvml.gpus if nvml is not None else ():
+        bus = normal_bus_id(gpu.pci_bus_id)
+        if bus not in entries and gpu.uuid in pci_by_uuid:
+            bus = pci_by_uuid[gpu.uuid].bus_id  # NVML could not read its bus id (lost at start)
+        entries.setdefault(bus, _Gpu(bus)).nvml = gpu
+    by_uuid = {e.uuid: e for e in entries.values() if e.uuid}
+    by_index = {e.nvml.index: e for e in entries.values() if e.nvml is not None}
+    by_mig: dict[str, tuple[_Gpu, MigInstance]] = {
+        mig.uuid: (e, mig) for e in entries.values() for mig in e.migs
+    }
+    node_problems: list[Inconsistency] = []
+    hosts = {p.pid: p for p in tenancy.processes} if tenancy is not None else {}
+
+    if tenancy is not None:
+        _claim_guests(tenancy, entries, node_problems)
+        _claim_pods(tenancy, entries, by_uuid, by_index, by_mig, node_problems)
+
+    gpus = []
+    for bus in sorted(entries):
+        gpus.append(_resolve_gpu(entries[bus], hosts))
+    gpus.sort(key=lambda g: (g.index is None, g.index or 0, g.bus_id))
+    parts = tenancy.parts if tenancy is not None else ()
+    return Ownership(tuple(gpus), tuple(node_problems), parts)
+
+
+def _claim_guests(
+    tenancy: TenancyReading, entries: dict[str, _Gpu], problems: list[Inconsistency]
+) -> None:
+    held: dict[str, list[Guest]] = {}
+    for guest in tenancy.guests:
+        for text in guest.problems:
+            problems.append(
+                Inconsistency(
+                    ProblemKind.BAD_GUEST, Severity.WARNING, f"guest {guest.name}: {text}"
+                )
+            )
+        for bus in guest.bus_ids:
+            held.setdefault(normal_bus_id(bus), []).append(guest)
+    for bus, guests in held.items():
+        entry = entries.get(bus)
+        if entry is None:
+            continue  # an NVSwitch, a NIC, an audio function: only IOMMU groups care
+        for guest in guests:
+            entry.claims.append(_Claim(_guest_owner(guest), exclusive=True))
+            if not guest.active:
+                continue
+            if entry.driver not in (None, "vfio-pci"):
+                entry.problems.append(
+                    Inconsistency(
+                        ProblemKind.GUEST_ON_HOST_DRIVER,
+                        Severity.WARNING,
+                        f"guest {guest.name} is {guest.state} with {entry.where()}, "
+                        f"but the host's {entry.driver} driver holds it",
+                    )
+                )
+            _check_group(entry, guest)
+
+
+def _check_group(entry: _Gpu, guest: Guest) -> None:
+    """A guest must hold every non-bridge function of its GPU's IOMMU group."""
+    if entry.pci is None or entry.pci.iommu_group is None:
+        return
+    mine = {normal_bus_id(b) for b in guest.bus_ids}
+    missing = [p for p in entry.pci.iommu_peers if not p.bridge and p.bus_id not in mine]
+    if not missing:
+        return
+    blocking = [p for p in missing if p.driver not in _VFIO_SAFE]
+    names = ", ".join(f"{p.bus_id} ({p.driver or 'no driver'})" for p in missing)
+    entry.problems.append(
+        Inconsistency(
+            ProblemKind.PARTIAL_IOMMU_GROUP,
+            Severity.CRITICAL if blocking else Severity.WARNING,
+            f"guest {guest.name} holds {entry.where()} but not the rest of IOMMU group "
+            f"{entry.pci.iommu_group}: {names}",
+        )
+    )
+
+
+def _claim_pods(
+    tenancy: TenancyReading,
+    entries: dict[str, _Gpu],
+    by_uuid: dict[str, _Gpu],
+    by_index: dict[int, _Gpu],
+    by_mig: dict[str, tuple[_Gpu, MigInstance]],
+    problems: list[Inconsistency],
+) -> None:
+    # group one pod's devices per GPU (or MIG instance): one owner, its replicas together
+    groups: dict[tuple[str, int | None, str, str], list[PodDevice]] = {}
+    for device in tenancy.pod_devices:
+        target: tuple[str, int | None] | None = None
+        if device.uuid is not None and device.uuid in by_uuid:
+            target = (by_uuid[device.uuid].bus_id, None)
+        elif device.uuid is not None and device.uuid in by_mig:
+            entry, mig = by_mig[device.uuid]
+            target = (entry.bus_id, mig.gpu_instance_id)
+        elif device.uuid is None and device.index is not None and device.index in by_index:
+            target = (by_index[device.index].bus_id, None)
+        if target is None:
+            problems.append(
+                Inconsistency(
+                    ProblemKind.UNKNOWN_DEVICE,
+                    Severity.WARNING,
+                    f"pod {device.namespace}/{device.pod} (container {device.container}) "
+                    f"holds {device.resource} device {device.device_id!r}, "
+                    "which names no GPU NVML or sysfs knows on this node",
+                )
+            )
+            continue
+        key = (*target, device.namespace, device.pod)
+        groups.setdefault(key, []).append(device)
+    for (bus, gi, _ns, _pod), devices in groups.items():
+        owner = _pod_owner(devices)
+        claim = _Claim(owner, exclusive=not owner.replicas)
+        entry = entries[bus]
+        if gi is None:
+            entry.claims.append(claim)
+        else:
+            entry.mig_claims.setdefault(gi, []).append(claim)
+
+
+def _resolve_gpu(entry: _Gpu, hosts: dict[int, HostProcess]) -> GpuOwner:
+    nvml = entry.nvml
+    lost = nvml is not None and nvml.lost
+    processes = nvml.processes if nvml is not None else ()
+    by_gi: dict[int | None, list[int]] = {}
+    mig_ids = {m.gpu_instance_id for m in entry.migs}
+    for p in processes:
+        gi = p.gpu_instance_id if p.gpu_instance_id in mig_ids else None
+        by_gi.setdefault(gi, []).append(p.pid)
+
+    guests = [c for c in entry.claims if c.owner.kind is OwnerKind.VM]
+    in_guest = (
+        any(c.owner.state in ACTIVE_GUEST_STATES for c in guests) or entry.driver == "vfio-pci"
+    )
+    all_pids = [p.pid for p in processes]
+    if in_guest and all_pids:
+        holder = next((c.owner.label for c in guests if c.owner.state in ACTIVE_GUEST_STATES), None)
+        why = f"is held by {holder}" if holder else "is bound to vfio-pci"
+        entry.problems.append(
+            Inconsistency(
+                ProblemKind.VFIO_WITH_PROCESSES,
+                Severity.CRITICAL,
+                f"{entry.where()} {why}, yet NVML reports host processes "
+                f"{', '.join(str(p) for p in sorted(all_pids))}",
+            )
+        )
+
+    migs = []
+    for mig in entry.migs:
+        claims = list(entry.mig_claims.get(mig.gpu_instance_id, []))
+        _add_processes(claims, by_gi.get(mig.gpu_instance_id, []), hosts)
+        where = f"MIG {mig.gpu_instance_id} of {entry.where()}"
+        owners, problems = _settle(claims, where, lost)
+        if not owners:
+            owners = (Owner(OwnerKind.FREE, "", "nvml"),)
+        problems = list(entry.mig_problems.get(mig.gpu_instance_id, [])) + problems
+        migs.append(
+            MigOwner(mig.gpu_instance_id, mig.uuid, mig.profile_name, owners, tuple(problems))
+        )
+
+    claims = list(entry.claims)
+    # a VM-held GPU's host processes are one problem (above), not also a second owner
+    if not in_guest:
+        _add_processes(claims, by_gi.get(None, []), hosts)
+    owners, problems = _settle(claims, entry.where(), lost)
+    if migs and not any(o.holds for o in owners):
+        # a MIG GPU belongs to whoever holds its instances, each counted once
+        held = {o.label: o for mig in migs for o in mig.owners if o.holds}
+        owners = tuple(sorted(held.values(), key=lambda o: _ORDER[o.kind])) or owners
+    if not owners:
+        owners = (_idle_owner(entry),)
+    pci = entry.pci
+    return GpuOwner(
+        bus_id=entry.bus_id,
+        uuid=entry.uuid,
+        index=nvml.index if nvml is not None else None,
+        model=nvml.name if nvml is not None else (pci.model if pci is not None else None),
+        driver=entry.driver,
+        iommu_group=pci.iommu_group if pci is not None else None,
+        owners=owners,
+        migs=tuple(migs),
+        problems=tuple(entry.problems + problems),
+    )
+
+
+def _add_processes(claims: list[_Claim], pids: list[int], hosts: dict[int, HostProcess]) -> None:
+    """Claims for compute processes; ones in a pod's cgroup belong to the kubelet's pod."""
+    if not pids:
+        return
+    owners = _process_owners(pids, hosts)
+    pods = [k for k, c in enumerate(claims) if c.owner.kind is OwnerKind.POD]
+    for owner in owners:
+        if owner.kind is OwnerKind.POD and pods:
+            # The kubelet already names this pod (cgroups only know its UID). With one pod on
+            # the GPU, its processes' start bounds when the pod took it.
+            if len(pods) == 1 and owner.since is not None:
+                claim = claims[pods[0]]
+                if claim.owner.since is None or owner.since < claim.owner.since:
+                    claims[pods[0]] = _Claim(
+                        replace(claim.owner, since=owner.since, since_observed=False),
+                        claim.exclusive,
+                    )
+            continue
+        claims.append(_Claim(owner, exclusive=True))
+
+
+# --- consumers' entry point -------------------------------------------------------------
+
+_CACHE_SIZE = 256
+_cache: OrderedDict[tuple[int, int], tuple[object, object, Ownership]] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def node_ownership(node: NodeSnapshot) -> Ownership | None:
+    """The ownership of a node's GPUs, or None until its tenancy source has read once.
+
+    Snapshots are immutable and shared by every viewer, so the answer is remembered per
+    (NVML reading, tenancy reading) pair: ten consoles resolve a node once per change.
+    """
+    if node.tenancy is None:
+        return None
+    key = (id(node.nvml), id(node.tenancy))
+    with _cache_lock:
+        hit = _cache.get(key)
+        # the readings are held by the entry, so their ids cannot be reused while cached
+        if hit is not None and hit[0] is node.nvml and hit[1] is node.tenancy:
+            _cache.move_to_end(key)
+            return hit[2]
+    result = resolve_owners(node.nvml, node.tenancy)
+    with _cache_lock:
+        _cache[key] = (node.nvml, node.tenancy, result)
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return result

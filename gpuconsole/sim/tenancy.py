@@ -1,0 +1,584 @@
+"""Simulated tenants, so the demo runs the real tenancy source over believable lower layers.
+
+Per node, `plan_for` decides deterministically who holds what: KVM guests (one GPU, or all
+eight with the NVSwitches), pods (one, two, four GPUs, MIG instances, time-sliced
+replicas), Slurm jobs, free GPUs. `SimTenancyTree` lays that out as a sysfs tree (driver
+and IOMMU group links, vfio-pci bindings) and a /proc tree (the NVIDIA driver's GPU
+information; for every process the NVML simulator reports, its cgroup, user, start time and
+open /dev/nvidiaN; QEMU command lines) under a temporary root. libvirt is replaced by an
+object shaped like a libvirt connection that serves generated domain XML, and the kubelet
+by one shaped like the generated gRPC stub that returns real pod-resources messages, so
+the XML parser and the device-ID mapping are the ones that ship.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid as uuid_mod
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuconsole.hub import Hub
+from gpuconsole.readings.tenancy import TenancyReading
+from gpuconsole.sim.node import SimNode
+from gpuconsole.sim.profiles import NodeProfile
+from gpuconsole.sources.base import EmitEvent
+from gpuconsole.sources.tenancy.libvirt import TENANT_XMLNS
+from gpuconsole.sources.tenancy.proto import api_pb2
+from gpuconsole.sources.tenancy.source import TenancySource
+from gpuconsole.sources.tenancy.tenants import TenantRules
+
+__all__ = [
+    "SIM_RULES",
+    "SimGuest",
+    "SimJob",
+    "SimPlan",
+    "SimPod",
+    "SimTenancySource",
+    "SimTenancyTree",
+    "add_sim_tenancy_sources",
+    "plan_for",
+]
+
+# Each simulated node writes its own small tree; past this many nodes the rest go without.
+SIM_TENANCY_MAX_NODES = 64
+TREE_PREFIX = "gpuconsole-tenancy-"
+BOOTED_S_BEFORE_START = 6 * 86400.0  # the simulated nodes booted six days before the demo
+
+# The tenants a site would write in [tenancy]: namespaces, guest names, accounts, users.
+SIM_RULES = TenantRules.from_tables(
+    namespaces={"team-nlp": "nlp", "team-vision": "vision"},
+    domains={"tenant-b-*": "tenant-b", "tenant-c-*": "tenant-c"},
+    accounts={"physics": "physics", "chem": "chemistry"},
+    users={"alice": "research"},
+)
+USERS = {0: "root", 1000: "alice", 1001: "bob", 1002: "carol", 64055: "libvirt-qemu"}
+HOST_USER = 1000  # processes on GPUs the plan leaves free belong to alice's notebook
+
+
+@dataclass(frozen=True, slots=True)
+class SimGuest:
+    """A KVM guest holding GPUs (by index) through vfio-pci."""
+
+    name: str
+    gpus: tuple[int, ...]
+    state: int = 1  # virDomainState: 1 running, 5 shut off
+    tenant: str | None = None  # in the domain's metadata; else the name rule applies
+    nvswitches: bool = False  # full passthrough: the baseboard's switches go with it
+    started_h: float = 30.0  # hours before the demo started
+
+
+@dataclass(frozen=True, slots=True)
+class SimPod:
+    """A pod's container holding whole GPUs, MIG slots (gpu, slot) or replicas (gpu, n)."""
+
+    namespace: str
+    pod: str
+    container: str
+    gpus: tuple[int, ...] = ()
+    mig: tuple[tuple[int, int], ...] = ()
+    replicas: tuple[tuple[int, int], ...] = ()
+    started_h: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class SimJob:
+    """A Slurm job on some GPUs."""
+
+    job: str
+    account: str
+    uid: int
+    gpus: tuple[int, ...]
+    started_h: float = 2.5
+
+
+@dataclass(frozen=True, slots=True)
+class SimPlan:
+    """Who holds what on one simulated node."""
+
+    guests: tuple[SimGuest, ...] = ()
+    pods: tuple[SimPod, ...] = ()
+    jobs: tuple[SimJob, ...] = ()
+
+    @property
+    def vfio_gpus(self) -> frozenset[int]:
+        """GPUs bound to vfio-pci: invisible to NVML on a real host."""
+        return frozenset(g for guest in self.guests for g in guest.gpus)
+
+    @property
+    def busy_gpus(self) -> frozenset[int]:
+        """GPUs some host-side tenant uses; the others are free (idle, in the host pool)."""
+        held = {g for pod in self.pods for g in pod.gpus}
+        held |= {g for pod in self.pods for g, _ in pod.mig + pod.replicas}
+        held |= {g for job in self.jobs for g in job.gpus}
+        return frozenset(held)
+
+
+_DEMO_PLANS: dict[str, SimPlan] = {
+    "dgx-001": SimPlan(
+        guests=(SimGuest("acme-train-vm", tuple(range(8)), tenant="acme", nvswitches=True),)
+    ),
+    "dgx-002": SimPlan(jobs=(SimJob("4711", "physics", 1001, tuple(range(8))),)),
+    "dgx-003": SimPlan(
+        pods=(
+            SimPod("team-nlp", "train-llm-7b-0", "trainer", gpus=(4, 5, 6, 7)),
+            SimPod("team-vision", "resnet-ft-1", "train", gpus=(0, 1), started_h=1.5),
+            SimPod("team-nlp", "notebook-alice", "notebook", gpus=(2,), started_h=26.0),
+        )
+    ),
+    "dgx-004": SimPlan(
+        guests=(SimGuest("tenant-b-vm7", (2,), started_h=50.0),),
+        pods=(
+            SimPod("team-vision", "infer-0", "server", mig=((7, 0),)),
+            SimPod("team-nlp", "embed-1", "server", mig=((7, 1),), started_h=0.5),
+        ),
+    ),
+    "dgxa-001": SimPlan(jobs=(SimJob("4712", "chem", 1002, (4, 5, 6, 7)),)),
+    "dgxa-002": SimPlan(
+        guests=(SimGuest("tenant-c-vm2", (6, 7), state=5),),
+        pods=(
+            SimPod("team-nlp", "dev-a", "shell", replicas=((0, 0),)),
+            SimPod("team-nlp", "dev-b", "shell", replicas=((0, 1),), started_h=3.0),
+        ),
+    ),
+    "apollo-01": SimPlan(pods=(SimPod("team-vision", "label-svc", "app", gpus=(0,)),)),
+}
+
+
+def plan_for(name: str, profile: NodeProfile) -> SimPlan:
+    """The demo cluster's own plan for its nodes; for larger clusters, a rotation of the same
+    shapes (pods 4+2+1, a Slurm job, a one-GPU guest, a free node) chosen by the name."""
+    if name in _DEMO_PLANS:
+        return _DEMO_PLANS[name]
+    n = len(profile.gpus)
+    pick = int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % 4
+    if pick == 0 and n >= 7:
+        return SimPlan(
+            pods=(
+                SimPod("team-nlp", f"train-{name}", "trainer", gpus=(0, 1, 2, 3)),
+                SimPod("team-vision", f"ft-{name}", "train", gpus=(4, 5)),
+                SimPod("team-nlp", f"nb-{name}", "notebook", gpus=(6,)),
+            )
+        )
+    if pick == 1:
+        job = str(5000 + int(hashlib.sha256(name.encode()).hexdigest()[8:12], 16) % 4000)
+        return SimPlan(jobs=(SimJob(job, "physics", 1001, tuple(range(n))),))
+    if pick == 2:
+        return SimPlan(guests=(SimGuest(f"tenant-b-{name}", (n - 1,)),))
+    return SimPlan()
+
+
+# --- the lower layers ------------------------------------------------------------------
+
+
+def _bdf(bus_id: str) -> str:
+    parts = bus_id.lower().split(":")
+    return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+
+
+def _write(path: str, text: str | bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    data = text.encode() if isinstance(text, str) else text
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _stable_uuid(*parts: str) -> str:
+    return str(uuid_mod.UUID(hashlib.sha256("/".join(parts).encode()).hexdigest()[:32]))
+
+
+@dataclass
+class _Owner:
+    """What the /proc tree says about one simulated process."""
+
+    cgroup: str
+    uid: int
+    comm: str
+    started_h: float
+    environ: dict[str, str] = field(default_factory=dict)
+
+
+class SimTenancyTree:
+    """The sysfs and /proc trees of one simulated node's tenants, under `root`."""
+
+    def __init__(self, node: SimNode, root: str, plan: SimPlan | None = None) -> None:
+        self.node = node
+        self.root = root
+        self.plan = plan if plan is not None else plan_for(node.name, node.profile)
+        self.sysfs_root = os.path.join(root, "sys")
+        self.proc_root = os.path.join(root, "proc")
+        self.passwd_file = os.path.join(root, "etc", "passwd")
+        self.booted_at = node.t0 - BOOTED_S_BEFORE_START
+        self.ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._pids: set[int] = set()
+
+    # --- layout --------------------------------------------------------------------
+
+    def create(self) -> None:
+        """Lay out sysfs, /proc and /etc/passwd; processes follow in `refresh`."""
+        profile = self.node.profile
+        vfio = self.plan.vfio_gpus
+        passed_switches = any(g.nvswitches and g.state == 1 for g in self.plan.guests)
+        for gpu in profile.gpus:
+            driver = "vfio-pci" if gpu.index in vfio else "nvidia"
+            self._device(gpu.bus_id, profile.gpu_model.pci_device_id >> 16, 0x030200, driver)
+            _write(
+                os.path.join(
+                    self.sysfs_root, "bus", "pci", "devices", _bdf(gpu.bus_id), "numa_node"
+                ),
+                f"{gpu.numa_node}\n",
+            )
+            if driver == "nvidia":
+                info = (
+                    f"Model: \t\t {profile.gpu_model.name}\n"
+                    f"IRQ:   \t\t {200 + gpu.index}\n"
+                    f"GPU UUID: \t {self.node.uuids[gpu.index]}\n"
+                    f"Video BIOS: \t 96.00.99.00.01\n"
+                    f"Bus Type: \t PCIe\n"
+                    f"DMA Size: \t 52 bits\n"
+                    f"Bus Location: \t {_bdf(gpu.bus_id)}\n"
+                    f"Device Minor: \t {gpu.index}\n"
+                )
+                _write(
+                    os.path.join(
+                        self.proc_root, "driver", "nvidia", "gpus", _bdf(gpu.bus_id), "information"
+                    ),
+                    info,
+                )
+        for switch in profile.nvswitches:
+            driver = "vfio-pci" if passed_switches else "nvidia"
+            self._device(switch.bus_id, 0x22A3, 0x068000, driver)
+        _write(os.path.join(self.proc_root, "stat"), f"cpu 0 0 0 0\nbtime {int(self.booted_at)}\n")
+        _write(
+            self.passwd_file,
+            "".join(f"{n}:x:{u}:{u}::/home/{n}:/bin/bash\n" for u, n in USERS.items()),
+        )
+        for k, guest in enumerate(self.plan.guests):
+            if guest.state == 1:
+                self._qemu(4000 + k, guest)
+        self.refresh()
+
+    def _device(self, bus_id: str, device: int, pci_class: int, driver: str) -> None:
+        bdf = _bdf(bus_id)
+        group = int(bdf.split(":")[1], 16)
+        path = os.path.join(self.sysfs_root, "devices", f"pci{bdf[:7]}", bdf)
+        _write(os.path.join(path, "vendor"), "0x10de\n")
+        _write(os.path.join(path, "device"), f"0x{device:04x}\n")
+        _write(os.path.join(path, "class"), f"0x{pci_class:06x}\n")
+        _write(
+            os.path.join(path, "driver_override"),
+            "vfio-pci\n" if driver == "vfio-pci" else "(null)\n",
+        )
+        drivers = os.path.join(self.sysfs_root, "bus", "pci", "drivers", driver)
+        os.makedirs(drivers, exist_ok=True)
+        os.symlink(os.path.relpath(drivers, path), os.path.join(path, "driver"))
+        members = os.path.join(self.sysfs_root, "kernel", "iommu_groups", str(group), "devices")
+        os.makedirs(members, exist_ok=True)
+        os.symlink(os.path.relpath(path, members), os.path.join(members, bdf))
+        os.symlink(
+            os.path.relpath(os.path.dirname(members), path), os.path.join(path, "iommu_group")
+        )
+        link = os.path.join(self.sysfs_root, "bus", "pci", "devices", bdf)
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        os.symlink(os.path.relpath(path, os.path.dirname(link)), link)
+
+    def _process(
+        self, pid: int, argv: Sequence[str], owner: _Owner, devices: Sequence[str]
+    ) -> None:
+        base = os.path.join(self.proc_root, str(pid))
+        _write(os.path.join(base, "cmdline"), "\0".join(argv) + "\0")
+        _write(os.path.join(base, "comm"), owner.comm + "\n")
+        _write(os.path.join(base, "cgroup"), f"0::{owner.cgroup}\n")
+        uid = owner.uid
+        _write(
+            os.path.join(base, "status"), f"Name:\t{owner.comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+        )
+        started = self.node.t0 - owner.started_h * 3600 - self.booted_at
+        ticks = max(0, int(started * self.ticks))
+        fields = ["S"] + ["0"] * 18 + [str(ticks)] + ["0"] * 10
+        _write(os.path.join(base, "stat"), f"{pid} ({owner.comm}) " + " ".join(fields) + "\n")
+        env = "".join(f"{k}={v}\0" for k, v in owner.environ.items())
+        _write(os.path.join(base, "environ"), env)
+        fd = os.path.join(base, "fd")
+        os.makedirs(fd, exist_ok=True)
+        for number, target in enumerate(devices, start=3):
+            os.symlink(target, os.path.join(fd, str(number)))
+        self._pids.add(pid)
+
+    def _qemu(self, pid: int, guest: SimGuest) -> None:
+        profile = self.node.profile
+        buses = [profile.gpus[i].bus_id for i in guest.gpus]
+        if guest.nvswitches:
+            buses += [s.bus_id for s in profile.nvswitches]
+        argv = ["/usr/bin/qemu-system-x86_64", "-name", f"guest={guest.name},debug-threads=on"]
+        argv += ["-uuid", _stable_uuid(self.node.name, guest.name)]
+        for k, bus in enumerate(buses):
+            device = {"driver": "vfio-pci", "host": _bdf(bus), "id": f"hostdev{k}"}
+            argv += ["-device", json.dumps(device, separators=(",", ":"))]
+        owner = _Owner(
+            f"/machine.slice/machine-qemu\\x2d{pid % 100}\\x2d{guest.name}.scope/libvirt/emulator",
+            64055,
+            "qemu-system-x86",
+            guest.started_h,
+        )
+        self._process(pid, argv, owner, ["/dev/vfio/vfio"])
+
+    # --- processes -------------------------------------------------------------------
+
+    def _owner_of(self, gpu: int, gi: int | None) -> _Owner | None:
+        """The cgroup, user and environment the plan gives a process on this GPU."""
+        if gpu in self.plan.vfio_gpus:
+            return None  # a guest's GPU has no host processes; NVML should not see it at all
+        slot = None
+        if gi is not None:
+            slices = self.node.migs.get(gpu, ())
+            slot = next((k for k, s in enumerate(slices) if s.gpu_instance_id == gi), None)
+        for pod in self.plan.pods:
+            held = (
+                gpu in pod.gpus or (gpu, slot) in pod.mig or any(g == gpu for g, _ in pod.replicas)
+            )
+            if held:
+                uid = _stable_uuid(pod.namespace, pod.pod).replace("-", "_")
+                cid = hashlib.sha256(f"{pod.pod}/{pod.container}".encode()).hexdigest()
+                cgroup = (
+                    "/kubepods.slice/kubepods-burstable.slice/"
+                    f"kubepods-burstable-pod{uid}.slice/cri-containerd-{cid}.scope"
+                )
+                return _Owner(cgroup, 0, "python3", pod.started_h)
+        for job in self.plan.jobs:
+            if gpu in job.gpus:
+                cgroup = f"/system.slice/slurmstepd.scope/job_{job.job}/step_0/user/task_0"
+                env = {
+                    "SLURM_JOB_ID": job.job,
+                    "SLURM_JOB_ACCOUNT": job.account,
+                    "SLURM_JOB_USER": USERS.get(job.uid, str(job.uid)),
+                }
+                return _Owner(cgroup, job.uid, "python", job.started_h, env)
+        return _Owner(
+            f"/user.slice/user-{HOST_USER}.slice/session-3.scope", HOST_USER, "jupyter", 0.75
+        )
+
+    def refresh(self) -> None:
+        """Write /proc entries for processes the NVML simulator reports that are new."""
+        for gpu in self.node.profile.gpus:
+            if self.node.lost(gpu.index):
+                continue
+            for pid, _used, gi in self.node.processes(gpu.index):
+                if pid in self._pids:
+                    continue
+                owner = self._owner_of(gpu.index, gi)
+                if owner is None:
+                    continue
+                devices = ["/dev/nvidiactl", "/dev/nvidia-uvm", f"/dev/nvidia{gpu.index}"]
+                self._process(pid, [owner.comm, "train.py"], owner, devices)
+
+    # --- libvirt and kubelet -----------------------------------------------------------
+
+    def domain_xml(self, guest: SimGuest) -> str:
+        profile = self.node.profile
+        buses = [profile.gpus[i].bus_id for i in guest.gpus]
+        if guest.nvswitches:
+            buses += [s.bus_id for s in profile.nvswitches]
+        hostdevs = "".join(
+            "<hostdev mode='subsystem' type='pci' managed='yes'><source>"
+            f"<address domain='0x0000' bus='0x{_bdf(b)[5:7]}' slot='0x00' function='0x0'/>"
+            "</source></hostdev>"
+            for b in buses
+        )
+        metadata = (
+            f"<metadata><gc:tenant xmlns:gc='{TENANT_XMLNS}'>{guest.tenant}</gc:tenant></metadata>"
+            if guest.tenant
+            else ""
+        )
+        return (
+            f"<domain type='kvm'><name>{guest.name}</name>"
+            f"<uuid>{_stable_uuid(self.node.name, guest.name)}</uuid>{metadata}"
+            f"<memory unit='KiB'>{len(guest.gpus) * 128 * 1024 * 1024}</memory>"
+            f"<devices>{hostdevs}</devices></domain>"
+        )
+
+    def libvirt(self) -> SimLibvirtConnection:
+        return SimLibvirtConnection(self)
+
+    def kubelet(self) -> SimPodResources:
+        return SimPodResources(self)
+
+    def device_ids(self, pod: SimPod) -> tuple[list[str], dict[str, list[str]]]:
+        """(nvidia.com/gpu device IDs, MIG device IDs by resource name) of a pod."""
+        uuids = self.node.uuids
+        gpus = [uuids[g] for g in pod.gpus] + [f"{uuids[g]}::{n}" for g, n in pod.replicas]
+        migs: dict[str, list[str]] = {}
+        for gpu, slot in pod.mig:
+            slices = self.node.migs.get(gpu, ())
+            if slot < len(slices):
+                resource = f"nvidia.com/mig-{slices[slot].profile.name}"
+                migs.setdefault(resource, []).append(slices[slot].uuid)
+        return gpus, migs
+
+
+class _SimDomain:
+    def __init__(self, tree: SimTenancyTree, guest: SimGuest) -> None:
+        self._tree, self._guest = tree, guest
+
+    def name(self) -> str:
+        return self._guest.name
+
+    def state(self) -> list[int]:
+        return [self._guest.state, 1]
+
+    def XMLDesc(self, flags: int = 0) -> str:
+        return self._tree.domain_xml(self._guest)
+
+
+class SimLibvirtConnection:
+    """Shaped like libvirt.virConnect, for the calls LibvirtReader makes."""
+
+    def __init__(self, tree: SimTenancyTree) -> None:
+        self._tree = tree
+
+    def listAllDomains(self, flags: int = 0) -> list[_SimDomain]:
+        return [_SimDomain(self._tree, g) for g in self._tree.plan.guests]
+
+    def close(self) -> int:
+        return 0
+
+
+class SimPodResources:
+    """Shaped like the generated PodResourcesListerStub on a grpc.aio channel."""
+
+    def __init__(self, tree: SimTenancyTree) -> None:
+        self._tree = tree
+
+    async def List(self, request: Any, timeout: float | None = None) -> Any:
+        pods = []
+        for pod in self._tree.plan.pods:
+            gpus, migs = self._tree.device_ids(pod)
+            devices = []
+            if gpus:
+                devices.append(
+                    api_pb2.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=gpus)
+                )
+            for resource, ids in migs.items():
+                devices.append(api_pb2.ContainerDevices(resource_name=resource, device_ids=ids))
+            container = api_pb2.ContainerResources(name=pod.container, devices=devices)
+            pods.append(
+                api_pb2.PodResources(name=pod.pod, namespace=pod.namespace, containers=[container])
+            )
+        return api_pb2.ListPodResourcesResponse(pod_resources=pods)
+
+    async def GetAllocatableResources(self, request: Any, timeout: float | None = None) -> Any:
+        vfio = self._tree.plan.vfio_gpus
+        node = self._tree.node
+        ids = [
+            node.uuids[g.index]
+            for g in node.profile.gpus
+            if g.index not in vfio and g.index not in node.migs
+        ]
+        devices = [api_pb2.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=ids)]
+        for slices in node.migs.values():
+            for s in slices:
+                devices.append(
+                    api_pb2.ContainerDevices(
+                        resource_name=f"nvidia.com/mig-{s.profile.name}", device_ids=[s.uuid]
+                    )
+                )
+        return api_pb2.AllocatableResourcesResponse(devices=devices)
+
+
+# --- the source ------------------------------------------------------------------------
+
+
+def sweep_orphan_trees() -> None:
+    """Remove simulated trees left behind by demo processes that were killed."""
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(TREE_PREFIX):
+            continue
+        pid = name[len(TREE_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        except OSError:
+            continue  # alive, someone else's
+
+
+class SimTenancySource(TenancySource):
+    """The real TenancySource over a simulated node's trees, libvirt and kubelet."""
+
+    def __init__(
+        self,
+        node: SimNode,
+        *,
+        plan: SimPlan | None = None,
+        interval_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        sweep_orphan_trees()
+        # the folder now (cheap), its contents at start: a hub that never starts writes nothing
+        root = tempfile.mkdtemp(prefix=f"{TREE_PREFIX}{os.getpid()}-{node.name}-")
+        tree = SimTenancyTree(node, root, plan)
+        super().__init__(
+            node.name,
+            sysfs_root=tree.sysfs_root,
+            proc_root=tree.proc_root,
+            libvirt_uri="sim:///" + node.name,
+            libvirt_connect=lambda _uri: tree.libvirt(),
+            kubelet_stub=tree.kubelet(),
+            rules=SIM_RULES,
+            interval_s=interval_s,
+            passwd_file=tree.passwd_file,
+            simulated=True,
+            clock=clock,
+        )
+        self.sim = node
+        self.tree = tree
+        self._created = False
+        # removed by close(); at interpreter exit if close() never ran
+        self._cleanup = weakref.finalize(self, shutil.rmtree, root, True)
+
+    def _ensure_tree(self) -> None:
+        if not self._created:
+            self.tree.create()
+            self._created = True
+        else:
+            self.tree.refresh()
+
+    async def start(self, emit: EmitEvent) -> None:
+        await asyncio.to_thread(self._ensure_tree)
+        await super().start(emit)
+
+    async def poll(self) -> TenancyReading:
+        await asyncio.to_thread(self._ensure_tree)
+        return await super().poll()
+
+    async def close(self) -> None:
+        await super().close()
+        self._cleanup()
+
+
+def add_sim_tenancy_sources(
+    hub: Hub,
+    nodes: Sequence[SimNode],
+    *,
+    interval_s: float = 5.0,
+    clock: Callable[[], float] = time.time,
+) -> None:
+    """Give the hub a tenancy source per simulated node (the first SIM_TENANCY_MAX_NODES)."""
+    for node in nodes[:SIM_TENANCY_MAX_NODES]:
+        hub.add_node(node.name, simulated=True, profile=node.profile.name)
+        hub.add_source(SimTenancySource(node, interval_s=interval_s, clock=clock))

@@ -1,0 +1,294 @@
+"""TenancySource: what this node's PCI bus, libvirt, QEMU, kubelet and /proc say about owners.
+
+Each part runs on its own and reports its own status inside the reading, so a missing
+kubelet socket or an absent libvirt-python leaves the rest intact; only a node with nothing
+to own (no PCI bus, or no NVIDIA GPU and no guest, pod or GPU process) makes the whole
+source unavailable. sysfs, /proc and libvirt are read in worker threads, the kubelet over
+grpc.aio on the hub's loop. Tenants are mapped here, from the config's rules, so every
+consumer (and every remote reader of the JSON) sees the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Hashable
+from typing import Any, ClassVar
+
+from gpuconsole.readings.base import Event, Severity
+from gpuconsole.readings.tenancy import (
+    Guest,
+    HostProcess,
+    PartStatus,
+    PciGpu,
+    PodDevice,
+    TenancyReading,
+)
+from gpuconsole.sources.base import EmitEvent, SourceUnavailable
+from gpuconsole.sources.tenancy import pci_binding, qemu
+from gpuconsole.sources.tenancy.cgroups import ProcessScanner
+from gpuconsole.sources.tenancy.kubelet import (
+    DEFAULT_SOCKET,
+    KubeletError,
+    KubeletReader,
+    unknown_ids,
+)
+from gpuconsole.sources.tenancy.libvirt import LibvirtError, LibvirtReader, describe
+from gpuconsole.sources.tenancy.tenants import TenantRules
+
+__all__ = ["TenancySource"]
+
+# Every reading reports these parts, in this order.
+PARTS = ("pci", "libvirt", "qemu", "kubelet", "processes")
+
+
+def _plural(n: int, word: str) -> str:
+    if n == 1:
+        return f"{n} {word}"
+    return f"{n} {word}es" if word.endswith("s") else f"{n} {word}s"
+
+
+class TenancySource:
+    """Reads who holds each GPU of one node, from below NVML."""
+
+    kind: ClassVar[str] = "tenancy"
+
+    def __init__(
+        self,
+        node: str,
+        *,
+        sysfs_root: str = "/sys",
+        proc_root: str = "/proc",
+        libvirt_uri: str = "qemu:///system",
+        kubelet_socket: str = DEFAULT_SOCKET,
+        processes: bool = True,
+        qemu_scan: bool = True,
+        rules: TenantRules | None = None,
+        interval_s: float = 5.0,
+        timeout_s: float = 10.0,
+        passwd_file: str = "/etc/passwd",
+        libvirt_connect: Callable[[str], Any] | None = None,
+        kubelet_stub: Any = None,
+        simulated: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.sysfs_root = sysfs_root
+        self.proc_root = proc_root
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.rules = rules or TenantRules()
+        self.simulated = simulated
+        self._clock = clock
+        self._qemu_scan = qemu_scan
+        self._libvirt = LibvirtReader(libvirt_uri, connect=libvirt_connect) if libvirt_uri else None
+        self._kubelet = (
+            KubeletReader(kubelet_socket, timeout_s=max(0.5, timeout_s / 2), stub=kubelet_stub)
+            if kubelet_socket or kubelet_stub is not None
+            else None
+        )
+        self._scanner = ProcessScanner(proc_root, passwd_file) if processes else None
+        self._emit: EmitEvent | None = None
+        self._first_seen: dict[Hashable, float] = {}
+        self._last_claims: dict[str, str] | None = None
+
+    async def start(self, emit: EmitEvent) -> None:
+        self._emit = emit
+
+    async def close(self) -> None:
+        if self._libvirt is not None:
+            await asyncio.to_thread(self._libvirt.close)
+        if self._kubelet is not None:
+            await self._kubelet.close()
+
+    async def poll(self) -> TenancyReading:
+        host = asyncio.to_thread(self._read_host)
+        guests = asyncio.to_thread(self._read_libvirt)
+        pods = self._read_kubelet()
+        (
+            (gpus, qemu_guests, processes, host_parts),
+            (lv_guests, lv_part),
+            (
+                devices,
+                allocatable,
+                kube_part,
+            ),
+        ) = await asyncio.gather(host, guests, pods)
+        if not (gpus or qemu_guests or processes or lv_guests or devices):
+            # Nothing to own and nobody holding anything: say so rather than look healthy.
+            why = "; ".join(p.detail for p in (*host_parts, lv_part, kube_part) if not p.ok)
+            root = os.path.join(self.sysfs_root, "bus", "pci", "devices")
+            raise SourceUnavailable(f"no NVIDIA GPUs under {root}" + (f" ({why})" if why else ""))
+        now = self._clock()
+        seen: set[Hashable] = set()
+        gpus = tuple(self._bound_since(g, now, seen) for g in gpus)
+        all_guests = self._merge_guests(lv_guests, qemu_guests, now, seen)
+        devices = tuple(self._pod_since(d, now, seen) for d in devices)
+        self._first_seen = {k: v for k, v in self._first_seen.items() if k in seen}
+        reading = TenancyReading(
+            at=now,
+            simulated=self.simulated,
+            gpus=gpus,
+            guests=all_guests,
+            pod_devices=devices,
+            allocatable=allocatable,
+            processes=tuple(self._process_tenant(p) for p in processes),
+            parts=(host_parts[0], lv_part, host_parts[1], kube_part, host_parts[2]),
+        )
+        self._note_changes(reading)
+        return reading
+
+    # --- the parts ---------------------------------------------------------------------
+
+    def _read_host(
+        self,
+    ) -> tuple[
+        tuple[PciGpu, ...],
+        tuple[Guest, ...],
+        tuple[HostProcess, ...],
+        tuple[PartStatus, PartStatus, PartStatus],
+    ]:
+        """sysfs and /proc, in one worker thread: PCI GPUs, QEMU guests, GPU processes."""
+        devices = os.path.join(self.sysfs_root, "bus", "pci", "devices")
+        if not os.path.isdir(devices):
+            raise SourceUnavailable(f"no PCI bus under {devices}")
+        gpus = pci_binding.read_gpus(self.sysfs_root, self.proc_root)
+        vfio = sum(1 for g in gpus if g.driver == "vfio-pci")
+        pci = PartStatus(
+            "pci",
+            True,
+            f"{_plural(len(gpus), 'GPU')} in sysfs, {vfio} bound to vfio-pci"
+            if gpus
+            else f"no NVIDIA GPUs under {devices}",
+        )
+        proc_ok = os.path.isdir(self.proc_root)
+        qemu_guests: tuple[Guest, ...] = ()
+        if not self._qemu_scan:
+            qemu_part = PartStatus("qemu", True, "off", enabled=False)
+        elif not proc_ok:
+            qemu_part = PartStatus("qemu", False, f"{self.proc_root} not readable")
+        else:
+            qemu_guests = qemu.read_guests(self.proc_root)
+            qemu_part = PartStatus(
+                "qemu", True, f"{_plural(len(qemu_guests), 'QEMU process')} passing GPUs through"
+            )
+        processes: tuple[HostProcess, ...] = ()
+        if self._scanner is None:
+            proc_part = PartStatus("processes", True, "off", enabled=False)
+        elif not proc_ok:
+            proc_part = PartStatus("processes", False, f"{self.proc_root} not readable")
+        else:
+            processes = self._scanner.scan()
+            proc_part = PartStatus(
+                "processes", True, f"{_plural(len(processes), 'process')} holding NVIDIA devices"
+            )
+        return gpus, qemu_guests, processes, (pci, qemu_part, proc_part)
+
+    def _read_libvirt(self) -> tuple[tuple[Guest, ...], PartStatus]:
+        if self._libvirt is None:
+            return (), PartStatus("libvirt", True, "off", enabled=False)
+        try:
+            guests = self._libvirt.read()
+        except LibvirtError as exc:
+            return (), PartStatus("libvirt", False, str(exc))
+        return guests, PartStatus("libvirt", True, f"{self._libvirt.uri}: {describe(guests)}")
+
+    async def _read_kubelet(
+        self,
+    ) -> tuple[tuple[PodDevice, ...], tuple[str, ...], PartStatus]:
+        if self._kubelet is None:
+            return (), (), PartStatus("kubelet", True, "off", enabled=False)
+        try:
+            devices, allocatable = await self._kubelet.read()
+        except KubeletError as exc:
+            return (), (), PartStatus("kubelet", False, str(exc))
+        pods = {(d.namespace, d.pod) for d in devices}
+        detail = f"{_plural(len(devices), 'GPU device')} allocated to {_plural(len(pods), 'pod')}"
+        if allocatable is None:
+            detail += "; GetAllocatableResources not offered"
+        bad = unknown_ids(devices)
+        if bad:
+            detail += f"; device IDs not understood: {', '.join(sorted(set(bad))[:3])}"
+        return devices, allocatable or (), PartStatus("kubelet", True, detail)
+
+    # --- tenants and since -------------------------------------------------------------
+
+    def _seen(self, key: Hashable, now: float, seen: set[Hashable]) -> float:
+        seen.add(key)
+        return self._first_seen.setdefault(key, now)
+
+    def _bound_since(self, gpu: PciGpu, now: float, seen: set[Hashable]) -> PciGpu:
+        since = self._seen(("driver", gpu.bus_id, gpu.driver), now, seen)
+        return dataclasses.replace(gpu, bound_since=since)
+
+    def _merge_guests(
+        self,
+        libvirt_guests: tuple[Guest, ...],
+        qemu_guests: tuple[Guest, ...],
+        now: float,
+        seen: set[Hashable],
+    ) -> tuple[Guest, ...]:
+        """libvirt's guests, with the start time of their QEMU process where one runs; QEMU
+        processes libvirt does not know stay as guests of their own."""
+        by_name = {g.name: g for g in qemu_guests}
+        out = []
+        for guest in libvirt_guests:
+            process = by_name.pop(guest.name, None) if guest.active else None
+            if process is not None and process.since is not None:
+                guest = dataclasses.replace(
+                    guest, pid=process.pid, since=process.since, since_observed=False
+                )
+            else:
+                since = self._seen(("guest", guest.name, guest.state), now, seen)
+                guest = dataclasses.replace(guest, since=since, since_observed=True)
+            out.append(guest)
+        for guest in by_name.values():
+            if guest.since is None:
+                since = self._seen(("guest", guest.name, guest.state), now, seen)
+                guest = dataclasses.replace(guest, since=since)
+            out.append(guest)
+        return tuple(dataclasses.replace(g, tenant=self.rules.guest(g.name, g.tenant)) for g in out)
+
+    def _pod_since(self, device: PodDevice, now: float, seen: set[Hashable]) -> PodDevice:
+        key = ("pod", device.namespace, device.pod, device.container, device.device_id)
+        return dataclasses.replace(
+            device,
+            since=self._seen(key, now, seen),
+            tenant=self.rules.namespace(device.namespace),
+        )
+
+    def _process_tenant(self, process: HostProcess) -> HostProcess:
+        tenant = self.rules.process(process.user, process.slurm_account)
+        return dataclasses.replace(process, tenant=tenant) if tenant else process
+
+    # --- events ------------------------------------------------------------------------
+
+    def _note_changes(self, reading: TenancyReading) -> None:
+        """Post an event when a guest or pod takes or releases a device, or a driver changes."""
+        claims: dict[str, str] = {}
+        for gpu in reading.gpus:
+            claims[f"driver {gpu.bus_id}"] = gpu.driver or "no driver"
+        for guest in reading.guests:
+            if guest.active:
+                for bus_id in guest.bus_ids:
+                    claims[f"guest {guest.name} {bus_id}"] = f"vm {guest.name}"
+        for d in reading.pod_devices:
+            claims[f"pod {d.namespace}/{d.pod} {d.device_id}"] = f"pod {d.namespace}/{d.pod}"
+        last, self._last_claims = self._last_claims, claims
+        if last is None or self._emit is None:
+            return
+        for key in sorted(claims.keys() | last.keys()):
+            before, after = last.get(key), claims.get(key)
+            if before == after:
+                continue
+            what, _, rest = key.partition(" ")
+            device = rest.rsplit(" ", 1)[-1]
+            if what == "driver":
+                message = f"{device}: driver {before or 'none'} -> {after}"
+            elif after is not None:
+                message = f"{device}: now held by {after}"
+            else:
+                message = f"{device}: released by {before}"
+            self._emit(Event(reading.at, self.node, self.kind, "ownership", Severity.INFO, message))

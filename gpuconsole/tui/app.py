@@ -1,0 +1,201 @@
+"""The console app: subscribes to the hub, keeps the latest snapshot, owns navigation."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.screen import Screen
+
+from gpuconsole.hub import Hub
+from gpuconsole.model import FleetSnapshot
+from gpuconsole.paths import user_themes_dir
+from gpuconsole.tui.commands import JumpCommands
+from gpuconsole.tui.messages import SnapshotArrived
+from gpuconsole.tui.screens.base import BaseView
+from gpuconsole.tui.screens.fleet import FleetScreen
+from gpuconsole.tui.screens.help import HelpScreen, TooSmallScreen
+from gpuconsole.tui.themes import Palette, load_themes, resolve_theme_name
+
+log = logging.getLogger(__name__)
+
+MIN_WIDTH, MIN_HEIGHT = 80, 24
+
+
+class ConsoleApp(App[None]):
+    """gpuconsole's full-screen console over one Hub."""
+
+    CSS_PATH = "console.tcss"
+    TITLE = "gpuconsole"
+    COMMANDS: ClassVar = App.COMMANDS | {JumpCommands}
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("colon", "command_palette", "Jump", key_display=":"),
+        Binding("e", "events", "Events"),
+        Binding("t", "cycle_theme", "Theme"),
+        Binding("escape", "back", "Back"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(
+        self,
+        hub: Hub | None,
+        *,
+        theme: str | None = None,
+        read_only: bool = False,
+        start_hub: bool = True,
+        snapshot: FleetSnapshot | None = None,
+        clock: Callable[[], float] = time.time,
+        theme_dirs: list[Path] | None = None,
+        cursor_blink: bool = True,
+    ) -> None:
+        super().__init__()
+        self.cursor_blink = cursor_blink
+        self.hub = hub
+        self.read_only = read_only
+        self.clock = clock
+        self.snapshot: FleetSnapshot | None = snapshot
+        self._start_hub = start_hub and hub is not None
+        self._started_hub = False
+        self._unsubscribe: Callable[[], None] | None = None
+        dirs = [user_themes_dir()] if theme_dirs is None else theme_dirs
+        self._loaded_themes = load_themes(dirs)
+        for loaded in self._loaded_themes.values():
+            self.register_theme(loaded)
+        self.theme_names = list(self._loaded_themes)
+        self.theme = resolve_theme_name(theme, self.theme_names)
+        self.palette = Palette.from_variables(dict(self.current_theme.variables))
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    def get_default_screen(self) -> Screen[None]:
+        return FleetScreen()
+
+    async def on_mount(self) -> None:
+        self.theme_changed_signal.subscribe(self, self._theme_changed)
+        if self.hub is not None:
+            self._unsubscribe = self.hub.subscribe(self._on_hub_snapshot)
+            if self._start_hub:
+                await self.hub.start()
+                self._started_hub = True
+        self.set_interval(1.0, self._tick)
+        self.check_size()
+
+    async def on_unmount(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._started_hub and self.hub is not None:
+            self._started_hub = False
+            await self.hub.stop()
+
+    def _on_hub_snapshot(self, snapshot: FleetSnapshot) -> None:
+        # Runs on the hub's loop: post and return; a newer snapshot replaces a queued one.
+        self.post_message(SnapshotArrived(snapshot))
+
+    def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
+        self.show_snapshot(message.snapshot)
+
+    def show_snapshot(self, snapshot: FleetSnapshot) -> None:
+        """Make `snapshot` the latest and render it in the visible view only."""
+        self.snapshot = snapshot
+        screen = self.screen
+        if isinstance(screen, BaseView):
+            screen.render_latest()
+
+    def _tick(self) -> None:
+        screen = self.screen
+        if isinstance(screen, BaseView):
+            screen.update_status()
+
+    # --- size ----------------------------------------------------------------------
+
+    def check_size(self) -> None:
+        """Cover the view with a message below the minimum size; uncover it above."""
+        width, height = self.size
+        small = width < MIN_WIDTH or height < MIN_HEIGHT
+        on_top = isinstance(self.screen, TooSmallScreen)
+        if small and not on_top:
+            self.push_screen(TooSmallScreen(MIN_WIDTH, MIN_HEIGHT))
+        elif not small and on_top:
+            self.pop_screen()
+
+    # --- themes --------------------------------------------------------------------
+
+    def _theme_changed(self, _theme: object) -> None:
+        self.palette = Palette.from_variables(dict(self.current_theme.variables))
+        screen = self.screen
+        if isinstance(screen, BaseView):
+            screen.render_latest(force=True)
+
+    def action_cycle_theme(self) -> None:
+        names = self.theme_names
+        index = names.index(self.theme) if self.theme in names else -1
+        self.theme = names[(index + 1) % len(names)]
+        self.notify(f"theme: {self.theme}", timeout=2)
+
+    # --- navigation ----------------------------------------------------------------
+
+    def _to_fleet(self) -> None:
+        while len(self.screen_stack) > 1 and not isinstance(self.screen, FleetScreen):
+            self.pop_screen()
+
+    def action_back(self) -> None:
+        if len(self.screen_stack) > 1:
+            self.pop_screen()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen.for_screen(self.screen))
+
+    def action_events(self) -> None:
+        from gpuconsole.tui.screens.events import EventsScreen
+
+        screen = self.screen
+        if isinstance(screen, EventsScreen):
+            return
+        node = getattr(screen, "node_name", None)
+        gpu = getattr(screen, "gpu_index", None)
+        self.push_screen(EventsScreen(node=node, gpu=gpu))
+
+    def open_node(self, name: str) -> None:
+        from gpuconsole.tui.screens.node import NodeScreen
+
+        self.push_screen(NodeScreen(name))
+
+    def open_gpu(self, name: str, index: int) -> None:
+        from gpuconsole.tui.screens.gpu import GpuScreen
+
+        self.push_screen(GpuScreen(name, index))
+
+    def open_topology(self, name: str) -> None:
+        from gpuconsole.tui.screens.topology import TopologyScreen
+
+        self.push_screen(TopologyScreen(name))
+
+    def open_sm_map(self, name: str, index: int) -> None:
+        from gpuconsole.tui.screens.smmap import SmMapScreen
+
+        self.push_screen(SmMapScreen(name, index))
+
+    def jump(self, view: str, node: str | None = None, gpu: int | None = None) -> None:
+        """Go to a view from anywhere, leaving Esc to walk back up: fleet > node > GPU."""
+        self._to_fleet()
+        if view == "fleet":
+            return
+        if view == "events":
+            self.action_events()
+            return
+        assert node is not None
+        self.open_node(node)
+        if view == "topology":
+            self.open_topology(node)
+        elif view in ("gpu", "smmap") and gpu is not None:
+            self.open_gpu(node, gpu)
+            if view == "smmap":
+                self.open_sm_map(node, gpu)

@@ -1,0 +1,96 @@
+"""What every view shares: the status bar, the footer, and rendering from the latest snapshot."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+from textual import events
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from gpuconsole.model import FleetSnapshot, NodeSnapshot
+from gpuconsole.tui.themes import Palette
+from gpuconsole.tui.widgets.status_bar import StatusBar
+
+if TYPE_CHECKING:
+    from gpuconsole.tui.app import ConsoleApp
+
+
+NARROW_BELOW = 110
+
+
+class BaseView(Screen[None]):
+    """A view that renders from the app's latest FleetSnapshot and never fetches data."""
+
+    # Extra help lines for keys that belong to a focused widget rather than the screen.
+    HELP_EXTRA: tuple[tuple[str, str], ...] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._applied: FleetSnapshot | None = None
+        self._palette_seen: Palette | None = None
+
+    @property
+    def console(self) -> ConsoleApp:
+        return cast("ConsoleApp", self.app)
+
+    @property
+    def palette(self) -> Palette:
+        return self.console.palette
+
+    def crumbs(self) -> list[str]:
+        return []
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar()
+        yield from self.compose_body()
+        yield Footer()
+
+    def compose_body(self) -> ComposeResult:
+        yield from ()
+
+    def on_mount(self) -> None:
+        self.render_latest()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.call_later(self.console.check_size)
+        # Two-column panels need room; below this they stack.
+        narrow = event.size.width < NARROW_BELOW
+        if narrow != self.has_class("-narrow"):
+            self.set_class(narrow, "-narrow")
+            self.render_latest(force=True)
+
+    def on_screen_resume(self) -> None:
+        self.render_latest()
+
+    def render_latest(self, *, force: bool = False) -> None:
+        """Render the app's latest snapshot if this view has not shown it yet."""
+        if not self.is_mounted:
+            return  # on_mount renders once the widgets exist
+        snapshot = self.console.snapshot
+        palette = self.palette
+        if palette is not self._palette_seen:
+            force = True
+            self._palette_seen = palette
+        if snapshot is not None and (force or snapshot is not self._applied):
+            self.apply(snapshot, force=force)
+            self._applied = snapshot
+        self.update_status()
+
+    def apply(self, snapshot: FleetSnapshot, *, force: bool = False) -> None:
+        """Show `snapshot`; `force` means the palette or a view setting changed."""
+
+    def update_status(self) -> None:
+        for bar in self.query(StatusBar):
+            bar.show(
+                self.crumbs(),
+                self.console.snapshot,
+                self.console.clock(),
+                self.palette,
+                read_only=self.console.read_only,
+            )
+
+    def find_node(self, name: str) -> NodeSnapshot | None:
+        snapshot = self.console.snapshot
+        return snapshot.node(name) if snapshot is not None else None

@@ -1,0 +1,292 @@
+"""GPU detail: every NVML reading of one GPU, its links, processes, history and spec."""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Container, VerticalScroll
+from textual.widgets import Static
+
+from gpuconsole import format as fmt
+from gpuconsole.model import FleetSnapshot, GpuReading, Health, NodeSnapshot, RemoteKind, gpu_health
+from gpuconsole.tui import summaries as S
+from gpuconsole.tui.hardware import model_spec
+from gpuconsole.tui.screens.base import BaseView
+from gpuconsole.tui.themes import Palette
+from gpuconsole.tui.widgets.cells import health_light, spark
+
+BOXES: tuple[tuple[str, str], ...] = (
+    ("readings", "readings"),
+    ("history", "history"),
+    ("ecc", "ECC and row remapping"),
+    ("pcie", "PCIe"),
+    ("processes", "processes"),
+    ("mig", "MIG"),
+    ("nvlink", "NVLink"),
+    ("spec", "spec"),
+)
+
+
+def kv(rows: list[tuple[str, RenderableType]]) -> Table:
+    table = Table.grid(padding=(0, 1))
+    table.add_column(style="dim", no_wrap=True)
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def readings_box(node: NodeSnapshot, gpu: GpuReading, palette: Palette) -> RenderableType:
+    state = health_light(gpu_health(gpu), palette)
+    state.append(f" {S.gpu_state_words(gpu)}")
+    throttle = Text(fmt.throttle_words(gpu.throttle_reasons, include_idle=True))
+    if any(r != "gpu_idle" for r in gpu.throttle_reasons):
+        throttle.stylize(palette.health[Health.WARNING])
+    energy = node.rate("gpu", gpu.uuid, "energy_mj")
+    energy_w = energy / 1000.0 if energy is not None else None
+    return kv([
+        ("state", state),
+        ("model", gpu.name),
+        ("uuid", gpu.uuid),
+        ("serial / module", f"{gpu.serial or fmt.NA} / {fmt.number(gpu.module_id)}"),
+        ("PCI bus", gpu.pci_bus_id),
+        ("util gpu / mem", f"{fmt.pct(gpu.util_gpu_pct)} / {fmt.pct(gpu.util_mem_pct)}"),
+        ("memory", f"{fmt.mem_of(gpu.mem_used_bytes, gpu.mem_total_bytes)}"
+                   f" (reserved {fmt.gib(gpu.mem_reserved_bytes)})"),
+        ("temp gpu / HBM", f"{fmt.celsius(gpu.temp_gpu_c)} / {fmt.celsius(gpu.temp_hbm_c)}"
+                           f" (slowdown {fmt.celsius(gpu.temp_slowdown_c)})"),
+        ("power", f"{fmt.watts_of(gpu.power_w, gpu.power_limit_w)}"
+                  f" ({fmt.watts(energy_w)} from the energy counter)"),
+        ("SM clock", f"{fmt.mhz(gpu.sm_clock_mhz)} of {fmt.mhz(gpu.sm_clock_max_mhz)}"),
+        ("mem clock", f"{fmt.mhz(gpu.mem_clock_mhz)} of {fmt.mhz(gpu.mem_clock_max_mhz)}"),
+        ("P-state", f"P{gpu.pstate}" if gpu.pstate is not None else fmt.NA),
+        ("throttle", throttle),
+        ("NUMA / CPUs", f"{fmt.number(gpu.numa_node)} / {gpu.cpu_affinity or fmt.NA}"),
+        ("virtualization", gpu.virtualization_mode or fmt.NA),
+        ("fabric", gpu.fabric_state or fmt.NA),
+        ("owner", S.gpu_owner(node, gpu)),
+        ("not supported", ", ".join(gpu.unsupported) or fmt.NA),
+    ])  # fmt: skip
+
+
+def ecc_box(gpu: GpuReading, palette: Palette) -> RenderableType:
+    ecc = gpu.ecc
+
+    def flag(value: bool | None, bad: Health) -> Text:
+        if value is None:
+            return Text(fmt.NA)
+        return Text("yes", style=palette.health[bad]) if value else Text("no")
+
+    return kv([
+        ("volatile corr / unc", f"{fmt.count(ecc.volatile_corrected)} / "
+                                f"{fmt.count(ecc.volatile_uncorrected)}"),
+        ("aggregate corr / unc", f"{fmt.count(ecc.aggregate_corrected)} / "
+                                 f"{fmt.count(ecc.aggregate_uncorrected)}"),
+        ("remapped rows corr / unc", f"{fmt.count(ecc.remapped_corrected)} / "
+                                     f"{fmt.count(ecc.remapped_uncorrected)}"),
+        ("remap pending (reset)", flag(ecc.remap_pending, Health.WARNING)),
+        ("remap failure", flag(ecc.remap_failure, Health.CRITICAL)),
+    ])  # fmt: skip
+
+
+def pcie_box(node: NodeSnapshot, gpu: GpuReading, palette: Palette) -> RenderableType:
+    pcie = gpu.pcie
+    link = Text(f"{fmt.pcie_link(pcie.gen_current, pcie.width_current)} of "
+                f"{fmt.pcie_link(pcie.gen_max, pcie.width_max)}")  # fmt: skip
+    if pcie.downtrained:
+        link.append("  DOWNTRAINED", style=palette.health[Health.WARNING])
+    return kv([
+        ("link", link),
+        ("tx / rx", f"{fmt.rate(node.rate('gpu', gpu.uuid, 'pcie_tx_bytes'))} / "
+                    f"{fmt.rate(node.rate('gpu', gpu.uuid, 'pcie_rx_bytes'))}"),
+        ("replays", f"{fmt.count(pcie.replay_count)}"
+                    f" ({fmt.number(node.rate('gpu', gpu.uuid, 'pcie_replays'), 1)}/s)"),
+    ])  # fmt: skip
+
+
+def remote_name(node: NodeSnapshot, kind: RemoteKind, bus_id: str | None) -> str:
+    """A link's far end as an operator names it: 'GPU 3' or 'NVSwitch 1'."""
+    if bus_id is None:
+        return kind.value
+    if kind is RemoteKind.GPU:
+        for other in node.gpus:
+            if other.pci_bus_id == bus_id:
+                return f"GPU {other.index}"
+    if kind is RemoteKind.NVSWITCH:
+        switches = sorted({
+            link.remote_pci_bus_id for g in node.gpus for link in g.nvlinks
+            if link.remote_kind is RemoteKind.NVSWITCH and link.remote_pci_bus_id
+        })  # fmt: skip
+        if bus_id in switches:
+            return f"NVSwitch {switches.index(bus_id)} ({bus_id[-10:-5]})"
+    return f"{kind.value} {bus_id}"
+
+
+def nvlink_box(node: NodeSnapshot, gpu: GpuReading, palette: Palette) -> RenderableType:
+    if not gpu.nvlinks:
+        return Text("no NVLink on this GPU" if not gpu.lost else fmt.NA, style="dim")
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="dim")
+    for header in ("link", "state", "gen", "remote", "tx", "rx"):
+        table.add_column(header, no_wrap=True)
+    for link in gpu.nvlinks:
+        base = ("gpu", gpu.uuid, "nvlink", str(link.link))
+        tx, rx = node.rate(*base, "tx_kib"), node.rate(*base, "rx_kib")
+        state = Text("up") if link.active else Text("down", style=palette.health[Health.WARNING])
+        table.add_row(
+            str(link.link),
+            state,
+            fmt.number(link.version),
+            remote_name(node, link.remote_kind, link.remote_pci_bus_id),
+            fmt.rate(tx * 1024 if tx is not None else None),
+            fmt.rate(rx * 1024 if rx is not None else None),
+        )
+    return table
+
+
+def processes_box(node: NodeSnapshot, gpu: GpuReading) -> RenderableType:
+    if not gpu.processes:
+        return Text("no compute processes", style="dim")
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="dim")
+    for header in ("pid", "memory", "GI/CI", "owner"):
+        table.add_column(header, no_wrap=True)
+    for proc in gpu.processes:
+        gi = "-" if proc.gpu_instance_id is None else str(proc.gpu_instance_id)
+        ci = "-" if proc.compute_instance_id is None else str(proc.compute_instance_id)
+        table.add_row(str(proc.pid), fmt.bytes_(proc.used_mem_bytes), f"{gi}/{ci}",
+                      S.gpu_owner(node, gpu))  # fmt: skip
+    return table
+
+
+def mig_box(gpu: GpuReading) -> RenderableType:
+    if not gpu.mig_enabled:
+        pending = " (pending: on after reset)" if gpu.mig_pending else ""
+        return Text(f"MIG off{pending}" if gpu.mig_enabled is not None else fmt.NA, style="dim")
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="dim")
+    for header in ("GI", "profile", "SMs", "slices", "memory", "SM act"):
+        table.add_column(header, no_wrap=True)
+    for mig in gpu.mig_instances:
+        table.add_row(
+            str(mig.gpu_instance_id), mig.profile_name, str(mig.sm_count),
+            f"{fmt.number(mig.placement_start)}+{mig.slice_count}",
+            fmt.mem_of(mig.mem_used_bytes, mig.mem_total_bytes),
+            fmt.pct(mig.gpm.sm_util_pct if mig.gpm else None),
+        )  # fmt: skip
+    return table
+
+
+HISTORY: tuple[tuple[str, str, float | None], ...] = (
+    ("util_gpu_pct", "util", 100.0),
+    ("sm_util_pct", "SM act", 100.0),
+    ("mem_used_pct", "memory", 100.0),
+    ("temp_gpu_c", "temp", None),
+    ("power_w", "power", None),
+    ("sm_clock_mhz", "SM clock", None),
+)
+
+
+def history_box(
+    node: NodeSnapshot, gpu: GpuReading, palette: Palette, width: int
+) -> RenderableType:
+    history = node.history
+    rows: list[tuple[str, RenderableType]] = []
+    for key, label, hi in HISTORY:
+        values = history.series("gpu", gpu.uuid, key) if history is not None else ()
+        if not values:
+            continue
+        top = hi
+        if key == "power_w":
+            top = gpu.power_limit_w
+        elif key == "temp_gpu_c":
+            top = gpu.temp_slowdown_c
+        elif key == "sm_clock_mhz":
+            top = float(gpu.sm_clock_max_mhz) if gpu.sm_clock_max_mhz else None
+        line = spark(values, width, palette, hi=top)
+        line.append(f" {fmt.number(values[-1])}")
+        rows.append((label, line))
+    if not rows:
+        return Text("no history yet", style="dim")
+    points = max(len(history.series("gpu", gpu.uuid, k)) for k, _, _ in HISTORY) if history else 0
+    rows.append(("", Text(f"{points} samples, newest right", style="dim")))
+    return kv(rows)
+
+
+def spec_box(gpu: GpuReading) -> RenderableType:
+    spec = model_spec(gpu.name)
+    if spec is None:
+        return Text(f"no datasheet entry for {gpu.name!r}", style="dim")
+    nvlink = (f"gen{spec.nvlink_gen}, {spec.nvlink_count} links, {spec.nvlink_gbytes_per_s} GB/s"
+              if spec.nvlink_gen else "none")  # fmt: skip
+    return kv([
+        ("architecture", spec.architecture),
+        ("SMs", f"{spec.sm_count} ({spec.gpc_count} GPCs, {sum(spec.tpc_per_gpc)} TPCs)"),
+        ("cores / SM", f"{spec.fp32_cores_per_sm} FP32, {spec.tensor_cores_per_sm} tensor"),
+        ("L2", fmt.bytes_(spec.l2_bytes).replace(".0 ", " ")),
+        ("memory", f"{fmt.bytes_(spec.mem_bytes).replace('.0 ', ' ')} {spec.mem_kind}, "
+                   f"{fmt.gbytes_per_s(spec.mem_bandwidth_bytes_per_s)}"),
+        ("NVLink", nvlink),
+        ("PCIe", fmt.pcie_link(spec.pcie_gen_max, spec.pcie_width_max)),
+        ("TDP", fmt.watts(spec.tdp_w)),
+        ("GPM", "yes (Hopper+)" if spec.gpm else "no"),
+    ])  # fmt: skip
+
+
+class GpuScreen(BaseView):
+    """Everything about one GPU."""
+
+    BINDINGS = [
+        Binding("m", "sm_map", "SM map"),
+        Binding("o", "topology", "Topology"),
+    ]
+    HELP_EXTRA = (("↑ ↓ PgUp PgDn", "scroll"),)
+
+    def __init__(self, node_name: str, gpu_index: int) -> None:
+        super().__init__()
+        self.node_name = node_name
+        self.gpu_index = gpu_index
+
+    def crumbs(self) -> list[str]:
+        return ["Fleet", self.node_name, f"GPU {self.gpu_index}"]
+
+    def compose_body(self) -> ComposeResult:
+        with VerticalScroll(classes="scroll-body", id="gpu-body"):
+            yield Static(id="gpu-missing", classes="summary")
+            with Container(classes="grid-2"):
+                for box_id, title in BOXES:
+                    box = Static(id=f"box-{box_id}", classes="box")
+                    box.border_title = title
+                    yield box
+
+    def apply(self, snapshot: FleetSnapshot, *, force: bool = False) -> None:
+        node = snapshot.node(self.node_name)
+        gpu = node.nvml.gpu(self.gpu_index) if node is not None and node.nvml else None
+        missing = self.query_one("#gpu-missing", Static)
+        if node is None or gpu is None:
+            missing.update(
+                f"GPU {self.gpu_index} of {self.node_name} is not in the latest snapshot"
+            )
+            return
+        missing.update("")
+        missing.display = False
+        palette = self.palette
+        width = max(8, min(40, self.size.width // 2 - 22))
+        boxes: dict[str, RenderableType] = {
+            "readings": readings_box(node, gpu, palette),
+            "history": history_box(node, gpu, palette, width),
+            "ecc": ecc_box(gpu, palette),
+            "pcie": pcie_box(node, gpu, palette),
+            "processes": processes_box(node, gpu),
+            "mig": mig_box(gpu),
+            "nvlink": nvlink_box(node, gpu, palette),
+            "spec": spec_box(gpu),
+        }
+        for box_id, content in boxes.items():
+            self.query_one(f"#box-{box_id}", Static).update(content)
+
+    def action_sm_map(self) -> None:
+        self.console.open_sm_map(self.node_name, self.gpu_index)
+
+    def action_topology(self) -> None:
+        self.console.open_topology(self.node_name)

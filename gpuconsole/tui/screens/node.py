@@ -1,0 +1,234 @@
+"""Node: the GPU table with sparklines, and BMC, fabric and owner panels."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import DataTable, Static
+
+from gpuconsole import format as fmt
+from gpuconsole.model import FleetSnapshot, GpuReading, Health, NodeSnapshot, gpu_health
+from gpuconsole.tui import summaries as S
+from gpuconsole.tui.hardware import node_layout, short_model
+from gpuconsole.tui.screens.base import BaseView
+from gpuconsole.tui.themes import Palette
+from gpuconsole.tui.widgets.cells import health_light, spark
+
+SPARK_WIDTH = 8
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("gpu", "GPU"),
+    ("util", "util"),
+    ("trend", "history"),
+    ("mem", "mem GiB"),
+    ("temp", "temp"),
+    ("power", "power"),
+    ("clock", "SM MHz"),
+    ("throttle", "throttle"),
+    ("ecc", "ECC"),
+    ("owner", "owner"),
+)
+
+
+def ecc_text(gpu: GpuReading, palette: Palette) -> Text:
+    """Volatile uncorrected/corrected, and a remap mark: what needs a look now."""
+    ecc = gpu.ecc
+    if ecc.volatile_corrected is None and ecc.volatile_uncorrected is None:
+        return Text(fmt.NA)
+    unc, cor = ecc.volatile_uncorrected or 0, ecc.volatile_corrected or 0
+    text = Text(f"{unc}/{cor}")
+    if unc:
+        text.stylize(palette.health[Health.CRITICAL])
+    elif cor:
+        text.stylize(palette.health[Health.WARNING])
+    if ecc.remap_failure:
+        text.append(" remap!", style=palette.health[Health.CRITICAL])
+    elif ecc.remap_pending:
+        text.append(" pend", style=palette.health[Health.WARNING])
+    return text
+
+
+def gpu_row(node: NodeSnapshot, gpu: GpuReading, palette: Palette) -> tuple[Text | str, ...]:
+    """The cells of one GPU's row, in COLUMNS order."""
+    health = gpu_health(gpu)
+    label = health_light(health, palette)
+    label.append(f" {gpu.index}")
+    if gpu.lost:
+        lost = Text(S.gpu_state_words(gpu), style=palette.health[Health.CRITICAL])
+        return (label, Text("LOST", style=palette.health[Health.CRITICAL]), "", "", "", "", "",
+                lost, "", S.gpu_owner(node, gpu))  # fmt: skip
+    history = node.history
+    util_series = history.series("gpu", gpu.uuid, "util_gpu_pct") if history else ()
+    if not util_series and history is not None:
+        util_series = history.series("gpu", gpu.uuid, "sm_util_pct")
+    util = gpu.util_gpu_pct
+    util_text = Text(fmt.pct(util) if util is not None else ("MIG" if gpu.mig_enabled else "-"))
+    throttle = fmt.throttle_words(gpu.throttle_reasons)
+    throttle_text = Text(throttle)
+    if throttle != fmt.NA:
+        throttle_text.stylize(palette.health[Health.WARNING])
+    temp = Text(fmt.celsius(gpu.temp_gpu_c))
+    if gpu.temp_gpu_c is not None and gpu.temp_slowdown_c and gpu.temp_gpu_c >= gpu.temp_slowdown_c:
+        temp.stylize(palette.health[Health.CRITICAL])
+    return (
+        label,
+        util_text,
+        spark(util_series, SPARK_WIDTH, palette, hi=100.0),
+        fmt.mem_of(gpu.mem_used_bytes, gpu.mem_total_bytes).replace(" GiB", ""),
+        temp,
+        fmt.watts_of(gpu.power_w, gpu.power_limit_w).replace(" W", ""),
+        fmt.number(gpu.sm_clock_mhz),
+        throttle_text,
+        ecc_text(gpu, palette),
+        S.gpu_owner(node, gpu),
+    )
+
+
+def node_info(node: NodeSnapshot, palette: Palette, now: float) -> Text:
+    """Two lines about the node: what it is, and how fresh each source is."""
+    nvml = node.nvml
+    layout = node_layout(node)
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append_text(health_light(node.health, palette, word=True))
+    product = layout.product if layout is not None else short_model(S.node_model(node))
+    text.append(f"  {product} · {len(node.gpus)}\u00d7 {short_model(S.node_model(node))}")
+    if nvml is not None:
+        text.append(
+            f" · driver {nvml.driver_version or '-'} · CUDA {nvml.cuda_driver_version or '-'}"
+        )
+    text.append("\n")
+    for status in node.statuses:
+        if status.ok:
+            text.append(f"{status.source}: ok, {fmt.age(status.last_ok_at, now)} ago  ",
+                        style=palette.health[Health.OK])  # fmt: skip
+        else:
+            since = fmt.clock_time(status.stale_since)
+            text.append(f"{status.source}: stale since {since} ({status.error or '?'})  ",
+                        style=palette.health[Health.STALE])  # fmt: skip
+    for source in S.PENDING_SOURCES:
+        if node.status(source) is None:
+            text.append(f"{source}: not configured  ", style=palette.dim)
+    return text
+
+
+def owners_text(node: NodeSnapshot) -> str:
+    pending = S.pending_panel(node, "tenancy")
+    if pending is not None:
+        lines = [pending]
+        procs = sum(len(g.processes) for g in node.gpus)
+        if procs:
+            lines.append(f"NVML sees {procs} compute processes (PIDs, not owners)")
+        return "\n".join(lines)
+    owners: dict[str, list[int]] = {}
+    for gpu in node.gpus:
+        owners.setdefault(S.gpu_owner(node, gpu), []).append(gpu.index)
+    return "\n".join(f"{o}: GPU {', '.join(map(str, idx))}" for o, idx in sorted(owners.items()))
+
+
+class NodeScreen(BaseView):
+    """One node: its GPUs and what its other sources say."""
+
+    BINDINGS = [
+        Binding("enter", "open", "GPU"),
+        Binding("m", "sm_map", "SM map"),
+        Binding("o", "topology", "Topology"),
+    ]
+    HELP_EXTRA = (("↑ ↓", "move between GPUs"),)
+
+    def __init__(self, node_name: str) -> None:
+        super().__init__()
+        self.node_name = node_name
+        self._row_cells: dict[str, tuple[Text | str, ...]] = {}
+        self._row_gpus: dict[str, GpuReading] = {}
+        self._shown_node: NodeSnapshot | None = None
+
+    def crumbs(self) -> list[str]:
+        return ["Fleet", self.node_name]
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(id="node-info", classes="summary")
+        table: DataTable[Text | str] = DataTable(id="gpu-table", cursor_type="row")
+        for key, label in COLUMNS:
+            table.add_column(label, key=key)
+        yield table
+        with Horizontal(id="node-panels"):
+            for panel_id, title in (("bmc", "BMC"), ("fabric", "fabric"), ("owners", "owners")):
+                panel = Static(id=f"panel-{panel_id}", classes="panel")
+                panel.border_title = title
+                yield panel
+
+    @property
+    def table(self) -> DataTable[Text | str]:
+        return self.query_one("#gpu-table", DataTable)
+
+    def apply(self, snapshot: FleetSnapshot, *, force: bool = False) -> None:
+        node = snapshot.node(self.node_name)
+        info = self.query_one("#node-info", Static)
+        if node is None:
+            info.update(f"{self.node_name}: not in the latest snapshot")
+            self.table.clear()
+            self._row_cells.clear()
+            return
+        palette, now = self.palette, self.console.clock()
+        info.update(node_info(node, palette, now))
+        if force or node is not self._shown_node:
+            self._update_table(node, palette, force)
+            self._shown_node = node
+        self.query_one("#panel-bmc", Static).update(S.bmc_panel(node))
+        self.query_one("#panel-fabric", Static).update(S.fabric_panel(node))
+        self.query_one("#panel-owners", Static).update(owners_text(node))
+
+    def _update_table(self, node: NodeSnapshot, palette: Palette, force: bool) -> None:
+        table = self.table
+        keys = [str(g.index) for g in node.gpus]
+        with self.app.batch_update():
+            if force or keys != list(self._row_cells):
+                cursor = table.cursor_row
+                table.clear()
+                self._row_cells.clear()
+                for gpu in node.gpus:
+                    cells = gpu_row(node, gpu, palette)
+                    table.add_row(*cells, key=str(gpu.index))
+                    self._row_cells[str(gpu.index)] = cells
+                if table.row_count:
+                    table.move_cursor(row=min(cursor, table.row_count - 1), animate=False)
+                return
+            for gpu in node.gpus:
+                key = str(gpu.index)
+                cells = gpu_row(node, gpu, palette)
+                for (column, _), new, old in zip(
+                    COLUMNS, cells, self._row_cells[key], strict=False
+                ):
+                    if new != old:
+                        table.update_cell(key, column, new)
+                self._row_cells[key] = cells
+
+    def selected_gpu(self) -> int | None:
+        table = self.table
+        if table.row_count == 0:
+            return None
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        return int(key) if key is not None else None
+
+    @property
+    def gpu_index(self) -> int | None:
+        """Nothing is narrowed to one GPU here; events opened from a node show all of them."""
+        return None
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.row_key.value is not None:
+            self.console.open_gpu(self.node_name, int(event.row_key.value))
+
+    def action_open(self) -> None:
+        index = self.selected_gpu()
+        if index is not None:
+            self.console.open_gpu(self.node_name, index)
+
+    def action_sm_map(self) -> None:
+        index = self.selected_gpu()
+        if index is not None:
+            self.console.open_sm_map(self.node_name, index)
+
+    def action_topology(self) -> None:
+        self.console.open_topology(self.node_name)

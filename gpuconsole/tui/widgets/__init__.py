@@ -1,0 +1,1 @@
+"""Widgets and cell renderers shared by the console's screens."""

@@ -1,0 +1,75 @@
+"""Rich renderables for the small things views repeat: heat cells, lights, sparklines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.style import Style
+from rich.text import Text
+
+from gpuconsole import format as fmt
+from gpuconsole.model import GpuReading, Health
+from gpuconsole.tui.summaries import Facet, Metric, cell_text, metric_value
+from gpuconsole.tui.themes import Palette
+
+# A shape per health, so the state reads without colour too.
+HEALTH_GLYPH = {
+    Health.OK: "●",
+    Health.WARNING: "▲",
+    Health.CRITICAL: "✖",
+    Health.STALE: "◌",
+    Health.UNKNOWN: "?",
+}
+
+
+def heat_cells(gpus: Sequence[GpuReading], metric: Metric, palette: Palette) -> Text:
+    """One three-character cell per GPU, its background from the theme's scale."""
+    text = Text(no_wrap=True, overflow="crop")
+    for gpu in gpus:
+        if gpu.lost:
+            text.append(" ✖ ", style=palette.health[Health.CRITICAL] + Style(reverse=True))
+            continue
+        _, fraction = metric_value(gpu, metric)
+        text.append(cell_text(gpu, metric), style=palette.heat(fraction))
+    return text
+
+
+def heat_cell(gpu: GpuReading, metric: Metric, palette: Palette) -> Text:
+    return heat_cells([gpu], metric, palette)
+
+
+def health_light(health: Health, palette: Palette, *, word: bool = False) -> Text:
+    label = HEALTH_GLYPH[health] + (f" {health.value}" if word else "")
+    return Text(label, style=palette.health[health])
+
+
+def facet_lights(facets: Sequence[Facet], palette: Palette) -> Text:
+    """'GBFT': each letter in its source's health colour; dim when not configured."""
+    text = Text(no_wrap=True)
+    for facet in facets:
+        if facet.health is None:
+            text.append("·", style=palette.dim)
+        else:
+            text.append(facet.letter, style=palette.health[facet.health])
+    return text
+
+
+def spark(
+    values: Sequence[float], width: int, palette: Palette, *, hi: float | None = None
+) -> Text:
+    """A sparkline coloured by its latest value against `hi`."""
+    line = fmt.sparkline(tuple(values), width, hi=hi)
+    last = values[-1] if values else None
+    top = hi if hi else (max(values) if values else None)
+    fraction = None if last is None or not top else last / top
+    return Text(line, style=palette.heat_fg(fraction), no_wrap=True)
+
+
+def bar(fraction: float | None, width: int, palette: Palette) -> Text:
+    """A horizontal bar filled to `fraction`, in the scale's colour for that level."""
+    if fraction is None:
+        return Text("·" * width, style=palette.dim)
+    filled = round(max(0.0, min(1.0, fraction)) * width)
+    text = Text("█" * filled, style=palette.heat_fg(fraction))
+    text.append("·" * (width - filled), style=palette.dim)
+    return text

@@ -1,0 +1,77 @@
+"""The top line of every view: where you are, how fresh the data is, SIMULATED."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from gpuconsole import format as fmt
+from gpuconsole.model import FleetSnapshot, Health
+from gpuconsole.tui.themes import Palette
+
+# Older than this many seconds and the whole view is marked stale.
+STALE_AFTER_S = 5.0
+
+
+def status_text(
+    crumbs: list[str],
+    snapshot: FleetSnapshot | None,
+    now: float,
+    palette: Palette,
+    *,
+    read_only: bool = False,
+) -> tuple[Text, Text]:
+    """The bar's content: breadcrumbs left; SIMULATED, read-only and data age right."""
+    left = Text(" gpuconsole", style="bold")
+    for crumb in crumbs:
+        left.append(" \u203a ")
+        left.append(crumb, style="bold")
+    right = Text()
+    if snapshot is None:
+        right.append("waiting for data ", style=palette.health[Health.STALE])
+    else:
+        if snapshot.simulated:
+            right.append(" SIMULATED ", style=palette.simulated)
+            right.append(" ")
+        if read_only:
+            right.append("read-only ", style=palette.health[Health.UNKNOWN])
+        age_s = now - snapshot.at
+        if age_s > STALE_AFTER_S:
+            right.append(f"STALE {fmt.age(snapshot.at, now)} ", style=palette.health[Health.STALE])
+        right.append(f"{fmt.clock_time(snapshot.at)} ({fmt.age(snapshot.at, now)} ago) ")
+    return left, right
+
+
+class StatusBar(Widget):
+    """Breadcrumbs, data age and the SIMULATED marker, on one line."""
+
+    DEFAULT_CSS = """
+    StatusBar { dock: top; height: 1; background: $panel; color: $foreground; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._left = Text(" gpuconsole")
+        self._right = Text()
+
+    def show(
+        self,
+        crumbs: list[str],
+        snapshot: FleetSnapshot | None,
+        now: float,
+        palette: Palette,
+        *,
+        read_only: bool = False,
+    ) -> None:
+        left, right = status_text(crumbs, snapshot, now, palette, read_only=read_only)
+        if left != self._left or right != self._right:
+            self._left, self._right = left, right
+            self.refresh()
+
+    def render(self) -> Text:
+        width = self.size.width
+        left, right = self._left.copy(), self._right
+        room = width - right.cell_len
+        if left.cell_len > room:
+            left.truncate(max(0, room - 1), overflow="ellipsis")
+        return Text.assemble(left, " " * max(0, room - left.cell_len), right, no_wrap=True)

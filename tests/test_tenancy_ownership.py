@@ -1,0 +1,306 @@
+"""Ownership merges NVML's view with the tenancy source's, and flags what does not add up."""
+
+from __future__ import annotations
+
+from gpuconsole.model import GpuReading, GpuState, MigInstance, NvmlReading, ProcessReading
+from gpuconsole.ownership import OwnerKind, ProblemKind, resolve_owners
+from gpuconsole.readings.base import Severity
+from gpuconsole.readings.tenancy import (
+    Guest,
+    HostProcess,
+    IommuPeer,
+    PciGpu,
+    PodDevice,
+    TenancyReading,
+)
+
+U0, U1, U2 = (f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd" for i in range(3))
+MIG1 = "MIG-11111111-aaaa-bbbb-cccc-dddddddddddd"
+MIG2 = "MIG-22222222-aaaa-bbbb-cccc-dddddddddddd"
+BUS = ("0000:1b:00.0", "0000:43:00.0", "0000:52:00.0")
+
+
+def nvml_gpu(i: int, *, pids: tuple[int, ...] = (), **kw: object) -> GpuReading:
+    fields: dict[str, object] = {
+        "index": i,
+        "uuid": (U0, U1, U2)[i],
+        "name": "NVIDIA H100 80GB HBM3",
+        "pci_bus_id": "0000" + BUS[i].upper(),  # NVML's 8-digit domain form
+        "processes": tuple(ProcessReading(pid) for pid in pids),
+    }
+    fields.update(kw)
+    return GpuReading(**fields)  # type: ignore[arg-type]
+
+
+def nvml(*gpus: GpuReading) -> NvmlReading:
+    return NvmlReading(
+        at=0.0, driver_version="535", nvml_version="12", cuda_driver_version="12.2", gpus=gpus
+    )
+
+
+def pci(i: int, driver: str | None = "nvidia", **kw: object) -> PciGpu:
+    return PciGpu(bus_id=BUS[i], driver=driver, iommu_group=10 + i, **kw)  # type: ignore[arg-type]
+
+
+def pod(
+    ns: str, name: str, device_id: str, uuid: str | None, replica: int | None = None
+) -> PodDevice:
+    return PodDevice(ns, name, "main", "nvidia.com/gpu", device_id, uuid, replica, tenant=ns)
+
+
+def test_a_passed_through_gpu_nvml_cannot_see_still_has_its_guest_as_owner() -> None:
+    tenancy = TenancyReading(
+        at=0.0,
+        gpus=(pci(0), pci(1, "vfio-pci")),
+        guests=(Guest("tenant-b-vm7", "running", (BUS[1],), "libvirt", tenant="tenant-b"),),
+    )
+    own = resolve_owners(nvml(nvml_gpu(0)), tenancy)
+    assert [g.bus_id for g in own.gpus] == [BUS[0], BUS[1]]
+    held = own.gpu(BUS[1])
+    assert held is not None and held.index is None and held.driver == "vfio-pci"
+    assert held.label == "vm tenant-b-vm7" and held.owner.tenant == "tenant-b"
+    assert held.owner.source == "libvirt" and held.owner.state == "running"
+    free = own.gpu(U0)
+    assert free is not None and free.kind is OwnerKind.FREE and free.label == "free"
+    assert own.all_problems == ()
+
+
+def test_pods_own_gpus_by_uuid_and_processes_in_their_cgroup_do_not_count_twice() -> None:
+    tenancy = TenancyReading(
+        at=0.0,
+        gpus=(pci(0), pci(1)),
+        pod_devices=(pod("team-nlp", "train-0", U0, U0), pod("team-nlp", "train-0", U1, U1)),
+        processes=(
+            HostProcess(
+                4242,
+                "python3",
+                "/kubepods/pod1/abc",
+                pod_uid="11111111-2222-3333-4444-555555555555",
+                started_at=100.0,
+            ),
+        ),
+    )
+    own = resolve_owners(nvml(nvml_gpu(0, pids=(4242,)), nvml_gpu(1)), tenancy)
+    for gpu in own.gpus:
+        assert gpu.label == "pod team-nlp/train-0"
+        assert (gpu.owner.namespace, gpu.owner.pod, gpu.owner.container) == (
+            "team-nlp",
+            "train-0",
+            "main",
+        )
+        assert gpu.problems == ()
+    # the pod's process started before gpuconsole first saw the allocation
+    first = own.gpu(U0)
+    assert first is not None and first.owner.since == 100.0 and not first.owner.since_observed
+    assert own.count_by_tenant() == {"team-nlp": 2}
+
+
+def test_a_slurm_job_and_a_plain_user_are_owners_from_their_processes() -> None:
+    tenancy = TenancyReading(
+        at=0.0,
+        gpus=(pci(0), pci(1)),
+        processes=(
+            HostProcess(
+                10,
+                "python",
+                "/slurm/uid_1001/job_4711/step_0",
+                user="bob",
+                slurm_job="4711",
+                slurm_account="physics",
+                tenant="physics",
+            ),
+            HostProcess(
+                11, "python", "/slurm/uid_1001/job_4711/step_0", user="bob", slurm_job="4711"
+            ),
+            HostProcess(20, "jupyter", "/user.slice/user-1000.slice", user="alice"),
+        ),
+    )
+    own = resolve_owners(nvml(nvml_gpu(0, pids=(10, 11)), nvml_gpu(1, pids=(20,))), tenancy)
+    job = own.gpu(U0)
+    assert job is not None and job.label == "job 4711" and job.owner.pids == (10, 11)
+    assert job.owner.tenant == "physics" and job.owner.user == "bob"
+    user = own.gpu(U1)
+    assert user is not None and user.label == "process alice"
+
+
+def test_a_gpu_on_vfio_pci_with_host_processes_is_flagged() -> None:
+    tenancy = TenancyReading(
+        at=0.0,
+        gpus=(pci(0, "vfio-pci"),),
+        guests=(Guest("vm1", "running", (BUS[0],), "libvirt"),),
+    )
+    own = resolve_owners(nvml(nvml_gpu(0, pids=(77,))), tenancy)
+    gpu = own.gpus[0]
+    assert gpu.label == "vm vm1"  # the guest stays the owner; the processes are the problem
+    (problem,) = gpu.problems
+    assert problem.kind is ProblemKind.VFIO_WITH_PROCESSES and problem.severity is Severity.CRITICAL
+    assert "77" in problem.message and "vm vm1" in problem.message
+
+
+def test_a_gpu_claimed_by_a_guest_and_a_pod_is_flagged_with_both_names() -> None:
+    tenancy = TenancyReading(
+        at=0.0,
+        gpus=(pci(0, "vfio-pci"),),
+        guests=(Guest("vm1", "running", (BUS[0],), "qemu"),),
+        pod_devices=(pod("ns", "p", U0, U0),),
+    )
+    own = resolve_owners(nvml(nvml_gpu(0)), tenancy)
+    gpu = own.gpus[0]
+    assert [o.label for o in gpu.owners] == ["vm vm1", "pod ns/p"]
+    (problem,) = gpu.problems
+    assert problem.kind is ProblemKind.TWO_OWNERS
+    assert "vm vm1 (qemu)" in problem.message and "pod ns/p (kubelet)" in problem.message
+
+
+def test_time_sliced_replicas_share_a_gpu_without_a_conflict() -> None:
+    tenancy = TenancyReading(
+        at=0.0,
+        gpus=(pci(0),),
+        pod_devices=(
+            pod("ns", "a", f"{U0}::0", U0, 0),
+            pod("ns", "a", f"{U0}::3", U0, 3),
+            pod("ns", "b", f"{U0}::1", U0, 1),
+        ),
+    )
+    gpu = resolve_owners(nvml(nvml_gpu(0)), tenancy).gpus[0]
+    assert [(o.name, o.replicas) for o in gpu.owners] == [("ns/a", (0, 3)), ("ns/b", (1,))]
+    assert gpu.label == "pod ns/a +1" and gpu.problems == ()
+
+
+def test_a_pod_holding_a_gpu_nvml_reports_lost_is_flagged() -> None:
+    lost = nvml_gpu(0, state=GpuState.LOST, lost_since=50.0)
+    tenancy = TenancyReading(
+        at=0.0, gpus=(pci(0),), pod_devices=(pod("team-nlp", "train-llm-7b-0", U0, U0),)
+    )
+    gpu = resolve_owners(nvml(lost), tenancy).gpus[0]
+    assert gpu.label == "pod team-nlp/train-llm-7b-0"
+    (problem,) = gpu.problems
+    assert problem.kind is ProblemKind.HELD_BUT_LOST and "NVML reports lost" in problem.message
+
+
+def test_a_lost_gpu_nobody_holds_is_unavailable() -> None:
+    gpu = resolve_owners(nvml(nvml_gpu(0, state=GpuState.LOST)), TenancyReading(at=0.0)).gpus[0]
+    assert gpu.kind is OwnerKind.UNAVAILABLE and gpu.label == "unavailable (lost)"
+
+
+def test_a_guest_holding_part_of_an_iommu_group_is_flagged() -> None:
+    peers = (
+        IommuPeer("0000:1b:00.1", 0x040300, "snd_hda_intel"),
+        IommuPeer("0000:1a:00.0", 0x060400, "pcieport"),  # bridges stay with the host
+    )
+    tenancy = TenancyReading(
+        at=0.0,
+        gpus=(pci(0, "vfio-pci", iommu_peers=peers),),
+        guests=(Guest("vm1", "running", (BUS[0],), "libvirt"),),
+    )
+    gpu = resolve_owners(None, tenancy).gpus[0]
+    (problem,) = gpu.problems
+    assert problem.kind is ProblemKind.PARTIAL_IOMMU_GROUP and problem.severity is Severity.CRITICAL
+    assert "0000:1b:00.1 (snd_hda_intel)" in problem.message and "1a:00.0" not in problem.message
+    whole = TenancyReading(
+        at=0.0,
+        gpus=tenancy.gpus,
+        guests=(Guest("vm1", "running", (BUS[0], "0000:1b:00.1"), "libvirt"),),
+    )
+    assert resolve_owners(None, whole).gpus[0].problems == ()
+
+
+def test_a_shut_off_guest_reserves_a_vfio_gpu_but_yields_to_a_running_holder() -> None:
+    reserved = TenancyReading(
+        at=0.0,
+        gpus=(pci(0, "vfio-pci"),),
+        guests=(Guest("vm-off", "shut off", (BUS[0],), "libvirt"),),
+    )
+    gpu = resolve_owners(None, reserved).gpus[0]
+    assert gpu.label == "vm vm-off (shut off)" and gpu.problems == ()
+    both = TenancyReading(
+        at=0.0,
+        gpus=(pci(0, "vfio-pci"),),
+        guests=(
+            Guest("vm-off", "shut off", (BUS[0],), "libvirt"),
+            Guest("vm-on", "running", (BUS[0],), "libvirt"),
+        ),
+    )
+    gpu = resolve_owners(None, both).gpus[0]
+    assert [o.label for o in gpu.owners] == ["vm vm-on"] and gpu.problems == ()
+
+
+def test_mig_instances_have_their_own_owners() -> None:
+    migs = (
+        MigInstance(1, 0, MIG1, "3g.40gb", 3, 60),
+        MigInstance(2, 0, MIG2, "1g.10gb", 1, 16),
+    )
+    gpu0 = nvml_gpu(
+        0, mig_enabled=True, mig_instances=migs, processes=(ProcessReading(9, gpu_instance_id=2),)
+    )
+    tenancy = TenancyReading(
+        at=0.0,
+        gpus=(pci(0),),
+        pod_devices=(PodDevice("ns", "infer", "srv", "nvidia.com/mig-3g.40gb", MIG1, MIG1),),
+        processes=(HostProcess(9, "python", "/user.slice", user="alice"),),
+    )
+    gpu = resolve_owners(nvml(gpu0), tenancy).gpus[0]
+    assert [(m.gpu_instance_id, m.owner.label) for m in gpu.migs] == [
+        (1, "pod ns/infer"),
+        (2, "process alice"),
+    ]
+    assert [o.label for o in gpu.owners] == ["pod ns/infer", "process alice"]
+    assert gpu.problems == ()
+
+
+def test_an_allocation_naming_no_gpu_here_is_a_node_problem_not_a_crash() -> None:
+    tenancy = TenancyReading(
+        at=0.0,
+        gpus=(pci(0),),
+        pod_devices=(
+            pod(
+                "ns",
+                "ghost",
+                "GPU-ffffffff-0000-0000-0000-000000000000",
+                "GPU-ffffffff-0000-0000-0000-000000000000",
+            ),
+            PodDevice("ns", "weird", "c", "nvidia.com/gpu", "not-a-gpu", None),
+        ),
+    )
+    own = resolve_owners(nvml(nvml_gpu(0)), tenancy)
+    assert own.gpus[0].kind is OwnerKind.FREE
+    kinds = [p.kind for p in own.problems]
+    assert kinds == [ProblemKind.UNKNOWN_DEVICE, ProblemKind.UNKNOWN_DEVICE]
+    assert "'not-a-gpu'" in own.problems[1].message
+
+
+def test_index_strategy_device_ids_map_to_nvml_indices() -> None:
+    tenancy = TenancyReading(
+        at=0.0,
+        gpus=(pci(0), pci(1)),
+        pod_devices=(PodDevice("ns", "p", "c", "nvidia.com/gpu", "1", None, index=1),),
+    )
+    own = resolve_owners(nvml(nvml_gpu(0), nvml_gpu(1)), tenancy)
+    assert [g.label for g in own.gpus] == ["free", "pod ns/p"]
+
+
+def test_unbound_and_foreign_driver_gpus_are_unavailable() -> None:
+    tenancy = TenancyReading(at=0.0, gpus=(pci(0, None), pci(1, "nouveau"), pci(2, "vfio-pci")))
+    labels = [g.label for g in resolve_owners(None, tenancy).gpus]
+    assert labels == [
+        "unavailable (no driver bound)",
+        "unavailable (bound to nouveau)",
+        "free (vfio-pci)",
+    ]
+
+
+def test_a_running_guest_whose_gpu_the_host_driver_holds_is_flagged() -> None:
+    tenancy = TenancyReading(
+        at=0.0, gpus=(pci(0),), guests=(Guest("vm1", "running", (BUS[0],), "libvirt"),)
+    )
+    (problem,) = resolve_owners(nvml(nvml_gpu(0)), tenancy).gpus[0].problems
+    assert (
+        problem.kind is ProblemKind.GUEST_ON_HOST_DRIVER
+        and "nvidia driver holds it" in problem.message
+    )
+
+
+def test_processes_nvml_reports_but_proc_does_not_know_are_still_owners() -> None:
+    own = resolve_owners(nvml(nvml_gpu(0, pids=(31337,))), TenancyReading(at=0.0, gpus=(pci(0),)))
+    owner = own.gpus[0].owner
+    assert owner.label == "process pid 31337" and owner.source == "nvml"

@@ -1,0 +1,246 @@
+"""The console driven like an operator drives it: keys, mouse, filter, drill-down, back."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
+
+from gpuconsole.model import FleetSnapshot
+from gpuconsole.sim.cluster import demo_hub
+from gpuconsole.tui.app import ConsoleApp
+from gpuconsole.tui.messages import SnapshotArrived
+from gpuconsole.tui.screens.events import EventsScreen
+from gpuconsole.tui.screens.fleet import FleetScreen, FleetTable
+from gpuconsole.tui.screens.gpu import GpuScreen
+from gpuconsole.tui.screens.help import HelpScreen, TooSmallScreen
+from gpuconsole.tui.screens.node import NodeScreen
+from gpuconsole.tui.screens.smmap import SmMapScreen
+from gpuconsole.tui.screens.topology import TopologyScreen
+from gpuconsole.tui.widgets.status_bar import StatusBar
+from tests.conftest_tui import FIXED, frozen_fleet
+
+SIZE = (120, 40)
+
+
+def row_names(app: ConsoleApp) -> list[str]:
+    table = app.screen.query_one(FleetTable)
+    return [str(table.get_row_at(i)[0].plain.split(" ", 1)[1]) for i in range(table.row_count)]
+
+
+def status_line(app: ConsoleApp) -> str:
+    bar = app.screen.query_one(StatusBar)
+    return str(bar.render())
+
+
+async def test_fleet_lists_every_node_and_says_simulated(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, FleetScreen)
+        assert row_names(app) == [n.node for n in frozen_fleet().nodes]
+        assert "SIMULATED" in status_line(app)
+
+
+async def test_enter_drills_down_and_escape_walks_back(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("down", "down", "enter")
+        assert isinstance(app.screen, NodeScreen) and app.screen.node_name == "dgx-003"
+        await pilot.press("down", "enter")
+        assert isinstance(app.screen, GpuScreen) and app.screen.gpu_index == 1
+        await pilot.press("m")
+        assert isinstance(app.screen, SmMapScreen)
+        await pilot.press("escape", "escape")
+        assert isinstance(app.screen, NodeScreen)
+        await pilot.press("o")
+        assert isinstance(app.screen, TopologyScreen) and app.screen.node_name == "dgx-003"
+        await pilot.press("escape", "escape")
+        assert isinstance(app.screen, FleetScreen)
+
+
+async def test_mouse_click_opens_a_node(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        # Row 4 (dgx-004) sits on line 4 of the table: header, then rows 0..3 above it.
+        await pilot.click(FleetTable, offset=(4, 4))
+        await pilot.click(FleetTable, offset=(4, 4))
+        await pilot.pause()
+        assert isinstance(app.screen, NodeScreen) and app.screen.node_name == "dgx-004"
+
+
+async def test_slash_filters_by_model_and_escape_clears(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("slash", *"a100", "enter")
+        assert row_names(app) == ["dgxa-001", "dgxa-002", "apollo-01"]
+        await pilot.press("slash", "backspace", "backspace", "backspace", "backspace",
+                          *"critical", "enter")  # fmt: skip
+        assert row_names(app) == ["dgx-003"]
+        await pilot.press("escape")
+        assert len(row_names(app)) == 7
+
+
+async def test_sort_by_health_puts_the_worst_first(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("s")
+        names = row_names(app)
+        assert names[0] == "dgx-003"
+        assert set(names[1:3]) == {"dgx-002", "dgx-004"}
+
+
+async def test_m_switches_what_the_cells_show(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one(FleetTable)
+        assert "util" in str(table.columns[ColumnKey("gpus")].label)
+        await pilot.press("m")
+        assert "temp" in str(table.columns[ColumnKey("gpus")].label)
+        # dgx-002 GPU 3 runs hot (thermal scenario): its cell reads 89
+        assert table.get_cell("dgx-002", "gpus").plain.split()[3] == "89"
+
+
+async def test_a_new_snapshot_updates_changed_cells_in_place(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(FleetTable)
+        updates: list[tuple[object, object]] = []
+        original = table.update_cell
+
+        def spy(row: Any, column: Any, value: Any, **kw: Any) -> None:
+            updates.append((row, column))
+            original(row, column, value, **kw)
+
+        table.update_cell = spy  # type: ignore[method-assign]
+        cleared: list[bool] = []
+        table.clear = lambda *a, **k: cleared.append(True)  # type: ignore[method-assign]
+        old = frozen_fleet()
+        node = old.nodes[0]
+        assert node.nvml is not None
+        gpu0 = dataclasses.replace(node.gpus[0], util_gpu_pct=12.0)
+        nvml = dataclasses.replace(node.nvml, gpus=(gpu0, *node.gpus[1:]))
+        changed = dataclasses.replace(node, nvml=nvml)
+        new = dataclasses.replace(old, seq=old.seq + 1, nodes=(changed, *old.nodes[1:]))
+        app.post_message(SnapshotArrived(new))
+        await pilot.pause()
+        assert not cleared
+        assert updates == [("dgx-001", "gpus")]
+        assert table.get_cell("dgx-001", "gpus").plain.split()[0] == "12"
+
+
+def test_a_newer_snapshot_replaces_a_queued_one() -> None:
+    snap = frozen_fleet()
+    older, newer = SnapshotArrived(snap), SnapshotArrived(snap)
+    assert newer.can_replace(older)
+
+
+async def test_stale_data_shows_its_age(console_app: Any) -> None:
+    app = console_app()
+    app.clock = lambda: FIXED + 42
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert "STALE 42 s" in status_line(app)
+
+
+async def test_help_lists_the_keys_of_the_view(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("down", "enter")
+        await pilot.pause()
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        keys = dict(app.screen._keys)
+        assert keys["m"] == "SM map" and keys["o"] == "Topology" and keys["?"] == "Help"
+        await pilot.press("escape")
+        assert isinstance(app.screen, NodeScreen)
+
+
+async def test_t_cycles_the_gpuconsole_themes(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        seen = {app.theme}
+        for _ in app.theme_names:
+            await pilot.press("t")
+            seen.add(app.theme)
+        assert (
+            seen
+            == set(app.theme_names)
+            >= {
+                "gpuconsole-dark",
+                "gpuconsole-light",
+                "gpuconsole-high-contrast",
+                "gpuconsole-ansi",
+            }
+        )
+
+
+async def test_colon_jumps_to_a_gpu_by_name(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("colon")
+        await pilot.press(*"dgx-004 gpu 7 sm map")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, SmMapScreen)
+        assert (app.screen.node_name, app.screen.gpu_index) == ("dgx-004", 7)
+        await pilot.press("escape")
+        assert isinstance(app.screen, GpuScreen)
+
+
+async def test_events_filter_by_node_and_severity(console_app: Any) -> None:
+    fleet = frozen_fleet()
+    critical = [e for e in fleet.events if e.severity.value == "critical"]
+    on_dgx_002 = [e for e in fleet.events if e.node == "dgx-002"]
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("e")
+        assert isinstance(app.screen, EventsScreen)
+        table = app.screen.query_one("#events-table", DataTable)
+        assert table.row_count == len(fleet.events)
+        await pilot.press("v", "v")  # info → warning → critical
+        assert table.row_count == len(critical) == 3  # lost GPU, FAN 3, PSU 2
+        await pilot.press("v", "slash", *"node:dgx-002", "enter")
+        assert table.row_count == len(on_dgx_002)
+        await pilot.press("escape")
+        assert table.row_count == len(fleet.events)
+        await pilot.press("slash", *"node:dgx-003 gpu:4", "enter")
+        assert table.row_count == 0
+
+
+async def test_events_opened_from_a_node_show_that_node(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("enter", "e")
+        assert isinstance(app.screen, EventsScreen) and app.screen.flt.node == "dgx-001"
+        rows = app.screen.query_one("#events-table", DataTable).row_count
+        assert rows == len([e for e in frozen_fleet().events if e.node == "dgx-001"]) > 0
+
+
+async def test_a_small_terminal_gets_a_message(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=(60, 20)) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, TooSmallScreen)
+        await pilot.resize_terminal(100, 30)
+        await pilot.pause()
+        assert isinstance(app.screen, FleetScreen)
+
+
+async def test_the_app_starts_and_stops_a_live_hub(utc: None) -> None:
+    hub = demo_hub(nodes=2, events=False)
+    app = ConsoleApp(hub, theme_dirs=[], cursor_blink=False)
+    async with app.run_test(size=SIZE) as pilot:
+        for _ in range(50):
+            await pilot.pause(0.05)
+            if app.snapshot is not None and app.snapshot.nodes and app.snapshot.nodes[0].gpus:
+                break
+        assert isinstance(app.snapshot, FleetSnapshot)
+        assert row_names(app) == ["dgx-001", "dgx-002"]
+    assert hub._running is False

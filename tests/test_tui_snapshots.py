@@ -1,0 +1,98 @@
+"""SVG snapshots of every console view on frozen simulated data, at 120x40 and 80x24.
+
+Update with `make test-snapshot-update` (pytest --snapshot-update); files live in snapshots/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pytest_textual_snapshot")
+
+from tests.conftest_tui import frozen_fleet
+
+SIZES = {"wide": (120, 40), "small": (80, 24)}
+
+
+def goto(view: str, node: str | None = None, gpu: int | None = None) -> Callable[[Any], Any]:
+    async def run_before(pilot: Any) -> None:
+        await pilot.pause()
+        pilot.app.jump(view, node, gpu)
+        await pilot.pause()
+
+    return run_before
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_fleet(snap_compare: Any, console_app: Any, size: str) -> None:
+    assert snap_compare(console_app(), terminal_size=SIZES[size])
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_node(snap_compare: Any, console_app: Any, size: str) -> None:
+    assert snap_compare(
+        console_app(), terminal_size=SIZES[size], run_before=goto("node", "dgx-004")
+    )
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_gpu_detail(snap_compare: Any, console_app: Any, size: str) -> None:
+    app = console_app(frozen_fleet())
+    assert snap_compare(app, terminal_size=SIZES[size], run_before=goto("gpu", "dgx-004", 2))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_topology(snap_compare: Any, console_app: Any, size: str) -> None:
+    assert snap_compare(console_app(), terminal_size=SIZES[size],
+                        run_before=goto("topology", "dgxa-001"))  # fmt: skip
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_sm_map_mig(snap_compare: Any, console_app: Any, size: str) -> None:
+    app = console_app(frozen_fleet())
+    assert snap_compare(app, terminal_size=SIZES[size], run_before=goto("smmap", "dgx-004", 7))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_events(snap_compare: Any, console_app: Any, size: str) -> None:
+    assert snap_compare(console_app(), terminal_size=SIZES[size], run_before=goto("events"))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_help(snap_compare: Any, console_app: Any, size: str) -> None:
+    assert snap_compare(console_app(), terminal_size=SIZES[size], press=["question_mark"])
+
+
+def test_gpu_lost(snap_compare: Any, console_app: Any) -> None:
+    assert snap_compare(
+        console_app(), terminal_size=(120, 40), run_before=goto("gpu", "dgx-003", 5)
+    )
+
+
+def test_sm_map_ampere_gpu_wide(snap_compare: Any, console_app: Any) -> None:
+    assert snap_compare(console_app(), terminal_size=(120, 40),
+                        run_before=goto("smmap", "dgxa-002", 3))  # fmt: skip
+
+
+def test_topology_dgx_h100(snap_compare: Any, console_app: Any) -> None:
+    assert snap_compare(console_app(), terminal_size=(120, 40),
+                        run_before=goto("topology", "dgx-001"))  # fmt: skip
+
+
+def test_fleet_filtered_by_temperature(snap_compare: Any, console_app: Any) -> None:
+    assert snap_compare(console_app(), terminal_size=(120, 40),
+                        press=["m", "slash", "d", "g", "x", "-", "0", "enter"])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "theme", ["gpuconsole-light", "gpuconsole-high-contrast", "gpuconsole-ansi"]
+)
+def test_fleet_themes(snap_compare: Any, console_app: Any, theme: str) -> None:
+    assert snap_compare(console_app(theme=theme), terminal_size=(120, 40))
+
+
+def test_too_small(snap_compare: Any, console_app: Any) -> None:
+    assert snap_compare(console_app(), terminal_size=(70, 20))
