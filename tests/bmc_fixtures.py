@@ -229,10 +229,21 @@ class Sushy:
 
 
 def start_sushy(workdir: Path, mockup: str) -> Sushy:
+    """sushy-static on a free port; a port another process took first gets a retry."""
     program = require_program("sushy-static", "pip install sushy-tools")
     root = workdir / "mockup"
     shutil.copytree(DATA / "redfish" / mockup, root)
     cert, key = self_signed(workdir / "tls")
+    for attempt in range(3):
+        try:
+            return _start_sushy_once(program, workdir, root, cert, key)
+        except RuntimeError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_sushy_once(program: str, workdir: Path, root: Path, cert: Path, key: Path) -> Sushy:
     port = free_port()
     log = workdir / "sushy.log"
     with log.open("wb") as out:
