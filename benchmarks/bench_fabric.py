@@ -13,9 +13,8 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
-from typing import Any
 
+from benchmarks.timing import cpu_us
 from gpuconsole.counters import RateTracker
 from gpuconsole.sim.fabric import SimFabricTree
 from gpuconsole.sim.node import SimNode
@@ -47,15 +46,6 @@ def sixteen_port_profile() -> NodeProfile:
     return dataclasses.replace(DGX_H100, nics=tuple(nics))
 
 
-def _cpu_us(fn: Callable[[], Any], rounds: int) -> list[float]:
-    samples = []
-    for _ in range(rounds):
-        began = time.process_time_ns()
-        fn()
-        samples.append((time.process_time_ns() - began) / 1000.0)
-    return samples
-
-
 def measure() -> dict[str, float]:
     clock = [1000.0]
     node = SimNode("bench", sixteen_port_profile(), clock=lambda: clock[0], start=0.0)
@@ -70,7 +60,7 @@ def measure() -> dict[str, float]:
             source._assemble(devices, peermem, {}, None)
 
         read()
-        reading_us = _cpu_us(read, ROUNDS)
+        reading_us = cpu_us(read, ROUNDS)
         reading = source._assemble(*source._read_sysfs(), {}, None)
         counters = sum(len(p.counters) + len(p.hw_counters) for p in reading.ports)
         tracker = RateTracker()
@@ -80,13 +70,13 @@ def measure() -> dict[str, float]:
             tick[0] += 1.0
             tracker.update(reading.counters(), tick[0])
 
-        rates_us = _cpu_us(rates, ROUNDS)
+        rates_us = cpu_us(rates, ROUNDS)
 
         def refresh() -> None:
             clock[0] += 1.0
             tree.refresh()
 
-        refresh_us = _cpu_us(refresh, ROUNDS)
+        refresh_us = cpu_us(refresh, ROUNDS)
 
         async def polls() -> list[float]:
             live = FabricSource("bench", sysfs_root=root, netlink=True)

@@ -13,11 +13,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from benchmarks.timing import cpu_us
 from gpuconsole.hub import Hub
 from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.nvml import SimNvml
@@ -26,15 +25,6 @@ from gpuconsole.sources.nvml import NvmlSource
 
 GPUS = len(DGX_H100.gpus)
 POLLS = 120
-
-
-def _cpu_us(fn: Callable[[], Any], rounds: int) -> list[float]:
-    samples = []
-    for _ in range(rounds):
-        began = time.process_time_ns()
-        fn()
-        samples.append((time.process_time_ns() - began) / 1000.0)
-    return samples
 
 
 def poll_costs(source: NvmlSource, count_calls: Callable[[], int]) -> dict[str, float]:
@@ -48,7 +38,7 @@ def poll_costs(source: NvmlSource, count_calls: Callable[[], int]) -> dict[str, 
         upcoming = source._round + 1
         is_table = upcoming % source.detail_every and upcoming % source.inventory_every
         before = count_calls()
-        (cost,) = _cpu_us(source.collect, 1)
+        (cost,) = cpu_us(source.collect, 1)
         everything.append(cost)
         if is_table:
             table_only.append(cost)
@@ -89,7 +79,7 @@ def hub_figures() -> dict[str, float]:
         hub.publish()
         i += 1
 
-    samples = _cpu_us(one, 400)
+    samples = cpu_us(one, 400)
     return {"hub_us_per_snapshot": statistics.median(samples[50:])}
 
 

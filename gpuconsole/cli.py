@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
@@ -15,143 +14,19 @@ from gpuconsole import config as config_mod
 from gpuconsole import format as fmt
 from gpuconsole import paths
 from gpuconsole.config import Config, ConfigError
-from gpuconsole.hub import Hub, HubSettings
+from gpuconsole.hub import Hub
+from gpuconsole.hubs import bmc_sources, hub_settings, node_hub, sim_hub
 from gpuconsole.model import FleetSnapshot, NodeSnapshot, gpu_health
 from gpuconsole.sim.profiles import PROFILES
 
 if TYPE_CHECKING:
     from gpuconsole.export.agent import AgentSettings
     from gpuconsole.readings.bmc import BmcReading
-    from gpuconsole.sources.bmc import BmcSource
-    from gpuconsole.sources.tenancy import TenancySource
+    from gpuconsole.ssh.server import SshSettings
 
 log = logging.getLogger("gpuconsole")
 
-NOT_YET = {
-    "wallboard": "the read-only wallboard arrives with issue #7 (three ways in)",
-    "ssh-server": "the ssh-in console arrives with issue #7 (three ways in)",
-}
-
-
 # --- building the data loop ---------------------------------------------------------------
-
-
-def hub_settings(cfg: Config) -> HubSettings:
-    return HubSettings(
-        history_points=cfg.hub.history_points,
-        event_log_size=cfg.hub.event_log_size,
-        max_backoff_s=cfg.hub.max_backoff_s,
-    )
-
-
-def node_hub(cfg: Config) -> Hub:
-    """The hub for this machine's own sources, as the config says."""
-    from gpuconsole.sources.nvml import NvmlSource, load_pynvml
-
-    hub = Hub(hub_settings(cfg))
-    node = cfg.host.node_name
-    hub.add_node(node)
-    if cfg.nvml.enabled:
-        hub.add_source(
-            NvmlSource(
-                node,
-                lib=load_pynvml(cfg.nvml.library) if cfg.nvml.library else None,
-                interval_s=cfg.nvml.interval_s,
-                timeout_s=cfg.nvml.timeout_s,
-                detail_every=cfg.nvml.detail_every,
-                inventory_every=cfg.nvml.inventory_every,
-                events=cfg.nvml.events,
-            )
-        )
-    if cfg.fabric.enabled:
-        from gpuconsole.sources.fabric import FabricSource
-
-        hub.add_source(
-            FabricSource(
-                node,
-                sysfs_root=cfg.host.sysfs_root,
-                interval_s=cfg.fabric.interval_s,
-                timeout_s=cfg.fabric.timeout_s,
-                roles=cfg.fabric.roles,
-                netlink=cfg.fabric.netlink,
-                netns=cfg.fabric.netns or None,
-            )
-        )
-    for source in bmc_sources(cfg):
-        hub.add_source(source)
-    if cfg.tenancy.enabled:
-        hub.add_source(tenancy_source(cfg))
-    return hub
-
-
-def tenancy_source(cfg: Config) -> TenancySource:
-    """The tenancy source for this machine, with the config's tenant rules."""
-    from gpuconsole.sources.tenancy import TenancySource, TenantRules
-
-    t = cfg.tenancy
-    return TenancySource(
-        cfg.host.node_name,
-        sysfs_root=cfg.host.sysfs_root,
-        proc_root=cfg.host.proc_root,
-        libvirt_uri=t.libvirt_uri,
-        kubelet_socket=t.kubelet_socket,
-        processes=t.processes,
-        rules=TenantRules.from_tables(
-            namespaces=t.namespaces, domains=t.domains, accounts=t.accounts, users=t.users
-        ),
-        interval_s=t.interval_s,
-        timeout_s=t.timeout_s,
-    )
-
-
-def bmc_sources(cfg: Config) -> list[BmcSource]:
-    """A BMC source per [[bmc]] entry, all sharing one bound on concurrent polls."""
-    from gpuconsole.sources.bmc import BmcError, BmcPool, BmcTarget, source_for
-    from gpuconsole.sources.bmc.source import read_password
-
-    pool = BmcPool()
-    sources = []
-    for entry in cfg.bmc:
-        target = BmcTarget(
-            node=entry.node or cfg.host.node_name,
-            host=entry.host,
-            protocol=entry.protocol,
-            port=entry.port,
-            username=entry.username,
-            verify_tls=entry.verify_tls,
-            ca_file=entry.ca_file,
-            timeout_s=entry.timeout_s,
-        )
-        try:
-            password = entry.password
-            if entry.password_file:
-                password = read_password(entry.password_file, target.label)
-            target = dataclasses.replace(target, password=password)
-            sources.append(
-                source_for(
-                    target, interval_s=entry.interval_s, pool=pool, state_dir=paths.state_dir()
-                )
-            )
-        except BmcError as exc:
-            raise ConfigError(str(exc)) from None
-    return sources
-
-
-def sim_hub(cfg: Config, nodes: int | None, seed: int | None, *, events: bool = True) -> Hub:
-    """The hub over the simulated cluster, with the config's intervals and switches."""
-    from gpuconsole.sim.cluster import demo_hub
-
-    return demo_hub(
-        nodes if nodes is not None else (cfg.demo.nodes or None),
-        seed=cfg.demo.seed if seed is None else seed,
-        interval_s=cfg.nvml.interval_s,
-        events=events,
-        settings=hub_settings(cfg),
-        fabric=cfg.fabric.enabled,
-        tenancy=cfg.tenancy.enabled,
-        fabric_interval_s=cfg.fabric.interval_s,
-        tenancy_interval_s=cfg.tenancy.interval_s,
-    )
 
 
 # --- subcommands ----------------------------------------------------------------------
@@ -173,31 +48,138 @@ def _log_to_file() -> None:
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
 
-def _run_console(hub: Hub, theme: str | None) -> int:
+def _run_console(hub: Hub | None, theme: str | None, snapshot: FleetSnapshot | None = None) -> int:
     try:
         from gpuconsole.tui.app import ConsoleApp
     except ImportError as exc:
         print(f"gpuconsole: the console cannot start: {exc}", file=sys.stderr)
         return 1
     _log_to_file()
-    ConsoleApp(hub, theme=theme).run()
+    if snapshot is not None:
+        ConsoleApp(None, theme=theme, start_hub=False, snapshot=snapshot).run()
+    else:
+        ConsoleApp(hub, theme=theme).run()
     return 0
+
+
+def read_capture(path: Path) -> FleetSnapshot:
+    """A snapshot captured with `gpuconsole snapshot --json`, for --replay."""
+    from gpuconsole.codec import DecodeError, loads
+
+    try:
+        return loads(path.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"--replay {path}: {exc.strerror}") from None
+    except DecodeError as exc:
+        raise ConfigError(f"--replay {path}: not a gpuconsole snapshot: {exc}") from None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    hub = sim_hub(cfg, args.nodes, args.seed)
-    return _run_console(hub, args.theme or cfg.ui.theme)
+    theme = args.theme or cfg.ui.theme
+    if args.replay:
+        return _run_console(None, theme, read_capture(Path(args.replay)))
+    return _run_console(sim_hub(cfg, args.nodes, args.seed), theme)
+
+
+def console_hub(cfg: Config) -> Hub:
+    """A head's hub when [fleet] names agents; this node's own sources otherwise."""
+    from gpuconsole.fleet import fleet_hub, members
+
+    if members(cfg.fleet):
+        return fleet_hub(cfg.fleet, hub_settings(cfg))
+    return node_hub(cfg)
 
 
 def cmd_console(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    return _run_console(node_hub(cfg), args.theme or cfg.ui.theme)
+    return _run_console(console_hub(cfg), args.theme or cfg.ui.theme)
 
 
-def cmd_not_yet(args: argparse.Namespace) -> int:
-    print(f"gpuconsole {args.command}: not built yet: {NOT_YET[args.command]}.", file=sys.stderr)
-    return 2
+def cmd_wallboard(args: argparse.Namespace) -> int:
+    """The read-only wallboard in this terminal, on this node's sources or the simulator."""
+    cfg = _config(args)
+    try:
+        from gpuconsole.tui.wallboard import WallboardApp
+    except ImportError as exc:
+        print(f"gpuconsole: the wallboard cannot start: {exc}", file=sys.stderr)
+        return 1
+    hub = sim_hub(cfg, args.nodes, args.seed) if args.demo else node_hub(cfg)
+    _log_to_file()
+    page_s = args.page_s if args.page_s is not None else cfg.wallboard.page_s
+    WallboardApp(hub, theme=args.theme or cfg.wallboard.theme, page_s=page_s).run()
+    return 0
+
+
+def ssh_settings(
+    cfg: Config, listen: str | None = None, authorized_keys: str | None = None
+) -> SshSettings:
+    """The ssh server's settings from the config and the command line."""
+    from gpuconsole.export.agent import parse_listen
+    from gpuconsole.ssh.server import SshSettings
+
+    s = cfg.ssh
+    try:
+        host, port = parse_listen(listen or s.listen, default_port=2222)
+    except ValueError as exc:
+        raise ConfigError(f"[ssh] listen: {exc}") from None
+    keys = authorized_keys or s.authorized_keys
+    return SshSettings(
+        host=host,
+        port=port,
+        host_key=Path(s.host_key) if s.host_key else paths.state_dir() / "ssh_host_ed25519_key",
+        authorized_keys=Path(keys) if keys else paths.config_dir() / "authorized_keys",
+        password_file=Path(s.password_file) if s.password_file else None,
+        max_sessions=s.max_sessions,
+        idle_timeout_s=s.idle_timeout_s,
+        wallboard_user=s.wallboard_user,
+        output_buffer_bytes=s.output_buffer_bytes,
+        color_system=s.color_system,
+    )
+
+
+def cmd_ssh_server(args: argparse.Namespace) -> int:
+    """Serve the console (and the wallboard) over ssh; keys decide the role."""
+    if args.hash_password:
+        import getpass
+
+        from gpuconsole.ssh.keys import hash_password
+
+        first = getpass.getpass("password: ")
+        if first != getpass.getpass("again: "):
+            print("gpuconsole: the passwords differ", file=sys.stderr)
+            return 2
+        print(f"USER:viewer:{hash_password(first)}")
+        return 0
+    try:
+        from gpuconsole.ssh.keys import KeyFileError
+        from gpuconsole.ssh.server import ConsoleServer, console_factory, serve
+    except ImportError as exc:
+        print(f"gpuconsole: the ssh server cannot start: {exc}", file=sys.stderr)
+        return 1
+    cfg = _config(args)
+    settings = ssh_settings(cfg, args.listen, args.authorized_keys)
+    hub = sim_hub(cfg, args.nodes, args.seed) if args.demo else node_hub(cfg)
+    factory = console_factory(
+        hub,
+        theme=cfg.ui.theme,
+        wallboard_theme=cfg.wallboard.theme,
+        page_s=cfg.wallboard.page_s,
+        refresh_s=cfg.ssh.refresh_s,
+    )
+    logging.getLogger().setLevel(logging.INFO)
+    try:
+        asyncio.run(serve(ConsoleServer(hub, settings, factory)))
+    except KeyFileError as exc:
+        print(f"gpuconsole ssh-server: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(
+            f"gpuconsole ssh-server: cannot listen on {settings.host}:{settings.port}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 def agent_settings(cfg: Config, listen: str | None) -> AgentSettings:
@@ -260,7 +242,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     if args.demo:
         hub = sim_hub(cfg, args.nodes, args.seed, events=False)
     else:
-        hub = node_hub(cfg)
+        hub = console_hub(cfg)
     snapshot = asyncio.run(hub.poll_once())
     if args.json:
         from gpuconsole.codec import dumps
@@ -321,6 +303,27 @@ def cmd_power(args: argparse.Namespace) -> int:
         return 1
     print(f"{args.node}: power {args.state} requested through {source.label} ({answer})")
     return 0
+
+
+def cmd_assign(args: argparse.Namespace) -> int:
+    """Move GPUs to free, drained, k8s or vm:NAME: planned, confirmed, journaled, audited."""
+    from gpuconsole.actions.assign import AssignRequest, gpu_args, run_assign
+    from gpuconsole.actions.roles import Actor, Role, local_actor
+
+    cfg = _config(args)
+    actor = local_actor()
+    if args.demo and not actor.role.may_act:  # a simulated node: nobody's GPU is at stake
+        actor = Actor(actor.user, Role.OPERATOR)
+    request = AssignRequest(
+        gpus=gpu_args(args.gpus),
+        target=args.to,
+        node=args.node,
+        dry_run=args.dry_run,
+        yes=args.yes,
+        demo=args.demo,
+    )
+    ask = input if sys.stdin.isatty() else None
+    return asyncio.run(run_assign(cfg, request, actor, ask=ask))
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -466,9 +469,14 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     _demo_args(p)
     p.add_argument("--theme", help="theme name")
+    p.add_argument(
+        "--replay", metavar="FILE", help="open a capture made with `gpuconsole snapshot --json`"
+    )
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("console", help="the console on this node's real sources")
+    p = sub.add_parser(
+        "console", help="the console: this node's sources, or the fleet's agents ([fleet])"
+    )
     _common(p)
     p.add_argument("--theme", help="theme name")
     p.set_defaults(func=cmd_console)
@@ -480,10 +488,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", metavar="HOST:PORT", help="default: [agent] listen, 127.0.0.1:9400")
     p.set_defaults(func=cmd_agent)
 
-    for name in ("wallboard", "ssh-server"):
-        p = sub.add_parser(name, help=f"{NOT_YET[name]} (not built yet)")
-        _common(p)
-        p.set_defaults(func=cmd_not_yet)
+    p = sub.add_parser("wallboard", help="the read-only NOC wallboard: rotating pages")
+    _common(p)
+    _demo_args(p)
+    p.add_argument("--demo", action="store_true", help="show the simulated cluster")
+    p.add_argument("--theme", help="theme name (default: [wallboard] theme, high contrast)")
+    p.add_argument("--page-s", type=float, metavar="S", help="seconds per page (default: 15)")
+    p.set_defaults(func=cmd_wallboard)
+
+    p = sub.add_parser("ssh-server", help="serve the console over ssh; keys decide the role")
+    _common(p)
+    _demo_args(p)
+    p.add_argument("--demo", action="store_true", help="serve the simulated cluster")
+    p.add_argument("--listen", metavar="HOST:PORT", help="default: [ssh] listen, 0.0.0.0:2222")
+    p.add_argument(
+        "--authorized-keys",
+        metavar="FILE",
+        help="OpenSSH public keys, each line optionally led by role=viewer|operator|admin",
+    )
+    p.add_argument(
+        "--hash-password",
+        action="store_true",
+        help="print a [ssh] password_file line for a password typed twice, and exit",
+    )
+    p.set_defaults(func=cmd_ssh_server)
 
     p = sub.add_parser("snapshot", help="one reading of every source, as a table or JSON")
     _common(p)
@@ -500,6 +528,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--demo", action="store_true", help="a node of the simulated cluster")
     _common(p)
     p.set_defaults(func=cmd_power)
+
+    p = sub.add_parser("assign", help="move GPUs to free, drained, k8s or vm:NAME")
+    p.add_argument("gpus", nargs="+", metavar="GPU", help="index, bus id or UUID")
+    p.add_argument("--to", required=True, metavar="TARGET", help="free, drained, k8s or vm:NAME")
+    p.add_argument("--node", help="the node (with --demo: a simulated one)")
+    p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
+    p.add_argument("--yes", action="store_true", help="confirm without asking")
+    p.add_argument("--demo", action="store_true", help="a node of the simulated cluster")
+    _common(p)
+    p.set_defaults(func=cmd_assign)
 
     p = sub.add_parser("config", help="print an example config, or check one")
     p.add_argument("action", choices=["example", "check"])
@@ -520,7 +558,7 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command not in ("demo", "console"):
+    if args.command not in ("demo", "console", "wallboard"):
         logging.basicConfig(level=logging.WARNING, format="gpuconsole: %(message)s")
     try:
         result: Any = args.func(args)

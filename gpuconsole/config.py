@@ -153,6 +153,62 @@ class TenancyConfig:
 
 
 @dataclass(frozen=True)
+class FleetConfig:
+    """[fleet]: the nodes a head console reads through their agents."""
+
+    agents: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            'Agents as "NAME=URL" or "URL" (the name is then the host), '
+            'e.g. ["dgx-001=http://dgx-001:9400"]'
+        ),
+    )
+    targets_file: str = field(
+        default="",
+        metadata=_doc("Prometheus file_sd JSON of agents: targets host:port, labels node and ssh"),
+    )
+    interval_s: float = field(
+        default=1.0, metadata=_doc("Seconds between reads of each agent", minimum=0.1)
+    )
+    timeout_s: float = field(
+        default=3.0, metadata=_doc("An agent slower than this is stale", minimum=0.1)
+    )
+    max_connections: int = field(
+        default=64, metadata=_doc("Open connections to agents at most", minimum=1)
+    )
+
+
+@dataclass(frozen=True)
+class ActionsConfig:
+    """[actions]: reassigning GPUs (`gpuconsole assign`): journal, sysfs, Kubernetes."""
+
+    journal: str = field(
+        default="", metadata=_doc("SQLite journal of actions and GPU locks; empty: state folder")
+    )
+    audit_log: str = field(
+        default="", metadata=_doc("Append-only audit log (JSON lines); empty: state folder")
+    )
+    sysfs_root: str = field(
+        default="", metadata=_doc("sysfs the vfio driver writes to; empty: [host] sysfs_root")
+    )
+    kubernetes: bool = field(
+        default=False,
+        metadata=_doc(
+            "Cordon GPUs and evict pods through the Kubernetes API (gpuconsole[kubernetes])"
+        ),
+    )
+    kubeconfig: str = field(
+        default="", metadata=_doc("kubeconfig file; empty: the in-cluster service account")
+    )
+    kubernetes_node: str = field(
+        default="", metadata=_doc("This machine's Kubernetes node name; empty: [host] name")
+    )
+    evict_timeout_s: float = field(
+        default=300.0, metadata=_doc("Wait this long for an evicted pod to go", minimum=1)
+    )
+
+
+@dataclass(frozen=True)
 class DemoConfig:
     """[demo]: the simulated cluster."""
 
@@ -183,6 +239,82 @@ class AgentConfig:
     basic_auth_password_file: str = field(
         default="", metadata=_doc("File holding the basic-auth password (mode 0600)")
     )
+
+
+@dataclass(frozen=True)
+class SshConfig:
+    """[ssh]: the ssh-in console (`gpuconsole ssh-server`)."""
+
+    listen: str = field(default="0.0.0.0:2222", metadata=_doc("HOST:PORT to accept ssh on"))
+    authorized_keys: str = field(
+        default="",
+        metadata=_doc(
+            "OpenSSH public-key lines, each optionally led by role=viewer|operator|admin "
+            "(no role: viewer); empty: authorized_keys in the config folder"
+        ),
+    )
+    host_key: str = field(
+        default="",
+        metadata=_doc(
+            "The server's private host key, generated (mode 0600) on first start; "
+            "empty: ssh_host_ed25519_key in the state folder"
+        ),
+    )
+    password_file: str = field(
+        default="",
+        metadata=_doc(
+            "USER:ROLE:HASH lines (gpuconsole ssh-server --hash-password); "
+            "empty: password authentication off"
+        ),
+    )
+    max_sessions: int = field(
+        default=32,
+        metadata=_doc(
+            "Sessions at once; the next is told the server is full", minimum=1, maximum=10_000
+        ),
+    )
+    idle_timeout_s: float = field(
+        default=1800.0,
+        metadata=_doc(
+            "Close a session after this long without input; 0: never "
+            "(wallboard sessions never time out)",
+            minimum=0,
+        ),
+    )
+    wallboard_user: str = field(
+        default="wallboard", metadata=_doc("Logging in as this user gives the wallboard")
+    )
+    output_buffer_bytes: int = field(
+        default=65536,
+        metadata=_doc(
+            "Unsent bytes per session above which frames are skipped",
+            minimum=4096,
+            maximum=16 * 1024 * 1024,
+        ),
+    )
+    refresh_s: float = field(
+        default=1.0,
+        metadata=_doc(
+            "A session repaints with new readings at most this often", minimum=0.1, maximum=60
+        ),
+    )
+    color_system: str = field(
+        default="truecolor",
+        metadata=_doc(
+            "One colour depth for every session of the process",
+            choices=("truecolor", "256", "standard"),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class WallboardConfig:
+    """[wallboard]: the read-only NOC wallboard (`gpuconsole wallboard`, or ssh)."""
+
+    page_s: float = field(
+        default=15.0, metadata=_doc("Seconds each page shows", minimum=1, maximum=3600)
+    )
+    theme: str = field(default="gpuconsole-high-contrast", metadata=_doc("Theme name"))
 
 
 @dataclass(frozen=True)
@@ -234,8 +366,12 @@ class Config:
     fabric: FabricConfig = field(default_factory=FabricConfig)
     tenancy: TenancyConfig = field(default_factory=TenancyConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
+    actions: ActionsConfig = field(default_factory=ActionsConfig)
     ui: UiConfig = field(default_factory=UiConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    ssh: SshConfig = field(default_factory=SshConfig)
+    wallboard: WallboardConfig = field(default_factory=WallboardConfig)
     bmc: tuple[BmcConfig, ...] = ()
     path: Path | None = field(default=None, compare=False)
 
@@ -309,6 +445,10 @@ def _convert(value: Any, kind: Any) -> Any:
         if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
             return dict(value)
         raise TypeError("must be a table of strings")
+    if kind == tuple[str, ...]:
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise TypeError("must be a list of strings")
     raise TypeError(f"unsupported type {kind}")
 
 
@@ -421,6 +561,8 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, dict):
         items = ", ".join(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in value.items())
         return "{ " + items + " }" if items else "{}"
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return repr(value)
 
 

@@ -379,12 +379,25 @@ def resolve_owners(nvml: NvmlReading | None, tenancy: TenancyReading | None) -> 
         bus = normal_bus_id(pci.bus_id)
         entries[bus] = _Gpu(bus, pci=pci)
     pci_by_uuid = {e.pci.uuid: e for e in entries.values() if e.pci is not None and e.pci.uuid}
+    unnamed: list[GpuReading] = []
     for gpu in nvml.gpus if nvml is not None else ():
         bus = normal_bus_id(gpu.pci_bus_id)
         if bus not in entries and gpu.uuid in pci_by_uuid:
             bus = pci_by_uuid[gpu.uuid].bus_id  # NVML could not read its bus id (lost at start)
+        elif bus not in entries and ":" not in bus:
+            unnamed.append(gpu)  # nor its UUID: lost before NVML first read it
+            continue
         entries.setdefault(bus, _Gpu(bus)).nvml = gpu
+    unread = [e for e in entries.values() if e.nvml is None and e.pci and e.pci.driver == "nvidia"]
+    if len(unnamed) == 1 and len(unread) == 1:
+        unread[0].nvml = unnamed[0]  # the one nvidia-bound GPU NVML names nowhere is that one
+    else:
+        for gpu in unnamed:
+            entries.setdefault(gpu.pci_bus_id, _Gpu(gpu.pci_bus_id)).nvml = gpu
     by_uuid = {e.uuid: e for e in entries.values() if e.uuid}
+    for e in entries.values():  # the driver's UUID, for a GPU NVML lost before it could read it
+        if e.pci is not None and e.pci.uuid:
+            by_uuid.setdefault(e.pci.uuid, e)
     by_index = {e.nvml.index: e for e in entries.values() if e.nvml is not None}
     by_mig: dict[str, tuple[_Gpu, MigInstance]] = {
         mig.uuid: (e, mig) for e in entries.values() for mig in e.migs

@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
+import functools
 import json
 import os
 import re
 import ssl
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client.core import Metric
+from prometheus_client.exposition import generate_latest
 
 from gpuconsole.export.agent import Agent, AgentSettings, parse_listen
-from gpuconsole.export.collector import MetricsCache
+from gpuconsole.export.collector import MetricsCache, build, families
 from gpuconsole.hub import Hub
+from gpuconsole.model import FleetSnapshot
 from gpuconsole.sim.cluster import demo_hub
+from tests.export_fixtures import frozen_body, frozen_fleet
 from tests.peers import require_program
 
 FIXED = 1_796_000_000.0
@@ -38,15 +44,19 @@ DASHBOARD_METRICS = (
 DCGM_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id")
 
 
-async def frozen_hub() -> Hub:
+@functools.cache
+def frozen_hub() -> Hub:
+    """The demo polled once at FIXED, shared by the tests that only read what it holds."""
     hub = demo_hub(clock=lambda: FIXED, start=FIXED - 120, events=False)
-    await hub.poll_once()
+    # a thread of its own, so that async tests (already inside a loop) can call it too
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, hub.poll_once()).result()
     return hub
 
 
 @pytest.fixture
 async def agent() -> AsyncIterator[Agent]:
-    hub = await frozen_hub()
+    hub = frozen_hub()
     server = Agent(hub, AgentSettings(port=0))
     await server.start()
     try:
@@ -67,14 +77,20 @@ def samples(body: str, name: str) -> list[str]:
 async def test_metrics_carry_dcgm_names_and_labels(agent: Agent) -> None:
     status, body, headers = await get(f"http://127.0.0.1:{agent.port}/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    snapshot = agent.hub.latest
+    assert snapshot is not None
+    # every GPU the hosts' NVML sees (guests hold dgx-001's 8, dgx-004's 1, dgxa-002's 2),
+    # the lost one and those in MIG mode (no whole-GPU utilization) aside
+    visible = [g for node in snapshot.nodes for g in node.gpus if not (g.lost or g.mig_enabled)]
+    assert len(visible) >= 8 * 7 - 11 - 1 - 2
     for name in DASHBOARD_METRICS:
         lines = samples(body, name)
-        assert len(lines) >= 8 * 7 - 8, name  # every GPU of the 7 demo nodes, the lost one aside
+        assert len(lines) >= len(visible), name
         for label in DCGM_LABELS:
             assert f'{label}="' in lines[0], (name, label)
     util = samples(body, "DCGM_FI_DEV_GPU_UTIL")
     assert any(
-        'Hostname="dgx-001"' in line and 'modelName="NVIDIA H100 80GB HBM3"' in line
+        'Hostname="dgx-002"' in line and 'modelName="NVIDIA H100 80GB HBM3"' in line
         for line in util
     )
     mig = [line for line in samples(body, "gpuconsole_mig_instance_info") if "dgx-004" in line]
@@ -96,7 +112,7 @@ async def test_gpm_becomes_dcgm_profiling_metrics_on_hopper_only() -> None:
     finally:
         await hub.stop()
     active = samples(body, "DCGM_FI_PROF_SM_ACTIVE")
-    assert any('Hostname="dgx-001"' in line for line in active)
+    assert any('Hostname="dgx-002"' in line for line in active)
     assert not any('Hostname="dgxa-002"' in line for line in active)  # A100: no GPM
     mig = [line for line in active if 'GPU_I_ID="' in line and 'Hostname="dgx-004"' in line]
     assert len(mig) == 4
@@ -144,6 +160,21 @@ async def test_promtool_finds_nothing_but_dcgm_exporters_own_names(agent: Agent)
     assert all(p.startswith("DCGM_FI_") for p in problems)
 
 
+def test_promtool_passes_bmc_fabric_and_ownership_series_too() -> None:
+    body = frozen_body()  # two polls: rates, pods, MIG owners, problems
+    for prefix in ("ipmi_", "node_infiniband_", "gpuconsole_gpu_owner_info", "gpuconsole_bmc_"):
+        assert f"\n{prefix}" in body, prefix
+    problems = promtool_problems(body)
+    assert [p for p in problems if not any(lint in p for lint in DCGM_LINTS)] == []
+
+
+async def test_the_agent_serves_ipmi_and_infiniband_series(agent: Agent) -> None:
+    _, body, _ = await get(f"http://127.0.0.1:{agent.port}/metrics")
+    assert samples(body, "ipmi_fan_speed_rpm") and samples(body, "ipmi_up")
+    assert samples(body, "node_infiniband_port_data_received_bytes_total")
+    assert samples(body, "gpuconsole_gpu_owner_info")
+
+
 async def test_promtool_accepts_gpuconsoles_own_metrics(agent: Agent) -> None:
     _, body, _ = await get(f"http://127.0.0.1:{agent.port}/metrics")
     ours = "\n".join(
@@ -179,7 +210,7 @@ async def test_not_ready_before_the_first_poll() -> None:
 
 
 async def test_a_scrape_never_polls_hardware() -> None:
-    hub = await frozen_hub()
+    hub = frozen_hub()
     polls_before = [s.status.polls for n in hub._nodes.values() for s in n.sources]
     cache = MetricsCache(lambda: hub.latest)
     first = cache.render()
@@ -189,7 +220,7 @@ async def test_a_scrape_never_polls_hardware() -> None:
 
 
 async def test_basic_auth_guards_everything_but_healthy() -> None:
-    hub = await frozen_hub()
+    hub = frozen_hub()
     server = Agent(hub, AgentSettings(port=0, basic_auth_user="prom", basic_auth_password="s3cret"))
     await server.start()
     url = f"http://127.0.0.1:{server.port}"
@@ -228,7 +259,7 @@ async def test_tls(tmp_path: Path) -> None:
         capture_output=True,
         timeout=60,
     )
-    hub = await frozen_hub()
+    hub = frozen_hub()
     server = Agent(hub, AgentSettings(port=0, tls_cert=cert, tls_key=key))
     await server.start()
     try:
@@ -283,12 +314,30 @@ async def test_the_agent_command_serves_the_demo(tmp_path: Path) -> None:
         for _ in range(100):
             try:
                 status, body, _ = await get(f"http://127.0.0.1:{port}/metrics")
-                if status == 200 and len(re.findall(r"^DCGM_FI_DEV_GPU_UTIL\{", body, re.M)) == 16:
+                # dgx-001's eight GPUs are passed through to a guest: NVML sees dgx-002's
+                if status == 200 and len(re.findall(r"^DCGM_FI_DEV_GPU_UTIL\{", body, re.M)) == 8:
                     break
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.1)
-        assert len(re.findall(r"^DCGM_FI_DEV_GPU_UTIL\{", body, re.M)) == 16
+        assert len(re.findall(r"^DCGM_FI_DEV_GPU_UTIL\{", body, re.M)) == 8
     finally:
         proc.terminate()
         await proc.wait()
+
+
+def test_the_fast_exposition_is_byte_for_byte_what_prometheus_client_writes() -> None:
+    snapshot = frozen_fleet()
+    ours = build(snapshot, now=FIXED).text()
+    theirs = generate_latest(_Fixed(snapshot))
+    assert ours == theirs and b"ipmi_fan_speed_rpm{" in ours
+
+
+class _Fixed:
+    """prometheus_client's own renderer over the same families, on a fixed clock."""
+
+    def __init__(self, snapshot: FleetSnapshot) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        return families(self.snapshot, now=FIXED)

@@ -17,8 +17,8 @@ from gpuconsole import config
 from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.power import ActionRefused, PowerRequest, power
 from gpuconsole.actions.roles import Actor, Role
-from gpuconsole.cli import bmc_sources
 from gpuconsole.config import ConfigError
+from gpuconsole.hubs import bmc_sources
 from gpuconsole.readings.bmc import PowerState
 from gpuconsole.sim.bmc import sim_link
 from gpuconsole.sim.node import SimNode

@@ -34,15 +34,18 @@ def test_snapshot_json_is_versioned() -> None:
     data = json.loads(result.stdout)
     assert data["schema_version"] == 1
     assert len(data["nodes"]) == 3
-    assert len(data["nodes"][0]["nvml"]["gpus"]) == 8
+    assert len(data["nodes"][0]["nvml"]["gpus"]) == 0  # dgx-001's GPUs are in a guest
+    assert len(data["nodes"][1]["nvml"]["gpus"]) == 8
 
 
-@pytest.mark.parametrize("command", ["wallboard", "ssh-server"])
-def test_modes_not_built_yet_name_their_issue(
-    command: str, capsys: pytest.CaptureFixture[str]
+def test_the_ssh_server_without_its_authorized_keys_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main([command]) == 2
-    assert "issue #7" in capsys.readouterr().err
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    missing = tmp_path / "authorized_keys"
+    argv = ["ssh-server", "--demo", "--listen", "127.0.0.1:0", "--authorized-keys", str(missing)]
+    assert main(argv) == 2
+    assert f"{missing}: cannot read authorized keys" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -20,11 +20,12 @@ async def test_a_demo_snapshot_round_trips_through_json() -> None:
     data = json.loads(text)
     assert data["schema_version"] == SCHEMA_VERSION and data["simulated"] is True
     back = codec.loads(text)
-    assert back.nodes[0].nvml == snapshot.nodes[0].nvml
+    assert back.nodes[1].nvml == snapshot.nodes[1].nvml
     assert [n.node for n in back.nodes] == [n.node for n in snapshot.nodes]
     assert back.nodes[3].nvml is not None
-    mig_gpu = back.nodes[3].nvml.gpus[7]
-    assert mig_gpu.mig_instances == snapshot.nodes[3].nvml.gpus[7].mig_instances  # type: ignore[union-attr]
+    mig_gpu = back.nodes[3].nvml.gpus[6]  # NVML's 6: GPU 2 is passed through to a guest
+    assert mig_gpu.mig_instances
+    assert mig_gpu.mig_instances == snapshot.nodes[3].nvml.gpus[6].mig_instances  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

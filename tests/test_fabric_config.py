@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuconsole import cli, config
+from gpuconsole import config, hubs
 from gpuconsole.config import ConfigError
 from gpuconsole.sources.fabric import FabricSource
 from tests.fabric_fixtures import dgx_h100_slice
@@ -41,7 +41,7 @@ async def test_the_node_hub_reads_fabric_under_the_configured_sysfs_root(tmp_pat
         f"[host]\nname = 'dgx-017'\nsysfs_root = '{tmp_path / 'sys'}'\n"
         "[nvml]\nenabled = false\n[fabric]\nnetlink = false\nroles = { mlx5_6 = 'storage' }\n"
     )
-    hub = cli.node_hub(cfg)
+    hub = hubs.node_hub(cfg)
     (source,) = [s for s in hub.sources if s.kind == "fabric"]
     assert isinstance(source, FabricSource)
     node = (await hub.poll_once()).nodes[0]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpuconsole import codec
-from gpuconsole.cli import node_hub
 from gpuconsole.config import parse
+from gpuconsole.hubs import node_hub
 from gpuconsole.model import (
     Event,
     FleetSnapshot,
@@ -270,8 +270,11 @@ async def test_the_demo_has_guests_pods_a_job_free_gpus_and_a_flagged_lost_gpu()
     assert [p.kind for p in lost.problems] == [ProblemKind.HELD_BUT_LOST]
     # time-sliced replicas and MIG instances have pod owners too
     assert held("dgxa-002", OwnerKind.POD) == {"team-nlp/dev-a": 1, "team-nlp/dev-b": 1}
-    mig = owners["dgx-004"].gpus[7].migs
+    mig_gpu = owners["dgx-004"].gpu(BUS_DGX_H100_GPU7)
+    assert mig_gpu is not None and mig_gpu.index == 6  # NVML's 6: GPU 2 is in tenant-b-vm7
+    mig = mig_gpu.migs
     assert [m.owner.label for m in mig[:2]] == ["pod team-vision/infer-0", "pod team-nlp/embed-1"]
 
 
 BUS_DGX_H100_GPU5 = "0000:c3:00.0"
+BUS_DGX_H100_GPU7 = "0000:df:00.0"

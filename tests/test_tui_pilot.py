@@ -120,17 +120,44 @@ async def test_a_new_snapshot_updates_changed_cells_in_place(console_app: Any) -
         cleared: list[bool] = []
         table.clear = lambda *a, **k: cleared.append(True)  # type: ignore[method-assign]
         old = frozen_fleet()
-        node = old.nodes[0]
+        node = old.nodes[1]  # dgx-002 (dgx-001's GPUs are all in a guest: no NVML readings)
         assert node.nvml is not None
         gpu0 = dataclasses.replace(node.gpus[0], util_gpu_pct=12.0)
         nvml = dataclasses.replace(node.nvml, gpus=(gpu0, *node.gpus[1:]))
         changed = dataclasses.replace(node, nvml=nvml)
-        new = dataclasses.replace(old, seq=old.seq + 1, nodes=(changed, *old.nodes[1:]))
+        nodes = (old.nodes[0], changed, *old.nodes[2:])
+        new = dataclasses.replace(old, seq=old.seq + 1, nodes=nodes)
         app.post_message(SnapshotArrived(new))
         await pilot.pause()
         assert not cleared
-        assert updates == [("dgx-001", "gpus")]
-        assert table.get_cell("dgx-001", "gpus").plain.split()[0] == "12"
+        assert updates == [("dgx-002", "gpus")]
+        assert table.get_cell("dgx-002", "gpus").plain.split()[0] == "12"
+
+
+async def test_a_passed_through_gpu_shows_in_the_fleet_row_and_opens_by_bus_id(
+    console_app: Any,
+) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(FleetTable)
+        assert table.get_cell("dgx-001", "gpus").plain == " ◆ " * 8
+        assert table.get_cell("dgx-004", "gpus").plain.split()[2] == "◆"
+        assert table.get_cell("dgx-004", "free") == "6/8"
+        app.jump("node", "dgx-004")
+        await pilot.pause()
+        node_table = app.screen.query_one("#gpu-table", DataTable)
+        assert node_table.row_count == 8
+        assert node_table.get_row("0000:52:00.0")[-1] == "vm tenant-b-vm7"
+        await pilot.press("down", "down", "enter")
+        await pilot.pause()
+        assert isinstance(app.screen, GpuScreen)
+        assert (app.screen.bus_id, app.screen.gpu_index) == ("0000:52:00.0", None)
+        assert app.screen.query_one("#box-readings").border_title == "identity (sysfs) and owner"
+        await pilot.press("escape", "down", "enter")
+        await pilot.pause()
+        assert isinstance(app.screen, GpuScreen) and app.screen.gpu_index == 2
+        assert app.screen.bus_id == "0000:61:00.0"  # NVML's 2 is the fourth GPU
 
 
 def test_a_newer_snapshot_replaces_a_queued_one() -> None:
@@ -184,12 +211,13 @@ async def test_colon_jumps_to_a_gpu_by_name(console_app: Any) -> None:
     app = console_app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("colon")
-        await pilot.press(*"dgx-004 gpu 7 sm map")
+        # the MIG GPU is NVML's 6 on dgx-004: GPU 2 is passed through to a guest
+        await pilot.press(*"dgx-004 gpu 6 sm map")
         await pilot.pause(0.5)
         await pilot.press("enter")
         await pilot.pause()
         assert isinstance(app.screen, SmMapScreen)
-        assert (app.screen.node_name, app.screen.gpu_index) == ("dgx-004", 7)
+        assert (app.screen.node_name, app.screen.gpu_index) == ("dgx-004", 6)
         await pilot.press("escape")
         assert isinstance(app.screen, GpuScreen)
 

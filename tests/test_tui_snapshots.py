@@ -38,10 +38,31 @@ def test_node(snap_compare: Any, console_app: Any, size: str) -> None:
     )
 
 
+def test_node_whose_gpus_are_all_in_a_guest(snap_compare: Any, console_app: Any) -> None:
+    assert snap_compare(console_app(), terminal_size=(120, 40), run_before=goto("node", "dgx-001"))
+
+
+def test_node_with_an_ownership_problem(snap_compare: Any, console_app: Any) -> None:
+    assert snap_compare(console_app(), terminal_size=(120, 40), run_before=goto("node", "dgx-003"))
+
+
 @pytest.mark.parametrize("size", SIZES)
 def test_gpu_detail(snap_compare: Any, console_app: Any, size: str) -> None:
+    # NVML's GPU 2 on dgx-004 is its fourth (GPU 2 is in a guest): the one with ECC errors
     app = console_app(frozen_fleet())
     assert snap_compare(app, terminal_size=SIZES[size], run_before=goto("gpu", "dgx-004", 2))
+
+
+def test_gpu_detail_passed_through(snap_compare: Any, console_app: Any) -> None:
+    from gpuconsole.tui.screens.gpu import GpuScreen
+
+    async def run_before(pilot: Any) -> None:
+        await pilot.pause()
+        pilot.app.jump("node", "dgx-004")
+        pilot.app.push_screen(GpuScreen("dgx-004", bus_id="0000:52:00.0"))
+        await pilot.pause()
+
+    assert snap_compare(console_app(), terminal_size=(120, 40), run_before=run_before)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -53,7 +74,7 @@ def test_topology(snap_compare: Any, console_app: Any, size: str) -> None:
 @pytest.mark.parametrize("size", SIZES)
 def test_sm_map_mig(snap_compare: Any, console_app: Any, size: str) -> None:
     app = console_app(frozen_fleet())
-    assert snap_compare(app, terminal_size=SIZES[size], run_before=goto("smmap", "dgx-004", 7))
+    assert snap_compare(app, terminal_size=SIZES[size], run_before=goto("smmap", "dgx-004", 6))
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -78,8 +99,9 @@ def test_sm_map_ampere_gpu_wide(snap_compare: Any, console_app: Any) -> None:
 
 
 def test_topology_dgx_h100(snap_compare: Any, console_app: Any) -> None:
+    # dgx-002: like `nvidia-smi topo -m`, topology lists the GPUs NVML sees (dgx-001 has none)
     assert snap_compare(console_app(), terminal_size=(120, 40),
-                        run_before=goto("topology", "dgx-001"))  # fmt: skip
+                        run_before=goto("topology", "dgx-002"))  # fmt: skip
 
 
 def test_fleet_filtered_by_temperature(snap_compare: Any, console_app: Any) -> None:

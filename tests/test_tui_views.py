@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpuconsole.model import Event, Health, Severity
+from gpuconsole.ownership import ProblemKind
 from gpuconsole.sim.profiles import DGX_A100, DGX_H100
 from gpuconsole.tui import summaries as S
 from gpuconsole.tui.hardware import model_spec
@@ -50,7 +51,7 @@ def test_a_user_theme_is_loaded_and_a_broken_one_names_its_key(tmp_path: Path) -
 
 
 def test_every_dgx_h100_gpu_has_a_pix_nic() -> None:
-    node = frozen_fleet().node("dgx-001")
+    node = frozen_fleet().node("dgx-002")  # dgx-001's GPUs are in a guest: NVML has none
     assert node is not None
     found = pairings(node, DGX_H100)
     assert [(p.nic, p.level) for p in found][:4] == [
@@ -63,7 +64,7 @@ def test_every_dgx_h100_gpu_has_a_pix_nic() -> None:
 
 
 def test_a_gpu_whose_nic_is_missing_is_flagged_for_crossing_the_sockets() -> None:
-    node = frozen_fleet().node("dgx-001")
+    node = frozen_fleet().node("dgx-002")
     assert node is not None
     no_socket1 = dataclasses.replace(DGX_H100, nics=tuple(n for n in DGX_H100.nics
                                                           if n.numa_node == 0))  # fmt: skip
@@ -88,7 +89,7 @@ def test_sm_layout_matches_the_datasheet() -> None:
 def test_each_mig_instance_gets_exactly_its_sms() -> None:
     node = frozen_fleet().node("dgx-004")
     assert node is not None and node.nvml is not None
-    gpu = node.nvml.gpu(7)
+    gpu = node.nvml.gpu(6)  # the eighth GPU, NVML's 6th: GPU 2 is in tenant-b-vm7
     spec = model_spec(gpu.name if gpu else None)
     assert gpu is not None and spec is not None and gpu.mig_enabled
     owner = assign(spec, gpu)
@@ -111,7 +112,89 @@ def test_owners_come_from_the_tenancy_reading() -> None:
     assert node is not None
     owners = [S.gpu_owner(node, g) for g in node.gpus]
     assert owners[4] == "pod team-nlp/train-llm-7b-0"
-    assert owners[5] == "unavailable (lost)"
+    # lost before NVML first read it (no UUID, no bus id), yet still its pod's (story 1)
+    assert owners[5] == "pod team-nlp/train-llm-7b-0"
+    (problem,) = S.ownership_problems(node)
+    assert problem.kind is ProblemKind.HELD_BUT_LOST and "GPU 5 (0000:c3:00.0)" in problem.message
+
+
+def test_a_passed_through_gpu_is_listed_with_its_owner_and_driver() -> None:
+    node = frozen_fleet().node("dgx-004")
+    assert node is not None and len(node.gpus) == 7  # NVML cannot see the guest's GPU
+    rows = S.gpu_rows(node)
+    assert [r.index for r in rows] == [0, 1, None, 2, 3, 4, 5, 6]  # PCI order
+    guest = rows[2]
+    assert (guest.bus_id, guest.label, guest.driver) == (
+        "0000:52:00.0",
+        "vm tenant-b-vm7",
+        "vfio-pci",
+    )
+    assert guest.passthrough and guest.reading is None and guest.in_use
+    assert S.row_cell_text(guest, S.Metric.UTIL) == " ◆ "
+    assert S.row_model(guest) == "NVIDIA H100 80GB HBM3"  # by its PCI device id
+    assert S.gpu_count(node) == 8 and S.free_count(node) == 6 and S.in_use_count(node) == 2
+
+
+def test_a_node_whose_gpus_are_all_in_a_guest_still_has_eight() -> None:
+    node = frozen_fleet().node("dgx-001")
+    assert node is not None and node.gpus == ()
+    rows = S.gpu_rows(node)
+    assert {r.label for r in rows} == {"vm acme-train-vm"} and len(rows) == 8
+    assert S.node_model(node) == "NVIDIA H100 80GB HBM3"
+    assert S.free_count(node) == 0
+    assert S.matches(node, "acme vfio")
+
+
+def test_the_node_table_has_a_row_per_gpu_with_dashes_for_what_nvml_cannot_read() -> None:
+    from gpuconsole.tui.screens.node import gpu_row, owners_text
+
+    node = frozen_fleet().node("dgx-004")
+    assert node is not None
+    palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
+    cells = [str(c) for c in gpu_row(node, S.gpu_rows(node)[2], palette)]
+    assert cells[0] == "◆ 52:00"
+    assert cells[1:] == ["-", "", "-", "-", "-", "-", "vfio-pci: NVML cannot read it", "-",
+                         "vm tenant-b-vm7"]  # fmt: skip
+    assert "vm tenant-b-vm7: GPU 52:00" in owners_text(node, palette).plain
+
+
+def test_gpu_detail_of_a_passed_through_gpu_says_what_the_host_knows() -> None:
+    from rich.console import Console
+
+    from gpuconsole.tui.screens.gpu import unseen_box
+
+    node = frozen_fleet().node("dgx-004")
+    assert node is not None
+    palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
+    console = Console(width=160, record=True)
+    console.print(unseen_box(S.gpu_rows(node)[2], palette, now=frozen_fleet().at))
+    text = " ".join(console.export_text().split())
+    for expected in ("PCI bus 0000:52:00.0", "PCI device 10de:2330", "vfio-pci / vfio-pci",
+                     "IOMMU group 82", "owner vm tenant-b-vm7, since", "tenant tenant-b",
+                     "guest state running (libvirt)",
+                     "NVML on the host cannot read a GPU bound to vfio-pci"):  # fmt: skip
+        assert expected in text, expected
+
+
+def test_ownership_problems_light_the_tenancy_facet_and_lead_the_owners_panel() -> None:
+    from gpuconsole.tui.screens.node import owners_text
+
+    fleet = frozen_fleet()
+    lit = {n.node: S.tenancy_facet(n)[0] for n in fleet.nodes}
+    assert lit["dgx-003"] is Health.CRITICAL  # its lost GPU is still held by a pod
+    assert lit["dgx-002"] is Health.OK
+    node = fleet.node("dgx-003")
+    assert node is not None
+    palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
+    first = owners_text(node, palette).plain.splitlines()[0]
+    assert first.startswith("✖ pod team-nlp/train-llm-7b-0 holds GPU 5")
+
+
+def test_every_shipped_theme_has_a_passthrough_colour_of_its_own() -> None:
+    for theme in load_themes([]).values():
+        palette = Palette.from_variables(theme.variables)
+        assert palette.passthrough.bgcolor is not None
+        assert palette.passthrough not in palette.scale
 
 
 def test_without_tenancy_or_bmc_the_views_say_what_to_configure() -> None:

@@ -30,6 +30,7 @@ class AuditRecord:
     outcome: str
     detail: str = ""
     args: Mapping[str, Any] = field(default_factory=dict)
+    key_fingerprint: str | None = None  # the ssh key that asked; None for local users
 
 
 class AuditLog:

@@ -62,6 +62,7 @@ async def power(
                 outcome=outcome,
                 detail=detail,
                 args={"node": request.node, "state": request.action.value},
+                key_fingerprint=request.actor.key_fingerprint,
             )
         )
 

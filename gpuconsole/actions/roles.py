@@ -27,10 +27,19 @@ class Role(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Actor:
-    """Someone asking for an action: a user name and the role it holds."""
+    """Someone asking for an action: a user name, the role it holds, and how they came in
+    (an ssh session names the key's fingerprint; a local user has none)."""
 
     user: str
     role: Role
+    key_fingerprint: str | None = None
+    via: str = "local"  # "local" or "ssh"
+
+    @property
+    def who(self) -> str:
+        """'alice (operator, ssh key SHA256:...)' for logs and refusals."""
+        key = f", {self.via} key {self.key_fingerprint}" if self.key_fingerprint else ""
+        return f"{self.user} ({self.role.value}{key})"
 
 
 def local_actor() -> Actor:

@@ -92,3 +92,382 @@ TOPOLOGY = (f"{PREFIX}_gpu_topology_info", "How two GPUs are connected (nvidia-s
 EVENTS = (f"{PREFIX}_events_total", "Events recorded, by kind and severity.")
 NODE_SIMULATED = (f"{PREFIX}_node_simulated", "1 when the node's data comes from the simulator.")
 SNAPSHOT_AGE = (f"{PREFIX}_snapshot_timestamp_seconds", "When the exported snapshot was taken.")
+
+# --- BMC, under ipmi_exporter's names (prometheus-community/ipmi_exporter collector*.go) ---
+# ipmi_exporter serves one BMC per scrape and relies on the target's `instance` label; one
+# gpuconsole process can serve many nodes (a head reading its agents), so every BMC series
+# here also carries `node`. Sensor states: 0 nominal, 1 warning, 2 critical, NaN for N/A.
+IPMI_SENSOR_LABELS = ("node", "id", "name")
+IPMI_UP = ("ipmi_up", "'1' if a scrape of the IPMI device was successful, '0' otherwise.")
+IPMI_TEMPERATURE = ("ipmi_temperature_celsius", "Temperature reading in degree Celsius.")
+IPMI_TEMPERATURE_STATE = (
+    "ipmi_temperature_state",
+    "Reported state of a temperature sensor (0=nominal, 1=warning, 2=critical).",
+)
+IPMI_FAN_RPM = ("ipmi_fan_speed_rpm", "Fan speed in rotations per minute.")
+IPMI_FAN_RATIO = ("ipmi_fan_speed_ratio", "Fan speed as a proportion of the maximum speed.")
+IPMI_FAN_STATE = (
+    "ipmi_fan_speed_state",
+    "Reported state of a fan speed sensor (0=nominal, 1=warning, 2=critical).",
+)
+IPMI_VOLTAGE = ("ipmi_voltage_volts", "Voltage reading in Volts.")
+IPMI_VOLTAGE_STATE = (
+    "ipmi_voltage_state",
+    "Reported state of a voltage sensor (0=nominal, 1=warning, 2=critical).",
+)
+IPMI_CURRENT = ("ipmi_current_amperes", "Current reading in Amperes.")
+IPMI_CURRENT_STATE = (
+    "ipmi_current_state",
+    "Reported state of a current sensor (0=nominal, 1=warning, 2=critical).",
+)
+IPMI_POWER = ("ipmi_power_watts", "Power reading in Watts.")
+IPMI_POWER_STATE = (
+    "ipmi_power_state",
+    "Reported state of a power sensor (0=nominal, 1=warning, 2=critical).",
+)
+IPMI_SENSOR_VALUE = (
+    "ipmi_sensor_value",
+    "Generic data read from an IPMI sensor of unknown type, relying on labels for context.",
+)
+IPMI_SENSOR_STATE = (
+    "ipmi_sensor_state",
+    "Indicates the severity of the state reported by an IPMI sensor "
+    "(0=nominal, 1=warning, 2=critical).",
+)
+IPMI_CHASSIS_POWER = ("ipmi_chassis_power_state", "Current power state (1=on, 0=off).")
+
+# --- BMC, what ipmi_exporter lacks ----------------------------------------------------------
+BMC_INFO = (f"{PREFIX}_bmc_info", "The BMC a node is read through (its address, no credentials).")
+BMC_HEALTH = (f"{PREFIX}_bmc_health", "BMC health at a glance: 1 for the current state.")
+BMC_INLET = (f"{PREFIX}_bmc_inlet_temperature_celsius", "Air temperature at the server's intake.")
+BMC_EXHAUST = (
+    f"{PREFIX}_bmc_exhaust_temperature_celsius",
+    "Air temperature at the server's exhaust.",
+)
+BMC_POWER = (
+    f"{PREFIX}_bmc_power_watts",
+    "Server input power from the BMC's total power sensor, else the sum of its PSUs.",
+)
+BMC_FANS = (f"{PREFIX}_bmc_fans", "Fans the BMC reports.")
+BMC_FANS_FAILED = (f"{PREFIX}_bmc_fans_failed", "Fans failed, stopped or past a critical limit.")
+BMC_PSUS = (f"{PREFIX}_bmc_psus", "Power supplies the BMC reports present.")
+BMC_PSUS_FAILED = (f"{PREFIX}_bmc_psus_failed", "Power supplies failed or past a critical limit.")
+GPU_BOARD_LABELS = ("node", "gpu", "uuid", "module", "sensor")
+GPU_BOARD_TEMPERATURE = (
+    f"{PREFIX}_gpu_board_temperature_celsius",
+    "A GPU module's temperature as the HGX baseboard reports it (gpu empty: not matched).",
+)
+GPU_BOARD_POWER = (
+    f"{PREFIX}_gpu_board_power_watts",
+    "A GPU module's power as the HGX baseboard reports it (gpu empty: not matched).",
+)
+GPU_BOARD_VOLTAGE = (
+    f"{PREFIX}_gpu_board_voltage_volts",
+    "A GPU module's voltage as the HGX baseboard reports it (gpu empty: not matched).",
+)
+GPU_BOARD_ENERGY = (
+    f"{PREFIX}_gpu_board_energy_joules_total",
+    "A GPU module's energy as the HGX baseboard counts it (gpu empty: not matched).",
+)
+
+# --- Fabric, under node_exporter's names (collector/infiniband_linux.go, procfs sysfs) ----
+# node_exporter labels these {device, port} and relies on `instance`; `node` is added here
+# for the same reason as on the BMC series.
+IB_PORT_LABELS = ("node", "device", "port")
+IB_INFO = (
+    "node_infiniband_info",
+    "Non-numeric data from /sys/class/infiniband/<device>, value is always 1.",
+)
+IB_STATE = (
+    "node_infiniband_state_id",
+    "State of the InfiniBand port (0: no change, 1: down, 2: init, 3: armed, 4: active, "
+    "5: act defer)",
+)
+IB_PHYSICAL_STATE = (
+    "node_infiniband_physical_state_id",
+    "Physical state of the InfiniBand port (0: no change, 1: sleep, 2: polling, 3: disable, "
+    "4: shift, 5: link up, 6: link error recover, 7: phytest)",
+)
+IB_RATE = ("node_infiniband_rate_bytes_per_second", "Maximum signal transfer rate")
+IB_LIFESPAN = (
+    "node_infiniband_lifespan_seconds",
+    "The maximum period in ms which defines the aging of the counter reads. Two consecutive "
+    "reads within this period might return the same values.",
+)
+# sysfs file under counters/ or hw_counters/ -> (metric, help). port_{xmit,rcv}_data are
+# multiplied by 4 (octets / 4 in sysfs), as procfs does.
+IB_COUNTERS: dict[str, tuple[str, str]] = {
+    "excessive_buffer_overrun_errors": (
+        "node_infiniband_excessive_buffer_overrun_errors_total",
+        "Number of times that OverrunErrors consecutive flow control update periods occurred, "
+        "each having at least one overrun error.",
+    ),
+    "link_downed": (
+        "node_infiniband_link_downed_total",
+        "Number of times the link failed to recover from an error state and went down",
+    ),
+    "link_error_recovery": (
+        "node_infiniband_link_error_recovery_total",
+        "Number of times the link successfully recovered from an error state",
+    ),
+    "local_link_integrity_errors": (
+        "node_infiniband_local_link_integrity_errors_total",
+        "Number of times that the count of local physical errors exceeded the threshold "
+        "specified by LocalPhyErrors.",
+    ),
+    "multicast_rcv_packets": (
+        "node_infiniband_multicast_packets_received_total",
+        "Number of multicast packets received (including errors)",
+    ),
+    "multicast_xmit_packets": (
+        "node_infiniband_multicast_packets_transmitted_total",
+        "Number of multicast packets transmitted (including errors)",
+    ),
+    "port_rcv_constraint_errors": (
+        "node_infiniband_port_constraint_errors_received_total",
+        "Number of packets received on the switch physical port that are discarded",
+    ),
+    "port_xmit_constraint_errors": (
+        "node_infiniband_port_constraint_errors_transmitted_total",
+        "Number of packets not transmitted from the switch physical port",
+    ),
+    "port_rcv_data": (
+        "node_infiniband_port_data_received_bytes_total",
+        "Number of data octets received on all links",
+    ),
+    "port_xmit_data": (
+        "node_infiniband_port_data_transmitted_bytes_total",
+        "Number of data octets transmitted on all links",
+    ),
+    "port_rcv_discards": (
+        "node_infiniband_port_discards_received_total",
+        "Number of inbound packets discarded by the port because the port is down or congested",
+    ),
+    "port_xmit_discards": (
+        "node_infiniband_port_discards_transmitted_total",
+        "Number of outbound packets discarded by the port because the port is down or congested",
+    ),
+    "port_rcv_errors": (
+        "node_infiniband_port_errors_received_total",
+        "Number of packets containing an error that were received on this port",
+    ),
+    "port_rcv_packets": (
+        "node_infiniband_port_packets_received_total",
+        "Number of packets received on all VLs by this port (including errors)",
+    ),
+    "port_xmit_packets": (
+        "node_infiniband_port_packets_transmitted_total",
+        "Number of packets transmitted on all VLs from this port (including errors)",
+    ),
+    "port_xmit_wait": (
+        "node_infiniband_port_transmit_wait_total",
+        "Number of ticks during which the port had data to transmit but no data was sent "
+        "during the entire tick",
+    ),
+    "unicast_rcv_packets": (
+        "node_infiniband_unicast_packets_received_total",
+        "Number of unicast packets received (including errors)",
+    ),
+    "unicast_xmit_packets": (
+        "node_infiniband_unicast_packets_transmitted_total",
+        "Number of unicast packets transmitted (including errors)",
+    ),
+    "port_rcv_remote_physical_errors": (
+        "node_infiniband_port_receive_remote_physical_errors_total",
+        "Number of packets marked with the EBP (End of Bad Packet) delimiter received on the port.",
+    ),
+    "port_rcv_switch_relay_errors": (
+        "node_infiniband_port_receive_switch_relay_errors_total",
+        "Number of packets that could not be forwarded by the switch.",
+    ),
+    "symbol_error": (
+        "node_infiniband_symbol_error_total",
+        "Number of minor link errors detected on one or more physical lanes.",
+    ),
+    "VL15_dropped": (
+        "node_infiniband_vl15_dropped_total",
+        "Number of incoming VL15 packets dropped due to resource limitations.",
+    ),
+    # hw_counters/ (mlx5, irdma)
+    "duplicate_request": (
+        "node_infiniband_duplicate_requests_packets_total",
+        "The number of received packets. A duplicate request is a request that had been "
+        "previously executed.",
+    ),
+    "implied_nak_seq_err": (
+        "node_infiniband_implied_nak_seq_errors_total",
+        "The number of time the requested decided an ACK. with a PSN larger than the expected "
+        "PSN for an RDMA read or response.",
+    ),
+    "local_ack_timeout_err": (
+        "node_infiniband_local_ack_timeout_errors_total",
+        "The number of times QP's ack timer expired for RC, XRC, DCT QPs at the sender side.",
+    ),
+    "np_cnp_sent": (
+        "node_infiniband_np_cnp_packets_sent_total",
+        "The number of CNP packets sent by the Notification Point when it noticed congestion "
+        "experienced in the RoCEv2 IP header (ECN bits).",
+    ),
+    "np_ecn_marked_roce_packets": (
+        "node_infiniband_np_ecn_marked_roce_packets_received_total",
+        "The number of RoCEv2 packets received by the notification point which were marked for "
+        "experiencing the congestion.",
+    ),
+    "out_of_buffer": (
+        "node_infiniband_out_of_buffer_drops_total",
+        "The number of drops occurred due to lack of WQE for the associated QPs.",
+    ),
+    "out_of_sequence": (
+        "node_infiniband_out_of_sequence_packets_received_total",
+        "The number of out of sequence packets received.",
+    ),
+    "packet_seq_err": (
+        "node_infiniband_packet_sequence_errors_total",
+        "The number of received NAK sequence error packets. The QP retry limit was not exceeded.",
+    ),
+    "req_cqe_error": (
+        "node_infiniband_req_cqes_errors_total",
+        "The number of times requester detected CQEs completed with errors.",
+    ),
+    "req_cqe_flush_error": (
+        "node_infiniband_req_cqes_flush_errors_total",
+        "The number of times requester detected CQEs completed with flushed errors.",
+    ),
+    "req_remote_access_errors": (
+        "node_infiniband_req_remote_access_errors_total",
+        "The number of times requester detected remote access errors.",
+    ),
+    "req_remote_invalid_request": (
+        "node_infiniband_req_remote_invalid_request_errors_total",
+        "The number of times requester detected remote invalid request errors.",
+    ),
+    "resp_cqe_error": (
+        "node_infiniband_resp_cqes_errors_total",
+        "The number of times responder detected CQEs completed with errors.",
+    ),
+    "resp_cqe_flush_error": (
+        "node_infiniband_resp_cqes_flush_errors_total",
+        "The number of times responder detected CQEs completed with flushed errors.",
+    ),
+    "resp_local_length_error": (
+        "node_infiniband_resp_local_length_errors_total",
+        "The number of times responder detected local length errors.",
+    ),
+    "resp_remote_access_errors": (
+        "node_infiniband_resp_remote_access_errors_total",
+        "The number of times responder detected remote access errors.",
+    ),
+    "rnr_nak_retry_err": (
+        "node_infiniband_rnr_nak_retry_packets_received_total",
+        "The number of received RNR NAK packets. The QP retry limit was not exceeded.",
+    ),
+    "roce_adp_retrans": (
+        "node_infiniband_roce_adp_retransmits_total",
+        "The number of adaptive retransmissions for RoCE traffic.",
+    ),
+    "roce_adp_retrans_to": (
+        "node_infiniband_roce_adp_retransmits_timeout_total",
+        "The number of times RoCE traffic reached timeout due to adaptive retransmission.",
+    ),
+    "roce_slow_restart": (
+        "node_infiniband_roce_slow_restart_used_total",
+        "The number of times RoCE slow restart was used.",
+    ),
+    "roce_slow_restart_cnps": (
+        "node_infiniband_roce_slow_restart_cnps_total",
+        "The number of times RoCE slow restart generated CNP packets.",
+    ),
+    "roce_slow_restart_trans": (
+        "node_infiniband_roce_slow_restart_total",
+        "The number of times RoCE slow restart changed state to slow restart.",
+    ),
+    "rp_cnp_handled": (
+        "node_infiniband_rp_cnp_packets_handled_total",
+        "The number of CNP packets handled by the Reaction Point HCA to throttle the "
+        "transmission rate.",
+    ),
+    "rp_cnp_ignored": (
+        "node_infiniband_rp_cnp_ignored_packets_received_total",
+        "The number of CNP packets received and ignored by the Reaction Point HCA.",
+    ),
+    "rx_atomic_requests": (
+        "node_infiniband_rx_atomic_requests_total",
+        "The number of received ATOMIC request for the associated QPs.",
+    ),
+    "rx_dct_connect": (
+        "node_infiniband_rx_dct_connect_requests_total",
+        "The number of received connection requests for the associated DCTs.",
+    ),
+    "rx_icrc_encapsulated": (
+        "node_infiniband_rx_icrc_encapsulated_errors_total",
+        "The number of RoCE packets with ICRC errors.",
+    ),
+    "rx_read_requests": (
+        "node_infiniband_rx_read_requests_total",
+        "The number of received READ requests for the associated QPs.",
+    ),
+    "rx_write_requests": (
+        "node_infiniband_rx_write_requests_total",
+        "The number of received WRITE requests for the associated QPs.",
+    ),
+}
+IB_DATA_COUNTERS = frozenset({"port_rcv_data", "port_xmit_data"})
+IB_LIFESPAN_FILE = "lifespan"
+
+# --- Fabric, gpuconsole's own -----------------------------------------------------------------
+FABRIC_HW_STAT = (
+    f"{PREFIX}_fabric_port_hw_stat_total",
+    "A hw_counters/ file node_exporter has no name for, raw, by its sysfs name (stat).",
+)
+FABRIC_PORT_INFO = (
+    f"{PREFIX}_fabric_port_info",
+    "An RDMA port: its role (compute, storage, management), link layer, netdev and PCI place.",
+)
+FABRIC_PORT_SEVERITY = (
+    f"{PREFIX}_fabric_port_severity",
+    "The worst problem on the port now (0=ok, 1=warning, 2=critical).",
+)
+FABRIC_PORT_PROBLEM = (
+    f"{PREFIX}_fabric_port_problem",
+    "1 for each problem on the port now: a link state, or the counter that moved.",
+)
+FABRIC_PORT_EXPECTED_RATE = (
+    f"{PREFIX}_fabric_port_expected_rate_bytes_per_second",
+    "The rate a healthy port of this role runs at on this node.",
+)
+FABRIC_NETDEV_UP = (
+    f"{PREFIX}_fabric_port_netdev_up",
+    "1 when the port's netdev is operationally up (rtnetlink operstate UP or UNKNOWN).",
+)
+FABRIC_NETDEV_CARRIER = (
+    f"{PREFIX}_fabric_port_netdev_carrier",
+    "1 when the port's netdev has carrier.",
+)
+FABRIC_PEERMEM = (
+    f"{PREFIX}_fabric_peermem_loaded",
+    "1 when nvidia-peermem (GPUDirect RDMA) is loaded.",
+)
+GPU_NIC_AFFINITY = (
+    f"{PREFIX}_gpu_nic_affinity_info",
+    "The NIC a GPU should use for GPUDirect RDMA and how near it is (nvidia-smi topo level).",
+)
+GPU_GPUDIRECT_FLAG = (
+    f"{PREFIX}_gpu_gpudirect_flag",
+    "1 for each reason the GPU's GPUDirect RDMA pairing is not what it should be.",
+)
+
+# --- Ownership -----------------------------------------------------------------------------
+GPU_OWNER_INFO = (
+    f"{PREFIX}_gpu_owner_info",
+    "Who holds a GPU, one row per holder (free or unavailable when none), including GPUs "
+    "NVML cannot see (vfio-pci).",
+)
+MIG_OWNER_INFO = (f"{PREFIX}_mig_owner_info", "Who holds a MIG instance, one row per holder.")
+TENANT_GPUS = (
+    f"{PREFIX}_tenant_gpus",
+    "GPUs on the node per tenant and kind of holder (tenant empty: none mapped).",
+)
+OWNERSHIP_PROBLEM = (
+    f"{PREFIX}_ownership_problem",
+    "Ownership inconsistencies, counted by kind and place (gpu empty: node-wide).",
+)

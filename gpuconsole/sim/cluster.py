@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.sim.node import Scenario, SimNode
 from gpuconsole.sim.nvml import SimNvml
+from gpuconsole.sim.plans import plan_for
 from gpuconsole.sim.profiles import get_profile
 from gpuconsole.sources.nvml import NvmlSource
 
@@ -22,14 +23,17 @@ class SimNodeSpec:
     scenarios: tuple[Scenario, ...] = ()
 
 
-# The small cluster: every profile and every scenario on at least one node.
+# The small cluster: every profile and every scenario on at least one node, each on a GPU
+# the host's NVML sees (the tenants are in gpuconsole.sim.plans: dgx-001's eight GPUs and
+# dgx-004's GPU 2 are passed through to guests, so dgx-004's ECC trouble is on GPU 3,
+# which NVML numbers 2 there, and its MIG GPU 7 is NVML's 6).
 # BMC trouble: dgx-002's FAN 3 stops (its GPU 3 runs hot), dgxa-001 loses PSU 2,
 # dgxa-002's BMC stops answering 60 s in.
 DEMO_CLUSTER: tuple[SimNodeSpec, ...] = (
     SimNodeSpec("dgx-001", "dgx-h100"),
     SimNodeSpec("dgx-002", "dgx-h100", (Scenario("thermal", 3), Scenario("fan", 3))),
     SimNodeSpec("dgx-003", "dgx-h100", (Scenario("xid79", 5, 45.0),)),
-    SimNodeSpec("dgx-004", "dgx-h100", (Scenario("mig", 7), Scenario("ecc", 2))),
+    SimNodeSpec("dgx-004", "dgx-h100", (Scenario("mig", 7), Scenario("ecc", 3))),
     SimNodeSpec("dgxa-001", "dgx-a100", (Scenario("mig", 0), Scenario("psu", 2))),
     SimNodeSpec("dgxa-002", "dgx-a100", (Scenario("bmcsilent", 0, 60.0),)),
     SimNodeSpec("apollo-01", "apollo-pcie"),
@@ -55,7 +59,10 @@ def demo_cluster(nodes: int | None = None) -> tuple[SimNodeSpec, ...]:
         if i % 7 == 1:
             kind = kinds[(i // 7) % len(kinds)]
             at = 45.0 + (i % 11) * 30 if kind == "xid79" else 0.0
-            scenarios = (Scenario(kind, (i * 3) % 8, at),)
+            gpu = (i * 3) % 8
+            while gpu in plan_for(name, get_profile(profile)).vfio_gpus:
+                gpu = (gpu + 1) % 8  # trouble NVML can see: not on a guest's GPU
+            scenarios = (Scenario(kind, gpu, at),)
         specs.append(SimNodeSpec(name, profile, scenarios))
     return tuple(specs)
 
@@ -67,14 +74,28 @@ def build_sim_nodes(
     clock: Callable[[], float] = time.time,
     start: float | None = None,
 ) -> list[SimNode]:
-    """SimNodes for the specs, all started at the same instant."""
+    """SimNodes for the specs, all started at the same instant, each told by its tenancy
+    plan which GPUs are passed through to guests and which nobody computes on."""
     t0 = clock() if start is None else start
-    return [
-        SimNode(
-            s.name, get_profile(s.profile), seed=seed, scenarios=s.scenarios, clock=clock, start=t0
+    nodes = []
+    for s in specs:
+        profile = get_profile(s.profile)
+        plan = plan_for(s.name, profile)
+        nodes.append(
+            SimNode(
+                s.name,
+                profile,
+                seed=seed,
+                scenarios=s.scenarios,
+                clock=clock,
+                start=t0,
+                passthrough=plan.vfio_gpus,
+                idle=plan.idle_gpus(len(profile.gpus)),
+                mig_slots=plan.mig_slots,
+                workloads=plan.workloads,
+            )
         )
-        for s in specs
-    ]
+    return nodes
 
 
 def add_sim_sources(

@@ -119,7 +119,16 @@ class SimNode:
         scenarios: Iterable[Scenario | str] = (),
         clock: Callable[[], float] = time.time,
         start: float | None = None,
+        passthrough: frozenset[int] = frozenset(),
+        idle: frozenset[int] | None = None,
+        mig_slots: frozenset[tuple[int, int]] | None = None,
+        workloads: tuple[frozenset[int], ...] = (),
     ) -> None:
+        """`passthrough`: GPUs bound to vfio-pci (NVML on the host cannot see them).
+        `idle`: GPUs nobody computes on; None draws a load for every GPU from the seed.
+        `mig_slots`: (GPU, slot) pairs whose MIG instance runs a process; None: every other.
+        `workloads`: GPUs that run one workload together (a guest's, a pod's, a job's).
+        """
         self.name = name
         self.profile = profile
         self.seed = seed
@@ -146,6 +155,25 @@ class SimNode:
         ]
         if node_job:  # one job: every GPU moves together
             self._loads = [self._loads[0]] * len(profile.gpus)
+        self.passthrough = passthrough
+        self.idle = idle
+        self.mig_slots = mig_slots
+        if idle is not None:  # the tenants decide who computes; the seed only decides how
+            for i, load in enumerate(self._loads):
+                if i in idle:
+                    self._loads[i] = _Load(random.Random(f"{name}/{seed}/{i}/idle"), "idle")
+                elif load.pattern == "idle":
+                    self._loads[i] = _Load(random.Random(f"{name}/{seed}/{i}/busy"), "bursty")
+        shaped: set[int] = set()
+        for k, group in enumerate(workloads):  # one tenant's GPUs move together
+            members = sorted(group - (idle or frozenset()) - shaped)
+            if members:
+                pattern = "train" if len(group) > 1 else "bursty"
+                shared = random.Random(f"{name}/{seed}/workload/{k}")
+                load = _Load(shared, pattern)
+                for i in members:
+                    self._loads[i] = load
+                shaped.update(members)
         self._integrals: dict[int, tuple[int, float]] = {}
         self.uuids = tuple(gpu_uuid(name, seed, g.index) for g in profile.gpus)
         self.serials = tuple(gpu_serial(name, seed, g.index) for g in profile.gpus)
@@ -252,21 +280,31 @@ class SimNode:
         a = self._activity(index, self.elapsed())
         return int(a * per_link * 0.35 * (1 + 0.02 * (link % 3)) / 1024)
 
+    def visible(self, index: int) -> bool:
+        """Whether the host's nvidia driver (and so NVML) sees this GPU: not when vfio-pci
+        holds it for a guest."""
+        return index not in self.passthrough
+
     def processes(self, index: int) -> list[tuple[int, int, int | None]]:
-        """(pid, used bytes, gpu instance id) of compute processes on a GPU."""
-        phys = self.gpu(index)
-        base = 1000 + (sum(self.name.encode()) * 37 + self.seed) % 60000
+        """(pid, used bytes, gpu instance id) of host compute processes on a GPU.
+
+        PIDs are distinct across the node: one process per GPU (a rank of its job) or per
+        busy MIG instance. A guest's GPU and an idle GPU have none.
+        """
+        if not self.visible(index) or (self.idle is not None and index in self.idle):
+            return []
+        base = 1000 + (sum(self.name.encode()) * 37 + self.seed) % 60000 + 100 * index
         slices = self.migs.get(index)
         if slices:
             return [
-                (base + 100 * index + k, int(s.profile.mem_bytes * 0.7), s.gpu_instance_id)
+                (base + k, int(s.profile.mem_bytes * 0.7), s.gpu_instance_id)
                 for k, s in enumerate(slices)
-                if k % 2 == 0
+                if ((index, k) in self.mig_slots if self.mig_slots is not None else k % 2 == 0)
             ]
-        if phys.util_pct <= 3:
+        phys = self.gpu(index)
+        if self.idle is None and phys.util_pct <= 3:
             return []
-        pid = base + (0 if self.pattern(index) == "train" else 100 * index)
-        return [(pid + index, max(0, phys.mem_used_bytes - 600 * 1024**2), None)]
+        return [(base, max(0, phys.mem_used_bytes - 600 * 1024**2), None)]
 
     def _mig_slices(self, index: int) -> tuple[SimMigSlice, ...]:
         by_name = {p.name: p for p in self.model.mig_profiles}

@@ -3,6 +3,9 @@
 It answers the same function names with the same shapes (ctypes structures where the NVML
 source reads them as such) and raises pynvml's own NVMLError subclasses, so the NVML
 source runs unchanged. Calls are counted like the fake C library counts them.
+
+Like a real host's driver, it does not see a GPU bound to vfio-pci for a guest: the count
+is smaller and NVML's indices run over the GPUs it sees, in enumeration order.
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ def _error(code: int) -> pynvml.NVMLError:
 
 
 class SimDevice:
-    """A GPU handle."""
+    """A GPU handle: `index` is the GPU's place in the profile (what the physics and the
+    topology use), `nvml_index` the index NVML gives it on this host."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, nvml_index: int | None = None) -> None:
         self.index = index
+        self.nvml_index = index if nvml_index is None else nvml_index
 
 
 class SimMigDevice:
@@ -93,7 +98,9 @@ class SimNvml:
         self.calls: Counter[str] = Counter()
         self.device_calls: Counter[int] = Counter()  # calls per GPU index
         self._initialized = False
-        self._devices = [SimDevice(g.index) for g in node.profile.gpus]
+        visible = [g.index for g in node.profile.gpus if node.visible(g.index)]
+        self._devices = [SimDevice(i, n) for n, i in enumerate(visible)]
+        self._by_gpu = {d.index: d for d in self._devices}
         self._samples: dict[int, _Sample] = {}
         self._delivered: set[tuple[str, int]] = set()
 
@@ -138,6 +145,10 @@ class SimNvml:
         if not 0 <= index < len(self._devices):
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return self._devices[index]
+
+    @_counted
+    def nvmlDeviceGetIndex(self, h: SimDevice) -> int:
+        return h.nvml_index
 
     # --- identity --------------------------------------------------------------------
 
@@ -557,8 +568,8 @@ class SimNvml:
             if self.node.active(s.kind, s.gpu) is None:
                 continue
             self._delivered.add((s.kind, s.gpu))
-            device = self._devices[s.gpu]
-            if device not in event_set.devices:
+            device = self._by_gpu.get(s.gpu)  # None: a guest's GPU, the host hears nothing
+            if device is None or device not in event_set.devices:
                 continue
             return SimpleNamespace(
                 device=device,

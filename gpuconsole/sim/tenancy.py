@@ -1,14 +1,14 @@
 """Simulated tenants, so the demo runs the real tenancy source over believable lower layers.
 
-Per node, `plan_for` decides deterministically who holds what: KVM guests (one GPU, or all
-eight with the NVSwitches), pods (one, two, four GPUs, MIG instances, time-sliced
-replicas), Slurm jobs, free GPUs. `SimTenancyTree` lays that out as a sysfs tree (driver
-and IOMMU group links, vfio-pci bindings) and a /proc tree (the NVIDIA driver's GPU
-information; for every process the NVML simulator reports, its cgroup, user, start time and
-open /dev/nvidiaN; QEMU command lines) under a temporary root. libvirt is replaced by an
-object shaped like a libvirt connection that serves generated domain XML, and the kubelet
-by one shaped like the generated gRPC stub that returns real pod-resources messages, so
-the XML parser and the device-ID mapping are the ones that ship.
+Per node, `plan_for` (gpuconsole.sim.plans) decides deterministically who holds what: KVM
+guests (one GPU, or all eight with the NVSwitches), pods (one, two, four GPUs, MIG
+instances, time-sliced replicas), Slurm jobs, free GPUs. `SimTenancyTree` lays that out as
+a sysfs tree (driver and IOMMU group links, vfio-pci bindings) and a /proc tree (the NVIDIA
+driver's GPU information; for every process the NVML simulator reports, its cgroup, user,
+start time and open /dev/nvidiaN; QEMU command lines) under a temporary root. libvirt is
+replaced by an object shaped like a libvirt connection that serves generated domain XML,
+and the kubelet by one shaped like the generated gRPC stub that returns real pod-resources
+messages, so the XML parser and the device-ID mapping are the ones that ship.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 from gpuconsole.hub import Hub
 from gpuconsole.readings.tenancy import TenancyReading
 from gpuconsole.sim.node import SimNode
-from gpuconsole.sim.profiles import NodeProfile
+from gpuconsole.sim.plans import SimGuest, SimJob, SimPlan, SimPod, plan_for
 from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.tenancy.libvirt import TENANT_XMLNS
 from gpuconsole.sources.tenancy.proto import api_pb2
@@ -61,119 +61,9 @@ SIM_RULES = TenantRules.from_tables(
     users={"alice": "research"},
 )
 USERS = {0: "root", 1000: "alice", 1001: "bob", 1002: "carol", 64055: "libvirt-qemu"}
-HOST_USER = 1000  # processes on GPUs the plan leaves free belong to alice's notebook
-
-
-@dataclass(frozen=True, slots=True)
-class SimGuest:
-    """A KVM guest holding GPUs (by index) through vfio-pci."""
-
-    name: str
-    gpus: tuple[int, ...]
-    state: int = 1  # virDomainState: 1 running, 5 shut off
-    tenant: str | None = None  # in the domain's metadata; else the name rule applies
-    nvswitches: bool = False  # full passthrough: the baseboard's switches go with it
-    started_h: float = 30.0  # hours before the demo started
-
-
-@dataclass(frozen=True, slots=True)
-class SimPod:
-    """A pod's container holding whole GPUs, MIG slots (gpu, slot) or replicas (gpu, n)."""
-
-    namespace: str
-    pod: str
-    container: str
-    gpus: tuple[int, ...] = ()
-    mig: tuple[tuple[int, int], ...] = ()
-    replicas: tuple[tuple[int, int], ...] = ()
-    started_h: float = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class SimJob:
-    """A Slurm job on some GPUs."""
-
-    job: str
-    account: str
-    uid: int
-    gpus: tuple[int, ...]
-    started_h: float = 2.5
-
-
-@dataclass(frozen=True, slots=True)
-class SimPlan:
-    """Who holds what on one simulated node."""
-
-    guests: tuple[SimGuest, ...] = ()
-    pods: tuple[SimPod, ...] = ()
-    jobs: tuple[SimJob, ...] = ()
-
-    @property
-    def vfio_gpus(self) -> frozenset[int]:
-        """GPUs bound to vfio-pci: invisible to NVML on a real host."""
-        return frozenset(g for guest in self.guests for g in guest.gpus)
-
-    @property
-    def busy_gpus(self) -> frozenset[int]:
-        """GPUs some host-side tenant uses; the others are free (idle, in the host pool)."""
-        held = {g for pod in self.pods for g in pod.gpus}
-        held |= {g for pod in self.pods for g, _ in pod.mig + pod.replicas}
-        held |= {g for job in self.jobs for g in job.gpus}
-        return frozenset(held)
-
-
-_DEMO_PLANS: dict[str, SimPlan] = {
-    "dgx-001": SimPlan(
-        guests=(SimGuest("acme-train-vm", tuple(range(8)), tenant="acme", nvswitches=True),)
-    ),
-    "dgx-002": SimPlan(jobs=(SimJob("4711", "physics", 1001, tuple(range(8))),)),
-    "dgx-003": SimPlan(
-        pods=(
-            SimPod("team-nlp", "train-llm-7b-0", "trainer", gpus=(4, 5, 6, 7)),
-            SimPod("team-vision", "resnet-ft-1", "train", gpus=(0, 1), started_h=1.5),
-            SimPod("team-nlp", "notebook-alice", "notebook", gpus=(2,), started_h=26.0),
-        )
-    ),
-    "dgx-004": SimPlan(
-        guests=(SimGuest("tenant-b-vm7", (2,), started_h=50.0),),
-        pods=(
-            SimPod("team-vision", "infer-0", "server", mig=((7, 0),)),
-            SimPod("team-nlp", "embed-1", "server", mig=((7, 1),), started_h=0.5),
-        ),
-    ),
-    "dgxa-001": SimPlan(jobs=(SimJob("4712", "chem", 1002, (4, 5, 6, 7)),)),
-    "dgxa-002": SimPlan(
-        guests=(SimGuest("tenant-c-vm2", (6, 7), state=5),),
-        pods=(
-            SimPod("team-nlp", "dev-a", "shell", replicas=((0, 0),)),
-            SimPod("team-nlp", "dev-b", "shell", replicas=((0, 1),), started_h=3.0),
-        ),
-    ),
-    "apollo-01": SimPlan(pods=(SimPod("team-vision", "label-svc", "app", gpus=(0,)),)),
-}
-
-
-def plan_for(name: str, profile: NodeProfile) -> SimPlan:
-    """The demo cluster's own plan for its nodes; for larger clusters, a rotation of the same
-    shapes (pods 4+2+1, a Slurm job, a one-GPU guest, a free node) chosen by the name."""
-    if name in _DEMO_PLANS:
-        return _DEMO_PLANS[name]
-    n = len(profile.gpus)
-    pick = int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % 4
-    if pick == 0 and n >= 7:
-        return SimPlan(
-            pods=(
-                SimPod("team-nlp", f"train-{name}", "trainer", gpus=(0, 1, 2, 3)),
-                SimPod("team-vision", f"ft-{name}", "train", gpus=(4, 5)),
-                SimPod("team-nlp", f"nb-{name}", "notebook", gpus=(6,)),
-            )
-        )
-    if pick == 1:
-        job = str(5000 + int(hashlib.sha256(name.encode()).hexdigest()[8:12], 16) % 4000)
-        return SimPlan(jobs=(SimJob(job, "physics", 1001, tuple(range(n))),))
-    if pick == 2:
-        return SimPlan(guests=(SimGuest(f"tenant-b-{name}", (n - 1,)),))
-    return SimPlan()
+# A SimNode built without its plan runs processes on GPUs the plan leaves free (build_sim_nodes
+# gives it the plan, so they stay idle): those belong to alice's notebook.
+HOST_USER = 1000
 
 
 # --- the lower layers ------------------------------------------------------------------

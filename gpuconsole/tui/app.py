@@ -12,6 +12,7 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 
+from gpuconsole.actions.roles import Actor, local_actor
 from gpuconsole.hub import Hub
 from gpuconsole.model import FleetSnapshot
 from gpuconsole.paths import user_themes_dir
@@ -53,8 +54,12 @@ class ConsoleApp(App[None]):
         clock: Callable[[], float] = time.time,
         theme_dirs: list[Path] | None = None,
         cursor_blink: bool = True,
+        actor: Actor | None = None,
     ) -> None:
         super().__init__()
+        # Who is at this console: actions check this actor's role where they execute,
+        # whatever the UI shows (the ssh server passes read_only for viewers too).
+        self.actor = actor if actor is not None else local_actor()
         self.cursor_blink = cursor_blink
         self.hub = hub
         self.read_only = read_only

@@ -27,6 +27,16 @@ def model_spec(gpu_name: str | None) -> GpuModel | None:
     return None if gpu_name is None else _MODELS.get(gpu_name)
 
 
+def model_for_pci_device(device_id: int | None) -> GpuModel | None:
+    """The datasheet of a GPU by its PCI device id (0x2330), for one NVML cannot name."""
+    if device_id is None:
+        return None
+    for model in _MODELS.values():
+        if model.pci_device_id >> 16 == device_id:
+            return model
+    return None
+
+
 def short_model(gpu_name: str | None) -> str:
     """A narrow name for a GPU model: 'H100', 'A100'; '-' when unknown."""
     spec = model_spec(gpu_name)

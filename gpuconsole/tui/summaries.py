@@ -1,7 +1,8 @@
 """Pure functions from snapshots to what the views show: metrics, facets, owners, panels.
 
 Nothing here touches a widget, so the fleet view, the node view, the wallboard and the
-benchmark share one definition of "how hot is this GPU" and "is this node healthy".
+benchmark share one definition of "how hot is this GPU" and "is this node healthy". A
+node's GPUs are `gpu_rows(node)`: NVML's and those only sysfs sees (a guest's), by bus id.
 """
 
 from __future__ import annotations
@@ -11,8 +12,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuconsole import format as fmt
-from gpuconsole.model import GpuReading, GpuState, Health, NodeSnapshot, gpu_health
-from gpuconsole.ownership import OwnerKind, node_ownership
+from gpuconsole.inventory import GpuRow, node_gpus, ownership_problems
+from gpuconsole.model import GpuReading, GpuState, Health, NodeSnapshot, Severity, gpu_health
+from gpuconsole.ownership import node_ownership
+from gpuconsole.tui.hardware import model_for_pci_device
+
+gpu_rows = node_gpus  # every GPU of a node, NVML's or not, with its owner
+PASSTHROUGH_GLYPH = "◆"  # a GPU a guest holds through vfio-pci: no NVML reading to colour
+UNSEEN_GLYPH = "·"  # a GPU sysfs lists that NVML cannot see, not bound to vfio-pci
 
 # The optional sources of a node: their name, and what turns them on.
 PENDING_SOURCES: dict[str, tuple[str, str]] = {
@@ -77,18 +84,83 @@ def cell_text(gpu: GpuReading, metric: Metric) -> str:
     return f"{min(value, 999):3.0f}"
 
 
+def row_cell_text(row: GpuRow, metric: Metric) -> str:
+    """A heat cell for any GPU of the node: NVML's value, or a mark for one NVML cannot see."""
+    if row.reading is not None:
+        return cell_text(row.reading, metric)
+    return f" {PASSTHROUGH_GLYPH if row.passthrough else UNSEEN_GLYPH} "
+
+
+def row_health(row: GpuRow) -> Health:
+    """A GPU's light: NVML's verdict; a guest's GPU is fine unless ownership says otherwise."""
+    if row.reading is not None:
+        return gpu_health(row.reading)
+    problems = row.owner.all_problems if row.owner is not None else ()
+    return _worst(problems) or (Health.OK if row.passthrough else Health.UNKNOWN)
+
+
+def row_model(row: GpuRow) -> str | None:
+    """The GPU's model name: NVML's, the NVIDIA driver's, else by its PCI device id."""
+    if row.model:
+        return row.model
+    spec = model_for_pci_device(row.pci.device_id if row.pci is not None else None)
+    return spec.name if spec is not None else None
+
+
+def unseen_words(row: GpuRow) -> str:
+    """Why a GPU has no NVML reading: the driver that holds it instead."""
+    driver = row.driver
+    if driver == "vfio-pci":
+        return "vfio-pci: NVML cannot read it"
+    return "no driver bound" if driver is None else f"bound to {driver}"
+
+
 def gpu_owner(node: NodeSnapshot, gpu: GpuReading) -> str:
     """Who holds the GPU, from the tenancy reading once there is one; '-' until then."""
     if getattr(node, "tenancy", None) is None:
         return fmt.NA
     ownership = node_ownership(node)
-    owner = ownership.owner_of(gpu.uuid) if ownership is not None else None
+    if ownership is None:
+        return fmt.NA
+    owner = ownership.owner_of(gpu.uuid) or next(
+        (g for g in ownership.gpus if g.index == gpu.index), None
+    )
     return owner.label if owner is not None else fmt.NA
 
 
 def gpu_in_use(gpu: GpuReading) -> bool:
     """A GPU with compute processes (or any MIG instance with them) is in use."""
     return bool(gpu.processes)
+
+
+def gpu_count(node: NodeSnapshot) -> int:
+    """Every GPU of the node, those NVML cannot see (a guest's) included."""
+    return len(gpu_rows(node))
+
+
+def in_use_count(node: NodeSnapshot) -> int:
+    """GPUs some tenant holds (from the owners once tenancy has read; else by processes)."""
+    return sum(1 for row in gpu_rows(node) if row.in_use)
+
+
+def _worst(problems: Iterable[object]) -> Health | None:
+    levels = {getattr(p, "severity", None) for p in problems}
+    if Severity.CRITICAL in levels:
+        return Health.CRITICAL
+    return Health.WARNING if levels else None
+
+
+def tenancy_facet(node: NodeSnapshot) -> tuple[Health | None, str]:
+    """The tenancy light: the source's freshness, or the worst ownership inconsistency."""
+    health = source_health(node, "tenancy")
+    if health is None:
+        return None, PENDING_SOURCES["tenancy"][1]
+    problems = ownership_problems(node)
+    worst = _worst(problems)
+    if worst is not None and health is Health.OK:
+        health = worst
+    detail = f"tenancy: {len(problems)} ownership problem(s)" if problems else "tenancy"
+    return health, detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +197,11 @@ def gpu_facet_health(node: NodeSnapshot) -> Health:
 def facets(node: NodeSnapshot) -> tuple[Facet, ...]:
     out = [Facet("G", "GPU", gpu_facet_health(node), "NVML")]
     for source, (name, how) in PENDING_SOURCES.items():
-        health = source_health(node, source)
-        detail = how if health is None else name
+        if source == "tenancy":
+            health, detail = tenancy_facet(node)
+        else:
+            health = source_health(node, source)
+            detail = how if health is None else name
         out.append(Facet(name[0].upper(), name, health, detail))
     return tuple(out)
 
@@ -147,6 +222,8 @@ def stale_sources(node: NodeSnapshot) -> list[str]:
 
 def node_model(node: NodeSnapshot) -> str | None:
     names = {g.name for g in node.gpus if g.name and g.name != "unknown"}
+    if not names:  # every GPU with a guest: sysfs still knows what they are
+        names = {m for m in map(row_model, gpu_rows(node)) if m}
     return sorted(names)[0] if names else None
 
 
@@ -168,11 +245,7 @@ def node_hottest_c(node: NodeSnapshot) -> float | None:
 def free_count(node: NodeSnapshot) -> int:
     """GPUs in the free pool: from the owners when the tenancy source reads this node (a
     passed-through GPU counts there though NVML cannot see it), else GPUs with no process."""
-    if node.tenancy is not None:
-        ownership = node_ownership(node)
-        if ownership is not None:
-            return sum(1 for g in ownership.gpus if g.kind is OwnerKind.FREE)
-    return sum(1 for g in node.gpus if not g.lost and not gpu_in_use(g))
+    return sum(1 for row in gpu_rows(node) if row.free)
 
 
 def pending_panel(node: NodeSnapshot, source: str) -> str | None:
@@ -203,12 +276,13 @@ def filter_text(node: NodeSnapshot) -> str:
     model = node_model(node)
     if model:
         parts += [model, model.replace("NVIDIA ", "")]
-    for gpu in node.gpus:
-        owner = gpu_owner(node, gpu)
-        if owner != fmt.NA:
-            parts.append(owner)
-        if gpu.lost:
+    for row in gpu_rows(node):
+        if row.label != fmt.NA:
+            parts.append(row.label)
+        if row.lost:
             parts.append("lost")
+        if row.passthrough:
+            parts.append("vfio passthrough")
     if node.simulated:
         parts.append("simulated")
     return " ".join(parts).lower()

@@ -1,7 +1,7 @@
 """Themes as data: `themes/*.toml` (shipped, then the user's XDG folder) → Textual themes.
 
 A theme file holds Textual's colours plus gpuconsole's own: the cool-to-hot scale for
-heat cells, health colours and the SIMULATED marker. Those travel as theme variables
+heat cells, health colours, the SIMULATED marker and the passed-through GPU's mark. Those travel as theme variables
 (`scale-0`…, `health-ok`…) so code never carries a colour literal; `Palette` turns the
 current theme's variables into Rich styles for the widgets that paint cells.
 """
@@ -67,7 +67,11 @@ def theme_from_toml(text: str, origin: str) -> Theme:
         if key not in health:
             raise ThemeError(f"{origin}: key 'health.{key}' is required")
         variables[f"health-{key}"] = str(health[key])
-    variables["simulated"] = str(data.get("marker", {}).get("simulated", colors.get("accent")))
+    marker = data.get("marker", {})
+    variables["simulated"] = str(marker.get("simulated", colors.get("accent")))
+    variables["passthrough"] = str(
+        marker.get("passthrough", colors.get("secondary", colors["primary"]))
+    )
     for key, value in data.get("variables", {}).items():
         variables[str(key)] = str(value)
     for key, value in [*colors.items(), *variables.items()]:
@@ -134,6 +138,7 @@ class Palette:
     health: dict[Health, Style]
     simulated: Style
     dim: Style
+    passthrough: Style  # a cell for a GPU a guest holds through vfio-pci
 
     @classmethod
     def from_variables(cls, variables: dict[str, str]) -> Palette:
@@ -155,7 +160,15 @@ class Palette:
             for i in range(len(variables))
             if f"instance-{i}" in variables
         )
-        return cls(scale, instances, health, simulated, Style(color=color("health-unknown")))
+        dim = Style(color=color("health-unknown"))
+        mark = color("passthrough" if "passthrough" in variables else "simulated")
+        passthrough = Style(color=text, bgcolor=mark)
+        return cls(scale, instances, health, simulated, dim, passthrough)
+
+    @property
+    def passthrough_fg(self) -> Style:
+        """The passthrough colour as a foreground, for a mark in running text."""
+        return Style(color=self.passthrough.bgcolor)
 
     def heat(self, fraction: float | None) -> Style:
         """The scale step for a value between 0 (cool) and 1 (hot); None is dim."""

@@ -1,4 +1,8 @@
-"""Fleet: every node as a row, a heat cell per GPU, health lights, filter and sort."""
+"""Fleet: every node as a row, a heat cell per GPU, health lights, filter and sort.
+
+A row has a cell for every GPU of the node, those a guest holds through vfio-pci included
+(NVML cannot read them, so they carry the passthrough mark instead of a heat colour).
+"""
 
 from __future__ import annotations
 
@@ -75,16 +79,16 @@ def row_cells(
     seen_text = Text(fmt.age(seen, now) if seen is not None else fmt.NA)
     if stale:
         seen_text.stylize(palette.health[Health.STALE])
-    gpus = node.gpus
+    rows = S.gpu_rows(node)
     name = health_light(health, palette)
     name.append(" ")
     name.append(node.node, style=palette.health[health] if health is not Health.OK else "")
     return (
         name,
         short_model(S.node_model(node)),
-        heat_cells(gpus, metric, palette),
+        heat_cells(rows, metric, palette),
         facet_lights(S.facets(node), palette),
-        f"{S.free_count(node)}/{len(gpus)}",
+        f"{S.free_count(node)}/{len(rows)}",
         fmt.kilowatts(S.node_power_w(node)),
         fmt.celsius(S.node_hottest_c(node)),
         seen_text,
@@ -221,13 +225,18 @@ class FleetScreen(BaseView):
 
     def _show_summary(self, snapshot: FleetSnapshot) -> None:
         nodes = snapshot.nodes
-        gpus = [g for n in nodes for g in n.gpus]
-        lost = sum(1 for g in gpus if g.lost)
-        busy = sum(1 for g in gpus if S.gpu_in_use(g))
+        rows = [r for n in nodes for r in S.gpu_rows(n)]
+        lost = sum(1 for r in rows if r.lost)
+        busy = sum(1 for r in rows if r.in_use)
+        free = sum(1 for r in rows if r.free)
+        guests = sum(1 for r in rows if r.passthrough)
         bad = sum(1 for n in nodes if n.health in (Health.CRITICAL, Health.WARNING, Health.STALE))
         text = Text(no_wrap=True, overflow="ellipsis")
-        text.append(f"{len(nodes)} nodes · {len(gpus)} GPUs · {busy} in use · "
-                    f"{len(gpus) - busy - lost} free")  # fmt: skip
+        text.append(f"{len(nodes)} nodes · {len(rows)} GPUs · {busy} in use · {free} free")
+        if guests:
+            text.append(f" · {guests} ")
+            text.append(S.PASSTHROUGH_GLYPH, style=self.palette.passthrough_fg)
+            text.append(" vfio")
         if lost:
             text.append(f" · {lost} lost", style=self.palette.health[Health.CRITICAL])
         if bad:

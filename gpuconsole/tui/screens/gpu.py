@@ -1,4 +1,9 @@
-"""GPU detail: every NVML reading of one GPU, its links, processes, history and spec."""
+"""GPU detail: every NVML reading of one GPU, its links, processes, history and spec.
+
+A GPU a guest holds through vfio-pci has no NVML reading on the host; its detail shows what
+sysfs and the tenancy source know (identity, driver, IOMMU group, owner, guest state) and
+says so, instead of readings it cannot have.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from textual.containers import Container, VerticalScroll
 from textual.widgets import Static
 
 from gpuconsole import format as fmt
+from gpuconsole.inventory import GpuRow
 from gpuconsole.model import FleetSnapshot, GpuReading, Health, NodeSnapshot, RemoteKind, gpu_health
 from gpuconsole.tui import summaries as S
 from gpuconsole.tui.hardware import model_spec
@@ -70,6 +76,50 @@ def readings_box(node: NodeSnapshot, gpu: GpuReading, palette: Palette) -> Rende
         ("owner", S.gpu_owner(node, gpu)),
         ("not supported", ", ".join(gpu.unsupported) or fmt.NA),
     ])  # fmt: skip
+
+
+NO_NVML = (
+    "NVML on the host cannot read a GPU bound to vfio-pci: its utilization, memory, "
+    "temperature, power, clocks, ECC and processes are the guest's to see"
+)
+
+
+def unseen_box(row: GpuRow, palette: Palette, now: float) -> RenderableType:
+    """What the host knows of a GPU NVML cannot see: sysfs identity, owners, guest state."""
+    pci, owner = row.pci, row.owner
+    state = Text()
+    state.append(S.PASSTHROUGH_GLYPH if row.passthrough else S.UNSEEN_GLYPH,
+                 style=palette.passthrough_fg if row.passthrough else palette.dim)  # fmt: skip
+    state.append(f" {S.unseen_words(row)}")
+    rows: list[tuple[str, RenderableType]] = [
+        ("state", state),
+        ("model", S.row_model(row) or fmt.NA),
+        ("PCI bus", row.bus_id),
+        ("PCI device", f"10de:{pci.device_id:04x}" if pci and pci.device_id else fmt.NA),
+        ("uuid", row.uuid or f"{fmt.NA} (only the nvidia driver reports it)"),
+        ("driver / override", f"{row.driver or 'none'} / "
+                              f"{(pci.driver_override if pci else None) or fmt.NA}"),
+        ("NUMA node", fmt.number(pci.numa_node if pci else None)),
+    ]  # fmt: skip
+    group = owner.iommu_group if owner is not None else None
+    peers = (
+        ", ".join(f"{p.bus_id} ({p.driver or 'no driver'})" for p in pci.iommu_peers) if pci else ""
+    )
+    rows.append(("IOMMU group", f"{fmt.number(group)}" + (f": also {peers}" if peers else "")))
+    for held in owner.owners if owner is not None else ():
+        since = ""
+        if held.since is not None:
+            seen = " (first seen)" if held.since_observed else ""
+            since = f", since {fmt.clock_time(held.since)}{seen}, {fmt.age(held.since, now)} ago"
+        rows.append(("owner", f"{held.label}{since}"))
+        if held.state is not None:
+            rows.append(("guest state", f"{held.state} ({held.source})"))
+        if held.tenant:
+            rows.append(("tenant", held.tenant))
+    for problem in owner.all_problems if owner is not None else ():
+        rows.append(("problem", Text(problem.message, style=palette.health[Health.WARNING])))
+    rows.append(("NVML", Text(NO_NVML, style=palette.dim)))
+    return kv(rows)
 
 
 def ecc_box(gpu: GpuReading, palette: Palette) -> RenderableType:
@@ -213,10 +263,10 @@ def history_box(
     return kv(rows)
 
 
-def spec_box(gpu: GpuReading) -> RenderableType:
-    spec = model_spec(gpu.name)
+def spec_box(name: str) -> RenderableType:
+    spec = model_spec(name)
     if spec is None:
-        return Text(f"no datasheet entry for {gpu.name!r}", style="dim")
+        return Text(f"no datasheet entry for {name!r}", style="dim")
     nvlink = (f"gen{spec.nvlink_gen}, {spec.nvlink_count} links, {spec.nvlink_gbytes_per_s} GB/s"
               if spec.nvlink_gen else "none")  # fmt: skip
     return kv([
@@ -242,13 +292,32 @@ class GpuScreen(BaseView):
     ]
     HELP_EXTRA = (("↑ ↓ PgUp PgDn", "scroll"),)
 
-    def __init__(self, node_name: str, gpu_index: int) -> None:
+    def __init__(
+        self, node_name: str, gpu_index: int | None = None, *, bus_id: str | None = None
+    ) -> None:
+        """A GPU by NVML's index, or by bus id (for one NVML cannot see: a guest's)."""
         super().__init__()
         self.node_name = node_name
         self.gpu_index = gpu_index
+        self.bus_id = bus_id
 
     def crumbs(self) -> list[str]:
-        return ["Fleet", self.node_name, f"GPU {self.gpu_index}"]
+        where = f"GPU {self.gpu_index}" if self.gpu_index is not None else f"GPU {self.bus_id}"
+        return ["Fleet", self.node_name, where]
+
+    def _row(self, node: NodeSnapshot) -> GpuRow | None:
+        """This GPU's row; once found, followed by bus id, whatever NVML renumbers."""
+        rows = S.gpu_rows(node)
+        if self.bus_id is None:
+            found = next((r for r in rows if r.index is not None and r.index == self.gpu_index),
+                         None)  # fmt: skip
+            if found is not None and ":" in found.bus_id:
+                self.bus_id = found.bus_id
+            return found
+        found = next((r for r in rows if r.bus_id == self.bus_id), None)
+        if found is not None:
+            self.gpu_index = found.index
+        return found
 
     def compose_body(self) -> ComposeResult:
         with VerticalScroll(classes="scroll-body", id="gpu-body"):
@@ -261,16 +330,20 @@ class GpuScreen(BaseView):
 
     def apply(self, snapshot: FleetSnapshot, *, force: bool = False) -> None:
         node = snapshot.node(self.node_name)
-        gpu = node.nvml.gpu(self.gpu_index) if node is not None and node.nvml else None
+        row = self._row(node) if node is not None else None
         missing = self.query_one("#gpu-missing", Static)
-        if node is None or gpu is None:
-            missing.update(
-                f"GPU {self.gpu_index} of {self.node_name} is not in the latest snapshot"
-            )
+        if node is None or row is None:
+            where = self.crumbs()[-1]
+            missing.update(f"{where} of {self.node_name} is not in the latest snapshot")
             return
         missing.update("")
         missing.display = False
         palette = self.palette
+        gpu = row.reading
+        if gpu is None:
+            self._show_unseen(row, palette)
+            return
+        self.query_one("#box-readings", Static).border_title = "readings"
         width = max(8, min(40, self.size.width // 2 - 22))
         boxes: dict[str, RenderableType] = {
             "readings": readings_box(node, gpu, palette),
@@ -280,12 +353,27 @@ class GpuScreen(BaseView):
             "processes": processes_box(node, gpu),
             "mig": mig_box(gpu),
             "nvlink": nvlink_box(node, gpu, palette),
-            "spec": spec_box(gpu),
+            "spec": spec_box(gpu.name),
         }
         for box_id, content in boxes.items():
             self.query_one(f"#box-{box_id}", Static).update(content)
 
+    def _show_unseen(self, row: GpuRow, palette: Palette) -> None:
+        readings = self.query_one("#box-readings", Static)
+        readings.border_title = "identity (sysfs) and owner"
+        readings.update(unseen_box(row, palette, self.console.clock()))
+        spec = model_spec(S.row_model(row))
+        for box_id, _title in BOXES[1:]:
+            if box_id == "spec" and spec is not None:
+                content: RenderableType = spec_box(spec.name)
+            else:
+                content = Text(fmt.NA, style="dim")
+            self.query_one(f"#box-{box_id}", Static).update(content)
+
     def action_sm_map(self) -> None:
+        if self.gpu_index is None:
+            self.notify("NVML cannot see this GPU, so there is no SM map to draw")
+            return
         self.console.open_sm_map(self.node_name, self.gpu_index)
 
     def action_topology(self) -> None:

@@ -1,4 +1,8 @@
-"""Node: the GPU table with sparklines, and BMC, fabric and owner panels."""
+"""Node: the GPU table with sparklines, and BMC, fabric and owner panels.
+
+The table has a row per GPU, keyed by bus id: NVML's GPUs and those a guest holds through
+vfio-pci, which NVML on the host cannot read (their readings show "-", never a guess).
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,13 @@ from textual.containers import Horizontal
 from textual.widgets import DataTable, Static
 
 from gpuconsole import format as fmt
-from gpuconsole.model import FleetSnapshot, GpuReading, Health, NodeSnapshot, gpu_health
+from gpuconsole.inventory import GpuRow, ownership_problems
+from gpuconsole.model import FleetSnapshot, GpuReading, Health, NodeSnapshot, Severity
 from gpuconsole.tui import summaries as S
 from gpuconsole.tui.hardware import node_layout, short_model
 from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.themes import Palette
-from gpuconsole.tui.widgets.cells import health_light, spark
+from gpuconsole.tui.widgets.cells import HEALTH_GLYPH, health_light, spark
 
 SPARK_WIDTH = 8
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -49,15 +54,31 @@ def ecc_text(gpu: GpuReading, palette: Palette) -> Text:
     return text
 
 
-def gpu_row(node: NodeSnapshot, gpu: GpuReading, palette: Palette) -> tuple[Text | str, ...]:
+def gpu_label(row: GpuRow, palette: Palette) -> Text:
+    """'● 3' for a GPU NVML numbers; '◆ 52:00.0' (its bus id) for one a guest holds."""
+    if row.index is not None:
+        label = health_light(S.row_health(row), palette)
+        label.append(f" {row.index}")
+        return label
+    glyph = S.PASSTHROUGH_GLYPH if row.passthrough else S.UNSEEN_GLYPH
+    label = Text()
+    label.append(glyph, style=palette.passthrough_fg if row.passthrough else palette.dim)
+    label.append(f" {row.short_bus[:5]}")
+    return label
+
+
+def gpu_row(node: NodeSnapshot, row: GpuRow, palette: Palette) -> tuple[Text | str, ...]:
     """The cells of one GPU's row, in COLUMNS order."""
-    health = gpu_health(gpu)
-    label = health_light(health, palette)
-    label.append(f" {gpu.index}")
+    label = gpu_label(row, palette)
+    gpu = row.reading
+    if gpu is None:
+        why = Text(S.unseen_words(row), style=palette.dim)
+        na = fmt.NA
+        return (label, na, "", na, na, na, na, why, na, row.label)
     if gpu.lost:
         lost = Text(S.gpu_state_words(gpu), style=palette.health[Health.CRITICAL])
         return (label, Text("LOST", style=palette.health[Health.CRITICAL]), "", "", "", "", "",
-                lost, "", S.gpu_owner(node, gpu))  # fmt: skip
+                lost, "", row.label)  # fmt: skip
     history = node.history
     util_series = history.series("gpu", gpu.uuid, "util_gpu_pct") if history else ()
     if not util_series and history is not None:
@@ -81,7 +102,7 @@ def gpu_row(node: NodeSnapshot, gpu: GpuReading, palette: Palette) -> tuple[Text
         fmt.number(gpu.sm_clock_mhz),
         throttle_text,
         ecc_text(gpu, palette),
-        S.gpu_owner(node, gpu),
+        row.label,
     )
 
 
@@ -89,10 +110,16 @@ def node_info(node: NodeSnapshot, palette: Palette, now: float) -> Text:
     """Two lines about the node: what it is, and how fresh each source is."""
     nvml = node.nvml
     layout = node_layout(node)
+    rows = S.gpu_rows(node)
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append_text(health_light(node.health, palette, word=True))
     product = layout.product if layout is not None else short_model(S.node_model(node))
-    text.append(f"  {product} · {len(node.gpus)}\u00d7 {short_model(S.node_model(node))}")
+    text.append(f"  {product} · {len(rows)}\u00d7 {short_model(S.node_model(node))}")
+    guests = sum(1 for r in rows if r.passthrough)
+    if guests:
+        text.append(f" ({guests} ")
+        text.append(S.PASSTHROUGH_GLYPH, style=palette.passthrough_fg)
+        text.append(" vfio-pci, not in NVML)")
     if nvml is not None:
         text.append(
             f" · driver {nvml.driver_version or '-'} · CUDA {nvml.cuda_driver_version or '-'}"
@@ -112,18 +139,25 @@ def node_info(node: NodeSnapshot, palette: Palette, now: float) -> Text:
     return text
 
 
-def owners_text(node: NodeSnapshot) -> str:
+def owners_text(node: NodeSnapshot, palette: Palette) -> Text:
+    """Who holds which GPUs, after what does not add up about it (that first: it matters)."""
     pending = S.pending_panel(node, "tenancy")
     if pending is not None:
         lines = [pending]
         procs = sum(len(g.processes) for g in node.gpus)
         if procs:
             lines.append(f"NVML sees {procs} compute processes (PIDs, not owners)")
-        return "\n".join(lines)
-    owners: dict[str, list[int]] = {}
-    for gpu in node.gpus:
-        owners.setdefault(S.gpu_owner(node, gpu), []).append(gpu.index)
-    return "\n".join(f"{o}: GPU {', '.join(map(str, idx))}" for o, idx in sorted(owners.items()))
+        return Text("\n".join(lines))
+    text = Text()
+    for problem in ownership_problems(node):
+        health = Health.CRITICAL if problem.severity is Severity.CRITICAL else Health.WARNING
+        text.append(f"{HEALTH_GLYPH[health]} {problem.message}\n", style=palette.health[health])
+    owners: dict[str, list[str]] = {}
+    for row in S.gpu_rows(node):
+        where = str(row.index) if row.index is not None else row.short_bus[:5]
+        owners.setdefault(row.label, []).append(where)
+    text.append("\n".join(f"{o}: GPU {', '.join(w)}" for o, w in sorted(owners.items())))
+    return text
 
 
 class NodeScreen(BaseView):
@@ -139,8 +173,8 @@ class NodeScreen(BaseView):
     def __init__(self, node_name: str) -> None:
         super().__init__()
         self.node_name = node_name
-        self._row_cells: dict[str, tuple[Text | str, ...]] = {}
-        self._row_gpus: dict[str, GpuReading] = {}
+        self._row_cells: dict[str, tuple[Text | str, ...]] = {}  # by bus id
+        self._rows: dict[str, GpuRow] = {}
         self._shown_node: NodeSnapshot | None = None
 
     def crumbs(self) -> list[str]:
@@ -177,39 +211,56 @@ class NodeScreen(BaseView):
             self._shown_node = node
         self.query_one("#panel-bmc", Static).update(S.bmc_panel(node))
         self.query_one("#panel-fabric", Static).update(S.fabric_panel(node))
-        self.query_one("#panel-owners", Static).update(owners_text(node))
+        self.query_one("#panel-owners", Static).update(owners_text(node, palette))
 
     def _update_table(self, node: NodeSnapshot, palette: Palette, force: bool) -> None:
         table = self.table
-        keys = [str(g.index) for g in node.gpus]
+        rows = S.gpu_rows(node)
+        self._rows = {row.bus_id: row for row in rows}
+        keys = [row.bus_id for row in rows]
         with self.app.batch_update():
             if force or keys != list(self._row_cells):
                 cursor = table.cursor_row
                 table.clear()
                 self._row_cells.clear()
-                for gpu in node.gpus:
-                    cells = gpu_row(node, gpu, palette)
-                    table.add_row(*cells, key=str(gpu.index))
-                    self._row_cells[str(gpu.index)] = cells
+                for row in rows:
+                    cells = gpu_row(node, row, palette)
+                    table.add_row(*cells, key=row.bus_id)
+                    self._row_cells[row.bus_id] = cells
                 if table.row_count:
                     table.move_cursor(row=min(cursor, table.row_count - 1), animate=False)
                 return
-            for gpu in node.gpus:
-                key = str(gpu.index)
-                cells = gpu_row(node, gpu, palette)
+            for row in rows:
+                cells = gpu_row(node, row, palette)
                 for (column, _), new, old in zip(
-                    COLUMNS, cells, self._row_cells[key], strict=False
+                    COLUMNS, cells, self._row_cells[row.bus_id], strict=False
                 ):
                     if new != old:
-                        table.update_cell(key, column, new)
-                self._row_cells[key] = cells
+                        table.update_cell(row.bus_id, column, new)
+                self._row_cells[row.bus_id] = cells
 
-    def selected_gpu(self) -> int | None:
+    def selected_row(self) -> GpuRow | None:
+        """The GPU under the cursor, whether NVML sees it or not."""
         table = self.table
         if table.row_count == 0:
             return None
         key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        return int(key) if key is not None else None
+        return self._rows.get(key) if key is not None else None
+
+    def selected_gpu(self) -> int | None:
+        """NVML's index of the GPU under the cursor; None for one NVML cannot see."""
+        row = self.selected_row()
+        return row.index if row is not None else None
+
+    def _open(self, row: GpuRow | None) -> None:
+        if row is None:
+            return
+        if row.index is not None:
+            self.console.open_gpu(self.node_name, row.index)
+        else:  # no NVML index to name it by: GPU detail by bus id
+            from gpuconsole.tui.screens.gpu import GpuScreen
+
+            self.app.push_screen(GpuScreen(self.node_name, bus_id=row.bus_id))
 
     @property
     def gpu_index(self) -> int | None:
@@ -218,17 +269,17 @@ class NodeScreen(BaseView):
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if event.row_key.value is not None:
-            self.console.open_gpu(self.node_name, int(event.row_key.value))
+            self._open(self._rows.get(event.row_key.value))
 
     def action_open(self) -> None:
-        index = self.selected_gpu()
-        if index is not None:
-            self.console.open_gpu(self.node_name, index)
+        self._open(self.selected_row())
 
     def action_sm_map(self) -> None:
-        index = self.selected_gpu()
-        if index is not None:
-            self.console.open_sm_map(self.node_name, index)
+        row = self.selected_row()
+        if row is not None and row.index is not None:
+            self.console.open_sm_map(self.node_name, row.index)
+        elif row is not None:
+            self.notify(f"{row.name} is bound to {row.driver or 'no driver'}: NVML cannot map it")
 
     def action_topology(self) -> None:
         self.console.open_topology(self.node_name)

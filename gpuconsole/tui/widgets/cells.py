@@ -8,8 +8,9 @@ from rich.style import Style
 from rich.text import Text
 
 from gpuconsole import format as fmt
+from gpuconsole.inventory import GpuRow
 from gpuconsole.model import GpuReading, Health
-from gpuconsole.tui.summaries import Facet, Metric, cell_text, metric_value
+from gpuconsole.tui.summaries import Facet, Metric, cell_text, metric_value, row_cell_text
 from gpuconsole.tui.themes import Palette
 
 # A shape per health, so the state reads without colour too.
@@ -22,10 +23,19 @@ HEALTH_GLYPH = {
 }
 
 
-def heat_cells(gpus: Sequence[GpuReading], metric: Metric, palette: Palette) -> Text:
-    """One three-character cell per GPU, its background from the theme's scale."""
+def heat_cells(gpus: Sequence[GpuReading | GpuRow], metric: Metric, palette: Palette) -> Text:
+    """One three-character cell per GPU, its background from the theme's scale; a GPU NVML
+    cannot see (a guest's, from `gpu_rows`) gets the passthrough mark instead."""
     text = Text(no_wrap=True, overflow="crop")
-    for gpu in gpus:
+    for item in gpus:
+        if isinstance(item, GpuRow):
+            if item.reading is None:
+                style = palette.passthrough if item.passthrough else palette.dim
+                text.append(row_cell_text(item, metric), style=style)
+                continue
+            gpu = item.reading
+        else:
+            gpu = item
         if gpu.lost:
             text.append(" ✖ ", style=palette.health[Health.CRITICAL] + Style(reverse=True))
             continue

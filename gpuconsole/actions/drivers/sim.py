@@ -1,0 +1,398 @@
+"""The simulator's drivers: steps move GPUs in a simulated node's tenancy plan and sysfs tree.
+
+A `SimWorld` is one simulated node whose tenants (guests, pods, jobs), Kubernetes cordons
+and sysfs/procfs trees live under a folder and survive the process: `gpuconsole assign
+--demo` runs against it, and a demo process killed mid-plan leaves it as a real node would
+be left, for recovery to find. The PCI steps run the real vfio driver over the world's
+sysfs tree, with `SysfsKernel` playing the kernel's part (driver_override, unbind,
+drivers_probe); guests and Kubernetes are the world's plan. Reading the world goes through
+the real NVML and tenancy sources, so the plan is made from what the console would show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuconsole.actions.drivers import Drivers, StepFailed
+from gpuconsole.actions.drivers.vfio import VfioDriver
+from gpuconsole.actions.plan import Step, StepKind
+from gpuconsole.hub import Hub
+from gpuconsole.model import NodeSnapshot
+from gpuconsole.readings.fabric import normal_bus_id
+from gpuconsole.sim.node import Scenario, SimNode
+from gpuconsole.sim.profiles import NodeProfile
+from gpuconsole.sim.tenancy import (
+    SIM_RULES,
+    SimGuest,
+    SimJob,
+    SimPlan,
+    SimPod,
+    SimTenancyTree,
+    plan_for,
+)
+
+__all__ = ["SimWorld", "SysfsKernel", "sim_drivers"]
+
+# Drivers a fake kernel binds by PCI class when driver_override is empty.
+_DEFAULT_DRIVERS = {0x03: "nvidia", 0x04: "snd_hda_intel", 0x06: "nvidia"}
+
+
+class SysfsKernel:
+    """What the kernel does after a write to a fake sysfs tree: bind, unbind, store overrides.
+
+    `bound` is told each function's new driver (None: unbound), as a driver's probe and
+    remove would be run; the simulator uses it for /proc/driver/nvidia.
+    """
+
+    def __init__(
+        self, sysfs_root: str, bound: Callable[[str, str | None], None] | None = None
+    ) -> None:
+        self.sysfs_root = sysfs_root
+        self.bound = bound
+        self.writes: list[tuple[str, str]] = []  # (path relative to the root, text)
+
+    def _device(self, bdf: str) -> str:
+        return os.path.realpath(os.path.join(self.sysfs_root, "bus", "pci", "devices", bdf))
+
+    def _read(self, path: str) -> str:
+        try:
+            with open(path, encoding="ascii") as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
+    def default_driver(self, bdf: str) -> str | None:
+        text = self._read(os.path.join(self._device(bdf), "class"))
+        try:
+            return _DEFAULT_DRIVERS.get(int(text, 16) >> 16)
+        except ValueError:
+            return None
+
+    def __call__(self, path: str, text: str) -> None:
+        self.writes.append((os.path.relpath(path, self.sysfs_root), text))
+        name = os.path.basename(path)
+        if name == "driver_override":
+            if not text.strip():
+                with open(path, "w", encoding="ascii") as f:
+                    f.write("(null)\n")
+            return
+        bdf = text.strip()
+        device = self._device(bdf)
+        link = os.path.join(device, "driver")
+        if name == "unbind":
+            if os.path.islink(link):
+                os.unlink(link)
+                if self.bound is not None:
+                    self.bound(bdf, None)
+        elif name == "drivers_probe":
+            if os.path.islink(link):
+                return
+            override = self._read(os.path.join(device, "driver_override"))
+            if override == "none":
+                return
+            driver = override if override and override != "(null)" else self.default_driver(bdf)
+            if driver is None:
+                return
+            folder = os.path.join(self.sysfs_root, "bus", "pci", "drivers", driver)
+            os.makedirs(folder, exist_ok=True)
+            os.symlink(os.path.relpath(folder, device), link)
+            if self.bound is not None:
+                self.bound(bdf, driver)
+
+
+class _WorldNode(SimNode):
+    """A SimNode whose compute processes run only where the world's plan puts a tenant."""
+
+    world: SimWorld | None = None
+
+    def visible(self, index: int) -> bool:
+        """NVML sees a GPU while the nvidia driver holds it in the world's sysfs tree."""
+        if self.world is None:
+            return True
+        bdf = normal_bus_id(self.profile.gpus[index].bus_id)
+        return VfioDriver(self.world.tree.sysfs_root).driver(bdf) == "nvidia"
+
+    def processes(self, index: int) -> list[tuple[int, int, int | None]]:
+        if self.world is not None and index not in self.world.plan.busy_gpus:
+            return []
+        return super().processes(index)
+
+
+def _plan_json(plan: SimPlan) -> dict[str, Any]:
+    return dataclasses.asdict(plan)
+
+
+def _tuples(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def _plan_from(data: dict[str, Any]) -> SimPlan:
+    def build(cls: Any, items: list[dict[str, Any]]) -> tuple[Any, ...]:
+        return tuple(cls(**{k: _tuples(v) for k, v in item.items()}) for item in items)
+
+    return SimPlan(
+        guests=build(SimGuest, data.get("guests", [])),
+        pods=build(SimPod, data.get("pods", [])),
+        jobs=build(SimJob, data.get("jobs", [])),
+    )
+
+
+class SimWorld:
+    """One simulated node's tenants, cordons and trees, kept under `root`."""
+
+    def __init__(
+        self,
+        name: str,
+        profile: NodeProfile,
+        root: Path,
+        plan: SimPlan | None = None,
+        scenarios: Sequence[Scenario] = (),
+    ) -> None:
+        self.root = root
+        self.state_file = root / "world.json"
+        self.node = _WorldNode(name, profile, seed=0, scenarios=scenarios)
+        self.node.world = self
+        self.cordoned: set[str] = set()
+        fresh = not self.state_file.exists()
+        if not fresh:
+            data = json.loads(self.state_file.read_text(encoding="utf-8"))
+            plan = _plan_from(data["plan"])
+            self.cordoned = set(data.get("cordoned", []))
+        self.tree = SimTenancyTree(self.node, str(root), plan)
+        if not fresh:
+            # the tree is on disk already: its processes must not be written twice
+            self.tree._pids = {int(n) for n in os.listdir(self.tree.proc_root) if n.isdigit()}
+        if fresh:
+            root.mkdir(parents=True, exist_ok=True)
+            self.tree.create()
+            self.save()
+
+    @classmethod
+    def demo(cls, name: str, root: Path) -> SimWorld:
+        """A node of the demo cluster, with the demo's own tenants the first time."""
+        from gpuconsole.sim.cluster import demo_cluster
+        from gpuconsole.sim.profiles import get_profile
+
+        specs = {s.name: s for s in demo_cluster()}
+        if name not in specs:
+            raise KeyError(f"no simulated node {name!r} (known: {', '.join(specs)})")
+        profile = get_profile(specs[name].profile)
+        return cls(name, profile, root, plan_for(name, profile), specs[name].scenarios)
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def plan(self) -> SimPlan:
+        return self.tree.plan
+
+    @plan.setter
+    def plan(self, plan: SimPlan) -> None:
+        self.tree.plan = plan
+        self.save()
+
+    def save(self) -> None:
+        """Write the world's state atomically: a kill leaves the old file or the new one."""
+        body = json.dumps({"plan": _plan_json(self.plan), "cordoned": sorted(self.cordoned)})
+        tmp = self.state_file.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.state_file)
+
+    def index_of(self, bdf: str) -> int | None:
+        for gpu in self.node.profile.gpus:
+            if normal_bus_id(gpu.bus_id) == normal_bus_id(bdf):
+                return gpu.index
+        return None
+
+    def nvidia_bound(self, bdf: str, driver: str | None) -> None:
+        """The nvidia driver's /proc entry appears on bind and goes on unbind."""
+        index = self.index_of(bdf)
+        if index is None:
+            return
+        folder = os.path.join(self.tree.proc_root, "driver", "nvidia", "gpus", normal_bus_id(bdf))
+        info = os.path.join(folder, "information")
+        if driver == "nvidia":
+            os.makedirs(folder, exist_ok=True)
+            with open(info, "w", encoding="utf-8") as f:
+                f.write(
+                    f"Model: \t\t {self.node.profile.gpu_model.name}\n"
+                    f"GPU UUID: \t {self.node.uuids[index]}\n"
+                    f"Bus Location: \t {normal_bus_id(bdf)}\nDevice Minor: \t {index}\n"
+                )
+        elif os.path.exists(info):
+            os.unlink(info)
+
+    def owners(self, index: int) -> list[str]:
+        """Every claim on a GPU: guests defining it, pods and jobs holding it, or the pool it
+        sits in (free, k8s, drained, vfio). Exactly one, when all is well."""
+        plan = self.plan
+        bdf = normal_bus_id(self.node.profile.gpus[index].bus_id)
+        claims = [f"vm {g.name}" for g in plan.guests if index in g.gpus]
+        claims += [
+            f"pod {p.namespace}/{p.pod}"
+            for p in plan.pods
+            if index in p.gpus or any(g == index for g, _ in p.mig + p.replicas)
+        ]
+        claims += [f"job {j.job}" for j in plan.jobs if index in j.gpus]
+        if claims:
+            return claims
+        driver = VfioDriver(self.tree.sysfs_root).driver(bdf)
+        uuid = self.node.uuids[index]
+        if driver == "nvidia":
+            return ["free" if uuid in self.cordoned else "k8s"]
+        if driver is None:
+            return ["drained"]
+        return [f"unassigned ({driver})"]
+
+    async def snapshot(self) -> NodeSnapshot:
+        """The node as the console would read it: the real NVML and tenancy sources."""
+        from gpuconsole.sim.nvml import SimNvml
+        from gpuconsole.sources.nvml import NvmlSource
+        from gpuconsole.sources.tenancy import TenancySource
+
+        await asyncio.to_thread(self.tree.refresh)
+        hub = Hub()
+        hub.add_node(self.name, simulated=True, profile=self.node.profile.name)
+        hub.add_source(NvmlSource(self.name, lib=SimNvml(self.node), events=False, simulated=True))
+        tree = self.tree
+        hub.add_source(
+            TenancySource(
+                self.name,
+                sysfs_root=tree.sysfs_root,
+                proc_root=tree.proc_root,
+                libvirt_uri="sim:///" + self.name,
+                libvirt_connect=lambda _uri: tree.libvirt(),
+                kubelet_stub=tree.kubelet(),
+                qemu_scan=False,
+                rules=SIM_RULES,
+                passwd_file=tree.passwd_file,
+                simulated=True,
+            )
+        )
+        fleet = await hub.poll_once()
+        found = fleet.node(self.name)
+        assert found is not None
+        return found
+
+
+class SimPciDriver(VfioDriver):
+    """The vfio driver over the world's sysfs tree; idle means no tenant holds the GPU."""
+
+    def __init__(self, world: SimWorld) -> None:
+        kernel = SysfsKernel(world.tree.sysfs_root, world.nvidia_bound)
+        super().__init__(world.tree.sysfs_root, world.tree.proc_root, kernel=kernel, settle_s=1.0)
+        self.world = world
+
+    def check_idle(self, step: Step) -> str:
+        busy = []
+        for bdf in step.gpus:
+            index = self.world.index_of(bdf)
+            if index is not None and index in self.world.plan.busy_gpus:
+                busy += [c for c in self.world.owners(index) if not c.startswith("vm ")]
+        if busy:
+            raise StepFailed(f"{', '.join(step.gpus)} is busy: {', '.join(busy)}; stop it first")
+        return f"idle: no process on {', '.join(step.gpus)}"
+
+
+class SimGuestsDriver:
+    """Guests of the world: <hostdev>s become GPU indexes of a SimGuest; hotplug always works."""
+
+    def __init__(self, world: SimWorld) -> None:
+        self.world = world
+
+    def _change(self, name: str | None, add: tuple[str, ...], remove: tuple[str, ...]) -> str:
+        plan = self.world.plan
+        guest = next((g for g in plan.guests if g.name == name), None)
+        if guest is None:
+            raise StepFailed(f"no guest {name!r} on {self.world.name}: define it first")
+        if remove and guest.state == 1:
+            raise StepFailed(f"guest {name} is running: shut it down before its GPU leaves")
+        switches = {normal_bus_id(s.bus_id) for s in self.world.node.profile.nvswitches}
+        indexes = set(guest.gpus)
+        indexes |= {i for b in add if (i := self.world.index_of(b)) is not None}
+        indexes -= {i for b in remove if (i := self.world.index_of(b)) is not None}
+        nvswitches = guest.nvswitches
+        if switches and switches <= set(add):
+            nvswitches = True
+        if switches and switches & set(remove):
+            nvswitches = False
+        new = dataclasses.replace(guest, gpus=tuple(sorted(indexes)), nvswitches=nvswitches)
+        if new == guest:
+            return f"{name}'s definition already as planned"
+        self.world.plan = dataclasses.replace(
+            plan, guests=tuple(new if g is guest else g for g in plan.guests)
+        )
+        live = " (hotplugged)" if guest.state == 1 and add else ""
+        return f"defined {name} with GPUs {', '.join(map(str, new.gpus)) or 'none'}{live}"
+
+    async def run(self, step: Step) -> str:
+        if step.kind is StepKind.ATTACH:
+            return self._change(step.guest, step.functions, ())
+        if step.kind is StepKind.DETACH:
+            return self._change(step.guest, (), step.functions)
+        raise StepFailed(f"the simulated guests do not do {step.kind.value}")
+
+    async def undo(self, step: Step) -> str:
+        if step.kind is StepKind.ATTACH:
+            return self._change(step.guest, (), step.functions)
+        if step.kind is StepKind.DETACH:
+            return self._change(step.guest, step.functions, ())
+        return "nothing to undo"
+
+
+class SimKubernetesDriver:
+    """The world's Kubernetes: a set of cordoned UUIDs, and pods that go when evicted."""
+
+    def __init__(self, world: SimWorld) -> None:
+        self.world = world
+
+    async def cordoned(self) -> frozenset[str]:
+        return frozenset(self.world.cordoned)
+
+    def _cordon(self, uuids: tuple[str, ...], on: bool) -> str:
+        before = set(self.world.cordoned)
+        if on:
+            self.world.cordoned |= set(uuids)
+        else:
+            self.world.cordoned -= set(uuids)
+        if self.world.cordoned != before:
+            self.world.save()
+        return f"{'cordoned' if on else 'uncordoned'} {', '.join(uuids)}"
+
+    async def run(self, step: Step) -> str:
+        if step.kind in (StepKind.CORDON, StepKind.UNCORDON):
+            return self._cordon(step.uuids, step.kind is StepKind.CORDON)
+        if step.kind is StepKind.EVICT and step.pod:
+            plan = self.world.plan
+            pods = tuple(p for p in plan.pods if f"{p.namespace}/{p.pod}" != step.pod)
+            if len(pods) == len(plan.pods):
+                return f"pod {step.pod} already gone"
+            self.world.plan = dataclasses.replace(plan, pods=pods)
+            return f"evicted pod {step.pod}"
+        raise StepFailed(f"the simulated Kubernetes does not do {step.kind.value}")
+
+    async def undo(self, step: Step) -> str:
+        if step.kind in (StepKind.CORDON, StepKind.UNCORDON):
+            return self._cordon(step.uuids, step.kind is not StepKind.CORDON)
+        return "nothing to undo" if step.kind is not StepKind.EVICT else "pod stays evicted"
+
+
+def sim_drivers(world: SimWorld) -> Drivers:
+    """Every layer of a simulated node."""
+    return Drivers(
+        pci=SimPciDriver(world),
+        guests=SimGuestsDriver(world),
+        kubernetes=SimKubernetesDriver(world),
+    )

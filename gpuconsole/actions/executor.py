@@ -1,0 +1,303 @@
+"""Runs plans: checks who asks where the action executes, locks the GPUs, journals each step
+before and after it runs, audits the outcome, posts events, and recovers after a crash.
+
+Recovery is deterministic. A plan left running by a dead process is rolled back when no
+step that changes anything had completed (or when it was already rolling back), and
+finished otherwise: every step is idempotent, so the interrupted one simply runs again.
+A step that fails puts back what the plan changed, in reverse, except an evicted pod; a
+failed final check leaves the GPUs where they are and says what to look at.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from gpuconsole.actions.audit import AuditLog, AuditRecord
+from gpuconsole.actions.drivers import Drivers, StepFailed
+from gpuconsole.actions.journal import Journal, PlanRecord, PlanState
+from gpuconsole.actions.locks import GpuBusy, lock_and_start
+from gpuconsole.actions.plan import Plan, PlanContext, Step, StepKind, Target, make_plan
+from gpuconsole.actions.power import ActionRefused
+from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.model import Event, NodeSnapshot, Severity
+from gpuconsole.sources.base import EmitEvent
+
+__all__ = ["ActionRefused", "Executor", "Outcome", "StepUpdate"]
+
+Reader = Callable[[], Awaitable[NodeSnapshot]]
+
+
+@dataclass(frozen=True, slots=True)
+class StepUpdate:
+    """A step changed state: running, done, failed, undoing, undone."""
+
+    plan_id: str
+    seq: int
+    step: Step
+    state: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a plan ended: done, failed, rolled back; and what to tell the person."""
+
+    plan_id: str
+    state: str
+    message: str
+    recovered: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.state == PlanState.DONE
+
+
+class Executor:
+    """Executes plans for one node through its drivers."""
+
+    def __init__(
+        self,
+        node: str,
+        drivers: Drivers,
+        journal: Journal,
+        audit: AuditLog,
+        *,
+        reader: Reader | None = None,
+        emit: EmitEvent | None = None,
+        on_step: Callable[[StepUpdate], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.drivers = drivers
+        self.journal = journal
+        self.audit = audit
+        self.reader = reader
+        self.emit = emit
+        self.on_step = on_step
+        self.clock = clock
+
+    # --- planning --------------------------------------------------------------------
+
+    async def context(self) -> PlanContext:
+        kube = self.drivers.kubernetes
+        if kube is None:
+            return PlanContext()
+        return PlanContext(kubernetes=True, cordoned=await kube.cordoned())
+
+    async def plan(self, keys: Sequence[str], target: Target) -> Plan:
+        """A plan from a fresh reading of the node."""
+        if self.reader is None:
+            raise RuntimeError("this executor has no reader to plan from")
+        return make_plan(await self.reader(), keys, target, await self.context())
+
+    # --- records -------------------------------------------------------------------
+
+    def _audit(
+        self, plan: Plan, actor: Actor, outcome: str, detail: str, plan_id: str = ""
+    ) -> None:
+        self.audit.append(
+            AuditRecord(
+                at=self.clock(),
+                user=actor.user,
+                role=actor.role.value,
+                action=f"assign {plan.target}",
+                target=f"{plan.node}: {', '.join(plan.labels) or ', '.join(plan.gpus)}",
+                outcome=outcome,
+                detail=detail,
+                args={
+                    "plan_id": plan_id,
+                    "node": plan.node,
+                    "gpus": list(plan.gpus),
+                    "target": str(plan.target),
+                    "via": actor.via,
+                    "steps": [s.title for s in plan.steps],
+                    "preconditions": [str(p) for p in plan.preconditions],
+                },
+                key_fingerprint=actor.key_fingerprint,
+            )
+        )
+
+    def _event(self, plan: Plan, severity: Severity, message: str) -> None:
+        if self.emit is None:
+            return
+        index = plan.indexes[0] if len(plan.indexes) == 1 else None
+        uuid = next((s.uuids[0] for s in plan.steps if s.uuids and s.uuids[0]), None)
+        self.emit(
+            Event(
+                self.clock(),
+                plan.node,
+                "actions",
+                "action",
+                severity,
+                message,
+                gpu_index=index,
+                gpu_uuid=uuid if len(plan.gpus) == 1 else None,
+            )
+        )
+
+    def _notify(self, plan_id: str, seq: int, step: Step, state: str, detail: str = "") -> None:
+        if self.on_step is not None:
+            self.on_step(StepUpdate(plan_id, seq, step, state, detail))
+
+    def _refuse(self, plan: Plan, actor: Actor, why: str) -> ActionRefused:
+        self._audit(plan, actor, "refused", why)
+        self._event(plan, Severity.WARNING, f"{actor.who} was refused assign {plan.target}: {why}")
+        return ActionRefused(why)
+
+    # --- executing -------------------------------------------------------------------
+
+    async def execute(self, plan: Plan, actor: Actor, confirm: str) -> Outcome:
+        """Run a plan for `actor`, who confirmed it by typing `confirm`.
+
+        Raises ActionRefused, with nothing changed, for a viewer, a wrong confirmation, a
+        failed precondition, a GPU another action holds, or a node that changed since.
+        """
+        if not actor.role.may_act:
+            raise self._refuse(
+                plan, actor, f"role {actor.role.value} may not act; operators and admins may"
+            )
+        if confirm.strip() not in plan.confirmations():
+            words = " or ".join(repr(w) for w in plan.confirmations())
+            raise self._refuse(plan, actor, f"confirmation {confirm!r} does not match {words}")
+        if plan.blocked:
+            raise self._refuse(plan, actor, "; ".join(str(p) for p in plan.failed))
+        try:
+            plan_id = lock_and_start(
+                self.journal, plan, actor.user, actor.role.value, actor.key_fingerprint
+            )
+        except GpuBusy as exc:
+            raise self._refuse(plan, actor, str(exc)) from None
+        if self.reader is not None:
+            # under the lock: the node may have changed since the plan was shown
+            fresh = make_plan(await self.reader(), plan.gpus, plan.target, await self.context())
+            if fresh.blocked or fresh.steps != plan.steps:
+                why = "; ".join(str(p) for p in fresh.failed) or "the steps it needs changed"
+                self.journal.finish_plan(plan_id, PlanState.REFUSED, why)
+                raise self._refuse(plan, actor, f"the node changed since the plan: {why}")
+        self._audit(plan, actor, "started", "", plan_id)
+        self._event(plan, Severity.INFO, f"{actor.who} started assign {plan.target}: {plan_id}")
+        state, message = await self._run(plan_id, plan, frozenset())
+        self.journal.finish_plan(plan_id, state, message)
+        outcome = "ok" if state == PlanState.DONE else "failed"
+        self._audit(plan, actor, outcome, message, plan_id)
+        severity = Severity.INFO if state == PlanState.DONE else Severity.CRITICAL
+        self._event(plan, severity, f"assign {plan.target} by {actor.user}: {message}")
+        return Outcome(plan_id, state, message)
+
+    async def _do(self, step: Step) -> str:
+        if step.kind is StepKind.VERIFY:
+            return await self._verify(step)
+        assert step.layer is not None
+        return await self.drivers.for_layer(step.layer).run(step)
+
+    async def _verify(self, step: Step) -> str:
+        words = [await self.drivers.pci.run(step)]
+        if step.driver != "nvidia" or self.reader is None:
+            return "; ".join(words)
+        node = await self.reader()
+        problems = []
+        by_uuid = {g.uuid: g for g in node.gpus}
+        for k, uuid in enumerate(step.uuids):
+            gpu = by_uuid.get(uuid)
+            if gpu is None:
+                problems.append(f"{uuid} is not visible to NVML")
+                continue
+            if gpu.fabric_state not in (None, "completed", "not_supported"):
+                problems.append(f"{uuid}: fabric state {gpu.fabric_state}, not completed")
+            before = step.xids[k] if k < len(step.xids) else -1
+            xid = node.last_xid.get(uuid, -1)
+            if xid != before:
+                problems.append(f"{uuid}: new XID {xid}")
+            if gpu.ecc.remap_pending:
+                problems.append(f"{uuid}: a row remap is pending (reset the GPU again)")
+        if problems:
+            raise StepFailed("; ".join(problems))
+        return "; ".join([*words, "NVML sees every UUID, fabric complete, no new XID"])
+
+    async def _run(self, plan_id: str, plan: Plan, done: frozenset[int]) -> tuple[str, str]:
+        for seq, step in enumerate(plan.steps):
+            if seq in done:
+                continue
+            self._notify(plan_id, seq, step, "running")
+            row = self.journal.intent(plan_id, seq, step.kind.value)
+            try:
+                detail = await self._do(step)
+            except StepFailed as exc:
+                self.journal.result(row, "failed", str(exc))
+                self._notify(plan_id, seq, step, "failed", str(exc))
+                if step.kind is StepKind.VERIFY:
+                    return PlanState.FAILED, (
+                        f"the GPUs moved but the final check failed: {exc}; look at them "
+                        "(nvidia-smi -q) and drain them if it stays so"
+                    )
+                rolled = await self._rollback(plan_id, plan, seq)
+                return PlanState.FAILED, f"step {seq + 1} ({step.title}) failed: {exc}; {rolled}"
+            self.journal.result(row, "done", detail)
+            self._notify(plan_id, seq, step, "done", detail)
+        return PlanState.DONE, f"{', '.join(plan.labels)} now {plan.target}"
+
+    async def _rollback(self, plan_id: str, plan: Plan, upto: int) -> str:
+        kept, failed = [], []
+        for seq in range(upto, -1, -1):
+            step = plan.steps[seq]
+            if not step.kind.mutates:
+                continue
+            if not step.kind.reversible:
+                kept.append(step.title)
+                continue
+            assert step.layer is not None
+            self._notify(plan_id, seq, step, "undoing")
+            row = self.journal.intent(plan_id, seq, step.kind.value, "undo")
+            try:
+                detail = await self.drivers.for_layer(step.layer).undo(step)
+            except StepFailed as exc:
+                self.journal.result(row, "failed", str(exc))
+                self._notify(plan_id, seq, step, "failed", str(exc))
+                failed.append(f"{step.title}: {exc}")
+                continue
+            self.journal.result(row, "done", detail)
+            self._notify(plan_id, seq, step, "undone", detail)
+        text = "rolled back"
+        if kept:
+            text += f" (kept: {'; '.join(kept)})"
+        if failed:
+            text += f"; could not undo: {'; '.join(failed)}"
+        return text
+
+    # --- recovery --------------------------------------------------------------------
+
+    async def recover(self) -> list[Outcome]:
+        """Finish or roll back every plan a dead process left running; says what it did."""
+        outcomes = []
+        for record in self.journal.claim_orphans(self.node):
+            outcomes.append(await self._recover(record))
+        return outcomes
+
+    async def _recover(self, record: PlanRecord) -> Outcome:
+        plan = record.plan
+        done = frozenset(s.seq for s in record.steps if s.phase == "do" and s.state == "done")
+        attempted = [s.seq for s in record.steps]
+        last = max(attempted) if attempted else -1
+        rolling_back = any(s.phase == "undo" for s in record.steps)
+        changed = any(plan.steps[s].kind.mutates for s in done)
+        where = (
+            f"step {last + 1} ({plan.steps[last].title})" if last >= 0 else "before its first step"
+        )
+        if rolling_back or not changed:
+            text = (
+                await self._rollback(record.id, plan, max(last, 0)) if last >= 0 else "nothing ran"
+            )
+            state = PlanState.ROLLED_BACK
+            message = f"recovered: the process stopped at {where}; {text}"
+        else:
+            state, text = await self._run(record.id, plan, done)
+            verb = "finished" if state == PlanState.DONE else "could not finish"
+            message = f"recovered: the process stopped at {where}; {verb}: {text}"
+        self.journal.finish_plan(record.id, state, message)
+        actor = Actor(record.user, Role(record.role), record.fingerprint)
+        self._audit(plan, actor, "recovered", message, record.id)
+        severity = Severity.WARNING if state != PlanState.FAILED else Severity.CRITICAL
+        self._event(plan, severity, f"assign {plan.target} (plan {record.id}) {message}")
+        return Outcome(record.id, state, message, recovered=True)

@@ -1,0 +1,348 @@
+"""The action journal: SQLite in WAL mode, the intent of each step written before it runs.
+
+One row per plan (who asked, the steps as JSON, where it stands) and one per step attempt
+(intent, then done, failed or undone). A process killed mid-plan leaves its plan "running"
+under a pid that is gone: `unfinished` finds such plans for recovery, and `claim` hands one
+to the recovering process in a single IMMEDIATE transaction so two never recover one plan.
+The GPU locks (locks.py) live in the same database so that taking them and starting a plan
+are one transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sqlite3
+import time
+import uuid as uuid_mod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuconsole import paths
+from gpuconsole.actions.plan import Plan
+
+__all__ = [
+    "Journal",
+    "PlanRecord",
+    "PlanState",
+    "StepRecord",
+    "default_journal_path",
+    "process_alive",
+    "process_tag",
+]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS plans (
+    id TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    target TEXT NOT NULL,
+    gpus TEXT NOT NULL,
+    user TEXT NOT NULL,
+    role TEXT NOT NULL,
+    fingerprint TEXT,
+    plan TEXT NOT NULL,
+    state TEXT NOT NULL,
+    outcome TEXT NOT NULL DEFAULT '',
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    proc_start TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    finished_at REAL,
+    recovered INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS steps (
+    plan_id TEXT NOT NULL REFERENCES plans(id),
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    state TEXT NOT NULL,
+    detail TEXT NOT NULL DEFAULT '',
+    started_at REAL NOT NULL,
+    finished_at REAL
+);
+CREATE INDEX IF NOT EXISTS steps_plan ON steps(plan_id, seq);
+CREATE TABLE IF NOT EXISTS locks (
+    gpu TEXT PRIMARY KEY,
+    plan_id TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    proc_start TEXT NOT NULL,
+    acquired_at REAL NOT NULL
+);
+"""
+
+
+def default_journal_path() -> Path:
+    return paths.state_dir() / "actions.db"
+
+
+class PlanState:
+    """Where a plan stands (strings, as stored)."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"  # a step failed; what was reversible was put back
+    ROLLED_BACK = "rolled back"
+    REFUSED = "refused"
+
+
+def _proc_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot: a pid reused later differs here."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return text.rpartition(")")[2].split()[19]
+
+
+def process_tag() -> tuple[str, int, str]:
+    """(host, pid, start time) of this process, stored with what it owns."""
+    pid = os.getpid()
+    return socket.gethostname(), pid, _proc_start(pid)
+
+
+def process_alive(host: str, pid: int, proc_start: str) -> bool:
+    """Whether the process that wrote a row still runs (other hosts: assumed alive)."""
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return not proc_start or _proc_start(pid) == proc_start
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One attempt at one step: its phase (do, undo) and how it went."""
+
+    seq: int
+    kind: str
+    phase: str  # "do" or "undo"
+    state: str  # "intent", "done", "failed"
+    detail: str
+    started_at: float
+    finished_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRecord:
+    """A plan as the journal holds it."""
+
+    id: str
+    node: str
+    target: str
+    gpus: tuple[str, ...]
+    user: str
+    role: str
+    fingerprint: str | None
+    plan: Plan
+    state: str
+    outcome: str
+    host: str
+    pid: int
+    proc_start: str
+    created_at: float
+    finished_at: float | None
+    recovered: bool
+    steps: tuple[StepRecord, ...] = ()
+
+
+class Journal:
+    """The journal database at `path` (created with mode 0600 on first use)."""
+
+    def __init__(self, path: Path | None = None, *, timeout_s: float = 10.0) -> None:
+        self.path = path or default_journal_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
+        self._db = sqlite3.connect(
+            self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # an intent is on disk before its step runs
+        with self.transaction():
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    self._db.execute(statement)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT: one writer at a time across every process."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # --- plans -----------------------------------------------------------------------
+
+    def start_plan(
+        self,
+        db: sqlite3.Connection,
+        plan: Plan,
+        user: str,
+        role: str,
+        fingerprint: str | None,
+        *,
+        state: str = PlanState.RUNNING,
+        outcome: str = "",
+        clock: float | None = None,
+    ) -> str:
+        """A new plan row (inside the caller's transaction); returns its id."""
+        plan_id = uuid_mod.uuid4().hex[:12]
+        host, pid, start = process_tag()
+        now = time.time() if clock is None else clock
+        db.execute(
+            "INSERT INTO plans (id, node, target, gpus, user, role, fingerprint, plan, state,"
+            " outcome, host, pid, proc_start, created_at, finished_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                plan_id,
+                plan.node,
+                str(plan.target),
+                json.dumps(list(plan.gpus)),
+                user,
+                role,
+                fingerprint,
+                json.dumps(plan.to_json()),
+                state,
+                outcome,
+                host,
+                pid,
+                start,
+                now,
+                None if state == PlanState.RUNNING else now,
+            ),
+        )
+        return plan_id
+
+    def record_refusal(self, plan: Plan, user: str, role: str, fp: str | None, why: str) -> str:
+        with self.transaction() as db:
+            return self.start_plan(db, plan, user, role, fp, state=PlanState.REFUSED, outcome=why)
+
+    def finish_plan(self, plan_id: str, state: str, outcome: str) -> None:
+        """Mark a plan finished and release its GPU locks, in one transaction."""
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE plans SET state = ?, outcome = ?, finished_at = ? WHERE id = ?",
+                (state, outcome, time.time(), plan_id),
+            )
+            db.execute("DELETE FROM locks WHERE plan_id = ?", (plan_id,))
+
+    def intent(self, plan_id: str, seq: int, kind: str, phase: str = "do") -> int:
+        """Record that a step is about to run; returns the row to complete."""
+        with self.transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO steps (plan_id, seq, kind, phase, state, started_at)"
+                " VALUES (?, ?, ?, ?, 'intent', ?)",
+                (plan_id, seq, kind, phase, time.time()),
+            )
+            return int(cursor.lastrowid or 0)
+
+    def result(self, row: int, state: str, detail: str) -> None:
+        """Record how a step went: 'done' or 'failed'."""
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE steps SET state = ?, detail = ?, finished_at = ? WHERE rowid = ?",
+                (state, detail, time.time(), row),
+            )
+
+    # --- reading ---------------------------------------------------------------------
+
+    def _record(self, row: tuple[object, ...]) -> PlanRecord:
+        (pid_, node, target, gpus, user, role, fp, plan, state, outcome, host, pid, start,
+         created, finished, recovered) = row  # fmt: skip
+        steps = tuple(
+            StepRecord(
+                int(s[0]),
+                str(s[1]),
+                str(s[2]),
+                str(s[3]),
+                str(s[4]),
+                float(s[5]),
+                None if s[6] is None else float(s[6]),
+            )
+            for s in self._db.execute(
+                "SELECT seq, kind, phase, state, detail, started_at, finished_at FROM steps"
+                " WHERE plan_id = ? ORDER BY rowid",
+                (pid_,),
+            )
+        )
+        return PlanRecord(
+            id=str(pid_),
+            node=str(node),
+            target=str(target),
+            gpus=tuple(json.loads(str(gpus))),
+            user=str(user),
+            role=str(role),
+            fingerprint=None if fp is None else str(fp),
+            plan=Plan.from_json(json.loads(str(plan))),
+            state=str(state),
+            outcome=str(outcome),
+            host=str(host),
+            pid=int(str(pid)),
+            proc_start=str(start),
+            created_at=float(str(created)),
+            finished_at=None if finished is None else float(str(finished)),
+            recovered=bool(recovered),
+            steps=steps,
+        )
+
+    _COLUMNS = (
+        "id, node, target, gpus, user, role, fingerprint, plan, state, outcome, host, pid,"
+        " proc_start, created_at, finished_at, recovered"
+    )
+
+    def plan(self, plan_id: str) -> PlanRecord | None:
+        row = self._db.execute(
+            f"SELECT {self._COLUMNS} FROM plans WHERE id = ?", (plan_id,)
+        ).fetchone()
+        return self._record(row) if row else None
+
+    def plans(self, limit: int = 50) -> list[PlanRecord]:
+        """The most recent plans, newest first."""
+        rows = self._db.execute(
+            f"SELECT {self._COLUMNS} FROM plans ORDER BY created_at DESC, rowid DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [self._record(r) for r in rows]
+
+    def claim_orphans(self, node: str) -> list[PlanRecord]:
+        """Running plans of `node` whose process is gone, handed to this process (in one
+        transaction, so two recovering processes never take the same plan)."""
+        host, pid, start = process_tag()
+        claimed: list[str] = []
+        with self.transaction() as db:
+            rows = db.execute(
+                "SELECT id, host, pid, proc_start FROM plans WHERE state = ? AND node = ?"
+                " ORDER BY created_at",
+                (PlanState.RUNNING, node),
+            ).fetchall()
+            for plan_id, row_host, row_pid, row_start in rows:
+                if process_alive(str(row_host), int(row_pid), str(row_start)):
+                    continue
+                db.execute(
+                    "UPDATE plans SET host = ?, pid = ?, proc_start = ?, recovered = 1"
+                    " WHERE id = ?",
+                    (host, pid, start, plan_id),
+                )
+                db.execute(
+                    "UPDATE locks SET host = ?, pid = ?, proc_start = ? WHERE plan_id = ?",
+                    (host, pid, start, plan_id),
+                )
+                claimed.append(str(plan_id))
+        found = [self.plan(p) for p in claimed]
+        return [p for p in found if p is not None]

@@ -1,0 +1,904 @@
+"""Reassigning GPUs, planned: explicit steps and the preconditions they need, from a snapshot.
+
+`make_plan` is pure: it reads a NodeSnapshot (NVML, tenancy, fabric), the ownership merged
+from it and what the Kubernetes layer says is cordoned, and returns a Plan that says every
+step before anything runs. A failed precondition blocks the plan and says what to do.
+`propose` is the placement help: N free GPUs of one NVLink domain and their PIX NICs.
+
+Targets (what each means for the layers below):
+
+- free: bound to nvidia, driver_override cleared, cordoned from Kubernetes (the host pool:
+  Slurm, notebooks, processes).
+- k8s: bound to nvidia, not cordoned: the device plugin hands it to one container at a time.
+- drained: unbound with driver_override "none" (nothing can bind it), cordoned.
+- vm:NAME: bound to vfio-pci with its whole IOMMU group, a <hostdev> in guest NAME, cordoned.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from gpuconsole.model import GpuReading, NodeSnapshot, RemoteKind
+from gpuconsole.ownership import GpuOwner, Ownership, node_ownership, resolve_owners
+from gpuconsole.readings.fabric import normal_bus_id
+from gpuconsole.readings.tenancy import Guest, OwnerKind, PciGpu
+
+__all__ = [
+    "Layer",
+    "Plan",
+    "PlanContext",
+    "Precondition",
+    "Proposal",
+    "Step",
+    "StepKind",
+    "Target",
+    "TargetKind",
+    "find_gpu",
+    "make_plan",
+    "propose",
+]
+
+HOST_DRIVER = "nvidia"
+VFIO_DRIVER = "vfio-pci"
+BLOCK_DRIVER = "none"  # driver_override "none": nothing binds the function
+# Functions that go to a guest with their GPU: display/3D, audio (HDMI), other bridges
+# (NVSwitch). PCI bridges (0x0604) stay with the host; anything else in the group stops a plan.
+_FOLLOWING_CLASSES = (0x03, 0x0403, 0x0680)
+# NVSwitch full-passthrough partitions a guest may hold (Fabric Manager user guide).
+H100_PARTITIONS = frozenset({1, 8})
+A100_PARTITIONS = frozenset({1, 2, 4, 8, 16})
+
+
+class TargetKind(enum.StrEnum):
+    """Where a GPU can go."""
+
+    FREE = "free"
+    DRAINED = "drained"
+    VM = "vm"
+    K8S = "k8s"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A target as `--to` spells it: free, drained, k8s or vm:NAME."""
+
+    kind: TargetKind
+    guest: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        word, _, name = text.strip().partition(":")
+        try:
+            kind = TargetKind(word.lower())
+        except ValueError:
+            raise ValueError(f"unknown target {text!r}: free, drained, k8s or vm:NAME") from None
+        if kind is TargetKind.VM:
+            if not name:
+                raise ValueError("a vm target names its guest: vm:NAME")
+            return cls(kind, name)
+        if name:
+            raise ValueError(f"target {word} takes no name")
+        return cls(kind)
+
+    @property
+    def driver(self) -> str | None:
+        """The driver its GPUs end bound to (None: unbound)."""
+        return {TargetKind.VM: VFIO_DRIVER, TargetKind.DRAINED: None}.get(self.kind, HOST_DRIVER)
+
+    @property
+    def cordoned(self) -> bool:
+        """Whether its GPUs are out of Kubernetes scheduling."""
+        return self.kind is not TargetKind.K8S
+
+    def __str__(self) -> str:
+        return f"vm:{self.guest}" if self.kind is TargetKind.VM else self.kind.value
+
+
+class Layer(enum.StrEnum):
+    """Which driver carries a step out."""
+
+    PCI = "pci"  # sysfs: driver_override, unbind, drivers_probe, reset (vfio driver)
+    GUESTS = "guests"  # libvirt: the domain's <hostdev>
+    KUBERNETES = "kubernetes"  # the API server: cordon, evict
+
+
+class StepKind(enum.StrEnum):
+    """The steps a reassignment is made of, in the order they run."""
+
+    CORDON = "cordon"  # take the GPU out of Kubernetes scheduling
+    EVICT = "evict"  # evict the pod holding it and wait until it is gone
+    CHECK_IDLE = "check_idle"  # no process holds /dev/nvidiaN
+    DETACH = "detach"  # remove its <hostdev> from a shut-off guest's definition
+    OVERRIDE = "override"  # driver_override of every function of the IOMMU group
+    UNBIND = "unbind"  # from the driver holding it
+    PROBE = "probe"  # drivers_probe: the override's driver binds it
+    RESET = "reset"  # function reset (applies pending row remaps)
+    ATTACH = "attach"  # add the <hostdev>s to the guest; hotplug or restart a running one
+    UNCORDON = "uncordon"  # back into Kubernetes scheduling
+    VERIFY = "verify"  # UUID visible or vfio-bound, fabric complete, no new XID, no remap
+
+    @property
+    def mutates(self) -> bool:
+        return self not in (StepKind.CHECK_IDLE, StepKind.VERIFY)
+
+    @property
+    def reversible(self) -> bool:
+        """An evicted pod cannot be un-evicted; everything else can be put back."""
+        return self is not StepKind.EVICT
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step: what it does, to which functions, and what was there before (for undo)."""
+
+    kind: StepKind
+    layer: Layer | None  # None: the executor's own check
+    title: str
+    gpus: tuple[str, ...] = ()  # GPU bus ids (sysfs form) the step is about
+    uuids: tuple[str, ...] = ()
+    minors: tuple[int, ...] = ()  # /dev/nvidiaN, for the idle check
+    functions: tuple[str, ...] = ()  # every PCI function it touches
+    driver: str | None = None  # the driver the functions go to (None: unbound)
+    before_drivers: tuple[str, ...] = ()  # per function, "" for unbound
+    before_overrides: tuple[str, ...] = ()  # per function, "" for cleared
+    guest: str | None = None
+    pod: str | None = None  # namespace/name
+    xids: tuple[int, ...] = ()  # last XID per GPU at plan time (-1: none), for VERIFY
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Step:
+        values = dict(data)
+        values["kind"] = StepKind(values["kind"])
+        values["layer"] = Layer(values["layer"]) if values.get("layer") else None
+        for name in ("gpus", "uuids", "minors", "functions", "before_drivers"):
+            values[name] = tuple(values.get(name, ()))
+        values["before_overrides"] = tuple(values.get("before_overrides", ()))
+        values["xids"] = tuple(values.get("xids", ()))
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Precondition:
+    """Something that must hold before the plan runs; when it does not, what to do."""
+
+    name: str
+    ok: bool
+    detail: str
+    remedy: str = ""
+
+    def __str__(self) -> str:
+        mark = "ok" if self.ok else "STOP"
+        text = f"[{mark}] {self.name}: {self.detail}"
+        return text + (f" -> {self.remedy}" if not self.ok and self.remedy else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What moving some GPUs of one node to a target takes: preconditions, then steps."""
+
+    node: str
+    target: Target
+    gpus: tuple[str, ...]  # bus ids, sysfs form
+    labels: tuple[str, ...]  # "GPU 2 (0000:52:00.0)", for people
+    indexes: tuple[int | None, ...]
+    owners: tuple[str, ...]  # each GPU's owner label when planned
+    preconditions: tuple[Precondition, ...]
+    steps: tuple[Step, ...]
+    notes: tuple[str, ...] = ()
+    simulated: bool = False
+
+    @property
+    def blocked(self) -> bool:
+        return any(not p.ok for p in self.preconditions)
+
+    @property
+    def failed(self) -> tuple[Precondition, ...]:
+        return tuple(p for p in self.preconditions if not p.ok)
+
+    def confirmations(self) -> tuple[str, ...]:
+        """What a person may type to confirm: the node name, or the index of a single GPU."""
+        words = [self.node]
+        if len(self.indexes) == 1 and self.indexes[0] is not None:
+            words.append(str(self.indexes[0]))
+        return tuple(words)
+
+    def describe(self) -> str:
+        """The plan as text: what moves where, preconditions, notes, numbered steps."""
+        head = f"{self.node}: {', '.join(self.labels)} -> {self.target}"
+        lines = [head + ("  (simulated)" if self.simulated else "")]
+        for gpu, owner in zip(self.labels, self.owners, strict=True):
+            lines.append(f"  {gpu} now: {owner}")
+        lines.append("Preconditions:")
+        lines += [f"  {p}" for p in self.preconditions]
+        if self.notes:
+            lines.append("Notes:")
+            lines += [f"  {n}" for n in self.notes]
+        if not self.blocked:
+            lines.append("Steps:")
+            lines += [f"  {k}. {s.title}" for k, s in enumerate(self.steps, start=1)]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "target": str(self.target),
+            "gpus": list(self.gpus),
+            "labels": list(self.labels),
+            "indexes": list(self.indexes),
+            "owners": list(self.owners),
+            "steps": [s.to_json() for s in self.steps],
+            "notes": list(self.notes),
+            "simulated": self.simulated,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        return cls(
+            node=data["node"],
+            target=Target.parse(data["target"]),
+            gpus=tuple(data["gpus"]),
+            labels=tuple(data["labels"]),
+            indexes=tuple(data["indexes"]),
+            owners=tuple(data["owners"]),
+            preconditions=(),
+            steps=tuple(Step.from_json(s) for s in data["steps"]),
+            notes=tuple(data.get("notes", ())),
+            simulated=bool(data.get("simulated", False)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PlanContext:
+    """What the plan needs besides the snapshot: the Kubernetes layer, if any, and its cordons."""
+
+    kubernetes: bool = False
+    cordoned: frozenset[str] = frozenset()  # GPU UUIDs out of Kubernetes scheduling
+
+
+# --- finding GPUs ---------------------------------------------------------------------
+
+
+def _ownership(node: NodeSnapshot) -> Ownership:
+    found = node_ownership(node)
+    owners = found if found is not None else resolve_owners(node.nvml, node.tenancy)
+    # A GPU lost before NVML first read it has no bus id or UUID there; sysfs still has it,
+    # bound to nvidia yet unseen by NVML. One of each: they are the same GPU.
+    lost = [g for g in owners.gpus if g.index is not None and ":" not in g.bus_id]
+    unseen = [g for g in owners.gpus if g.index is None and g.driver == "nvidia"]
+    if len(lost) == 1 and len(unseen) == 1:
+        merged = replace(unseen[0], index=lost[0].index, owners=lost[0].owners)
+        rest = [g for g in owners.gpus if g is not lost[0] and g is not unseen[0]]
+        owners = Ownership(tuple(sorted([*rest, merged], key=lambda g: g.bus_id)), owners.problems)
+    return owners
+
+
+def find_gpu(node: NodeSnapshot, key: str, ownership: Ownership | None = None) -> GpuOwner | None:
+    """A GPU by NVML index, bus id (either form) or UUID."""
+    owners = ownership or _ownership(node)
+    text = key.strip()
+    if text.isdigit():
+        return next((g for g in owners.gpus if slot_index(owners, g) == int(text)), None)
+    return owners.gpu(text) or owners.gpu(text.upper()) or owners.gpu(text.lower())
+
+
+def slot_index(ownership: Ownership, gpu: GpuOwner) -> int | None:
+    """The index a plan names a GPU by: NVML's while NVML sees every GPU of the node; once
+    some sit on vfio-pci or no driver (NVML renumbers the rest), the place in PCI bus order
+    for every GPU, so that no two GPUs share a number. Labels always add the bus id."""
+    if all(g.index is not None for g in ownership.gpus):
+        return gpu.index
+    order = sorted(g.bus_id for g in ownership.gpus)
+    return order.index(gpu.bus_id) if gpu.bus_id in order else None
+
+
+def _label(gpu: GpuOwner, ownership: Ownership | None = None) -> str:
+    index = slot_index(ownership, gpu) if ownership is not None else gpu.index
+    return f"GPU {index} ({gpu.bus_id})" if index is not None else f"GPU {gpu.bus_id}"
+
+
+# --- the rules ------------------------------------------------------------------------
+
+
+def _pci(node: NodeSnapshot, bus_id: str) -> PciGpu | None:
+    for gpu in node.tenancy.gpus if node.tenancy is not None else ():
+        if normal_bus_id(gpu.bus_id) == bus_id:
+            return gpu
+    return None
+
+
+def _nvml(node: NodeSnapshot, gpu: GpuOwner) -> GpuReading | None:
+    if node.nvml is None or gpu.index is None:
+        return None
+    return node.nvml.gpu(gpu.index)
+
+
+def _guest(node: NodeSnapshot, name: str) -> Guest | None:
+    for guest in node.tenancy.guests if node.tenancy is not None else ():
+        if guest.name == name:
+            return guest
+    return None
+
+
+def _guests_holding(node: NodeSnapshot, bus_id: str) -> list[Guest]:
+    guests = node.tenancy.guests if node.tenancy is not None else ()
+    return [g for g in guests if bus_id in {normal_bus_id(b) for b in g.bus_ids}]
+
+
+def _hgx(node: NodeSnapshot) -> tuple[str | None, tuple[str, ...]]:
+    """('hopper'|'ampere'|..., NVSwitch bus ids) on an NVSwitch baseboard; (None, ()) if not."""
+    switches: set[str] = set()
+    arch = None
+    for gpu in node.gpus:
+        for link in gpu.nvlinks:
+            if link.remote_kind is RemoteKind.NVSWITCH:
+                arch = gpu.architecture or ("hopper" if "H100" in gpu.name else "ampere")
+                if link.remote_pci_bus_id:
+                    switches.add(normal_bus_id(link.remote_pci_bus_id))
+    if arch is None and node.profile in ("dgx-h100", "dgx-a100"):
+        arch = "hopper" if node.profile == "dgx-h100" else "ampere"
+    return arch, tuple(sorted(switches))
+
+
+def _a100_partition_ok(indexes: Sequence[int]) -> bool:
+    """2- and 4-GPU A100 partitions are fixed sets of neighbours (FM's default table)."""
+    n = len(indexes)
+    if n in (1, 8, 16):
+        return True
+    if n not in (2, 4) or not indexes:
+        return False
+    first = min(indexes)
+    return first % n == 0 and sorted(indexes) == list(range(first, first + n))
+
+
+def _following(pci: PciGpu) -> tuple[list[str], list[str]]:
+    """(functions that move with the GPU, functions in its group that cannot)."""
+    moving, stuck = [], []
+    for peer in pci.iommu_peers:
+        if peer.bridge:
+            continue
+        cls = peer.pci_class
+        if cls is not None and (cls >> 16 == 0x03 or cls >> 8 in _FOLLOWING_CLASSES[1:]):
+            moving.append(peer.bus_id)
+        else:
+            stuck.append(f"{peer.bus_id} ({peer.driver or 'no driver'})")
+    return moving, stuck
+
+
+def make_plan(
+    node: NodeSnapshot,
+    keys: Sequence[str],
+    target: Target,
+    context: PlanContext | None = None,
+) -> Plan:
+    """The plan to move the GPUs named by `keys` (index, bus id or UUID) to `target`."""
+    ctx = context or PlanContext()
+    ownership = _ownership(node)
+    conds: list[Precondition] = []
+    notes: list[str] = []
+    gpus: list[GpuOwner] = []
+    for key in keys:
+        gpu = find_gpu(node, key, ownership)
+        if gpu is None:
+            conds.append(
+                Precondition(
+                    "GPU exists",
+                    False,
+                    f"no GPU {key!r} on {node.node}",
+                    "name it by index, bus id or UUID (gpuconsole snapshot lists them)",
+                )
+            )
+        elif gpu.bus_id not in {g.bus_id for g in gpus}:
+            gpus.append(gpu)
+    if node.tenancy is None:
+        conds.append(
+            Precondition(
+                "ownership known",
+                False,
+                f"the tenancy source has not read {node.node}",
+                "enable [tenancy] and wait for its first reading",
+            )
+        )
+    steps: list[Step] = []
+    attach_functions: list[str] = []
+    if target.kind is TargetKind.VM:
+        conds += _guest_conditions(node, target, gpus, notes)
+    if target.kind is TargetKind.K8S and not ctx.kubernetes:
+        conds.append(
+            Precondition(
+                "Kubernetes reachable",
+                False,
+                f"no Kubernetes API configured for {node.node}",
+                "set [actions] kubernetes = true (and kubeconfig) in the config",
+            )
+        )
+    if target.kind is TargetKind.VM:
+        switches = _partition(node, target, gpus, conds, notes)
+        attach_functions += switches
+        if switches:
+            steps += _pci_steps(node, switches, VFIO_DRIVER, "NVSwitches", gpu_bus=())
+    for gpu in gpus:
+        steps += _gpu_steps(node, gpu, target, ctx, conds, notes, attach_functions)
+    if target.kind is TargetKind.VM and target.guest and gpus:
+        steps.append(
+            Step(
+                StepKind.ATTACH,
+                Layer.GUESTS,
+                f"define {len(attach_functions)} <hostdev> in guest {target.guest} "
+                "(hotplug, or restart it if it runs)",
+                gpus=tuple(g.bus_id for g in gpus),
+                functions=tuple(dict.fromkeys(attach_functions)),
+                guest=target.guest,
+            )
+        )
+    if gpus:
+        steps.append(_verify(node, gpus, target))
+    # switch steps first, then per GPU: cordon/evict before any binding change
+    order = {kind: k for k, kind in enumerate(StepKind)}
+    steps.sort(key=lambda s: order[s.kind])
+    return Plan(
+        node=node.node,
+        target=target,
+        gpus=tuple(g.bus_id for g in gpus),
+        labels=tuple(_label(g, ownership) for g in gpus),
+        indexes=tuple(slot_index(ownership, g) for g in gpus),
+        owners=tuple(g.label for g in gpus),
+        preconditions=tuple(conds),
+        steps=tuple(steps),
+        notes=tuple(dict.fromkeys(notes)),
+        simulated=node.simulated,
+    )
+
+
+def _guest_conditions(
+    node: NodeSnapshot, target: Target, gpus: list[GpuOwner], notes: list[str]
+) -> list[Precondition]:
+    guest = _guest(node, target.guest or "")
+    if guest is None:
+        return [
+            Precondition(
+                "guest defined",
+                False,
+                f"no guest {target.guest!r} on {node.node}",
+                "define it first (virsh define), then ask again",
+            )
+        ]
+    if guest.state in ("paused", "pmsuspended"):
+        return [
+            Precondition(
+                "guest not suspended",
+                False,
+                f"guest {guest.name} is {guest.state}",
+                f"resume it or shut it down (virsh shutdown {guest.name}); "
+                "passthrough guests cannot be suspended",
+            )
+        ]
+    if guest.active:
+        notes.append(
+            f"guest {guest.name} is {guest.state}: its GPUs are hotplugged where the "
+            "hypervisor can, otherwise it restarts"
+        )
+    return [Precondition("guest defined", True, f"{guest.name} ({guest.state})")]
+
+
+def _partition(
+    node: NodeSnapshot,
+    target: Target,
+    gpus: list[GpuOwner],
+    conds: list[Precondition],
+    notes: list[str],
+) -> list[str]:
+    """The NVSwitch rules for a guest's GPUs; returns the switches that must go with them."""
+    arch, switches = _hgx(node)
+    if arch is None:
+        conds.append(Precondition("NVSwitch partition", True, "no NVSwitch baseboard"))
+        return []
+    guest = _guest(node, target.guest or "")
+    held = {normal_bus_id(b) for b in guest.bus_ids} if guest is not None else set()
+    ownership = _ownership(node)
+    indexes = sorted(
+        {
+            i
+            for g in ownership.gpus
+            if g.bus_id in held and (i := slot_index(ownership, g)) is not None
+        }
+        | {i for g in gpus if (i := slot_index(ownership, g)) is not None}
+    )
+    total = len(ownership.gpus)
+    n = len(indexes)
+    if arch == "hopper":
+        ok = n in H100_PARTITIONS and (n == 1 or n == total)
+        rule = "H100 HGX: a guest gets 1 GPU (NVLinks disabled) or all 8 (with the NVSwitches)"
+    else:
+        ok = _a100_partition_ok(indexes)
+        rule = "A100 HGX: a guest gets a partition of 16, 8, 4, 2 or 1 neighbouring GPUs"
+    what = f"guest {target.guest} would hold {n} GPU(s): {', '.join(map(str, indexes))}"
+    conds.append(
+        Precondition(
+            "NVSwitch partition",
+            ok,
+            f"{what}; {rule}",
+            "ask for a partition size the baseboard allows (gpuconsole proposes one)",
+        )
+    )
+    if ok and n == 1:
+        notes.append(
+            "single-GPU passthrough on an NVSwitch baseboard: the guest must run with its "
+            "NVLinks disabled (NVreg_NvLinkDisable=1), or it hangs at fabric state in progress"
+        )
+    mig = [g for g in gpus if (reading := _nvml(node, g)) is not None and reading.mig_enabled]
+    if n > 1:
+        conds.append(
+            Precondition(
+                "MIG off for the partition",
+                not mig,
+                "MIG enabled on " + ", ".join(_label(g) for g in mig)
+                if mig
+                else "no GPU of the partition is in MIG mode",
+                "disable MIG first: nvidia-smi -i INDEX -mig 0, then ask again",
+            )
+        )
+    if ok and arch == "hopper" and n == total and n > 1:
+        notes.append("full passthrough: the baseboard's NVSwitches go to the guest too")
+        return [s for s in switches if s not in held]
+    return []
+
+
+def _pci_steps(
+    node: NodeSnapshot,
+    functions: Sequence[str],
+    driver: str | None,
+    what: str,
+    *,
+    gpu_bus: tuple[str, ...],
+    reset: bool = True,
+) -> list[Step]:
+    """override, unbind, probe, reset for some functions, with what was there before."""
+    drivers, overrides = [], []
+    by_bus = {normal_bus_id(p.bus_id): p for p in (node.tenancy.gpus if node.tenancy else ())}
+    peers = {
+        normal_bus_id(peer.bus_id): peer.driver for p in by_bus.values() for peer in p.iommu_peers
+    }
+    for function in functions:
+        pci = by_bus.get(function)
+        current = pci.driver if pci is not None else peers.get(function, HOST_DRIVER)
+        drivers.append(current or "")
+        overrides.append((pci.driver_override or "") if pci is not None else "")
+
+    def step(kind: StepKind, title: str) -> Step:
+        return Step(
+            kind,
+            Layer.PCI,
+            title,
+            gpus=gpu_bus,
+            functions=tuple(functions),
+            driver=driver,
+            before_drivers=tuple(drivers),
+            before_overrides=tuple(overrides),
+        )
+
+    holders = "/".join(sorted({d for d in drivers if d})) or "its driver"
+    others = [f for f in functions if f not in gpu_bus]
+    also = (
+        f" and {', '.join(others)}"
+        if others and gpu_bus
+        else f" ({', '.join(others)})"
+        if others
+        else ""
+    )
+    steps = [
+        step(StepKind.OVERRIDE, f"driver_override={driver or BLOCK_DRIVER} on {what}"),
+        step(StepKind.UNBIND, f"unbind {what}{also} from {holders}"),
+    ]
+    if driver is not None:
+        steps.append(step(StepKind.PROBE, f"drivers_probe {what}: bind {driver}"))
+        if reset:
+            steps.append(step(StepKind.RESET, f"reset {what}"))
+    return steps
+
+
+def _gpu_steps(
+    node: NodeSnapshot,
+    gpu: GpuOwner,
+    target: Target,
+    ctx: PlanContext,
+    conds: list[Precondition],
+    notes: list[str],
+    attach: list[str],
+) -> list[Step]:
+    label = _label(gpu, _ownership(node))
+    reading = _nvml(node, gpu)
+    pci = _pci(node, gpu.bus_id)
+    steps: list[Step] = []
+    guests = _guests_holding(node, gpu.bus_id)
+    in_target = [g for g in guests if g.name == target.guest]
+    elsewhere = [g for g in guests if g.name != target.guest]
+    cordoned = gpu.uuid in ctx.cordoned if gpu.uuid else False
+    lost = reading is not None and reading.lost
+
+    # where it is now, and is that already the target?
+    here = gpu.driver == target.driver or (target.driver is None and gpu.driver is None)
+    if target.kind is TargetKind.VM:
+        here = here and bool(in_target) and not elsewhere
+    elif ctx.kubernetes and gpu.uuid:
+        here = here and cordoned == target.cordoned and not guests
+    else:
+        here = here and not guests
+    if target.kind is TargetKind.DRAINED and pci is not None:
+        here = here and pci.driver_override == BLOCK_DRIVER
+    if here:
+        conds.append(
+            Precondition(
+                f"{label} not already there",
+                False,
+                f"{label} is already {target} ({gpu.label})",
+                "nothing to do",
+            )
+        )
+        return []
+
+    conds.append(
+        Precondition(
+            f"{label} healthy",
+            not lost or target.kind is TargetKind.DRAINED,
+            "lost (fell off the bus, XID 79)"
+            if lost
+            else "answers NVML"
+            if reading
+            else "not seen by NVML (vfio-pci or unbound)",
+            "drain it (--to drained), then reset the GPU or reboot the node",
+        )
+    )
+
+    # quiesce: pods are evicted, guests must be shut off, jobs and processes stopped
+    pods = [o for o in gpu.owners if o.kind is OwnerKind.POD]
+    pods += [o for m in gpu.migs for o in m.owners if o.kind is OwnerKind.POD and o not in pods]
+    others = [o for o in gpu.owners if o.kind in (OwnerKind.JOB, OwnerKind.PROCESS)]
+    running = [g for g in elsewhere if g.active]
+    blockers = []
+    remedies = []
+    for owner in others:
+        blockers.append(owner.label)
+        if owner.kind is OwnerKind.JOB:
+            remedies.append(f"end Slurm job {owner.job or owner.name} (scancel)")
+        else:
+            pids = " ".join(str(p) for p in owner.pids)
+            remedies.append(f"stop {owner.label} (pids {pids})" if pids else f"stop {owner.label}")
+    for guest in running:
+        blockers.append(f"guest {guest.name} ({guest.state})")
+        if guest.state in ("paused", "pmsuspended"):
+            remedies.append(
+                f"resume and shut down guest {guest.name} (a suspended guest keeps its devices)"
+            )
+        else:
+            remedies.append(f"shut down guest {guest.name} (virsh shutdown {guest.name})")
+    pod_names = [p.name for p in pods]
+    if pods and not ctx.kubernetes:
+        blockers += [f"pod {p}" for p in pod_names]
+        remedies.append("no Kubernetes API is configured to evict: drain the pod yourself")
+    detail = (
+        "idle"
+        if not (blockers or pods)
+        else ", ".join(blockers) or "pod(s) to evict: " + ", ".join(pod_names)
+    )
+    conds.append(
+        Precondition(
+            f"{label} quiesced",
+            not blockers,
+            detail,
+            "; ".join(remedies) + ", then ask again",
+        )
+    )
+
+    # the IOMMU group moves together
+    functions = [gpu.bus_id]
+    if pci is not None and pci.iommu_group is not None:
+        moving, stuck = _following(pci)
+        functions += moving
+        conds.append(
+            Precondition(
+                f"{label} IOMMU group {pci.iommu_group} moves together",
+                not stuck,
+                "functions moving: "
+                + ", ".join(functions)
+                + (f"; others in the group: {', '.join(stuck)}" if stuck else ""),
+                "the group holds devices that are not the GPU's: fix ACS or the slot first",
+            )
+        )
+
+    uuids = (gpu.uuid,) if gpu.uuid else ()
+    if ctx.kubernetes and gpu.uuid and target.cordoned and not cordoned:
+        steps.append(
+            Step(
+                StepKind.CORDON,
+                Layer.KUBERNETES,
+                f"cordon {label} out of Kubernetes scheduling",
+                gpus=(gpu.bus_id,),
+                uuids=uuids,
+            )
+        )
+    for pod in pod_names if ctx.kubernetes else ():
+        steps.append(
+            Step(
+                StepKind.EVICT,
+                Layer.KUBERNETES,
+                f"evict pod {pod} from {label} and wait until it is gone",
+                gpus=(gpu.bus_id,),
+                uuids=uuids,
+                pod=pod,
+            )
+        )
+    if gpu.driver == HOST_DRIVER and not lost:
+        minor = pci.minor if pci is not None and pci.minor is not None else gpu.index
+        steps.append(
+            Step(
+                StepKind.CHECK_IDLE,
+                Layer.PCI,
+                f"check {label} is idle (no process holds /dev/nvidia{minor})",
+                gpus=(gpu.bus_id,),
+                uuids=uuids,
+                minors=(minor,) if minor is not None else (),
+            )
+        )
+    for guest in elsewhere:
+        steps.append(
+            Step(
+                StepKind.DETACH,
+                Layer.GUESTS,
+                f"remove {label} from guest {guest.name}'s definition",
+                gpus=(gpu.bus_id,),
+                functions=tuple(functions),
+                guest=guest.name,
+            )
+        )
+    override_now = pci.driver_override if pci is not None else None
+    wanted_override = target.driver if target.driver != HOST_DRIVER else None
+    if target.driver is None:
+        wanted_override = BLOCK_DRIVER
+    if gpu.driver != target.driver or (override_now or None) != wanted_override:
+        steps += _pci_steps(
+            node,
+            functions,
+            target.driver,
+            label,
+            gpu_bus=(gpu.bus_id,),
+            reset=not lost,
+        )
+    if target.kind is TargetKind.VM:
+        attach += functions
+    if ctx.kubernetes and gpu.uuid and not target.cordoned and cordoned:
+        steps.append(
+            Step(
+                StepKind.UNCORDON,
+                Layer.KUBERNETES,
+                f"uncordon {label}: Kubernetes may schedule it",
+                gpus=(gpu.bus_id,),
+                uuids=uuids,
+            )
+        )
+    return steps
+
+
+def _verify(node: NodeSnapshot, gpus: list[GpuOwner], target: Target) -> Step:
+    xids = tuple(node.last_xid.get(g.uuid, -1) if g.uuid else -1 for g in gpus)
+    if target.driver == HOST_DRIVER:
+        what = "UUID visible to nvidia, fabric state complete, no new XID, no remap pending"
+    elif target.driver == VFIO_DRIVER:
+        what = "every function bound to vfio-pci and in the guest"
+    else:
+        what = "unbound, nothing may bind it"
+    return Step(
+        StepKind.VERIFY,
+        None,
+        f"final check: {what}",
+        gpus=tuple(g.bus_id for g in gpus),
+        uuids=tuple(g.uuid or "" for g in gpus),
+        driver=target.driver,
+        guest=target.guest,
+        xids=xids,
+    )
+
+
+# --- placement help -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """GPUs to use for a request, the NICs that go with them, and why these."""
+
+    node: str
+    indexes: tuple[int, ...]
+    bus_ids: tuple[str, ...]
+    nics: tuple[str, ...]
+    reason: str
+    alternatives: tuple[tuple[int, ...], ...] = field(default=())
+
+
+def _domains(node: NodeSnapshot, indexes: Iterable[int]) -> list[list[int]]:
+    """GPUs grouped by NVLink domain (bonded NVLinks between them, through NVSwitch or not)."""
+    wanted = sorted(indexes)
+    topo = node.nvml.gpu_topology if node.nvml is not None else ()
+    parent = {i: i for i in wanted}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for a in wanted:
+        for b in wanted:
+            if a < b and a < len(topo) and b < len(topo[a]) and topo[a][b].startswith("NV"):
+                parent[root(b)] = root(a)
+    groups: dict[int, list[int]] = {}
+    for i in wanted:
+        groups.setdefault(root(i), []).append(i)
+    return sorted(groups.values(), key=lambda g: (-len(g), g))
+
+
+def propose(
+    node: NodeSnapshot, count: int, model: str | None = None, *, for_guest: bool = False
+) -> Proposal | None:
+    """`count` free GPUs (of `model`, if given) in one NVLink domain, with their PIX NICs.
+
+    For a guest on an NVSwitch baseboard only partition sizes the baseboard allows count.
+    None when the node cannot serve the request.
+    """
+    ownership = _ownership(node)
+    slots: dict[int, int] = {}  # NVML index -> slot
+    for g in ownership.gpus:
+        reading = node.nvml.gpu(g.index) if node.nvml and g.index is not None else None
+        if (
+            reading is not None
+            and g.index is not None
+            and g.kind is OwnerKind.FREE
+            and not g.all_problems
+            and not reading.lost
+            and (model is None or model.lower() in (g.model or "").lower())
+            and (slot := slot_index(ownership, g)) is not None
+        ):
+            slots[g.index] = slot
+    free = sorted(slots)
+    arch, _switches = _hgx(node)
+    if for_guest and arch == "hopper" and count not in H100_PARTITIONS:
+        return None
+    options: list[tuple[int, ...]] = []
+    for domain in _domains(node, free):
+        if len(domain) < count:
+            continue
+        for start in range(0, len(domain) - count + 1):
+            pick = tuple(domain[start : start + count])
+            if for_guest and arch == "ampere" and not _a100_partition_ok([slots[i] for i in pick]):
+                continue
+            options.append(pick)
+    if not options:
+        return None
+
+    def numa_spread(pick: tuple[int, ...]) -> int:
+        nodes = {r.numa_node for i in pick if node.nvml and (r := node.nvml.gpu(i)) is not None}
+        return len(nodes)
+
+    options.sort(key=lambda p: (numa_spread(p), p))
+    best = options[0]
+    bus_ids = tuple(
+        normal_bus_id(r.pci_bus_id) for i in best if node.nvml and (r := node.nvml.gpu(i))
+    )
+    nics: list[str] = []
+    for bus in bus_ids:
+        affinity = node.fabric.gpu(bus) if node.fabric is not None else None
+        if affinity is not None:
+            nics += [lv.device for lv in affinity.levels if lv.level == "PIX"]
+    span = "one NVLink domain" if count > 1 else "a free GPU"
+    reason = f"{count} free GPU(s) in {span}, {numa_spread(best)} NUMA node(s)"
+    return Proposal(
+        node.node,
+        tuple(slots[i] for i in best),
+        bus_ids,
+        tuple(dict.fromkeys(nics)),
+        reason,
+        tuple(tuple(slots[i] for i in o) for o in options[1:4]),
+    )

@@ -1,0 +1,185 @@
+"""GPU metrics from NVML's reading: dcgm-exporter's names and labels, and gpuconsole_gpu_*."""
+
+from __future__ import annotations
+
+from gpuconsole.export import names as n
+from gpuconsole.export.families import Families, Labels, Spec
+from gpuconsole.export.ownership import PodLabels
+from gpuconsole.model import GpmMetrics, GpuReading, NodeSnapshot, gpu_health
+from gpuconsole.sources.nvml import THROTTLE_BITS
+
+MIB = 1024 * 1024
+HEALTH_STATES = ("ok", "warning", "critical", "stale", "unknown")
+_GPU_INFO = (
+    "node",
+    "gpu",
+    "uuid",
+    "model",
+    "pci_bus_id",
+    "serial",
+    "architecture",
+    "numa_node",
+    "module_id",
+)
+_MIG_INFO = (*n.OWN_LABELS, "gpu_instance", "profile", "mig_uuid", "sm_count")
+_WITH_POD = (*n.DCGM_LABELS, *n.OWNER_LABELS)
+_MIG = (*n.DCGM_LABELS, *n.MIG_LABELS)
+_MIG_WITH_POD = (*_MIG, *n.OWNER_LABELS)
+
+
+def _dcgm_values(node: NodeSnapshot, gpu: GpuReading) -> Labels:
+    return (str(gpu.index), gpu.uuid, f"nvidia{gpu.index}", gpu.name, node.node, gpu.pci_bus_id)
+
+
+def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLabels) -> None:
+    """Every series of one GPU and its MIG instances."""
+    pod = pods.gpus.get(gpu.uuid)
+    labels = n.DCGM_LABELS if pod is None else _WITH_POD
+    values = _dcgm_values(node, gpu) if pod is None else (*_dcgm_values(node, gpu), *pod)
+    own, own_values = n.OWN_LABELS, (node.node, str(gpu.index), gpu.uuid)
+    health = gpu_health(gpu).value
+    for state in HEALTH_STATES:
+        out.gauge(n.GPU_HEALTH, (*own, "state"), (*own_values, state), float(state == health))
+    out.gauge(n.GPU_LOST, own, own_values, float(gpu.lost))
+    out.gauge(
+        n.GPU_INFO,
+        _GPU_INFO,
+        (
+            node.node,
+            str(gpu.index),
+            gpu.uuid,
+            gpu.name,
+            gpu.pci_bus_id,
+            gpu.serial or "",
+            gpu.architecture or "",
+            "" if gpu.numa_node is None else str(gpu.numa_node),
+            "" if gpu.module_id is None else str(gpu.module_id),
+        ),
+        1.0,
+    )
+    xid = node.last_xid.get(gpu.uuid)
+    out.gauge(n.DCGM_XID, labels, values, float(xid or 0))
+    if gpu.lost:
+        return
+
+    def put(spec: Spec, value: float | int | None, scale: float = 1.0) -> None:
+        if value is not None:
+            out.gauge(spec, labels, values, float(value) * scale)
+
+    put(n.DCGM_GPU_UTIL, gpu.util_gpu_pct)
+    put(n.DCGM_MEM_COPY_UTIL, gpu.util_mem_pct)
+    if gpu.mem_used_bytes is not None and gpu.mem_total_bytes is not None:
+        reserved = gpu.mem_reserved_bytes or 0
+        put(n.DCGM_FB_USED, gpu.mem_used_bytes / MIB)
+        put(n.DCGM_FB_FREE, (gpu.mem_total_bytes - gpu.mem_used_bytes - reserved) / MIB)
+        put(n.DCGM_FB_RESERVED, reserved / MIB)
+    put(n.DCGM_GPU_TEMP, gpu.temp_gpu_c)
+    put(n.DCGM_MEMORY_TEMP, gpu.temp_hbm_c)
+    put(n.DCGM_POWER_USAGE, gpu.power_w)
+    put(n.DCGM_POWER_LIMIT, gpu.power_limit_w)
+    put(n.DCGM_ENERGY, gpu.energy_mj_total)
+    put(n.DCGM_SM_CLOCK, gpu.sm_clock_mhz)
+    put(n.DCGM_MEM_CLOCK, gpu.mem_clock_mhz)
+    put(n.DCGM_PSTATE, gpu.pstate)
+    mask = sum(bit for bit, name in THROTTLE_BITS if name in gpu.throttle_reasons)
+    put(n.DCGM_THROTTLE, mask)
+    for _bit, reason in THROTTLE_BITS:
+        if reason in gpu.throttle_reasons:
+            out.gauge(n.GPU_THROTTLE, (*own, "reason"), (*own_values, reason), 1.0)
+    pcie = gpu.pcie
+    put(n.DCGM_PCIE_REPLAY, pcie.replay_count)
+    put(n.DCGM_PCIE_GEN, pcie.gen_current)
+    put(n.DCGM_PCIE_WIDTH, pcie.width_current)
+
+    def own_put(spec: Spec, value: float | int | None) -> None:
+        if value is not None:
+            out.gauge(spec, own, own_values, float(value))
+
+    own_put(n.GPU_PCIE_MAX_GEN, pcie.gen_max)
+    own_put(n.GPU_PCIE_MAX_WIDTH, pcie.width_max)
+    own_put(n.GPU_PCIE_DOWNTRAINED, float(pcie.downtrained))
+    ecc = gpu.ecc
+    put(n.DCGM_ECC_SBE_VOL, ecc.volatile_corrected)
+    put(n.DCGM_ECC_DBE_VOL, ecc.volatile_uncorrected)
+    put(n.DCGM_ECC_SBE_AGG, ecc.aggregate_corrected)
+    put(n.DCGM_ECC_DBE_AGG, ecc.aggregate_uncorrected)
+    put(n.DCGM_REMAP_COR, ecc.remapped_corrected)
+    put(n.DCGM_REMAP_UNC, ecc.remapped_uncorrected)
+    if ecc.remap_failure is not None:
+        put(n.DCGM_REMAP_FAILURE, float(ecc.remap_failure))
+    if ecc.remap_pending is not None:
+        put(n.DCGM_REMAP_PENDING, float(ecc.remap_pending))
+    if gpu.nvlinks:
+        own_put(n.GPU_NVLINK_ACTIVE, gpu.nvlinks_active)
+        totals = [
+            (link.tx_kib_total or 0) + (link.rx_kib_total or 0)
+            for link in gpu.nvlinks
+            if link.tx_kib_total is not None or link.rx_kib_total is not None
+        ]
+        if totals:
+            put(n.DCGM_NVLINK_TOTAL, sum(totals))
+        link_labels = (*own, "link", "remote")
+        for link in gpu.nvlinks:
+            lv = (node.node, str(gpu.index), gpu.uuid, str(link.link), link.remote_kind.value)
+            if link.tx_kib_total is not None:
+                out.counter(n.NVLINK_TX, link_labels, lv, link.tx_kib_total * 1024.0)
+            if link.rx_kib_total is not None:
+                out.counter(n.NVLINK_RX, link_labels, lv, link.rx_kib_total * 1024.0)
+    if gpu.gpm is not None:
+        _gpm(out, labels, values, gpu.gpm)
+    base = _dcgm_values(node, gpu)
+    for mig in gpu.mig_instances:
+        mig_pod = pods.migs.get(mig.uuid)
+        mig_labels = _MIG if mig_pod is None else _MIG_WITH_POD
+        mig_values: Labels = (*base, mig.profile_name, str(mig.gpu_instance_id))
+        if mig_pod is not None:
+            mig_values = (*mig_values, *mig_pod)
+        out.gauge(
+            n.MIG_INFO,
+            _MIG_INFO,
+            (*own_values, str(mig.gpu_instance_id), mig.profile_name, mig.uuid, str(mig.sm_count)),
+            1.0,
+        )
+        if mig.mem_used_bytes is not None:
+            out.gauge(n.DCGM_FB_USED, mig_labels, mig_values, mig.mem_used_bytes / MIB)
+        if mig.gpm is not None:
+            _gpm(out, mig_labels, mig_values, mig.gpm)
+
+
+def _gpm(out: Families, labels: Labels, values: Labels, gpm: GpmMetrics) -> None:
+    ratios = (
+        (n.PROF_GR_ENGINE, gpm.sm_util_pct),
+        (n.PROF_SM_ACTIVE, gpm.sm_util_pct),
+        (n.PROF_SM_OCCUPANCY, gpm.sm_occupancy_pct),
+        (n.PROF_TENSOR, gpm.tensor_util_pct),
+        (n.PROF_DRAM, gpm.dram_bw_util_pct),
+        (n.PROF_FP64, gpm.fp64_util_pct),
+        (n.PROF_FP32, gpm.fp32_util_pct),
+        (n.PROF_FP16, gpm.fp16_util_pct),
+    )
+    for spec, pct in ratios:
+        if pct is not None:
+            out.gauge(spec, labels, values, pct / 100.0)
+    for spec, rate in (
+        (n.PROF_PCIE_TX, gpm.pcie_tx_bytes_per_s),
+        (n.PROF_PCIE_RX, gpm.pcie_rx_bytes_per_s),
+        (n.PROF_NVLINK_TX, gpm.nvlink_tx_bytes_per_s),
+        (n.PROF_NVLINK_RX, gpm.nvlink_rx_bytes_per_s),
+    ):
+        if rate is not None:
+            out.gauge(spec, labels, values, rate)
+
+
+def topology_metrics(out: Families, node: NodeSnapshot) -> None:
+    """How each pair of GPUs is connected, in nvidia-smi's topo codes."""
+    if node.nvml is None:
+        return
+    for i, row in enumerate(node.nvml.gpu_topology):
+        for j, code in enumerate(row):
+            if i != j:
+                out.gauge(
+                    n.TOPOLOGY,
+                    ("node", "gpu", "peer", "level"),
+                    (node.node, str(i), str(j), code),
+                    1.0,
+                )

@@ -1,0 +1,132 @@
+"""Every GPU of a node, whether NVML sees it or not: what a view or an exporter lists.
+
+NVML on a host cannot see a GPU bound to vfio-pci for a guest, but the tenancy source's PCI
+inventory can; `node_gpus` joins the two by bus id (through `node_ownership`), so a
+passed-through GPU keeps its row, its owner and its driver, with no NVML reading to show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuconsole.model import GpuReading, NodeSnapshot
+from gpuconsole.ownership import GpuOwner, Inconsistency, OwnerKind, node_ownership
+from gpuconsole.readings.fabric import normal_bus_id
+from gpuconsole.readings.tenancy import PciGpu
+
+__all__ = ["GpuRow", "node_gpus", "ownership_problems"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRow:
+    """One GPU of a node: NVML's reading (None when NVML cannot see it), its owners and what
+    sysfs says of it (both None until the tenancy source has read the node)."""
+
+    bus_id: str  # sysfs form, "0000:1b:00.0": the key that survives NVML's renumbering
+    reading: GpuReading | None
+    owner: GpuOwner | None
+    pci: PciGpu | None = None
+
+    @property
+    def index(self) -> int | None:
+        """NVML's index on this host; None for a GPU NVML cannot see."""
+        return self.reading.index if self.reading is not None else None
+
+    @property
+    def uuid(self) -> str | None:
+        """NVML's UUID; the NVIDIA driver's (from /proc) for a GPU NVML could not read."""
+        if self.reading is not None and ":" in self.reading.pci_bus_id:
+            return self.reading.uuid
+        if self.pci is not None and self.pci.uuid:
+            return self.pci.uuid
+        if self.owner is not None and self.owner.uuid:
+            return self.owner.uuid
+        return self.reading.uuid if self.reading is not None else None
+
+    @property
+    def model(self) -> str | None:
+        if self.reading is not None and self.reading.name != "unknown":
+            return self.reading.name
+        return self.owner.model if self.owner is not None else None
+
+    @property
+    def driver(self) -> str | None:
+        """The host driver bound to it: nvidia, vfio-pci, something else, or None."""
+        if self.owner is not None:
+            return self.owner.driver
+        return "nvidia" if self.reading is not None else None
+
+    @property
+    def passthrough(self) -> bool:
+        """Bound to vfio-pci (for a guest, or waiting for one), so NVML cannot read it."""
+        return self.driver == "vfio-pci" and self.reading is None
+
+    @property
+    def lost(self) -> bool:
+        return self.reading is not None and self.reading.lost
+
+    @property
+    def label(self) -> str:
+        """Who holds it: 'vm acme-train-vm', 'pod a/b', 'free'; '-' until tenancy has read."""
+        return self.owner.label if self.owner is not None else "-"
+
+    @property
+    def in_use(self) -> bool:
+        """Held by a tenant; without tenancy, running compute processes."""
+        if self.owner is not None:
+            return self.owner.owner.holds
+        return self.reading is not None and bool(self.reading.processes)
+
+    @property
+    def free(self) -> bool:
+        """In the free pool; without tenancy, an NVML GPU with no process that is not lost."""
+        if self.owner is not None:
+            return self.owner.kind is OwnerKind.FREE
+        return self.reading is not None and not self.reading.lost and not self.reading.processes
+
+    @property
+    def short_bus(self) -> str:
+        """'1b:00.0': the bus id an operator reads, without the domain."""
+        return self.bus_id.split(":", 1)[1] if self.bus_id.count(":") == 2 else self.bus_id
+
+    @property
+    def name(self) -> str:
+        """'GPU 3' for one NVML numbers, else its bus id: how a message names it."""
+        return f"GPU {self.index}" if self.index is not None else f"GPU {self.short_bus}"
+
+
+def _bus(reading: GpuReading) -> str:
+    return normal_bus_id(reading.pci_bus_id) if ":" in reading.pci_bus_id else reading.pci_bus_id
+
+
+def node_gpus(node: NodeSnapshot) -> tuple[GpuRow, ...]:
+    """Every GPU of the node, in NVML's order, each GPU NVML cannot see placed by bus id among
+    them (a real host numbers its GPUs in PCI order, so that is PCI order there)."""
+    ownership = node_ownership(node)
+    readings = node.gpus
+    if ownership is None:
+        return tuple(GpuRow(_bus(g), g, None) for g in readings)
+    pci = {normal_bus_id(p.bus_id): p for p in node.tenancy.gpus} if node.tenancy else {}
+    rows: list[GpuRow] = []
+    placed: set[int] = set()
+    for owner in ownership.gpus:
+        reading = node.nvml.gpu(owner.index) if node.nvml and owner.index is not None else None
+        if reading is not None:
+            placed.add(reading.index)
+        rows.append(GpuRow(owner.bus_id, reading, owner, pci.get(owner.bus_id)))
+    rows += [GpuRow(_bus(g), g, None) for g in readings if g.index not in placed]
+    seen = sorted((r.bus_id, r.index) for r in rows if r.index is not None)
+
+    def order(row: GpuRow) -> tuple[int, int, str]:
+        if row.index is not None:
+            return row.index, 0, ""
+        before = [index for bus, index in seen if bus < row.bus_id]
+        return max(before, default=-1), 1, row.bus_id
+
+    return tuple(sorted(rows, key=order))
+
+
+def ownership_problems(node: NodeSnapshot) -> tuple[Inconsistency, ...]:
+    """What does not add up about who owns the node's GPUs; () until tenancy has read."""
+    ownership = node_ownership(node)
+    return ownership.all_problems if ownership is not None else ()

@@ -1,0 +1,538 @@
+"""The ssh-in console: an asyncssh server that gives each session its own Textual app over
+the process's one hub.
+
+Keys decide the role (see `keys.py`); the wallboard user gets the wallboard. Sessions are
+counted against a limit, time out when idle, and are each a task of their own: a session
+that crashes is logged and closed, and the others carry on. Textual's colour depth and
+stdout capture are process-wide, so the server picks one colour system before the first
+session, and nothing in a session prints (it logs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import asyncssh
+
+from gpuconsole import paths
+from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.hub import Hub
+from gpuconsole.ssh.driver import BoundedOutput, SshDriver
+from gpuconsole.ssh.feed import PacedFeed
+from gpuconsole.ssh.keys import (
+    AuthorizedKeys,
+    PasswordEntry,
+    fingerprint,
+    load_authorized_keys,
+    load_or_create_host_key,
+    load_passwords,
+)
+
+log = logging.getLogger(__name__)
+
+NEEDS_PTY = (
+    "gpuconsole: this console needs a terminal. Connect with `ssh -t` "
+    "(and without -T or a command).\r\n"
+)
+NO_COMMANDS = "gpuconsole: this server runs no commands; connect with plain `ssh -p PORT host`.\r\n"
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    """How the server listens, whom it lets in, and how it treats sessions."""
+
+    host: str = "0.0.0.0"
+    port: int = 2222
+    host_key: Path = field(default_factory=lambda: paths.state_dir() / "ssh_host_ed25519_key")
+    authorized_keys: Path = field(default_factory=lambda: paths.config_dir() / "authorized_keys")
+    password_file: Path | None = None
+    max_sessions: int = 32
+    idle_timeout_s: float = 1800.0  # 0: never; the wallboard never times out
+    wallboard_user: str = "wallboard"
+    output_buffer_bytes: int = 64 * 1024
+    color_system: str = "truecolor"
+    login_timeout_s: float = 30.0
+    keepalive_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """Who a session belongs to: user, role, the key that let them in, where from."""
+
+    user: str
+    actor: Actor
+    fingerprint: str
+    peer: str
+    wallboard: bool
+    term_type: str
+
+
+AppFactory = Callable[[SessionInfo], Any]  # returns a textual App
+
+
+def use_color_system(name: str) -> None:
+    """Textual reads its colour system once per process: pick it before the first app."""
+    from textual import constants
+
+    os.environ["TEXTUAL_COLOR_SYSTEM"] = name
+    setattr(constants, "COLOR_SYSTEM", name)  # noqa: B010 - Final in textual, set on purpose
+
+
+class ConsoleServer:
+    """Serves consoles (and the wallboard) over SSH, all reading one hub."""
+
+    def __init__(
+        self,
+        hub: Hub,
+        settings: SshSettings,
+        app_factory: AppFactory,
+        *,
+        start_hub: bool = True,
+    ) -> None:
+        self.hub = hub
+        self.settings = settings
+        self.app_factory = app_factory
+        self.sessions: set[ConsoleSession] = set()
+        self._start_hub = start_hub
+        self._hub_started = False
+        self._acceptor: asyncssh.SSHAcceptor | None = None
+        self._keys = AuthorizedKeys([])
+        self._keys_stamp: tuple[float, int] | None = None
+        self._passwords: dict[str, PasswordEntry] = {}
+        self._connections: set[asyncssh.SSHServerConnection] = set()
+        self._stdio: tuple[TextIO, TextIO] = (sys.stdout, sys.stderr)
+        self.host_key_fingerprint = ""
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load keys, pick the colour system, start the hub, listen."""
+        s = self.settings
+        use_color_system(s.color_system)
+        self._stdio = (sys.stdout, sys.stderr)
+        host_key = load_or_create_host_key(s.host_key)
+        self.host_key_fingerprint = fingerprint(host_key)
+        self.authorized_keys()  # a missing or bad file fails the start, not the first login
+        if s.password_file is not None:
+            self._passwords = load_passwords(s.password_file)
+        if self._start_hub:
+            await self.hub.start()
+            self._hub_started = True
+        self._acceptor = await asyncssh.create_server(
+            lambda: _Connection(self),
+            s.host,
+            s.port,
+            server_host_keys=[host_key],
+            line_editor=False,
+            encoding=None,
+            login_timeout=s.login_timeout_s,
+            keepalive_interval=s.keepalive_s,
+            allow_scp=False,
+            agent_forwarding=False,
+            x11_forwarding=False,
+        )
+        log.info(
+            "ssh console listening on %s:%d (host key %s, %d authorized keys)",
+            s.host,
+            self.port,
+            self.host_key_fingerprint,
+            len(self._keys),
+        )
+
+    @property
+    def port(self) -> int:
+        assert self._acceptor is not None
+        return int(self._acceptor.sockets[0].getsockname()[1])
+
+    async def serve_forever(self) -> None:
+        assert self._acceptor is not None
+        await self._acceptor.wait_closed()
+
+    async def stop(self) -> None:
+        """Close every session and connection, stop listening, stop the hub we started."""
+        if self._acceptor is not None:
+            self._acceptor.close()
+            self._acceptor = None
+        for session in list(self.sessions):
+            session.close("gpuconsole: the server is shutting down.")
+        tasks = [s.task for s in self.sessions if s.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        for conn in list(self._connections):
+            conn.close()
+        if self._hub_started:
+            self._hub_started = False
+            await self.hub.stop()
+
+    # --- authentication ----------------------------------------------------------------
+
+    def authorized_keys(self) -> AuthorizedKeys:
+        """The authorized keys, re-read whenever the file changes (no restart to add a key)."""
+        path = self.settings.authorized_keys
+        st = path.stat() if path.exists() else None
+        stamp = (st.st_mtime, st.st_size) if st else None
+        if stamp != self._keys_stamp or stamp is None:
+            self._keys = load_authorized_keys(path)
+            self._keys_stamp = stamp
+        return self._keys
+
+    def password_entry(self, user: str) -> PasswordEntry | None:
+        return self._passwords.get(user)
+
+    @property
+    def passwords_enabled(self) -> bool:
+        return bool(self._passwords)
+
+    # --- sessions ----------------------------------------------------------------------
+
+    def admit(self, session: ConsoleSession) -> bool:
+        if len(self.sessions) >= self.settings.max_sessions:
+            return False
+        self.sessions.add(session)
+        return True
+
+    def release(self, session: ConsoleSession) -> None:
+        self.sessions.discard(session)
+        # Each app redirected sys.stdout while it ran, and apps end in any order: put the
+        # process's own streams back rather than a finished session's capture.
+        sys.stdout, sys.stderr = self._stdio
+
+
+class _Connection(asyncssh.SSHServer):
+    """One TCP connection: authentication and login/logout logging."""
+
+    def __init__(self, server: ConsoleServer) -> None:
+        self.server = server
+        self.conn: asyncssh.SSHServerConnection | None = None
+        self.user = ""
+        self.peer = "?"
+        self.actor: Actor | None = None
+        self.key_fingerprint = ""
+        self.logged_in = False
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self.conn = conn
+        self.server._connections.add(conn)
+        peer = conn.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.conn is not None:
+            self.server._connections.discard(self.conn)
+        if self.logged_in:
+            log.info(
+                "logout user=%s role=%s key=%s from=%s",
+                self.user,
+                self.actor.role.value if self.actor else "?",
+                self.key_fingerprint,
+                self.peer,
+            )
+
+    def begin_auth(self, username: str) -> bool:
+        self.user = username
+        return True  # authentication is always required
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        try:
+            found = self.server.authorized_keys().find(key)
+        except Exception:
+            log.exception("cannot read the authorized keys; refusing %s", username)
+            return False
+        if found is None:
+            log.warning(
+                "refused key=%s user=%s from=%s: not authorized",
+                fingerprint(key),
+                username,
+                self.peer,
+            )
+            return False
+        self.actor = Actor(username, found.role)
+        self.key_fingerprint = found.fingerprint
+        return True
+
+    def password_auth_supported(self) -> bool:
+        return self.server.passwords_enabled
+
+    async def validate_password(self, username: str, password: str) -> bool:
+        entry = self.server.password_entry(username)
+        ok = entry is not None and await asyncio.to_thread(entry.check, password)
+        if not ok or entry is None:
+            log.warning("refused password user=%s from=%s", username, self.peer)
+            return False
+        self.actor = Actor(username, entry.role)
+        self.key_fingerprint = "password"
+        return True
+
+    def auth_completed(self) -> None:
+        self.logged_in = True
+        log.info(
+            "login user=%s role=%s key=%s from=%s",
+            self.user,
+            self.actor.role.value if self.actor else "?",
+            self.key_fingerprint,
+            self.peer,
+        )
+
+    def session_requested(self) -> ConsoleSession:
+        actor = self.actor or Actor(self.user, Role.VIEWER)
+        return ConsoleSession(self.server, actor, self.key_fingerprint, self.peer)
+
+
+class ConsoleSession(asyncssh.SSHServerSession[bytes]):
+    """One SSH session channel: one app, one driver, one idle timer."""
+
+    def __init__(self, server: ConsoleServer, actor: Actor, key: str, peer: str) -> None:
+        self.server = server
+        self.actor = actor
+        self.key = key
+        self.peer = peer
+        self.chan: asyncssh.SSHServerChannel[bytes] | None = None
+        self.size = (80, 24)
+        self.term_type: str | None = None
+        self.command: str | None = None
+        self.app: Any = None
+        self.output: BoundedOutput | None = None
+        self.driver: SshDriver | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.info: SessionInfo | None = None
+        self.last_input = time.monotonic()
+        self._pending_input: list[bytes] = []
+        self._idle: asyncio.TimerHandle | None = None
+        self._farewell = ""
+        self._closed = False
+
+    # --- asyncssh callbacks ----------------------------------------------------------
+
+    def connection_made(self, chan: Any) -> None:
+        assert isinstance(chan, asyncssh.SSHServerChannel)
+        self.chan = chan
+
+    def pty_requested(
+        self, term_type: str, term_size: tuple[int, int, int, int], term_modes: Any
+    ) -> bool:
+        self.term_type = term_type or "xterm"
+        if term_size[0] and term_size[1]:
+            self.size = (term_size[0], term_size[1])
+        return True
+
+    def shell_requested(self) -> bool:
+        return True
+
+    def exec_requested(self, command: str) -> bool:
+        self.command = command
+        return True
+
+    def subsystem_requested(self, subsystem: str) -> bool:
+        return False
+
+    def session_started(self) -> None:
+        assert self.chan is not None
+        if self.command is not None:
+            self._refuse(NO_COMMANDS)
+            return
+        if self.term_type is None:
+            log.info("refused session user=%s from=%s: no pty", self.actor.user, self.peer)
+            self._refuse(NEEDS_PTY)
+            return
+        if not self.server.admit(self):
+            limit = self.server.settings.max_sessions
+            log.warning("refused session user=%s: server full (%d)", self.actor.user, limit)
+            self._refuse(f"gpuconsole: the server is full ({limit} sessions); try again later.\r\n")
+            return
+        wallboard = bool(self.server.settings.wallboard_user) and (
+            self.actor.user == self.server.settings.wallboard_user
+        )
+        self.info = SessionInfo(
+            user=self.actor.user,
+            actor=self.actor,
+            fingerprint=self.key,
+            peer=self.peer,
+            wallboard=wallboard,
+            term_type=self.term_type,
+        )
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"ssh {self.peer}")
+        if not wallboard and self.server.settings.idle_timeout_s > 0:
+            self._arm_idle(self.server.settings.idle_timeout_s)
+
+    def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        self.last_input = time.monotonic()
+        if self.driver is not None:
+            self.driver.feed(data)
+        elif sum(map(len, self._pending_input)) < 4096:
+            self._pending_input.append(data)
+
+    def terminal_size_changed(self, width: int, height: int, pixwidth: int, pixheight: int) -> None:
+        if not (width and height):
+            return
+        self.size = (width, height)
+        if self.driver is not None:
+            self.driver.resize(width, height)
+
+    def eof_received(self) -> bool:
+        self.close("")
+        return False
+
+    def resume_writing(self) -> None:
+        if self.driver is not None:
+            self.driver.writable()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        if self.output is not None:
+            self.output.closed = True
+        self.close("")
+
+    # --- running the app ---------------------------------------------------------------
+
+    def _refuse(self, message: str) -> None:
+        assert self.chan is not None
+        self.chan.write(message.encode())
+        self.chan.exit(1)
+
+    async def _run(self) -> None:
+        assert self.chan is not None and self.info is not None
+        info = self.info
+        started = time.monotonic()
+        log.info(
+            "session start user=%s role=%s key=%s from=%s view=%s size=%dx%d",
+            info.user,
+            info.actor.role.value,
+            info.fingerprint,
+            info.peer,
+            "wallboard" if info.wallboard else "console",
+            *self.size,
+        )
+        status = 0
+        try:
+            self.output = BoundedOutput(self.chan, self.server.settings.output_buffer_bytes)
+            limit = self.server.settings.output_buffer_bytes
+            self.chan.set_write_buffer_limits(high=limit, low=limit // 4)
+            self.app = self.server.app_factory(info)
+            self.app.driver_class = SshDriver.bind(self.output, self.size, self._driver_ready)
+            await self.app.run_async()
+            if self.app.return_code:
+                status = 1
+                log.error(
+                    "session crashed user=%s from=%s",
+                    info.user,
+                    info.peer,
+                    exc_info=getattr(self.app, "_exception", None),
+                )
+                self._farewell = self._farewell or (
+                    "gpuconsole: this session failed and was closed; the error is in the "
+                    "server's log."
+                )
+        except Exception:
+            status = 1
+            log.exception("session failed to start user=%s from=%s", info.user, info.peer)
+            self._farewell = "gpuconsole: this session could not start; see the server's log."
+        finally:
+            if self._idle is not None:
+                self._idle.cancel()
+            self.driver = None
+            self.server.release(self)
+            log.info(
+                "session end user=%s key=%s from=%s after %.0f s",
+                info.user,
+                info.fingerprint,
+                info.peer,
+                time.monotonic() - started,
+            )
+            if not self._closed:
+                self._closed = True
+                if self._farewell:
+                    self.chan.write(self._farewell.encode() + b"\r\n")
+                self.chan.exit(status)
+
+    def _driver_ready(self, driver: SshDriver) -> None:
+        self.driver = driver
+        pending, self._pending_input = self._pending_input, []
+        for data in pending:
+            driver.feed(data)
+
+    def close(self, farewell: str) -> None:
+        """End the session's app (it then closes the channel); a no-op before it started."""
+        if farewell and not self._farewell:
+            self._farewell = farewell
+        if self.app is not None and self.app.is_running:
+            self.app.exit()
+        elif self.task is not None and not self.task.done() and self.app is None:
+            self.task.cancel()
+
+    def _arm_idle(self, delay: float) -> None:
+        self._idle = asyncio.get_running_loop().call_later(delay, self._check_idle)
+
+    def _check_idle(self) -> None:
+        limit = self.server.settings.idle_timeout_s
+        idle = time.monotonic() - self.last_input
+        if idle < limit:
+            self._arm_idle(limit - idle)
+            return
+        log.info("session idle user=%s from=%s: closing", self.actor.user, self.peer)
+        self.close(f"gpuconsole: closed after {limit:g} s without input.")
+
+
+def console_factory(
+    hub: Hub,
+    *,
+    theme: str | None,
+    wallboard_theme: str | None,
+    page_s: float,
+    theme_dirs: list[Path] | None = None,
+    refresh_s: float = 1.0,
+) -> AppFactory:
+    """Apps for sessions: the wallboard for the wallboard user, else the console with the
+    session's actor (read-only for viewers). The hub is the server's: apps never start it;
+    each reads it through a feed paced to `refresh_s`."""
+
+    def make(info: SessionInfo) -> Any:
+        feed = PacedFeed(hub, refresh_s)
+        if info.wallboard:
+            from gpuconsole.tui.wallboard import WallboardApp
+
+            board = WallboardApp(
+                feed, theme=wallboard_theme, page_s=page_s, start_hub=False, theme_dirs=theme_dirs
+            )
+            board.animation_level = "none"
+            return board
+        from gpuconsole.tui.app import ConsoleApp
+
+        app = ConsoleApp(
+            feed,
+            theme=theme,
+            read_only=not info.actor.role.may_act,
+            start_hub=False,
+            cursor_blink=False,  # a blinking cursor is a repaint twice a second per session
+            actor=info.actor,
+            theme_dirs=theme_dirs,
+        )
+        app.animation_level = "none"
+        return app
+
+    return make
+
+
+async def serve(server: ConsoleServer) -> None:
+    """Run the server until SIGINT or SIGTERM, then close every session cleanly."""
+    import signal
+
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()

@@ -1,0 +1,321 @@
+"""The wallboard: read-only, full screen, for a NOC screen. Pages rotate on a timer.
+
+Pages: the fleet heat grid, the hottest and most power-hungry GPUs, alerts and stale
+sources, fabric errors, and who owns how many GPUs. Each page leads with its headline
+figures in large digits. There are no actions and no command palette: only pause and quit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Digits, Static
+
+from gpuconsole import format as fmt
+from gpuconsole.hub import Hub
+from gpuconsole.model import FleetSnapshot, GpuReading, Health, NodeSnapshot, gpu_health
+from gpuconsole.ownership import OwnerKind, node_ownership
+from gpuconsole.paths import user_themes_dir
+from gpuconsole.readings.base import Severity
+from gpuconsole.readings.fabric import port_problems, port_rates
+from gpuconsole.tui.messages import SnapshotArrived
+from gpuconsole.tui.summaries import Metric, stale_sources
+from gpuconsole.tui.themes import Palette, load_themes, resolve_theme_name
+from gpuconsole.tui.widgets.cells import HEALTH_GLYPH, heat_cells
+
+WALLBOARD_THEME = "gpuconsole-high-contrast"
+TOP = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One wallboard page: its title, up to four headline figures, and its body."""
+
+    title: str
+    figures: tuple[tuple[str, str], ...]
+    body: Text | Table | Group
+
+
+PageBuilder = Callable[[FleetSnapshot, Palette, float], Page]
+
+
+def _gpus(snapshot: FleetSnapshot) -> Iterator[tuple[NodeSnapshot, GpuReading]]:
+    for node in snapshot.nodes:
+        for gpu in node.gpus:
+            yield node, gpu
+
+
+def heat_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
+    """Every node on a row, every GPU a cell coloured by temperature."""
+    gpus = list(_gpus(snapshot))
+    busy = sum(1 for _, g in gpus if (g.util_gpu_pct or 0) >= 50)
+    critical = sum(1 for _, g in gpus if gpu_health(g) is Health.CRITICAL)
+    table = Table.grid(padding=(0, 2))
+    table.add_column(no_wrap=True)
+    table.add_column(no_wrap=True)
+    table.add_column(no_wrap=True)
+    for node in snapshot.nodes:
+        health = node.health
+        name = Text(f"{HEALTH_GLYPH[health]} {node.node}", style=palette.health[health])
+        table.add_row(name, heat_cells(node.gpus, Metric.TEMP, palette), Text(health.value))
+    figures = (("GPUs", str(len(gpus))), ("busy", str(busy)), ("critical", str(critical)))
+    return Page("Fleet heat (GPU temperature, °C)", figures, table)
+
+
+def hottest_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
+    """The ten hottest GPUs beside the ten drawing the most power."""
+    live = [(n, g) for n, g in _gpus(snapshot) if not g.lost]
+    hot = sorted((p for p in live if p[1].temp_gpu_c is not None),
+                 key=lambda p: -(p[1].temp_gpu_c or 0))[:TOP]  # fmt: skip
+    power = sorted((p for p in live if p[1].power_w is not None),
+                   key=lambda p: -(p[1].power_w or 0))[:TOP]  # fmt: skip
+    table = Table(box=None, padding=(0, 2), expand=True, show_edge=False)
+    for head in ("hottest GPU", "temp", "HBM", "most power", "power", "limit"):
+        table.add_column(head, no_wrap=True)
+    for i in range(max(len(hot), len(power))):
+        row: list[str | Text] = []
+        if i < len(hot):
+            n, g = hot[i]
+            row += [f"{n.node} #{g.index}", fmt.celsius(g.temp_gpu_c), fmt.celsius(g.temp_hbm_c)]
+        else:
+            row += ["", "", ""]
+        if i < len(power):
+            n, g = power[i]
+            row += [f"{n.node} #{g.index}", fmt.watts(g.power_w), fmt.watts(g.power_limit_w)]
+        else:
+            row += ["", "", ""]
+        table.add_row(*row)
+    total_kw = sum(g.power_w or 0 for _, g in live) / 1000
+    figures = (
+        ("hottest °C", f"{hot[0][1].temp_gpu_c:.0f}" if hot else fmt.NA),
+        ("top W", f"{power[0][1].power_w:.0f}" if power else fmt.NA),
+        ("GPU kW", f"{total_kw:.1f}"),
+    )
+    return Page("Hottest and most power-hungry GPUs", figures, table)
+
+
+def alerts_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
+    """GPUs that are not healthy, sources gone stale, and the latest warnings."""
+    lines = Text()
+    bad = [(n, g, gpu_health(g)) for n, g in _gpus(snapshot)]
+    bad = [b for b in bad if b[2] in (Health.CRITICAL, Health.WARNING)]
+    bad.sort(key=lambda b: (b[2] is not Health.CRITICAL, b[0].node, b[1].index))
+    for node, gpu, health in bad[:TOP]:
+        why = "LOST" if gpu.lost else ", ".join(gpu.throttle_reasons) or gpu.state.value
+        lines.append(f"{HEALTH_GLYPH[health]} {node.node} GPU {gpu.index}: {why}\n",
+                     style=palette.health[health])  # fmt: skip
+    stale = [(n, s) for n in snapshot.nodes for s in n.statuses if s.stale]
+    for node, status in stale[:TOP]:
+        since = fmt.clock_time(status.stale_since)
+        lines.append(f"{HEALTH_GLYPH[Health.STALE]} {node.node} {status.source} stale since "
+                     f"{since}: {status.error or '?'}\n", style=palette.health[Health.STALE])  # fmt: skip
+    events = [e for e in snapshot.events if e.severity is not Severity.INFO][-TOP:]
+    for event in reversed(events):
+        health = Health.CRITICAL if event.severity is Severity.CRITICAL else Health.WARNING
+        lines.append(f"{fmt.clock_time(event.at)} {event.node} {event.message}\n",
+                     style=palette.health[health])  # fmt: skip
+    if not lines.plain:
+        lines.append("No alerts. Every source is fresh.", style=palette.health[Health.OK])
+    stale_count = sum(len(stale_sources(n)) for n in snapshot.nodes)
+    critical = sum(1 for b in bad if b[2] is Health.CRITICAL)
+    figures = (("critical", str(critical)), ("warning", str(len(bad) - critical)),
+               ("stale", str(stale_count)))  # fmt: skip
+    return Page("Alerts and stale sources", figures, lines)
+
+
+def fabric_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
+    """Ports that are down, downtrained, erring or congested, worst first."""
+    rows: list[tuple[Severity, str, str]] = []
+    total = down = 0
+    for node in snapshot.nodes:
+        if node.fabric is None:
+            continue
+        for port in node.fabric.ports:
+            total += 1
+            down += not port.active
+            for problem in port_problems(port, port_rates(node.rate, port))[:1]:
+                rows.append((problem.severity, f"{node.node} {port.name}", problem.what))
+    rows.sort(key=lambda r: (r[0] is not Severity.CRITICAL, r[1]))
+    text = Text()
+    for severity, where, what in rows[: TOP * 2]:
+        health = Health.CRITICAL if severity is Severity.CRITICAL else Health.WARNING
+        text.append(f"{HEALTH_GLYPH[health]} {where}: {what}\n", style=palette.health[health])
+    if not rows:
+        text.append("No fabric errors.", style=palette.health[Health.OK])
+    figures = (("ports", str(total)), ("down", str(down)), ("erring", str(len(rows))))
+    return Page("Fabric errors", figures, text)
+
+
+def owners_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
+    """Who owns how many GPUs, largest first, and how many are free."""
+    tenants: Counter[str] = Counter()
+    free = known = 0
+    for node in snapshot.nodes:
+        ownership = node_ownership(node)
+        if ownership is None:
+            continue
+        known += len(ownership.gpus)
+        free += sum(1 for g in ownership.gpus if g.kind is OwnerKind.FREE)
+        for tenant, count in ownership.count_by_tenant().items():
+            tenants[tenant or "(no tenant)"] += count
+    table = Table(box=None, padding=(0, 2), show_edge=False)
+    table.add_column("tenant", no_wrap=True)
+    table.add_column("GPUs", justify="right")
+    for tenant, count in tenants.most_common(TOP * 2):
+        table.add_row(tenant, str(count))
+    figures = (("owned", str(sum(tenants.values()))), ("free", str(free)),
+               ("tenants", str(len(tenants))))  # fmt: skip
+    if not known:
+        return Page("Who owns the GPUs", figures, Text("No tenancy readings yet."))
+    return Page("Who owns the GPUs", figures, table)
+
+
+PAGES: tuple[PageBuilder, ...] = (heat_page, hottest_page, alerts_page, fabric_page, owners_page)
+
+
+class Figure(Vertical):
+    """A headline figure: large digits over a label."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(id=f"figure-{index}", classes="figure")
+
+    def compose(self) -> ComposeResult:
+        yield Digits("", classes="figure-digits")
+        yield Static("", classes="figure-label")
+
+    def show(self, label: str, value: str) -> None:
+        self.display = True
+        self.query_one(Digits).update(value)
+        self.query_one(".figure-label", Static).update(label)
+
+
+class WallboardApp(App[None]):
+    """The read-only NOC wallboard over one Hub."""
+
+    CSS_PATH = "wallboard.tcss"
+    TITLE = "gpuconsole wallboard"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("p,space", "pause", "Pause"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(
+        self,
+        hub: Hub | None,
+        *,
+        theme: str | None = WALLBOARD_THEME,
+        page_s: float = 15.0,
+        start_hub: bool = True,
+        snapshot: FleetSnapshot | None = None,
+        clock: Callable[[], float] = time.time,
+        theme_dirs: list[Path] | None = None,
+    ) -> None:
+        super().__init__()
+        self.hub = hub
+        self.page_s = page_s
+        self.clock = clock
+        self.snapshot = snapshot
+        self.page_index = 0
+        self.current: Page | None = None  # the page on screen
+        self.paused = False
+        self.read_only = True
+        self._start_hub = start_hub and hub is not None
+        self._started_hub = False
+        self._unsubscribe: Callable[[], None] | None = None
+        themes = load_themes([user_themes_dir()] if theme_dirs is None else theme_dirs)
+        for loaded in themes.values():
+            self.register_theme(loaded)
+        self.theme = resolve_theme_name(theme or WALLBOARD_THEME, list(themes))
+        self.palette = Palette.from_variables(dict(self.current_theme.variables))
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="wallboard-title")
+        with Horizontal(id="figures"):
+            for index in range(3):
+                yield Figure(index)
+        yield Static("", id="wallboard-body")
+
+    async def on_mount(self) -> None:
+        if self.hub is not None:
+            self._unsubscribe = self.hub.subscribe(self._on_hub_snapshot)
+            if self._start_hub:
+                await self.hub.start()
+                self._started_hub = True
+        self._rotation = self.set_interval(self.page_s, self.next_page)
+        self.set_interval(1.0, self._show_title)
+        self.render_page()
+
+    async def on_unmount(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._started_hub and self.hub is not None:
+            self._started_hub = False
+            await self.hub.stop()
+
+    def _on_hub_snapshot(self, snapshot: FleetSnapshot) -> None:
+        self.post_message(SnapshotArrived(snapshot))
+
+    def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
+        self.snapshot = message.snapshot
+        self.render_page()
+
+    @property
+    def page(self) -> PageBuilder:
+        return PAGES[self.page_index % len(PAGES)]
+
+    def next_page(self) -> None:
+        self.page_index = (self.page_index + 1) % len(PAGES)
+        self.render_page()
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        if self.paused:
+            self._rotation.pause()
+        else:
+            self._rotation.resume()
+        self._show_title()
+
+    def render_page(self) -> None:
+        """Draw the current page from the latest snapshot."""
+        self._show_title()
+        snapshot = self.snapshot
+        body = self.query_one("#wallboard-body", Static)
+        if snapshot is None:
+            body.update("Waiting for the first reading...")
+            for figure in self.query(Figure):
+                figure.display = False
+            return
+        page = self.current = self.page(snapshot, self.palette, self.clock())
+        figures = list(self.query(Figure))
+        for figure, (label, value) in zip(figures, page.figures, strict=False):
+            figure.show(label, value)
+        for figure in figures[len(page.figures) :]:
+            figure.display = False
+        body.update(page.body)
+
+    def _show_title(self) -> None:
+        snapshot = self.snapshot
+        title = self.page(snapshot, self.palette, self.clock()).title if snapshot else ""
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(f" {title} ", style="bold")
+        text.append(f" page {self.page_index % len(PAGES) + 1}/{len(PAGES)} ")
+        if self.paused:
+            text.append(" PAUSED (p to resume) ", style="reverse")
+        text.append(f" {fmt.clock_time(self.clock())} ")
+        if snapshot is not None and snapshot.simulated:
+            text.append(" SIMULATED ", style=self.palette.simulated)
+        text.append("  p pause · q quit", style=self.palette.dim)
+        self.query_one("#wallboard-title", Static).update(text)

@@ -1,0 +1,104 @@
+"""A process killed with SIGKILL at each step in turn, then recovery on the next start: the
+GPU ends with exactly one owner, and the journal says how it got there."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuconsole.actions.drivers import StepDriver
+from gpuconsole.actions.drivers.sim import sim_drivers
+from gpuconsole.actions.journal import Journal, PlanState
+from gpuconsole.actions.locks import holders
+from gpuconsole.actions.plan import Step, Target
+from gpuconsole.actions.roles import Actor, Role
+from tests.assign_fixtures import executor_for, world
+
+# GPU 0, held by pod team-nlp/train-0, to the shut-off guest: cordon, evict, check idle,
+# override, unbind, probe, reset, attach, verify.
+STEPS = 9
+TARGET = "vm:tenant-b-vm1"
+
+
+class _Killer:
+    """Passes steps to the real driver, and SIGKILLs this process at the n-th one."""
+
+    calls = 0
+
+    def __init__(self, inner: StepDriver, at: int, after: bool) -> None:
+        self.inner, self.at, self.after = inner, at, after
+
+    async def run(self, step: Step) -> str:
+        n = _Killer.calls
+        _Killer.calls += 1
+        if n == self.at and not self.after:
+            os.kill(os.getpid(), signal.SIGKILL)  # the intent is journaled, nothing done
+        detail = await self.inner.run(step)
+        if n == self.at:
+            os.kill(os.getpid(), signal.SIGKILL)  # done, but the result never journaled
+        return detail
+
+    async def undo(self, step: Step) -> str:
+        return await self.inner.undo(step)
+
+    async def cordoned(self) -> frozenset[str]:
+        cordoned = getattr(self.inner, "cordoned")  # noqa: B009 (the Kubernetes layer's)
+        return frozenset(await cordoned())
+
+
+def _doomed(root: Path, at: int, after: bool) -> None:
+    async def go() -> None:
+        w = world(root / "world")
+        drivers = sim_drivers(w)
+        assert drivers.guests is not None and drivers.kubernetes is not None
+        drivers.pci = _Killer(drivers.pci, at, after)
+        drivers.guests = _Killer(drivers.guests, at, after)
+        drivers.kubernetes = _Killer(drivers.kubernetes, at, after)
+        executor = executor_for(w, root / "state", drivers=drivers)
+        plan = await executor.plan(["0"], Target.parse(TARGET))
+        assert len(plan.steps) == STEPS, plan.describe()
+        await executor.execute(plan, Actor("ops", Role.OPERATOR), "sim-01")
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before-step", "after-step"])
+@pytest.mark.parametrize("at", range(STEPS))
+def test_sigkill_at_each_step_then_recovery_leaves_one_owner(
+    tmp_path: Path, at: int, after: bool
+) -> None:
+    world(tmp_path / "world")
+    child = multiprocessing.get_context("fork").Process(target=_doomed, args=(tmp_path, at, after))
+    child.start()
+    child.join(30)
+    assert child.exitcode == -signal.SIGKILL
+
+    # the next start: a fresh process state reads the journal and the world from disk
+    async def restart() -> Any:
+        w = world(tmp_path / "world")
+        outcomes = await executor_for(w, tmp_path / "state").recover()
+        return w, outcomes
+
+    w, outcomes = asyncio.run(restart())
+    (outcome,) = outcomes
+    record = Journal(tmp_path / "state" / "actions.db").plans()[0]
+    assert record.recovered and record.state == outcome.state
+    assert f"stopped at step {at + 1}" in record.outcome
+    # nothing changed yet (or only the cordon, unrecorded): put back; else finished
+    if at == 0:
+        assert record.state == PlanState.ROLLED_BACK
+        assert w.owners(0) == ["pod team-nlp/train-0"]
+        assert w.cordoned == set()
+    else:
+        assert record.state == PlanState.DONE, record.outcome
+        assert w.owners(0) == ["vm tenant-b-vm1"]
+    assert len(w.owners(0)) == 1
+    assert [o for o in asyncio.run(executor_for(w, tmp_path / "state").recover())] == []
+    # the lock went with the plan: the GPU can be asked for again
+    assert holders(Journal(tmp_path / "state" / "actions.db")) == []

@@ -1,0 +1,161 @@
+"""The fleet a head reads: members from the config and file_sd, real agents, replays."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuconsole.cli import console_hub, read_capture
+from gpuconsole.config import ConfigError, FleetConfig, parse
+from gpuconsole.fleet import FleetMember, members, parse_agent
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ("dgx-001=http://10.1.0.1:9400", FleetMember("dgx-001", "http://10.1.0.1:9400")),
+        ("http://dgx-002:9400", FleetMember("dgx-002", "http://dgx-002:9400")),
+        ("dgx-003:9400", FleetMember("dgx-003", "http://dgx-003:9400")),
+    ],
+)
+def test_agent_entries(entry: str, expected: FleetMember) -> None:
+    assert parse_agent(entry) == expected
+
+
+def test_a_targets_file_in_prometheus_file_sd_form(tmp_path: Path) -> None:
+    path = tmp_path / "targets.json"
+    path.write_text(
+        json.dumps(
+            [
+                {"targets": ["10.1.0.7:9400"], "labels": {"node": "dgx-007", "ssh": "ops@dgx-007"}},
+                {"targets": ["dgx-008:9400", "dgx-009:9400"]},
+            ]
+        )
+    )
+    cfg = FleetConfig(agents=("dgx-007=http://10.1.0.7:9400",), targets_file=str(path))
+    assert members(cfg) == [
+        FleetMember("dgx-007", "http://10.1.0.7:9400"),
+        FleetMember("dgx-008", "http://dgx-008:9400"),
+        FleetMember("dgx-009", "http://dgx-009:9400"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("not json", "not JSON"),
+        ('{"targets": []}', "list of target groups"),
+        ('[{"labels": {}}]', "group 0 has no targets"),
+    ],
+)
+def test_a_bad_targets_file_is_named(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        members(FleetConfig(targets_file=str(path)))
+
+
+def test_a_config_with_agents_makes_a_head() -> None:
+    cfg = parse('[fleet]\nagents = ["a=http://127.0.0.1:1", "b=http://127.0.0.1:2"]\n')
+    hub = console_hub(cfg)
+    assert sorted(s.node for s in hub.sources) == ["a", "b"]
+    assert {s.kind for s in hub.sources} == {"remote"}
+
+
+@pytest.fixture
+def two_agents(tmp_path: Path) -> Iterator[list[int]]:
+    ports = [free_port(), free_port()]
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpuconsole",
+                "agent",
+                "--demo",
+                "--nodes",
+                "1",
+                "--listen",
+                f"127.0.0.1:{port}",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for port in ports
+    ]
+    try:
+        import urllib.request
+
+        for port in ports:
+            for _ in range(100):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready") as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                time.sleep(0.1)
+        yield ports
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+
+
+def test_snapshot_on_a_head_reads_every_agent(two_agents: list[int], tmp_path: Path) -> None:
+    cfg = tmp_path / "head.toml"
+    agents = ", ".join(f'"n{i}=http://127.0.0.1:{p}"' for i, p in enumerate(two_agents))
+    cfg.write_text(f'[fleet]\nagents = [{agents}, "gone=http://127.0.0.1:{free_port()}"]\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuconsole", "snapshot", "--json", "-c", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    nodes = {n["node"]: n for n in data["nodes"]}
+    assert sorted(nodes) == ["gone", "n0", "n1"]
+    for name in ("n0", "n1"):
+        # the agent's node (dgx-001) as the agent read it; its GPUs may be passed through
+        assert nodes[name]["nvml"]["driver_version"] == "550.90.07"
+        assert nodes[name]["profile"] == "dgx-h100"
+        assert {s["source"]: s["ok"] for s in nodes[name]["statuses"]}["remote"] is True
+    gone = {s["source"]: s for s in nodes["gone"]["statuses"]}["remote"]
+    assert gone["ok"] is False and "unreachable" in gone["error"]
+
+
+def test_a_capture_replays(tmp_path: Path) -> None:
+    capture = tmp_path / "dgx.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuconsole", "snapshot", "--demo", "--json", "--nodes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    capture.write_text(result.stdout)
+    snapshot = read_capture(capture)
+    assert [n.node for n in snapshot.nodes] == ["dgx-001", "dgx-002"]
+    assert snapshot.simulated
+    capture.write_text('{"schema_version": 1, "nodes": 5}')
+    with pytest.raises(ConfigError, match="not a gpuconsole snapshot"):
+        read_capture(capture)

@@ -1,0 +1,112 @@
+"""The wallboard: read-only pages that rotate on a timer, large headline digits, the
+high-contrast theme, and no keys but pause and quit."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+from textual.widgets import Digits, Static
+
+from gpuconsole.model import FleetSnapshot
+from gpuconsole.tui.themes import load_themes
+from gpuconsole.tui.wallboard import (
+    PAGES,
+    WALLBOARD_THEME,
+    WallboardApp,
+    alerts_page,
+    heat_page,
+    hottest_page,
+    owners_page,
+)
+
+
+def board(snapshot: FleetSnapshot, page_s: float = 60.0) -> WallboardApp:
+    return WallboardApp(None, snapshot=snapshot, page_s=page_s, theme_dirs=[], start_hub=False)
+
+
+def body_text(app: WallboardApp) -> str:
+    """The page body as plain text, rendered at the screen's width."""
+    assert app.current is not None
+    console = Console(width=app.size.width, record=True, file=io.StringIO())
+    console.print(app.current.body)
+    return console.export_text()
+
+
+async def test_it_opens_on_the_heat_grid_in_high_contrast_with_big_digits(
+    fleet_snapshot: FleetSnapshot,
+) -> None:
+    app = board(fleet_snapshot)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert app.theme == WALLBOARD_THEME
+        title = str(app.query_one("#wallboard-title", Static).render())
+        assert "Fleet heat" in title and "page 1/5" in title and "SIMULATED" in title
+        gpus = sum(len(n.gpus) for n in fleet_snapshot.nodes)
+        assert str(gpus) in [d.value for d in app.query(Digits)]
+        for node in fleet_snapshot.nodes:
+            assert node.node in body_text(app)
+
+
+async def test_pages_rotate_on_the_timer_and_pause_holds_them(
+    fleet_snapshot: FleetSnapshot,
+) -> None:
+    app = board(fleet_snapshot, page_s=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.5)
+        assert app.page_index != 0
+        await pilot.press("p")
+        held = app.page_index
+        assert "PAUSED" in str(app.query_one("#wallboard-title", Static).render())
+        await pilot.pause(0.6)
+        assert app.page_index == held
+        await pilot.press("space")
+        await pilot.pause(0.5)
+        assert app.page_index != held
+
+
+async def test_there_are_no_actions_and_no_palette(fleet_snapshot: FleetSnapshot) -> None:
+    app = board(fleet_snapshot)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("colon", "ctrl+p", "enter", "e", "t")
+        await pilot.pause()
+        assert len(app.screen_stack) == 1  # nothing opened
+        keys = {b.key for b in app.BINDINGS}  # type: ignore[union-attr]
+        assert keys == {"p,space", "q"}
+        await pilot.press("q")
+        await pilot.pause()
+    assert app.return_code == 0
+
+
+def test_every_page_has_a_title_figures_and_a_body(fleet_snapshot: FleetSnapshot) -> None:
+    from gpuconsole.tui.themes import Palette
+
+    theme = load_themes([])[WALLBOARD_THEME]
+    app = WallboardApp(None, theme_dirs=[])
+    colours: Palette = app.palette
+    assert theme.name == WALLBOARD_THEME
+    for build in PAGES:
+        page = build(fleet_snapshot, colours, fleet_snapshot.at)
+        assert page.title and 1 <= len(page.figures) <= 3
+    hottest = hottest_page(fleet_snapshot, colours, fleet_snapshot.at)
+    temps = [g.temp_gpu_c for n in fleet_snapshot.nodes for g in n.gpus if g.temp_gpu_c]
+    assert hottest.figures[0] == ("hottest °C", f"{max(temps):.0f}")
+    heat = heat_page(fleet_snapshot, colours, fleet_snapshot.at)
+    assert heat.figures[0][1] == str(sum(len(n.gpus) for n in fleet_snapshot.nodes))
+    alerts = alerts_page(fleet_snapshot, colours, fleet_snapshot.at)
+    assert "LOST" in str(alerts.body) or alerts.figures[0][1] == "0"
+    owners = owners_page(fleet_snapshot, colours, fleet_snapshot.at)
+    assert int(owners.figures[0][1]) + int(owners.figures[1][1]) > 0
+
+
+@pytest.mark.parametrize("page", range(len(PAGES)))
+async def test_each_page_renders_at_the_smallest_size(
+    fleet_snapshot: FleetSnapshot, page: int
+) -> None:
+    app = board(fleet_snapshot)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.page_index = page
+        app.render_page()
+        await pilot.pause()
+        assert body_text(app).strip()
