@@ -132,14 +132,15 @@ def test_trees_left_by_killed_demo_processes_are_swept() -> None:
     import subprocess
     import tempfile
 
-    from gpuconsole.sim.fabric import TREE_PREFIX, sweep_orphan_trees
+    from gpuconsole.sim.fabric import TREE_PREFIX
+    from gpuconsole.sim.trees import sweep_orphan_trees
 
     gone_pid = subprocess.Popen(["true"])
     gone_pid.wait()
     orphan = tempfile.mkdtemp(prefix=f"{TREE_PREFIX}{gone_pid.pid}-dgx-009-")
     mine = tempfile.mkdtemp(prefix=f"{TREE_PREFIX}{os.getpid()}-dgx-010-")
     try:
-        sweep_orphan_trees()
+        sweep_orphan_trees(TREE_PREFIX)
         assert not os.path.exists(orphan) and os.path.isdir(mine)
     finally:
         os.rmdir(mine)

@@ -8,7 +8,7 @@ import ctypes.util
 import pytest
 
 from gpuconsole.hub import Hub
-from gpuconsole.model import GpuState, RemoteKind
+from gpuconsole.model import Event, GpuState, RemoteKind, Severity
 from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100, NodeProfile
@@ -196,3 +196,16 @@ async def test_xid_events_reach_the_hub_from_the_event_thread() -> None:
 )
 def test_cpu_masks_become_cpulists(words: list[int], expected: str) -> None:
     assert cpulist(words) == expected
+
+
+def test_a_throttle_that_starts_is_an_event_and_idle_is_not() -> None:
+    source, _lib, _ = make(DGX_H100, "thermal:3", detail_every=1)
+    events: list[Event] = []
+    source._emit = events.append
+    source.collect()
+    assert [(e.kind, e.gpu_index, e.severity) for e in events] == [
+        ("throttle", 3, Severity.WARNING)
+    ]
+    assert "HW thermal slowdown" in events[0].message
+    source.collect()
+    assert len(events) == 1  # no change, no new event

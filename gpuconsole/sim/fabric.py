@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ from gpuconsole.hub import Hub
 from gpuconsole.readings.fabric import FabricReading
 from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.profiles import NicSlot, NodeProfile
+from gpuconsole.sim.trees import new_tree
 from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.fabric.source import FabricSource
 
@@ -354,27 +354,6 @@ class SimFabricTree:
 TREE_PREFIX = "gpuconsole-fabric-"
 
 
-def sweep_orphan_trees() -> None:
-    """Remove simulated trees left behind by demo processes that were killed."""
-    base = tempfile.gettempdir()
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return
-    for name in names:
-        if not name.startswith(TREE_PREFIX):
-            continue
-        pid = name[len(TREE_PREFIX) :].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-        except OSError:
-            continue  # alive, someone else's
-
-
 class SimFabricSource(FabricSource):
     """The real FabricSource over a simulated sysfs tree it creates at start and removes."""
 
@@ -408,8 +387,7 @@ class SimFabricSource(FabricSource):
 
     def _ensure_tree(self) -> None:
         if self.tree is None:
-            sweep_orphan_trees()
-            root = tempfile.mkdtemp(prefix=f"{TREE_PREFIX}{os.getpid()}-{self.sim.name}-")
+            root = new_tree(TREE_PREFIX, self.sim.name)
             # removed by close(); at interpreter exit if close() never ran
             weakref.finalize(self, shutil.rmtree, root, True)
             tree = SimFabricTree(

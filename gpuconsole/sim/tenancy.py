@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 import uuid as uuid_mod
 import weakref
@@ -30,6 +29,7 @@ from gpuconsole.hub import Hub
 from gpuconsole.readings.tenancy import TenancyReading
 from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.plans import SimGuest, SimJob, SimPlan, SimPod, plan_for
+from gpuconsole.sim.trees import new_tree
 from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.tenancy.libvirt import TENANT_XMLNS
 from gpuconsole.sources.tenancy.proto import api_pb2
@@ -386,27 +386,6 @@ class SimPodResources:
 # --- the source ------------------------------------------------------------------------
 
 
-def sweep_orphan_trees() -> None:
-    """Remove simulated trees left behind by demo processes that were killed."""
-    base = tempfile.gettempdir()
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return
-    for name in names:
-        if not name.startswith(TREE_PREFIX):
-            continue
-        pid = name[len(TREE_PREFIX) :].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-        except OSError:
-            continue  # alive, someone else's
-
-
 class SimTenancySource(TenancySource):
     """The real TenancySource over a simulated node's trees, libvirt and kubelet."""
 
@@ -418,9 +397,8 @@ class SimTenancySource(TenancySource):
         interval_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        sweep_orphan_trees()
         # the folder now (cheap), its contents at start: a hub that never starts writes nothing
-        root = tempfile.mkdtemp(prefix=f"{TREE_PREFIX}{os.getpid()}-{node.name}-")
+        root = new_tree(TREE_PREFIX, node.name)
         tree = SimTenancyTree(node, root, plan)
         super().__init__(
             node.name,

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from gpuconsole.format import THROTTLE_WORDS
 from gpuconsole.model import (
     EccReading,
     Event,
@@ -134,6 +135,12 @@ GPM_METRICS: tuple[tuple[int, str, float], ...] = (
 )
 
 MIG_PROFILE_INDEXES = 15  # NVML_GPU_INSTANCE_PROFILE_COUNT in current drivers
+
+# Reasons that are not a slowdown worth an event, and the ones that mean heat or power trouble.
+BENIGN_THROTTLE = frozenset({"gpu_idle", "applications_clocks_setting", "display_clock_setting"})
+HOT_THROTTLE = frozenset(
+    {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
+)
 
 EVENT_XID = 0x8
 EVENT_SBE = 0x1
@@ -684,9 +691,11 @@ class NvmlSource:
         gpu.sm_clock_mhz = call(gpu, "clock_sm", lib.nvmlDeviceGetClockInfo, h, 1)
         gpu.pstate = call(gpu, "pstate", lib.nvmlDeviceGetPerformanceState, h)
         mask = call(gpu, "clocks_event_reasons", lib.nvmlDeviceGetCurrentClocksEventReasons, h)
-        gpu.throttle = (
+        throttle = (
             tuple(name for bit, name in THROTTLE_BITS if mask & bit) if mask is not None else ()
         )
+        self._throttle_changed(gpu, gpu.throttle, throttle)
+        gpu.throttle = throttle
         procs = call(gpu, "processes", lib.nvmlDeviceGetComputeRunningProcesses, h)
         if procs is not None:
             gpu.processes = tuple(_process(p) for p in procs)
@@ -695,6 +704,30 @@ class NvmlSource:
             mig.mem_used_bytes = int(mem.used) if mem is not None else None
         if gpu.gpm_supported:
             self._read_gpm(gpu)
+
+    def _throttle_changed(self, gpu: _Gpu, before: tuple[str, ...], now: tuple[str, ...]) -> None:
+        """An event when the reasons that slow a GPU down start or stop (idle is not one)."""
+        old, new = set(before) - BENIGN_THROTTLE, set(now) - BENIGN_THROTTLE
+        if old == new:
+            return
+        if new:
+            words = ", ".join(THROTTLE_WORDS.get(r, r) for r in sorted(new))
+            severity = Severity.WARNING if new & HOT_THROTTLE else Severity.INFO
+            message = f"GPU {gpu.index} throttled: {words}"
+        else:
+            severity, message = Severity.INFO, f"GPU {gpu.index} no longer throttled"
+        self._post(
+            Event(
+                self._clock(),
+                self.node,
+                self.kind,
+                "throttle",
+                severity,
+                message,
+                gpu.index,
+                gpu.uuid,
+            )
+        )
 
     def _read_gpm(self, gpu: _Gpu) -> None:
         """GPM for the GPU and each MIG instance: one new sample each, against the last."""
