@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -55,6 +55,7 @@ __all__ = [
     "SourceStatus",
     "TenancyReading",
     "gpu_health",
+    "gpus_health",
 ]
 
 
@@ -347,17 +348,20 @@ class NodeSnapshot:
     def health(self) -> Health:
         if not self.statuses:
             return Health.UNKNOWN
-        if any(s.stale for s in self.statuses):
-            worst = Health.STALE
-        else:
-            worst = Health.OK
-        for gpu in self.gpus:
-            level = gpu_health(gpu)
-            if level is Health.CRITICAL:
-                return Health.CRITICAL
-            if level is Health.WARNING and worst is Health.OK:
-                worst = Health.WARNING
-        return worst
+        stale = any(s.stale for s in self.statuses)
+        return gpus_health(self.gpus, Health.STALE if stale else Health.OK)
+
+
+def gpus_health(gpus: Iterable[GpuReading], start: Health = Health.OK) -> Health:
+    """The worst of some GPUs: critical wins; a warning shows only over an otherwise ok state."""
+    worst = start
+    for gpu in gpus:
+        level = gpu_health(gpu)
+        if level is Health.CRITICAL:
+            return Health.CRITICAL
+        if level is Health.WARNING and worst is Health.OK:
+            worst = Health.WARNING
+    return worst
 
 
 def gpu_health(gpu: GpuReading) -> Health:

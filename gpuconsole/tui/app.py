@@ -17,6 +17,7 @@ from gpuconsole.hub import Hub
 from gpuconsole.model import FleetSnapshot
 from gpuconsole.paths import user_themes_dir
 from gpuconsole.tui.commands import JumpCommands
+from gpuconsole.tui.feed import HubFeed
 from gpuconsole.tui.messages import SnapshotArrived
 from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.screens.fleet import FleetScreen
@@ -65,9 +66,7 @@ class ConsoleApp(App[None]):
         self.read_only = read_only
         self.clock = clock
         self.snapshot: FleetSnapshot | None = snapshot
-        self._start_hub = start_hub and hub is not None
-        self._started_hub = False
-        self._unsubscribe: Callable[[], None] | None = None
+        self._feed = HubFeed(hub, start=start_hub)
         dirs = [user_themes_dir()] if theme_dirs is None else theme_dirs
         self._loaded_themes = load_themes(dirs)
         for loaded in self._loaded_themes.values():
@@ -83,25 +82,12 @@ class ConsoleApp(App[None]):
 
     async def on_mount(self) -> None:
         self.theme_changed_signal.subscribe(self, self._theme_changed)
-        if self.hub is not None:
-            self._unsubscribe = self.hub.subscribe(self._on_hub_snapshot)
-            if self._start_hub:
-                await self.hub.start()
-                self._started_hub = True
+        await self._feed.attach(self)
         self.set_interval(1.0, self._tick)
         self.check_size()
 
     async def on_unmount(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
-        if self._started_hub and self.hub is not None:
-            self._started_hub = False
-            await self.hub.stop()
-
-    def _on_hub_snapshot(self, snapshot: FleetSnapshot) -> None:
-        # Runs on the hub's loop: post and return; a newer snapshot replaces a queued one.
-        self.post_message(SnapshotArrived(snapshot))
+        await self._feed.detach()
 
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
         self.show_snapshot(message.snapshot)

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 from gpuconsole import format as fmt
 from gpuconsole.inventory import GpuRow, node_gpus, ownership_problems
-from gpuconsole.model import GpuReading, GpuState, Health, NodeSnapshot, Severity, gpu_health
+from gpuconsole.model import (
+    GpuReading,
+    GpuState,
+    Health,
+    NodeSnapshot,
+    Severity,
+    gpu_health,
+    gpus_health,
+)
 from gpuconsole.ownership import node_ownership
 from gpuconsole.tui.hardware import model_for_pci_device
 
@@ -184,14 +192,7 @@ def gpu_facet_health(node: NodeSnapshot) -> Health:
     status = node.status("nvml")
     if status is None:
         return Health.UNKNOWN
-    worst = Health.OK if status.ok else Health.STALE
-    for gpu in node.gpus:
-        level = gpu_health(gpu)
-        if level is Health.CRITICAL:
-            return Health.CRITICAL
-        if level is Health.WARNING and worst is Health.OK:
-            worst = Health.WARNING
-    return worst
+    return gpus_health(node.gpus, Health.OK if status.ok else Health.STALE)
 
 
 def facets(node: NodeSnapshot) -> tuple[Facet, ...]:

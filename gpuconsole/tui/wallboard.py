@@ -29,6 +29,7 @@ from gpuconsole.ownership import OwnerKind, node_ownership
 from gpuconsole.paths import user_themes_dir
 from gpuconsole.readings.base import Severity
 from gpuconsole.readings.fabric import port_problems, port_rates
+from gpuconsole.tui.feed import HubFeed
 from gpuconsole.tui.messages import SnapshotArrived
 from gpuconsole.tui.summaries import Metric, stale_sources
 from gpuconsole.tui.themes import Palette, load_themes, resolve_theme_name
@@ -231,9 +232,7 @@ class WallboardApp(App[None]):
         self.current: Page | None = None  # the page on screen
         self.paused = False
         self.read_only = True
-        self._start_hub = start_hub and hub is not None
-        self._started_hub = False
-        self._unsubscribe: Callable[[], None] | None = None
+        self._feed = HubFeed(hub, start=start_hub)
         themes = load_themes([user_themes_dir()] if theme_dirs is None else theme_dirs)
         for loaded in themes.values():
             self.register_theme(loaded)
@@ -248,25 +247,13 @@ class WallboardApp(App[None]):
         yield Static("", id="wallboard-body")
 
     async def on_mount(self) -> None:
-        if self.hub is not None:
-            self._unsubscribe = self.hub.subscribe(self._on_hub_snapshot)
-            if self._start_hub:
-                await self.hub.start()
-                self._started_hub = True
+        await self._feed.attach(self)
         self._rotation = self.set_interval(self.page_s, self.next_page)
         self.set_interval(1.0, self._show_title)
         self.render_page()
 
     async def on_unmount(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
-        if self._started_hub and self.hub is not None:
-            self._started_hub = False
-            await self.hub.stop()
-
-    def _on_hub_snapshot(self, snapshot: FleetSnapshot) -> None:
-        self.post_message(SnapshotArrived(snapshot))
+        await self._feed.detach()
 
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
         self.snapshot = message.snapshot
