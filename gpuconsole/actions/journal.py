@@ -166,12 +166,25 @@ class Journal:
         self._db = sqlite3.connect(
             self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
         )
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._enable_wal(timeout_s)
         self._db.execute("PRAGMA synchronous=FULL")  # an intent is on disk before its step runs
         with self.transaction():
             for statement in SCHEMA.split(";"):
                 if statement.strip():
                     self._db.execute(statement)
+
+    def _enable_wal(self, timeout_s: float) -> None:
+        # Switching a new database to WAL takes an exclusive lock, and SQLite answers "locked"
+        # at once (no busy handler) when another process opens it at the same moment.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
 
     def close(self) -> None:
         self._db.close()
