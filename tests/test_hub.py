@@ -13,6 +13,7 @@ import pytest
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.model import CounterSample, Event, FleetSnapshot, Key, Severity
 from gpuconsole.sources.base import EmitEvent
+from tests.waiting import until
 
 
 @dataclass(frozen=True)
@@ -66,14 +67,6 @@ class ScriptedSource:
         self.closed = True
 
 
-async def wait_for(predicate, timeout: float = 3.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
-
-
 def fast_hub() -> Hub:
     return Hub(HubSettings(publish_gap_s=0.01, max_backoff_s=0.2))
 
@@ -86,7 +79,7 @@ async def test_a_failing_source_is_stale_with_its_reason_and_the_others_keep_goi
     hub.add_source(bad)
     await hub.start()
     try:
-        await wait_for(lambda: good.polls >= 5)
+        await until(lambda: good.polls >= 5)
         snap = hub.latest
         assert snap is not None
         bad_status = snap.node("n2").statuses[0]  # type: ignore[union-attr]
@@ -108,9 +101,9 @@ async def test_a_source_recovers_by_itself_and_says_so() -> None:
     hub.add_source(src)
     await hub.start()
     try:
-        await wait_for(lambda: src.polls >= 2)
+        await until(lambda: src.polls >= 2)
         src.mode = "ok"
-        await wait_for(lambda: hub.latest is not None and hub.latest.nodes[0].statuses[0].ok)
+        await until(lambda: hub.latest is not None and hub.latest.nodes[0].statuses[0].ok)
         assert any(e.kind == "source_recovered" for e in hub.events())
     finally:
         await hub.stop()
@@ -123,7 +116,7 @@ async def test_a_hung_poll_times_out_and_is_never_started_twice() -> None:
     hub.add_source(src)
     await hub.start()
     try:
-        await wait_for(
+        await until(
             lambda: (
                 hub.latest is not None
                 and "timeout" in (hub.latest.nodes[0].statuses[0].error or "")
@@ -134,7 +127,7 @@ async def test_a_hung_poll_times_out_and_is_never_started_twice() -> None:
         assert src.max_concurrent == 1
         src.mode = "ok"
         src.release.set()
-        await wait_for(lambda: hub.latest is not None and hub.latest.nodes[0].statuses[0].ok)
+        await until(lambda: hub.latest is not None and hub.latest.nodes[0].statuses[0].ok)
     finally:
         await hub.stop()
 
@@ -173,7 +166,7 @@ async def test_rates_and_history_come_from_the_readings() -> None:
     hub.add_source(src)
     await hub.start()
     try:
-        await wait_for(lambda: src.polls >= 4)
+        await until(lambda: src.polls >= 4)
         await asyncio.sleep(0.05)
         node = hub.latest.nodes[0]  # type: ignore[union-attr]
         rate = node.rate("thing", "bytes")
@@ -189,7 +182,7 @@ async def test_history_is_bounded() -> None:
     src = ScriptedSource("n1", interval_s=0.01)
     hub.add_source(src)
     await hub.start()
-    await wait_for(lambda: src.polls >= 20)
+    await until(lambda: src.polls >= 20)
     await hub.stop()
     snapshot = hub.publish()
     assert len(snapshot.nodes[0].history.series("thing", "value")) == 5  # type: ignore[union-attr]
@@ -205,7 +198,7 @@ async def test_events_posted_from_another_thread_reach_the_snapshot() -> None:
         thread = threading.Thread(target=lambda: src.emit(event))  # type: ignore[misc]
         thread.start()
         thread.join()
-        await wait_for(lambda: hub.latest is not None and event in hub.latest.events)
+        await until(lambda: hub.latest is not None and event in hub.latest.events)
     finally:
         await hub.stop()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
@@ -17,6 +17,7 @@ from gpuconsole.model import Event, FleetSnapshot, Severity
 from gpuconsole.readings.remote import summarize
 from gpuconsole.sim.cluster import add_sim_sources, build_sim_nodes, demo_cluster
 from gpuconsole.sources.remote import AgentClient, RemoteSource
+from tests.waiting import until
 
 
 def free_port() -> int:
@@ -44,14 +45,6 @@ class NodeAgent:
     async def stop(self) -> None:
         await self.agent.stop()
         await self.hub.stop()
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture

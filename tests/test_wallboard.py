@@ -20,6 +20,7 @@ from gpuconsole.tui.wallboard import (
     hottest_page,
     owners_page,
 )
+from tests.waiting import until
 
 
 def board(snapshot: FleetSnapshot, page_s: float = 60.0) -> WallboardApp:
@@ -54,16 +55,14 @@ async def test_pages_rotate_on_the_timer_and_pause_holds_them(
 ) -> None:
     app = board(fleet_snapshot, page_s=0.2)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.5)
-        assert app.page_index != 0
+        await until(lambda: app.page_index != 0)
         await pilot.press("p")
         held = app.page_index
         assert "PAUSED" in str(app.query_one("#wallboard-title", Static).render())
-        await pilot.pause(0.6)
+        await pilot.pause(0.6)  # three page times: a running rotation would have moved
         assert app.page_index == held
         await pilot.press("space")
-        await pilot.pause(0.5)
-        assert app.page_index != held
+        await until(lambda: app.page_index != held)
 
 
 async def test_there_are_no_actions_and_no_palette(fleet_snapshot: FleetSnapshot) -> None:
