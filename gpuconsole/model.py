@@ -95,6 +95,9 @@ class PcieReading:
     replay_count: int | None = None
     tx_bytes_total: int | None = None
     rx_bytes_total: int | None = None
+    # The driver's own rate (sampled over 20 ms), only where it has no byte counters.
+    tx_bytes_per_s: float | None = None
+    rx_bytes_per_s: float | None = None
 
     @property
     def downtrained(self) -> bool:
@@ -142,6 +145,7 @@ class ProcessReading:
 class GpmMetrics:
     """Hopper+ GPU performance monitoring, over the last sample interval."""
 
+    graphics_util_pct: float | None = None
     sm_util_pct: float | None = None
     sm_occupancy_pct: float | None = None
     tensor_util_pct: float | None = None
@@ -203,6 +207,7 @@ class GpuReading:
     sm_clock_max_mhz: int | None = None
     mem_clock_max_mhz: int | None = None
     pstate: int | None = None
+    # reasons that held the clocks down now or since the previous poll, e.g. "hw_thermal_slowdown"
     throttle_reasons: tuple[str, ...] = ()
 
     ecc: EccReading = field(default_factory=EccReading)
@@ -339,6 +344,15 @@ class NodeSnapshot:
     def rate(self, *key: str) -> float | None:
         """Per-second rate of a counter, e.g. rate("gpu", uuid, "energy_mj")."""
         return self.rates.get(key)
+
+    def pcie_rates(self, gpu: GpuReading) -> tuple[float | None, float | None]:
+        """PCIe tx and rx bytes per second: from the byte counters, else the driver's rate."""
+        tx = self.rate("gpu", gpu.uuid, "pcie_tx_bytes")
+        rx = self.rate("gpu", gpu.uuid, "pcie_rx_bytes")
+        return (
+            tx if tx is not None else gpu.pcie.tx_bytes_per_s,
+            rx if rx is not None else gpu.pcie.rx_bytes_per_s,
+        )
 
     @property
     def gpus(self) -> tuple[GpuReading, ...]:

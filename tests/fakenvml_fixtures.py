@@ -38,6 +38,7 @@ class FakeNvmlEnv(Protocol):
         seed: int = 0,
         counts: Path | None = None,
         frozen_time: float | None = None,
+        missing_fields: Sequence[int] = (),
     ) -> dict[str, str]: ...
 
 
@@ -60,10 +61,15 @@ def fake_nvml_env(tmp_path: Path, fake_nvml_lib: Path) -> FakeNvmlEnv:
         seed: int = 0,
         counts: Path | None = None,
         frozen_time: float | None = None,
+        missing_fields: Sequence[int] = (),
     ) -> dict[str, str]:
         node = get_profile(profile) if isinstance(profile, str) else profile
         path = write_profile(
-            node, tmp_path / f"{node.name}-{next(serial)}.profile", scenarios=scenarios, seed=seed
+            node,
+            tmp_path / f"{node.name}-{next(serial)}.profile",
+            scenarios=scenarios,
+            seed=seed,
+            missing_fields=missing_fields,
         )
         extra = environment(fake_nvml_lib.parent, path, counts, frozen_time=frozen_time)
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCONSOLE_FAKE_NVML_")}

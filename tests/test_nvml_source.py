@@ -209,3 +209,50 @@ def test_a_throttle_that_starts_is_an_event_and_idle_is_not() -> None:
     assert "HW thermal slowdown" in events[0].message
     source.collect()
     assert len(events) == 1  # no change, no new event
+
+
+def test_a_throttle_that_starts_between_bitmask_reads_shows_at_the_next_poll() -> None:
+    # The bitmask is read every 10th poll; the driver's time counters ride in every batch.
+    source, lib, clock = make(DGX_H100, "thermal:3@5", detail_every=10, inventory_every=100)
+    events: list[Event] = []
+    source._emit = events.append
+    assert source.collect().gpus[3].throttle_reasons == ()
+    clock.now += 6.0
+    lib_calls = sum(lib.calls.values())
+    gpu = source.collect().gpus[3]
+    assert "hw_thermal_slowdown" in gpu.throttle_reasons
+    assert "sw_thermal_slowdown" in gpu.throttle_reasons
+    assert (sum(lib.calls.values()) - lib_calls) / 8 == 4  # still a table-only poll
+    assert [(e.kind, e.gpu_index, e.severity) for e in events] == [
+        ("throttle", 3, Severity.WARNING)
+    ]
+    assert source.collect().gpus[0].throttle_reasons == ()  # the others were never held
+
+
+def test_gpm_sample_buffers_go_back_to_nvml_on_close() -> None:
+    source, lib, clock = make(DGX_H100, "mig:7", detail_every=1)
+    for _ in range(3):
+        source.collect()
+        clock.now += 1.0
+    assert lib._samples  # the GPU's and each MIG instance's two buffers
+    asyncio.run(source.close())
+    assert lib._samples == {}
+    assert lib.calls["nvmlGpmSampleFree"] == lib.calls["nvmlGpmSampleAlloc"] == 2 * (8 + 4)
+
+
+async def test_ecc_events_reach_the_hub_from_the_event_thread() -> None:
+    node = SimNode("dgx-test", DGX_H100, scenarios=["ecc:2"])
+    hub = Hub()
+    hub.add_source(NvmlSource("dgx-test", lib=SimNvml(node), interval_s=0.2, simulated=True))
+    await hub.start()
+    try:
+        for _ in range(100):
+            if any(e.kind == "ecc" for e in hub.events()):
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await hub.stop()
+    ecc = [e for e in hub.events() if e.kind == "ecc"]
+    assert [(e.gpu_index, e.severity) for e in ecc] == [(2, Severity.INFO)]
+    assert ecc[0].gpu_uuid == node.uuids[2]
+    assert "single-bit ECC error on GPU 2" in ecc[0].message

@@ -266,6 +266,11 @@ class SimNode:
         grown = int(self.elapsed() / 30)
         return 12 + grown, 0, 40 + grown, 1, True
 
+    def thermal_slowdown_s(self, index: int) -> float:
+        """Seconds this GPU has been held down by heat (the driver's violation counters)."""
+        s = self.active("thermal", index)
+        return self.elapsed() - s.at_s if s is not None else 0.0
+
     def pcie_bytes(self, index: int) -> tuple[int, int]:
         """PCIe tx/rx byte counters: a share of the link's bandwidth while busy."""
         gbps = {5: 64e9, 4: 32e9}.get(self.model.pcie_gen_max, 16e9) * 0.12

@@ -337,6 +337,7 @@ class SimNvml:
         g = node.gpu(i)
         sbe_v, dbe_v, sbe_a, dbe_a, pending = node.ecc(i)
         tx, rx = node.pcie_bytes(i)
+        thermal_ns = int(node.thermal_slowdown_s(i) * 1e9)
         scalar: dict[int, tuple[int, int]] = {
             82: (1, int(g.temp_hbm_c)),
             83: (3, g.energy_mj),
@@ -354,6 +355,11 @@ class SimNvml:
             197: (3, tx),
             198: (3, rx),
             91: (1, node.model.nvlink_count),
+            74: (3, 0),  # power cap, sync boost and power brake: never in the simulator
+            76: (3, 0),
+            269: (3, thermal_ns),
+            270: (3, thermal_ns),
+            271: (3, 0),
         }
         values = (pynvml.c_nvmlFieldValue_t * len(fields))()
         for k, requested in enumerate(fields):
@@ -521,6 +527,7 @@ class SimNvml:
         pcie = {5: 64e9, 4: 32e9}.get(m.pcie_gen_max, 16e9) * 0.12 / 2**20
         nvlink = m.nvlink_gbytes_per_s * 1e9 / 2 * 0.35 / 2**20
         values = {
+            1: 100 * busy,
             2: 100 * busy * 0.97,
             3: 100 * busy * 0.42,
             5: 100 * busy * 0.61,
@@ -562,8 +569,9 @@ class SimNvml:
 
     def _due_event(self, event_set: Any) -> Any:
         for s in self.node.scenarios:
-            xid = {"xid79": 79, "ecc": 63}.get(s.kind)
-            if xid is None or (s.kind, s.gpu) in self._delivered:
+            # as the fake library does: XID 79 is an XID, an ECC scenario a corrected error
+            kind, data = {"xid79": (0x8, 79), "ecc": (0x1, 0)}.get(s.kind, (0, 0))
+            if not kind or (s.kind, s.gpu) in self._delivered:
                 continue
             if self.node.active(s.kind, s.gpu) is None:
                 continue
@@ -573,8 +581,8 @@ class SimNvml:
                 continue
             return SimpleNamespace(
                 device=device,
-                eventType=0x8,
-                eventData=xid,
+                eventType=kind,
+                eventData=data,
                 gpuInstanceId=0xFFFFFFFF,
                 computeInstanceId=0xFFFFFFFF,
             )

@@ -6,8 +6,11 @@ repo, and the in-process simulator (`gpuconsole.sim.nvml.SimNvml`): only `lib` d
 Cost matters (every NVML call is a trip into the kernel driver), so readings are tiered:
 - identity, limits and PCI topology: once;
 - the table's metrics, every poll: one batched nvmlDeviceGetFieldValues plus
-  utilization, memory and temperature (4 calls per GPU);
-- clocks, P-state, throttle reasons, processes and GPM: every `detail_every` polls;
+  utilization, memory and temperature (4 calls per GPU). The batch carries the driver's
+  clock-event time counters too: a reason whose counter moved since the last poll held the
+  clocks down in between, so a throttle shows at the poll after it starts;
+- the SM clock, P-state, the throttle bitmask (for reasons without a counter), processes
+  and GPM: every `detail_every` polls (NVML has no field for the current clock);
 - PCIe link state, NVLink state, MIG layout, fabric state: every `inventory_every` polls.
 A call a GPU answers NotSupported is remembered for that GPU and not asked again; a GPU
 that is lost (XID 79) is marked so while the others keep polling.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -61,6 +65,8 @@ FI_ECC_SBE_VOL = 3
 FI_ECC_DBE_VOL = 4
 FI_ECC_SBE_AGG = 5
 FI_ECC_DBE_AGG = 6
+FI_PERF_POLICY_POWER = 74  # = NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP
+FI_PERF_POLICY_SYNC_BOOST = 76  # = NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST
 FI_MEMORY_TEMP = 82
 FI_TOTAL_ENERGY = 83
 FI_PCIE_REPLAY = 94
@@ -73,6 +79,17 @@ FI_REMAPPED_FAILURE = 145
 FI_POWER_INSTANT = 186
 FI_PCIE_TX_BYTES = 197
 FI_PCIE_RX_BYTES = 198
+FI_SW_THERMAL_NS = 269
+FI_HW_THERMAL_NS = 270
+FI_HW_POWER_BRAKE_NS = 271
+# Clock-event reasons the driver also counts (nanoseconds held, since driver load).
+THROTTLE_COUNTERS: tuple[tuple[int, str], ...] = (
+    (FI_PERF_POLICY_POWER, "sw_power_cap"),
+    (FI_PERF_POLICY_SYNC_BOOST, "sync_boost"),
+    (FI_SW_THERMAL_NS, "sw_thermal_slowdown"),
+    (FI_HW_THERMAL_NS, "hw_thermal_slowdown"),
+    (FI_HW_POWER_BRAKE_NS, "hw_power_brake_slowdown"),
+)
 TABLE_FIELDS = (
     FI_POWER_INSTANT,
     FI_TOTAL_ENERGY,
@@ -88,6 +105,7 @@ TABLE_FIELDS = (
     FI_PCIE_REPLAY,
     FI_PCIE_TX_BYTES,
     FI_PCIE_RX_BYTES,
+    *(fid for fid, _reason in THROTTLE_COUNTERS),
 )
 
 # nvmlClocksEventReason bits, in the words the UI shows
@@ -121,6 +139,7 @@ TOPO_CODES = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 
 # GPM metric ids and where they land
 GPM_METRICS: tuple[tuple[int, str, float], ...] = (
+    (1, "graphics_util_pct", 1.0),
     (2, "sm_util_pct", 1.0),
     (3, "sm_occupancy_pct", 1.0),
     (5, "tensor_util_pct", 1.0),
@@ -134,7 +153,10 @@ GPM_METRICS: tuple[tuple[int, str, float], ...] = (
     (60, "nvlink_rx_bytes_per_s", 1024.0 * 1024.0),
 )
 
-MIG_PROFILE_INDEXES = 15  # NVML_GPU_INSTANCE_PROFILE_COUNT in current drivers
+# NVML_GPU_INSTANCE_PROFILE_COUNT in nvidia-ml-py 13.615; a library shaped like pynvml
+# that names its own count is asked for that many instead.
+MIG_PROFILE_INDEXES = 0x12
+PCIE_UTIL_TX, PCIE_UTIL_RX = 0, 1  # nvmlPcieUtilCounter_t
 
 # Reasons that are not a slowdown worth an event, and the ones that mean heat or power trouble.
 BENIGN_THROTTLE = frozenset({"gpu_idle", "applications_clocks_setting", "display_clock_setting"})
@@ -240,6 +262,10 @@ class _Gpu:
     mem_clock_mhz: int | None = None
     pstate: int | None = None
     throttle: tuple[str, ...] = ()
+    throttle_mask: tuple[str, ...] = ()  # as the bitmask said at the last detail poll
+    throttle_ns: dict[int, int] = field(default_factory=dict)  # counters at the last poll
+    pcie_tx_bytes_per_s: float | None = None  # sampled, where the byte counters are missing
+    pcie_rx_bytes_per_s: float | None = None
     processes: tuple[ProcessReading, ...] = ()
     gpm: GpmMetrics | None = None
     gpm_sample: Any = None
@@ -287,6 +313,7 @@ class NvmlSource:
         self._initialized = False
         self._gpus: list[_Gpu] = []
         self._pci_topology: list[list[str]] = []
+        self._gpu_topology: tuple[tuple[str, ...], ...] = ()  # changes with the inventory tier
         self._versions: tuple[str | None, str | None, str | None] = (None, None, None)
         self._round = 0
         self._emit: EmitEvent | None = None
@@ -312,6 +339,10 @@ class NvmlSource:
         # A later start() discovers afresh: tiers count from the first poll again.
         self._round = 0
         if self._initialized:
+            for gpu in self._gpus:
+                self._free_gpm(gpu)
+                for mig in gpu.migs:
+                    self._free_gpm(mig)
             try:
                 self._lib.nvmlShutdown()
             except Exception as exc:
@@ -478,6 +509,8 @@ class NvmlSource:
         detail = first or self._round % self.detail_every == 0
         inventory = first or self._round % self.inventory_every == 0
         gpus = tuple(self._read_gpu(gpu, detail, inventory) for gpu in self._gpus)
+        if inventory:
+            self._gpu_topology = self._topology()
         driver, nvml, cuda = self._versions
         return NvmlReading(
             at=self._clock(),
@@ -485,7 +518,7 @@ class NvmlSource:
             nvml_version=nvml,
             cuda_driver_version=cuda,
             gpus=gpus,
-            gpu_topology=self._topology(),
+            gpu_topology=self._gpu_topology,
             simulated=self.simulated,
         )
 
@@ -567,6 +600,7 @@ class NvmlSource:
         temp = call(gpu, "temperature", lib.nvmlDeviceGetTemperatureV, h, 0)
         if detail:
             self._read_detail(gpu)
+        self._update_throttle(gpu, values)
 
         def field(fid: int, scope: int = 0) -> Any:
             return values.get((fid, scope))
@@ -633,6 +667,8 @@ class NvmlSource:
                 replay_count=field(FI_PCIE_REPLAY),
                 tx_bytes_total=field(FI_PCIE_TX_BYTES),
                 rx_bytes_total=field(FI_PCIE_RX_BYTES),
+                tx_bytes_per_s=gpu.pcie_tx_bytes_per_s,
+                rx_bytes_per_s=gpu.pcie_rx_bytes_per_s,
             ),
             nvlinks=links,
             numa_node=gpu.numa_node,
@@ -673,10 +709,13 @@ class NvmlSource:
             return {}
         values: dict[tuple[int, int], Any] = {}
         dropped: list[int | tuple[int, int]] = []
-        for requested, entry in zip(gpu.fields, result, strict=False):
-            ret = entry.nvmlReturn
+        # Unpacked from the array's bytes: pynvml's per-attribute wrapper costs more than
+        # the trip into the driver.
+        for requested, (fid, scope, kind, ret, raw) in zip(
+            gpu.fields, _FIELD_VALUE.iter_unpack(bytes(result)), strict=False
+        ):
             if ret == OK:
-                values[(entry.fieldId, entry.scopeId)] = _field_value(entry)
+                values[(fid, scope)] = _VALUE_TYPES.get(kind, _VALUE_TYPES[3]).unpack(raw)[0]
             elif ret == GPU_IS_LOST:
                 raise GpuLostError("field values: GPU is lost")
             elif ret in UNSUPPORTED_CODES:
@@ -691,11 +730,11 @@ class NvmlSource:
         gpu.sm_clock_mhz = call(gpu, "clock_sm", lib.nvmlDeviceGetClockInfo, h, 1)
         gpu.pstate = call(gpu, "pstate", lib.nvmlDeviceGetPerformanceState, h)
         mask = call(gpu, "clocks_event_reasons", lib.nvmlDeviceGetCurrentClocksEventReasons, h)
-        throttle = (
+        gpu.throttle_mask = (
             tuple(name for bit, name in THROTTLE_BITS if mask & bit) if mask is not None else ()
         )
-        self._throttle_changed(gpu, gpu.throttle, throttle)
-        gpu.throttle = throttle
+        if FI_PCIE_TX_BYTES not in gpu.fields:
+            self._read_pcie_throughput(gpu)
         procs = call(gpu, "processes", lib.nvmlDeviceGetComputeRunningProcesses, h)
         if procs is not None:
             gpu.processes = tuple(_process(p) for p in procs)
@@ -704,6 +743,34 @@ class NvmlSource:
             mig.mem_used_bytes = int(mem.used) if mem is not None else None
         if gpu.gpm_supported:
             self._read_gpm(gpu)
+
+    def _read_pcie_throughput(self, gpu: _Gpu) -> None:
+        """Where the driver has no PCIe byte counters: its own rate, sampled over 20 ms."""
+        lib, h, call = self._lib, gpu.handle, self._call
+        fn = getattr(lib, "nvmlDeviceGetPcieThroughput", None)
+        tx = call(gpu, "pcie_throughput", fn, h, PCIE_UTIL_TX)
+        rx = call(gpu, "pcie_throughput", fn, h, PCIE_UTIL_RX)
+        gpu.pcie_tx_bytes_per_s = tx * 1024.0 if tx is not None else None  # KB/s
+        gpu.pcie_rx_bytes_per_s = rx * 1024.0 if rx is not None else None
+
+    def _update_throttle(self, gpu: _Gpu, values: dict[tuple[int, int], Any]) -> None:
+        """Reasons that held the clocks down: the last bitmask, plus every reason whose
+        time counter moved since the previous poll (so a slowdown that starts between two
+        bitmask reads shows at once; one that ends shows at the next bitmask read).
+        """
+        moved: set[str] = set()
+        for fid, reason in THROTTLE_COUNTERS:
+            now = values.get((fid, 0))
+            if now is None:
+                continue
+            before = gpu.throttle_ns.get(fid)
+            gpu.throttle_ns[fid] = int(now)
+            if before is not None and now > before:  # went back: a driver reload, not heat
+                moved.add(reason)
+        reasons = moved.union(gpu.throttle_mask)
+        throttle = tuple(name for _bit, name in THROTTLE_BITS if name in reasons)
+        self._throttle_changed(gpu, gpu.throttle, throttle)
+        gpu.throttle = throttle
 
     def _throttle_changed(self, gpu: _Gpu, before: tuple[str, ...], now: tuple[str, ...]) -> None:
         """An event when the reasons that slow a GPU down start or stop (idle is not one)."""
@@ -738,20 +805,31 @@ class NvmlSource:
     def _gpm_step(self, gpu: _Gpu, holder: _Gpu | _Mig, instance: int | None) -> GpmMetrics | None:
         lib, call = self._lib, self._call
         if holder.gpm_sample is None:
-            holder.gpm_sample = call(gpu, "gpm_alloc", lib.nvmlGpmSampleAlloc)
-            holder.gpm_spare = call(gpu, "gpm_alloc", lib.nvmlGpmSampleAlloc)
-            if holder.gpm_sample is None or holder.gpm_spare is None:
+            first = call(gpu, "gpm_alloc", lib.nvmlGpmSampleAlloc)
+            second = call(gpu, "gpm_alloc", lib.nvmlGpmSampleAlloc) if first is not None else None
+            holder.gpm_sample, holder.gpm_spare = first, second
+            if second is None:
+                self._free_gpm(holder)
                 gpu.gpm_supported = False
                 return None
-            holder.gpm_sample, holder.gpm_spare = holder.gpm_spare, holder.gpm_sample
-            self._gpm_sample(gpu, instance, holder.gpm_spare)
-            holder.gpm_sample, holder.gpm_spare = holder.gpm_spare, holder.gpm_sample
+            self._gpm_sample(gpu, instance, holder.gpm_sample)  # the interval starts here
             return None
         if not self._gpm_sample(gpu, instance, holder.gpm_spare):
             return holder.gpm
         metrics = self._gpm_metrics(gpu, holder.gpm_sample, holder.gpm_spare)
         holder.gpm_sample, holder.gpm_spare = holder.gpm_spare, holder.gpm_sample
         return metrics
+
+    def _free_gpm(self, holder: _Gpu | _Mig) -> None:
+        """Give a holder's two GPM sample buffers back to NVML (they are malloc'd there)."""
+        for sample in (holder.gpm_sample, holder.gpm_spare):
+            if sample is not None:
+                try:
+                    self._lib.nvmlGpmSampleFree(sample)
+                except self._lib.NVMLError as exc:
+                    log.debug("GPM sample free: %s", exc)
+        holder.gpm_sample = holder.gpm_spare = None
+        holder.gpm = None
 
     def _gpm_sample(self, gpu: _Gpu, instance: int | None, sample: Any) -> bool:
         lib = self._lib
@@ -844,6 +922,8 @@ class NvmlSource:
         mode = call(gpu, "mig_mode", lib.nvmlDeviceGetMigMode, h)
         if mode is None:
             gpu.mig_enabled = gpu.mig_pending = None
+            for mig in gpu.migs:
+                self._free_gpm(mig)
             gpu.migs = []
             return
         enabled = bool(mode[0])
@@ -852,6 +932,8 @@ class NvmlSource:
             gpu.unsupported -= {"utilization", "processes"}
         gpu.mig_enabled, gpu.mig_pending = enabled, bool(mode[1])
         if not gpu.mig_enabled:
+            for mig in gpu.migs:
+                self._free_gpm(mig)
             gpu.migs = []
             return
         known = {m.uuid: m for m in gpu.migs}
@@ -869,6 +951,8 @@ class NvmlSource:
                 migs.append(known[uuid])
                 continue
             migs.append(self._identify_mig(gpu, mh, uuid))
+        for gone in set(known) - {m.uuid for m in migs}:
+            self._free_gpm(known[gone])
         gpu.migs = migs
 
     def _identify_mig(self, gpu: _Gpu, mh: Any, uuid: str) -> _Mig:
@@ -906,7 +990,8 @@ class NvmlSource:
         """
         if gpu.mig_profile_names is None:
             names: dict[int, str] = {}
-            for index in range(MIG_PROFILE_INDEXES):
+            count = getattr(self._lib, "NVML_GPU_INSTANCE_PROFILE_COUNT", MIG_PROFILE_INDEXES)
+            for index in range(count):
                 try:
                     info = self._lib.nvmlDeviceGetGpuInstanceProfileInfo(gpu.handle, index)
                 except self._lib.NVMLError:
@@ -1053,18 +1138,13 @@ def _match_handle(handle: Any, gpus: list[_Gpu]) -> _Gpu | None:
     return None
 
 
-def _field_value(entry: Any) -> Any:
-    kind = int(entry.valueType)
-    value = entry.value
-    return {
-        0: value.dVal,
-        1: value.uiVal,
-        2: value.ulVal,
-        3: value.ullVal,
-        4: value.sllVal,
-        5: value.siVal,
-        6: value.usVal,
-    }.get(kind, value.ullVal)
+# nvmlFieldValue_t: fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn, value
+_FIELD_VALUE = struct.Struct("<II16xII8s")
+# nvmlValueType_t to the union member it fills
+_VALUE_TYPES = {
+    kind: struct.Struct(fmt)
+    for kind, fmt in {0: "<d", 1: "<I4x", 2: "<Q", 3: "<Q", 4: "<q", 5: "<i4x", 6: "<H6x"}.items()
+}
 
 
 def _float(value: Any) -> float | None:

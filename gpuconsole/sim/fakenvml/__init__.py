@@ -193,12 +193,18 @@ def _processes(
 
 
 def write_profile(
-    profile: NodeProfile, path: Path, *, scenarios: Sequence[str] = (), seed: int = 0
+    profile: NodeProfile,
+    path: Path,
+    *,
+    scenarios: Sequence[str] = (),
+    seed: int = 0,
+    missing_fields: Sequence[int] = (),
 ) -> Path:
     """Write the fake library's profile file for ``profile`` to ``path`` and return ``path``.
 
     ``scenarios`` are strings such as ``"thermal 3"``, ``"xid79 5 at 20"``, ``"ecc 2"``,
     ``"mig 7"`` or ``"notsupported 1"`` (kind, GPU index, optional start in seconds).
+    ``missing_fields`` are field ids the driver answers NOT_SUPPORTED, as an older one does.
     """
     parsed = [parse_scenario(s) for s in scenarios]
     n = len(profile.gpus)
@@ -226,6 +232,7 @@ def write_profile(
         f"nvml_version {cuda_major}.{profile.driver_version}",
         f"cuda_driver_version {profile.cuda_driver_version}",
         "virtualization_mode 0",
+        *(f"missing_field {fid}" for fid in missing_fields),
     ]
     for kind, gpu, at in parsed:
         lines.append(f"scenario {kind} {gpu}" + (f" at {at:g}" if at is not None else ""))

@@ -26,6 +26,8 @@
  *     node <name>                      seed <n>
  *     driver_version <text>            nvml_version <text>          cuda_driver_version <int>
  *     virtualization_mode <n>          nvmlGpuVirtualizationMode_t, 0 = bare metal
+ *     missing_field <field id>         a field this driver does not know (NOT_SUPPORTED), as
+ *                                      on an older driver; repeat the key for several
  *     scenario <kind> <gpu> [at <seconds>]
  *        kind: thermal | ecc | notsupported | mig | xid<N> (xid79 = fell off the bus)
  *   "gpu <index>" opens a GPU block (indexes 0..n-1, in order); these keys then apply to it:
@@ -580,6 +582,8 @@ typedef struct {
     int ngpus;
     gpu_t gpus[MAX_GPUS];
     int nscenarios;
+    unsigned missing_fields[32];
+    int nmissing_fields;
     scenario_t scenarios[MAX_SCENARIOS];
 } profile_t;
 
@@ -779,6 +783,10 @@ static int parse_profile(FILE *f, profile_t *p, char *err, size_t errlen) {
             p->cuda_driver_version = atoi(rest);
         } else if (!strcmp(key, "virtualization_mode")) {
             p->virtualization_mode = (unsigned)atoi(rest);
+        } else if (!strcmp(key, "missing_field")) {
+            if (p->nmissing_fields >= 32)
+                goto bad;
+            p->missing_fields[p->nmissing_fields++] = (unsigned)atoi(rest);
         } else if (!strcmp(key, "scenario")) {
             if (p->nscenarios >= MAX_SCENARIOS)
                 goto bad;
@@ -1928,6 +1936,9 @@ static nvmlReturn_t field_value(const gpu_t *g, double t, nvmlFieldValue_t *v) {
     state_t s;
     ecc_t e;
     unsigned id = v->fieldId;
+    for (int k = 0; k < g_prof.nmissing_fields; k++)
+        if (g_prof.missing_fields[k] == id)
+            return NVML_ERROR_NOT_SUPPORTED;
     v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
     switch (id) {
     case NVML_FI_DEV_MEMORY_TEMP:
