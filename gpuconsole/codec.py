@@ -14,6 +14,7 @@ from gpuconsole.history import HistoryView
 from gpuconsole.model import SCHEMA_VERSION, FleetSnapshot, Key, NodeSnapshot
 
 _SKIP = {"history"}  # history stays in the process that recorded it
+_KEYED = {"rates", "deltas"}  # NodeSnapshot mappings keyed by counter path
 
 
 def encode(value: Any) -> Any:
@@ -24,7 +25,7 @@ def encode(value: Any) -> Any:
             if f.name in _SKIP:
                 continue
             item = getattr(value, f.name)
-            if f.name == "rates":
+            if f.name in _KEYED:
                 out[f.name] = {"/".join(k): v for k, v in item.items()}
             else:
                 out[f.name] = encode(item)
@@ -148,7 +149,7 @@ def _build(kind: Any) -> Decoder:
 def _dataclass_decoder(kind: Any) -> Decoder:
     hints = typing.get_type_hints(kind, localns={"HistoryView": HistoryView})
     fields = [
-        (f.name, _rates if f.name == "rates" else _decoder(hints[f.name]))
+        (f.name, _KEYED_DECODERS[f.name] if f.name in _KEYED else _decoder(hints[f.name]))
         for f in dataclasses.fields(kind)
         if f.name not in _SKIP
     ]
@@ -172,6 +173,15 @@ def _rates(data: Any, where: str) -> dict[Key, float]:
         return {tuple(k.split("/")): float(v) for k, v in data.items()}
     except (TypeError, ValueError):
         raise DecodeError(f"{where}: rates must be numbers") from None
+
+
+def _deltas(data: Any, where: str) -> dict[Key, int]:
+    if not isinstance(data, dict) or not all(type(v) is int for v in data.values()):
+        raise DecodeError(f"{where}: deltas must be an object of integers")
+    return {tuple(k.split("/")): v for k, v in data.items()}
+
+
+_KEYED_DECODERS: dict[str, Decoder] = {"rates": _rates, "deltas": _deltas}
 
 
 def decode_node(data: Any, where: str = "$") -> NodeSnapshot:

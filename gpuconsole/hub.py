@@ -3,7 +3,8 @@
 Each source runs on its own interval with a timeout and exponential backoff. A poll that
 overruns its timeout is never started twice: the hub waits for the stuck one instead.
 Readings are merged into one immutable NodeSnapshot per node; counters become rates
-here (32-bit wrap and resets handled once) and gauges go into bounded history rings.
+here (32-bit wrap and resets handled once), and so do per-interval deltas of the
+counters a reading marks; gauges go into bounded history rings.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class _NodeState:
     profile: str | None
     readings: dict[str, Any] = field(default_factory=dict)
     rates: dict[str, dict[Key, float]] = field(default_factory=dict)
+    deltas: dict[str, dict[Key, int]] = field(default_factory=dict)
     trackers: dict[str, RateTracker] = field(default_factory=dict)
     history: HistoryStore = field(default_factory=lambda: HistoryStore(300))
     snapshot: NodeSnapshot | None = None
@@ -228,6 +230,14 @@ class Hub:
         samples = list(reading.counters())
         rates = tracker.update(samples, self._monotonic())
         node.rates[kind] = rates
+        deltas, before = tracker.deltas, node.deltas.get(kind, {})
+        node.deltas[kind] = deltas
+        # A reading may turn counters that moved into events (fabric: error counters that
+        # started to climb), so the counting stays here and the meaning stays with it.
+        delta_events = getattr(reading, "delta_events", None)
+        if deltas and delta_events is not None and tracker.interval_s is not None:
+            for event in delta_events(node.name, now, deltas, before, tracker.interval_s):
+                self.post_event(event)
         node.history.record(reading.series())
         node.history.record((s.key, rates[s.key]) for s in samples if s.history and s.key in rates)
         old = state.status
@@ -391,6 +401,9 @@ class Hub:
         rates: dict[Key, float] = {}
         for part in node.rates.values():
             rates.update(part)
+        deltas: dict[Key, int] = {}
+        for moved in node.deltas.values():
+            deltas.update(moved)
         fields = {
             kind: reading
             for kind, reading in node.readings.items()
@@ -410,6 +423,7 @@ class Hub:
                     fields[kind] = getattr(far, kind)
             statuses += tuple(dataclasses.replace(s, node=node.name) for s in far.statuses)
             rates.update(far.rates)
+            deltas.update(far.deltas)
             profile = profile or far.profile
             simulated = simulated or far.simulated
             last_xid = {**far.last_xid, **last_xid}
@@ -420,6 +434,7 @@ class Hub:
             profile=profile,
             statuses=statuses,
             rates=MappingProxyType(rates),
+            deltas=MappingProxyType(deltas),
             last_xid=MappingProxyType(last_xid),
             history=node.history.view(),
             **fields,

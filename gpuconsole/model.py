@@ -316,6 +316,7 @@ def _link_keys(uuid: str, link: int) -> tuple[Key, Key]:
 # --- Node and fleet ---------------------------------------------------------------
 
 _EMPTY_RATES: Mapping[Key, float] = MappingProxyType({})
+_EMPTY_DELTAS: Mapping[Key, int] = MappingProxyType({})
 _EMPTY_XIDS: Mapping[str, int] = MappingProxyType({})
 
 
@@ -332,6 +333,9 @@ class NodeSnapshot:
     tenancy: TenancyReading | None = None
     statuses: tuple[SourceStatus, ...] = ()
     rates: Mapping[Key, float] = field(default_factory=lambda: _EMPTY_RATES)
+    # how far each counter read with `delta` moved over its source's last interval; only
+    # the counters that moved are here
+    deltas: Mapping[Key, int] = field(default_factory=lambda: _EMPTY_DELTAS)
     last_xid: Mapping[str, int] = field(default_factory=lambda: _EMPTY_XIDS)  # by GPU UUID
     history: HistoryView | None = None
 
@@ -344,6 +348,14 @@ class NodeSnapshot:
     def rate(self, *key: str) -> float | None:
         """Per-second rate of a counter, e.g. rate("gpu", uuid, "energy_mj")."""
         return self.rates.get(key)
+
+    def delta(self, *key: str) -> int | None:
+        """How far a counter read with `delta` moved over its source's last interval: 0 when
+        it did not move, None when that is unknown (its first reading, or a reset)."""
+        moved = self.deltas.get(key)
+        if moved is not None:
+            return moved
+        return 0 if key in self.rates else None
 
     def pcie_rates(self, gpu: GpuReading) -> tuple[float | None, float | None]:
         """PCIe tx and rx bytes per second: from the byte counters, else the driver's rate."""

@@ -33,3 +33,23 @@ def test_a_counter_that_vanishes_and_returns_starts_afresh() -> None:
     tracker.update([CounterSample(a, 0), CounterSample(b, 0)], at=0.0)
     tracker.update([CounterSample(a, 10)], at=1.0)
     assert tracker.update([CounterSample(a, 20), CounterSample(b, 500)], at=2.0) == {a: 10.0}
+
+
+def test_deltas_are_kept_for_counters_that_ask_and_only_when_they_moved() -> None:
+    tracker = RateTracker()
+    errors, data, quiet = ("symbol_error",), ("xmit_data",), ("link_downed",)
+
+    def sample(err: int, sent: int, downed: int) -> list[CounterSample]:
+        return [
+            CounterSample(errors, err, 32, delta=True),
+            CounterSample(data, sent, 64),
+            CounterSample(quiet, downed, 32, delta=True),
+        ]
+
+    tracker.update(sample(2**32 - 3, 0, 4), at=10.0)
+    assert tracker.deltas == {} and tracker.interval_s is None  # nothing to compare yet
+    rates = tracker.update(sample(5, 9000, 4), at=12.0)  # wrapped past 2^32
+    assert tracker.deltas == {errors: 8}  # not the data counter, not the one that stood
+    assert tracker.interval_s == 2.0 and rates[errors] == 4.0 and rates[quiet] == 0.0
+    tracker.update(sample(1, 9000, 4), at=13.0)  # a reset: no delta rather than a bogus one
+    assert tracker.deltas == {} and tracker.resets == 1

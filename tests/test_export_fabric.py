@@ -3,8 +3,10 @@ and which NIC each GPU should pair with for GPUDirect RDMA."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import MappingProxyType
 
+from gpuconsole.hub import Hub
 from gpuconsole.model import FleetSnapshot, NodeSnapshot
 from gpuconsole.readings.base import SourceStatus
 from gpuconsole.readings.fabric import (
@@ -17,6 +19,7 @@ from gpuconsole.readings.fabric import (
     NicLevel,
     PortRole,
 )
+from gpuconsole.sources.fabric import FabricSource
 from tests.export_fixtures import (
     FIXED,
     frozen_body,
@@ -27,6 +30,7 @@ from tests.export_fixtures import (
     pick,
     render,
 )
+from tests.fabric_fixtures import dgx_h100_slice, set_value
 
 PORT_LABELS = frozenset({"node", "device", "port"})
 
@@ -127,14 +131,17 @@ def _port(device: str, **changes: object) -> FabricPort:
         "rate_gbps": 400.0,
         "width": 4,
         "counters": (("port_rcv_data", 10, 64), ("symbol_error", 7, 32)),
-        "hw_counters": (("lifespan", 12, 32),),
     }
     fields.update(changes)
     return FabricPort(**fields)  # type: ignore[arg-type]
 
 
 def _snapshot(
-    fabric: FabricReading, *, fresh: bool = True, rates: dict[tuple[str, ...], float]
+    fabric: FabricReading,
+    *,
+    fresh: bool = True,
+    rates: dict[tuple[str, ...], float],
+    deltas: dict[tuple[str, ...], int] | None = None,
 ) -> FleetSnapshot:
     status = SourceStatus(
         node="n1",
@@ -145,7 +152,13 @@ def _snapshot(
         error=None if fresh else "timeout",
         polls=3,
     )
-    node = NodeSnapshot(node="n1", fabric=fabric, statuses=(status,), rates=MappingProxyType(rates))
+    node = NodeSnapshot(
+        node="n1",
+        fabric=fabric,
+        statuses=(status,),
+        rates=MappingProxyType(rates),
+        deltas=MappingProxyType(deltas or {}),
+    )
     return FleetSnapshot(seq=1, at=FIXED, nodes=(node,))
 
 
@@ -187,8 +200,8 @@ HAND_MADE = FabricReading(
 
 
 def test_a_down_rail_is_critical_and_a_moving_error_counter_a_warning() -> None:
-    rates: dict[tuple[str, ...], float] = {("fabric", "mlx5_0", "1", "symbol_error"): 3.0}
-    metrics = parse(render(_snapshot(HAND_MADE, rates=rates)))
+    key = ("fabric", "mlx5_0", "1", "symbol_error")
+    metrics = parse(render(_snapshot(HAND_MADE, rates={key: 3.0}, deltas={key: 6})))
     severity = metrics["gpuconsole_fabric_port_severity"]
     assert one(severity, device="mlx5_1").value == 2.0
     assert one(severity, device="mlx5_0").value == 1.0
@@ -197,11 +210,34 @@ def test_a_down_rail_is_critical_and_a_moving_error_counter_a_warning() -> None:
     assert one(problems, device="mlx5_0", problem="symbol_error").labels["severity"] == "warning"
     assert one(metrics["gpuconsole_fabric_port_netdev_up"], netdev="enp41s0f0np0").value == 0.0
     assert one(metrics["gpuconsole_fabric_port_netdev_carrier"], device="mlx5_1").value == 0.0
-    assert one(metrics["node_infiniband_lifespan_seconds"], device="mlx5_0").value == 0.0
     assert one(metrics["node_infiniband_state_id"], device="mlx5_1").value == 1.0
     flag = one(metrics["gpuconsole_gpu_gpudirect_flag"], pci_bus_id="0000:1b:00.0")
     assert flag.labels["flag"] == "no_peermem" and flag.labels["gpu"] == ""  # NVML: no GPUs
     assert one(metrics["gpuconsole_fabric_peermem_loaded"], node="n1").value == 0.0
+
+
+def test_an_error_counter_that_did_not_move_this_interval_is_no_problem() -> None:
+    key = ("fabric", "mlx5_0", "1", "symbol_error")
+    metrics = parse(render(_snapshot(HAND_MADE, rates={key: 0.0})))  # rate 0, no delta
+    assert one(metrics["gpuconsole_fabric_port_severity"], device="mlx5_0").value == 0.0
+    assert not pick(metrics["gpuconsole_fabric_port_problem"], device="mlx5_0")
+
+
+async def test_the_counter_cache_lifespan_is_read_from_sysfs_and_exported_in_seconds(
+    tmp_path: Path,
+) -> None:
+    fs = dgx_h100_slice(tmp_path)
+    ports = fs.root / "class" / "infiniband"
+    # mlx5_6 keeps the driver's default of 10 ms, which node_exporter's integer division
+    # exports as 0 s; mlx5_1's firmware does not say.
+    set_value(ports / "mlx5_0" / "ports" / "1", "lifespan", 2000, "hw_counters")
+    set_value(ports / "mlx5_1" / "ports" / "1", "lifespan", "N/A (no PMA)", "hw_counters")
+    hub = Hub(clock=lambda: FIXED)
+    hub.add_source(FabricSource("n1", sysfs_root=str(tmp_path), netlink=False))
+    metrics = parse(render(await hub.poll_once()))
+    lifespan = metrics["node_infiniband_lifespan_seconds"]
+    assert {s.labels["device"]: s.value for s in lifespan} == {"mlx5_0": 2.0, "mlx5_6": 0.0}
+    assert label_names(lifespan) == {PORT_LABELS}
 
 
 def test_a_stale_fabric_source_drops_node_exporters_series_but_keeps_its_own() -> None:

@@ -54,11 +54,18 @@ def test_pxb_and_phb_from_deeper_and_shared_host_bridges(tmp_path: Path) -> None
 
 
 async def test_roles_come_from_pcie_neighbours_then_the_config(tmp_path: Path) -> None:
-    dgx_h100_slice(tmp_path)
+    fs = dgx_h100_slice(tmp_path)
+    # an HDR HCA on a root port of its own (a storage or admin IB fabric), and a 25G port
+    fs.hca("mlx5_3", ("pci0000:40", "0000:40:01.0", "0000:41:00.0"), numa=0,
+           rate="200 Gb/sec (4X HDR)")  # fmt: skip
+    fs.hca("mlx5_9", ("pci0000:60", "0000:60:01.0", "0000:61:00.0"), numa=0,
+           link_layer="Ethernet", rate="25 Gb/sec (1X EDR)", netdev="eno1")  # fmt: skip
     reading = await read(tmp_path)
     roles = {p.device: (p.role, p.role_from) for p in reading.ports}
     assert roles["mlx5_0"] == (PortRole.COMPUTE, "under a GPU's PCIe switch")
     assert roles["mlx5_1"] == (PortRole.STORAGE, "Ethernet at 100 Gb/s or more")
+    assert roles["mlx5_3"] == (PortRole.STORAGE, "InfiniBand, no GPU beneath its switch")
+    assert roles["mlx5_9"] == (PortRole.MANAGEMENT, "Ethernet below 100 Gb/s")
     configured = await read(tmp_path, roles={"enp41s0f0np0": "management", "mlx5_6/1": "storage"})
     roles = {p.device: (p.role, p.role_from) for p in configured.ports}
     assert roles["mlx5_1"] == (PortRole.MANAGEMENT, "config")
@@ -90,6 +97,22 @@ async def test_each_gpu_gets_its_switch_local_nic_and_flags_what_is_wrong(
         AffinityFlag.NO_PEERMEM,
     )
     assert reading.peermem_loaded is False
+
+
+async def test_a_downtrained_rail_is_flagged_on_the_gpu_that_pairs_with_it(
+    tmp_path: Path,
+) -> None:
+    fs = dgx_h100_slice(tmp_path)
+    # an NDR rail that trained at two lanes: up, but half the rate of its sibling
+    rail_dir = fs.root / "class/infiniband/mlx5_6/ports/1"
+    (rail_dir / "rate").write_text("200 Gb/sec (2X NDR)\n")
+    reading = await read(tmp_path)
+    rail = reading.port("mlx5_6")
+    assert rail is not None and rail.active and rail.downtrained
+    assert (rail.width, rail.expected_rate_gbps) == (2, 400.0)
+    gpu1, gpu0 = reading.gpu("0000:9d:00.0"), reading.gpu("0000:1b:00.0")
+    assert gpu1 is not None and gpu1.flags == (AffinityFlag.RAIL_DOWNTRAINED,)
+    assert gpu0 is not None and gpu0.flags == ()
 
 
 @pytest.mark.parametrize("profile", [DGX_H100, DGX_A100], ids=lambda p: p.name)

@@ -13,6 +13,7 @@ from gpuconsole.readings.fabric import (
     FabricPort,
     FabricReading,
     PortRole,
+    port_deltas,
     port_problems,
     port_rates,
     port_traffic,
@@ -95,6 +96,7 @@ async def test_an_ndr_port_reads_its_identity_state_rate_and_counters(tmp_path: 
     assert port.netdev == "ibp24s0" and port.netdev_error is None
     assert port.counter("symbol_error") == 0 and port.counter("out_of_sequence") == 0
     assert port.counter("lifespan") is None  # a setting, not a counter
+    assert port.hw_counters_lifespan_ms == 10  # the mlx5 default
     assert not port_problems(port, lambda name: None)
 
 
@@ -132,11 +134,12 @@ async def test_a_32_bit_counter_that_wraps_keeps_its_rate(tmp_path: Path) -> Non
     assert node.rate("fabric", "mlx5_1", "1", "np_cnp_sent") == pytest.approx(500.0)
     assert node.rate("fabric", "mlx5_0", "1", "symbol_error") == pytest.approx(10.0)
     assert node.fabric is not None
+    assert node.delta("fabric", "mlx5_0", "1", "symbol_error") == 10
     port = node.fabric.port("mlx5_0")
     assert port is not None
-    problems = port_problems(port, port_rates(node.rate, port))
-    assert [p.what for p in problems] == ["symbol errors 10/s"]
-    assert problems[0].severity is Severity.WARNING
+    problems = port_problems(port, port_rates(node.rate, port), port_deltas(node.delta, port))
+    assert [p.what for p in problems] == ["symbol errors +10 (10/s)"]
+    assert problems[0].severity is Severity.WARNING and problems[0].delta == 10
 
 
 async def test_a_reset_counter_gives_no_rate_rather_than_a_bogus_one(tmp_path: Path) -> None:
@@ -152,10 +155,70 @@ async def test_a_reset_counter_gives_no_rate_rather_than_a_bogus_one(tmp_path: P
     node = (await hub.poll_once()).nodes[0]
     assert node.rate("fabric", "mlx5_0", "1", "port_xmit_data") is None
     assert node.rate("fabric", "mlx5_0", "1", "link_downed") is None
+    assert node.delta("fabric", "mlx5_0", "1", "link_downed") is None  # unknown, not 0
     set_value(ib, "port_xmit_data", 1012)
     ticker.now += 1.0
     node = (await hub.poll_once()).nodes[0]
     assert node.rate("fabric", "mlx5_0", "1", "port_xmit_data") == pytest.approx(1000.0)
+
+
+async def test_errors_are_deltas_per_interval_with_a_severity_and_an_event_as_they_start(
+    tmp_path: Path,
+) -> None:
+    fs = dgx_h100_slice(tmp_path)
+    rail = fs.root / "class/infiniband/mlx5_6/ports/1"
+    hub, ticker = hub_with(source(tmp_path))
+    await hub.poll_once()
+    climbed = {
+        "link_downed": 1,
+        "link_error_recovery": 2,
+        "symbol_error": 37,
+        "port_rcv_errors": 5,
+        "port_xmit_discards": 3,
+        "port_xmit_wait": 900_000,  # congestion, not an error: a rate decides how bad
+    }
+    for name, value in climbed.items():
+        set_value(rail, name, value)
+    ticker.now += 2.0
+    node = (await hub.poll_once()).nodes[0]
+    assert {name: node.delta("fabric", "mlx5_6", "1", name) for name in climbed} == climbed
+    assert node.delta("fabric", "mlx5_0", "1", "symbol_error") == 0  # a clean rail
+    assert node.fabric is not None
+    port = node.fabric.port("mlx5_6")
+    assert port is not None
+    problems = port_problems(port, port_rates(node.rate, port), port_deltas(node.delta, port))
+    assert [(p.severity, p.what) for p in problems] == [
+        (Severity.CRITICAL, "link downed +1 (0.5/s)"),
+        (Severity.WARNING, "link error recovery +2 (1/s)"),
+        (Severity.WARNING, "symbol errors +37 (18.5/s)"),
+        (Severity.WARNING, "receive errors +5 (2.5/s)"),
+        (Severity.WARNING, "transmit discards +3 (1.5/s)"),
+        (Severity.WARNING, "congestion: transmit wait 4.5e+05/s"),
+    ]
+    assert [(e.kind, e.severity, e.message) for e in hub.events()] == [
+        ("port_errors", Severity.CRITICAL, "mlx5_6/1 (compute) link downed +1 in 2 s"),
+        ("port_errors", Severity.WARNING, "mlx5_6/1 (compute) link error recovery +2 in 2 s"),
+        ("port_errors", Severity.WARNING, "mlx5_6/1 (compute) symbol errors +37 in 2 s"),
+        ("port_errors", Severity.WARNING, "mlx5_6/1 (compute) receive errors +5 in 2 s"),
+        ("port_errors", Severity.WARNING, "mlx5_6/1 (compute) transmit discards +3 in 2 s"),
+    ]
+    # Still climbing: still problems, but no second round of events.
+    set_value(rail, "symbol_error", 37 + 40)
+    ticker.now += 2.0
+    node = (await hub.poll_once()).nodes[0]
+    assert node.delta("fabric", "mlx5_6", "1", "symbol_error") == 40
+    assert len(hub.events()) == 5
+    # Quiet again: a delta of 0, a healthy port; the next climb is news again.
+    ticker.now += 2.0
+    node = (await hub.poll_once()).nodes[0]
+    assert node.delta("fabric", "mlx5_6", "1", "symbol_error") == 0
+    port = node.fabric.port("mlx5_6")  # type: ignore[union-attr]
+    assert port is not None
+    assert not port_problems(port, port_rates(node.rate, port), port_deltas(node.delta, port))
+    set_value(rail, "symbol_error", 80)
+    ticker.now += 2.0
+    await hub.poll_once()
+    assert hub.events()[-1].message == "mlx5_6/1 (compute) symbol errors +3 in 2 s"
 
 
 async def test_a_value_past_32_bits_makes_a_hw_counter_64_bit_for_good(tmp_path: Path) -> None:
@@ -176,15 +239,17 @@ async def test_a_value_past_32_bits_makes_a_hw_counter_64_bit_for_good(tmp_path:
 
 async def test_counters_without_a_pma_are_skipped_not_fatal(tmp_path: Path) -> None:
     fs = dgx_h100_slice(tmp_path)
-    fs.hca(
+    port_dir = fs.hca(
         "mlx5_4",
         ("pci0000:50", "0000:50:01.0", "0000:4f:00.0"),
         numa=0,
         counters={"port_xmit_data": "N/A (no PMA)", "symbol_error": "N/A (no PMA)"},
     )
+    (port_dir / "hw_counters" / "lifespan").write_text("N/A (no PMA)\n")
     reading = await read(source(tmp_path))
     port = reading.port("mlx5_4")
     assert port is not None and port.no_pma and port.counters == ()
+    assert port.hw_counters_lifespan_ms is None
     assert port.counter("out_of_sequence") == 0  # hw_counters still read
     assert reading.port("mlx5_0") is not None and not reading.port("mlx5_0").no_pma  # type: ignore[union-attr]
 
@@ -275,14 +340,26 @@ def test_problems_are_classified_worst_first() -> None:
         "port_xmit_wait": 2e6,
         "np_cnp_sent": 50.0,  # below the congestion floor
         "port_rcv_errors": 0.0,  # did not move
+        "out_of_sequence": 0.5,  # below its floor: a little is normal under load
     }
-    problems = port_problems(port_like(), rates.get)
-    assert [(p.severity, p.counter) for p in problems] == [
-        (Severity.CRITICAL, "link_downed"),
-        (Severity.WARNING, "port_xmit_discards"),
-        (Severity.WARNING, "port_xmit_wait"),
+    deltas = dict(link_downed=1, port_xmit_discards=6, port_xmit_wait=4_000_000,
+                  np_cnp_sent=100, port_rcv_errors=0, out_of_sequence=1)  # fmt: skip
+    problems = port_problems(port_like(), rates.get, deltas.get)
+    assert [(p.severity, p.counter, p.delta) for p in problems] == [
+        (Severity.CRITICAL, "link_downed", 1),
+        (Severity.WARNING, "port_xmit_discards", 6),
+        (Severity.WARNING, "port_xmit_wait", 4_000_000),
     ]
-    assert problems[2].what == "congestion: transmit wait 2e+06/s"
+    assert [p.what for p in problems] == [
+        "link downed +1 (0.5/s)",
+        "transmit discards +6 (3/s)",
+        "congestion: transmit wait 2e+06/s",
+    ]
+    # without deltas (a reader that only has rates) the same worries, said as rates
+    assert [p.what for p in port_problems(port_like(), rates.get)][:2] == [
+        "link downed 0.5/s",
+        "transmit discards 3/s",
+    ]
     assert port_problems(port_like(), {"rp_cnp_handled": 50_000.0}.get)[0].severity is (
         Severity.CRITICAL
     )

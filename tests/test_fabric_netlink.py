@@ -24,6 +24,7 @@ from gpuconsole.readings.fabric import port_problems
 from gpuconsole.sources.fabric import FabricSource
 from tests.fabric_fixtures import FakeSysfs
 from tests.peers import require_peer, require_program
+from tests.waiting import until
 
 SUBNET = "10.213.7"
 
@@ -50,6 +51,23 @@ class VethPair:
             "rx_bytes": stats["rx"]["bytes"],
             "rx_packets": stats["rx"]["packets"],
         }
+
+    async def settled(self) -> dict[str, int]:
+        """dev_a's statistics once two reads a quarter second apart agree: the peer's ICMP
+        replies to the test's datagrams have landed, and nothing else talks here."""
+        loop = asyncio.get_running_loop()
+        stats, at = self.kernel_stats(), loop.time()
+
+        def quiet() -> bool:
+            nonlocal stats, at
+            if loop.time() - at < 0.25:
+                return False
+            now = self.kernel_stats()
+            same, stats, at = now == stats, now, loop.time()
+            return same
+
+        await until(quiet)
+        return stats
 
     def send_udp(self, count: int, size: int) -> None:
         code = (
@@ -105,14 +123,10 @@ def roce_tree(root: Path, netdev: str) -> None:
     )
 
 
-async def wait_for(events: list[Event], kind: str, timeout: float = 5.0) -> Event:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        for event in events:
-            if event.kind == kind:
-                return event
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"no {kind} event in {[e.kind for e in events]}")
+async def wait_for(events: list[Event], kind: str) -> Event:
+    """The first event of `kind`, once the netlink notification has arrived."""
+    await until(lambda: any(e.kind == kind for e in events))
+    return next(e for e in events if e.kind == kind)
 
 
 async def test_traffic_over_the_veth_shows_up_as_the_kernel_counts_it(
@@ -127,10 +141,10 @@ async def test_traffic_over_the_veth_shows_up_as_the_kernel_counts_it(
     before = first.port("mlx5_1")
     assert before is not None and before.netdev_stats is not None, before
     veth.send_udp(200, 1000)
-    await asyncio.sleep(0.2)  # the peer's ICMP replies land too
+    kernel = await veth.settled()
     ticks[0] += 1.0
     node = (await hub.poll_once()).nodes[0]
-    kernel = veth.kernel_stats()
+    assert veth.kernel_stats() == kernel  # nothing moved while the source read
     assert node.fabric is not None
     port = node.fabric.port("mlx5_1")
     assert port is not None and port.netdev_stats is not None

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from gpuconsole import codec
 from gpuconsole.hub import Hub
-from gpuconsole.model import Event, NodeSnapshot, Severity
-from gpuconsole.readings.fabric import AffinityFlag, port_problems, port_rates, port_traffic
+from gpuconsole.model import Event, FleetSnapshot, NodeSnapshot, Severity
+from gpuconsole.readings.fabric import (
+    AffinityFlag,
+    FabricPort,
+    PortProblem,
+    port_deltas,
+    port_problems,
+    port_rates,
+    port_traffic,
+)
+from gpuconsole.readings.remote import RemoteReading
 from gpuconsole.sim.cluster import demo_hub
 from gpuconsole.sim.fabric import SimFabricSource
 from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.profiles import DGX_A100, DGX_H100, NodeProfile
+from gpuconsole.sources.base import EmitEvent
 
 
 class Clock:
@@ -38,6 +50,9 @@ class World:
     async def __aexit__(self, *exc: object) -> None:
         await self.hub.stop()
 
+    def problems(self, node: NodeSnapshot, port: FabricPort) -> tuple[PortProblem, ...]:
+        return port_problems(port, port_rates(node.rate, port), port_deltas(node.delta, port))
+
     async def at(self, t: float) -> NodeSnapshot:
         self.clock.now = t
         node = self.hub._nodes[self.sim.name]
@@ -61,7 +76,7 @@ async def test_a_dgx_h100_shows_eight_ndr_rails_and_two_storage_ports_moving_wit
         tx, rx = port_traffic(port, port_rates(node.rate, port))
         assert tx is not None and rx is not None
         assert 1e9 < tx < 50e9 and 0.9 * tx < rx < tx  # GB/s, below the 50 GB/s line rate
-        assert not port_problems(port, port_rates(node.rate, port))
+        assert not w.problems(node, port)
     assert storage[0].netdev_error == "netdev stats unavailable: no netdev enp41s0f0np0"
     assert [g.flags for g in fabric.gpus] == [()] * 8
 
@@ -79,27 +94,72 @@ async def test_a_flapping_port_goes_down_counts_it_and_comes_back() -> None:
         ("link_down", Severity.CRITICAL, "mlx5_4/1 (compute) link down (sysfs)"),
         ("link_up", Severity.INFO, "mlx5_4/1 (compute) link up (sysfs)"),
     ]
-    problems = port_problems(during, port_rates(down.rate, during))
-    assert [p.severity for p in problems][:2] == [Severity.CRITICAL, Severity.CRITICAL]
-    assert {p.counter for p in problems} >= {None, "link_downed", "symbol_error"}
+    # the counters count the flap too, as deltas over the poll that saw it, and the hub
+    # turns them into events with their severity
+    assert down.delta("fabric", "mlx5_4", "1", "link_downed") == 1
+    problems = w.problems(down, during)
+    assert [(p.severity, p.what) for p in problems] == [
+        (Severity.CRITICAL, "link down (Polling)"),
+        (Severity.CRITICAL, "link downed +1 (0.25/s)"),
+        (Severity.WARNING, "link error recovery +2 (0.5/s)"),
+        (Severity.WARNING, "symbol errors +37 (9.25/s)"),
+    ]
+    counted = [(e.severity, e.message) for e in w.hub.events() if e.kind == "port_errors"]
+    assert counted == [
+        (Severity.CRITICAL, "mlx5_4/1 (compute) link downed +1 in 4 s"),
+        (Severity.WARNING, "mlx5_4/1 (compute) link error recovery +2 in 4 s"),
+        (Severity.WARNING, "mlx5_4/1 (compute) symbol errors +37 in 4 s"),
+    ]
+    assert not w.problems(back, after)  # up again, and the counters stood still since
     gpu = down.fabric.gpu(DGX_H100.gpus[2].bus_id)  # type: ignore[union-attr]
     assert gpu is not None and AffinityFlag.RAIL_DOWN in gpu.flags
     assert during.xmit_bytes_total == before.xmit_bytes_total  # nothing moves on a down link
 
 
-async def test_a_congested_rail_shows_transmit_wait_rising() -> None:
-    async with World("dgx-004", DGX_H100) as w:  # mlx5_9 congested from 10 s on
+async def test_a_congested_rail_shows_transmit_wait_and_its_roce_port_cnps_rising() -> None:
+    async with World("dgx-004", DGX_H100) as w:  # mlx5_9 and mlx5_7 congested from 10 s on
         await w.at(60.0)
-        node = await w.at(62.0)
+        first = await w.at(62.0)
+        later = await w.at(64.0)
     worried = {
-        p.device: [q.what for q in port_problems(p, port_rates(node.rate, p))]
-        for p in node.fabric.ports  # type: ignore[union-attr]
+        p.device: [q.what for q in w.problems(first, p)]
+        for p in first.fabric.ports  # type: ignore[union-attr]
     }
     assert sorted(worried.pop("mlx5_9")) == [
         "congestion: transmit wait 3e+06/s",
-        "out-of-sequence packets 40/s",
+        "out-of-sequence packets +80 (40/s)",
+    ]
+    roce = worried.pop("mlx5_7")  # the storage port, RoCE: ECN marks and CNPs
+    assert [what.split(" 2.")[0] for what in roce if "ECN" in what or "CNP" in what] == [
+        "congestion: ECN-marked packets",
+        "congestion: CNPs sent",
+        "congestion: CNPs handled",
     ]
     assert all(not what for what in worried.values())
+    for counter in ("np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled"):
+        key = ("fabric", "mlx5_7", "1", counter)
+        rising = [first.delta(*key), later.delta(*key)]
+        assert all(d is not None and 4500 < d < 5500 for d in rising), (counter, rising)
+    wait = ("fabric", "mlx5_9", "1", "port_xmit_wait")
+    for node in (first, later):  # 3e6 ticks a second of congestion, and a little load
+        assert 6_000_000 <= (node.delta(*wait) or 0) < 6_100_000
+    # the out-of-sequence packets that came with it started once: one event per port
+    assert [e.message for e in w.hub.events()] == [
+        "mlx5_7/1 (storage) out-of-sequence packets +80 in 2 s",
+        "mlx5_9/1 (compute) out-of-sequence packets +80 in 2 s",
+    ]
+
+
+async def test_roce_ports_mark_a_little_ecn_with_load_and_stay_healthy() -> None:
+    async with World("dgx-001", DGX_H100) as w:
+        await w.at(100.0)
+        node = await w.at(102.0)
+    port = node.fabric.port("mlx5_1")  # type: ignore[union-attr]
+    assert port is not None and port.link_layer == "Ethernet"
+    for counter in ("np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled"):
+        per_s = node.rate("fabric", "mlx5_1", "1", counter)
+        assert per_s is not None and 0 < per_s < 100, (counter, per_s)  # below any alarm
+    assert not w.problems(node, port)
 
 
 async def test_a_downtrained_rail_is_flagged_on_its_gpu() -> None:
@@ -125,6 +185,40 @@ async def test_the_demo_snapshot_with_fabric_round_trips_through_json() -> None:
     assert all(n.fabric is not None for n in snapshot.nodes)
     back = codec.loads(codec.dumps(snapshot))
     assert [n.fabric for n in back.nodes] == [n.fabric for n in snapshot.nodes]
+
+
+class AgentAnswer:
+    """A remote source that answers with one agent snapshot, as the head's RemoteSource does."""
+
+    kind: ClassVar[str] = "remote"
+    interval_s = 1.0
+    timeout_s = 1.0
+
+    def __init__(self, node: NodeSnapshot) -> None:
+        self.node = node.node
+        self.far = node
+
+    async def start(self, emit: EmitEvent) -> None:
+        pass
+
+    async def poll(self) -> RemoteReading:
+        return RemoteReading(0.0, "http://agent", self.far)
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_an_agents_error_deltas_reach_the_head_through_its_json() -> None:
+    async with World("dgx-002", DGX_H100) as w:  # mlx5_4 flaps
+        await w.at(108.0)
+        agent = await w.at(112.0)
+    sent = codec.loads(codec.dumps(FleetSnapshot(1, 112.0, (agent,)))).nodes[0]
+    assert sent.deltas == agent.deltas and sent.delta("fabric", "mlx5_4", "1", "link_downed") == 1
+    head = Hub()
+    head.add_source(AgentAnswer(sent))
+    seen = (await head.poll_once()).node("dgx-002")
+    assert seen is not None and seen.delta("fabric", "mlx5_4", "1", "symbol_error") == 37
+    assert seen.delta("fabric", "mlx5_0", "1", "symbol_error") == 0
 
 
 def test_trees_left_by_killed_demo_processes_are_swept() -> None:

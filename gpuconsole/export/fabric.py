@@ -20,6 +20,7 @@ from gpuconsole.readings.fabric import (
     FabricPort,
     FabricReading,
     normal_bus_id,
+    port_deltas,
     port_problems,
     port_rates,
 )
@@ -85,11 +86,10 @@ def _counters(out: Families, values: Labels, port: FabricPort, fresh: bool) -> N
             if spec is not None:
                 scale = 4 if file in n.IB_DATA_COUNTERS else 1
                 out.counter(spec, labels, values, float(value * scale))
+    if fresh and port.hw_counters_lifespan_ms is not None:
+        # milliseconds in sysfs; whole seconds, as node_exporter divides them (10 ms: 0)
+        out.gauge(n.IB_LIFESPAN, labels, values, float(port.hw_counters_lifespan_ms // 1000))
     for file, value, _bits in port.hw_counters:
-        if file == n.IB_LIFESPAN_FILE:
-            if fresh:  # milliseconds, whole seconds as node_exporter divides them
-                out.gauge(n.IB_LIFESPAN, labels, values, float(value // 1000))
-            continue
         spec = n.IB_COUNTERS.get(file)
         if spec is None:
             out.counter(n.FABRIC_HW_STAT, _HW, (*values, file), float(value))
@@ -124,7 +124,7 @@ def _port_state(
     if port.expected_rate_gbps is not None:
         expected = float(int(port.expected_rate_gbps * BYTES_PER_S_PER_GBPS))
         out.gauge(n.FABRIC_PORT_EXPECTED_RATE, n.IB_PORT_LABELS, values, expected)
-    problems = port_problems(port, port_rates(node.rate, port))
+    problems = port_problems(port, port_rates(node.rate, port), port_deltas(node.delta, port))
     worst = _SEVERITY[problems[0].severity] if problems else 0.0
     out.gauge(n.FABRIC_PORT_SEVERITY, n.IB_PORT_LABELS, values, worst)
     keys = Counter((_problem_key(port, p.counter, p.what), p.severity.value) for p in problems)

@@ -33,7 +33,8 @@ class Health(enum.StrEnum):
 class CounterSample(NamedTuple):
     """One raw, monotonically increasing counter as read, with its width in bits.
 
-    `history` asks the hub to keep the derived rate in a sparkline ring as well.
+    `history` asks the hub to keep the derived rate in a sparkline ring as well; `delta`
+    asks it to keep how far the counter moved over the interval (error counters).
     (A NamedTuple: a node yields hundreds of these per poll.)
     """
 
@@ -41,6 +42,7 @@ class CounterSample(NamedTuple):
     value: int
     bits: int = 64
     history: bool = False
+    delta: bool = False
 
 
 @dataclass(frozen=True, slots=True)

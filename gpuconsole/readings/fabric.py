@@ -1,18 +1,21 @@
 """fabric readings: RDMA ports, their netdevs, and which NIC each GPU should use.
 
 Counters keep the sysfs file names (`port_xmit_data`, `np_cnp_sent`) and raw values as
-read, so the exporter can map them to node_exporter's names; the hub derives rates.
-`port_problems` is the one place that turns a port plus its rates into worries.
+read, so the exporter can map them to node_exporter's names; the hub derives rates, and
+for error and congestion counters how far each moved over the interval (its delta).
+`port_problems` is the one place that turns a port plus its rates and deltas into worries,
+and `FabricReading.delta_events` the one place that turns climbing errors into events.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from gpuconsole.readings.base import CounterSample, Key, Severity
+from gpuconsole.readings.base import CounterSample, Event, Key, Severity
 
 # port_{xmit,rcv}_data count octets divided by 4.
 DATA_OCTETS_PER_UNIT = 4
@@ -20,6 +23,7 @@ DATA_OCTETS_PER_UNIT = 4
 LEVELS = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")
 
 RateLookup = Callable[[str], float | None]
+DeltaLookup = Callable[[str], int | None]
 
 
 class PortRole(enum.StrEnum):
@@ -89,6 +93,8 @@ class FabricPort:
     counters: tuple[tuple[str, int, int], ...] = ()
     hw_counters: tuple[tuple[str, int, int], ...] = ()
     no_pma: bool = False  # counters/* read "N/A (no PMA)"
+    # hw_counters/lifespan: how long (ms) the driver caches hw_counters reads; a setting
+    hw_counters_lifespan_ms: int | None = None
 
     @property
     def name(self) -> str:
@@ -218,10 +224,16 @@ class FabricReading:
                 number = str(port.port)
                 for name, value, bits in port.counters:
                     yield CounterSample(
-                        port_key(dev.name, number, name), value, bits, name in _HISTORY
+                        port_key(dev.name, number, name),
+                        value,
+                        bits,
+                        name in _HISTORY,
+                        name in _DELTAS,
                     )
                 for name, value, bits in port.hw_counters:
-                    yield CounterSample(port_key(dev.name, number, name), value, bits)
+                    yield CounterSample(
+                        port_key(dev.name, number, name), value, bits, False, name in _DELTAS
+                    )
                 stats = port.netdev_stats
                 if stats is not None:
                     for name in NETDEV_COUNTERS:
@@ -230,10 +242,43 @@ class FabricReading:
                             getattr(stats, name),
                             64,
                             name in _HISTORY,
+                            f"netdev.{name}" in _DELTAS,
                         )
 
     def series(self) -> Iterator[tuple[Key, float]]:
         return iter(())
+
+    def delta_events(
+        self,
+        node: str,
+        at: float,
+        deltas: Mapping[Key, int],
+        before: Mapping[Key, int],
+        interval_s: float,
+    ) -> Iterator[Event]:
+        """Error counters that started to climb this interval, one event each, with the
+        rule's severity; the hub calls this with the deltas it derived.
+
+        A counter that keeps climbing is one event when it starts, not one per poll: the
+        port's problems say that it still climbs.
+        """
+        for port in self.ports:
+            number = str(port.port)
+            for rule in ERROR_RULES:
+                key = _counter_key(port.device, number, rule.counter)
+                moved = deltas.get(key)
+                if moved is None or not rule.erring(moved, interval_s):
+                    continue
+                if rule.erring(before.get(key, 0), interval_s):
+                    continue  # it was climbing already
+                yield Event(
+                    at,
+                    node,
+                    "fabric",
+                    "port_errors",
+                    rule.severity,
+                    f"{port.name} ({port.role}) {rule.words} +{moved} in {interval_s:.3g} s",
+                )
 
 
 _HISTORY = frozenset({"port_xmit_data", "port_rcv_data", "rx_bytes", "tx_bytes"})
@@ -251,6 +296,13 @@ def netdev_key(device: str, port: str, name: str) -> Key:
     return ("fabric", device, port, "netdev", name)
 
 
+def _counter_key(device: str, port: str, name: str) -> Key:
+    """The rate key of a counter named as the rules name it ("netdev.rx_errors")."""
+    if name.startswith("netdev."):
+        return netdev_key(device, port, name[7:])
+    return port_key(device, port, name)
+
+
 def normal_bus_id(bus_id: str) -> str:
     """'00000000:18:00.0' (NVML) or '0000:18:00.0' (sysfs) as sysfs writes it, lower case."""
     parts = bus_id.strip().lower().split(":")
@@ -266,9 +318,18 @@ def port_rates(rates: Callable[..., float | None], port: FabricPort) -> RateLook
     number = str(port.port)
 
     def lookup(name: str) -> float | None:
-        if name.startswith("netdev."):
-            return rates("fabric", port.device, number, "netdev", name[7:])
-        return rates("fabric", port.device, number, name)
+        return rates(*_counter_key(port.device, number, name))
+
+    return lookup
+
+
+def port_deltas(deltas: Callable[..., int | None], port: FabricPort) -> DeltaLookup:
+    """A delta lookup for one port from NodeSnapshot.delta: name -> how far the counter
+    moved over the last interval (error and congestion counters)."""
+    number = str(port.port)
+
+    def lookup(name: str) -> int | None:
+        return deltas(*_counter_key(port.device, number, name))
 
     return lookup
 
@@ -292,41 +353,69 @@ class PortProblem:
     what: str
     counter: str | None = None  # the counter behind it, when there is one
     per_s: float | None = None
+    delta: int | None = None  # how far that counter moved over the last interval
 
 
-# (counter, words, severity, per-second rate from which it counts)
-ERROR_RULES: tuple[tuple[str, str, Severity, float], ...] = (
-    ("link_downed", "link went down", Severity.CRITICAL, 0.0),
-    ("link_error_recovery", "link error recovery", Severity.WARNING, 0.0),
-    ("symbol_error", "symbol errors", Severity.WARNING, 0.0),
-    ("port_rcv_errors", "receive errors", Severity.WARNING, 0.0),
-    ("port_rcv_remote_physical_errors", "remote physical errors", Severity.WARNING, 0.0),
-    ("local_link_integrity_errors", "link integrity errors", Severity.WARNING, 0.0),
-    ("excessive_buffer_overrun_errors", "buffer overruns", Severity.WARNING, 0.0),
-    ("port_xmit_discards", "transmit discards", Severity.WARNING, 0.0),
-    ("netdev.rx_errors", "netdev receive errors", Severity.WARNING, 0.0),
-    ("netdev.tx_errors", "netdev transmit errors", Severity.WARNING, 0.0),
-    ("out_of_sequence", "out-of-sequence packets", Severity.WARNING, 1.0),
-    ("packet_seq_err", "packet sequence errors", Severity.WARNING, 1.0),
-    ("local_ack_timeout_err", "ack timeouts", Severity.WARNING, 0.0),
-    ("roce_adp_retrans", "retransmits", Severity.WARNING, 1.0),
-    ("req_transport_retries_exceeded", "transport retries exceeded", Severity.CRITICAL, 0.0),
-    ("rnr_nak_retry_err", "RNR retries exceeded", Severity.WARNING, 0.0),
+class ErrorRule(NamedTuple):
+    """An error counter: any climb past `floor_per_s` is a problem of `severity`."""
+
+    counter: str  # sysfs file name, or "netdev.<stat>" for the netdev's statistics
+    words: str
+    severity: Severity
+    floor_per_s: float = 0.0  # counters that climb a little under healthy load
+
+    def erring(self, moved: int, interval_s: float) -> bool:
+        return moved > 0 and moved / interval_s > self.floor_per_s
+
+
+class CongestionRule(NamedTuple):
+    """A congestion counter: a warning past `warn_per_s`, critical past `critical_per_s`."""
+
+    counter: str
+    words: str
+    warn_per_s: float
+    critical_per_s: float
+
+
+ERROR_RULES: tuple[ErrorRule, ...] = (
+    ErrorRule("link_downed", "link downed", Severity.CRITICAL),
+    ErrorRule("link_error_recovery", "link error recovery", Severity.WARNING),
+    ErrorRule("symbol_error", "symbol errors", Severity.WARNING),
+    ErrorRule("port_rcv_errors", "receive errors", Severity.WARNING),
+    ErrorRule("port_rcv_remote_physical_errors", "remote physical errors", Severity.WARNING),
+    ErrorRule("local_link_integrity_errors", "link integrity errors", Severity.WARNING),
+    ErrorRule("excessive_buffer_overrun_errors", "buffer overruns", Severity.WARNING),
+    ErrorRule("port_xmit_discards", "transmit discards", Severity.WARNING),
+    ErrorRule("netdev.rx_errors", "netdev receive errors", Severity.WARNING),
+    ErrorRule("netdev.tx_errors", "netdev transmit errors", Severity.WARNING),
+    ErrorRule("out_of_sequence", "out-of-sequence packets", Severity.WARNING, 1.0),
+    ErrorRule("packet_seq_err", "packet sequence errors", Severity.WARNING, 1.0),
+    ErrorRule("local_ack_timeout_err", "ack timeouts", Severity.WARNING),
+    ErrorRule("roce_adp_retrans", "retransmits", Severity.WARNING, 1.0),
+    ErrorRule("req_transport_retries_exceeded", "transport retries exceeded", Severity.CRITICAL),
+    ErrorRule("rnr_nak_retry_err", "RNR retries exceeded", Severity.WARNING),
 )
 # Congestion: CNPs and ECN marks (RoCE), and transmit wait ticks (IB credits starved).
-CONGESTION_RULES: tuple[tuple[str, str, float, float], ...] = (
-    ("np_ecn_marked_roce_packets", "ECN-marked packets", 100.0, 10_000.0),
-    ("np_cnp_sent", "CNPs sent", 100.0, 10_000.0),
-    ("rp_cnp_handled", "CNPs handled", 100.0, 10_000.0),
-    ("port_xmit_wait", "transmit wait", 1e5, 1e7),
+CONGESTION_RULES: tuple[CongestionRule, ...] = (
+    CongestionRule("np_ecn_marked_roce_packets", "ECN-marked packets", 100.0, 10_000.0),
+    CongestionRule("np_cnp_sent", "CNPs sent", 100.0, 10_000.0),
+    CongestionRule("rp_cnp_handled", "CNPs handled", 100.0, 10_000.0),
+    CongestionRule("port_xmit_wait", "transmit wait", 1e5, 1e7),
 )
+# The counters whose per-interval delta the hub keeps.
+_DELTAS = frozenset(r.counter for r in ERROR_RULES) | frozenset(r.counter for r in CONGESTION_RULES)
 
 
-def port_problems(port: FabricPort, rate: RateLookup) -> tuple[PortProblem, ...]:
-    """What is wrong with a port now, worst first; `rate` gives a counter's per-second rate.
+def port_problems(
+    port: FabricPort, rate: RateLookup, delta: DeltaLookup | None = None
+) -> tuple[PortProblem, ...]:
+    """What is wrong with a port now, worst first; `rate` gives a counter's per-second rate
+    and `delta` how far it moved over the last interval.
 
-    Down compute and storage rails are critical, a down management port a warning;
-    error counters that moved since the last poll are worries; so is congestion.
+    Down compute and storage rails are critical, a down management port a warning; error
+    counters that climbed over the last interval are problems of their rule's severity, said
+    as the delta ("symbol errors +37 (18.5/s)"); so is congestion. Without `delta` the
+    errors are judged and said by their rates alone.
     """
     found: list[PortProblem] = []
     if not port.active:
@@ -342,20 +431,32 @@ def port_problems(port: FabricPort, rate: RateLookup) -> tuple[PortProblem, ...]
         found.append(PortProblem(Severity.WARNING, f"netdev {stats.ifname} {stats.operstate}"))
     for counter, words, severity, floor in ERROR_RULES:
         per_s = rate(counter)
-        if per_s is not None and per_s > floor:
-            found.append(PortProblem(severity, f"{words} {per_s:.3g}/s", counter, per_s))
+        if delta is None:
+            if per_s is not None and per_s > floor:
+                found.append(PortProblem(severity, f"{words} {per_s:.3g}/s", counter, per_s))
+            continue
+        moved = delta(counter)
+        if not moved or (per_s is not None and per_s <= floor):
+            continue
+        said = f"{words} +{moved}" + (f" ({per_s:.3g}/s)" if per_s is not None else "")
+        found.append(PortProblem(severity, said, counter, per_s, moved))
     for counter, words, warn, critical in CONGESTION_RULES:
         per_s = rate(counter)
         if per_s is None or per_s <= warn:
             continue
         severity = Severity.CRITICAL if per_s > critical else Severity.WARNING
-        found.append(PortProblem(severity, f"congestion: {words} {per_s:.3g}/s", counter, per_s))
+        moved = delta(counter) if delta is not None else None
+        found.append(
+            PortProblem(severity, f"congestion: {words} {per_s:.3g}/s", counter, per_s, moved)
+        )
     order = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
     found.sort(key=lambda p: order[p.severity])
     return tuple(found)
 
 
-def port_severity(port: FabricPort, rate: RateLookup) -> Severity | None:
+def port_severity(
+    port: FabricPort, rate: RateLookup, delta: DeltaLookup | None = None
+) -> Severity | None:
     """The worst of `port_problems`, or None for a healthy port."""
-    problems = port_problems(port, rate)
+    problems = port_problems(port, rate, delta)
     return problems[0].severity if problems else None

@@ -75,6 +75,12 @@ ROCE_HW_COUNTERS = (
     "roce_slow_restart",
 )
 SPEEDS = {400: "4X NDR", 200: "4X HDR", 100: "4X EDR", 50: "2X HDR", 25: "1X EDR"}
+# A RoCE port under healthy load sees the odd ECN mark (and answers with a CNP): one per
+# this many bytes it carries, a few a second at storage load, far below a congestion alarm.
+ECN_MARK_EVERY_BYTES = 1 << 26
+# A congested port: ECN marks and transmit-wait ticks a second (on top of the above).
+CONGESTED_ECN_PER_S = 2500
+CONGESTED_XMIT_WAIT_PER_S = 3_000_000
 # Each simulated node writes its own small tree; past this many nodes the rest go without.
 SIM_FABRIC_MAX_NODES = 64
 FLAP_PERIOD_S = 90.0
@@ -91,14 +97,18 @@ class FabricScenario:
 
 
 def demo_fabric_scenarios(node: str, profile: NodeProfile) -> tuple[FabricScenario, ...]:
-    """The demo cluster's fabric trouble: a flapping rail, a congested one, a downtrained one."""
+    """The demo cluster's fabric trouble: a flapping rail, a congested one (its transmit wait
+    climbing, and on the same node a RoCE storage port marking ECN and sending CNPs), a
+    downtrained one."""
     compute = [n.name for n in profile.nics if n.role == "compute"]
+    roce = [n.name for n in profile.nics if n.role == "storage" and n.link_layer == "Ethernet"]
     if not compute:
         return ()
     if node in ("dgx-002", "dgxa-002"):
         return (FabricScenario("flap", compute[2 % len(compute)], 20.0),)
     if node == "dgx-004":
-        return (FabricScenario("congestion", compute[5 % len(compute)], 10.0),)
+        rail = FabricScenario("congestion", compute[5 % len(compute)], 10.0)
+        return (rail, *(FabricScenario("congestion", name, 10.0) for name in roce[-1:]))
     if node == "dgx-003":
         return (FabricScenario("downtrain", compute[-1]),)
     return ()
@@ -330,7 +340,7 @@ class SimFabricTree:
             "counters/port_rcv_packets": int(rx) // mtu,
             "counters/unicast_xmit_packets": int(tx) // mtu,
             "counters/unicast_rcv_packets": int(rx) // mtu,
-            "counters/port_xmit_wait": int(tx / 1e7) + int(since * 3e6),
+            "counters/port_xmit_wait": int(tx / 1e7) + int(since * CONGESTED_XMIT_WAIT_PER_S),
             "counters/link_downed": flaps,
             "counters/link_error_recovery": 2 * flaps,
             "counters/symbol_error": 37 * flaps,
@@ -338,9 +348,14 @@ class SimFabricTree:
             "hw_counters/out_of_sequence": int(since * 40),
         }
         if not ib:
-            values["hw_counters/np_ecn_marked_roce_packets"] = int(since * 2500)
-            values["hw_counters/rp_cnp_handled"] = int(since * 2400)
-            values["hw_counters/np_cnp_sent"] = int(since * 2500)
+            # As the notification point this port marks what it receives and sends a CNP per
+            # mark; as the reaction point it handles the CNPs its own sending provoked.
+            marked = int(rx) // ECN_MARK_EVERY_BYTES + int(since * CONGESTED_ECN_PER_S)
+            values["hw_counters/np_ecn_marked_roce_packets"] = marked
+            values["hw_counters/np_cnp_sent"] = marked
+            values["hw_counters/rp_cnp_handled"] = int(tx) // ECN_MARK_EVERY_BYTES + int(
+                since * CONGESTED_ECN_PER_S * 0.96
+            )
         written = self._written
         for rel, value in values.items():
             if "hw_counters" in rel:

@@ -3,8 +3,9 @@
 Layout (Documentation/ABI/stable/sysfs-class-infiniband): per device fw_ver, board_id,
 hca_type, node_guid and a `device` link to the PCI function; per port state ("4: ACTIVE"),
 phys_state ("5: LinkUp"), rate ("400 Gb/sec (4X NDR)"), link_layer, lid, sm_lid,
-counters/* and, on mlx5, hw_counters/*. A counter reading "N/A (no PMA)" is skipped, as
-node_exporter does; a file or device vanishing mid-read drops only what vanished.
+counters/* and, on mlx5, hw_counters/* (whose `lifespan` is a setting, not a counter).
+A counter reading "N/A (no PMA)" is skipped, as node_exporter does; a file or device
+vanishing mid-read drops only what vanished.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ EXTENDED = frozenset(
 EXTENDED_PMA_DRIVERS = ("mlx5_",)
 _RATE = re.compile(r"^\s*([\d.]+)\s*Gb/sec\s*\((\d+)X\s*([A-Za-z0-9]*)\)")
 NO_PMA = "N/A (no PMA)"
+LIFESPAN = "lifespan"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,7 @@ class IbPort:
     counters: tuple[tuple[str, int, int], ...]
     hw_counters: tuple[tuple[str, int, int], ...]
     no_pma: bool
+    lifespan_ms: int | None = None  # hw_counters/lifespan: how long reads are cached
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,7 @@ class _PortLayout:
     counters: list[str]
     hw_counters: list[str]
     extended: bool
+    lifespan_ms: int | None
 
 
 @dataclass
@@ -209,14 +213,23 @@ class InfinibandReader:
                 if not port_name.isdigit():
                     continue
                 path = os.path.join(base, "ports", port_name)
+                hw = _list(os.path.join(path, "hw_counters"))
+                # lifespan is how long (ms) mlx5 caches hw_counters reads: a setting an
+                # admin changes rarely, so it is read with the layout, not every poll.
+                lifespan = (
+                    _int(_read(os.path.join(path, "hw_counters", LIFESPAN)))
+                    if LIFESPAN in hw
+                    else None
+                )
                 ports.append(
                     _PortLayout(
                         name,
                         int(port_name),
                         path,
                         _list(os.path.join(path, "counters")),
-                        [c for c in _list(os.path.join(path, "hw_counters")) if c != "lifespan"],
+                        [c for c in hw if c != LIFESPAN],
                         extended,
+                        lifespan,
                     )
                 )
             layout.append(
@@ -266,6 +279,7 @@ class InfinibandReader:
             counters=counters,
             hw_counters=hw,
             no_pma=no_pma,
+            lifespan_ms=layout.lifespan_ms,
         )
 
     def _counters(

@@ -247,6 +247,7 @@ class FabricSource:
             counters=p.counters,
             hw_counters=p.hw_counters,
             no_pma=p.no_pma,
+            hw_counters_lifespan_ms=p.lifespan_ms,
         )
 
     # --- events ----------------------------------------------------------------------
