@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpuconsole.model import CounterSample, Key
+from gpuconsole.model import Key, RawCounter
 
 
 def counter_delta(previous: int, current: int, bits: int) -> int | None:
@@ -30,33 +30,41 @@ class RateTracker:
         # that moved (errors are rare, so this stays small), and the interval it covers.
         self.deltas: dict[Key, int] = {}
         self.interval_s: float | None = None
+        # Of the last update: the rates of the counters sampled with `history`.
+        self.history: list[tuple[Key, float]] = []
 
-    def update(self, samples: Iterable[CounterSample], at: float) -> dict[Key, float]:
+    def update(self, samples: Iterable[RawCounter], at: float) -> dict[Key, float]:
         """Rates since the previous update; counters seen for the first time have none."""
         rates: dict[Key, float] = {}
         deltas: dict[Key, int] = {}
-        last = self._last
+        history: list[tuple[Key, float]] = []
         seen: dict[Key, int] = {}
         dt = at - self._last_at if self._last_at is not None else 0.0
-        for key, value, bits, _history, keep_delta in samples:
+        last = self._last if dt > 0 else {}  # no interval to divide by: only record
+        previous = last.get
+        # One pass, no helper calls but for a counter that went back: a DGX yields
+        # hundreds of counters a poll and this loop is most of the hub's work.
+        for key, value, bits, keep_history, keep_delta in samples:
             seen[key] = value
-            prev = last.get(key)
-            if prev is None or dt <= 0:
+            prev = previous(key)
+            if prev is None:
                 continue
-            if value >= prev:
-                moved = value - prev
-            else:
+            moved = value - prev
+            if moved < 0:
                 wrapped = counter_delta(prev, value, bits)
                 if wrapped is None:
                     self.resets += 1
                     continue
                 moved = wrapped
-            rates[key] = moved / dt
+            rate = rates[key] = moved / dt
+            if keep_history:
+                history.append((key, rate))
             if keep_delta and moved:
                 deltas[key] = moved
         # Counters that vanished (a GPU lost, a port gone) are forgotten.
         self._last = seen
         self._last_at = at
         self.deltas = deltas
+        self.history = history
         self.interval_s = dt if dt > 0 else None
         return rates

@@ -227,8 +227,7 @@ class Hub:
         now = self._clock()
         node.readings[kind] = reading
         tracker = node.trackers.setdefault(kind, RateTracker())
-        samples = list(reading.counters())
-        rates = tracker.update(samples, self._monotonic())
+        rates = tracker.update(reading.counters(), self._monotonic())
         node.rates[kind] = rates
         deltas, before = tracker.deltas, node.deltas.get(kind, {})
         node.deltas[kind] = deltas
@@ -239,7 +238,7 @@ class Hub:
             for event in delta_events(node.name, now, deltas, before, tracker.interval_s):
                 self.post_event(event)
         node.history.record(reading.series())
-        node.history.record((s.key, rates[s.key]) for s in samples if s.history and s.key in rates)
+        node.history.record(tracker.history)
         old = state.status
         if not old.ok and old.polls > 0 and old.stale_since is not None:
             self.post_event(

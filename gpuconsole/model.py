@@ -24,6 +24,7 @@ from gpuconsole.readings.base import (
     Event,
     Health,
     Key,
+    RawCounter,
     Severity,
     SourceStatus,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "NvmlReading",
     "PcieReading",
     "ProcessReading",
+    "RawCounter",
     "RemoteKind",
     "Severity",
     "SourceStatus",
@@ -259,38 +261,50 @@ class NvmlReading:
                 return gpu
         return None
 
-    def counters(self) -> Iterator[CounterSample]:
+    def counters(self) -> Iterator[RawCounter]:
+        # Plain tuples of CounterSample's fields: this is the hub's hottest loop.
         for gpu in self.gpus:
             keys = _gpu_keys(gpu.uuid)
             if gpu.energy_mj_total is not None:
-                yield CounterSample(keys[0], gpu.energy_mj_total)
+                yield keys[0], gpu.energy_mj_total, 64, False, False
             pcie = gpu.pcie
             if pcie.tx_bytes_total is not None:
-                yield CounterSample(keys[1], pcie.tx_bytes_total, 64, True)
+                yield keys[1], pcie.tx_bytes_total, 64, True, False
             if pcie.rx_bytes_total is not None:
-                yield CounterSample(keys[2], pcie.rx_bytes_total, 64, True)
+                yield keys[2], pcie.rx_bytes_total, 64, True, False
             if pcie.replay_count is not None:
-                yield CounterSample(keys[3], pcie.replay_count)
-            for link in gpu.nvlinks:
-                tx_key, rx_key = _link_keys(gpu.uuid, link.link)
-                if link.tx_kib_total is not None:
-                    yield CounterSample(tx_key, link.tx_kib_total)
-                if link.rx_kib_total is not None:
-                    yield CounterSample(rx_key, link.rx_kib_total)
+                yield keys[3], pcie.replay_count, 64, False, False
+            if gpu.nvlinks:
+                link_keys = _link_keys(gpu.uuid)
+                for link in gpu.nvlinks:
+                    tx_key, rx_key = link_keys[link.link]
+                    if link.tx_kib_total is not None:
+                        yield tx_key, link.tx_kib_total, 64, False, False
+                    if link.rx_kib_total is not None:
+                        yield rx_key, link.rx_kib_total, 64, False, False
 
     def series(self) -> Iterator[tuple[Key, float]]:
         """Gauges worth a sparkline."""
         for gpu in self.gpus:
-            base = ("gpu", gpu.uuid)
-            for name in ("util_gpu_pct", "temp_gpu_c", "power_w", "sm_clock_mhz"):
+            keys = _series_keys(gpu.uuid)
+            for name, key in zip(GAUGE_SERIES, keys, strict=False):
                 value = getattr(gpu, name)
                 if value is not None:
-                    yield (*base, name), float(value)
+                    yield key, float(value)
             used = gpu.mem_used_pct
             if used is not None:
-                yield (*base, "mem_used_pct"), used
+                yield keys[-2], used
             if gpu.gpm is not None and gpu.gpm.sm_util_pct is not None:
-                yield (*base, "sm_util_pct"), gpu.gpm.sm_util_pct
+                yield keys[-1], gpu.gpm.sm_util_pct
+
+
+GAUGE_SERIES = ("util_gpu_pct", "temp_gpu_c", "power_w", "sm_clock_mhz")
+
+
+@functools.lru_cache(maxsize=65536)
+def _series_keys(uuid: str) -> tuple[Key, ...]:
+    """The sparkline keys of a GPU: its gauges, then memory used and GPM SM activity."""
+    return tuple(("gpu", uuid, name) for name in (*GAUGE_SERIES, "mem_used_pct", "sm_util_pct"))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -307,10 +321,16 @@ def _gpu_keys(uuid: str) -> tuple[Key, Key, Key, Key]:
     )
 
 
-@functools.lru_cache(maxsize=65536)
-def _link_keys(uuid: str, link: int) -> tuple[Key, Key]:
-    base = ("gpu", uuid, "nvlink", str(link))
-    return (*base, "tx_kib"), (*base, "rx_kib")
+NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS
+
+
+@functools.lru_cache(maxsize=4096)
+def _link_keys(uuid: str) -> tuple[tuple[Key, Key], ...]:
+    """Each link number's (tx, rx) counter keys."""
+    return tuple(
+        (("gpu", uuid, "nvlink", str(n), "tx_kib"), ("gpu", uuid, "nvlink", str(n), "rx_kib"))
+        for n in range(NVLINK_MAX_LINKS)
+    )
 
 
 # --- Node and fleet ---------------------------------------------------------------

@@ -35,7 +35,6 @@ class CounterSample(NamedTuple):
 
     `history` asks the hub to keep the derived rate in a sparkline ring as well; `delta`
     asks it to keep how far the counter moved over the interval (error counters).
-    (A NamedTuple: a node yields hundreds of these per poll.)
     """
 
     key: Key
@@ -43,6 +42,12 @@ class CounterSample(NamedTuple):
     bits: int = 64
     history: bool = False
     delta: bool = False
+
+
+# What the hub takes: CounterSample's five fields in a plain tuple (a CounterSample is one).
+# A DGX's NVLinks alone are 288 counters a poll, and building a plain tuple costs a fifth
+# of building a NamedTuple, so the NVML reading yields these.
+RawCounter = tuple[Key, int, int, bool, bool]
 
 
 @dataclass(frozen=True, slots=True)

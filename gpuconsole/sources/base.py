@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import ClassVar, Protocol, runtime_checkable
 
-from gpuconsole.model import CounterSample, Event, Key
+from gpuconsole.model import Event, Key, RawCounter
 
 EmitEvent = Callable[[Event], None]
 
@@ -13,7 +13,7 @@ EmitEvent = Callable[[Event], None]
 class Reading(Protocol):
     """A partial reading: raw counters for rates, gauges for history."""
 
-    def counters(self) -> Iterator[CounterSample]: ...
+    def counters(self) -> Iterator[RawCounter]: ...
 
     def series(self) -> Iterator[tuple[Key, float]]: ...
 
