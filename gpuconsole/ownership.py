@@ -37,6 +37,7 @@ __all__ = [
     "OwnerKind",
     "Ownership",
     "ProblemKind",
+    "ProcessOwner",
     "node_ownership",
     "resolve_owners",
 ]
@@ -116,6 +117,16 @@ class Owner:
 
 
 @dataclass(frozen=True, slots=True)
+class ProcessOwner:
+    """Whom one NVML compute process works for: its cgroup's job, pod or container, else its
+    user; a process in the only pod on its GPU or MIG instance is that pod's."""
+
+    pid: int
+    gpu_instance_id: int | None  # the MIG instance it runs in; None: the whole GPU
+    owner: Owner
+
+
+@dataclass(frozen=True, slots=True)
 class MigOwner:
     """The owners of one MIG instance."""
 
@@ -143,10 +154,25 @@ class GpuOwner:
     owners: tuple[Owner, ...]  # never empty: free or unavailable when nobody holds it
     migs: tuple[MigOwner, ...] = ()
     problems: tuple[Inconsistency, ...] = ()
+    processes: tuple[ProcessOwner, ...] = ()  # NVML's compute processes, in its order
 
     @property
     def owner(self) -> Owner:
         return self.owners[0]
+
+    def mig(self, gpu_instance_id: int) -> MigOwner | None:
+        """One MIG instance's owners, by its GPU instance id."""
+        for mig in self.migs:
+            if mig.gpu_instance_id == gpu_instance_id:
+                return mig
+        return None
+
+    def process_owner(self, pid: int) -> Owner | None:
+        """The owner of one of NVML's compute processes on this GPU, by PID."""
+        for process in self.processes:
+            if process.pid == pid:
+                return process.owner
+        return None
 
     @property
     def kind(self) -> OwnerKind:
@@ -539,10 +565,11 @@ def _resolve_gpu(entry: _Gpu, hosts: dict[int, HostProcess]) -> GpuOwner:
             )
         )
 
+    by_pid: dict[int, Owner] = {}
     migs = []
     for mig in entry.migs:
         claims = list(entry.mig_claims.get(mig.gpu_instance_id, []))
-        _add_processes(claims, by_gi.get(mig.gpu_instance_id, []), hosts)
+        by_pid.update(_add_processes(claims, by_gi.get(mig.gpu_instance_id, []), hosts))
         where = f"MIG {mig.gpu_instance_id} of {entry.where()}"
         owners, problems = _settle(claims, where, lost)
         if not owners:
@@ -554,8 +581,7 @@ def _resolve_gpu(entry: _Gpu, hosts: dict[int, HostProcess]) -> GpuOwner:
 
     claims = list(entry.claims)
     # a VM-held GPU's host processes are one problem (above), not also a second owner
-    if not in_guest:
-        _add_processes(claims, by_gi.get(None, []), hosts)
+    by_pid.update(_add_processes(claims, by_gi.get(None, []), hosts, claim=not in_guest))
     owners, problems = _settle(claims, entry.where(), lost)
     if migs and not any(o.holds for o in owners):
         # a MIG GPU belongs to whoever holds its instances, each counted once
@@ -574,55 +600,102 @@ def _resolve_gpu(entry: _Gpu, hosts: dict[int, HostProcess]) -> GpuOwner:
         owners=owners,
         migs=tuple(migs),
         problems=tuple(entry.problems + problems),
+        processes=tuple(
+            ProcessOwner(p.pid, p.gpu_instance_id if p.gpu_instance_id in mig_ids else None, owner)
+            for p in processes
+            if (owner := by_pid.get(p.pid)) is not None
+        ),
     )
 
 
-def _add_processes(claims: list[_Claim], pids: list[int], hosts: dict[int, HostProcess]) -> None:
-    """Claims for compute processes; ones in a pod's cgroup belong to the kubelet's pod."""
+def _add_processes(
+    claims: list[_Claim], pids: list[int], hosts: dict[int, HostProcess], *, claim: bool = True
+) -> dict[int, Owner]:
+    """Claims for compute processes (unless `claim` is False), and each PID's owner.
+
+    Processes in a pod's cgroup belong to the pod the kubelet names: with one pod on the GPU
+    (or MIG instance) that pod; with several, the cgroup's pod UID is all that says which.
+    """
     if not pids:
-        return
+        return {}
     owners = _process_owners(pids, hosts)
     pods = [k for k, c in enumerate(claims) if c.owner.kind is OwnerKind.POD]
+    by_pid: dict[int, Owner] = {}
     for owner in owners:
+        mapped = owner
         if owner.kind is OwnerKind.POD and pods:
-            # The kubelet already names this pod (cgroups only know its UID). With one pod on
-            # the GPU, its processes' start bounds when the pod took it.
-            if len(pods) == 1 and owner.since is not None:
-                claim = claims[pods[0]]
-                if claim.owner.since is None or owner.since < claim.owner.since:
-                    claims[pods[0]] = _Claim(
-                        replace(claim.owner, since=owner.since, since_observed=False),
-                        claim.exclusive,
+            if len(pods) == 1:
+                # The kubelet already names this pod (cgroups only know its UID). Its
+                # processes' start bounds when the pod took the GPU.
+                held = claims[pods[0]]
+                if owner.since is not None and (
+                    held.owner.since is None or owner.since < held.owner.since
+                ):
+                    held = _Claim(
+                        replace(held.owner, since=owner.since, since_observed=False),
+                        held.exclusive,
                     )
-            continue
-        claims.append(_Claim(owner, exclusive=True))
+                    claims[pods[0]] = held
+                mapped = held.owner
+        elif claim:
+            claims.append(_Claim(owner, exclusive=True))
+        for pid in owner.pids:
+            by_pid[pid] = mapped
+    return by_pid
 
 
 # --- consumers' entry point -------------------------------------------------------------
 
-_CACHE_SIZE = 256
-_cache: OrderedDict[tuple[int, int], tuple[object, object, Ownership]] = OrderedDict()
+# The latest answers per node: the current one and the one before (a viewer a frame behind).
+_PER_NODE = 2
+_MAX_NODES = 8192
+_NvmlKey = tuple[object, ...]
+_cache: OrderedDict[str, list[tuple[_NvmlKey, TenancyReading, Ownership]]] = OrderedDict()
 _cache_lock = threading.Lock()
+
+
+def _nvml_key(nvml: NvmlReading | None) -> _NvmlKey:
+    """What `resolve_owners` reads of NVML's reading, and nothing else.
+
+    NVML's reading is new every poll (utilization, temperatures), but who owns a GPU changes
+    only with its identity, state, processes or MIG layout: keyed on those, a fleet of
+    1,000 nodes resolves only the nodes where one of them changed.
+    """
+    if nvml is None:
+        return ()
+    key: list[object] = []
+    for g in nvml.gpus:  # a loop, not nested generators: this runs for every node every poll
+        key += (g.index, g.uuid, g.pci_bus_id, g.name, g.state, g.lost_since)
+        for p in g.processes:
+            key += ("p", p.pid, p.gpu_instance_id)
+        for m in g.mig_instances:
+            key += ("m", m.gpu_instance_id, m.uuid, m.profile_name)
+    return tuple(key)
 
 
 def node_ownership(node: NodeSnapshot) -> Ownership | None:
     """The ownership of a node's GPUs, or None until its tenancy source has read once.
 
     Snapshots are immutable and shared by every viewer, so the answer is remembered per
-    (NVML reading, tenancy reading) pair: ten consoles resolve a node once per change.
+    node, tenancy reading and what ownership reads of NVML's: ten consoles, and a node whose
+    load moves every second, resolve it once per change of owner-relevant facts. Only the
+    last two answers of a node are kept, so old readings do not pile up on a big fleet.
     """
-    if node.tenancy is None:
+    tenancy = node.tenancy
+    if tenancy is None:
         return None
-    key = (id(node.nvml), id(node.tenancy))
+    key = _nvml_key(node.nvml)
     with _cache_lock:
-        hit = _cache.get(key)
-        # the readings are held by the entry, so their ids cannot be reused while cached
-        if hit is not None and hit[0] is node.nvml and hit[1] is node.tenancy:
-            _cache.move_to_end(key)
-            return hit[2]
-    result = resolve_owners(node.nvml, node.tenancy)
+        for seen_key, seen_tenancy, found in _cache.get(node.node, ()):
+            if seen_tenancy is tenancy and seen_key == key:
+                _cache.move_to_end(node.node)
+                return found
+    result = resolve_owners(node.nvml, tenancy)
     with _cache_lock:
-        _cache[key] = (node.nvml, node.tenancy, result)
-        while len(_cache) > _CACHE_SIZE:
+        entries = _cache.setdefault(node.node, [])
+        entries.insert(0, (key, tenancy, result))
+        del entries[_PER_NODE:]
+        _cache.move_to_end(node.node)
+        while len(_cache) > _MAX_NODES:
             _cache.popitem(last=False)
     return result

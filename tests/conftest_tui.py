@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpuconsole.model import FleetSnapshot
+from gpuconsole.model import FabricReading, FleetSnapshot
 from gpuconsole.sim.cluster import demo_hub
 
 # A fixed instant (2026-11-29 00:53:20 UTC): a frozen clock gives a frozen world.
@@ -68,6 +69,40 @@ def frozen_fleet() -> FleetSnapshot:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             _FROZEN.append(pool.submit(asyncio.run, _frozen_fleet()).result())
     return _FROZEN[0]
+
+
+async def _rail_down_reading(node_name: str, nic: str) -> FabricReading:
+    from gpuconsole.sim.cluster import build_sim_nodes, demo_cluster
+    from gpuconsole.sim.fabric import FabricScenario, SimFabricSource
+
+    sims = build_sim_nodes(demo_cluster(), clock=lambda: FIXED, start=FIXED - 120)
+    sim = next(s for s in sims if s.name == node_name)
+    # A rail that flaps from 115 s on is 5 s into its first outage at FIXED (120 s).
+    flap = FabricScenario("flap", nic, at_s=115.0)
+    source = SimFabricSource(sim, scenarios=(flap,), netlink=False, clock=lambda: FIXED)
+    try:
+        return await source.poll()
+    finally:
+        await source.close()
+
+
+_RAIL_DOWN: dict[tuple[str, str], FleetSnapshot] = {}
+
+
+def fleet_with_rail_down(node_name: str = "dgx-002", nic: str = "mlx5_9") -> FleetSnapshot:
+    """The frozen fleet with one compute rail of a node down, as the real fabric source reads
+    it (its pairing and flags computed from the simulator's sysfs): story 6."""
+    key = (node_name, nic)
+    if key not in _RAIL_DOWN:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            reading = pool.submit(asyncio.run, _rail_down_reading(node_name, nic)).result()
+        fleet = frozen_fleet()
+        nodes = tuple(
+            dataclasses.replace(n, fabric=reading) if n.node == node_name else n
+            for n in fleet.nodes
+        )
+        _RAIL_DOWN[key] = dataclasses.replace(fleet, nodes=nodes)
+    return _RAIL_DOWN[key]
 
 
 @pytest.fixture

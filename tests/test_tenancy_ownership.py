@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from gpuconsole.model import GpuReading, GpuState, MigInstance, NvmlReading, ProcessReading
-from gpuconsole.ownership import OwnerKind, ProblemKind, resolve_owners
+import dataclasses
+
+from gpuconsole.model import (
+    GpuReading,
+    GpuState,
+    MigInstance,
+    NodeSnapshot,
+    NvmlReading,
+    ProcessReading,
+)
+from gpuconsole.ownership import OwnerKind, ProblemKind, node_ownership, resolve_owners
 from gpuconsole.readings.base import Severity
 from gpuconsole.readings.tenancy import (
     Guest,
@@ -304,3 +313,77 @@ def test_processes_nvml_reports_but_proc_does_not_know_are_still_owners() -> Non
     own = resolve_owners(nvml(nvml_gpu(0, pids=(31337,))), TenancyReading(at=0.0, gpus=(pci(0),)))
     owner = own.gpus[0].owner
     assert owner.label == "process pid 31337" and owner.source == "nvml"
+
+
+def test_each_process_resolves_to_its_own_owner_not_the_gpus() -> None:
+    migs = (
+        MigInstance(1, 0, MIG1, "3g.40gb", 3, 60),
+        MigInstance(2, 0, MIG2, "1g.10gb", 1, 16),
+    )
+    processes = (ProcessReading(7, gpu_instance_id=1), ProcessReading(9, gpu_instance_id=2))
+    gpu0 = nvml_gpu(0, mig_enabled=True, mig_instances=migs, processes=processes)
+    tenancy = TenancyReading(
+        at=0.0,
+        gpus=(pci(0),),
+        # the kubelet names the pod by the MIG UUID; its process's cgroup knows only its UID
+        pod_devices=(PodDevice("ns", "infer", "srv", "nvidia.com/mig-3g.40gb", MIG1, MIG1),),
+        processes=(
+            HostProcess(7, "python", "/kubepods/pod-abc", pod_uid="abc", started_at=50.0),
+            HostProcess(9, "python", "/slurm/job_4711", user="bob", slurm_job="4711"),
+        ),
+    )
+    gpu = resolve_owners(nvml(gpu0), tenancy).gpus[0]
+    assert [(p.pid, p.gpu_instance_id, p.owner.label) for p in gpu.processes] == [
+        (7, 1, "pod ns/infer"),
+        (9, 2, "job 4711"),
+    ]
+    one, two = gpu.mig(1), gpu.mig(2)
+    assert one is not None and two is not None
+    assert (one.owner.label, two.owner.label) == ("pod ns/infer", "job 4711")
+    # the pod's own owner record, with the start its process gives it
+    assert gpu.process_owner(7) is one.owner and one.owner.since == 50.0
+    assert gpu.process_owner(31337) is None
+
+
+def test_a_process_of_one_of_several_time_sliced_pods_keeps_its_cgroups_pod() -> None:
+    tenancy = TenancyReading(
+        at=0.0,
+        gpus=(pci(0),),
+        pod_devices=(pod("ns", "a", f"{U0}::0", U0, 0), pod("ns", "b", f"{U0}::1", U0, 1)),
+        processes=(HostProcess(5, "python", "/kubepods/pod-123", pod_uid="123"),),
+    )
+    gpu = resolve_owners(nvml(nvml_gpu(0, pids=(5,))), tenancy).gpus[0]
+    assert [o.label for o in gpu.owners] == ["pod ns/a", "pod ns/b"]  # no third owner
+    owner = gpu.process_owner(5)
+    assert owner is not None and (owner.label, owner.source) == ("pod pod-uid 123", "cgroup")
+
+
+def test_host_processes_on_a_guests_gpu_have_owners_but_claim_nothing() -> None:
+    tenancy = TenancyReading(
+        at=0.0,
+        gpus=(pci(0, "vfio-pci"),),
+        guests=(Guest("vm1", "running", (BUS[0],), "libvirt"),),
+        processes=(HostProcess(3, "python", "/user.slice", user="mallory"),),
+    )
+    gpu = resolve_owners(nvml(nvml_gpu(0, pids=(3,))), tenancy).gpus[0]
+    assert [o.label for o in gpu.owners] == ["vm vm1"]
+    owner = gpu.process_owner(3)
+    assert owner is not None and owner.label == "process mallory"
+    assert [p.kind for p in gpu.problems] == [ProblemKind.VFIO_WITH_PROCESSES]
+
+
+def test_ownership_is_resolved_again_only_when_owner_facts_change() -> None:
+    tenancy = TenancyReading(
+        at=0.0,
+        gpus=(pci(0), pci(1)),
+        processes=(HostProcess(10, "python", "/slurm/job_1", slurm_job="1"),),
+    )
+    first = NodeSnapshot("n", nvml=nvml(nvml_gpu(0, pids=(10,)), nvml_gpu(1)), tenancy=tenancy)
+    # a new poll: the load moved, the owners did not
+    busy = nvml(nvml_gpu(0, pids=(10,), util_gpu_pct=97.0), nvml_gpu(1, temp_gpu_c=70.0))
+    again = dataclasses.replace(first, nvml=busy)
+    assert node_ownership(again) is node_ownership(first)
+    moved = dataclasses.replace(first, nvml=nvml(nvml_gpu(0), nvml_gpu(1, pids=(10,))))
+    changed = node_ownership(moved)
+    assert changed is not node_ownership(first)
+    assert changed is not None and [g.label for g in changed.gpus] == ["free", "job 1"]

@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from textual.widgets import DataTable
+from rich.style import Style
+from rich.text import Text
+from textual.widgets import DataTable, Static
 from textual.widgets.data_table import ColumnKey
 
-from gpuconsole.model import FleetSnapshot
+from gpuconsole.model import Event, FleetSnapshot, Health, Severity
 from gpuconsole.sim.cluster import demo_hub
 from gpuconsole.tui.app import ConsoleApp
 from gpuconsole.tui.messages import SnapshotArrived
@@ -20,7 +22,8 @@ from gpuconsole.tui.screens.node import NodeScreen
 from gpuconsole.tui.screens.smmap import SmMapScreen
 from gpuconsole.tui.screens.topology import TopologyScreen
 from gpuconsole.tui.widgets.status_bar import StatusBar
-from tests.conftest_tui import FIXED, frozen_fleet
+from tests.conftest_tui import FIXED, fleet_with_rail_down, frozen_fleet
+from tests.waiting import until
 
 SIZE = (120, 40)
 
@@ -33,6 +36,28 @@ def row_names(app: ConsoleApp) -> list[str]:
 def status_line(app: ConsoleApp) -> str:
     bar = app.screen.query_one(StatusBar)
     return str(bar.render())
+
+
+def screen_text(app: ConsoleApp) -> str:
+    """What the terminal shows now, line by line."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+def static_text(app: ConsoleApp, selector: str) -> Text:
+    content = app.screen.query_one(selector, Static).content
+    assert isinstance(content, Text)
+    return content
+
+
+def styles_of(text: Text, words: str) -> set[Style]:
+    """The styles laid over the span of `text` that holds `words`."""
+    start = text.plain.index(words)
+    end = start + len(words)
+    return {
+        Style.parse(s.style) if isinstance(s.style, str) else s.style
+        for s in text.spans
+        if s.start <= start and s.end >= end
+    }
 
 
 async def test_fleet_lists_every_node_and_says_simulated(console_app: Any) -> None:
@@ -153,7 +178,8 @@ async def test_a_passed_through_gpu_shows_in_the_fleet_row_and_opens_by_bus_id(
         await pilot.pause()
         assert isinstance(app.screen, GpuScreen)
         assert (app.screen.bus_id, app.screen.gpu_index) == ("0000:52:00.0", None)
-        assert app.screen.query_one("#box-readings").border_title == "identity (sysfs) and owner"
+        assert app.screen.query_one("#box-readings").border_title == "identity (sysfs)"
+        assert "owner         vm tenant-b-vm7" in screen_text(app)
         await pilot.press("escape", "down", "enter")
         await pilot.pause()
         assert isinstance(app.screen, GpuScreen) and app.screen.gpu_index == 2
@@ -272,3 +298,137 @@ async def test_the_app_starts_and_stops_a_live_hub(utc: None) -> None:
         assert isinstance(app.snapshot, FleetSnapshot)
         assert row_names(app) == ["dgx-001", "dgx-002"]
     assert hub._running is False
+
+
+async def test_topology_flags_a_down_rail_in_red(console_app: Any) -> None:
+    # story 6: on a new node, rail mlx5_9 is down and GPU 5 would fall back
+    app = console_app(fleet_with_rail_down("dgx-002", "mlx5_9"))
+    async with app.run_test(size=SIZE) as pilot:
+        app.jump("topology", "dgx-002")
+        await pilot.pause()
+        text = static_text(app, "#topo-gpudirect")
+        assert "compute rails: 7/8 up" in text.plain
+        assert "GPU 5 → mlx5_9  PIX  job 4711" in text.plain
+        words = "its rail is down: falls back to mlx5_6 (NODE)"
+        assert app.palette.health[Health.CRITICAL] in styles_of(text, words)
+        assert app.palette.health[Health.CRITICAL] in styles_of(text, "mlx5_9")
+        assert "GPU 4 → mlx5_6  PIX  job 4711" in text.plain  # the others are fine
+
+
+async def test_topology_lists_each_gpus_owner(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.jump("topology", "dgx-004")
+        await pilot.pause()
+        lines = static_text(app, "#topo-gpudirect").plain.splitlines()
+        assert "GPU 52:00.0 → mlx5_4  PIX  vm tenant-b-vm7" in lines
+        assert "GPU 6       → mlx5_11 PIX  pod team-vision/infer-0 +1" in lines
+
+
+async def test_gpu_detail_shows_the_owner_tenant_since_and_source(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.jump("gpu", "dgx-003", 5)  # story 1: lost, and still its pod's
+        await pilot.pause()
+        owner = app.screen.query_one("#box-owner", Static)
+        assert owner.region.height > 0  # beside the readings, on the first screen
+        await pilot.pause()
+        shown = screen_text(app)
+        for expected in ("pod team-nlp/train-llm-7b-0", "tenant", "nlp", "container trainer",
+                         "since", "kubelet", "which NVML reports lost"):  # fmt: skip
+            assert expected in shown, expected
+
+
+async def test_enter_on_a_gpu_opens_its_sm_map(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.jump("gpu", "dgx-004", 6)
+        await pilot.pause()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, SmMapScreen) and app.screen.gpu_index == 6
+        await pilot.press("question_mark")
+        await pilot.press("escape", "escape")
+        assert isinstance(app.screen, GpuScreen)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen) and ("Enter", "SM map") in app.screen._keys
+
+
+async def test_the_sm_map_names_each_mig_instances_own_owner(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=(80, 40)) as pilot:
+        app.jump("smmap", "dgx-004", 6)
+        await pilot.pause()
+        lines = screen_text(app).splitlines()
+        rows = [line for line in lines if "GI " in line and "pod" in line]
+        assert any("GI 1 3g.40gb" in r and "pod team-vision/infer-0" in r for r in rows)
+        assert any("GI 2 2g.20gb" in r and "pod team-nlp/embed-1" in r for r in rows)
+        assert not any("…" in line for line in lines)  # nothing cut short, even at 80 columns
+
+
+async def test_escape_and_other_keys_keep_the_too_small_message(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=(60, 20)) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, TooSmallScreen)
+        for key in ("escape", "e", "question_mark", "colon", "enter", "t"):
+            await pilot.press(key)
+            await pilot.pause()
+            assert isinstance(app.screen, TooSmallScreen), key
+        await pilot.resize_terminal(120, 40)
+        await until(lambda: isinstance(app.screen, FleetScreen))
+
+
+async def test_new_events_are_added_as_keyed_rows_not_a_rebuild(console_app: Any) -> None:
+    fleet = frozen_fleet()
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("e")
+        assert isinstance(app.screen, EventsScreen)
+        table = app.screen.query_one("#events-table", DataTable)
+        before = table.row_count
+        cleared: list[bool] = []
+        added: list[object] = []
+        removed: list[object] = []
+        original_add, original_remove = table.add_row, table.remove_row
+        table.clear = lambda *a, **k: cleared.append(True)  # type: ignore[method-assign,assignment,return-value]
+
+        def add(*cells: Any, **kw: Any) -> Any:
+            added.append(cells[-1])
+            return original_add(*cells, **kw)
+
+        def remove(key: Any) -> None:
+            removed.append(key)
+            original_remove(key)
+
+        table.add_row = add  # type: ignore[method-assign]
+        table.remove_row = remove  # type: ignore[method-assign]
+        oldest, *rest = fleet.events
+        news = Event(FIXED + 1, "dgx-002", "nvml", "xid", Severity.WARNING, "XID 94 on GPU 3", 3)
+        newer = dataclasses.replace(fleet, seq=fleet.seq + 1, events=(*rest, news))
+        app.post_message(SnapshotArrived(newer))
+        await pilot.pause()
+        assert not cleared
+        assert added == ["XID 94 on GPU 3"] and len(removed) == 1  # the one that aged out
+        assert table.row_count == before
+        assert table.get_row_at(0)[-1] == "XID 94 on GPU 3"  # newest first
+        assert oldest.message not in [table.get_row_at(i)[-1] for i in range(table.row_count)]
+        added.clear()
+        app.post_message(SnapshotArrived(dataclasses.replace(newer, seq=newer.seq + 1)))
+        await pilot.pause()
+        assert added == [] and not cleared  # the same events: nothing to do
+
+
+async def test_enter_on_an_event_opens_its_gpu(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("e", "slash", *"node:dgx-003 gpu:5", "enter")
+        table = app.screen.query_one("#events-table", DataTable)
+        assert table.row_count >= 1
+        table.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, GpuScreen)
+        assert (app.screen.node_name, app.screen.gpu_index) == ("dgx-003", 5)
+        await pilot.press("escape")
+        assert isinstance(app.screen, EventsScreen)

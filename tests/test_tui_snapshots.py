@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("pytest_textual_snapshot")
 
-from tests.conftest_tui import frozen_fleet
+from tests.conftest_tui import fleet_with_rail_down, frozen_fleet
 
 SIZES = {"wide": (120, 40), "small": (80, 24)}
 
@@ -99,9 +99,15 @@ def test_sm_map_ampere_gpu_wide(snap_compare: Any, console_app: Any) -> None:
 
 
 def test_topology_dgx_h100(snap_compare: Any, console_app: Any) -> None:
-    # dgx-002: like `nvidia-smi topo -m`, topology lists the GPUs NVML sees (dgx-001 has none)
+    # dgx-004: a GPU in a guest (NVML cannot see it; the fabric source finds it on PCI)
     assert snap_compare(console_app(), terminal_size=(120, 40),
-                        run_before=goto("topology", "dgx-002"))  # fmt: skip
+                        run_before=goto("topology", "dgx-004"))  # fmt: skip
+
+
+def test_topology_rail_down(snap_compare: Any, console_app: Any) -> None:
+    # story 6: rail mlx5_9 down on dgx-002, GPU 5's pairing flagged in red
+    app = console_app(fleet_with_rail_down("dgx-002", "mlx5_9"))
+    assert snap_compare(app, terminal_size=(120, 40), run_before=goto("topology", "dgx-002"))
 
 
 def test_fleet_filtered_by_temperature(snap_compare: Any, console_app: Any) -> None:

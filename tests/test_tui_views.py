@@ -6,17 +6,18 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from rich.text import Text
 
 from gpuconsole.model import Event, Health, Severity
 from gpuconsole.ownership import ProblemKind
-from gpuconsole.sim.profiles import DGX_A100, DGX_H100
+from gpuconsole.readings.fabric import AffinityFlag
 from gpuconsole.tui import summaries as S
 from gpuconsole.tui.hardware import model_spec
 from gpuconsole.tui.screens.events import EventFilter, filtered
 from gpuconsole.tui.screens.smmap import assign, holders, sm_layout
-from gpuconsole.tui.screens.topology import pairings
+from gpuconsole.tui.screens.topology import matrix, pairings
 from gpuconsole.tui.themes import Palette, ThemeError, load_themes, theme_from_toml
-from tests.conftest_tui import frozen_fleet
+from tests.conftest_tui import FIXED, fleet_with_rail_down, frozen_fleet
 
 SHIPPED = {"gpuconsole-dark", "gpuconsole-light", "gpuconsole-high-contrast", "gpuconsole-ansi"}
 
@@ -50,33 +51,77 @@ def test_a_user_theme_is_loaded_and_a_broken_one_names_its_key(tmp_path: Path) -
         theme_from_toml(shipped.replace('primary = "#5fa8ff"', 'primary = "sky"'), "x.toml")
 
 
-def test_every_dgx_h100_gpu_has_a_pix_nic() -> None:
+def test_every_dgx_h100_gpu_pairs_with_a_pix_nic_the_fabric_source_chose() -> None:
     node = frozen_fleet().node("dgx-002")  # dgx-001's GPUs are in a guest: NVML has none
-    assert node is not None
-    found = pairings(node, DGX_H100)
-    assert [(p.nic, p.level) for p in found][:4] == [
-        ("mlx5_0", "PIX"),
-        ("mlx5_3", "PIX"),
-        ("mlx5_4", "PIX"),
-        ("mlx5_5", "PIX"),
-    ]
+    assert node is not None and node.fabric is not None
+    found = pairings(node)
+    assert [(p.row.index, p.nic, p.level) for p in found] == [
+        (0, "mlx5_0", "PIX"), (1, "mlx5_3", "PIX"), (2, "mlx5_4", "PIX"), (3, "mlx5_5", "PIX"),
+        (4, "mlx5_6", "PIX"), (5, "mlx5_9", "PIX"), (6, "mlx5_10", "PIX"), (7, "mlx5_11", "PIX"),
+    ]  # fmt: skip
+    assert {p.health for p in found} == {Health.OK}
     assert not any(p.crosses_sockets for p in found)
 
 
-def test_a_gpu_whose_nic_is_missing_is_flagged_for_crossing_the_sockets() -> None:
-    node = frozen_fleet().node("dgx-002")
+def test_a_down_rail_is_critical_and_says_where_its_gpu_falls_back() -> None:
+    # story 6: rail mlx5_9 down on a new node; the fabric source flags GPU 5's pairing
+    node = fleet_with_rail_down("dgx-002", "mlx5_9").node("dgx-002")
     assert node is not None
-    no_socket1 = dataclasses.replace(DGX_H100, nics=tuple(n for n in DGX_H100.nics
-                                                          if n.numa_node == 0))  # fmt: skip
-    found = {p.gpu: p for p in pairings(node, no_socket1)}
-    assert found[5].crosses_sockets and found[5].level == "SYS"
-    assert not found[0].crosses_sockets
+    found = {p.row.index: p for p in pairings(node)}
+    five = found[5]
+    assert (five.nic, five.level) == ("mlx5_9", "PIX")
+    assert AffinityFlag.RAIL_DOWN in five.flags and five.health is Health.CRITICAL
+    # the nearest compute rail still up, by the fabric source's own levels
+    assert (five.fallback, five.fallback_level) == ("mlx5_6", "NODE")
+    assert five.words() == ["its rail is down: falls back to mlx5_6 (NODE)"]
+    assert {p.health for i, p in found.items() if i != 5} == {Health.OK}
+
+
+def test_a_pairing_across_the_socket_link_is_critical() -> None:
+    node = frozen_fleet().node("dgx-002")
+    assert node is not None and node.fabric is not None
+    far = tuple(
+        dataclasses.replace(
+            a, best_device="mlx5_0", best_level="SYS", flags=(AffinityFlag.CROSS_SOCKET,)
+        )
+        if a.pci_bus_id == "0000:c3:00.0"
+        else a
+        for a in node.fabric.gpus
+    )
+    moved = dataclasses.replace(node, fabric=dataclasses.replace(node.fabric, gpus=far))
+    five = {p.row.index: p for p in pairings(moved)}[5]
+    assert five.crosses_sockets and five.health is Health.CRITICAL
+    assert five.words() == ["crosses the socket link"]
+
+
+def test_the_matrix_reads_gpu_to_nic_paths_from_the_fabric_reading() -> None:
+    node = frozen_fleet().node("dgx-002")
+    assert node is not None and node.fabric is not None
+    palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
+    lines = matrix(node, palette).plain.splitlines()
+    header, gpu0 = lines[0].split(), lines[1].split()
+    nics = [h for h in header if h.startswith("NIC")]
+    assert gpu0[:9] == ["GPU0", "X", *["NV18"] * 7]
+    affinity = node.fabric.gpu("0000:1b:00.0")
+    assert affinity is not None
+    by_device = {lv.device: lv.level for lv in affinity.levels}
+    names = sorted(by_device, key=lambda d: int(d.rsplit("_", 1)[1]))  # nvidia-smi's order
+    assert gpu0[9 : 9 + len(nics)] == [by_device[d] for d in names]
+    assert "NODE" in gpu0  # GPU 0 to mlx5_3: same socket, another switch (not SYS)
+
+
+def test_a_node_whose_gpus_nvml_cannot_see_still_pairs_each_with_a_nic() -> None:
+    node = frozen_fleet().node("dgx-001")  # every GPU in a guest
+    assert node is not None
+    found = pairings(node)
+    assert len(found) == 8 and all(p.nic and p.level == "PIX" for p in found)
+    assert {p.row.label for p in found} == {"vm acme-train-vm"}
 
 
 def test_dgx_a100_gpus_pair_through_their_switch_tree() -> None:
     node = frozen_fleet().node("dgxa-002")
     assert node is not None
-    assert {p.level for p in pairings(node, DGX_A100)} == {"PXB"}
+    assert {p.level for p in pairings(node)} == {"PXB"}
 
 
 def test_sm_layout_matches_the_datasheet() -> None:
@@ -158,22 +203,80 @@ def test_the_node_table_has_a_row_per_gpu_with_dashes_for_what_nvml_cannot_read(
     assert "vm tenant-b-vm7: GPU 52:00" in owners_text(node, palette).plain
 
 
-def test_gpu_detail_of_a_passed_through_gpu_says_what_the_host_knows() -> None:
+def _plain(renderable: object, width: int = 160) -> str:
     from rich.console import Console
 
-    from gpuconsole.tui.screens.gpu import unseen_box
+    console = Console(width=width, record=True)
+    console.print(renderable)
+    return " ".join(console.export_text().split())
+
+
+def test_gpu_detail_of_a_passed_through_gpu_says_what_the_host_knows() -> None:
+    from gpuconsole.tui.screens.gpu import kv, owner_rows, unseen_box
 
     node = frozen_fleet().node("dgx-004")
     assert node is not None
     palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
-    console = Console(width=160, record=True)
-    console.print(unseen_box(S.gpu_rows(node)[2], palette, now=frozen_fleet().at))
-    text = " ".join(console.export_text().split())
+    row = S.gpu_rows(node)[2]
+    identity = _plain(unseen_box(row, palette))
     for expected in ("PCI bus 0000:52:00.0", "PCI device 10de:2330", "vfio-pci / vfio-pci",
-                     "IOMMU group 82", "owner vm tenant-b-vm7, since", "tenant tenant-b",
-                     "guest state running (libvirt)",
+                     "IOMMU group 82",
                      "NVML on the host cannot read a GPU bound to vfio-pci"):  # fmt: skip
-        assert expected in text, expected
+        assert expected in identity, expected
+    owner = _plain(kv(owner_rows(node, row.owner, palette, frozen_fleet().at)))
+    for expected in ("owner vm tenant-b-vm7", "tenant tenant-b", "guest state running",
+                     "since", "said by libvirt"):  # fmt: skip
+        assert expected in owner, expected
+
+
+def test_an_nvml_gpu_shows_its_owner_tenant_since_and_source() -> None:
+    from gpuconsole.tui.screens.gpu import kv, owner_rows
+
+    node = frozen_fleet().node("dgx-002")
+    assert node is not None
+    palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
+    row = S.gpu_rows(node)[0]
+    owner = row.owner
+    assert owner is not None and owner.owner.since is not None
+    text = _plain(kv(owner_rows(node, owner, palette, owner.owner.since + 3 * 3600)))
+    assert "owner job 4711" in text and "tenant physics" in text
+    assert "user bob · PID 20018" in text
+    assert "3 h ago" in text and "said by the processes' cgroups" in text
+
+
+def test_mig_instances_and_processes_show_their_own_owners() -> None:
+    node = frozen_fleet().node("dgx-004")
+    assert node is not None and node.nvml is not None
+    gpu = node.nvml.gpu(6)  # MIG: a pod on GI 1, another on GI 2, GI 3 and 4 free
+    assert gpu is not None
+    assert S.gpu_owner(node, gpu) == "pod team-vision/infer-0 +1"
+    assert [S.mig_owner(node, gpu, m.gpu_instance_id) for m in gpu.mig_instances] == [
+        "pod team-vision/infer-0",
+        "pod team-nlp/embed-1",
+        "free",
+        "free",
+    ]
+    owners = {p.pid: S.process_owner(node, gpu, p.pid) for p in gpu.processes}
+    assert {pid: o.label if o else None for pid, o in owners.items()} == {
+        20792: "pod team-vision/infer-0",
+        20793: "pod team-nlp/embed-1",
+    }
+    dgx2 = frozen_fleet().node("dgx-002")
+    assert dgx2 is not None and dgx2.nvml is not None
+    slurm = S.process_owner(dgx2, dgx2.gpus[0], 20018)
+    assert slurm is not None and (slurm.label, slurm.tenant) == ("job 4711", "physics")
+
+
+def test_the_fleet_counts_agree_with_the_gpu_rows() -> None:
+    for node in frozen_fleet().nodes:
+        rows = S.gpu_rows(node)
+        assert S.gpu_counts(node) == S.GpuCounts(
+            total=len(rows),
+            in_use=sum(r.in_use for r in rows),
+            free=sum(r.free for r in rows),
+            lost=sum(r.lost for r in rows),
+            passthrough=sum(r.passthrough for r in rows),
+        ), node.node
 
 
 def test_ownership_problems_light_the_tenancy_facet_and_lead_the_owners_panel() -> None:
@@ -232,3 +335,29 @@ def test_event_filter_parses_keys_and_words() -> None:
         1.0,
     ]
     assert [e.at for e in filtered(events, EventFilter(gpu=5))] == [1.0]
+
+
+def test_a_stale_fabric_source_says_so_over_its_last_pairings() -> None:
+    from gpuconsole.tui.screens.topology import gpudirect_box
+
+    node = frozen_fleet().node("dgx-002")
+    assert node is not None
+    stale = tuple(
+        dataclasses.replace(s, ok=False, stale_since=FIXED - 30, error="timeout")
+        if s.source == "fabric"
+        else s
+        for s in node.statuses
+    )
+    palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
+    text = gpudirect_box(dataclasses.replace(node, statuses=stale), palette)
+    assert isinstance(text, Text)
+    first = text.plain.splitlines()[0]
+    assert first.startswith("fabric stale since ") and "(timeout): last reading shown" in first
+    assert "GPU 0 → mlx5_0  PIX" in text.plain  # the last good pairing, still shown
+
+
+def test_without_tenancy_the_counts_come_from_nvml_processes() -> None:
+    node = frozen_fleet().node("dgx-002")
+    assert node is not None
+    bare = dataclasses.replace(node, tenancy=None)
+    assert S.gpu_counts(bare) == S.GpuCounts(total=8, in_use=8, free=0, lost=0, passthrough=0)

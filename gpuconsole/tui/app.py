@@ -106,6 +106,13 @@ class ConsoleApp(App[None]):
 
     # --- size ----------------------------------------------------------------------
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Below the minimum size only quitting works: a key must not uncover the layout
+        the message stands in for (Esc would pop it, `e` or `?` would push a view over it)."""
+        if isinstance(self.screen, TooSmallScreen) and action not in ("quit", "help_quit"):
+            return False
+        return True
+
     def check_size(self) -> None:
         """Cover the view with a message below the minimum size; uncover it above."""
         width, height = self.size

@@ -1,9 +1,9 @@
 """Static hardware facts the views need: GPU model specs and server layouts.
 
-The specs come from the simulator's profiles, which follow published datasheets. A
-server layout (PCI paths, NICs, NVSwitches) is only known for a node whose profile is
-one of those; a live node gets its layout from the affinity/fabric sources once they
-exist, and until then the views say that it is not available.
+The specs come from the simulator's profiles, which follow published datasheets. Where a
+node's GPUs, NICs and switches sit is not taken from here: the topology view draws it from
+the snapshot's readings (NVML, and the fabric source's PCIe levels, sockets and pairings);
+a profile only names the product of a simulated node.
 """
 
 from __future__ import annotations
@@ -49,5 +49,5 @@ def short_model(gpu_name: str | None) -> str:
 
 
 def node_layout(node: NodeSnapshot) -> NodeProfile | None:
-    """The server layout for a node built from a known profile (simulated nodes)."""
+    """The profile a simulated node was built from (its product name), else None."""
     return PROFILES.get(node.profile) if node.profile else None

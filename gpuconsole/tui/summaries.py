@@ -8,6 +8,7 @@ node's GPUs are `gpu_rows(node)`: NVML's and those only sysfs sees (a guest's), 
 from __future__ import annotations
 
 import enum
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ from gpuconsole.model import (
     gpu_health,
     gpus_health,
 )
-from gpuconsole.ownership import node_ownership
+from gpuconsole.ownership import GpuOwner, Owner, OwnerKind, Ownership, node_ownership
 from gpuconsole.tui.hardware import model_for_pci_device
 
 gpu_rows = node_gpus  # every GPU of a node, NVML's or not, with its owner
@@ -123,17 +124,80 @@ def unseen_words(row: GpuRow) -> str:
     return "no driver bound" if driver is None else f"bound to {driver}"
 
 
-def gpu_owner(node: NodeSnapshot, gpu: GpuReading) -> str:
-    """Who holds the GPU, from the tenancy reading once there is one; '-' until then."""
-    if getattr(node, "tenancy", None) is None:
-        return fmt.NA
+def gpu_ownership(node: NodeSnapshot, gpu: GpuReading) -> GpuOwner | None:
+    """The owners of one of NVML's GPUs (and of its MIG instances and processes); None until
+    the tenancy source has read the node."""
     ownership = node_ownership(node)
     if ownership is None:
-        return fmt.NA
-    owner = ownership.owner_of(gpu.uuid) or next(
-        (g for g in ownership.gpus if g.index == gpu.index), None
-    )
+        return None
+    found = ownership.owner_of(gpu.uuid)
+    return found or next((g for g in ownership.gpus if g.index == gpu.index), None)
+
+
+def gpu_owner(node: NodeSnapshot, gpu: GpuReading) -> str:
+    """Who holds the GPU, from the tenancy reading once there is one; '-' until then."""
+    owner = gpu_ownership(node, gpu)
     return owner.label if owner is not None else fmt.NA
+
+
+def mig_owner(node: NodeSnapshot, gpu: GpuReading, gpu_instance_id: int) -> str:
+    """Who holds one MIG instance (its own owner, not the GPU's); '-' until tenancy reads."""
+    owner = gpu_ownership(node, gpu)
+    mig = owner.mig(gpu_instance_id) if owner is not None else None
+    if mig is None:
+        return fmt.NA
+    extra = len(mig.owners) - 1
+    return mig.owner.label + (f" +{extra}" if extra else "")
+
+
+def process_owner(node: NodeSnapshot, gpu: GpuReading, pid: int) -> Owner | None:
+    """Whom one compute process works for: its job, pod or container, else its user."""
+    owner = gpu_ownership(node, gpu)
+    return owner.process_owner(pid) if owner is not None else None
+
+
+# Which part of the tenancy source said who owns a GPU, in an operator's words.
+OWNER_SOURCES = {
+    "libvirt": "libvirt (the domain's <hostdev>)",
+    "qemu": "a QEMU command line (vfio-pci,host=)",
+    "kubelet": "the kubelet's pod-resources API",
+    "cgroup": "the processes' cgroups",
+    "nvml": "NVML alone (no /proc entry for it)",
+    "pci": "sysfs: the driver bound to it",
+}
+
+
+def owner_source(owner: Owner) -> str:
+    return OWNER_SOURCES.get(owner.source, owner.source)
+
+
+def owner_since(owner: Owner, now: float) -> str:
+    """'02:41:07, 12 m ago' ('first seen' when that is all gpuconsole knows); '-' if unknown."""
+    if owner.since is None:
+        return fmt.NA
+    seen = " (first seen)" if owner.since_observed else ""
+    return f"{fmt.clock_time(owner.since)}{seen}, {fmt.age(owner.since, now)} ago"
+
+
+def owner_ids(owner: Owner) -> str:
+    """The owner's identifiers beyond its name: container, user, guest UUID, PIDs."""
+    parts = []
+    if owner.container:
+        parts.append(f"container {owner.container}")
+    if owner.container_id and owner.kind is not OwnerKind.POD:
+        parts.append(f"container id {owner.container_id[:12]}")
+    if owner.pod_uid and owner.pod is None:
+        parts.append(f"pod uid {owner.pod_uid}")
+    if owner.user:
+        parts.append(f"user {owner.user}")
+    if owner.guest_uuid:
+        parts.append(f"uuid {owner.guest_uuid}")
+    if owner.replicas:
+        parts.append("replicas " + ",".join(str(r) for r in owner.replicas))
+    if owner.pids:
+        parts.append(("PID " if len(owner.pids) == 1 else "PIDs ")
+                     + ", ".join(str(p) for p in owner.pids))  # fmt: skip
+    return " · ".join(parts)
 
 
 def gpu_in_use(gpu: GpuReading) -> bool:
@@ -141,14 +205,99 @@ def gpu_in_use(gpu: GpuReading) -> bool:
     return bool(gpu.processes)
 
 
+@dataclass(frozen=True, slots=True)
+class GpuCounts:
+    """How many of a node's GPUs are in each state: what the fleet view sums every second."""
+
+    total: int = 0
+    in_use: int = 0
+    free: int = 0
+    lost: int = 0
+    passthrough: int = 0
+
+    def __add__(self, other: GpuCounts) -> GpuCounts:
+        return GpuCounts(
+            self.total + other.total,
+            self.in_use + other.in_use,
+            self.free + other.free,
+            self.lost + other.lost,
+            self.passthrough + other.passthrough,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _OwnedCounts:
+    total: int
+    in_use: int
+    free: int
+    passthrough: int
+    indexes: frozenset[int]  # NVML indexes the owners list
+
+
+_OWNED: OrderedDict[int, tuple[Ownership, _OwnedCounts]] = OrderedDict()
+_OWNED_SIZE = 4096
+
+
+def _owned_counts(ownership: Ownership) -> _OwnedCounts:
+    """Counts from the owners alone, remembered per Ownership (which `node_ownership` keeps
+    while a node's owners stand still, though its NVML reading is new every poll)."""
+    hit = _OWNED.get(id(ownership))
+    if hit is not None and hit[0] is ownership:
+        return hit[1]
+    in_use = free = passthrough = 0
+    indexes = set()
+    for owner in ownership.gpus:
+        if owner.index is not None:
+            indexes.add(owner.index)
+        elif owner.driver == "vfio-pci":
+            passthrough += 1
+        first = owner.owners[0]
+        if first.holds:
+            in_use += 1
+        elif first.kind is OwnerKind.FREE:
+            free += 1
+    counts = _OwnedCounts(len(ownership.gpus), in_use, free, passthrough, frozenset(indexes))
+    _OWNED[id(ownership)] = (ownership, counts)  # holding it keeps its id from being reused
+    while len(_OWNED) > _OWNED_SIZE:
+        _OWNED.popitem(last=False)
+    return counts
+
+
+def gpu_counts(node: NodeSnapshot) -> GpuCounts:
+    """The counts `gpu_rows` would give, straight from the owners and NVML's readings.
+
+    A 1,000-node fleet sums these every snapshot, so they skip building rows: the owners'
+    part is remembered per owner-relevant change, the rest is a pass over NVML's GPUs.
+    """
+    readings = node.gpus
+    lost = sum(1 for g in readings if g.lost)
+    ownership = node_ownership(node)
+    if ownership is None:
+        busy = sum(1 for g in readings if g.processes)
+        idle = sum(1 for g in readings if not g.processes and not g.lost)
+        return GpuCounts(len(readings), busy, idle, lost, 0)
+    owned = _owned_counts(ownership)
+    if len(readings) <= len(owned.indexes) and all(g.index in owned.indexes for g in readings):
+        return GpuCounts(owned.total, owned.in_use, owned.free, lost, owned.passthrough)
+    # NVML GPUs the owners do not list (`gpu_rows` keeps them, judged by their processes)
+    extra = [g for g in readings if g.index not in owned.indexes]
+    return GpuCounts(
+        owned.total + len(extra),
+        owned.in_use + sum(1 for g in extra if g.processes),
+        owned.free + sum(1 for g in extra if not g.processes and not g.lost),
+        lost,
+        owned.passthrough,
+    )
+
+
 def gpu_count(node: NodeSnapshot) -> int:
     """Every GPU of the node, those NVML cannot see (a guest's) included."""
-    return len(gpu_rows(node))
+    return gpu_counts(node).total
 
 
 def in_use_count(node: NodeSnapshot) -> int:
     """GPUs some tenant holds (from the owners once tenancy has read; else by processes)."""
-    return sum(1 for row in gpu_rows(node) if row.in_use)
+    return gpu_counts(node).in_use
 
 
 def _worst(problems: Iterable[object]) -> Health | None:
@@ -246,7 +395,7 @@ def node_hottest_c(node: NodeSnapshot) -> float | None:
 def free_count(node: NodeSnapshot) -> int:
     """GPUs in the free pool: from the owners when the tenancy source reads this node (a
     passed-through GPU counts there though NVML cannot see it), else GPUs with no process."""
-    return sum(1 for row in gpu_rows(node) if row.free)
+    return gpu_counts(node).free
 
 
 def pending_panel(node: NodeSnapshot, source: str) -> str | None:
@@ -261,6 +410,15 @@ def pending_panel(node: NodeSnapshot, source: str) -> str | None:
     if status.stale:
         return f"{name} stale since {fmt.clock_time(status.stale_since)}: {status.error or '?'}"
     return f"{name}: waiting for a first reading"
+
+
+def stale_words(node: NodeSnapshot, source: str) -> str | None:
+    """'fabric stale since 14:02:11 (timeout): last reading shown'; None while it is fresh."""
+    status = node.status(source)
+    if status is None or not status.stale:
+        return None
+    return (f"{source} stale since {fmt.clock_time(status.stale_since)} "
+            f"({status.error or '?'}): last reading shown")  # fmt: skip
 
 
 def gpu_state_words(gpu: GpuReading) -> str:

@@ -67,11 +67,41 @@ class EventFilter:
         return ", ".join(parts)
 
 
+EventOrder = tuple[float, str, str, str, str, int, int]
+
+
+def event_order(event: Event) -> EventOrder:
+    """Oldest first; events of one instant (sources polled together) in a stable order."""
+    gpu = -1 if event.gpu_index is None else event.gpu_index
+    return (event.at, event.node, event.source, event.kind, event.message, gpu,
+            -1 if event.code is None else event.code)  # fmt: skip
+
+
 def filtered(events: Iterable[Event], flt: EventFilter) -> list[Event]:
-    """Newest first."""
-    # Newest first; events of one instant (sources polled together) in a stable order.
-    ordered = sorted(events, key=lambda e: (e.at, e.node, e.source, e.kind, e.message))
-    return [e for e in reversed(ordered) if flt.keep(e)]
+    """The events `flt` keeps, newest first."""
+    return [e for e in sorted(events, key=event_order, reverse=True) if flt.keep(e)]
+
+
+class Stamp(Text):
+    """The time cell of an event's row; carries the event's order so the table can sort."""
+
+    def __init__(self, event: Event) -> None:
+        super().__init__(fmt.clock_time(event.at))
+        self.order = event_order(event)
+
+
+# An event as a row: identical events (same instant, same words) are told apart by a count.
+RowId = tuple[Event, int]
+
+
+def row_ids(events: Iterable[Event]) -> list[RowId]:
+    seen: dict[Event, int] = {}
+    out = []
+    for event in events:
+        n = seen.get(event, 0)
+        seen[event] = n + 1
+        out.append((event, n))
+    return out
 
 
 class EventsScreen(BaseView):
@@ -83,7 +113,10 @@ class EventsScreen(BaseView):
         Binding("n", "all_nodes", "All nodes"),
         Binding("escape", "back_or_clear", "Back", show=False),
     ]
-    HELP_EXTRA = (("/ node:NAME gpu:N sev:LEVEL words", "filter syntax"),)
+    HELP_EXTRA = (
+        ("/ node:NAME gpu:N sev:LEVEL words", "filter syntax"),
+        ("Enter", "open the event's GPU (or node)"),
+    )
 
     def __init__(self, *, node: str | None = None, gpu: int | None = None) -> None:
         super().__init__()
@@ -91,7 +124,9 @@ class EventsScreen(BaseView):
         self.flt = self.base
         self.node_name = node
         self.gpu_index = gpu
-        self._shown: tuple[Event, ...] = ()
+        self._shown: list[RowId] = []  # in table order, newest first
+        self._keys: dict[RowId, str] = {}  # each shown event's row key
+        self._serial = 0
 
     def crumbs(self) -> list[str]:
         return ["Events"] + ([self.base.node] if self.base.node else [])
@@ -105,28 +140,78 @@ class EventsScreen(BaseView):
         yield table
         yield FilterBar(placeholder="node:NAME gpu:N sev:warning|critical words…")
 
+    @property
+    def table(self) -> DataTable[Text | str]:
+        return self.query_one("#events-table", DataTable)
+
     def apply(self, snapshot: FleetSnapshot, *, force: bool = False) -> None:
-        events = tuple(filtered(snapshot.events, self.flt))
+        """Key rows by event: remove the ones that aged out or no longer match, add only the
+        new ones, then put them in order; `force` (a new palette) rebuilds every row."""
+        events = filtered(snapshot.events, self.flt)
         summary = f"{len(events)} of {len(snapshot.events)} recent events · {self.flt.describe()}"
         self.query_one("#events-summary", Static).update(summary)
-        if not force and events == self._shown:
+        wanted = row_ids(events)
+        if not force and wanted == self._shown:
             return
-        self._shown = events
-        table: DataTable[Text | str] = self.query_one("#events-table", DataTable)
-        palette = self.palette
+        table = self.table
         with self.app.batch_update():
-            table.clear()
-            for i, event in enumerate(events):
-                style = palette.health[_SEVERITY_HEALTH[event.severity]]
-                table.add_row(
-                    fmt.clock_time(event.at),
-                    Text(event.severity.value, style=style),
-                    event.node,
-                    fmt.number(event.gpu_index),
-                    event.kind,
-                    event.message,
-                    key=str(i),
-                )
+            if force:
+                table.clear()
+                self._keys.clear()
+                self._shown = []
+            keep = set(wanted)
+            for row in self._shown:
+                if row not in keep:
+                    table.remove_row(self._keys.pop(row))
+            added = [row for row in wanted if row not in self._keys]
+            for row in added:
+                self._serial += 1
+                self._keys[row] = key = f"event-{self._serial}"
+                table.add_row(*self._cells(row[0]), key=key)
+            if added and len(added) != len(wanted):
+                self._sort(table)
+            self._shown = wanted
+
+    def _cells(self, event: Event) -> tuple[Text | str, ...]:
+        style = self.palette.health[_SEVERITY_HEALTH[event.severity]]
+        return (
+            Stamp(event),
+            Text(event.severity.value, style=style),
+            event.node,
+            fmt.number(event.gpu_index),
+            event.kind,
+            event.message,
+        )
+
+    def _sort(self, table: DataTable[Text | str]) -> None:
+        """New rows were appended below: newest first again, the cursor on the same event."""
+        selected = None
+        if table.row_count and table.cursor_row > 0:
+            selected = table.coordinate_to_cell_key(table.cursor_coordinate).row_key
+        table.sort("at", key=lambda stamp: stamp.order, reverse=True)
+        if selected is not None:
+            table.move_cursor(row=table.get_row_index(selected), animate=False)
+
+    def _refilter(self) -> None:
+        """Show the latest snapshot through a changed filter (rows added and removed)."""
+        snapshot = self.console.snapshot
+        if snapshot is not None and self.is_mounted:
+            self.apply(snapshot)
+            self.update_status()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter drills down: to the event's GPU, or its node."""
+        shown = {key: row for row, key in self._keys.items()}
+        row = shown.get(str(event.row_key.value))
+        if row is None:
+            return
+        happened = row[0]
+        if self.console.snapshot is None or self.console.snapshot.node(happened.node) is None:
+            self.notify(f"{happened.node} is not in the latest snapshot")
+        elif happened.gpu_index is not None:
+            self.console.open_gpu(happened.node, happened.gpu_index)
+        else:
+            self.console.open_node(happened.node)
 
     def action_filter(self) -> None:
         self.query_one(FilterBar).open()
@@ -137,23 +222,23 @@ class EventsScreen(BaseView):
         sev = order[(current + 1) % len(order)]
         self.base = EventFilter(self.base.node, self.base.gpu, sev)
         self.flt = EventFilter(self.flt.node, self.flt.gpu, sev, self.flt.words)
-        self.render_latest(force=True)
+        self._refilter()
 
     def action_all_nodes(self) -> None:
         self.base = EventFilter(min_severity=self.base.min_severity)
         self.flt = EventFilter(min_severity=self.flt.min_severity, words=self.flt.words)
-        self.render_latest(force=True)
+        self._refilter()
 
     def action_back_or_clear(self) -> None:
         if self.flt != self.base:
             self.flt = self.base
-            self.render_latest(force=True)
+            self._refilter()
         else:
             self.app.pop_screen()
 
     def on_filter_bar_changed(self, event: FilterBar.Changed) -> None:
         self.flt = EventFilter.parse(event.value, self.base)
-        self.render_latest(force=True)
+        self._refilter()
 
     def on_filter_bar_closed(self, event: FilterBar.Closed) -> None:
-        self.query_one("#events-table", DataTable).focus()
+        self.table.focus()

@@ -80,6 +80,7 @@ def row_cells(
     if stale:
         seen_text.stylize(palette.health[Health.STALE])
     rows = S.gpu_rows(node)
+    counts = S.gpu_counts(node)
     name = health_light(health, palette)
     name.append(" ")
     name.append(node.node, style=palette.health[health] if health is not Health.OK else "")
@@ -88,7 +89,7 @@ def row_cells(
         short_model(S.node_model(node)),
         heat_cells(rows, metric, palette),
         facet_lights(S.facets(node), palette),
-        f"{S.free_count(node)}/{len(rows)}",
+        f"{counts.free}/{counts.total}",
         fmt.kilowatts(S.node_power_w(node)),
         fmt.celsius(S.node_hottest_c(node)),
         seen_text,
@@ -225,14 +226,13 @@ class FleetScreen(BaseView):
 
     def _show_summary(self, snapshot: FleetSnapshot) -> None:
         nodes = snapshot.nodes
-        rows = [r for n in nodes for r in S.gpu_rows(n)]
-        lost = sum(1 for r in rows if r.lost)
-        busy = sum(1 for r in rows if r.in_use)
-        free = sum(1 for r in rows if r.free)
-        guests = sum(1 for r in rows if r.passthrough)
+        # every node, not only the rows in view: counts, not rows, keep 1,000 nodes cheap
+        counts = sum((S.gpu_counts(n) for n in nodes), S.GpuCounts())
+        lost, guests = counts.lost, counts.passthrough
         bad = sum(1 for n in nodes if n.health in (Health.CRITICAL, Health.WARNING, Health.STALE))
         text = Text(no_wrap=True, overflow="ellipsis")
-        text.append(f"{len(nodes)} nodes · {len(rows)} GPUs · {busy} in use · {free} free")
+        text.append(f"{len(nodes)} nodes · {counts.total} GPUs · {counts.in_use} in use · "
+                    f"{counts.free} free")  # fmt: skip
         if guests:
             text.append(f" · {guests} ")
             text.append(S.PASSTHROUGH_GLYPH, style=self.palette.passthrough_fg)

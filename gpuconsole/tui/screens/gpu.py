@@ -17,35 +17,77 @@ from textual.widgets import Static
 
 from gpuconsole import format as fmt
 from gpuconsole.inventory import GpuRow
-from gpuconsole.model import FleetSnapshot, GpuReading, Health, NodeSnapshot, RemoteKind, gpu_health
+from gpuconsole.model import (
+    FleetSnapshot,
+    GpuReading,
+    Health,
+    NodeSnapshot,
+    RemoteKind,
+    Severity,
+    gpu_health,
+)
+from gpuconsole.ownership import GpuOwner
 from gpuconsole.tui import summaries as S
 from gpuconsole.tui.hardware import model_spec
 from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import health_light, spark
 
+# In grid order, two to a row; the tables wide enough to need it span both columns.
 BOXES: tuple[tuple[str, str], ...] = (
     ("readings", "readings"),
+    ("owner", "owner"),
     ("history", "history"),
-    ("ecc", "ECC and row remapping"),
     ("pcie", "PCIe"),
+    ("ecc", "ECC and row remapping"),
+    ("spec", "spec"),
+    ("nvlink", "NVLink"),
     ("processes", "processes"),
     ("mig", "MIG"),
-    ("nvlink", "NVLink"),
-    ("spec", "spec"),
 )
+WIDE = frozenset({"nvlink", "processes", "mig"})
 
 
 def kv(rows: list[tuple[str, RenderableType]]) -> Table:
     table = Table.grid(padding=(0, 1))
     table.add_column(style="dim", no_wrap=True)
-    table.add_column()
+    table.add_column(overflow="fold")  # a UUID or bus id wraps rather than losing its end
     for key, value in rows:
         table.add_row(key, value)
     return table
 
 
-def readings_box(node: NodeSnapshot, gpu: GpuReading, palette: Palette) -> RenderableType:
+def owner_rows(
+    node: NodeSnapshot, owner: GpuOwner | None, palette: Palette, now: float
+) -> list[tuple[str, RenderableType]]:
+    """Each owner of a GPU: who, tenant, identifiers, since when and which source said so;
+    then what does not add up about it."""
+    if owner is None:
+        why = S.pending_panel(node, "tenancy") or "tenancy: no reading for this GPU"
+        return [("owner", Text(why, style=palette.dim))]
+    rows: list[tuple[str, RenderableType]] = []
+    stale = S.stale_words(node, "tenancy")
+    if stale is not None:
+        rows.append(("stale", Text(stale, style=palette.health[Health.STALE])))
+    for held in owner.owners:
+        rows.append(("owner", Text(held.label, style="bold")))
+        rows.append(("  tenant", held.tenant or fmt.NA))
+        ids = S.owner_ids(held)
+        if ids:
+            rows.append(("  identifiers", ids))
+        if held.state is not None:
+            rows.append(("  guest state", held.state))
+        rows.append(("  since", S.owner_since(held, now)))
+        rows.append(("  said by", S.owner_source(held)))
+    for problem in owner.all_problems:
+        health = Health.CRITICAL if problem.severity is Severity.CRITICAL else Health.WARNING
+        rows.append(("problem", Text(problem.message, style=palette.health[health])))
+    return rows
+
+
+def readings_box(
+    node: NodeSnapshot, row: GpuRow, gpu: GpuReading, palette: Palette
+) -> RenderableType:
     state = health_light(gpu_health(gpu), palette)
     state.append(f" {S.gpu_state_words(gpu)}")
     throttle = Text(fmt.throttle_words(gpu.throttle_reasons, include_idle=True))
@@ -55,10 +97,11 @@ def readings_box(node: NodeSnapshot, gpu: GpuReading, palette: Palette) -> Rende
     energy_w = energy / 1000.0 if energy is not None else None
     return kv([
         ("state", state),
-        ("model", gpu.name),
-        ("uuid", gpu.uuid),
+        ("model", gpu.name if gpu.name != "unknown" else (S.row_model(row) or gpu.name)),
+        ("uuid", gpu.uuid if gpu.uuid == row.uuid else f"{row.uuid or fmt.NA} (the driver's)"),
         ("serial / module", f"{gpu.serial or fmt.NA} / {fmt.number(gpu.module_id)}"),
-        ("PCI bus", gpu.pci_bus_id),
+        # a GPU lost before NVML read it has no bus id there; sysfs still has it
+        ("PCI bus", gpu.pci_bus_id if ":" in gpu.pci_bus_id else f"{row.bus_id} (sysfs)"),
         ("util gpu / mem", f"{fmt.pct(gpu.util_gpu_pct)} / {fmt.pct(gpu.util_mem_pct)}"),
         ("memory", f"{fmt.mem_of(gpu.mem_used_bytes, gpu.mem_total_bytes)}"
                    f" (reserved {fmt.gib(gpu.mem_reserved_bytes)})"),
@@ -73,7 +116,6 @@ def readings_box(node: NodeSnapshot, gpu: GpuReading, palette: Palette) -> Rende
         ("NUMA / CPUs", f"{fmt.number(gpu.numa_node)} / {gpu.cpu_affinity or fmt.NA}"),
         ("virtualization", gpu.virtualization_mode or fmt.NA),
         ("fabric", gpu.fabric_state or fmt.NA),
-        ("owner", S.gpu_owner(node, gpu)),
         ("not supported", ", ".join(gpu.unsupported) or fmt.NA),
     ])  # fmt: skip
 
@@ -84,8 +126,8 @@ NO_NVML = (
 )
 
 
-def unseen_box(row: GpuRow, palette: Palette, now: float) -> RenderableType:
-    """What the host knows of a GPU NVML cannot see: sysfs identity, owners, guest state."""
+def unseen_box(row: GpuRow, palette: Palette) -> RenderableType:
+    """What the host knows of a GPU NVML cannot see: its sysfs identity (owners: `owner_rows`)."""
     pci, owner = row.pci, row.owner
     state = Text()
     state.append(S.PASSTHROUGH_GLYPH if row.passthrough else S.UNSEEN_GLYPH,
@@ -106,18 +148,6 @@ def unseen_box(row: GpuRow, palette: Palette, now: float) -> RenderableType:
         ", ".join(f"{p.bus_id} ({p.driver or 'no driver'})" for p in pci.iommu_peers) if pci else ""
     )
     rows.append(("IOMMU group", f"{fmt.number(group)}" + (f": also {peers}" if peers else "")))
-    for held in owner.owners if owner is not None else ():
-        since = ""
-        if held.since is not None:
-            seen = " (first seen)" if held.since_observed else ""
-            since = f", since {fmt.clock_time(held.since)}{seen}, {fmt.age(held.since, now)} ago"
-        rows.append(("owner", f"{held.label}{since}"))
-        if held.state is not None:
-            rows.append(("guest state", f"{held.state} ({held.source})"))
-        if held.tenant:
-            rows.append(("tenant", held.tenant))
-    for problem in owner.all_problems if owner is not None else ():
-        rows.append(("problem", Text(problem.message, style=palette.health[Health.WARNING])))
     rows.append(("NVML", Text(NO_NVML, style=palette.dim)))
     return kv(rows)
 
@@ -171,7 +201,7 @@ def remote_name(node: NodeSnapshot, kind: RemoteKind, bus_id: str | None) -> str
             if link.remote_kind is RemoteKind.NVSWITCH and link.remote_pci_bus_id
         })  # fmt: skip
         if bus_id in switches:
-            return f"NVSwitch {switches.index(bus_id)} ({bus_id[-10:-5]})"
+            return f"NVSwitch {switches.index(bus_id)}"  # its bus id: the topology view
     return f"{kind.value} {bus_id}"
 
 
@@ -197,25 +227,32 @@ def nvlink_box(node: NodeSnapshot, gpu: GpuReading, palette: Palette) -> Rendera
 
 
 def processes_box(node: NodeSnapshot, gpu: GpuReading) -> RenderableType:
+    """NVML's compute processes, each with its own owner (job, pod, container or user)."""
     if not gpu.processes:
         return Text("no compute processes", style="dim")
     table = Table(box=None, padding=(0, 1), show_edge=False, header_style="dim")
-    for header in ("pid", "memory", "GI/CI", "owner"):
+    for header in ("pid", "memory", "GI/CI", "owner", "tenant", "said by"):
         table.add_column(header, no_wrap=True)
     for proc in gpu.processes:
         gi = "-" if proc.gpu_instance_id is None else str(proc.gpu_instance_id)
         ci = "-" if proc.compute_instance_id is None else str(proc.compute_instance_id)
-        table.add_row(str(proc.pid), fmt.bytes_(proc.used_mem_bytes), f"{gi}/{ci}",
-                      S.gpu_owner(node, gpu))  # fmt: skip
+        owner = S.process_owner(node, gpu, proc.pid)
+        table.add_row(
+            str(proc.pid), fmt.bytes_(proc.used_mem_bytes), f"{gi}/{ci}",
+            owner.label if owner is not None else fmt.NA,
+            (owner.tenant if owner is not None else None) or fmt.NA,
+            owner.source if owner is not None else fmt.NA,
+        )  # fmt: skip
     return table
 
 
-def mig_box(gpu: GpuReading) -> RenderableType:
+def mig_box(node: NodeSnapshot, gpu: GpuReading) -> RenderableType:
+    """The MIG instances, each with its own owner (a pod by its MIG UUID, or its processes')."""
     if not gpu.mig_enabled:
         pending = " (pending: on after reset)" if gpu.mig_pending else ""
         return Text(f"MIG off{pending}" if gpu.mig_enabled is not None else fmt.NA, style="dim")
     table = Table(box=None, padding=(0, 1), show_edge=False, header_style="dim")
-    for header in ("GI", "profile", "SMs", "slices", "memory", "SM act"):
+    for header in ("GI", "profile", "SMs", "slices", "memory", "SM act", "owner"):
         table.add_column(header, no_wrap=True)
     for mig in gpu.mig_instances:
         table.add_row(
@@ -223,6 +260,7 @@ def mig_box(gpu: GpuReading) -> RenderableType:
             f"{fmt.number(mig.placement_start)}+{mig.slice_count}",
             fmt.mem_of(mig.mem_used_bytes, mig.mem_total_bytes),
             fmt.pct(mig.gpm.sm_util_pct if mig.gpm else None),
+            S.mig_owner(node, gpu, mig.gpu_instance_id),
         )  # fmt: skip
     return table
 
@@ -287,6 +325,8 @@ class GpuScreen(BaseView):
     """Everything about one GPU."""
 
     BINDINGS = [
+        # Enter drills down everywhere: below a GPU is its SM map
+        Binding("enter", "sm_map", "SM map", show=False, key_display="Enter"),
         Binding("m", "sm_map", "SM map"),
         Binding("o", "topology", "Topology"),
     ]
@@ -324,7 +364,8 @@ class GpuScreen(BaseView):
             yield Static(id="gpu-missing", classes="summary")
             with Container(classes="grid-2"):
                 for box_id, title in BOXES:
-                    box = Static(id=f"box-{box_id}", classes="box")
+                    box = Static(id=f"box-{box_id}", classes="box span-2" if box_id in WIDE
+                                 else "box")  # fmt: skip
                     box.border_title = title
                     yield box
 
@@ -341,29 +382,33 @@ class GpuScreen(BaseView):
         palette = self.palette
         gpu = row.reading
         if gpu is None:
-            self._show_unseen(row, palette)
+            self._show_unseen(node, row, palette)
             return
         self.query_one("#box-readings", Static).border_title = "readings"
         width = max(8, min(40, self.size.width // 2 - 22))
+        owners = owner_rows(node, row.owner, palette, self.console.clock())
         boxes: dict[str, RenderableType] = {
-            "readings": readings_box(node, gpu, palette),
+            "readings": readings_box(node, row, gpu, palette),
+            "owner": kv(owners),
             "history": history_box(node, gpu, palette, width),
             "ecc": ecc_box(gpu, palette),
             "pcie": pcie_box(node, gpu, palette),
             "processes": processes_box(node, gpu),
-            "mig": mig_box(gpu),
+            "mig": mig_box(node, gpu),
             "nvlink": nvlink_box(node, gpu, palette),
             "spec": spec_box(gpu.name),
         }
         for box_id, content in boxes.items():
             self.query_one(f"#box-{box_id}", Static).update(content)
 
-    def _show_unseen(self, row: GpuRow, palette: Palette) -> None:
+    def _show_unseen(self, node: NodeSnapshot, row: GpuRow, palette: Palette) -> None:
         readings = self.query_one("#box-readings", Static)
-        readings.border_title = "identity (sysfs) and owner"
-        readings.update(unseen_box(row, palette, self.console.clock()))
+        readings.border_title = "identity (sysfs)"
+        readings.update(unseen_box(row, palette))
+        owners = owner_rows(node, row.owner, palette, self.console.clock())
+        self.query_one("#box-owner", Static).update(kv(owners))
         spec = model_spec(S.row_model(row))
-        for box_id, _title in BOXES[1:]:
+        for box_id, _title in BOXES[2:]:
             if box_id == "spec" and spec is not None:
                 content: RenderableType = spec_box(spec.name)
             else:

@@ -126,21 +126,46 @@ def _gpm_cells(gpm: GpmMetrics | None) -> list[str]:
             fmt.pct(gpm.dram_bw_util_pct)]  # fmt: skip
 
 
+def holder_owner(node: NodeSnapshot, gpu: GpuReading, holder: Holder) -> tuple[str, str]:
+    """(owner, tenant) of a holder: a MIG instance's own owner, else the whole GPU's."""
+    owner = S.gpu_ownership(node, gpu)
+    if owner is None:
+        return fmt.NA, fmt.NA
+    if holder.instance is None:
+        return owner.label, owner.owner.tenant or fmt.NA
+    mig = owner.mig(holder.instance.gpu_instance_id)
+    if mig is None:
+        return fmt.NA, fmt.NA
+    return S.mig_owner(node, gpu, mig.gpu_instance_id), mig.owner.tenant or fmt.NA
+
+
 def holders_table(node: NodeSnapshot, gpu: GpuReading, palette: Palette) -> Table:
-    """Each holder: its colour, SMs, owner, and every GPM figure that applies to it."""
+    """Each holder: its colour, SMs, and who owns it (each MIG instance its own owner)."""
     table = Table(box=None, padding=(0, 1), show_edge=False, header_style="dim")
-    for header in ("", "holder", "SMs", "owner", "SM act", "occ", "tensor", "FP64", "FP32",
-                   "FP16", "DRAM bw"):  # fmt: skip
+    for header in ("", "holder", "SMs", "owner", "tenant"):
         table.add_column(header, no_wrap=True)
     colours = palette.instances or (Style(),)
     for k, holder in enumerate(holders(gpu)):
         sms = holder.instance.sm_count if holder.instance else (gpu.sm_count or 0)
+        owner, tenant = holder_owner(node, gpu, holder)
+        table.add_row(Text("█", style=colours[k % len(colours)]), holder.label, str(sms),
+                      owner, tenant)  # fmt: skip
+    return table
+
+
+def gpm_table(gpu: GpuReading, palette: Palette) -> Table:
+    """Every GPM figure that applies to each holder (its instance's, or the GPU's)."""
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="dim")
+    for header in ("", "holder", "SM act", "occ", "tensor", "FP64", "FP32", "FP16", "DRAM bw"):
+        table.add_column(header, no_wrap=True, justify="left" if header in ("", "holder")
+                         else "right")  # fmt: skip
+    colours = palette.instances or (Style(),)
+    for k, holder in enumerate(holders(gpu)):
         gpm = holder.instance.gpm if holder.instance else gpu.gpm
         cells = _gpm_cells(gpm)
         if gpm is None and holder.activity_pct is not None:
             cells[0] = fmt.pct(holder.activity_pct) + "*"
-        table.add_row(Text("█", style=colours[k % len(colours)]), holder.label, str(sms),
-                      S.gpu_owner(node, gpu), *cells)  # fmt: skip
+        table.add_row(Text("█", style=colours[k % len(colours)]), holder.label, *cells)
     return table
 
 
@@ -188,8 +213,11 @@ class SmMapScreen(BaseView):
                 grid.border_title = "GPC / TPC / SM"
                 yield grid
                 legend = Static(id="sm-holders", classes="box")
-                legend.border_title = "holders and GPM"
+                legend.border_title = "holders and owners"
                 yield legend
+            gpm = Static(id="sm-gpm", classes="box")
+            gpm.border_title = "GPM per holder"
+            yield gpm
             note = Static(id="sm-note", classes="box")
             note.border_title = "what the shading means"
             yield note
@@ -215,4 +243,5 @@ class SmMapScreen(BaseView):
         )
         grid.update(sm_grid(spec, gpu, palette))
         self.query_one("#sm-holders", Static).update(Group(holders_table(node, gpu, palette)))
+        self.query_one("#sm-gpm", Static).update(Group(gpm_table(gpu, palette)))
         self.query_one("#sm-note", Static).update(explanation(gpu, spec))

@@ -1,8 +1,15 @@
-"""Topology: the `nvidia-smi topo -m` matrix over GPUs and NICs, the PCIe tree, NVSwitches,
-and each GPU's nearest NIC for GPUDirect RDMA."""
+"""Topology: each GPU's NIC for GPUDirect RDMA and its owner, the `nvidia-smi topo -m` matrix
+over GPUs and NICs, the PCIe tree and the NVSwitch fabric.
+
+Everything here comes from the snapshot's readings: GPU-to-GPU paths from NVML, GPU-to-NIC
+paths, sockets, NUMA nodes, rails and the pairing itself from the fabric source (which
+measured them on PCI), owners from tenancy. A simulated node is drawn the same way.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from rich.console import Group, RenderableType
@@ -14,178 +21,358 @@ from textual.app import ComposeResult
 from textual.containers import Container, ScrollableContainer
 from textual.widgets import Static
 
+from gpuconsole import format as fmt
+from gpuconsole.inventory import GpuRow
 from gpuconsole.model import FleetSnapshot, Health, NodeSnapshot, RemoteKind
-from gpuconsole.sim.profiles import NicSlot, NodeProfile
-from gpuconsole.tui.hardware import node_layout
+from gpuconsole.readings.fabric import (
+    LEVELS,
+    AffinityFlag,
+    FabricDevice,
+    FabricReading,
+    GpuAffinity,
+    PortRole,
+)
+from gpuconsole.tui import summaries as S
+from gpuconsole.tui.hardware import short_model
 from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.themes import Palette
 
-# Lower is closer: what traffic between two devices has to cross.
-LEVEL_RANK = {"X": 0, "PIX": 2, "PXB": 3, "PHB": 4, "NODE": 5, "SYS": 6}
+NEAR = ("PIX", "PXB")  # under the GPU's own PCIe switch (tree): what GPUDirect RDMA wants
 LEGEND = (
     "X self · NV# bonded NVLinks · PIX ≤1 PCIe bridge · PXB several bridges · "
     "PHB through a host bridge · NODE across host bridges in a NUMA node · "
-    "SYS across the socket link"
+    "SYS across the socket link · - NVML cannot see the GPU"
 )
+# How much each flag the fabric source raises matters; peermem is said once per node.
+FLAG_HEALTH = {
+    AffinityFlag.RAIL_DOWN: Health.CRITICAL,
+    AffinityFlag.CROSS_SOCKET: Health.CRITICAL,
+    AffinityFlag.NO_NEAR_NIC: Health.WARNING,
+    AffinityFlag.RAIL_DOWNTRAINED: Health.WARNING,
+    AffinityFlag.NO_PEERMEM: Health.WARNING,
+}
+
+
+def _natural(name: str) -> tuple[str, int]:
+    """mlx5_2 before mlx5_10, as nvidia-smi numbers its NICs."""
+    head = name.rstrip("0123456789")
+    tail = name[len(head) :]
+    return head, int(tail) if tail else -1
+
+
+def _rank(level: str | None) -> int:
+    return LEVELS.index(level) if level in LEVELS else len(LEVELS)
+
+
+def nics(fabric: FabricReading | None) -> list[FabricDevice]:
+    """The node's RDMA devices in nvidia-smi's NIC order."""
+    return sorted(fabric.devices, key=lambda d: _natural(d.name)) if fabric is not None else []
+
+
+def rail_up(device: FabricDevice) -> bool:
+    return any(p.active for p in device.ports)
+
+
+def compute_rail(device: FabricDevice) -> bool:
+    return any(p.role is PortRole.COMPUTE for p in device.ports)
 
 
 @dataclass(frozen=True, slots=True)
 class Pairing:
-    """A GPU's nearest compute NIC and the path between them."""
+    """A GPU's NIC for GPUDirect RDMA as the fabric source chose it, and what is wrong with it.
 
-    gpu: int
-    nic: str | None
-    level: str | None
+    When that NIC's rail is down, `fallback` is the nearest compute NIC whose rail is up:
+    where the GPU's traffic would go instead, and over what path.
+    """
+
+    row: GpuRow
+    affinity: GpuAffinity | None
+    fallback: str | None = None
+    fallback_level: str | None = None
+
+    @property
+    def nic(self) -> str | None:
+        return self.affinity.best_device if self.affinity is not None else None
+
+    @property
+    def level(self) -> str | None:
+        return self.affinity.best_level if self.affinity is not None else None
+
+    @property
+    def flags(self) -> tuple[AffinityFlag, ...]:
+        """The fabric source's flags, less peermem (a node-wide fact, said once)."""
+        if self.affinity is None:
+            return ()
+        return tuple(f for f in self.affinity.flags if f is not AffinityFlag.NO_PEERMEM)
 
     @property
     def crosses_sockets(self) -> bool:
-        return self.level == "SYS"
+        """Its traffic crosses the socket link: chosen so, or falling back so."""
+        if AffinityFlag.CROSS_SOCKET in self.flags or self.level == "SYS":
+            return True
+        return AffinityFlag.RAIL_DOWN in self.flags and self.fallback_level == "SYS"
+
+    @property
+    def health(self) -> Health:
+        """Critical when its rail is down or it crosses sockets; a warning for the rest."""
+        if self.affinity is None:
+            return Health.UNKNOWN
+        worst = Health.OK
+        for flag in self.flags:
+            if FLAG_HEALTH[flag] is Health.CRITICAL:
+                return Health.CRITICAL
+            worst = Health.WARNING
+        return Health.CRITICAL if self.crosses_sockets else worst
+
+    def words(self) -> list[str]:
+        """What is wrong, one phrase per flag, in the fabric source's words."""
+        out = []
+        for flag in self.flags:
+            if flag is AffinityFlag.RAIL_DOWN:
+                if self.fallback is None:
+                    out.append(f"{flag.value}: no other compute rail is up")
+                else:
+                    where = " across the socket link" if self.fallback_level == "SYS" else ""
+                    out.append(f"{flag.value}: falls back to {self.fallback} "
+                               f"({self.fallback_level}){where}")  # fmt: skip
+            else:
+                out.append(flag.value)
+        if self.level == "SYS" and AffinityFlag.CROSS_SOCKET not in self.flags:
+            out.append(AffinityFlag.CROSS_SOCKET.value)
+        return out
 
 
-def gpu_paths(node: NodeSnapshot, layout: NodeProfile) -> dict[int, tuple[str, ...]]:
-    """Each GPU's PCI path, matched by bus id (index as a fallback)."""
-    by_bus = {slot.bus_id.upper(): slot for slot in layout.gpus}
-    paths = {}
-    for gpu in node.gpus:
-        slot = by_bus.get(gpu.pci_bus_id.upper())
-        if slot is None and gpu.index < len(layout.gpus):
-            slot = layout.gpus[gpu.index]
-        if slot is not None:
-            paths[gpu.index] = slot.pci_path
-    return paths
+def _fallback(affinity: GpuAffinity, up: set[str]) -> tuple[str | None, str | None]:
+    """The nearest other compute NIC with a rail up, by the fabric source's levels."""
+    options = [
+        lv for lv in affinity.levels if lv.device in up and lv.device != affinity.best_device
+    ]
+    if not options:
+        return None, None
+    best = min(options, key=lambda lv: (_rank(lv.level), _natural(lv.device)))
+    return best.device, best.level
 
 
-def nic_level(layout: NodeProfile, gpu_path: tuple[str, ...], nic: NicSlot) -> str:
-    return layout.pci_level(gpu_path, nic.pci_path)
-
-
-def pairings(node: NodeSnapshot, layout: NodeProfile) -> list[Pairing]:
-    """For each GPU, the compute NIC with the shortest PCIe path (ties: lowest name)."""
-    paths = gpu_paths(node, layout)
-    compute = [nic for nic in layout.nics if nic.role == "compute"]
+def pairings(node: NodeSnapshot) -> list[Pairing]:
+    """Every GPU of the node (a guest's too: the fabric source finds it on PCI) with its NIC."""
+    fabric = node.fabric
+    up = {d.name for d in nics(fabric) if compute_rail(d) and rail_up(d)}
     out = []
-    for gpu in node.gpus:
-        path = paths.get(gpu.index)
-        if path is None or not compute:
-            out.append(Pairing(gpu.index, None, None))
-            continue
-        best = min(compute, key=lambda n: (LEVEL_RANK[nic_level(layout, path, n)], n.name))
-        out.append(Pairing(gpu.index, best.name, nic_level(layout, path, best)))
+    for row in S.gpu_rows(node):
+        affinity = fabric.gpu(row.bus_id) if fabric is not None and ":" in row.bus_id else None
+        fallback: tuple[str | None, str | None] = (None, None)
+        if affinity is not None and AffinityFlag.RAIL_DOWN in affinity.flags:
+            fallback = _fallback(affinity, up)
+        out.append(Pairing(row, affinity, *fallback))
     return out
 
 
 def level_style(code: str, palette: Palette) -> Style:
     """Near is green, through a host bridge amber, across sockets grey; NVLink bold."""
-    if code == "X":
+    if code in ("X", "-", "?"):
         return Style(dim=True)
     if code.startswith("NV"):
         return palette.health[Health.OK] + Style(bold=True)
-    if code in ("PIX", "PXB"):
+    if code in NEAR:
         return palette.health[Health.OK]
     if code in ("PHB", "NODE"):
         return palette.health[Health.WARNING]
     return palette.health[Health.STALE]
 
 
-def matrix(node: NodeSnapshot, layout: NodeProfile | None, palette: Palette) -> Text:
-    """GPU and NIC rows against GPU and NIC columns, with CPU affinity and NUMA node.
+def gpu_name(row: GpuRow) -> str:
+    """'GPU3', or the bus id of a GPU NVML does not number (a guest's)."""
+    return f"GPU{row.index}" if row.index is not None else row.short_bus[:5]
+
+
+def matrix(node: NodeSnapshot, palette: Palette) -> Text:
+    """GPU rows against GPU and NIC columns, with CPU affinity and NUMA node.
 
     Laid out in fixed columns like `nvidia-smi topo -m`, so it scrolls instead of squeezing.
+    NIC-to-NIC paths are not measured by the fabric source, so there are no NIC rows.
     """
-    gpus = node.gpus
-    nics = list(layout.nics) if layout is not None else []
-    paths = gpu_paths(node, layout) if layout is not None else {}
+    rows = S.gpu_rows(node)
+    fabric = node.fabric
+    devices = nics(fabric)
     topo = node.nvml.gpu_topology if node.nvml is not None else ()
-    names = [f"GPU{g.index}" for g in gpus] + [f"NIC{i}" for i in range(len(nics))]
+    position = {g.index: k for k, g in enumerate(node.gpus)}  # NVML's rows are in its order
+    names = [gpu_name(r) for r in rows] + [f"NIC{i}" for i in range(len(devices))]
     width = max([5, *(len(n) for n in names)]) + 1
     text = Text(no_wrap=True)
     text.append(" " * width)
-    for name in names:
-        text.append(name.ljust(width), style="bold")
+    for k, name in enumerate(names):
+        down = k >= len(rows) and not rail_up(devices[k - len(rows)])
+        text.append(name.ljust(width), style=palette.health[Health.CRITICAL] if down else "bold")
     text.append("CPU affinity".ljust(18) + "NUMA", style="bold")
 
-    def level(a: int, b: int) -> str:
-        """Topology code between the a-th and b-th device of `names`."""
-        n = len(gpus)
-        if a < n and b < n:
-            row = topo[a] if a < len(topo) else ()
-            return row[b] if b < len(row) else "?"
-        if layout is None:
-            return "?"
-        path_a = paths.get(gpus[a].index) if a < n else nics[a - n].pci_path
-        path_b = paths.get(gpus[b].index) if b < n else nics[b - n].pci_path
-        return layout.pci_level(path_a, path_b) if path_a and path_b else "?"
+    def gpu_level(a: GpuRow, b: GpuRow) -> str:
+        if a.bus_id == b.bus_id:
+            return "X"
+        if a.index is None or b.index is None:
+            return "-"  # NVML cannot see one of them (a guest's)
+        pa, pb = position.get(a.index), position.get(b.index)
+        if pa is None or pb is None:
+            return "-"
+        line = topo[pa] if pa < len(topo) else ()
+        return line[pb] if pb < len(line) else "?"
 
-    for a, name in enumerate(names):
+    for row in rows:
+        affinity = fabric.gpu(row.bus_id) if fabric is not None and ":" in row.bus_id else None
+        by_device = {lv.device: lv.level for lv in affinity.levels} if affinity else {}
         text.append("\n")
-        text.append(name.ljust(width), style="bold")
-        for b in range(len(names)):
-            code = level(a, b)
+        text.append(gpu_name(row).ljust(width), style="bold")
+        for other in rows:
+            code = gpu_level(row, other)
             text.append(code.ljust(width), style=level_style(code, palette))
-        if a < len(gpus):
-            gpu = gpus[a]
-            text.append((gpu.cpu_affinity or "-").ljust(18))
-            text.append("-" if gpu.numa_node is None else str(gpu.numa_node))
-        else:
-            text.append(" " * 18 + str(nics[a - len(gpus)].numa_node))
+        for device in devices:
+            code = by_device.get(device.name, "?")
+            style = level_style(code, palette)
+            if affinity is not None and device.name == affinity.best_device:
+                style += Style(underline=True)  # the NIC the fabric source pairs it with
+            text.append(code.ljust(width), style=style)
+        reading = row.reading
+        numa = reading.numa_node if reading is not None else None
+        if numa is None and affinity is not None:
+            numa = affinity.numa_node
+        text.append(((reading.cpu_affinity if reading else None) or "-").ljust(18))
+        text.append(fmt.number(numa))
     return text
 
 
-def nic_legend(layout: NodeProfile | None) -> Text:
-    if layout is None:
-        return Text("NICs: needs the fabric source ([fabric] enabled = true)", style="dim")
+def nic_legend(node: NodeSnapshot, palette: Palette) -> Text:
+    """NIC# to device, netdev, role, rate and state, as the fabric source read them."""
+    fabric = node.fabric
+    if fabric is None:
+        return Text(S.pending_panel(node, "fabric") or fmt.NA, style=palette.dim)
     text = Text()
-    for i, nic in enumerate(layout.nics):
-        text.append(f"NIC{i}: {nic.name} {nic.netdev} · {nic.role} · {nic.rate_gbps} Gb/s "
-                    f"{nic.link_layer}\n")  # fmt: skip
+    for i, device in enumerate(nics(fabric)):
+        text.append(f"NIC{i}: {device.name}")
+        for port in device.ports:
+            rate = port.rate_text or (f"{port.rate_gbps:g} Gb/s" if port.rate_gbps else fmt.NA)
+            text.append(f" {port.netdev or '-'} · {port.role.value} · {rate} {port.link_layer}")
+            if not port.active:
+                text.append(f" · {port.state} ({port.phys_state})",
+                            style=palette.health[Health.CRITICAL])  # fmt: skip
+            elif port.downtrained:
+                text.append(" · downtrained", style=palette.health[Health.WARNING])
+        text.append(f" · NUMA {fmt.number(device.numa_node)}\n")
+    text.rstrip()
     return text
 
 
-def _label(part: str, layout: NodeProfile, node: NodeSnapshot) -> str:
-    gpu_by_name = {f"gpu{g.index}": g for g in node.gpus}
-    if part in gpu_by_name:
-        gpu = gpu_by_name[part]
-        return f"GPU {gpu.index}  {gpu.pci_bus_id[-7:]}" + ("  LOST" if gpu.lost else "")
-    for nic in layout.nics:
-        if nic.name == part:
-            return f"{nic.name}  {nic.role} {nic.rate_gbps}G"
-    if part.startswith("socket"):
-        return f"CPU socket {part[6:]}  {layout.cpu_model}"
-    if part.startswith("numa"):
-        cpus = {g.cpu_affinity for g in node.gpus if g.numa_node == int(part[4:])} - {None}
-        return f"NUMA {part[4:]}" + (f"  CPUs {sorted(cpus)[0]}" if cpus else "")
-    if part.startswith("rp"):
-        return "root port"
-    if part.startswith("sw"):
-        return "PCIe switch"
-    return part
+def _gpu_label(row: GpuRow, palette: Palette) -> Text:
+    text = Text()
+    if row.index is None:
+        glyph = S.PASSTHROUGH_GLYPH if row.passthrough else S.UNSEEN_GLYPH
+        text.append(f"{glyph} ", style=palette.passthrough_fg if row.passthrough else palette.dim)
+        text.append(f"GPU {row.short_bus}  {row.driver or 'no driver'}")
+        return text
+    text.append(f"GPU {row.index}  {row.short_bus}")
+    if row.lost:
+        text.append("  LOST", style=palette.health[Health.CRITICAL])
+    return text
 
 
-def pci_tree(node: NodeSnapshot, layout: NodeProfile | None) -> RenderableType:
-    """Sockets > NUMA nodes > root ports > switches > GPUs and NICs."""
-    root = Tree(f"{node.node}" + (f"  {layout.product}" if layout else ""), guide_style="dim")
-    if layout is None:
-        by_numa: dict[int | None, list[int]] = {}
-        for gpu in node.gpus:
-            by_numa.setdefault(gpu.numa_node, []).append(gpu.index)
-        for numa, indexes in sorted(by_numa.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
-            branch = root.add(f"NUMA {numa if numa is not None else '?'}")
-            for index in indexes:
-                branch.add(f"GPU {index}")
-        root.add(
-            Text(
-                "PCIe switches and NICs need the fabric source ([fabric] enabled = true)",
-                style="dim",
-            )
-        )
+def _nic_label(device: FabricDevice, palette: Palette) -> Text:
+    roles = sorted({p.role.value for p in device.ports})
+    rates = sorted({f"{p.rate_gbps:g}G" for p in device.ports if p.rate_gbps})
+    text = Text(f"{device.name}  {'/'.join(roles)} {' '.join(rates)}".rstrip())
+    if not rail_up(device):
+        text.append("  DOWN", style=palette.health[Health.CRITICAL])
+    elif any(p.downtrained for p in device.ports):
+        text.append("  downtrained", style=palette.health[Health.WARNING])
+    return text
+
+
+def pci_tree(node: NodeSnapshot, palette: Palette) -> RenderableType:
+    """Sockets > NUMA nodes > PCIe switches > GPUs and NICs, from the fabric source's levels.
+
+    GPUs and NICs one or a few bridges apart (PIX, PXB) share a switch; the reading has no
+    bridge addresses, so each switch (or switch tree) is one branch.
+    """
+    rows = S.gpu_rows(node)
+    root = Tree(f"{node.node}  {len(rows)}\u00d7 {short_model(S.node_model(node))}",
+                guide_style="dim")  # fmt: skip
+    fabric = node.fabric
+    if fabric is None:
+        by_numa: dict[int | None, list[GpuRow]] = {}
+        for row in rows:
+            numa = row.reading.numa_node if row.reading is not None else None
+            if numa is None and row.pci is not None:
+                numa = row.pci.numa_node
+            by_numa.setdefault(numa, []).append(row)
+        for numa, members in sorted(by_numa.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+            branch = root.add(f"NUMA {fmt.number(numa)}")
+            for row in members:
+                branch.add(_gpu_label(row, palette))
+        root.add(Text("PCIe switches and NICs: " + (S.pending_panel(node, "fabric") or fmt.NA),
+                      style=palette.dim))  # fmt: skip
         return root
-    nodes: dict[tuple[str, ...], Tree] = {(): root}
-    paths = [*gpu_paths(node, layout).values(), *(nic.pci_path for nic in layout.nics)]
-    for path in sorted(paths):
-        for depth in range(1, len(path) + 1):
-            prefix = path[:depth]
-            if prefix not in nodes:
-                nodes[prefix] = nodes[prefix[:-1]].add(_label(prefix[-1], layout, node))
+
+    devices = nics(fabric)
+    affinities = {r.bus_id: fabric.gpu(r.bus_id) for r in rows if ":" in r.bus_id}
+    # Union GPUs with the NICs near them: each group is one switch (or switch tree).
+    parent: dict[str, str] = {}
+
+    def find(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    deepest: dict[str, str] = {}
+    for bus, affinity in affinities.items():
+        for lv in affinity.levels if affinity is not None else ():
+            if lv.level in NEAR:
+                a, b = find(f"gpu:{bus}"), find(f"nic:{lv.device}")
+                parent[a] = b
+    for affinity in affinities.values():
+        for lv in affinity.levels if affinity is not None else ():
+            if lv.level in NEAR:
+                group = find(f"nic:{lv.device}")
+                if lv.level == "PXB" or deepest.get(group) != "PXB":
+                    deepest[group] = lv.level
+
+    # place: (socket, numa) -> group -> members
+    places: dict[tuple[int | None, int | None], dict[str, list[Text]]] = {}
+    for row in rows:
+        affinity = affinities.get(row.bus_id)
+        socket = affinity.socket if affinity is not None else None
+        numa = affinity.numa_node if affinity is not None else None
+        key = f"gpu:{row.bus_id}"
+        group = find(key) if key in parent else key
+        places.setdefault((socket, numa), {}).setdefault(group, []).append(_gpu_label(row, palette))
+    for device in devices:
+        key = f"nic:{device.name}"
+        group = find(key) if key in parent else key
+        places.setdefault((device.socket, device.numa_node), {}).setdefault(group, []).append(
+            _nic_label(device, palette)
+        )
+    cpus: dict[int | None, set[str]] = {}
+    for row in rows:
+        if row.reading is not None and row.reading.cpu_affinity:
+            cpus.setdefault(row.reading.numa_node, set()).add(row.reading.cpu_affinity)
+    sockets: dict[int | None, Tree] = {}
+
+    def order(kv: tuple[tuple[int | None, int | None], object]) -> tuple[int, int]:
+        (socket, numa), _ = kv
+        return (-1 if socket is None else socket, -1 if numa is None else numa)
+
+    for (socket, numa), groups in sorted(places.items(), key=order):
+        if socket not in sockets:
+            sockets[socket] = root.add(f"CPU socket {fmt.number(socket)}")
+        numa_label = f"NUMA {fmt.number(numa)}"
+        if cpus.get(numa):
+            numa_label += f"  CPUs {sorted(cpus[numa])[0]}"
+        branch = sockets[socket].add(numa_label)
+        for group, labels in groups.items():
+            if len(labels) == 1 and group not in deepest:
+                branch.add(labels[0])  # nothing shares its switch: straight off the root port
+                continue
+            switch = branch.add(
+                "PCIe switch" if deepest.get(group) == "PIX" else "PCIe switches (PXB)"
+            )
+            for label in labels:
+                switch.add(label)
     return root
 
 
@@ -197,6 +384,9 @@ def nvswitch_box(node: NodeSnapshot) -> RenderableType:
             if link.active and link.remote_kind is RemoteKind.NVSWITCH and link.remote_pci_bus_id:
                 per = switches.setdefault(link.remote_pci_bus_id, {})
                 per[gpu.index] = per.get(gpu.index, 0) + 1
+    if not node.gpus:
+        return Text("NVML sees no GPU on this host (a guest's GPUs are the guest's to read): "
+                    "no NVLink readings", style="dim")  # fmt: skip
     if not switches:
         direct = any(link.remote_kind is RemoteKind.GPU for g in node.gpus for link in g.nvlinks)
         return Text("GPU-to-GPU NVLink bridges" if direct else "no NVSwitch fabric", style="dim")
@@ -209,75 +399,141 @@ def nvswitch_box(node: NodeSnapshot) -> RenderableType:
     return Group(Text("active links, GPU → switch", style="dim"), table)
 
 
-def gpudirect_box(
-    node: NodeSnapshot, layout: NodeProfile | None, palette: Palette
-) -> RenderableType:
-    if layout is None:
-        return Text("needs NIC placement from the fabric source", style="dim")
+def rails_line(fabric: FabricReading, palette: Palette) -> Text:
+    """'compute rails: 8/8 up at 400 Gb/sec (4X NDR)', then whether nvidia-peermem is loaded."""
+    compute = [p for p in fabric.ports if p.role is PortRole.COMPUTE]
+    up = [p for p in compute if p.active]
+    text = Text()
+    style = palette.health[Health.OK if len(up) == len(compute) else Health.CRITICAL]
+    text.append(f"compute rails: {len(up)}/{len(compute)} up", style=style)
+    rates = Counter(p.rate_text or f"{p.rate_gbps:g} Gb/s" for p in up if p.rate_gbps)
+    if rates:
+        text.append(f" at {rates.most_common(1)[0][0]}")
+    slow = sum(1 for p in up if p.downtrained)
+    if slow:
+        text.append(f", {slow} downtrained", style=palette.health[Health.WARNING])
+    if fabric.peermem_loaded is True:
+        text.append("\nnvidia-peermem loaded")
+    elif fabric.peermem_loaded is False:
+        text.append("\nnvidia-peermem NOT loaded: no GPUDirect RDMA",
+                    style=palette.health[Health.WARNING])  # fmt: skip
+    return text
+
+
+def gpudirect_box(node: NodeSnapshot, palette: Palette) -> RenderableType:
+    """Each GPU → its NIC (path), its owner, and what is wrong with the pairing, in colour."""
+    fabric = node.fabric
+    if fabric is None:
+        return Text(S.pending_panel(node, "fabric") or fmt.NA, style=palette.dim)
+    found = pairings(node)
     lines = Text()
-    for pairing in pairings(node, layout):
-        lines.append(f"GPU {pairing.gpu} → {pairing.nic or '-'} ({pairing.level or '?'})")
-        if pairing.crosses_sockets:
-            lines.append("  crosses the socket link", style=palette.health[Health.CRITICAL])
-        elif pairing.level in ("PHB", "NODE"):
-            lines.append("  through the host bridge", style=palette.health[Health.WARNING])
+    stale = S.stale_words(node, "fabric")
+    if stale is not None:
+        lines.append(stale + "\n", style=palette.health[Health.STALE])
+    lines.append_text(rails_line(fabric, palette))
+    if not found:
+        lines.append("\nno GPUs", style=palette.dim)
+        return lines
+    labels = [p.row.name for p in found]
+    nic_width = max(len(p.nic or "-") for p in found)
+    label_width = max(len(label) for label in labels)
+    for pairing, label in zip(found, labels, strict=True):
         lines.append("\n")
-    lines.rstrip()
+        health = pairing.health
+        colour = palette.health[health] if health is not Health.OK else Style()
+        if pairing.affinity is None:
+            lines.append(f"{label.ljust(label_width)}   not found on PCI by the fabric source",
+                         style=palette.dim)  # fmt: skip
+            continue
+        lines.append(f"{label.ljust(label_width)} → ")
+        lines.append((pairing.nic or "-").ljust(nic_width), style=colour)
+        level = pairing.level or "?"
+        lines.append(f" {level.ljust(4)} ", style=level_style(level, palette))
+        lines.append(pairing.row.label, style=palette.dim if not pairing.row.in_use else "")
+        for words in pairing.words():
+            lines.append(f"\n{' ' * (label_width + 1)}✖ " if health is Health.CRITICAL
+                         else f"\n{' ' * (label_width + 1)}▲ ", style=colour)  # fmt: skip
+            lines.append(words, style=colour)
     return lines
 
 
+def _key(node: NodeSnapshot) -> Hashable:
+    """Everything the view draws, less the counters that move every poll."""
+    fabric = node.fabric
+    devices = tuple(
+        (d.name, d.numa_node, d.socket, tuple(
+            (p.port, p.state, p.phys_state, p.role, p.rate_gbps, p.rate_text, p.netdev,
+             p.downtrained, p.link_layer) for p in d.ports))
+        for d in nics(fabric)
+    )  # fmt: skip
+    gpus = tuple(
+        (r.bus_id, r.index, r.label, r.in_use, r.lost, r.driver,
+         r.reading.cpu_affinity if r.reading else None,
+         r.reading.numa_node if r.reading else None,
+         tuple((lk.active, lk.remote_kind, lk.remote_pci_bus_id) for lk in r.reading.nvlinks)
+         if r.reading else ())
+        for r in S.gpu_rows(node)
+    )  # fmt: skip
+    status = node.status("fabric")
+    return (
+        gpus,
+        devices,
+        fabric.gpus if fabric is not None else None,
+        fabric.peermem_loaded if fabric is not None else None,
+        node.nvml.gpu_topology if node.nvml is not None else None,
+        (status.ok, status.stale_since, status.error) if status is not None else None,
+    )
+
+
 class TopologyScreen(BaseView):
-    """How a node's GPUs, NICs and CPUs connect."""
+    """How a node's GPUs, NICs and CPUs connect, and who owns each GPU."""
 
     HELP_EXTRA = (("↑ ↓ ← →", "scroll"),)
 
     def __init__(self, node_name: str) -> None:
         super().__init__()
         self.node_name = node_name
+        self._drawn: Hashable = None
 
     def crumbs(self) -> list[str]:
         return ["Fleet", self.node_name, "topology"]
 
     def compose_body(self) -> ComposeResult:
         with ScrollableContainer(classes="scroll-body", id="topo-body"):
+            with Container(classes="grid-2"):
+                pairing = Static(id="topo-gpudirect", classes="box")
+                pairing.border_title = "GPUDirect RDMA: each GPU's NIC and owner"
+                yield pairing
+                nvswitch = Static(id="topo-nvswitch", classes="box")
+                nvswitch.border_title = "NVSwitch fabric"
+                yield nvswitch
             matrix_box = Static(id="topo-matrix", classes="box wide")
             matrix_box.border_title = "topo -m"
             yield matrix_box
-            with Container(classes="grid-2"):
-                tree = Static(id="topo-tree", classes="box")
-                tree.border_title = "PCIe tree"
-                yield tree
-                with Container(classes="stack"):
-                    for box_id, title in (("topo-gpudirect", "GPUDirect RDMA: nearest NIC"),
-                                          ("topo-nvswitch", "NVSwitch fabric")):  # fmt: skip
-                        box = Static(id=box_id, classes="box")
-                        box.border_title = title
-                        yield box
+            tree = Static(id="topo-tree", classes="box")
+            tree.border_title = "PCIe tree"
+            yield tree
 
     def apply(self, snapshot: FleetSnapshot, *, force: bool = False) -> None:
         node = snapshot.node(self.node_name)
         if node is None:
-            self.query_one("#topo-matrix", Static).update(f"{self.node_name}: not in the snapshot")
+            self.query_one("#topo-gpudirect", Static).update(
+                f"{self.node_name}: not in the snapshot"
+            )
+            self._drawn = None
             return
-        if not force and node.nvml is not None and self._applied is not None:
-            previous = self._applied.node(self.node_name)
-            if (
-                previous is not None
-                and previous.nvml is not None
-                and (
-                    previous.nvml.gpu_topology == node.nvml.gpu_topology
-                    and [g.state for g in previous.gpus] == [g.state for g in node.gpus]
-                )
-            ):
-                return  # the layout has not changed; skip re-rendering the tables
-        layout = node_layout(node)
+        key = _key(node)
+        if not force and key == self._drawn:
+            return  # nothing the view draws has changed; skip re-rendering
+        self._drawn = key
         palette = self.palette
-        source = (Text(f"NIC placement from the {layout.product} profile (simulated node)\n",
-                       style="dim") if layout is not None and node.simulated else Text())  # fmt: skip
-        grid = matrix(node, layout, palette)
+        grid = matrix(node, palette)
         box = self.query_one("#topo-matrix", Static)
         box.styles.min_width = max(len(line) for line in grid.plain.splitlines()) + 4
-        box.update(Group(grid, Text(), nic_legend(layout), source, Text(LEGEND, style="dim")))
-        self.query_one("#topo-tree", Static).update(pci_tree(node, layout))
-        self.query_one("#topo-gpudirect", Static).update(gpudirect_box(node, layout, palette))
+        underline = Text("underlined: the NIC the fabric source pairs the GPU with",
+                         style=palette.dim)  # fmt: skip
+        box.update(Group(grid, Text(), nic_legend(node, palette), Text(), underline,
+                         Text(LEGEND, style=palette.dim)))  # fmt: skip
+        self.query_one("#topo-tree", Static).update(pci_tree(node, palette))
+        self.query_one("#topo-gpudirect", Static).update(gpudirect_box(node, palette))
         self.query_one("#topo-nvswitch", Static).update(nvswitch_box(node))
