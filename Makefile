@@ -2,9 +2,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# gpustat, nvitop and nvitop-exporter for `make bench-compare`, apart from gpuconsole's venv
+COMPARE_VENV ?= .venv-compare
+BENCH_COMPARE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck contracts pytest bench test-snapshot-update snapshots-update clean
+.PHONY: demo test lint typecheck contracts pytest bench bench-compare test-snapshot-update snapshots-update clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gpuconsole needs Python 3.11+"'
@@ -42,6 +45,17 @@ pytest: $(VENV)/.installed-test
 ## speed and memory figures (medians), printed
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m benchmarks
+
+$(COMPARE_VENV)/.installed: benchmarks/compare/requirements.txt
+	$(PYTHON) -m venv $(COMPARE_VENV)
+	$(COMPARE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(COMPARE_VENV)/bin/python -m pip install -q -r benchmarks/compare/requirements.txt
+	touch $@
+
+## beside gpustat, nvitop and nvitop-exporter on one fake NVML: prints, writes benchmarks/RESULTS.md
+## (BENCH_COMPARE_ARGS="--duration 30", "--profile DIR"; see python -m benchmarks.compare -h)
+bench-compare: $(VENV)/.installed $(COMPARE_VENV)/.installed
+	$(BIN)/python -m benchmarks.compare --tools $(COMPARE_VENV) $(BENCH_COMPARE_ARGS)
 
 ## rewrite the SVG snapshots under snapshots/
 test-snapshot-update snapshots-update: $(VENV)/.installed-test
