@@ -164,6 +164,9 @@ HOT_THROTTLE = frozenset(
     {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
 )
 
+# How long one event wait blocks: also how long close() may wait for the watcher, which
+# a one-shot `gpuconsole snapshot` pays in full.
+EVENT_WAIT_MS = 100
 EVENT_XID = 0x8
 EVENT_SBE = 0x1
 EVENT_DBE = 0x2
@@ -892,6 +895,8 @@ class NvmlSource:
     def _read_links(self, gpu: _Gpu) -> None:
         lib, h, call = self._lib, gpu.handle, self._call
         known = {link.link: link for link in gpu.links}
+        # Every link of a GPU speaks one NVLink generation: asked once, of the first link up.
+        version = next((link.version for link in gpu.links if link.version is not None), None)
         links: list[_Link] = []
         for n in range(gpu.nvlink_count):
             state = call(gpu, "nvlink_state", lib.nvmlDeviceGetNvLinkState, h, n)
@@ -900,7 +905,9 @@ class NvmlSource:
             link = known.get(n) or _Link(n, bool(state))
             link.active = bool(state)
             if link.active and link.remote_pci_bus_id is None:
-                link.version = call(gpu, "nvlink_version", lib.nvmlDeviceGetNvLinkVersion, h, n)
+                if version is None:
+                    version = call(gpu, "nvlink_version", lib.nvmlDeviceGetNvLinkVersion, h, n)
+                link.version = version
                 kind = call(
                     gpu, "nvlink_remote_type", lib.nvmlDeviceGetNvLinkRemoteDeviceType, h, n
                 )
@@ -1046,7 +1053,7 @@ class NvmlSource:
                 return
             while not self._stop.is_set():
                 try:
-                    data = lib.nvmlEventSetWait(event_set, 500)
+                    data = lib.nvmlEventSetWait(event_set, EVENT_WAIT_MS)
                 except lib.NVMLError as exc:
                     if getattr(exc, "value", None) != TIMEOUT:
                         log.debug("event wait: %s", exc)
