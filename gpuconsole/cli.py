@@ -97,14 +97,15 @@ def cmd_console(args: argparse.Namespace) -> int:
 
 
 def cmd_wallboard(args: argparse.Namespace) -> int:
-    """The read-only wallboard in this terminal, on this node's sources or the simulator."""
+    """The read-only wallboard in this terminal: this node's, the fleet's ([fleet]) or the
+    simulator's."""
     cfg = _config(args)
     try:
         from gpuconsole.tui.wallboard import WallboardApp
     except ImportError as exc:
         print(f"gpuconsole: the wallboard cannot start: {exc}", file=sys.stderr)
         return 1
-    hub = sim_hub(cfg, args.nodes, args.seed) if args.demo else node_hub(cfg)
+    hub = sim_hub(cfg, args.nodes, args.seed) if args.demo else console_hub(cfg)
     _log_to_file()
     page_s = args.page_s if args.page_s is not None else cfg.wallboard.page_s
     WallboardApp(hub, theme=args.theme or cfg.wallboard.theme, page_s=page_s).run()
@@ -159,7 +160,7 @@ def cmd_ssh_server(args: argparse.Namespace) -> int:
         return 1
     cfg = _config(args)
     settings = ssh_settings(cfg, args.listen, args.authorized_keys)
-    hub = sim_hub(cfg, args.nodes, args.seed) if args.demo else node_hub(cfg)
+    hub = sim_hub(cfg, args.nodes, args.seed) if args.demo else console_hub(cfg)
     factory = console_factory(
         hub,
         theme=cfg.ui.theme,
@@ -256,9 +257,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_power(args: argparse.Namespace) -> int:
     """Power a node on, off, soft off or reset through its BMC: checked, confirmed, audited."""
-    from gpuconsole.actions.audit import AuditLog
     from gpuconsole.actions.power import ActionRefused, PowerRequest, power
     from gpuconsole.actions.roles import Actor, Role, local_actor
+    from gpuconsole.actions.store import action_store, demo_store
     from gpuconsole.sources.bmc import BmcError, PowerAction
 
     cfg = _config(args)
@@ -285,11 +286,12 @@ def cmd_power(args: argparse.Namespace) -> int:
     if confirm is None and sys.stdin.isatty():
         confirm = input(f"Power {args.state} {args.node}: type the node name to confirm: ")
     request = PowerRequest(args.node, PowerAction(args.state), actor, (confirm or "").strip())
+    audit = (demo_store() if args.demo else action_store(cfg.actions)).audit()
 
     async def run() -> str:
         await source.start(lambda _event: None)
         try:
-            return await power(request, source, AuditLog())
+            return await power(request, source, audit)
         finally:
             await source.close()
 
@@ -306,7 +308,8 @@ def cmd_power(args: argparse.Namespace) -> int:
 
 
 def cmd_assign(args: argparse.Namespace) -> int:
-    """Move GPUs to free, drained, k8s or vm:NAME: planned, confirmed, journaled, audited."""
+    """Move GPUs to free, drained, k8s or vm:NAME: planned, confirmed, journaled, audited;
+    or propose free GPUs for a request (--propose N), and with --to move them."""
     from gpuconsole.actions.assign import AssignRequest, gpu_args, run_assign
     from gpuconsole.actions.roles import Actor, Role, local_actor
 
@@ -321,6 +324,8 @@ def cmd_assign(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         yes=args.yes,
         demo=args.demo,
+        propose=args.propose,
+        model=args.model,
     )
     ask = input if sys.stdin.isatty() else None
     return asyncio.run(run_assign(cfg, request, actor, ask=ask))
@@ -530,8 +535,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_power)
 
     p = sub.add_parser("assign", help="move GPUs to free, drained, k8s or vm:NAME")
-    p.add_argument("gpus", nargs="+", metavar="GPU", help="index, bus id or UUID")
-    p.add_argument("--to", required=True, metavar="TARGET", help="free, drained, k8s or vm:NAME")
+    p.add_argument("gpus", nargs="*", metavar="GPU", help="index, bus id or UUID")
+    p.add_argument("--to", metavar="TARGET", help="free, drained, k8s or vm:NAME")
+    p.add_argument(
+        "--propose",
+        type=int,
+        metavar="N",
+        help="propose N free GPUs of one NVLink domain and their NICs (with --to: move them)",
+    )
+    p.add_argument("--model", metavar="NAME", help="with --propose: GPUs named so (H100)")
     p.add_argument("--node", help="the node (with --demo: a simulated one)")
     p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
     p.add_argument("--yes", action="store_true", help="confirm without asking")

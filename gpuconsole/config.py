@@ -159,13 +159,28 @@ class FleetConfig:
     agents: tuple[str, ...] = field(
         default=(),
         metadata=_doc(
-            'Agents as "NAME=URL" or "URL" (the name is then the host), '
-            'e.g. ["dgx-001=http://dgx-001:9400"]'
+            'Agents as "NAME=URL" or "URL" (the name is then the host, or host:port when '
+            'several agents share a host), e.g. ["dgx-001=http://dgx-001:9400"]'
         ),
     )
     targets_file: str = field(
         default="",
         metadata=_doc("Prometheus file_sd JSON of agents: targets host:port, labels node and ssh"),
+    )
+    prometheus: str = field(
+        default="",
+        metadata=_doc(
+            "URL of a Prometheus (or compatible) server that scrapes the agents: the fleet "
+            "overview is then read from it with PromQL, a node's detail still from its agent; "
+            "empty: read every agent"
+        ),
+    )
+    prometheus_selector: str = field(
+        default="",
+        metadata=_doc(
+            'Label matchers added to every PromQL selector, e.g. job="gpuconsole"; '
+            "empty: every target Prometheus scrapes"
+        ),
     )
     interval_s: float = field(
         default=1.0, metadata=_doc("Seconds between reads of each agent", minimum=0.1)
@@ -182,11 +197,19 @@ class FleetConfig:
 class ActionsConfig:
     """[actions]: reassigning GPUs (`gpuconsole assign`): journal, sysfs, Kubernetes."""
 
+    state_dir: str = field(
+        default=paths.SYSTEM_STATE_DIR,
+        metadata=_doc(
+            "Folder of the action journal, GPU locks and audit log, shared by every user and "
+            "session of this machine (make it: install -d -m 2770 -g gpuconsole-operator "
+            "DIR); not writable: the user's own state folder, with a warning"
+        ),
+    )
     journal: str = field(
-        default="", metadata=_doc("SQLite journal of actions and GPU locks; empty: state folder")
+        default="", metadata=_doc("SQLite journal of actions and GPU locks; empty: in state_dir")
     )
     audit_log: str = field(
-        default="", metadata=_doc("Append-only audit log (JSON lines); empty: state folder")
+        default="", metadata=_doc("Append-only audit log (JSON lines); empty: in state_dir")
     )
     sysfs_root: str = field(
         default="", metadata=_doc("sysfs the vfio driver writes to; empty: [host] sysfs_root")

@@ -1,9 +1,15 @@
-"""Where gpuconsole keeps things on disk (XDG base directories)."""
+"""Where gpuconsole keeps things on disk: XDG base directories per user, and one system
+folder for what every user and session on a machine must share (the action journal,
+GPU locks and audit log)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+# Shared by every operator of a machine, whichever Unix user or ssh session they come
+# through: one action per GPU at a time only holds if they all see the same locks.
+SYSTEM_STATE_DIR = "/var/lib/gpuconsole"
 
 
 def _xdg(variable: str, fallback: str) -> Path:
@@ -16,6 +22,7 @@ def config_dir() -> Path:
 
 
 def state_dir() -> Path:
+    """This user's own state (logs, host keys, the demo's worlds); no other user sees it."""
     return _xdg("XDG_STATE_HOME", ".local/state") / "gpuconsole"
 
 
@@ -25,3 +32,16 @@ def default_config_file() -> Path:
 
 def user_themes_dir() -> Path:
     return config_dir() / "themes"
+
+
+def create_file(path: Path, mode: int) -> None:
+    """Create `path` with exactly `mode` (the umask would strip a group's write bit), or
+    leave an existing file as its owner made it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except FileExistsError:
+        return
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)

@@ -14,6 +14,7 @@ from gpuconsole.actions.executor import Executor, StepUpdate
 from gpuconsole.actions.journal import Journal
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100, NodeProfile
 from gpuconsole.sim.tenancy import SimGuest, SimJob, SimPlan, SimPod
+from gpuconsole.sources.base import EmitEvent
 
 __all__ = [
     "MOVE_POD_TO_VM",
@@ -43,6 +44,7 @@ def executor_for(
     *,
     drivers: Drivers | None = None,
     updates: list[StepUpdate] | None = None,
+    emit: EmitEvent | None = None,
 ) -> Executor:
     """An executor over the world, journaling and auditing under `state`."""
     return Executor(
@@ -51,6 +53,7 @@ def executor_for(
         Journal(state / "actions.db"),
         AuditLog(state / "audit.jsonl"),
         reader=world_.snapshot,
+        emit=emit,
         on_step=updates.append if updates is not None else None,
     )
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from gpuconsole.actions.drivers import StepDriver
+from gpuconsole.actions.drivers import StepDriver, StepFailed
 from gpuconsole.actions.drivers.sim import sim_drivers
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.locks import holders
-from gpuconsole.actions.plan import Step, Target
+from gpuconsole.actions.plan import Step, StepKind, Target
 from gpuconsole.actions.roles import Actor, Role
 from tests.assign_fixtures import executor_for, world
 
@@ -101,4 +101,54 @@ def test_sigkill_at_each_step_then_recovery_leaves_one_owner(
     assert len(w.owners(0)) == 1
     assert [o for o in asyncio.run(executor_for(w, tmp_path / "state").recover())] == []
     # the lock went with the plan: the GPU can be asked for again
+    assert holders(Journal(tmp_path / "state" / "actions.db")) == []
+
+
+class _FailThenDie:
+    """The simulated PCI driver: binding vfio-pci fails, and the process dies right after
+    putting the first thing back, before the journal hears of it."""
+
+    def __init__(self, inner: StepDriver) -> None:
+        self.inner = inner
+
+    async def run(self, step: Step) -> str:
+        if step.kind is StepKind.PROBE:
+            raise StepFailed("the device did not answer")
+        return await self.inner.run(step)
+
+    async def undo(self, step: Step) -> str:
+        await self.inner.undo(step)
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+
+def _dies_rolling_back(root: Path) -> None:
+    async def go() -> None:
+        w = world(root / "world")
+        drivers = sim_drivers(w)
+        drivers.pci = _FailThenDie(drivers.pci)
+        executor = executor_for(w, root / "state", drivers=drivers)
+        plan = await executor.plan(["0"], Target.parse(TARGET))
+        await executor.execute(plan, Actor("ops", Role.OPERATOR), "sim-01")
+
+    asyncio.run(go())
+
+
+def test_sigkill_while_rolling_back_then_recovery_finishes_the_rollback(tmp_path: Path) -> None:
+    world(tmp_path / "world")
+    child = multiprocessing.get_context("fork").Process(target=_dies_rolling_back, args=(tmp_path,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == -signal.SIGKILL
+
+    async def restart() -> Any:
+        w = world(tmp_path / "world")
+        return w, await executor_for(w, tmp_path / "state").recover()
+
+    w, (outcome,) = asyncio.run(restart())
+    assert outcome.state == PlanState.ROLLED_BACK, outcome.message
+    assert "stopped at step 6 (drivers_probe" in outcome.message
+    assert "kept: evict pod team-nlp/train-0" in outcome.message  # no un-evicting a pod
+    # the pod is gone, the rest put back: the GPU is Kubernetes' again, and only its
+    assert w.owners(0) == ["k8s"] and w.cordoned == set()
     assert holders(Journal(tmp_path / "state" / "actions.db")) == []

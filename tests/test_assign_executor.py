@@ -4,6 +4,7 @@ log, a failing step rolled back, and two requests for one GPU."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -14,12 +15,18 @@ import pytest
 
 from gpuconsole.actions.drivers import StepFailed
 from gpuconsole.actions.drivers.sim import SimWorld, sim_drivers
-from gpuconsole.actions.executor import ActionRefused
+from gpuconsole.actions.drivers.vfio import VfioDriver
+from gpuconsole.actions.executor import ACTION_EVENT, STEP_EVENT, ActionRefused
 from gpuconsole.actions.journal import PlanState
+from gpuconsole.actions.locks import holders
 from gpuconsole.actions.plan import Step, StepKind, Target
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.cli import main
+from gpuconsole.hub import Hub
+from gpuconsole.model import Event, Severity
+from gpuconsole.sim.tenancy import SimGuest, SimJob, SimPlan
 from tests.assign_fixtures import executor_for, tree_picture, world
+from tests.waiting import until
 
 OPERATOR = Actor("ops", Role.OPERATOR, "SHA256:abc", "ssh")
 
@@ -41,7 +48,9 @@ def test_assign_demo_yes_runs_the_whole_plan_on_the_simulator(
     # a dry run of the way back changes nothing either
     assert main([*argv[:5], "--to", "k8s", "--dry-run"]) == 0
     assert "Dry run" in capsys.readouterr().out and demo.owners(2) == ["drained"]
-    records = [json.loads(line) for line in (tmp_path / "gpuconsole" / "audit.jsonl").open()]
+    # the demo keeps its journal and audit log beside its worlds, out of the machine's
+    demo_audit = tmp_path / "gpuconsole" / "demo" / "audit.jsonl"
+    records = [json.loads(line) for line in demo_audit.open()]
     assert [(r["action"], r["outcome"]) for r in records] == [
         ("assign drained", "started"),
         ("assign drained", "ok"),
@@ -70,6 +79,91 @@ async def test_a_viewer_is_refused_by_the_executor_and_the_audit_log_says_who(
     assert records[0]["key_fingerprint"] == "SHA256:xyz" and records[0]["time"]
     assert records[2]["target"] == "sim-01: GPU 0 (0000:21:00.0)"
     assert any("evict pod team-nlp/train-0" in s for s in records[2]["args"]["steps"])
+
+
+async def test_refused_plans_leave_the_node_the_journal_and_the_locks_as_they_were(
+    tmp_path: Path,
+) -> None:
+    w = world(tmp_path / "world")
+    executor = executor_for(w, tmp_path / "state")
+    before = tree_picture(w.tree.sysfs_root)
+    blocked = await executor.plan(["3"], Target.parse("free"))  # Slurm job 4711 holds it
+    with pytest.raises(ActionRefused, match="job 4711"):
+        await executor.execute(blocked, OPERATOR, "sim-01")
+    plan = await executor.plan(["1"], Target.parse("drained"))
+    with pytest.raises(ActionRefused, match="does not match"):
+        await executor.execute(plan, OPERATOR, "sim-02")
+    # between the plan and its confirmation a Slurm job took the GPU
+    w.plan = dataclasses.replace(w.plan, jobs=(*w.plan.jobs, SimJob("4800", "chem", 1002, (1,))))
+    with pytest.raises(ActionRefused, match=r"the node changed since the plan: .*job 4800"):
+        await executor.execute(plan, OPERATOR, "1")
+    assert tree_picture(w.tree.sysfs_root) == before
+    assert w.owners(1) == ["job 4800"] and w.cordoned == set()
+    assert holders(executor.journal) == []  # the lock taken for the re-check went with it
+    assert [r.state for r in executor.journal.plans()] == [PlanState.REFUSED]
+    assert [r["outcome"] for r in executor.audit.records()] == ["refused"] * 3
+
+
+async def test_an_assign_run_beside_a_hub_shows_its_steps_and_outcome_in_the_hubs_events(
+    tmp_path: Path,
+) -> None:
+    hub = Hub()
+    hub.add_node("sim-01", simulated=True)
+    await hub.start()
+    try:
+        w = world(tmp_path / "world")
+        executor = executor_for(w, tmp_path / "state", emit=hub.post_event)
+        plan = await executor.plan(["1"], Target.parse("drained"))
+        with pytest.raises(ActionRefused):
+            await executor.execute(plan, Actor("val", Role.VIEWER), "1")
+        # as a console runs it: in a worker thread with its own loop, not on the hub's
+        outcome = await asyncio.to_thread(asyncio.run, executor.execute(plan, OPERATOR, "1"))
+        assert outcome.ok
+
+        def shown() -> list[Event]:
+            latest = hub.latest
+            return [e for e in latest.events if e.source == "actions"] if latest else []
+
+        await until(lambda: any("now drained" in e.message for e in shown()))
+    finally:
+        await hub.stop()
+    events = shown()
+    assert all(e.node == "sim-01" and e.gpu_index == 1 for e in events)
+    refused, started, *steps, done = events
+    assert refused.severity is Severity.WARNING and "val (viewer) was refused" in refused.message
+    assert started.kind == ACTION_EVENT and started.message.startswith(
+        f"ops (operator, ssh key SHA256:abc) started assign drained: {outcome.plan_id}"
+    )
+    assert [e.kind for e in steps] == [STEP_EVENT] * len(plan.steps)
+    assert [e.message.split(" done: ")[1].split(":")[0] for e in steps] == [
+        s.title.split(":")[0] for s in plan.steps
+    ]
+    assert done.kind == ACTION_EVENT and done.severity is Severity.INFO
+    assert done.message == f"assign drained by ops: {outcome.message}"
+
+
+async def test_an_a100_pair_goes_to_a_guest_with_its_switch_and_comes_back_to_the_host(
+    tmp_path: Path,
+) -> None:
+    plan = SimPlan(guests=(SimGuest("tenant-c-vm9", (), state=5),))
+    w = world(tmp_path / "world", plan, "a100")
+    executor = executor_for(w, tmp_path / "state")
+    sysfs = VfioDriver(w.tree.sysfs_root)
+    there = await executor.plan(["6", "7"], Target.parse("vm:tenant-c-vm9"))
+    assert (await executor.execute(there, OPERATOR, "sim-01")).ok
+    node = await w.snapshot()
+    (guest,) = [g for g in node.tenancy.guests if g.name == "tenant-c-vm9"] if node.tenancy else []
+    (switch,) = set(guest.bus_ids) - set(there.gpus)  # a pair takes one of the six
+    assert sysfs.driver(switch) == "vfio-pci" and w.owners(6) == ["vm tenant-c-vm9"]
+    # back to the host: both GPUs (planned without a UUID: NVML did not see them) and the
+    # switch, which Fabric Manager needs on nvidia
+    back = await executor.plan(list(there.gpus), Target.parse("free"))
+    outcome = await executor.execute(back, OPERATOR, "sim-01")
+    assert outcome.ok, outcome.message
+    assert sysfs.driver(switch) == "nvidia" and w.switches == {}
+    assert w.owners(6) == ["free"] and w.owners(7) == ["free"]
+    verify = executor.journal.plans()[0].steps[-1]
+    assert verify.kind == "verify" and "NVML sees every UUID" in verify.detail
 
 
 class _Failing:

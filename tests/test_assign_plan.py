@@ -5,15 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuconsole.actions.plan import (
+    Layer,
     PlanContext,
     StepKind,
     Target,
-    _a100_partition_ok,
     make_plan,
-    propose,
+    partition_switches,
 )
 from gpuconsole.model import NodeSnapshot
+from gpuconsole.readings.fabric import normal_bus_id
 from gpuconsole.readings.tenancy import Guest, TenancyReading
+from gpuconsole.sim.profiles import DGX_H100
 from gpuconsole.sim.tenancy import SimGuest, SimPlan
 from gpuconsole.sources.tenancy.pci_binding import read_gpus
 from tests.assign_fixtures import world
@@ -69,9 +71,74 @@ async def test_a_single_h100_guest_is_told_to_disable_nvlinks(tmp_path: Path) ->
     assert any("NvLinkDisable" in n for n in one.notes)
 
 
-def test_a100_partitions_are_neighbouring_sets_of_1_2_4_8() -> None:
-    assert _a100_partition_ok([4, 5]) and _a100_partition_ok([4, 5, 6, 7])
-    assert not _a100_partition_ok([5, 6]) and not _a100_partition_ok([0, 1, 2])
+A100_SWITCHES = tuple(f"0000:{b:02x}:00.0" for b in range(0xC4, 0xCA))
+H100_SWITCHES = A100_SWITCHES[:4]
+H100_SWITCHES_SIM = tuple(normal_bus_id(s.bus_id) for s in DGX_H100.nvswitches)
+
+
+def test_a100_partitions_take_12_6_3_1_0_switches_and_neighbours_never_share_one() -> None:
+    def take(slots: list[int], total: int = 8) -> tuple[str, ...] | None:
+        return partition_switches("ampere", A100_SWITCHES, slots, total)
+
+    assert take(list(range(8))) == A100_SWITCHES
+    assert take([4, 5, 6, 7]) == A100_SWITCHES[3:] and take([0, 1, 2, 3]) == A100_SWITCHES[:3]
+    pairs = [take([k, k + 1]) for k in range(0, 8, 2)]
+    assert all(p is not None and len(p) == 1 for p in pairs)
+    assert len(set(pairs)) == 4  # each pair its own switch...
+    assert pairs[2] is not None and set(pairs[2]) <= set(A100_SWITCHES[3:])  # ...in its quad
+    assert take([3]) == ()
+    board = tuple(f"0000:{b:02x}:00.0" for b in range(0x10, 0x1C))
+    assert partition_switches("ampere", board, list(range(8, 16)), 16) == board[6:]
+    assert partition_switches("ampere", board, list(range(16)), 16) == board
+    for wrong in ([5, 6], [0, 1, 2], [0, 1, 2, 4], list(range(1, 9))):
+        assert take(wrong) is None, wrong
+
+
+def test_h100_partitions_are_one_gpu_without_switches_or_all_eight_with_them() -> None:
+    assert partition_switches("hopper", H100_SWITCHES, [5], 8) == ()
+    assert partition_switches("hopper", H100_SWITCHES, list(range(8)), 8) == H100_SWITCHES
+    assert partition_switches("hopper", H100_SWITCHES, [0, 1], 8) is None
+    assert partition_switches("hopper", H100_SWITCHES, [0, 1, 2, 3], 8) is None
+
+
+async def test_an_a100_guest_takes_the_switches_of_its_partition_and_odd_shapes_are_refused(
+    tmp_path: Path,
+) -> None:
+    plan = SimPlan(guests=(SimGuest("tenant-c-vm4", (), state=5),))
+    node = await world(tmp_path, plan, "a100").snapshot()
+    quad = make_plan(node, ["4", "5", "6", "7"], Target.parse("vm:tenant-c-vm4"), KUBE)
+    assert not quad.blocked, quad.describe()
+    switches = ("0000:c7:00.0", "0000:c8:00.0", "0000:c9:00.0")
+    for kind in (StepKind.OVERRIDE, StepKind.UNBIND, StepKind.PROBE, StepKind.RESET):
+        step = next(s for s in quad.steps if s.kind is kind)  # the switches go first
+        assert step.functions == switches and step.gpus == () and step.layer is Layer.PCI
+    assert quad.steps[[s.kind for s in quad.steps].index(StepKind.PROBE)].driver == "vfio-pci"
+    (attach,) = [s for s in quad.steps if s.kind is StepKind.ATTACH]
+    assert set(switches) <= set(attach.functions) and len(attach.functions) == 7
+    assert any("NVSwitches 0000:c7:00.0, 0000:c8:00.0, 0000:c9:00.0" in n for n in quad.notes)
+    three = make_plan(node, ["4", "5", "6"], Target.parse("vm:tenant-c-vm4"), KUBE)
+    (failed,) = three.failed
+    assert failed.name == "NVSwitch partition" and "would hold 3 GPU(s)" in failed.detail
+    assert "4-7" in failed.remedy and "--propose" in failed.remedy  # what it can ask for
+
+
+async def test_a_guest_keeps_a_whole_partition_and_gives_its_switches_back_with_it(
+    tmp_path: Path,
+) -> None:
+    full = SimPlan(guests=(SimGuest("acme", tuple(range(8)), state=5, nvswitches=True),))
+    node = await world(tmp_path, full, "h100").snapshot()
+    one = make_plan(node, ["0000:1b:00.0"], Target.parse("free"), KUBE)
+    (failed,) = one.failed
+    assert "guest acme would keep GPU(s)" in failed.detail
+    assert "assign 0 1 2 3 4 5 6 7 --to free" in failed.remedy
+    every = sorted(g.bus_id for g in (node.tenancy.gpus if node.tenancy else ()))
+    back = make_plan(node, every, Target.parse("free"), KUBE)
+    assert not back.blocked, back.describe()
+    detach = [s for s in back.steps if s.kind is StepKind.DETACH]
+    assert detach[0].functions == H100_SWITCHES_SIM and detach[0].guest == "acme"
+    probe = next(s for s in back.steps if s.kind is StepKind.PROBE)
+    assert probe.functions == H100_SWITCHES_SIM and probe.driver == "nvidia"
+    assert probe.before_drivers == ("vfio-pci",) * 4  # so a rollback puts them back
 
 
 def _fake_node(host: FakeHost, guests: tuple[Guest, ...] = ()) -> NodeSnapshot:
@@ -104,7 +171,6 @@ def test_the_whole_iommu_group_moves_and_a_foreign_device_in_it_stops_the_plan(
 async def test_a_lost_gpu_can_only_be_drained(tmp_path: Path) -> None:
     from gpuconsole.actions.drivers.sim import SimWorld
     from gpuconsole.sim.node import Scenario
-    from gpuconsole.sim.profiles import DGX_H100
 
     lost = SimWorld("sim-02", DGX_H100, tmp_path, SimPlan(), (Scenario("xid79", 5),))
     node = await lost.snapshot()
@@ -119,15 +185,3 @@ async def test_a_gpu_already_there_is_nothing_to_do(tmp_path: Path) -> None:
     node = await world(tmp_path).snapshot()
     plan = make_plan(node, ["1"], Target.parse("k8s"), KUBE)
     assert plan.blocked and plan.failed[0].remedy == "nothing to do"
-
-
-async def test_placement_proposes_free_gpus_of_one_nvlink_domain(tmp_path: Path) -> None:
-    plan = SimPlan(guests=(SimGuest("vm", (0, 1, 2), state=5),))
-    node = await world(tmp_path, plan, "a100").snapshot()
-    two = propose(node, 2, "A100", for_guest=True)
-    assert two is not None  # 3 is free, but 2 and 3 are one partition
-    pairs = {("0000:b7:00.0", "0000:bd:00.0"), ("0000:87:00.0", "0000:90:00.0")}
-    assert two.bus_ids in pairs and "1 NUMA node" in two.reason
-    assert propose(node, 8) is None
-    three_for_guest = propose(node, 3, for_guest=True)
-    assert three_for_guest is None  # no 3-GPU A100 partition

@@ -1,5 +1,10 @@
 """`gpuconsole assign`: build the executor for this node (or a simulated one), recover what a
-crash left, show the plan, ask for the confirmation, and print each step as it ticks."""
+crash left, propose GPUs when asked to, show the plan, ask for the confirmation, and print
+each step as it ticks.
+
+A console builds the same executors (`node_executor`, `demo_executor`) with its hub's
+`post_event` as `emit`, so that every step and outcome lands in its Events view.
+"""
 
 from __future__ import annotations
 
@@ -10,30 +15,42 @@ from pathlib import Path
 from typing import TextIO
 
 from gpuconsole import paths
-from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.drivers import Drivers
 from gpuconsole.actions.executor import ActionRefused, Executor, Reader, StepUpdate
-from gpuconsole.actions.journal import Journal
-from gpuconsole.actions.plan import Target
+from gpuconsole.actions.placement import Placement, placements
+from gpuconsole.actions.plan import PlanContext, Target
 from gpuconsole.actions.roles import Actor
+from gpuconsole.actions.store import ActionStore, action_store, demo_store
 from gpuconsole.config import Config
 from gpuconsole.model import NodeSnapshot
+from gpuconsole.sources.base import EmitEvent
 
-__all__ = ["AssignRequest", "demo_root", "node_executor", "run_assign"]
+__all__ = [
+    "AssignRequest",
+    "console_executor",
+    "demo_executor",
+    "demo_root",
+    "node_executor",
+    "propose_demo",
+    "propose_with",
+    "run_assign",
+]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, slots=True)
 class AssignRequest:
-    """What the command line asked for."""
+    """What the command line asked for: GPUs to move, or a number of GPUs to propose."""
 
     gpus: tuple[str, ...]
-    target: str
+    target: str | None
     node: str | None = None
     dry_run: bool = False
     yes: bool = False
     demo: bool = False
+    propose: int | None = None  # propose this many free GPUs instead of naming them
+    model: str | None = None  # with propose: only GPUs whose name contains this
 
 
 def demo_root(node: str) -> Path:
@@ -41,16 +58,24 @@ def demo_root(node: str) -> Path:
     return paths.state_dir() / "demo" / node
 
 
-def _journal(cfg: Config) -> Journal:
-    return Journal(Path(cfg.actions.journal) if cfg.actions.journal else None)
+async def _read_here(cfg: Config) -> NodeSnapshot:
+    from gpuconsole.hubs import node_hub
+
+    fleet = await node_hub(cfg).poll_once()
+    found = fleet.node(cfg.host.node_name)
+    assert found is not None
+    return found
 
 
-def _audit(cfg: Config) -> AuditLog:
-    return AuditLog(Path(cfg.actions.audit_log) if cfg.actions.audit_log else None)
-
-
-def node_executor(cfg: Config, on_step: Callable[[StepUpdate], None] | None = None) -> Executor:
-    """The executor for this machine's GPUs, with the drivers the config enables."""
+def node_executor(
+    cfg: Config,
+    on_step: Callable[[StepUpdate], None] | None = None,
+    *,
+    emit: EmitEvent | None = None,
+    store: ActionStore | None = None,
+) -> Executor:
+    """The executor for this machine's GPUs, with the drivers the config enables, journaling
+    and auditing in the machine's shared store."""
     from gpuconsole.actions.drivers.vfio import VfioDriver
 
     node = cfg.host.node_name
@@ -75,27 +100,151 @@ def node_executor(cfg: Config, on_step: Callable[[StepUpdate], None] | None = No
     )
 
     async def read() -> NodeSnapshot:
-        from gpuconsole.hubs import node_hub
+        return await _read_here(cfg)
 
-        fleet = await node_hub(cfg).poll_once()
-        found = fleet.node(node)
-        assert found is not None
-        return found
-
-    return Executor(node, drivers, _journal(cfg), _audit(cfg), reader=read, on_step=on_step)
+    where = store or action_store(cfg.actions)
+    return Executor(
+        node,
+        drivers,
+        where.journal(),
+        where.audit(),
+        reader=read,
+        emit=emit,
+        on_step=on_step,
+    )
 
 
 def demo_executor(
-    cfg: Config, node: str, on_step: Callable[[StepUpdate], None] | None = None
+    node: str,
+    on_step: Callable[[StepUpdate], None] | None = None,
+    *,
+    emit: EmitEvent | None = None,
 ) -> Executor:
-    """The executor for a node of the simulated demo cluster (its world under the state folder)."""
+    """The executor for a node of the simulated demo cluster (its world, journal and audit
+    log under the user's own state folder)."""
     from gpuconsole.actions.drivers.sim import SimWorld, sim_drivers
 
     world = SimWorld.demo(node, demo_root(node))
     reader: Reader = world.snapshot
+    store = demo_store()
     return Executor(
-        node, sim_drivers(world), _journal(cfg), _audit(cfg), reader=reader, on_step=on_step
+        node,
+        sim_drivers(world),
+        store.journal(),
+        store.audit(),
+        reader=reader,
+        emit=emit,
+        on_step=on_step,
     )
+
+
+def console_executor(
+    cfg: Config,
+    node: str,
+    emit: EmitEvent,
+    *,
+    demo: bool = False,
+    on_step: Callable[[StepUpdate], None] | None = None,
+) -> Executor:
+    """The executor a console (local, or one ssh session) runs a node's plans with, its
+    events posted to the console's hub (`emit`: the hub's thread-safe `post_event`).
+
+    Only this machine's GPUs, or with `demo` a simulated node's; a GPU of another node is
+    moved on that node (ssh NODE gpuconsole assign ...), which its agent's hub reports.
+    """
+    if demo:
+        return demo_executor(node, on_step, emit=emit)
+    if node != cfg.host.node_name:
+        raise ValueError(
+            f"{node} is not this machine ({cfg.host.node_name}): run the plan there "
+            f"(ssh {node} gpuconsole assign ...)"
+        )
+    return node_executor(cfg, on_step, emit=emit)
+
+
+async def propose_with(
+    executor: Executor, count: int, model: str | None = None, target: Target | None = None
+) -> Placement:
+    """Placement help on the executor's node, from a fresh reading (this machine's includes
+    the fabric, for the NIC rails) and the executor's cordons."""
+    if executor.reader is None:
+        raise RuntimeError("this executor has no reader to propose from")
+    node = await executor.reader()
+    return placements([node], count, model, target, {node.node: await executor.context()})
+
+
+async def propose_demo(
+    count: int,
+    model: str | None = None,
+    target: Target | None = None,
+    nodes: Sequence[str] | None = None,
+) -> Placement:
+    """Placement help over the simulated demo cluster's worlds (or the nodes named)."""
+    from gpuconsole.actions.drivers.sim import SimWorld
+    from gpuconsole.sim.cluster import demo_cluster
+
+    names = list(nodes) if nodes else [s.name for s in demo_cluster()]
+    snapshots, contexts = [], {}
+    for name in names:
+        world = SimWorld.demo(name, demo_root(name))
+        snapshots.append(await world.snapshot(fabric=True))
+        contexts[name] = PlanContext(kubernetes=True, cordoned=frozenset(world.cordoned))
+    return placements(snapshots, count, model, target, contexts)
+
+
+def _tick(total: list[int], out: TextIO) -> Callable[[StepUpdate], None]:
+    marks = {"done": "ok", "failed": "FAILED", "undoing": "<-", "undone": "undone"}
+
+    def tick(update: StepUpdate) -> None:
+        if update.state == "running":
+            return
+        detail = f": {update.detail}" if update.detail else ""
+        print(
+            f"  [{update.seq + 1}/{total[0]}] {marks.get(update.state, update.state)} "
+            f"{update.step.title}{detail}",
+            file=out,
+            flush=True,
+        )
+
+    return tick
+
+
+def _usage(request: AssignRequest) -> str | None:
+    """What is wrong with the request's shape, if anything."""
+    if request.propose is not None:
+        if request.gpus:
+            return "name GPUs or ask for --propose N, not both"
+        if request.propose < 1:
+            return "--propose takes a number of GPUs, 1 or more"
+        return None
+    if request.model:
+        return "--model goes with --propose"
+    if not request.gpus:
+        return "name the GPUs to move (index, bus id or UUID), or ask for --propose N"
+    if request.target is None:
+        return "say where the GPUs go: --to free, drained, k8s or vm:NAME"
+    return None
+
+
+async def _proposal(
+    request: AssignRequest, target: Target | None, here: Executor | None, out: TextIO
+) -> tuple[str, tuple[str, ...]] | None:
+    """Propose GPUs (on this machine through `here`, or on the demo's nodes) and print the
+    proposal; (node, GPU keys) of the best, None if none."""
+    assert request.propose is not None
+    if here is not None:
+        found = await propose_with(here, request.propose, request.model, target)
+    else:
+        nodes = [request.node] if request.node else None
+        found = await propose_demo(request.propose, request.model, target, nodes)
+    best = found.best
+    if best is None:
+        print(f"No proposal: {found.why_not()}", file=out)
+        return None
+    print(f"Proposed: {best.describe()}", file=out)
+    for other in found.proposals[1:]:
+        print(f"Or: {other.describe()}", file=out)
+    return best.node, best.keys
 
 
 async def run_assign(
@@ -104,84 +253,104 @@ async def run_assign(
     actor: Actor,
     *,
     ask: Callable[[str], str] | None = None,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
 ) -> int:
     """The whole command; returns its exit status (0 done, 1 failed, 2 usage, 3 refused)."""
+    out = out or sys.stdout  # looked up now: a test's capture replaces it after import
+    wrong = _usage(request)
+    if wrong is not None:
+        print(f"gpuconsole assign: {wrong}", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        target = Target.parse(request.target)
+        target = Target.parse(request.target) if request.target is not None else None
     except ValueError as exc:
         print(f"gpuconsole assign: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    total = [0]
-
-    def tick(update: StepUpdate) -> None:
-        mark = {
-            "running": "..",
-            "done": "ok",
-            "failed": "FAILED",
-            "undoing": "<-",
-            "undone": "undone",
-        }
-        if update.state == "running":
-            return
-        detail = f": {update.detail}" if update.detail else ""
+    if not request.demo and request.node not in (None, cfg.host.node_name):
         print(
-            f"  [{update.seq + 1}/{total[0]}] {mark.get(update.state, update.state)} "
-            f"{update.step.title}{detail}",
-            file=out,
-            flush=True,
+            f"gpuconsole assign: this is {cfg.host.node_name}; run it on {request.node} "
+            "(ssh NODE gpuconsole assign ...)",
+            file=sys.stderr,
         )
+        return EXIT_USAGE
+    node, keys = request.node, request.gpus
+    if request.demo and request.node is not None:
+        from gpuconsole.sim.cluster import demo_cluster
 
-    if request.demo:
-        if request.node is None:
-            from gpuconsole.sim.cluster import demo_cluster
-
-            names = ", ".join(s.name for s in demo_cluster())
-            print(f"gpuconsole assign --demo: name a node with --node ({names})", file=sys.stderr)
-            return EXIT_USAGE
-        try:
-            executor = demo_executor(cfg, request.node, tick)
-        except KeyError as exc:
-            print(f"gpuconsole assign: {exc.args[0]}", file=sys.stderr)
-            return EXIT_USAGE
-    else:
-        if request.node not in (None, cfg.host.node_name):
+        names = [s.name for s in demo_cluster()]
+        if request.node not in names:
             print(
-                f"gpuconsole assign: this is {cfg.host.node_name}; run it on {request.node} "
-                "(ssh NODE gpuconsole assign ...)",
+                f"gpuconsole assign: no simulated node {request.node!r} "
+                f"(known: {', '.join(names)})",
                 file=sys.stderr,
             )
             return EXIT_USAGE
-        executor = node_executor(cfg, tick)
+    total = [0]
+    # this machine's executor is built once: proposing reads through it too
+    executor = None if request.demo else node_executor(cfg, _tick(total, out))
     try:
-        for outcome in await executor.recover():
-            print(f"journal: plan {outcome.plan_id} {outcome.message}", file=out)
-        plan = await executor.plan(request.gpus, target)
-        total[0] = len(plan.steps)
-        print(plan.describe(), file=out, flush=True)
-        if plan.blocked:
-            print("Refused: a precondition failed; nothing was changed.", file=out)
-            return EXIT_REFUSED
-        if request.dry_run:
-            print("Dry run: nothing was changed.", file=out)
-            return EXIT_OK
-        if request.yes:
-            confirm = plan.node
-        elif ask is not None:
-            words = " or ".join(plan.confirmations())
-            confirm = ask(f"Type {words} to confirm: ")
-        else:
-            print("Not confirmed: no terminal to ask on (pass --yes).", file=out)
-            return EXIT_REFUSED
-        try:
-            outcome = await executor.execute(plan, actor, confirm)
-        except ActionRefused as exc:
-            print(f"Refused: {exc}", file=out)
-            return EXIT_REFUSED
-        print(f"{outcome.state}: {outcome.message} (plan {outcome.plan_id})", file=out)
-        return EXIT_OK if outcome.ok else EXIT_FAILED
+        if request.propose is not None:
+            chosen = await _proposal(request, target, executor, out)
+            if chosen is None:
+                return EXIT_FAILED
+            if target is None:
+                return EXIT_OK  # asked only where: nothing to plan
+            node, keys = chosen
+        assert target is not None
+        if executor is None:
+            if node is None:
+                from gpuconsole.sim.cluster import demo_cluster
+
+                known = ", ".join(s.name for s in demo_cluster())
+                print(
+                    f"gpuconsole assign --demo: name a node with --node ({known})",
+                    file=sys.stderr,
+                )
+                return EXIT_USAGE
+            executor = demo_executor(node, _tick(total, out))
+        return await _run(executor, request, keys, target, actor, ask, total, out)
     finally:
-        executor.journal.close()
+        if executor is not None:
+            executor.journal.close()
+
+
+async def _run(
+    executor: Executor,
+    request: AssignRequest,
+    keys: Sequence[str],
+    target: Target,
+    actor: Actor,
+    ask: Callable[[str], str] | None,
+    total: list[int],
+    out: TextIO,
+) -> int:
+    """Recover, plan, confirm and execute on one node; the exit status."""
+    for outcome in await executor.recover():
+        print(f"journal: plan {outcome.plan_id} {outcome.message}", file=out)
+    plan = await executor.plan(keys, target)
+    total[0] = len(plan.steps)
+    print(plan.describe(), file=out, flush=True)
+    if plan.blocked:
+        print("Refused: a precondition failed; nothing was changed.", file=out)
+        return EXIT_REFUSED
+    if request.dry_run:
+        print("Dry run: nothing was changed.", file=out)
+        return EXIT_OK
+    if request.yes:
+        confirm = plan.node
+    elif ask is not None:
+        words = " or ".join(plan.confirmations())
+        confirm = ask(f"Type {words} to confirm: ")
+    else:
+        print("Not confirmed: no terminal to ask on (pass --yes).", file=out)
+        return EXIT_REFUSED
+    try:
+        outcome = await executor.execute(plan, actor, confirm)
+    except ActionRefused as exc:
+        print(f"Refused: {exc}", file=out)
+        return EXIT_REFUSED
+    print(f"{outcome.state}: {outcome.message} (plan {outcome.plan_id})", file=out)
+    return EXIT_OK if outcome.ok else EXIT_FAILED
 
 
 def gpu_args(values: Sequence[str]) -> tuple[str, ...]:

@@ -14,10 +14,6 @@ from typing import Any
 from gpuconsole import paths
 
 
-def default_audit_path() -> Path:
-    return paths.state_dir() / "audit.jsonl"
-
-
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
     """Who asked for what, when, and what came of it ("ok", "refused", "failed")."""
@@ -34,10 +30,11 @@ class AuditRecord:
 
 
 class AuditLog:
-    """Appends records to a JSON-lines file (mode 0600), one write per record."""
+    """Appends records to a JSON-lines file, created with `mode`, one write per record."""
 
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path or default_audit_path()
+    def __init__(self, path: Path, *, mode: int = 0o600) -> None:
+        self.path = path
+        self.mode = mode
         self._lock = threading.Lock()
 
     def append(self, record: AuditRecord) -> None:
@@ -47,7 +44,8 @@ class AuditLog:
         line = (json.dumps(body, sort_keys=True) + "\n").encode()
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            paths.create_file(self.path, self.mode)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
             try:
                 os.write(fd, line)
             finally:

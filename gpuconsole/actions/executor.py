@@ -1,6 +1,9 @@
 """Runs plans: checks who asks where the action executes, locks the GPUs, journals each step
 before and after it runs, audits the outcome, posts events, and recovers after a crash.
 
+Events go to `emit`: a hub's `post_event` (safe from any thread) puts every refusal, start,
+step and outcome in the Events view of the process that runs the plan.
+
 Recovery is deterministic. A plan left running by a dead process is rolled back when no
 step that changes anything had completed (or when it was already rolling back), and
 finished otherwise: every step is idempotent, so the interrupted one simply runs again.
@@ -22,11 +25,63 @@ from gpuconsole.actions.plan import Plan, PlanContext, Step, StepKind, Target, m
 from gpuconsole.actions.power import ActionRefused
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.model import Event, NodeSnapshot, Severity
+from gpuconsole.readings.fabric import normal_bus_id
 from gpuconsole.sources.base import EmitEvent
 
-__all__ = ["ActionRefused", "Executor", "Outcome", "StepUpdate"]
+__all__ = [
+    "ACTION_EVENT",
+    "STEP_EVENT",
+    "ActionRefused",
+    "Executor",
+    "Outcome",
+    "StepUpdate",
+    "action_event",
+    "outcome_severity",
+    "step_message",
+]
+
+# Events an executor posts: source "actions", kind "action" for a refusal, start, outcome or
+# recovery (each also an audit record), "action_step" for each step done, failed or undone.
+EVENT_SOURCE = "actions"
+ACTION_EVENT = "action"
+STEP_EVENT = "action_step"
 
 Reader = Callable[[], Awaitable[NodeSnapshot]]
+
+
+def action_event(
+    plan: Plan, at: float, severity: Severity, message: str, kind: str = ACTION_EVENT
+) -> Event:
+    """An event about a plan, tied to its GPU when it moves one."""
+    index = plan.indexes[0] if len(plan.indexes) == 1 else None
+    uuid = next((s.uuids[0] for s in plan.steps if s.uuids and s.uuids[0]), None)
+    return Event(
+        at,
+        plan.node,
+        EVENT_SOURCE,
+        kind,
+        severity,
+        message,
+        gpu_index=index,
+        gpu_uuid=uuid if len(plan.gpus) == 1 else None,
+    )
+
+
+def step_message(
+    plan: Plan, plan_id: str, seq: int, state: str, detail: str = ""
+) -> tuple[Severity, str]:
+    """How the Events view tells that a step is done, failed or undone."""
+    severity = Severity.WARNING if state in ("failed", "undone") else Severity.INFO
+    title = plan.steps[seq].title if seq < len(plan.steps) else f"step {seq + 1}"
+    text = f"assign {plan.target} (plan {plan_id}) step {seq + 1}/{len(plan.steps)} "
+    return severity, text + f"{state}: {title}" + (f": {detail}" if detail else "")
+
+
+def outcome_severity(state: str) -> Severity:
+    """done: info; rolled back or refused: a warning; failed (left half-way): critical."""
+    if state == PlanState.DONE:
+        return Severity.INFO
+    return Severity.CRITICAL if state == PlanState.FAILED else Severity.WARNING
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,27 +174,21 @@ class Executor:
             )
         )
 
-    def _event(self, plan: Plan, severity: Severity, message: str) -> None:
-        if self.emit is None:
-            return
-        index = plan.indexes[0] if len(plan.indexes) == 1 else None
-        uuid = next((s.uuids[0] for s in plan.steps if s.uuids and s.uuids[0]), None)
-        self.emit(
-            Event(
-                self.clock(),
-                plan.node,
-                "actions",
-                "action",
-                severity,
-                message,
-                gpu_index=index,
-                gpu_uuid=uuid if len(plan.gpus) == 1 else None,
-            )
-        )
+    def _event(
+        self, plan: Plan, severity: Severity, message: str, kind: str = ACTION_EVENT
+    ) -> None:
+        if self.emit is not None:
+            self.emit(action_event(plan, self.clock(), severity, message, kind))
 
-    def _notify(self, plan_id: str, seq: int, step: Step, state: str, detail: str = "") -> None:
+    def _notify(
+        self, plan: Plan, plan_id: str, seq: int, step: Step, state: str, detail: str = ""
+    ) -> None:
         if self.on_step is not None:
             self.on_step(StepUpdate(plan_id, seq, step, state, detail))
+        if state in ("running", "undoing"):
+            return  # its outcome follows; one event per step is enough in the Events view
+        severity, text = step_message(plan, plan_id, seq, state, detail)
+        self._event(plan, severity, text, STEP_EVENT)
 
     def _refuse(self, plan: Plan, actor: Actor, why: str) -> ActionRefused:
         self._audit(plan, actor, "refused", why)
@@ -182,8 +231,9 @@ class Executor:
         self.journal.finish_plan(plan_id, state, message)
         outcome = "ok" if state == PlanState.DONE else "failed"
         self._audit(plan, actor, outcome, message, plan_id)
-        severity = Severity.INFO if state == PlanState.DONE else Severity.CRITICAL
-        self._event(plan, severity, f"assign {plan.target} by {actor.user}: {message}")
+        self._event(
+            plan, outcome_severity(state), f"assign {plan.target} by {actor.user}: {message}"
+        )
         return Outcome(plan_id, state, message)
 
     async def _do(self, step: Step) -> str:
@@ -199,11 +249,15 @@ class Executor:
         node = await self.reader()
         problems = []
         by_uuid = {g.uuid: g for g in node.gpus}
-        for k, uuid in enumerate(step.uuids):
-            gpu = by_uuid.get(uuid)
+        by_bus = {normal_bus_id(g.pci_bus_id): g for g in node.gpus}
+        for k, bus in enumerate(step.gpus):
+            # a GPU planned from vfio-pci or unbound had no UUID yet: find it by its bus id
+            uuid = step.uuids[k] if k < len(step.uuids) else ""
+            gpu = by_uuid.get(uuid) if uuid else by_bus.get(bus)
             if gpu is None:
-                problems.append(f"{uuid} is not visible to NVML")
+                problems.append(f"{uuid or bus} is not visible to NVML")
                 continue
+            uuid = gpu.uuid
             if gpu.fabric_state not in (None, "completed", "not_supported"):
                 problems.append(f"{uuid}: fabric state {gpu.fabric_state}, not completed")
             before = step.xids[k] if k < len(step.xids) else -1
@@ -220,13 +274,13 @@ class Executor:
         for seq, step in enumerate(plan.steps):
             if seq in done:
                 continue
-            self._notify(plan_id, seq, step, "running")
+            self._notify(plan, plan_id, seq, step, "running")
             row = self.journal.intent(plan_id, seq, step.kind.value)
             try:
                 detail = await self._do(step)
             except StepFailed as exc:
                 self.journal.result(row, "failed", str(exc))
-                self._notify(plan_id, seq, step, "failed", str(exc))
+                self._notify(plan, plan_id, seq, step, "failed", str(exc))
                 if step.kind is StepKind.VERIFY:
                     return PlanState.FAILED, (
                         f"the GPUs moved but the final check failed: {exc}; look at them "
@@ -235,7 +289,7 @@ class Executor:
                 rolled = await self._rollback(plan_id, plan, seq)
                 return PlanState.FAILED, f"step {seq + 1} ({step.title}) failed: {exc}; {rolled}"
             self.journal.result(row, "done", detail)
-            self._notify(plan_id, seq, step, "done", detail)
+            self._notify(plan, plan_id, seq, step, "done", detail)
         return PlanState.DONE, f"{', '.join(plan.labels)} now {plan.target}"
 
     async def _rollback(self, plan_id: str, plan: Plan, upto: int) -> str:
@@ -248,17 +302,17 @@ class Executor:
                 kept.append(step.title)
                 continue
             assert step.layer is not None
-            self._notify(plan_id, seq, step, "undoing")
+            self._notify(plan, plan_id, seq, step, "undoing")
             row = self.journal.intent(plan_id, seq, step.kind.value, "undo")
             try:
                 detail = await self.drivers.for_layer(step.layer).undo(step)
             except StepFailed as exc:
                 self.journal.result(row, "failed", str(exc))
-                self._notify(plan_id, seq, step, "failed", str(exc))
+                self._notify(plan, plan_id, seq, step, "failed", str(exc))
                 failed.append(f"{step.title}: {exc}")
                 continue
             self.journal.result(row, "done", detail)
-            self._notify(plan_id, seq, step, "undone", detail)
+            self._notify(plan, plan_id, seq, step, "undone", detail)
         text = "rolled back"
         if kept:
             text += f" (kept: {'; '.join(kept)})"
@@ -298,6 +352,7 @@ class Executor:
         self.journal.finish_plan(record.id, state, message)
         actor = Actor(record.user, Role(record.role), record.fingerprint)
         self._audit(plan, actor, "recovered", message, record.id)
-        severity = Severity.WARNING if state != PlanState.FAILED else Severity.CRITICAL
+        # a crash is worth a look even when recovery finished the plan
+        severity = Severity.WARNING if state == PlanState.DONE else outcome_severity(state)
         self._event(plan, severity, f"assign {plan.target} (plan {record.id}) {message}")
         return Outcome(record.id, state, message, recovered=True)

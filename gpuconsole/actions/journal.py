@@ -29,7 +29,6 @@ __all__ = [
     "PlanRecord",
     "PlanState",
     "StepRecord",
-    "default_journal_path",
     "process_alive",
     "process_tag",
 ]
@@ -74,10 +73,6 @@ CREATE TABLE IF NOT EXISTS locks (
     acquired_at REAL NOT NULL
 );
 """
-
-
-def default_journal_path() -> Path:
-    return paths.state_dir() / "actions.db"
 
 
 class PlanState:
@@ -156,13 +151,13 @@ class PlanRecord:
 
 
 class Journal:
-    """The journal database at `path` (created with mode 0600 on first use)."""
+    """The journal database at `path`, created with `mode` on first use (0660 where the
+    operators of a machine share it: SQLite gives its -wal and -shm files the same mode)."""
 
-    def __init__(self, path: Path | None = None, *, timeout_s: float = 10.0) -> None:
-        self.path = path or default_journal_path()
+    def __init__(self, path: Path, *, timeout_s: float = 10.0, mode: int = 0o600) -> None:
+        self.path = path
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.path.exists():
-            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
+        paths.create_file(self.path, mode)
         self._db = sqlite3.connect(
             self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
         )

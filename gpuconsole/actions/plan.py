@@ -3,7 +3,7 @@
 `make_plan` is pure: it reads a NodeSnapshot (NVML, tenancy, fabric), the ownership merged
 from it and what the Kubernetes layer says is cordoned, and returns a Plan that says every
 step before anything runs. A failed precondition blocks the plan and says what to do.
-`propose` is the placement help: N free GPUs of one NVLink domain and their PIX NICs.
+Placement help (which GPUs to ask for) lives in placement.py.
 
 Targets (what each means for the layers below):
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from gpuconsole.model import GpuReading, NodeSnapshot, RemoteKind
@@ -31,14 +31,19 @@ __all__ = [
     "Plan",
     "PlanContext",
     "Precondition",
-    "Proposal",
     "Step",
     "StepKind",
     "Target",
     "TargetKind",
+    "already_there",
+    "bus_positions",
     "find_gpu",
+    "guest_named",
     "make_plan",
-    "propose",
+    "nvswitch_board",
+    "owners_of",
+    "partition_switches",
+    "slot_index",
 ]
 
 HOST_DRIVER = "nvidia"
@@ -47,9 +52,13 @@ BLOCK_DRIVER = "none"  # driver_override "none": nothing binds the function
 # Functions that go to a guest with their GPU: display/3D, audio (HDMI), other bridges
 # (NVSwitch). PCI bridges (0x0604) stay with the host; anything else in the group stops a plan.
 _FOLLOWING_CLASSES = (0x03, 0x0403, 0x0680)
-# NVSwitch full-passthrough partitions a guest may hold (Fabric Manager user guide).
-H100_PARTITIONS = frozenset({1, 8})
-A100_PARTITIONS = frozenset({1, 2, 4, 8, 16})
+# NVSwitch full passthrough (Fabric Manager user guide): the partitions a guest may hold, by
+# GPU count, and how many of the baseboard's NVSwitches go to the guest with them.
+H100_SWITCHES = {1: 0, 8: 4}  # and a single GPU only with its NVLinks disabled
+A100_SWITCHES = {1: 0, 2: 1, 4: 3, 8: 6, 16: 12}
+H100_PARTITIONS = frozenset(H100_SWITCHES)
+A100_PARTITIONS = frozenset(A100_SWITCHES)
+A100_BOARD_GPUS, A100_BOARD_SWITCHES = 8, 6
 
 
 class TargetKind(enum.StrEnum):
@@ -264,7 +273,7 @@ class PlanContext:
 # --- finding GPUs ---------------------------------------------------------------------
 
 
-def _ownership(node: NodeSnapshot) -> Ownership:
+def owners_of(node: NodeSnapshot) -> Ownership:
     found = node_ownership(node)
     owners = found if found is not None else resolve_owners(node.nvml, node.tenancy)
     # A GPU lost before NVML first read it has no bus id or UUID there; sysfs still has it,
@@ -280,7 +289,7 @@ def _ownership(node: NodeSnapshot) -> Ownership:
 
 def find_gpu(node: NodeSnapshot, key: str, ownership: Ownership | None = None) -> GpuOwner | None:
     """A GPU by NVML index, bus id (either form) or UUID."""
-    owners = ownership or _ownership(node)
+    owners = ownership or owners_of(node)
     text = key.strip()
     if text.isdigit():
         return next((g for g in owners.gpus if slot_index(owners, g) == int(text)), None)
@@ -318,7 +327,7 @@ def _nvml(node: NodeSnapshot, gpu: GpuOwner) -> GpuReading | None:
     return node.nvml.gpu(gpu.index)
 
 
-def _guest(node: NodeSnapshot, name: str) -> Guest | None:
+def guest_named(node: NodeSnapshot, name: str) -> Guest | None:
     for guest in node.tenancy.guests if node.tenancy is not None else ():
         if guest.name == name:
             return guest
@@ -330,8 +339,13 @@ def _guests_holding(node: NodeSnapshot, bus_id: str) -> list[Guest]:
     return [g for g in guests if bus_id in {normal_bus_id(b) for b in g.bus_ids}]
 
 
-def _hgx(node: NodeSnapshot) -> tuple[str | None, tuple[str, ...]]:
-    """('hopper'|'ampere'|..., NVSwitch bus ids) on an NVSwitch baseboard; (None, ()) if not."""
+def nvswitch_board(node: NodeSnapshot) -> tuple[str | None, tuple[str, ...]]:
+    """('hopper'|'ampere'|..., NVSwitch bus ids) on an NVSwitch baseboard; (None, ()) if not.
+
+    NVML names a switch at the far end of each GPU's NVLinks; a GPU passed through is gone
+    from NVML, so the functions guests hold that are no GPU (nor in a GPU's IOMMU group)
+    count as switches too: a guest with all eight GPUs still shows its switches.
+    """
     switches: set[str] = set()
     arch = None
     for gpu in node.gpus:
@@ -342,18 +356,89 @@ def _hgx(node: NodeSnapshot) -> tuple[str | None, tuple[str, ...]]:
                     switches.add(normal_bus_id(link.remote_pci_bus_id))
     if arch is None and node.profile in ("dgx-h100", "dgx-a100"):
         arch = "hopper" if node.profile == "dgx-h100" else "ampere"
+    if arch is not None and node.tenancy is not None:
+        known = {normal_bus_id(g.bus_id) for g in node.tenancy.gpus}
+        known |= {normal_bus_id(p.bus_id) for g in node.tenancy.gpus for p in g.iommu_peers}
+        for guest in node.tenancy.guests:
+            switches |= {normal_bus_id(b) for b in guest.bus_ids} - known
     return arch, tuple(sorted(switches))
 
 
 def _a100_partition_ok(indexes: Sequence[int]) -> bool:
-    """2- and 4-GPU A100 partitions are fixed sets of neighbours (FM's default table)."""
+    """A100 partitions of 2, 4, 8 or 16 are fixed sets of neighbours (FM's default table)."""
     n = len(indexes)
-    if n in (1, 8, 16):
+    if n == 1:
         return True
-    if n not in (2, 4) or not indexes:
+    if n not in A100_PARTITIONS:
         return False
     first = min(indexes)
     return first % n == 0 and sorted(indexes) == list(range(first, first + n))
+
+
+def partition_switches(
+    arch: str, switches: Sequence[str], slots: Sequence[int], total: int
+) -> tuple[str, ...] | None:
+    """The NVSwitches a full-passthrough guest holding the GPUs at `slots` takes with them;
+    None when the baseboard has no such partition.
+
+    A100 partitions nest (a pair inside a quad inside a board), and so do their switches: a
+    board's six in bus order, three per quad, one per pair, so that neighbouring partitions
+    never share one. Fabric Manager's table for the baseboard is the authority; this
+    follows its counts (16/8/4/2/1 GPUs with 12/6/3/1/0 switches).
+    """
+    n = len(slots)
+    if n == 0:
+        return ()
+    ordered = sorted(switches)
+    if arch == "hopper":
+        if n == 1:
+            return ()
+        return tuple(ordered) if n == total and n in H100_PARTITIONS else None
+    if not _a100_partition_ok(slots):
+        return None
+    if n == 1:
+        return ()
+    board, local = divmod(min(slots), A100_BOARD_GPUS)
+    mine = ordered[board * A100_BOARD_SWITCHES :]
+    if n >= A100_BOARD_GPUS:
+        return tuple(mine[: A100_BOARD_SWITCHES * (n // A100_BOARD_GPUS)])
+    quad = mine[3 * (local // 4) : 3 * (local // 4) + 3]
+    return tuple(quad) if n == 4 else tuple(quad[(local % 4) // 2 : (local % 4) // 2 + 1])
+
+
+def bus_positions(ownership: Ownership) -> dict[str, int]:
+    """Each GPU's place in PCI bus order, by bus id: what partitions are made of. Fabric
+    Manager names a partition's GPUs by their place on the baseboard, which bus order
+    follows; NVML's indexes would shift as GPUs leave for vfio-pci."""
+    return {bus: k for k, bus in enumerate(sorted(g.bus_id for g in ownership.gpus))}
+
+
+def _names(ownership: Ownership, buses: Iterable[str]) -> str:
+    """GPUs as a person names them: "4-7", "4+6", by the indexes plans show."""
+    wanted = set(buses)
+    found = sorted(
+        i
+        for g in ownership.gpus
+        if g.bus_id in wanted and (i := slot_index(ownership, g)) is not None
+    )
+    if len(found) > 2 and found == list(range(found[0], found[-1] + 1)):
+        return f"{found[0]}-{found[-1]}"
+    return "+".join(map(str, found))
+
+
+def _shapes(arch: str, ownership: Ownership) -> str:
+    """The partitions a baseboard allows, in words, for a refusal's remedy."""
+    total = len(ownership.gpus)
+    if arch == "hopper":
+        return f"1 GPU, or all {total} once every one of them is free"
+    order = sorted(g.bus_id for g in ownership.gpus)
+    sets = [
+        _names(ownership, order[first : first + n])
+        for n in (2, 4, 8, 16)
+        if n <= total
+        for first in range(0, total - n + 1, n)
+    ]
+    return "1 GPU, or GPUs " + ", ".join(sets)
 
 
 def _following(pci: PciGpu) -> tuple[list[str], list[str]]:
@@ -378,7 +463,7 @@ def make_plan(
 ) -> Plan:
     """The plan to move the GPUs named by `keys` (index, bus id or UUID) to `target`."""
     ctx = context or PlanContext()
-    ownership = _ownership(node)
+    ownership = owners_of(node)
     conds: list[Precondition] = []
     notes: list[str] = []
     gpus: list[GpuOwner] = []
@@ -417,11 +502,34 @@ def make_plan(
                 "set [actions] kubernetes = true (and kubeconfig) in the config",
             )
         )
+    releases = _releases(node, target, gpus, conds)
+    released = {s for _guest_name, release in releases for s in release}
+    switches: list[str] = []
     if target.kind is TargetKind.VM:
-        switches = _partition(node, target, gpus, conds, notes)
+        switches = _partition(node, target, gpus, conds, notes, released)
         attach_functions += switches
-        if switches:
-            steps += _pci_steps(node, switches, VFIO_DRIVER, "NVSwitches", gpu_bus=())
+        # a switch another guest releases in this plan is on vfio-pci already: it only
+        # changes definitions
+        bind = [s for s in switches if s not in released]
+        if bind:
+            steps += _pci_steps(node, bind, VFIO_DRIVER, "NVSwitches", gpu_bus=())
+    for guest, release in releases:
+        steps.append(
+            Step(
+                StepKind.DETACH,
+                Layer.GUESTS,
+                f"remove NVSwitches {', '.join(release)} from guest {guest}'s definition",
+                functions=release,
+                guest=guest,
+            )
+        )
+        back = [s for s in release if s not in switches]
+        if back:
+            notes.append(
+                f"guest {guest} gives NVSwitches {', '.join(back)} back to the host "
+                "(nvidia, for Fabric Manager)"
+            )
+            steps += _pci_steps(node, back, HOST_DRIVER, "NVSwitches", gpu_bus=())
     for gpu in gpus:
         steps += _gpu_steps(node, gpu, target, ctx, conds, notes, attach_functions)
     if target.kind is TargetKind.VM and target.guest and gpus:
@@ -458,7 +566,7 @@ def make_plan(
 def _guest_conditions(
     node: NodeSnapshot, target: Target, gpus: list[GpuOwner], notes: list[str]
 ) -> list[Precondition]:
-    guest = _guest(node, target.guest or "")
+    guest = guest_named(node, target.guest or "")
     if guest is None:
         return [
             Precondition(
@@ -492,41 +600,71 @@ def _partition(
     gpus: list[GpuOwner],
     conds: list[Precondition],
     notes: list[str],
+    released: set[str],
 ) -> list[str]:
-    """The NVSwitch rules for a guest's GPUs; returns the switches that must go with them."""
-    arch, switches = _hgx(node)
+    """The NVSwitch rules for a guest's GPUs; returns the switches that must go with them
+    (`released`: those other guests give up in the same plan)."""
+    arch, switches = nvswitch_board(node)
     if arch is None:
         conds.append(Precondition("NVSwitch partition", True, "no NVSwitch baseboard"))
         return []
-    guest = _guest(node, target.guest or "")
+    guest = guest_named(node, target.guest or "")
     held = {normal_bus_id(b) for b in guest.bus_ids} if guest is not None else set()
-    ownership = _ownership(node)
-    indexes = sorted(
-        {
-            i
-            for g in ownership.gpus
-            if g.bus_id in held and (i := slot_index(ownership, g)) is not None
-        }
-        | {i for g in gpus if (i := slot_index(ownership, g)) is not None}
-    )
-    total = len(ownership.gpus)
-    n = len(indexes)
+    ownership = owners_of(node)
+    place = bus_positions(ownership)
+    buses = {g.bus_id for g in ownership.gpus if g.bus_id in held} | {g.bus_id for g in gpus}
+    n = len(buses)
+    wanted = partition_switches(arch, switches, [place[b] for b in buses], len(place))
     if arch == "hopper":
-        ok = n in H100_PARTITIONS and (n == 1 or n == total)
-        rule = "H100 HGX: a guest gets 1 GPU (NVLinks disabled) or all 8 (with the NVSwitches)"
+        rule = "H100 HGX: a guest gets 1 GPU (NVLinks disabled) or all 8 (with the 4 NVSwitches)"
     else:
-        ok = _a100_partition_ok(indexes)
-        rule = "A100 HGX: a guest gets a partition of 16, 8, 4, 2 or 1 neighbouring GPUs"
-    what = f"guest {target.guest} would hold {n} GPU(s): {', '.join(map(str, indexes))}"
+        rule = (
+            "A100 HGX: a guest gets 1, 2, 4, 8 or 16 neighbouring GPUs "
+            "(with 0, 1, 3, 6 or 12 NVSwitches)"
+        )
+    what = f"guest {target.guest} would hold {n} GPU(s): {_names(ownership, buses)}"
     conds.append(
         Precondition(
             "NVSwitch partition",
-            ok,
+            wanted is not None,
             f"{what}; {rule}",
-            "ask for a partition size the baseboard allows (gpuconsole proposes one)",
+            f"ask for a partition this baseboard allows: {_shapes(arch, ownership)} "
+            f"(gpuconsole assign --propose N --to vm:{target.guest} finds free ones)",
         )
     )
-    if ok and n == 1:
+    if wanted is None:
+        return []
+    expected = (H100_SWITCHES if arch == "hopper" else A100_SWITCHES).get(n, 0)
+    if len(wanted) < expected:
+        conds.append(
+            Precondition(
+                "NVSwitches known",
+                False,
+                f"the partition takes {expected} NVSwitches; {len(switches)} are known "
+                f"on {node.node}",
+                "check that the nvidia driver sees every NVSwitch (nvidia-smi nvlink -s), "
+                "then ask again",
+            )
+        )
+        return []
+    others = [
+        (g.name, s)
+        for g in (node.tenancy.guests if node.tenancy is not None else ())
+        if g.name != target.guest
+        for s in wanted
+        if s in {normal_bus_id(b) for b in g.bus_ids} and s not in released
+    ]
+    if wanted:
+        conds.append(
+            Precondition(
+                "NVSwitches free",
+                not others,
+                "; ".join(f"{s} is in guest {name}'s partition" for name, s in others)
+                or f"NVSwitches {', '.join(wanted)} held by no other guest",
+                "move that guest's GPUs off first, or ask for GPUs of another partition",
+            )
+        )
+    if n == 1:
         notes.append(
             "single-GPU passthrough on an NVSwitch baseboard: the guest must run with its "
             "NVLinks disabled (NVreg_NvLinkDisable=1), or it hangs at fabric state in progress"
@@ -543,10 +681,53 @@ def _partition(
                 "disable MIG first: nvidia-smi -i INDEX -mig 0, then ask again",
             )
         )
-    if ok and arch == "hopper" and n == total and n > 1:
-        notes.append("full passthrough: the baseboard's NVSwitches go to the guest too")
-        return [s for s in switches if s not in held]
-    return []
+    if wanted:
+        notes.append(
+            f"full passthrough: NVSwitches {', '.join(wanted)} go to the guest with its GPUs"
+        )
+    return [s for s in wanted if s not in held]
+
+
+def _releases(
+    node: NodeSnapshot,
+    target: Target,
+    gpus: list[GpuOwner],
+    conds: list[Precondition],
+) -> list[tuple[str, tuple[str, ...]]]:
+    """Guests losing GPUs on an NVSwitch baseboard: what each keeps must still be a
+    partition; returns (guest, switches it no longer needs)."""
+    arch, switches = nvswitch_board(node)
+    if arch is None or node.tenancy is None:
+        return []
+    ownership = owners_of(node)
+    place = bus_positions(ownership)
+    moving = {g.bus_id for g in gpus}
+    out = []
+    for guest in node.tenancy.guests:
+        held = {normal_bus_id(b) for b in guest.bus_ids}
+        if guest.name == target.guest or not held & moving:
+            continue
+        mine = [g for g in ownership.gpus if g.bus_id in held]
+        keep = [place[g.bus_id] for g in mine if g.bus_id not in moving]
+        left = partition_switches(arch, switches, keep, len(place))
+        if left is None:
+            every = sorted(i for g in mine if (i := slot_index(ownership, g)) is not None)
+            kept = _names(ownership, (g.bus_id for g in mine if g.bus_id not in moving))
+            conds.append(
+                Precondition(
+                    f"guest {guest.name} keeps a partition",
+                    False,
+                    f"guest {guest.name} would keep GPU(s) {kept}: "
+                    "not a partition this baseboard allows",
+                    "move its GPUs together: gpuconsole assign "
+                    f"{' '.join(map(str, every))} --to {target}",
+                )
+            )
+            continue
+        release = tuple(sorted((held & set(switches)) - set(left)))
+        if release:
+            out.append((guest.name, release))
+    return out
 
 
 def _pci_steps(
@@ -564,9 +745,13 @@ def _pci_steps(
     peers = {
         normal_bus_id(peer.bus_id): peer.driver for p in by_bus.values() for peer in p.iommu_peers
     }
+    # NVSwitches are in no GPU's group: a guest's are on vfio-pci, the host's on nvidia
+    guests = node.tenancy.guests if node.tenancy else ()
+    in_guests = {normal_bus_id(b) for g in guests for b in g.bus_ids}
     for function in functions:
         pci = by_bus.get(function)
-        current = pci.driver if pci is not None else peers.get(function, HOST_DRIVER)
+        other = VFIO_DRIVER if function in in_guests else HOST_DRIVER
+        current = pci.driver if pci is not None else peers.get(function, other)
         drivers.append(current or "")
         overrides.append((pci.driver_override or "") if pci is not None else "")
 
@@ -602,6 +787,23 @@ def _pci_steps(
     return steps
 
 
+def already_there(node: NodeSnapshot, gpu: GpuOwner, target: Target, ctx: PlanContext) -> bool:
+    """Whether a GPU is where `target` puts GPUs already: bound as it binds them, in its
+    guest (and no other), cordoned as it leaves them, blocked from binding if drained."""
+    pci = _pci(node, gpu.bus_id)
+    guests = _guests_holding(node, gpu.bus_id)
+    here = gpu.driver == target.driver or (target.driver is None and gpu.driver is None)
+    if target.kind is TargetKind.VM:
+        here = here and bool(guests) and all(g.name == target.guest for g in guests)
+    elif ctx.kubernetes and gpu.uuid:
+        here = here and (gpu.uuid in ctx.cordoned) == target.cordoned and not guests
+    else:
+        here = here and not guests
+    if target.kind is TargetKind.DRAINED and pci is not None:
+        here = here and pci.driver_override == BLOCK_DRIVER
+    return here
+
+
 def _gpu_steps(
     node: NodeSnapshot,
     gpu: GpuOwner,
@@ -611,27 +813,16 @@ def _gpu_steps(
     notes: list[str],
     attach: list[str],
 ) -> list[Step]:
-    label = _label(gpu, _ownership(node))
+    label = _label(gpu, owners_of(node))
     reading = _nvml(node, gpu)
     pci = _pci(node, gpu.bus_id)
     steps: list[Step] = []
     guests = _guests_holding(node, gpu.bus_id)
-    in_target = [g for g in guests if g.name == target.guest]
     elsewhere = [g for g in guests if g.name != target.guest]
     cordoned = gpu.uuid in ctx.cordoned if gpu.uuid else False
     lost = reading is not None and reading.lost
 
-    # where it is now, and is that already the target?
-    here = gpu.driver == target.driver or (target.driver is None and gpu.driver is None)
-    if target.kind is TargetKind.VM:
-        here = here and bool(in_target) and not elsewhere
-    elif ctx.kubernetes and gpu.uuid:
-        here = here and cordoned == target.cordoned and not guests
-    else:
-        here = here and not guests
-    if target.kind is TargetKind.DRAINED and pci is not None:
-        here = here and pci.driver_override == BLOCK_DRIVER
-    if here:
+    if already_there(node, gpu, target, ctx):
         conds.append(
             Precondition(
                 f"{label} not already there",
@@ -801,104 +992,4 @@ def _verify(node: NodeSnapshot, gpus: list[GpuOwner], target: Target) -> Step:
         driver=target.driver,
         guest=target.guest,
         xids=xids,
-    )
-
-
-# --- placement help -------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Proposal:
-    """GPUs to use for a request, the NICs that go with them, and why these."""
-
-    node: str
-    indexes: tuple[int, ...]
-    bus_ids: tuple[str, ...]
-    nics: tuple[str, ...]
-    reason: str
-    alternatives: tuple[tuple[int, ...], ...] = field(default=())
-
-
-def _domains(node: NodeSnapshot, indexes: Iterable[int]) -> list[list[int]]:
-    """GPUs grouped by NVLink domain (bonded NVLinks between them, through NVSwitch or not)."""
-    wanted = sorted(indexes)
-    topo = node.nvml.gpu_topology if node.nvml is not None else ()
-    parent = {i: i for i in wanted}
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            i = parent[i]
-        return i
-
-    for a in wanted:
-        for b in wanted:
-            if a < b and a < len(topo) and b < len(topo[a]) and topo[a][b].startswith("NV"):
-                parent[root(b)] = root(a)
-    groups: dict[int, list[int]] = {}
-    for i in wanted:
-        groups.setdefault(root(i), []).append(i)
-    return sorted(groups.values(), key=lambda g: (-len(g), g))
-
-
-def propose(
-    node: NodeSnapshot, count: int, model: str | None = None, *, for_guest: bool = False
-) -> Proposal | None:
-    """`count` free GPUs (of `model`, if given) in one NVLink domain, with their PIX NICs.
-
-    For a guest on an NVSwitch baseboard only partition sizes the baseboard allows count.
-    None when the node cannot serve the request.
-    """
-    ownership = _ownership(node)
-    slots: dict[int, int] = {}  # NVML index -> slot
-    for g in ownership.gpus:
-        reading = node.nvml.gpu(g.index) if node.nvml and g.index is not None else None
-        if (
-            reading is not None
-            and g.index is not None
-            and g.kind is OwnerKind.FREE
-            and not g.all_problems
-            and not reading.lost
-            and (model is None or model.lower() in (g.model or "").lower())
-            and (slot := slot_index(ownership, g)) is not None
-        ):
-            slots[g.index] = slot
-    free = sorted(slots)
-    arch, _switches = _hgx(node)
-    if for_guest and arch == "hopper" and count not in H100_PARTITIONS:
-        return None
-    options: list[tuple[int, ...]] = []
-    for domain in _domains(node, free):
-        if len(domain) < count:
-            continue
-        for start in range(0, len(domain) - count + 1):
-            pick = tuple(domain[start : start + count])
-            if for_guest and arch == "ampere" and not _a100_partition_ok([slots[i] for i in pick]):
-                continue
-            options.append(pick)
-    if not options:
-        return None
-
-    def numa_spread(pick: tuple[int, ...]) -> int:
-        nodes = {r.numa_node for i in pick if node.nvml and (r := node.nvml.gpu(i)) is not None}
-        return len(nodes)
-
-    options.sort(key=lambda p: (numa_spread(p), p))
-    best = options[0]
-    bus_ids = tuple(
-        normal_bus_id(r.pci_bus_id) for i in best if node.nvml and (r := node.nvml.gpu(i))
-    )
-    nics: list[str] = []
-    for bus in bus_ids:
-        affinity = node.fabric.gpu(bus) if node.fabric is not None else None
-        if affinity is not None:
-            nics += [lv.device for lv in affinity.levels if lv.level == "PIX"]
-    span = "one NVLink domain" if count > 1 else "a free GPU"
-    reason = f"{count} free GPU(s) in {span}, {numa_spread(best)} NUMA node(s)"
-    return Proposal(
-        node.node,
-        tuple(slots[i] for i in best),
-        bus_ids,
-        tuple(dict.fromkeys(nics)),
-        reason,
-        tuple(tuple(slots[i] for i in o) for o in options[1:4]),
     )

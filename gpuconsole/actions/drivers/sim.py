@@ -145,6 +145,27 @@ def _plan_from(data: dict[str, Any]) -> SimPlan:
     )
 
 
+class _WorldTree(SimTenancyTree):
+    """The world's trees; a guest's definition also lists the NVSwitches of a partial
+    partition (an A100 guest with 2 or 4 GPUs holds 1 or 3 of the 6), which a SimGuest,
+    holding all of them or none, cannot say."""
+
+    world: SimWorld | None = None
+
+    def domain_xml(self, guest: SimGuest) -> str:
+        xml = super().domain_xml(guest)
+        extra = self.world.switches.get(guest.name, []) if self.world is not None else []
+        if guest.nvswitches or not extra:
+            return xml
+        hostdevs = "".join(
+            "<hostdev mode='subsystem' type='pci' managed='yes'><source><address "
+            f"domain='0x{b[:4]}' bus='0x{b[5:7]}' slot='0x{b[8:10]}' function='0x{b[11]}'/>"
+            "</source></hostdev>"
+            for b in extra
+        )
+        return xml.replace("</devices>", hostdevs + "</devices>", 1)
+
+
 class SimWorld:
     """One simulated node's tenants, cordons and trees, kept under `root`."""
 
@@ -161,12 +182,15 @@ class SimWorld:
         self.node = _WorldNode(name, profile, seed=0, scenarios=scenarios)
         self.node.world = self
         self.cordoned: set[str] = set()
+        self.switches: dict[str, list[str]] = {}  # guest -> NVSwitches of a partial partition
         fresh = not self.state_file.exists()
         if not fresh:
             data = json.loads(self.state_file.read_text(encoding="utf-8"))
             plan = _plan_from(data["plan"])
             self.cordoned = set(data.get("cordoned", []))
-        self.tree = SimTenancyTree(self.node, str(root), plan)
+            self.switches = dict(data.get("switches", {}))
+        self.tree = _WorldTree(self.node, str(root), plan)
+        self.tree.world = self
         if not fresh:
             # the tree is on disk already: its processes must not be written twice
             self.tree._pids = {int(n) for n in os.listdir(self.tree.proc_root) if n.isdigit()}
@@ -202,7 +226,13 @@ class SimWorld:
 
     def save(self) -> None:
         """Write the world's state atomically: a kill leaves the old file or the new one."""
-        body = json.dumps({"plan": _plan_json(self.plan), "cordoned": sorted(self.cordoned)})
+        body = json.dumps(
+            {
+                "plan": _plan_json(self.plan),
+                "cordoned": sorted(self.cordoned),
+                "switches": self.switches,
+            }
+        )
         tmp = self.state_file.with_suffix(".tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(body)
@@ -256,8 +286,9 @@ class SimWorld:
             return ["drained"]
         return [f"unassigned ({driver})"]
 
-    async def snapshot(self) -> NodeSnapshot:
-        """The node as the console would read it: the real NVML and tenancy sources."""
+    async def snapshot(self, *, fabric: bool = False) -> NodeSnapshot:
+        """The node as the console would read it: the real NVML and tenancy sources, and
+        with `fabric` the fabric source too (GPU-NIC affinity, for placement help)."""
         from gpuconsole.sim.nvml import SimNvml
         from gpuconsole.sources.nvml import NvmlSource
         from gpuconsole.sources.tenancy import TenancySource
@@ -281,6 +312,10 @@ class SimWorld:
                 simulated=True,
             )
         )
+        if fabric:
+            from gpuconsole.sim.fabric import SimFabricSource
+
+            hub.add_source(SimFabricSource(self.node, netlink=False))
         fleet = await hub.poll_once()
         found = fleet.node(self.name)
         assert found is not None
@@ -323,14 +358,17 @@ class SimGuestsDriver:
         indexes = set(guest.gpus)
         indexes |= {i for b in add if (i := self.world.index_of(b)) is not None}
         indexes -= {i for b in remove if (i := self.world.index_of(b)) is not None}
-        nvswitches = guest.nvswitches
-        if switches and switches <= set(add):
-            nvswitches = True
-        if switches and switches & set(remove):
-            nvswitches = False
+        before = set(self.world.switches.get(guest.name, []))
+        before |= switches if guest.nvswitches else set()
+        held = (before | (set(add) & switches)) - set(remove)
+        nvswitches = bool(switches) and held == switches
         new = dataclasses.replace(guest, gpus=tuple(sorted(indexes)), nvswitches=nvswitches)
-        if new == guest:
+        if new == guest and held == before:
             return f"{name}'s definition already as planned"
+        if held and not nvswitches:
+            self.world.switches[guest.name] = sorted(held)
+        else:
+            self.world.switches.pop(guest.name, None)
         self.world.plan = dataclasses.replace(
             plan, guests=tuple(new if g is guest else g for g in plan.guests)
         )

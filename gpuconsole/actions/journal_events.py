@@ -1,0 +1,221 @@
+"""Plans other processes run, as hub events: a source that reads the action journal.
+
+An executor posts its own events to the hub of its process. A plan run anywhere else
+(`gpuconsole assign` in a shell, or over ssh from a head console, or another console)
+writes only the journal; this source reads what was added since it started and posts the
+same events, so that the agent's Events view, and through it the head's, show every
+action on the node. Rows of plans this very process runs are skipped: its executor has
+posted them already. The journal is opened read-only and never created here. A node's
+hub adds one: `hub.add_source(JournalEvents(node, store.journal_path(cfg.actions)))`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from gpuconsole.actions.executor import (
+    ACTION_EVENT,
+    STEP_EVENT,
+    action_event,
+    outcome_severity,
+    step_message,
+)
+from gpuconsole.actions.journal import PlanState
+from gpuconsole.actions.plan import Plan
+from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.model import Event, Key, RawCounter, Severity
+from gpuconsole.sources.base import EmitEvent
+
+__all__ = ["JournalEvents", "JournalReading"]
+
+
+@dataclass(frozen=True, slots=True)
+class JournalReading:
+    """How the journal stood at the last read: plans running now, on any node."""
+
+    at: float
+    running: int = 0
+
+    def counters(self) -> Iterator[RawCounter]:
+        return iter(())
+
+    def series(self) -> Iterator[tuple[Key, float]]:
+        return iter(())
+
+
+@dataclass
+class _Marks:
+    """How far the journal has been read."""
+
+    plan_rowid: int
+    step_rowid: int  # every step row up to here is told (or was there before the start)
+    finished_at: float
+    told_steps: set[int]  # rows past step_rowid already told (an intent before them waits)
+    told_plans: set[str]  # finished at exactly finished_at, already told
+
+
+class JournalEvents:
+    """Reads the journal at `path` every `interval_s` and posts what others did."""
+
+    kind: ClassVar[str] = "actions"
+
+    def __init__(
+        self,
+        node: str,
+        path: Path,
+        *,
+        interval_s: float = 2.0,
+        timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.path = path
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self._emit: EmitEvent | None = None
+        self._db: sqlite3.Connection | None = None
+        self._marks: _Marks | None = None
+        self._me = (socket.gethostname(), os.getpid())
+
+    async def start(self, emit: EmitEvent) -> None:
+        self._emit = emit
+
+    async def poll(self) -> JournalReading:
+        return await asyncio.to_thread(self._read)
+
+    async def close(self) -> None:
+        if self._db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+            self._db = None
+
+    def _connect(self) -> sqlite3.Connection | None:
+        if self._db is None:
+            if not self.path.exists():
+                return None  # no action has run on this machine yet
+            self._db = sqlite3.connect(
+                f"file:{self.path}?mode=ro",
+                uri=True,
+                timeout=self.timeout_s,
+                check_same_thread=False,
+            )
+        return self._db
+
+    def _read(self) -> JournalReading:
+        db = self._connect()
+        now = self.clock()
+        if db is None:
+            return JournalReading(now)
+        try:
+            running = int(
+                db.execute(
+                    "SELECT COUNT(*) FROM plans WHERE state = ?", (PlanState.RUNNING,)
+                ).fetchone()[0]
+            )
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return JournalReading(now)  # created a moment ago, its schema not yet
+            raise
+        if self._marks is None:
+            # what happened before this process started is history, not news
+            plan_rowid, finished = db.execute(
+                "SELECT COALESCE(MAX(rowid), 0), COALESCE(MAX(finished_at), 0) FROM plans"
+            ).fetchone()
+            step_rowid = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM steps").fetchone()[0]
+            last = db.execute("SELECT id FROM plans WHERE finished_at = ?", (finished,))
+            told = {str(r[0]) for r in last}
+            self._marks = _Marks(int(plan_rowid), int(step_rowid), float(finished), set(), told)
+            return JournalReading(now, running)
+        for event in [*self._started(db), *self._steps(db), *self._finished(db)]:
+            if self._emit is not None:
+                self._emit(event)
+        return JournalReading(now, running)
+
+    def _mine(self, host: object, pid: object) -> bool:
+        return (str(host), int(str(pid))) == self._me
+
+    def _started(self, db: sqlite3.Connection) -> list[Event]:
+        assert self._marks is not None
+        events = []
+        rows = db.execute(
+            "SELECT rowid, id, user, role, fingerprint, plan, host, pid, created_at FROM plans"
+            " WHERE rowid > ? ORDER BY rowid",
+            (self._marks.plan_rowid,),
+        ).fetchall()
+        for rowid, plan_id, user, role, fingerprint, body, host, pid, created in rows:
+            self._marks.plan_rowid = int(rowid)
+            if self._mine(host, pid):
+                continue
+            plan = Plan.from_json(json.loads(str(body)))
+            fp = None if fingerprint is None else str(fingerprint)
+            who = Actor(str(user), Role(str(role)), fp, "ssh" if fp else "local").who
+            text = f"{who} started assign {plan.target}: {plan_id}"
+            events.append(action_event(plan, float(created), Severity.INFO, text))
+        return events
+
+    def _steps(self, db: sqlite3.Connection) -> list[Event]:
+        marks = self._marks
+        assert marks is not None
+        events = []
+        rows = db.execute(
+            "SELECT s.rowid, s.plan_id, s.seq, s.phase, s.state, s.detail, s.finished_at,"
+            " p.plan, p.host, p.pid, p.state FROM steps s JOIN plans p ON p.id = s.plan_id"
+            " WHERE s.rowid > ? ORDER BY s.rowid",
+            (marks.step_rowid,),
+        ).fetchall()
+        waiting = False
+        for row in rows:
+            rowid, plan_id, seq, phase, state, detail, finished, body, host, pid, plan_state = row
+            if state == "intent":
+                # running now, told once done or failed; a crash's intent is never done
+                waiting = waiting or plan_state == PlanState.RUNNING
+                continue
+            if int(rowid) not in marks.told_steps and not self._mine(host, pid):
+                plan = Plan.from_json(json.loads(str(body)))
+                told = "undone" if phase == "undo" and state == "done" else str(state)
+                severity, text = step_message(plan, str(plan_id), int(seq), told, str(detail))
+                at = float(finished) if finished is not None else self.clock()
+                events.append(action_event(plan, at, severity, text, STEP_EVENT))
+            marks.told_steps.add(int(rowid))
+            if not waiting:
+                marks.step_rowid = int(rowid)
+        marks.told_steps = {r for r in marks.told_steps if r > marks.step_rowid}
+        return events
+
+    def _finished(self, db: sqlite3.Connection) -> list[Event]:
+        marks = self._marks
+        assert marks is not None
+        events = []
+        rows = db.execute(
+            "SELECT id, user, state, outcome, plan, host, pid, finished_at, recovered"
+            " FROM plans WHERE finished_at >= ? ORDER BY finished_at",
+            (marks.finished_at,),
+        ).fetchall()
+        for plan_id, user, state, outcome, body, host, pid, finished, recovered in rows:
+            if str(plan_id) in marks.told_plans:
+                continue
+            if float(finished) > marks.finished_at:
+                marks.finished_at, marks.told_plans = float(finished), set()
+            marks.told_plans.add(str(plan_id))
+            if self._mine(host, pid):
+                continue
+            plan = Plan.from_json(json.loads(str(body)))
+            if recovered:
+                text = f"assign {plan.target} (plan {plan_id}) {outcome}"
+                severity = Severity.WARNING if state == PlanState.DONE else outcome_severity(state)
+            else:
+                text = f"assign {plan.target} by {user}: {outcome}"
+                severity = outcome_severity(str(state))
+            events.append(action_event(plan, float(finished), severity, text, ACTION_EVENT))
+        return events

@@ -1,0 +1,343 @@
+"""Placement help: which free GPUs to give a request of N GPUs (of a model), and the NIC
+rails that go with them.
+
+The GPUs share one NVLink domain; for a guest on an NVSwitch baseboard they also form a
+partition the baseboard allows, together with what the guest holds already. Each GPU's NIC
+comes from the fabric source's GPU-NIC affinity: its pick (the nearest compute NIC on PCIe,
+balanced so that GPUs under one switch take one each) while that rail is up, else the
+nearest compute NIC that is: PIX, then PXB, PHB, NODE; a SYS path is flagged. Choices that
+need no flag come first, then those on fewer NUMA nodes, then those with nearer NICs.
+Pure functions of snapshots, so the console and the command line propose the same.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from gpuconsole.actions.plan import (
+    PlanContext,
+    Target,
+    TargetKind,
+    already_there,
+    bus_positions,
+    guest_named,
+    nvswitch_board,
+    owners_of,
+    partition_switches,
+    slot_index,
+)
+from gpuconsole.model import NodeSnapshot
+from gpuconsole.ownership import Ownership
+from gpuconsole.readings.fabric import LEVELS, FabricReading, PortRole, normal_bus_id
+from gpuconsole.readings.tenancy import OwnerKind
+
+__all__ = ["Placement", "Proposal", "Rail", "placements", "propose"]
+
+# Past this many ways to choose, only runs of neighbours are weighed (a big NVLink domain).
+MAX_CHOICES = 5000
+FAR_LEVEL = "SYS"
+
+
+@dataclass(frozen=True, slots=True)
+class Rail:
+    """The NIC one proposed GPU should use for GPUDirect RDMA, how near it is, and what is
+    wrong with it (nothing, when all is well)."""
+
+    gpu: str  # bus id, sysfs form
+    index: int | None  # as plans name the GPU
+    device: str | None  # mlx5_3; None: no usable NIC, or no fabric reading
+    level: str | None  # PIX, PXB, PHB, NODE, SYS
+    flags: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        gpu = f"GPU {self.index} ({self.gpu})" if self.index is not None else f"GPU {self.gpu}"
+        nic = f"NIC {self.device} ({self.level})" if self.device else "no NIC"
+        return f"{gpu}  {nic}" + (f"  ! {'; '.join(self.flags)}" if self.flags else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """GPUs of one node for a request, the NIC each should use, and why these."""
+
+    node: str
+    indexes: tuple[int, ...]  # as plans name the GPUs
+    bus_ids: tuple[str, ...]
+    rails: tuple[Rail, ...]
+    reason: str
+    numa_nodes: int = 1
+    alternatives: tuple[tuple[int, ...], ...] = ()
+    switches: tuple[str, ...] = ()  # a guest's partition: the NVSwitches that go with it
+    notes: tuple[str, ...] = ()
+
+    @property
+    def nics(self) -> tuple[str, ...]:
+        """The NICs the GPUs use, each once, in GPU order."""
+        return tuple(dict.fromkeys(r.device for r in self.rails if r.device))
+
+    @property
+    def flagged(self) -> int:
+        """How many of its GPUs have a NIC worth a warning."""
+        return sum(1 for r in self.rails if r.flags)
+
+    @property
+    def distance(self) -> int:
+        """The NICs' PCIe distance from their GPUs, summed (PIX 1 ... SYS 5; none 6)."""
+        return sum(LEVELS.index(r.level) if r.level else len(LEVELS) for r in self.rails)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The GPUs as `gpuconsole assign` and `make_plan` take them (bus ids: stable)."""
+        return self.bus_ids
+
+    def describe(self) -> str:
+        lines = [f"{self.node}: GPU {', '.join(map(str, self.indexes))}: {self.reason}"]
+        lines += [f"  {r.describe()}" for r in self.rails]
+        lines += [f"  note: {n}" for n in self.notes]
+        if self.alternatives:
+            others = "; ".join(", ".join(map(str, a)) for a in self.alternatives)
+            lines.append(f"  also possible: GPU {others}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Proposals for a request across nodes, best first, and why the other nodes cannot."""
+
+    proposals: tuple[Proposal, ...]
+    refusals: tuple[tuple[str, str], ...]  # (node, why not)
+
+    @property
+    def best(self) -> Proposal | None:
+        return self.proposals[0] if self.proposals else None
+
+    def why_not(self) -> str:
+        return "; ".join(f"{node}: {why}" for node, why in self.refusals) or "no node"
+
+
+def _usable(fabric: FabricReading, device: str) -> bool:
+    """A NIC worth proposing: one of its ports is up and serves compute (a rail)."""
+    found = fabric.device(device)
+    if found is None:
+        return False
+    return any(p.active and p.role is PortRole.COMPUTE for p in found.ports)
+
+
+def _is_rail(fabric: FabricReading, device: str) -> bool:
+    found = fabric.device(device)
+    return found is not None and any(p.role is PortRole.COMPUTE for p in found.ports)
+
+
+def _downtrained(fabric: FabricReading, device: str) -> bool:
+    found = fabric.device(device)
+    return found is not None and any(p.downtrained for p in found.ports)
+
+
+def _rails(node: NodeSnapshot, picks: Sequence[tuple[int | None, str]]) -> tuple[Rail, ...]:
+    """The NIC for each picked GPU (index, bus id), from the snapshot's fabric reading."""
+    fabric = node.fabric
+    rails = []
+    used: dict[str, int] = {}
+    for index, bus in picks:
+        affinity = fabric.gpu(bus) if fabric is not None else None
+        if fabric is None or affinity is None:
+            rails.append(Rail(bus, index, None, None, ("no fabric reading for it",)))
+            continue
+        level_of = {lv.device: lv.level for lv in affinity.levels if lv.level in LEVELS}
+        usable = [d for d in level_of if _usable(fabric, d)]
+        flags: list[str] = []
+        pick = affinity.best_device if affinity.best_device in usable else None
+        if pick is None and usable:
+            pick = min(usable, key=lambda d: (LEVELS.index(level_of[d]), used.get(d, 0), d))
+        if affinity.best_device and pick != affinity.best_device:
+            if _is_rail(fabric, affinity.best_device):
+                flags.append(f"its own rail {affinity.best_device} is down")
+        level = level_of.get(pick) if pick is not None else None
+        if pick is None:
+            flags.append("no compute NIC is up")
+        elif level == FAR_LEVEL:
+            flags.append("SYS path: its RDMA traffic crosses the socket link")
+        if pick is not None and _downtrained(fabric, pick):
+            flags.append(f"rail {pick} is downtrained")
+        if fabric.peermem_loaded is False:
+            flags.append("nvidia-peermem not loaded: no GPUDirect RDMA")
+        if pick is not None:
+            used[pick] = used.get(pick, 0) + 1
+        rails.append(Rail(bus, index, pick, level, tuple(flags)))
+    return tuple(rails)
+
+
+def _domains(node: NodeSnapshot, indexes: Iterable[int]) -> list[list[int]]:
+    """GPUs (NVML indexes) grouped by NVLink domain: bonded NVLinks between them, through
+    NVSwitch or not."""
+    wanted = sorted(indexes)
+    topo = node.nvml.gpu_topology if node.nvml is not None else ()
+    parent = {i: i for i in wanted}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for a in wanted:
+        for b in wanted:
+            if a < b and a < len(topo) and b < len(topo[a]) and topo[a][b].startswith("NV"):
+                parent[root(b)] = root(a)
+    groups: dict[int, list[int]] = {}
+    for i in wanted:
+        groups.setdefault(root(i), []).append(i)
+    return sorted(groups.values(), key=lambda g: (-len(g), g))
+
+
+def _choices(domain: list[int], count: int) -> Iterable[tuple[int, ...]]:
+    if math.comb(len(domain), count) <= MAX_CHOICES:
+        return itertools.combinations(domain, count)
+    return (tuple(domain[k : k + count]) for k in range(len(domain) - count + 1))
+
+
+def _free(node: NodeSnapshot, ownership: Ownership, model: str | None) -> dict[int, str]:
+    """Free GPUs NVML sees, healthy, of the model: NVML index -> bus id."""
+    free = {}
+    for g in ownership.gpus:
+        reading = node.nvml.gpu(g.index) if node.nvml and g.index is not None else None
+        if (
+            reading is not None
+            and g.index is not None
+            and g.kind is OwnerKind.FREE
+            and not g.all_problems
+            and not reading.lost
+            and (model is None or model.lower() in (g.model or "").lower())
+        ):
+            free[g.index] = g.bus_id
+    return free
+
+
+def _propose(
+    node: NodeSnapshot,
+    count: int,
+    model: str | None,
+    target: Target | None,
+    context: PlanContext,
+) -> Proposal | str:
+    """A proposal for the node, or why it has none."""
+    what = f"{model} GPU(s)" if model else "GPU(s)"
+    if count < 1:
+        return "ask for one GPU or more"
+    ownership = owners_of(node)
+    free = _free(node, ownership, model)
+    there = {
+        i
+        for i, bus in free.items()
+        if target is not None
+        and (g := ownership.gpu(bus)) is not None
+        and already_there(node, g, target, context)
+    }
+    if len(free) - len(there) < count:
+        also = f" ({len(there)} of them already {target})" if there else ""
+        return f"{len(free)} free {what}{also}, {count} asked for"
+    free = {i: bus for i, bus in free.items() if i not in there}
+    arch, switches = nvswitch_board(node)
+    guest = target.guest if target is not None and target.kind is TargetKind.VM else None
+    held: list[str] = []
+    if guest is not None:
+        found = guest_named(node, guest)
+        if found is None:
+            return f"no guest {guest}"
+        known = {g.bus_id for g in ownership.gpus}
+        held = [b for b in (normal_bus_id(x) for x in found.bus_ids) if b in known]
+    place = bus_positions(ownership)
+    name = {g.bus_id: slot_index(ownership, g) for g in ownership.gpus}
+    options: list[Proposal] = []
+    widest = 0
+    for domain in _domains(node, free):
+        widest = max(widest, len(domain))
+        for pick in _choices(domain, count):
+            buses = tuple(free[i] for i in pick)
+            taken: tuple[str, ...] = ()
+            if guest is not None and arch is not None:
+                slots = [place[b] for b in (*held, *buses)]
+                partition = partition_switches(arch, switches, slots, len(place))
+                if partition is None:
+                    continue
+                taken = partition
+            gpus = [node.nvml.gpu(i) for i in pick] if node.nvml is not None else []
+            options.append(
+                Proposal(
+                    node.node,
+                    tuple(n for b in buses if (n := name[b]) is not None),
+                    buses,
+                    _rails(node, [(name[b], b) for b in buses]),
+                    "",
+                    len({r.numa_node for r in gpus if r is not None}),
+                    switches=taken,
+                )
+            )
+    if not options:
+        if widest < count:
+            return f"{len(free)} free {what}, at most {widest} in one NVLink domain"
+        shape = "1 or all 8 GPUs" if arch == "hopper" else "1, 2, 4 or 8 neighbouring GPUs"
+        with_held = f" with the {len(held)} it holds" if held else ""
+        return f"no {count} free {what} form a guest partition{with_held} ({arch}: {shape})"
+    options.sort(key=_rank)
+    best = options[0]
+    notes = []
+    if guest is not None and arch is not None:
+        if best.switches:
+            notes.append(f"full passthrough: NVSwitches {', '.join(best.switches)} go with them")
+        elif count + len(held) == 1:
+            notes.append("single-GPU passthrough: the guest must run with NVLinks disabled")
+    return replace(
+        best,
+        reason=(
+            f"{count} free {what} in one NVLink domain, {best.numa_nodes} NUMA node(s)"
+            if count > 1
+            else f"a free {model + ' ' if model else ''}GPU"
+        ),
+        alternatives=tuple(o.indexes for o in options[1:4]),
+        notes=tuple(notes),
+    )
+
+
+def _rank(p: Proposal) -> tuple[int, int, int, int, tuple[str, ...]]:
+    """Fewer warnings, fewer NUMA nodes, nearer NICs, fewer GPUs sharing a NIC."""
+    shared = len(p.rails) - len(p.nics)
+    return (p.flagged, p.numa_nodes, p.distance, shared, p.bus_ids)
+
+
+def propose(
+    node: NodeSnapshot,
+    count: int,
+    model: str | None = None,
+    target: Target | None = None,
+    context: PlanContext | None = None,
+) -> Proposal | None:
+    """`count` free GPUs of one node (of `model`, when given) for `target`, with their NICs;
+    None when the node cannot serve the request (`placements` says why). `context` (the
+    executor's) says which GPUs Kubernetes may schedule, so that none already at the
+    target is proposed."""
+    found = _propose(node, count, model, target, context or PlanContext())
+    return found if isinstance(found, Proposal) else None
+
+
+def placements(
+    nodes: Iterable[NodeSnapshot],
+    count: int,
+    model: str | None = None,
+    target: Target | None = None,
+    contexts: Mapping[str, PlanContext] | None = None,
+) -> Placement:
+    """The best proposal of each node that can serve the request, best first, and why the
+    others cannot: what the console shows when asked for N GPUs. `contexts`: each node's
+    executor context, by node name."""
+    found: list[Proposal] = []
+    refused: list[tuple[str, str]] = []
+    for node in nodes:
+        context = (contexts or {}).get(node.node, PlanContext())
+        answer = _propose(node, count, model, target, context)
+        if isinstance(answer, Proposal):
+            found.append(answer)
+        else:
+            refused.append((node.node, answer))
+    return Placement(tuple(sorted(found, key=_rank)), tuple(refused))

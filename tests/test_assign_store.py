@@ -1,0 +1,143 @@
+"""Where the journal, the GPU locks and the audit log live: one folder every operator of the
+machine shares, or the user's own folder, said out loud, when that one cannot be used."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuconsole import config
+from gpuconsole.actions.drivers.sim import sim_drivers
+from gpuconsole.actions.executor import ActionRefused, Executor
+from gpuconsole.actions.plan import Step, Target
+from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.actions.store import action_store
+from gpuconsole.config import ConfigError
+from tests.assign_fixtures import world
+
+
+def _config(tmp_path: Path, body: str) -> config.Config:
+    path = tmp_path / "config.toml"
+    path.write_text(body)
+    return config.load(path)
+
+
+def test_the_example_config_documents_the_shared_state_folder() -> None:
+    text = config.example()
+    assert 'state_dir = "/var/lib/gpuconsole"' in text
+    assert "install -d -m 2770 -g gpuconsole-operator" in text
+
+
+def test_the_shared_folder_holds_the_journal_and_audit_log_writable_by_the_group(
+    tmp_path: Path,
+) -> None:
+    shared = tmp_path / "lib" / "gpuconsole"
+    cfg = _config(tmp_path, f'[actions]\nstate_dir = "{shared}"\n')
+    store = action_store(cfg.actions)
+    assert store.shared and not store.warning
+    assert store.journal_path == shared / "actions.db"
+    assert store.audit_path == shared / "audit.jsonl"
+    # made as the install line would make it: setgid, so files take the operators' group
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o2770
+    journal = store.journal()
+    journal.plans()
+    with journal.transaction():  # writing makes SQLite create its -wal and -shm files
+        pass
+    for name in ("actions.db", "actions.db-wal", "actions.db-shm"):
+        assert stat.S_IMODE((shared / name).stat().st_mode) == 0o660, name
+    journal.close()
+
+
+def test_an_unusable_shared_folder_falls_back_to_the_users_own_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "home-state"))
+    (tmp_path / "a-file").write_text("")
+    blocked = tmp_path / "a-file" / "gpuconsole"  # not even root can make a folder in a file
+    cfg = _config(tmp_path, f'[actions]\nstate_dir = "{blocked}"\n')
+    with caplog.at_level(logging.WARNING):
+        store = action_store(cfg.actions)
+    own = tmp_path / "home-state" / "gpuconsole"
+    assert not store.shared and store.journal_path == own / "actions.db"
+    assert f"{blocked} is unusable (cannot create it" in store.warning
+    assert "other users and sessions do not see them" in store.warning
+    assert f"install -d -m 2770 -g gpuconsole-operator {blocked}" in store.warning
+    assert store.warning in caplog.text
+    # a journal named outright is no guess to fall back from
+    explicit = _config(tmp_path, f'[actions]\njournal = "{blocked}/actions.db"\n')
+    with pytest.raises(ConfigError, match=r"\[actions\] journal .*a-file/gpuconsole/actions.db"):
+        action_store(explicit.actions)
+
+
+class _Slow:
+    """The simulated PCI driver, slow enough that two requests overlap."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def run(self, step: Step) -> str:
+        await asyncio.sleep(0.4)
+        return str(await self.inner.run(step))
+
+    async def undo(self, step: Step) -> str:
+        return str(await self.inner.undo(step))
+
+
+def _operator(tmp_path: Path, user: str, start: Any, results: Any) -> None:
+    """One operator's process: their own home and state folder, the machine's config."""
+    os.environ["XDG_STATE_HOME"] = str(tmp_path / user)
+
+    async def go() -> tuple[int, str]:
+        cfg = config.load(tmp_path / "config.toml")
+        store = action_store(cfg.actions)
+        w = world(tmp_path / "world")
+        drivers = sim_drivers(w)
+        drivers.pci = _Slow(drivers.pci)
+        executor = Executor(w.name, drivers, store.journal(), store.audit(), reader=w.snapshot)
+        plan = await executor.plan(["1"], Target.parse("drained"))
+        start.wait()
+        try:
+            outcome = await executor.execute(plan, Actor(user, Role.OPERATOR), "1")
+        except ActionRefused as exc:
+            return 3, str(exc)
+        return (0 if outcome.ok else 1), outcome.message
+
+    try:
+        results.put(asyncio.run(go()))
+    except BaseException as exc:  # shown in the assertion instead of a 30 s wait on the queue
+        results.put((9, repr(exc)))
+
+
+def test_two_operators_with_their_own_state_folders_share_the_machines_locks(
+    tmp_path: Path,
+) -> None:
+    shared = tmp_path / "lib" / "gpuconsole"
+    (tmp_path / "config.toml").write_text(f'[actions]\nstate_dir = "{shared}"\n')
+    world(tmp_path / "world")  # laid out once, before either starts
+    ctx = multiprocessing.get_context("fork")
+    start, results = ctx.Event(), ctx.Queue()
+    procs = [
+        ctx.Process(target=_operator, args=(tmp_path, user, start, results))
+        for user in ("alice", "bob")
+    ]
+    for p in procs:
+        p.start()
+    start.set()
+    answers = sorted(results.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(10)
+    assert [code for code, _ in answers] == [0, 3], answers
+    assert "is held by alice (operator)" in answers[1][1] or "is held by bob" in answers[1][1]
+    assert world(tmp_path / "world").owners(1) == ["drained"]
+    # both asked, both are in the one audit log; neither user's own folder has one
+    audit = action_store(config.load(tmp_path / "config.toml").actions).audit().records()
+    assert sorted(r["user"] for r in audit if r["outcome"] != "started") == ["alice", "bob"]
+    assert not (tmp_path / "alice" / "gpuconsole" / "audit.jsonl").exists()
+    assert not (tmp_path / "bob" / "gpuconsole" / "audit.jsonl").exists()
