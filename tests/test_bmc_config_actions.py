@@ -146,7 +146,10 @@ def test_the_power_command_reaches_a_real_bmc_and_is_audited(bmc: IpmiSim, tmp_p
     secret.write_text(bmc.password + "\n")
     secret.chmod(0o600)
     cfg = tmp_path / "c.toml"
+    audit = tmp_path / "actions" / "audit.jsonl"
+    # journal and audit log named, so nothing lands in the machine's shared state folder
     cfg.write_text(
+        f'[actions]\njournal = "{tmp_path / "actions" / "journal.db"}"\naudit_log = "{audit}"\n'
         f'[[bmc]]\nnode = "dgx-017"\nhost = "127.0.0.1"\nport = {bmc.port}\n'
         f'username = "{bmc.username}"\npassword_file = "{secret}"\n'
     )
@@ -168,7 +171,7 @@ def test_the_power_command_reaches_a_real_bmc_and_is_audited(bmc: IpmiSim, tmp_p
     done = run("dgx-017", "off", "--confirm", "dgx-017")
     assert done.returncode == 0, done.stderr
     assert "Chassis Power is off" in bmc.ipmitool("chassis", "power", "status")
-    lines = (tmp_path / "state/gpuconsole/audit.jsonl").read_text().splitlines()
+    lines = audit.read_text().splitlines()
     outcomes = [json.loads(line)["outcome"] for line in lines]
     assert outcomes == ["refused", "ok"]
     assert bmc.password not in "".join(lines) + done.stdout + done.stderr
