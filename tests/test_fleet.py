@@ -17,6 +17,8 @@ import pytest
 from gpuconsole.cli import console_hub, read_capture
 from gpuconsole.config import ConfigError, FleetConfig, parse
 from gpuconsole.fleet import FleetMember, members, parse_agent
+from gpuconsole.sources.promql import PromQLSource, overview_queries
+from gpuconsole.sources.remote import RemoteSource
 
 
 def free_port() -> int:
@@ -71,17 +73,55 @@ def test_a_bad_targets_file_is_named(tmp_path: Path, content: str, message: str)
         members(FleetConfig(targets_file=str(path)))
 
 
+def test_agents_sharing_a_host_are_distinct_nodes(tmp_path: Path) -> None:
+    """One host, several agents (ports): named host:port unless a label names them."""
+    path = tmp_path / "targets.json"
+    path.write_text(
+        json.dumps(
+            [
+                {"targets": ["gpu-host:9401", "gpu-host:9402"]},
+                {"targets": ["gpu-host:9403"], "labels": {"node": "dgx-003"}},
+                {"targets": ["dgx-004:9400"]},
+            ]
+        )
+    )
+    cfg = FleetConfig(agents=("http://gpu-host:9401",), targets_file=str(path))
+    assert [(m.node, m.address) for m in members(cfg)] == [
+        ("gpu-host:9401", "gpu-host:9401"),  # the same agent twice is one member
+        ("gpu-host:9402", "gpu-host:9402"),
+        ("dgx-003", "gpu-host:9403"),
+        ("dgx-004", "dgx-004:9400"),
+    ]
+
+
 def test_a_config_with_agents_makes_a_head() -> None:
     cfg = parse('[fleet]\nagents = ["a=http://127.0.0.1:1", "b=http://127.0.0.1:2"]\n')
     hub = console_hub(cfg)
     assert sorted(s.node for s in hub.sources) == ["a", "b"]
     assert {s.kind for s in hub.sources} == {"remote"}
+    assert {type(s) for s in hub.sources} == {RemoteSource}
 
 
-@pytest.fixture
-def two_agents(tmp_path: Path) -> Iterator[list[int]]:
+def test_a_config_with_a_prometheus_reads_the_overview_from_it() -> None:
+    cfg = parse(
+        '[fleet]\nagents = ["http://127.0.0.1:1", "http://127.0.0.1:2"]\n'
+        'prometheus = "http://127.0.0.1:9090"\nprometheus_selector = \'job="gpu"\'\n'
+    )
+    hub = console_hub(cfg)
+    sources = [s for s in hub.sources if isinstance(s, PromQLSource)]
+    assert [(s.node, s.instance) for s in sources] == [
+        ("127.0.0.1:1", "127.0.0.1:1"),
+        ("127.0.0.1:2", "127.0.0.1:2"),
+    ]
+    assert [s.agent.url for s in sources] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert all(', job="gpu"' in q for q in overview_queries('job="gpu"'))
+
+
+@pytest.fixture(scope="module")
+def two_agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
+    """Two `gpuconsole agent --demo` processes on this host, shared by the module's tests."""
     ports = [free_port(), free_port()]
-    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path_factory.mktemp("agents"))}
     procs = [
         subprocess.Popen(
             [
@@ -141,6 +181,27 @@ def test_snapshot_on_a_head_reads_every_agent(two_agents: list[int], tmp_path: P
         assert {s["source"]: s["ok"] for s in nodes[name]["statuses"]}["remote"] is True
     gone = {s["source"]: s for s in nodes["gone"]["statuses"]}["remote"]
     assert gone["ok"] is False and "unreachable" in gone["error"]
+
+
+def test_two_agents_on_one_host_in_a_targets_file_are_two_nodes(
+    two_agents: list[int], tmp_path: Path
+) -> None:
+    targets = tmp_path / "targets.json"
+    targets.write_text(json.dumps([{"targets": [f"127.0.0.1:{p}" for p in two_agents]}]))
+    cfg = tmp_path / "head.toml"
+    cfg.write_text(f'[fleet]\ntargets_file = "{targets}"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuconsole", "snapshot", "--json", "-c", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    nodes = {n["node"]: n for n in json.loads(result.stdout)["nodes"]}
+    assert sorted(nodes) == sorted(f"127.0.0.1:{p}" for p in two_agents)
+    for node in nodes.values():
+        assert {s["source"]: s["ok"] for s in node["statuses"]}["remote"] is True
+        assert node["profile"] == "dgx-h100"
 
 
 def test_a_capture_replays(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -11,12 +12,15 @@ import pytest
 from aiohttp import web
 
 from gpuconsole import codec
-from gpuconsole.export.agent import Agent, AgentSettings
+from gpuconsole.export.agent import Agent, AgentSettings, select
+from gpuconsole.fleet import focus
 from gpuconsole.hub import Hub, HubSettings
-from gpuconsole.model import Event, FleetSnapshot, Severity
-from gpuconsole.readings.remote import summarize
+from gpuconsole.model import Event, FleetSnapshot, NodeSnapshot, Severity
+from gpuconsole.readings.fabric import port_deltas, port_problems, port_rates
 from gpuconsole.sim.cluster import add_sim_sources, build_sim_nodes, demo_cluster
 from gpuconsole.sources.remote import AgentClient, RemoteSource
+from gpuconsole.tui import summaries as S
+from tests.export_fixtures import frozen_fleet
 from tests.waiting import until
 
 
@@ -189,18 +193,104 @@ async def test_an_agent_that_returns_garbage_is_stale_with_a_reason(
     assert expected in (status_.error or "")
 
 
-async def test_the_summary_is_much_smaller_than_the_full_snapshot(agents: list[NodeAgent]) -> None:
-    await until(lambda: ok(agents[0].hub.latest, agents[0].name, "nvml"))
-    full = agents[0].hub.latest
-    assert full is not None
-    node = full.nodes[0]
-    small = summarize(node)
-    full_text = codec.dumps(FleetSnapshot(1, 0.0, (node,)))
-    small_text = codec.dumps(FleetSnapshot(1, 0.0, (small,)))
-    assert len(small_text) * 3 < len(full_text)
-    back = codec.loads(small_text).nodes[0]
-    assert [g.util_gpu_pct for g in back.gpus] == [g.util_gpu_pct for g in node.gpus]
-    assert json.loads(small_text)["nodes"][0]["nvml"]["gpus"][0]["nvlinks"] == []
+def fleet_row(node: NodeSnapshot) -> tuple[object, ...]:
+    """Everything the fleet view, the wallboard and the node's panels compute from a node."""
+    rows = S.gpu_rows(node)
+    ports = node.fabric.ports if node.fabric is not None else ()
+    return (
+        S.gpu_counts(node),
+        node.health,
+        S.facets(node),
+        S.node_power_w(node),
+        S.node_hottest_c(node),
+        S.node_model(node),
+        S.filter_text(node),
+        [S.row_cell_text(row, metric) for row in rows for metric in S.Metric],
+        [S.row_health(row) for row in rows],
+        [S.gpu_owner(node, gpu) for gpu in node.gpus],
+        S.bmc_panel(node),
+        S.fabric_panel(node),
+        [port_problems(p, port_rates(node.rate, p), port_deltas(node.delta, p)) for p in ports],
+    )
+
+
+def test_the_summary_carries_the_fleet_view_in_under_a_third_of_the_bytes() -> None:
+    """Every node of the demo cluster (all four sources): the head computes the same fleet
+    row from the summary as from everything, and an 8-GPU node fits in 40 KB (was 66)."""
+    fleet = frozen_fleet()
+    full_bytes = small_bytes = 0
+    for node in fleet.nodes:
+        full_text = codec.dumps(FleetSnapshot(1, 0.0, (node,)))
+        small_text = codec.dumps(select(fleet, node.node, summary=True))
+        full_bytes, small_bytes = full_bytes + len(full_text), small_bytes + len(small_text)
+        full, small = codec.loads(full_text).nodes[0], codec.loads(small_text).nodes[0]
+        assert fleet_row(small) == fleet_row(full), node.node
+        assert len(small_text) < 40_000, node.node
+        assert all(g.nvlinks == () for g in small.gpus)  # left to the drill-down
+    assert small_bytes * 3 < full_bytes
+
+
+def test_parts_an_agent_sends_unchanged_are_kept_as_they_were() -> None:
+    """BMC and tenancy poll every few seconds, the head every second: a part whose JSON did
+    not change is not decoded again, and stays the same object (owners stay remembered)."""
+    doc = codec.snapshot_json(select(frozen_fleet(), "dgx-002", summary=True))
+    source = RemoteSource("dgx-002", "http://127.0.0.1:1", AgentClient())
+    first = source.parse(json.loads(json.dumps(doc))).node
+    moved = json.loads(json.dumps(doc))
+    moved["nodes"][0]["nvml"]["gpus"][0]["power_w"] = 123.0
+    moved["nodes"][0]["fabric"]["at"] += 2.0
+    second = source.parse(moved).node
+    assert second.tenancy is first.tenancy and second.bmc is first.bmc
+    assert first.fabric is not None and second.fabric is not first.fabric
+    assert second.fabric == dataclasses.replace(first.fabric, at=first.fabric.at + 2.0)
+    assert second.gpus[0].power_w == 123.0
+    assert second == codec.decode_node(moved["nodes"][0])
+
+
+async def test_drilling_into_a_node_reads_everything_its_agent_has(
+    agents: list[NodeAgent],
+) -> None:
+    head, _ = head_for(agents)
+    await head.start()
+    try:
+        await until(lambda: all(ok(head.latest, a.name, "nvml") for a in agents))
+        assert all(not g.nvlinks for n in head.latest.nodes for g in n.gpus)  # type: ignore[union-attr]
+        focus(head, "dgx-102")
+        await until(lambda: bool(head.latest.node("dgx-102").gpus[0].nvlinks))  # type: ignore[union-attr]
+        theirs = agents[1].hub.latest.node("dgx-102")  # type: ignore[union-attr]
+        ours = head.latest.node("dgx-102")  # type: ignore[union-attr]
+        assert ours is not None and theirs is not None
+        assert len(ours.gpus[0].nvlinks) == len(theirs.gpus[0].nvlinks) == 18
+        assert not head.latest.node("dgx-101").gpus[0].nvlinks  # type: ignore[union-attr]
+        focus(head, None)
+        await until(lambda: not head.latest.node("dgx-102").gpus[0].nvlinks)  # type: ignore[union-attr]
+    finally:
+        await head.stop()
+
+
+async def test_a_large_body_is_read_whole() -> None:
+    """An answer bigger than one read of the socket (a full 8-GPU snapshot is 130 KB)."""
+    body = json.dumps({"pad": "x" * 3_000_000}).encode()
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/big", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    client = AgentClient()
+    client.acquire()
+    try:
+        data = await client.get_json(f"http://127.0.0.1:{port}/big", 10.0)
+        assert len(data["pad"]) == 3_000_000
+        with pytest.raises(ValueError, match="more than 1000000 bytes"):
+            await client.get_json(f"http://127.0.0.1:{port}/big", 10.0, limit=1_000_000)
+    finally:
+        await client.release()
+        await runner.cleanup()
 
 
 async def test_connections_are_bounded() -> None:

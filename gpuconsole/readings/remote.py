@@ -6,16 +6,29 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gpuconsole.model import GpuReading, Key, NodeSnapshot
+from gpuconsole.model import GpmMetrics, GpuReading, Key, NodeSnapshot
 from gpuconsole.readings.base import CounterSample
+from gpuconsole.readings.bmc import BmcReading, SensorHealth
+from gpuconsole.readings.fabric import (
+    CONGESTION_RULES,
+    ERROR_RULES,
+    FabricPort,
+    FabricReading,
+    NetdevStats,
+)
 
 # The NodeSnapshot fields a remote node supplies in place of local sources.
 REMOTE_PARTS = ("nvml", "bmc", "fabric", "tenancy")
 
+# Port counters whose movement the fleet's views judge (fabric problems on the wallboard).
+_JUDGED = frozenset(r.counter.removeprefix("netdev.") for r in ERROR_RULES) | frozenset(
+    r.counter for r in CONGESTION_RULES
+)
+
 
 @dataclass(frozen=True, slots=True)
 class RemoteReading:
-    """What the remote source returns: the node as its agent sees it.
+    """What the remote source returns: the node as its agent (or Prometheus) sees it.
 
     Rates come computed by the agent (it saw every counter); the head only keeps history.
     """
@@ -23,7 +36,7 @@ class RemoteReading:
     at: float
     url: str
     node: NodeSnapshot
-    summary: bool = False  # the agent sent the fleet-view summary, not every detail
+    summary: bool = False  # the fleet-view summary, not every detail
 
     def counters(self) -> Iterator[CounterSample]:
         return iter(())
@@ -36,28 +49,67 @@ class RemoteReading:
 
 
 def _summary_gpu(gpu: GpuReading) -> GpuReading:
+    # The fleet view colours a GPU by GPM's SM activity only where NVML has no utilization.
+    gpm = None
+    if gpu.gpm is not None and gpu.gpm.sm_util_pct is not None:
+        gpm = GpmMetrics(sm_util_pct=gpu.gpm.sm_util_pct)
     return dataclasses.replace(
         gpu,
         nvlinks=(),
-        processes=(),
         unsupported=(),
-        gpm=dataclasses.replace(gpu.gpm, pcie_tx_bytes_per_s=None, pcie_rx_bytes_per_s=None)
-        if gpu.gpm is not None
-        else None,
+        gpm=gpm,
         mig_instances=tuple(dataclasses.replace(m, gpm=None) for m in gpu.mig_instances),
     )
 
 
-def summarize(node: NodeSnapshot) -> NodeSnapshot:
-    """What the fleet view needs of a node, small enough for a thousand nodes a second.
+def _summary_bmc(bmc: BmcReading) -> BmcReading:
+    # Sensors that are not nominal keep the BMC's health what it is; the newest SEL record
+    # is what a panel shows.
+    return dataclasses.replace(
+        bmc,
+        sensors=tuple(s for s in bmc.sensors if s.health is not SensorHealth.OK),
+        sel_recent=bmc.sel_recent[-1:],
+    )
 
-    Per-link NVLink readings, process lists, the topology matrix and per-counter rates
-    are left out; the drill-down into one node asks its agent for everything.
+
+def _summary_port(port: FabricPort) -> FabricPort:
+    stats = port.netdev_stats
+    if stats is not None:  # its state, not its counters
+        stats = NetdevStats(stats.ifname, stats.operstate, stats.carrier, stats.mtu)
+    return dataclasses.replace(port, counters=(), hw_counters=(), netdev_stats=stats)
+
+
+def _summary_fabric(fabric: FabricReading) -> FabricReading:
+    devices = tuple(
+        dataclasses.replace(d, ports=tuple(_summary_port(p) for p in d.ports))
+        for d in fabric.devices
+    )
+    return dataclasses.replace(fabric, devices=devices, gpus=())
+
+
+def _judged(key: Key) -> bool:
+    return key[0] == "fabric" and key[-1] in _JUDGED
+
+
+def summarize(node: NodeSnapshot) -> NodeSnapshot:
+    """What the fleet view and the wallboard read of a node, small for a thousand nodes.
+
+    Kept: every GPU's gauges, ECC, PCIe link, MIG layout and processes (who uses it);
+    the BMC's totals and any sensor that is not nominal; every port's state without its
+    counters; the rates and deltas of error counters that moved; tenancy, which decides
+    owners. Left out for the drill-down, which asks the agent for everything: NVLink
+    readings, GPM pipes, the topology matrix, nominal sensors, raw counters, GPU-NIC
+    affinity.
     """
     nvml = node.nvml
     if nvml is not None:
         nvml = dataclasses.replace(
             nvml, gpus=tuple(_summary_gpu(g) for g in nvml.gpus), gpu_topology=()
         )
-    rates: dict[Key, float] = {k: v for k, v in node.rates.items() if len(k) == 3}
-    return dataclasses.replace(node, nvml=nvml, rates=rates, history=None)
+    bmc = _summary_bmc(node.bmc) if node.bmc is not None else None
+    fabric = _summary_fabric(node.fabric) if node.fabric is not None else None
+    deltas = {k: v for k, v in node.deltas.items() if v and _judged(k)}
+    rates = {k: v for k, v in node.rates.items() if _judged(k) and (v or k in deltas)}
+    return dataclasses.replace(
+        node, nvml=nvml, bmc=bmc, fabric=fabric, rates=rates, deltas=deltas, history=None
+    )

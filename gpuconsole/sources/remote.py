@@ -8,19 +8,23 @@ agent never delays the others. Events the agent recorded are re-posted here once
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
+from urllib.parse import quote
 
 import aiohttp
 
 from gpuconsole.codec import DecodeError, decode_node
-from gpuconsole.model import SCHEMA_VERSION, Event, Severity
+from gpuconsole.model import SCHEMA_VERSION, Event, NodeSnapshot, Severity
 from gpuconsole.readings.remote import RemoteReading
 from gpuconsole.sources.base import EmitEvent
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# Parts of a node whose sources poll less often than the head reads: often sent unchanged.
+_STEADY_PARTS = ("bmc", "fabric", "tenancy")
 
 
 class AgentClient:
@@ -47,25 +51,39 @@ class AgentClient:
             self._session = aiohttp.ClientSession(connector=connector, auth=self._auth)
         return self._session
 
-    async def get_json(self, url: str, timeout_s: float) -> Any:
-        """GET a JSON document; errors say what went wrong in a line."""
+    async def get_json(
+        self, url: str, timeout_s: float, *, peer: str = "agent", limit: int = MAX_BODY_BYTES
+    ) -> Any:
+        """GET a JSON document (gzip when the peer offers it); errors say what went wrong
+        in a line, naming the `peer`."""
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         try:
             async with self._client().get(url, timeout=timeout) as response:
                 if response.status != 200:
                     reason = (await response.text())[:200].strip()
-                    raise ConnectionError(f"agent answered HTTP {response.status}: {reason}")
-                body = await response.content.read(MAX_BODY_BYTES + 1)
+                    raise ConnectionError(f"{peer} answered HTTP {response.status}: {reason}")
+                body = await _read_body(response, limit + 1)
         except aiohttp.ClientConnectorError as exc:
-            raise ConnectionError(f"agent unreachable: {exc.os_error or exc}") from None
+            raise ConnectionError(f"{peer} unreachable: {exc.os_error or exc}") from None
         except aiohttp.ClientError as exc:
-            raise ConnectionError(f"agent connection failed: {exc}") from None
-        if len(body) > MAX_BODY_BYTES:
-            raise ValueError(f"agent sent more than {MAX_BODY_BYTES} bytes")
+            raise ConnectionError(f"{peer} connection failed: {exc}") from None
+        if len(body) > limit:
+            raise ValueError(f"{peer} sent more than {limit} bytes")
         try:
             return json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"agent sent something that is not JSON: {exc}") from None
+            raise ValueError(f"{peer} sent something that is not JSON: {exc}") from None
+
+
+async def _read_body(response: aiohttp.ClientResponse, most: int) -> bytes:
+    """The body, up to `most` bytes: one read returns only what has arrived so far."""
+    body = bytearray()
+    while len(body) < most:
+        chunk = await response.content.read(most - len(body))
+        if not chunk:
+            break
+        body += chunk
+    return bytes(body)
 
 
 class RemoteSource:
@@ -89,10 +107,13 @@ class RemoteSource:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.summary = summary
+        # the console is drilling into this node: read everything, not the summary
+        self.detail = False
         self._client = client
         self._clock = clock
         self._emit: EmitEvent | None = None
         self._seen_events: float | None = None
+        self._last_parts: dict[str, tuple[Any, Any]] = {}  # part -> (its JSON, decoded)
         client.acquire()
 
     async def start(self, emit: EmitEvent) -> None:
@@ -102,8 +123,8 @@ class RemoteSource:
         await self._client.release()
 
     def _request_url(self) -> str:
-        view = "summary" if self.summary else "full"
-        return f"{self.url}/api/v1/snapshot?view={view}&node={self.node}"
+        view = "summary" if self.summary and not self.detail else "full"
+        return f"{self.url}/api/v1/snapshot?view={view}&node={quote(self.node)}"
 
     async def poll(self) -> RemoteReading:
         # the whole poll (connect, transfer, decode) must fit the hub's timeout
@@ -130,10 +151,33 @@ class RemoteSource:
                 raise ValueError(f"agent at {self.url} does not serve node {self.node}")
             chosen = nodes[0]
         try:
-            snapshot = decode_node(chosen, f"{self.url} $.nodes")
+            snapshot = self._decode(chosen)
         except DecodeError as exc:
             raise ValueError(f"agent sent a snapshot that does not fit: {exc}") from None
-        return RemoteReading(self._clock(), self.url, snapshot, self.summary)
+        return RemoteReading(self._clock(), self.url, snapshot, self.summary and not self.detail)
+
+    def _decode(self, chosen: dict[str, Any]) -> NodeSnapshot:
+        """The node, reusing each part (BMC, fabric, tenancy) that came exactly as last time.
+
+        Those sources poll every few seconds, the head every second: comparing their JSON
+        costs far less than decoding it again, and a part kept as the same object keeps
+        what is remembered per reading (the owners of a node's GPUs) remembered.
+        """
+        reused: dict[str, Any] = {}
+        for part in _STEADY_PARTS:
+            raw, last = chosen.get(part), self._last_parts.get(part)
+            if raw is not None and last is not None and last[0] == raw:
+                reused[part] = last[1]
+        slim = {k: v for k, v in chosen.items() if k not in reused} if reused else chosen
+        snapshot = decode_node(slim, f"{self.url} $.nodes")
+        if reused:
+            snapshot = dataclasses.replace(snapshot, **reused)
+        self._last_parts = {
+            part: (chosen[part], getattr(snapshot, part))
+            for part in _STEADY_PARTS
+            if chosen.get(part) is not None
+        }
+        return snapshot
 
     def _repost_events(self, data: dict[str, Any]) -> None:
         events = data.get("events")

@@ -1,0 +1,270 @@
+"""The head reading 1,000 agents at 1 Hz: how long a sweep of every node takes, head CPU per
+node update, resident memory, what publishing a fleet snapshot costs, and bytes on the wire.
+
+The agents are a child process: 1,000 aiohttp servers on loopback, each serving a canned
+`/api/v1/snapshot?view=summary` of a node of the demo cluster (polled twice, NVML, BMC,
+fabric and tenancy, 6 to 8 GPUs), the body `gpuconsole agent` serves for it. The head is
+this process: one Hub with a RemoteSource per agent, one client capped at 64 connections,
+every node read once a second, as `gpuconsole console` on a head does. Run once with the
+bodies as the agent serves them today (plain JSON), once gzip-encoded (what the agent would
+send if it compressed; the client already asks for gzip and inflates it).
+
+Figures are medians over two-second windows of the steady state, after every node has
+answered once. The child shares the machine, so on a small box the head competes with a
+thousand agents' worth of serving; compare figures from one run.
+
+Targets (issue 9): the head under one core, under 100 ms per fleet update, under 500 MB
+resident. For comparison, all-smi documents 256 nodes at a 6 s interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import logging
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from gpuconsole.codec import dumps
+from gpuconsole.export.agent import select
+from gpuconsole.hub import Hub, HubSettings
+from gpuconsole.model import FleetSnapshot
+from gpuconsole.sources.remote import AgentClient, RemoteSource
+
+NODES = 1000
+SECONDS = 20
+SWEEP_LIMIT_S = 60.0
+WINDOW_S = 2.0  # several of the hub's 0.2 s publishes, so counts do not jitter
+CONNECTIONS = 64
+CPU_TARGET_CORES = 1.0
+UPDATE_TARGET_MS = 100.0
+RSS_TARGET_MB = 500.0
+FIXED = 1_796_000_000.0
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _bodies() -> list[bytes]:
+    """The summary each demo node's agent serves, for the nodes NVML sees GPUs on."""
+    from gpuconsole.sim.cluster import demo_hub
+
+    hub = demo_hub(clock=lambda: FIXED, start=FIXED - 120, events=False)
+    fleet: FleetSnapshot = asyncio.run(hub.poll_once(rounds=2))
+    return [dumps(select(fleet, n.node, summary=True)).encode() for n in fleet.nodes if n.gpus]
+
+
+# --- the child: a thousand agents ---------------------------------------------------------
+
+
+async def _serve_agents(bodies_file: Path, nodes: int, compress: bool) -> None:
+    bodies = [b.encode() for b in json.loads(bodies_file.read_text())]
+    packed = [gzip.compress(b, 6) for b in bodies]
+    index: dict[int, int] = {}
+
+    async def snapshot(request: web.Request) -> web.Response:
+        port = request.transport.get_extra_info("sockname")[1] if request.transport else 0
+        i = index.get(port, 0) % len(bodies)
+        if compress and "gzip" in request.headers.get("Accept-Encoding", ""):
+            headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+            return web.Response(body=packed[i], headers=headers)
+        return web.Response(body=bodies[i], content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/api/v1/snapshot", snapshot)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    ports = []
+    for i in range(nodes):
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        index[port] = i
+        ports.append(port)
+    print(json.dumps(ports), flush=True)
+    # serve until the parent closes our stdin
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await runner.cleanup()
+
+
+# --- the head ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Figures:
+    sweep_s: float | None  # None: never every node fresh at once
+    fresh: int  # nodes fresh at the end
+    updates_per_s: float
+    cores: float
+    cpu_per_update_ms: float
+    publish_ms: float
+    poll_ms: float
+    rss_mb: float
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * PAGE / 1e6
+
+
+def _landed(hub: Hub) -> tuple[int, int]:
+    """(nodes with a fresh reading, readings landed so far) over the whole fleet."""
+    fresh = landed = 0
+    for node in hub.latest.nodes if hub.latest is not None else ():
+        status = node.status("remote")
+        if status is not None:
+            fresh += status.ok
+            landed += status.polls - status.failures
+    return fresh, landed
+
+
+def _timed(fn: Callable[[], FleetSnapshot], into: list[float]) -> Callable[[], FleetSnapshot]:
+    def publish() -> FleetSnapshot:
+        began = time.process_time()
+        snapshot = fn()
+        into.append((time.process_time() - began) * 1000)
+        return snapshot
+
+    return publish
+
+
+async def _head(ports: list[int], seconds: int) -> Figures:
+    hub = Hub(HubSettings(publish_gap_s=0.2, max_backoff_s=5.0))
+    publishes: list[float] = []
+    hub.publish = _timed(hub.publish, publishes)  # type: ignore[method-assign]
+    client = AgentClient(max_connections=CONNECTIONS)
+    for i, port in enumerate(ports):
+        url = f"http://127.0.0.1:{port}"
+        hub.add_source(RemoteSource(f"n{i:04d}", url, client, interval_s=1.0, timeout_s=5.0))
+    began = time.perf_counter()
+    await hub.start()
+    try:
+        # a head that cannot keep up never has every node fresh at once: measure it anyway
+        while _landed(hub)[0] < len(ports) and time.perf_counter() - began < SWEEP_LIMIT_S:
+            await asyncio.sleep(0.05)
+        sweep = time.perf_counter() - began if _landed(hub)[0] == len(ports) else None
+        publishes.clear()
+        cores, per_update, rates, rss = [], [], [], []
+        _, landed = _landed(hub)
+        cpu, wall = time.process_time(), time.perf_counter()
+        for _ in range(max(1, round(seconds / WINDOW_S))):
+            await asyncio.sleep(WINDOW_S)
+            now_cpu, now_wall = time.process_time(), time.perf_counter()
+            _, now_landed = _landed(hub)
+            used, spent, moved = now_cpu - cpu, now_wall - wall, now_landed - landed
+            cores.append(used / spent)
+            rates.append(moved / spent)
+            per_update.append(used * 1000 / max(1, moved))
+            rss.append(_rss_mb())
+            cpu, wall, landed = now_cpu, now_wall, now_landed
+        fresh, _ = _landed(hub)
+        polls = [
+            s.last_poll_s * 1000
+            for n in (hub.latest.nodes if hub.latest is not None else ())
+            for s in n.statuses
+            if s.source == "remote" and s.last_poll_s is not None
+        ]
+    finally:
+        await hub.stop()
+    return Figures(
+        sweep_s=sweep,
+        fresh=fresh,
+        updates_per_s=statistics.median(rates),
+        cores=statistics.median(cores),
+        cpu_per_update_ms=statistics.median(per_update),
+        publish_ms=statistics.median(publishes) if publishes else float("nan"),
+        poll_ms=statistics.median(polls) if polls else float("nan"),
+        rss_mb=statistics.median(rss),
+    )
+
+
+def _run(bodies_file: Path, nodes: int, seconds: int, compress: bool) -> Figures:
+    command = [sys.executable, "-m", "benchmarks.bench_fleet", "--serve", str(bodies_file)]
+    command += ["--nodes", str(nodes)] + (["--gzip"] if compress else [])
+    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        ports = json.loads(child.stdout.readline())
+        return asyncio.run(_head(ports, seconds))
+    finally:
+        if child.stdin is not None:
+            child.stdin.close()
+        try:
+            child.wait(30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "MISSED"
+
+
+def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
+    # a head that falls behind logs every stale node; the figures say it once
+    logging.getLogger("gpuconsole").setLevel(logging.ERROR)
+    bodies = _bodies()
+    raw = statistics.median(len(b) for b in bodies)
+    packed = statistics.median(len(gzip.compress(b, 6)) for b in bodies)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"Head reading {nodes:,} agents at 1 Hz ({CONNECTIONS} connections, canned summaries; "
+        f"{os.cpu_count()} CPUs, load {load})"
+    )
+    print(
+        f"  summary per node: median {raw / 1024:.1f} KiB JSON, {packed / 1024:.1f} KiB gzip; "
+        f"{nodes:,} nodes at 1 Hz: {raw * nodes / 1e6:.0f} MB/s, gzip {packed * nodes / 1e6:.1f} MB/s"
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        bodies_file = Path(folder) / "bodies.json"
+        bodies_file.write_text(json.dumps([b.decode() for b in bodies]))
+        for compress in (False, True):
+            f = _run(bodies_file, nodes, seconds, compress)
+            label = "gzip" if compress else "json"
+            sweep = (
+                f"{f.sweep_s:.2f} s"
+                if f.sweep_s is not None
+                else f"not within {SWEEP_LIMIT_S:g} s ({f.fresh} of {nodes} fresh at the end)"
+            )
+            print(
+                f"  [{label}] first sweep of every node {sweep}; steady "
+                f"{f.updates_per_s:.0f} updates/s, poll {f.poll_ms:.0f} ms wall; head CPU "
+                f"{f.cores:.2f} cores, {f.cpu_per_update_ms:.2f} ms per node update; publish "
+                f"{f.publish_ms:.1f} ms; RSS {f.rss_mb:.0f} MB"
+            )
+            # a head that falls behind uses less CPU than 1 Hz would take: judge what 1 Hz
+            # costs at the CPU each update took
+            at_1hz = f.cpu_per_update_ms * nodes / 1000
+            print(
+                f"         CPU at 1 Hz {at_1hz:.2f} cores, under {CPU_TARGET_CORES:g}: "
+                f"{_verdict(at_1hz < CPU_TARGET_CORES)}"
+                f"; keeps 1 Hz: {_verdict(f.updates_per_s >= 0.95 * nodes)}"
+                f"; publish under {UPDATE_TARGET_MS:g} ms: "
+                f"{_verdict(f.publish_ms < UPDATE_TARGET_MS)}"
+                f"; RSS under {RSS_TARGET_MB:g} MB: {_verdict(f.rss_mb < RSS_TARGET_MB)}"
+            )
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"  peak RSS of this process over both runs: {peak:.0f} MB")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--serve", metavar="FILE", help="serve the bodies in FILE (the child)")
+    parser.add_argument("--nodes", type=int, default=NODES)
+    parser.add_argument("--seconds", type=int, default=SECONDS)
+    parser.add_argument("--gzip", action="store_true", help="the child sends gzip")
+    args = parser.parse_args()
+    if args.serve:
+        asyncio.run(_serve_agents(Path(args.serve), args.nodes, args.gzip))
+    else:
+        main(args.nodes, args.seconds)

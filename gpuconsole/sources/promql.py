@@ -1,0 +1,593 @@
+"""The fleet overview read from Prometheus with PromQL, for fleets past what one head polls.
+
+Prometheus scrapes every agent; a round of two instant queries asks it for the series the
+agents export (dcgm-exporter's DCGM_*, gpuconsole_*, ipmi_*, node_infiniband_*) for the
+whole fleet at once, and every node's source builds its overview from that one round. Each
+node stays its own source for the hub, so an agent Prometheus cannot scrape goes stale
+alone. Drilling into a node (`detail`) reads that node's agent directly, for everything.
+
+A node's series are found by the scrape target (`instance`, host:port of its agent, as
+Prometheus names file_sd and static targets) and, within it, by the node name the agent
+exports (`node`; `Hostname` on DCGM series; `exported_node` when a target label `node`
+displaced it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+from urllib.parse import urlencode
+
+from gpuconsole.export import names as n
+from gpuconsole.model import (
+    EccReading,
+    Event,
+    GpmMetrics,
+    GpuReading,
+    GpuState,
+    MigInstance,
+    NodeSnapshot,
+    NvmlReading,
+    PcieReading,
+    SourceStatus,
+)
+from gpuconsole.readings.bmc import BmcReading, PowerState
+from gpuconsole.readings.fabric import (
+    FabricDevice,
+    FabricPort,
+    FabricReading,
+    NetdevStats,
+    PortRole,
+)
+from gpuconsole.readings.remote import RemoteReading
+from gpuconsole.sources.base import EmitEvent
+from gpuconsole.sources.nvml import THROTTLE_BITS
+from gpuconsole.sources.remote import AgentClient, RemoteSource
+from gpuconsole.sources.xid import describe_xid
+
+MIB = 1024 * 1024
+BYTES_PER_S_PER_GBPS = 125_000_000  # how the exporter writes a port's rate (procfs does so)
+# A thousand nodes' overview is a few MB of JSON; this only stops a runaway answer.
+MAX_ANSWER_BYTES = 256 * 1024 * 1024
+
+# Per GPU: the figures the fleet view, GPU health and the wallboard read.
+_GPU = (
+    n.DCGM_GPU_UTIL,
+    n.DCGM_MEM_COPY_UTIL,
+    n.DCGM_FB_USED,
+    n.DCGM_FB_FREE,
+    n.DCGM_FB_RESERVED,
+    n.DCGM_GPU_TEMP,
+    n.DCGM_MEMORY_TEMP,
+    n.DCGM_POWER_USAGE,
+    n.DCGM_POWER_LIMIT,
+    n.DCGM_SM_CLOCK,
+    n.DCGM_MEM_CLOCK,
+    n.DCGM_PSTATE,
+    n.DCGM_THROTTLE,
+    n.DCGM_PCIE_GEN,
+    n.DCGM_PCIE_WIDTH,
+    n.DCGM_PCIE_REPLAY,
+    n.DCGM_XID,
+    n.DCGM_ECC_SBE_VOL,
+    n.DCGM_ECC_DBE_VOL,
+    n.DCGM_ECC_SBE_AGG,
+    n.DCGM_ECC_DBE_AGG,
+    n.DCGM_REMAP_COR,
+    n.DCGM_REMAP_UNC,
+    n.DCGM_REMAP_FAILURE,
+    n.DCGM_REMAP_PENDING,
+    n.PROF_SM_ACTIVE,
+    n.GPU_LOST,
+    n.GPU_PCIE_MAX_GEN,
+    n.GPU_PCIE_MAX_WIDTH,
+)
+_SOURCE = (n.SOURCE_UP, n.SOURCE_LAST_OK, n.SOURCE_STALE, n.SOURCE_POLL)
+_NODE = (
+    n.NODE_SIMULATED,
+    n.BMC_POWER,
+    n.BMC_INLET,
+    n.BMC_EXHAUST,
+    n.BMC_FANS,
+    n.BMC_FANS_FAILED,
+    n.BMC_PSUS,
+    n.BMC_PSUS_FAILED,
+    n.IPMI_CHASSIS_POWER,
+    n.FABRIC_PEERMEM,
+)
+_PORT = (n.IB_STATE, n.IB_PHYSICAL_STATE, n.IB_RATE, n.FABRIC_PORT_EXPECTED_RATE)
+_NETDEV = (n.FABRIC_NETDEV_UP, n.FABRIC_NETDEV_CARRIER)
+_INFO = (n.GPU_INFO, n.MIG_INFO, n.FABRIC_PORT_INFO, n.BMC_INFO)
+UP = "up"
+
+_KIND: dict[str, str] = {
+    UP: "up",
+    **{spec[0]: "gpu" for spec in _GPU},
+    **{spec[0]: "source" for spec in _SOURCE},
+    **{spec[0]: "node" for spec in _NODE},
+    **{spec[0]: "port" for spec in _PORT},
+    **{spec[0]: "netdev" for spec in _NETDEV},
+}
+# Labels that place a value; every other label (pods, UUIDs, models) is aggregated away,
+# which keeps the answer about a sixth of the raw series' size.
+_PLACE = ("__name__", "instance", "Hostname", "node", "exported_node", "gpu", "source")
+_PLACE_PORT = ("device", "port", "netdev")
+
+# sysfs words for the state numbers node_exporter exports
+_IB_STATES = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+_IB_PHYS = {
+    1: "Sleep",
+    2: "Polling",
+    3: "Disabled",
+    4: "PortConfigurationTraining",
+    5: "LinkUp",
+    6: "LinkErrorRecovery",
+    7: "PhyTest",
+}
+_SLICES = re.compile(r"^(\d+)g\.")
+
+
+def overview_queries(selector: str = "") -> tuple[str, str]:
+    """The two instant queries of a round: placed values, and the info series."""
+    extra = f", {selector.strip()}" if selector.strip() else ""
+    values = "|".join(_KIND)
+    info = "|".join(spec[0] for spec in _INFO)
+    by = ", ".join((*_PLACE, *_PLACE_PORT))
+    # MIG instances' DCGM series carry GPU_I_ID; the GPU's own do not
+    return (
+        f'max by ({by}) ({{__name__=~"{values}", GPU_I_ID=""{extra}}})',
+        f'{{__name__=~"{info}"{extra}}}',
+    )
+
+
+@dataclass
+class NodeSeries:
+    """One agent node's series in a round, by where they belong."""
+
+    gpus: dict[int, dict[str, float]] = field(default_factory=dict)
+    gpu_info: dict[int, Mapping[str, str]] = field(default_factory=dict)
+    migs: dict[int, list[Mapping[str, str]]] = field(default_factory=dict)
+    sources: dict[str, dict[str, float]] = field(default_factory=dict)
+    values: dict[str, float] = field(default_factory=dict)
+    bmc: str | None = None
+    ports: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)
+    port_info: dict[tuple[str, int], Mapping[str, str]] = field(default_factory=dict)
+    netdevs: dict[tuple[str, int], tuple[str, dict[str, float]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Overview:
+    """One round's answer: every target's `up` and every agent node's series."""
+
+    at: float
+    up: Mapping[str, float]  # by instance
+    nodes: Mapping[str, Mapping[str, NodeSeries]]  # instance -> exported node name -> series
+
+    def pick(self, instance: str, node: str) -> tuple[str, NodeSeries]:
+        """The agent node read at `instance` for fleet member `node`; its exported name too."""
+        up = self.up.get(instance)
+        if up is None:
+            raise ConnectionError(f"Prometheus does not scrape {instance} (no up series)")
+        if up < 1:
+            raise ConnectionError(f"Prometheus cannot scrape the agent at {instance} (up 0)")
+        served = self.nodes.get(instance) or {}
+        if node in served:
+            return node, served[node]
+        if len(served) == 1:
+            return next(iter(served.items()))
+        if not served:
+            raise ValueError(f"Prometheus has no gpuconsole series from {instance}")
+        raise ValueError(f"{instance} exports nodes {', '.join(sorted(served))}, not {node}")
+
+
+def _value(sample: Any) -> float:
+    return float(sample["value"][1])  # "NaN", "+Inf" included
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None or not math.isfinite(value) else round(value)
+
+
+def _gauge(values: Mapping[str, float], spec: tuple[str, str]) -> float | None:
+    value = values.get(spec[0])
+    return None if value is None or math.isnan(value) else value
+
+
+def _flag(values: Mapping[str, float], spec: tuple[str, str]) -> bool | None:
+    value = _gauge(values, spec)
+    return None if value is None else value >= 1
+
+
+def parse_overview(values: list[Any], info: list[Any]) -> Overview:
+    """An Overview from the two queries' vectors; ValueError on a malformed answer."""
+    at = time.time()
+    up: dict[str, float] = {}
+    nodes: dict[str, dict[str, NodeSeries]] = {}
+
+    def series_of(labels: Mapping[str, str]) -> NodeSeries | None:
+        name = labels.get("exported_node") or labels.get("Hostname") or labels.get("node")
+        instance = labels.get("instance")
+        if not name or instance is None:
+            return None
+        return nodes.setdefault(instance, {}).setdefault(name, NodeSeries())
+
+    try:
+        if values:  # when Prometheus evaluated the queries
+            at = float(values[0]["value"][0])
+        for sample in values:
+            labels = sample["metric"]
+            metric = labels.get("__name__", "")
+            kind = _KIND.get(metric)
+            if kind == "up":
+                up[labels.get("instance", "")] = _value(sample)
+                continue
+            found = series_of(labels)
+            if found is None or kind is None:
+                continue
+            if kind == "gpu" and "gpu" in labels:
+                found.gpus.setdefault(int(labels["gpu"]), {})[metric] = _value(sample)
+            elif kind == "source" and "source" in labels:
+                found.sources.setdefault(labels["source"], {})[metric] = _value(sample)
+            elif kind == "node":
+                found.values[metric] = _value(sample)
+            elif kind in ("port", "netdev") and "device" in labels and "port" in labels:
+                place = (labels["device"], int(labels["port"]))
+                if kind == "port":
+                    found.ports.setdefault(place, {})[metric] = _value(sample)
+                else:
+                    ifname, stats = found.netdevs.get(place, (labels.get("netdev", ""), {}))
+                    stats[metric] = _value(sample)
+                    found.netdevs[place] = (ifname, stats)
+        for sample in info:
+            labels = sample["metric"]
+            metric = labels.get("__name__", "")
+            found = series_of(labels)
+            if found is None:
+                continue
+            if metric == n.GPU_INFO[0]:
+                found.gpu_info[int(labels["gpu"])] = labels
+            elif metric == n.MIG_INFO[0]:
+                found.migs.setdefault(int(labels["gpu"]), []).append(labels)
+            elif metric == n.FABRIC_PORT_INFO[0]:
+                found.port_info[(labels["device"], int(labels["port"]))] = labels
+            elif metric == n.BMC_INFO[0]:
+                found.bmc = labels.get("bmc", "")
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
+    return Overview(at, up, nodes)
+
+
+def _mig(labels: Mapping[str, str]) -> MigInstance:
+    profile = labels.get("profile", "")
+    slices = _SLICES.match(profile)
+    return MigInstance(
+        gpu_instance_id=int(labels["gpu_instance"]),
+        compute_instance_id=None,
+        uuid=labels.get("mig_uuid", ""),
+        profile_name=profile,
+        slice_count=int(slices.group(1)) if slices else 0,
+        sm_count=int(labels.get("sm_count") or 0),
+    )
+
+
+def _gpu(
+    index: int, info: Mapping[str, str], v: Mapping[str, float], migs: list[MigInstance]
+) -> GpuReading:
+    used, free = _gauge(v, n.DCGM_FB_USED), _gauge(v, n.DCGM_FB_FREE)
+    reserved = _gauge(v, n.DCGM_FB_RESERVED)
+    total = None
+    if used is not None and free is not None:
+        total = round((used + free + (reserved or 0.0)) * MIB)
+    mask = _int(_gauge(v, n.DCGM_THROTTLE))
+    sm_active = _gauge(v, n.PROF_SM_ACTIVE)
+    lost = bool(_flag(v, n.GPU_LOST))
+    return GpuReading(
+        index=index,
+        uuid=info.get("uuid", ""),
+        name=info.get("model", ""),
+        pci_bus_id=info.get("pci_bus_id", ""),
+        state=GpuState.LOST if lost else GpuState.OK,
+        serial=info.get("serial") or None,
+        module_id=_int(float(info["module_id"])) if info.get("module_id") else None,
+        architecture=info.get("architecture") or None,
+        util_gpu_pct=_gauge(v, n.DCGM_GPU_UTIL),
+        util_mem_pct=_gauge(v, n.DCGM_MEM_COPY_UTIL),
+        mem_total_bytes=total,
+        mem_used_bytes=None if used is None else round(used * MIB),
+        mem_reserved_bytes=None if reserved is None else round(reserved * MIB),
+        temp_gpu_c=_gauge(v, n.DCGM_GPU_TEMP),
+        temp_hbm_c=_gauge(v, n.DCGM_MEMORY_TEMP),
+        power_w=_gauge(v, n.DCGM_POWER_USAGE),
+        power_limit_w=_gauge(v, n.DCGM_POWER_LIMIT),
+        sm_clock_mhz=_int(_gauge(v, n.DCGM_SM_CLOCK)),
+        mem_clock_mhz=_int(_gauge(v, n.DCGM_MEM_CLOCK)),
+        pstate=_int(_gauge(v, n.DCGM_PSTATE)),
+        throttle_reasons=tuple(name for bit, name in THROTTLE_BITS if mask and mask & bit),
+        ecc=EccReading(
+            volatile_corrected=_int(_gauge(v, n.DCGM_ECC_SBE_VOL)),
+            volatile_uncorrected=_int(_gauge(v, n.DCGM_ECC_DBE_VOL)),
+            aggregate_corrected=_int(_gauge(v, n.DCGM_ECC_SBE_AGG)),
+            aggregate_uncorrected=_int(_gauge(v, n.DCGM_ECC_DBE_AGG)),
+            remapped_corrected=_int(_gauge(v, n.DCGM_REMAP_COR)),
+            remapped_uncorrected=_int(_gauge(v, n.DCGM_REMAP_UNC)),
+            remap_pending=_flag(v, n.DCGM_REMAP_PENDING),
+            remap_failure=_flag(v, n.DCGM_REMAP_FAILURE),
+        ),
+        pcie=PcieReading(
+            gen_current=_int(_gauge(v, n.DCGM_PCIE_GEN)),
+            gen_max=_int(_gauge(v, n.GPU_PCIE_MAX_GEN)),
+            width_current=_int(_gauge(v, n.DCGM_PCIE_WIDTH)),
+            width_max=_int(_gauge(v, n.GPU_PCIE_MAX_WIDTH)),
+            replay_count=_int(_gauge(v, n.DCGM_PCIE_REPLAY)),
+        ),
+        numa_node=_int(float(info["numa_node"])) if info.get("numa_node") else None,
+        mig_enabled=True if migs else None,
+        mig_instances=tuple(migs),
+        gpm=None if sm_active is None else GpmMetrics(sm_util_pct=sm_active * 100.0),
+    )
+
+
+def _statuses(node: str, found: NodeSeries, at: float) -> tuple[SourceStatus, ...]:
+    out = []
+    for source, v in sorted(found.sources.items()):
+        ok = bool(_flag(v, n.SOURCE_UP))
+        stale_s = _gauge(v, n.SOURCE_STALE) or 0.0
+        out.append(
+            SourceStatus(
+                node=node,
+                source=source,
+                ok=ok,
+                last_ok_at=_gauge(v, n.SOURCE_LAST_OK),
+                stale_since=None if ok else at - stale_s,
+                # the reason stays with the agent; drilling in shows it
+                error=None if ok else f"stale for {stale_s:.0f} s (as Prometheus has it)",
+                polls=1,
+                last_poll_s=_gauge(v, n.SOURCE_POLL),
+            )
+        )
+    return tuple(out)
+
+
+def _bmc(found: NodeSeries, at: float, simulated: bool) -> BmcReading | None:
+    v = found.values
+    if found.bmc is None:
+        return None  # no BMC configured for that node
+    power = _gauge(v, n.IPMI_CHASSIS_POWER)
+    state = PowerState.UNKNOWN if power is None else PowerState.ON if power >= 1 else PowerState.OFF
+    return BmcReading(
+        at=at,
+        bmc=found.bmc,
+        power_state=state,
+        power_w=_gauge(v, n.BMC_POWER),
+        inlet_c=_gauge(v, n.BMC_INLET),
+        exhaust_c=_gauge(v, n.BMC_EXHAUST),
+        fans_present=_int(_gauge(v, n.BMC_FANS)) or 0,
+        fans_failed=_int(_gauge(v, n.BMC_FANS_FAILED)) or 0,
+        psus_present=_int(_gauge(v, n.BMC_PSUS)) or 0,
+        psus_failed=_int(_gauge(v, n.BMC_PSUS_FAILED)) or 0,
+        simulated=simulated,
+    )
+
+
+def _port(place: tuple[str, int], info: Mapping[str, str], found: NodeSeries) -> FabricPort:
+    v = found.ports.get(place, {})
+    state_id, phys_id = _int(_gauge(v, n.IB_STATE)), _int(_gauge(v, n.IB_PHYSICAL_STATE))
+    rate = _gauge(v, n.IB_RATE)
+    expected = _gauge(v, n.FABRIC_PORT_EXPECTED_RATE)
+    stats = None
+    if place in found.netdevs:
+        ifname, nv = found.netdevs[place]
+        up = "UP" if _flag(nv, n.FABRIC_NETDEV_UP) else "DOWN"
+        stats = NetdevStats(ifname, up, _flag(nv, n.FABRIC_NETDEV_CARRIER))
+    try:
+        role = PortRole(info.get("role", ""))
+    except ValueError:
+        role = PortRole.COMPUTE
+    gbps = None if rate is None else rate / BYTES_PER_S_PER_GBPS
+    return FabricPort(
+        device=place[0],
+        port=place[1],
+        # node_exporter's series vanish while the agent cannot read sysfs: unknown, then
+        state=_IB_STATES.get(state_id, "UNKNOWN") if state_id is not None else "UNKNOWN",
+        state_id=state_id,
+        phys_state=_IB_PHYS.get(phys_id, "Unknown") if phys_id is not None else "Unknown",
+        phys_state_id=phys_id,
+        link_layer=info.get("link_layer", ""),
+        role=role,
+        role_from=info.get("role_from", ""),
+        rate_gbps=gbps,
+        rate_text="" if gbps is None else f"{gbps:g} Gb/sec",
+        expected_rate_gbps=None if expected is None else expected / BYTES_PER_S_PER_GBPS,
+        netdev=info.get("netdev") or None,
+        netdev_stats=stats,
+    )
+
+
+def _fabric(found: NodeSeries, at: float, simulated: bool) -> FabricReading | None:
+    if not found.port_info:
+        return None
+    devices: dict[str, list[FabricPort]] = {}
+    first: dict[str, Mapping[str, str]] = {}
+    for place, info in sorted(found.port_info.items()):
+        devices.setdefault(place[0], []).append(_port(place, info, found))
+        first.setdefault(place[0], info)
+    return FabricReading(
+        at=at,
+        devices=tuple(
+            FabricDevice(
+                name,
+                pci_bus_id=first[name].get("pci_bus_id") or None,
+                numa_node=_int(float(first[name]["numa_node"]))
+                if first[name].get("numa_node")
+                else None,
+                ports=tuple(ports),
+            )
+            for name, ports in devices.items()
+        ),
+        peermem_loaded=_flag(found.values, n.FABRIC_PEERMEM),
+        simulated=simulated,
+    )
+
+
+def build_node(node: str, found: NodeSeries, at: float) -> NodeSnapshot:
+    """The overview of one node from its series: what the fleet view reads of it."""
+    simulated = bool(_flag(found.values, n.NODE_SIMULATED))
+    migs = {g: [_mig(labels) for labels in found.migs.get(g, [])] for g in found.gpu_info}
+    gpus = tuple(
+        _gpu(index, info, found.gpus.get(index, {}), migs[index])
+        for index, info in sorted(found.gpu_info.items())
+    )
+    xids = {
+        g.uuid: code
+        for g in gpus
+        if (code := _int(_gauge(found.gpus.get(g.index, {}), n.DCGM_XID)))
+    }
+    nvml = None
+    if gpus or "nvml" in found.sources:
+        nvml = NvmlReading(at, None, None, None, gpus, simulated=simulated)
+    return NodeSnapshot(
+        node=node,
+        simulated=simulated,
+        nvml=nvml,
+        bmc=_bmc(found, at, simulated),
+        fabric=_fabric(found, at, simulated),
+        statuses=_statuses(node, found, at),
+        last_xid=xids,
+    )
+
+
+class PrometheusReader:
+    """One Prometheus server read for the whole fleet: one round per interval, shared by
+    every node's source (the first to ask starts it, the rest wait for it)."""
+
+    def __init__(
+        self,
+        url: str,
+        client: AgentClient,
+        *,
+        selector: str = "",
+        interval_s: float = 1.0,
+        timeout_s: float = 3.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.selector = selector
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.queries = overview_queries(selector)
+        self._client = client
+        self._monotonic = monotonic
+        self._round: asyncio.Future[Overview] | None = None
+        self._began = -math.inf
+
+    async def overview(self) -> Overview:
+        """The latest round, or a new one when the latest is half an interval old."""
+        now = self._monotonic()
+        if self._round is None or (self._round.done() and now - self._began >= self.interval_s / 2):
+            self._began = now
+            self._round = asyncio.ensure_future(self._read())
+            self._round.add_done_callback(_retrieve)
+        # a node's poll that times out must not cancel the round the others wait for
+        return await asyncio.shield(self._round)
+
+    async def query(self, promql: str) -> list[Any]:
+        """An instant query's vector; errors name Prometheus and what it said."""
+        url = f"{self.url}/api/v1/query?{urlencode({'query': promql})}"
+        data = await self._client.get_json(
+            url, self.timeout_s * 0.9, peer="Prometheus", limit=MAX_ANSWER_BYTES
+        )
+        if not isinstance(data, dict) or data.get("status") != "success":
+            error = data.get("error") if isinstance(data, dict) else None
+            raise ValueError(f"Prometheus refused the query: {error or data!r}"[:300])
+        result = data.get("data", {})
+        if result.get("resultType") != "vector" or not isinstance(result.get("result"), list):
+            raise ValueError("Prometheus answered with something other than a vector")
+        vector: list[Any] = result["result"]
+        return vector
+
+    async def _read(self) -> Overview:
+        values, info = await asyncio.gather(*(self.query(q) for q in self.queries))
+        return parse_overview(values, info)
+
+
+def _retrieve(future: asyncio.Future[Overview]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class PromQLSource:
+    """One node's overview, read from Prometheus; its agent when the console drills in."""
+
+    kind: ClassVar[str] = "remote"
+
+    def __init__(
+        self,
+        node: str,
+        instance: str,
+        reader: PrometheusReader,
+        agent: RemoteSource,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.instance = instance
+        self.interval_s = reader.interval_s
+        self.timeout_s = reader.timeout_s
+        self.agent = agent
+        self._reader = reader
+        self._clock = clock
+        self._emit: EmitEvent | None = None
+        self._xids: dict[str, int] | None = None
+
+    @property
+    def detail(self) -> bool:
+        return self.agent.detail
+
+    @detail.setter
+    def detail(self, value: bool) -> None:
+        self.agent.detail = value
+
+    async def start(self, emit: EmitEvent) -> None:
+        self._emit = emit
+        await self.agent.start(emit)
+
+    async def close(self) -> None:
+        await self.agent.close()
+
+    async def poll(self) -> RemoteReading:
+        if self.detail:
+            return await self.agent.poll()
+        overview = await self._reader.overview()
+        _name, found = overview.pick(self.instance, self.node)
+        node = build_node(self.node, found, overview.at)
+        self._post_xids(node)
+        return RemoteReading(self._clock(), self._reader.url, node, summary=True)
+
+    def _post_xids(self, node: NodeSnapshot) -> None:
+        """An XID that changed since the last round becomes an event, as the agent's would."""
+        seen, self._xids = self._xids, dict(node.last_xid)
+        if seen is None or self._emit is None:
+            return
+        for gpu in node.gpus:
+            code = node.last_xid.get(gpu.uuid)
+            if code is None or seen.get(gpu.uuid) == code:
+                continue
+            severity, words = describe_xid(code)
+            self._emit(
+                Event(
+                    at=node.nvml.at if node.nvml is not None else self._clock(),
+                    node=self.node,
+                    source="nvml",
+                    kind="xid",
+                    severity=severity,
+                    message=f"XID {code} on GPU {gpu.index}: {words}",
+                    gpu_index=gpu.index,
+                    gpu_uuid=gpu.uuid,
+                    code=code,
+                )
+            )
