@@ -82,13 +82,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return _run_console(sim_hub(cfg, args.nodes, args.seed), theme)
 
 
-def console_hub(cfg: Config) -> Hub:
+def console_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
     """A head's hub when [fleet] names agents; this node's own sources otherwise."""
     from gpuconsole.fleet import fleet_hub, members
 
     if members(cfg.fleet):
         return fleet_hub(cfg.fleet, hub_settings(cfg))
-    return node_hub(cfg)
+    return node_hub(cfg, one_shot=one_shot)
 
 
 def cmd_console(args: argparse.Namespace) -> int:
@@ -243,7 +243,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     if args.demo:
         hub = sim_hub(cfg, args.nodes, args.seed, events=False)
     else:
-        hub = console_hub(cfg)
+        hub = console_hub(cfg, one_shot=True)
     snapshot = asyncio.run(hub.poll_once())
     if args.json:
         from gpuconsole.codec import dumps

@@ -18,8 +18,6 @@ from urllib.parse import urlsplit
 
 from gpuconsole.config import ConfigError, FleetConfig
 from gpuconsole.hub import Hub, HubSettings
-from gpuconsole.sources.promql import PrometheusReader, PromQLSource
-from gpuconsole.sources.remote import AgentClient, RemoteSource
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +142,11 @@ def members(cfg: FleetConfig) -> list[FleetMember]:
 def fleet_hub(cfg: FleetConfig, settings: HubSettings | None = None) -> Hub:
     """A hub that reads every member through its agent, with one bounded client; with
     [fleet] prometheus, the overview from Prometheus and only the drill-down from agents."""
+    # Here, not at the top: the HTTP client (aiohttp) costs a one-shot command a third of
+    # its CPU, and a node with no [fleet] never needs it.
+    from gpuconsole.sources.promql import PrometheusReader, PromQLSource
+    from gpuconsole.sources.remote import AgentClient, RemoteSource
+
     hub = Hub(settings)
     client = AgentClient(cfg.max_connections)
     reader = None
@@ -169,6 +172,9 @@ def fleet_hub(cfg: FleetConfig, settings: HubSettings | None = None) -> Hub:
 def focus(hub: Hub, node: str | None) -> None:
     """Read every detail of `node` from its agent (the console drilled into it), and only
     the overview of every other node; None: the overview of all."""
+    from gpuconsole.sources.promql import PromQLSource
+    from gpuconsole.sources.remote import RemoteSource
+
     for source in hub.sources:
         if isinstance(source, RemoteSource | PromQLSource):
             source.detail = source.node == node

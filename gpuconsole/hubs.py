@@ -25,8 +25,9 @@ def hub_settings(cfg: Config) -> HubSettings:
     )
 
 
-def node_hub(cfg: Config) -> Hub:
-    """The hub for this machine's own sources, as the config says."""
+def node_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
+    """The hub for this machine's own sources, as the config says; `one_shot` for a single
+    reading (nothing to watch for: no actions of other processes)."""
     from gpuconsole.sources.nvml import NvmlSource, load_pynvml
 
     hub = Hub(hub_settings(cfg))
@@ -62,6 +63,12 @@ def node_hub(cfg: Config) -> Hub:
         hub.add_source(source)
     if cfg.tenancy.enabled:
         hub.add_source(tenancy_source(cfg))
+    if not one_shot:
+        # Plans other processes run (a shell, an ssh session from a head) as hub events.
+        from gpuconsole.actions.journal_events import JournalEvents
+        from gpuconsole.actions.store import journal_path
+
+        hub.add_source(JournalEvents(node, journal_path(cfg.actions)))
     return hub
 
 

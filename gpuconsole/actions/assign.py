@@ -61,7 +61,7 @@ def demo_root(node: str) -> Path:
 async def _read_here(cfg: Config) -> NodeSnapshot:
     from gpuconsole.hubs import node_hub
 
-    fleet = await node_hub(cfg).poll_once()
+    fleet = await node_hub(cfg, one_shot=True).poll_once()
     found = fleet.node(cfg.host.node_name)
     assert found is not None
     return found
