@@ -22,6 +22,7 @@ from gpuconsole.sim.profiles import PROFILES
 if TYPE_CHECKING:
     from gpuconsole.export.agent import AgentSettings
     from gpuconsole.readings.bmc import BmcReading
+    from gpuconsole.readings.tenancy import PciGpu
     from gpuconsole.ssh.server import SshSettings
 
 log = logging.getLogger("gpuconsole")
@@ -345,6 +346,8 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def _node_table(node: NodeSnapshot) -> list[str]:
+    from gpuconsole.inventory import node_gpus
+
     nvml = node.nvml
     product = PROFILES[node.profile].product if node.profile in PROFILES else ""
     head = [node.node]
@@ -360,9 +363,11 @@ def _node_table(node: NodeSnapshot) -> list[str]:
     lines = ["  ".join(head)]
     if node.bmc is not None:
         lines.append(_bmc_line(node.bmc))
-    if nvml is None:
+    # Every GPU, NVML's and those only sysfs sees (a guest's, through vfio-pci), with owners.
+    gpus = node_gpus(node)
+    if not gpus:
         return lines
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             "GPU",
             "NAME",
@@ -376,24 +381,22 @@ def _node_table(node: NodeSnapshot) -> list[str]:
             "THROTTLE",
             "ECC",
             "HEALTH",
+            "OWNER",
         )
     ]
-    for gpu in nvml.gpus:
-        if gpu.lost:
+    for row in gpus:
+        gpu = row.reading
+        if gpu is None or gpu.lost:
+            state = "LOST" if gpu is not None else (row.driver or "not in NVML")
             rows.append(
                 (
-                    str(gpu.index),
-                    gpu.name,
-                    gpu.pci_bus_id,
-                    "LOST",
-                    fmt.NA,
-                    fmt.NA,
-                    fmt.NA,
-                    fmt.NA,
-                    fmt.NA,
-                    fmt.NA,
-                    fmt.NA,
-                    "critical",
+                    str(row.index) if row.index is not None else "-",
+                    row.model or _pci_name(row.pci),
+                    gpu.pci_bus_id if gpu is not None else row.bus_id,
+                    state,
+                    *([fmt.NA] * 7),
+                    "critical" if gpu is not None else fmt.NA,
+                    row.label,
                 )
             )
             continue
@@ -419,14 +422,22 @@ def _node_table(node: NodeSnapshot) -> list[str]:
                 fmt.throttle_words(gpu.throttle_reasons),
                 ecc,
                 gpu_health(gpu).value,
+                row.label,
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
+    for line in rows:
         lines.append(
-            "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            "  " + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
         )
     return lines
+
+
+def _pci_name(pci: PciGpu | None) -> str:
+    """What sysfs alone can name a GPU by: its PCI device id."""
+    if pci is None or pci.device_id is None:
+        return "unknown"
+    return f"NVIDIA [10de:{pci.device_id:04x}]"
 
 
 def _bmc_line(bmc: BmcReading) -> str:

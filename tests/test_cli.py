@@ -26,6 +26,11 @@ def test_snapshot_demo_prints_every_node_and_says_it_is_simulated() -> None:
     assert "NVIDIA H100 80GB HBM3" in result.stdout
     assert "HW thermal slowdown" in result.stdout  # dgx-002 GPU 3
     assert "SIMULATED DATA" in result.stdout
+    # dgx-001's eight GPUs sit in a guest, bound to vfio-pci: NVML cannot see them, the
+    # table still lists each with its owner
+    dgx001 = result.stdout.split("\n\n")[0].splitlines()
+    guest = [line for line in dgx001 if "vfio-pci" in line]
+    assert len(guest) == 8 and all(line.endswith("vm acme-train-vm") for line in guest)
 
 
 def test_snapshot_json_is_versioned() -> None:
