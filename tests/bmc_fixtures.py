@@ -1,6 +1,7 @@
-"""Real BMC peers for the tests: ipmi_sim (OpenIPMI) and sushy-static (sushy-tools).
+"""Real BMC peers for the tests: ipmi_sim (OpenIPMI), and sushy-static and
+sushy-emulator (sushy-tools).
 
-Both listen on 127.0.0.1 on ports picked here, run from a temporary copy of the files
+They listen on 127.0.0.1 on ports picked here, run from a temporary copy of the files
 under tests/data/bmc/, and are stopped (by their own pid) when the `with` block ends.
 Test modules wrap them in fixtures.
 """
@@ -31,21 +32,42 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_bound(
-    port: int, proc: subprocess.Popen[bytes], what: str, kind: int = socket.SOCK_STREAM
-) -> None:
-    """Wait until `proc` holds the port: binding it ourselves fails. (Connecting would do
-    for HTTPS, but ipmi_sim quits when its console connection closes.)"""
+# An RMCP/ASF presence ping (DSP0136): BMCs answer it with a pong, before any session.
+_PRESENCE_PING = bytes.fromhex("0600ff06000011be80000000")
+
+
+def _wait_answering(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
+    """Wait until `proc` answers a presence ping on the UDP port: set up in full, both
+    ports bound. (A bind test is fooled: ipmi_sim binds its LAN port, then quits when its
+    console port is taken.)"""
     deadline = time.monotonic() + 10
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(0.1)
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{what} exited with {proc.returncode}")
+            s.sendto(_PRESENCE_PING, ("127.0.0.1", port))
+            try:
+                s.recv(512)
+                return
+            except OSError:  # no pong yet (timeout), or refused: nothing bound yet
+                continue
+    raise RuntimeError(f"{what} did not answer on {port}")
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
+    """Wait until `proc` accepts connections on the TCP port. (A bind test is fooled
+    here: a port some client's closed connection holds in TIME_WAIT cannot be bound,
+    yet nothing listens on it.)"""
+    deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}")
-        with socket.socket(socket.AF_INET, kind) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
                 return
-        time.sleep(0.02)
+        except OSError:
+            time.sleep(0.02)
     raise RuntimeError(f"{what} did not start listening on {port}")
 
 
@@ -128,6 +150,17 @@ class IpmiSim:
 
 
 def start_ipmi_sim(workdir: Path) -> IpmiSim:
+    """ipmi_sim on free ports; a port another process took first gets a retry."""
+    for attempt in range(3):
+        try:
+            return _start_ipmi_sim_once(workdir)
+        except RuntimeError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_ipmi_sim_once(workdir: Path) -> IpmiSim:
     sim = require_program("ipmi_sim", "apt-get install openipmi")
     sdrcomp = require_program("sdrcomp", "apt-get install openipmi")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -160,7 +193,7 @@ def start_ipmi_sim(workdir: Path) -> IpmiSim:
         stderr=subprocess.DEVNULL,
     )
     try:
-        _wait_bound(port, proc, "ipmi_sim", socket.SOCK_DGRAM)
+        _wait_answering(port, proc, "ipmi_sim")
     except Exception:
         _stop(proc)
         raise
@@ -265,7 +298,7 @@ def _start_sushy_once(program: str, workdir: Path, root: Path, cert: Path, key: 
             stderr=subprocess.STDOUT,
         )
     try:
-        _wait_bound(port, proc, "sushy-static")
+        _wait_listening(port, proc, "sushy-static")
     except Exception:
         _stop(proc)
         raise
@@ -280,3 +313,58 @@ def running_sushy(workdir: Path, mockup: str) -> Iterator[Sushy]:
         yield server
     finally:
         _stop(server.proc)
+
+
+@dataclass
+class SushyEmulator:
+    """A running sushy-emulator (fake driver) that checks HTTP basic credentials."""
+
+    port: int
+    cert: Path
+    username: str
+    password: str
+    proc: subprocess.Popen[bytes]
+
+
+@contextlib.contextmanager
+def running_sushy_emulator(workdir: Path, username: str, password: str) -> Iterator[SushyEmulator]:
+    """sushy-emulator over HTTPS that accepts only `username` with `password`. (sushy-static
+    takes any password; this one checks them against an htpasswd file.)"""
+    program = require_program("sushy-emulator", "pip install sushy-tools")
+    import bcrypt  # sushy-tools' own dependency, for its htpasswd file
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    cert, key = self_signed(workdir / "tls")
+    users = workdir / "htpasswd"
+    digest = bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
+    users.write_text(f"{username}:{digest}\n")
+    config = workdir / "emulator.conf"
+    config.write_text(  # its state kept here too, not in /tmp/sushy-emulator
+        f"SUSHY_EMULATOR_AUTH_FILE = {str(users)!r}\n"
+        f"SUSHY_EMULATOR_STATE_DIR = {str(workdir / 'state')!r}\n"
+    )
+    port = free_port()
+    with (workdir / "emulator.log").open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                program,
+                "--config",
+                str(config),
+                "-i",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "--ssl-certificate",
+                str(cert),
+                "--ssl-key",
+                str(key),
+                "--fake",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_listening(port, proc, "sushy-emulator")
+        yield SushyEmulator(port, cert, username, password, proc)
+    finally:
+        _stop(proc)

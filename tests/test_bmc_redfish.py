@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from gpuconsole.codec import dumps
+from gpuconsole.hub import Hub
 from gpuconsole.model import Event
 from gpuconsole.readings.bmc import BmcReading, SensorHealth, SensorKind
 from gpuconsole.sources.bmc import BmcError, BmcSource, BmcTarget, PowerAction, open_link
 from gpuconsole.sources.bmc.sel import SelCursor
-from tests.bmc_fixtures import Sushy, running_sushy, self_signed
+from tests.bmc_fixtures import (
+    Sushy,
+    free_port,
+    running_sushy,
+    running_sushy_emulator,
+    self_signed,
+)
 
 
 @pytest.fixture
@@ -28,18 +39,40 @@ def legacy(tmp_path: Path) -> Iterator[Sushy]:
         yield server
 
 
-def source(server: Sushy, *, ca_file: str = "", verify: bool = True, **kw: object) -> BmcSource:
-    target = BmcTarget(
-        node="dgx-h100-01",
+def target(
+    server: Sushy | int,
+    *,
+    node: str = "dgx-h100-01",
+    ca_file: str = "",
+    verify: bool = True,
+    timeout_s: float = 10.0,
+) -> BmcTarget:
+    """The BMC `server` serves, or (a port number) a BMC that is not there."""
+    port = server if isinstance(server, int) else server.port
+    return BmcTarget(
+        node=node,
         host="127.0.0.1",
         protocol="redfish",
-        port=server.port,
+        port=port,
         username="admin",
         password="rf-secret",
         verify_tls=verify,
-        ca_file=ca_file or str(server.cert),
+        ca_file=ca_file or ("" if isinstance(server, int) else str(server.cert)),
+        timeout_s=timeout_s,
     )
-    return BmcSource(target.node, open_link(target), **kw)  # type: ignore[arg-type]
+
+
+def source(
+    server: Sushy | int,
+    *,
+    node: str = "dgx-h100-01",
+    ca_file: str = "",
+    verify: bool = True,
+    timeout_s: float = 10.0,
+    **kw: object,
+) -> BmcSource:
+    bmc = target(server, node=node, ca_file=ca_file, verify=verify, timeout_s=timeout_s)
+    return BmcSource(bmc.node, open_link(bmc), timeout_s=timeout_s, **kw)  # type: ignore[arg-type]
 
 
 async def read(src: BmcSource, events: list[Event] | None = None, rounds: int = 1) -> BmcReading:
@@ -136,3 +169,83 @@ def test_tls_is_checked_against_the_configured_ca_or_turned_off(
         asyncio.run(read(source(modern, ca_file=str(other_ca))))
     unchecked = asyncio.run(read(source(modern, ca_file=str(other_ca), verify=False)))
     assert unchecked.power_w == 6120.0
+
+
+@pytest.fixture
+def stopped(tmp_path: Path) -> Iterator[Sushy]:
+    """A BMC that hangs: sushy-static stopped (SIGSTOP). The kernel still accepts its
+    connections; nothing answers until it is continued."""
+    with running_sushy(tmp_path / "stopped", "modern") as server:
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            yield server
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+
+
+def test_a_down_and_a_slow_bmc_go_stale_while_the_others_are_fine(
+    modern: Sushy, stopped: Sushy
+) -> None:
+    down = free_port()  # nothing listens there
+    hub = Hub()
+    hub.add_source(source(modern, node="good"))
+    hub.add_source(source(down, node="down", timeout_s=1.0))
+    hub.add_source(source(stopped, node="slow", timeout_s=1.0))
+    began = time.monotonic()
+    snapshot = asyncio.run(hub.poll_once())
+    took = time.monotonic() - began
+    statuses = {n.node: n.status("bmc") for n in snapshot.nodes}
+    assert statuses["good"].ok  # type: ignore[union-attr]
+    assert snapshot.node("good").bmc.power_w == 6120.0  # type: ignore[union-attr]
+    assert statuses["down"].error == (  # type: ignore[union-attr]
+        f"BmcError: redfish://127.0.0.1:{down}: connection refused (BMC down or not serving HTTPS?)"
+    )
+    assert statuses["slow"].error == (  # type: ignore[union-attr]
+        f"BmcError: redfish://127.0.0.1:{stopped.port}: no answer within 1 s"
+    )
+    assert took < 15  # pyghmi's own timeout is 60 s
+
+
+def test_the_timeout_bounds_the_logon_and_every_request(modern: Sushy) -> None:
+    # Straight on the link, below the source's own timeout: pyghmi itself must give up.
+    open_session = open_link(target(modern, timeout_s=1.0))
+    assert open_session.read(sel=False).sensors
+    modern.proc.send_signal(signal.SIGSTOP)
+    try:
+        new_session = open_link(target(modern, timeout_s=1.0))
+        for link in (new_session, open_session):  # a logon, then a request of a session
+            began = time.monotonic()
+            with pytest.raises(BmcError) as error:
+                link.read(sel=False)
+            assert time.monotonic() - began < 15  # pyghmi's own timeout is 60 s
+            assert str(error.value) == f"redfish://127.0.0.1:{modern.port}: no answer within 1 s"
+    finally:
+        modern.proc.send_signal(signal.SIGCONT)
+    # It answers again (late): the link logs on afresh and reads.
+    assert open_session.read(sel=False).power_state.value == "on"
+
+
+def test_a_wrong_password_is_a_clear_error_that_never_shows_the_password(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    right, wrong = "rf-right-7Kq", "rf-wrong-3Zp"
+    with running_sushy_emulator(tmp_path / "emulator", "admin", right) as bmc:
+
+        def login(node: str, password: str) -> BmcSource:
+            at = BmcTarget(
+                node, "127.0.0.1", "redfish", bmc.port, "admin", password, ca_file=str(bmc.cert)
+            )
+            return BmcSource(node, open_link(at))
+
+        hub = Hub()
+        hub.add_source(login("refused", wrong))
+        hub.add_source(login("let-in", right))  # the same BMC takes the right password
+        with caplog.at_level(logging.DEBUG):
+            snapshot = asyncio.run(hub.poll_once())
+    refused = snapshot.node("refused").status("bmc")  # type: ignore[union-attr]
+    assert refused is not None and refused.error == (
+        f"BmcAuthError: redfish://127.0.0.1:{bmc.port}: the BMC refused the user name or password"
+    )
+    assert snapshot.node("let-in").status("bmc").ok  # type: ignore[union-attr]
+    text = dumps(snapshot) + caplog.text
+    assert wrong not in text and right not in text

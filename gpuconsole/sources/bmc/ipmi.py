@@ -88,12 +88,49 @@ class IpmiSession(Protocol):
     def logout(self) -> None: ...
 
 
+def notice_early_replies() -> None:
+    """Make pyghmi take a reply that arrived before it began to wait for it (idempotent).
+
+    pyghmi 1.6.19 sends a request, then queues a waiter for its I/O thread. A reply the
+    I/O thread picked up in between sits in the session's queue until the waiter's
+    deadline: the retry timer (0.5 to 1 s, growing) for a command, which is then sent
+    again, and each step of a logon alike. With a BMC close by and a busy CPU that is most
+    commands: a poll of the test BMC took 5 to 30 s instead of 20 ms. The wrapper returns
+    at once when packets are already queued, and its caller then processes them; a reply
+    landing between that check and the waiter being queued is caught by waking every
+    50 ms (the callers wait again, up to their own deadlines).
+    """
+    from pyghmi.ipmi.private import session
+
+    original = session._io_wait
+    if getattr(original, "notices_early_replies", False):
+        return
+
+    def _io_wait(timeout: float, myaddr: Any = None, evq: Any = None) -> None:
+        # An event queue is given only by _cmdwait (waiting for another thread's command
+        # on the same session), which processes no packets: leave it as it is.
+        if evq is None:
+            if myaddr is None:  # wait_for_rsp: any session's packets
+                queued = bool(session.sessionqueue)
+            else:  # awaitresponse: this BMC's
+                handlers = session.Session.bmc_handlers.get(myaddr) or {}
+                queued = any(s.pktqueue for s in list(handlers.values()))
+            if queued:
+                return
+            timeout = min(timeout, 0.05)
+        original(timeout, myaddr, evq)
+
+    _io_wait.notices_early_replies = True  # type: ignore[attr-defined]
+    session._io_wait = _io_wait
+
+
 class PyghmiSession:
     """A real RMCP+ session through pyghmi.ipmi.command.Command."""
 
     def __init__(self, host: str, port: int, username: bytes, password: bytes) -> None:
         from pyghmi.ipmi import command
 
+        notice_early_replies()
         # bytes, not str: with str a second Command to the same BMC can hang (PEERS.md)
         self._cmd = command.Command(bmc=host, userid=username, password=password, port=port)
 

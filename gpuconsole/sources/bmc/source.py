@@ -2,8 +2,11 @@
 
 pyghmi blocks, and a dead BMC blocks for seconds. Each source therefore owns one worker
 thread (never the shared default executor, which NVML's polls use), so a stuck BMC only
-ever holds up itself; a `BmcPool` bounds how many BMCs are polled at once. The hub
-gives each source its own interval, timeout and backoff.
+ever holds up itself; a `BmcPool` bounds how many BMCs are polled at once. A poll's
+timeout counts the BMC's own I/O, from the moment it holds a slot, never the wait for
+one; at the timeout the slot is given back even if pyghmi is still blocked. BMCs that
+answered their last poll take slots apart from the rest, so however many BMCs are dead,
+the live ones never queue behind them. The hub gives each source its interval and backoff.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.bmc import BmcReading, PowerState
@@ -28,6 +31,7 @@ from gpuconsole.sources.bmc.sensors import summarise
 log = logging.getLogger(__name__)
 
 DEFAULT_PORTS = {"ipmi": 623, "redfish": 443}
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -87,24 +91,35 @@ def open_link(target: BmcTarget) -> BmcLink:
         verify = verify_callback(target.verify_tls, target.ca_file, host)
         timeout = target.timeout_s
         return RedfishLink(
-            target.label, lambda: PyghmiRedfish(host, port, user, password, verify, timeout)
+            target.label,
+            lambda: PyghmiRedfish(host, port, user, password, verify, timeout),
+            timeout_s=timeout,
         )
     raise BmcError(f"{target.label}: unknown protocol {target.protocol!r}")
 
 
 class BmcPool:
-    """A bound on how many BMCs are polled at once, shared by the sources of one hub."""
+    """Bounds on how many BMCs are polled at once, shared by the sources of one hub.
 
-    def __init__(self, limit: int = 32) -> None:
+    `limit` slots serve the BMCs that answered their last poll; the others (not polled
+    yet, or failed last time: down, slow, refusing the password) share `silent_limit`
+    slots of their own (`limit` unless given). A dead BMC holds a slot for its timeout at
+    most, and only ever one of the silent ones.
+    """
+
+    def __init__(self, limit: int = 32, silent_limit: int | None = None) -> None:
         self.limit = max(1, limit)
-        self._semaphore: asyncio.Semaphore | None = None
+        self.silent_limit = max(1, self.limit if silent_limit is None else silent_limit)
+        self._slots: tuple[asyncio.Semaphore, asyncio.Semaphore] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def semaphore(self) -> asyncio.Semaphore:
+    def semaphore(self, *, answering: bool) -> asyncio.Semaphore:
+        """The slots for a BMC that answered its last poll, or for one that did not."""
         loop = asyncio.get_running_loop()
-        if self._semaphore is None or self._loop is not loop:
-            self._semaphore, self._loop = asyncio.Semaphore(self.limit), loop
-        return self._semaphore
+        if self._slots is None or self._loop is not loop:
+            self._loop = loop
+            self._slots = (asyncio.Semaphore(self.limit), asyncio.Semaphore(self.silent_limit))
+        return self._slots[0 if answering else 1]
 
 
 class BmcSource:
@@ -119,6 +134,7 @@ class BmcSource:
         *,
         interval_s: float = 10.0,
         timeout_s: float = 20.0,
+        queue_timeout_s: float | None = None,
         pool: BmcPool | None = None,
         sel_cursor: SelCursor | None = None,
         sel: bool = True,
@@ -126,10 +142,16 @@ class BmcSource:
         simulated: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`timeout_s` bounds the BMC's own I/O in a poll, `queue_timeout_s` (default: the
+        same) how long the poll waits for a slot before it reports that it is queued."""
         self.node = node
         self.link = link
         self.interval_s = interval_s
-        self.timeout_s = timeout_s
+        self.io_timeout_s = timeout_s
+        self.queue_timeout_s = timeout_s if queue_timeout_s is None else queue_timeout_s
+        # What the hub allows a whole poll: only a backstop, since poll() ends itself
+        # after the queue and I/O timeouts with an error that says which one ran out.
+        self.timeout_s = self.queue_timeout_s + self.io_timeout_s + 1.0
         self.simulated = simulated
         self._pool = pool or BmcPool()
         self._cursor = sel_cursor or SelCursor()
@@ -139,6 +161,11 @@ class BmcSource:
         self._emit: EmitEvent | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._power: PowerState | None = None
+        self._attempt: asyncio.Task[BmcReading] | None = None  # queue for a slot, then read
+        self._claimed = True  # a poll has returned the attempt's outcome
+        self._busy: asyncio.Future[Any] | None = None  # the last call on the worker thread
+        self._reading: asyncio.Future[BmcReading] | None = None  # the last read among them
+        self._answering = False  # the last poll got an answer: take the answering slots
 
     @property
     def label(self) -> str:
@@ -155,16 +182,95 @@ class BmcSource:
         return self._executor
 
     async def poll(self) -> BmcReading:
-        async with self._pool.semaphore():
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._worker(), self.collect)
+        attempt = self._attempt
+        if attempt is None or (attempt.done() and not self._unclaimed(attempt)):
+            attempt = self._attempt = asyncio.ensure_future(self._read())
+            attempt.add_done_callback(_retrieve)
+            self._claimed = False
+        # A poll that gives up waiting leaves its attempt queued: the next poll takes it
+        # over (or the reading it brought meanwhile), so a BMC never loses its place.
+        done, _ = await asyncio.wait({attempt}, timeout=self.queue_timeout_s + self.io_timeout_s)
+        if not done:  # the I/O ends itself within io_timeout_s: so it is still queued
+            raise BmcError(
+                f"{self.label}: no free polling slot within {self.queue_timeout_s:g} s "
+                f"({self._pool.limit} for BMCs that answer, {self._pool.silent_limit} for "
+                "the rest, all busy)"
+            )
+        self._claimed = True
+        return attempt.result()
+
+    def _unclaimed(self, attempt: asyncio.Task[BmcReading]) -> bool:
+        """A reading no poll has returned yet (an old error is not kept: it is tried anew)."""
+        return not self._claimed and not attempt.cancelled() and attempt.exception() is None
+
+    async def _read(self) -> BmcReading:
+        try:
+            reading = await self._read_in_slot()
+        except Exception:
+            self._answering = False
+            raise
+        self._answering = True
+        return reading
+
+    async def _read_in_slot(self) -> BmcReading:
+        stuck = self._stuck()
+        if stuck is not None:
+            # The last call is still blocked in pyghmi, past its timeout. Wait for it, with
+            # no slot, instead of queueing another call behind it on this BMC's one thread;
+            # a read brings this poll's reading, a power request only has to end first.
+            if stuck is self._reading:
+                return await self._outcome(self._reading)
+            done, _ = await asyncio.wait({stuck}, timeout=self.io_timeout_s)
+            if not done:
+                raise BmcError(f"{self.label}: no answer within {self.io_timeout_s:g} s")
+        async with self._pool.semaphore(answering=self._answering):
+            # The timeout starts here: the BMC's own I/O, not the queue. At the timeout
+            # the slot is given back, though the call may still be blocked.
+            self._reading = self._submit(self.collect)
+            return await self._outcome(self._reading)
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Run `fn` on this BMC's thread; its error is kept even if nobody waits any more."""
+        future = asyncio.get_running_loop().run_in_executor(self._worker(), fn, *args)
+        future.add_done_callback(_retrieve)
+        self._busy = future
+        return future
+
+    def _stuck(self) -> asyncio.Future[Any] | None:
+        busy = self._busy
+        return busy if busy is not None and not busy.done() else None
+
+    async def _outcome(self, future: asyncio.Future[T]) -> T:
+        """The result of a call on the BMC's thread, or BmcError after `io_timeout_s`."""
+        done, _ = await asyncio.wait({future}, timeout=self.io_timeout_s)
+        if not done:
+            raise BmcError(f"{self.label}: no answer within {self.io_timeout_s:g} s")
+        return future.result()
 
     async def set_power(self, action: PowerAction) -> str:
         """Ask the BMC for a power change (not waiting for it), between two polls."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._worker(), self.link.set_power, action)
+        stuck = self._stuck()
+        if stuck is not None:
+            await asyncio.wait({stuck}, timeout=self.io_timeout_s)
+            if not stuck.done():
+                # Never queue it behind a stuck call: it would reach the BMC at some later,
+                # unknown moment, after the caller was told it failed.
+                raise BmcError(
+                    f"{self.label}: BMC not answering; power {action.value} was not sent"
+                )
+        future = self._submit(self.link.set_power, action)
+        done, _ = await asyncio.wait({future}, timeout=self.io_timeout_s)
+        if not done:
+            raise BmcError(
+                f"{self.label}: no answer within {self.io_timeout_s:g} s to power "
+                f"{action.value}; the BMC may still carry it out"
+            )
+        return future.result()
 
     async def close(self) -> None:
+        attempt, self._attempt = self._attempt, None
+        if attempt is not None and not attempt.done():
+            attempt.cancel()  # gives back its slot, or its place in the queue
         executor, self._executor = self._executor, None
         if executor is None:
             self.link.close()
@@ -173,7 +279,7 @@ class BmcSource:
         # both, but no longer than a poll may take, so no thread outlives the source.
         future = asyncio.get_running_loop().run_in_executor(executor, self.link.close)
         try:
-            await asyncio.wait_for(asyncio.shield(future), self.timeout_s + 5.0)
+            await asyncio.wait_for(asyncio.shield(future), self.io_timeout_s + 5.0)
         except (TimeoutError, Exception) as exc:
             log.warning("%s: close did not finish: %s", self.label, exc or "timeout")
         executor.shutdown(wait=False)
@@ -240,3 +346,9 @@ def source_for(
         pool=pool,
         sel_cursor=cursor,
     )
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a finished call's error as seen: a poll that timed out may fail much later."""
+    if not future.cancelled():
+        future.exception()
