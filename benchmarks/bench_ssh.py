@@ -22,6 +22,8 @@ from typing import Any
 
 SESSIONS = 20
 SIZE = (120, 40)
+TARGET_CPU_PCT = 100.0  # twenty sessions within one core
+TARGET_BYTES_PER_S = 10_000.0  # per session, the node view at 120x40
 WINDOW_S = 20.0
 LATENCY_ROUNDS = 2
 
@@ -99,7 +101,8 @@ def _client_class() -> type[Any]:
                     future.set_result(time.perf_counter())
                     self._waiting = None
 
-        async def expect(self, check: Callable[[str], bool], timeout: float = 10.0) -> float:
+        # generous: twenty sessions painting at once on a busy shared box can take a while
+        async def expect(self, check: Callable[[str], bool], timeout: float = 60.0) -> float:
             if check(self.screen.display[0]):
                 return time.perf_counter()
             future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
@@ -119,7 +122,7 @@ async def _measure(folder: Path, pid: int) -> dict[str, float]:
     rss_before = _rss_bytes(pid)
 
     conns = []
-    terms = []
+    terms: list[Any] = []  # the Terminal class is made at run time: asyncssh is optional
     for _ in range(SESSIONS):
         conn = await asyncssh.connect(
             "127.0.0.1", port, username="bench", client_keys=[key], known_hosts=None
@@ -205,7 +208,11 @@ def main() -> None:
         f"ssh console: {SESSIONS} sessions, node view at {SIZE[0]}x{SIZE[1]}, 1 Hz, "
         f"{WINDOW_S:g} s window"
     )
-    print(f"  server CPU:          {got['cpu_pct']:6.1f}% of one core   (target < 100%)")
+    cpu_met = got["cpu_pct"] < TARGET_CPU_PCT
+    print(
+        f"  server CPU:          {got['cpu_pct']:6.1f}% of one core   "
+        f"(target < {TARGET_CPU_PCT:g}%: {_verdict(cpu_met)})"
+    )
     print(
         f"  memory per session:  {got['rss_per_session'] / 2**20:6.1f} MiB"
         f"   (server RSS {got['rss_total'] / 2**20:.0f} MiB)"
@@ -214,10 +221,16 @@ def main() -> None:
         f"  keystroke to screen: {got['latency_median_ms']:6.1f} ms median, "
         f"{got['latency_p95_ms']:.1f} ms p95"
     )
+    bytes_met = got["bytes_per_s_max"] <= TARGET_BYTES_PER_S
     print(
         f"  bytes per session:   {got['bytes_per_s'] / 1000:6.2f} KB/s median, "
-        f"{got['bytes_per_s_max'] / 1000:.2f} KB/s max   (target <= 10 KB/s)"
+        f"{got['bytes_per_s_max'] / 1000:.2f} KB/s max   "
+        f"(target <= {TARGET_BYTES_PER_S / 1000:g} KB/s: {_verdict(bytes_met)})"
     )
+
+
+def _verdict(met: bool) -> str:
+    return "target met" if met else "TARGET MISSED"
 
 
 if __name__ == "__main__":

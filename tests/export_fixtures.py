@@ -43,15 +43,21 @@ async def poll_twice(hub: Hub, clock: Clock) -> FleetSnapshot:
 
 
 @functools.cache
-def frozen_fleet() -> FleetSnapshot:
-    """The demo fleet polled twice (built once per session; snapshots are immutable)."""
-
-    async def build() -> FleetSnapshot:
-        return await poll_twice(*frozen_demo_hub())
-
+def frozen_twice_hub() -> Hub:
+    """The demo hub after two polls, never started: what an agent over it serves stays put
+    (built once per session; only read after)."""
+    hub, clock = frozen_demo_hub()
     # a thread of its own, so that async tests (already inside a loop) can call it too
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, build()).result()
+        pool.submit(asyncio.run, poll_twice(hub, clock)).result()
+    return hub
+
+
+def frozen_fleet() -> FleetSnapshot:
+    """The demo fleet polled twice (snapshots are immutable)."""
+    snapshot = frozen_twice_hub().latest
+    assert snapshot is not None
+    return snapshot
 
 
 def render(snapshot: FleetSnapshot) -> str:

@@ -1,5 +1,6 @@
-"""The ssh driver's output: fewer bytes for the same screen, frames dropped whole for a
-slow client, and snapshots paced per session."""
+"""The ssh driver's output: fewer bytes for the same screen, writes the client's screen
+already shows left out, frames dropped whole for a slow client, and snapshots paced per
+session."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import random
 import pyte
 
 from gpuconsole.model import FleetSnapshot
-from gpuconsole.ssh.driver import BoundedOutput, collapse_sgr
+from gpuconsole.ssh.driver import BoundedOutput, ScreenMemory, collapse_sgr
 from gpuconsole.ssh.feed import PacedFeed
 
 STYLES = ["1;38;2;216;222;233;48;2;30;40;50", "38;2;95;215;135;48;2;15;20;25", "48;2;15;20;25",
@@ -31,14 +32,32 @@ def textual_frame(rng: random.Random, width: int = 60, height: int = 12) -> str:
     return "".join(out)
 
 
-def painted(frame: str) -> list[list[tuple[str, str, str, bool, bool, bool]]]:
-    screen = pyte.Screen(60, 12)
-    pyte.Stream(screen).feed(frame)
+Cell = tuple[str, str, str, bool, bool, bool]
+
+
+def cells(screen: pyte.Screen) -> list[list[Cell]]:
     return [
         [(c.data, c.fg, c.bg, c.bold, c.reverse, c.underscore) for c in
-         (screen.buffer[y][x] for x in range(60))]
-        for y in range(12)
+         (screen.buffer[y][x] for x in range(screen.columns))]
+        for y in range(screen.lines)
     ]  # fmt: skip
+
+
+def painted(frame: str) -> list[list[Cell]]:
+    screen = pyte.Screen(60, 12)
+    pyte.Stream(screen).feed(frame)
+    return cells(screen)
+
+
+def partial_update(rng: random.Random, width: int = 60, height: int = 12) -> str:
+    """A few regions redrawn, as Textual refreshes widgets: some the same, some not, one with
+    a double-width character."""
+    out = []
+    for _ in range(rng.randint(1, 6)):
+        row, col = rng.randint(1, height), rng.randint(1, width - 8)
+        text = rng.choice(["ab", "ba", "─█", "漢x", "  "]) * rng.randint(1, 4)
+        out.append(f"\x1b[{row};{col}H\x1b[{rng.choice(STYLES)}m{text}\x1b[0m")
+    return "".join(out)
 
 
 def test_collapsed_frames_paint_the_same_screen_in_fewer_bytes() -> None:
@@ -49,6 +68,57 @@ def test_collapsed_frames_paint_the_same_screen_in_fewer_bytes() -> None:
         assert painted(small) == painted(frame)
         assert len(small) < len(frame)
         assert small.endswith("\x1b[0m") or not small.rstrip("\x1b[0m")
+
+
+def test_writes_the_screen_already_shows_are_left_out_and_the_screen_is_the_same() -> None:
+    rng = random.Random(11)
+    memory = ScreenMemory()
+    every, trimmed = pyte.Screen(60, 12), pyte.Screen(60, 12)
+    sent_full = sent_trimmed = 0
+    history: list[str] = []
+    for _ in range(400):
+        roll = rng.random()
+        if history and roll < 0.4:
+            frame = rng.choice(history[-5:])  # a widget refreshed with nothing new to show
+        elif roll < 0.55:
+            frame = textual_frame(rng)
+        else:
+            frame = partial_update(rng)
+        history.append(frame)
+        small, shown = memory.trim(frame)
+        if rng.random() < 0.1:
+            continue  # dropped for a slow client: neither screen gets it, and it is not shown()
+        shown()
+        pyte.Stream(every).feed(frame)
+        pyte.Stream(trimmed).feed(collapse_sgr(small))
+        assert cells(trimmed) == cells(every)
+        sent_full += len(collapse_sgr(frame))
+        sent_trimmed += len(collapse_sgr(small))
+    assert sent_trimmed < 0.8 * sent_full  # seeded: the same frames every run
+
+
+def test_a_repeated_frame_sends_only_what_is_not_drawing() -> None:
+    memory = ScreenMemory()
+    frame = "\x1b[?2026h\x1b[1;1H\x1b[1mtitle\x1b[0m\n\x1b[2;1Hrow two\x1b[3;5H\x1b[?2026l"
+    first, shown = memory.trim(frame)
+    assert first == frame.replace("\n", "")  # the newline before a cursor move goes
+    shown()
+    again, _ = memory.trim(frame)
+    # synchronized output still opens and closes, and the cursor still lands where it did
+    assert again == "\x1b[?2026h\x1b[3;5H\x1b[?2026l"
+    # a write that overlaps a remembered one makes it be drawn again next time
+    _, shown = memory.trim("\x1b[1;3Hxx")
+    shown()
+    assert "title" in memory.trim(frame)[0]
+    memory.forget()  # a resize: nothing is known about the client's screen
+    assert memory.trim(frame)[0] == first
+
+
+def test_a_frame_that_is_not_sent_is_not_remembered() -> None:
+    memory = ScreenMemory()
+    frame = "\x1b[1;1Hhello"
+    memory.trim(frame)  # dropped: shown() never called
+    assert memory.trim(frame)[0] == frame
 
 
 class SlowChannel:

@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import ClassVar
 
 import asyncssh
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from gpuconsole.sim.cluster import demo_hub
 from gpuconsole.ssh.server import ConsoleServer, SshSettings, console_factory
 from tests.peers import require_program
+from tests.waiting import until
 
 pytestmark = pytest.mark.peer("openssh")
 
@@ -56,7 +58,10 @@ class Tmux:
 
 
 class JumpHost(asyncssh.SSHServer):
-    """A bastion that lets any key in and forwards TCP (what ProxyJump asks of it)."""
+    """A bastion that lets any key in and forwards TCP (what ProxyJump asks of it), noting
+    where to."""
+
+    forwarded: ClassVar[list[tuple[str, int]]] = []
 
     def begin_auth(self, username: str) -> bool:
         return True
@@ -70,6 +75,7 @@ class JumpHost(asyncssh.SSHServer):
     def connection_requested(
         self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
     ) -> bool:
+        self.forwarded.append((dest_host, dest_port))
         return dest_host == "127.0.0.1"
 
 
@@ -108,6 +114,16 @@ async def openssh_setup(tmp_path: Path) -> AsyncIterator[tuple[ConsoleServer, Pa
         await server.stop()
 
 
+async def quit_and_wait(server: ConsoleServer, tmux: Tmux) -> None:
+    """Press q; the session ends, and with it ssh and the tmux window."""
+    await tmux.run("send-keys", "-t", "t", "q")
+    deadline = time.monotonic() + 10
+    while await tmux.alive() and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert not await tmux.alive()
+    await until(lambda: not server.sessions)
+
+
 async def test_openssh_under_tmux_renders_the_console(tmp_path: Path) -> None:
     async with openssh_setup(tmp_path) as (server, ssh, tmux):
         await tmux.start(f"{ssh} -F {tmp_path / 'ssh_config'} -t -p {server.port} ops@127.0.0.1")
@@ -117,14 +133,11 @@ async def test_openssh_under_tmux_renders_the_console(tmp_path: Path) -> None:
         assert session.app.size == (120, 40)
         await tmux.run("send-keys", "-t", "t", "m")  # a key reaches the app through OpenSSH
         await tmux.wait_for("cells: temp")
-        await tmux.run("send-keys", "-t", "t", "q")
-        deadline = time.monotonic() + 10
-        while await tmux.alive() and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        assert not server.sessions
+        await quit_and_wait(server, tmux)
 
 
 async def test_openssh_reaches_the_console_through_a_jump_host(tmp_path: Path) -> None:
+    JumpHost.forwarded.clear()
     jump_key = asyncssh.generate_private_key("ssh-ed25519")
     jump = await asyncssh.create_server(JumpHost, "127.0.0.1", 0, server_host_keys=[jump_key])
     jump_port = jump.sockets[0].getsockname()[1]
@@ -135,7 +148,11 @@ async def test_openssh_reaches_the_console_through_a_jump_host(tmp_path: Path) -
                 f"-p {server.port} ops@127.0.0.1"
             )
             await tmux.wait_for("Fleet", "dgx-002")
-            await tmux.run("send-keys", "-t", "t", "q")
+            # the console came through the bastion, not straight to the port
+            assert JumpHost.forwarded == [("127.0.0.1", server.port)]
+            await tmux.run("send-keys", "-t", "t", "e")
+            await tmux.wait_for("\u203a Events")  # the breadcrumb, not the footer key
+            await quit_and_wait(server, tmux)
     finally:
         jump.close()
         await jump.wait_closed()

@@ -1,7 +1,8 @@
 """The agent's HTTP server: /metrics, /api/v1/snapshot, /-/healthy and /-/ready.
 
-It serves what the hub already holds; no request ever polls hardware. Optional TLS and
-HTTP basic auth (the password compared in constant time, never logged).
+It serves what the hub already holds; no request ever polls hardware, and for a scraper
+with a steady period the body is rendered just before it comes (see MetricsCache).
+Optional TLS and HTTP basic auth (the password compared in constant time, never logged).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class Agent:
         self.port: int | None = None
         self._json_key: tuple[int, str, str | None] | None = None
         self._json_body = b""
+        self._ahead: dict[str, asyncio.TimerHandle] = {}  # by peer: a render before its scrape
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth])
@@ -121,8 +123,26 @@ class Agent:
         return await handler(request)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = self.metrics.render()
+        peer = request.remote or ""
+        body = self.metrics.render(peer)
+        at = self.metrics.ahead_at(peer) if peer else None
+        if at is not None:
+            self._render_ahead(peer, at)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_METRICS})
+
+    def _render_ahead(self, peer: str, at: float) -> None:
+        """Render the newest snapshot at `at` (the cache's clock), just before `peer` scrapes
+        again."""
+        old = self._ahead.pop(peer, None)
+        if old is not None:
+            old.cancel()
+
+        def fire() -> None:
+            self._ahead.pop(peer, None)
+            self.metrics.render_ahead()
+
+        delay = max(0.0, at - self.metrics.clock())
+        self._ahead[peer] = asyncio.get_running_loop().call_later(delay, fire)
 
     async def _snapshot(self, request: web.Request) -> web.Response:
         """The JSON snapshot; ?view=summary for the fleet view, ?node=NAME for one node."""
@@ -179,6 +199,9 @@ class Agent:
         log.info("agent listening on %s://%s:%s", scheme, self.settings.host, self.port)
 
     async def stop(self) -> None:
+        for handle in self._ahead.values():
+            handle.cancel()
+        self._ahead.clear()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

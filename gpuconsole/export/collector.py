@@ -1,7 +1,8 @@
 """Prometheus metrics rendered from the latest snapshot; a scrape never touches hardware.
 
 The exposition text is rendered once per snapshot and reused by every scrape until the
-hub publishes the next one, so scrape cost does not grow with scrape rate. Each kind of
+hub publishes the next one, so scrape cost does not grow with scrape rate; for a steady
+scraper it is rendered just before the scrape comes, so the scrape does not wait for it. Each kind of
 reading has its room: gpu.py (dcgm-exporter's names), bmc.py (ipmi_exporter's),
 fabric.py (node_exporter's node_infiniband_*), ownership.py (who holds each GPU); this
 module assembles them per node.
@@ -9,7 +10,9 @@ module assembles them per node.
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -86,18 +89,80 @@ class SnapshotCollector(Collector):
 
 
 class MetricsCache:
-    """The exposition text, rendered once per snapshot."""
+    """The exposition text, rendered once per snapshot, and ahead of a scrape that is due.
 
-    def __init__(self, latest: Callable[[], FleetSnapshot | None]) -> None:
+    A Prometheus scraping every 15 s finds a new snapshot every time, and rendering one is
+    the whole cost of a scrape. Scrapers keep a steady period, so once a peer has scraped
+    at the same spacing a few times, `ahead_at()` says when to render the newest snapshot
+    just before its next scrape. That scrape then gets this body even if the hub published
+    again in those last instants (it is at most `lead_s` older); the next one is current.
+    Renders stay one per scrape; a scrape that comes unannounced renders as it arrives.
+    """
+
+    MIN_PERIOD_S = 0.8  # scraping faster than the hub publishes: bodies are mostly reused
+    PEERS = 16  # scrapers followed at once (Prometheus pairs, a few curls)
+
+    def __init__(
+        self,
+        latest: Callable[[], FleetSnapshot | None],
+        clock: Callable[[], float] = time.monotonic,
+        lead_s: float = 0.2,
+    ) -> None:
         self._latest = latest
+        self.clock = clock
+        self.lead_s = lead_s
         self._seq: int | None = None
         self._body = b""
+        self._ahead_since: float | None = None  # when the body was rendered ahead, unserved
+        self._scrapes: dict[str, deque[float]] = {}
+        self.renders = 0
 
-    def render(self) -> bytes:
+    def render(self, peer: str = "") -> bytes:
+        """The body for a scrape from `peer` (its address; empty: not followed)."""
+        now = self.clock()
+        if peer:
+            self._note(peer, now)
+        ahead, self._ahead_since = self._ahead_since, None
         snapshot = self._latest()
         if snapshot is None:
             return b""
-        if snapshot.seq != self._seq or not self._body:
-            self._body = build(snapshot).text()
-            self._seq = snapshot.seq
+        if snapshot.seq == self._seq and self._body:
+            return self._body
+        if ahead is not None and now - ahead <= 2 * self.lead_s:
+            return self._body  # rendered for this scrape; the next one gets the newer
+        self._render(snapshot)
         return self._body
+
+    def render_ahead(self) -> None:
+        """Render the newest snapshot now (if not done yet), for a scrape due within
+        `lead_s`: that scrape gets this body even if the hub publishes meanwhile."""
+        snapshot = self._latest()
+        if snapshot is None:
+            return
+        if snapshot.seq != self._seq or not self._body:
+            self._render(snapshot)
+        self._ahead_since = self.clock()
+
+    def ahead_at(self, peer: str) -> float | None:
+        """When to render ahead of `peer`'s next scrape (clock time), if it scrapes at a
+        steady period; None if it does not, or scrapes too often to need it."""
+        times = self._scrapes.get(peer)
+        if times is None or len(times) < 3:
+            return None
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        period = gaps[-1]
+        if period < self.MIN_PERIOD_S or any(abs(gap - period) > 0.1 * period for gap in gaps):
+            return None
+        return times[-1] + period - self.lead_s
+
+    def _note(self, peer: str, now: float) -> None:
+        times = self._scrapes.pop(peer, None) or deque(maxlen=4)
+        times.append(now)
+        self._scrapes[peer] = times  # the most recent peers last
+        while len(self._scrapes) > self.PEERS:
+            del self._scrapes[next(iter(self._scrapes))]
+
+    def _render(self, snapshot: FleetSnapshot) -> None:
+        self._body = build(snapshot).text()
+        self._seq = snapshot.seq
+        self.renders += 1

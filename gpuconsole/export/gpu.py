@@ -69,10 +69,10 @@ def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLab
     put(n.DCGM_GPU_UTIL, gpu.util_gpu_pct)
     put(n.DCGM_MEM_COPY_UTIL, gpu.util_mem_pct)
     if gpu.mem_used_bytes is not None and gpu.mem_total_bytes is not None:
-        reserved = gpu.mem_reserved_bytes or 0
+        reserved = gpu.mem_reserved_bytes or 0  # unknown: NVML's v1 counts it as used
         put(n.DCGM_FB_USED, gpu.mem_used_bytes / MIB)
         put(n.DCGM_FB_FREE, (gpu.mem_total_bytes - gpu.mem_used_bytes - reserved) / MIB)
-        put(n.DCGM_FB_RESERVED, reserved / MIB)
+        put(n.DCGM_FB_RESERVED, gpu.mem_reserved_bytes, 1 / MIB)
     put(n.DCGM_GPU_TEMP, gpu.temp_gpu_c)
     put(n.DCGM_MEMORY_TEMP, gpu.temp_hbm_c)
     put(n.DCGM_POWER_USAGE, gpu.power_w)
@@ -111,13 +111,7 @@ def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLab
         put(n.DCGM_REMAP_PENDING, float(ecc.remap_pending))
     if gpu.nvlinks:
         own_put(n.GPU_NVLINK_ACTIVE, gpu.nvlinks_active)
-        totals = [
-            (link.tx_kib_total or 0) + (link.rx_kib_total or 0)
-            for link in gpu.nvlinks
-            if link.tx_kib_total is not None or link.rx_kib_total is not None
-        ]
-        if totals:
-            put(n.DCGM_NVLINK_TOTAL, sum(totals))
+        put(n.DCGM_NVLINK_TOTAL, _nvlink_kib_per_s(node, gpu, "tx_kib", "rx_kib"), 1 / 1024)
         link_labels = (*own, "link", "remote")
         for link in gpu.nvlinks:
             lv = (node.node, str(gpu.index), gpu.uuid, str(link.link), link.remote_kind.value)
@@ -125,8 +119,7 @@ def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLab
                 out.counter(n.NVLINK_TX, link_labels, lv, link.tx_kib_total * 1024.0)
             if link.rx_kib_total is not None:
                 out.counter(n.NVLINK_RX, link_labels, lv, link.rx_kib_total * 1024.0)
-    if gpu.gpm is not None:
-        _gpm(out, labels, values, gpu.gpm)
+    _profiling(out, labels, values, gpu.gpm, _counted_rates(node, gpu))
     base = _dcgm_values(node, gpu)
     for mig in gpu.mig_instances:
         mig_pod = pods.migs.get(mig.uuid)
@@ -142,32 +135,70 @@ def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLab
         )
         if mig.mem_used_bytes is not None:
             out.gauge(n.DCGM_FB_USED, mig_labels, mig_values, mig.mem_used_bytes / MIB)
-        if mig.gpm is not None:
-            _gpm(out, mig_labels, mig_values, mig.gpm)
+        _profiling(out, mig_labels, mig_values, mig.gpm, _NO_RATES)
 
 
-def _gpm(out: Families, labels: Labels, values: Labels, gpm: GpmMetrics) -> None:
-    ratios = (
-        (n.PROF_GR_ENGINE, gpm.sm_util_pct),
-        (n.PROF_SM_ACTIVE, gpm.sm_util_pct),
-        (n.PROF_SM_OCCUPANCY, gpm.sm_occupancy_pct),
-        (n.PROF_TENSOR, gpm.tensor_util_pct),
-        (n.PROF_DRAM, gpm.dram_bw_util_pct),
-        (n.PROF_FP64, gpm.fp64_util_pct),
-        (n.PROF_FP32, gpm.fp32_util_pct),
-        (n.PROF_FP16, gpm.fp16_util_pct),
+def _nvlink_kib_per_s(node: NodeSnapshot, gpu: GpuReading, *directions: str) -> float | None:
+    """The NVLink data counters of every link, summed, from the hub's rates (None until
+    two polls, or on a GPU without NVLink counters)."""
+    rates = [
+        node.rate("gpu", gpu.uuid, "nvlink", str(link.link), direction)
+        for link in gpu.nvlinks
+        for direction in directions
+    ]
+    known = [rate for rate in rates if rate is not None]
+    return sum(known) if known else None
+
+
+# PCIe tx, rx, NVLink tx, rx, in bytes/s
+ByteRates = tuple[float | None, float | None, float | None, float | None]
+_NO_RATES: ByteRates = (None, None, None, None)
+_BYTE_RATES = (n.PROF_PCIE_TX, n.PROF_PCIE_RX, n.PROF_NVLINK_TX, n.PROF_NVLINK_RX)
+
+
+def _counted_rates(node: NodeSnapshot, gpu: GpuReading) -> ByteRates:
+    """PCIe and NVLink bytes/s from NVML's counters, for a GPU whose GPM lacks them."""
+    pcie_tx, pcie_rx = node.pcie_rates(gpu)
+    nvlink_tx = _nvlink_kib_per_s(node, gpu, "tx_kib")
+    nvlink_rx = _nvlink_kib_per_s(node, gpu, "rx_kib")
+    return (
+        pcie_tx,
+        pcie_rx,
+        None if nvlink_tx is None else nvlink_tx * 1024,
+        None if nvlink_rx is None else nvlink_rx * 1024,
     )
-    for spec, pct in ratios:
-        if pct is not None:
-            out.gauge(spec, labels, values, pct / 100.0)
-    for spec, rate in (
-        (n.PROF_PCIE_TX, gpm.pcie_tx_bytes_per_s),
-        (n.PROF_PCIE_RX, gpm.pcie_rx_bytes_per_s),
-        (n.PROF_NVLINK_TX, gpm.nvlink_tx_bytes_per_s),
-        (n.PROF_NVLINK_RX, gpm.nvlink_rx_bytes_per_s),
-    ):
-        if rate is not None:
-            out.gauge(spec, labels, values, rate)
+
+
+def _profiling(
+    out: Families, labels: Labels, values: Labels, gpm: GpmMetrics | None, counted: ByteRates
+) -> None:
+    """DCGM_FI_PROF_* of a GPU or MIG instance: ratios only from GPM, never estimated from
+    other figures; byte rates from GPM, else from `counted`."""
+    measured: ByteRates = _NO_RATES
+    if gpm is not None:
+        ratios = (
+            (n.PROF_GR_ENGINE, gpm.graphics_util_pct),
+            (n.PROF_SM_ACTIVE, gpm.sm_util_pct),
+            (n.PROF_SM_OCCUPANCY, gpm.sm_occupancy_pct),
+            (n.PROF_TENSOR, gpm.tensor_util_pct),
+            (n.PROF_DRAM, gpm.dram_bw_util_pct),
+            (n.PROF_FP64, gpm.fp64_util_pct),
+            (n.PROF_FP32, gpm.fp32_util_pct),
+            (n.PROF_FP16, gpm.fp16_util_pct),
+        )
+        for spec, pct in ratios:
+            if pct is not None:
+                out.gauge(spec, labels, values, pct / 100.0)
+        measured = (
+            gpm.pcie_tx_bytes_per_s,
+            gpm.pcie_rx_bytes_per_s,
+            gpm.nvlink_tx_bytes_per_s,
+            gpm.nvlink_rx_bytes_per_s,
+        )
+    for spec, rate, fallback in zip(_BYTE_RATES, measured, counted, strict=True):
+        value = rate if rate is not None else fallback
+        if value is not None:
+            out.gauge(spec, labels, values, value)
 
 
 def topology_metrics(out: Families, node: NodeSnapshot) -> None:

@@ -33,7 +33,10 @@ DCGM_ENERGY = (
 DCGM_SM_CLOCK = ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).")
 DCGM_MEM_CLOCK = ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).")
 DCGM_PSTATE = ("DCGM_FI_DEV_PSTATE", "Performance state (0 is highest).")
-DCGM_THROTTLE = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons (bitmask).")
+DCGM_THROTTLE = (
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+    "Clock throttle reasons in force now or since the previous poll (bitmask, NVML's bits).",
+)
 DCGM_PCIE_REPLAY = ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.")
 DCGM_PCIE_GEN = ("DCGM_FI_DEV_PCIE_LINK_GEN", "PCIe link generation.")
 DCGM_PCIE_WIDTH = ("DCGM_FI_DEV_PCIE_LINK_WIDTH", "PCIe link width.")
@@ -49,12 +52,17 @@ DCGM_REMAP_UNC = (
 )
 DCGM_REMAP_FAILURE = ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed.")
 DCGM_REMAP_PENDING = ("DCGM_FI_DEV_ROW_REMAP_PENDING", "Whether a row remap awaits a GPU reset.")
+# DCGM's field 449 is a rate, not the running total its name suggests: the NVLink data
+# counters of every link, both directions, differenced over time, in MiB/s.
 DCGM_NVLINK_TOTAL = (
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-    "Total NVLink data moved, all links, both directions (in KiB).",
+    "NVLink throughput, all links, both directions (in MiB/s).",
 )
 
-# GPM profiling metrics (ratios 0..1 as dcgm-exporter reports them, or bytes/s)
+# Profiling metrics. The ratios come from the GPM metric of the same meaning (Hopper and
+# newer), in 0..1 as dcgm-exporter reports them where GPM gives percent. The byte rates
+# come from GPM too, else from NVML's PCIe and NVLink data counters, on any GPU: DCGM
+# replaced its PCIe throughput fields (200, 201) with these.
 PROF_GR_ENGINE = ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.")
 PROF_SM_ACTIVE = ("DCGM_FI_PROF_SM_ACTIVE", "Ratio of cycles an SM has at least 1 warp assigned.")
 PROF_SM_OCCUPANCY = ("DCGM_FI_PROF_SM_OCCUPANCY", "Ratio of resident warps to the maximum.")

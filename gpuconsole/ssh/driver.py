@@ -1,9 +1,10 @@
 """A Textual driver over one SSH channel, on the server's event loop.
 
 Input bytes go through Textual's own XTerm parser, so keys, mouse and paste behave as in a
-local terminal. Output leaves a frame at a time (one `flush()`); when the client reads
-slower than frames come, whole frames are dropped instead of buffered, and once the channel
-drains the next frame repaints the screen in full. The parser and the driver hooks are
+local terminal. Output leaves a frame at a time (one `flush()`), without the writes the
+client's screen already shows; when the client reads slower than frames come, whole frames
+are dropped instead of buffered, and once the channel drains the screen is repainted (only
+where it differs from what the client last got). The parser and the driver hooks are
 private Textual API: textual is pinned exactly, and a test drives a session end to end.
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from rich.cells import cell_len
 from textual import constants, events
 from textual._xterm_parser import XTermParser
 from textual.app import App
@@ -67,6 +69,97 @@ def collapse_sgr(frame: str) -> str:
         out.append("\x1b[0m")
     out.append(frame[last:])
     return "".join(out)
+
+
+_CUP = re.compile(r"\x1b\[(\d+);(\d+)H")
+_SGR = re.compile(r"\x1b\[([0-9;:]*)m")
+# Escapes that change no cell: private modes (synchronized output, the cursor) and OSC
+# strings other than hyperlinks (OSC 8 marks the cells it spans, so it stays with them).
+_CONTROL = re.compile(r"\x1b\[\?[0-9;]*[hl]|\x1b\](?!8;)[^\x07\x1b]*(?:\x07|\x1b\\)")
+_ZERO_WIDTH = re.compile(r"\x1b\[[0-9;:]*m|\x1b\[\?[0-9;]*[hl]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
+_C0_C1 = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _unstyled_after(text: str, before: bool) -> bool:
+    """Whether no style is in force after `text`, given whether none was before it."""
+    styles = _SGR.findall(text)
+    return before if not styles else styles[-1] in ("", "0")
+
+
+Cells = dict[int, tuple[int, str]]  # first column -> (column after the last, what was written)
+
+
+class ScreenMemory:
+    """What the client's screen shows, as the writes still intact on it, so that a frame can
+    leave out a write that would paint exactly what is already there.
+
+    Textual repaints a region whenever a widget refreshes, even when it draws the same
+    cells: the node view at 1 Hz repeats about four bytes in five. Each write is a cursor
+    move followed by styled text that ends unstyled; a write is remembered by row and
+    column with the columns it covers, and forgotten as soon as a later one overlaps it. A
+    write is left out only when the same text sits at the same place untouched since, so
+    the client's screen ends up exactly as it would have.
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[int, Cells] = {}
+
+    def forget(self) -> None:
+        """The client's screen is unknown (a new screen, a resize): leave nothing out."""
+        self._rows.clear()
+
+    def trim(self, frame: str) -> tuple[str, Callable[[], None]]:
+        """The frame without writes the screen already shows, and a callback that records
+        the frame as shown: call it only once the frame is sent (a dropped frame is not)."""
+        parts = _CUP.split(frame)
+        lead = parts[0]
+        # Text before the first cursor move lands wherever the cursor happens to be.
+        unknown = bool(_ZERO_WIDTH.sub("", lead))
+        # Textual ends every styled run with a reset; checked here rather than assumed.
+        unstyled = _unstyled_after(lead, True)
+        touched: dict[int, Cells] = {}
+        out = [lead]
+        last = len(parts) - 3
+        for i in range(1, len(parts), 3):
+            row, col, text = int(parts[i]), int(parts[i + 1]), parts[i + 2]
+            if i < last and text.endswith("\n"):
+                text = text[:-1]  # a newline between rows: the next cursor move places it
+            move = f"\x1b[{row};{col}H"
+            controls = _CONTROL.findall(text)
+            paint = _CONTROL.sub("", text) if controls else text
+            plain = _ZERO_WIDTH.sub("", paint)
+            if unknown or not plain:
+                unstyled = _unstyled_after(paint, unstyled)
+                out.append(move + text)
+                continue
+            if _C0_C1.search(plain):  # tabs, newlines, other escapes: cells we cannot place
+                unknown = True
+                out.append(move + text)
+                continue
+            cells = touched.get(row)
+            if cells is None:
+                cells = touched[row] = dict(self._rows.get(row, ()))
+            held = cells.get(col)
+            if unstyled and held is not None and held[1] == paint:
+                out.extend(controls)  # the end of synchronized output and the like still go
+                continue
+            end = col + cell_len(plain)
+            for start in [s for s, (e, _) in cells.items() if s < end and e > col]:
+                del cells[start]
+            ends_unstyled = _unstyled_after(paint, unstyled)
+            if unstyled and ends_unstyled:
+                # only a write that starts and ends unstyled paints the same cells again
+                cells[col] = (end, paint)
+            unstyled = ends_unstyled
+            out.append(move + text)
+
+        def shown() -> None:
+            if unknown:
+                self._rows.clear()
+            else:
+                self._rows.update(touched)
+
+        return "".join(out), shown
 
 
 class Channel(Protocol):
@@ -161,6 +254,7 @@ class SshDriver(Driver):
         self._parser = XTermParser()
         self._decode = getincrementaldecoder("utf-8")(errors="replace").decode
         self._frame: list[str] = []
+        self.screen = ScreenMemory()
         self._input = False
         self._tick: asyncio.TimerHandle | None = None
         self._repaint_pending = False
@@ -173,9 +267,12 @@ class SshDriver(Driver):
     def flush(self) -> None:
         if not self._frame:
             return
-        data = collapse_sgr("".join(self._frame)).encode("utf-8")
+        frame, shown = self.screen.trim("".join(self._frame))
         self._frame.clear()
-        self.output.send_frame(data)
+        if not frame:
+            return  # the client's screen already shows all of it
+        if self.output.send_frame(collapse_sgr(frame).encode("utf-8")):
+            shown()
 
     def writable(self) -> None:
         """The channel drained: if frames were dropped, repaint everything once."""
@@ -193,6 +290,7 @@ class SshDriver(Driver):
     # --- modes -------------------------------------------------------------------------
 
     def start_application_mode(self) -> None:
+        self.screen.forget()  # a fresh alternate screen
         self.output.send_always(ENTER.encode())
         self._input = True
         size = Size(*(self._size or self.link.initial_size))
@@ -240,5 +338,6 @@ class SshDriver(Driver):
     def resize(self, width: int, height: int) -> None:
         """The client's window changed size (SSH window-change)."""
         self._size = (width, height)
+        self.screen.forget()  # a terminal may reflow or clear its screen on a resize
         size = Size(width, height)
         self._app.post_message(events.Resize(size, size))
