@@ -311,13 +311,21 @@ def cmd_power(args: argparse.Namespace) -> int:
 def cmd_assign(args: argparse.Namespace) -> int:
     """Move GPUs to free, drained, k8s or vm:NAME: planned, confirmed, journaled, audited;
     or propose free GPUs for a request (--propose N), and with --to move them."""
+    import os
+    import signal
+
     from gpuconsole.actions.assign import AssignRequest, gpu_args, run_assign
     from gpuconsole.actions.roles import Actor, Role, local_actor
+    from gpuconsole.actions.ssh_caller import over_ssh
 
     cfg = _config(args)
-    actor = local_actor()
+    actor = over_ssh(local_actor(), os.environ)
     if args.demo and not actor.role.may_act:  # a simulated node: nobody's GPU is at stake
-        actor = Actor(actor.user, Role.OPERATOR)
+        actor = Actor(actor.user, Role.OPERATOR, actor.key_fingerprint, actor.via)
+    if args.json_progress:
+        # A head runs this over ssh: if its connection drops, the plan must still end here
+        # (done or rolled back, journaled) rather than die half-way with the session.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     request = AssignRequest(
         gpus=gpu_args(args.gpus),
         target=args.to,
@@ -327,6 +335,9 @@ def cmd_assign(args: argparse.Namespace) -> int:
         demo=args.demo,
         propose=args.propose,
         model=args.model,
+        confirm=args.confirm,
+        json_progress=args.json_progress,
+        expect_plan=args.expect_plan,
     )
     ask = input if sys.stdin.isatty() else None
     return asyncio.run(run_assign(cfg, request, actor, ask=ask))
@@ -555,10 +566,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="propose N free GPUs of one NVLink domain and their NICs (with --to: move them)",
     )
     p.add_argument("--model", metavar="NAME", help="with --propose: GPUs named so (H100)")
-    p.add_argument("--node", help="the node (with --demo: a simulated one)")
+    p.add_argument(
+        "--node",
+        help="the node: this one, another of [fleet] (over ssh), or with --demo a simulated one",
+    )
     p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
     p.add_argument("--yes", action="store_true", help="confirm without asking")
+    p.add_argument("--confirm", metavar="WORD", help="the node name (or GPU index), to confirm")
     p.add_argument("--demo", action="store_true", help="a node of the simulated cluster")
+    p.add_argument(
+        "--json-progress",
+        action="store_true",
+        help="report as JSON lines (what a head reads when it runs this over ssh)",
+    )
+    p.add_argument(
+        "--expect-plan",
+        metavar="DIGEST",
+        help="refuse unless the plan is still the one shown (its digest, from --json-progress)",
+    )
     _common(p)
     p.set_defaults(func=cmd_assign)
 

@@ -194,6 +194,52 @@ class FleetConfig:
 
 
 @dataclass(frozen=True)
+class RemoteConfig:
+    """[remote]: moving GPUs of other fleet nodes, over ssh as yourself (assign --node NODE)."""
+
+    destinations: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_doc(
+            'Node name to its ssh destination "[user@]host[:port]"; a node not listed: the '
+            "ssh label of its targets_file entry, else its agent's host"
+        ),
+    )
+    user: str = field(
+        default="", metadata=_doc("Login user on the nodes; empty: ~/.ssh/config, else yours")
+    )
+    port: int = field(
+        default=0,
+        metadata=_doc("ssh port of the nodes; 0: ~/.ssh/config, else 22", minimum=0, maximum=65535),
+    )
+    identity_files: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc("Private keys to log in with; empty: ~/.ssh/id_* and the ssh agent"),
+    )
+    known_hosts: str = field(
+        default="",
+        metadata=_doc(
+            "known_hosts file that must hold each node's host key (an unknown or changed key "
+            "is refused); empty: ~/.ssh/known_hosts"
+        ),
+    )
+    command: str = field(
+        default="gpuconsole",
+        metadata=_doc("gpuconsole on the nodes, as the login shell runs it (a name or a path)"),
+    )
+    connect_timeout_s: float = field(
+        default=10.0,
+        metadata=_doc("A node that does not answer ssh in this long is unreachable", minimum=0.5),
+    )
+    keepalive_s: float = field(
+        default=15.0,
+        metadata=_doc(
+            "Seconds between ssh keepalives while a plan runs; 3 unanswered: contact lost",
+            minimum=1,
+        ),
+    )
+
+
+@dataclass(frozen=True)
 class ActionsConfig:
     """[actions]: reassigning GPUs (`gpuconsole assign`): journal, sysfs, Kubernetes."""
 
@@ -393,6 +439,7 @@ class Config:
     ui: UiConfig = field(default_factory=UiConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     fleet: FleetConfig = field(default_factory=FleetConfig)
+    remote: RemoteConfig = field(default_factory=RemoteConfig)
     ssh: SshConfig = field(default_factory=SshConfig)
     wallboard: WallboardConfig = field(default_factory=WallboardConfig)
     bmc: tuple[BmcConfig, ...] = ()

@@ -4,6 +4,9 @@ each step as it ticks.
 
 A console builds the same executors (`node_executor`, `demo_executor`) with its hub's
 `post_event` as `emit`, so that every step and outcome lands in its Events view.
+
+On a head, `--node` naming another node of the fleet runs the command there, over ssh
+(gpuconsole.actions.remote); the node runs it with `--json-progress` and reports in JSON.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from gpuconsole.actions.drivers import Drivers
 from gpuconsole.actions.executor import ActionRefused, Executor, Reader, StepUpdate
 from gpuconsole.actions.placement import Placement, placements
 from gpuconsole.actions.plan import PlanContext, Target
+from gpuconsole.actions.progress import JsonReport, Report, TextReport, plan_digest
 from gpuconsole.actions.roles import Actor
 from gpuconsole.actions.store import ActionStore, action_store, demo_store
 from gpuconsole.config import Config
@@ -37,6 +41,7 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
+EXIT_UNKNOWN = 4  # a remote plan lost its ssh connection: the node ends it, unseen
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,9 @@ class AssignRequest:
     demo: bool = False
     propose: int | None = None  # propose this many free GPUs instead of naming them
     model: str | None = None  # with propose: only GPUs whose name contains this
+    confirm: str | None = None  # typed already (a head asked its operator): the node checks it
+    json_progress: bool = False  # report in JSON lines, for a head that runs this over ssh
+    expect_plan: str | None = None  # run only the plan with this digest (what a head showed)
 
 
 def demo_root(node: str) -> Path:
@@ -192,23 +200,6 @@ async def propose_demo(
     return placements(snapshots, count, model, target, contexts)
 
 
-def _tick(total: list[int], out: TextIO) -> Callable[[StepUpdate], None]:
-    marks = {"done": "ok", "failed": "FAILED", "undoing": "<-", "undone": "undone"}
-
-    def tick(update: StepUpdate) -> None:
-        if update.state == "running":
-            return
-        detail = f": {update.detail}" if update.detail else ""
-        print(
-            f"  [{update.seq + 1}/{total[0]}] {marks.get(update.state, update.state)} "
-            f"{update.step.title}{detail}",
-            file=out,
-            flush=True,
-        )
-
-    return tick
-
-
 def _usage(request: AssignRequest) -> str | None:
     """What is wrong with the request's shape, if anything."""
     if request.propose is not None:
@@ -227,7 +218,7 @@ def _usage(request: AssignRequest) -> str | None:
 
 
 async def _proposal(
-    request: AssignRequest, target: Target | None, here: Executor | None, out: TextIO
+    request: AssignRequest, target: Target | None, here: Executor | None, report: Report
 ) -> tuple[str, tuple[str, ...]] | None:
     """Propose GPUs (on this machine through `here`, or on the demo's nodes) and print the
     proposal; (node, GPU keys) of the best, None if none."""
@@ -239,11 +230,11 @@ async def _proposal(
         found = await propose_demo(request.propose, request.model, target, nodes)
     best = found.best
     if best is None:
-        print(f"No proposal: {found.why_not()}", file=out)
+        report.note(f"No proposal: {found.why_not()}")
         return None
-    print(f"Proposed: {best.describe()}", file=out)
+    report.note(f"Proposed: {best.describe()}")
     for other in found.proposals[1:]:
-        print(f"Or: {other.describe()}", file=out)
+        report.note(f"Or: {other.describe()}")
     return best.node, best.keys
 
 
@@ -255,8 +246,10 @@ async def run_assign(
     ask: Callable[[str], str] | None = None,
     out: TextIO | None = None,
 ) -> int:
-    """The whole command; returns its exit status (0 done, 1 failed, 2 usage, 3 refused)."""
+    """The whole command; returns its exit status (0 done, 1 failed, 2 usage, 3 refused;
+    on another node, 4: contact lost, outcome unknown)."""
     out = out or sys.stdout  # looked up now: a test's capture replaces it after import
+    report: Report = JsonReport(out) if request.json_progress else TextReport(out)
     wrong = _usage(request)
     if wrong is not None:
         print(f"gpuconsole assign: {wrong}", file=sys.stderr)
@@ -267,12 +260,17 @@ async def run_assign(
         print(f"gpuconsole assign: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if not request.demo and request.node not in (None, cfg.host.node_name):
-        print(
-            f"gpuconsole assign: this is {cfg.host.node_name}; run it on {request.node} "
-            "(ssh NODE gpuconsole assign ...)",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+        if request.json_progress:
+            # a head sent this here for another node: its destination is wrong, and passing
+            # it on could loop
+            print(
+                f"gpuconsole assign: this is {cfg.host.node_name}, not {request.node}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        from gpuconsole.actions.remote import run_remote_assign
+
+        return await run_remote_assign(cfg, request, actor, ask=ask, out=out)
     node, keys = request.node, request.gpus
     if request.demo and request.node is not None:
         from gpuconsole.sim.cluster import demo_cluster
@@ -285,12 +283,11 @@ async def run_assign(
                 file=sys.stderr,
             )
             return EXIT_USAGE
-    total = [0]
     # this machine's executor is built once: proposing reads through it too
-    executor = None if request.demo else node_executor(cfg, _tick(total, out))
+    executor = None if request.demo else node_executor(cfg, report.step)
     try:
         if request.propose is not None:
-            chosen = await _proposal(request, target, executor, out)
+            chosen = await _proposal(request, target, executor, report)
             if chosen is None:
                 return EXIT_FAILED
             if target is None:
@@ -307,8 +304,9 @@ async def run_assign(
                     file=sys.stderr,
                 )
                 return EXIT_USAGE
-            executor = demo_executor(node, _tick(total, out))
-        return await _run(executor, request, keys, target, actor, ask, total, out)
+            executor = demo_executor(node, report.step)
+        ask = None if request.json_progress else ask  # a head asks its own operator
+        return await _run(executor, request, keys, target, actor, ask, report)
     finally:
         if executor is not None:
             executor.journal.close()
@@ -321,35 +319,42 @@ async def _run(
     target: Target,
     actor: Actor,
     ask: Callable[[str], str] | None,
-    total: list[int],
-    out: TextIO,
+    report: Report,
 ) -> int:
     """Recover, plan, confirm and execute on one node; the exit status."""
     for outcome in await executor.recover():
-        print(f"journal: plan {outcome.plan_id} {outcome.message}", file=out)
+        report.recovered(outcome)
     plan = await executor.plan(keys, target)
-    total[0] = len(plan.steps)
-    print(plan.describe(), file=out, flush=True)
+    report.plan(plan)
     if plan.blocked:
-        print("Refused: a precondition failed; nothing was changed.", file=out)
+        report.refused("a precondition failed; nothing was changed.")
         return EXIT_REFUSED
     if request.dry_run:
-        print("Dry run: nothing was changed.", file=out)
+        report.dry_run()
         return EXIT_OK
-    if request.yes:
+    if request.expect_plan is not None and plan_digest(plan) != request.expect_plan:
+        # the operator confirmed the plan a head showed them a while ago, not this one
+        report.refused(
+            f"{plan.node} changed since the plan was shown (it would now run plan "
+            f"{plan_digest(plan)}, not {request.expect_plan}); nothing was changed: plan again"
+        )
+        return EXIT_REFUSED
+    if request.confirm is not None:
+        confirm = request.confirm
+    elif request.yes:
         confirm = plan.node
     elif ask is not None:
         words = " or ".join(plan.confirmations())
         confirm = ask(f"Type {words} to confirm: ")
     else:
-        print("Not confirmed: no terminal to ask on (pass --yes).", file=out)
+        report.note("Not confirmed: no terminal to ask on (pass --yes or --confirm).")
         return EXIT_REFUSED
     try:
         outcome = await executor.execute(plan, actor, confirm)
     except ActionRefused as exc:
-        print(f"Refused: {exc}", file=out)
+        report.refused(str(exc))
         return EXIT_REFUSED
-    print(f"{outcome.state}: {outcome.message} (plan {outcome.plan_id})", file=out)
+    report.outcome(outcome)
     return EXIT_OK if outcome.ok else EXIT_FAILED
 
 

@@ -1,0 +1,283 @@
+"""How a run of `gpuconsole assign` tells its progress: as text for a person, or, with
+`--json-progress`, as one JSON object a line for a head that ran it over ssh.
+
+The lines (every one carries "v", the format version, and "event"):
+
+    {"event": "note", "text": ...}                         a line for the person (proposals)
+    {"event": "recovered", "plan_id", "state", "message"}  a crash's plan finished or undone
+    {"event": "plan", "plan": {...}, "digest": ...}        the plan, preconditions included
+    {"event": "dry_run"}                                   nothing was changed, as asked
+    {"event": "refused", "message": ...}                   nothing was changed, and why
+    {"event": "step", "plan_id", "seq", "state", "detail"} running, done, failed, undoing, undone
+    {"event": "outcome", "plan_id", "state", "message"}    how the plan ended
+
+`read_event` turns a line back into a typed event; `plan_digest` names a plan's content,
+so that a node can refuse to run anything but the plan its operator was shown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any, Protocol, TextIO
+
+from gpuconsole.actions.executor import Outcome, StepUpdate
+from gpuconsole.actions.plan import Plan, Precondition
+
+__all__ = [
+    "FORMAT",
+    "DryRun",
+    "Finished",
+    "JsonReport",
+    "Note",
+    "PlanShown",
+    "ProgressError",
+    "ProgressEvent",
+    "Recovered",
+    "Refused",
+    "Report",
+    "StepChanged",
+    "TextReport",
+    "plan_digest",
+    "read_event",
+]
+
+FORMAT = 1
+
+
+class Report(Protocol):
+    """Where a run of assign tells what happens."""
+
+    def note(self, text: str) -> None: ...
+    def recovered(self, outcome: Outcome) -> None: ...
+    def plan(self, plan: Plan) -> None: ...
+    def dry_run(self) -> None: ...
+    def refused(self, why: str) -> None: ...
+    def step(self, update: StepUpdate) -> None: ...
+    def outcome(self, outcome: Outcome) -> None: ...
+
+
+def plan_digest(plan: Plan) -> str:
+    """A short name for what a plan would do, equal on both ends of a JSON round trip."""
+    body = json.dumps(plan.to_json(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+# --- for a person ---------------------------------------------------------------------
+
+_MARKS = {"done": "ok", "failed": "FAILED", "undoing": "<-", "undone": "undone"}
+
+
+class TextReport:
+    """The plan, a line per step as it ticks, the outcome; on a terminal (or any stream)."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out or sys.stdout  # looked up now: a test's capture replaces it
+        self.total = 0
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def note(self, text: str) -> None:
+        self._say(text)
+
+    def recovered(self, outcome: Outcome) -> None:
+        self._say(f"journal: plan {outcome.plan_id} {outcome.message}")
+
+    def plan(self, plan: Plan) -> None:
+        self.total = len(plan.steps)
+        self._say(plan.describe())
+
+    def dry_run(self) -> None:
+        self._say("Dry run: nothing was changed.")
+
+    def refused(self, why: str) -> None:
+        self._say(f"Refused: {why}")
+
+    def step(self, update: StepUpdate) -> None:
+        if update.state == "running":
+            return
+        detail = f": {update.detail}" if update.detail else ""
+        mark = _MARKS.get(update.state, update.state)
+        self._say(f"  [{update.seq + 1}/{self.total}] {mark} {update.step.title}{detail}")
+
+    def outcome(self, outcome: Outcome) -> None:
+        self._say(f"{outcome.state}: {outcome.message} (plan {outcome.plan_id})")
+
+
+# --- for a head, over ssh ---------------------------------------------------------------
+
+
+class JsonReport:
+    """One JSON object a line on `out`, flushed at once so the head sees each step live."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out or sys.stdout
+        self.gone = False  # the head hung up
+
+    def _write(self, event: str, **body: Any) -> None:
+        if self.gone:
+            return
+        try:
+            self.out.write(json.dumps({"v": FORMAT, "event": event, **body}) + "\n")
+            self.out.flush()
+        except (OSError, ValueError):
+            # The head lost its ssh connection: the plan must still run to its end (or roll
+            # back) and journal it, so a broken pipe is no reason to stop half-way.
+            self.gone = True
+
+    def note(self, text: str) -> None:
+        self._write("note", text=text)
+
+    def recovered(self, outcome: Outcome) -> None:
+        self._write(
+            "recovered", plan_id=outcome.plan_id, state=outcome.state, message=outcome.message
+        )
+
+    def plan(self, plan: Plan) -> None:
+        body = plan.to_json()
+        body["preconditions"] = [
+            {"name": p.name, "ok": p.ok, "detail": p.detail, "remedy": p.remedy}
+            for p in plan.preconditions
+        ]
+        self._write("plan", plan=body, digest=plan_digest(plan))
+
+    def dry_run(self) -> None:
+        self._write("dry_run")
+
+    def refused(self, why: str) -> None:
+        self._write("refused", message=why)
+
+    def step(self, update: StepUpdate) -> None:
+        self._write(
+            "step",
+            plan_id=update.plan_id,
+            seq=update.seq,
+            state=update.state,
+            detail=update.detail,
+        )
+
+    def outcome(self, outcome: Outcome) -> None:
+        self._write(
+            "outcome", plan_id=outcome.plan_id, state=outcome.state, message=outcome.message
+        )
+
+
+# --- reading it back ---------------------------------------------------------------------
+
+
+class ProgressError(ValueError):
+    """A line the head cannot use: a newer format, or a malformed event."""
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """A line for the person (also any line that is not JSON: a login script's chatter)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """The node finished or rolled back a plan a crash had left in its journal."""
+
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class PlanShown:
+    """The node's plan, with its preconditions, and the digest that names it."""
+
+    plan: Plan
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class DryRun:
+    """Nothing was changed, as asked."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Nothing was changed: a precondition failed, the confirmation was wrong, ..."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepChanged:
+    """A step of the running plan changed state."""
+
+    plan_id: str
+    seq: int
+    state: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """How the plan ended on the node."""
+
+    outcome: Outcome
+
+
+ProgressEvent = Note | Recovered | PlanShown | DryRun | Refused | StepChanged | Finished
+
+
+def _plan(body: dict[str, Any]) -> Plan:
+    plan = Plan.from_json(body)
+    conditions = tuple(
+        Precondition(str(p["name"]), bool(p["ok"]), str(p["detail"]), str(p.get("remedy", "")))
+        for p in body.get("preconditions", ())
+    )
+    # from_json drops preconditions (the journal keeps only what ran): put them back
+    return dataclasses.replace(plan, preconditions=conditions)
+
+
+def read_event(line: str) -> ProgressEvent | None:
+    """The event a line carries; None for an event this version does not know (a newer
+    node may say more). ProgressError for a newer format or a malformed event."""
+    text = line.rstrip("\r\n")
+    if not text.strip():
+        return None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        return Note(text)
+    if not isinstance(body, dict) or "event" not in body:
+        return Note(text)
+    version = body.get("v")
+    if not isinstance(version, int) or version > FORMAT:
+        raise ProgressError(f"progress format {version!r}; this gpuconsole reads {FORMAT}")
+    try:
+        return _event(body)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProgressError(f"malformed {body.get('event')!r} event: {exc!r}") from None
+
+
+def _event(body: dict[str, Any]) -> ProgressEvent | None:
+    kind = body["event"]
+    if kind == "note":
+        return Note(str(body["text"]))
+    if kind == "recovered":
+        return Recovered(_outcome(body, recovered=True))
+    if kind == "plan":
+        return PlanShown(_plan(body["plan"]), str(body["digest"]))
+    if kind == "dry_run":
+        return DryRun()
+    if kind == "refused":
+        return Refused(str(body["message"]))
+    if kind == "step":
+        return StepChanged(
+            str(body["plan_id"]), int(body["seq"]), str(body["state"]), str(body["detail"])
+        )
+    if kind == "outcome":
+        return Finished(_outcome(body))
+    return None
+
+
+def _outcome(body: dict[str, Any], *, recovered: bool = False) -> Outcome:
+    return Outcome(str(body["plan_id"]), str(body["state"]), str(body["message"]), recovered)

@@ -1,0 +1,802 @@
+"""Moving GPUs of another node of the fleet: that node's own `gpuconsole assign`, run over
+ssh as the operator's own ssh identity, its progress read back as JSON lines.
+
+Keys, authorization and audit ride on ssh: the node's sshd decides who logs in, the
+node's executor checks that user's role and writes the journal and the audit log; the head
+audits that it asked. Host keys must be in known_hosts: an unknown or changed one is
+refused. The head never changes a GPU itself, so a plan whose connection drops is ended by
+the node (done or rolled back, journaled), and the head says it lost contact.
+
+`RemoteExecutor` is shaped like the local `Executor` (plan, execute, on_step, emit) for a
+console; `run_remote_assign` is the command line's flow on a head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import logging
+import shlex
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import TextIO
+from urllib.parse import urlsplit
+
+import asyncssh
+
+from gpuconsole.actions.assign import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNKNOWN,
+    EXIT_USAGE,
+    AssignRequest,
+)
+from gpuconsole.actions.audit import AuditLog, AuditRecord
+from gpuconsole.actions.executor import (
+    ACTION_EVENT,
+    EVENT_SOURCE,
+    STEP_EVENT,
+    ActionRefused,
+    Outcome,
+    StepUpdate,
+    action_event,
+    outcome_severity,
+    step_message,
+)
+from gpuconsole.actions.plan import Plan, Target
+from gpuconsole.actions.progress import (
+    DryRun,
+    Finished,
+    Note,
+    PlanShown,
+    ProgressError,
+    ProgressEvent,
+    Recovered,
+    Refused,
+    StepChanged,
+    TextReport,
+    plan_digest,
+    read_event,
+)
+from gpuconsole.actions.roles import Actor
+from gpuconsole.config import Config, ConfigError, RemoteConfig
+from gpuconsole.model import Event, Severity
+from gpuconsole.sources.base import EmitEvent
+
+__all__ = [
+    "ContactLost",
+    "RemoteError",
+    "RemoteExecutor",
+    "SshTarget",
+    "connect",
+    "parse_destination",
+    "run_remote_assign",
+    "ssh_target",
+]
+
+log = logging.getLogger(__name__)
+
+STDERR_LINES = 20  # of the node's stderr, kept to explain a failure
+EXIT_NOT_FOUND = 127  # the login shell found no such command
+
+
+class RemoteError(Exception):
+    """The node could not be asked, or did not answer as gpuconsole does; nothing was
+    started there (ContactLost says when something may have been)."""
+
+
+class ContactLost(RemoteError):
+    """The connection dropped after the node was asked to run a plan: the node ends the plan
+    by itself (done or rolled back), and the head cannot see how."""
+
+    def __init__(self, message: str, plan_id: str | None = None) -> None:
+        super().__init__(message)
+        self.plan_id = plan_id
+
+
+# --- where a node is -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SshTarget:
+    """How to reach one node's gpuconsole over ssh; None and empty follow OpenSSH."""
+
+    node: str
+    host: str
+    port: int | None = None  # None: ~/.ssh/config's Port, else 22
+    user: str | None = None  # None: ~/.ssh/config's User, else the local user
+    identity_files: tuple[str, ...] = ()  # (): ~/.ssh/id_* and the ssh agent
+    known_hosts: str = ""  # "": ~/.ssh/known_hosts
+    command: str = "gpuconsole"
+    connect_timeout_s: float = 10.0
+    keepalive_s: float = 15.0
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return Path(self.known_hosts or "~/.ssh/known_hosts").expanduser()
+
+    @property
+    def address(self) -> str:
+        """host, or [host]:port as known_hosts writes a port other than 22."""
+        if self.port in (None, 22):
+            return self.host
+        return f"[{self.host}]:{self.port}"
+
+    @property
+    def destination(self) -> str:
+        """user@host:port, as far as it is known, for messages and the audit log."""
+        user = f"{self.user}@" if self.user else ""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{user}{host}" + (f":{self.port}" if self.port else "")
+
+
+def parse_destination(text: str) -> tuple[str | None, str, int | None]:
+    """'[user@]host[:port]' (an IPv6 host in brackets when a port follows) to its parts."""
+    text = text.strip().removeprefix("ssh://")
+    if text.count(":") > 1 and "[" not in text:
+        user, _, host = text.rpartition("@")
+        return user or None, host, None  # a bare IPv6 address
+    try:
+        parts = urlsplit(f"ssh://{text}")
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"ssh destination {text!r}: expected [user@]host[:port]") from None
+    if not parts.hostname or parts.path:
+        raise ValueError(f"ssh destination {text!r}: expected [user@]host[:port]")
+    return parts.username or None, parts.hostname, port
+
+
+def ssh_target(cfg: Config, node: str) -> SshTarget:
+    """Where `node` is reached: [remote] destinations, else its [fleet] entry (the ssh label
+    of a targets_file entry, else its agent's host). RemoteError if neither names it."""
+    from gpuconsole.fleet import members
+
+    remote: RemoteConfig = cfg.remote
+    text = remote.destinations.get(node)
+    if text is None:
+        found = next((m for m in members(cfg.fleet) if m.node == node), None)
+        if found is None:
+            raise RemoteError(
+                f"this is {cfg.host.node_name}, and {node} is not in [fleet] (agents or "
+                f"targets_file) nor [remote] destinations: add it, or run the command there"
+            )
+        text = found.ssh or urlsplit(found.url).hostname or node
+    try:
+        user, host, port = parse_destination(text)
+    except ValueError as exc:
+        raise ConfigError(f"[remote] / [fleet] {node}: {exc}") from None
+    return SshTarget(
+        node=node,
+        host=host,
+        port=port or remote.port or None,
+        user=user or remote.user or None,
+        identity_files=remote.identity_files,
+        known_hosts=remote.known_hosts,
+        command=remote.command,
+        connect_timeout_s=remote.connect_timeout_s,
+        keepalive_s=remote.keepalive_s,
+    )
+
+
+# --- the ssh connection ----------------------------------------------------------------------
+
+
+class _HostKeyWitness(asyncssh.SSHClient):
+    """Keeps the host key a server offered that known_hosts did not vouch for, to name it
+    in the refusal; never trusts it."""
+
+    def __init__(self) -> None:
+        self.offered: asyncssh.SSHKey | None = None
+
+    def validate_host_public_key(
+        self, host: str, addr: str, port: int, key: asyncssh.SSHKey
+    ) -> bool:
+        self.offered = key
+        return False
+
+
+def _known_entries(target: SshTarget, known: Path) -> bool:
+    """Whether known_hosts holds any key for the node (then an unverified key is a change,
+    not a stranger)."""
+    try:
+        keys = asyncssh.match_known_hosts(str(known), target.host, target.host, target.port)
+    except (OSError, ValueError):
+        return False
+    return bool(keys[0] or keys[1])
+
+
+def _host_key_refused(target: SshTarget, offered: asyncssh.SSHKey | None, known: Path) -> str:
+    fp = f" ({offered.get_fingerprint('sha256')})" if offered is not None else ""
+    where = f"{target.node} ({target.address})"
+    if known.is_file() and _known_entries(target, known):
+        return (
+            f"the host key of {where}{fp} does not match the one in {known}: refused. If the "
+            f"node was reinstalled, check its new key with its owner and replace the old line "
+            f"(ssh-keygen -R '{target.address}' -f {known}); otherwise someone may be "
+            "between you and it"
+        )
+    port = f"-p {target.port} " if target.port else ""
+    return (
+        f"the host key of {where}{fp} is unknown: it is not in {known}; refused. Check the "
+        f"fingerprint on the node (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub), then "
+        f"add it: ssh-keyscan {port}{target.host} >> {known}"
+    )
+
+
+async def connect(target: SshTarget) -> asyncssh.SSHClientConnection:
+    """An ssh connection to the node with its host key checked; RemoteError says why not."""
+    known = target.known_hosts_path
+    keys = [Path(k).expanduser() for k in target.identity_files]
+    for key in keys:
+        if not key.is_file():
+            raise RemoteError(f"[remote] identity_files: {key} does not exist")
+    witness = _HostKeyWitness()
+    where = f"{target.node} at {target.destination}"
+    try:
+        conn = await asyncssh.connect(
+            target.host,
+            target.port or (),
+            client_factory=lambda: witness,
+            # a missing file trusts nothing: every host is then unknown, and refused
+            known_hosts=str(known) if known.is_file() else b"",
+            # the node needs nothing of the operator's agent: never hand it over
+            agent_forwarding=False,
+            connect_timeout=target.connect_timeout_s,
+            keepalive_interval=target.keepalive_s,
+            keepalive_count_max=3,
+            **({"client_keys": [str(k) for k in keys]} if keys else {}),
+            **({"username": target.user} if target.user else {}),
+        )
+    except asyncssh.HostKeyNotVerifiable:
+        raise RemoteError(_host_key_refused(target, witness.offered, known)) from None
+    except asyncssh.KeyExchangeFailed as exc:
+        if known.is_file() and _known_entries(target, known):
+            raise RemoteError(_host_key_refused(target, witness.offered, known)) from None
+        raise RemoteError(f"{where}: the ssh key exchange failed: {exc.reason}") from None
+    except asyncssh.PermissionDenied:
+        user = target.user or getpass.getuser()
+        offered = ", ".join(str(k) for k in keys) or "~/.ssh/id_* and the ssh agent's"
+        raise RemoteError(
+            f"{where} refused the ssh login of {user}: none of the keys offered ({offered}) "
+            "is authorized there"
+        ) from None
+    except asyncssh.DisconnectError as exc:
+        raise RemoteError(f"{where} closed the ssh connection: {exc.reason}") from None
+    except TimeoutError:
+        raise RemoteError(
+            f"cannot reach {where}: no ssh answer in {target.connect_timeout_s:g} s"
+        ) from None
+    except ConnectionRefusedError:
+        raise RemoteError(
+            f"cannot reach {where}: connection refused (no ssh server listens there)"
+        ) from None
+    except OSError as exc:
+        raise RemoteError(f"cannot reach {where}: {exc.strerror or exc}") from None
+    return conn
+
+
+# --- one command on the node ---------------------------------------------------------------
+
+
+@dataclass
+class _Told:
+    """What one remote command said, as it said it."""
+
+    plan: Plan | None = None
+    digest: str = ""
+    refused: str | None = None
+    outcome: Outcome | None = None
+    dry_run: bool = False
+    steps: list[StepUpdate] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    stderr: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_LINES))
+    exit_status: int | None = None
+    lost: str | None = None  # why the connection ended without an exit status
+
+
+class RemoteExecutor:
+    """Plans and runs assigns on one other node, through its own gpuconsole over ssh.
+
+    Shaped like the local Executor: `plan` shows the node's plan (nothing changes), and
+    `execute` runs it there once confirmed, calling `on_step` with a StepUpdate as each
+    step ticks and posting the executor's events to `emit`. One connection serves both;
+    `close` (or `async with`) ends it.
+
+    It logs in with this process's ssh identity, so the node's roles and audit see that
+    user: right for an operator's own console or shell, wrong for the ssh-in console's
+    sessions, which would all act as the server's user.
+    """
+
+    def __init__(
+        self,
+        target: SshTarget,
+        *,
+        on_step: Callable[[StepUpdate], None] | None = None,
+        on_note: Callable[[str], None] | None = None,
+        emit: EmitEvent | None = None,
+        audit: AuditLog | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.target = target
+        self.node = target.node
+        self.on_step = on_step
+        self.on_note = on_note
+        self.emit = emit
+        self.audit = audit
+        self.clock = clock
+        self.recovered: list[Outcome] = []  # plans the node recovered, not yet handed over
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._shown: tuple[Plan, str] | None = None  # the last plan shown, and its digest
+
+    async def __aenter__(self) -> RemoteExecutor:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            with contextlib.suppress(Exception):
+                await self._conn.wait_closed()
+            self._conn = None
+
+    async def recover(self) -> list[Outcome]:
+        """What the node's last command recovered from its journal (each command recovers
+        first, on the node): the surface the local Executor's recover has."""
+        found, self.recovered = self.recovered, []
+        return found
+
+    # --- asking ---------------------------------------------------------------------
+
+    async def plan(
+        self,
+        keys: Sequence[str],
+        target: Target,
+        *,
+        propose: int | None = None,
+        model: str | None = None,
+    ) -> Plan:
+        """The node's plan from its fresh reading (or for `propose` GPUs it picks); nothing
+        changes. A blocked plan is returned too: its preconditions say why."""
+        args = self._gpu_args(keys, propose, model)
+        told = await self._command([*args, "--to", str(target), "--dry-run"], executing=False)
+        if told.plan is None:
+            raise RemoteError(self._failure(told, "did not show a plan"))
+        self._shown = (told.plan, told.digest)
+        return told.plan
+
+    async def propose(
+        self, count: int, model: str | None = None, target: Target | None = None
+    ) -> bool:
+        """Placement help from the node; what it proposes comes as notes. Whether it found
+        GPUs to propose."""
+        args = self._gpu_args((), count, model)
+        if target is not None:
+            args += ["--to", str(target), "--dry-run"]
+        told = await self._command(args, executing=False)
+        if told.exit_status not in (EXIT_OK, EXIT_FAILED, EXIT_REFUSED):
+            raise RemoteError(self._failure(told, "could not propose"))
+        return told.exit_status == EXIT_OK or told.plan is not None
+
+    async def execute(self, plan: Plan, actor: Actor, confirm: str) -> Outcome:
+        """Run a plan `plan` showed, confirmed by what the operator typed; the node checks
+        the confirmation and its user's role, and refuses a plan that is no longer the one
+        shown. Raises ActionRefused (nothing changed), ContactLost (the node ends the plan
+        unseen) or RemoteError (nothing started)."""
+        digest = self._shown[1] if self._shown and self._shown[0] is plan else plan_digest(plan)
+        self._audit(plan, actor, "asked", "", digest=digest)
+        args = [*self._gpu_args(plan.gpus, None, None), "--to", str(plan.target)]
+        args += ["--confirm", confirm, "--expect-plan", digest]
+        return await self._execute(args, actor, (plan, digest), None)
+
+    async def run(
+        self,
+        keys: Sequence[str],
+        target: Target,
+        actor: Actor,
+        confirm: str,
+        *,
+        propose: int | None = None,
+        model: str | None = None,
+        on_plan: Callable[[Plan], None] | None = None,
+    ) -> Outcome:
+        """Plan and run in one command, for a confirmation given before the plan was seen
+        (--yes, --confirm): the node shows its plan (`on_plan`) and runs it at once, as a
+        local `assign --yes` does. Raises as `execute`."""
+        args = [*self._gpu_args(keys, propose, model), "--to", str(target), "--confirm", confirm]
+        return await self._execute(args, actor, None, on_plan)
+
+    async def _execute(
+        self,
+        args: list[str],
+        actor: Actor,
+        shown: tuple[Plan, str] | None,
+        on_plan: Callable[[Plan], None] | None,
+    ) -> Outcome:
+        """Run the command that executes a plan, with the head's events and audit records."""
+        planned: list[tuple[Plan, str]] = [shown] if shown is not None else []
+
+        def saw(plan: Plan, digest: str) -> None:
+            if planned:
+                return  # the plan shown before: audited when asked
+            planned.append((plan, digest))
+            self._audit(plan, actor, "asked", "", digest=digest)
+            if on_plan is not None:
+                on_plan(plan)
+
+        def tick(update: StepUpdate, plan: Plan) -> None:
+            if update.seq == 0 and update.state == "running":
+                self._event(
+                    plan,
+                    Severity.INFO,
+                    f"{actor.who} started assign {plan.target} on {self.node} over ssh: "
+                    f"{update.plan_id}",
+                )
+            if update.state not in ("running", "undoing"):
+                severity, text = step_message(
+                    plan, update.plan_id, update.seq, update.state, update.detail
+                )
+                self._event(plan, severity, text, STEP_EVENT)
+
+        try:
+            told = await self._command(args, executing=True, tick=tick, saw=saw)
+        except ContactLost as exc:
+            plan, digest = planned[0] if planned else (None, "")
+            self._audit(plan, actor, "unknown", str(exc), exc.plan_id or "", digest, args=args)
+            self._event(plan, Severity.WARNING, str(exc))
+            raise
+        plan, digest = planned[0] if planned else (told.plan, told.digest)
+        if told.outcome is not None and plan is not None:
+            outcome = told.outcome
+            state = "ok" if outcome.ok else "failed"
+            self._audit(plan, actor, state, outcome.message, outcome.plan_id, digest)
+            self._event(
+                plan,
+                outcome_severity(outcome.state),
+                f"assign {plan.target} by {actor.user}: {outcome.message}",
+            )
+            return outcome
+        if told.refused is not None:
+            self._audit(plan, actor, "refused", told.refused, digest=digest, args=args)
+            self._event(
+                plan,
+                Severity.WARNING,
+                f"{actor.who} was refused assign on {self.node}: {told.refused}",
+            )
+            raise ActionRefused(told.refused)
+        why = self._failure(told, "ended without an outcome")
+        self._audit(plan, actor, "failed", why, digest=digest, args=args)
+        raise RemoteError(why)
+
+    # --- plumbing ---------------------------------------------------------------------
+
+    def _gpu_args(self, keys: Sequence[str], propose: int | None, model: str | None) -> list[str]:
+        args = ["--node", self.node, *keys]
+        if propose is not None:
+            args += ["--propose", str(propose)]
+        if model:
+            args += ["--model", model]
+        return args
+
+    async def _connection(self) -> asyncssh.SSHClientConnection:
+        if self._conn is None or self._conn.is_closed():
+            # (again, when the node's sshd dropped it while the operator read the plan)
+            self._conn = await connect(self.target)
+        return self._conn
+
+    async def _command(
+        self,
+        args: list[str],
+        *,
+        executing: bool,
+        tick: Callable[[StepUpdate, Plan], None] | None = None,
+        saw: Callable[[Plan, str], None] | None = None,
+    ) -> _Told:
+        """Run `gpuconsole assign --json-progress ARGS` on the node, following what it says."""
+        conn = await self._connection()
+        line = f"{self.target.command} assign --json-progress {shlex.join(args)}"
+        told = _Told()
+        try:
+            process = await conn.create_process(line, encoding="utf-8")
+        except (asyncssh.Error, OSError) as exc:
+            self._conn = None
+            raise RemoteError(
+                f"{self.node}: could not start {self.target.command}: {exc}"
+            ) from None
+        process.stdin.write_eof()
+        errors = asyncio.create_task(self._stderr(process, told))
+        try:
+            async for raw in process.stdout:
+                if not raw:
+                    break  # asyncssh's iteration ends with an empty string at EOF
+                event = read_event(raw)
+                if event is not None:
+                    self._follow(event, told, tick, saw)
+            result = await process.wait()
+            told.exit_status = result.exit_status
+            if result.exit_status is None or result.exit_status < 0:
+                signal = result.exit_signal[0] if result.exit_signal else None
+                told.lost = (
+                    f"its gpuconsole was killed by SIG{signal}"
+                    if signal
+                    else "the ssh channel closed without an exit status"
+                )
+        except ProgressError as exc:
+            process.close()
+            if not executing:
+                raise RemoteError(
+                    f"{self.node}: its gpuconsole reports in a way this head cannot read "
+                    f"({exc}): upgrade the head"
+                ) from None
+            # asked to run already: the node goes on without us
+            told.lost = f"its progress is unreadable here: {exc}; upgrade the head"
+        except (asyncssh.Error, OSError) as exc:
+            told.lost = str(getattr(exc, "reason", "") or exc) or type(exc).__name__
+            self._conn = None  # dead: the next command reconnects
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(errors, 1.0)
+        said_all = told.outcome is not None or told.refused is not None or told.dry_run
+        if told.lost is not None and not said_all:
+            raise self._lost(told, executing)
+        return told
+
+    async def _stderr(self, process: asyncssh.SSHClientProcess[str], told: _Told) -> None:
+        with contextlib.suppress(asyncssh.Error, OSError):
+            async for raw in process.stderr:
+                told.stderr.append(raw.rstrip("\n"))
+
+    def _follow(
+        self,
+        event: ProgressEvent,
+        told: _Told,
+        tick: Callable[[StepUpdate, Plan], None] | None,
+        saw: Callable[[Plan, str], None] | None,
+    ) -> None:
+        """One line of the node's progress: notes and steps passed on as they come."""
+        if isinstance(event, Note):
+            told.notes.append(event.text)
+            if self.on_note is not None:
+                self.on_note(event.text)
+        elif isinstance(event, Recovered):
+            self.recovered.append(event.outcome)
+        elif isinstance(event, PlanShown):
+            told.plan, told.digest = event.plan, event.digest
+            if saw is not None:
+                saw(event.plan, event.digest)
+        elif isinstance(event, DryRun):
+            told.dry_run = True
+        elif isinstance(event, Refused):
+            told.refused = event.message
+        elif isinstance(event, Finished):
+            told.outcome = event.outcome
+        elif isinstance(event, StepChanged):
+            if told.plan is None or not 0 <= event.seq < len(told.plan.steps):
+                log.warning("%s: a step %s of no plan shown", self.node, event.seq)
+                return
+            step = told.plan.steps[event.seq]
+            update = StepUpdate(event.plan_id, event.seq, step, event.state, event.detail)
+            told.steps.append(update)
+            if tick is not None:
+                tick(update, told.plan)
+            if self.on_step is not None:
+                self.on_step(update)
+
+    def _lost(self, told: _Told, executing: bool) -> RemoteError:
+        why = told.lost or "the connection dropped"
+        if not executing:
+            return RemoteError(
+                f"lost contact with {self.node} ({why}) while planning; nothing was changed"
+            )
+        plan_id = told.steps[-1].plan_id if told.steps else None
+        if told.steps:
+            last = told.steps[-1]
+            total = len(told.plan.steps) if told.plan else "?"
+            seen = (
+                f"during plan {last.plan_id}, last seen at step {last.seq + 1}/{total} "
+                f"({last.step.title}: {last.state})"
+            )
+        else:
+            seen = "before the plan's first step was seen; it may have started"
+        return ContactLost(
+            f"lost contact with {self.node} ({why}) {seen}. The node ends the plan by itself, "
+            f"done or rolled back (its journal; if its gpuconsole died too, the next "
+            f"`gpuconsole assign` there recovers it). See how it ended in {self.node}'s "
+            f"events in the console, or its audit log (audit.jsonl in its [actions] state_dir)",
+            plan_id,
+        )
+
+    def _failure(self, told: _Told, what: str) -> str:
+        """Why a command said nothing useful: missing, too old, refused usage, or failing."""
+        status, errors = told.exit_status, list(told.stderr)
+        text = "; ".join(e for e in errors[-3:] if e.strip())
+        if status == EXIT_NOT_FOUND:
+            return (
+                f"{self.node} has no `{self.target.command}` for its ssh user's shell "
+                f"({text or 'command not found'}): install gpuconsole there, or set [remote] "
+                "command to its path"
+            )
+        if status == EXIT_USAGE and "--json-progress" in text:
+            return (
+                f"{self.node}'s gpuconsole is too old for remote actions (no --json-progress): "
+                "upgrade it"
+            )
+        if status == EXIT_USAGE:
+            return f"{self.node} refused the request: {text or 'usage error'}"
+        said = text or (told.notes[-1] if told.notes else "no message")
+        return f"{self.node}: `{self.target.command} assign` {what} (exit {status}): {said}"
+
+    def _event(
+        self, plan: Plan | None, severity: Severity, message: str, kind: str = ACTION_EVENT
+    ) -> None:
+        if self.emit is None:
+            return
+        if plan is None:  # the node never showed its plan: about the node, not a GPU
+            self.emit(Event(self.clock(), self.node, EVENT_SOURCE, kind, severity, message))
+        else:
+            self.emit(action_event(plan, self.clock(), severity, message, kind))
+
+    def _audit(
+        self,
+        plan: Plan | None,
+        actor: Actor,
+        outcome: str,
+        detail: str,
+        plan_id: str = "",
+        digest: str = "",
+        *,
+        args: Sequence[str] = (),
+    ) -> None:
+        """The head's own record: who asked which node for what, over ssh, and what came
+        back ("asked", then ok, failed, refused, or unknown when contact was lost)."""
+        if self.audit is None:
+            return
+        if plan is None:  # refused or lost before the node showed a plan: what was asked
+            what, target, body = "assign", f"{self.node}: {shlex.join(args)}", {}
+        else:
+            what = f"assign {plan.target}"
+            target = f"{plan.node}: {', '.join(plan.labels) or ', '.join(plan.gpus)}"
+            body = {
+                "gpus": list(plan.gpus),
+                "target": str(plan.target),
+                "steps": [s.title for s in plan.steps],
+            }
+        self.audit.append(
+            AuditRecord(
+                at=self.clock(),
+                user=actor.user,
+                role=actor.role.value,
+                action=what,
+                target=target,
+                outcome=outcome,
+                detail=detail,
+                args={
+                    "plan_id": plan_id,
+                    "node": self.node,
+                    "via": actor.via,
+                    "remote": f"ssh {self.target.destination}",
+                    "digest": digest,
+                    **body,
+                },
+                key_fingerprint=actor.key_fingerprint,
+            )
+        )
+
+
+# --- the command line on a head ------------------------------------------------------------
+
+
+async def run_remote_assign(
+    cfg: Config,
+    request: AssignRequest,
+    actor: Actor,
+    *,
+    ask: Callable[[str], str] | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """`gpuconsole assign --node NODE ...` for a node of the fleet: its plan shown here, the
+    confirmation typed here, the plan run there; the exit status as run_assign's."""
+    from gpuconsole.actions.store import action_store
+
+    assert request.node is not None
+    report = TextReport(out)
+    try:
+        target_ssh = ssh_target(cfg, request.node)
+    except RemoteError as exc:
+        print(f"gpuconsole assign: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    remote = RemoteExecutor(
+        target_ssh,
+        on_step=report.step,
+        on_note=report.note,
+        audit=action_store(cfg.actions).audit(),
+    )
+    try:
+        async with remote:
+            return await _ask_and_run(remote, request, actor, ask, report)
+    except ActionRefused as exc:
+        report.refused(str(exc))
+        return EXIT_REFUSED
+    except ContactLost as exc:
+        print(f"gpuconsole assign: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    except RemoteError as exc:
+        print(f"gpuconsole assign: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+async def _ask_and_run(
+    remote: RemoteExecutor,
+    request: AssignRequest,
+    actor: Actor,
+    ask: Callable[[str], str] | None,
+    report: TextReport,
+) -> int:
+    if request.target is None:
+        assert request.propose is not None
+        found = await remote.propose(request.propose, request.model)
+        return EXIT_OK if found else EXIT_FAILED
+    target = Target.parse(request.target)
+    given = (
+        request.confirm if request.confirm is not None else (request.node if request.yes else None)
+    )
+    if given is not None and not request.dry_run:
+
+        def show(plan: Plan) -> None:
+            # what the node recovered first comes before its plan, as a local run prints it
+            for outcome in remote.recovered:
+                report.recovered(outcome)
+            remote.recovered.clear()
+            report.plan(plan)
+
+        # confirmed before the plan was seen: one command, as a local `assign --yes`
+        outcome = await remote.run(
+            request.gpus,
+            target,
+            actor,
+            given.strip(),
+            propose=request.propose,
+            model=request.model,
+            on_plan=show,
+        )
+        return _said(outcome, await remote.recover(), report)
+    plan = await remote.plan(request.gpus, target, propose=request.propose, model=request.model)
+    for outcome in await remote.recover():
+        report.recovered(outcome)
+    report.plan(plan)
+    if plan.blocked:
+        report.refused("a precondition failed; nothing was changed.")
+        return EXIT_REFUSED
+    if request.dry_run:
+        report.dry_run()
+        return EXIT_OK
+    if ask is not None:
+        words = " or ".join(plan.confirmations())
+        # Asked here, blocking, as a local run asks: in a thread, Ctrl-C would leave it
+        # waiting for Enter. A connection the node drops meanwhile is made again.
+        confirm = ask(f"Type {words} to confirm: ")
+    else:
+        report.note("Not confirmed: no terminal to ask on (pass --yes or --confirm).")
+        return EXIT_REFUSED
+    outcome = await remote.execute(plan, actor, confirm.strip())
+    return _said(outcome, await remote.recover(), report)
+
+
+def _said(outcome: Outcome, recovered: list[Outcome], report: TextReport) -> int:
+    for other in recovered:
+        report.recovered(other)
+    report.outcome(outcome)
+    return EXIT_OK if outcome.ok else EXIT_FAILED
