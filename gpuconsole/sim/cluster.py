@@ -5,12 +5,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuconsole.hub import Hub, HubSettings
+from gpuconsole.model import NvmlReading
 from gpuconsole.sim.node import Scenario, SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.plans import plan_for
 from gpuconsole.sim.profiles import get_profile
+from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.nvml import NvmlSource
 
 
@@ -98,6 +101,31 @@ def build_sim_nodes(
     return nodes
 
 
+class SimNvmlSource(NvmlSource):
+    """The NVML source over a SimNode. NVML numbers GPUs when it starts, so when the
+    simulated kernel rebinds one (an assign in the demo), NVML is started again to see it."""
+
+    def __init__(self, node: SimNode, **options: Any) -> None:
+        super().__init__(node.name, lib=SimNvml(node), simulated=True, **options)
+        self.sim = node
+        self._numbered = self._visible()
+        self._emit_to: EmitEvent | None = None
+
+    def _visible(self) -> frozenset[int]:
+        return frozenset(g.index for g in self.sim.profile.gpus if self.sim.visible(g.index))
+
+    async def start(self, emit: EmitEvent) -> None:
+        self._emit_to = emit
+        self._numbered = self._visible()
+        await super().start(emit)
+
+    async def poll(self) -> NvmlReading:
+        if self._emit_to is not None and self._visible() != self._numbered:
+            await self.close()
+            await self.start(self._emit_to)
+        return await super().poll()
+
+
 def add_sim_sources(
     hub: Hub,
     nodes: Sequence[SimNode],
@@ -109,16 +137,7 @@ def add_sim_sources(
     """Give the hub an NVML source per simulated node, running over the simulator."""
     for node in nodes:
         hub.add_node(node.name, simulated=True, profile=node.profile.name)
-        hub.add_source(
-            NvmlSource(
-                node.name,
-                lib=SimNvml(node),
-                interval_s=interval_s,
-                events=events,
-                simulated=True,
-                clock=clock,
-            )
-        )
+        hub.add_source(SimNvmlSource(node, interval_s=interval_s, events=events, clock=clock))
 
 
 def add_sim_bmc_sources(

@@ -159,11 +159,7 @@ class SimNode:
         self.idle = idle
         self.mig_slots = mig_slots
         if idle is not None:  # the tenants decide who computes; the seed only decides how
-            for i, load in enumerate(self._loads):
-                if i in idle:
-                    self._loads[i] = _Load(random.Random(f"{name}/{seed}/{i}/idle"), "idle")
-                elif load.pattern == "idle":
-                    self._loads[i] = _Load(random.Random(f"{name}/{seed}/{i}/busy"), "bursty")
+            self._follow_idle(idle)
         shaped: set[int] = set()
         for k, group in enumerate(workloads):  # one tenant's GPUs move together
             members = sorted(group - (idle or frozenset()) - shaped)
@@ -178,6 +174,22 @@ class SimNode:
         self.uuids = tuple(gpu_uuid(name, seed, g.index) for g in profile.gpus)
         self.serials = tuple(gpu_serial(name, seed, g.index) for g in profile.gpus)
         self.migs = {s.gpu: self._mig_slices(s.gpu) for s in self.scenarios if s.kind == "mig"}
+
+    def _follow_idle(self, idle: frozenset[int]) -> None:
+        """Idle GPUs run nothing; one the seed left idle that a tenant now uses runs bursts."""
+        for i, load in enumerate(self._loads):
+            if i in idle:
+                self._loads[i] = _Load(random.Random(f"{self.name}/{self.seed}/{i}/idle"), "idle")
+            elif load.pattern == "idle":
+                self._loads[i] = _Load(random.Random(f"{self.name}/{self.seed}/{i}/busy"), "bursty")
+
+    def retenant(self, *, passthrough: frozenset[int], idle: frozenset[int]) -> None:
+        """The tenants changed (a GPU was reassigned in the demo): which GPUs the host's
+        NVML sees from now on, and which nobody computes on (they go quiet; others wake)."""
+        self.passthrough = passthrough
+        if idle != self.idle:
+            self.idle = idle
+            self._follow_idle(idle)
 
     # --- time and scenarios ----------------------------------------------------------
 

@@ -98,11 +98,18 @@ class SimNvml:
         self.calls: Counter[str] = Counter()
         self.device_calls: Counter[int] = Counter()  # calls per GPU index
         self._initialized = False
+        self._devices: list[SimDevice] = []
+        self._by_gpu: dict[int, SimDevice] = {}
+        self._enumerate()
+        self._samples: dict[int, _Sample] = {}
+        self._delivered: set[tuple[str, int]] = set()
+
+    def _enumerate(self) -> None:
+        """Number the GPUs the host's driver holds, as NVML does when it starts."""
+        node = self.node
         visible = [g.index for g in node.profile.gpus if node.visible(g.index)]
         self._devices = [SimDevice(i, n) for n, i in enumerate(visible)]
         self._by_gpu = {d.index: d for d in self._devices}
-        self._samples: dict[int, _Sample] = {}
-        self._delivered: set[tuple[str, int]] = set()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("nvml"):
@@ -118,6 +125,7 @@ class SimNvml:
 
     @_counted
     def nvmlInit(self) -> None:
+        self._enumerate()  # a GPU rebound since the last init (a demo assign) is seen now
         self._initialized = True
 
     @_counted

@@ -85,7 +85,7 @@ class SimPlan:
     @property
     def workloads(self) -> tuple[frozenset[int], ...]:
         """The GPUs of each running guest, pod and job: each set runs one workload."""
-        groups = [frozenset(g.gpus) for g in self.guests if g.state == 1]
+        groups = [frozenset(g.gpus) for g in self.guests if g.state == 1 and g.gpus]
         groups += [
             frozenset(pod.gpus) | {g for g, _ in pod.mig + pod.replicas} for pod in self.pods
         ]
@@ -104,11 +104,13 @@ _DEMO_PLANS: dict[str, SimPlan] = {
     ),
     "dgx-002": SimPlan(jobs=(SimJob("4711", "physics", 1001, tuple(range(8))),)),
     "dgx-003": SimPlan(
+        # a new guest waiting for its passthrough GPU (story 3: GPU 3 is the free one)
+        guests=(SimGuest("tenant-b-vm8", (), started_h=0.2),),
         pods=(
             SimPod("team-nlp", "train-llm-7b-0", "trainer", gpus=(4, 5, 6, 7)),
             SimPod("team-vision", "resnet-ft-1", "train", gpus=(0, 1), started_h=1.5),
             SimPod("team-nlp", "notebook-alice", "notebook", gpus=(2,), started_h=26.0),
-        )
+        ),
     ),
     "dgx-004": SimPlan(
         guests=(SimGuest("tenant-b-vm7", (2,), started_h=50.0),),

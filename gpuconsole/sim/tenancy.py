@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 import uuid as uuid_mod
 import weakref
@@ -97,12 +98,19 @@ class _Owner:
 
 
 class SimTenancyTree:
-    """The sysfs and /proc trees of one simulated node's tenants, under `root`."""
+    """The sysfs and /proc trees of one simulated node's tenants, under `root`, with what its
+    Kubernetes keeps cordoned and the NVSwitches its guests of partial partitions hold."""
 
     def __init__(self, node: SimNode, root: str, plan: SimPlan | None = None) -> None:
         self.node = node
         self.root = root
         self.plan = plan if plan is not None else plan_for(node.name, node.profile)
+        self.cordoned: set[str] = set()  # GPU UUIDs out of Kubernetes scheduling
+        # guest -> NVSwitch bus ids of a partial partition (an A100 guest with 2 or 4 GPUs
+        # holds 1 or 3 of the 6), which a SimGuest, holding all of them or none, cannot say
+        self.switches: dict[str, list[str]] = {}
+        # the hub's tenancy poll and an executor's fresh reading may lay out /proc at once
+        self._lock = threading.Lock()
         self.sysfs_root = os.path.join(root, "sys")
         self.proc_root = os.path.join(root, "proc")
         self.passwd_file = os.path.join(root, "etc", "passwd")
@@ -114,6 +122,11 @@ class SimTenancyTree:
 
     def create(self) -> None:
         """Lay out sysfs, /proc and /etc/passwd; processes follow in `refresh`."""
+        with self._lock:
+            self._create()
+        self.refresh()
+
+    def _create(self) -> None:
         profile = self.node.profile
         vfio = self.plan.vfio_gpus
         passed_switches = any(g.nvswitches and g.state == 1 for g in self.plan.guests)
@@ -154,7 +167,6 @@ class SimTenancyTree:
         for k, guest in enumerate(self.plan.guests):
             if guest.state == 1:
                 self._qemu(4000 + k, guest)
-        self.refresh()
 
     def _device(self, bus_id: str, device: int, pci_class: int, driver: str) -> None:
         bdf = _bdf(bus_id)
@@ -258,6 +270,10 @@ class SimTenancyTree:
 
     def refresh(self) -> None:
         """Write /proc entries for processes the NVML simulator reports that are new."""
+        with self._lock:
+            self._refresh()
+
+    def _refresh(self) -> None:
         for gpu in self.node.profile.gpus:
             if self.node.lost(gpu.index):
                 continue
@@ -292,7 +308,18 @@ class SimTenancyTree:
             f"<domain type='kvm'><name>{guest.name}</name>"
             f"<uuid>{_stable_uuid(self.node.name, guest.name)}</uuid>{metadata}"
             f"<memory unit='KiB'>{len(guest.gpus) * 128 * 1024 * 1024}</memory>"
-            f"<devices>{hostdevs}</devices></domain>"
+            f"<devices>{hostdevs}{self._partial_switches(guest)}</devices></domain>"
+        )
+
+    def _partial_switches(self, guest: SimGuest) -> str:
+        extra = self.switches.get(guest.name, [])
+        if guest.nvswitches or not extra:
+            return ""
+        return "".join(
+            "<hostdev mode='subsystem' type='pci' managed='yes'><source><address "
+            f"domain='0x{b[:4]}' bus='0x{b[5:7]}' slot='0x{b[8:10]}' function='0x{b[11]}'/>"
+            "</source></hostdev>"
+            for b in extra
         )
 
     def libvirt(self) -> SimLibvirtConnection:

@@ -12,13 +12,14 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 
-from gpuconsole.actions.roles import Actor, local_actor
+from gpuconsole.actions.roles import Actor, Role, local_actor
 from gpuconsole.hub import Hub
 from gpuconsole.model import FleetSnapshot
 from gpuconsole.paths import user_themes_dir
 from gpuconsole.tui.commands import JumpCommands
 from gpuconsole.tui.feed import HubFeed
 from gpuconsole.tui.messages import SnapshotArrived
+from gpuconsole.tui.screens.assign import ActionAccess, ProposeScreen, demo_access
 from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.screens.fleet import FleetScreen
 from gpuconsole.tui.screens.help import HelpScreen, TooSmallScreen
@@ -40,6 +41,7 @@ class ConsoleApp(App[None]):
         Binding("colon", "command_palette", "Jump", key_display=":"),
         Binding("e", "events", "Events"),
         Binding("t", "cycle_theme", "Theme"),
+        Binding("p", "propose", "Propose"),  # only for those who may act (check_action)
         Binding("escape", "back", "Back"),
         Binding("q", "quit", "Quit"),
     ]
@@ -56,11 +58,18 @@ class ConsoleApp(App[None]):
         theme_dirs: list[Path] | None = None,
         cursor_blink: bool = True,
         actor: Actor | None = None,
+        actions: ActionAccess | None = None,
     ) -> None:
         super().__init__()
         # Who is at this console: actions check this actor's role where they execute,
         # whatever the UI shows (the ssh server passes read_only for viewers too).
         self.actor = actor if actor is not None else local_actor()
+        # How it moves GPUs: given, or the simulator a demo hub reads; None: it cannot.
+        self.actions = actions if actions is not None else demo_access(hub)
+        demo = actor is None and self.actions is not None and self.actions.demo
+        if demo and not self.actor.role.may_act:
+            # a local demo: nobody's GPU is at stake (as with assign --demo)
+            self.actor = Actor(self.actor.user, Role.OPERATOR)
         self.cursor_blink = cursor_blink
         self.hub = hub
         self.read_only = read_only
@@ -111,7 +120,14 @@ class ConsoleApp(App[None]):
         the message stands in for (Esc would pop it, `e` or `?` would push a view over it)."""
         if isinstance(self.screen, TooSmallScreen) and action not in ("quit", "help_quit"):
             return False
+        if action == "propose":  # absent, not greyed, where it may not be used
+            return self.may_act and isinstance(self.screen, BaseView)
         return True
+
+    @property
+    def may_act(self) -> bool:
+        """Whether to offer actions: a way to act, not read-only, and a role that may."""
+        return self.actions is not None and not self.read_only and self.actor.role.may_act
 
     def check_size(self) -> None:
         """Cover the view with a message below the minimum size; uncover it above."""
@@ -160,6 +176,9 @@ class ConsoleApp(App[None]):
         node = getattr(screen, "node_name", None)
         gpu = getattr(screen, "gpu_index", None)
         self.push_screen(EventsScreen(node=node, gpu=gpu))
+
+    def action_propose(self) -> None:
+        self.push_screen(ProposeScreen(getattr(self.screen, "node_name", None)))
 
     def open_node(self, name: str) -> None:
         from gpuconsole.tui.screens.node import NodeScreen

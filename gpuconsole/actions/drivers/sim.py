@@ -7,6 +7,9 @@ be left, for recovery to find. The PCI steps run the real vfio driver over the w
 sysfs tree, with `SysfsKernel` playing the kernel's part (driver_override, unbind,
 drivers_probe); guests and Kubernetes are the world's plan. Reading the world goes through
 the real NVML and tenancy sources, so the plan is made from what the console would show.
+
+A `LiveWorld` is a node of a running demo hub instead: the demo console's executor moves GPUs
+in the very tree and SimNode that hub's sources read, so its views show each step land.
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.drivers import Drivers, StepFailed
 from gpuconsole.actions.drivers.vfio import VfioDriver
+from gpuconsole.actions.executor import Executor, StepUpdate
+from gpuconsole.actions.journal import Journal
 from gpuconsole.actions.plan import Step, StepKind
+from gpuconsole.actions.store import AUDIT_FILE, JOURNAL_FILE
 from gpuconsole.hub import Hub
 from gpuconsole.model import NodeSnapshot
 from gpuconsole.readings.fabric import normal_bus_id
@@ -36,8 +43,9 @@ from gpuconsole.sim.tenancy import (
     SimTenancyTree,
     plan_for,
 )
+from gpuconsole.sources.base import EmitEvent
 
-__all__ = ["SimWorld", "SysfsKernel", "sim_drivers"]
+__all__ = ["LiveWorld", "SimWorld", "SysfsKernel", "live_executor", "live_world", "sim_drivers"]
 
 # Drivers a fake kernel binds by PCI class when driver_override is empty.
 _DEFAULT_DRIVERS = {0x03: "nvidia", 0x04: "snd_hda_intel", 0x06: "nvidia"}
@@ -145,27 +153,6 @@ def _plan_from(data: dict[str, Any]) -> SimPlan:
     )
 
 
-class _WorldTree(SimTenancyTree):
-    """The world's trees; a guest's definition also lists the NVSwitches of a partial
-    partition (an A100 guest with 2 or 4 GPUs holds 1 or 3 of the 6), which a SimGuest,
-    holding all of them or none, cannot say."""
-
-    world: SimWorld | None = None
-
-    def domain_xml(self, guest: SimGuest) -> str:
-        xml = super().domain_xml(guest)
-        extra = self.world.switches.get(guest.name, []) if self.world is not None else []
-        if guest.nvswitches or not extra:
-            return xml
-        hostdevs = "".join(
-            "<hostdev mode='subsystem' type='pci' managed='yes'><source><address "
-            f"domain='0x{b[:4]}' bus='0x{b[5:7]}' slot='0x{b[8:10]}' function='0x{b[11]}'/>"
-            "</source></hostdev>"
-            for b in extra
-        )
-        return xml.replace("</devices>", hostdevs + "</devices>", 1)
-
-
 class SimWorld:
     """One simulated node's tenants, cordons and trees, kept under `root`."""
 
@@ -179,19 +166,19 @@ class SimWorld:
     ) -> None:
         self.root = root
         self.state_file = root / "world.json"
-        self.node = _WorldNode(name, profile, seed=0, scenarios=scenarios)
-        self.node.world = self
-        self.cordoned: set[str] = set()
-        self.switches: dict[str, list[str]] = {}  # guest -> NVSwitches of a partial partition
+        node = _WorldNode(name, profile, seed=0, scenarios=scenarios)
+        node.world = self
+        self.node: SimNode = node
         fresh = not self.state_file.exists()
+        data: dict[str, Any] = (
+            {} if fresh else json.loads(self.state_file.read_text(encoding="utf-8"))
+        )
         if not fresh:
-            data = json.loads(self.state_file.read_text(encoding="utf-8"))
             plan = _plan_from(data["plan"])
-            self.cordoned = set(data.get("cordoned", []))
-            self.switches = dict(data.get("switches", {}))
-        self.tree = _WorldTree(self.node, str(root), plan)
-        self.tree.world = self
+        self.tree = SimTenancyTree(self.node, str(root), plan)
         if not fresh:
+            self.tree.cordoned = set(data.get("cordoned", []))
+            self.tree.switches = dict(data.get("switches", {}))
             # the tree is on disk already: its processes must not be written twice
             self.tree._pids = {int(n) for n in os.listdir(self.tree.proc_root) if n.isdigit()}
         if fresh:
@@ -214,6 +201,20 @@ class SimWorld:
     @property
     def name(self) -> str:
         return self.node.name
+
+    @property
+    def cordoned(self) -> set[str]:
+        """GPU UUIDs its Kubernetes may not schedule."""
+        return self.tree.cordoned
+
+    @cordoned.setter
+    def cordoned(self, uuids: set[str]) -> None:
+        self.tree.cordoned = uuids
+
+    @property
+    def switches(self) -> dict[str, list[str]]:
+        """Guest -> NVSwitches of a partial partition."""
+        return self.tree.switches
 
     @property
     def plan(self) -> SimPlan:
@@ -433,4 +434,77 @@ def sim_drivers(world: SimWorld) -> Drivers:
         pci=SimPciDriver(world),
         guests=SimGuestsDriver(world),
         kubernetes=SimKubernetesDriver(world),
+    )
+
+
+# --- a running demo hub's nodes ----------------------------------------------------------
+
+
+class LiveWorld(SimWorld):
+    """A node of a running demo hub, as a world: steps move GPUs in the very tree and SimNode
+    that hub's sources read, so every console on the hub sees each step land on its next poll.
+
+    It lives as long as the hub (its tree is the tenancy simulator's temporary one); its
+    journal and audit log sit in that tree's folder, shared by every session of the process.
+    """
+
+    def __init__(self, node: SimNode, tree: SimTenancyTree) -> None:
+        # not SimWorld.__init__, which opens or lays out a world of its own under a folder
+        self.root = Path(tree.root)
+        self.state_file = self.root / "world.json"
+        self.node = node
+        self.tree = tree
+
+    def save(self) -> None:
+        """Nothing to keep on disk: the hub's node follows its tenants instead."""
+        self._follow()
+
+    def nvidia_bound(self, bdf: str, driver: str | None) -> None:
+        super().nvidia_bound(bdf, driver)
+        self._follow()
+
+    def _follow(self) -> None:
+        """Tell the hub's SimNode which GPUs the host's NVML now sees (those nvidia holds)
+        and which nobody computes on, as the tenants and the kernel now have it."""
+        vfio = VfioDriver(self.tree.sysfs_root)
+        gpus = self.node.profile.gpus
+        hidden = frozenset(
+            g.index for g in gpus if vfio.driver(normal_bus_id(g.bus_id)) != "nvidia"
+        )
+        self.node.retenant(passthrough=hidden, idle=self.plan.idle_gpus(len(gpus)))
+
+
+def live_world(hub: Hub, node: str) -> LiveWorld | None:
+    """The world of a simulated node whose tenants `hub` reads; None when it reads none there
+    (a real node, or one past the simulator's limit on tenancy trees)."""
+    from gpuconsole.sim.tenancy import SimTenancySource
+
+    for source in hub.sources:
+        if isinstance(source, SimTenancySource) and source.node == node:
+            return LiveWorld(source.sim, source.tree)
+    return None
+
+
+def live_executor(
+    hub: Hub,
+    node: str,
+    emit: EmitEvent | None = None,
+    on_step: Callable[[StepUpdate], None] | None = None,
+) -> Executor:
+    """The executor for a simulated node of a running demo hub: it acts on what the hub
+    reads. Raises ValueError when the hub has no such world (yet)."""
+    world = live_world(hub, node)
+    if world is None:
+        raise ValueError(f"{node}: the demo simulates no tenants there, so nothing can move")
+    if not os.path.isdir(world.tree.sysfs_root):
+        raise ValueError(f"{node}: the demo has not laid out its tenants yet; try again")
+    state = world.root / "actions"
+    return Executor(
+        node,
+        sim_drivers(world),
+        Journal(state / JOURNAL_FILE),
+        AuditLog(state / AUDIT_FILE),
+        reader=world.snapshot,
+        emit=emit,
+        on_step=on_step,
     )

@@ -329,6 +329,7 @@ class GpuScreen(BaseView):
         Binding("enter", "sm_map", "SM map", show=False, key_display="Enter"),
         Binding("m", "sm_map", "SM map"),
         Binding("o", "topology", "Topology"),
+        Binding("a", "assign", "Assign"),  # only for those who may act (check_action)
     ]
     HELP_EXTRA = (("↑ ↓ PgUp PgDn", "scroll"),)
 
@@ -423,3 +424,14 @@ class GpuScreen(BaseView):
 
     def action_topology(self) -> None:
         self.console.open_topology(self.node_name)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "assign":  # absent, not greyed, for viewers and read-only consoles
+            return self.console.may_act
+        return True
+
+    def action_assign(self) -> None:
+        from gpuconsole.tui.screens.assign import AssignScreen
+
+        marked = [self.bus_id] if self.bus_id is not None else []
+        self.app.push_screen(AssignScreen(self.node_name, marked))

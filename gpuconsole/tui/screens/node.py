@@ -167,6 +167,7 @@ class NodeScreen(BaseView):
         Binding("enter", "open", "GPU"),
         Binding("m", "sm_map", "SM map"),
         Binding("o", "topology", "Topology"),
+        Binding("a", "assign", "Assign"),  # only for those who may act (check_action)
     ]
     HELP_EXTRA = (("↑ ↓", "move between GPUs"),)
 
@@ -236,7 +237,10 @@ class NodeScreen(BaseView):
                     COLUMNS, cells, self._row_cells[row.bus_id], strict=False
                 ):
                     if new != old:
-                        table.update_cell(row.bus_id, column, new)
+                        # a GPU that moves to a guest gets a wider label and owner; these
+                        # change rarely, so measuring their columns again costs little
+                        wider = column in ("gpu", "owner")
+                        table.update_cell(row.bus_id, column, new, update_width=wider)
                 self._row_cells[row.bus_id] = cells
 
     def selected_row(self) -> GpuRow | None:
@@ -283,3 +287,14 @@ class NodeScreen(BaseView):
 
     def action_topology(self) -> None:
         self.console.open_topology(self.node_name)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "assign":  # absent, not greyed, for viewers and read-only consoles
+            return self.console.may_act
+        return True
+
+    def action_assign(self) -> None:
+        from gpuconsole.tui.screens.assign import AssignScreen
+
+        row = self.selected_row()
+        self.app.push_screen(AssignScreen(self.node_name, [row.bus_id] if row else []))

@@ -1,0 +1,117 @@
+"""Rich renderings of an action's plan (with each step's progress) and of placement help."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rich.text import Text
+
+from gpuconsole.actions.placement import Placement, Proposal
+from gpuconsole.actions.plan import Plan
+from gpuconsole.model import Health
+from gpuconsole.tui.themes import Palette
+
+# A step's progress as the executor reports it (StepUpdate.state), and "" before it runs.
+# A shape per state, so progress reads without colour too.
+STEP_MARKS: dict[str, tuple[str, Health | None]] = {
+    "": ("·", None),
+    "running": ("▸", Health.UNKNOWN),
+    "done": ("✓", Health.OK),
+    "failed": ("✗", Health.CRITICAL),
+    "undoing": ("↶", Health.WARNING),
+    "undone": ("↶", Health.WARNING),
+}
+
+
+def _heading(text: Text, title: str) -> None:
+    text.append(f"\n{title}\n", style="bold")
+
+
+def plan_text(
+    plan: Plan,
+    palette: Palette,
+    progress: Mapping[int, tuple[str, str]] | None = None,
+) -> Text:
+    """What moves where, what each GPU is now, the preconditions (a failed one in red with
+    what to do), notes, and the numbered steps, each marked with its progress:
+    `progress` maps a step's number (from 0) to (state, what the driver said)."""
+    progress = progress or {}
+    text = Text()
+    text.append(f"{plan.node}: {', '.join(plan.labels)} → {plan.target}", style="bold")
+    if plan.simulated:
+        text.append("  ")
+        text.append(" SIMULATED ", style=palette.simulated)
+    for label, owner in zip(plan.labels, plan.owners, strict=True):
+        text.append(f"\n  {label} now: {owner}")
+    _heading(text, "preconditions")
+    for check in plan.preconditions:
+        if check.ok:
+            text.append("  ✓ ", style=palette.health[Health.OK])
+            text.append(f"{check.name}: {check.detail}\n")
+        else:
+            bad = palette.health[Health.CRITICAL]
+            text.append(f"  ✗ {check.name}: {check.detail}\n", style=bad)
+            if check.remedy:
+                text.append(f"    → {check.remedy}\n", style=bad)
+    if plan.notes:
+        _heading(text, "notes")
+        for note in plan.notes:
+            text.append(f"  • {note}\n", style=palette.health[Health.WARNING])
+    if plan.blocked:
+        text.append("\nnothing will run until every precondition holds", style=palette.dim)
+        text.rstrip()
+        return text
+    _heading(text, "steps")
+    for seq, step in enumerate(plan.steps):
+        state, detail = progress.get(seq, ("", ""))
+        mark, health = STEP_MARKS.get(state, ("?", Health.UNKNOWN))
+        style = palette.health[health] if health is not None else palette.dim
+        text.append(f"  {mark} ", style=style)
+        text.append(f"{seq + 1}. {step.title}", style=style if state == "failed" else "")
+        if detail:
+            text.append(f": {detail}", style=palette.dim)
+        text.append("\n")
+    text.rstrip()
+    return text
+
+
+def proposal_text(proposal: Proposal, palette: Palette) -> Text:
+    """One node's proposal: its GPUs with the NIC rail each should use (a flag in the
+    warning colour), the NVSwitches that go with a guest's partition, notes, alternatives."""
+    text = Text()
+    gpus = ", ".join(map(str, proposal.indexes))
+    text.append(f"{proposal.node}: GPU {gpus}", style="bold")
+    text.append(f" — {proposal.reason}")
+    for rail in proposal.rails:
+        gpu = f"GPU {rail.index}" if rail.index is not None else "GPU"
+        text.append(f"\n  {gpu} ({rail.gpu})  ")
+        if rail.device:
+            text.append(f"rail {rail.device} ({rail.level})")
+        else:
+            text.append("no NIC", style=palette.dim)
+        for flag in rail.flags:
+            text.append(f"\n    ! {flag}", style=palette.health[Health.WARNING])
+    if proposal.switches:
+        text.append(f"\n  NVSwitches with them: {', '.join(proposal.switches)}")
+    for note in proposal.notes:
+        text.append(f"\n  • {note}", style=palette.health[Health.WARNING])
+    if proposal.alternatives:
+        others = "; ".join(", ".join(map(str, a)) for a in proposal.alternatives)
+        text.append(f"\n  also possible: GPU {others}", style=palette.dim)
+    return text
+
+
+def proposal_line(proposal: Proposal) -> str:
+    """A proposal in one line, for the list to choose from."""
+    gpus = ", ".join(map(str, proposal.indexes))
+    flagged = f", {proposal.flagged} flagged" if proposal.flagged else ""
+    return f"{proposal.node}: GPU {gpus} ({', '.join(proposal.nics) or 'no NIC'}{flagged})"
+
+
+def refusals_text(placement: Placement, palette: Palette) -> Text:
+    """Why the other nodes cannot serve the request, one line each."""
+    text = Text(style=palette.dim)
+    for node, why in placement.refusals:
+        text.append(f"{node}: {why}\n")
+    text.rstrip()
+    return text
