@@ -49,17 +49,27 @@ def _log_to_file() -> None:
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
 
-def _run_console(hub: Hub | None, theme: str | None, snapshot: FleetSnapshot | None = None) -> int:
+def _run_console(
+    hub: Hub | None,
+    theme: str | None,
+    snapshot: FleetSnapshot | None = None,
+    *,
+    acting: Config | None = None,
+) -> int:
+    """The console on `hub` (or a captured `snapshot`); with `acting`, the config of this
+    machine's actions, it can move this machine's GPUs."""
     try:
         from gpuconsole.tui.app import ConsoleApp
+        from gpuconsole.tui.screens.assign import MachineAccess
     except ImportError as exc:
         print(f"gpuconsole: the console cannot start: {exc}", file=sys.stderr)
         return 1
     _log_to_file()
     if snapshot is not None:
         ConsoleApp(None, theme=theme, start_hub=False, snapshot=snapshot).run()
-    else:
-        ConsoleApp(hub, theme=theme).run()
+    elif hub is not None:
+        actions = MachineAccess(acting, hub.post_event) if acting is not None else None
+        ConsoleApp(hub, theme=theme, actions=actions).run()
     return 0
 
 
@@ -94,7 +104,7 @@ def console_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
 
 def cmd_console(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    return _run_console(console_hub(cfg), args.theme or cfg.ui.theme)
+    return _run_console(console_hub(cfg), args.theme or cfg.ui.theme, acting=cfg)
 
 
 def cmd_wallboard(args: argparse.Namespace) -> int:
@@ -168,6 +178,7 @@ def cmd_ssh_server(args: argparse.Namespace) -> int:
         wallboard_theme=cfg.wallboard.theme,
         page_s=cfg.wallboard.page_s,
         refresh_s=cfg.ssh.refresh_s,
+        acting=None if args.demo else cfg,
     )
     logging.getLogger().setLevel(logging.INFO)
     try:

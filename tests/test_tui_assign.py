@@ -317,3 +317,24 @@ def test_demo_access_comes_from_a_hub_with_simulated_tenants_only() -> None:
     # an ssh session reads the server's hub through its paced feed: the same simulator
     session = ConsoleApp(PacedFeed(bare, 1.0), start_hub=False, actor=OPERATOR)  # type: ignore[arg-type]
     assert isinstance(session.actions, DemoAccess) and session.actions.hub is bare
+
+
+def test_the_ssh_server_gives_its_operators_this_machines_actions_and_viewers_none(
+    tmp_path: Path,
+) -> None:
+    from gpuconsole.ssh.server import SessionInfo, console_factory
+    from gpuconsole.tui.screens.assign import MachineAccess
+
+    cfg = Config(
+        host=HostConfig(name="gpu-node"),
+        actions=ActionsConfig(state_dir=str(tmp_path / "state")),
+    )
+    factory = console_factory(Hub(), theme=None, wallboard_theme=None, page_s=15, acting=cfg)
+
+    def session(role: Role) -> Any:
+        actor = Actor("ops", role, "SHA256:x", "ssh")
+        return factory(SessionInfo("ops", actor, "SHA256:x", "127.0.0.1", False, "xterm"))
+
+    operator, viewer = session(Role.OPERATOR), session(Role.VIEWER)
+    assert isinstance(operator.actions, MachineAccess) and operator.may_act
+    assert not viewer.may_act  # read-only: no assign or propose keys at all

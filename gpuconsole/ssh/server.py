@@ -24,6 +24,7 @@ import asyncssh
 
 from gpuconsole import paths
 from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.config import Config
 from gpuconsole.hub import Hub
 from gpuconsole.ssh.driver import BoundedOutput, SshDriver
 from gpuconsole.ssh.feed import PacedFeed
@@ -491,10 +492,17 @@ def console_factory(
     page_s: float,
     theme_dirs: list[Path] | None = None,
     refresh_s: float = 1.0,
+    acting: Config | None = None,
 ) -> AppFactory:
     """Apps for sessions: the wallboard for the wallboard user, else the console with the
     session's actor (read-only for viewers). The hub is the server's: apps never start it;
-    each reads it through a feed paced to `refresh_s`."""
+    each reads it through a feed paced to `refresh_s`. With `acting` (this machine's config)
+    operators' sessions can move this machine's GPUs, each as its own key's actor."""
+    actions = None
+    if acting is not None:
+        from gpuconsole.tui.screens.assign import MachineAccess
+
+        actions = MachineAccess(acting, hub.post_event)
 
     def make(info: SessionInfo) -> Any:
         feed = PacedFeed(hub, refresh_s)
@@ -516,6 +524,7 @@ def console_factory(
             cursor_blink=False,  # a blinking cursor is a repaint twice a second per session
             actor=info.actor,
             theme_dirs=theme_dirs,
+            actions=actions,
         )
         app.animation_level = "none"
         return app
