@@ -68,7 +68,7 @@ def _run_console(
     if snapshot is not None:
         ConsoleApp(None, theme=theme, start_hub=False, snapshot=snapshot).run()
     elif hub is not None:
-        actions = MachineAccess(acting, hub.post_event) if acting is not None else None
+        actions = MachineAccess(acting, hub.post_event, hub) if acting is not None else None
         ConsoleApp(hub, theme=theme, actions=actions).run()
     return 0
 

@@ -256,3 +256,19 @@ async def test_ecc_events_reach_the_hub_from_the_event_thread() -> None:
     assert [(e.gpu_index, e.severity) for e in ecc] == [(2, Severity.INFO)]
     assert ecc[0].gpu_uuid == node.uuids[2]
     assert "single-bit ECC error on GPU 2" in ecc[0].message
+
+
+def test_after_a_gpu_is_rebound_nvml_is_restarted_and_numbers_the_gpus_again() -> None:
+    source, lib, clock = make(DGX_H100, detail_every=1)
+    node = source._lib.node
+    assert len(source.collect().gpus) == 8
+    # GPU 2 goes to a guest (vfio-pci): NVML keeps its old numbering until it restarts.
+    node.retenant(passthrough=frozenset({2}), idle=frozenset())
+    clock.now += 1.0
+    assert len(source.collect().gpus) == 8
+    source.rediscover()
+    clock.now += 1.0
+    gpus = source.collect().gpus
+    assert [g.pci_bus_id for g in gpus] == [s.bus_id for s in DGX_H100.gpus if s.index != 2]
+    assert [g.index for g in gpus] == list(range(7))  # renumbered, as a real host does
+    assert lib.calls["nvmlInit"] == 2 and lib.calls["nvmlShutdown"] == 1

@@ -338,3 +338,20 @@ def test_the_ssh_server_gives_its_operators_this_machines_actions_and_viewers_no
     operator, viewer = session(Role.OPERATOR), session(Role.VIEWER)
     assert isinstance(operator.actions, MachineAccess) and operator.may_act
     assert not viewer.may_act  # read-only: no assign or propose keys at all
+
+
+def test_after_a_plan_runs_this_machines_nvml_enumerates_its_gpus_again() -> None:
+    from gpuconsole.sim.node import SimNode
+    from gpuconsole.sim.nvml import SimNvml
+    from gpuconsole.sim.profiles import DGX_H100
+    from gpuconsole.sources.nvml import NvmlSource
+    from gpuconsole.tui.screens.assign import MachineAccess
+
+    hub = Hub()
+    here = NvmlSource("gpu-node", lib=SimNvml(SimNode("gpu-node", DGX_H100)), events=False)
+    there = NvmlSource("other", lib=SimNvml(SimNode("other", DGX_H100)), events=False)
+    hub.add_source(here)
+    hub.add_source(there)
+    access = MachineAccess(Config(host=HostConfig(name="gpu-node")), hub.post_event, hub)
+    access.executed("gpu-node")
+    assert here._rediscover.is_set() and not there._rediscover.is_set()

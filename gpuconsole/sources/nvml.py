@@ -323,6 +323,7 @@ class NvmlSource:
         self._stop = threading.Event()
         self._event_thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._rediscover = threading.Event()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -334,10 +335,19 @@ class NvmlSource:
         return await asyncio.to_thread(self.collect)
 
     async def close(self) -> None:
+        await asyncio.to_thread(self._shutdown)
+
+    def rediscover(self) -> None:
+        """Enumerate the GPUs again before the next poll. NVML numbers the GPUs the nvidia
+        driver holds when it starts, so after a GPU is bound to or from it (an assign)
+        only a restart of NVML shows the change."""
+        self._rediscover.set()
+
+    def _shutdown(self) -> None:
         self._stop.set()
         thread = self._event_thread
         if thread is not None:
-            await asyncio.to_thread(thread.join, 5.0)
+            thread.join(5.0)
             self._event_thread = None
         # A later start() discovers afresh: tiers count from the first poll again.
         self._round = 0
@@ -506,6 +516,10 @@ class NvmlSource:
 
     def collect(self) -> NvmlReading:
         """One reading of every GPU (blocking; the hub runs it in a worker thread)."""
+        if self._rediscover.is_set():
+            self._rediscover.clear()
+            log.info("NVML restarted to enumerate the GPUs again")
+            self._shutdown()
         self._ensure_init()
         self._round += 1
         first = self._round == 1

@@ -502,7 +502,7 @@ def console_factory(
     if acting is not None:
         from gpuconsole.tui.screens.assign import MachineAccess
 
-        actions = MachineAccess(acting, hub.post_event)
+        actions = MachineAccess(acting, hub.post_event, hub)
 
     def make(info: SessionInfo) -> Any:
         feed = PacedFeed(hub, refresh_s)

@@ -85,14 +85,27 @@ class ActionAccess(abc.ABC):
         """What each node's Kubernetes layer says, for placement help (none known: {})."""
         return {}
 
+    def executed(self, node: str) -> None:  # noqa: B027 - most consoles need nothing here
+        """A plan ran on `node` (done or not): GPUs may have changed drivers."""
+
 
 class MachineAccess(ActionAccess):
     """This machine's GPUs, with the drivers and the shared state folder the config names.
     Another node's GPUs move on that node (ssh NODE gpuconsole assign ...)."""
 
-    def __init__(self, cfg: Config, emit: EmitEvent) -> None:
+    def __init__(self, cfg: Config, emit: EmitEvent, hub: Hub | None = None) -> None:
         self.cfg = cfg
         self.emit = emit
+        self.hub = hub
+
+    def executed(self, node: str) -> None:
+        # NVML numbers GPUs when it starts: one bound to or from nvidia shows only after
+        # the node's NVML source restarts.
+        from gpuconsole.sources.nvml import NvmlSource
+
+        for source in self.hub.sources if self.hub is not None else ():
+            if isinstance(source, NvmlSource) and source.node == node:
+                source.rediscover()
 
     def executor(self, node: str, on_step: OnStep) -> Executor:
         from gpuconsole.actions.assign import console_executor
@@ -468,6 +481,8 @@ class AssignScreen(ModalScreen[None]):
             )
         else:
             self.stage = Stage.DONE
+        if self.stage is Stage.DONE and self.console.actions is not None:
+            self.console.actions.executed(self.node_name)  # it ran, so drivers may differ
         self._show()
         if self.stage is Stage.PLAN:
             self.query_one("#assign-confirm", Input).focus()
