@@ -6,9 +6,10 @@ Targets (issue 3): under 50 ms of CPU per snapshot at 1,000 nodes; under 5% of a
 8-GPU node view at 1 Hz. Every node changes in every snapshot (a busy fleet at 1 Hz): each
 GPU's utilization moves, its owners do not (as on a real fleet, where tenancy changes in
 minutes). Each node has readings of its own, so nothing is shared that a real fleet would not
-share. "apply" is the console's own work (rows, cells, summary); "repaint" is Textual
-turning the changed table into terminal lines. Medians of process CPU time; the machine may
-be shared, so compare figures from one run.
+share. "apply" is the console's own work (every node's health and counts, the cells of the
+rows in view, the summary); "repaint" is Textual drawing the rows that changed into terminal
+lines. Medians of process CPU time; the machine may be shared, so compare figures from one
+run.
 """
 
 from __future__ import annotations

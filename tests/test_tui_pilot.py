@@ -8,19 +8,19 @@ from typing import Any
 from rich.style import Style
 from rich.text import Text
 from textual.widgets import DataTable, Static
-from textual.widgets.data_table import ColumnKey
 
 from gpuconsole.model import Event, FleetSnapshot, Health, Severity
 from gpuconsole.sim.cluster import demo_hub
 from gpuconsole.tui.app import ConsoleApp
 from gpuconsole.tui.messages import SnapshotArrived
 from gpuconsole.tui.screens.events import EventsScreen
-from gpuconsole.tui.screens.fleet import FleetScreen, FleetTable
+from gpuconsole.tui.screens.fleet import FleetScreen
 from gpuconsole.tui.screens.gpu import GpuScreen
 from gpuconsole.tui.screens.help import HelpScreen, TooSmallScreen
 from gpuconsole.tui.screens.node import NodeScreen
 from gpuconsole.tui.screens.smmap import SmMapScreen
 from gpuconsole.tui.screens.topology import TopologyScreen
+from gpuconsole.tui.widgets.row_table import RowTable
 from gpuconsole.tui.widgets.status_bar import StatusBar
 from tests.conftest_tui import FIXED, fleet_with_rail_down, frozen_fleet
 from tests.waiting import until
@@ -28,9 +28,17 @@ from tests.waiting import until
 SIZE = (120, 40)
 
 
+def fleet_table(app: ConsoleApp) -> RowTable:
+    return app.screen.query_one("#fleet-table", RowTable)
+
+
 def row_names(app: ConsoleApp) -> list[str]:
-    table = app.screen.query_one(FleetTable)
-    return [str(table.get_row_at(i)[0].plain.split(" ", 1)[1]) for i in range(table.row_count)]
+    table = fleet_table(app)
+    return [str(_plain(table.get_row_at(i)[0]).split(" ", 1)[1]) for i in range(table.row_count)]
+
+
+def _plain(cell: Text | str) -> str:
+    return cell.plain if isinstance(cell, Text) else cell
 
 
 def status_line(app: ConsoleApp) -> str:
@@ -91,8 +99,8 @@ async def test_mouse_click_opens_a_node(console_app: Any) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         # Row 4 (dgx-004) sits on line 4 of the table: header, then rows 0..3 above it.
-        await pilot.click(FleetTable, offset=(4, 4))
-        await pilot.click(FleetTable, offset=(4, 4))
+        await pilot.click("#fleet-table", offset=(4, 4))
+        await pilot.click("#fleet-table", offset=(4, 4))
         await pilot.pause()
         assert isinstance(app.screen, NodeScreen) and app.screen.node_name == "dgx-004"
 
@@ -121,29 +129,35 @@ async def test_sort_by_health_puts_the_worst_first(console_app: Any) -> None:
 async def test_m_switches_what_the_cells_show(console_app: Any) -> None:
     app = console_app()
     async with app.run_test(size=SIZE) as pilot:
-        table = app.screen.query_one(FleetTable)
-        assert "util" in str(table.columns[ColumnKey("gpus")].label)
+        table = fleet_table(app)
+        assert "util" in table.label("gpus").plain
         await pilot.press("m")
-        assert "temp" in str(table.columns[ColumnKey("gpus")].label)
+        assert "temp" in table.label("gpus").plain
         # dgx-002 GPU 3 runs hot (thermal scenario): its cell reads 89
-        assert table.get_cell("dgx-002", "gpus").plain.split()[3] == "89"
+        assert _plain(table.get_cell("dgx-002", "gpus")).split()[3] == "89"
 
 
-async def test_a_new_snapshot_updates_changed_cells_in_place(console_app: Any) -> None:
+async def test_a_new_snapshot_redraws_only_the_row_that_changed(console_app: Any) -> None:
     app = console_app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        table = app.screen.query_one(FleetTable)
-        updates: list[tuple[object, object]] = []
-        original = table.update_cell
+        table = fleet_table(app)
+        updated: list[str] = []
+        drawn: list[str] = []
+        original_update, original_render = table.update_row, table._render_cells
 
-        def spy(row: Any, column: Any, value: Any, **kw: Any) -> None:
-            updates.append((row, column))
-            original(row, column, value, **kw)
+        def update(key: str, cells: Any) -> bool:
+            updated.append(key)
+            return original_update(key, cells)
 
-        table.update_cell = spy  # type: ignore[method-assign]
-        cleared: list[bool] = []
-        table.clear = lambda *a, **k: cleared.append(True)  # type: ignore[method-assign]
+        def render(cells: Any) -> Any:
+            drawn.append(_plain(cells[0]).split(" ", 1)[1])
+            return original_render(cells)
+
+        table.update_row = update  # type: ignore[method-assign]
+        table._render_cells = render  # type: ignore[method-assign]
+        rebuilt: list[bool] = []
+        table.set_rows = lambda *a, **k: rebuilt.append(True)  # type: ignore[method-assign]
         old = frozen_fleet()
         node = old.nodes[1]  # dgx-002 (dgx-001's GPUs are all in a guest: no NVML readings)
         assert node.nvml is not None
@@ -154,9 +168,105 @@ async def test_a_new_snapshot_updates_changed_cells_in_place(console_app: Any) -
         new = dataclasses.replace(old, seq=old.seq + 1, nodes=nodes)
         app.post_message(SnapshotArrived(new))
         await pilot.pause()
-        assert not cleared
-        assert updates == [("dgx-002", "gpus")]
-        assert table.get_cell("dgx-002", "gpus").plain.split()[0] == "12"
+        assert not rebuilt
+        assert updated == ["dgx-002"]  # the other nodes' readings are the same objects
+        assert drawn == ["dgx-002"]  # and only its line was drawn again
+        assert _plain(table.get_cell("dgx-002", "gpus")).split()[0] == "12"
+        assert "  12 95 95" in screen_text(app).splitlines()[4]  # status, summary, header, 001
+
+
+def big_fleet(nodes: int) -> FleetSnapshot:
+    """`nodes` copies of the frozen fleet's nodes, named node-0000 on."""
+    frozen = frozen_fleet()
+    copies = tuple(
+        dataclasses.replace(frozen.nodes[i % len(frozen.nodes)], node=f"node-{i:04d}")
+        for i in range(nodes)
+    )
+    return dataclasses.replace(frozen, nodes=copies)
+
+
+async def test_paging_through_a_big_fleet_fills_the_rows_it_reaches(console_app: Any) -> None:
+    app = console_app(big_fleet(300))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        table = fleet_table(app)
+        filled = lambda i: not _plain(table.get_row_at(i)[0]).startswith("·")  # noqa: E731
+        assert filled(0) and not filled(299)  # only rows in view are worked out
+        await pilot.press("pagedown", "pagedown")
+        await pilot.pause()
+        assert table.cursor_row == 2 * (table.scrollable_content_region.height - 1)
+        assert table.cursor_row in table.visible_rows()
+        assert all(filled(i) for i in table.visible_rows())
+        assert f"node-{table.cursor_row:04d}" in screen_text(app)
+        await pilot.press("ctrl+end")
+        await pilot.pause()
+        assert table.cursor_key == "node-0299" and filled(299)
+        assert screen_text(app).splitlines()[-2].split()[1] == "node-0299"  # above the footer
+        await pilot.press("up", "enter")
+        await pilot.pause()
+        assert isinstance(app.screen, NodeScreen) and app.screen.node_name == "node-0298"
+
+
+async def test_the_cursor_stays_on_its_node_when_the_order_changes(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("down", "down")  # dgx-003, the worst node
+        assert fleet_table(app).cursor_key == "dgx-003"
+        await pilot.press("s")  # by health: dgx-003 moves to the top, the cursor with it
+        assert row_names(app)[0] == "dgx-003"
+        assert fleet_table(app).cursor_row == 0 and fleet_table(app).cursor_key == "dgx-003"
+
+
+async def test_new_readings_that_reorder_the_rows_keep_the_cursor_on_its_node(
+    console_app: Any,
+) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("s", "s")  # busiest first
+        assert "sort: util" in static_text(app, "#fleet-summary").plain
+        await pilot.press("ctrl+end")
+        table = fleet_table(app)
+        last = table.cursor_key
+        old = frozen_fleet()
+        node = next(n for n in old.nodes if n.node == last)
+        assert node.nvml is not None and node.gpus  # an idle node NVML reads
+        busy = tuple(dataclasses.replace(g, util_gpu_pct=100.0) for g in node.gpus)
+        moved = dataclasses.replace(node, nvml=dataclasses.replace(node.nvml, gpus=busy))
+        nodes = tuple(moved if n.node == last else n for n in old.nodes)
+        rebuilt: list[bool] = []
+        table.set_rows = lambda *a, **k: rebuilt.append(True)  # type: ignore[method-assign]
+        app.post_message(SnapshotArrived(dataclasses.replace(old, seq=old.seq + 1, nodes=nodes)))
+        await pilot.pause()
+        assert not rebuilt and row_names(app)[0] == last  # moved, not rebuilt
+        assert (table.cursor_row, table.cursor_key) == (0, last)
+
+
+async def test_each_nodes_health_and_counts_are_worked_out_once_per_reading(
+    console_app: Any, monkeypatch: Any
+) -> None:
+    from gpuconsole.tui import summaries
+
+    judged: list[str] = []
+    original = summaries.node_facts
+
+    def spy(node: Any) -> Any:
+        judged.append(node.node)
+        return original(node)
+
+    monkeypatch.setattr(summaries, "node_facts", spy)
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert sorted(judged) == sorted(n.node for n in frozen_fleet().nodes)
+        judged.clear()
+        old = frozen_fleet()
+        changed = dataclasses.replace(old.nodes[2], profile="moved")
+        new = dataclasses.replace(old, seq=old.seq + 1, nodes=(*old.nodes[:2], changed,
+                                                                *old.nodes[3:]))  # fmt: skip
+        app.post_message(SnapshotArrived(new))
+        await pilot.pause()
+        await pilot.press("s")  # a sort by health asks again, of the same readings
+        assert judged == ["dgx-003"]
 
 
 async def test_a_passed_through_gpu_shows_in_the_fleet_row_and_opens_by_bus_id(
@@ -165,9 +275,9 @@ async def test_a_passed_through_gpu_shows_in_the_fleet_row_and_opens_by_bus_id(
     app = console_app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        table = app.screen.query_one(FleetTable)
-        assert table.get_cell("dgx-001", "gpus").plain == " ◆ " * 8
-        assert table.get_cell("dgx-004", "gpus").plain.split()[2] == "◆"
+        table = fleet_table(app)
+        assert _plain(table.get_cell("dgx-001", "gpus")) == " ◆ " * 8
+        assert _plain(table.get_cell("dgx-004", "gpus")).split()[2] == "◆"
         assert table.get_cell("dgx-004", "free") == "6/8"
         app.jump("node", "dgx-004")
         await pilot.pause()

@@ -16,6 +16,7 @@ from gpuconsole.tui.wallboard import (
     WALLBOARD_THEME,
     WallboardApp,
     alerts_page,
+    fabric_page,
     heat_page,
     hottest_page,
     owners_page,
@@ -109,3 +110,19 @@ async def test_each_page_renders_at_the_smallest_size(
         app.render_page()
         await pilot.pause()
         assert body_text(app).strip()
+
+
+def test_fabric_errors_say_how_far_each_counter_climbed_in_the_last_interval(
+    fleet_snapshot: FleetSnapshot,
+) -> None:
+    node = fleet_snapshot.node("dgx-004")
+    assert node is not None
+    # the demo's RoCE rails on dgx-004 see out-of-sequence packets under load
+    climbed = node.delta("fabric", "mlx5_7", "1", "out_of_sequence")
+    assert climbed is not None and climbed > 0
+    app = WallboardApp(None, theme_dirs=[])
+    page = fabric_page(fleet_snapshot, app.palette, fleet_snapshot.at)
+    lines = str(page.body).splitlines()
+    said = f"▲ dgx-004 mlx5_7/1: out-of-sequence packets +{climbed} ("  # then its rate
+    assert any(line.startswith(said) for line in lines), lines
+    assert lines[-1] == "+N: how far the counter climbed in the last interval"

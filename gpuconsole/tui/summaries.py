@@ -10,7 +10,8 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from gpuconsole import format as fmt
 from gpuconsole.inventory import GpuRow, node_gpus, ownership_problems
@@ -224,13 +225,22 @@ class GpuCounts:
             self.passthrough + other.passthrough,
         )
 
+    @classmethod
+    def add_up(cls, counts: Iterable[GpuCounts]) -> GpuCounts:
+        """Every node's counts added up, without a GpuCounts per step."""
+        total = in_use = free = lost = passthrough = 0
+        for c in counts:
+            total += c.total
+            in_use += c.in_use
+            free += c.free
+            lost += c.lost
+            passthrough += c.passthrough
+        return cls(total, in_use, free, lost, passthrough)
+
 
 @dataclass(frozen=True, slots=True)
 class _OwnedCounts:
-    total: int
-    in_use: int
-    free: int
-    passthrough: int
+    counts: GpuCounts  # with none lost: what most nodes come to, built once
     indexes: frozenset[int]  # NVML indexes the owners list
 
 
@@ -256,7 +266,8 @@ def _owned_counts(ownership: Ownership) -> _OwnedCounts:
             in_use += 1
         elif first.kind is OwnerKind.FREE:
             free += 1
-    counts = _OwnedCounts(len(ownership.gpus), in_use, free, passthrough, frozenset(indexes))
+    found = GpuCounts(len(ownership.gpus), in_use, free, 0, passthrough)
+    counts = _OwnedCounts(found, frozenset(indexes))
     _OWNED[id(ownership)] = (ownership, counts)  # holding it keeps its id from being reused
     while len(_OWNED) > _OWNED_SIZE:
         _OWNED.popitem(last=False)
@@ -267,27 +278,51 @@ def gpu_counts(node: NodeSnapshot) -> GpuCounts:
     """The counts `gpu_rows` would give, straight from the owners and NVML's readings.
 
     A 1,000-node fleet sums these every snapshot, so they skip building rows: the owners'
-    part is remembered per owner-relevant change, the rest is a pass over NVML's GPUs.
+    part is remembered per owner-relevant change, the rest is one pass over NVML's GPUs.
     """
     readings = node.gpus
-    lost = sum(1 for g in readings if g.lost)
     ownership = node_ownership(node)
+    lost, gone_state = 0, GpuState.LOST
     if ownership is None:
-        busy = sum(1 for g in readings if g.processes)
-        idle = sum(1 for g in readings if not g.processes and not g.lost)
+        busy = idle = 0
+        for g in readings:
+            gone = g.state is gone_state
+            lost += gone
+            if g.processes:
+                busy += 1
+            elif not gone:
+                idle += 1
         return GpuCounts(len(readings), busy, idle, lost, 0)
     owned = _owned_counts(ownership)
-    if len(readings) <= len(owned.indexes) and all(g.index in owned.indexes for g in readings):
-        return GpuCounts(owned.total, owned.in_use, owned.free, lost, owned.passthrough)
-    # NVML GPUs the owners do not list (`gpu_rows` keeps them, judged by their processes)
-    extra = [g for g in readings if g.index not in owned.indexes]
+    listed, base = owned.indexes, owned.counts
+    extra: list[GpuReading] = []  # NVML GPUs the owners do not list (`gpu_rows` keeps them)
+    for g in readings:
+        lost += g.state is gone_state
+        if g.index not in listed:
+            extra.append(g)
+    if not extra:
+        return base if not lost else replace(base, lost=lost)
+    # judged by their processes, as `gpu_rows` judges them
     return GpuCounts(
-        owned.total + len(extra),
-        owned.in_use + sum(1 for g in extra if g.processes),
-        owned.free + sum(1 for g in extra if not g.processes and not g.lost),
+        base.total + len(extra),
+        base.in_use + sum(1 for g in extra if g.processes),
+        base.free + sum(1 for g in extra if not g.processes and not g.lost),
         lost,
-        owned.passthrough,
+        base.passthrough,
     )
+
+
+class NodeFacts(NamedTuple):
+    """What the fleet view needs of every node, not only of the rows in view."""
+
+    health: Health
+    counts: GpuCounts
+
+
+def node_facts(node: NodeSnapshot) -> NodeFacts:
+    """A node's health and GPU counts: worked out once per reading, then shared by the
+    fleet's summary, its sort and the node's row."""
+    return NodeFacts(node.health, gpu_counts(node))
 
 
 def gpu_count(node: NodeSnapshot) -> int:

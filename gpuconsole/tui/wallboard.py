@@ -28,7 +28,7 @@ from gpuconsole.model import FleetSnapshot, GpuReading, Health, NodeSnapshot, gp
 from gpuconsole.ownership import OwnerKind, node_ownership
 from gpuconsole.paths import user_themes_dir
 from gpuconsole.readings.base import Severity
-from gpuconsole.readings.fabric import port_problems, port_rates
+from gpuconsole.readings.fabric import ERROR_RULES, port_deltas, port_problems, port_rates
 from gpuconsole.tui.feed import HubFeed
 from gpuconsole.tui.messages import SnapshotArrived
 from gpuconsole.tui.summaries import Metric, stale_sources
@@ -37,6 +37,7 @@ from gpuconsole.tui.widgets.cells import HEALTH_GLYPH, heat_cells
 
 WALLBOARD_THEME = "gpuconsole-high-contrast"
 TOP = 10
+_ERROR_COUNTERS = frozenset(rule.counter for rule in ERROR_RULES)  # said as "+N", not a rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +137,9 @@ def alerts_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
 
 
 def fabric_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
-    """Ports that are down, downtrained, erring or congested, worst first."""
-    rows: list[tuple[Severity, str, str]] = []
+    """Ports that are down, downtrained, erring or congested, worst first; an error counter
+    is said as how far it climbed in the last interval ("symbol errors +37")."""
+    rows: list[tuple[Severity, str, str, bool]] = []  # the last: it says a climb
     total = down = 0
     for node in snapshot.nodes:
         if node.fabric is None:
@@ -145,15 +147,20 @@ def fabric_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
         for port in node.fabric.ports:
             total += 1
             down += not port.active
-            for problem in port_problems(port, port_rates(node.rate, port))[:1]:
-                rows.append((problem.severity, f"{node.node} {port.name}", problem.what))
+            found = port_problems(port, port_rates(node.rate, port), port_deltas(node.delta, port))
+            for problem in found[:1]:
+                climbed = problem.delta is not None and problem.counter in _ERROR_COUNTERS
+                rows.append((problem.severity, f"{node.node} {port.name}", problem.what, climbed))
     rows.sort(key=lambda r: (r[0] is not Severity.CRITICAL, r[1]))
     text = Text()
-    for severity, where, what in rows[: TOP * 2]:
+    shown = rows[: TOP * 2]
+    for severity, where, what, _ in shown:
         health = Health.CRITICAL if severity is Severity.CRITICAL else Health.WARNING
         text.append(f"{HEALTH_GLYPH[health]} {where}: {what}\n", style=palette.health[health])
     if not rows:
         text.append("No fabric errors.", style=palette.health[Health.OK])
+    elif any(climbed for *_, climbed in shown):
+        text.append("+N: how far the counter climbed in the last interval", style=palette.dim)
     figures = (("ports", str(total)), ("down", str(down)), ("erring", str(len(rows))))
     return Page("Fabric errors", figures, text)
 
