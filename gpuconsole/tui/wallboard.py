@@ -20,6 +20,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.widgets import Digits, Static
 
 from gpuconsole import format as fmt
@@ -286,7 +287,10 @@ class WallboardApp(App[None]):
         """Draw the current page from the latest snapshot."""
         self._show_title()
         snapshot = self.snapshot
-        body = self.query_one("#wallboard-body", Static)
+        try:
+            body = self.query_one("#wallboard-body", Static)
+        except NoMatches:  # a page timer that fired while the app shuts down
+            return
         if snapshot is None:
             body.update("Waiting for the first reading...")
             for figure in self.query(Figure):
@@ -312,4 +316,7 @@ class WallboardApp(App[None]):
         if snapshot is not None and snapshot.simulated:
             text.append(" SIMULATED ", style=self.palette.simulated)
         text.append("  p pause · q quit", style=self.palette.dim)
-        self.query_one("#wallboard-title", Static).update(text)
+        try:
+            self.query_one("#wallboard-title", Static).update(text)
+        except NoMatches:  # a timer that fired while the app shuts down
+            return
