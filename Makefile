@@ -7,7 +7,7 @@ COMPARE_VENV ?= .venv-compare
 BENCH_COMPARE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck contracts pytest bench bench-compare test-snapshot-update snapshots-update clean
+.PHONY: demo test lint typecheck contracts pytest bench bench-compare bench-soak test-snapshot-update snapshots-update clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "gpuconsole needs Python 3.11+"'
@@ -56,6 +56,10 @@ $(COMPARE_VENV)/.installed: benchmarks/compare/requirements.txt
 ## (BENCH_COMPARE_ARGS="--duration 30", "--profile DIR"; see python -m benchmarks.compare -h)
 bench-compare: $(VENV)/.installed $(COMPARE_VENV)/.installed
 	$(BIN)/python -m benchmarks.compare --tools $(COMPARE_VENV) $(BENCH_COMPARE_ARGS)
+
+## the soak run: demo fleet, faults, an ssh session and scrapes (MINUTES=30 by default)
+bench-soak: $(VENV)/.installed-test
+	$(BIN)/python -m benchmarks.soak --minutes $(or $(MINUTES),30)
 
 ## rewrite the SVG snapshots under snapshots/
 test-snapshot-update snapshots-update: $(VENV)/.installed-test

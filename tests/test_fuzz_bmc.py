@@ -1,0 +1,280 @@
+"""Fuzzing what BMCs send (issue 11): Redfish JSON documents, IPMI SEL records as pyghmi
+hands them over, and the SEL cursor file. No crash: a reading, or a BmcError that names
+the BMC; and whatever is read can still be written as the JSON snapshot.
+
+Redfish documents are the repo's own mockup (the tree sushy-static serves in the BMC
+tests), changed one place at a time and served by a stand-in for pyghmi's client that
+answers 404 for a URL it does not hold, as a BMC would.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from gpuconsole import codec
+from gpuconsole.readings.base import Severity
+from gpuconsole.readings.bmc import BmcReading, SelEntry
+from gpuconsole.sources.bmc import BmcSource
+from gpuconsole.sources.bmc.ipmi import sel_entry
+from gpuconsole.sources.bmc.link import BmcError
+from gpuconsole.sources.bmc.redfish import RedfishHttpError, RedfishLink
+from gpuconsole.sources.bmc.sel import SelCursor
+
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+MOCKUPS = Path(__file__).parent / "data" / "bmc" / "redfish"
+
+Json = Any
+
+
+@functools.cache
+def mockup(name: str) -> dict[str, Json]:
+    """Every resource of a mockup tree by URL, as sushy-static serves it."""
+    root = MOCKUPS / name
+    docs: dict[str, Json] = {}
+    for file in root.rglob("index.json"):
+        rel = file.parent.relative_to(root).as_posix()
+        docs["/redfish/v1" + ("" if rel == "." else "/" + rel)] = json.loads(file.read_text())
+    return docs
+
+
+class MockupClient:
+    """pyghmi's Redfish client, reduced to what RedfishLink asks: GET by URL, power."""
+
+    def __init__(self, docs: Mapping[str, Json]) -> None:
+        self.docs = docs
+
+    def get(self, url: str) -> Json:
+        found = self.docs.get(url.rstrip("/"))
+        if found is None:
+            raise RedfishHttpError(url, 404)
+        # pyghmi returns {} for a body that is not an object
+        return found if isinstance(found, dict) else {}
+
+    def get_power(self) -> Mapping[str, Any]:
+        return {"powerstate": "on"}
+
+    def set_power(self, powerstate: str, wait: bool = False) -> Mapping[str, Any]:
+        return {"powerstate": powerstate}
+
+    def logout(self) -> None:
+        return None
+
+
+def read(docs: Mapping[str, Json]) -> BmcReading | None:
+    """One poll of a BMC serving `docs`: its reading, or None after a BmcError."""
+    source = BmcSource("dgx-017", RedfishLink("redfish://bmc:443", lambda: MockupClient(docs)))
+    try:
+        reading = source.collect()
+    except BmcError as exc:
+        assert str(exc).startswith("redfish://bmc:443: "), exc
+        return None
+    json.dumps(codec.encode(reading), allow_nan=False)  # it fits the JSON snapshot
+    return reading
+
+
+def test_the_mockups_read_whole() -> None:
+    for name in ("modern", "legacy"):
+        reading = read(mockup(name))
+        assert reading is not None and reading.sensors and reading.power_w is not None
+
+
+# --- changing one place of one document --------------------------------------------------
+
+ASCII = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=12)
+FINITE = st.floats(allow_nan=False, allow_infinity=False)
+LEAVES = st.none() | st.booleans() | st.integers() | FINITE | ASCII
+TREES = st.recursive(
+    LEAVES,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ASCII, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def same_kind(value: Json) -> st.SearchStrategy[Json]:
+    """Another value of the same JSON kind: what a BMC with odd but well-typed data sends."""
+    if isinstance(value, bool):
+        return st.booleans()
+    if isinstance(value, int):
+        return st.integers()
+    if isinstance(value, float):
+        return FINITE
+    if isinstance(value, str):
+        return ASCII
+    if isinstance(value, list):  # fewer items, or some twice
+        return st.lists(st.sampled_from(value), max_size=4) if value else st.just([])
+    if isinstance(value, dict):
+        return st.just({})
+    return st.none()
+
+
+@st.composite
+def mutated(draw: st.DrawFn, values: str) -> dict[str, Json]:
+    """A mockup with one value somewhere replaced (`values` "same": by one of its kind;
+    "any": by any JSON), or one key removed."""
+    docs = copy.deepcopy(mockup(draw(st.sampled_from(["modern", "legacy"]))))
+    url = draw(st.sampled_from(sorted(docs)))
+    holder: Json = docs
+    key: Json = url
+    while True:
+        value = holder[key]
+        children = (
+            list(value)
+            if isinstance(value, dict)
+            else list(range(len(value)))
+            if isinstance(value, list)
+            else []
+        )
+        if not children or draw(st.integers(0, 3)) == 0:
+            break
+        holder, key = value, draw(st.sampled_from(children))
+    if isinstance(holder, dict) and holder is not docs and draw(st.booleans()):
+        del holder[key]
+    else:
+        holder[key] = draw(same_kind(holder[key]) if values == "same" else TREES)
+    return docs
+
+
+@FUZZ
+@given(mutated("same"))
+def test_redfish_documents_with_odd_values_of_the_right_kind_read_or_say_why(
+    docs: dict[str, Json],
+) -> None:
+    read(docs)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sources/bmc/redfish.py parses documents outside RedfishLink._call: a value of "
+    "another JSON kind than the schema's (a Status, Temperatures or PowerControl entry or "
+    "Members item that is a string or null; a ReadingUnits or PhysicalContext that is a "
+    "number) "
+    "raises AttributeError or TypeError out of read(), so the BMC goes stale with "
+    "\"AttributeError: 'str' object has no attribute 'get'\" instead of a BmcError naming it",
+)
+@FUZZ
+@given(mutated("any"))
+@example({**mockup("modern"), "/redfish/v1/Chassis/DGX/Sensors/CPU1_Temp": {"Status": "OK"}})
+def test_redfish_documents_with_values_of_any_kind_read_or_say_why(
+    docs: dict[str, Json],
+) -> None:
+    read(docs)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sources/bmc/redfish.py _number accepts infinity: a Sensor whose Reading is "
+    "1e400 (valid JSON, which json.loads reads as inf) lands in the BmcReading, and "
+    "codec.dumps(allow_nan=False) then raises ValueError 'Out of range float values are not "
+    "JSON compliant' for the whole snapshot (the agent's /api/v1/snapshot, snapshot --json)",
+)
+def test_a_redfish_reading_too_large_for_a_float_leaves_the_snapshot_writable() -> None:
+    docs = copy.deepcopy(mockup("modern"))
+    url = next(u for u in sorted(docs) if "/Sensors/" in u and "Reading" in docs[u])
+    docs[url] = {**docs[url], **json.loads('{"Reading": 1e400}')}
+    read(docs)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sources/bmc/redfish.py _log_entry checks Id with str.isdigit() and then calls "
+    "int(): an Id of Unicode digits ('²') or of more than 4300 digits raises ValueError out "
+    "of read(), and the BMC goes stale instead of skipping the entry",
+)
+@pytest.mark.parametrize("ident", ["²", "7" * 5000], ids=["unicode-digit", "5000-digits"])
+def test_a_redfish_log_entry_with_an_odd_numeric_id_is_skipped(ident: str) -> None:
+    docs = copy.deepcopy(mockup("modern"))
+    url = next(u for u in sorted(docs) if u.endswith("/Entries"))
+    docs[url]["Members"] = [*docs[url]["Members"], {"Id": ident, "Message": "odd"}]
+    assert read(docs) is not None
+
+
+# --- SEL records as pyghmi returns them --------------------------------------------------
+
+TIMESTAMPS = st.none() | ASCII | st.datetimes().map(lambda d: d.isoformat())
+SEL_RECORDS = st.fixed_dictionaries(
+    {},
+    optional={
+        "record_id": st.none() | st.integers() | ASCII,
+        "timestamp": TIMESTAMPS,
+        "severity": st.none() | st.integers(0, 2**31),
+        "component": st.none() | st.text(max_size=20),
+        "component_type": st.none() | st.text(max_size=20),
+        "event": st.none() | st.text(max_size=40),
+        "message": st.none() | st.text(max_size=40),
+        "deassertion": st.booleans(),
+        "triggered_value": st.none() | st.integers() | FINITE | st.binary(max_size=2),
+        "threshold_value": st.none() | st.integers() | FINITE | st.binary(max_size=2),
+    },
+)
+
+
+@FUZZ
+@given(SEL_RECORDS, st.dictionaries(st.text(max_size=10), ASCII, max_size=3))
+def test_sel_records_become_entries_or_are_skipped(
+    record: dict[str, Any], units: dict[str, str]
+) -> None:
+    entry = sel_entry(record, units)
+    assert entry is None or isinstance(entry.record_id, int)
+    if entry is not None:
+        json.dumps(codec.encode(entry), allow_nan=False)
+
+
+def entry(record_id: int) -> SelEntry:
+    return SelEntry(record_id, None, "", "", "e", Severity.INFO)
+
+
+@FUZZ
+@given(st.lists(st.lists(st.integers(0, 2**16), max_size=8), min_size=1, max_size=6))
+def test_the_sel_cursor_takes_any_ids_and_remembers_where_it_stood(
+    tmp_path_factory: pytest.TempPathFactory, logs: list[list[int]]
+) -> None:
+    path = tmp_path_factory.mktemp("sel") / "cursor.json"
+    cursor = SelCursor(path)
+    for ids in logs:
+        fresh = cursor.new_entries([entry(i) for i in ids])
+        assert [e.record_id for e in fresh] == sorted(e.record_id for e in fresh)
+        assert {e.record_id for e in fresh} <= set(ids)
+        reopened = SelCursor(path)
+        reopened.load()
+        assert reopened.last_record_id == cursor.last_record_id  # it survives a restart
+
+
+@FUZZ
+@given(st.binary(max_size=200) | TREES.map(lambda t: json.dumps(t).encode()))
+def test_an_unreadable_sel_cursor_file_starts_over(
+    tmp_path_factory: pytest.TempPathFactory, content: bytes
+) -> None:
+    path = tmp_path_factory.mktemp("sel") / "cursor.json"
+    path.write_bytes(content)
+    cursor = SelCursor(path)
+    cursor.load()
+    assert cursor.last_record_id is None or isinstance(cursor.last_record_id, int)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sources/bmc/sel.py SelCursor.load catches OSError and ValueError but not the "
+    "RecursionError json.loads raises for a deeply nested document, so a corrupted cursor "
+    "file makes every poll of that BMC fail instead of starting over",
+)
+def test_a_deeply_nested_sel_cursor_file_starts_over(tmp_path: Path) -> None:
+    path = tmp_path / "cursor.json"
+    path.write_bytes(b"[" * 100_000)
+    cursor = SelCursor(path)
+    cursor.load()
+    assert cursor.last_record_id is None
