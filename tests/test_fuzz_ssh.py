@@ -319,7 +319,6 @@ SPLIT_CHARACTER = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=SPLIT_CHARACTER)
 def test_a_character_split_across_two_packets_is_one_character(fresh_session: Session) -> None:
     session = fresh_session
 
@@ -337,7 +336,6 @@ def test_a_character_split_across_two_packets_is_one_character(fresh_session: Se
     session.loop.run_until_complete(type_split())
 
 
-@pytest.mark.xfail(strict=True, reason=SPLIT_CHARACTER)
 async def test_a_character_split_across_two_packets_keeps_the_ssh_session(tmp_path: Path) -> None:
     keys = Keys(tmp_path)
     async with console_server(tmp_path, keys) as server, login(server, keys.viewer, "amy") as conn:

@@ -318,7 +318,10 @@ class SshDriver(Driver):
         """Bytes the client typed (keys, mouse reports, paste, terminal answers)."""
         if not self._input:
             return
-        for event in self._parser.feed(self._decode(data)):
+        text = self._decode(data)
+        if not text:  # half a character: the parser takes "" as the end of input
+            return
+        for event in self._parser.feed(text):
             self.process_message(event)
         self._schedule_tick()
 
