@@ -309,15 +309,6 @@ async def test_garbage_over_a_real_ssh_channel_leaves_the_session_and_server_up(
 # way out). Seeded stress runs of 340 bursts hit it one to three times; no single sequence
 # replays it, so no strict xfail can hold it.
 
-SPLIT_CHARACTER = (
-    "ssh/driver.py SshDriver.feed hands the incremental UTF-8 decoder's output to "
-    "XTermParser.feed even when it is empty, and Textual's parser takes feed('') for end of "
-    "input: a packet holding only the first byte of a multi-byte character (b'\\xc3' of "
-    "'é', split across two SSH packets) makes every later feed raise ParseError('end of "
-    "file reached'), and the server drops the connection ('Channel closed: end of file "
-    "reached')"
-)
-
 
 def test_a_character_split_across_two_packets_is_one_character(fresh_session: Session) -> None:
     session = fresh_session
