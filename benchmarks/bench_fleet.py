@@ -37,8 +37,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gpuconsole.codec import dumps
-from gpuconsole.export.agent import select
+from gpuconsole.export.agent import snapshot_body
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.model import FleetSnapshot
 from gpuconsole.sources.remote import AgentClient, RemoteSource
@@ -61,7 +60,7 @@ def _bodies() -> list[bytes]:
 
     hub = demo_hub(clock=lambda: FIXED, start=FIXED - 120, events=False)
     fleet: FleetSnapshot = asyncio.run(hub.poll_once(rounds=2))
-    return [dumps(select(fleet, n.node, summary=True)).encode() for n in fleet.nodes if n.gpus]
+    return [snapshot_body(fleet, n.node, summary=True) for n in fleet.nodes if n.gpus]
 
 
 # --- the child: a thousand agents ---------------------------------------------------------

@@ -17,43 +17,93 @@ _SKIP = {"history"}  # history stays in the process that recorded it
 _KEYED = {"rates", "deltas"}  # NodeSnapshot mappings keyed by counter path
 
 
-def encode(value: Any) -> Any:
-    """Readings to plain JSON types; enums as their values, rate keys joined with '/'."""
+def encode(value: Any, *, sparse: bool = False) -> Any:
+    """Readings to plain JSON types; enums as their values, rate keys joined with '/'.
+
+    Sparse leaves out each field that holds its default: the decoder puts it back.
+    """
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
-        for f in dataclasses.fields(value):
-            if f.name in _SKIP:
+        for name, default in _encoded_fields(type(value)):
+            item = getattr(value, name)
+            if sparse and default is not _MISSING and _is_default(item, default):
                 continue
-            item = getattr(value, f.name)
-            if f.name in _KEYED:
-                out[f.name] = {"/".join(k): v for k, v in item.items()}
+            if name in _KEYED:
+                out[name] = {"/".join(k): v for k, v in item.items()}
             else:
-                out[f.name] = encode(item)
+                out[name] = encode(item, sparse=sparse)
         return out
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple | list):
-        return [encode(v) for v in value]
+        return [encode(v, sparse=sparse) for v in value]
     if isinstance(value, Mapping):
-        return {str(k): encode(v) for k, v in value.items()}
+        return {str(k): encode(v, sparse=sparse) for k, v in value.items()}
     return value
 
 
-def snapshot_json(snapshot: FleetSnapshot) -> dict[str, Any]:
+_MISSING: Any = object()
+_ENCODED: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def _encoded_fields(kind: type) -> tuple[tuple[str, Any], ...]:
+    """Each field a dataclass is encoded with, and its default (_MISSING where none)."""
+    found = _ENCODED.get(kind)
+    if found is None:
+        found = _ENCODED[kind] = tuple(
+            (
+                f.name,
+                f.default
+                if f.default is not dataclasses.MISSING
+                else f.default_factory()
+                if f.default_factory is not dataclasses.MISSING
+                else _MISSING,
+            )
+            for f in dataclasses.fields(kind)
+            if f.name not in _SKIP
+        )
+    return found
+
+
+def _is_default(item: Any, default: Any) -> bool:
+    # By type as well as value: 0 is not False, 1 is not 1.0 where a decoder checks types.
+    if item is default:
+        return True
+    if isinstance(default, Mapping):
+        return isinstance(item, Mapping) and not item and not default
+    return type(item) is type(default) and bool(item == default)
+
+
+def snapshot_json(snapshot: FleetSnapshot, *, sparse: bool = False) -> dict[str, Any]:
     """The JSON document for a fleet snapshot, with its schema version."""
-    body = encode(snapshot)
+    body = encode(snapshot, sparse=sparse)
     return {"schema_version": SCHEMA_VERSION, "simulated": snapshot.simulated, **body}
 
 
-def dumps(snapshot: FleetSnapshot, *, indent: int | None = None) -> str:
-    return json.dumps(snapshot_json(snapshot), indent=indent, allow_nan=False)
+def dumps(snapshot: FleetSnapshot, *, indent: int | None = None, sparse: bool = False) -> str:
+    """The snapshot as JSON text; sparse (what agents serve for the fleet view) leaves out
+    fields at their defaults."""
+    return json.dumps(snapshot_json(snapshot, sparse=sparse), indent=indent, allow_nan=False)
 
 
 class DecodeError(ValueError):
     """A JSON snapshot that does not match the schema, with the path that is wrong."""
 
 
-Decoder = Callable[[Any, str], Any]
+class _Misfit(Exception):
+    """Raised inside the decoders; each level it passes adds its step to the path, so the
+    path is only spelled out for the value that does not fit."""
+
+    def __init__(self, reason: str, step: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.steps = [step] if step else []  # innermost first
+
+    def at(self, where: str) -> DecodeError:
+        return DecodeError(f"{where}{''.join(reversed(self.steps))}: {self.reason}")
+
+
+Decoder = Callable[[Any], Any]
 _DECODERS: dict[Any, Decoder] = {}
 
 
@@ -72,112 +122,218 @@ def _build(kind: Any) -> Decoder:
         optional = len(args) < len(typing.get_args(kind))
         choices = [_decoder(a) for a in args]
 
-        def union(data: Any, where: str) -> Any:
+        def union(data: Any) -> Any:
             if data is None and optional:
                 return None
             for choice in choices:
                 try:
-                    return choice(data, where)
-                except DecodeError:
+                    return choice(data)
+                except _Misfit:
                     continue
-            raise DecodeError(f"{where}: {data!r} matches none of {kind}")
+            raise _Misfit(f"{data!r} matches none of {kind}")
 
         return union
     if origin in (dict, Mapping):
         key_type, value_type = typing.get_args(kind)
         keys, values = _decoder(key_type), _decoder(value_type)
 
-        def mapping(data: Any, where: str) -> Any:
+        def mapping(data: Any) -> Any:
             if not isinstance(data, dict):
-                raise DecodeError(f"{where}: expected an object")
-            return {keys(k, where): values(v, f"{where}.{k}") for k, v in data.items()}
+                raise _Misfit("expected an object")
+            out = {}
+            for k, v in data.items():
+                try:
+                    out[keys(k)] = values(v)
+                except _Misfit as wrong:
+                    wrong.steps.append(f".{k}")
+                    raise
+            return out
 
         return mapping
     if origin is tuple:
         parts = typing.get_args(kind)
         if len(parts) == 2 and parts[1] is Ellipsis:
-            item = _decoder(parts[0])
-
-            def sequence(data: Any, where: str) -> Any:
-                if not isinstance(data, list):
-                    raise DecodeError(f"{where}: expected a list")
-                return tuple(item(v, f"{where}[{i}]") for i, v in enumerate(data))
-
-            return sequence
+            return _sequence(_decoder(parts[0]), parts[0])
         items = [_decoder(a) for a in parts]
 
-        def fixed(data: Any, where: str) -> Any:
+        def fixed(data: Any) -> Any:
             if not isinstance(data, list) or len(data) != len(items):
-                raise DecodeError(f"{where}: expected a list of {len(items)}")
-            return tuple(
-                f(v, f"{where}[{i}]") for i, (f, v) in enumerate(zip(items, data, strict=True))
-            )
+                raise _Misfit(f"expected a list of {len(items)}")
+            out = []
+            for i, (f, v) in enumerate(zip(items, data, strict=True)):
+                try:
+                    out.append(f(v))
+                except _Misfit as wrong:
+                    wrong.steps.append(f"[{i}]")
+                    raise
+            return tuple(out)
 
         return fixed
     if dataclasses.is_dataclass(kind):
         return _dataclass_decoder(kind)
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
-
-        def enumeration(data: Any, where: str) -> Any:
-            try:
-                return kind(data)
-            except ValueError:
-                raise DecodeError(f"{where}: {data!r} is not a {kind.__name__}") from None
-
-        return enumeration
+        return _enum_decoder(kind)
     if kind is float:
 
-        def number(data: Any, where: str) -> Any:
-            if isinstance(data, int | float) and not isinstance(data, bool):
+        def number(data: Any) -> Any:
+            if type(data) is float:
+                return data
+            if type(data) is int:
                 return float(data)
-            raise DecodeError(f"{where}: expected a number")
+            raise _Misfit("expected a number")
 
         return number
     if kind in (int, str, bool):
 
-        def scalar(data: Any, where: str) -> Any:
+        def scalar(data: Any) -> Any:
             if type(data) is kind:
                 return data
-            raise DecodeError(f"{where}: expected {kind.__name__}")
+            raise _Misfit(f"expected {kind.__name__}")
 
         return scalar
     if kind is Any:
-        return lambda data, where: data
+        return lambda data: data
     raise TypeError(f"cannot decode {kind}")
 
 
-def _dataclass_decoder(kind: Any) -> Decoder:
-    hints = typing.get_type_hints(kind, localns={"HistoryView": HistoryView})
-    fields = [
-        (f.name, _KEYED_DECODERS[f.name] if f.name in _KEYED else _decoder(hints[f.name]))
-        for f in dataclasses.fields(kind)
-        if f.name not in _SKIP
-    ]
+def _sequence(item: Decoder, kind: Any) -> Decoder:
+    # A scalar item needs only its type checked: the list is returned as json built it.
+    plain = kind if kind in (int, str, bool) else None
 
-    def decode(data: Any, where: str) -> Any:
-        if not isinstance(data, dict):
-            raise DecodeError(f"{where}: expected an object")
-        values = {name: f(data[name], where + "." + name) for name, f in fields if name in data}
+    def sequence(data: Any) -> Any:
+        if type(data) is not list:
+            raise _Misfit("expected a list")
+        if plain is not None and all(type(v) is plain for v in data):
+            return tuple(data)
+        for i, v in enumerate(data):
+            try:
+                item(v)
+            except _Misfit as wrong:
+                wrong.steps.append(f"[{i}]")
+                raise
+        return tuple([item(v) for v in data])
+
+    def checked(data: Any) -> Any:
+        if type(data) is not list:
+            raise _Misfit("expected a list")
         try:
-            return kind(**values)
-        except TypeError as exc:
-            raise DecodeError(f"{where}: {exc}") from None
+            return tuple([item(v) for v in data])
+        except _Misfit:
+            pass
+        for i, v in enumerate(data):  # again, to say which item does not fit
+            try:
+                item(v)
+            except _Misfit as wrong:
+                wrong.steps.append(f"[{i}]")
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
+    return sequence if plain is not None else checked
+
+
+def _enum_decoder(kind: Any) -> Decoder:
+    members = {m.value: m for m in kind}
+    # Look up by value only where every value is a string: a bool never passes for an int.
+    by_text = all(type(v) is str for v in members)
+
+    def enumeration(data: Any) -> Any:
+        if by_text and type(data) is str:
+            found = members.get(data)
+            if found is not None:
+                return found
+        try:
+            return kind(data)
+        except ValueError:
+            raise _Misfit(f"{data!r} is not a {kind.__name__}") from None
+
+    return enumeration
+
+
+# How a field of each of these types is checked inline, in the generated decoder.
+_INLINE = {
+    int: "type(v) is not int",
+    str: "type(v) is not str",
+    bool: "type(v) is not bool",
+}
+
+
+def _field_lines(name: str, kind: Any, ns: dict[str, Any]) -> list[str]:
+    """Lines that turn `v`, the JSON value of field `name`, into its decoded value."""
+    step = repr("." + name)
+    optional = False
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        if len(args) == 1 and len(args) < len(typing.get_args(kind)):
+            kind, optional = args[0], True
+    guard = "v is not None and " if optional else ""
+    if kind in _INLINE:
+        reason = repr(f"expected {kind.__name__}")
+        return [f"if {guard}{_INLINE[kind]}:", f"    raise _Misfit({reason}, {step})"]
+    if kind is float:
+        return [
+            f"if {guard}type(v) is not float:",
+            "    if type(v) is int:",
+            "        v = float(v)",
+            "    else:",
+            f"        raise _Misfit('expected a number', {step})",
+        ]
+    if kind is Any:
+        return []
+    ns[f"_d_{name}"] = _KEYED_DECODERS[name] if name in _KEYED else _decoder(kind)
+    lines = ["try:", f"    v = _d_{name}(v)", "except _Misfit as wrong:"]
+    lines += [f"    wrong.steps.append({step})", "    raise"]
+    if optional:
+        lines = ["if v is not None:"] + ["    " + line for line in lines]
+    return lines
+
+
+def _dataclass_decoder(kind: Any) -> Decoder:
+    """A decoder written for this dataclass: one function that checks each field inline."""
+    hints = typing.get_type_hints(kind, localns={"HistoryView": HistoryView})
+    ns: dict[str, Any] = {"_Misfit": _Misfit, "_MISSING": _MISSING, "_made": kind}
+    body = [
+        "def decode(data):",
+        "    if type(data) is not dict:",
+        "        raise _Misfit('expected an object')",
+        "    get = data.get",
+    ]
+    args: list[str] = []
+    for f in dataclasses.fields(kind):
+        if f.name in _SKIP or not f.init:
+            continue
+        lines = _field_lines(f.name, hints[f.name], ns)
+        body.append(f"    v = get({f.name!r}, _MISSING)")
+        if f.default is not dataclasses.MISSING:
+            ns[f"_default_{f.name}"] = f.default
+            missing = [f"v = _default_{f.name}"]
+        elif f.default_factory is not dataclasses.MISSING:
+            ns[f"_factory_{f.name}"] = f.default_factory
+            missing = [f"v = _factory_{f.name}()"]
+        else:
+            missing = [f"raise _Misfit('missing {f.name}')"]
+        body += ["    if v is _MISSING:"] + ["        " + line for line in missing]
+        if lines:
+            body += ["    else:"] + ["        " + line for line in lines]
+        body.append(f"    f_{f.name} = v")
+        args.append(f"{f.name}=f_{f.name}" if f.kw_only else f"f_{f.name}")
+    body.append(f"    return _made({', '.join(args)})")
+    exec("\n".join(body), ns)  # its source is made of field names, never of input
+    decode: Decoder = ns["decode"]
     return decode
 
 
-def _rates(data: Any, where: str) -> dict[Key, float]:
+def _rates(data: Any) -> dict[Key, float]:
     if not isinstance(data, dict):
-        raise DecodeError(f"{where}: expected an object")
+        raise _Misfit("expected an object")
     try:
         return {tuple(k.split("/")): float(v) for k, v in data.items()}
     except (TypeError, ValueError):
-        raise DecodeError(f"{where}: rates must be numbers") from None
+        raise _Misfit("rates must be numbers") from None
 
 
-def _deltas(data: Any, where: str) -> dict[Key, int]:
+def _deltas(data: Any) -> dict[Key, int]:
     if not isinstance(data, dict) or not all(type(v) is int for v in data.values()):
-        raise DecodeError(f"{where}: deltas must be an object of integers")
+        raise _Misfit("deltas must be an object of integers")
     return {tuple(k.split("/")): v for k, v in data.items()}
 
 
@@ -186,7 +342,10 @@ _KEYED_DECODERS: dict[str, Decoder] = {"rates": _rates, "deltas": _deltas}
 
 def decode_node(data: Any, where: str = "$") -> NodeSnapshot:
     """One NodeSnapshot from its JSON form (as in a fleet snapshot's "nodes")."""
-    result = _decoder(NodeSnapshot)(data, where)
+    try:
+        result = _decoder(NodeSnapshot)(data)
+    except _Misfit as wrong:
+        raise wrong.at(where) from None
     assert isinstance(result, NodeSnapshot)
     return result
 
@@ -202,7 +361,10 @@ def loads(text: str | bytes) -> FleetSnapshot:
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise DecodeError(f"schema_version {version!r} is not {SCHEMA_VERSION}")
-    result = _decoder(FleetSnapshot)(data, "$")
+    try:
+        result = _decoder(FleetSnapshot)(data)
+    except _Misfit as wrong:
+        raise wrong.at("$") from None
     assert isinstance(result, FleetSnapshot)
     return result
 

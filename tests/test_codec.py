@@ -40,3 +40,26 @@ async def test_a_demo_snapshot_round_trips_through_json() -> None:
 def test_a_bad_document_says_what_is_wrong(text: str, message: str) -> None:
     with pytest.raises(codec.DecodeError, match=message):
         codec.loads(text)
+
+
+async def test_a_sparse_snapshot_leaves_out_defaults_and_reads_back_the_same() -> None:
+    hub = demo_hub(clock=lambda: FIXED, start=FIXED - 120, events=False)
+    snapshot = await hub.poll_once()
+    full, sparse = codec.dumps(snapshot), codec.dumps(snapshot, sparse=True)
+    assert len(sparse) < len(full)
+    assert '"lost_since": null' in full and '"lost_since": null' not in sparse
+    assert codec.loads(sparse) == codec.loads(full)
+
+
+def test_a_wrong_field_deep_in_a_node_is_named_by_its_path() -> None:
+    doc = {"node": "n1", "nvml": {"at": 1, "driver_version": None, "nvml_version": None}}
+    doc["nvml"]["cuda_driver_version"] = None  # type: ignore[index]
+    doc["nvml"]["gpus"] = [{"index": 0, "uuid": "u", "name": "g", "pci_bus_id": "b"}] * 2  # type: ignore[index]
+    doc["nvml"]["gpus"] = [
+        doc["nvml"]["gpus"][0],
+        {**doc["nvml"]["gpus"][0], "ecc": {"remap_pending": 1}},
+    ]  # type: ignore[index]
+    with pytest.raises(
+        codec.DecodeError, match=r"^\$\.nvml\.gpus\[1\]\.ecc\.remap_pending: expected bool$"
+    ):
+        codec.decode_node(doc)
