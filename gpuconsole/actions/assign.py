@@ -21,7 +21,7 @@ from gpuconsole import paths
 from gpuconsole.actions.drivers import Drivers
 from gpuconsole.actions.executor import ActionRefused, Executor, Reader, StepUpdate
 from gpuconsole.actions.placement import Placement, placements
-from gpuconsole.actions.plan import PlanContext, Target
+from gpuconsole.actions.plan import Plan, PlanContext, Target
 from gpuconsole.actions.progress import JsonReport, Report, TextReport, plan_digest
 from gpuconsole.actions.roles import Actor
 from gpuconsole.actions.store import ActionStore, action_store, demo_store
@@ -312,6 +312,27 @@ async def run_assign(
             executor.journal.close()
 
 
+def shown_plan_stops(plan: Plan, request: AssignRequest, report: Report) -> int | None:
+    """Show the plan; the exit status when it goes no further (blocked, or a dry run)."""
+    report.plan(plan)
+    if plan.blocked:
+        report.refused("a precondition failed; nothing was changed.")
+        return EXIT_REFUSED
+    if request.dry_run:
+        report.dry_run()
+        return EXIT_OK
+    return None
+
+
+def ask_confirmation(plan: Plan, ask: Callable[[str], str] | None, report: Report) -> str | None:
+    """What the operator typed to confirm `plan`; None with no terminal to ask on."""
+    if ask is None:
+        report.note("Not confirmed: no terminal to ask on (pass --yes or --confirm).")
+        return None
+    # Asked here, blocking: in a thread, Ctrl-C would leave it waiting for Enter.
+    return ask(f"Type {' or '.join(plan.confirmations())} to confirm: ")
+
+
 async def _run(
     executor: Executor,
     request: AssignRequest,
@@ -325,13 +346,9 @@ async def _run(
     for outcome in await executor.recover():
         report.recovered(outcome)
     plan = await executor.plan(keys, target)
-    report.plan(plan)
-    if plan.blocked:
-        report.refused("a precondition failed; nothing was changed.")
-        return EXIT_REFUSED
-    if request.dry_run:
-        report.dry_run()
-        return EXIT_OK
+    stop = shown_plan_stops(plan, request, report)
+    if stop is not None:
+        return stop
     if request.expect_plan is not None and plan_digest(plan) != request.expect_plan:
         # the operator confirmed the plan a head showed them a while ago, not this one
         report.refused(
@@ -343,12 +360,11 @@ async def _run(
         confirm = request.confirm
     elif request.yes:
         confirm = plan.node
-    elif ask is not None:
-        words = " or ".join(plan.confirmations())
-        confirm = ask(f"Type {words} to confirm: ")
     else:
-        report.note("Not confirmed: no terminal to ask on (pass --yes or --confirm).")
-        return EXIT_REFUSED
+        asked = ask_confirmation(plan, ask, report)
+        if asked is None:
+            return EXIT_REFUSED
+        confirm = asked
     try:
         outcome = await executor.execute(plan, actor, confirm)
     except ActionRefused as exc:

@@ -37,6 +37,8 @@ from gpuconsole.actions.assign import (
     EXIT_UNKNOWN,
     EXIT_USAGE,
     AssignRequest,
+    ask_confirmation,
+    shown_plan_stops,
 )
 from gpuconsole.actions.audit import AuditLog, AuditRecord
 from gpuconsole.actions.executor import (
@@ -776,20 +778,12 @@ async def _ask_and_run(
     plan = await remote.plan(request.gpus, target, propose=request.propose, model=request.model)
     for outcome in await remote.recover():
         report.recovered(outcome)
-    report.plan(plan)
-    if plan.blocked:
-        report.refused("a precondition failed; nothing was changed.")
-        return EXIT_REFUSED
-    if request.dry_run:
-        report.dry_run()
-        return EXIT_OK
-    if ask is not None:
-        words = " or ".join(plan.confirmations())
-        # Asked here, blocking, as a local run asks: in a thread, Ctrl-C would leave it
-        # waiting for Enter. A connection the node drops meanwhile is made again.
-        confirm = ask(f"Type {words} to confirm: ")
-    else:
-        report.note("Not confirmed: no terminal to ask on (pass --yes or --confirm).")
+    stop = shown_plan_stops(plan, request, report)
+    if stop is not None:
+        return stop
+    # a connection the node drops while the operator reads is made again
+    confirm = ask_confirmation(plan, ask, report)
+    if confirm is None:
         return EXIT_REFUSED
     outcome = await remote.execute(plan, actor, confirm.strip())
     return _said(outcome, await remote.recover(), report)
