@@ -57,7 +57,7 @@ def _run_console(
     acting: Config | None = None,
 ) -> int:
     """The console on `hub` (or a captured `snapshot`); with `acting`, the config of this
-    machine's actions, it can move this machine's GPUs."""
+    machine's actions, it can move this machine's GPUs, and over ssh those of its fleet."""
     try:
         from gpuconsole.tui.app import ConsoleApp
         from gpuconsole.tui.screens.assign import MachineAccess
@@ -68,7 +68,9 @@ def _run_console(
     if snapshot is not None:
         ConsoleApp(None, theme=theme, start_hub=False, snapshot=snapshot).run()
     elif hub is not None:
-        actions = MachineAccess(acting, hub.post_event, hub) if acting is not None else None
+        actions = (
+            MachineAccess(acting, hub.post_event, hub, remote=True) if acting is not None else None
+        )
         ConsoleApp(hub, theme=theme, actions=actions).run()
     return 0
 

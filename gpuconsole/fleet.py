@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,12 +170,25 @@ def fleet_hub(cfg: FleetConfig, settings: HubSettings | None = None) -> Hub:
     return hub
 
 
-def focus(hub: Hub, node: str | None) -> None:
-    """Read every detail of `node` from its agent (the console drilled into it), and only
-    the overview of every other node; None: the overview of all."""
+# hub -> viewer -> the node that viewer drilled into (consoles sharing one hub: ssh sessions)
+_FOCUSED: weakref.WeakKeyDictionary[Hub, dict[int, str]] = weakref.WeakKeyDictionary()
+
+
+def focus(hub: Hub, node: str | None, viewer: object = None) -> None:
+    """Read every detail of `node` from its agent (`viewer`, a console, drilled into it),
+    and only the overview of the nodes no viewer is in; None: `viewer` left its node.
+
+    Several consoles on one hub (the ssh server's sessions) each hold their own node.
+    """
     from gpuconsole.sources.promql import PromQLSource
     from gpuconsole.sources.remote import RemoteSource
 
+    held = _FOCUSED.setdefault(hub, {})
+    if node is None:
+        held.pop(id(viewer), None)
+    else:
+        held[id(viewer)] = node
+    wanted = set(held.values())
     for source in hub.sources:
         if isinstance(source, RemoteSource | PromQLSource):
-            source.detail = source.node == node
+            source.detail = source.node in wanted

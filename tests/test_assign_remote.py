@@ -55,6 +55,7 @@ from gpuconsole.actions.ssh_caller import over_ssh
 from gpuconsole.cli import main
 from gpuconsole.config import Config, FleetConfig, HostConfig, RemoteConfig, load
 from gpuconsole.model import Event
+from tests.waiting import until as wait_for
 
 NODE = "dgx-003"  # of the demo cluster: its GPU 3 is free, the others held by pods
 GPU = "3"
@@ -528,3 +529,55 @@ def test_a_node_asked_about_another_node_refuses_instead_of_passing_it_on(
     assert f"this is {here}, not elsewhere" in capsys.readouterr().err
     assert main(["assign", "--node", "elsewhere", GPU, "--to", "free"]) == 2
     assert "elsewhere is not in [fleet]" in capsys.readouterr().err
+
+
+# --- from a head's console ---------------------------------------------------------------
+
+
+async def test_a_head_console_moves_a_fleet_nodes_gpu_over_ssh_and_ticks_each_step(
+    tmp_path: Path, keys: Keys, node: ExecServer, console_app: Any
+) -> None:
+    from textual.widgets import OptionList
+
+    from gpuconsole.tui.screens.assign import AssignScreen, MachineAccess, Stage
+
+    cfg = load(_config(tmp_path, keys, node.port))
+    events: list[Event] = []
+    app = console_app(actor=OPS, actions=MachineAccess(cfg, events.append, None, remote=True))
+    async with app.run_test(size=(120, 40)) as pilot:
+        dialog = AssignScreen(NODE, ["0000:61:00.0"])
+        app.push_screen(dialog)
+        await wait_for(lambda: dialog.stage is Stage.CHOOSE)
+        targets = dialog.query_one("#assign-targets", OptionList)
+        targets.focus()
+        targets.highlighted = targets.get_option_index("drained")
+        await pilot.press("enter")
+        await wait_for(lambda: dialog.stage is Stage.PLAN, timeout=60)
+        assert dialog.plan is not None and dialog.plan.node == NODE
+        assert _world(tmp_path).owners(3) == ["k8s"]  # the node planned; nothing changed
+        await pilot.press("3", "enter")
+        await wait_for(lambda: dialog.stage is Stage.DONE, timeout=60)
+        assert dialog.outcome is not None and dialog.outcome.ok, dialog.outcome
+        # every step ticked in the dialog as the node ran it
+        assert [state for state, _ in dialog.progress.values()] == ["done"] * len(dialog.plan.steps)
+        await pilot.press("escape")
+        await wait_for(lambda: app.screen is not dialog)
+    assert _world(tmp_path).owners(3) == ["drained"]
+    assert events[-1].message.startswith("assign drained by ops: ")
+    head = AuditLog(tmp_path / "head" / "audit.jsonl").records()
+    assert [r["outcome"] for r in head] == ["asked", "ok"]
+
+
+async def test_a_head_console_says_how_to_reach_a_node_it_has_no_way_to(
+    tmp_path: Path, console_app: Any
+) -> None:
+    from gpuconsole.tui.screens.assign import AssignScreen, MachineAccess, Stage
+
+    cfg = Config(host=HostConfig(name="head"))
+    app = console_app(actor=OPS, actions=MachineAccess(cfg, lambda _e: None, None, remote=True))
+    async with app.run_test(size=(120, 40)):
+        dialog = AssignScreen(NODE, ["0000:61:00.0"])
+        app.push_screen(dialog)
+        await wait_for(lambda: dialog.stage is Stage.CLOSED)
+        shown = "\n".join(s.text for s in app.screen._compositor.render_strips())
+        assert f"cannot act on {NODE}: this is head, and {NODE} is not in [fleet]" in shown

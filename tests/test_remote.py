@@ -268,6 +268,44 @@ async def test_drilling_into_a_node_reads_everything_its_agent_has(
         await head.stop()
 
 
+async def test_a_console_drilling_into_a_node_reads_it_whole_while_it_shows_it(
+    agents: list[NodeAgent],
+) -> None:
+    from gpuconsole.tui.app import ConsoleApp
+    from gpuconsole.tui.screens.node import NodeScreen
+
+    head, _ = head_for(agents)
+    await head.start()
+    sources = {s.node: s for s in head.sources if isinstance(s, RemoteSource)}
+    other = ConsoleApp(head, start_hub=False, theme_dirs=[])
+    app = ConsoleApp(head, start_hub=False, theme_dirs=[])
+    try:
+        await until(lambda: all(ok(head.latest, a.name, "nvml") for a in agents))
+        async with other.run_test(size=(120, 40)), app.run_test(size=(120, 40)) as pilot:
+            other.open_node("dgxa-101")  # another console (an ssh session) on the same hub
+            app.open_node("dgx-102")
+            await pilot.pause()
+            assert isinstance(app.screen, NodeScreen)
+            assert {n for n, s in sources.items() if s.detail} == {"dgx-102", "dgxa-101"}
+            await until(lambda: bool(head.latest.node("dgx-102").gpus[0].nvlinks))  # type: ignore[union-attr]
+            app.open_gpu("dgx-102", 0)
+            await pilot.press("question_mark")  # help over the GPU view: still that node
+            await pilot.pause()
+            assert sources["dgx-102"].detail
+            for _ in range(2):
+                await pilot.press("escape")
+            await pilot.pause()
+            assert isinstance(app.screen, NodeScreen) and sources["dgx-102"].detail
+            await pilot.press("escape")  # back on the fleet: the summary again
+            await pilot.pause()
+            assert {n for n, s in sources.items() if s.detail} == {"dgxa-101"}
+            await until(lambda: not head.latest.node("dgx-102").gpus[0].nvlinks)  # type: ignore[union-attr]
+        # a console that ends lets go of its node
+        assert not any(s.detail for s in sources.values())
+    finally:
+        await head.stop()
+
+
 async def test_a_large_body_is_read_whole() -> None:
     """An answer bigger than one read of the socket (a full 8-GPU snapshot is 130 KB)."""
     body = json.dumps({"pad": "x" * 3_000_000}).encode()

@@ -13,6 +13,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 
 from gpuconsole.actions.roles import Actor, Role, local_actor
+from gpuconsole.fleet import focus
 from gpuconsole.hub import Hub
 from gpuconsole.model import FleetSnapshot
 from gpuconsole.paths import user_themes_dir
@@ -76,6 +77,7 @@ class ConsoleApp(App[None]):
         self.clock = clock
         self.snapshot: FleetSnapshot | None = snapshot
         self._feed = HubFeed(hub, start=start_hub)
+        self._drilled: str | None = None  # the node this console drilled into (a fleet's)
         dirs = [user_themes_dir()] if theme_dirs is None else theme_dirs
         self._loaded_themes = load_themes(dirs)
         for loaded in self._loaded_themes.values():
@@ -91,11 +93,13 @@ class ConsoleApp(App[None]):
 
     async def on_mount(self) -> None:
         self.theme_changed_signal.subscribe(self, self._theme_changed)
+        self.screen_change_signal.subscribe(self, self._screen_changed)
         await self._feed.attach(self)
         self.set_interval(1.0, self._tick)
         self.check_size()
 
     async def on_unmount(self) -> None:
+        self._drill_into(None)
         await self._feed.detach()
 
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
@@ -154,6 +158,21 @@ class ConsoleApp(App[None]):
         self.notify(f"theme: {self.theme}", timeout=2)
 
     # --- navigation ----------------------------------------------------------------
+
+    def _screen_changed(self, _screen: Screen[object]) -> None:
+        # the node under whatever is on top (help, the palette, a dialog over a node view)
+        node = next(
+            (n for s in reversed(self.screen_stack) if (n := getattr(s, "node_name", None))),
+            None,
+        )
+        self._drill_into(node)
+
+    def _drill_into(self, node: str | None) -> None:
+        """A fleet's hub reads this node's agent in full while this console shows it."""
+        hub = getattr(self.hub, "hub", self.hub)  # an ssh session's feed, or the hub
+        if isinstance(hub, Hub) and node != self._drilled:
+            self._drilled = node
+            focus(hub, node, viewer=self)
 
     def _to_fleet(self) -> None:
         while len(self.screen_stack) > 1 and not isinstance(self.screen, FleetScreen):

@@ -41,6 +41,7 @@ from gpuconsole.tui.widgets.plan_view import (
 )
 
 if TYPE_CHECKING:
+    from gpuconsole.actions.remote import RemoteExecutor
     from gpuconsole.tui.app import ConsoleApp
 
 __all__ = [
@@ -74,7 +75,7 @@ class ActionAccess(abc.ABC):
     demo: ClassVar[bool] = False
 
     @abc.abstractmethod
-    def executor(self, node: str, on_step: OnStep) -> Executor:
+    def executor(self, node: str, on_step: OnStep) -> Executor | RemoteExecutor:
         """The executor for `node`; ValueError says why this console cannot act there."""
 
     def warning(self) -> str:
@@ -91,12 +92,20 @@ class ActionAccess(abc.ABC):
 
 class MachineAccess(ActionAccess):
     """This machine's GPUs, with the drivers and the shared state folder the config names.
-    Another node's GPUs move on that node (ssh NODE gpuconsole assign ...)."""
 
-    def __init__(self, cfg: Config, emit: EmitEvent, hub: Hub | None = None) -> None:
+    Another node's GPUs move on that node: with `remote` (an operator's own console on a
+    head) through its own gpuconsole over ssh, as `assign --node` does, with this process's
+    ssh identity; without (the ssh-in console, whose sessions would all act as the server's
+    user) the console tells the command to run there.
+    """
+
+    def __init__(
+        self, cfg: Config, emit: EmitEvent, hub: Hub | None = None, *, remote: bool = False
+    ) -> None:
         self.cfg = cfg
         self.emit = emit
         self.hub = hub
+        self.remote = remote
 
     def executed(self, node: str) -> None:
         # NVML numbers GPUs when it starts: one bound to or from nvidia shows only after
@@ -107,10 +116,21 @@ class MachineAccess(ActionAccess):
             if isinstance(source, NvmlSource) and source.node == node:
                 source.rediscover()
 
-    def executor(self, node: str, on_step: OnStep) -> Executor:
+    def executor(self, node: str, on_step: OnStep) -> Executor | RemoteExecutor:
         from gpuconsole.actions.assign import console_executor
 
-        return console_executor(self.cfg, node, self.emit, on_step=on_step)
+        if not self.remote or node == self.cfg.host.node_name:
+            return console_executor(self.cfg, node, self.emit, on_step=on_step)
+        from gpuconsole.actions.remote import RemoteError, RemoteExecutor, ssh_target
+        from gpuconsole.actions.store import action_store
+
+        try:
+            target = ssh_target(self.cfg, node)
+        except RemoteError as exc:
+            raise ValueError(str(exc)) from None
+        # the head audits what it asked, the node what it ran
+        audit = action_store(self.cfg.actions).audit()
+        return RemoteExecutor(target, on_step=on_step, emit=self.emit, audit=audit)
 
     def warning(self) -> str:
         from gpuconsole.actions.store import action_store
@@ -124,7 +144,9 @@ class MachineAccess(ActionAccess):
         here = self.cfg.host.node_name
         if here not in nodes:
             return {}
-        executor = self.executor(here, lambda _update: None)
+        from gpuconsole.actions.assign import console_executor
+
+        executor = console_executor(self.cfg, here, self.emit)
         try:
             return {here: await executor.context()}
         finally:
@@ -234,7 +256,7 @@ class AssignScreen(ModalScreen[None]):
         self.marked = tuple(gpus)
         self.target = target
         self.stage = Stage.OPENING
-        self.executor: Executor | None = None
+        self.executor: Executor | RemoteExecutor | None = None
         self.plan: Plan | None = None
         self.outcome: Outcome | None = None
         self.progress: dict[int, tuple[str, str]] = {}
@@ -275,8 +297,11 @@ class AssignScreen(ModalScreen[None]):
         self.run_worker(self._open(), group="assign")
 
     async def on_unmount(self) -> None:
-        if self.executor is not None:
-            self.executor.journal.close()
+        executor, self.executor = self.executor, None
+        if isinstance(executor, Executor):
+            executor.journal.close()
+        elif executor is not None:
+            await executor.close()  # another node's: its ssh connection
 
     def _node(self) -> NodeSnapshot | None:
         snapshot = self.console.snapshot
@@ -394,9 +419,7 @@ class AssignScreen(ModalScreen[None]):
             self.stage = Stage.CLOSED
             self.say(f"could not recover the journal's plans: {exc}", Health.CRITICAL)
             return
-        for outcome in recovered:
-            health = Health.OK if outcome.ok else Health.WARNING
-            self.say(f"journal: plan {outcome.plan_id} {outcome.message}", health)
+        self._said_recovered(recovered)
         if self._node() is None:
             self.stage = Stage.CLOSED
             self.say(f"{self.node_name} is not in the latest snapshot", Health.WARNING)
@@ -407,6 +430,11 @@ class AssignScreen(ModalScreen[None]):
             await self._make_plan(self.target)
         else:
             self.query_one("#assign-targets", OptionList).focus()
+
+    def _said_recovered(self, recovered: list[Outcome]) -> None:
+        for outcome in recovered:
+            health = Health.OK if outcome.ok else Health.WARNING
+            self.say(f"journal: plan {outcome.plan_id} {outcome.message}", health)
 
     def _on_step(self, update: StepUpdate) -> None:
         # the executor may call this from another thread: post_message is safe from any
@@ -441,6 +469,8 @@ class AssignScreen(ModalScreen[None]):
             self.stage = Stage.CHOOSE
             self.say(f"could not plan: {exc}", Health.CRITICAL)
             return
+        if not isinstance(self.executor, Executor):  # another node recovers as it plans
+            self._said_recovered(await self.executor.recover())
         self.plan, self.progress = plan, {}
         self.stage = Stage.PLAN
         self._show()
@@ -457,6 +487,8 @@ class AssignScreen(ModalScreen[None]):
 
     async def _execute(self, typed: str) -> None:
         """Hand the plan and what was typed to the executor, which decides."""
+        from gpuconsole.actions.remote import ContactLost, RemoteError
+
         assert self.executor is not None and self.plan is not None
         plan = self.plan
         self.stage = Stage.RUNNING
@@ -471,6 +503,12 @@ class AssignScreen(ModalScreen[None]):
             else:
                 self.stage = Stage.PLAN
                 self.query_one("#assign-confirm", Input).value = ""
+        except ContactLost as exc:  # another node's, mid-plan: it says how the node ends it
+            self.stage = Stage.DONE
+            self.say(str(exc), Health.CRITICAL)
+        except RemoteError as exc:  # another node's, before anything started there
+            self.stage = Stage.DONE
+            self.say(f"nothing started on {self.node_name}: {exc}", Health.CRITICAL)
         except Exception as exc:  # the console stays up; the journal knows how far it got
             log.exception("executing %s on %s", plan.target, self.node_name)
             self.stage = Stage.DONE
