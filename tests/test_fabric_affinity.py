@@ -99,6 +99,24 @@ async def test_each_gpu_gets_its_switch_local_nic_and_flags_what_is_wrong(
     assert reading.peermem_loaded is False
 
 
+async def test_each_nic_has_its_distance_to_every_nic_as_nvidia_smi_rows_show_it(
+    tmp_path: Path,
+) -> None:
+    dgx_h100_slice(tmp_path)
+    reading = await read(tmp_path)
+    names = [d.name for d in reading.devices]
+    table = {d.name: {lv.device: lv.level for lv in d.levels} for d in reading.devices}
+    for a in names:
+        assert table[a][a] == "X"
+        assert all(table[a][b] == table[b][a] for b in names)  # the matrix is symmetric
+    assert table["mlx5_0"]["mlx5_6"] == "SYS"  # one per socket
+    assert table["mlx5_0"]["mlx5_1"] == "NODE"  # rail and storage NIC, one socket
+    # what a GPU sees of a NIC, the NIC under its switch sees of the other NICs
+    gpu0 = reading.gpu("0000:1b:00.0")
+    assert gpu0 is not None
+    assert {lv.device: lv.level for lv in gpu0.levels}["mlx5_6"] == table["mlx5_0"]["mlx5_6"]
+
+
 async def test_a_downtrained_rail_is_flagged_on_the_gpu_that_pairs_with_it(
     tmp_path: Path,
 ) -> None:

@@ -280,14 +280,14 @@ async def test_a_console_drilling_into_a_node_reads_it_whole_while_it_shows_it(
     other = ConsoleApp(head, start_hub=False, theme_dirs=[])
     app = ConsoleApp(head, start_hub=False, theme_dirs=[])
     try:
-        await until(lambda: all(ok(head.latest, a.name, "nvml") for a in agents))
+        await until(lambda: all(ok(head.latest, a.name, "nvml") for a in agents), 30)
         async with other.run_test(size=(120, 40)), app.run_test(size=(120, 40)) as pilot:
             other.open_node("dgxa-101")  # another console (an ssh session) on the same hub
             app.open_node("dgx-102")
             await pilot.pause()
             assert isinstance(app.screen, NodeScreen)
             assert {n for n, s in sources.items() if s.detail} == {"dgx-102", "dgxa-101"}
-            await until(lambda: bool(head.latest.node("dgx-102").gpus[0].nvlinks))  # type: ignore[union-attr]
+            await until(lambda: bool(head.latest.node("dgx-102").gpus[0].nvlinks), 30)  # type: ignore[union-attr]
             app.open_gpu("dgx-102", 0)
             await pilot.press("question_mark")  # help over the GPU view: still that node
             await pilot.pause()

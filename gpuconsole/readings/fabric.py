@@ -148,11 +148,12 @@ class FabricDevice:
     hca_type: str | None = None
     node_guid: str | None = None
     ports: tuple[FabricPort, ...] = ()
+    levels: tuple[NicLevel, ...] = ()  # to every RDMA device of the node, itself ("X") too
 
 
 @dataclass(frozen=True, slots=True)
 class NicLevel:
-    """How far one GPU is from one RDMA device over PCIe."""
+    """How far a GPU, or another RDMA device, is from one RDMA device over PCIe."""
 
     device: str
     level: str  # PIX, PXB, PHB, NODE, SYS

@@ -81,7 +81,7 @@ def _summary_port(port: FabricPort) -> FabricPort:
 
 def _summary_fabric(fabric: FabricReading) -> FabricReading:
     devices = tuple(
-        dataclasses.replace(d, ports=tuple(_summary_port(p) for p in d.ports))
+        dataclasses.replace(d, ports=tuple(_summary_port(p) for p in d.ports), levels=())
         for d in fabric.devices
     )
     return dataclasses.replace(fabric, devices=devices, gpus=())
@@ -99,7 +99,7 @@ def summarize(node: NodeSnapshot) -> NodeSnapshot:
     counters; the rates and deltas of error counters that moved; tenancy, which decides
     owners. Left out for the drill-down, which asks the agent for everything: NVLink
     readings, GPM pipes, the topology matrix, nominal sensors, raw counters, GPU-NIC
-    affinity.
+    affinity and NIC-NIC levels.
     """
     nvml = node.nvml
     if nvml is not None:

@@ -135,6 +135,15 @@ def gpu_affinity(
     return tuple(out)
 
 
+def nic_levels(devices: Sequence[IbDevice]) -> dict[str, tuple[NicLevel, ...]]:
+    """Each RDMA device's distance to every one of them (nvidia-smi's NIC rows)."""
+    placed = [(d.name, d.pci) for d in devices if d.pci is not None]
+    return {
+        name: tuple(NicLevel(other, pci_level(pci, to)) for other, to in placed)
+        for name, pci in placed
+    }
+
+
 def _natural(name: str) -> tuple[str, int]:
     head = name.rstrip("0123456789")
     tail = name[len(head) :]

@@ -19,10 +19,17 @@ from gpuconsole.readings.fabric import (
     FabricPort,
     FabricReading,
     NetdevStats,
+    NicLevel,
     PortRole,
 )
 from gpuconsole.sources.base import EmitEvent, SourceUnavailable
-from gpuconsole.sources.fabric.affinity import GpuPlace, gpu_affinity, parse_roles, port_role
+from gpuconsole.sources.fabric.affinity import (
+    GpuPlace,
+    gpu_affinity,
+    nic_levels,
+    parse_roles,
+    port_role,
+)
 from gpuconsole.sources.fabric.infiniband import IbDevice, IbPort, InfinibandReader
 from gpuconsole.sources.fabric.netlink import LinkWatcher, NetdevReader, NetlinkUnavailable
 from gpuconsole.sources.pci import find_gpus, socket_of_numa
@@ -67,6 +74,7 @@ class FabricSource:
         self._watch_error: str | None = None
         self._emit: EmitEvent | None = None
         self._gpus: tuple[GpuPlace, ...] = ()
+        self._nic_levels: tuple[tuple[object, ...], dict[str, tuple[NicLevel, ...]]] = ((), {})
         self._sockets: dict[int, int | None] = {}
         self._reads = 0
         self._last_states: dict[tuple[str, int], tuple[str, PortRole]] = {}
@@ -159,6 +167,10 @@ class FabricSource:
                 role = roles[(d.name, p.port)][0]
                 if p.link_layer == "InfiniBand" and p.state == "ACTIVE" and p.rate_gbps:
                     expected[role] = max(expected.get(role, 0.0), p.rate_gbps)
+        placed = tuple((d.name, d.pci) for d in devices)
+        if self._nic_levels[0] != placed:  # PCIe does not move between polls
+            self._nic_levels = (placed, nic_levels(devices))
+        levels = self._nic_levels[1]
         out_devices = []
         all_ports: list[FabricPort] = []
         sockets: list[tuple[IbDevice, int | None]] = []
@@ -182,6 +194,7 @@ class FabricSource:
                     hca_type=d.hca_type,
                     node_guid=d.node_guid,
                     ports=ports,
+                    levels=levels.get(d.name, ()),
                 )
             )
         affinity = gpu_affinity(gpus, sockets, all_ports, peermem)
