@@ -30,7 +30,7 @@ import pytest
 from gpuconsole.actions.assign import AssignRequest, run_assign
 from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.drivers.sim import SimWorld
-from gpuconsole.actions.executor import STEP_EVENT, Outcome, StepUpdate
+from gpuconsole.actions.executor import STEP_EVENT, ActionRefused, Outcome, StepUpdate
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.plan import Layer, Plan, Step, StepKind, Target
 from gpuconsole.actions.progress import (
@@ -308,6 +308,21 @@ async def test_a_remote_plan_moves_the_gpu_on_the_node_and_the_head_ticks_each_s
     assert [r["outcome"] for r in head] == ["asked", "ok"]
     assert head[1]["args"]["plan_id"] == outcome.plan_id
     assert head[1]["args"]["remote"] == f"ssh 127.0.0.1:{node.port}"
+
+
+async def test_a_head_that_cannot_audit_asks_the_node_nothing(
+    tmp_path: Path, keys: Keys, node: ExecServer
+) -> None:
+    (tmp_path / "full").write_text("")  # its audit log cannot be created: an OSError
+    audit = AuditLog(tmp_path / "full" / "audit.jsonl")
+    async with RemoteExecutor(_target(keys, node.port), audit=audit) as remote:
+        plan = await remote.plan([GPU], Target.parse("drained"))
+        with pytest.raises(ActionRefused, match=r"cannot be written .*nothing was asked of"):
+            await remote.execute(plan, OPS, GPU)
+        with pytest.raises(ActionRefused, match="nothing was asked of dgx-003"):
+            await remote.run([GPU], Target.parse("drained"), OPS, GPU)
+    assert len(node.commands) == 1  # the plan only
+    assert _world(tmp_path).owners(3) == ["k8s"]
 
 
 def test_assign_with_a_fleet_node_shows_its_plan_here_and_runs_it_there(

@@ -130,7 +130,8 @@ def test_an_operator_powers_off_and_the_bmc_says_so(sim_source: BmcSource, tmp_p
     assert ask(sim_source, audit, Role.OPERATOR, "dgx-005") == "off"
     reading = asyncio.run(sim_source.poll())
     assert reading.power_state is PowerState.OFF
-    (record,) = audit.records()
+    started, record = audit.records()  # asked before the BMC was, then what it answered
+    assert started["action"] == "power off" and started["outcome"] == "started"
     assert record["action"] == "power off" and record["outcome"] == "ok"
     assert record["target"] == "dgx-005 (sim://dgx-005-bmc)" and record["time"]
 
@@ -173,5 +174,5 @@ def test_the_power_command_reaches_a_real_bmc_and_is_audited(bmc: IpmiSim, tmp_p
     assert "Chassis Power is off" in bmc.ipmitool("chassis", "power", "status")
     lines = audit.read_text().splitlines()
     outcomes = [json.loads(line)["outcome"] for line in lines]
-    assert outcomes == ["refused", "ok"]
+    assert outcomes == ["refused", "started", "ok"]
     assert bmc.password not in "".join(lines) + done.stdout + done.stderr

@@ -1299,13 +1299,6 @@ async def test_a_full_journal_disk_changes_nothing_and_the_action_runs_once_spac
     journal.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="actions/executor.py does not turn a journal that cannot be written into a "
-    "refusal: with the journal's disk full, execute() raises sqlite3.OperationalError "
-    "'database or disk is full' (naming neither the journal nor the action) instead of "
-    "ActionRefused, which the CLI and the console catch",
-)
 async def test_a_full_journal_disk_is_a_refusal_that_names_the_journal(
     tmp_path: Path, small_disk: SmallDisk
 ) -> None:
@@ -1323,13 +1316,6 @@ async def test_a_full_journal_disk_is_a_refusal_that_names_the_journal(
         journal.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="actions/executor.py writes the 'started' audit record after lock_and_start: "
-    "with the audit log's disk full the OSError (ENOSPC) escapes execute(), the plan stays "
-    "'running' in the journal with its GPU lock held by this live process, and every later "
-    "request for that GPU is refused ('is held by ops ... plan <id>') until the process exits",
-)
 async def test_a_full_audit_disk_refuses_the_action_and_holds_no_gpu(
     tmp_path: Path, small_disk: SmallDisk
 ) -> None:
@@ -1359,14 +1345,6 @@ async def test_a_full_audit_disk_refuses_the_action_and_holds_no_gpu(
         journal.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="actions/audit.py AuditLog.append ignores a short os.write: on a full disk the "
-    "record that no longer fits is written in part (the rest of the file's last page) with "
-    "no error, the next append raises ENOSPC, and from then on records() raises "
-    "JSONDecodeError ('Unterminated string') for the whole log; a later record is glued "
-    "to the fragment",
-)
 def test_an_audit_record_that_does_not_fit_is_refused_whole_and_the_log_stays_readable(
     small_disk: SmallDisk,
 ) -> None:
@@ -1387,12 +1365,6 @@ def test_an_audit_record_that_does_not_fit_is_refused_whole_and_the_log_stays_re
     assert len(audit.records()) == kept + 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="actions/power.py audits a power action only after set_power: with the audit "
-    "log's disk full the BMC powers the server off and then power() raises OSError "
-    "(ENOSPC), so a power-off happened that the audit log does not hold",
-)
 async def test_a_power_action_that_cannot_be_audited_never_reaches_the_bmc(
     small_disk: SmallDisk,
 ) -> None:

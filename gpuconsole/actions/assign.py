@@ -11,6 +11,7 @@ On a head, `--node` naming another node of the fleet runs the command there, ove
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -284,7 +285,11 @@ async def run_assign(
             )
             return EXIT_USAGE
     # this machine's executor is built once: proposing reads through it too
-    executor = None if request.demo else node_executor(cfg, report.step)
+    try:
+        executor = None if request.demo else node_executor(cfg, report.step)
+    except sqlite3.Error as exc:  # its journal cannot be opened: nothing was done
+        report.refused(f"{exc}; nothing was changed")
+        return EXIT_REFUSED
     try:
         if request.propose is not None:
             chosen = await _proposal(request, target, executor, report)
@@ -304,7 +309,11 @@ async def run_assign(
                     file=sys.stderr,
                 )
                 return EXIT_USAGE
-            executor = demo_executor(node, report.step)
+            try:
+                executor = demo_executor(node, report.step)
+            except sqlite3.Error as exc:
+                report.refused(f"{exc}; nothing was changed")
+                return EXIT_REFUSED
         ask = None if request.json_progress else ask  # a head asks its own operator
         return await _run(executor, request, keys, target, actor, ask, report)
     finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import threading
@@ -16,7 +18,8 @@ from gpuconsole import paths
 
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
-    """Who asked for what, when, and what came of it ("ok", "refused", "failed")."""
+    """Who asked for what, when, and what came of it ("started", then "ok" or "failed";
+    or "refused")."""
 
     at: float
     user: str
@@ -30,7 +33,8 @@ class AuditRecord:
 
 
 class AuditLog:
-    """Appends records to a JSON-lines file, created with `mode`, one write per record."""
+    """Appends records to a JSON-lines file, created with `mode`: each record whole or not at
+    all, so that a full disk never leaves a fragment that makes the log unreadable."""
 
     def __init__(self, path: Path, *, mode: int = 0o600) -> None:
         self.path = path
@@ -38,6 +42,7 @@ class AuditLog:
         self._lock = threading.Lock()
 
     def append(self, record: AuditRecord) -> None:
+        """Write `record`; raises OSError, naming the log, with nothing of it written."""
         body = asdict(record)
         body["args"] = dict(record.args)
         body["time"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(record.at))
@@ -47,9 +52,27 @@ class AuditLog:
             paths.create_file(self.path, self.mode)
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
             try:
-                os.write(fd, line)
+                # other processes append to the same log: none may write between our
+                # record's start and a truncation that takes back a part of it
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                end = os.lseek(fd, 0, os.SEEK_END)
+                written = 0
+                try:
+                    while written < len(line):  # a full disk takes a part, then says ENOSPC
+                        taken = os.write(fd, line[written:])
+                        if taken == 0:
+                            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                        written += taken
+                except OSError as exc:
+                    if written:
+                        os.ftruncate(fd, end)
+                    raise OSError(exc.errno, exc.strerror, str(self.path)) from None
             finally:
                 os.close(fd)
+
+    def cannot_write(self, exc: OSError) -> str:
+        """What to tell a person when an append raised `exc`."""
+        return f"the audit log {self.path} cannot be written ({exc.strerror or exc})"
 
     def records(self) -> list[dict[str, Any]]:
         """Every record so far, oldest first."""

@@ -1,5 +1,6 @@
-"""Runs plans: checks who asks where the action executes, locks the GPUs, journals each step
-before and after it runs, audits the outcome, posts events, and recovers after a crash.
+"""Runs plans: checks who asks where the action executes, locks the GPUs, audits the start
+(or refuses, when it cannot), journals each step before and after it runs, audits the
+outcome, posts events, and recovers after a crash.
 
 Events go to `emit`: a hub's `post_event` (safe from any thread) puts every refusal, start,
 step and outcome in the Events view of the process that runs the plan.
@@ -13,6 +14,8 @@ failed final check leaves the GPUs where they are and says what to look at.
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -39,6 +42,8 @@ __all__ = [
     "outcome_severity",
     "step_message",
 ]
+
+log = logging.getLogger(__name__)
 
 # Events an executor posts: source "actions", kind "action" for a refusal, start, outcome or
 # recovery (each also an audit record), "action_step" for each step done, failed or undone.
@@ -190,10 +195,38 @@ class Executor:
         severity, text = step_message(plan, plan_id, seq, state, detail)
         self._event(plan, severity, text, STEP_EVENT)
 
-    def _refuse(self, plan: Plan, actor: Actor, why: str) -> ActionRefused:
-        self._audit(plan, actor, "refused", why)
+    def _audit_after(
+        self, plan: Plan, actor: Actor, outcome: str, detail: str, plan_id: str
+    ) -> str:
+        """Audit what already happened; a note for the person when the log cannot take it."""
+        try:
+            self._audit(plan, actor, outcome, detail, plan_id)
+        except OSError as exc:
+            log.error("assign %s (plan %s) %s, not audited: %s", plan.target, plan_id, outcome, exc)
+            return f" (not audited: {self.audit.cannot_write(exc)}; the journal holds it)"
+        return ""
+
+    def _refuse(self, plan: Plan, actor: Actor, why: str, *, audit: bool = True) -> ActionRefused:
+        """A refusal, audited unless the audit log is why; nothing was done either way."""
+        if audit:
+            try:
+                self._audit(plan, actor, "refused", why)
+            except OSError as exc:  # the refusal stands, unaudited
+                log.error("assign %s refused (%s), not audited: %s", plan.target, why, exc)
         self._event(plan, Severity.WARNING, f"{actor.who} was refused assign {plan.target}: {why}")
         return ActionRefused(why)
+
+    def _release(self, plan_id: str, why: str) -> str:
+        """Mark a plan that never ran refused, which frees its GPUs; a note when it cannot."""
+        try:
+            self.journal.finish_plan(plan_id, PlanState.REFUSED, why)
+        except sqlite3.Error as exc:
+            log.error("plan %s, refused (%s), not journaled: %s", plan_id, why, exc)
+            return (
+                f"; {self.journal.cannot_write(exc)} either: plan {plan_id} keeps its GPUs "
+                "locked until this process ends (none of its steps ran)"
+            )
+        return ""
 
     # --- executing -------------------------------------------------------------------
 
@@ -201,7 +234,8 @@ class Executor:
         """Run a plan for `actor`, who confirmed it by typing `confirm`.
 
         Raises ActionRefused, with nothing changed, for a viewer, a wrong confirmation, a
-        failed precondition, a GPU another action holds, or a node that changed since.
+        failed precondition, a GPU another action holds, a node that changed since, or a
+        journal or audit log that cannot be written.
         """
         if not actor.role.may_act:
             raise self._refuse(
@@ -218,19 +252,27 @@ class Executor:
             )
         except GpuBusy as exc:
             raise self._refuse(plan, actor, str(exc)) from None
+        except sqlite3.Error as exc:  # the transaction rolled back: no plan, no lock
+            why = f"{self.journal.cannot_write(exc)}, so assign {plan.target} was not started"
+            raise self._refuse(plan, actor, why) from None
         if self.reader is not None:
             # under the lock: the node may have changed since the plan was shown
             fresh = make_plan(await self.reader(), plan.gpus, plan.target, await self.context())
             if fresh.blocked or fresh.steps != plan.steps:
                 why = "; ".join(str(p) for p in fresh.failed) or "the steps it needs changed"
-                self.journal.finish_plan(plan_id, PlanState.REFUSED, why)
-                raise self._refuse(plan, actor, f"the node changed since the plan: {why}")
-        self._audit(plan, actor, "started", "", plan_id)
+                kept = self._release(plan_id, why)
+                raise self._refuse(plan, actor, f"the node changed since the plan: {why}{kept}")
+        try:  # nothing acts unaudited
+            self._audit(plan, actor, "started", "", plan_id)
+        except OSError as exc:
+            why = f"{self.audit.cannot_write(exc)}, so assign {plan.target} was not started"
+            why += self._release(plan_id, why)
+            raise self._refuse(plan, actor, why, audit=False) from None
         self._event(plan, Severity.INFO, f"{actor.who} started assign {plan.target}: {plan_id}")
         state, message = await self._run(plan_id, plan, frozenset())
         self.journal.finish_plan(plan_id, state, message)
         outcome = "ok" if state == PlanState.DONE else "failed"
-        self._audit(plan, actor, outcome, message, plan_id)
+        message += self._audit_after(plan, actor, outcome, message, plan_id)
         self._event(
             plan, outcome_severity(state), f"assign {plan.target} by {actor.user}: {message}"
         )
@@ -351,7 +393,7 @@ class Executor:
             message = f"recovered: the process stopped at {where}; {verb}: {text}"
         self.journal.finish_plan(record.id, state, message)
         actor = Actor(record.user, Role(record.role), record.fingerprint)
-        self._audit(plan, actor, "recovered", message, record.id)
+        message += self._audit_after(plan, actor, "recovered", message, record.id)
         # a crash is worth a look even when recovery finished the plan
         severity = Severity.WARNING if state == PlanState.DONE else outcome_severity(state)
         self._event(plan, severity, f"assign {plan.target} (plan {record.id}) {message}")

@@ -161,12 +161,19 @@ class Journal:
         self._db = sqlite3.connect(
             self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
         )
-        self._enable_wal(timeout_s)
-        self._db.execute("PRAGMA synchronous=FULL")  # an intent is on disk before its step runs
-        with self.transaction():
-            for statement in SCHEMA.split(";"):
-                if statement.strip():
-                    self._db.execute(statement)
+        try:
+            self._enable_wal(timeout_s)
+            # an intent is on disk before its step runs
+            self._db.execute("PRAGMA synchronous=FULL")
+            with self.transaction():
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+        except sqlite3.Error as exc:  # a full disk: "disk I/O error" making the -shm file
+            self._db.close()
+            raise sqlite3.OperationalError(
+                f"the action journal {self.path} cannot be opened ({exc})"
+            ) from exc
 
     def _enable_wal(self, timeout_s: float) -> None:
         # Switching a new database to WAL takes an exclusive lock, and SQLite answers "locked"
@@ -183,6 +190,10 @@ class Journal:
 
     def close(self) -> None:
         self._db.close()
+
+    def cannot_write(self, exc: sqlite3.Error) -> str:
+        """What to tell a person when a write raised `exc` ("database or disk is full")."""
+        return f"the action journal {self.path} cannot be written ({exc})"
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:

@@ -6,6 +6,7 @@ refused, and so is a confirmation that does not spell the node's name.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from typing import Protocol
 from gpuconsole.actions.audit import AuditLog, AuditRecord
 from gpuconsole.actions.roles import Actor
 from gpuconsole.sources.bmc.link import BmcError, PowerAction
+
+log = logging.getLogger(__name__)
 
 
 class PowerControl(Protocol):
@@ -46,9 +49,11 @@ async def power(
     *,
     clock: Callable[[], float] = time.time,
 ) -> str:
-    """Carry out a power request (not waiting for the new state); every outcome is audited.
+    """Carry out a power request (not waiting for the new state); every outcome is audited,
+    and the request before it reaches the BMC.
 
-    Raises ActionRefused before anything reaches the BMC, or BmcError when it fails.
+    Raises ActionRefused before anything reaches the BMC (a power action the audit log cannot
+    take is refused too), or BmcError when it fails.
     """
 
     def record(outcome: str, detail: str) -> None:
@@ -66,18 +71,42 @@ async def power(
             )
         )
 
+    def record_after(outcome: str, detail: str) -> str:
+        """Audit what the BMC did; a note for the person when the log cannot take it."""
+        try:
+            record(outcome, detail)
+        except OSError as exc:
+            log.error(
+                "power %s %s: %s not audited: %s", request.action.value, request.node, outcome, exc
+            )
+            return f"; its outcome is not audited: {audit.cannot_write(exc)}"
+        return ""
+
+    def refuse(reason: str) -> ActionRefused:
+        try:
+            record("refused", reason)
+        except OSError as exc:
+            log.error(
+                "power %s %s: refusal not audited: %s", request.action.value, request.node, exc
+            )
+        return ActionRefused(reason)
+
     if not request.actor.role.may_act:
-        reason = f"role {request.actor.role.value} may not act; operators and admins may"
-        record("refused", reason)
-        raise ActionRefused(reason)
+        raise refuse(f"role {request.actor.role.value} may not act; operators and admins may")
     if request.confirm != request.node:
-        reason = f"confirmation {request.confirm!r} does not match the node name {request.node!r}"
-        record("refused", reason)
-        raise ActionRefused(reason)
+        raise refuse(
+            f"confirmation {request.confirm!r} does not match the node name {request.node!r}"
+        )
+    try:
+        record("started", "")
+    except OSError as exc:
+        raise ActionRefused(
+            f"{audit.cannot_write(exc)}, so power {request.action.value} {request.node} "
+            "was not sent to the BMC"
+        ) from None
     try:
         answer = await control.set_power(request.action)
     except BmcError as exc:
-        record("failed", str(exc))
+        record_after("failed", str(exc))
         raise
-    record("ok", answer)
-    return answer
+    return answer + record_after("ok", answer)

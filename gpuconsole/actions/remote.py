@@ -399,7 +399,7 @@ class RemoteExecutor:
         shown. Raises ActionRefused (nothing changed), ContactLost (the node ends the plan
         unseen) or RemoteError (nothing started)."""
         digest = self._shown[1] if self._shown and self._shown[0] is plan else plan_digest(plan)
-        self._audit(plan, actor, "asked", "", digest=digest)
+        self._audit(plan, actor, "asked", "", digest=digest, required=True)
         args = [*self._gpu_args(plan.gpus, None, None), "--to", str(plan.target)]
         args += ["--confirm", confirm, "--expect-plan", digest]
         return await self._execute(args, actor, (plan, digest), None)
@@ -419,7 +419,9 @@ class RemoteExecutor:
         (--yes, --confirm): the node shows its plan (`on_plan`) and runs it at once, as a
         local `assign --yes` does. Raises as `execute`."""
         args = [*self._gpu_args(keys, propose, model), "--to", str(target), "--confirm", confirm]
-        return await self._execute(args, actor, None, on_plan)
+        # the node acts as soon as it has planned: the head's record comes first, unplanned
+        self._audit(None, actor, "asked", "", args=args, required=True)
+        return await self._execute(args, actor, None, on_plan, audited=True)
 
     async def _execute(
         self,
@@ -427,6 +429,8 @@ class RemoteExecutor:
         actor: Actor,
         shown: tuple[Plan, str] | None,
         on_plan: Callable[[Plan], None] | None,
+        *,
+        audited: bool = False,
     ) -> Outcome:
         """Run the command that executes a plan, with the head's events and audit records."""
         planned: list[tuple[Plan, str]] = [shown] if shown is not None else []
@@ -435,7 +439,8 @@ class RemoteExecutor:
             if planned:
                 return  # the plan shown before: audited when asked
             planned.append((plan, digest))
-            self._audit(plan, actor, "asked", "", digest=digest)
+            if not audited:
+                self._audit(plan, actor, "asked", "", digest=digest)
             if on_plan is not None:
                 on_plan(plan)
 
@@ -661,11 +666,35 @@ class RemoteExecutor:
         digest: str = "",
         *,
         args: Sequence[str] = (),
+        required: bool = False,
     ) -> None:
         """The head's own record: who asked which node for what, over ssh, and what came
-        back ("asked", then ok, failed, refused, or unknown when contact was lost)."""
+        back ("asked", then ok, failed, refused, or unknown when contact was lost).
+
+        `required`: a record that must be written before the node is asked (ActionRefused
+        if it cannot be); others, of what already happened, are logged when they fail.
+        """
         if self.audit is None:
             return
+        try:
+            self._append(plan, actor, outcome, detail, plan_id, digest, args)
+        except OSError as exc:
+            why = self.audit.cannot_write(exc)
+            if required:
+                raise ActionRefused(f"{why}, so nothing was asked of {self.node}") from None
+            log.error("%s: %s record of %s not written", why, outcome, self.node)
+
+    def _append(
+        self,
+        plan: Plan | None,
+        actor: Actor,
+        outcome: str,
+        detail: str,
+        plan_id: str,
+        digest: str,
+        args: Sequence[str],
+    ) -> None:
+        assert self.audit is not None
         if plan is None:  # refused or lost before the node showed a plan: what was asked
             what, target, body = "assign", f"{self.node}: {shlex.join(args)}", {}
         else:
