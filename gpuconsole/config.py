@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import socket
 import tomllib
@@ -550,10 +551,14 @@ def _section(
                         f"{', '.join(choices)}"
                     )
         low, high = spec.metadata.get("minimum"), spec.metadata.get("maximum")
-        if low is not None and value < low:
+        # `not >=`: nan (valid TOML) compares false with everything, so it fails here too.
+        if low is not None and not value >= low:
             raise ConfigError(f"{_where(path, text, table, key, index)} must be at least {low:g}")
-        if high is not None and value > high:
+        if high is not None and not value <= high:
             raise ConfigError(f"{_where(path, text, table, key, index)} must be at most {high:g}")
+        # every float here is seconds: inf (never, forever) is not a time to wait or poll
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{_where(path, text, table, key, index)} must be a finite number")
         values[key] = value
     return cls(**values)
 

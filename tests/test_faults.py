@@ -371,13 +371,6 @@ async def test_nvml_answering_not_supported_for_everything_reads_as_not_availabl
         alive(hub)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NvmlSource remembers NotSupported per GPU for the life of the source "
-    "(_Gpu.unsupported is never cleared, not even on the inventory tier), so a GPU that "
-    "answered NotSupported during a transient fault never reports utilization, memory or "
-    "temperature again until the process restarts; issue 11 asks it to recover by itself",
-)
 async def test_nvml_not_supported_that_clears_recovers_by_itself() -> None:
     node = FaultyNode("dgx-900")
     hub = nvml_hub(node, inventory_every=2)

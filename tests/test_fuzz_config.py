@@ -133,12 +133,6 @@ def test_a_bad_value_is_named_by_key_and_line(doc: tuple[str, list[tuple[str, st
     within_limits(cfg)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="config.py checks limits with `value < low` and `value > high`, which are both "
-    "false for nan: `interval_s = nan` (valid TOML) loads as a poll interval of nan, and so "
-    "do every timeout_s, max_backoff_s, page_s and refresh_s",
-)
 @pytest.mark.parametrize(
     "text",
     ["[nvml]\ninterval_s = nan\n", "[hub]\nmax_backoff_s = nan\n", "[ssh]\nrefresh_s = nan\n"],

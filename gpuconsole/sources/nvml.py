@@ -12,8 +12,9 @@ Cost matters (every NVML call is a trip into the kernel driver), so readings are
 - the SM clock, P-state, the throttle bitmask (for reasons without a counter), processes
   and GPM: every `detail_every` polls (NVML has no field for the current clock);
 - PCIe link state, NVLink state, MIG layout, fabric state: every `inventory_every` polls.
-A call a GPU answers NotSupported is remembered for that GPU and not asked again; a GPU
-that is lost (XID 79) is marked so while the others keep polling.
+A call a GPU answers NotSupported is remembered for that GPU and asked again only once
+per inventory round (a fault can pass); a GPU that is lost (XID 79) is marked so while
+the others keep polling.
 """
 
 from __future__ import annotations
@@ -257,6 +258,9 @@ class _Gpu:
     gpm_supported: bool = False
     nvlink_count: int = 0
     unsupported: set[str] = field(default_factory=set)
+    # NotSupported is not forever (a fault can pass): each inventory round asks every such
+    # call once more, when it next comes up
+    reprobe: set[str] = field(default_factory=set)
     fields: list[int | tuple[int, int]] = field(default_factory=list)
     lost_since: float | None = None
     errors: list[str] = field(default_factory=list)
@@ -494,9 +498,13 @@ class NvmlSource:
     def _call(
         self, gpu: _Gpu, key: str, fn: Callable[..., Any] | None, *args: Any, **kwargs: Any
     ) -> Any:
-        """Call NVML for one GPU; NotSupported is remembered, GPU_IS_LOST raises."""
+        """Call NVML for one GPU; NotSupported is remembered (and asked once more after
+        each inventory round), GPU_IS_LOST raises."""
         if key in gpu.unsupported:
-            return None
+            if key not in gpu.reprobe:
+                return None
+            gpu.reprobe.discard(key)
+            gpu.unsupported.discard(key)  # added again below if still NotSupported
         if fn is None:
             gpu.unsupported.add(key)
             return None
@@ -608,6 +616,7 @@ class NvmlSource:
     def _read_live(self, gpu: _Gpu, detail: bool, inventory: bool) -> GpuReading:
         lib, h, call = self._lib, gpu.handle, self._call
         if inventory:
+            gpu.reprobe = set(gpu.unsupported)
             self._read_inventory(gpu)
         values = self._read_fields(gpu)
         util = call(gpu, "utilization", lib.nvmlDeviceGetUtilizationRates, h)
@@ -930,13 +939,14 @@ class NvmlSource:
                 link.remote_pci_bus_id = _text(pci.busId) if pci is not None else None
             links.append(link)
         gpu.links = links
-        scoped: list[int | tuple[int, int]] = [f for f in gpu.fields if isinstance(f, int)]
+        # Every field, those once NotSupported too: asked again in the same batched call, and
+        # marked again by _read_fields where still NotSupported.
+        scoped: list[int | tuple[int, int]] = [*TABLE_FIELDS]
         for link in links:
             if link.active:
-                for fid in (FI_NVLINK_TX, FI_NVLINK_RX):
-                    if f"field {(fid, link.link)}" not in gpu.unsupported:
-                        scoped.append((fid, link.link))
+                scoped += [(FI_NVLINK_TX, link.link), (FI_NVLINK_RX, link.link)]
         gpu.fields = scoped
+        gpu.unsupported.difference_update(f"field {f}" for f in scoped)
 
     def _read_mig(self, gpu: _Gpu) -> None:
         lib, h, call = self._lib, gpu.handle, self._call
