@@ -157,15 +157,6 @@ def test_redfish_documents_with_odd_values_of_the_right_kind_read_or_say_why(
     read(docs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sources/bmc/redfish.py parses documents outside RedfishLink._call: a value of "
-    "another JSON kind than the schema's (a Status, Temperatures or PowerControl entry or "
-    "Members item that is a string or null; a ReadingUnits or PhysicalContext that is a "
-    "number) "
-    "raises AttributeError or TypeError out of read(), so the BMC goes stale with "
-    "\"AttributeError: 'str' object has no attribute 'get'\" instead of a BmcError naming it",
-)
 @FUZZ
 @given(mutated("any"))
 @example({**mockup("modern"), "/redfish/v1/Chassis/DGX/Sensors/CPU1_Temp": {"Status": "OK"}})
@@ -175,13 +166,6 @@ def test_redfish_documents_with_values_of_any_kind_read_or_say_why(
     read(docs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sources/bmc/redfish.py _number accepts infinity: a Sensor whose Reading is "
-    "1e400 (valid JSON, which json.loads reads as inf) lands in the BmcReading, and "
-    "codec.dumps(allow_nan=False) then raises ValueError 'Out of range float values are not "
-    "JSON compliant' for the whole snapshot (the agent's /api/v1/snapshot, snapshot --json)",
-)
 def test_a_redfish_reading_too_large_for_a_float_leaves_the_snapshot_writable() -> None:
     docs = copy.deepcopy(mockup("modern"))
     url = next(u for u in sorted(docs) if "/Sensors/" in u and "Reading" in docs[u])
@@ -189,12 +173,6 @@ def test_a_redfish_reading_too_large_for_a_float_leaves_the_snapshot_writable() 
     read(docs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sources/bmc/redfish.py _log_entry checks Id with str.isdigit() and then calls "
-    "int(): an Id of Unicode digits ('²') or of more than 4300 digits raises ValueError out "
-    "of read(), and the BMC goes stale instead of skipping the entry",
-)
 @pytest.mark.parametrize("ident", ["²", "7" * 5000], ids=["unicode-digit", "5000-digits"])
 def test_a_redfish_log_entry_with_an_odd_numeric_id_is_skipped(ident: str) -> None:
     docs = copy.deepcopy(mockup("modern"))
@@ -266,12 +244,6 @@ def test_an_unreadable_sel_cursor_file_starts_over(
     assert cursor.last_record_id is None or isinstance(cursor.last_record_id, int)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sources/bmc/sel.py SelCursor.load catches OSError and ValueError but not the "
-    "RecursionError json.loads raises for a deeply nested document, so a corrupted cursor "
-    "file makes every poll of that BMC fail instead of starting over",
-)
 def test_a_deeply_nested_sel_cursor_file_starts_over(tmp_path: Path) -> None:
     path = tmp_path / "cursor.json"
     path.write_bytes(b"[" * 100_000)

@@ -49,13 +49,6 @@ def test_any_state_text_parses_to_an_id_or_none_and_a_name(text: str) -> None:
 RATE_LIKE = st.from_regex(r"\A[0-9.]{1,6} ?Gb/sec ?\([0-9]{1,3}X ?[A-Z]{0,4}\)\n?\Z")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sources/fabric/infiniband.py parse_rate matches the number with [\\d.]+ and "
-    "calls float() on it unchecked: a rate file reading '1.2.3 Gb/sec (4X NDR)' or "
-    "'. Gb/sec (4X)' raises ValueError, which fails the whole fabric poll (every port of "
-    "the node goes stale) instead of leaving that port's rate unknown",
-)
 @FUZZ
 @given(RATE_LIKE | st.binary(max_size=40).map(as_sysfs_text))
 @example("1.2.3 Gb/sec (4X NDR)")
@@ -142,14 +135,6 @@ def test_a_port_folder_of_empty_files_still_reads(tmp_path: Path) -> None:
     assert reading is not None and reading.rate_gbps is None and reading.counters == ()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sources/fabric/infiniband.py reads a counter with int(raw), which also takes a "
-    "sign, spaces and underscores: a counter file reading '-5' (a driver printing a wrapped "
-    "u32 as signed) becomes a negative counter in the reading and on /metrics "
-    "(node_infiniband_symbol_error_total{...} -2.0) and yields a rate, where the kernel's "
-    "unsigned decimal is the only valid form and anything else should be skipped",
-)
 def test_a_signed_counter_is_not_taken_for_a_count(tmp_path: Path) -> None:
     root = tmp_path / "sys"
     dgx_h100_slice(root)

@@ -5,6 +5,12 @@ pyghmi opens the session (X-Auth-Token where the service offers one) and speaks 
 only; the resources are walked here, because pyghmi's own sensor list drops health,
 thresholds and the HGX chassis. Resource URLs are discovered once and re-read every
 poll; `RedfishClient` is the layer a test or another client can stand in for.
+
+BMCs send odd documents, so parsing is tolerant one field or array item at a time: a
+value of another JSON kind than the schema's is unknown (a Status, a unit, a place) or
+skipped (an array item, a link). Only a document that is unusable as a whole (a body
+that is not an object, a collection whose Members is not an array) fails the read,
+with a BmcError naming its URL.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import contextlib
 import datetime as dt
 import functools
 import logging
+import math
 import socket
 import ssl
 from collections.abc import Callable, Mapping
@@ -43,6 +50,7 @@ _HEALTH = {
     "Critical": SensorHealth.CRITICAL,
 }
 _SEVERITY = {"OK": Severity.INFO, "Warning": Severity.WARNING, "Critical": Severity.CRITICAL}
+_MAX_ID_DIGITS = 20  # a u64 in decimal; longer Ids are not record numbers
 _LEGACY_THRESHOLDS = (
     ("LowerThresholdFatal", "lower_non_recoverable"),
     ("LowerThresholdCritical", "lower_critical"),
@@ -334,7 +342,19 @@ class RedfishLink:
 
     def _get(self, url: str) -> Json:
         client = self._open()
-        return self._call(lambda: client.get(url))  # type: ignore[no-any-return]
+        doc = self._call(lambda: client.get(url))
+        if not isinstance(doc, Mapping):
+            raise BmcError(f"{self.label}: GET {url}: the body is {_kind(doc)}, not an object")
+        return doc
+
+    def _collection(self, url: str) -> list[Json]:
+        """The objects among a collection's Members (other items skipped)."""
+        members = self._get(url).get("Members")
+        if members is None:
+            return []
+        if not isinstance(members, list):
+            raise BmcError(f"{self.label}: GET {url}: Members is {_kind(members)}, not an array")
+        return [m for m in members if isinstance(m, Mapping)]
 
     # --- discovery -----------------------------------------------------------------
 
@@ -368,9 +388,10 @@ class RedfishLink:
         return _Inventory(chassis, logs)
 
     def _members(self, url: str | None) -> list[str]:
+        """The member URLs of a collection; a member without a usable link is skipped."""
         if not url:
             return []
-        return [m["@odata.id"] for m in self._get(url).get("Members", []) if "@odata.id" in m]
+        return [ref for m in self._collection(url) if (ref := _odata_id(m))]
 
     # --- reading -------------------------------------------------------------------
 
@@ -402,7 +423,7 @@ class RedfishLink:
         entries: list[SelEntry] = []
         if sel:
             for url in inventory.logs:
-                for member in self._get(url).get("Members", []):
+                for member in self._collection(url):
                     entry = _log_entry(member)
                     if entry is not None:
                         entries.append(entry)
@@ -426,29 +447,73 @@ class RedfishLink:
 # --- resource parsing (pure) -----------------------------------------------------------
 
 
+def _kind(value: Any) -> str:
+    """A JSON value's kind in words, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def _text(value: Any) -> str | None:
+    """A string field, or None for a value of another kind."""
+    return value if isinstance(value, str) else None
+
+
+def _odata_id(link: Json) -> str | None:
+    ref = link.get("@odata.id")
+    return ref if isinstance(ref, str) and ref else None
+
+
 def _ref(doc: Json, key: str) -> str | None:
+    """The URL a link field points to; None when absent or not a link."""
     value = doc.get(key)
-    if isinstance(value, Mapping):
-        ref = value.get("@odata.id")
-        return str(ref) if ref else None
-    return None
+    return _odata_id(value) if isinstance(value, Mapping) else None
+
+
+def _objects(doc: Json, key: str) -> list[Json]:
+    """The objects of an array field; a field of another kind has none, other items skipped."""
+    value = doc.get(key)
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, Mapping)]
+
+
+# A Status of another kind than an object: its health is unknown, shown as unrecognised.
+_ODD_STATUS: Json = {"Health": "unreadable Status"}
+
+
+def _status(doc: Json) -> Json:
+    status = doc.get("Status")
+    if status is None:
+        return {}
+    return status if isinstance(status, Mapping) else _ODD_STATUS
 
 
 def _health(doc: Json) -> SensorHealth:
-    status = doc.get("Status") or {}
-    return _HEALTH.get(str(status.get("Health") or "OK"), SensorHealth.WARNING)
+    health = _status(doc).get("Health")
+    return _HEALTH.get(str(health or "OK"), SensorHealth.WARNING)
 
 
 def _states(doc: Json) -> tuple[str, ...]:
-    status = doc.get("Status") or {}
-    health = status.get("Health")
+    health = _status(doc).get("Health")
     return (str(health),) if health and health != "OK" else ()
 
 
 def _number(value: Any) -> float | None:
+    """A reading; anything but a finite number (1e400 reads as inf) is no reading."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond a float
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _thresholds(doc: Json, names: tuple[tuple[str, str], ...]) -> Thresholds | None:
@@ -485,7 +550,7 @@ def _sensor(
         health=_health(doc),
         states=_states(doc),
         thresholds=thresholds,
-        context=context_of(name, kind, doc.get("PhysicalContext")),
+        context=context_of(name, kind, _text(doc.get("PhysicalContext"))),
         gpu_module_id=gpu_module_of(sensor_id, name) or chassis_module,
     )
 
@@ -498,7 +563,7 @@ def _generic_sensor(doc: Json, chassis_module: int | None) -> BmcSensor:
         sensor_id=str(doc.get("Id") or doc.get("Name") or "?"),
         type_name=str(doc.get("ReadingType") or "Unknown"),
         value=doc.get("Reading"),
-        unit=unit_of(doc.get("ReadingUnits")),
+        unit=unit_of(_text(doc.get("ReadingUnits"))),
         chassis_module=chassis_module,
         thresholds=_thresholds(thresholds, _THRESHOLDS)
         if isinstance(thresholds, Mapping)
@@ -509,7 +574,7 @@ def _generic_sensor(doc: Json, chassis_module: int | None) -> BmcSensor:
 def _thermal_sensors(doc: Json, chassis: _Chassis) -> list[BmcSensor]:
     """The deprecated Thermal resource: Temperatures and Fans."""
     out: list[BmcSensor] = []
-    for temp in doc.get("Temperatures", []):
+    for temp in _objects(doc, "Temperatures"):
         out.append(
             _sensor(
                 temp,
@@ -521,14 +586,14 @@ def _thermal_sensors(doc: Json, chassis: _Chassis) -> list[BmcSensor]:
                 thresholds=_thresholds(temp, _LEGACY_THRESHOLDS),
             )
         )
-    for index, fan in enumerate(doc.get("Fans", [])):
+    for index, fan in enumerate(_objects(doc, "Fans")):
         out.append(
             _sensor(
                 fan,
                 sensor_id=f"{chassis.id}/Fans/{fan.get('MemberId', index)}",
                 type_name="Fan",
                 value=fan.get("Reading"),
-                unit=unit_of(fan.get("ReadingUnits") or "RPM"),
+                unit=unit_of(_text(fan.get("ReadingUnits") or "RPM")),  # the default
                 chassis_module=chassis.module_id,
                 thresholds=_thresholds(fan, _LEGACY_THRESHOLDS),
             )
@@ -540,7 +605,7 @@ def _power_sensors(doc: Json, chassis: _Chassis) -> tuple[list[BmcSensor], list[
     """The deprecated Power resource: PowerControl, PowerSupplies and Voltages."""
     out: list[BmcSensor] = []
     units: list[UnitStatus] = []
-    for index, control in enumerate(doc.get("PowerControl", [])):
+    for index, control in enumerate(_objects(doc, "PowerControl")):
         sensor = _sensor(
             control,
             sensor_id=f"{chassis.id}/PowerControl/{control.get('MemberId', index)}",
@@ -551,7 +616,7 @@ def _power_sensors(doc: Json, chassis: _Chassis) -> tuple[list[BmcSensor], list[
             thresholds=None,
         )
         out.append(_with_context(sensor, "total"))
-    for index, psu in enumerate(doc.get("PowerSupplies", [])):
+    for index, psu in enumerate(_objects(doc, "PowerSupplies")):
         watts = psu.get("PowerOutputWatts", psu.get("LastPowerOutputWatts"))
         sensor = _sensor(
             psu,
@@ -564,7 +629,7 @@ def _power_sensors(doc: Json, chassis: _Chassis) -> tuple[list[BmcSensor], list[
         )
         out.append(_with_context(sensor, "psu"))
         units.append(_unit(psu))
-    for index, volt in enumerate(doc.get("Voltages", [])):
+    for index, volt in enumerate(_objects(doc, "Voltages")):
         out.append(
             _sensor(
                 volt,
@@ -609,7 +674,7 @@ def _with_context(sensor: BmcSensor, context: str) -> BmcSensor:
 
 def _unit(doc: Json) -> UnitStatus:
     """A PSU or fan's presence and failure from its Status."""
-    status = doc.get("Status") or {}
+    status = _status(doc)
     present = status.get("State") not in ("Absent",)
     failed = status.get("Health") == "Critical" or status.get("State") == "UnavailableOffline"
     return UnitStatus(str(doc.get("Name") or doc.get("Id") or "?"), present, failed)
@@ -618,7 +683,8 @@ def _unit(doc: Json) -> UnitStatus:
 def _log_entry(doc: Json) -> SelEntry | None:
     """A LogEntry as a SelEntry; entries without a numeric Id cannot be ordered: skipped."""
     ident = str(doc.get("Id") or "")
-    if not ident.isdigit():
+    # isdigit() alone takes '²' and other Unicode digits, which int() refuses
+    if not (ident.isascii() and ident.isdigit() and len(ident) <= _MAX_ID_DIGITS):
         return None
     created = doc.get("Created") or doc.get("EventTimestamp")
     at: float | None = None

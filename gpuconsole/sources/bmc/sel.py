@@ -45,11 +45,12 @@ class SelCursor:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested deep
             log.warning("%s: unreadable SEL cursor, starting over: %s", self.path, exc)
             return
         value = data.get("last_record_id") if isinstance(data, dict) else None
-        self.last_record_id = value if isinstance(value, int) else None
+        valid = isinstance(value, int) and not isinstance(value, bool)
+        self.last_record_id = value if valid else None
 
     def save(self) -> None:
         if self.path is None:

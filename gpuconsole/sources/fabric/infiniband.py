@@ -32,7 +32,11 @@ EXTENDED = frozenset(
     }
 )
 EXTENDED_PMA_DRIVERS = ("mlx5_",)
-_RATE = re.compile(r"^\s*([\d.]+)\s*Gb/sec\s*\((\d+)X\s*([A-Za-z0-9]*)\)")
+# The kernel prints "%d%s Gb/sec (%dX%s)", the %s being "" or ".5": bounded digits, so
+# every match converts (float() of 400 digits is inf, int() of 4300 raises).
+_RATE = re.compile(
+    r"^\s*([0-9]{1,9}(?:\.[0-9]{1,9})?)\s*Gb/sec\s*\(([0-9]{1,4})X\s*([A-Za-z0-9]*)\)", re.ASCII
+)
 NO_PMA = "N/A (no PMA)"
 LIFESPAN = "lifespan"
 
@@ -83,7 +87,8 @@ def parse_state(text: str) -> tuple[int | None, str]:
 
 
 def parse_rate(text: str) -> tuple[float | None, int | None, str | None]:
-    """'400 Gb/sec (4X NDR)' -> (400.0, 4, 'NDR'); '10 Gb/sec (4X)' -> (10.0, 4, None)."""
+    """'400 Gb/sec (4X NDR)' -> (400.0, 4, 'NDR'); '10 Gb/sec (4X)' -> (10.0, 4, None);
+    anything else (a number like '1.2.3') -> (None, None, None)."""
     m = _RATE.match(text)
     if m is None:
         return None, None, None
@@ -303,12 +308,14 @@ class InfinibandReader:
                 continue  # EINVAL/EIO: the HCA did not answer this counter (busy firmware)
             finally:
                 os.close(fd)
-            try:
-                value = int(raw)
-            except ValueError:
+            # The kernel writes "%llu\n"; int() would also take "-5", " 5" and "1_000".
+            # bytes.isdigit() is ASCII only, and false for b"": anything else is skipped.
+            digits = raw.rstrip(b"\n")
+            if not digits.isdigit():
                 if raw.startswith(b"N/A"):
                     no_pma = True
                 continue
+            value = int(digits)
             key = (layout.device, layout.port, name)
             if value >= 1 << 32 or key in wide:
                 wide.add(key)
