@@ -110,6 +110,27 @@ def test_the_matrix_reads_gpu_to_nic_paths_from_the_fabric_reading() -> None:
     assert "NODE" in gpu0  # GPU 0 to mlx5_3: same socket, another switch (not SYS)
 
 
+def test_the_matrix_has_a_row_per_nic_as_nvidia_smi_topo_prints_it() -> None:
+    node = frozen_fleet().node("dgx-002")
+    assert node is not None and node.fabric is not None
+    palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
+    lines = matrix(node, palette).plain.splitlines()
+    header = lines[0].split()
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    nics = [h for h in header if h.startswith("NIC")]
+    gpus = [h for h in header if h.startswith("GPU")]
+    assert nics and [name for name in rows if name.startswith("NIC")] == nics
+    for i, nic in enumerate(nics):
+        row = rows[nic]
+        # symmetric: a NIC's GPU column is that GPU's NIC column, and NIC i to itself is X
+        assert row[1 : 1 + len(gpus)] == [rows[g][1 + len(gpus) + i] for g in gpus]
+        assert row[1 + len(gpus) + i] == "X"
+        assert [row[1 + len(gpus) + j] for j in range(len(nics))] == [
+            rows[other][1 + len(gpus) + i] for other in nics
+        ]
+    assert "PIX" in rows["NIC1"] or "PIX" in rows["NIC2"]  # a dual-port card's two halves
+
+
 def test_a_node_whose_gpus_nvml_cannot_see_still_pairs_each_with_a_nic() -> None:
     node = frozen_fleet().node("dgx-001")  # every GPU in a guest
     assert node is not None

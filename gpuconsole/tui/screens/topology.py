@@ -186,10 +186,9 @@ def gpu_name(row: GpuRow) -> str:
 
 
 def matrix(node: NodeSnapshot, palette: Palette) -> Text:
-    """GPU rows against GPU and NIC columns, with CPU affinity and NUMA node.
+    """GPU and NIC rows against GPU and NIC columns, with CPU affinity and NUMA node.
 
     Laid out in fixed columns like `nvidia-smi topo -m`, so it scrolls instead of squeezing.
-    NIC-to-NIC paths are not measured by the fabric source, so there are no NIC rows.
     """
     rows = S.gpu_rows(node)
     fabric = node.fabric
@@ -236,6 +235,26 @@ def matrix(node: NodeSnapshot, palette: Palette) -> Text:
             numa = affinity.numa_node
         text.append(((reading.cpu_affinity if reading else None) or "-").ljust(18))
         text.append(fmt.number(numa))
+    # a NIC's row: GPUs as they see it, the other NICs by the fabric source's levels
+    seen_by = {
+        row.bus_id: {lv.device: lv.level for lv in affinity.levels}
+        for row in rows
+        if fabric is not None and ":" in row.bus_id and (affinity := fabric.gpu(row.bus_id))
+    }
+    for k, device in enumerate(devices):
+        down = not rail_up(device)
+        name_style = palette.health[Health.CRITICAL] if down else "bold"
+        text.append("\n")
+        text.append(names[len(rows) + k].ljust(width), style=name_style)
+        for row in rows:
+            code = seen_by.get(row.bus_id, {}).get(device.name, "?")
+            text.append(code.ljust(width), style=level_style(code, palette))
+        levels = {lv.device: lv.level for lv in device.levels}
+        for other in devices:
+            code = levels.get(other.name, "X" if other is device else "?")
+            text.append(code.ljust(width), style=level_style(code, palette))
+        text.append("-".ljust(18))
+        text.append(fmt.number(device.numa_node))
     return text
 
 
