@@ -1,13 +1,16 @@
 """The head reading 1,000 agents at 1 Hz: how long a sweep of every node takes, head CPU per
 node update, resident memory, what publishing a fleet snapshot costs, and bytes on the wire.
 
-The agents are a child process: 1,000 aiohttp servers on loopback, each serving a canned
-`/api/v1/snapshot?view=summary` of a node of the demo cluster (polled twice, NVML, BMC,
-fabric and tenancy, 6 to 8 GPUs), the body `gpuconsole agent` serves for it. The head is
-this process: one Hub with a RemoteSource per agent, one client capped at 64 connections,
-every node read once a second, as `gpuconsole console` on a head does. Run once with the
-bodies as the agent serves them today (plain JSON), once gzip-encoded (what the agent would
-send if it compressed; the client already asks for gzip and inflates it).
+The agents are a child process: 1,000 aiohttp servers on loopback, each serving the
+`/api/v1/snapshot?view=summary` of a node of the demo cluster (NVML, BMC, fabric and
+tenancy, 6 to 8 GPUs) as `gpuconsole agent` serves it, with its ETag, its gzip when asked
+and 304 when the head holds it already. What each serves changes every second: the
+demo cluster runs for FRAMES seconds first (NVML every second, fabric every 2 s, BMC and
+tenancy every 5 s) and each agent serves those seconds in turn, from its own offset. The
+head is this process, with the hub `gpuconsole console` builds on a head: a RemoteSource
+per agent, one client capped at 64 connections, every node read once a second. Run once
+with agents that send plain JSON, once with agents that gzip (as `gpuconsole agent` does
+for a client that asks, as the head does).
 
 Figures are medians over two-second windows of the steady state, after every node has
 answered once. The child shares the machine, so on a small box the head competes with a
@@ -21,7 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
+import dataclasses
+import gc
 import json
 import logging
 import os
@@ -37,47 +41,74 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gpuconsole.export.agent import snapshot_body
+from gpuconsole.config import FleetConfig
+from gpuconsole.export.agent import Body, respond, snapshot_body
+from gpuconsole.fleet import fleet_hub
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.model import FleetSnapshot
-from gpuconsole.sources.remote import AgentClient, RemoteSource
 
 NODES = 1000
 SECONDS = 20
+FRAMES = 10  # seconds of the demo cluster that every agent serves in turn
 SWEEP_LIMIT_S = 60.0
 WINDOW_S = 2.0  # several of the hub's 0.2 s publishes, so counts do not jitter
 CONNECTIONS = 64
 CPU_TARGET_CORES = 1.0
 UPDATE_TARGET_MS = 100.0
 RSS_TARGET_MB = 500.0
-FIXED = 1_796_000_000.0
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _bodies() -> list[bytes]:
-    """The summary each demo node's agent serves, for the nodes NVML sees GPUs on."""
+async def _record(seconds: int) -> list[FleetSnapshot]:
     from gpuconsole.sim.cluster import demo_hub
 
-    hub = demo_hub(clock=lambda: FIXED, start=FIXED - 120, events=False)
-    fleet: FleetSnapshot = asyncio.run(hub.poll_once(rounds=2))
-    return [snapshot_body(fleet, n.node, summary=True) for n in fleet.nodes if n.gpus]
+    hub = demo_hub(start=time.time() - 120, events=False)
+    await hub.start()
+    try:
+        await asyncio.sleep(5.5)  # every source has answered, and twice for rates
+        shots = []
+        for _ in range(seconds):
+            await asyncio.sleep(1.0)
+            assert hub.latest is not None
+            shots.append(hub.latest)
+        return shots
+    finally:
+        await hub.stop()
+
+
+def _frames(seconds: int = FRAMES) -> list[list[bytes]]:
+    """For each node of the demo cluster that NVML sees GPUs on, the summary its agent
+    serves in each of `seconds` seconds in a row."""
+    shots = asyncio.run(_record(seconds))
+    names = [n.node for n in shots[0].nodes if n.gpus]
+    return [[snapshot_body(shot, name, summary=True) for shot in shots] for name in names]
 
 
 # --- the child: a thousand agents ---------------------------------------------------------
 
 
-async def _serve_agents(bodies_file: Path, nodes: int, compress: bool) -> None:
-    bodies = [b.encode() for b in json.loads(bodies_file.read_text())]
-    packed = [gzip.compress(b, 6) for b in bodies]
+async def _serve_agents(frames_file: Path, nodes: int, compress: bool) -> None:
+    frames = [
+        [Body(text.encode(), f'W/"{n}-{f}"') for f, text in enumerate(texts)]
+        for n, texts in enumerate(json.loads(frames_file.read_text()))
+    ]
+    for body in (b for texts in frames for b in texts):
+        body.packed()  # each agent gzips on its own machine: not this process's work
     index: dict[int, int] = {}
+    answers: dict[int, int] = {}
 
     async def snapshot(request: web.Request) -> web.Response:
         port = request.transport.get_extra_info("sockname")[1] if request.transport else 0
-        i = index.get(port, 0) % len(bodies)
-        if compress and "gzip" in request.headers.get("Accept-Encoding", ""):
-            headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
-            return web.Response(body=packed[i], headers=headers)
-        return web.Response(body=bodies[i], content_type="application/json")
+        i = index.get(port, 0)
+        texts = frames[i % len(frames)]
+        body = texts[(int(time.time()) + i) % len(texts)]
+        if not compress:  # an agent that sends JSON whatever the head takes
+            headers = request.headers.copy()
+            headers.popall("Accept-Encoding", None)
+            request = request.clone(headers=headers)
+        response = respond(body, request)
+        answers[response.status] = answers.get(response.status, 0) + 1
+        return response
 
     app = web.Application()
     app.router.add_get("/api/v1/snapshot", snapshot)
@@ -91,8 +122,9 @@ async def _serve_agents(bodies_file: Path, nodes: int, compress: bool) -> None:
         index[port] = i
         ports.append(port)
     print(json.dumps(ports), flush=True)
-    # serve until the parent closes our stdin
+    # serve until the parent closes our stdin, then say how we answered
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    print(json.dumps(answers), flush=True)
     await runner.cleanup()
 
 
@@ -109,6 +141,22 @@ class Figures:
     publish_ms: float
     poll_ms: float
     rss_mb: float
+    gc_cores: float  # of `cores`, in the cyclic garbage collector
+    unchanged: float = float("nan")  # share of polls the agent answered 304
+
+
+class _GcClock:
+    """Seconds spent in the garbage collector, for as long as it is installed."""
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.process_time()
+        else:
+            self.spent += time.process_time() - self._began
 
 
 def _rss_mb() -> float:
@@ -138,14 +186,14 @@ def _timed(fn: Callable[[], FleetSnapshot], into: list[float]) -> Callable[[], F
 
 
 async def _head(ports: list[int], seconds: int) -> Figures:
-    hub = Hub(HubSettings(publish_gap_s=0.2, max_backoff_s=5.0))
+    agents = tuple(f"n{i:04d}=http://127.0.0.1:{port}" for i, port in enumerate(ports))
+    cfg = FleetConfig(agents=agents, interval_s=1.0, timeout_s=5.0, max_connections=CONNECTIONS)
+    hub = fleet_hub(cfg, HubSettings(publish_gap_s=0.2, max_backoff_s=5.0))
     publishes: list[float] = []
     hub.publish = _timed(hub.publish, publishes)  # type: ignore[method-assign]
-    client = AgentClient(max_connections=CONNECTIONS)
-    for i, port in enumerate(ports):
-        url = f"http://127.0.0.1:{port}"
-        hub.add_source(RemoteSource(f"n{i:04d}", url, client, interval_s=1.0, timeout_s=5.0))
     began = time.perf_counter()
+    collector = _GcClock()
+    gc.callbacks.append(collector)
     await hub.start()
     try:
         # a head that cannot keep up never has every node fresh at once: measure it anyway
@@ -153,9 +201,9 @@ async def _head(ports: list[int], seconds: int) -> Figures:
             await asyncio.sleep(0.05)
         sweep = time.perf_counter() - began if _landed(hub)[0] == len(ports) else None
         publishes.clear()
-        cores, per_update, rates, rss = [], [], [], []
+        cores, per_update, rates, rss, collecting = [], [], [], [], []
         _, landed = _landed(hub)
-        cpu, wall = time.process_time(), time.perf_counter()
+        cpu, wall, in_gc = time.process_time(), time.perf_counter(), collector.spent
         for _ in range(max(1, round(seconds / WINDOW_S))):
             await asyncio.sleep(WINDOW_S)
             now_cpu, now_wall = time.process_time(), time.perf_counter()
@@ -165,7 +213,8 @@ async def _head(ports: list[int], seconds: int) -> Figures:
             rates.append(moved / spent)
             per_update.append(used * 1000 / max(1, moved))
             rss.append(_rss_mb())
-            cpu, wall, landed = now_cpu, now_wall, now_landed
+            collecting.append((collector.spent - in_gc) / spent)
+            cpu, wall, landed, in_gc = now_cpu, now_wall, now_landed, collector.spent
         fresh, _ = _landed(hub)
         polls = [
             s.last_poll_s * 1000
@@ -174,6 +223,7 @@ async def _head(ports: list[int], seconds: int) -> Figures:
             if s.source == "remote" and s.last_poll_s is not None
         ]
     finally:
+        gc.callbacks.remove(collector)
         await hub.stop()
     return Figures(
         sweep_s=sweep,
@@ -184,19 +234,27 @@ async def _head(ports: list[int], seconds: int) -> Figures:
         publish_ms=statistics.median(publishes) if publishes else float("nan"),
         poll_ms=statistics.median(polls) if polls else float("nan"),
         rss_mb=statistics.median(rss),
+        gc_cores=statistics.median(collecting),
     )
 
 
-def _run(bodies_file: Path, nodes: int, seconds: int, compress: bool) -> Figures:
-    command = [sys.executable, "-m", "benchmarks.bench_fleet", "--serve", str(bodies_file)]
+def _run(frames_file: Path, nodes: int, seconds: int, compress: bool) -> Figures:
+    command = [sys.executable, "-m", "benchmarks.bench_fleet", "--serve", str(frames_file)]
     command += ["--nodes", str(nodes)] + (["--gzip"] if compress else [])
     child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdin is not None
     try:
-        assert child.stdout is not None
         ports = json.loads(child.stdout.readline())
-        return asyncio.run(_head(ports, seconds))
+        figures = asyncio.run(_head(ports, seconds))
+        gc.collect()  # the head just stopped: the next run starts from none of it
+        child.stdin.close()
+        answers = {int(k): v for k, v in json.loads(child.stdout.readline() or "{}").items()}
+        if answers:
+            unchanged = answers.get(304, 0) / sum(answers.values())
+            figures = dataclasses.replace(figures, unchanged=unchanged)
+        return figures
     finally:
-        if child.stdin is not None:
+        if not child.stdin.closed:
             child.stdin.close()
         try:
             child.wait(30)
@@ -212,23 +270,24 @@ def _verdict(met: bool) -> str:
 def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
     # a head that falls behind logs every stale node; the figures say it once
     logging.getLogger("gpuconsole").setLevel(logging.ERROR)
-    bodies = _bodies()
-    raw = statistics.median(len(b) for b in bodies)
-    packed = statistics.median(len(gzip.compress(b, 6)) for b in bodies)
+    frames = _frames()
+    bodies = [Body(b, "") for texts in frames for b in texts]
+    raw = statistics.median(len(b.raw) for b in bodies)
+    packed = statistics.median(len(b.packed()) for b in bodies)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
-        f"Head reading {nodes:,} agents at 1 Hz ({CONNECTIONS} connections, canned summaries; "
-        f"{os.cpu_count()} CPUs, load {load})"
+        f"Head reading {nodes:,} agents at 1 Hz ({CONNECTIONS} connections, summaries that "
+        f"change every second; {os.cpu_count()} CPUs, load {load})"
     )
     print(
         f"  summary per node: median {raw / 1024:.1f} KiB JSON, {packed / 1024:.1f} KiB gzip; "
         f"{nodes:,} nodes at 1 Hz: {raw * nodes / 1e6:.0f} MB/s, gzip {packed * nodes / 1e6:.1f} MB/s"
     )
     with tempfile.TemporaryDirectory() as folder:
-        bodies_file = Path(folder) / "bodies.json"
-        bodies_file.write_text(json.dumps([b.decode() for b in bodies]))
+        frames_file = Path(folder) / "frames.json"
+        frames_file.write_text(json.dumps([[b.decode() for b in texts] for texts in frames]))
         for compress in (False, True):
-            f = _run(bodies_file, nodes, seconds, compress)
+            f = _run(frames_file, nodes, seconds, compress)
             label = "gzip" if compress else "json"
             sweep = (
                 f"{f.sweep_s:.2f} s"
@@ -238,8 +297,9 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
             print(
                 f"  [{label}] first sweep of every node {sweep}; steady "
                 f"{f.updates_per_s:.0f} updates/s, poll {f.poll_ms:.0f} ms wall; head CPU "
-                f"{f.cores:.2f} cores, {f.cpu_per_update_ms:.2f} ms per node update; publish "
-                f"{f.publish_ms:.1f} ms; RSS {f.rss_mb:.0f} MB"
+                f"{f.cores:.2f} cores ({f.gc_cores:.2f} in GC), {f.cpu_per_update_ms:.2f} ms "
+                f"per node update; publish {f.publish_ms:.1f} ms; RSS {f.rss_mb:.0f} MB; "
+                f"{f.unchanged:.0%} of polls answered 304"
             )
             # a head that falls behind uses less CPU than 1 Hz would take: judge what 1 Hz
             # costs at the CPU each update took
@@ -258,7 +318,7 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--serve", metavar="FILE", help="serve the bodies in FILE (the child)")
+    parser.add_argument("--serve", metavar="FILE", help="serve the frames in FILE (the child)")
     parser.add_argument("--nodes", type=int, default=NODES)
     parser.add_argument("--seconds", type=int, default=SECONDS)
     parser.add_argument("--gzip", action="store_true", help="the child sends gzip")

@@ -420,7 +420,11 @@ class Hub:
             for kind in REMOTE_PARTS:
                 if fields.get(kind) is None and getattr(far, kind) is not None:
                     fields[kind] = getattr(far, kind)
-            statuses += tuple(dataclasses.replace(s, node=node.name) for s in far.statuses)
+            # renamed only where the head's config names the node otherwise than its agent
+            statuses += tuple(
+                s if s.node == node.name else dataclasses.replace(s, node=node.name)
+                for s in far.statuses
+            )
             rates.update(far.rates)
             deltas.update(far.deltas)
             profile = profile or far.profile

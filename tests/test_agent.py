@@ -7,13 +7,14 @@ import base64
 import concurrent.futures
 import contextlib
 import functools
+import gzip
 import json
 import os
 import re
 import ssl
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,7 +23,7 @@ import pytest
 from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 
-from gpuconsole.export.agent import Agent, AgentSettings, parse_listen
+from gpuconsole.export.agent import Agent, AgentSettings, accepts_gzip, parse_listen
 from gpuconsole.export.collector import MetricsCache, build, families
 from gpuconsole.hub import Hub
 from gpuconsole.model import (
@@ -451,6 +452,84 @@ async def test_the_json_snapshot_is_served_and_versioned(agent: Agent) -> None:
     assert status == 200
     data = json.loads(body)
     assert data["schema_version"] == 1 and len(data["nodes"]) == 7
+
+
+async def raw_get(url: str, **headers: str) -> tuple[int, bytes, Mapping[str, str]]:
+    """The answer as it came over the wire: gzip left packed; header names in any case."""
+    async with (
+        aiohttp.ClientSession(auto_decompress=False) as session,
+        session.get(url, headers=headers, skip_auto_headers=["Accept-Encoding"]) as response,
+    ):
+        return response.status, await response.read(), response.headers.copy()
+
+
+async def test_the_snapshot_is_gzipped_once_for_every_client_that_asks(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    packed: list[bytes] = []
+    compress = gzip.compress
+
+    def counted(data: bytes, *args: Any, **kwargs: Any) -> bytes:
+        packed.append(data)
+        return compress(data, *args, **kwargs)
+
+    monkeypatch.setattr(gzip, "compress", counted)
+    url = f"http://127.0.0.1:{agent.port}/api/v1/snapshot?view=summary&node=dgx-002"
+    _, plain, headers = await raw_get(url)
+    assert "Content-Encoding" not in headers and headers["Vary"] == "Accept-Encoding"
+    answers = [await raw_get(url, **{"Accept-Encoding": "gzip, deflate"}) for _ in range(3)]
+    for status, body, headers in answers:
+        assert status == 200 and headers["Content-Encoding"] == "gzip"
+        assert gzip.decompress(body) == plain
+    assert len(packed) == 1  # three heads, one compression
+    assert len(answers[0][1]) * 4 < len(plain)
+    # a client that refuses gzip gets JSON
+    _, body, headers = await raw_get(url, **{"Accept-Encoding": "gzip;q=0, identity"})
+    assert body == plain and "Content-Encoding" not in headers
+
+
+@pytest.mark.parametrize(
+    ("header", "takes"),
+    [
+        ("gzip", True),
+        ("gzip, deflate, br", True),
+        ("deflate, GZIP;q=0.5", True),
+        ("*", True),
+        ("gzip;q=0", False),
+        ("gzip;q=0.0, identity", False),
+        ("*, gzip;q=0", False),
+        ("identity;q=1, *;q=0.1", True),
+        ("identity", False),
+        ("", False),
+        ("x-gzip-ish", False),
+    ],
+)
+def test_which_clients_take_gzip(header: str, takes: bool) -> None:
+    assert accepts_gzip(header) is takes
+
+
+async def test_a_client_holding_the_latest_snapshot_is_told_so_without_a_body() -> None:
+    """An ETag per rendering: 304 while the hub has published nothing new, 200 after."""
+    hub = Hub()
+    hub.add_node("dgx-001")
+    hub.publish()
+    server = Agent(hub, AgentSettings(port=0))
+    await server.start()
+    url = f"http://127.0.0.1:{server.port}/api/v1/snapshot?view=summary&node=dgx-001"
+    try:
+        status, body, headers = await raw_get(url)
+        etag = headers["ETag"]
+        assert status == 200 and json.loads(body)["nodes"][0]["node"] == "dgx-001"
+        status, body, headers = await raw_get(url, **{"If-None-Match": etag})
+        assert (status, body, headers["ETag"]) == (304, b"", etag)
+        assert (await raw_get(url, **{"If-None-Match": 'W/"other", ' + etag}))[0] == 304
+        full = url.replace("summary", "full")
+        assert (await raw_get(full, **{"If-None-Match": etag}))[0] == 200  # another body
+        hub.publish()
+        status, _, headers = await raw_get(url, **{"If-None-Match": etag})
+        assert status == 200 and headers["ETag"] != etag
+    finally:
+        await server.stop()
 
 
 async def test_health_and_readiness(agent: Agent) -> None:

@@ -12,7 +12,15 @@ import pytest
 from aiohttp import web
 
 from gpuconsole import codec
-from gpuconsole.export.agent import Agent, AgentSettings, select
+from gpuconsole.export.agent import (
+    Agent,
+    AgentSettings,
+    Body,
+    accepts_gzip,
+    respond,
+    select,
+    snapshot_body,
+)
 from gpuconsole.fleet import focus
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.model import Event, FleetSnapshot, NodeSnapshot, Severity
@@ -245,6 +253,90 @@ def test_parts_an_agent_sends_unchanged_are_kept_as_they_were() -> None:
     assert second.fabric == dataclasses.replace(first.fabric, at=first.fabric.at + 2.0)
     assert second.gpus[0].power_w == 123.0
     assert second == codec.decode_node(moved["nodes"][0])
+
+
+def test_the_head_names_a_node_its_own_way_in_every_status() -> None:
+    """A file_sd target 10.1.0.2:9400 is node 10.1.0.2 on the head, dgx-002 to its agent."""
+    doc = codec.snapshot_json(select(frozen_fleet(), "dgx-002", summary=True))
+    node = RemoteSource("10.1.0.2", "http://10.1.0.2:9400", AgentClient()).parse(doc).node
+    assert node.statuses and {s.node for s in node.statuses} == {"10.1.0.2"}
+    theirs = codec.decode_node(doc["nodes"][0])
+    assert [dataclasses.replace(s, node="dgx-002") for s in node.statuses] == list(theirs.statuses)
+    assert dataclasses.replace(node, statuses=theirs.statuses) == theirs
+
+
+class HeldHub(Hub):
+    """A hub that holds the snapshot a test gives it, so its agent serves just that."""
+
+    def __init__(self, snapshot: FleetSnapshot) -> None:
+        super().__init__()
+        self.held = snapshot
+
+    @property
+    def latest(self) -> FleetSnapshot | None:
+        return self.held
+
+
+def with_power(fleet: FleetSnapshot, power_w: float) -> FleetSnapshot:
+    """The next snapshot, where the first GPU of the first node draws `power_w`."""
+    node = fleet.nodes[0]
+    assert node.nvml is not None
+    gpus = (dataclasses.replace(node.gpus[0], power_w=power_w), *node.gpus[1:])
+    node = dataclasses.replace(node, nvml=dataclasses.replace(node.nvml, gpus=gpus))
+    return dataclasses.replace(fleet, seq=fleet.seq + 1, nodes=(node, *fleet.nodes[1:]))
+
+
+async def test_a_node_its_agent_has_not_republished_is_not_read_again() -> None:
+    """The agent answers 304 while its hub holds the same snapshot: the head keeps the node
+    it decoded, figure for figure what the agent serves, and reads the next one whole."""
+    hub = HeldHub(select(frozen_fleet(), "dgx-002", summary=False))
+    agent = Agent(hub, AgentSettings(port=0))
+    await agent.start()
+    client = AgentClient()
+    source = RemoteSource("dgx-002", f"http://127.0.0.1:{agent.port}", client)
+    try:
+        first = await source.poll()
+        served = codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
+        assert first.node == served
+        again = await source.poll()
+        assert again.node is first.node  # not decoded again
+        hub.held = with_power(hub.held, 123.0)
+        third = await source.poll()
+        assert third.node.gpus[0].power_w == 123.0
+        assert third.node == codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
+    finally:
+        await source.close()
+        await agent.stop()
+
+
+async def test_the_head_asks_for_gzip_and_reads_it() -> None:
+    """What travels is a sixth of the JSON; what the head reads is the same node."""
+    raw = snapshot_body(frozen_fleet(), "dgx-002", summary=True)
+    asked: list[str] = []
+    sent: list[int] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        asked.append(request.headers.get("Accept-Encoding", ""))
+        response = respond(Body(raw, 'W/"1"'), request)
+        assert isinstance(response.body, bytes)
+        sent.append(len(response.body))
+        return response
+
+    app = web.Application()
+    app.router.add_get("/api/v1/snapshot", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    source = RemoteSource("dgx-002", f"http://127.0.0.1:{port}", AgentClient())
+    try:
+        reading = await source.poll()
+    finally:
+        await source.close()
+        await runner.cleanup()
+    assert len(asked) == 1 and accepts_gzip(asked[0])
+    assert sent[0] * 4 < len(raw)
+    assert reading.node == codec.loads(raw).nodes[0]
 
 
 async def test_drilling_into_a_node_reads_everything_its_agent_has(

@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import gzip
 import hmac
+import itertools
 import logging
+import secrets
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
@@ -44,6 +47,65 @@ def select(snapshot: FleetSnapshot, node: str | None, *, summary: bool) -> Fleet
 def snapshot_body(snapshot: FleetSnapshot, node: str | None, *, summary: bool) -> bytes:
     """The JSON body served for a snapshot; the summary sparse, as a thousand nodes need."""
     return dumps(select(snapshot, node, summary=summary), sparse=summary).encode()
+
+
+# A node's 25 KB summary packs to 3.6 KB in 0.2 ms, once per snapshot (rendering it takes
+# 3 ms): level 1 would save 0.14 ms of that and send 18% more bytes.
+GZIP_LEVEL = 6
+
+
+@dataclass(slots=True)
+class Body:
+    """One rendered JSON body and its validator; gzipped at most once, however many
+    clients ask for it."""
+
+    raw: bytes
+    etag: str
+    _packed: bytes | None = field(default=None, repr=False)
+
+    def packed(self) -> bytes:
+        if self._packed is None:
+            self._packed = gzip.compress(self.raw, GZIP_LEVEL, mtime=0)
+        return self._packed
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header takes gzip: named, or else `*`, at a quality above 0."""
+    qualities: dict[str, float] = {}
+    for item in accept_encoding.split(","):
+        name, *params = (part.strip().lower() for part in item.split(";"))
+        quality = 1.0
+        for param in params:
+            if param.startswith("q="):
+                try:
+                    quality = float(param[2:])
+                except ValueError:
+                    quality = 0.0
+        qualities[name] = quality
+    return qualities.get("gzip", qualities.get("*", 0.0)) > 0
+
+
+def holds(if_none_match: str | None, etag: str) -> bool:
+    """Whether an If-None-Match header names `etag` (weak comparison, as RFC 9110 asks)."""
+    if not if_none_match:
+        return False
+    tag = etag.removeprefix("W/")
+    return any(
+        given.strip() == "*" or given.strip().removeprefix("W/") == tag
+        for given in if_none_match.split(",")
+    )
+
+
+def respond(body: Body, request: web.Request) -> web.Response:
+    """`body` as `request` asks for it: 304 when the client holds it already, gzip when the
+    client takes gzip, JSON otherwise."""
+    headers = {"ETag": body.etag, "Vary": "Accept-Encoding", "Cache-Control": "no-cache"}
+    if holds(request.headers.get("If-None-Match"), body.etag):
+        return web.Response(status=304, headers=headers)
+    if accepts_gzip(request.headers.get("Accept-Encoding", "")):
+        headers["Content-Encoding"] = "gzip"
+        return web.Response(body=body.packed(), headers=headers, content_type="application/json")
+    return web.Response(body=body.raw, headers=headers, content_type="application/json")
 
 
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
@@ -89,8 +151,13 @@ class Agent:
         self.metrics = MetricsCache(lambda: hub.latest)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
-        self._json_key: tuple[int, str, str | None] | None = None
-        self._json_body = b""
+        # The bodies rendered from the latest snapshot, by (view, node served): heads that
+        # read one node each share one rendering, and its gzip.
+        self._bodies: dict[tuple[str, str | None], Body] = {}
+        self._bodies_seq: int | None = None
+        # An ETag names one rendering by one process: a restarted agent matches none it gave.
+        self._boot = secrets.token_hex(4)
+        self._renders = itertools.count()
         self._ahead: dict[str, asyncio.TimerHandle] = {}  # by peer: a render before its scrape
 
     def app(self) -> web.Application:
@@ -158,11 +225,17 @@ class Agent:
         if view not in ("full", "summary"):
             return web.Response(status=400, text="view must be full or summary\n")
         node = request.query.get("node")
-        key = (snapshot.seq, view, node)
-        if self._json_key != key:
-            self._json_body = snapshot_body(snapshot, node, summary=view == "summary")
-            self._json_key = key
-        return web.Response(body=self._json_body, content_type="application/json")
+        if node is not None and snapshot.node(node) is None:
+            node = None  # served as the whole snapshot, as select() does
+        if self._bodies_seq != snapshot.seq:
+            self._bodies.clear()
+            self._bodies_seq = snapshot.seq
+        body = self._bodies.get((view, node))
+        if body is None:
+            raw = snapshot_body(snapshot, node, summary=view == "summary")
+            etag = f'W/"{self._boot}-{next(self._renders)}"'
+            body = self._bodies[(view, node)] = Body(raw, etag)
+        return respond(body, request)
 
     async def _healthy(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")

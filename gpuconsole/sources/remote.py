@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import quote
 
 import aiohttp
+from yarl import URL
 
-from gpuconsole.codec import DecodeError, decode_node
+from gpuconsole.codec import DecodeError, decode_node, parse_json
 from gpuconsole.model import SCHEMA_VERSION, Event, NodeSnapshot, Severity
 from gpuconsole.readings.remote import RemoteReading
 from gpuconsole.sources.base import EmitEvent
@@ -27,6 +28,14 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 _STEADY_PARTS = ("bmc", "fabric", "tenancy")
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A peer's answer to a GET: its body, or None where the copy asked about is current."""
+
+    body: bytes | None
+    etag: str | None = None
+
+
 class AgentClient:
     """One HTTP client for every agent of a fleet, with a cap on open connections."""
 
@@ -34,6 +43,9 @@ class AgentClient:
         self.max_connections = max_connections
         self._auth = aiohttp.BasicAuth(*auth) if auth else None
         self._session: aiohttp.ClientSession | None = None
+        # Requests wait for a connection here, in order: aiohttp's connector would shuffle
+        # every waiting host on each connection released (a thousand, on a busy head).
+        self._slots = asyncio.Semaphore(max_connections)
         self._users = 0
 
     def acquire(self) -> None:
@@ -47,32 +59,61 @@ class AgentClient:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
+            self._slots = asyncio.Semaphore(self.max_connections)  # of this session's loop
             connector = aiohttp.TCPConnector(limit=self.max_connections, ttl_dns_cache=300)
-            self._session = aiohttp.ClientSession(connector=connector, auth=self._auth)
+            # no timeout of aiohttp's own: get() times the wait for a connection as well
+            self._session = aiohttp.ClientSession(
+                connector=connector, auth=self._auth, timeout=aiohttp.ClientTimeout()
+            )
         return self._session
 
-    async def get_json(
-        self, url: str, timeout_s: float, *, peer: str = "agent", limit: int = MAX_BODY_BYTES
-    ) -> Any:
-        """GET a JSON document (gzip when the peer offers it); errors say what went wrong
-        in a line, naming the `peer`."""
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async def get(
+        self,
+        url: str | URL,
+        timeout_s: float,
+        *,
+        peer: str = "agent",
+        limit: int = MAX_BODY_BYTES,
+        etag: str | None = None,
+    ) -> Answer:
+        """GET `url` (gzip when the peer offers it); with the `etag` of a copy held, no body
+        when the peer says that copy is current. Errors say what went wrong in a line,
+        naming the `peer`; TimeoutError after `timeout_s`, waiting for a connection included."""
+        session = self._client()
+        headers = {"If-None-Match": etag} if etag else None
         try:
-            async with self._client().get(url, timeout=timeout) as response:
-                if response.status != 200:
-                    reason = (await response.text())[:200].strip()
-                    raise ConnectionError(f"{peer} answered HTTP {response.status}: {reason}")
-                body = await _read_body(response, limit + 1)
+            async with asyncio.timeout(timeout_s), self._slots:
+                async with session.get(url, headers=headers) as response:
+                    if response.status == 304 and etag:
+                        return Answer(None, etag)
+                    if response.status != 200:
+                        reason = (await response.text())[:200].strip()
+                        raise ConnectionError(f"{peer} answered HTTP {response.status}: {reason}")
+                    body = await _read_body(response, limit + 1)
+                    tag = response.headers.get("ETag")
         except aiohttp.ClientConnectorError as exc:
             raise ConnectionError(f"{peer} unreachable: {exc.os_error or exc}") from None
         except aiohttp.ClientError as exc:
             raise ConnectionError(f"{peer} connection failed: {exc}") from None
         if len(body) > limit:
             raise ValueError(f"{peer} sent more than {limit} bytes")
-        try:
-            return json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{peer} sent something that is not JSON: {exc}") from None
+        return Answer(body, tag)
+
+    async def get_json(
+        self, url: str | URL, timeout_s: float, *, peer: str = "agent", limit: int = MAX_BODY_BYTES
+    ) -> Any:
+        """GET a JSON document (gzip when the peer offers it); errors say what went wrong
+        in a line, naming the `peer`."""
+        answer = await self.get(url, timeout_s, peer=peer, limit=limit)
+        assert answer.body is not None  # asked without an etag
+        return _json(answer.body, peer)
+
+
+def _json(body: bytes, peer: str) -> Any:
+    try:
+        return parse_json(body)
+    except DecodeError as exc:  # "not JSON: why"
+        raise ValueError(f"{peer} sent something that is {exc}") from None
 
 
 async def _read_body(response: aiohttp.ClientResponse, most: int) -> bytes:
@@ -114,6 +155,9 @@ class RemoteSource:
         self._emit: EmitEvent | None = None
         self._seen_events: float | None = None
         self._last_parts: dict[str, tuple[Any, Any]] = {}  # part -> (its JSON, decoded)
+        self._urls: dict[str, URL] = {}  # by view, parsed once
+        # what the agent last sent, to ask whether it is still current: (URL, ETag, reading)
+        self._held: tuple[URL, str, RemoteReading] | None = None
         client.acquire()
 
     async def start(self, emit: EmitEvent) -> None:
@@ -122,15 +166,27 @@ class RemoteSource:
     async def close(self) -> None:
         await self._client.release()
 
-    def _request_url(self) -> str:
+    def _request_url(self) -> URL:
         view = "summary" if self.summary and not self.detail else "full"
-        return f"{self.url}/api/v1/snapshot?view={view}&node={quote(self.node)}"
+        url = self._urls.get(view)
+        if url is None:
+            url = self._urls[view] = URL(
+                f"{self.url}/api/v1/snapshot?view={view}&node={quote(self.node)}"
+            )
+        return url
 
     async def poll(self) -> RemoteReading:
+        url, held = self._request_url(), self._held
+        etag = held[1] if held is not None and held[0] == url else None
         # the whole poll (connect, transfer, decode) must fit the hub's timeout
-        data = await self._client.get_json(self._request_url(), self.timeout_s * 0.9)
+        answer = await self._client.get(url, self.timeout_s * 0.9, etag=etag)
+        if answer.body is None and held is not None:  # the agent has published nothing new
+            return dataclasses.replace(held[2], at=self._clock())
+        assert answer.body is not None
+        data = _json(answer.body, "agent")
         reading = self.parse(data)
         self._repost_events(data)
+        self._held = (url, answer.etag, reading) if answer.etag else None
         return reading
 
     def parse(self, data: Any) -> RemoteReading:
@@ -151,6 +207,8 @@ class RemoteSource:
                 raise ValueError(f"agent at {self.url} does not serve node {self.node}")
             chosen = nodes[0]
         try:
+            if not isinstance(chosen, dict):  # a lone node, served under any name
+                raise DecodeError(f"{self.url} $.nodes[0]: expected an object")
             snapshot = self._decode(chosen)
         except DecodeError as exc:
             raise ValueError(f"agent sent a snapshot that does not fit: {exc}") from None
@@ -168,7 +226,12 @@ class RemoteSource:
             raw, last = chosen.get(part), self._last_parts.get(part)
             if raw is not None and last is not None and last[0] == raw:
                 reused[part] = last[1]
-        slim = {k: v for k, v in chosen.items() if k not in reused} if reused else chosen
+        slim = {k: v for k, v in chosen.items() if k not in reused}
+        statuses = chosen.get("statuses")
+        if isinstance(statuses, list):
+            # named as the head names the node, which its config may do otherwise than the
+            # agent: a copy of each one's JSON costs a fifth of a copy of each decoded one
+            slim["statuses"] = [_named(status, self.node) for status in statuses]
         snapshot = decode_node(slim, f"{self.url} $.nodes")
         if reused:
             snapshot = dataclasses.replace(snapshot, **reused)
@@ -207,6 +270,13 @@ class RemoteSource:
             self._emit(event)
             newest = at if newest is None else max(newest, at)
         self._seen_events = newest
+
+
+def _named(status: Any, node: str) -> Any:
+    """A source status's JSON, naming `node` where it names another."""
+    if isinstance(status, dict) and isinstance(status.get("node"), str) and status["node"] != node:
+        return {**status, "node": node}
+    return status
 
 
 async def wait_closed(sources: list[RemoteSource]) -> None:
