@@ -9,7 +9,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -108,6 +108,7 @@ class _Misfit(Exception):
 
 
 Decoder = Callable[[Any], Any]
+_T = TypeVar("_T")
 _DECODERS: dict[Any, Decoder] = {}
 
 
@@ -383,14 +384,19 @@ def _deltas(data: Any) -> dict[Key, int]:
 _KEYED_DECODERS: dict[str, Decoder] = {"rates": _rates, "deltas": _deltas}
 
 
-def decode_node(data: Any, where: str = "$") -> NodeSnapshot:
-    """One NodeSnapshot from its JSON form (as in a fleet snapshot's "nodes")."""
+def decode(kind: type[_T], data: Any, where: str = "$") -> _T:
+    """One `kind` (a snapshot's dataclass) from its JSON form; DecodeError says where not."""
     try:
-        result = _decoder(NodeSnapshot)(data)
+        result = _decoder(kind)(data)
     except _Misfit as wrong:
         raise wrong.at(where) from None
-    assert isinstance(result, NodeSnapshot)
+    assert isinstance(result, kind)
     return result
+
+
+def decode_node(data: Any, where: str = "$") -> NodeSnapshot:
+    """One NodeSnapshot from its JSON form (as in a fleet snapshot's "nodes")."""
+    return decode(NodeSnapshot, data, where)
 
 
 def parse_json(text: str | bytes) -> Any:
@@ -422,6 +428,7 @@ def loads(text: str | bytes) -> FleetSnapshot:
 
 __all__ = [
     "DecodeError",
+    "decode",
     "decode_node",
     "dumps",
     "encode",

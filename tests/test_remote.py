@@ -423,6 +423,53 @@ async def test_a_large_body_is_read_whole() -> None:
         await runner.cleanup()
 
 
+async def test_an_odd_event_from_an_agent_is_dropped_alone() -> None:
+    """Events an agent sends that no snapshot could hold (a time that is a string, a GPU
+    index that is not a number, an unknown severity) are skipped; the good one and the
+    node's reading still arrive, and the head's snapshot still writes itself out."""
+    doc = json.loads(codec.dumps(frozen_fleet()))
+    node = next(n for n in doc["nodes"] if n["node"] == "dgx-001")
+    good = {
+        "at": 1_796_000_100.0,
+        "node": "dgx-001",
+        "source": "nvml",
+        "kind": "xid",
+        "severity": "critical",
+        "message": "GPU 3: Xid 79",
+        "gpu_index": 3,
+    }
+    odd = [
+        {**good, "at": "inf"},
+        {**good, "gpu_index": "three"},
+        {**good, "severity": "boom"},
+        {**good, "message": None},
+        "not an event",
+    ]
+    body = json.dumps({**doc, "nodes": [node], "events": [*odd, good]}).encode()
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/api/v1/snapshot", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    head = Hub(HubSettings(publish_gap_s=0.05))
+    head.add_source(RemoteSource("dgx-001", f"http://127.0.0.1:{port}", AgentClient()))
+    await head.start()
+    try:
+        await until(
+            lambda: ok(head.latest, "dgx-001") and any(e.kind == "xid" for e in head.events())
+        )
+        assert [e.message for e in head.events() if e.kind == "xid"] == ["GPU 3: Xid 79"]
+        assert codec.loads(codec.dumps(head.latest))  # type: ignore[arg-type]
+    finally:
+        await head.stop()
+        await runner.cleanup()
+
+
 async def test_connections_are_bounded() -> None:
     """Twenty nodes behind one slow agent: never more than the client's limit at once."""
     open_now = 0

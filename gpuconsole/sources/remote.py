@@ -18,8 +18,8 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
-from gpuconsole.codec import DecodeError, decode_node, parse_json
-from gpuconsole.model import SCHEMA_VERSION, Event, NodeSnapshot, Severity
+from gpuconsole.codec import DecodeError, decode, decode_node, parse_json
+from gpuconsole.model import SCHEMA_VERSION, Event, NodeSnapshot
 from gpuconsole.readings.remote import RemoteReading
 from gpuconsole.sources.base import EmitEvent
 
@@ -247,26 +247,19 @@ class RemoteSource:
         if self._emit is None or not isinstance(events, list):
             return
         newest = self._seen_events
+        several = len(data.get("nodes", ())) > 1
         for item in events:
+            if not isinstance(item, dict):
+                continue
+            if several and item.get("node") not in (None, self.node):
+                continue
             try:
-                at = float(item["at"])
-                if self._seen_events is not None and at <= self._seen_events:
-                    continue
-                if item.get("node") not in (None, self.node) and len(data.get("nodes", ())) > 1:
-                    continue
-                event = Event(
-                    at=at,
-                    node=self.node,
-                    source=str(item["source"]),
-                    kind=str(item["kind"]),
-                    severity=Severity(item["severity"]),
-                    message=str(item["message"]),
-                    gpu_index=item.get("gpu_index"),
-                    gpu_uuid=item.get("gpu_uuid"),
-                    code=item.get("code"),
-                )
-            except (KeyError, TypeError, ValueError):
+                event = decode(Event, {**item, "node": self.node}, "$.events[]")
+            except DecodeError:
                 continue  # one odd event never costs the node its reading
+            at = event.at
+            if self._seen_events is not None and at <= self._seen_events:
+                continue
             self._emit(event)
             newest = at if newest is None else max(newest, at)
         self._seen_events = newest
