@@ -7,14 +7,14 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from gpuconsole.codec import dumps
 from gpuconsole.hub import Hub
-from gpuconsole.model import Event
+from gpuconsole.model import Event, FleetSnapshot
 from gpuconsole.readings.bmc import BmcReading, SensorHealth, SensorKind
 from gpuconsole.sources.bmc import BmcError, BmcSource, BmcTarget, PowerAction, open_link
 from gpuconsole.sources.bmc.sel import SelCursor
@@ -249,3 +249,78 @@ def test_a_wrong_password_is_a_clear_error_that_never_shows_the_password(
     assert snapshot.node("let-in").status("bmc").ok  # type: ignore[union-attr]
     text = dumps(snapshot) + caplog.text
     assert wrong not in text and right not in text
+
+
+# --- documents a BMC should not send -------------------------------------------------
+
+
+def edit(server: Sushy, resource: str, text: str) -> None:
+    """Serve `text` as the body of /redfish/v1/`resource` from now on."""
+    (server.root / resource / "index.json").write_text(text)
+
+
+def with_field(server: Sushy, resource: str, key: str, raw_json: str) -> None:
+    """Set one field of a served document to `raw_json`, written as is (1e400 stays 1e400)."""
+    path = server.root / resource / "index.json"
+    doc = json.loads(path.read_text())
+    doc[key] = "@@"
+    path.write_text(json.dumps(doc).replace('"@@"', raw_json))
+
+
+def stale_after_one_good_poll(server: Sushy, break_it: Callable[[], None]) -> FleetSnapshot:
+    hub = Hub()
+    hub.add_source(source(server))
+    return asyncio.run(hub.poll_once(2, between=break_it))
+
+
+def test_a_body_that_is_not_an_object_makes_the_bmc_stale_naming_its_url(modern: Sushy) -> None:
+    snapshot = stale_after_one_good_poll(
+        modern, lambda: edit(modern, "Chassis/DGX/Sensors/Total_Power", '"Total Power"')
+    )
+    node = snapshot.node("dgx-h100-01")
+    assert node is not None and node.status("bmc").error == (  # type: ignore[union-attr]
+        f"BmcError: redfish://127.0.0.1:{modern.port}: GET /redfish/v1/Chassis/DGX/Sensors/"
+        "Total_Power: the body is a string, not an object"
+    )
+    assert node.bmc is not None and node.bmc.power_w == 6120.0  # the last good reading
+
+
+def test_a_collection_whose_members_is_not_an_array_makes_the_bmc_stale_naming_it(
+    modern: Sushy,
+) -> None:
+    with_field(modern, "Chassis/DGX/Sensors", "Members", '{"@odata.id": "/redfish/v1/x"}')
+    with pytest.raises(BmcError) as error:
+        asyncio.run(read(source(modern)))
+    assert str(error.value) == (
+        f"redfish://127.0.0.1:{modern.port}: GET /redfish/v1/Chassis/DGX/Sensors: "
+        "Members is an object, not an array"
+    )
+
+
+def test_a_sensor_whose_status_is_a_string_is_a_warning_and_the_rest_still_read(
+    modern: Sushy,
+) -> None:
+    with_field(modern, "Chassis/DGX/Sensors/Exhaust_Temp", "Status", '"Enabled"')
+    reading = asyncio.run(read(source(modern)))
+    exhaust = reading.sensor("Exhaust Temp")
+    assert exhaust is not None and exhaust.value == 44.0
+    assert (exhaust.health, exhaust.states) == (SensorHealth.WARNING, ("unreadable Status",))
+    inlet = reading.sensor("Inlet Temp")
+    assert inlet is not None and (inlet.value, inlet.health) == (25.5, SensorHealth.OK)
+    assert [s.name for s in reading.sensors if s.health is not SensorHealth.OK] == ["Exhaust Temp"]
+    assert (reading.power_w, reading.exhaust_c) == (6120.0, 44.0)
+
+
+def test_a_reading_too_large_for_a_float_is_no_reading_and_the_snapshot_still_writes(
+    modern: Sushy,
+) -> None:
+    with_field(modern, "Chassis/DGX/Sensors/Exhaust_Temp", "Reading", "1e400")
+    hub = Hub()
+    hub.add_source(source(modern))
+    snapshot = asyncio.run(hub.poll_once())
+    node = snapshot.node("dgx-h100-01")
+    assert node is not None and node.status("bmc").ok  # type: ignore[union-attr]
+    exhaust = node.bmc.sensor("Exhaust Temp")  # type: ignore[union-attr]
+    assert exhaust is not None and exhaust.value is None
+    assert node.bmc.sensor("Inlet Temp").value == 25.5  # type: ignore[union-attr]
+    json.loads(dumps(snapshot))  # allow_nan=False: an inf reading would raise here

@@ -28,6 +28,7 @@ from gpuconsole.sources.bmc.ipmi import sel_entry
 from gpuconsole.sources.bmc.link import BmcError
 from gpuconsole.sources.bmc.redfish import RedfishHttpError, RedfishLink
 from gpuconsole.sources.bmc.sel import SelCursor
+from gpuconsole.sources.bmc.sensors import gpu_module_of
 
 FUZZ = settings(
     max_examples=150,
@@ -62,8 +63,7 @@ class MockupClient:
         found = self.docs.get(url.rstrip("/"))
         if found is None:
             raise RedfishHttpError(url, 404)
-        # pyghmi returns {} for a body that is not an object
-        return found if isinstance(found, dict) else {}
+        return found  # any kind, as pyghmi decodes it: a string body is a string
 
     def get_power(self) -> Mapping[str, Any]:
         return {"powerstate": "on"}
@@ -179,6 +179,55 @@ def test_a_redfish_log_entry_with_an_odd_numeric_id_is_skipped(ident: str) -> No
     url = next(u for u in sorted(docs) if u.endswith("/Entries"))
     docs[url]["Members"] = [*docs[url]["Members"], {"Id": ident, "Message": "odd"}]
     assert read(docs) is not None
+
+
+def test_a_body_that_is_not_an_object_is_a_bmc_error_naming_its_url() -> None:
+    docs = {**mockup("modern"), "/redfish/v1/Chassis/DGX/Sensors/P12V": ["P12V", 12.1]}
+    source = BmcSource("dgx-017", RedfishLink("redfish://bmc:443", lambda: MockupClient(docs)))
+    with pytest.raises(BmcError) as error:
+        source.collect()
+    assert str(error.value) == (
+        "redfish://bmc:443: GET /redfish/v1/Chassis/DGX/Sensors/P12V: the body is an array, "
+        "not an object"
+    )
+
+
+# --- HGX module numbers in sensor and chassis names ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("names", "module"),
+    [
+        (("HGX_GPU_SXM_5_TEMP_0",), 5),
+        (("hgx gpu sxm 12",), 12),
+        (("HGX_GPU_SXM_" + "7" * 5000,), None),  # int() refuses more than 4300 digits
+        (("HGX_GPU_SXM_" + "7" * 5000, "HGX_GPU_SXM_3 TEMP 0"), 3),  # the next name
+        (("HGX_GPU_SXM_\u0663_TEMP_0",), None),  # an Arabic-Indic 3: not ASCII
+        (("HGX_GPU_SXM_12345",), None),
+        (("Inlet Temp",), None),
+    ],
+)
+def test_the_hgx_module_is_a_short_ascii_number(names: tuple[str, ...], module: int | None) -> None:
+    assert gpu_module_of(*names) == module
+
+
+@FUZZ
+@given(st.text(max_size=30).map(lambda t: "HGX_GPU_SXM_" + t) | st.text(max_size=30))
+@example("HGX_GPU_SXM_" + "9" * 5000)
+def test_any_name_has_a_small_module_number_or_none(name: str) -> None:
+    module = gpu_module_of(name)
+    assert module is None or 0 <= module < 10_000
+
+
+def test_a_sensor_named_with_thousands_of_digits_takes_its_chassis_module() -> None:
+    docs = copy.deepcopy(mockup("modern"))
+    url = "/redfish/v1/Chassis/HGX_GPU_SXM_1/Sensors/HGX_GPU_SXM_1_TEMP_0"
+    long_name = "HGX_GPU_SXM_" + "7" * 5000
+    docs[url] = {**docs[url], "Id": long_name, "Name": long_name}
+    reading = read(docs)
+    assert reading is not None
+    sensor = reading.sensor(long_name)
+    assert sensor is not None and sensor.value == 41.0 and sensor.gpu_module_id == 1
 
 
 # --- SEL records as pyghmi returns them --------------------------------------------------

@@ -80,7 +80,9 @@ class RedfishHttpError(Exception):
 class RedfishClient(Protocol):
     """The layer under RedfishLink (blocking)."""
 
-    def get(self, url: str) -> Json: ...
+    def get(self, url: str) -> Any:
+        """The decoded JSON body: an object, or whatever else the BMC sent."""
+        ...
 
     def get_power(self) -> Mapping[str, Any]: ...
 
@@ -181,11 +183,11 @@ class PyghmiRedfish:
             host, username, password, verify, port=port, timeout_s=timeout_s
         )
 
-    def get(self, url: str) -> Json:
+    def get(self, url: str) -> Any:
         body, status = self._cmd.wc.grab_json_response_with_status(url)
         if not 200 <= status < 300:
             raise RedfishHttpError(url, status)
-        return body if isinstance(body, dict) else {}
+        return body  # any JSON kind: RedfishLink names a body that is not an object
 
     def get_power(self) -> Mapping[str, Any]:
         return dict(self._cmd.get_power())

@@ -13,7 +13,8 @@ HEALTH_WARNING = 1
 HEALTH_CRITICAL = 2
 HEALTH_FAILED = 4
 
-_HGX_GPU = re.compile(r"HGX[_ ]GPU[_ ]SXM[_ ]?(\d+)", re.IGNORECASE)
+_HGX_GPU = re.compile(r"HGX[_ ]GPU[_ ]SXM[_ ]?([0-9]+)", re.IGNORECASE | re.ASCII)
+_MAX_MODULE_DIGITS = 4  # a board has 8 modules; a longer number is no module id
 _PSU = re.compile(r"\b(psu|power[ _]?supply|ps\d)", re.IGNORECASE)
 _FAN = re.compile(r"\bfan", re.IGNORECASE)
 _TOTAL_POWER = re.compile(
@@ -90,10 +91,11 @@ def context_of(name: str, kind: SensorKind, hint: str | None = None) -> str | No
 
 
 def gpu_module_of(*names: str) -> int | None:
-    """The HGX module number in a name like HGX_GPU_SXM_5_TEMP_0 (SXM n = module id n)."""
+    """The HGX module number in a name like HGX_GPU_SXM_5_TEMP_0 (SXM n = module id n);
+    None where no name has one of at most a few ASCII digits."""
     for name in names:
         match = _HGX_GPU.search(name)
-        if match:
+        if match and len(match.group(1)) <= _MAX_MODULE_DIGITS:  # int() refuses 4300
             return int(match.group(1))
     return None
 

@@ -37,6 +37,12 @@ EXTENDED_PMA_DRIVERS = ("mlx5_",)
 _RATE = re.compile(
     r"^\s*([0-9]{1,9}(?:\.[0-9]{1,9})?)\s*Gb/sec\s*\(([0-9]{1,4})X\s*([A-Za-z0-9]*)\)", re.ASCII
 )
+# The kernel's other numbers: "%d: %s" for a state (the id a u8), "%d\n" for lifespan
+# (ms, never negative) and "0x%x\n" for a LID (u32). Anything else is unknown; the
+# digits are bounded so int() never sees 4300 of them.
+_STATE_ID = re.compile(r"[0-9]{1,3}", re.ASCII)
+_DECIMAL = re.compile(r"([0-9]{1,10})\n?", re.ASCII)
+_HEX = re.compile(r"0x([0-9a-fA-F]{1,8})\n?", re.ASCII)
 NO_PMA = "N/A (no PMA)"
 LIFESPAN = "lifespan"
 
@@ -79,9 +85,11 @@ class IbDevice:
 
 
 def parse_state(text: str) -> tuple[int | None, str]:
-    """'4: ACTIVE' -> (4, 'ACTIVE'); '5: LinkUp' -> (5, 'LinkUp')."""
+    """'4: ACTIVE' -> (4, 'ACTIVE'); '5: LinkUp' -> (5, 'LinkUp'); an id not in the
+    kernel's form ('²: X', '-1: X') -> (None, the whole text)."""
     head, sep, name = text.strip().partition(":")
-    if sep and head.strip().isdigit():
+    head = head.strip()
+    if sep and _STATE_ID.fullmatch(head):
         return int(head), name.strip()
     return None, text.strip()
 
@@ -109,13 +117,21 @@ def _read(path: str) -> str | None:
         os.close(fd)
 
 
-def _int(text: str | None, base: int = 10) -> int | None:
-    if text is None:
+def _unsigned(text: str | None, form: re.Pattern[str], bits: int, base: int = 10) -> int | None:
+    """A number in the kernel's `form` below 2**`bits`; None for anything else ('-1')."""
+    m = form.fullmatch(text) if text is not None else None
+    if m is None:
         return None
-    try:
-        return int(text.strip(), base)
-    except ValueError:
-        return None
+    value = int(m.group(1), base)
+    return value if value >> bits == 0 else None
+
+
+def _lifespan(text: str | None) -> int | None:
+    return _unsigned(text, _DECIMAL, 31)  # an int of ms
+
+
+def _lid(text: str | None) -> int | None:
+    return _unsigned(text, _HEX, 32, 16)
 
 
 def _natural(name: str) -> tuple[str, int]:
@@ -222,7 +238,7 @@ class InfinibandReader:
                 # lifespan is how long (ms) mlx5 caches hw_counters reads: a setting an
                 # admin changes rarely, so it is read with the layout, not every poll.
                 lifespan = (
-                    _int(_read(os.path.join(path, "hw_counters", LIFESPAN)))
+                    _lifespan(_read(os.path.join(path, "hw_counters", LIFESPAN)))
                     if LIFESPAN in hw
                     else None
                 )
@@ -278,8 +294,8 @@ class InfinibandReader:
             rate_text=rate_text,
             width=width,
             speed=speed,
-            lid=_int(_read(os.path.join(path, "lid")), 16),
-            sm_lid=_int(_read(os.path.join(path, "sm_lid")), 16),
+            lid=_lid(_read(os.path.join(path, "lid"))),
+            sm_lid=_lid(_read(os.path.join(path, "sm_lid"))),
             netdev=self._netdev(path, layout.port, dev.net),
             counters=counters,
             hw_counters=hw,
@@ -309,13 +325,16 @@ class InfinibandReader:
             finally:
                 os.close(fd)
             # The kernel writes "%llu\n"; int() would also take "-5", " 5" and "1_000".
-            # bytes.isdigit() is ASCII only, and false for b"": anything else is skipped.
+            # bytes.isdigit() is ASCII only, and false for b"": anything else is skipped,
+            # as is a value past a u64 (at most 64 bytes are read: int() stays cheap).
             digits = raw.rstrip(b"\n")
             if not digits.isdigit():
                 if raw.startswith(b"N/A"):
                     no_pma = True
                 continue
             value = int(digits)
+            if value >> 64:
+                continue
             key = (layout.device, layout.port, name)
             if value >= 1 << 32 or key in wide:
                 wide.add(key)
