@@ -22,7 +22,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Input, OptionList, SelectionList, Static
+from textual.widgets import Input, OptionList, SelectionList, Static
 from textual.widgets.option_list import Option
 
 from gpuconsole.actions.executor import ActionRefused, Executor, Outcome, StepUpdate
@@ -33,6 +33,7 @@ from gpuconsole.hub import Hub
 from gpuconsole.inventory import node_gpus
 from gpuconsole.model import Health, NodeSnapshot
 from gpuconsole.sources.base import EmitEvent
+from gpuconsole.tui.widgets.footer import Footer
 from gpuconsole.tui.widgets.plan_view import (
     plan_text,
     proposal_line,

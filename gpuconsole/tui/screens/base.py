@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, cast
 from textual import events
 from textual.app import ComposeResult
 from textual.screen import Screen
-from textual.widgets import Footer
 
 from gpuconsole.model import FleetSnapshot, NodeSnapshot
 from gpuconsole.tui.themes import Palette
+from gpuconsole.tui.widgets.footer import Footer
 from gpuconsole.tui.widgets.status_bar import StatusBar
 
 if TYPE_CHECKING:
