@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import sys
 import weakref
 from collections import Counter
 from dataclasses import dataclass
@@ -201,10 +202,12 @@ def focus(hub: Hub, node: str | None, viewer: object = None) -> None:
 
     Several consoles on one hub (the ssh server's sessions) each hold their own node.
     """
+    held = _FOCUSED.setdefault(hub, {})
+    if "gpuconsole.sources.remote" not in sys.modules:
+        return  # no agent is read in this process (a node's own console): nothing to do
     from gpuconsole.sources.promql import PromQLSource
     from gpuconsole.sources.remote import RemoteSource
 
-    held = _FOCUSED.setdefault(hub, {})
     if node is None:
         held.pop(id(viewer), None)
     else:

@@ -94,10 +94,8 @@ async def open_node(app: ConsoleApp, pilot: Any, bus_id: str) -> NodeScreen:
     await until(lambda: isinstance(app.screen, NodeScreen) and app.screen.is_mounted)
     screen = app.screen
     assert isinstance(screen, NodeScreen)
-    await until(
-        lambda: screen.table.get_row_index(bus_id) >= 0 if screen.table.row_count else False
-    )
-    screen.table.move_cursor(row=screen.table.get_row_index(bus_id), animate=False)
+    await until(lambda: bus_id in screen.table.row_keys)
+    screen.table.move_cursor(bus_id)
     await pilot.pause()
     return screen
 

@@ -175,6 +175,70 @@ async def test_a_new_snapshot_redraws_only_the_row_that_changed(console_app: Any
         assert "  12 95 95" in screen_text(app).splitlines()[4]  # status, summary, header, 001
 
 
+def with_util(old: FleetSnapshot, node_name: str, util: float, seq: int) -> FleetSnapshot:
+    """`old` with GPU 0 of one node at `util` %: a new reading of that node only."""
+    node = next(n for n in old.nodes if n.node == node_name)
+    assert node.nvml is not None
+    gpu0 = dataclasses.replace(node.gpus[0], util_gpu_pct=util)
+    changed = dataclasses.replace(
+        node, nvml=dataclasses.replace(node.nvml, gpus=(gpu0, *node.gpus[1:]))
+    )
+    nodes = tuple(changed if n.node == node_name else n for n in old.nodes)
+    return dataclasses.replace(old, seq=seq, nodes=nodes)
+
+
+async def test_a_new_reading_redraws_only_the_node_views_gpu_rows_that_changed(
+    console_app: Any,
+) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.jump("node", "dgx-002")
+        await pilot.pause()
+        table = app.screen.query_one("#gpu-table", RowTable)
+        drawn: list[str] = []
+        original = table._render_cells
+
+        def render(cells: Any) -> Any:
+            drawn.append(_plain(cells[0]))
+            return original(cells)
+
+        table._render_cells = render  # type: ignore[method-assign]
+        app.show_snapshot(with_util(frozen_fleet(), "dgx-002", 12.0, seq=2))
+        await pilot.pause()
+        assert drawn == ["● 0"]  # GPU 0's row; the other seven and the header stay as drawn
+        assert _plain(table.get_row_at(0)[1]) == "12%"
+
+
+async def test_snapshots_that_come_within_a_second_are_drawn_once_by_the_tick(
+    console_app: Any,
+) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        applied: list[int] = []
+        original = screen.apply
+
+        def apply(snapshot: FleetSnapshot, *, force: bool = False) -> None:
+            applied.append(snapshot.seq)
+            original(snapshot, force=force)
+
+        screen.apply = apply  # type: ignore[method-assign]
+        old = frozen_fleet()
+        first, second = (with_util(old, "dgx-002", u, seq=old.seq + i)
+                         for i, u in ((1, 12.0), (2, 34.0)))  # fmt: skip
+        app._snapshot_shown_at = 0.0  # over a second since the last drawing
+        app.on_snapshot_arrived(SnapshotArrived(first))  # drawn at once
+        app.on_snapshot_arrived(SnapshotArrived(second))  # waits for the tick
+        assert applied == [first.seq] and app.snapshot is second
+        app._tick()
+        assert applied == [first.seq, second.seq]
+        app._tick()  # nothing new: only the status bar's age moves on
+        assert applied == [first.seq, second.seq]
+        await pilot.pause()
+        assert _plain(fleet_table(app).get_cell("dgx-002", "gpus")).split()[0] == "34"
+
+
 def big_fleet(nodes: int) -> FleetSnapshot:
     """`nodes` copies of the frozen fleet's nodes, named node-0000 on."""
     frozen = frozen_fleet()
@@ -281,9 +345,9 @@ async def test_a_passed_through_gpu_shows_in_the_fleet_row_and_opens_by_bus_id(
         assert table.get_cell("dgx-004", "free") == "6/8"
         app.jump("node", "dgx-004")
         await pilot.pause()
-        node_table = app.screen.query_one("#gpu-table", DataTable)
+        node_table = app.screen.query_one("#gpu-table", RowTable)
         assert node_table.row_count == 8
-        assert node_table.get_row("0000:52:00.0")[-1] == "vm tenant-b-vm7"
+        assert node_table.get_cell("0000:52:00.0", "owner") == "vm tenant-b-vm7"
         await pilot.press("down", "down", "enter")
         await pilot.pause()
         assert isinstance(app.screen, GpuScreen)

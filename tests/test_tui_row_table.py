@@ -84,3 +84,16 @@ async def test_only_the_row_whose_cells_changed_is_drawn_again() -> None:
         await pilot.pause()
         assert drawn == ["b"]
         assert lines(app)[2].split() == ["b", "2"]
+
+
+async def test_a_cell_that_only_changes_colour_is_drawn_again() -> None:
+    app = TableApp()
+    async with app.run_test(size=(40, 8)) as pilot:
+        table = app.query_one(RowTable)
+        table.set_rows([("a", ("a", Text("▅▆", style="green")))])
+        await pilot.pause()
+        # Rich's Text == leaves the Text's own style out: a sparkline turning red is a change
+        assert not table.update_row("a", ("a", Text("▅▆", style="green")))
+        assert table.update_row("a", ("a", Text("▅▆", style="red")))
+        await pilot.pause()
+        assert table.get_cell("a", "wide").style == "red"

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
+from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.screen import Screen
+from textual.widgets import Static
 
 from gpuconsole.model import FleetSnapshot, NodeSnapshot
 from gpuconsole.tui.themes import Palette
+from gpuconsole.tui.widgets.cells import looks_same
 from gpuconsole.tui.widgets.footer import Footer
 from gpuconsole.tui.widgets.status_bar import StatusBar
 
@@ -18,6 +21,17 @@ if TYPE_CHECKING:
 
 
 NARROW_BELOW = 110
+
+
+def update_text(static: Static, content: Text | str) -> None:
+    """Show `content` in a Static that does not wrap (or has a fixed height): nothing to do
+    if it shows that already, and a layout only if its count of lines changes."""
+    shown = static.content
+    if isinstance(shown, Text | str) and looks_same(shown, content):
+        return
+    lines = content.plain if isinstance(content, Text) else content
+    before = shown.plain if isinstance(shown, Text) else str(shown)
+    static.update(content, layout=lines.count("\n") != before.count("\n"))
 
 
 class BaseView(Screen[None]):
@@ -30,6 +44,7 @@ class BaseView(Screen[None]):
         super().__init__()
         self._applied: FleetSnapshot | None = None
         self._palette_seen: Palette | None = None
+        self._status_bar = StatusBar()  # kept: a query for it each second walks the DOM
 
     @property
     def console(self) -> ConsoleApp:
@@ -43,7 +58,7 @@ class BaseView(Screen[None]):
         return []
 
     def compose(self) -> ComposeResult:
-        yield StatusBar()
+        yield self._status_bar
         yield from self.compose_body()
         yield Footer()
 
@@ -82,14 +97,13 @@ class BaseView(Screen[None]):
         """Show `snapshot`; `force` means the palette or a view setting changed."""
 
     def update_status(self) -> None:
-        for bar in self.query(StatusBar):
-            bar.show(
-                self.crumbs(),
-                self.console.snapshot,
-                self.console.clock(),
-                self.palette,
-                read_only=self.console.read_only,
-            )
+        self._status_bar.show(
+            self.crumbs(),
+            self.console.snapshot,
+            self.console.clock(),
+            self.palette,
+            read_only=self.console.read_only,
+        )
 
     def find_node(self, name: str) -> NodeSnapshot | None:
         snapshot = self.console.snapshot

@@ -10,16 +10,18 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from gpuconsole import format as fmt
 from gpuconsole.inventory import GpuRow, ownership_problems
 from gpuconsole.model import FleetSnapshot, GpuReading, Health, NodeSnapshot, Severity
 from gpuconsole.tui import summaries as S
 from gpuconsole.tui.hardware import node_layout, short_model
-from gpuconsole.tui.screens.base import BaseView
+from gpuconsole.tui.screens.base import BaseView, update_text
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import HEALTH_GLYPH, health_light, spark
+from gpuconsole.tui.widgets.rich_lines import RichLines
+from gpuconsole.tui.widgets.row_table import Cell, RowTable
 
 SPARK_WIDTH = 8
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -67,7 +69,7 @@ def gpu_label(row: GpuRow, palette: Palette) -> Text:
     return label
 
 
-def gpu_row(node: NodeSnapshot, row: GpuRow, palette: Palette) -> tuple[Text | str, ...]:
+def gpu_row(node: NodeSnapshot, row: GpuRow, palette: Palette) -> tuple[Cell, ...]:
     """The cells of one GPU's row, in COLUMNS order."""
     label = gpu_label(row, palette)
     gpu = row.reading
@@ -174,19 +176,15 @@ class NodeScreen(BaseView):
     def __init__(self, node_name: str) -> None:
         super().__init__()
         self.node_name = node_name
-        self._row_cells: dict[str, tuple[Text | str, ...]] = {}  # by bus id
-        self._rows: dict[str, GpuRow] = {}
+        self._rows: dict[str, GpuRow] = {}  # by bus id
         self._shown_node: NodeSnapshot | None = None
 
     def crumbs(self) -> list[str]:
         return ["Fleet", self.node_name]
 
     def compose_body(self) -> ComposeResult:
-        yield Static(id="node-info", classes="summary")
-        table: DataTable[Text | str] = DataTable(id="gpu-table", cursor_type="row")
-        for key, label in COLUMNS:
-            table.add_column(label, key=key)
-        yield table
+        yield RichLines(id="node-info", classes="summary")
+        yield RowTable(COLUMNS, id="gpu-table")
         with Horizontal(id="node-panels"):
             for panel_id, title in (("bmc", "BMC"), ("fabric", "fabric"), ("owners", "owners")):
                 panel = Static(id=f"panel-{panel_id}", classes="panel")
@@ -194,61 +192,41 @@ class NodeScreen(BaseView):
                 yield panel
 
     @property
-    def table(self) -> DataTable[Text | str]:
-        return self.query_one("#gpu-table", DataTable)
+    def table(self) -> RowTable:
+        return self.query_one("#gpu-table", RowTable)
 
     def apply(self, snapshot: FleetSnapshot, *, force: bool = False) -> None:
         node = snapshot.node(self.node_name)
-        info = self.query_one("#node-info", Static)
+        info = self.query_one("#node-info", RichLines)
         if node is None:
             info.update(f"{self.node_name}: not in the latest snapshot")
-            self.table.clear()
-            self._row_cells.clear()
+            self.table.set_rows(())
+            self._rows.clear()
+            self._shown_node = None
             return
         palette, now = self.palette, self.console.clock()
         info.update(node_info(node, palette, now))
         if force or node is not self._shown_node:
             self._update_table(node, palette, force)
             self._shown_node = node
-        self.query_one("#panel-bmc", Static).update(S.bmc_panel(node))
-        self.query_one("#panel-fabric", Static).update(S.fabric_panel(node))
-        self.query_one("#panel-owners", Static).update(owners_text(node, palette))
+        update_text(self.query_one("#panel-bmc", Static), S.bmc_panel(node))
+        update_text(self.query_one("#panel-fabric", Static), S.fabric_panel(node))
+        update_text(self.query_one("#panel-owners", Static), owners_text(node, palette))
 
     def _update_table(self, node: NodeSnapshot, palette: Palette, force: bool) -> None:
+        """Every GPU's cells; the table draws again only the rows whose cells changed."""
         table = self.table
         rows = S.gpu_rows(node)
         self._rows = {row.bus_id: row for row in rows}
-        keys = [row.bus_id for row in rows]
-        with self.app.batch_update():
-            if force or keys != list(self._row_cells):
-                cursor = table.cursor_row
-                table.clear()
-                self._row_cells.clear()
-                for row in rows:
-                    cells = gpu_row(node, row, palette)
-                    table.add_row(*cells, key=row.bus_id)
-                    self._row_cells[row.bus_id] = cells
-                if table.row_count:
-                    table.move_cursor(row=min(cursor, table.row_count - 1), animate=False)
-                return
-            for row in rows:
-                cells = gpu_row(node, row, palette)
-                for (column, _), new, old in zip(
-                    COLUMNS, cells, self._row_cells[row.bus_id], strict=False
-                ):
-                    if new != old:
-                        # a GPU that moves to a guest gets a wider label and owner; these
-                        # change rarely, so measuring their columns again costs little
-                        wider = column in ("gpu", "owner")
-                        table.update_cell(row.bus_id, column, new, update_width=wider)
-                self._row_cells[row.bus_id] = cells
+        cells = [(row.bus_id, gpu_row(node, row, palette)) for row in rows]
+        if force or list(self._rows) != list(table.row_keys):
+            table.set_rows(cells)
+            return
+        table.update_rows(cells)
 
     def selected_row(self) -> GpuRow | None:
         """The GPU under the cursor, whether NVML sees it or not."""
-        table = self.table
-        if table.row_count == 0:
-            return None
-        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        key = self.table.cursor_key
         return self._rows.get(key) if key is not None else None
 
     def selected_gpu(self) -> int | None:
@@ -271,9 +249,8 @@ class NodeScreen(BaseView):
         """Nothing is narrowed to one GPU here; events opened from a node show all of them."""
         return None
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if event.row_key.value is not None:
-            self._open(self._rows.get(event.row_key.value))
+    def on_row_table_row_selected(self, event: RowTable.RowSelected) -> None:
+        self._open(self._rows.get(event.key))
 
     def action_open(self) -> None:
         self._open(self.selected_row())

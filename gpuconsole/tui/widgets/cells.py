@@ -23,6 +23,14 @@ HEALTH_GLYPH = {
 }
 
 
+def looks_same(a: Text | str | None, b: Text | str | None) -> bool:
+    """Whether two cells draw the same: Rich's Text == leaves out the Text's own style, so a
+    sparkline that only changes colour would compare equal."""
+    if isinstance(a, Text) and isinstance(b, Text):
+        return a.plain == b.plain and a.style == b.style and a.spans == b.spans
+    return type(a) is type(b) and a == b
+
+
 def heat_cells(gpus: Sequence[GpuReading | GpuRow], metric: Metric, palette: Palette) -> Text:
     """One three-character cell per GPU, its background from the theme's scale; a GPU NVML
     cannot see (a guest's, from `gpu_rows`) gets the passthrough mark instead."""

@@ -23,7 +23,10 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from gpuconsole.tui.widgets.cells import looks_same
+
 Cell = Text | str
+_DRAWN_CELLS = 4096  # cells kept drawn, all columns together; then they start again
 _PAD = Segment(" ")  # a cell's padding, each side, as DataTable's cell_padding=1
 
 
@@ -132,6 +135,10 @@ class RowTable(ScrollView, can_focus=True):
         self._index: dict[str, int] = {}
         self._cells: dict[str, tuple[Cell, ...]] = {}
         self._segments: dict[str, list[Segment]] = {}  # each row's cells, rendered
+        # each cell drawn lately, by column and look: a row that changed reuses the rest
+        self._drawn_cells: dict[tuple[object, ...], list[Segment]] = {}
+        # a segment's style with the row's laid over it, by (row style, post style)
+        self._style_sums: dict[tuple[Style, Style | None], dict[Style | None, Style | None]] = {}
         self._header: list[Segment] | None = None
         self._table_width = 0
         self._base_style = Style()  # the widget's own style, taken once per repaint
@@ -194,16 +201,38 @@ class RowTable(ScrollView, can_focus=True):
 
     def update_row(self, key: str, cells: tuple[Cell, ...]) -> bool:
         """Give a row new cells; only that row is rendered again. False if nothing changed."""
-        if self._cells.get(key) == cells:
-            return False
-        self._cells[key] = cells
-        self._segments.pop(key, None)
-        if not self._widen(cells):
-            index = self._index[key]
-            y = index - int(self.scroll_y)
-            if 0 <= y < self.size.height:
-                self.refresh_line(index + 1)
-        return True
+        return bool(self.update_rows([(key, cells)]))
+
+    def update_rows(self, rows: Iterable[tuple[str, tuple[Cell, ...]]]) -> list[str]:
+        """Give rows new cells; only the rows whose cells changed are rendered again, in one
+        refresh. The keys of those that changed."""
+        changed: list[str] = []
+        grew = False
+        for key, cells in rows:
+            old = self._cells.get(key)
+            if old is None or len(old) != len(cells):
+                fresh: Iterable[int] = range(len(cells))
+            else:
+                pairs = enumerate(zip(old, cells, strict=True))
+                fresh = [i for i, (a, b) in pairs if not looks_same(a, b)]
+                if not fresh:
+                    continue
+            self._cells[key] = cells
+            self._segments.pop(key, None)
+            grew = self._widen((i, cells[i]) for i in fresh) or grew
+            changed.append(key)
+        if changed and not grew:
+            top, (width, height) = int(self.scroll_y), self.size
+            lines = (self._index[key] + 1 - top for key in changed)  # the header is line 0
+            regions = [Region(0, y, width, 1) for y in lines if 0 < y < height]
+            if regions:  # none would mean all of it
+                self.refresh(*regions)
+        return changed
+
+    def move_cursor(self, key: str) -> None:
+        """Put the cursor on the row keyed `key`, and that row in view."""
+        self._show_hover(None)
+        self._place_cursor(self._index[key])
 
     def visible_rows(self) -> range:
         """Indexes of the rows in view, with a few spare below."""
@@ -220,19 +249,23 @@ class RowTable(ScrollView, can_focus=True):
             column.width = max(column.width, column.label.cell_len, widest)
         self._header = None
         self._segments.clear()
+        self._drawn_cells.clear()
         self._sized()
 
-    def _widen(self, cells: tuple[Cell, ...]) -> bool:
-        """Make room for a row's cells; True (and every row drawn again) if a column grew."""
+    def _widen(self, cells: Iterable[tuple[int, Cell]]) -> bool:
+        """Make room for cells, each with its column's index; True (and every row drawn
+        again) if a column grew."""
         grew = False
-        for column, cell in zip(self._columns, cells, strict=False):
+        columns = self._columns
+        for i, cell in cells:
             width = _width(cell)
-            if width > column.width:
-                column.width = width
+            if i < len(columns) and width > columns[i].width:
+                columns[i].width = width
                 grew = True
         if grew:
             self._header = None
             self._segments.clear()
+            self._drawn_cells.clear()
             self._sized()
             self.refresh()
         return grew
@@ -244,22 +277,37 @@ class RowTable(ScrollView, can_focus=True):
     # --- drawing -------------------------------------------------------------------
 
     def _render_cells(self, cells: Sequence[Cell]) -> list[Segment]:
-        """A row's cells as segments, each padded to its column: no cursor, no background."""
-        console = self.app.console
+        """A row's cells as segments, each padded to its column: no cursor, no background.
+        A cell drawn before in its column (most of a changed row's) is not drawn again."""
+        memo = self._drawn_cells
         out: list[Segment] = []
-        for column, cell in zip(self._columns, cells, strict=False):
-            if not isinstance(cell, Text):
-                line = [Segment(cell)] if cell else []
-            elif cell.spans:
-                line = list(cell.render(console))
-            else:  # Text.render leaves a Text without spans unstyled
-                line = [Segment(cell.plain, console.get_style(cell.style) if cell.style else None)]
-            # padded unstyled, as Rich pads a cell: the row's style shows there, not the cell's
-            padded = [_PAD, *Segment.adjust_line_length(line, column.width), _PAD]
-            # one run per style within a cell, and cells kept apart by their column's mark, as
-            # DataTable draws them: a screenshot of the view comes out the same
-            out += Segment.apply_style(Segment.simplify(padded), post_style=column.mark)
+        for i, (column, cell) in enumerate(zip(self._columns, cells, strict=False)):
+            key = (
+                (i, cell.plain, cell.style, tuple(cell.spans))
+                if isinstance(cell, Text)
+                else (i, cell)
+            )
+            drawn = memo.get(key)
+            if drawn is None:
+                if len(memo) >= _DRAWN_CELLS:
+                    memo.clear()
+                drawn = memo[key] = self._render_cell(column, cell)
+            out += drawn
         return out
+
+    def _render_cell(self, column: Column, cell: Cell) -> list[Segment]:
+        console = self.app.console
+        if not isinstance(cell, Text):
+            line = [Segment(cell)] if cell else []
+        elif cell.spans:
+            line = list(cell.render(console))
+        else:  # Text.render leaves a Text without spans unstyled
+            line = [Segment(cell.plain, console.get_style(cell.style) if cell.style else None)]
+        # padded unstyled, as Rich pads a cell: the row's style shows there, not the cell's
+        padded = [_PAD, *Segment.adjust_line_length(line, column.width), _PAD]
+        # one run per style within a cell, and cells kept apart by their column's mark, as
+        # DataTable draws them: a screenshot of the view comes out the same
+        return list(Segment.apply_style(Segment.simplify(padded), post_style=column.mark))
 
     def render_lines(self, crop: Region) -> list[Strip]:
         self._base_style = self.rich_style  # it walks the DOM: once, not once a line
@@ -300,7 +348,7 @@ class RowTable(ScrollView, can_focus=True):
         width: int,
         base: Style,
     ) -> Strip:
-        styled = list(Segment.apply_style(segments, style, post))
+        styled = self._apply(segments, style, post)
         table_width = self._table_width
         if width > table_width:
             styled.append(Segment(" " * (width - table_width), style))
@@ -308,6 +356,28 @@ class RowTable(ScrollView, can_focus=True):
         if scroll_x or table_width > width:
             strip = strip.crop(scroll_x, scroll_x + width).adjust_cell_length(width, base)
         return strip
+
+    def _apply(self, segments: list[Segment], style: Style, post: Style | None) -> list[Segment]:
+        """Segment.apply_style(segments, style, post), each style worked out once. Rich keeps
+        1,024 sums of styles for the whole app; Textual's own fill that every frame, and
+        working one out again (a column's mark merged in) costs more than the rest of a line."""
+        sums = self._style_sums.get((style, post))
+        if sums is None:
+            if len(self._style_sums) >= 64:  # themes, focus and cursor: a handful in use
+                self._style_sums.clear()
+            sums = self._style_sums[(style, post)] = {}
+        out: list[Segment] = []
+        for segment in segments:
+            if segment.control:
+                out.append(segment)
+                continue
+            if segment.style in sums:
+                summed = sums[segment.style]
+            else:
+                (one,) = Segment.apply_style([segment], style, post)
+                summed = sums[segment.style] = one.style
+            out.append(Segment(segment.text, summed))
+        return out
 
     # --- cursor, keys, mouse -----------------------------------------------------------
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual.strip import Strip
 from textual.widget import Widget
 
 from gpuconsole import format as fmt
 from gpuconsole.model import FleetSnapshot, Health
 from gpuconsole.tui.themes import Palette
+from gpuconsole.tui.widgets.rich_lines import text_strip
 
 # Older than this many seconds and the whole view is marked stale.
 STALE_AFTER_S = 5.0
@@ -68,10 +70,20 @@ class StatusBar(Widget):
             self._left, self._right = left, right
             self.refresh()
 
-    def render(self) -> Text:
-        width = self.size.width
+    def line(self, width: int) -> Text:
+        """Breadcrumbs left and the rest right, in `width` cells; the crumbs give way."""
         left, right = self._left.copy(), self._right
         room = width - right.cell_len
         if left.cell_len > room:
             left.truncate(max(0, room - 1), overflow="ellipsis")
         return Text.assemble(left, " " * max(0, room - left.cell_len), right, no_wrap=True)
+
+    def render(self) -> Text:
+        return self.line(self.size.width)
+
+    def render_line(self, y: int) -> Strip:
+        # drawn each second: straight from the Text, not through Textual's Content
+        width, style = self.size.width, self.visual_style.rich_style
+        if y:
+            return Strip.blank(width, style)
+        return text_strip(self.line(width), width, self.app.console, style)
