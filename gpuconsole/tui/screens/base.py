@@ -83,6 +83,8 @@ class BaseView(Screen[None]):
         """Render the app's latest snapshot if this view has not shown it yet."""
         if not self.is_mounted:
             return  # on_mount renders once the widgets exist
+        if self._pruning or self._closing or self._closed:
+            return  # being removed (popped, or the console ending): its widgets may be gone
         snapshot = self.console.snapshot
         palette = self.palette
         if palette is not self._palette_seen:
