@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import json
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
@@ -37,6 +37,20 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+async def serve(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    path: str = "/api/v1/snapshot",
+) -> tuple[web.AppRunner, int]:
+    """An HTTP server on loopback answering `path` with `handler`; cleanup() ends it."""
+    app = web.Application()
+    app.router.add_get(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, port
 
 
 class NodeAgent:
@@ -184,12 +198,7 @@ async def test_an_agent_that_returns_garbage_is_stale_with_a_reason(
     async def handler(request: web.Request) -> web.Response:
         return web.Response(body=body, status=status)
 
-    app = web.Application()
-    app.router.add_get("/api/v1/snapshot", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, port = await serve(handler)
     head = Hub()
     head.add_source(RemoteSource("dgx-9", f"http://127.0.0.1:{port}", AgentClient()))
     try:
@@ -322,12 +331,7 @@ async def test_the_head_asks_for_gzip_and_reads_it() -> None:
         sent.append(len(response.body))
         return response
 
-    app = web.Application()
-    app.router.add_get("/api/v1/snapshot", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, port = await serve(handler)
     source = RemoteSource("dgx-002", f"http://127.0.0.1:{port}", AgentClient())
     try:
         reading = await source.poll()
@@ -405,12 +409,7 @@ async def test_a_large_body_is_read_whole() -> None:
     async def handler(request: web.Request) -> web.Response:
         return web.Response(body=body, content_type="application/json")
 
-    app = web.Application()
-    app.router.add_get("/big", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, port = await serve(handler, "/big")
     client = AgentClient()
     client.acquire()
     try:
@@ -450,12 +449,7 @@ async def test_an_odd_event_from_an_agent_is_dropped_alone() -> None:
     async def handler(request: web.Request) -> web.Response:
         return web.Response(body=body, content_type="application/json")
 
-    app = web.Application()
-    app.router.add_get("/api/v1/snapshot", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, port = await serve(handler)
     head = Hub(HubSettings(publish_gap_s=0.05))
     head.add_source(RemoteSource("dgx-001", f"http://127.0.0.1:{port}", AgentClient()))
     await head.start()
@@ -483,12 +477,7 @@ async def test_connections_are_bounded() -> None:
         open_now -= 1
         return web.Response(status=503, text="busy")
 
-    app = web.Application()
-    app.router.add_get("/api/v1/snapshot", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, port = await serve(handler)
     head = Hub()
     client = AgentClient(max_connections=3)
     for i in range(20):
