@@ -6,13 +6,21 @@ client's screen already shows; when the client reads slower than frames come, wh
 are dropped instead of buffered, and once the channel drains the screen is repainted (only
 where it differs from what the client last got). The parser and the driver hooks are
 private Textual API: textual is pinned exactly, and a test drives a session end to end.
+
+All sessions share one event loop, and a Textual app handles every message it has queued
+before it lets the loop go on: a packet of a few KB of keys, posted at once, held every
+other session for seconds. So input is taken a few events per turn of the loop; what waits
+is bounded, and above that bound the session stops reading its channel (the client's
+writes wait, as they would on a slow link).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from codecs import getincrementaldecoder
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -25,11 +33,28 @@ from textual.driver import Driver
 from textual.geometry import Size
 from textual.message import Message
 
+log = logging.getLogger(__name__)
+
 # Alternate screen, hidden cursor, clicks and wheel (SGR encoding; no motion reports, which
 # would cost a repaint per mouse move on a thin line), bracketed paste, and the question
 # whether the terminal does synchronized output (Textual reads the answer).
 ENTER = "\x1b[?1049h\x1b[?25l\x1b[?1000h\x1b[?1006h\x1b[?2004h\x1b[?7l\x1b[?2026$p"
 LEAVE = "\x1b[?2004l\x1b[?1006l\x1b[?1000l\x1b[?7h\x1b[?1049l\x1b[?25h"
+
+# Per turn of the loop, a session's input is parsed a few KB at most and handed to the app a
+# few events at most: plenty for any typist or mouse, and one session's burst costs the
+# others milliseconds per turn instead of the whole burst at once.
+PARSE_BYTES_PER_TURN = 4096
+EVENTS_PER_TURN = 16
+# Bytes received and not yet parsed: above the high mark the channel stops being read,
+# below the low mark it is read again.
+INPUT_BACKLOG_HIGH_BYTES = 64 * 1024
+INPUT_BACKLOG_LOW_BYTES = 16 * 1024
+# After telling the app a new size, the next waits this long: a window dragged sends dozens
+# of window-changes, and each would cost every screen a relayout. (Once, under a flood of
+# window-changes, a session relaid its screen for ever between two sizes; a replay at the
+# screen could not repeat it, since textual lets a queued Resize replace the one before.)
+RESIZE_SETTLE_S = 0.1
 
 
 _SGR_OR_MOVE = re.compile(r"\x1b\[([0-9;]*)([mH])")
@@ -215,13 +240,19 @@ class BoundedOutput:
         self.stats.bytes_sent += len(data)
 
 
+def _keep_reading(_pause: bool) -> None:
+    """A link without flow control: nothing to pause."""
+
+
 @dataclass(frozen=True)
 class DriverLink:
-    """What a session hands its driver: the output, the first size, a ready callback."""
+    """What a session hands its driver: the output, the first size, a ready callback, and
+    how to pause (True) or resume (False) reading the channel's input."""
 
     output: BoundedOutput
     initial_size: tuple[int, int]
     on_ready: Callable[[SshDriver], None]
+    pause_input: Callable[[bool], None] = _keep_reading
 
 
 class SshDriver(Driver):
@@ -235,10 +266,12 @@ class SshDriver(Driver):
         output: BoundedOutput,
         size: tuple[int, int],
         on_ready: Callable[[SshDriver], None],
+        pause_input: Callable[[bool], None] = _keep_reading,
     ) -> type[SshDriver]:
         """A driver class for one session (Textual builds the driver from a class);
-        `on_ready` gets the driver once it takes input."""
-        link = DriverLink(output, size, on_ready)
+        `on_ready` gets the driver once it takes input; `pause_input(True)` asks the session
+        to stop reading its channel while input waits, `pause_input(False)` to read again."""
+        link = DriverLink(output, size, on_ready, pause_input)
         return type("SshSessionDriver", (cls,), {"link": link})
 
     def __init__(
@@ -257,7 +290,13 @@ class SshDriver(Driver):
         self.screen = ScreenMemory()
         self._input = False
         self._tick: asyncio.TimerHandle | None = None
+        self._size_posted: Size | None = None  # the size the app was last told
+        self._resize_settle: asyncio.TimerHandle | None = None  # no new size before it ends
         self._repaint_pending = False
+        self._backlog = bytearray()  # received, not yet parsed
+        self._events: deque[Message] = deque()  # parsed, not yet handed to the app
+        self._turn: asyncio.Handle | None = None  # the next turn of taking input
+        self._paused = False  # whether the session was asked to stop reading
 
     # --- output ------------------------------------------------------------------------
 
@@ -294,6 +333,7 @@ class SshDriver(Driver):
         self.output.send_always(ENTER.encode())
         self._input = True
         size = Size(*(self._size or self.link.initial_size))
+        self._size_posted = size
         self._app.post_message(events.Resize(size, size))
         self.link.on_ready(self)
 
@@ -307,6 +347,14 @@ class SshDriver(Driver):
         if self._tick is not None:
             self._tick.cancel()
             self._tick = None
+        if self._turn is not None:
+            self._turn.cancel()
+            self._turn = None
+        if self._resize_settle is not None:
+            self._resize_settle.cancel()
+            self._resize_settle = None
+        self._backlog.clear()
+        self._events.clear()
 
     # --- input -------------------------------------------------------------------------
 
@@ -314,16 +362,59 @@ class SshDriver(Driver):
         # Input arrives on the app's own loop: no thread hop needed.
         self._app.post_message(message)
 
+    @property
+    def input_backlog(self) -> int:
+        """Bytes received and not yet parsed."""
+        return len(self._backlog)
+
+    @property
+    def input_paused(self) -> bool:
+        """Whether the driver asked its session to stop reading input."""
+        return self._paused
+
     def feed(self, data: bytes) -> None:
         """Bytes the client typed (keys, mouse reports, paste, terminal answers)."""
+        if not self._input or not data:
+            return
+        self._backlog += data
+        if self._turn is None:
+            self._take_input()  # at once: a keystroke waits for no turn of the loop
+        if not self._paused and len(self._backlog) > INPUT_BACKLOG_HIGH_BYTES:
+            self._paused = True
+            self.link.pause_input(True)
+
+    def _take_input(self) -> None:
+        """Hand the app up to EVENTS_PER_TURN events, parsing as needed; the rest waits
+        for the next turn of the loop, so that other sessions run in between."""
+        self._turn = None
         if not self._input:
             return
+        if len(self._events) < EVENTS_PER_TURN and self._backlog:
+            self._parse(bytes(self._backlog[:PARSE_BYTES_PER_TURN]))
+            del self._backlog[:PARSE_BYTES_PER_TURN]
+        for _ in range(min(EVENTS_PER_TURN, len(self._events))):
+            self.process_message(self._events.popleft())
+        if self._events or self._backlog:
+            self._turn = self._loop.call_soon(self._take_input)
+        else:
+            self._schedule_tick()
+        if self._paused and len(self._backlog) < INPUT_BACKLOG_LOW_BYTES:
+            self._paused = False
+            self.link.pause_input(False)
+
+    def _parse(self, data: bytes) -> None:
         text = self._decode(data)
         if not text:  # half a character: the parser takes "" as the end of input
             return
-        for event in self._parser.feed(text):
-            self.process_message(event)
-        self._schedule_tick()
+        try:
+            self._events.extend(self._parser.feed(text))
+        except Exception:
+            # Nothing a client sends may end its session: start over with a fresh parser.
+            log.warning("unreadable input from an ssh client dropped", exc_info=True)
+            self._parser = XTermParser()
+            self._app.notify(
+                "Some input could not be read and was dropped.", severity="warning", timeout=4
+            )
 
     def _schedule_tick(self) -> None:
         # A lone ESC is a key only once no sequence follows within ESCDELAY.
@@ -332,15 +423,26 @@ class SshDriver(Driver):
 
     def _on_tick(self) -> None:
         self._tick = None
-        if not self._input:
-            return
+        if not self._input or self._turn is not None:
+            return  # input still waiting: it may finish the sequence, and ticks again after
         for event in self._parser.tick():
             self.process_message(event)
         self._schedule_tick()
 
     def resize(self, width: int, height: int) -> None:
-        """The client's window changed size (SSH window-change)."""
+        """The client's window changed size (SSH window-change): the app gets the new size
+        at once, then at most one more per RESIZE_SETTLE_S, the latest (a window dragged
+        sends dozens)."""
         self._size = (width, height)
         self.screen.forget()  # a terminal may reflow or clear its screen on a resize
-        size = Size(width, height)
+        if self._resize_settle is None:
+            self._post_size()
+
+    def _post_size(self) -> None:
+        size = Size(*(self._size or self.link.initial_size))
+        self._resize_settle = None
+        if size == self._size_posted:
+            return
+        self._size_posted = size
         self._app.post_message(events.Resize(size, size))
+        self._resize_settle = self._loop.call_later(RESIZE_SETTLE_S, self._post_size)

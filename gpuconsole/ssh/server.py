@@ -44,6 +44,11 @@ NEEDS_PTY = (
     "(and without -T or a command).\r\n"
 )
 NO_COMMANDS = "gpuconsole: this server runs no commands; connect with plain `ssh -p PORT host`.\r\n"
+PENDING_INPUT_BYTES = 4096  # input kept before a session's app takes it; then reading waits
+# A session draws at most this many columns and rows, whatever size its client claims: a
+# repaint costs the shared loop in proportion (2000x1000 holds it ~0.3 s; 65535x65535 would
+# hold every session for minutes). Wider than any real terminal window.
+MAX_COLUMNS, MAX_ROWS = 1024, 512
 
 
 @dataclass(frozen=True)
@@ -324,7 +329,7 @@ class ConsoleSession(asyncssh.SSHServerSession[bytes]):
     ) -> bool:
         self.term_type = term_type or "xterm"
         if term_size[0] and term_size[1]:
-            self.size = (term_size[0], term_size[1])
+            self.size = self._bounded(term_size[0], term_size[1])
         return True
 
     def shell_requested(self) -> bool:
@@ -370,15 +375,32 @@ class ConsoleSession(asyncssh.SSHServerSession[bytes]):
         self.last_input = time.monotonic()
         if self.driver is not None:
             self.driver.feed(data)
-        elif sum(map(len, self._pending_input)) < 4096:
-            self._pending_input.append(data)
+            return
+        # Typed ahead while the app starts: kept, and past a few KB the channel waits.
+        self._pending_input.append(data)
+        if sum(map(len, self._pending_input)) >= PENDING_INPUT_BYTES and self.chan is not None:
+            self.chan.pause_reading()
 
     def terminal_size_changed(self, width: int, height: int, pixwidth: int, pixheight: int) -> None:
         if not (width and height):
             return
-        self.size = (width, height)
+        self.size = self._bounded(width, height)
         if self.driver is not None:
-            self.driver.resize(width, height)
+            self.driver.resize(*self.size)
+
+    def _bounded(self, width: int, height: int) -> tuple[int, int]:
+        """The size to draw at: the client's, at most MAX_COLUMNS x MAX_ROWS."""
+        size = (min(width, MAX_COLUMNS), min(height, MAX_ROWS))
+        if size != (width, height):
+            log.warning(
+                "terminal size %dx%d from user=%s from=%s drawn at %dx%d",
+                width,
+                height,
+                self.actor.user,
+                self.peer,
+                *size,
+            )
+        return size
 
     def eof_received(self) -> bool:
         self.close("")
@@ -420,7 +442,9 @@ class ConsoleSession(asyncssh.SSHServerSession[bytes]):
             limit = self.server.settings.output_buffer_bytes
             self.chan.set_write_buffer_limits(high=limit, low=limit // 4)
             self.app = self.server.app_factory(info)
-            self.app.driver_class = SshDriver.bind(self.output, self.size, self._driver_ready)
+            self.app.driver_class = SshDriver.bind(
+                self.output, self.size, self._driver_ready, self._pause_input
+            )
             await self.app.run_async()
             if self.app.return_code:
                 status = 1
@@ -461,6 +485,23 @@ class ConsoleSession(asyncssh.SSHServerSession[bytes]):
         pending, self._pending_input = self._pending_input, []
         for data in pending:
             driver.feed(data)
+        if sum(map(len, pending)) >= PENDING_INPUT_BYTES and not driver.input_paused:
+            self._pause_input(False)
+
+    def _pause_input(self, pause: bool) -> None:
+        """The driver has more input waiting than it should hold: stop reading the channel
+        (the client's window fills and its writes wait), or read again."""
+        if self.chan is None or self._closed:
+            return
+        if pause:
+            log.info(
+                "input paused user=%s from=%s: it arrives faster than it is taken",
+                self.actor.user,
+                self.peer,
+            )
+            self.chan.pause_reading()
+        else:
+            self.chan.resume_reading()
 
     def close(self, farewell: str) -> None:
         """End the session's app (it then closes the channel); a no-op before it started."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from textual.app import App
+from textual.await_complete import AwaitComplete
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 
@@ -18,7 +19,7 @@ from gpuconsole.fleet import focus
 from gpuconsole.hub import Hub
 from gpuconsole.model import FleetSnapshot
 from gpuconsole.paths import user_themes_dir
-from gpuconsole.tui.commands import JumpCommands
+from gpuconsole.tui.commands import ConsolePalette, JumpCommands
 from gpuconsole.tui.feed import HubFeed
 from gpuconsole.tui.messages import SnapshotArrived
 from gpuconsole.tui.screens.assign import ActionAccess, ProposeScreen, demo_access
@@ -205,6 +206,21 @@ class ConsoleApp(App[None]):
     def _to_fleet(self) -> None:
         while len(self.screen_stack) > 1 and not isinstance(self.screen, FleetScreen):
             self.pop_screen()
+
+    def action_command_palette(self) -> None:
+        """Open the jump list, unless one is open already: on top, under another screen, or
+        still being removed (textual's own palette has a fixed id: DuplicateIds)."""
+        if self.use_command_palette and not any(
+            isinstance(screen, ConsolePalette) for screen in self.screen_stack
+        ):
+            self.push_screen(ConsolePalette())
+
+    def pop_screen(self) -> AwaitComplete:
+        """Pop the top screen; the base view stays, whatever asks (textual raises)."""
+        if len(self.screen_stack) <= 1:
+            log.debug("not popping the last screen (%r)", self.screen)
+            return AwaitComplete()  # done already: nothing to wait for
+        return super().pop_screen()
 
     def action_back(self) -> None:
         if len(self.screen_stack) > 1:
