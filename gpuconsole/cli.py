@@ -351,6 +351,7 @@ def cmd_assign(args: argparse.Namespace) -> int:
         confirm=args.confirm,
         json_progress=args.json_progress,
         expect_plan=args.expect_plan,
+        recover=args.recover,
     )
     ask = input if sys.stdin.isatty() else None
     return asyncio.run(run_assign(cfg, request, actor, ask=ask))
@@ -584,6 +585,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the node: this one, another of [fleet] (over ssh), or with --demo a simulated one",
     )
     p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
+    p.add_argument(
+        "--recover",
+        action="store_true",
+        help="finish or roll back unfinished plans (a crash's, or one a full journal "
+        "stopped), then list the GPU locks left",
+    )
     p.add_argument("--yes", action="store_true", help="confirm without asking")
     p.add_argument("--confirm", metavar="WORD", help="the node name (or GPU index), to confirm")
     p.add_argument("--demo", action="store_true", help="a node of the simulated cluster")

@@ -1,24 +1,34 @@
 """Worlds and helpers for the reassign tests: simulated nodes with chosen tenants, executors
-over them, a fake Kubernetes API server, and a picture of a sysfs tree to compare."""
+over them, a fake Kubernetes API server, a picture of a sysfs tree to compare, a slow PCI
+driver and a small disk that fills up."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import errno
 import os
-from collections.abc import Sequence
+import subprocess
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from gpuconsole.actions.audit import AuditLog
-from gpuconsole.actions.drivers import Drivers
+from gpuconsole.actions.drivers import Drivers, StepDriver
 from gpuconsole.actions.drivers.sim import SimWorld, sim_drivers
 from gpuconsole.actions.executor import Executor, StepUpdate
 from gpuconsole.actions.journal import Journal
+from gpuconsole.actions.plan import Step
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100, NodeProfile
 from gpuconsole.sim.tenancy import SimGuest, SimJob, SimPlan, SimPod
 from gpuconsole.sources.base import EmitEvent
+from tests.peers import require_peer
 
 __all__ = [
     "MOVE_POD_TO_VM",
+    "SlowPci",
+    "SmallDisk",
     "executor_for",
+    "small_disk",
     "tree_picture",
     "world",
 ]
@@ -79,3 +89,61 @@ def tree_picture(root: str) -> dict[str, str]:
 
 def owners(world_: SimWorld, indexes: Sequence[int]) -> list[list[str]]:
     return [world_.owners(i) for i in indexes]
+
+
+class SlowPci:
+    """The simulated PCI driver, slow enough that two requests for one GPU overlap."""
+
+    def __init__(self, inner: StepDriver) -> None:
+        self.inner = inner
+
+    async def run(self, step: Step) -> str:
+        await asyncio.sleep(0.4)
+        return await self.inner.run(step)
+
+    async def undo(self, step: Step) -> str:
+        return await self.inner.undo(step)
+
+
+class SmallDisk:
+    """A small tmpfs, filled and freed on demand: while full, every write that needs a new
+    page there gets ENOSPC."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.ballast = path / "ballast"
+
+    def fill(self) -> None:
+        """Take every free page."""
+        fd = os.open(self.ballast, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+        finally:
+            os.close(fd)
+
+    def free(self) -> None:
+        self.ballast.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str = "256k") -> Iterator[SmallDisk]:
+    """A tmpfs of `size` mounted at `path` (made here) for the block; needs root."""
+    path.mkdir(parents=True)
+    mounted = (
+        os.geteuid() == 0
+        and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+            capture_output=True,
+            timeout=10,
+        ).returncode
+        == 0
+    )
+    require_peer("a small tmpfs", mounted, "run as root: mounting a tmpfs needs CAP_SYS_ADMIN")
+    try:
+        yield SmallDisk(path)
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True, timeout=10).returncode:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=10)

@@ -25,7 +25,7 @@ from gpuconsole.cli import main
 from gpuconsole.hub import Hub
 from gpuconsole.model import Event, Severity
 from gpuconsole.sim.tenancy import SimGuest, SimJob, SimPlan
-from tests.assign_fixtures import executor_for, tree_picture, world
+from tests.assign_fixtures import SlowPci, executor_for, tree_picture, world
 from tests.waiting import until
 
 OPERATOR = Actor("ops", Role.OPERATOR, "SHA256:abc", "ssh")
@@ -196,23 +196,45 @@ async def test_a_failing_step_puts_back_what_the_plan_changed(tmp_path: Path) ->
     assert executor.journal.plans()[0].state == PlanState.FAILED
 
 
-class _Slow:
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
+class _Breaks:
+    """The simulated PCI driver, broken off by an error no step expects at one step kind."""
+
+    def __init__(self, inner: Any, kind: StepKind) -> None:
+        self.inner, self.kind, self.broke = inner, kind, False
 
     async def run(self, step: Step) -> str:
-        await asyncio.sleep(0.4)
+        if step.kind is self.kind and not self.broke:
+            self.broke = True
+            raise RuntimeError("a bug")
         return str(await self.inner.run(step))
 
     async def undo(self, step: Step) -> str:
         return str(await self.inner.undo(step))
 
 
+async def test_a_plan_broken_off_by_an_error_is_left_to_recovery_in_the_same_process(
+    tmp_path: Path,
+) -> None:
+    w = world(tmp_path / "world")
+    drivers = sim_drivers(w)
+    drivers.pci = _Breaks(drivers.pci, StepKind.UNBIND)
+    executor = executor_for(w, tmp_path / "state", drivers=drivers)
+    plan = await executor.plan(["0"], Target.parse("drained"))
+    with pytest.raises(RuntimeError, match="a bug"):
+        await executor.execute(plan, OPERATOR, "0")
+    (held,) = holders(executor.journal)
+    assert held.stopped and "`gpuconsole assign --recover`" in str(held)
+    # no restart: this process's recovery takes the plan it no longer runs, and ends it
+    (outcome,) = await executor.recover()
+    assert outcome.state == PlanState.DONE and "stopped at step 5 (unbind" in outcome.message
+    assert w.owners(0) == ["drained"] and holders(executor.journal) == []
+
+
 def _race(root: Path, start: Any, results: Any) -> None:
     async def go() -> tuple[int, str]:
         w = world(root / "world")
         drivers = sim_drivers(w)
-        drivers.pci = _Slow(drivers.pci)
+        drivers.pci = SlowPci(drivers.pci)
         executor = executor_for(w, root / "state", drivers=drivers)
         plan = await executor.plan(["1"], Target.parse("drained"))
         start.wait()

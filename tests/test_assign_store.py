@@ -16,11 +16,11 @@ import pytest
 from gpuconsole import config
 from gpuconsole.actions.drivers.sim import sim_drivers
 from gpuconsole.actions.executor import ActionRefused, Executor
-from gpuconsole.actions.plan import Step, Target
+from gpuconsole.actions.plan import Target
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.actions.store import action_store
 from gpuconsole.config import ConfigError
-from tests.assign_fixtures import world
+from tests.assign_fixtures import SlowPci, world
 
 
 def _config(tmp_path: Path, body: str) -> config.Config:
@@ -76,20 +76,6 @@ def test_an_unusable_shared_folder_falls_back_to_the_users_own_and_says_so(
         action_store(explicit.actions)
 
 
-class _Slow:
-    """The simulated PCI driver, slow enough that two requests overlap."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    async def run(self, step: Step) -> str:
-        await asyncio.sleep(0.4)
-        return str(await self.inner.run(step))
-
-    async def undo(self, step: Step) -> str:
-        return str(await self.inner.undo(step))
-
-
 def _operator(tmp_path: Path, user: str, start: Any, results: Any) -> None:
     """One operator's process: their own home and state folder, the machine's config."""
     os.environ["XDG_STATE_HOME"] = str(tmp_path / user)
@@ -99,7 +85,7 @@ def _operator(tmp_path: Path, user: str, start: Any, results: Any) -> None:
         store = action_store(cfg.actions)
         w = world(tmp_path / "world")
         drivers = sim_drivers(w)
-        drivers.pci = _Slow(drivers.pci)
+        drivers.pci = SlowPci(drivers.pci)
         executor = Executor(w.name, drivers, store.journal(), store.audit(), reader=w.snapshot)
         plan = await executor.plan(["1"], Target.parse("drained"))
         start.wait()

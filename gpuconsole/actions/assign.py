@@ -20,7 +20,14 @@ from typing import TextIO
 
 from gpuconsole import paths
 from gpuconsole.actions.drivers import Drivers
-from gpuconsole.actions.executor import ActionRefused, Executor, Reader, StepUpdate
+from gpuconsole.actions.executor import (
+    ActionRefused,
+    CannotRecover,
+    Executor,
+    Reader,
+    StepUpdate,
+)
+from gpuconsole.actions.locks import holders
 from gpuconsole.actions.placement import Placement, placements
 from gpuconsole.actions.plan import Plan, PlanContext, Target
 from gpuconsole.actions.progress import JsonReport, Report, TextReport, plan_digest
@@ -60,6 +67,7 @@ class AssignRequest:
     confirm: str | None = None  # typed already (a head asked its operator): the node checks it
     json_progress: bool = False  # report in JSON lines, for a head that runs this over ssh
     expect_plan: str | None = None  # run only the plan with this digest (what a head showed)
+    recover: bool = False  # only recover unfinished plans, then list the GPU locks left
 
 
 def demo_root(node: str) -> Path:
@@ -203,6 +211,10 @@ async def propose_demo(
 
 def _usage(request: AssignRequest) -> str | None:
     """What is wrong with the request's shape, if anything."""
+    if request.recover:
+        if request.gpus or request.target or request.propose is not None:
+            return "--recover takes no GPUs, --to or --propose: it ends what is unfinished"
+        return None
     if request.propose is not None:
         if request.gpus:
             return "name GPUs or ask for --propose N, not both"
@@ -269,6 +281,13 @@ async def run_assign(
                 file=sys.stderr,
             )
             return EXIT_USAGE
+        if request.recover:
+            print(
+                f"gpuconsole assign: --recover acts on this machine: run `ssh {request.node} "
+                "gpuconsole assign --recover`",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
         from gpuconsole.actions.remote import run_remote_assign
 
         return await run_remote_assign(cfg, request, actor, ask=ask, out=out)
@@ -291,6 +310,13 @@ async def run_assign(
         report.refused(f"{exc}; nothing was changed")
         return EXIT_REFUSED
     try:
+        if request.recover:
+            if executor is None:
+                built = _demo_node_executor(node, "--demo --recover", report)
+                if isinstance(built, int):
+                    return built
+                executor = built
+            return await _recover_only(executor, report)
         if request.propose is not None:
             chosen = await _proposal(request, target, executor, report)
             if chosen is None:
@@ -300,25 +326,30 @@ async def run_assign(
             node, keys = chosen
         assert target is not None
         if executor is None:
-            if node is None:
-                from gpuconsole.sim.cluster import demo_cluster
-
-                known = ", ".join(s.name for s in demo_cluster())
-                print(
-                    f"gpuconsole assign --demo: name a node with --node ({known})",
-                    file=sys.stderr,
-                )
-                return EXIT_USAGE
-            try:
-                executor = demo_executor(node, report.step)
-            except sqlite3.Error as exc:
-                report.refused(f"{exc}; nothing was changed")
-                return EXIT_REFUSED
+            built = _demo_node_executor(node, "--demo", report)
+            if isinstance(built, int):
+                return built
+            executor = built
         ask = None if request.json_progress else ask  # a head asks its own operator
         return await _run(executor, request, keys, target, actor, ask, report)
     finally:
         if executor is not None:
             executor.journal.close()
+
+
+def _demo_node_executor(node: str | None, flags: str, report: Report) -> Executor | int:
+    """The executor of simulated `node`, or the exit status when there is none."""
+    if node is None:
+        from gpuconsole.sim.cluster import demo_cluster
+
+        known = ", ".join(s.name for s in demo_cluster())
+        print(f"gpuconsole assign {flags}: name a node with --node ({known})", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return demo_executor(node, report.step)
+    except sqlite3.Error as exc:
+        report.refused(f"{exc}; nothing was changed")
+        return EXIT_REFUSED
 
 
 def shown_plan_stops(plan: Plan, request: AssignRequest, report: Report) -> int | None:
@@ -342,6 +373,24 @@ def ask_confirmation(plan: Plan, ask: Callable[[str], str] | None, report: Repor
     return ask(f"Type {' or '.join(plan.confirmations())} to confirm: ")
 
 
+async def _recover_only(executor: Executor, report: Report) -> int:
+    """`assign --recover`: end the plans left unfinished (a dead process's, or one a full
+    journal stopped), then list the GPU locks still held and by whom."""
+    try:
+        recovered = await executor.recover()
+    except CannotRecover as exc:
+        report.refused(str(exc))
+        return EXIT_FAILED
+    for outcome in recovered:
+        report.recovered(outcome)
+    held = holders(executor.journal)
+    for holder in held:
+        report.note(f"Locked: {holder}")
+    if not held:
+        report.note("No GPU is locked.")
+    return EXIT_OK
+
+
 async def _run(
     executor: Executor,
     request: AssignRequest,
@@ -352,7 +401,12 @@ async def _run(
     report: Report,
 ) -> int:
     """Recover, plan, confirm and execute on one node; the exit status."""
-    for outcome in await executor.recover():
+    try:
+        recovered = await executor.recover()
+    except CannotRecover as exc:  # its GPUs stay locked; the rest may go on (or be refused)
+        report.note(f"journal: {exc}")
+        recovered = []
+    for outcome in recovered:
         report.recovered(outcome)
     plan = await executor.plan(keys, target)
     stop = shown_plan_stops(plan, request, report)

@@ -18,8 +18,8 @@ from gpuconsole import paths
 
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
-    """Who asked for what, when, and what came of it ("started", then "ok" or "failed";
-    or "refused")."""
+    """Who asked for what, when, and what came of it ("started", then "ok", "failed" or
+    "stopped" (half-way, left to recovery); "refused"; or "recovered")."""
 
     at: float
     user: str

@@ -10,6 +10,12 @@ step that changes anything had completed (or when it was already rolling back), 
 finished otherwise: every step is idempotent, so the interrupted one simply runs again.
 A step that fails puts back what the plan changed, in reverse, except an evicted pod; a
 failed final check leaves the GPUs where they are and says what to look at.
+
+Nothing runs unjournaled. A journal write that fails half-way (a full disk) stops the plan
+there, as a crash would: no rollback, which recovery could not tell from the journal, and
+which would need the journal too. Its GPUs stay locked, handed over to recovery, and the
+outcome says what was done, what recovery will do, and to run `gpuconsole assign --recover`
+once there is space; any process's recovery then finishes or rolls back the plan.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ __all__ = [
     "ACTION_EVENT",
     "STEP_EVENT",
     "ActionRefused",
+    "CannotRecover",
     "Executor",
     "Outcome",
     "StepUpdate",
@@ -83,10 +90,36 @@ def step_message(
 
 
 def outcome_severity(state: str) -> Severity:
-    """done: info; rolled back or refused: a warning; failed (left half-way): critical."""
+    """done: info; rolled back or refused: a warning; failed or stopped (half-way): critical."""
     if state == PlanState.DONE:
         return Severity.INFO
-    return Severity.CRITICAL if state == PlanState.FAILED else Severity.WARNING
+    return Severity.CRITICAL if state in (PlanState.FAILED, PlanState.STOPPED) else Severity.WARNING
+
+
+class CannotRecover(Exception):
+    """Recovery could not take the plans a stopped process left: the journal cannot be
+    written. Their GPUs stay locked; nothing else is affected."""
+
+
+class _Unjournaled(Exception):
+    """The journal could not record step `seq` of `phase` (do, undo; before or after it ran)
+    or, with no `seq`, the plan's `end`: the plan stops there."""
+
+    def __init__(
+        self, cause: sqlite3.Error, seq: int | None, phase: str, ran: bool, end: str = ""
+    ) -> None:
+        super().__init__(str(cause))
+        self.cause, self.seq, self.phase, self.ran, self.end = cause, seq, phase, ran, end
+
+
+def _recovery_course(record: PlanRecord) -> tuple[bool, int]:
+    """What recovery does with a plan the journal left running: (roll it back?, the last
+    step attempted, -1 for none). Back when it was rolling back or had changed nothing."""
+    plan = record.plan
+    done = {s.seq for s in record.steps if s.phase == "do" and s.state == "done"}
+    last = max((s.seq for s in record.steps), default=-1)
+    rolling_back = any(s.phase == "undo" for s in record.steps)
+    return rolling_back or not any(plan.steps[s].kind.mutates for s in done), last
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,11 +255,91 @@ class Executor:
             self.journal.finish_plan(plan_id, PlanState.REFUSED, why)
         except sqlite3.Error as exc:
             log.error("plan %s, refused (%s), not journaled: %s", plan_id, why, exc)
+            self.journal.hand_over(plan_id)
             return (
                 f"; {self.journal.cannot_write(exc)} either: plan {plan_id} keeps its GPUs "
-                "locked until this process ends (none of its steps ran)"
+                f"locked (none of its steps ran) until `gpuconsole assign --recover` on "
+                f"{self.node} releases them, once there is space"
             )
         return ""
+
+    # --- journaling steps: a failed write stops the plan ----------------------------
+
+    def _intent(self, plan_id: str, seq: int, step: Step, phase: str = "do") -> int:
+        try:
+            return self.journal.intent(plan_id, seq, step.kind.value, phase)
+        except sqlite3.Error as exc:
+            raise _Unjournaled(exc, seq, phase, ran=False) from exc
+
+    def _result(self, row: int, seq: int, phase: str, state: str, detail: str) -> None:
+        try:
+            self.journal.result(row, state, detail)
+        except sqlite3.Error as exc:
+            raise _Unjournaled(exc, seq, phase, ran=True) from exc
+
+    def _finish(self, plan_id: str, state: str, message: str) -> None:
+        try:
+            self.journal.finish_plan(plan_id, state, message)
+        except sqlite3.Error as exc:
+            raise _Unjournaled(exc, None, "end", True, f"{state}: {message}") from exc
+
+    def _stopped(
+        self, plan_id: str, plan: Plan, actor: Actor, stop: _Unjournaled, recovered: bool
+    ) -> Outcome:
+        """Hand a plan the journal failed half-way over to recovery, and say so."""
+        marked = self.journal.hand_over(plan_id)
+        message = self._stop_message(plan_id, plan, stop, marked)
+        log.error("assign %s (plan %s) stopped: %s", plan.target, plan_id, stop)
+        message += self._audit_after(plan, actor, "stopped", message, plan_id)
+        self._event(plan, Severity.CRITICAL, f"assign {plan.target} (plan {plan_id}) {message}")
+        return Outcome(plan_id, PlanState.STOPPED, message, recovered)
+
+    def _stop_message(self, plan_id: str, plan: Plan, stop: _Unjournaled, marked: bool) -> str:
+        """Where the plan stopped, what it changed, what stays locked, and what to run."""
+        cannot = self.journal.cannot_write(stop.cause)
+        try:
+            record = self.journal.plan(plan_id)  # reading needs no space
+        except sqlite3.Error:
+            record = None
+        steps = record.steps if record is not None else ()
+        done = {s.seq for s in steps if s.phase == "do" and s.state == "done"}
+        undone = {s.seq for s in steps if s.phase == "undo" and s.state == "done"}
+        if stop.seq is None:
+            text = f"stopped after its end ({stop.end}): {cannot} to record it"
+        else:
+            title = plan.steps[stop.seq].title
+            if stop.phase == "undo":
+                title = f"undoing {title}"
+                if stop.ran:
+                    undone.add(stop.seq)
+            elif stop.ran:
+                done.add(stop.seq)
+            where = f"stopped at step {stop.seq + 1}/{len(plan.steps)} ({title})"
+            ran = f"it ran, but {cannot} to record it" if stop.ran else f"before it ran: {cannot}"
+            text = f"{where}: {ran}; nothing runs unjournaled"
+        changed = [plan.steps[s].title for s in sorted(done - undone) if plan.steps[s].kind.mutates]
+        text += ". " + (
+            f"Done and not undone: {'; '.join(changed)}" if changed else "Nothing was changed"
+        )
+        labels = ", ".join(plan.labels) or ", ".join(plan.gpus)
+        verb = "stays" if len(plan.gpus) == 1 else "stay"
+        text += f". {labels} {verb} locked for plan {plan_id}, so that nothing else moves "
+        text += "them half-way" if len(plan.gpus) > 1 else "it half-way"
+        if record is None:
+            course = "finish the plan or roll it back"
+        elif _recovery_course(record)[0]:
+            course = "roll the plan back"
+        else:
+            course = f"finish the plan ({labels} to {plan.target})"
+        text += f". Free space on the disk of {self.journal.path}, then run `gpuconsole assign "
+        text += "--recover` "
+        if marked:
+            return text + f"on {self.node} (or open its assign view again): it will {course}"
+        # unmarked, the plan is this live process's to every other process
+        return text + (
+            f"on {self.node} after this process ends, or open the assign view of {self.node} "
+            f"again in this console: either will {course}"
+        )
 
     # --- executing -------------------------------------------------------------------
 
@@ -235,7 +348,8 @@ class Executor:
 
         Raises ActionRefused, with nothing changed, for a viewer, a wrong confirmation, a
         failed precondition, a GPU another action holds, a node that changed since, or a
-        journal or audit log that cannot be written.
+        journal or audit log that cannot be written. A journal that fails once steps run
+        stops the plan there: the outcome is "stopped", its GPUs left locked to recovery.
         """
         if not actor.role.may_act:
             raise self._refuse(
@@ -269,8 +383,14 @@ class Executor:
             why += self._release(plan_id, why)
             raise self._refuse(plan, actor, why, audit=False) from None
         self._event(plan, Severity.INFO, f"{actor.who} started assign {plan.target}: {plan_id}")
-        state, message = await self._run(plan_id, plan, frozenset())
-        self.journal.finish_plan(plan_id, state, message)
+        try:
+            state, message = await self._run(plan_id, plan, frozenset())
+            self._finish(plan_id, state, message)
+        except _Unjournaled as stop:
+            return self._stopped(plan_id, plan, actor, stop, recovered=False)
+        except Exception:
+            self.journal.hand_over(plan_id)  # not running here any more: recovery's to end
+            raise
         outcome = "ok" if state == PlanState.DONE else "failed"
         message += self._audit_after(plan, actor, outcome, message, plan_id)
         self._event(
@@ -317,11 +437,11 @@ class Executor:
             if seq in done:
                 continue
             self._notify(plan, plan_id, seq, step, "running")
-            row = self.journal.intent(plan_id, seq, step.kind.value)
+            row = self._intent(plan_id, seq, step)
             try:
                 detail = await self._do(step)
             except StepFailed as exc:
-                self.journal.result(row, "failed", str(exc))
+                self._result(row, seq, "do", "failed", str(exc))
                 self._notify(plan, plan_id, seq, step, "failed", str(exc))
                 if step.kind is StepKind.VERIFY:
                     return PlanState.FAILED, (
@@ -330,7 +450,7 @@ class Executor:
                     )
                 rolled = await self._rollback(plan_id, plan, seq)
                 return PlanState.FAILED, f"step {seq + 1} ({step.title}) failed: {exc}; {rolled}"
-            self.journal.result(row, "done", detail)
+            self._result(row, seq, "do", "done", detail)
             self._notify(plan, plan_id, seq, step, "done", detail)
         return PlanState.DONE, f"{', '.join(plan.labels)} now {plan.target}"
 
@@ -345,15 +465,15 @@ class Executor:
                 continue
             assert step.layer is not None
             self._notify(plan, plan_id, seq, step, "undoing")
-            row = self.journal.intent(plan_id, seq, step.kind.value, "undo")
+            row = self._intent(plan_id, seq, step, "undo")
             try:
                 detail = await self.drivers.for_layer(step.layer).undo(step)
             except StepFailed as exc:
-                self.journal.result(row, "failed", str(exc))
+                self._result(row, seq, "undo", "failed", str(exc))
                 self._notify(plan, plan_id, seq, step, "failed", str(exc))
                 failed.append(f"{step.title}: {exc}")
                 continue
-            self.journal.result(row, "done", detail)
+            self._result(row, seq, "undo", "done", detail)
             self._notify(plan, plan_id, seq, step, "undone", detail)
         text = "rolled back"
         if kept:
@@ -365,34 +485,47 @@ class Executor:
     # --- recovery --------------------------------------------------------------------
 
     async def recover(self) -> list[Outcome]:
-        """Finish or roll back every plan a dead process left running; says what it did."""
-        outcomes = []
-        for record in self.journal.claim_orphans(self.node):
-            outcomes.append(await self._recover(record))
-        return outcomes
+        """Finish or roll back every plan a dead process left running, or its process left
+        to recovery; says what it did. Raises CannotRecover when the journal cannot take it."""
+        try:
+            records = self.journal.claim_orphans(self.node)
+        except sqlite3.Error as exc:
+            raise CannotRecover(
+                f"could not recover unfinished plans: {self.journal.cannot_write(exc)}; their "
+                f"GPUs stay locked until `gpuconsole assign --recover` on {self.node} runs "
+                "with space there"
+            ) from None
+        return [await self._recover(record) for record in records]
 
     async def _recover(self, record: PlanRecord) -> Outcome:
         plan = record.plan
         done = frozenset(s.seq for s in record.steps if s.phase == "do" and s.state == "done")
-        attempted = [s.seq for s in record.steps]
-        last = max(attempted) if attempted else -1
-        rolling_back = any(s.phase == "undo" for s in record.steps)
-        changed = any(plan.steps[s].kind.mutates for s in done)
+        back, last = _recovery_course(record)
         where = (
-            f"step {last + 1} ({plan.steps[last].title})" if last >= 0 else "before its first step"
+            f"at step {last + 1} ({plan.steps[last].title})"
+            if last >= 0
+            else "before its first step"
         )
-        if rolling_back or not changed:
-            text = (
-                await self._rollback(record.id, plan, max(last, 0)) if last >= 0 else "nothing ran"
-            )
-            state = PlanState.ROLLED_BACK
-            message = f"recovered: the process stopped at {where}; {text}"
-        else:
-            state, text = await self._run(record.id, plan, done)
-            verb = "finished" if state == PlanState.DONE else "could not finish"
-            message = f"recovered: the process stopped at {where}; {verb}: {text}"
-        self.journal.finish_plan(record.id, state, message)
         actor = Actor(record.user, Role(record.role), record.fingerprint)
+        try:
+            if back:
+                text = (
+                    await self._rollback(record.id, plan, max(last, 0))
+                    if last >= 0
+                    else "nothing ran"
+                )
+                state = PlanState.ROLLED_BACK
+                message = f"recovered: the process stopped {where}; {text}"
+            else:
+                state, text = await self._run(record.id, plan, done)
+                verb = "finished" if state == PlanState.DONE else "could not finish"
+                message = f"recovered: the process stopped {where}; {verb}: {text}"
+            self._finish(record.id, state, message)
+        except _Unjournaled as stop:
+            return self._stopped(record.id, plan, actor, stop, recovered=True)
+        except Exception:
+            self.journal.hand_over(record.id)
+            raise
         message += self._audit_after(plan, actor, "recovered", message, record.id)
         # a crash is worth a look even when recovery finished the plan
         severity = Severity.WARNING if state == PlanState.DONE else outcome_severity(state)

@@ -6,6 +6,10 @@ under a pid that is gone: `unfinished` finds such plans for recovery, and `claim
 to the recovering process in a single IMMEDIATE transaction so two never recover one plan.
 The GPU locks (locks.py) live in the same database so that taking them and starting a plan
 are one transaction.
+
+A journal write that fails half-way through a plan (a full disk) stops the plan there, as a
+crash would, and `hand_over` leaves it to recovery in any process, this one included: a
+small reserve file, deleted for the purpose, leaves room to mark it so on a full disk.
 """
 
 from __future__ import annotations
@@ -29,9 +33,17 @@ __all__ = [
     "PlanRecord",
     "PlanState",
     "StepRecord",
+    "let_go",
     "process_alive",
     "process_tag",
 ]
+
+# The process tag of a plan its process stopped half-way and left to recovery (hand_over).
+STOPPED_TAG = "stopped"
+# Bytes kept in the reserve file: room for hand_over's mark (a few WAL pages) on a full disk.
+RESERVE_BYTES = 64 * 1024
+# Plans this process left to recovery: its own, even when the mark could not be written.
+_LET_GO: set[str] = set()
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS plans (
@@ -83,6 +95,9 @@ class PlanState:
     FAILED = "failed"  # a step failed; what was reversible was put back
     ROLLED_BACK = "rolled back"
     REFUSED = "refused"
+    # Never stored: an outcome only. The journal could not record a step, so the plan
+    # stopped there, half-way, still "running" in the journal until recovery ends it.
+    STOPPED = "stopped"
 
 
 def _proc_start(pid: int) -> str:
@@ -112,6 +127,13 @@ def process_alive(host: str, pid: int, proc_start: str) -> bool:
     except PermissionError:
         pass
     return not proc_start or _proc_start(pid) == proc_start
+
+
+def let_go(plan_id: str, host: str, pid: int, proc_start: str) -> bool:
+    """Whether a running plan's process stopped it half-way and left it to recovery."""
+    return proc_start == STOPPED_TAG or (
+        plan_id in _LET_GO and (host, pid, proc_start) == process_tag()
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +178,8 @@ class Journal:
 
     def __init__(self, path: Path, *, timeout_s: float = 10.0, mode: int = 0o600) -> None:
         self.path = path
+        self.mode = mode
+        self.reserve = path.with_name(path.name + "-reserve")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         paths.create_file(self.path, mode)
         self._db = sqlite3.connect(
@@ -174,6 +198,21 @@ class Journal:
             raise sqlite3.OperationalError(
                 f"the action journal {self.path} cannot be opened ({exc})"
             ) from exc
+        self._keep_reserve()
+
+    def _keep_reserve(self) -> None:
+        """Make the reserve file where it is missing; none where the disk has no room."""
+        try:
+            fd = os.open(self.reserve, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.mode)
+        except OSError:  # there already, or no room for even its name
+            return
+        try:
+            os.fchmod(fd, self.mode)
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError:
+            self.reserve.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
     def _enable_wal(self, timeout_s: float) -> None:
         # Switching a new database to WAL takes an exclusive lock, and SQLite answers "locked"
@@ -201,10 +240,11 @@ class Journal:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield self._db
+            self._db.execute("COMMIT")  # where a full disk says so, in WAL mode
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # SQLite may have rolled it back already
+                self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
 
     # --- plans -----------------------------------------------------------------------
 
@@ -260,6 +300,31 @@ class Journal:
                 (state, outcome, time.time(), plan_id),
             )
             db.execute("DELETE FROM locks WHERE plan_id = ?", (plan_id,))
+
+    def hand_over(self, plan_id: str) -> bool:
+        """Leave a running plan this process stopped half-way to recovery, in any process.
+
+        This process lets it go at once; other processes see it once its rows are marked,
+        for which the reserve file makes room on a full disk. False: not marked, so only
+        this process's recovery takes it (or any, once this process has ended).
+        """
+        _LET_GO.add(plan_id)
+        for attempt in range(2):
+            try:
+                with self.transaction() as db:
+                    tag = process_tag()
+                    for table, key in (("plans", "id"), ("locks", "plan_id")):
+                        db.execute(
+                            f"UPDATE {table} SET proc_start = ? WHERE {key} = ? AND host = ?"
+                            " AND pid = ? AND proc_start = ?",
+                            (STOPPED_TAG, plan_id, *tag),
+                        )
+                return True
+            except sqlite3.Error:
+                if attempt or not self.reserve.exists():
+                    return False
+                self.reserve.unlink(missing_ok=True)  # its pages are what the mark needs
+        return False
 
     def intent(self, plan_id: str, seq: int, kind: str, phase: str = "do") -> int:
         """Record that a step is about to run; returns the row to complete."""
@@ -351,7 +416,8 @@ class Journal:
                 (PlanState.RUNNING, node),
             ).fetchall()
             for plan_id, row_host, row_pid, row_start in rows:
-                if process_alive(str(row_host), int(row_pid), str(row_start)):
+                tag = (str(plan_id), str(row_host), int(row_pid), str(row_start))
+                if process_alive(*tag[1:]) and not let_go(*tag):
                     continue
                 db.execute(
                     "UPDATE plans SET host = ?, pid = ?, proc_start = ?, recovered = 1"
@@ -363,5 +429,7 @@ class Journal:
                     (host, pid, start, plan_id),
                 )
                 claimed.append(str(plan_id))
+        _LET_GO.difference_update(claimed)  # this process runs them again, and holds them
+        self._keep_reserve()  # made again, where a stop took it and there is room now
         found = [self.plan(p) for p in claimed]
         return [p for p in found if p is not None]

@@ -3,7 +3,9 @@
 Taking the locks and starting the plan happen in one BEGIN IMMEDIATE transaction, so two
 requests for one GPU cannot both pass. A lock held by a process that is gone belongs to an
 unfinished plan: recovery finishes or rolls that plan back and releases it; until then a
-request for the GPU is refused, naming who held it.
+request for the GPU is refused, naming who held it. So is a plan whose process stopped it
+half-way because the journal could not record a step (journal.hand_over): it waits for
+recovery, which `gpuconsole assign --recover` runs without a restart.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from gpuconsole.actions.journal import Journal, process_alive, process_tag
+from gpuconsole.actions.journal import Journal, let_go, process_alive, process_tag
 from gpuconsole.actions.plan import Plan
 
 __all__ = ["GpuBusy", "Holder", "lock_and_start"]
@@ -25,12 +27,26 @@ class Holder:
     plan_id: str
     holder: str  # "alice (operator) on head, pid 4242"
     acquired_at: float
-    alive: bool
+    alive: bool  # its plan may still be running
+    stopped: bool = False  # its process stopped the plan half-way, left to recovery
 
     def __str__(self) -> str:
         since = time.strftime("%H:%M:%S", time.localtime(self.acquired_at))
-        state = "" if self.alive else ", whose process is gone (recovery will finish it)"
-        return f"{self.gpu} is held by {self.holder} since {since}, plan {self.plan_id}{state}"
+        held = f"{self.gpu} is held by {self.holder} since {since}, plan {self.plan_id}"
+        if self.stopped:
+            return (
+                f"{held}, stopped half-way by its process and left to recovery: "
+                "`gpuconsole assign --recover` finishes it or rolls it back"
+            )
+        return held if self.alive else f"{held}, whose process is gone (recovery will finish it)"
+
+
+def _holder(gpu: str, row: tuple[object, ...]) -> Holder:
+    """A lock's holder from (plan_id, holder, host, pid, proc_start, acquired_at)."""
+    plan_id, holder, host, pid, start, at = (str(v) for v in row)
+    stopped = let_go(plan_id, host, int(pid), start)
+    alive = not stopped and process_alive(host, int(pid), start)
+    return Holder(gpu, plan_id, holder, float(at), alive, stopped)
 
 
 class GpuBusy(Exception):
@@ -62,8 +78,7 @@ def lock_and_start(
                 (key,),
             ).fetchone()
             if row is not None:
-                alive = process_alive(str(row[2]), int(row[3]), str(row[4]))
-                busy.append(Holder(key, str(row[0]), str(row[1]), float(row[5]), alive))
+                busy.append(_holder(key, tuple(row)))
         if busy:
             raise GpuBusy(busy)
         plan_id = journal.start_plan(db, plan, user, role, fingerprint)
@@ -81,13 +96,4 @@ def holders(journal: Journal) -> list[Holder]:
     rows = journal._db.execute(
         "SELECT gpu, plan_id, holder, host, pid, proc_start, acquired_at FROM locks ORDER BY gpu"
     ).fetchall()
-    return [
-        Holder(
-            str(r[0]),
-            str(r[1]),
-            str(r[2]),
-            float(r[6]),
-            process_alive(str(r[3]), int(r[4]), str(r[5])),
-        )
-        for r in rows
-    ]
+    return [_holder(str(r[0]), tuple(r[1:])) for r in rows]

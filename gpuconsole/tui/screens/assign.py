@@ -514,8 +514,9 @@ class AssignScreen(ModalScreen[None]):
             log.exception("executing %s on %s", plan.target, self.node_name)
             self.stage = Stage.DONE
             self.say(
-                f"the plan stopped: {exc}. Its GPUs stay locked until this process ends; "
-                "the next start finishes the plan or rolls it back",
+                f"the plan stopped: {exc}. Its GPUs stay locked, left to recovery: opening "
+                f"this view again, or `gpuconsole assign --recover` on {self.node_name}, "
+                "finishes the plan or rolls it back",
                 Health.CRITICAL,
             )
         else:
