@@ -12,10 +12,9 @@ import asyncio
 import copy
 import functools
 import json
-from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from gpuconsole import codec
@@ -24,16 +23,9 @@ from gpuconsole.export.agent import select
 from gpuconsole.model import FleetSnapshot
 from gpuconsole.sim.cluster import demo_hub
 from gpuconsole.sources.remote import AgentClient, RemoteSource
+from tests.fuzz_fixtures import TREES, Json, change_one_place, fuzz_settings
 
-FUZZ = settings(
-    max_examples=200,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-
-Json = Any
+FUZZ = fuzz_settings(200)
 
 
 @functools.cache
@@ -50,44 +42,11 @@ def test_the_documents_round_trip() -> None:
         assert codec.dumps(codec.loads(again)) == again
 
 
-LEAVES = (
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=12)
-)
-TREES = st.recursive(
-    LEAVES,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
-
-
 @st.composite
 def mutated(draw: st.DrawFn) -> Json:
     """One of the documents, with one value replaced by any JSON or one key removed."""
     wrapper: dict[str, Json] = {"": json.loads(draw(st.sampled_from(documents())))}
-    holder: Json = wrapper
-    key: Json = ""
-    while True:
-        value = holder[key]
-        children = (
-            list(value)
-            if isinstance(value, dict)
-            else list(range(len(value)))
-            if isinstance(value, list)
-            else []
-        )
-        if not children or draw(st.integers(0, 4)) == 0:
-            break
-        holder, key = value, draw(st.sampled_from(children))
-    if holder is not wrapper and isinstance(holder, dict) and draw(st.booleans()):
-        del holder[key]
-    else:
-        holder[key] = draw(TREES)
+    change_one_place(draw, wrapper, "", stop_one_in=5, new=lambda _: TREES)
     return wrapper[""]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 
 from gpuconsole import codec
@@ -29,17 +29,10 @@ from gpuconsole.sources.bmc.link import BmcError
 from gpuconsole.sources.bmc.redfish import RedfishHttpError, RedfishLink
 from gpuconsole.sources.bmc.sel import SelCursor
 from gpuconsole.sources.bmc.sensors import gpu_module_of
+from tests.fuzz_fixtures import FINITE, Json, change_one_place, fuzz_settings, json_trees, scalars
 
-FUZZ = settings(
-    max_examples=150,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+FUZZ = fuzz_settings(150, HealthCheck.function_scoped_fixture)
 MOCKUPS = Path(__file__).parent / "data" / "bmc" / "redfish"
-
-Json = Any
 
 
 @functools.cache
@@ -96,13 +89,7 @@ def test_the_mockups_read_whole() -> None:
 # --- changing one place of one document --------------------------------------------------
 
 ASCII = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=12)
-FINITE = st.floats(allow_nan=False, allow_infinity=False)
-LEAVES = st.none() | st.booleans() | st.integers() | FINITE | ASCII
-TREES = st.recursive(
-    LEAVES,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ASCII, inner, max_size=3),
-    max_leaves=8,
-)
+TREES = json_trees(scalars(ASCII), ASCII)
 
 
 def same_kind(value: Json) -> st.SearchStrategy[Json]:
@@ -128,24 +115,8 @@ def mutated(draw: st.DrawFn, values: str) -> dict[str, Json]:
     "any": by any JSON), or one key removed."""
     docs = copy.deepcopy(mockup(draw(st.sampled_from(["modern", "legacy"]))))
     url = draw(st.sampled_from(sorted(docs)))
-    holder: Json = docs
-    key: Json = url
-    while True:
-        value = holder[key]
-        children = (
-            list(value)
-            if isinstance(value, dict)
-            else list(range(len(value)))
-            if isinstance(value, list)
-            else []
-        )
-        if not children or draw(st.integers(0, 3)) == 0:
-            break
-        holder, key = value, draw(st.sampled_from(children))
-    if isinstance(holder, dict) and holder is not docs and draw(st.booleans()):
-        del holder[key]
-    else:
-        holder[key] = draw(same_kind(holder[key]) if values == "same" else TREES)
+    new = same_kind if values == "same" else lambda _: TREES
+    change_one_place(draw, docs, url, stop_one_in=4, new=new)
     return docs
 
 

@@ -11,18 +11,13 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from gpuconsole.config import BmcConfig, Config, ConfigError, parse
+from tests.fuzz_fixtures import FINITE, fuzz_settings, json_trees
 
-FUZZ = settings(
-    max_examples=200,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+FUZZ = fuzz_settings(200)
 
 SECTIONS: dict[str, type] = {
     f.name: f.default_factory().__class__  # type: ignore[misc]
@@ -56,15 +51,8 @@ def toml(value: Any) -> str:
     raise TypeError(value)
 
 
-FINITE = st.floats(allow_nan=False, allow_infinity=False)
 SCALARS = st.booleans() | st.integers(-(2**63), 2**63 - 1) | FINITE | st.text(max_size=16)
-VALUES = st.recursive(
-    SCALARS,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
-    ),
-    max_leaves=6,
-)
+VALUES = json_trees(SCALARS, st.text(max_size=6), max_leaves=6)  # TOML has no null
 
 
 @st.composite

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from gpuconsole.actions.roles import Actor, Role
@@ -27,30 +27,13 @@ from gpuconsole.hub import Hub
 from gpuconsole.sim.cluster import demo_hub
 from gpuconsole.ssh.driver import BoundedOutput, SshDriver
 from gpuconsole.ssh.server import SessionInfo, console_factory
+from tests.fuzz_fixtures import fuzz_settings
 from tests.test_ssh_console import Keys, console_server, login, open_terminal
+from tests.test_ssh_input import Channel
 
-FUZZ = settings(
-    max_examples=60,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+FUZZ = fuzz_settings(60, HealthCheck.function_scoped_fixture)
 
 VIEWER = Actor("fuzz", Role.VIEWER, "SHA256:fuzz", "ssh")
-
-
-class Channel:
-    """Where a session's frames go: counted, never congested."""
-
-    def __init__(self) -> None:
-        self.bytes = 0
-
-    def write(self, data: bytes) -> None:
-        self.bytes += len(data)
-
-    def get_write_buffer_size(self) -> int:
-        return 0
 
 
 @dataclass

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 from prometheus_client.samples import Sample
 
@@ -23,14 +23,9 @@ from gpuconsole.sources.fabric import FabricSource
 from gpuconsole.sources.fabric.infiniband import parse_rate, parse_state
 from tests.export_fixtures import one, parse, pick, render
 from tests.fabric_fixtures import dgx_h100_slice
+from tests.fuzz_fixtures import fuzz_settings
 
-FUZZ = settings(
-    max_examples=120,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+FUZZ = fuzz_settings(120, HealthCheck.function_scoped_fixture)
 
 
 def as_sysfs_text(raw: bytes) -> str:

@@ -7,6 +7,7 @@ and every file the process writes to its state folder.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -44,8 +45,15 @@ def bmcs(tmp_path: Path) -> Iterator[tuple[IpmiSim, IpmiSim, IpmiSim]]:
         yield a, b, c
 
 
+def bmc_table(node: str, port: int, **keys: str | int | bool) -> str:
+    """One [[bmc]] table: a BMC on this machine, polled every second, with `keys` besides."""
+    table = {"node": node, "host": "127.0.0.1", "port": port, "interval_s": 1, "timeout_s": 5}
+    lines = [f"{key} = {json.dumps(value)}" for key, value in (table | keys).items()]
+    return "\n[[bmc]]\n" + "\n".join(lines) + "\n"
+
+
 def config_text(a: IpmiSim, b: IpmiSim, c: IpmiSim, password_file: Path) -> str:
-    return f"""
+    head = """
 [host]
 name = "head"
 [nvml]
@@ -54,45 +62,22 @@ enabled = false
 enabled = false
 [tenancy]
 enabled = false
-
-[[bmc]]
-node = "dgx-017"
-host = "127.0.0.1"
-port = {a.port}
-username = "{a.username}"
-password = "{IPMI_PASSWORD}"
-interval_s = 1
-timeout_s = 5
-
-[[bmc]]
-node = "dgx-018"
-host = "127.0.0.1"
-port = {b.port}
-username = "{b.username}"
-password_file = "{password_file}"
-interval_s = 1
-timeout_s = 5
-
-[[bmc]]
-node = "dgx-019"
-host = "127.0.0.1"
-port = {c.port}
-username = "{c.username}"
-password = "{WRONG}"
-interval_s = 1
-timeout_s = 5
-
-[[bmc]]
-node = "dgx-020"
-host = "127.0.0.1"
-port = {free_port()}
-protocol = "redfish"
-username = "root"
-password = "{REDFISH}"
-verify_tls = false
-interval_s = 1
-timeout_s = 1
 """
+    return (
+        head
+        + bmc_table("dgx-017", a.port, username=a.username, password=IPMI_PASSWORD)
+        + bmc_table("dgx-018", b.port, username=b.username, password_file=str(password_file))
+        + bmc_table("dgx-019", c.port, username=c.username, password=WRONG)
+        + bmc_table(
+            "dgx-020",
+            free_port(),
+            protocol="redfish",
+            username="root",
+            password=REDFISH,
+            verify_tls=False,
+            timeout_s=1,
+        )
+    )
 
 
 SECRETS = (IPMI_PASSWORD, IN_FILE, WRONG, REDFISH)

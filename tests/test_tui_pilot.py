@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 from rich.style import Style
 from rich.text import Text
 from textual.widgets import DataTable, Static
@@ -26,6 +28,22 @@ from tests.conftest_tui import FIXED, fleet_with_rail_down, frozen_fleet
 from tests.waiting import until
 
 SIZE = (120, 40)
+
+
+def spy(
+    monkeypatch: pytest.MonkeyPatch, owner: object, name: str, note: Callable[..., Any]
+) -> list[Any]:
+    """Calls of `owner.name` as they happen: each noted by `note(*args, **kwargs)` in the
+    list returned, then passed on."""
+    noted: list[Any] = []
+    original = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        noted.append(note(*args, **kwargs))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+    return noted
 
 
 def fleet_table(app: ConsoleApp) -> RowTable:
@@ -137,25 +155,15 @@ async def test_m_switches_what_the_cells_show(console_app: Any) -> None:
         assert _plain(table.get_cell("dgx-002", "gpus")).split()[3] == "89"
 
 
-async def test_a_new_snapshot_redraws_only_the_row_that_changed(console_app: Any) -> None:
+async def test_a_new_snapshot_redraws_only_the_row_that_changed(
+    console_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     app = console_app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         table = fleet_table(app)
-        updated: list[str] = []
-        drawn: list[str] = []
-        original_update, original_render = table.update_row, table._render_cells
-
-        def update(key: str, cells: Any) -> bool:
-            updated.append(key)
-            return original_update(key, cells)
-
-        def render(cells: Any) -> Any:
-            drawn.append(_plain(cells[0]).split(" ", 1)[1])
-            return original_render(cells)
-
-        table.update_row = update  # type: ignore[method-assign]
-        table._render_cells = render  # type: ignore[method-assign]
+        updated = spy(monkeypatch, table, "update_row", lambda key, cells: key)
+        drawn = spy(monkeypatch, table, "_render_cells", lambda c: _plain(c[0]).split(" ", 1)[1])
         rebuilt: list[bool] = []
         table.set_rows = lambda *a, **k: rebuilt.append(True)  # type: ignore[method-assign]
         old = frozen_fleet()
@@ -188,21 +196,14 @@ def with_util(old: FleetSnapshot, node_name: str, util: float, seq: int) -> Flee
 
 
 async def test_a_new_reading_redraws_only_the_node_views_gpu_rows_that_changed(
-    console_app: Any,
+    console_app: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app = console_app()
     async with app.run_test(size=SIZE) as pilot:
         app.jump("node", "dgx-002")
         await pilot.pause()
         table = app.screen.query_one("#gpu-table", RowTable)
-        drawn: list[str] = []
-        original = table._render_cells
-
-        def render(cells: Any) -> Any:
-            drawn.append(_plain(cells[0]))
-            return original(cells)
-
-        table._render_cells = render  # type: ignore[method-assign]
+        drawn = spy(monkeypatch, table, "_render_cells", lambda cells: _plain(cells[0]))
         app.show_snapshot(with_util(frozen_fleet(), "dgx-002", 12.0, seq=2))
         await pilot.pause()
         assert drawn == ["● 0"]  # GPU 0's row; the other seven and the header stay as drawn
@@ -210,20 +211,12 @@ async def test_a_new_reading_redraws_only_the_node_views_gpu_rows_that_changed(
 
 
 async def test_snapshots_that_come_within_a_second_are_drawn_once_by_the_tick(
-    console_app: Any,
+    console_app: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app = console_app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        screen = app.screen
-        applied: list[int] = []
-        original = screen.apply
-
-        def apply(snapshot: FleetSnapshot, *, force: bool = False) -> None:
-            applied.append(snapshot.seq)
-            original(snapshot, force=force)
-
-        screen.apply = apply  # type: ignore[method-assign]
+        applied = spy(monkeypatch, app.screen, "apply", lambda snapshot, **_: snapshot.seq)
         old = frozen_fleet()
         first, second = (with_util(old, "dgx-002", u, seq=old.seq + i)
                          for i, u in ((1, 12.0), (2, 34.0)))  # fmt: skip
@@ -306,18 +299,11 @@ async def test_new_readings_that_reorder_the_rows_keep_the_cursor_on_its_node(
 
 
 async def test_each_nodes_health_and_counts_are_worked_out_once_per_reading(
-    console_app: Any, monkeypatch: Any
+    console_app: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from gpuconsole.tui import summaries
 
-    judged: list[str] = []
-    original = summaries.node_facts
-
-    def spy(node: Any) -> Any:
-        judged.append(node.node)
-        return original(node)
-
-    monkeypatch.setattr(summaries, "node_facts", spy)
+    judged = spy(monkeypatch, summaries, "node_facts", lambda node: node.node)
     app = console_app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
@@ -553,7 +539,9 @@ async def test_escape_and_other_keys_keep_the_too_small_message(console_app: Any
         await until(lambda: isinstance(app.screen, FleetScreen))
 
 
-async def test_new_events_are_added_as_keyed_rows_not_a_rebuild(console_app: Any) -> None:
+async def test_new_events_are_added_as_keyed_rows_not_a_rebuild(
+    console_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fleet = frozen_fleet()
     app = console_app()
     async with app.run_test(size=SIZE) as pilot:
@@ -562,21 +550,9 @@ async def test_new_events_are_added_as_keyed_rows_not_a_rebuild(console_app: Any
         table = app.screen.query_one("#events-table", DataTable)
         before = table.row_count
         cleared: list[bool] = []
-        added: list[object] = []
-        removed: list[object] = []
-        original_add, original_remove = table.add_row, table.remove_row
         table.clear = lambda *a, **k: cleared.append(True)  # type: ignore[method-assign,assignment,return-value]
-
-        def add(*cells: Any, **kw: Any) -> Any:
-            added.append(cells[-1])
-            return original_add(*cells, **kw)
-
-        def remove(key: Any) -> None:
-            removed.append(key)
-            original_remove(key)
-
-        table.add_row = add  # type: ignore[method-assign]
-        table.remove_row = remove  # type: ignore[method-assign]
+        added = spy(monkeypatch, table, "add_row", lambda *cells, **_: cells[-1])
+        removed = spy(monkeypatch, table, "remove_row", lambda key: key)
         oldest, *rest = fleet.events
         news = Event(FIXED + 1, "dgx-002", "nvml", "xid", Severity.WARNING, "XID 94 on GPU 3", 3)
         newer = dataclasses.replace(fleet, seq=fleet.seq + 1, events=(*rest, news))
