@@ -97,7 +97,7 @@ async def test_a_burst_of_keys_reaches_the_app_a_few_per_turn_of_the_loop() -> N
 
 async def test_input_piling_up_pauses_the_channel_until_it_is_taken() -> None:
     pauses: list[bool] = []
-    pasted = "x" * 100_000
+    pasted = "é" * 40_000  # 80 KB: over the high mark, yet a paste within its bound
     async with typed_session(pauses) as (app, driver):
         driver.feed(f"\x1b[200~{pasted}\x1b[201~".encode())
         assert pauses == [True]  # above the high mark: stop reading the channel

@@ -33,6 +33,9 @@ from textual.driver import Driver
 from textual.geometry import Size
 from textual.message import Message
 
+from gpuconsole.ssh.paste import MAX_CHARS as MAX_PASTE_CHARS
+from gpuconsole.ssh.paste import PasteLimit
+
 log = logging.getLogger(__name__)
 
 # Alternate screen, hidden cursor, clicks and wheel (SGR encoding; no motion reports, which
@@ -286,6 +289,7 @@ class SshDriver(Driver):
         self.output = self.link.output
         self._parser = XTermParser()
         self._decode = getincrementaldecoder("utf-8")(errors="replace").decode
+        self._paste = PasteLimit()  # no paste grows the parser's buffer without end
         self._frame: list[str] = []
         self.screen = ScreenMemory()
         self._input = False
@@ -403,7 +407,15 @@ class SshDriver(Driver):
             self.link.pause_input(False)
 
     def _parse(self, data: bytes) -> None:
-        text = self._decode(data)
+        cut = self._paste.cut
+        text = self._paste.feed(self._decode(data))
+        if self._paste.cut != cut:
+            log.warning("a paste of over %d characters from an ssh client cut", MAX_PASTE_CHARS)
+            self._app.notify(
+                f"Paste cut at {MAX_PASTE_CHARS:,} characters; the rest was dropped.",
+                severity="warning",
+                timeout=4,
+            )
         if not text:  # half a character: the parser takes "" as the end of input
             return
         try:
