@@ -14,6 +14,7 @@ import pytest
 
 from gpuconsole.actions.drivers import StepDriver, StepFailed
 from gpuconsole.actions.drivers.sim import sim_drivers
+from gpuconsole.actions.executor import StepUpdate
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.locks import holders
 from gpuconsole.actions.plan import Step, StepKind, Target
@@ -150,5 +151,51 @@ def test_sigkill_while_rolling_back_then_recovery_finishes_the_rollback(tmp_path
     assert "stopped at step 6 (drivers_probe" in outcome.message
     assert "kept: evict pod team-nlp/train-0" in outcome.message  # no un-evicting a pod
     # the pod is gone, the rest put back: the GPU is Kubernetes' again, and only its
+    assert w.owners(0) == ["k8s"] and w.cordoned == set()
+    assert holders(Journal(tmp_path / "state" / "actions.db")) == []
+
+
+class _DiesOnFailure(list[StepUpdate]):
+    """Step updates, kept; the process dies the moment a step is said to have failed: the
+    failure is journaled, nothing is put back yet."""
+
+    def append(self, update: StepUpdate) -> None:
+        super().append(update)
+        if update.state == "failed":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _dies_after_a_failure(root: Path) -> None:
+    async def go() -> None:
+        w = world(root / "world")
+        drivers = sim_drivers(w)
+        drivers.pci = _FailThenDie(drivers.pci)  # probing fails (its undo is never reached)
+        executor = executor_for(w, root / "state", drivers=drivers, updates=_DiesOnFailure())
+        plan = await executor.plan(["0"], Target.parse(TARGET))
+        await executor.execute(plan, Actor("ops", Role.OPERATOR), "sim-01")
+
+    asyncio.run(go())
+
+
+def test_sigkill_after_a_step_failed_then_recovery_rolls_back_instead_of_going_on(
+    tmp_path: Path,
+) -> None:
+    world(tmp_path / "world")
+    child = multiprocessing.get_context("fork").Process(
+        target=_dies_after_a_failure, args=(tmp_path,)
+    )
+    child.start()
+    child.join(30)
+    assert child.exitcode == -signal.SIGKILL
+
+    async def restart() -> Any:
+        w = world(tmp_path / "world")
+        return w, await executor_for(w, tmp_path / "state").recover()
+
+    w, (outcome,) = asyncio.run(restart())
+    # what the dead process was about to do: put back what the plan changed, as it would
+    # have had it lived, not try the failed step again and carry on to the guest
+    assert outcome.state == PlanState.ROLLED_BACK, outcome.message
+    assert "stopped at step 6 (drivers_probe" in outcome.message
     assert w.owners(0) == ["k8s"] and w.cordoned == set()
     assert holders(Journal(tmp_path / "state" / "actions.db")) == []

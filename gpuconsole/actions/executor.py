@@ -6,8 +6,8 @@ Events go to `emit`: a hub's `post_event` (safe from any thread) puts every refu
 step and outcome in the Events view of the process that runs the plan.
 
 Recovery is deterministic. A plan left running by a dead process is rolled back when no
-step that changes anything had completed (or when it was already rolling back), and
-finished otherwise: every step is idempotent, so the interrupted one simply runs again.
+step that changes anything had completed (or when it was already rolling back, or a step
+before the final check had failed, so that it was about to), and finished otherwise: every step is idempotent, so the interrupted one simply runs again.
 A step that fails puts back what the plan changed, in reverse, except an evicted pod; a
 failed final check leaves the GPUs where they are and says what to look at.
 
@@ -114,11 +114,15 @@ class _Unjournaled(Exception):
 
 def _recovery_course(record: PlanRecord) -> tuple[bool, int]:
     """What recovery does with a plan the journal left running: (roll it back?, the last
-    step attempted, -1 for none). Back when it was rolling back or had changed nothing."""
+    step attempted, -1 for none). Back when it was rolling back, or about to (a step other
+    than the final check had failed), or had changed nothing."""
     plan = record.plan
     done = {s.seq for s in record.steps if s.phase == "do" and s.state == "done"}
     last = max((s.seq for s in record.steps), default=-1)
-    rolling_back = any(s.phase == "undo" for s in record.steps)
+    rolling_back = any(
+        s.phase == "undo" or (s.state == "failed" and plan.steps[s.seq].kind is not StepKind.VERIFY)
+        for s in record.steps
+    )
     return rolling_back or not any(plan.steps[s].kind.mutates for s in done), last
 
 
