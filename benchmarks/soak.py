@@ -2,13 +2,19 @@
 typing, and Prometheus-style scrapes of /metrics, for a long while (30 minutes unless
 told). Not a bench_*.py: `make bench` does not run it; `make bench-soak` does.
 
-Prints, as it goes and at the end: the server's resident memory over time (flat, since
-history and the event log are bounded), its asyncio tasks and threads (no leaks), the
-ssh session's keystroke-to-screen time, and events posted against events recorded and
-scraped (none lost). The server runs in a child process so that the client's own work
-(a terminal emulator, an HTTP client) is not counted.
+Prints, as it goes and at the end: the server's resident memory and Python heap over
+time, its asyncio tasks and threads (no leaks), the ssh session's keystroke-to-screen
+time, and events posted against events recorded and scraped (none lost). The server runs
+in a child process so that the client's own work (a terminal emulator, an HTTP client) is
+not counted.
 
-    python -m benchmarks.soak --minutes 3
+Memory is judged once what is bounded has filled: the history rings (after
+history_points seconds) and Textual's style cache (an lru_cache that keeps the caches of
+views long closed, up to its bound; the ssh user opens the Events view every second until
+it is full). Over the rest it must be flat: a trend above MAX_TREND_MIB_PER_H says
+GROWING and the run fails (exit status 1), as it does when an event is lost.
+
+    python -m benchmarks.soak --minutes 8 --history-points 60
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ SCRAPE_S = 5.0  # how often /metrics is scraped, as Prometheus would
 KEYSTROKE_S = 15.0  # how often the ssh user opens the events view and goes back
 CHAOS_S = 12.0  # how often a fault starts or ends somewhere in the fleet
 HISTORY_POINTS = 300  # [hub] history_points' default: the rings fill in 300 s at 1 Hz
+WARM_KEYSTROKE_S = 1.0  # the ssh user's pace until the bounded caches are full
+MAX_TREND_MIB_PER_H = 5.0  # resident memory's trend, once warm, above which it is growing
 
 
 # --- the server (child process) -------------------------------------------------------
@@ -80,6 +88,10 @@ class Chaos:
 
 
 async def _serve(folder: Path, history_points: int, trace: bool) -> None:
+    # Textual's, bounded: it keeps the styles cache of every widget it drew, up to maxsize
+    # entries (textual issue 6665); the soak fills it before judging memory.
+    from textual._styles_cache import StylesCache
+
     from gpuconsole.export.agent import Agent, AgentSettings
     from gpuconsole.hub import Hub, HubSettings
     from gpuconsole.sim.cluster import (
@@ -131,6 +143,7 @@ async def _serve(folder: Path, history_points: int, trace: bool) -> None:
     (folder / "ports").write_text(json.dumps({"ssh": server.port, "http": agent.port}))
     chaos = Chaos(sims)
     samples = (folder / "samples.jsonl").open("a", buffering=1)
+    taken: list[dict[str, Any]] = []
     began = time.monotonic()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -146,9 +159,13 @@ async def _serve(folder: Path, history_points: int, trace: bool) -> None:
         recorded = sum(c[3] for c in snapshot.event_counts) if snapshot is not None else 0
         with lock:
             sent = posted[0]
+        styles = StylesCache.get_inner_outer.cache_info()
         line = {
             "t": time.monotonic() - began,
             "rss": _rss_bytes(),
+            "blocks": sys.getallocatedblocks(),  # Python's objects: no allocator noise
+            "styles": (styles.currsize, styles.maxsize),
+            "kept": (len(hub.events()), hub.settings.event_log_size),  # the event log
             "tasks": len(asyncio.all_tasks()),
             "threads": threading.active_count(),
             "fds": _fds(),
@@ -159,6 +176,7 @@ async def _serve(folder: Path, history_points: int, trace: bool) -> None:
             "final": final,
         }
         samples.write(json.dumps(line) + "\n")
+        taken.append(line)
 
     next_chaos, next_sample = CHAOS_S, SAMPLE_S
     while not stop.is_set():
@@ -173,7 +191,7 @@ async def _serve(folder: Path, history_points: int, trace: bool) -> None:
         if elapsed >= next_sample:
             sample()
             next_sample += SAMPLE_S
-        if trace and baseline is None and elapsed >= history_points + 30:
+        if trace and baseline is None and taken and warm(taken, history_points + 30.0):
             baseline = tracemalloc.take_snapshot()
     # Freeze: no more polls, so posted, recorded and scraped can be compared exactly.
     for source in hub.sources:
@@ -194,6 +212,19 @@ async def _serve(folder: Path, history_points: int, trace: bool) -> None:
     samples.close()
 
 
+def warm(samples: list[dict[str, Any]], rings_full_s: float) -> bool:
+    """Whether what is bounded had filled by the last sample: the history rings, and
+    Textual's style cache (full, or no longer growing for a minute)."""
+    last = samples[-1]
+    if last["t"] < rings_full_s:
+        return False
+    entries, bound = last["styles"]
+    if entries >= bound:
+        return True
+    before = [s for s in samples if s["t"] <= last["t"] - 60]
+    return bool(before) and before[-1]["styles"][0] == entries
+
+
 def serve(folder: str, history_points: int = HISTORY_POINTS, trace: bool = False) -> None:
     """Entry point of the child process."""
     asyncio.run(_serve(Path(folder), history_points, trace))
@@ -211,6 +242,7 @@ class Client:
     scrape_failures: int = 0
     scraped_events: float = 0.0
     scrape_ms: list[float] = field(default_factory=list)
+    warm_at_s: float | None = None  # the server's time when what is bounded had filled
 
 
 EVENTS_LINE = re.compile(r"^gpuconsole_events_total\{[^}]*\}\s+([0-9.e+]+)$", re.M)
@@ -280,7 +312,9 @@ def _slope_per_hour(points: list[tuple[float, float]]) -> float:
     )
 
 
-async def _drive(folder: Path, minutes: float) -> tuple[Client, list[dict[str, Any]]]:
+async def _drive(
+    folder: Path, minutes: float, rings_full_s: float
+) -> tuple[Client, list[dict[str, Any]]]:
     import asyncssh
 
     ports = json.loads((folder / "ports").read_text())
@@ -299,8 +333,9 @@ async def _drive(folder: Path, minutes: float) -> tuple[Client, list[dict[str, A
     seen = 0
     samples: list[dict[str, Any]] = []
     print(
-        f"{'t':>6}  {'server RSS':>11}  {'tasks':>5}  {'threads':>7}  {'fds':>4}  "
-        f"{'posted':>7}  {'recorded':>8}  {'scraped':>7}  {'faults':>6}  keystroke"
+        f"{'t':>6}  {'server RSS':>11}  {'py blocks':>9}  {'styles':>6}  {'tasks':>5}  "
+        f"{'threads':>7}  {'fds':>4}  {'posted':>7}  {'recorded':>8}  {'scraped':>7}  "
+        f"{'faults':>6}  keystroke"
     )
     while time.monotonic() < end:
         now = time.monotonic()
@@ -314,16 +349,24 @@ async def _drive(folder: Path, minutes: float) -> tuple[Client, list[dict[str, A
             client.latencies_ms.append(1000 * (time.perf_counter() - began))
             term.chan.write(b"\x1b")
             await term.expect("Events", present=False)
-            next_key += KEYSTROKE_S
+            if client.warm_at_s is None:  # filling Textual's style cache
+                next_key = time.monotonic() + WARM_KEYSTROKE_S
+            else:
+                next_key += KEYSTROKE_S
         lines = (folder / "samples.jsonl").read_text().splitlines()
         for line in lines[seen:]:
             s = json.loads(line)
             samples.append(s)
+            if client.warm_at_s is None and warm(samples, rings_full_s):
+                client.warm_at_s = s["t"]
+                next_key = time.monotonic() + KEYSTROKE_S
+                print(f"-- warm at {s['t']:.0f} s: memory is judged from here --")
             last = f"{client.latencies_ms[-1]:6.0f} ms" if client.latencies_ms else ""
             print(
-                f"{s['t']:6.0f}  {_mib(s['rss'])}  {s['tasks']:5d}  {s['threads']:7d}  "
-                f"{s['fds']:4d}  {s['posted']:7d}  {s['recorded']:8d}  "
-                f"{client.scraped_events:7.0f}  {s['flips']:6d}  {last}",
+                f"{s['t']:6.0f}  {_mib(s['rss'])}  {s['blocks'] / 1000:8.0f}k  "
+                f"{s['styles'][0]:6d}  {s['tasks']:5d}  {s['threads']:7d}  {s['fds']:4d}  "
+                f"{s['posted']:7d}  {s['recorded']:8d}  {client.scraped_events:7.0f}  "
+                f"{s['flips']:6d}  {last}",
                 flush=True,
             )
         seen = len(lines)
@@ -345,7 +388,10 @@ def run(minutes: float, history_points: int = HISTORY_POINTS, trace: bool = Fals
         f"soak: the demo fleet (7 nodes, NVML/BMC/fabric/tenancy) with a fault starting or "
         f"ending every {CHAOS_S:g} s, one ssh session opening the events view every "
         f"{KEYSTROKE_S:g} s, /metrics scraped every {SCRAPE_S:g} s; {minutes:g} minutes; "
-        f"history rings of {history_points} points (full after about {history_points} s)\n"
+        f"history rings of {history_points} points (full after about {history_points} s).\n"
+        f"Until the rings and Textual's style cache are full the events view is opened every "
+        f"{WARM_KEYSTROKE_S:g} s; memory is judged from then on (flat: a trend within "
+        f"{MAX_TREND_MIB_PER_H:g} MiB/h)\n"
     )
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -370,7 +416,7 @@ def run(minutes: float, history_points: int = HISTORY_POINTS, trace: bool = Fals
                     print((folder / "server.log").read_text()[-2000:])
                     return 1
                 time.sleep(0.1)
-            client, samples = asyncio.run(_drive(folder, minutes))
+            client, samples = asyncio.run(_drive(folder, minutes, history_points + 30.0))
             sessions_after = samples[-1]["sessions"] if samples else -1
             assert child.stdin is not None
             child.stdin.close()  # freeze the server: no more polls
@@ -389,12 +435,12 @@ def run(minutes: float, history_points: int = HISTORY_POINTS, trace: bool = Fals
             if child.poll() is None:
                 child.kill()
                 child.wait()
-        _summary(samples, final, client, sessions_after, warmup_s=history_points + 30.0)
+        ok = _summary(samples, final, client, sessions_after, rings_full_s=history_points + 30.0)
         traced = folder / "memory.txt"
         if traced.exists():
-            print("\nwhere memory grew after the history rings filled (tracemalloc, top 15):")
+            print("\nwhere memory grew once what is bounded had filled (tracemalloc, top 15):")
             print(traced.read_text())
-    return 0
+    return 0 if ok else 1
 
 
 def _summary(
@@ -403,39 +449,60 @@ def _summary(
     client: Client,
     sessions: int,
     *,
-    warmup_s: float,
-) -> None:
-    steady = [s for s in samples if s["t"] >= warmup_s]
-    if not steady:
-        print(
-            f"\n(the run ended before the history rings were full at ~{warmup_s:.0f} s: "
-            "memory still includes their filling)"
-        )
+    rings_full_s: float,
+) -> bool:
+    """Print what the run showed; whether memory stayed flat and no event was lost."""
+    warm_at = client.warm_at_s
+    steady = [s for s in samples if warm_at is not None and s["t"] >= warm_at]
+    if len(steady) < 3:
         steady = samples
     rss = [s["rss"] for s in steady]
-    half = steady[len(steady) // 2 :]
-    slope = _slope_per_hour([(s["t"], s["rss"]) for s in half])
+    trend = _slope_per_hour([(s["t"], s["rss"]) for s in steady]) / 2**20
+    half = _slope_per_hour([(s["t"], s["rss"]) for s in steady[len(steady) // 2 :]]) / 2**20
+    blocks = _slope_per_hour([(s["t"], s["blocks"]) for s in steady]) / 1000
     tasks = [s["tasks"] for s in steady]
     threads = [s["threads"] for s in steady]
     lat = sorted(client.latencies_ms)
-    print("\nsummary")
+    styles, kept = samples[-1]["styles"], samples[-1]["kept"]
+    print(
+        "\nsummary ("
+        + (
+            f"memory judged from {warm_at:.0f} s, once what is bounded had filled)"
+            if warm_at is not None
+            else "the run ended before what is bounded had filled: memory not judged)"
+        )
+    )
     print(
         f"  resident memory:   {_mib(rss[0]).strip()} at {steady[0]['t']:.0f} s -> "
         f"{_mib(rss[-1]).strip()} at {steady[-1]['t']:.0f} s (min {_mib(min(rss)).strip()}, "
-        f"max {_mib(max(rss)).strip()}); second half trend {slope / 2**20:+.1f} MiB/h"
+        f"max {_mib(max(rss)).strip()}); trend {trend:+.1f} MiB/h (second half {half:+.1f})"
     )
+    print(
+        f"  Python heap:       {steady[0]['blocks'] / 1000:.0f}k -> "
+        f"{steady[-1]['blocks'] / 1000:.0f}k allocated blocks; trend {blocks:+.0f}k blocks/h"
+    )
+    print(
+        f"  bounded:           history rings full at ~{rings_full_s:.0f} s; "
+        f"Textual's style cache {styles[0]}/{styles[1]} entries; "
+        f"event log {kept[0]}/{kept[1]} events (a few hundred bytes each: not waited for)"
+    )
+    flat = warm_at is not None and trend <= MAX_TREND_MIB_PER_H
+    window = f"over {(steady[-1]['t'] - steady[0]['t']) / 60:.0f} min once warm"
+    if warm_at is None:
+        verdict = "NOT JUDGED: the run ended while bounded caches were still filling"
+    elif flat:
+        verdict = f"flat: {trend:+.1f} MiB/h {window} (within {MAX_TREND_MIB_PER_H:g})"
+    else:
+        verdict = f"GROWING: {trend:+.1f} MiB/h {window} (flat is within {MAX_TREND_MIB_PER_H:g})"
+    print(f"  memory:            {verdict}")
     print(
         f"  asyncio tasks:     {min(tasks)}..{max(tasks)} (first {tasks[0]}, last {tasks[-1]}); "
         f"threads {min(threads)}..{max(threads)}; fds {steady[0]['fds']}..{steady[-1]['fds']}"
     )
+    intact = final["posted"] == final["recorded"] == int(client.scraped_events)
     print(
         f"  events (frozen):   posted {final['posted']}, recorded {final['recorded']}, "
-        f"scraped {client.scraped_events:.0f}; "
-        + (
-            "none lost"
-            if final["posted"] == final["recorded"] == int(client.scraped_events)
-            else "MISMATCH"
-        )
+        f"scraped {client.scraped_events:.0f}; " + ("none lost" if intact else "MISMATCH")
     )
     print(f"  faults started or ended: {final['flips']}")
     if lat:
@@ -447,6 +514,7 @@ def _summary(
         f"  scrapes:           {client.scrapes} ok, {client.scrape_failures} failed, median "
         f"{statistics.median(client.scrape_ms) if client.scrape_ms else 0:.0f} ms"
     )
+    return flat and intact
 
 
 def main(argv: list[str] | None = None) -> int:

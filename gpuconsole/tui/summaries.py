@@ -244,16 +244,22 @@ class _OwnedCounts:
     indexes: frozenset[int]  # NVML indexes the owners list
 
 
-_OWNED: OrderedDict[int, tuple[Ownership, _OwnedCounts]] = OrderedDict()
-_OWNED_SIZE = 4096
+# node -> the counts of its last two Ownerships (node_ownership keeps no more of a node):
+# an older one is never asked about again, and counts remembered for it would keep it, and
+# every owner of every GPU it lists, alive.
+_OWNED: OrderedDict[str, list[tuple[Ownership, _OwnedCounts]]] = OrderedDict()
+_OWNED_PER_NODE = 2
+_OWNED_NODES = 8192
 
 
-def _owned_counts(ownership: Ownership) -> _OwnedCounts:
-    """Counts from the owners alone, remembered per Ownership (which `node_ownership` keeps
-    while a node's owners stand still, though its NVML reading is new every poll)."""
-    hit = _OWNED.get(id(ownership))
-    if hit is not None and hit[0] is ownership:
-        return hit[1]
+def _owned_counts(node: str, ownership: Ownership) -> _OwnedCounts:
+    """Counts from the owners alone, remembered per node and Ownership (which
+    `node_ownership` keeps while a node's owners stand still, though its NVML reading is new
+    every poll)."""
+    seen = _OWNED.get(node)
+    for kept, counts in seen or ():
+        if kept is ownership:
+            return counts
     in_use = free = passthrough = 0
     indexes = set()
     for owner in ownership.gpus:
@@ -268,9 +274,12 @@ def _owned_counts(ownership: Ownership) -> _OwnedCounts:
             free += 1
     found = GpuCounts(len(ownership.gpus), in_use, free, 0, passthrough)
     counts = _OwnedCounts(found, frozenset(indexes))
-    _OWNED[id(ownership)] = (ownership, counts)  # holding it keeps its id from being reused
-    while len(_OWNED) > _OWNED_SIZE:
-        _OWNED.popitem(last=False)
+    if seen is None:
+        seen = _OWNED[node] = []
+        while len(_OWNED) > _OWNED_NODES:
+            _OWNED.popitem(last=False)
+    seen.insert(0, (ownership, counts))
+    del seen[_OWNED_PER_NODE:]
     return counts
 
 
@@ -293,7 +302,7 @@ def gpu_counts(node: NodeSnapshot) -> GpuCounts:
             elif not gone:
                 idle += 1
         return GpuCounts(len(readings), busy, idle, lost, 0)
-    owned = _owned_counts(ownership)
+    owned = _owned_counts(node.node, ownership)
     listed, base = owned.indexes, owned.counts
     extra: list[GpuReading] = []  # NVML GPUs the owners do not list (`gpu_rows` keeps them)
     for g in readings:

@@ -1,0 +1,30 @@
+"""What the soak run found growing once the history rings were full (issue 11)."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+
+from gpuconsole.ownership import Ownership
+from gpuconsole.tui import summaries as S
+from tests.conftest_tui import frozen_fleet
+
+
+def ownerships() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, Ownership))
+
+
+def test_the_fleet_counts_keep_no_owners_a_node_no_longer_has() -> None:
+    node = frozen_fleet().node("dgx-002")
+    assert node is not None and node.tenancy is not None
+    counts = S.gpu_counts(node)
+    before = ownerships()
+    for n in range(50):  # each tenancy poll a new reading: owners resolved afresh
+        later = dataclasses.replace(node, tenancy=dataclasses.replace(node.tenancy, at=n))
+        assert S.gpu_counts(later) == counts
+    # node_ownership answers with a node's last two Ownerships; older ones are never asked
+    # about again, and counts kept for them (4,096 by id(), whatever the fleet's size: ~27
+    # MiB for the demo fleet, still filling 50 minutes into the soak) kept every owner of
+    # every GPU they listed
+    assert ownerships() <= before + 2
