@@ -87,7 +87,7 @@ async def _fleet_costs(base: FleetSnapshot, nodes: int) -> tuple[float, float]:
 
     snapshots = [_fleet(base, nodes, step) for step in range(RUNS + 2)]
     app = ConsoleApp(None, start_hub=False, snapshot=snapshots[0], clock=lambda: FIXED,
-                     theme_dirs=[], cursor_blink=False)  # fmt: skip
+                     theme_dirs=[], cursor_blink=False, freeze_heap=True)  # fmt: skip
     apply, repaint = [], []
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
@@ -112,7 +112,7 @@ async def _node_view(base: FleetSnapshot) -> tuple[float, float]:
     node = snapshots[0].nodes[0]
     assert len(node.gpus) == 8
     app = ConsoleApp(None, start_hub=False, snapshot=snapshots[0], clock=lambda: FIXED,
-                     theme_dirs=[], cursor_blink=False)  # fmt: skip
+                     theme_dirs=[], cursor_blink=False, freeze_heap=True)  # fmt: skip
     costs = []
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
@@ -149,7 +149,7 @@ async def _resident(nodes: int) -> dict[str, int]:
     from gpuconsole.tui.app import ConsoleApp
 
     app = ConsoleApp(None, start_hub=False, snapshot=snapshots[0], clock=lambda: FIXED,
-                     theme_dirs=[], cursor_blink=False)  # fmt: skip
+                     theme_dirs=[], cursor_blink=False, freeze_heap=True)  # fmt: skip
     async with app.run_test(size=SIZE) as pilot:
         for snapshot in snapshots[1:]:
             app.show_snapshot(snapshot)

@@ -66,12 +66,12 @@ def _run_console(
         return 1
     _log_to_file()
     if snapshot is not None:
-        ConsoleApp(None, theme=theme, start_hub=False, snapshot=snapshot).run()
+        ConsoleApp(None, theme=theme, start_hub=False, snapshot=snapshot, freeze_heap=True).run()
     elif hub is not None:
         actions = (
             MachineAccess(acting, hub.post_event, hub, remote=True) if acting is not None else None
         )
-        ConsoleApp(hub, theme=theme, actions=actions).run()
+        ConsoleApp(hub, theme=theme, actions=actions, freeze_heap=True).run()
     return 0
 
 

@@ -64,7 +64,11 @@ class ConsoleApp(App[None]):
         cursor_blink: bool = True,
         actor: Actor | None = None,
         actions: ActionAccess | None = None,
+        freeze_heap: bool = False,
     ) -> None:
+        """`freeze_heap`: the process is this console's alone (not an ssh server's, whose
+        sessions come and go): what it built to start is left out of the collector's full
+        passes, process-wide, until it ends."""
         super().__init__()
         # Who is at this console: actions check this actor's role where they execute,
         # whatever the UI shows (the ssh server passes read_only for viewers too).
@@ -82,6 +86,7 @@ class ConsoleApp(App[None]):
         self.snapshot: FleetSnapshot | None = snapshot
         self._snapshot_shown: FleetSnapshot | None = None  # the latest drawn
         self._snapshot_shown_at = 0.0  # time.monotonic() of that drawing
+        self._freeze_heap = freeze_heap
         self._heap_frozen = False
         self._feed = HubFeed(hub, start=start_hub)
         self._drilled: str | None = None  # the node this console drilled into (a fleet's)
@@ -103,11 +108,12 @@ class ConsoleApp(App[None]):
         self.screen_change_signal.subscribe(self, self._screen_changed)
         await self._feed.attach(self)
         self.set_interval(TICK_S, self._tick)
-        self.call_after_refresh(self._freeze_heap)
+        if self._freeze_heap:
+            self.call_after_refresh(self._freeze_start_heap)
         self.check_size()
 
     async def on_unmount(self) -> None:
-        if self._heap_frozen:  # others in this process (ssh sessions) are collected again
+        if self._heap_frozen:
             gc.unfreeze()
         self._drill_into(None)
         await self._feed.detach()
@@ -139,7 +145,7 @@ class ConsoleApp(App[None]):
         if isinstance(screen, BaseView):
             screen.update_status()
 
-    def _freeze_heap(self) -> None:
+    def _freeze_start_heap(self) -> None:
         """Leave what the console built to start (modules, styles, the first view: nearly all
         its objects, kept for its whole life) out of the collector's full passes. Each walked
         all of them, ~60 ms of CPU every half minute or so: more than drawing the node view."""
