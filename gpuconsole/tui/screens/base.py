@@ -95,6 +95,11 @@ class BaseView(Screen[None]):
             self._applied = snapshot
         self.update_status()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "assign":  # absent, not greyed, for viewers and read-only consoles
+            return self.console.may_act
+        return True
+
     def apply(self, snapshot: FleetSnapshot, *, force: bool = False) -> None:
         """Show `snapshot`; `force` means the palette or a view setting changed."""
 

@@ -425,11 +425,6 @@ class GpuScreen(BaseView):
     def action_topology(self) -> None:
         self.console.open_topology(self.node_name)
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "assign":  # absent, not greyed, for viewers and read-only consoles
-            return self.console.may_act
-        return True
-
     def action_assign(self) -> None:
         from gpuconsole.tui.screens.assign import AssignScreen
 
