@@ -14,7 +14,7 @@ import pytest
 
 from gpuconsole.actions.drivers import StepDriver, StepFailed
 from gpuconsole.actions.drivers.sim import sim_drivers
-from gpuconsole.actions.executor import StepUpdate
+from gpuconsole.actions.executor import Outcome, StepUpdate
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.locks import holders
 from gpuconsole.actions.plan import Step, StepKind, Target
@@ -123,38 +123,6 @@ class _FailThenDie:
         raise AssertionError("unreachable")
 
 
-def _dies_rolling_back(root: Path) -> None:
-    async def go() -> None:
-        w = world(root / "world")
-        drivers = sim_drivers(w)
-        drivers.pci = _FailThenDie(drivers.pci)
-        executor = executor_for(w, root / "state", drivers=drivers)
-        plan = await executor.plan(["0"], Target.parse(TARGET))
-        await executor.execute(plan, Actor("ops", Role.OPERATOR), "sim-01")
-
-    asyncio.run(go())
-
-
-def test_sigkill_while_rolling_back_then_recovery_finishes_the_rollback(tmp_path: Path) -> None:
-    world(tmp_path / "world")
-    child = multiprocessing.get_context("fork").Process(target=_dies_rolling_back, args=(tmp_path,))
-    child.start()
-    child.join(30)
-    assert child.exitcode == -signal.SIGKILL
-
-    async def restart() -> Any:
-        w = world(tmp_path / "world")
-        return w, await executor_for(w, tmp_path / "state").recover()
-
-    w, (outcome,) = asyncio.run(restart())
-    assert outcome.state == PlanState.ROLLED_BACK, outcome.message
-    assert "stopped at step 6 (drivers_probe" in outcome.message
-    assert "kept: evict pod team-nlp/train-0" in outcome.message  # no un-evicting a pod
-    # the pod is gone, the rest put back: the GPU is Kubernetes' again, and only its
-    assert w.owners(0) == ["k8s"] and w.cordoned == set()
-    assert holders(Journal(tmp_path / "state" / "actions.db")) == []
-
-
 class _DiesOnFailure(list[StepUpdate]):
     """Step updates, kept; the process dies the moment a step is said to have failed: the
     failure is journaled, nothing is put back yet."""
@@ -165,34 +133,54 @@ class _DiesOnFailure(list[StepUpdate]):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _dies_after_a_failure(root: Path) -> None:
+def _fails_probing(root: Path, die_on_failure: bool) -> None:
+    """Run the plan with probing failing: the process dies in its first undo, or (with
+    `die_on_failure`) the moment the failure is journaled, before any undo."""
+
     async def go() -> None:
         w = world(root / "world")
         drivers = sim_drivers(w)
-        drivers.pci = _FailThenDie(drivers.pci)  # probing fails (its undo is never reached)
-        executor = executor_for(w, root / "state", drivers=drivers, updates=_DiesOnFailure())
+        drivers.pci = _FailThenDie(drivers.pci)
+        updates = _DiesOnFailure() if die_on_failure else None
+        executor = executor_for(w, root / "state", drivers=drivers, updates=updates)
         plan = await executor.plan(["0"], Target.parse(TARGET))
         await executor.execute(plan, Actor("ops", Role.OPERATOR), "sim-01")
 
     asyncio.run(go())
 
 
-def test_sigkill_after_a_step_failed_then_recovery_rolls_back_instead_of_going_on(
-    tmp_path: Path,
-) -> None:
-    world(tmp_path / "world")
+def killed_then_recovered(root: Path, die_on_failure: bool) -> tuple[Any, Outcome]:
+    """The world and recovery's one outcome, after _fails_probing's process was killed."""
+    world(root / "world")
     child = multiprocessing.get_context("fork").Process(
-        target=_dies_after_a_failure, args=(tmp_path,)
+        target=_fails_probing, args=(root, die_on_failure)
     )
     child.start()
     child.join(30)
     assert child.exitcode == -signal.SIGKILL
 
-    async def restart() -> Any:
-        w = world(tmp_path / "world")
-        return w, await executor_for(w, tmp_path / "state").recover()
+    async def restart() -> tuple[Any, Outcome]:
+        w = world(root / "world")
+        (outcome,) = await executor_for(w, root / "state").recover()
+        return w, outcome
 
-    w, (outcome,) = asyncio.run(restart())
+    return asyncio.run(restart())
+
+
+def test_sigkill_while_rolling_back_then_recovery_finishes_the_rollback(tmp_path: Path) -> None:
+    w, outcome = killed_then_recovered(tmp_path, die_on_failure=False)
+    assert outcome.state == PlanState.ROLLED_BACK, outcome.message
+    assert "stopped at step 6 (drivers_probe" in outcome.message
+    assert "kept: evict pod team-nlp/train-0" in outcome.message  # no un-evicting a pod
+    # the pod is gone, the rest put back: the GPU is Kubernetes' again, and only its
+    assert w.owners(0) == ["k8s"] and w.cordoned == set()
+    assert holders(Journal(tmp_path / "state" / "actions.db")) == []
+
+
+def test_sigkill_after_a_step_failed_then_recovery_rolls_back_instead_of_going_on(
+    tmp_path: Path,
+) -> None:
+    w, outcome = killed_then_recovered(tmp_path, die_on_failure=True)
     # what the dead process was about to do: put back what the plan changed, as it would
     # have had it lived, not try the failed step again and carry on to the guest
     assert outcome.state == PlanState.ROLLED_BACK, outcome.message
