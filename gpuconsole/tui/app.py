@@ -131,9 +131,15 @@ class ConsoleApp(App[None]):
         self.snapshot = snapshot
         self._snapshot_shown = snapshot
         self._snapshot_shown_at = time.monotonic()
-        screen = self.screen
-        if isinstance(screen, BaseView):
+        screen = self._top_view()
+        if screen is not None:
             screen.render_latest()
+
+    def _top_view(self) -> BaseView | None:
+        """The visible view; None under a dialog, or once the console is ending and its
+        screens are gone (a tick or a snapshot may still come then)."""
+        screen = self.screen_stack[-1] if self.screen_stack else None
+        return screen if isinstance(screen, BaseView) else None
 
     def _tick(self) -> None:
         """Draw the snapshot that came since the last drawn, or else move the data's age on:
@@ -141,8 +147,8 @@ class ConsoleApp(App[None]):
         if self.snapshot is not None and self.snapshot is not self._snapshot_shown:
             self.show_snapshot(self.snapshot)
             return
-        screen = self.screen
-        if isinstance(screen, BaseView):
+        screen = self._top_view()
+        if screen is not None:
             screen.update_status()
 
     def _freeze_start_heap(self) -> None:
@@ -170,6 +176,8 @@ class ConsoleApp(App[None]):
 
     def check_size(self) -> None:
         """Cover the view with a message below the minimum size; uncover it above."""
+        if not self.screen_stack:
+            return  # the console is ending
         width, height = self.size
         small = width < MIN_WIDTH or height < MIN_HEIGHT
         on_top = isinstance(self.screen, TooSmallScreen)
@@ -182,8 +190,8 @@ class ConsoleApp(App[None]):
 
     def _theme_changed(self, _theme: object) -> None:
         self.palette = Palette.from_variables(dict(self.current_theme.variables))
-        screen = self.screen
-        if isinstance(screen, BaseView):
+        screen = self._top_view()
+        if screen is not None:
             screen.render_latest(force=True)
 
     def action_cycle_theme(self) -> None:
