@@ -166,15 +166,8 @@ async def test_a_new_snapshot_redraws_only_the_row_that_changed(
         drawn = spy(monkeypatch, table, "_render_cells", lambda c: _plain(c[0]).split(" ", 1)[1])
         rebuilt: list[bool] = []
         table.set_rows = lambda *a, **k: rebuilt.append(True)  # type: ignore[method-assign]
-        old = frozen_fleet()
-        node = old.nodes[1]  # dgx-002 (dgx-001's GPUs are all in a guest: no NVML readings)
-        assert node.nvml is not None
-        gpu0 = dataclasses.replace(node.gpus[0], util_gpu_pct=12.0)
-        nvml = dataclasses.replace(node.nvml, gpus=(gpu0, *node.gpus[1:]))
-        changed = dataclasses.replace(node, nvml=nvml)
-        nodes = (old.nodes[0], changed, *old.nodes[2:])
-        new = dataclasses.replace(old, seq=old.seq + 1, nodes=nodes)
-        app.post_message(SnapshotArrived(new))
+        old = frozen_fleet()  # dgx-002 (dgx-001's GPUs are all in a guest: no NVML readings)
+        app.post_message(SnapshotArrived(with_util(old, "dgx-002", 12.0, seq=old.seq + 1)))
         await pilot.pause()
         assert not rebuilt
         assert updated == ["dgx-002"]  # the other nodes' readings are the same objects

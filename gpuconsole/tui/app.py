@@ -232,7 +232,7 @@ class ConsoleApp(App[None]):
     def pop_screen(self) -> AwaitComplete:
         """Pop the top screen; the base view stays, whatever asks (textual raises)."""
         if len(self.screen_stack) <= 1:
-            log.debug("not popping the last screen (%r)", self.screen)
+            log.debug("not popping the last screen (%r)", self.screen_stack)
             return AwaitComplete()  # done already: nothing to wait for
         return super().pop_screen()
 
