@@ -31,7 +31,7 @@ from benchmarks.timing import cpu_us
 from gpuconsole.export.agent import Agent, AgentSettings, serve
 from gpuconsole.export.collector import MetricsCache
 from gpuconsole.hub import Hub
-from gpuconsole.model import FleetSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sim.cluster import (
     SimNodeSpec,
     add_sim_bmc_sources,

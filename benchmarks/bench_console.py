@@ -23,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpuconsole.model import FleetSnapshot, NodeSnapshot, TenancyReading
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.readings.tenancy import TenancyReading
 from gpuconsole.sim.cluster import demo_hub
 
 FIXED = 1_796_000_000.0

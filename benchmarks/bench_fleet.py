@@ -45,7 +45,7 @@ from gpuconsole.config import FleetConfig
 from gpuconsole.export.agent import Body, respond, snapshot_body
 from gpuconsole.fleet import fleet_hub
 from gpuconsole.hub import Hub, HubSettings
-from gpuconsole.model import FleetSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot
 
 NODES = 1000
 SECONDS = 20

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from benchmarks.timing import cpu_us
 from gpuconsole.hub import Hub
-from gpuconsole.model import NvmlReading
+from gpuconsole.readings.nvml import NvmlReading
 from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.profiles import DGX_H100

@@ -2,6 +2,6 @@
 
 import sys
 
-from gpuconsole.cli import main
+from gpuconsole.cli.main import main
 
 sys.exit(main())

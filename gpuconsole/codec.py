@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 import orjson
 
 from gpuconsole.history import HistoryView
-from gpuconsole.model import SCHEMA_VERSION, FleetSnapshot, Key, NodeSnapshot
+from gpuconsole.readings.base import SCHEMA_VERSION, Key
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 
 _SKIP = {"history"}  # history stays in the process that recorded it
 _KEYED = {"rates", "deltas"}  # NodeSnapshot mappings keyed by counter path

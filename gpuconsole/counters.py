@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpuconsole.model import Key, RawCounter
+from gpuconsole.readings.base import Key, RawCounter
 
 
 def counter_delta(previous: int, current: int, bits: int) -> int | None:

@@ -166,8 +166,8 @@ def fleet_hub(cfg: FleetConfig, settings: HubSettings | None = None) -> Hub:
     [fleet] prometheus, the overview from Prometheus and only the drill-down from agents."""
     # Here, not at the top: the HTTP client (aiohttp) costs a one-shot command a third of
     # its CPU, and a node with no [fleet] never needs it.
+    from gpuconsole.sources.agents import AgentClient, RemoteSource
     from gpuconsole.sources.promql import PrometheusReader, PromQLSource
-    from gpuconsole.sources.remote import AgentClient, RemoteSource
 
     quiet_collector()
     hub = Hub(settings)
@@ -203,10 +203,10 @@ def focus(hub: Hub, node: str | None, viewer: object = None) -> None:
     Several consoles on one hub (the ssh server's sessions) each hold their own node.
     """
     held = _FOCUSED.setdefault(hub, {})
-    if "gpuconsole.sources.remote" not in sys.modules:
+    if "gpuconsole.sources.agents" not in sys.modules:
         return  # no agent is read in this process (a node's own console): nothing to do
+    from gpuconsole.sources.agents import RemoteSource
     from gpuconsole.sources.promql import PromQLSource
-    from gpuconsole.sources.remote import RemoteSource
 
     if node is None:
         held.pop(id(viewer), None)

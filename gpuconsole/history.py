@@ -5,7 +5,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable
 
-from gpuconsole.model import Key
+from gpuconsole.readings.base import Key
 
 
 class Ring:

@@ -23,15 +23,9 @@ from typing import Any
 
 from gpuconsole.counters import RateTracker
 from gpuconsole.history import HistoryStore
-from gpuconsole.model import (
-    Event,
-    FleetSnapshot,
-    Key,
-    NodeSnapshot,
-    Severity,
-    SourceStatus,
-)
-from gpuconsole.readings.remote import REMOTE_PARTS, RemoteReading
+from gpuconsole.readings.agents import REMOTE_PARTS, RemoteReading
+from gpuconsole.readings.base import Event, Key, Severity, SourceStatus
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.base import Reading, Source
 
 log = logging.getLogger(__name__)

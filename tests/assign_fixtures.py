@@ -14,10 +14,10 @@ from pathlib import Path
 
 from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.drivers import Drivers, StepDriver
-from gpuconsole.actions.drivers.sim import SimWorld, sim_drivers
 from gpuconsole.actions.executor import Executor, StepUpdate
 from gpuconsole.actions.journal import Journal
 from gpuconsole.actions.plan import Step
+from gpuconsole.sim.actions import SimWorld, sim_drivers
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100, NodeProfile
 from gpuconsole.sim.tenancy import SimGuest, SimJob, SimPlan, SimPod
 from gpuconsole.sources.base import EmitEvent

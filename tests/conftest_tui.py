@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from gpuconsole.model import FabricReading, FleetSnapshot
+from gpuconsole.readings.fabric import FabricReading
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sim.cluster import demo_hub
 
 # A fixed instant (2026-11-29 00:53:20 UTC): a frozen clock gives a frozen world.

@@ -12,7 +12,7 @@ from prometheus_client.samples import Sample
 
 from gpuconsole.export.collector import MetricsCache
 from gpuconsole.hub import Hub
-from gpuconsole.model import FleetSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sim.cluster import demo_hub
 
 FIXED = 1_796_000_000.0

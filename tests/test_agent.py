@@ -26,15 +26,8 @@ from prometheus_client.exposition import generate_latest
 from gpuconsole.export.agent import Agent, AgentSettings, accepts_gzip, parse_listen
 from gpuconsole.export.collector import MetricsCache, build, families
 from gpuconsole.hub import Hub
-from gpuconsole.model import (
-    FleetSnapshot,
-    GpmMetrics,
-    GpuReading,
-    MigInstance,
-    NodeSnapshot,
-    NvLinkReading,
-    NvmlReading,
-)
+from gpuconsole.readings.nvml import GpmMetrics, GpuReading, MigInstance, NvLinkReading, NvmlReading
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sim.cluster import demo_hub
 from tests.bmc_fixtures import free_port
 from tests.export_fixtures import (

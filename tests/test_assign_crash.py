@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from gpuconsole.actions.drivers import StepDriver, StepFailed
-from gpuconsole.actions.drivers.sim import sim_drivers
 from gpuconsole.actions.executor import Outcome, StepUpdate
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.locks import holders
 from gpuconsole.actions.plan import Step, StepKind, Target
 from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.sim.actions import sim_drivers
 from tests.assign_fixtures import executor_for, world
 
 # GPU 0, held by pod team-nlp/train-0, to the shut-off guest: cordon, evict, check idle,

@@ -13,13 +13,13 @@ import pytest
 
 from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.drivers import ClusterDriver
-from gpuconsole.actions.drivers.sim import SimWorld, sim_drivers
 from gpuconsole.actions.executor import ActionRefused, CannotRecover, Executor
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.locks import holders, lock_and_start
 from gpuconsole.actions.plan import Step, StepKind, Target
 from gpuconsole.actions.roles import Actor, Role
-from gpuconsole.cli import main
+from gpuconsole.cli.main import main
+from gpuconsole.sim.actions import SimWorld, sim_drivers
 from tests.assign_fixtures import SmallDisk, small_disk, world
 
 OPERATOR = Actor("ops", Role.OPERATOR, "SHA256:abc", "ssh")
@@ -152,7 +152,7 @@ async def test_a_plan_stopped_by_a_full_journal_is_recovered_by_another_process_
 
 def _orphan(plan_node: str) -> None:
     """A process that took GPU 2's lock and died before its first step."""
-    from gpuconsole.actions.assign import demo_executor
+    from gpuconsole.wiring import demo_executor
 
     async def go() -> None:
         executor = demo_executor(plan_node)

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuconsole.actions.assign import console_executor
 from gpuconsole.actions.executor import ACTION_EVENT, STEP_EVENT
 from gpuconsole.actions.journal_events import JournalEvents
 from gpuconsole.actions.plan import Target
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.config import Config, HostConfig
 from gpuconsole.hub import Hub
-from gpuconsole.model import Event, Severity
+from gpuconsole.readings.base import Event, Severity
+from gpuconsole.wiring import console_executor
 from tests.assign_fixtures import executor_for, world
 from tests.waiting import until
 

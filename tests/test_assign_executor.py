@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 
 from gpuconsole.actions.drivers import StepFailed
-from gpuconsole.actions.drivers.sim import SimWorld, sim_drivers
 from gpuconsole.actions.drivers.vfio import VfioDriver
 from gpuconsole.actions.executor import ACTION_EVENT, STEP_EVENT, ActionRefused
 from gpuconsole.actions.journal import PlanState
 from gpuconsole.actions.locks import holders
 from gpuconsole.actions.plan import Step, StepKind, Target
 from gpuconsole.actions.roles import Actor, Role
-from gpuconsole.cli import main
+from gpuconsole.cli.main import main
 from gpuconsole.hub import Hub
-from gpuconsole.model import Event, Severity
+from gpuconsole.readings.base import Event, Severity
+from gpuconsole.sim.actions import SimWorld, sim_drivers
 from gpuconsole.sim.tenancy import SimGuest, SimJob, SimPlan
 from tests.assign_fixtures import SlowPci, executor_for, tree_picture, world
 from tests.waiting import until

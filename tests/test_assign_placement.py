@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuconsole.actions.drivers.sim import SimWorld
 from gpuconsole.actions.placement import placements, propose
 from gpuconsole.actions.plan import PlanContext, Target
-from gpuconsole.cli import main
-from gpuconsole.model import NodeSnapshot
+from gpuconsole.cli.main import main
+from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.sim.actions import SimWorld
 from gpuconsole.sim.tenancy import SimGuest, SimJob, SimPlan
 from tests.assign_fixtures import world
 

@@ -12,8 +12,8 @@ from gpuconsole.actions.plan import (
     make_plan,
     partition_switches,
 )
-from gpuconsole.model import NodeSnapshot
 from gpuconsole.readings.fabric import normal_bus_id
+from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import Guest, TenancyReading
 from gpuconsole.sim.profiles import DGX_H100
 from gpuconsole.sim.tenancy import SimGuest, SimPlan
@@ -169,7 +169,7 @@ def test_the_whole_iommu_group_moves_and_a_foreign_device_in_it_stops_the_plan(
 
 
 async def test_a_lost_gpu_can_only_be_drained(tmp_path: Path) -> None:
-    from gpuconsole.actions.drivers.sim import SimWorld
+    from gpuconsole.sim.actions import SimWorld
     from gpuconsole.sim.node import Scenario
 
     lost = SimWorld("sim-02", DGX_H100, tmp_path, SimPlan(), (Scenario("xid79", 5),))

@@ -27,11 +27,17 @@ from typing import Any
 import asyncssh
 import pytest
 
-from gpuconsole.actions.assign import AssignRequest, run_assign
 from gpuconsole.actions.audit import AuditLog
-from gpuconsole.actions.drivers.sim import SimWorld
 from gpuconsole.actions.executor import STEP_EVENT, ActionRefused, Outcome, StepUpdate
 from gpuconsole.actions.journal import Journal, PlanState
+from gpuconsole.actions.over_ssh import (
+    ContactLost,
+    RemoteError,
+    RemoteExecutor,
+    SshTarget,
+    parse_destination,
+    ssh_target,
+)
 from gpuconsole.actions.plan import Layer, Plan, Step, StepKind, Target
 from gpuconsole.actions.progress import (
     JsonReport,
@@ -42,19 +48,13 @@ from gpuconsole.actions.progress import (
     plan_digest,
     read_event,
 )
-from gpuconsole.actions.remote import (
-    ContactLost,
-    RemoteError,
-    RemoteExecutor,
-    SshTarget,
-    parse_destination,
-    ssh_target,
-)
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.actions.ssh_caller import over_ssh
-from gpuconsole.cli import main
+from gpuconsole.cli.assign import AssignRequest, run_assign
+from gpuconsole.cli.main import main
 from gpuconsole.config import Config, FleetConfig, HostConfig, RemoteConfig, load
-from gpuconsole.model import Event
+from gpuconsole.readings.base import Event
+from gpuconsole.sim.actions import SimWorld
 from tests.waiting import until as wait_for
 
 NODE = "dgx-003"  # of the demo cluster: its GPU 3 is free, the others held by pods
@@ -554,7 +554,8 @@ async def test_a_head_console_moves_a_fleet_nodes_gpu_over_ssh_and_ticks_each_st
 ) -> None:
     from textual.widgets import OptionList
 
-    from gpuconsole.tui.screens.assign import AssignScreen, MachineAccess, Stage
+    from gpuconsole.tui.actions import MachineAccess
+    from gpuconsole.tui.screens.assign import AssignScreen, Stage
 
     cfg = load(_config(tmp_path, keys, node.port))
     events: list[Event] = []
@@ -586,7 +587,8 @@ async def test_a_head_console_moves_a_fleet_nodes_gpu_over_ssh_and_ticks_each_st
 async def test_a_head_console_says_how_to_reach_a_node_it_has_no_way_to(
     tmp_path: Path, console_app: Any
 ) -> None:
-    from gpuconsole.tui.screens.assign import AssignScreen, MachineAccess, Stage
+    from gpuconsole.tui.actions import MachineAccess
+    from gpuconsole.tui.screens.assign import AssignScreen, Stage
 
     cfg = Config(host=HostConfig(name="head"))
     app = console_app(actor=OPS, actions=MachineAccess(cfg, lambda _e: None, None, remote=True))

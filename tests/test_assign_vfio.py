@@ -9,14 +9,14 @@ import pytest
 
 from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.drivers import Drivers, StepFailed
-from gpuconsole.actions.drivers.sim import SysfsKernel
 from gpuconsole.actions.drivers.vfio import VfioDriver
 from gpuconsole.actions.executor import ActionRefused, Executor
 from gpuconsole.actions.journal import Journal
 from gpuconsole.actions.plan import StepKind, Target, make_plan
 from gpuconsole.actions.roles import Actor, Role
-from gpuconsole.model import NodeSnapshot
+from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import Guest, TenancyReading
+from gpuconsole.sim.actions import SysfsKernel
 from gpuconsole.sources.tenancy.pci_binding import driver_of, read_gpus
 from tests.assign_fixtures import tree_picture
 from tests.tenancy_fixtures import AUDIO_CLASS, FakeHost

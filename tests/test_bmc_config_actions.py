@@ -18,12 +18,12 @@ from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.power import ActionRefused, PowerRequest, power
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.config import ConfigError
-from gpuconsole.hubs import bmc_sources
 from gpuconsole.readings.bmc import PowerState
 from gpuconsole.sim.bmc import sim_link
 from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.profiles import get_profile
 from gpuconsole.sources.bmc import BmcSource, PowerAction
+from gpuconsole.wiring import bmc_sources
 from tests.bmc_fixtures import IpmiSim, running_ipmi_sim
 
 TWO = """

@@ -16,8 +16,9 @@ import pytest
 
 from gpuconsole.codec import dumps
 from gpuconsole.hub import Hub, HubSettings
-from gpuconsole.model import Event, FleetSnapshot, SourceStatus
+from gpuconsole.readings.base import Event, SourceStatus
 from gpuconsole.readings.bmc import BmcReading, PowerState, SensorHealth, SensorKind
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sources.bmc import (
     BmcError,
     BmcPool,

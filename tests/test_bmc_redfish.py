@@ -14,8 +14,9 @@ import pytest
 
 from gpuconsole.codec import dumps
 from gpuconsole.hub import Hub
-from gpuconsole.model import Event, FleetSnapshot
+from gpuconsole.readings.base import Event
 from gpuconsole.readings.bmc import BmcReading, SensorHealth, SensorKind
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sources.bmc import BmcError, BmcSource, BmcTarget, PowerAction, open_link
 from gpuconsole.sources.bmc.sel import SelCursor
 from tests.bmc_fixtures import (

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from gpuconsole.hub import Hub
-from gpuconsole.model import Event
+from gpuconsole.readings.base import Event
 from gpuconsole.readings.bmc import BmcReading, SensorHealth
 from gpuconsole.sim.bmc import sim_link
 from gpuconsole.sim.cluster import (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuconsole.cli import main
+from gpuconsole.cli.main import main
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpuconsole import codec
-from gpuconsole.model import SCHEMA_VERSION
+from gpuconsole.readings.base import SCHEMA_VERSION
 from gpuconsole.sim.cluster import demo_hub
 
 FIXED = 1_796_000_000.0

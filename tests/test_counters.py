@@ -1,7 +1,7 @@
 """Counters become rates in one place: wrap, reset and vanished counters."""
 
 from gpuconsole.counters import RateTracker, counter_delta
-from gpuconsole.model import CounterSample
+from gpuconsole.readings.base import CounterSample
 
 
 def test_a_counter_that_moves_forward_gives_its_delta() -> None:

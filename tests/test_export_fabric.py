@@ -7,7 +7,6 @@ from pathlib import Path
 from types import MappingProxyType
 
 from gpuconsole.hub import Hub
-from gpuconsole.model import FleetSnapshot, NodeSnapshot
 from gpuconsole.readings.base import SourceStatus
 from gpuconsole.readings.fabric import (
     AffinityFlag,
@@ -19,6 +18,7 @@ from gpuconsole.readings.fabric import (
     NicLevel,
     PortRole,
 )
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.fabric import FabricSource
 from tests.export_fixtures import (
     FIXED,

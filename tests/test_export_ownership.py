@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from gpuconsole.model import FleetSnapshot, GpuReading, GpuState, NodeSnapshot, NvmlReading
-from gpuconsole.ownership import OwnerKind, node_ownership
+from gpuconsole.facts.ownership import OwnerKind, node_ownership
 from gpuconsole.readings.base import SourceStatus
+from gpuconsole.readings.nvml import GpuReading, GpuState, NvmlReading
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.readings.tenancy import Guest, PciGpu, PodDevice, TenancyReading
 from tests.export_fixtures import FIXED, frozen_body, frozen_fleet, one, parse, pick, render
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuconsole import config, hubs
+from gpuconsole import config
+from gpuconsole import wiring as hubs
 from gpuconsole.config import ConfigError
 from gpuconsole.sources.fabric import FabricSource
 from tests.fabric_fixtures import dgx_h100_slice

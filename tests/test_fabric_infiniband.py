@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpuconsole.hub import Hub
-from gpuconsole.model import Event, Severity
+from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.fabric import (
     FabricPort,
     FabricReading,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpuconsole.hub import Hub
-from gpuconsole.model import Event, Severity
+from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.fabric import port_problems
 from gpuconsole.sources.fabric import FabricSource
 from tests.fabric_fixtures import FakeSysfs

@@ -6,7 +6,8 @@ from typing import ClassVar
 
 from gpuconsole import codec
 from gpuconsole.hub import Hub
-from gpuconsole.model import Event, FleetSnapshot, NodeSnapshot, Severity
+from gpuconsole.readings.agents import RemoteReading
+from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.fabric import (
     AffinityFlag,
     FabricPort,
@@ -16,7 +17,7 @@ from gpuconsole.readings.fabric import (
     port_rates,
     port_traffic,
 )
-from gpuconsole.readings.remote import RemoteReading
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sim.cluster import demo_hub
 from gpuconsole.sim.fabric import SimFabricSource
 from gpuconsole.sim.node import SimNode

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gpuconsole.hardware import TOPO_LEVEL
 from gpuconsole.sim.fakenvml import (
     FakeNvmlError,
     build_library,
@@ -26,7 +27,7 @@ from gpuconsole.sim.fakenvml import (
     write_profile,
 )
 from gpuconsole.sim.identity import gpu_serial, gpu_uuid, mig_uuid
-from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100, TOPO_LEVEL, NodeProfile
+from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100, NodeProfile
 from tests.fakenvml_fixtures import FakeNvmlEnv, fake_nvml_env, fake_nvml_lib
 from tests.peers import require_peer
 

@@ -41,7 +41,6 @@ from aiohttp import web
 
 from gpuconsole import codec
 from gpuconsole.actions.audit import AuditLog, AuditRecord
-from gpuconsole.actions.drivers.sim import sim_drivers
 from gpuconsole.actions.executor import ActionRefused, Executor
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.plan import Target
@@ -49,17 +48,20 @@ from gpuconsole.actions.power import PowerRequest, power
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.export.agent import Agent, AgentSettings
 from gpuconsole.hub import Hub, HubSettings
-from gpuconsole.model import FleetSnapshot, GpuState, NodeSnapshot, SourceStatus
+from gpuconsole.readings.base import SourceStatus
 from gpuconsole.readings.bmc import PowerState
+from gpuconsole.readings.nvml import GpuState
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.sim.actions import sim_drivers
 from gpuconsole.sim.bmc import sim_link
 from gpuconsole.sim.cluster import SimNodeSpec, add_sim_sources, build_sim_nodes
 from gpuconsole.sim.node import Scenario, SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.profiles import DGX_H100
+from gpuconsole.sources.agents import AgentClient, RemoteSource
 from gpuconsole.sources.bmc import BmcPool, BmcSource, BmcTarget, PowerAction, open_link
 from gpuconsole.sources.fabric import FabricSource
 from gpuconsole.sources.nvml import NvmlSource
-from gpuconsole.sources.remote import AgentClient, RemoteSource
 from gpuconsole.sources.tenancy import TenancySource
 from tests.assign_fixtures import SmallDisk, tree_picture, world
 from tests.assign_fixtures import small_disk as mounted_small_disk

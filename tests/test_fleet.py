@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from gpuconsole.cli import console_hub, read_capture
+from gpuconsole.cli.main import console_hub, read_capture
 from gpuconsole.config import ConfigError, FleetConfig, parse
 from gpuconsole.fleet import FleetMember, members, parse_agent
+from gpuconsole.sources.agents import RemoteSource
 from gpuconsole.sources.promql import PromQLSource, overview_queries
-from gpuconsole.sources.remote import RemoteSource
 
 
 def free_port() -> int:

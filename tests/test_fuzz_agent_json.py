@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from gpuconsole import codec
 from gpuconsole.codec import DecodeError
 from gpuconsole.export.agent import select
-from gpuconsole.model import FleetSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sim.cluster import demo_hub
-from gpuconsole.sources.remote import AgentClient, RemoteSource
+from gpuconsole.sources.agents import AgentClient, RemoteSource
 from tests.fuzz_fixtures import TREES, Json, change_one_place, fuzz_settings
 
 FUZZ = fuzz_settings(200)

@@ -11,7 +11,8 @@ from typing import ClassVar
 import pytest
 
 from gpuconsole.hub import Hub, HubSettings
-from gpuconsole.model import CounterSample, Event, FleetSnapshot, Key, Severity
+from gpuconsole.readings.base import CounterSample, Event, Key, Severity
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sources.base import EmitEvent
 from tests.waiting import until
 

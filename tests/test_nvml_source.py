@@ -8,7 +8,8 @@ import ctypes.util
 import pytest
 
 from gpuconsole.hub import Hub
-from gpuconsole.model import Event, GpuState, RemoteKind, Severity
+from gpuconsole.readings.base import Event, Severity
+from gpuconsole.readings.nvml import GpuState, RemoteKind
 from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100, NodeProfile

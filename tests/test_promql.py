@@ -18,7 +18,8 @@ from gpuconsole.config import FleetConfig
 from gpuconsole.export.agent import Agent, AgentSettings, select
 from gpuconsole.fleet import fleet_hub, focus
 from gpuconsole.hub import Hub, HubSettings
-from gpuconsole.model import FleetSnapshot, GpuReading, NodeSnapshot, gpu_health
+from gpuconsole.readings.nvml import GpuReading
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
 from gpuconsole.sources.promql import Overview, parse_overview
 from tests.bmc_fixtures import free_port
 from tests.export_fixtures import frozen_fleet

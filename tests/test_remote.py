@@ -21,13 +21,14 @@ from gpuconsole.export.agent import (
     select,
     snapshot_body,
 )
+from gpuconsole.facts import summaries as S
 from gpuconsole.fleet import focus
 from gpuconsole.hub import Hub, HubSettings
-from gpuconsole.model import Event, FleetSnapshot, NodeSnapshot, Severity
+from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.fabric import port_deltas, port_problems, port_rates
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sim.cluster import add_sim_sources, build_sim_nodes, demo_cluster
-from gpuconsole.sources.remote import AgentClient, RemoteSource
-from gpuconsole.tui import summaries as S
+from gpuconsole.sources.agents import AgentClient, RemoteSource
 from tests.export_fixtures import frozen_fleet
 from tests.waiting import until
 

@@ -22,9 +22,9 @@ from gpuconsole.actions.power import PowerRequest, power
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.export.agent import Agent, AgentSettings
 from gpuconsole.hub import Hub
-from gpuconsole.hubs import node_hub
-from gpuconsole.model import FleetSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sources.bmc import BmcSource, PowerAction
+from gpuconsole.wiring import node_hub
 from tests.bmc_fixtures import IPMI_PASSWORD, IpmiSim, free_port, running_ipmi_sim
 from tests.waiting import until
 

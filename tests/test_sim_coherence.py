@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuconsole.ownership import OwnerKind, ProblemKind, node_ownership
+from gpuconsole.facts.ownership import OwnerKind, ProblemKind, node_ownership
 from gpuconsole.sim.cluster import DEMO_CLUSTER, build_sim_nodes, demo_cluster
 from gpuconsole.sim.node import NODE_SCENARIO_KINDS, SimNode
 from gpuconsole.sim.nvml import SimNvml

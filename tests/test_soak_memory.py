@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import gc
 
-from gpuconsole.ownership import Ownership
-from gpuconsole.tui import summaries as S
+from gpuconsole.facts import summaries as S
+from gpuconsole.facts.ownership import Ownership
 from tests.conftest_tui import frozen_fleet
 
 

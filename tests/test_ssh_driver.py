@@ -9,7 +9,7 @@ import random
 
 import pyte
 
-from gpuconsole.model import FleetSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.ssh.driver import BoundedOutput, ScreenMemory, collapse_sgr
 from gpuconsole.ssh.feed import PacedFeed
 

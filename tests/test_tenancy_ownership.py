@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuconsole.model import (
-    GpuReading,
-    GpuState,
-    MigInstance,
-    NodeSnapshot,
-    NvmlReading,
-    ProcessReading,
-)
-from gpuconsole.ownership import OwnerKind, ProblemKind, node_ownership, resolve_owners
+from gpuconsole.facts.ownership import OwnerKind, ProblemKind, node_ownership, resolve_owners
 from gpuconsole.readings.base import Severity
+from gpuconsole.readings.nvml import GpuReading, GpuState, MigInstance, NvmlReading, ProcessReading
+from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import (
     Guest,
     HostProcess,

@@ -11,18 +11,13 @@ import pytest
 
 from gpuconsole import codec
 from gpuconsole.config import parse
-from gpuconsole.hubs import node_hub
-from gpuconsole.model import (
-    Event,
-    FleetSnapshot,
-    GpuReading,
-    NodeSnapshot,
-    NvmlReading,
-    ProcessReading,
-)
-from gpuconsole.ownership import OwnerKind, ProblemKind, node_ownership, resolve_owners
+from gpuconsole.facts.ownership import OwnerKind, ProblemKind, node_ownership, resolve_owners
+from gpuconsole.readings.base import Event
+from gpuconsole.readings.nvml import GpuReading, NvmlReading, ProcessReading
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.base import SourceUnavailable
 from gpuconsole.sources.tenancy import TenancySource, TenantRules
+from gpuconsole.wiring import node_hub
 from tests.tenancy_fixtures import DomainSpec, FakeHost, PodSpec, kubelet_server, libvirt_node
 
 G = [f"GPU-{i}a7f1b2c-3d4e-5f60-7182-93a4b5c6d7e8" for i in range(4)]

@@ -15,29 +15,22 @@ from textual.widgets import OptionList, SelectionList
 
 from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.drivers import Drivers
-from gpuconsole.actions.drivers.sim import live_world
 from gpuconsole.actions.executor import Executor
 from gpuconsole.actions.journal import Journal
 from gpuconsole.actions.plan import Step, Target
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.config import ActionsConfig, Config, HostConfig
+from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.hub import Hub
-from gpuconsole.inventory import node_gpus
-from gpuconsole.model import NodeSnapshot
+from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.sim.actions import live_world
 from gpuconsole.sim.cluster import add_sim_sources, build_sim_nodes, demo_cluster
 from gpuconsole.sim.fabric import add_sim_fabric_sources
 from gpuconsole.sim.tenancy import add_sim_tenancy_sources
 from gpuconsole.ssh.feed import PacedFeed
+from gpuconsole.tui.actions import ActionAccess, DemoAccess, MachineAccess, OnStep
 from gpuconsole.tui.app import ConsoleApp
-from gpuconsole.tui.screens.assign import (
-    ActionAccess,
-    AssignScreen,
-    DemoAccess,
-    MachineAccess,
-    OnStep,
-    ProposeScreen,
-    Stage,
-)
+from gpuconsole.tui.screens.assign import AssignScreen, ProposeScreen, Stage
 from gpuconsole.tui.screens.node import NodeScreen
 from tests.assign_fixtures import tree_picture
 from tests.conftest_tui import frozen_fleet
@@ -321,7 +314,7 @@ def test_the_ssh_server_gives_its_operators_this_machines_actions_and_viewers_no
     tmp_path: Path,
 ) -> None:
     from gpuconsole.ssh.server import SessionInfo, console_factory
-    from gpuconsole.tui.screens.assign import MachineAccess
+    from gpuconsole.tui.actions import MachineAccess
 
     cfg = Config(
         host=HostConfig(name="gpu-node"),
@@ -343,7 +336,7 @@ def test_after_a_plan_runs_this_machines_nvml_enumerates_its_gpus_again() -> Non
     from gpuconsole.sim.nvml import SimNvml
     from gpuconsole.sim.profiles import DGX_H100
     from gpuconsole.sources.nvml import NvmlSource
-    from gpuconsole.tui.screens.assign import MachineAccess
+    from gpuconsole.tui.actions import MachineAccess
 
     hub = Hub()
     here = NvmlSource("gpu-node", lib=SimNvml(SimNode("gpu-node", DGX_H100)), events=False)

@@ -11,7 +11,8 @@ from rich.style import Style
 from rich.text import Text
 from textual.widgets import DataTable, Static
 
-from gpuconsole.model import Event, FleetSnapshot, Health, Severity
+from gpuconsole.readings.base import Event, Health, Severity
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sim.cluster import demo_hub
 from gpuconsole.tui.app import ConsoleApp
 from gpuconsole.tui.messages import SnapshotArrived
@@ -294,7 +295,7 @@ async def test_new_readings_that_reorder_the_rows_keep_the_cursor_on_its_node(
 async def test_each_nodes_health_and_counts_are_worked_out_once_per_reading(
     console_app: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpuconsole.tui import summaries
+    from gpuconsole.facts import summaries
 
     judged = spy(monkeypatch, summaries, "node_facts", lambda node: node.node)
     app = console_app()

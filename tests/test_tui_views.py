@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from rich.text import Text
 
-from gpuconsole.model import Event, Health, Severity
-from gpuconsole.ownership import ProblemKind
+from gpuconsole.facts import summaries as S
+from gpuconsole.facts.ownership import ProblemKind
+from gpuconsole.hardware import model_spec
+from gpuconsole.readings.base import Event, Health, Severity
 from gpuconsole.readings.fabric import AffinityFlag
-from gpuconsole.tui import summaries as S
-from gpuconsole.tui.hardware import model_spec
 from gpuconsole.tui.screens.events import EventFilter, filtered
 from gpuconsole.tui.screens.smmap import assign, holders, sm_layout
 from gpuconsole.tui.screens.topology import matrix, pairings

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 from textual.widgets import Digits, Static
 
-from gpuconsole.model import FleetSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.themes import load_themes
 from gpuconsole.tui.wallboard import (
     PAGES,

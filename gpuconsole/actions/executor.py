@@ -33,8 +33,9 @@ from gpuconsole.actions.locks import GpuBusy, lock_and_start
 from gpuconsole.actions.plan import Plan, PlanContext, Step, StepKind, Target, make_plan
 from gpuconsole.actions.power import ActionRefused
 from gpuconsole.actions.roles import Actor, Role
-from gpuconsole.model import Event, NodeSnapshot, Severity
+from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.fabric import normal_bus_id
+from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.base import EmitEvent
 
 __all__ = [

@@ -33,7 +33,7 @@ from gpuconsole.actions.executor import (
 from gpuconsole.actions.journal import PlanState
 from gpuconsole.actions.plan import Plan
 from gpuconsole.actions.roles import Actor, Role
-from gpuconsole.model import Event, Key, RawCounter, Severity
+from gpuconsole.readings.base import Event, Key, RawCounter, Severity
 from gpuconsole.sources.base import EmitEvent
 
 __all__ = ["JournalEvents", "JournalReading"]

@@ -29,9 +29,9 @@ from gpuconsole.actions.plan import (
     partition_switches,
     slot_index,
 )
-from gpuconsole.model import NodeSnapshot
-from gpuconsole.ownership import Ownership
+from gpuconsole.facts.ownership import Ownership
 from gpuconsole.readings.fabric import LEVELS, FabricReading, PortRole, normal_bus_id
+from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import OwnerKind
 
 __all__ = ["Placement", "Proposal", "Rail", "placements", "propose"]

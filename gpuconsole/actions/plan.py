@@ -21,9 +21,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from gpuconsole.model import GpuReading, NodeSnapshot, RemoteKind
-from gpuconsole.ownership import GpuOwner, Ownership, node_ownership, resolve_owners
+from gpuconsole.facts.ownership import GpuOwner, Ownership, node_ownership, resolve_owners
+from gpuconsole.hardware import (
+    A100_BOARD_GPUS,
+    A100_BOARD_SWITCHES,
+    A100_PARTITIONS,
+    A100_SWITCHES,
+    H100_PARTITIONS,
+    H100_SWITCHES,
+)
 from gpuconsole.readings.fabric import normal_bus_id
+from gpuconsole.readings.nvml import GpuReading, RemoteKind
+from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import Guest, OwnerKind, PciGpu
 
 __all__ = [
@@ -52,13 +61,6 @@ BLOCK_DRIVER = "none"  # driver_override "none": nothing binds the function
 # Functions that go to a guest with their GPU: display/3D, audio (HDMI), other bridges
 # (NVSwitch). PCI bridges (0x0604) stay with the host; anything else in the group stops a plan.
 _FOLLOWING_CLASSES = (0x03, 0x0403, 0x0680)
-# NVSwitch full passthrough (Fabric Manager user guide): the partitions a guest may hold, by
-# GPU count, and how many of the baseboard's NVSwitches go to the guest with them.
-H100_SWITCHES = {1: 0, 8: 4}  # and a single GPU only with its NVLinks disabled
-A100_SWITCHES = {1: 0, 2: 1, 4: 3, 8: 6, 16: 12}
-H100_PARTITIONS = frozenset(H100_SWITCHES)
-A100_PARTITIONS = frozenset(A100_SWITCHES)
-A100_BOARD_GPUS, A100_BOARD_SWITCHES = 8, 6
 
 
 class TargetKind(enum.StrEnum):

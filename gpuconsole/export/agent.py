@@ -25,8 +25,8 @@ from aiohttp import web
 from gpuconsole.codec import dumps
 from gpuconsole.export.collector import MetricsCache
 from gpuconsole.hub import Hub
-from gpuconsole.model import FleetSnapshot
-from gpuconsole.readings.remote import summarize
+from gpuconsole.readings.agents import summarize
+from gpuconsole.readings.snapshot import FleetSnapshot
 
 log = logging.getLogger(__name__)
 

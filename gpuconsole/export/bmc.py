@@ -14,8 +14,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from gpuconsole.export import names as n
 from gpuconsole.export.families import Families, Labels, Spec
-from gpuconsole.model import NodeSnapshot
 from gpuconsole.readings.bmc import BmcReading, BmcSensor, PowerState, SensorHealth, SensorKind
+from gpuconsole.readings.snapshot import NodeSnapshot
 
 # unit -> (value metric, state metric, scale), as ipmi_exporter's collector_ipmi.go picks
 _TYPED: dict[str, tuple[Spec, Spec, float]] = {

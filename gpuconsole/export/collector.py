@@ -25,8 +25,8 @@ from gpuconsole.export.fabric import fabric_metrics
 from gpuconsole.export.families import Families
 from gpuconsole.export.gpu import gpu_metrics, topology_metrics
 from gpuconsole.export.ownership import ownership_metrics, pod_labels
-from gpuconsole.model import FleetSnapshot, NodeSnapshot
-from gpuconsole.ownership import node_ownership
+from gpuconsole.facts.ownership import node_ownership
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 
 
 def _source_metrics(out: Families, node: NodeSnapshot, now: float) -> None:

@@ -13,7 +13,6 @@ from collections import Counter
 
 from gpuconsole.export import names as n
 from gpuconsole.export.families import Families, Labels
-from gpuconsole.model import NodeSnapshot
 from gpuconsole.readings.base import Severity
 from gpuconsole.readings.fabric import (
     FabricDevice,
@@ -24,6 +23,7 @@ from gpuconsole.readings.fabric import (
     port_problems,
     port_rates,
 )
+from gpuconsole.readings.snapshot import NodeSnapshot
 
 # procfs turns "400 Gb/sec (4X NDR)" into bytes per second this way
 BYTES_PER_S_PER_GBPS = 125_000_000

@@ -5,7 +5,8 @@ from __future__ import annotations
 from gpuconsole.export import names as n
 from gpuconsole.export.families import Families, Labels, Spec
 from gpuconsole.export.ownership import PodLabels
-from gpuconsole.model import GpmMetrics, GpuReading, NodeSnapshot, gpu_health
+from gpuconsole.readings.nvml import GpmMetrics, GpuReading
+from gpuconsole.readings.snapshot import NodeSnapshot, gpu_health
 from gpuconsole.sources.nvml import THROTTLE_BITS
 
 MIB = 1024 * 1024

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from gpuconsole.export import names as n
 from gpuconsole.export.families import Families, Labels
-from gpuconsole.model import NodeSnapshot
-from gpuconsole.ownership import Owner, OwnerKind, Ownership
+from gpuconsole.facts.ownership import Owner, OwnerKind, Ownership
+from gpuconsole.readings.snapshot import NodeSnapshot
 
 _OWNER = ("kind", "tenant", "owner", "source")
 _GPU_OWNER = ("node", "gpu", "uuid", "pci_bus_id", *_OWNER)

@@ -1,4 +1,4 @@
-"""Readings of the sources beyond NVML (BMC, fabric), one module per kind.
+"""What sources report, one module per kind: frozen dataclasses, units in field names.
 
-NodeSnapshot (gpuconsole.model) carries one optional reading of each kind.
+`snapshot.NodeSnapshot` carries one optional reading of each kind for a node.
 """

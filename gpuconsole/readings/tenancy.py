@@ -3,7 +3,7 @@
 The source reports facts from below NVML (PCI drivers and IOMMU groups, libvirt guests,
 QEMU command lines, kubelet allocations, the cgroups of processes holding /dev/nvidia*),
 with tenants already mapped from the config. Who owns which GPU needs NVML's view as
-well (UUIDs, processes, MIG instances, lost GPUs): `gpuconsole.ownership` merges both.
+well (UUIDs, processes, MIG instances, lost GPUs): `gpuconsole.facts.ownership` merges both.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuconsole.hub import Hub, HubSettings
-from gpuconsole.model import NvmlReading
+from gpuconsole.readings.nvml import NvmlReading
 from gpuconsole.sim.node import Scenario, SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.plans import plan_for

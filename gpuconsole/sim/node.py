@@ -13,8 +13,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from gpuconsole.hardware import GpuModel, MigProfile
 from gpuconsole.sim.identity import gpu_serial, gpu_uuid, mig_uuid
-from gpuconsole.sim.profiles import GpuModel, MigProfile, NodeProfile
+from gpuconsole.sim.profiles import NodeProfile
 
 SCENARIO_KINDS = ("thermal", "xid79", "ecc", "mig", "notsupported", "psu", "fan", "bmcsilent")
 # Node-level kinds: their number is a PSU or fan (1-based), not a GPU (gpuconsole.sim.bmc).

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from gpuconsole.hardware import TOPO_LEVEL
 from gpuconsole.sim.node import SimMigSlice, SimNode
-from gpuconsole.sim.profiles import TOPO_LEVEL
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -9,172 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GIB = 1024**3
-MIB = 1024**2
-
-# nvmlGpuTopologyLevel_t values, and the codes nvidia-smi prints for them.
-TOPO_LEVEL = {"X": 0, "PIX": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50}
-
-
-@dataclass(frozen=True, slots=True)
-class MigProfile:
-    """A GPU instance profile as `nvidia-smi mig -lgip` lists it."""
-
-    name: str  # "3g.40gb"
-    profile_id: int  # the id nvidia-smi prints (19, 15, 14, 9, 5, 0)
-    index: int  # NVML_GPU_INSTANCE_PROFILE_* constant
-    slices: int
-    sm_count: int
-    mem_bytes: int
-    max_instances: int
-
-
-@dataclass(frozen=True, slots=True)
-class GpuModel:
-    """What does not change between two GPUs of one model."""
-
-    name: str  # as nvmlDeviceGetName returns it
-    short: str  # "H100", for narrow columns
-    architecture: str  # "hopper", "ampere"
-    arch_code: int  # NVML_DEVICE_ARCH_*
-    pci_device_id: int  # (device << 16) | vendor, as nvmlPciInfo.pciDeviceId
-    sm_count: int
-    gpc_count: int
-    tpc_per_gpc: tuple[int, ...]  # TPCs enabled in each GPC; 2 SMs per TPC
-    fp32_cores_per_sm: int
-    tensor_cores_per_sm: int
-    l2_bytes: int
-    mem_bytes: int
-    mem_kind: str
-    mem_bandwidth_bytes_per_s: int
-    tdp_w: int
-    power_min_w: int
-    sm_clock_max_mhz: int
-    sm_clock_idle_mhz: int
-    mem_clock_mhz: int
-    temp_slowdown_c: int
-    temp_shutdown_c: int
-    nvlink_gen: int
-    nvlink_count: int
-    nvlink_gbytes_per_s: int  # all links, both directions, as NVIDIA quotes it
-    pcie_gen_max: int
-    pcie_width_max: int
-    gpm: bool
-    mig_profiles: tuple[MigProfile, ...]
-
-
-H100_MIG = (
-    MigProfile("1g.10gb", 19, 0, 1, 16, 10 * GIB, 7),
-    MigProfile("1g.20gb", 15, 7, 1, 26, 20 * GIB, 4),
-    MigProfile("2g.20gb", 14, 1, 2, 32, 20 * GIB, 3),
-    MigProfile("3g.40gb", 9, 2, 3, 60, 40 * GIB, 2),
-    MigProfile("4g.40gb", 5, 3, 4, 64, 40 * GIB, 1),
-    MigProfile("7g.80gb", 0, 4, 7, 132, 80 * GIB, 1),
-)
-
-A100_40_MIG = (
-    MigProfile("1g.5gb", 19, 0, 1, 14, 5 * GIB, 7),
-    MigProfile("1g.10gb", 15, 7, 1, 14, 10 * GIB, 4),
-    MigProfile("2g.10gb", 14, 1, 2, 28, 10 * GIB, 3),
-    MigProfile("3g.20gb", 9, 2, 3, 42, 20 * GIB, 2),
-    MigProfile("4g.20gb", 5, 3, 4, 56, 20 * GIB, 1),
-    MigProfile("7g.40gb", 0, 4, 7, 98, 40 * GIB, 1),
-)
-
-H100_SXM5 = GpuModel(
-    name="NVIDIA H100 80GB HBM3",
-    short="H100",
-    architecture="hopper",
-    arch_code=9,
-    pci_device_id=(0x2330 << 16) | 0x10DE,
-    sm_count=132,
-    gpc_count=8,
-    # 66 TPCs over 8 GPCs (the full die has 8x9); which TPCs are fused off varies by part.
-    tpc_per_gpc=(9, 9, 8, 8, 8, 8, 8, 8),
-    fp32_cores_per_sm=128,
-    tensor_cores_per_sm=4,
-    l2_bytes=50 * MIB,
-    mem_bytes=80 * GIB,
-    mem_kind="HBM3",
-    mem_bandwidth_bytes_per_s=3_350_000_000_000,
-    tdp_w=700,
-    power_min_w=200,
-    sm_clock_max_mhz=1980,
-    sm_clock_idle_mhz=345,
-    mem_clock_mhz=2619,
-    temp_slowdown_c=87,
-    temp_shutdown_c=92,
-    nvlink_gen=4,
-    nvlink_count=18,
-    nvlink_gbytes_per_s=900,
-    pcie_gen_max=5,
-    pcie_width_max=16,
-    gpm=True,
-    mig_profiles=H100_MIG,
-)
-
-A100_SXM4_40GB = GpuModel(
-    name="NVIDIA A100-SXM4-40GB",
-    short="A100",
-    architecture="ampere",
-    arch_code=7,
-    pci_device_id=(0x20B0 << 16) | 0x10DE,
-    sm_count=108,
-    gpc_count=8,
-    # 54 TPCs over 8 GPCs (full die 8x8): one GPC carries only 5 TPCs on SXM4 parts.
-    tpc_per_gpc=(7, 7, 7, 7, 7, 7, 7, 5),
-    fp32_cores_per_sm=64,
-    tensor_cores_per_sm=4,
-    l2_bytes=40 * MIB,
-    mem_bytes=40 * GIB,
-    mem_kind="HBM2",
-    mem_bandwidth_bytes_per_s=1_555_000_000_000,
-    tdp_w=400,
-    power_min_w=100,
-    sm_clock_max_mhz=1410,
-    sm_clock_idle_mhz=210,
-    mem_clock_mhz=1215,
-    temp_slowdown_c=85,
-    temp_shutdown_c=90,
-    nvlink_gen=3,
-    nvlink_count=12,
-    nvlink_gbytes_per_s=600,
-    pcie_gen_max=4,
-    pcie_width_max=16,
-    gpm=False,
-    mig_profiles=A100_40_MIG,
-)
-
-# PCIe A100 for the PCIe-switch server: no NVLink, 250 W.
-A100_PCIE_40GB = GpuModel(
-    name="NVIDIA A100-PCIE-40GB",
-    short="A100P",
-    architecture="ampere",
-    arch_code=7,
-    pci_device_id=(0x20F1 << 16) | 0x10DE,
-    sm_count=108,
-    gpc_count=8,
-    tpc_per_gpc=(7, 7, 7, 7, 7, 7, 7, 5),
-    fp32_cores_per_sm=64,
-    tensor_cores_per_sm=4,
-    l2_bytes=40 * MIB,
-    mem_bytes=40 * GIB,
-    mem_kind="HBM2",
-    mem_bandwidth_bytes_per_s=1_555_000_000_000,
-    tdp_w=250,
-    power_min_w=150,
-    sm_clock_max_mhz=1410,
-    sm_clock_idle_mhz=210,
-    mem_clock_mhz=1215,
-    temp_slowdown_c=85,
-    temp_shutdown_c=90,
-    nvlink_gen=0,
-    nvlink_count=0,
-    nvlink_gbytes_per_s=0,
-    pcie_gen_max=4,
-    pcie_width_max=16,
-    gpm=False,
-    mig_profiles=A100_40_MIG,
+from gpuconsole.hardware import (
+    A100_PCIE_40GB,
+    A100_SXM4_40GB,
+    H100_SXM5,
+    PRODUCTS,
+    GpuModel,
 )
 
 
@@ -332,7 +172,7 @@ def _dgx_h100() -> NodeProfile:
     )
     return NodeProfile(
         name="dgx-h100",
-        product="DGX H100",
+        product=PRODUCTS["dgx-h100"],
         gpu_model=H100_SXM5,
         gpus=tuple(gpus),
         nics=tuple(nics),
@@ -396,7 +236,7 @@ def _dgx_a100() -> NodeProfile:
     switches = tuple(NvSwitchSlot(k, _bus(0xC4 + k), (2,) * 8) for k in range(6))
     return NodeProfile(
         name="dgx-a100",
-        product="DGX A100",
+        product=PRODUCTS["dgx-a100"],
         gpu_model=A100_SXM4_40GB,
         gpus=tuple(gpus),
         nics=tuple(nics),
@@ -439,7 +279,7 @@ def _apollo_pcie() -> NodeProfile:
         )
     return NodeProfile(
         name="apollo-pcie",
-        product="Apollo 6500 Gen10 Plus (XL675d, PCIe GPUs)",
+        product=PRODUCTS["apollo-pcie"],
         gpu_model=A100_PCIE_40GB,
         gpus=tuple(gpus),
         nics=tuple(nics),

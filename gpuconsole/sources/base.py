@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import ClassVar, Protocol, runtime_checkable
 
-from gpuconsole.model import Event, Key, RawCounter
+from gpuconsole.readings.base import Event, Key, RawCounter
 
 EmitEvent = Callable[[Event], None]
 

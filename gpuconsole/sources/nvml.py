@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from gpuconsole.format import THROTTLE_WORDS
-from gpuconsole.model import (
+from gpuconsole.readings.base import Event, Severity
+from gpuconsole.readings.nvml import (
     EccReading,
-    Event,
     GpmMetrics,
     GpuReading,
     GpuState,
@@ -42,7 +42,6 @@ from gpuconsole.model import (
     PcieReading,
     ProcessReading,
     RemoteKind,
-    Severity,
 )
 from gpuconsole.sources.base import EmitEvent, SourceUnavailable
 from gpuconsole.sources.xid import describe_xid

@@ -24,18 +24,8 @@ from typing import Any, ClassVar
 from urllib.parse import urlencode
 
 from gpuconsole.export import names as n
-from gpuconsole.model import (
-    EccReading,
-    Event,
-    GpmMetrics,
-    GpuReading,
-    GpuState,
-    MigInstance,
-    NodeSnapshot,
-    NvmlReading,
-    PcieReading,
-    SourceStatus,
-)
+from gpuconsole.readings.agents import RemoteReading
+from gpuconsole.readings.base import Event, SourceStatus
 from gpuconsole.readings.bmc import BmcReading, PowerState
 from gpuconsole.readings.fabric import (
     FabricDevice,
@@ -44,10 +34,19 @@ from gpuconsole.readings.fabric import (
     NetdevStats,
     PortRole,
 )
-from gpuconsole.readings.remote import RemoteReading
+from gpuconsole.readings.nvml import (
+    EccReading,
+    GpmMetrics,
+    GpuReading,
+    GpuState,
+    MigInstance,
+    NvmlReading,
+    PcieReading,
+)
+from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.sources.agents import AgentClient, RemoteSource
 from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.nvml import THROTTLE_BITS
-from gpuconsole.sources.remote import AgentClient, RemoteSource
 from gpuconsole.sources.xid import describe_xid
 
 MIB = 1024 * 1024

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuconsole.model import Severity
+from gpuconsole.readings.base import Severity
 
 # From NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors); only the ones an
 # operator of a datacenter GPU meets often. Anything else is shown by number.

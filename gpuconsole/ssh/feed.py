@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 
 from gpuconsole.hub import Hub
-from gpuconsole.model import FleetSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot
 
 log = logging.getLogger(__name__)
 

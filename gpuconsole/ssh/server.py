@@ -541,7 +541,7 @@ def console_factory(
     operators' sessions can move this machine's GPUs, each as its own key's actor."""
     actions = None
     if acting is not None:
-        from gpuconsole.tui.screens.assign import MachineAccess
+        from gpuconsole.tui.actions import MachineAccess
 
         actions = MachineAccess(acting, hub.post_event, hub)
 

@@ -17,12 +17,13 @@ from textual.screen import Screen
 from gpuconsole.actions.roles import Actor, Role, local_actor
 from gpuconsole.fleet import focus
 from gpuconsole.hub import Hub
-from gpuconsole.model import FleetSnapshot
 from gpuconsole.paths import user_themes_dir
+from gpuconsole.readings.snapshot import FleetSnapshot
+from gpuconsole.tui.actions import ActionAccess, demo_access
 from gpuconsole.tui.commands import ConsolePalette, JumpCommands
 from gpuconsole.tui.feed import HubFeed
 from gpuconsole.tui.messages import SnapshotArrived
-from gpuconsole.tui.screens.assign import ActionAccess, ProposeScreen, demo_access
+from gpuconsole.tui.screens.assign import ProposeScreen
 from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.screens.fleet import FleetScreen
 from gpuconsole.tui.screens.help import HelpScreen, TooSmallScreen

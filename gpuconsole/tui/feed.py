@@ -7,7 +7,7 @@ from collections.abc import Callable
 from textual.app import App
 
 from gpuconsole.hub import Hub
-from gpuconsole.model import FleetSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.messages import SnapshotArrived
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from gpuconsole.model import FleetSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot
 
 
 class SnapshotArrived(Message):

@@ -20,7 +20,7 @@ from rich.style import Style
 from textual.color import Color
 from textual.theme import Theme
 
-from gpuconsole.model import Health
+from gpuconsole.readings.base import Health
 
 log = logging.getLogger(__name__)
 

@@ -24,15 +24,16 @@ from textual.css.query import NoMatches
 from textual.widgets import Digits, Static
 
 from gpuconsole import format as fmt
+from gpuconsole.facts.ownership import OwnerKind, node_ownership
+from gpuconsole.facts.summaries import Metric, stale_sources
 from gpuconsole.hub import Hub
-from gpuconsole.model import FleetSnapshot, GpuReading, Health, NodeSnapshot, gpu_health
-from gpuconsole.ownership import OwnerKind, node_ownership
 from gpuconsole.paths import user_themes_dir
-from gpuconsole.readings.base import Severity
+from gpuconsole.readings.base import Health, Severity
 from gpuconsole.readings.fabric import ERROR_RULES, port_deltas, port_problems, port_rates
+from gpuconsole.readings.nvml import GpuReading
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
 from gpuconsole.tui.feed import HubFeed
 from gpuconsole.tui.messages import SnapshotArrived
-from gpuconsole.tui.summaries import Metric, stale_sources
 from gpuconsole.tui.themes import Palette, load_themes, resolve_theme_name
 from gpuconsole.tui.widgets.cells import HEALTH_GLYPH, heat_cells
 

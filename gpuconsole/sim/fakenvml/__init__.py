@@ -25,9 +25,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpuconsole.hardware import TOPO_LEVEL, GpuModel, MigProfile
 from gpuconsole.sim.identity import gpu_serial, gpu_uuid, mig_uuid
 from gpuconsole.sim.node import MIG_LAYOUTS
-from gpuconsole.sim.profiles import TOPO_LEVEL, GpuModel, MigProfile, NodeProfile
+from gpuconsole.sim.profiles import NodeProfile
 
 __all__ = [
     "COUNTS_ENV",

@@ -8,12 +8,11 @@ The console offers these only to someone who may act, on a console that has a wa
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import enum
 import logging
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, cast
 
 from rich.text import Text
@@ -27,12 +26,11 @@ from textual.widgets.option_list import Option
 
 from gpuconsole.actions.executor import ActionRefused, Executor, Outcome, StepUpdate
 from gpuconsole.actions.placement import Placement, Proposal, placements
-from gpuconsole.actions.plan import Plan, PlanContext, Target
-from gpuconsole.config import Config, ConfigError
-from gpuconsole.hub import Hub
-from gpuconsole.inventory import node_gpus
-from gpuconsole.model import Health, NodeSnapshot
-from gpuconsole.sources.base import EmitEvent
+from gpuconsole.actions.plan import Plan, Target
+from gpuconsole.config import ConfigError
+from gpuconsole.facts.inventory import node_gpus
+from gpuconsole.readings.base import Health
+from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.tui.widgets.footer import Footer
 from gpuconsole.tui.widgets.plan_view import (
     plan_text,
@@ -42,21 +40,12 @@ from gpuconsole.tui.widgets.plan_view import (
 )
 
 if TYPE_CHECKING:
-    from gpuconsole.actions.remote import RemoteExecutor
+    from gpuconsole.actions.over_ssh import RemoteExecutor
     from gpuconsole.tui.app import ConsoleApp
 
-__all__ = [
-    "ActionAccess",
-    "AssignScreen",
-    "DemoAccess",
-    "MachineAccess",
-    "ProposeScreen",
-    "demo_access",
-]
+__all__ = ["AssignScreen", "ProposeScreen"]
 
 log = logging.getLogger(__name__)
-
-OnStep = Callable[[StepUpdate], None]
 
 # Targets every node offers, with what each means; a node's guests follow as vm:NAME.
 TARGETS: tuple[tuple[str, str], ...] = (
@@ -64,130 +53,6 @@ TARGETS: tuple[tuple[str, str], ...] = (
     ("k8s", "Kubernetes schedules it"),
     ("drained", "unbound: nothing may bind it"),
 )
-
-
-# --- how a console acts ------------------------------------------------------------------
-
-
-class ActionAccess(abc.ABC):
-    """How a console moves GPUs: an executor per node, its events posted to the hub the
-    console reads, so that every step and outcome lands in the Events view."""
-
-    demo: ClassVar[bool] = False
-
-    @abc.abstractmethod
-    def executor(self, node: str, on_step: OnStep) -> Executor | RemoteExecutor:
-        """The executor for `node`; ValueError says why this console cannot act there."""
-
-    def warning(self) -> str:
-        """What the person should know before acting (a state folder nobody else sees)."""
-        return ""
-
-    async def contexts(self, nodes: Sequence[str]) -> dict[str, PlanContext]:
-        """What each node's Kubernetes layer says, for placement help (none known: {})."""
-        return {}
-
-    def executed(self, node: str) -> None:  # noqa: B027 - most consoles need nothing here
-        """A plan ran on `node` (done or not): GPUs may have changed drivers."""
-
-
-class MachineAccess(ActionAccess):
-    """This machine's GPUs, with the drivers and the shared state folder the config names.
-
-    Another node's GPUs move on that node: with `remote` (an operator's own console on a
-    head) through its own gpuconsole over ssh, as `assign --node` does, with this process's
-    ssh identity; without (the ssh-in console, whose sessions would all act as the server's
-    user) the console tells the command to run there.
-    """
-
-    def __init__(
-        self, cfg: Config, emit: EmitEvent, hub: Hub | None = None, *, remote: bool = False
-    ) -> None:
-        self.cfg = cfg
-        self.emit = emit
-        self.hub = hub
-        self.remote = remote
-
-    def executed(self, node: str) -> None:
-        # NVML numbers GPUs when it starts: one bound to or from nvidia shows only after
-        # the node's NVML source restarts.
-        from gpuconsole.sources.nvml import NvmlSource
-
-        for source in self.hub.sources if self.hub is not None else ():
-            if isinstance(source, NvmlSource) and source.node == node:
-                source.rediscover()
-
-    def executor(self, node: str, on_step: OnStep) -> Executor | RemoteExecutor:
-        from gpuconsole.actions.assign import console_executor
-
-        if not self.remote or node == self.cfg.host.node_name:
-            return console_executor(self.cfg, node, self.emit, on_step=on_step)
-        from gpuconsole.actions.remote import RemoteError, RemoteExecutor, ssh_target
-        from gpuconsole.actions.store import action_store
-
-        try:
-            target = ssh_target(self.cfg, node)
-        except RemoteError as exc:
-            raise ValueError(str(exc)) from None
-        # the head audits what it asked, the node what it ran
-        audit = action_store(self.cfg.actions).audit()
-        return RemoteExecutor(target, on_step=on_step, emit=self.emit, audit=audit)
-
-    def warning(self) -> str:
-        from gpuconsole.actions.store import action_store
-
-        try:
-            return action_store(self.cfg.actions).warning
-        except ConfigError as exc:
-            return str(exc)
-
-    async def contexts(self, nodes: Sequence[str]) -> dict[str, PlanContext]:
-        here = self.cfg.host.node_name
-        if here not in nodes:
-            return {}
-        from gpuconsole.actions.assign import console_executor
-
-        executor = console_executor(self.cfg, here, self.emit)
-        try:
-            return {here: await executor.context()}
-        finally:
-            executor.journal.close()
-
-
-class DemoAccess(ActionAccess):
-    """The simulated cluster a demo hub reads: plans act on the very simulator the hub
-    polls, so every console on that hub (every ssh session) sees the GPU change owner."""
-
-    demo = True
-
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
-
-    def executor(self, node: str, on_step: OnStep) -> Executor:
-        from gpuconsole.actions.drivers.sim import live_executor
-
-        return live_executor(self.hub, node, self.hub.post_event, on_step)
-
-    async def contexts(self, nodes: Sequence[str]) -> dict[str, PlanContext]:
-        from gpuconsole.actions.drivers.sim import live_world
-
-        found = {}
-        for name in nodes:
-            world = live_world(self.hub, name)
-            if world is not None:
-                found[name] = PlanContext(kubernetes=True, cordoned=frozenset(world.cordoned))
-        return found
-
-
-def demo_access(source: object) -> DemoAccess | None:
-    """Actions on the simulated tenants that a console's hub reads; None for a hub of real
-    nodes (it needs the config: `MachineAccess`) or no hub at all (a replay)."""
-    from gpuconsole.sim.tenancy import SimTenancySource
-
-    hub = getattr(source, "hub", source)  # an ssh session reads the server's hub via a feed
-    if isinstance(hub, Hub) and any(isinstance(s, SimTenancySource) for s in hub.sources):
-        return DemoAccess(hub)
-    return None
 
 
 # --- the assign dialog -------------------------------------------------------------------
@@ -488,7 +353,7 @@ class AssignScreen(ModalScreen[None]):
 
     async def _execute(self, typed: str) -> None:
         """Hand the plan and what was typed to the executor, which decides."""
-        from gpuconsole.actions.remote import ContactLost, RemoteError
+        from gpuconsole.actions.over_ssh import ContactLost, RemoteError
 
         assert self.executor is not None and self.plan is not None
         plan = self.plan

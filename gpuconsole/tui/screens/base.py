@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Static
 
-from gpuconsole.model import FleetSnapshot, NodeSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import looks_same
 from gpuconsole.tui.widgets.footer import Footer

@@ -11,7 +11,8 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from gpuconsole import format as fmt
-from gpuconsole.model import Event, FleetSnapshot, Health, Severity
+from gpuconsole.readings.base import Event, Health, Severity
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.widgets.filter_bar import FilterBar
 

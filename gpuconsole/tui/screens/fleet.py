@@ -15,9 +15,10 @@ from textual.binding import Binding
 from textual.widgets import Static
 
 from gpuconsole import format as fmt
-from gpuconsole.model import FleetSnapshot, Health, NodeSnapshot
-from gpuconsole.tui import summaries as S
-from gpuconsole.tui.hardware import short_model
+from gpuconsole.facts import summaries as S
+from gpuconsole.hardware import short_model
+from gpuconsole.readings.base import Health
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import facet_lights, health_light, heat_cells

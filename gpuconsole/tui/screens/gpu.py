@@ -16,19 +16,13 @@ from textual.containers import Container, VerticalScroll
 from textual.widgets import Static
 
 from gpuconsole import format as fmt
-from gpuconsole.inventory import GpuRow
-from gpuconsole.model import (
-    FleetSnapshot,
-    GpuReading,
-    Health,
-    NodeSnapshot,
-    RemoteKind,
-    Severity,
-    gpu_health,
-)
-from gpuconsole.ownership import GpuOwner
-from gpuconsole.tui import summaries as S
-from gpuconsole.tui.hardware import model_spec
+from gpuconsole.facts import summaries as S
+from gpuconsole.facts.inventory import GpuRow
+from gpuconsole.facts.ownership import GpuOwner
+from gpuconsole.hardware import model_spec
+from gpuconsole.readings.base import Health, Severity
+from gpuconsole.readings.nvml import GpuReading, RemoteKind
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
 from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import health_light, spark

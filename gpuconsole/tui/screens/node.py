@@ -13,10 +13,12 @@ from textual.containers import Horizontal
 from textual.widgets import Static
 
 from gpuconsole import format as fmt
-from gpuconsole.inventory import GpuRow, ownership_problems
-from gpuconsole.model import FleetSnapshot, GpuReading, Health, NodeSnapshot, Severity
-from gpuconsole.tui import summaries as S
-from gpuconsole.tui.hardware import node_layout, short_model
+from gpuconsole.facts import summaries as S
+from gpuconsole.facts.inventory import GpuRow, ownership_problems
+from gpuconsole.hardware import product_name, short_model
+from gpuconsole.readings.base import Health, Severity
+from gpuconsole.readings.nvml import GpuReading
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.tui.screens.base import BaseView, update_text
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import HEALTH_GLYPH, health_light, spark
@@ -111,11 +113,10 @@ def gpu_row(node: NodeSnapshot, row: GpuRow, palette: Palette) -> tuple[Cell, ..
 def node_info(node: NodeSnapshot, palette: Palette, now: float) -> Text:
     """Two lines about the node: what it is, and how fresh each source is."""
     nvml = node.nvml
-    layout = node_layout(node)
     rows = S.gpu_rows(node)
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append_text(health_light(node.health, palette, word=True))
-    product = layout.product if layout is not None else short_model(S.node_model(node))
+    product = product_name(node.profile) or short_model(S.node_model(node))
     text.append(f"  {product} · {len(rows)}\u00d7 {short_model(S.node_model(node))}")
     guests = sum(1 for r in rows if r.passthrough)
     if guests:

@@ -17,10 +17,10 @@ from textual.containers import Container, VerticalScroll
 from textual.widgets import Static
 
 from gpuconsole import format as fmt
-from gpuconsole.model import FleetSnapshot, GpmMetrics, GpuReading, MigInstance, NodeSnapshot
-from gpuconsole.sim.profiles import GpuModel
-from gpuconsole.tui import summaries as S
-from gpuconsole.tui.hardware import model_spec
+from gpuconsole.facts import summaries as S
+from gpuconsole.hardware import GpuModel, model_spec
+from gpuconsole.readings.nvml import GpmMetrics, GpuReading, MigInstance
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.themes import Palette
 

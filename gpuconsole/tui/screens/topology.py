@@ -22,8 +22,10 @@ from textual.containers import Container, ScrollableContainer
 from textual.widgets import Static
 
 from gpuconsole import format as fmt
-from gpuconsole.inventory import GpuRow
-from gpuconsole.model import FleetSnapshot, Health, NodeSnapshot, RemoteKind
+from gpuconsole.facts import summaries as S
+from gpuconsole.facts.inventory import GpuRow
+from gpuconsole.hardware import short_model
+from gpuconsole.readings.base import Health
 from gpuconsole.readings.fabric import (
     LEVELS,
     AffinityFlag,
@@ -32,8 +34,8 @@ from gpuconsole.readings.fabric import (
     GpuAffinity,
     PortRole,
 )
-from gpuconsole.tui import summaries as S
-from gpuconsole.tui.hardware import short_model
+from gpuconsole.readings.nvml import RemoteKind
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.themes import Palette
 

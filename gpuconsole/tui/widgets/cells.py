@@ -8,9 +8,10 @@ from rich.style import Style
 from rich.text import Text
 
 from gpuconsole import format as fmt
-from gpuconsole.inventory import GpuRow
-from gpuconsole.model import GpuReading, Health
-from gpuconsole.tui.summaries import Facet, Metric, cell_text, metric_value, row_cell_text
+from gpuconsole.facts.inventory import GpuRow
+from gpuconsole.facts.summaries import Facet, Metric, cell_text, metric_value, row_cell_text
+from gpuconsole.readings.base import Health
+from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.tui.themes import Palette
 
 # A shape per health, so the state reads without colour too.

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from gpuconsole.actions.placement import Placement, Proposal
 from gpuconsole.actions.plan import Plan
-from gpuconsole.model import Health
+from gpuconsole.readings.base import Health
 from gpuconsole.tui.themes import Palette
 
 # A step's progress as the executor reports it (StepUpdate.state), and "" before it runs.

@@ -7,7 +7,8 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from gpuconsole import format as fmt
-from gpuconsole.model import FleetSnapshot, Health
+from gpuconsole.readings.base import Health
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.rich_lines import text_strip
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuconsole.model import GpuReading, NodeSnapshot
-from gpuconsole.ownership import GpuOwner, Inconsistency, OwnerKind, node_ownership
+from gpuconsole.facts.ownership import GpuOwner, Inconsistency, OwnerKind, node_ownership
 from gpuconsole.readings.fabric import normal_bus_id
+from gpuconsole.readings.nvml import GpuReading
+from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import PciGpu
 
 __all__ = ["GpuRow", "node_gpus", "ownership_problems"]

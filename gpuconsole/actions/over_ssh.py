@@ -30,16 +30,6 @@ from urllib.parse import urlsplit
 
 import asyncssh
 
-from gpuconsole.actions.assign import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_REFUSED,
-    EXIT_UNKNOWN,
-    EXIT_USAGE,
-    AssignRequest,
-    ask_confirmation,
-    shown_plan_stops,
-)
 from gpuconsole.actions.audit import AuditLog, AuditRecord
 from gpuconsole.actions.executor import (
     ACTION_EVENT,
@@ -68,8 +58,18 @@ from gpuconsole.actions.progress import (
     read_event,
 )
 from gpuconsole.actions.roles import Actor
+from gpuconsole.cli.assign import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNKNOWN,
+    EXIT_USAGE,
+    AssignRequest,
+    ask_confirmation,
+    shown_plan_stops,
+)
 from gpuconsole.config import Config, ConfigError, RemoteConfig
-from gpuconsole.model import Event, Severity
+from gpuconsole.readings.base import Event, Severity
 from gpuconsole.sources.base import EmitEvent
 
 __all__ = [

@@ -11,18 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuconsole import config as config_mod
-from gpuconsole import format as fmt
 from gpuconsole import paths
 from gpuconsole.config import Config, ConfigError
 from gpuconsole.hub import Hub
-from gpuconsole.hubs import bmc_sources, hub_settings, node_hub, sim_hub
-from gpuconsole.model import FleetSnapshot, NodeSnapshot, gpu_health
-from gpuconsole.sim.profiles import PROFILES
+from gpuconsole.readings.snapshot import FleetSnapshot
+from gpuconsole.wiring import bmc_sources, hub_settings, node_hub, sim_hub
 
 if TYPE_CHECKING:
     from gpuconsole.export.agent import AgentSettings
-    from gpuconsole.readings.bmc import BmcReading
-    from gpuconsole.readings.tenancy import PciGpu
     from gpuconsole.ssh.server import SshSettings
 
 log = logging.getLogger("gpuconsole")
@@ -59,8 +55,8 @@ def _run_console(
     """The console on `hub` (or a captured `snapshot`); with `acting`, the config of this
     machine's actions, it can move this machine's GPUs, and over ssh those of its fleet."""
     try:
+        from gpuconsole.tui.actions import MachineAccess
         from gpuconsole.tui.app import ConsoleApp
-        from gpuconsole.tui.screens.assign import MachineAccess
     except ImportError as exc:
         print(f"gpuconsole: the console cannot start: {exc}", file=sys.stderr)
         return 1
@@ -264,6 +260,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
         print(dumps(snapshot, indent=2 if args.pretty else None))
     else:
+        from gpuconsole.cli.table import render_table
+
         print(render_table(snapshot))
     failed = [s for n in snapshot.nodes for s in n.statuses if not s.ok]
     return 1 if failed and len(failed) == sum(len(n.statuses) for n in snapshot.nodes) else 0
@@ -327,9 +325,9 @@ def cmd_assign(args: argparse.Namespace) -> int:
     import os
     import signal
 
-    from gpuconsole.actions.assign import AssignRequest, gpu_args, run_assign
     from gpuconsole.actions.roles import Actor, Role, local_actor
     from gpuconsole.actions.ssh_caller import over_ssh
+    from gpuconsole.cli.assign import AssignRequest, gpu_args, run_assign
 
     cfg = _config(args)
     actor = over_ssh(local_actor(), os.environ)
@@ -365,125 +363,6 @@ def cmd_config(args: argparse.Namespace) -> int:
     where = cfg.path or f"{paths.default_config_file()} (absent: defaults)"
     print(f"{where}: ok")
     return 0
-
-
-# --- the plain-text table -------------------------------------------------------------
-
-
-def _node_table(node: NodeSnapshot) -> list[str]:
-    from gpuconsole.inventory import node_gpus
-
-    nvml = node.nvml
-    product = PROFILES[node.profile].product if node.profile in PROFILES else ""
-    head = [node.node]
-    if product:
-        head.append(product)
-    if node.simulated:
-        head.append("(simulated)")
-    if nvml is not None:
-        head.append(f"driver {nvml.driver_version or '?'}  CUDA {nvml.cuda_driver_version or '?'}")
-    for status in node.statuses:
-        state = "ok" if status.ok else f"STALE: {status.error}"
-        head.append(f"{status.source}: {state}")
-    lines = ["  ".join(head)]
-    if node.bmc is not None:
-        lines.append(_bmc_line(node.bmc))
-    # Every GPU, NVML's and those only sysfs sees (a guest's, through vfio-pci), with owners.
-    gpus = node_gpus(node)
-    if not gpus:
-        return lines
-    rows: list[tuple[str, ...]] = [
-        (
-            "GPU",
-            "NAME",
-            "BUS ID",
-            "UTIL",
-            "MEMORY",
-            "TEMP",
-            "HBM",
-            "POWER",
-            "SM CLOCK",
-            "THROTTLE",
-            "ECC",
-            "HEALTH",
-            "OWNER",
-        )
-    ]
-    for row in gpus:
-        gpu = row.reading
-        if gpu is None or gpu.lost:
-            state = "LOST" if gpu is not None else (row.driver or "not in NVML")
-            rows.append(
-                (
-                    str(row.index) if row.index is not None else "-",
-                    row.model or _pci_name(row.pci),
-                    gpu.pci_bus_id if gpu is not None else row.bus_id,
-                    state,
-                    *([fmt.NA] * 7),
-                    "critical" if gpu is not None else fmt.NA,
-                    row.label,
-                )
-            )
-            continue
-        memory = f"{fmt.gib(gpu.mem_used_bytes)} / {fmt.gib(gpu.mem_total_bytes)}"
-        power = f"{fmt.watts(gpu.power_w)} / {fmt.watts(gpu.power_limit_w)}"
-        util = fmt.pct(gpu.util_gpu_pct)
-        if gpu.mig_enabled:
-            util = f"MIG x{len(gpu.mig_instances)}"
-        ecc = str(gpu.ecc.volatile_uncorrected or 0) + "/" + str(gpu.ecc.volatile_corrected or 0)
-        if gpu.ecc.remap_pending:
-            ecc += " remap pending"
-        rows.append(
-            (
-                str(gpu.index),
-                gpu.name,
-                gpu.pci_bus_id,
-                util,
-                memory,
-                fmt.celsius(gpu.temp_gpu_c),
-                fmt.celsius(gpu.temp_hbm_c),
-                power,
-                fmt.mhz(gpu.sm_clock_mhz),
-                fmt.throttle_words(gpu.throttle_reasons),
-                ecc,
-                gpu_health(gpu).value,
-                row.label,
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for line in rows:
-        lines.append(
-            "  " + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-        )
-    return lines
-
-
-def _pci_name(pci: PciGpu | None) -> str:
-    """What sysfs alone can name a GPU by: its PCI device id."""
-    if pci is None or pci.device_id is None:
-        return "unknown"
-    return f"NVIDIA [10de:{pci.device_id:04x}]"
-
-
-def _bmc_line(bmc: BmcReading) -> str:
-    """The server around the GPUs in one line: power, temperatures, fans and PSUs."""
-    fans = f"fans {bmc.fans_present - bmc.fans_failed}/{bmc.fans_present} ok"
-    psus = f"PSUs {bmc.psus_present - bmc.psus_failed}/{bmc.psus_present} ok"
-    return (
-        f"  BMC: power {bmc.power_state}  {fmt.watts(bmc.power_w)}  "
-        f"inlet {fmt.celsius(bmc.inlet_c)}  exhaust {fmt.celsius(bmc.exhaust_c)}  {fans}  {psus}"
-    )
-
-
-def render_table(snapshot: FleetSnapshot) -> str:
-    """One reading as text, node by node."""
-    out: list[str] = []
-    for node in snapshot.nodes:
-        out.extend(_node_table(node))
-        out.append("")
-    if snapshot.simulated:
-        out.append("SIMULATED DATA: no real GPU was read.")
-    return "\n".join(out).rstrip() + "\n"
 
 
 # --- argument parsing -----------------------------------------------------------------

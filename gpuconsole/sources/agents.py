@@ -19,8 +19,9 @@ import aiohttp
 from yarl import URL
 
 from gpuconsole.codec import DecodeError, decode, decode_node, parse_json
-from gpuconsole.model import SCHEMA_VERSION, Event, NodeSnapshot
-from gpuconsole.readings.remote import RemoteReading
+from gpuconsole.readings.agents import RemoteReading
+from gpuconsole.readings.base import SCHEMA_VERSION, Event
+from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.base import EmitEvent
 
 MAX_BODY_BYTES = 8 * 1024 * 1024

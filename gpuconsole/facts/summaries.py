@@ -14,18 +14,12 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from gpuconsole import format as fmt
-from gpuconsole.inventory import GpuRow, node_gpus, ownership_problems
-from gpuconsole.model import (
-    GpuReading,
-    GpuState,
-    Health,
-    NodeSnapshot,
-    Severity,
-    gpu_health,
-    gpus_health,
-)
-from gpuconsole.ownership import GpuOwner, Owner, OwnerKind, Ownership, node_ownership
-from gpuconsole.tui.hardware import model_for_pci_device
+from gpuconsole.facts.inventory import GpuRow, node_gpus, ownership_problems
+from gpuconsole.facts.ownership import GpuOwner, Owner, OwnerKind, Ownership, node_ownership
+from gpuconsole.hardware import model_for_pci_device
+from gpuconsole.readings.base import Health, Severity
+from gpuconsole.readings.nvml import GpuReading, GpuState
+from gpuconsole.readings.snapshot import NodeSnapshot, gpu_health, gpus_health
 
 gpu_rows = node_gpus  # every GPU of a node, NVML's or not, with its owner
 PASSTHROUGH_GLYPH = "◆"  # a GPU a guest holds through vfio-pci: no NVML reading to colour

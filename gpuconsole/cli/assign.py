@@ -1,12 +1,9 @@
-"""`gpuconsole assign`: build the executor for this node (or a simulated one), recover what a
-crash left, propose GPUs when asked to, show the plan, ask for the confirmation, and print
-each step as it ticks.
-
-A console builds the same executors (`node_executor`, `demo_executor`) with its hub's
-`post_event` as `emit`, so that every step and outcome lands in its Events view.
+"""`gpuconsole assign`: take the executor for this node (or a simulated one) from wiring,
+recover what a crash left, propose GPUs when asked to, show the plan, ask for the
+confirmation, and print each step as it ticks.
 
 On a head, `--node` naming another node of the fleet runs the command there, over ssh
-(gpuconsole.actions.remote); the node runs it with `--json-progress` and reports in JSON.
+(gpuconsole.actions.over_ssh); the node runs it with `--json-progress` and reports in JSON.
 """
 
 from __future__ import annotations
@@ -15,38 +12,21 @@ import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TextIO
 
-from gpuconsole import paths
-from gpuconsole.actions.drivers import Drivers
 from gpuconsole.actions.executor import (
     ActionRefused,
     CannotRecover,
     Executor,
-    Reader,
-    StepUpdate,
 )
 from gpuconsole.actions.locks import holders
-from gpuconsole.actions.placement import Placement, placements
-from gpuconsole.actions.plan import Plan, PlanContext, Target
+from gpuconsole.actions.plan import Plan, Target
 from gpuconsole.actions.progress import JsonReport, Report, TextReport, plan_digest
 from gpuconsole.actions.roles import Actor
-from gpuconsole.actions.store import ActionStore, action_store, demo_store
 from gpuconsole.config import Config
-from gpuconsole.model import NodeSnapshot
-from gpuconsole.sources.base import EmitEvent
+from gpuconsole.wiring import demo_executor, node_executor, propose_demo, propose_with
 
-__all__ = [
-    "AssignRequest",
-    "console_executor",
-    "demo_executor",
-    "demo_root",
-    "node_executor",
-    "propose_demo",
-    "propose_with",
-    "run_assign",
-]
+__all__ = ["AssignRequest", "run_assign"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 EXIT_UNKNOWN = 4  # a remote plan lost its ssh connection: the node ends it, unseen
@@ -68,145 +48,6 @@ class AssignRequest:
     json_progress: bool = False  # report in JSON lines, for a head that runs this over ssh
     expect_plan: str | None = None  # run only the plan with this digest (what a head showed)
     recover: bool = False  # only recover unfinished plans, then list the GPU locks left
-
-
-def demo_root(node: str) -> Path:
-    """Where a simulated node's world lives between `assign --demo` runs."""
-    return paths.state_dir() / "demo" / node
-
-
-async def _read_here(cfg: Config) -> NodeSnapshot:
-    from gpuconsole.hubs import node_hub
-
-    fleet = await node_hub(cfg, one_shot=True).poll_once()
-    found = fleet.node(cfg.host.node_name)
-    assert found is not None
-    return found
-
-
-def node_executor(
-    cfg: Config,
-    on_step: Callable[[StepUpdate], None] | None = None,
-    *,
-    emit: EmitEvent | None = None,
-    store: ActionStore | None = None,
-) -> Executor:
-    """The executor for this machine's GPUs, with the drivers the config enables, journaling
-    and auditing in the machine's shared store."""
-    from gpuconsole.actions.drivers.vfio import VfioDriver
-
-    node = cfg.host.node_name
-    guests = None
-    if cfg.tenancy.libvirt_uri:
-        from gpuconsole.actions.drivers.libvirt import LibvirtDriver
-
-        guests = LibvirtDriver(cfg.tenancy.libvirt_uri)
-    kube = None
-    if cfg.actions.kubernetes:
-        from gpuconsole.actions.drivers.kubernetes import KubernetesDriver, api_client
-
-        kube = KubernetesDriver(
-            cfg.actions.kubernetes_node or node,
-            api_client(cfg.actions.kubeconfig),
-            evict_timeout_s=cfg.actions.evict_timeout_s,
-        )
-    drivers = Drivers(
-        pci=VfioDriver(cfg.actions.sysfs_root or cfg.host.sysfs_root, cfg.host.proc_root),
-        guests=guests,
-        kubernetes=kube,
-    )
-
-    async def read() -> NodeSnapshot:
-        return await _read_here(cfg)
-
-    where = store or action_store(cfg.actions)
-    return Executor(
-        node,
-        drivers,
-        where.journal(),
-        where.audit(),
-        reader=read,
-        emit=emit,
-        on_step=on_step,
-    )
-
-
-def demo_executor(
-    node: str,
-    on_step: Callable[[StepUpdate], None] | None = None,
-    *,
-    emit: EmitEvent | None = None,
-) -> Executor:
-    """The executor for a node of the simulated demo cluster (its world, journal and audit
-    log under the user's own state folder)."""
-    from gpuconsole.actions.drivers.sim import SimWorld, sim_drivers
-
-    world = SimWorld.demo(node, demo_root(node))
-    reader: Reader = world.snapshot
-    store = demo_store()
-    return Executor(
-        node,
-        sim_drivers(world),
-        store.journal(),
-        store.audit(),
-        reader=reader,
-        emit=emit,
-        on_step=on_step,
-    )
-
-
-def console_executor(
-    cfg: Config,
-    node: str,
-    emit: EmitEvent,
-    *,
-    demo: bool = False,
-    on_step: Callable[[StepUpdate], None] | None = None,
-) -> Executor:
-    """The executor a console (local, or one ssh session) runs a node's plans with, its
-    events posted to the console's hub (`emit`: the hub's thread-safe `post_event`).
-
-    Only this machine's GPUs, or with `demo` a simulated node's; a GPU of another node is
-    moved on that node (ssh NODE gpuconsole assign ...), which its agent's hub reports.
-    """
-    if demo:
-        return demo_executor(node, on_step, emit=emit)
-    if node != cfg.host.node_name:
-        raise ValueError(
-            f"{node} is not this machine ({cfg.host.node_name}): run the plan there "
-            f"(ssh {node} gpuconsole assign ...)"
-        )
-    return node_executor(cfg, on_step, emit=emit)
-
-
-async def propose_with(
-    executor: Executor, count: int, model: str | None = None, target: Target | None = None
-) -> Placement:
-    """Placement help on the executor's node, from a fresh reading (this machine's includes
-    the fabric, for the NIC rails) and the executor's cordons."""
-    if executor.reader is None:
-        raise RuntimeError("this executor has no reader to propose from")
-    node = await executor.reader()
-    return placements([node], count, model, target, {node.node: await executor.context()})
-
-
-async def propose_demo(
-    count: int,
-    model: str | None = None,
-    target: Target | None = None,
-    nodes: Sequence[str] | None = None,
-) -> Placement:
-    """Placement help over the simulated demo cluster's worlds (or the nodes named)."""
-    from gpuconsole.actions.drivers.sim import SimWorld
-    from gpuconsole.sim.cluster import demo_cluster
-
-    names = list(nodes) if nodes else [s.name for s in demo_cluster()]
-    snapshots, contexts = [], {}
-    for name in names:
-        world = SimWorld.demo(name, demo_root(name))
-        snapshots.append(await world.snapshot(fabric=True))
-        contexts[name] = PlanContext(kubernetes=True, cordoned=frozenset(world.cordoned))
-    return placements(snapshots, count, model, target, contexts)
 
 
 def _usage(request: AssignRequest) -> str | None:
@@ -288,7 +129,7 @@ async def run_assign(
                 file=sys.stderr,
             )
             return EXIT_USAGE
-        from gpuconsole.actions.remote import run_remote_assign
+        from gpuconsole.actions.over_ssh import run_remote_assign
 
         return await run_remote_assign(cfg, request, actor, ask=ask, out=out)
     node, keys = request.node, request.gpus

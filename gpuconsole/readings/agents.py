@@ -6,8 +6,7 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gpuconsole.model import GpmMetrics, GpuReading, Key, NodeSnapshot
-from gpuconsole.readings.base import CounterSample
+from gpuconsole.readings.base import CounterSample, Key
 from gpuconsole.readings.bmc import BmcReading, SensorHealth
 from gpuconsole.readings.fabric import (
     CONGESTION_RULES,
@@ -16,6 +15,8 @@ from gpuconsole.readings.fabric import (
     FabricReading,
     NetdevStats,
 )
+from gpuconsole.readings.nvml import GpmMetrics, GpuReading
+from gpuconsole.readings.snapshot import NodeSnapshot
 
 # The NodeSnapshot fields a remote node supplies in place of local sources.
 REMOTE_PARTS = ("nvml", "bmc", "fabric", "tenancy")

@@ -1,67 +1,17 @@
-"""Readings: immutable, typed, units in field names.
+"""NVML readings: immutable, typed, units in field names.
 
-Sources return partial readings (one per source kind); the hub merges them into a
-NodeSnapshot per node and a FleetSnapshot for the whole process. Counters are stored
-raw; the hub derives rates from what `counters()` yields, so wrap and reset are
-handled in one place.
+The NVML source returns an NvmlReading per poll; counters are stored raw and the hub
+derives rates from what `counters()` yields, so wrap and reset are handled in one place.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from gpuconsole.history import HistoryView
-
-from gpuconsole.readings.base import (
-    SCHEMA_VERSION,
-    CounterSample,
-    Event,
-    Health,
-    Key,
-    RawCounter,
-    Severity,
-    SourceStatus,
-)
-from gpuconsole.readings.bmc import BmcReading
-from gpuconsole.readings.fabric import FabricReading
-from gpuconsole.readings.tenancy import TenancyReading
-
-__all__ = [
-    "SCHEMA_VERSION",
-    "BmcReading",
-    "CounterSample",
-    "EccReading",
-    "Event",
-    "FabricReading",
-    "FleetSnapshot",
-    "GpmMetrics",
-    "GpuReading",
-    "GpuState",
-    "Health",
-    "Key",
-    "MigInstance",
-    "NodeSnapshot",
-    "NvLinkReading",
-    "NvmlReading",
-    "PcieReading",
-    "ProcessReading",
-    "RawCounter",
-    "RemoteKind",
-    "Severity",
-    "SourceStatus",
-    "TenancyReading",
-    "gpu_health",
-    "gpus_health",
-]
-
-
-# --- NVML -------------------------------------------------------------------------
+from gpuconsole.readings.base import Key, RawCounter
 
 
 class GpuState(enum.StrEnum):
@@ -331,121 +281,3 @@ def _link_keys(uuid: str) -> tuple[tuple[Key, Key], ...]:
         (("gpu", uuid, "nvlink", str(n), "tx_kib"), ("gpu", uuid, "nvlink", str(n), "rx_kib"))
         for n in range(NVLINK_MAX_LINKS)
     )
-
-
-# --- Node and fleet ---------------------------------------------------------------
-
-_EMPTY_RATES: Mapping[Key, float] = MappingProxyType({})
-_EMPTY_DELTAS: Mapping[Key, int] = MappingProxyType({})
-_EMPTY_XIDS: Mapping[str, int] = MappingProxyType({})
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSnapshot:
-    """The latest readings of one node, merged from its sources, with derived rates."""
-
-    node: str
-    simulated: bool = False
-    profile: str | None = None
-    nvml: NvmlReading | None = None
-    bmc: BmcReading | None = None
-    fabric: FabricReading | None = None
-    tenancy: TenancyReading | None = None
-    statuses: tuple[SourceStatus, ...] = ()
-    rates: Mapping[Key, float] = field(default_factory=lambda: _EMPTY_RATES)
-    # how far each counter read with `delta` moved over its source's last interval; only
-    # the counters that moved are here
-    deltas: Mapping[Key, int] = field(default_factory=lambda: _EMPTY_DELTAS)
-    last_xid: Mapping[str, int] = field(default_factory=lambda: _EMPTY_XIDS)  # by GPU UUID
-    history: HistoryView | None = None
-
-    def status(self, source: str) -> SourceStatus | None:
-        for status in self.statuses:
-            if status.source == source:
-                return status
-        return None
-
-    def rate(self, *key: str) -> float | None:
-        """Per-second rate of a counter, e.g. rate("gpu", uuid, "energy_mj")."""
-        return self.rates.get(key)
-
-    def delta(self, *key: str) -> int | None:
-        """How far a counter read with `delta` moved over its source's last interval: 0 when
-        it did not move, None when that is unknown (its first reading, or a reset)."""
-        moved = self.deltas.get(key)
-        if moved is not None:
-            return moved
-        return 0 if key in self.rates else None
-
-    def pcie_rates(self, gpu: GpuReading) -> tuple[float | None, float | None]:
-        """PCIe tx and rx bytes per second: from the byte counters, else the driver's rate."""
-        tx = self.rate("gpu", gpu.uuid, "pcie_tx_bytes")
-        rx = self.rate("gpu", gpu.uuid, "pcie_rx_bytes")
-        return (
-            tx if tx is not None else gpu.pcie.tx_bytes_per_s,
-            rx if rx is not None else gpu.pcie.rx_bytes_per_s,
-        )
-
-    @property
-    def gpus(self) -> tuple[GpuReading, ...]:
-        return self.nvml.gpus if self.nvml is not None else ()
-
-    @property
-    def health(self) -> Health:
-        if not self.statuses:
-            return Health.UNKNOWN
-        stale = any(s.stale for s in self.statuses)
-        return gpus_health(self.gpus, Health.STALE if stale else Health.OK)
-
-
-def gpus_health(gpus: Iterable[GpuReading], start: Health = Health.OK) -> Health:
-    """The worst of some GPUs: critical wins; a warning shows only over an otherwise ok state."""
-    worst = start
-    for gpu in gpus:
-        level = gpu_health(gpu)
-        if level is Health.CRITICAL:
-            return Health.CRITICAL
-        if level is Health.WARNING and worst is Health.OK:
-            worst = Health.WARNING
-    return worst
-
-
-# Throttle reasons that mean the GPU is held back by heat or power, not by its own choice.
-_SLOWDOWNS = frozenset(
-    {"hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown", "hw_slowdown"}
-)
-
-
-def gpu_health(gpu: GpuReading) -> Health:
-    """One GPU at a glance: lost or failing is critical, throttled or erring is a warning."""
-    # A fleet view judges every GPU of a thousand nodes each second: no set built per call.
-    ecc = gpu.ecc
-    if gpu.state is GpuState.LOST or ecc.remap_failure or (ecc.volatile_uncorrected or 0) > 0:
-        return Health.CRITICAL
-    if ecc.remap_pending or gpu.pcie.downtrained or not _SLOWDOWNS.isdisjoint(gpu.throttle_reasons):
-        return Health.WARNING
-    if gpu.state is GpuState.ERROR:
-        return Health.WARNING
-    return Health.OK
-
-
-@dataclass(frozen=True, slots=True)
-class FleetSnapshot:
-    """Every node this process knows, as of one moment; what consumers receive."""
-
-    seq: int
-    at: float
-    nodes: tuple[NodeSnapshot, ...]
-    events: tuple[Event, ...] = ()  # the most recent events, oldest first
-    # every event since the process started, counted by (node, kind, severity)
-    event_counts: tuple[tuple[str, str, str, int], ...] = ()
-
-    def node(self, name: str) -> NodeSnapshot | None:
-        for node in self.nodes:
-            if node.node == name:
-                return node
-        return None
-
-    @property
-    def simulated(self) -> bool:
-        return any(node.simulated for node in self.nodes)

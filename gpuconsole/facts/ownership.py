@@ -15,9 +15,10 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from gpuconsole.model import GpuReading, MigInstance, NodeSnapshot, NvmlReading
 from gpuconsole.readings.base import Severity
 from gpuconsole.readings.fabric import normal_bus_id
+from gpuconsole.readings.nvml import GpuReading, MigInstance, NvmlReading
+from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import (
     ACTIVE_GUEST_STATES,
     Guest,

@@ -1,0 +1,1 @@
+"""The command line: each subcommand a thin edge over gpuconsole.wiring."""

@@ -1,0 +1,1 @@
+"""Facts every consumer derives the same way from a snapshot: ownership, inventory, summaries."""
