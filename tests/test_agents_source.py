@@ -21,7 +21,7 @@ from gpuconsole.export.agent import (
     select,
     snapshot_body,
 )
-from gpuconsole.facts import summaries as S
+from gpuconsole.facts import summaries
 from gpuconsole.fleet import focus
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.base import Event, Severity
@@ -213,21 +213,21 @@ async def test_an_agent_that_returns_garbage_is_stale_with_a_reason(
 
 def fleet_row(node: NodeSnapshot) -> tuple[object, ...]:
     """Everything the fleet view, the wallboard and the node's panels compute from a node."""
-    rows = S.gpu_rows(node)
+    rows = summaries.gpu_rows(node)
     ports = node.fabric.ports if node.fabric is not None else ()
     return (
-        S.gpu_counts(node),
+        summaries.gpu_counts(node),
         node.health,
-        S.facets(node),
-        S.node_power_w(node),
-        S.node_hottest_c(node),
-        S.node_model(node),
-        S.filter_text(node),
-        [S.row_cell_text(row, metric) for row in rows for metric in S.Metric],
-        [S.row_health(row) for row in rows],
-        [S.gpu_owner(node, gpu) for gpu in node.gpus],
-        S.bmc_panel(node),
-        S.fabric_panel(node),
+        summaries.facets(node),
+        summaries.node_power_w(node),
+        summaries.node_hottest_c(node),
+        summaries.node_model(node),
+        summaries.filter_text(node),
+        [summaries.row_cell_text(row, metric) for row in rows for metric in summaries.Metric],
+        [summaries.row_health(row) for row in rows],
+        [summaries.gpu_owner(node, gpu) for gpu in node.gpus],
+        summaries.bmc_panel(node),
+        summaries.fabric_panel(node),
         [port_problems(p, port_rates(node.rate, p), port_deltas(node.delta, p)) for p in ports],
     )
 

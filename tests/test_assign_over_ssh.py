@@ -1,4 +1,4 @@
-"""Remote assign: a head runs a node's own `gpuconsole assign` over ssh, as the operator's
+"""Assign over ssh: a head runs a node's own `gpuconsole assign` over ssh, as the operator's
 ssh key, and follows its JSON progress.
 
 The node is a minimal sshd on 127.0.0.1: an asyncssh server in a thread of this process,

@@ -37,12 +37,12 @@ REQUIRE_ENV = "GPUCONSOLE_REQUIRE_PEERS"
 
 PRELUDE = """
 import ctypes, json, os, sys, time
-import pynvml as N
+import pynvml
 
 def err(fn, *args):
     try:
         fn(*args)
-    except N.NVMLError as exc:
+    except pynvml.NVMLError as exc:
         return type(exc).__name__
     return None
 """
@@ -84,49 +84,49 @@ def test_dgx_h100_reports_the_profile(fake_nvml_env: FakeNvmlEnv) -> None:
     out = run_py(
         fake_nvml_env("dgx-h100"),
         """
-        N.nvmlInit()
+        pynvml.nvmlInit()
         gpus = []
-        for i in range(N.nvmlDeviceGetCount()):
-            h = N.nvmlDeviceGetHandleByIndex(i)
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
             links = [
-                (N.nvmlDeviceGetNvLinkRemotePciInfo(h, k).busId,
-                 N.nvmlDeviceGetNvLinkRemoteDeviceType(h, k),
-                 N.nvmlDeviceGetNvLinkState(h, k))
+                (pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, k).busId,
+                 pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(h, k),
+                 pynvml.nvmlDeviceGetNvLinkState(h, k))
                 for k in range(18)
             ]
             gpus.append({
-                "name": N.nvmlDeviceGetName(h),
-                "uuid": N.nvmlDeviceGetUUID(h),
-                "serial": N.nvmlDeviceGetSerial(h),
-                "index": N.nvmlDeviceGetIndex(h),
-                "bus": N.nvmlDeviceGetPciInfo(h).busId,
-                "legacy": N.nvmlDeviceGetPciInfo(h).busIdLegacy,
-                "device_id": N.nvmlDeviceGetPciInfo(h).pciDeviceId,
-                "sm": N.nvmlDeviceGetAttributes(h).multiprocessorCount,
-                "mem": N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).total,
-                "module": N.nvmlDeviceGetModuleId(h),
-                "numa": N.nvmlDeviceGetNumaNodeId(h),
-                "arch": N.nvmlDeviceGetArchitecture(h),
-                "tdp": N.nvmlDeviceGetEnforcedPowerLimit(h),
-                "slowdown": N.nvmlDeviceGetTemperatureThreshold(
-                    h, N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
-                "max_sm": N.nvmlDeviceGetMaxClockInfo(h, N.NVML_CLOCK_SM),
-                "pcie": [N.nvmlDeviceGetMaxPcieLinkGeneration(h),
-                         N.nvmlDeviceGetMaxPcieLinkWidth(h)],
+                "name": pynvml.nvmlDeviceGetName(h),
+                "uuid": pynvml.nvmlDeviceGetUUID(h),
+                "serial": pynvml.nvmlDeviceGetSerial(h),
+                "index": pynvml.nvmlDeviceGetIndex(h),
+                "bus": pynvml.nvmlDeviceGetPciInfo(h).busId,
+                "legacy": pynvml.nvmlDeviceGetPciInfo(h).busIdLegacy,
+                "device_id": pynvml.nvmlDeviceGetPciInfo(h).pciDeviceId,
+                "sm": pynvml.nvmlDeviceGetAttributes(h).multiprocessorCount,
+                "mem": pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).total,
+                "module": pynvml.nvmlDeviceGetModuleId(h),
+                "numa": pynvml.nvmlDeviceGetNumaNodeId(h),
+                "arch": pynvml.nvmlDeviceGetArchitecture(h),
+                "tdp": pynvml.nvmlDeviceGetEnforcedPowerLimit(h),
+                "slowdown": pynvml.nvmlDeviceGetTemperatureThreshold(
+                    h, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+                "max_sm": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+                "pcie": [pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h),
+                         pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)],
                 "links": links,
-                "link_count": N.nvmlDeviceGetFieldValues(h, [91])[0].value.uiVal,
+                "link_count": pynvml.nvmlDeviceGetFieldValues(h, [91])[0].value.uiVal,
             })
-        by_uuid = N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByUUID(gpus[3]["uuid"]))
-        by_bus = N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleByPciBusId("0000:9d:00.0"))
-        h0, h4 = N.nvmlDeviceGetHandleByIndex(0), N.nvmlDeviceGetHandleByIndex(4)
+        by_uuid = pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(gpus[3]["uuid"]))
+        by_bus = pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByPciBusId("0000:9d:00.0"))
+        h0, h4 = pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlDeviceGetHandleByIndex(4)
         out = {
-            "driver": N.nvmlSystemGetDriverVersion(),
-            "cuda": N.nvmlSystemGetCudaDriverVersion_v2(),
+            "driver": pynvml.nvmlSystemGetDriverVersion(),
+            "cuda": pynvml.nvmlSystemGetCudaDriverVersion_v2(),
             "gpus": gpus,
             "by_uuid": by_uuid,
             "by_bus": by_bus,
-            "topo_0_4": N.nvmlDeviceGetTopologyCommonAncestor(h0, h4),
-            "past_last_link": err(N.nvmlDeviceGetNvLinkState, h0, 18),
+            "topo_0_4": pynvml.nvmlDeviceGetTopologyCommonAncestor(h0, h4),
+            "past_last_link": err(pynvml.nvmlDeviceGetNvLinkState, h0, 18),
         }
         """,
     )
@@ -168,9 +168,9 @@ def test_topology_matrix_matches_the_profile(
     out = run_py(
         fake_nvml_env(profile),
         """
-        N.nvmlInit()
-        hs = [N.nvmlDeviceGetHandleByIndex(i) for i in range(N.nvmlDeviceGetCount())]
-        out = [[N.nvmlDeviceGetTopologyCommonAncestor(a, b) for b in hs] for a in hs]
+        pynvml.nvmlInit()
+        hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        out = [[pynvml.nvmlDeviceGetTopologyCommonAncestor(a, b) for b in hs] for a in hs]
         """,
     )
     expected = [
@@ -185,14 +185,15 @@ def test_cpu_affinity_by_node_and_socket(fake_nvml_env: FakeNvmlEnv) -> None:
     out = run_py(
         fake_nvml_env("dgx-a100"),
         """
-        N.nvmlInit()
-        h = N.nvmlDeviceGetHandleByIndex(0)
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
         out = {
-            "plain": list(N.nvmlDeviceGetCpuAffinity(h, 4)),
-            "node": list(N.nvmlDeviceGetCpuAffinityWithinScope(h, 4, N.NVML_AFFINITY_SCOPE_NODE)),
+            "plain": list(pynvml.nvmlDeviceGetCpuAffinity(h, 4)),
+            "node": list(
+                pynvml.nvmlDeviceGetCpuAffinityWithinScope(h, 4, pynvml.NVML_AFFINITY_SCOPE_NODE)),
             "socket": list(
-                N.nvmlDeviceGetCpuAffinityWithinScope(h, 4, N.NVML_AFFINITY_SCOPE_SOCKET)),
-            "numa": N.nvmlDeviceGetNumaNodeId(h),
+                pynvml.nvmlDeviceGetCpuAffinityWithinScope(h, 4, pynvml.NVML_AFFINITY_SCOPE_SOCKET)),
+            "numa": pynvml.nvmlDeviceGetNumaNodeId(h),
         }
         """,
     )
@@ -206,19 +207,19 @@ def test_pcie_gpus_have_no_nvlink_fabric_or_fans(fake_nvml_env: FakeNvmlEnv) -> 
     out = run_py(
         fake_nvml_env("apollo-pcie"),
         """
-        N.nvmlInit()
-        h = N.nvmlDeviceGetHandleByIndex(0)
-        info = N.c_nvmlGpuFabricInfo_t()
-        v = N.nvmlDeviceGetFieldValues(h, [91, (138, 0)])
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        info = pynvml.c_nvmlGpuFabricInfo_t()
+        v = pynvml.nvmlDeviceGetFieldValues(h, [91, (138, 0)])
         out = {
-            "name": N.nvmlDeviceGetName(h),
-            "nvlink": err(N.nvmlDeviceGetNvLinkState, h, 0),
-            "fabric": err(N.nvmlDeviceGetGpuFabricInfo, h, ctypes.byref(info)),
-            "fan": err(N.nvmlDeviceGetFanSpeed, h),
-            "fans": err(N.nvmlDeviceGetNumFans, h),
+            "name": pynvml.nvmlDeviceGetName(h),
+            "nvlink": err(pynvml.nvmlDeviceGetNvLinkState, h, 0),
+            "fabric": err(pynvml.nvmlDeviceGetGpuFabricInfo, h, ctypes.byref(info)),
+            "fan": err(pynvml.nvmlDeviceGetFanSpeed, h),
+            "fans": err(pynvml.nvmlDeviceGetNumFans, h),
             "fields": [e.nvmlReturn for e in v],
-            "gpm": N.nvmlGpmQueryDeviceSupport(h).isSupportedDevice,
-            "gpm_sample": err(N.nvmlGpmSampleGet, h, N.nvmlGpmSampleAlloc()),
+            "gpm": pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice,
+            "gpm_sample": err(pynvml.nvmlGpmSampleGet, h, pynvml.nvmlGpmSampleAlloc()),
         }
         """,
     )
@@ -233,19 +234,19 @@ def test_nvswitch_gpus_report_a_completed_fabric(fake_nvml_env: FakeNvmlEnv) -> 
     out = run_py(
         fake_nvml_env("dgx-h100"),
         """
-        N.nvmlInit()
-        h = N.nvmlDeviceGetHandleByIndex(2)
-        v1 = N.c_nvmlGpuFabricInfo_t()
-        N.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(v1))
-        v2 = N.c_nvmlGpuFabricInfo_v2_t()
-        N.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(v2))
-        bad = N.c_nvmlGpuFabricInfo_v2_t()
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(2)
+        v1 = pynvml.c_nvmlGpuFabricInfo_t()
+        pynvml.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(v1))
+        v2 = pynvml.c_nvmlGpuFabricInfo_v2_t()
+        pynvml.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(v2))
+        bad = pynvml.c_nvmlGpuFabricInfo_v2_t()
         bad.version = 7
         out = {
             "v1": [v1.state, v1.status],
             "v2": [v2.state, v2.status],
-            "bad_version": err(N.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(bad)),
-            "fan": err(N.nvmlDeviceGetFanSpeed_v2, h, 0),
+            "bad_version": err(pynvml.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(bad)),
+            "fan": err(pynvml.nvmlDeviceGetFanSpeed_v2, h, 0),
         }
         """,
     )
@@ -263,9 +264,9 @@ def test_a_function_the_library_lacks_is_function_not_found(fake_nvml_env: FakeN
     out = run_py(
         fake_nvml_env(),
         """
-        N.nvmlInit()
-        h = N.nvmlDeviceGetHandleByIndex(0)
-        out = [err(N.nvmlDeviceGetSamples, h, 1, 0), err(N.nvmlDeviceGetPowerUsage, h)]
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        out = [err(pynvml.nvmlDeviceGetSamples, h, 1, 0), err(pynvml.nvmlDeviceGetPowerUsage, h)]
         """,
     )
     assert out == ["NVMLError_FunctionNotFound", None]
@@ -275,7 +276,7 @@ def test_without_a_profile_the_driver_is_not_loaded(
     fake_nvml_env: FakeNvmlEnv, tmp_path: Path
 ) -> None:
     env = fake_nvml_env()
-    body = "out = [err(N.nvmlInit), err(N.nvmlDeviceGetCount)]"
+    body = "out = [err(pynvml.nvmlInit), err(pynvml.nvmlDeviceGetCount)]"
     unset = {k: v for k, v in env.items() if k != "GPUCONSOLE_FAKE_NVML_PROFILE"}
     assert run_py(unset, body) == ["NVMLError_DriverNotLoaded", "NVMLError_Uninitialized"]
     missing = {**env, "GPUCONSOLE_FAKE_NVML_PROFILE": str(tmp_path / "absent")}
@@ -299,13 +300,13 @@ def test_calls_before_init_and_after_shutdown_are_uninitialized(
     out = run_py(
         fake_nvml_env(),
         """
-        N.nvmlInit()
-        N.nvmlInit()
-        h = N.nvmlDeviceGetHandleByIndex(0)
-        N.nvmlShutdown()
-        still = N.nvmlDeviceGetName(h)          # ref-counted: one init left
-        N.nvmlShutdown()
-        out = [still, err(N.nvmlDeviceGetName, h), err(N.nvmlShutdown)]
+        pynvml.nvmlInit()
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        pynvml.nvmlShutdown()
+        still = pynvml.nvmlDeviceGetName(h)          # ref-counted: one init left
+        pynvml.nvmlShutdown()
+        out = [still, err(pynvml.nvmlDeviceGetName, h), err(pynvml.nvmlShutdown)]
         """,
     )
     assert out == ["NVIDIA H100 80GB HBM3", "NVMLError_Uninitialized", "NVMLError_Uninitialized"]
@@ -320,11 +321,11 @@ def test_xid79_loses_that_gpu_only(fake_nvml_env: FakeNvmlEnv) -> None:
     out = run_py(
         fake_nvml_env(scenarios=["xid79 5"]),
         """
-        N.nvmlInit()
+        pynvml.nvmlInit()
         out = {
-            "count": N.nvmlDeviceGetCount(),
-            "handles": [err(N.nvmlDeviceGetHandleByIndex, i) for i in range(8)],
-            "by_bus": err(N.nvmlDeviceGetHandleByPciBusId, "00000000:C3:00.0"),
+            "count": pynvml.nvmlDeviceGetCount(),
+            "handles": [err(pynvml.nvmlDeviceGetHandleByIndex, i) for i in range(8)],
+            "by_bus": err(pynvml.nvmlDeviceGetHandleByPciBusId, "00000000:C3:00.0"),
         }
         """,
     )
@@ -337,14 +338,14 @@ def test_xid79_is_delivered_as_an_event_then_the_gpu_is_lost(fake_nvml_env: Fake
     out = run_py(
         fake_nvml_env(scenarios=["xid79 5 at 1"]),
         """
-        N.nvmlInit()
-        hs = [N.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
-        before = N.nvmlDeviceGetName(hs[5])
-        es = N.nvmlEventSetCreate()
+        pynvml.nvmlInit()
+        hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
+        before = pynvml.nvmlDeviceGetName(hs[5])
+        es = pynvml.nvmlEventSetCreate()
         for h in hs:
-            N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, es)
+            pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, es)
         t0 = time.monotonic()
-        d = N.nvmlEventSetWait(es, 10000)
+        d = pynvml.nvmlEventSetWait(es, 10000)
         waited = time.monotonic() - t0
         out = {
             "before": before,
@@ -353,12 +354,12 @@ def test_xid79_is_delivered_as_an_event_then_the_gpu_is_lost(fake_nvml_env: Fake
             "gi": d.gpuInstanceId,
             "is_gpu5": ctypes.addressof(d.device.contents) == ctypes.addressof(hs[5].contents),
             "waited": waited,
-            "after": err(N.nvmlDeviceGetName, hs[5]),
-            "power": err(N.nvmlDeviceGetPowerUsage, hs[5]),
-            "neighbour": err(N.nvmlDeviceGetPowerUsage, hs[4]),
-            "again": err(N.nvmlEventSetWait, es, 200),
+            "after": err(pynvml.nvmlDeviceGetName, hs[5]),
+            "power": err(pynvml.nvmlDeviceGetPowerUsage, hs[5]),
+            "neighbour": err(pynvml.nvmlDeviceGetPowerUsage, hs[4]),
+            "again": err(pynvml.nvmlEventSetWait, es, 200),
         }
-        N.nvmlEventSetFree(es)
+        pynvml.nvmlEventSetFree(es)
         """,
     )
     assert out["before"] == "NVIDIA H100 80GB HBM3"
@@ -374,17 +375,17 @@ def test_event_wait_times_out_when_nothing_happens(fake_nvml_env: FakeNvmlEnv) -
     out = run_py(
         fake_nvml_env(),
         """
-        N.nvmlInit()
-        h = N.nvmlDeviceGetHandleByIndex(0)
-        es = N.nvmlEventSetCreate()
-        supported = N.nvmlDeviceGetSupportedEventTypes(h)
-        N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, es)
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        es = pynvml.nvmlEventSetCreate()
+        supported = pynvml.nvmlDeviceGetSupportedEventTypes(h)
+        pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, es)
         t0 = time.monotonic()
         out = {
-            "wait": err(N.nvmlEventSetWait, es, 300),
+            "wait": err(pynvml.nvmlEventSetWait, es, 300),
             "took": time.monotonic() - t0,
-            "xid_supported": bool(supported & N.nvmlEventTypeXidCriticalError),
-            "unsupported_type": err(N.nvmlDeviceRegisterEvents, h, 1 << 40, es),
+            "xid_supported": bool(supported & pynvml.nvmlEventTypeXidCriticalError),
+            "unsupported_type": err(pynvml.nvmlDeviceRegisterEvents, h, 1 << 40, es),
         }
         """,
     )
@@ -408,43 +409,43 @@ def test_mig_scenario_lists_four_mig_devices(
     out = run_py(
         fake_nvml_env(profile, scenarios=[f"mig {gpu}"]),
         f"""
-        N.nvmlInit()
-        h = N.nvmlDeviceGetHandleByIndex({gpu})
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex({gpu})
         migs, empty = [], []
-        for k in range(N.nvmlDeviceGetMaxMigDeviceCount(h)):
+        for k in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
             try:
-                m = N.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
-            except N.NVMLError_NotFound:
+                m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+            except pynvml.NVMLError_NotFound:
                 empty.append(k)
                 continue
-            gi = N.nvmlDeviceGetGpuInstanceId(m)
-            info = N.nvmlGpuInstanceGetInfo(N.nvmlDeviceGetGpuInstanceById(h, gi))
-            by_index = {{p: N.nvmlDeviceGetGpuInstanceProfileInfo(h, p)
+            gi = pynvml.nvmlDeviceGetGpuInstanceId(m)
+            info = pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(h, gi))
+            by_index = {{p: pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, p)
                          for p in (0, 1, 2, 3, 4, 7)}}
             prof = [p for p in by_index.values() if p.id == info.profileId][0]
-            parent = N.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m)
+            parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m)
             migs.append({{
-                "name": N.nvmlDeviceGetName(m),
+                "name": pynvml.nvmlDeviceGetName(m),
                 "profile": prof.name,
-                "uuid": N.nvmlDeviceGetUUID(m),
+                "uuid": pynvml.nvmlDeviceGetUUID(m),
                 "gi": gi,
-                "ci": N.nvmlDeviceGetComputeInstanceId(m),
-                "sm": N.nvmlDeviceGetAttributes(m).multiprocessorCount,
-                "mem": N.nvmlDeviceGetMemoryInfo(m).total,
-                "is_mig": N.nvmlDeviceIsMigDeviceHandle(m).value,
-                "parent": N.nvmlDeviceGetIndex(parent),
-                "by_uuid": N.nvmlDeviceIsMigDeviceHandle(
-                    N.nvmlDeviceGetHandleByUUID(N.nvmlDeviceGetUUID(m))).value,
+                "ci": pynvml.nvmlDeviceGetComputeInstanceId(m),
+                "sm": pynvml.nvmlDeviceGetAttributes(m).multiprocessorCount,
+                "mem": pynvml.nvmlDeviceGetMemoryInfo(m).total,
+                "is_mig": pynvml.nvmlDeviceIsMigDeviceHandle(m).value,
+                "parent": pynvml.nvmlDeviceGetIndex(parent),
+                "by_uuid": pynvml.nvmlDeviceIsMigDeviceHandle(
+                    pynvml.nvmlDeviceGetHandleByUUID(pynvml.nvmlDeviceGetUUID(m))).value,
             }})
-        other = N.nvmlDeviceGetHandleByIndex({(gpu + 1) % 8})
+        other = pynvml.nvmlDeviceGetHandleByIndex({(gpu + 1) % 8})
         out = {{
-            "mode": N.nvmlDeviceGetMigMode(h),
-            "other_mode": N.nvmlDeviceGetMigMode(other),
+            "mode": pynvml.nvmlDeviceGetMigMode(h),
+            "other_mode": pynvml.nvmlDeviceGetMigMode(other),
             "migs": migs,
             "empty": empty,
-            "util": err(N.nvmlDeviceGetUtilizationRates, h),
-            "procs": [p.gpuInstanceId for p in N.nvmlDeviceGetComputeRunningProcesses(h)],
-            "parent_is_mig": N.nvmlDeviceIsMigDeviceHandle(h).value,
+            "util": err(pynvml.nvmlDeviceGetUtilizationRates, h),
+            "procs": [p.gpuInstanceId for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)],
+            "parent_is_mig": pynvml.nvmlDeviceIsMigDeviceHandle(h).value,
         }}
         """,
     )
@@ -472,16 +473,16 @@ def test_thermal_scenario_throttles_and_counts_violation_time(
     out = run_py(
         fake_nvml_env(scenarios=["thermal 3"]),
         """
-        N.nvmlInit()
+        pynvml.nvmlInit()
         def read(i):
-            h = N.nvmlDeviceGetHandleByIndex(i)
-            v = N.nvmlDeviceGetFieldValues(h, [270, 82])
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            v = pynvml.nvmlDeviceGetFieldValues(h, [270, 82])
             return {
-                "temp": N.nvmlDeviceGetTemperatureV(h, N.NVML_TEMPERATURE_GPU),
-                "legacy_temp": N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU),
-                "sm": N.nvmlDeviceGetClockInfo(h, N.NVML_CLOCK_SM),
-                "reasons": N.nvmlDeviceGetCurrentClocksEventReasons(h),
-                "throttle": N.nvmlDeviceGetCurrentClocksThrottleReasons(h),
+                "temp": pynvml.nvmlDeviceGetTemperatureV(h, pynvml.NVML_TEMPERATURE_GPU),
+                "legacy_temp": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+                "sm": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                "reasons": pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
+                "throttle": pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h),
                 "violation_ns": v[0].value.ullVal,
                 "hbm": v[1].value.uiVal,
             }
@@ -508,19 +509,19 @@ def test_ecc_scenario_shows_corrected_errors_and_a_pending_remap(
     out = run_py(
         fake_nvml_env(scenarios=["ecc 2"]),
         """
-        N.nvmlInit()
+        pynvml.nvmlInit()
         def read(i):
-            h = N.nvmlDeviceGetHandleByIndex(i)
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
             return {
-                "vol": N.nvmlDeviceGetTotalEccErrors(h, N.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                                                     N.NVML_VOLATILE_ECC),
-                "unc": N.nvmlDeviceGetTotalEccErrors(h, N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                                                     N.NVML_AGGREGATE_ECC),
-                "remap": list(N.nvmlDeviceGetRemappedRows(h)),
+                "vol": pynvml.nvmlDeviceGetTotalEccErrors(
+                    h, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
+                "unc": pynvml.nvmlDeviceGetTotalEccErrors(
+                    h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC),
+                "remap": list(pynvml.nvmlDeviceGetRemappedRows(h)),
                 "fields": [e.value.ullVal if e.valueType == 3 else e.value.uiVal
-                           for e in N.nvmlDeviceGetFieldValues(h, [3, 4, 144])],
-                "mode": N.nvmlDeviceGetEccMode(h),
-                "retired": err(N.nvmlDeviceGetRetiredPages, h, 0),
+                           for e in pynvml.nvmlDeviceGetFieldValues(h, [3, 4, 144])],
+                "mode": pynvml.nvmlDeviceGetEccMode(h),
+                "retired": err(pynvml.nvmlDeviceGetRetiredPages, h, 0),
             }
         out = {"bad": read(2), "good": read(0)}
         """,
@@ -538,15 +539,16 @@ def test_notsupported_scenario_keeps_only_identity(fake_nvml_env: FakeNvmlEnv) -
     out = run_py(
         fake_nvml_env(scenarios=["notsupported 1"]),
         """
-        N.nvmlInit()
-        h = N.nvmlDeviceGetHandleByIndex(1)
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(1)
         out = {
-            "identity": [N.nvmlDeviceGetName(h), N.nvmlDeviceGetPciInfo(h).busId,
-                         N.nvmlDeviceGetIndex(h)],
-            "other": [err(N.nvmlDeviceGetPowerUsage, h), err(N.nvmlDeviceGetMemoryInfo, h),
-                      err(N.nvmlDeviceGetFieldValues, h, [83]),
-                      err(N.nvmlDeviceGetTopologyCommonAncestor, h, h)],
-            "neighbour": err(N.nvmlDeviceGetPowerUsage, N.nvmlDeviceGetHandleByIndex(0)),
+            "identity": [pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetPciInfo(h).busId,
+                         pynvml.nvmlDeviceGetIndex(h)],
+            "other": [err(pynvml.nvmlDeviceGetPowerUsage, h),
+                      err(pynvml.nvmlDeviceGetMemoryInfo, h),
+                      err(pynvml.nvmlDeviceGetFieldValues, h, [83]),
+                      err(pynvml.nvmlDeviceGetTopologyCommonAncestor, h, h)],
+            "neighbour": err(pynvml.nvmlDeviceGetPowerUsage, pynvml.nvmlDeviceGetHandleByIndex(0)),
         }
         """,
     )
@@ -566,19 +568,19 @@ def test_process_list_follows_nvmls_insufficient_size_protocol(
     out = run_py(
         fake_nvml_env(),
         """
-        N.nvmlInit()
-        h = N.nvmlDeviceGetHandleByIndex(6)
-        fn = N.nvmlLib.nvmlDeviceGetComputeRunningProcesses_v3
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(6)
+        fn = pynvml.nvmlLib.nvmlDeviceGetComputeRunningProcesses_v3
         count = ctypes.c_uint(0)
         first = fn(h, ctypes.byref(count), None)
         need = count.value
-        small = (N.c_nvmlProcessInfo_v3_t * max(1, need - 1))()
+        small = (pynvml.c_nvmlProcessInfo_v3_t * max(1, need - 1))()
         count.value = need - 1
         second = fn(h, ctypes.byref(count), small)
-        exact = (N.c_nvmlProcessInfo_v3_t * need)()
+        exact = (pynvml.c_nvmlProcessInfo_v3_t * need)()
         count.value = need
         third = fn(h, ctypes.byref(count), exact)
-        procs = N.nvmlDeviceGetComputeRunningProcesses(h)
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
         out = {
             "rets": [first, second, third],
             "need": need,
@@ -587,9 +589,9 @@ def test_process_list_follows_nvmls_insufficient_size_protocol(
             "exact_pids": [exact[i].pid for i in range(need)],
             "used": sum(p.usedGpuMemory for p in procs),
             "gi": {p.gpuInstanceId for p in procs} == {0xFFFFFFFF},
-            "mem_used": N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).used,
-            "graphics": N.nvmlDeviceGetGraphicsRunningProcesses(h),
-            "mps": N.nvmlDeviceGetMPSComputeRunningProcesses(h),
+            "mem_used": pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used,
+            "graphics": pynvml.nvmlDeviceGetGraphicsRunningProcesses(h),
+            "mps": pynvml.nvmlDeviceGetMPSComputeRunningProcesses(h),
         }
         """,
     )
@@ -607,18 +609,18 @@ def test_field_values_fill_each_entry(fake_nvml_env: FakeNvmlEnv) -> None:
     out = run_py(
         fake_nvml_env(),
         """
-        N.nvmlInit()
-        h = N.nvmlDeviceGetHandleByIndex(0)
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
         ids = [83, 186, 185, 190, 194, 82, 94, 197, 198, 74, 76, 269, 270, 271, 142, 3, 9999,
                (138, 0), (139, 17), (138, 18)]
         def read():
             return [[e.fieldId, e.scopeId, e.nvmlReturn, e.valueType,
                      e.value.ullVal if e.valueType == 3 else e.value.uiVal, e.timestamp]
-                    for e in N.nvmlDeviceGetFieldValues(h, ids)]
+                    for e in pynvml.nvmlDeviceGetFieldValues(h, ids)]
         first = read()
         time.sleep(0.25)
         out = {"first": first, "later": read(), "now_us": time.time() * 1e6,
-               "energy": N.nvmlDeviceGetTotalEnergyConsumption(h)}
+               "energy": pynvml.nvmlDeviceGetTotalEnergyConsumption(h)}
         """,
     )
     first = {(f[0], f[1]): f for f in out["first"]}
@@ -642,18 +644,18 @@ def test_dynamics_follow_the_load(fake_nvml_env: FakeNvmlEnv) -> None:
     out = run_py(
         fake_nvml_env(frozen_time=0),
         """
-        N.nvmlInit()
-        hs = [N.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
+        pynvml.nvmlInit()
+        hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
         rows = []
         for t in range(0, 600, 7):
             os.environ["GPUCONSOLE_FAKE_NVML_TIME"] = str(t)
             for i, h in enumerate(hs):
-                rows.append([t, i, N.nvmlDeviceGetUtilizationRates(h).gpu,
-                             N.nvmlDeviceGetPowerUsage(h), N.nvmlDeviceGetClockInfo(h, 1),
-                             N.nvmlDeviceGetTotalEnergyConsumption(h),
-                             N.nvmlDeviceGetTemperatureV(h, 0),
-                             N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).used,
-                             N.nvmlDeviceGetCurrentClocksEventReasons(h)])
+                rows.append([t, i, pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+                             pynvml.nvmlDeviceGetPowerUsage(h), pynvml.nvmlDeviceGetClockInfo(h, 1),
+                             pynvml.nvmlDeviceGetTotalEnergyConsumption(h),
+                             pynvml.nvmlDeviceGetTemperatureV(h, 0),
+                             pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used,
+                             pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)])
         out = rows
         """,
     )
@@ -680,15 +682,15 @@ def test_dynamics_follow_the_load(fake_nvml_env: FakeNvmlEnv) -> None:
 
 def test_readings_are_deterministic_for_a_seed(fake_nvml_env: FakeNvmlEnv) -> None:
     body = """
-    N.nvmlInit()
+    pynvml.nvmlInit()
     out = []
     for i in range(8):
-        h = N.nvmlDeviceGetHandleByIndex(i)
-        out.append([N.nvmlDeviceGetUUID(h), N.nvmlDeviceGetUtilizationRates(h).gpu,
-                    N.nvmlDeviceGetPowerUsage(h), N.nvmlDeviceGetTemperatureV(h, 0),
-                    N.nvmlDeviceGetTotalEnergyConsumption(h),
-                    N.nvmlDeviceGetFieldValues(h, [(138, 3)])[0].value.ullVal,
-                    [p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(h)]])
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        out.append([pynvml.nvmlDeviceGetUUID(h), pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+                    pynvml.nvmlDeviceGetPowerUsage(h), pynvml.nvmlDeviceGetTemperatureV(h, 0),
+                    pynvml.nvmlDeviceGetTotalEnergyConsumption(h),
+                    pynvml.nvmlDeviceGetFieldValues(h, [(138, 3)])[0].value.ullVal,
+                    [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]])
     """
     a = run_py(fake_nvml_env(frozen_time=123.4), body)
     b = run_py(fake_nvml_env(frozen_time=123.4), body)
@@ -702,34 +704,35 @@ def test_gpm_metrics_on_hopper(fake_nvml_env: FakeNvmlEnv) -> None:
     out = run_py(
         fake_nvml_env(scenarios=["mig 0"]),
         """
-        N.nvmlInit()
+        pynvml.nvmlInit()
         ids = [1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 20, 21, 60, 61, 62, 97, 99, 212]
         def metrics(take):
-            s1, s2 = N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()
+            s1, s2 = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
             take(s1)
             time.sleep(0.2)
             take(s2)
-            req = N.c_nvmlGpmMetricsGet_t()
-            req.version = N.NVML_GPM_METRICS_GET_VERSION
+            req = pynvml.c_nvmlGpmMetricsGet_t()
+            req.version = pynvml.NVML_GPM_METRICS_GET_VERSION
             req.numMetrics = len(ids)
             req.sample1, req.sample2 = s1, s2
             for i, mid in enumerate(ids):
                 req.metrics[i].metricId = mid
-            N.nvmlGpmMetricsGet(req)
-            N.nvmlGpmSampleFree(s1)
-            N.nvmlGpmSampleFree(s2)
+            pynvml.nvmlGpmMetricsGet(req)
+            pynvml.nvmlGpmSampleFree(s1)
+            pynvml.nvmlGpmSampleFree(s2)
             return {mid: [req.metrics[i].nvmlReturn, req.metrics[i].value]
                     for i, mid in enumerate(ids)}
-        h3, h0 = N.nvmlDeviceGetHandleByIndex(3), N.nvmlDeviceGetHandleByIndex(0)
-        bad = N.c_nvmlGpmMetricsGet_t()
+        h3, h0 = pynvml.nvmlDeviceGetHandleByIndex(3), pynvml.nvmlDeviceGetHandleByIndex(0)
+        bad = pynvml.c_nvmlGpmMetricsGet_t()
         bad.version = 9
         out = {
-            "supported": N.nvmlGpmQueryDeviceSupport(h3).isSupportedDevice,
-            "gpu": metrics(lambda s: N.nvmlGpmSampleGet(h3, s)),
-            "mig": metrics(lambda s: N.nvmlGpmMigSampleGet(h0, 1, s)),
-            "util": N.nvmlDeviceGetUtilizationRates(h3).gpu,
-            "bad_version": err(N.nvmlGpmMetricsGet, bad),
-            "no_such_instance": err(N.nvmlGpmMigSampleGet, h0, 42, N.nvmlGpmSampleAlloc()),
+            "supported": pynvml.nvmlGpmQueryDeviceSupport(h3).isSupportedDevice,
+            "gpu": metrics(lambda s: pynvml.nvmlGpmSampleGet(h3, s)),
+            "mig": metrics(lambda s: pynvml.nvmlGpmMigSampleGet(h0, 1, s)),
+            "util": pynvml.nvmlDeviceGetUtilizationRates(h3).gpu,
+            "bad_version": err(pynvml.nvmlGpmMetricsGet, bad),
+            "no_such_instance": err(
+                pynvml.nvmlGpmMigSampleGet, h0, 42, pynvml.nvmlGpmSampleAlloc()),
         }
         """,
     )
@@ -761,16 +764,16 @@ def test_every_exported_nvml_function_is_counted(
         fake_nvml_env(),
         """
         from gpuconsole.sim.fakenvml import call_counts, reset_call_counts
-        N.nvmlInit()
-        h = N.nvmlDeviceGetHandleByIndex(0)
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
         reset_call_counts()
-        N.nvmlDeviceGetName(h)
-        N.nvmlDeviceGetName(h)
-        N.nvmlDeviceGetFieldValues(h, [83, 186])
-        err(N.nvmlDeviceGetFanSpeed, h)
+        pynvml.nvmlDeviceGetName(h)
+        pynvml.nvmlDeviceGetName(h)
+        pynvml.nvmlDeviceGetFieldValues(h, [83, 186])
+        err(pynvml.nvmlDeviceGetFanSpeed, h)
         counts = call_counts()
         out = {"counts": counts,
-               "exported": [n for n in counts if hasattr(N.nvmlLib, n)]}
+               "exported": [n for n in counts if hasattr(pynvml.nvmlLib, n)]}
         """,
     )
     counts = out["counts"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 
-from gpuconsole.facts import summaries as S
+from gpuconsole.facts import summaries
 from gpuconsole.facts.ownership import Ownership
 from tests.conftest_tui import frozen_fleet
 
@@ -18,11 +18,11 @@ def ownerships() -> int:
 def test_the_fleet_counts_keep_no_owners_a_node_no_longer_has() -> None:
     node = frozen_fleet().node("dgx-002")
     assert node is not None and node.tenancy is not None
-    counts = S.gpu_counts(node)
+    counts = summaries.gpu_counts(node)
     before = ownerships()
     for n in range(50):  # each tenancy poll a new reading: owners resolved afresh
         later = dataclasses.replace(node, tenancy=dataclasses.replace(node.tenancy, at=n))
-        assert S.gpu_counts(later) == counts
+        assert summaries.gpu_counts(later) == counts
     # node_ownership answers with a node's last two Ownerships; older ones are never asked
     # about again, and counts kept for them (4,096 by id(), whatever the fleet's size: ~27
     # MiB for the demo fleet, still filling 50 minutes into the soak) kept every owner of

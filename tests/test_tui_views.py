@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from rich.text import Text
 
-from gpuconsole.facts import summaries as S
+from gpuconsole.facts import summaries
 from gpuconsole.facts.ownership import ProblemKind
 from gpuconsole.hardware import model_spec
 from gpuconsole.readings.base import Event, Health, Severity
@@ -176,18 +176,18 @@ def test_without_gpm_the_sm_map_says_its_figure_is_gpu_wide() -> None:
 def test_owners_come_from_the_tenancy_reading() -> None:
     node = frozen_fleet().node("dgx-003")
     assert node is not None
-    owners = [S.gpu_owner(node, g) for g in node.gpus]
+    owners = [summaries.gpu_owner(node, g) for g in node.gpus]
     assert owners[4] == "pod team-nlp/train-llm-7b-0"
     # lost before NVML first read it (no UUID, no bus id), yet still its pod's (story 1)
     assert owners[5] == "pod team-nlp/train-llm-7b-0"
-    (problem,) = S.ownership_problems(node)
+    (problem,) = summaries.ownership_problems(node)
     assert problem.kind is ProblemKind.HELD_BUT_LOST and "GPU 5 (0000:c3:00.0)" in problem.message
 
 
 def test_a_passed_through_gpu_is_listed_with_its_owner_and_driver() -> None:
     node = frozen_fleet().node("dgx-004")
     assert node is not None and len(node.gpus) == 7  # NVML cannot see the guest's GPU
-    rows = S.gpu_rows(node)
+    rows = summaries.gpu_rows(node)
     assert [r.index for r in rows] == [0, 1, None, 2, 3, 4, 5, 6]  # PCI order
     guest = rows[2]
     assert (guest.bus_id, guest.label, guest.driver) == (
@@ -196,19 +196,20 @@ def test_a_passed_through_gpu_is_listed_with_its_owner_and_driver() -> None:
         "vfio-pci",
     )
     assert guest.passthrough and guest.reading is None and guest.in_use
-    assert S.row_cell_text(guest, S.Metric.UTIL) == " ◆ "
-    assert S.row_model(guest) == "NVIDIA H100 80GB HBM3"  # by its PCI device id
-    assert S.gpu_count(node) == 8 and S.free_count(node) == 6 and S.in_use_count(node) == 2
+    assert summaries.row_cell_text(guest, summaries.Metric.UTIL) == " ◆ "
+    assert summaries.row_model(guest) == "NVIDIA H100 80GB HBM3"  # by its PCI device id
+    assert summaries.gpu_count(node) == 8
+    assert summaries.free_count(node) == 6 and summaries.in_use_count(node) == 2
 
 
 def test_a_node_whose_gpus_are_all_in_a_guest_still_has_eight() -> None:
     node = frozen_fleet().node("dgx-001")
     assert node is not None and node.gpus == ()
-    rows = S.gpu_rows(node)
+    rows = summaries.gpu_rows(node)
     assert {r.label for r in rows} == {"vm acme-train-vm"} and len(rows) == 8
-    assert S.node_model(node) == "NVIDIA H100 80GB HBM3"
-    assert S.free_count(node) == 0
-    assert S.matches(node, "acme vfio")
+    assert summaries.node_model(node) == "NVIDIA H100 80GB HBM3"
+    assert summaries.free_count(node) == 0
+    assert summaries.matches(node, "acme vfio")
 
 
 def test_the_node_table_has_a_row_per_gpu_with_dashes_for_what_nvml_cannot_read() -> None:
@@ -217,7 +218,7 @@ def test_the_node_table_has_a_row_per_gpu_with_dashes_for_what_nvml_cannot_read(
     node = frozen_fleet().node("dgx-004")
     assert node is not None
     palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
-    cells = [str(c) for c in gpu_row(node, S.gpu_rows(node)[2], palette)]
+    cells = [str(c) for c in gpu_row(node, summaries.gpu_rows(node)[2], palette)]
     assert cells[0] == "◆ 52:00"
     assert cells[1:] == ["-", "", "-", "-", "-", "-", "vfio-pci: NVML cannot read it", "-",
                          "vm tenant-b-vm7"]  # fmt: skip
@@ -238,7 +239,7 @@ def test_gpu_detail_of_a_passed_through_gpu_says_what_the_host_knows() -> None:
     node = frozen_fleet().node("dgx-004")
     assert node is not None
     palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
-    row = S.gpu_rows(node)[2]
+    row = summaries.gpu_rows(node)[2]
     identity = _plain(unseen_box(row, palette))
     for expected in ("PCI bus 0000:52:00.0", "PCI device 10de:2330", "vfio-pci / vfio-pci",
                      "IOMMU group 82",
@@ -256,7 +257,7 @@ def test_an_nvml_gpu_shows_its_owner_tenant_since_and_source() -> None:
     node = frozen_fleet().node("dgx-002")
     assert node is not None
     palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
-    row = S.gpu_rows(node)[0]
+    row = summaries.gpu_rows(node)[0]
     owner = row.owner
     assert owner is not None and owner.owner.since is not None
     text = _plain(kv(owner_rows(node, owner, palette, owner.owner.since + 3 * 3600)))
@@ -270,28 +271,28 @@ def test_mig_instances_and_processes_show_their_own_owners() -> None:
     assert node is not None and node.nvml is not None
     gpu = node.nvml.gpu(6)  # MIG: a pod on GI 1, another on GI 2, GI 3 and 4 free
     assert gpu is not None
-    assert S.gpu_owner(node, gpu) == "pod team-vision/infer-0 +1"
-    assert [S.mig_owner(node, gpu, m.gpu_instance_id) for m in gpu.mig_instances] == [
+    assert summaries.gpu_owner(node, gpu) == "pod team-vision/infer-0 +1"
+    assert [summaries.mig_owner(node, gpu, m.gpu_instance_id) for m in gpu.mig_instances] == [
         "pod team-vision/infer-0",
         "pod team-nlp/embed-1",
         "free",
         "free",
     ]
-    owners = {p.pid: S.process_owner(node, gpu, p.pid) for p in gpu.processes}
+    owners = {p.pid: summaries.process_owner(node, gpu, p.pid) for p in gpu.processes}
     assert {pid: o.label if o else None for pid, o in owners.items()} == {
         20792: "pod team-vision/infer-0",
         20793: "pod team-nlp/embed-1",
     }
     dgx2 = frozen_fleet().node("dgx-002")
     assert dgx2 is not None and dgx2.nvml is not None
-    slurm = S.process_owner(dgx2, dgx2.gpus[0], 20018)
+    slurm = summaries.process_owner(dgx2, dgx2.gpus[0], 20018)
     assert slurm is not None and (slurm.label, slurm.tenant) == ("job 4711", "physics")
 
 
 def test_the_fleet_counts_agree_with_the_gpu_rows() -> None:
     for node in frozen_fleet().nodes:
-        rows = S.gpu_rows(node)
-        assert S.gpu_counts(node) == S.GpuCounts(
+        rows = summaries.gpu_rows(node)
+        assert summaries.gpu_counts(node) == summaries.GpuCounts(
             total=len(rows),
             in_use=sum(r.in_use for r in rows),
             free=sum(r.free for r in rows),
@@ -304,7 +305,7 @@ def test_ownership_problems_light_the_tenancy_facet_and_lead_the_owners_panel() 
     from gpuconsole.tui.screens.node import owners_text
 
     fleet = frozen_fleet()
-    lit = {n.node: S.tenancy_facet(n)[0] for n in fleet.nodes}
+    lit = {n.node: summaries.tenancy_facet(n)[0] for n in fleet.nodes}
     assert lit["dgx-003"] is Health.CRITICAL  # its lost GPU is still held by a pod
     assert lit["dgx-002"] is Health.OK
     node = fleet.node("dgx-003")
@@ -330,14 +331,17 @@ def test_without_tenancy_or_bmc_the_views_say_what_to_configure() -> None:
         bmc=None,
         statuses=tuple(s for s in node.statuses if s.source not in ("tenancy", "bmc")),
     )
-    assert {S.gpu_owner(bare, g) for g in bare.gpus} == {"-"}
-    assert S.pending_panel(bare, "bmc") == "no BMC configured for this node: add a [[bmc]] table"
-    assert S.pending_panel(node, "bmc") is None
+    assert {summaries.gpu_owner(bare, g) for g in bare.gpus} == {"-"}
+    assert (
+        summaries.pending_panel(bare, "bmc")
+        == "no BMC configured for this node: add a [[bmc]] table"
+    )
+    assert summaries.pending_panel(node, "bmc") is None
 
 
 def test_fleet_filter_matches_name_model_and_state() -> None:
     fleet = frozen_fleet()
-    names = lambda q: [n.node for n in fleet.nodes if S.matches(n, q)]  # noqa: E731
+    names = lambda q: [n.node for n in fleet.nodes if summaries.matches(n, q)]  # noqa: E731
     assert names("dgxa") == ["dgxa-001", "dgxa-002"]
     assert names("h100 warning") == ["dgx-002", "dgx-004"]
     assert names("lost") == ["dgx-003"]
@@ -381,4 +385,6 @@ def test_without_tenancy_the_counts_come_from_nvml_processes() -> None:
     node = frozen_fleet().node("dgx-002")
     assert node is not None
     bare = dataclasses.replace(node, tenancy=None)
-    assert S.gpu_counts(bare) == S.GpuCounts(total=8, in_use=8, free=0, lost=0, passthrough=0)
+    assert summaries.gpu_counts(bare) == summaries.GpuCounts(
+        total=8, in_use=8, free=0, lost=0, passthrough=0
+    )

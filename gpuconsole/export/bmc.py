@@ -12,20 +12,20 @@ from __future__ import annotations
 import math
 from urllib.parse import urlsplit, urlunsplit
 
-from gpuconsole.export import names as n
+from gpuconsole.export import names
 from gpuconsole.export.families import Families, Labels, Spec
 from gpuconsole.readings.bmc import BmcReading, BmcSensor, PowerState, SensorHealth, SensorKind
 from gpuconsole.readings.snapshot import NodeSnapshot
 
 # unit -> (value metric, state metric, scale), as ipmi_exporter's collector_ipmi.go picks
 _TYPED: dict[str, tuple[Spec, Spec, float]] = {
-    "RPM": (n.IPMI_FAN_RPM, n.IPMI_FAN_STATE, 1.0),
-    "C": (n.IPMI_TEMPERATURE, n.IPMI_TEMPERATURE_STATE, 1.0),
-    "A": (n.IPMI_CURRENT, n.IPMI_CURRENT_STATE, 1.0),
-    "V": (n.IPMI_VOLTAGE, n.IPMI_VOLTAGE_STATE, 1.0),
-    "W": (n.IPMI_POWER, n.IPMI_POWER_STATE, 1.0),
+    "RPM": (names.IPMI_FAN_RPM, names.IPMI_FAN_STATE, 1.0),
+    "C": (names.IPMI_TEMPERATURE, names.IPMI_TEMPERATURE_STATE, 1.0),
+    "A": (names.IPMI_CURRENT, names.IPMI_CURRENT_STATE, 1.0),
+    "V": (names.IPMI_VOLTAGE, names.IPMI_VOLTAGE_STATE, 1.0),
+    "W": (names.IPMI_POWER, names.IPMI_POWER_STATE, 1.0),
 }
-_FAN_PERCENT = (n.IPMI_FAN_RATIO, n.IPMI_FAN_STATE, 0.01)
+_FAN_PERCENT = (names.IPMI_FAN_RATIO, names.IPMI_FAN_STATE, 0.01)
 _STATE = {
     SensorHealth.OK: 0.0,
     SensorHealth.WARNING: 1.0,
@@ -35,9 +35,9 @@ _STATE = {
 _BMC_STATES = ("ok", "warning", "critical", "stale")
 _GENERIC = ("node", "id", "name", "type")
 _BOARD: dict[SensorKind, Spec] = {
-    SensorKind.TEMPERATURE: n.GPU_BOARD_TEMPERATURE,
-    SensorKind.POWER: n.GPU_BOARD_POWER,
-    SensorKind.VOLTAGE: n.GPU_BOARD_VOLTAGE,
+    SensorKind.TEMPERATURE: names.GPU_BOARD_TEMPERATURE,
+    SensorKind.POWER: names.GPU_BOARD_POWER,
+    SensorKind.VOLTAGE: names.GPU_BOARD_VOLTAGE,
 }
 
 
@@ -64,15 +64,15 @@ def bmc_metrics(out: Families, node: NodeSnapshot) -> None:
         return  # no BMC configured for this node
     fresh = reading is not None and (status is None or status.ok)
     name = node.node
-    out.gauge(n.IPMI_UP, ("node", "collector"), (name, "ipmi"), float(fresh))
+    out.gauge(names.IPMI_UP, ("node", "collector"), (name, "ipmi"), float(fresh))
     known = reading is not None and reading.power_state is not PowerState.UNKNOWN
-    out.gauge(n.IPMI_UP, ("node", "collector"), (name, "chassis"), float(fresh and known))
+    out.gauge(names.IPMI_UP, ("node", "collector"), (name, "chassis"), float(fresh and known))
     if reading is None:
         return
     if fresh:
         if known:
             on = float(reading.power_state is PowerState.ON)
-            out.gauge(n.IPMI_CHASSIS_POWER, ("node",), (name,), on)
+            out.gauge(names.IPMI_CHASSIS_POWER, ("node",), (name,), on)
         _sensors(out, name, reading)
     _totals(out, name, reading, fresh)
     _gpu_board(out, node, reading)
@@ -84,7 +84,9 @@ def _sensors(out: Families, node: str, reading: BmcReading) -> None:
         typed = _TYPED.get(sensor.unit)
         if typed is None and sensor.unit == "%" and sensor.kind is SensorKind.FAN:
             typed = _FAN_PERCENT
-        value_spec, state_spec = typed[:2] if typed else (n.IPMI_SENSOR_VALUE, n.IPMI_SENSOR_STATE)
+        value_spec, state_spec = (
+            typed[:2] if typed else (names.IPMI_SENSOR_VALUE, names.IPMI_SENSOR_STATE)
+        )
         key = (value_spec[0], sensor.sensor_id, sensor.name)
         if key in seen:
             continue  # one series per (id, name), as Prometheus requires
@@ -95,7 +97,7 @@ def _sensors(out: Families, node: str, reading: BmcReading) -> None:
         labels: Labels
         values: Labels
         if typed is not None:
-            labels, values = n.IPMI_SENSOR_LABELS, (node, sensor.sensor_id, sensor.name)
+            labels, values = names.IPMI_SENSOR_LABELS, (node, sensor.sensor_id, sensor.name)
         else:
             labels, values = _GENERIC, (node, sensor.sensor_id, sensor.name, sensor.type)
         out.gauge(value_spec, labels, values, value)
@@ -103,21 +105,21 @@ def _sensors(out: Families, node: str, reading: BmcReading) -> None:
 
 
 def _totals(out: Families, node: str, reading: BmcReading, fresh: bool) -> None:
-    out.gauge(n.BMC_INFO, ("node", "bmc"), (node, without_credentials(reading.bmc)), 1.0)
+    out.gauge(names.BMC_INFO, ("node", "bmc"), (node, without_credentials(reading.bmc)), 1.0)
     health = reading.health.value if fresh else "stale"
     for state in _BMC_STATES:
-        out.gauge(n.BMC_HEALTH, ("node", "state"), (node, state), float(state == health))
+        out.gauge(names.BMC_HEALTH, ("node", "state"), (node, state), float(state == health))
     for spec, value in (
-        (n.BMC_INLET, reading.inlet_c),
-        (n.BMC_EXHAUST, reading.exhaust_c),
-        (n.BMC_POWER, reading.power_w),
+        (names.BMC_INLET, reading.inlet_c),
+        (names.BMC_EXHAUST, reading.exhaust_c),
+        (names.BMC_POWER, reading.power_w),
     ):
         if value is not None:
             out.gauge(spec, ("node",), (node,), value)
-    out.gauge(n.BMC_FANS, ("node",), (node,), float(reading.fans_present))
-    out.gauge(n.BMC_FANS_FAILED, ("node",), (node,), float(reading.fans_failed))
-    out.gauge(n.BMC_PSUS, ("node",), (node,), float(reading.psus_present))
-    out.gauge(n.BMC_PSUS_FAILED, ("node",), (node,), float(reading.psus_failed))
+    out.gauge(names.BMC_FANS, ("node",), (node,), float(reading.fans_present))
+    out.gauge(names.BMC_FANS_FAILED, ("node",), (node,), float(reading.fans_failed))
+    out.gauge(names.BMC_PSUS, ("node",), (node,), float(reading.psus_present))
+    out.gauge(names.BMC_PSUS_FAILED, ("node",), (node,), float(reading.psus_failed))
 
 
 def _gpu_board(out: Families, node: NodeSnapshot, reading: BmcReading) -> None:
@@ -137,6 +139,6 @@ def _gpu_board(out: Families, node: NodeSnapshot, reading: BmcReading) -> None:
         )
         spec = _BOARD.get(sensor.kind)
         if spec is not None:
-            out.gauge(spec, n.GPU_BOARD_LABELS, values, sensor.value)
+            out.gauge(spec, names.GPU_BOARD_LABELS, values, sensor.value)
         elif sensor.unit == "J":
-            out.counter(n.GPU_BOARD_ENERGY, n.GPU_BOARD_LABELS, values, sensor.value)
+            out.counter(names.GPU_BOARD_ENERGY, names.GPU_BOARD_LABELS, values, sensor.value)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from gpuconsole.export import names as n
+from gpuconsole.export import names
 from gpuconsole.export.bmc import bmc_metrics
 from gpuconsole.export.fabric import fabric_metrics
 from gpuconsole.export.families import Families
@@ -30,16 +30,16 @@ from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 
 
 def _source_metrics(out: Families, node: NodeSnapshot, now: float) -> None:
-    out.gauge(n.NODE_SIMULATED, ("node",), (node.node,), float(node.simulated))
+    out.gauge(names.NODE_SIMULATED, ("node",), (node.node,), float(node.simulated))
     for status in node.statuses:
         lv = (node.node, status.source)
-        out.gauge(n.SOURCE_UP, ("node", "source"), lv, float(status.ok))
+        out.gauge(names.SOURCE_UP, ("node", "source"), lv, float(status.ok))
         stale = now - status.stale_since if status.stale_since is not None else 0.0
-        out.gauge(n.SOURCE_STALE, ("node", "source"), lv, max(0.0, stale))
+        out.gauge(names.SOURCE_STALE, ("node", "source"), lv, max(0.0, stale))
         if status.last_ok_at is not None:
-            out.gauge(n.SOURCE_LAST_OK, ("node", "source"), lv, status.last_ok_at)
+            out.gauge(names.SOURCE_LAST_OK, ("node", "source"), lv, status.last_ok_at)
         if status.last_poll_s is not None:
-            out.gauge(n.SOURCE_POLL, ("node", "source"), lv, status.last_poll_s)
+            out.gauge(names.SOURCE_POLL, ("node", "source"), lv, status.last_poll_s)
 
 
 def node_metrics(out: Families, node: NodeSnapshot, now: float) -> None:
@@ -60,12 +60,12 @@ def build(snapshot: FleetSnapshot, now: float | None = None) -> Families:
     """Every metric family for one snapshot."""
     out = Families()
     at = time.time() if now is None else now
-    out.gauge(n.SNAPSHOT_AGE, (), (), snapshot.at)
+    out.gauge(names.SNAPSHOT_AGE, (), (), snapshot.at)
     for node in snapshot.nodes:
         node_metrics(out, node, at)
     for node_name, kind, severity, count in snapshot.event_counts:
         out.counter(
-            n.EVENTS, ("node", "kind", "severity"), (node_name, kind, severity), float(count)
+            names.EVENTS, ("node", "kind", "severity"), (node_name, kind, severity), float(count)
         )
     return out
 

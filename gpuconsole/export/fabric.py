@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gpuconsole.export import names as n
+from gpuconsole.export import names
 from gpuconsole.export.families import Families, Labels
 from gpuconsole.readings.base import Severity
 from gpuconsole.readings.fabric import (
@@ -30,7 +30,7 @@ BYTES_PER_S_PER_GBPS = 125_000_000
 _SEVERITY = {Severity.INFO: 0.0, Severity.WARNING: 1.0, Severity.CRITICAL: 2.0}
 _INFO = ("node", "device", "board_id", "firmware_version", "hca_type")
 _PORT_INFO = (
-    *n.IB_PORT_LABELS,
+    *names.IB_PORT_LABELS,
     "role",
     "role_from",
     "link_layer",
@@ -38,9 +38,9 @@ _PORT_INFO = (
     "pci_bus_id",
     "numa_node",
 )
-_PROBLEM = (*n.IB_PORT_LABELS, "problem", "severity")
-_HW = (*n.IB_PORT_LABELS, "stat")
-_NETDEV = (*n.IB_PORT_LABELS, "netdev")
+_PROBLEM = (*names.IB_PORT_LABELS, "problem", "severity")
+_HW = (*names.IB_PORT_LABELS, "stat")
+_NETDEV = (*names.IB_PORT_LABELS, "netdev")
 _AFFINITY = ("node", "gpu", "uuid", "pci_bus_id", "nic", "level", "numa")
 _FLAG = ("node", "gpu", "uuid", "pci_bus_id", "flag")
 
@@ -53,7 +53,7 @@ def fabric_metrics(out: Families, node: NodeSnapshot) -> None:
     status = node.status("fabric")
     fresh = status is None or status.ok
     if reading.peermem_loaded is not None:
-        out.gauge(n.FABRIC_PEERMEM, ("node",), (node.node,), float(reading.peermem_loaded))
+        out.gauge(names.FABRIC_PEERMEM, ("node",), (node.node,), float(reading.peermem_loaded))
     for device in reading.devices:
         if fresh:
             info = (
@@ -63,7 +63,7 @@ def fabric_metrics(out: Families, node: NodeSnapshot) -> None:
                 device.fw_ver or "",
                 device.hca_type or "",
             )
-            out.gauge(n.IB_INFO, _INFO, info, 1.0)
+            out.gauge(names.IB_INFO, _INFO, info, 1.0)
         for port in device.ports:
             values = (node.node, device.name, str(port.port))
             _counters(out, values, port, fresh)
@@ -72,27 +72,27 @@ def fabric_metrics(out: Families, node: NodeSnapshot) -> None:
 
 
 def _counters(out: Families, values: Labels, port: FabricPort, fresh: bool) -> None:
-    labels = n.IB_PORT_LABELS
+    labels = names.IB_PORT_LABELS
     if fresh:
         if port.state_id is not None:
-            out.gauge(n.IB_STATE, labels, values, float(port.state_id))
+            out.gauge(names.IB_STATE, labels, values, float(port.state_id))
         if port.phys_state_id is not None:
-            out.gauge(n.IB_PHYSICAL_STATE, labels, values, float(port.phys_state_id))
+            out.gauge(names.IB_PHYSICAL_STATE, labels, values, float(port.phys_state_id))
         if port.rate_gbps is not None:
             rate = int(port.rate_gbps * BYTES_PER_S_PER_GBPS)
-            out.gauge(n.IB_RATE, labels, values, float(rate))
+            out.gauge(names.IB_RATE, labels, values, float(rate))
         for file, value, _bits in port.counters:
-            spec = n.IB_COUNTERS.get(file)
+            spec = names.IB_COUNTERS.get(file)
             if spec is not None:
-                scale = 4 if file in n.IB_DATA_COUNTERS else 1
+                scale = 4 if file in names.IB_DATA_COUNTERS else 1
                 out.counter(spec, labels, values, float(value * scale))
     if fresh and port.hw_counters_lifespan_ms is not None:
         # milliseconds in sysfs; whole seconds, as node_exporter divides them (10 ms: 0)
-        out.gauge(n.IB_LIFESPAN, labels, values, float(port.hw_counters_lifespan_ms // 1000))
+        out.gauge(names.IB_LIFESPAN, labels, values, float(port.hw_counters_lifespan_ms // 1000))
     for file, value, _bits in port.hw_counters:
-        spec = n.IB_COUNTERS.get(file)
+        spec = names.IB_COUNTERS.get(file)
         if spec is None:
-            out.counter(n.FABRIC_HW_STAT, _HW, (*values, file), float(value))
+            out.counter(names.FABRIC_HW_STAT, _HW, (*values, file), float(value))
         elif fresh:
             out.counter(spec, labels, values, float(value))
 
@@ -120,23 +120,23 @@ def _port_state(
         device.pci_bus_id or "",
         "" if device.numa_node is None else str(device.numa_node),
     )
-    out.gauge(n.FABRIC_PORT_INFO, _PORT_INFO, info, 1.0)
+    out.gauge(names.FABRIC_PORT_INFO, _PORT_INFO, info, 1.0)
     if port.expected_rate_gbps is not None:
         expected = float(int(port.expected_rate_gbps * BYTES_PER_S_PER_GBPS))
-        out.gauge(n.FABRIC_PORT_EXPECTED_RATE, n.IB_PORT_LABELS, values, expected)
+        out.gauge(names.FABRIC_PORT_EXPECTED_RATE, names.IB_PORT_LABELS, values, expected)
     problems = port_problems(port, port_rates(node.rate, port), port_deltas(node.delta, port))
     worst = _SEVERITY[problems[0].severity] if problems else 0.0
-    out.gauge(n.FABRIC_PORT_SEVERITY, n.IB_PORT_LABELS, values, worst)
+    out.gauge(names.FABRIC_PORT_SEVERITY, names.IB_PORT_LABELS, values, worst)
     keys = Counter((_problem_key(port, p.counter, p.what), p.severity.value) for p in problems)
     for (key, severity), _count in keys.items():
-        out.gauge(n.FABRIC_PORT_PROBLEM, _PROBLEM, (*values, key, severity), 1.0)
+        out.gauge(names.FABRIC_PORT_PROBLEM, _PROBLEM, (*values, key, severity), 1.0)
     stats = port.netdev_stats
     if stats is not None:
         netdev = (*values, stats.ifname)
         up = float(stats.operstate in ("UP", "UNKNOWN"))
-        out.gauge(n.FABRIC_NETDEV_UP, _NETDEV, netdev, up)
+        out.gauge(names.FABRIC_NETDEV_UP, _NETDEV, netdev, up)
         if stats.carrier is not None:
-            out.gauge(n.FABRIC_NETDEV_CARRIER, _NETDEV, netdev, float(stats.carrier))
+            out.gauge(names.FABRIC_NETDEV_CARRIER, _NETDEV, netdev, float(stats.carrier))
 
 
 def _affinity(out: Families, node: NodeSnapshot, reading: FabricReading) -> None:
@@ -156,7 +156,7 @@ def _affinity(out: Families, node: NodeSnapshot, reading: FabricReading) -> None
                 affinity.best_level or "",
                 "" if affinity.numa_node is None else str(affinity.numa_node),
             )
-            out.gauge(n.GPU_NIC_AFFINITY, _AFFINITY, values, 1.0)
+            out.gauge(names.GPU_NIC_AFFINITY, _AFFINITY, values, 1.0)
         for flag in affinity.flags:
             values = (node.node, index, uuid, affinity.pci_bus_id, flag.name.lower())
-            out.gauge(n.GPU_GPUDIRECT_FLAG, _FLAG, values, 1.0)
+            out.gauge(names.GPU_GPUDIRECT_FLAG, _FLAG, values, 1.0)

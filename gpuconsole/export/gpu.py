@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuconsole.export import names as n
+from gpuconsole.export import names
 from gpuconsole.export.families import Families, Labels, Spec
 from gpuconsole.export.ownership import PodLabels
 from gpuconsole.readings.nvml import GpmMetrics, GpuReading
@@ -22,10 +22,10 @@ _GPU_INFO = (
     "numa_node",
     "module_id",
 )
-_MIG_INFO = (*n.OWN_LABELS, "gpu_instance", "profile", "mig_uuid", "sm_count")
-_WITH_POD = (*n.DCGM_LABELS, *n.OWNER_LABELS)
-_MIG = (*n.DCGM_LABELS, *n.MIG_LABELS)
-_MIG_WITH_POD = (*_MIG, *n.OWNER_LABELS)
+_MIG_INFO = (*names.OWN_LABELS, "gpu_instance", "profile", "mig_uuid", "sm_count")
+_WITH_POD = (*names.DCGM_LABELS, *names.OWNER_LABELS)
+_MIG = (*names.DCGM_LABELS, *names.MIG_LABELS)
+_MIG_WITH_POD = (*_MIG, *names.OWNER_LABELS)
 
 
 def _dcgm_values(node: NodeSnapshot, gpu: GpuReading) -> Labels:
@@ -35,15 +35,15 @@ def _dcgm_values(node: NodeSnapshot, gpu: GpuReading) -> Labels:
 def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLabels) -> None:
     """Every series of one GPU and its MIG instances."""
     pod = pods.gpus.get(gpu.uuid)
-    labels = n.DCGM_LABELS if pod is None else _WITH_POD
+    labels = names.DCGM_LABELS if pod is None else _WITH_POD
     values = _dcgm_values(node, gpu) if pod is None else (*_dcgm_values(node, gpu), *pod)
-    own, own_values = n.OWN_LABELS, (node.node, str(gpu.index), gpu.uuid)
+    own, own_values = names.OWN_LABELS, (node.node, str(gpu.index), gpu.uuid)
     health = gpu_health(gpu).value
     for state in HEALTH_STATES:
-        out.gauge(n.GPU_HEALTH, (*own, "state"), (*own_values, state), float(state == health))
-    out.gauge(n.GPU_LOST, own, own_values, float(gpu.lost))
+        out.gauge(names.GPU_HEALTH, (*own, "state"), (*own_values, state), float(state == health))
+    out.gauge(names.GPU_LOST, own, own_values, float(gpu.lost))
     out.gauge(
-        n.GPU_INFO,
+        names.GPU_INFO,
         _GPU_INFO,
         (
             node.node,
@@ -59,7 +59,7 @@ def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLab
         1.0,
     )
     xid = node.last_xid.get(gpu.uuid)
-    out.gauge(n.DCGM_XID, labels, values, float(xid or 0))
+    out.gauge(names.DCGM_XID, labels, values, float(xid or 0))
     if gpu.lost:
         return
 
@@ -67,59 +67,59 @@ def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLab
         if value is not None:
             out.gauge(spec, labels, values, float(value) * scale)
 
-    put(n.DCGM_GPU_UTIL, gpu.util_gpu_pct)
-    put(n.DCGM_MEM_COPY_UTIL, gpu.util_mem_pct)
+    put(names.DCGM_GPU_UTIL, gpu.util_gpu_pct)
+    put(names.DCGM_MEM_COPY_UTIL, gpu.util_mem_pct)
     if gpu.mem_used_bytes is not None and gpu.mem_total_bytes is not None:
         reserved = gpu.mem_reserved_bytes or 0  # unknown: NVML's v1 counts it as used
-        put(n.DCGM_FB_USED, gpu.mem_used_bytes / MIB)
-        put(n.DCGM_FB_FREE, (gpu.mem_total_bytes - gpu.mem_used_bytes - reserved) / MIB)
-        put(n.DCGM_FB_RESERVED, gpu.mem_reserved_bytes, 1 / MIB)
-    put(n.DCGM_GPU_TEMP, gpu.temp_gpu_c)
-    put(n.DCGM_MEMORY_TEMP, gpu.temp_hbm_c)
-    put(n.DCGM_POWER_USAGE, gpu.power_w)
-    put(n.DCGM_POWER_LIMIT, gpu.power_limit_w)
-    put(n.DCGM_ENERGY, gpu.energy_mj_total)
-    put(n.DCGM_SM_CLOCK, gpu.sm_clock_mhz)
-    put(n.DCGM_MEM_CLOCK, gpu.mem_clock_mhz)
-    put(n.DCGM_PSTATE, gpu.pstate)
+        put(names.DCGM_FB_USED, gpu.mem_used_bytes / MIB)
+        put(names.DCGM_FB_FREE, (gpu.mem_total_bytes - gpu.mem_used_bytes - reserved) / MIB)
+        put(names.DCGM_FB_RESERVED, gpu.mem_reserved_bytes, 1 / MIB)
+    put(names.DCGM_GPU_TEMP, gpu.temp_gpu_c)
+    put(names.DCGM_MEMORY_TEMP, gpu.temp_hbm_c)
+    put(names.DCGM_POWER_USAGE, gpu.power_w)
+    put(names.DCGM_POWER_LIMIT, gpu.power_limit_w)
+    put(names.DCGM_ENERGY, gpu.energy_mj_total)
+    put(names.DCGM_SM_CLOCK, gpu.sm_clock_mhz)
+    put(names.DCGM_MEM_CLOCK, gpu.mem_clock_mhz)
+    put(names.DCGM_PSTATE, gpu.pstate)
     mask = sum(bit for bit, name in THROTTLE_BITS if name in gpu.throttle_reasons)
-    put(n.DCGM_THROTTLE, mask)
+    put(names.DCGM_THROTTLE, mask)
     for _bit, reason in THROTTLE_BITS:
         if reason in gpu.throttle_reasons:
-            out.gauge(n.GPU_THROTTLE, (*own, "reason"), (*own_values, reason), 1.0)
+            out.gauge(names.GPU_THROTTLE, (*own, "reason"), (*own_values, reason), 1.0)
     pcie = gpu.pcie
-    put(n.DCGM_PCIE_REPLAY, pcie.replay_count)
-    put(n.DCGM_PCIE_GEN, pcie.gen_current)
-    put(n.DCGM_PCIE_WIDTH, pcie.width_current)
+    put(names.DCGM_PCIE_REPLAY, pcie.replay_count)
+    put(names.DCGM_PCIE_GEN, pcie.gen_current)
+    put(names.DCGM_PCIE_WIDTH, pcie.width_current)
 
     def own_put(spec: Spec, value: float | int | None) -> None:
         if value is not None:
             out.gauge(spec, own, own_values, float(value))
 
-    own_put(n.GPU_PCIE_MAX_GEN, pcie.gen_max)
-    own_put(n.GPU_PCIE_MAX_WIDTH, pcie.width_max)
-    own_put(n.GPU_PCIE_DOWNTRAINED, float(pcie.downtrained))
+    own_put(names.GPU_PCIE_MAX_GEN, pcie.gen_max)
+    own_put(names.GPU_PCIE_MAX_WIDTH, pcie.width_max)
+    own_put(names.GPU_PCIE_DOWNTRAINED, float(pcie.downtrained))
     ecc = gpu.ecc
-    put(n.DCGM_ECC_SBE_VOL, ecc.volatile_corrected)
-    put(n.DCGM_ECC_DBE_VOL, ecc.volatile_uncorrected)
-    put(n.DCGM_ECC_SBE_AGG, ecc.aggregate_corrected)
-    put(n.DCGM_ECC_DBE_AGG, ecc.aggregate_uncorrected)
-    put(n.DCGM_REMAP_COR, ecc.remapped_corrected)
-    put(n.DCGM_REMAP_UNC, ecc.remapped_uncorrected)
+    put(names.DCGM_ECC_SBE_VOL, ecc.volatile_corrected)
+    put(names.DCGM_ECC_DBE_VOL, ecc.volatile_uncorrected)
+    put(names.DCGM_ECC_SBE_AGG, ecc.aggregate_corrected)
+    put(names.DCGM_ECC_DBE_AGG, ecc.aggregate_uncorrected)
+    put(names.DCGM_REMAP_COR, ecc.remapped_corrected)
+    put(names.DCGM_REMAP_UNC, ecc.remapped_uncorrected)
     if ecc.remap_failure is not None:
-        put(n.DCGM_REMAP_FAILURE, float(ecc.remap_failure))
+        put(names.DCGM_REMAP_FAILURE, float(ecc.remap_failure))
     if ecc.remap_pending is not None:
-        put(n.DCGM_REMAP_PENDING, float(ecc.remap_pending))
+        put(names.DCGM_REMAP_PENDING, float(ecc.remap_pending))
     if gpu.nvlinks:
-        own_put(n.GPU_NVLINK_ACTIVE, gpu.nvlinks_active)
-        put(n.DCGM_NVLINK_TOTAL, _nvlink_kib_per_s(node, gpu, "tx_kib", "rx_kib"), 1 / 1024)
+        own_put(names.GPU_NVLINK_ACTIVE, gpu.nvlinks_active)
+        put(names.DCGM_NVLINK_TOTAL, _nvlink_kib_per_s(node, gpu, "tx_kib", "rx_kib"), 1 / 1024)
         link_labels = (*own, "link", "remote")
         for link in gpu.nvlinks:
             lv = (node.node, str(gpu.index), gpu.uuid, str(link.link), link.remote_kind.value)
             if link.tx_kib_total is not None:
-                out.counter(n.NVLINK_TX, link_labels, lv, link.tx_kib_total * 1024.0)
+                out.counter(names.NVLINK_TX, link_labels, lv, link.tx_kib_total * 1024.0)
             if link.rx_kib_total is not None:
-                out.counter(n.NVLINK_RX, link_labels, lv, link.rx_kib_total * 1024.0)
+                out.counter(names.NVLINK_RX, link_labels, lv, link.rx_kib_total * 1024.0)
     _profiling(out, labels, values, gpu.gpm, _counted_rates(node, gpu))
     base = _dcgm_values(node, gpu)
     for mig in gpu.mig_instances:
@@ -129,13 +129,13 @@ def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLab
         if mig_pod is not None:
             mig_values = (*mig_values, *mig_pod)
         out.gauge(
-            n.MIG_INFO,
+            names.MIG_INFO,
             _MIG_INFO,
             (*own_values, str(mig.gpu_instance_id), mig.profile_name, mig.uuid, str(mig.sm_count)),
             1.0,
         )
         if mig.mem_used_bytes is not None:
-            out.gauge(n.DCGM_FB_USED, mig_labels, mig_values, mig.mem_used_bytes / MIB)
+            out.gauge(names.DCGM_FB_USED, mig_labels, mig_values, mig.mem_used_bytes / MIB)
         _profiling(out, mig_labels, mig_values, mig.gpm, _NO_RATES)
 
 
@@ -154,7 +154,7 @@ def _nvlink_kib_per_s(node: NodeSnapshot, gpu: GpuReading, *directions: str) -> 
 # PCIe tx, rx, NVLink tx, rx, in bytes/s
 ByteRates = tuple[float | None, float | None, float | None, float | None]
 _NO_RATES: ByteRates = (None, None, None, None)
-_BYTE_RATES = (n.PROF_PCIE_TX, n.PROF_PCIE_RX, n.PROF_NVLINK_TX, n.PROF_NVLINK_RX)
+_BYTE_RATES = (names.PROF_PCIE_TX, names.PROF_PCIE_RX, names.PROF_NVLINK_TX, names.PROF_NVLINK_RX)
 
 
 def _counted_rates(node: NodeSnapshot, gpu: GpuReading) -> ByteRates:
@@ -178,14 +178,14 @@ def _profiling(
     measured: ByteRates = _NO_RATES
     if gpm is not None:
         ratios = (
-            (n.PROF_GR_ENGINE, gpm.graphics_util_pct),
-            (n.PROF_SM_ACTIVE, gpm.sm_util_pct),
-            (n.PROF_SM_OCCUPANCY, gpm.sm_occupancy_pct),
-            (n.PROF_TENSOR, gpm.tensor_util_pct),
-            (n.PROF_DRAM, gpm.dram_bw_util_pct),
-            (n.PROF_FP64, gpm.fp64_util_pct),
-            (n.PROF_FP32, gpm.fp32_util_pct),
-            (n.PROF_FP16, gpm.fp16_util_pct),
+            (names.PROF_GR_ENGINE, gpm.graphics_util_pct),
+            (names.PROF_SM_ACTIVE, gpm.sm_util_pct),
+            (names.PROF_SM_OCCUPANCY, gpm.sm_occupancy_pct),
+            (names.PROF_TENSOR, gpm.tensor_util_pct),
+            (names.PROF_DRAM, gpm.dram_bw_util_pct),
+            (names.PROF_FP64, gpm.fp64_util_pct),
+            (names.PROF_FP32, gpm.fp32_util_pct),
+            (names.PROF_FP16, gpm.fp16_util_pct),
         )
         for spec, pct in ratios:
             if pct is not None:
@@ -210,7 +210,7 @@ def topology_metrics(out: Families, node: NodeSnapshot) -> None:
         for j, code in enumerate(row):
             if i != j:
                 out.gauge(
-                    n.TOPOLOGY,
+                    names.TOPOLOGY,
                     ("node", "gpu", "peer", "level"),
                     (node.node, str(i), str(j), code),
                     1.0,

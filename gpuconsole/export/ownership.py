@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from gpuconsole.export import names as n
+from gpuconsole.export import names
 from gpuconsole.export.families import Families, Labels
 from gpuconsole.facts.ownership import Owner, OwnerKind, Ownership
 from gpuconsole.readings.snapshot import NodeSnapshot
@@ -73,14 +73,14 @@ def ownership_metrics(out: Families, node: NodeSnapshot, ownership: Ownership) -
         uuid = gpu.uuid or ""
         for owner in gpu.owners:
             values = (name, index, uuid, gpu.bus_id, *_owner_values(owner))
-            out.gauge(n.GPU_OWNER_INFO, _GPU_OWNER, values, 1.0)
+            out.gauge(names.GPU_OWNER_INFO, _GPU_OWNER, values, 1.0)
         for key in {(o.tenant or "", o.kind.value) for o in gpu.owners}:
             tenants[key] += 1
         for mig in gpu.migs:
             gi = str(mig.gpu_instance_id)
             for owner in mig.owners:
                 values = (name, index, uuid, gi, mig.uuid, mig.profile, *_owner_values(owner))
-                out.gauge(n.MIG_OWNER_INFO, _MIG_OWNER, values, 1.0)
+                out.gauge(names.MIG_OWNER_INFO, _MIG_OWNER, values, 1.0)
             for problem in mig.problems:
                 kind, severity = problem.kind.value, problem.severity.value
                 problems[(name, kind, severity, index, gpu.bus_id, gi)] += 1
@@ -90,6 +90,6 @@ def ownership_metrics(out: Families, node: NodeSnapshot, ownership: Ownership) -
     for problem in ownership.problems:
         problems[(name, problem.kind.value, problem.severity.value, "", "", "")] += 1
     for (tenant, kind), count in sorted(tenants.items()):
-        out.gauge(n.TENANT_GPUS, ("node", "tenant", "kind"), (name, tenant, kind), float(count))
+        out.gauge(names.TENANT_GPUS, ("node", "tenant", "kind"), (name, tenant, kind), float(count))
     for values, count in problems.items():
-        out.gauge(n.OWNERSHIP_PROBLEM, _PROBLEM, values, float(count))
+        out.gauge(names.OWNERSHIP_PROBLEM, _PROBLEM, values, float(count))
