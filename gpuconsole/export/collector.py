@@ -14,10 +14,8 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
 from gpuconsole.export import names
 from gpuconsole.export.bmc import bmc_metrics
@@ -73,19 +71,6 @@ def build(snapshot: FleetSnapshot, now: float | None = None) -> Families:
 def families(snapshot: FleetSnapshot, now: float | None = None) -> Iterator[Metric]:
     """Every metric family for one snapshot, as prometheus_client metrics."""
     return iter(build(snapshot, now))
-
-
-@dataclass
-class SnapshotCollector(Collector):
-    """A prometheus_client collector over whatever snapshot `latest()` returns."""
-
-    latest: Callable[[], FleetSnapshot | None]
-
-    def collect(self) -> Iterator[Metric]:
-        snapshot = self.latest()
-        if snapshot is None:
-            return iter(())
-        return families(snapshot)
 
 
 class MetricsCache:
