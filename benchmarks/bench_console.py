@@ -2,7 +2,7 @@
 and 1,000 nodes of 8 GPUs, an 8-GPU node view refreshed at 1 Hz, and the console's resident
 memory. Prints medians and whether each target is met.
 
-Targets (issue 3): under 50 ms of CPU per snapshot at 1,000 nodes; under 5% of a core for an
+Targets: under 50 ms of CPU per snapshot at 1,000 nodes; under 5% of a core for an
 8-GPU node view at 1 Hz. Every node changes in every snapshot (a busy fleet at 1 Hz): each
 GPU's utilization moves, its owners do not (as on a real fleet, where tenancy changes in
 minutes). Each node has readings of its own, so nothing is shared that a real fleet would not

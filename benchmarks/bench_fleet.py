@@ -16,7 +16,7 @@ Figures are medians over two-second windows of the steady state, after every nod
 answered once. The child shares the machine, so on a small box the head competes with a
 thousand agents' worth of serving; compare figures from one run.
 
-Targets (issue 9): the head under one core, under 100 ms per fleet update, under 500 MB
+Targets: the head under one core, under 100 ms per fleet update, under 500 MB
 resident. For comparison, all-smi documents 256 nodes at a 6 s interval.
 """
 

@@ -1,4 +1,4 @@
-"""The soak run (issue 11): the demo fleet with faults coming and going, one ssh session
+"""The soak run: the demo fleet with faults coming and going, one ssh session
 typing, and Prometheus-style scrapes of /metrics, for a long while (30 minutes unless
 told). Not a bench_*.py: `make bench` does not run it; `make bench-soak` does.
 

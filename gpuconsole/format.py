@@ -94,7 +94,7 @@ def count(n: int | None) -> str:
     return NA if n is None else f"{n:,}"
 
 
-# --- added for the console (issue 3) ---------------------------------------------------
+# --- for the console's narrow cells: sparklines, value/limit pairs, short times --------
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
 

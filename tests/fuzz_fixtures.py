@@ -1,4 +1,4 @@
-"""What the fuzz tests share (issue 11): their hypothesis settings, strategies for any JSON
+"""What the fuzz tests share: their hypothesis settings, strategies for any JSON
 value, and a change in one random place of a JSON document."""
 
 from __future__ import annotations

@@ -234,7 +234,7 @@ def fleet_row(node: NodeSnapshot) -> tuple[object, ...]:
 
 def test_the_summary_carries_the_fleet_view_in_under_a_third_of_the_bytes() -> None:
     """Every node of the demo cluster (all four sources): the head computes the same fleet
-    row from the summary as from everything, and an 8-GPU node fits in 40 KB (was 66)."""
+    row from the summary as from everything, and an 8-GPU node fits in 40 KB."""
     fleet = frozen_fleet()
     full_bytes = small_bytes = 0
     for node in fleet.nodes:

@@ -1,4 +1,4 @@
-"""A journal disk that fills up half-way through a plan, or before recovery (issue 11): the
+"""A journal disk that fills up half-way through a plan, or before recovery: the
 plan stops where it is, its GPU stays locked for recovery with a message that says what was
 done and what to run, and recovery ends it once there is space, without a restart."""
 

@@ -1,4 +1,4 @@
-"""The fault matrix (issue 11): one test per row, each through a real Hub and the real source.
+"""The fault matrix: one test per row, each through a real Hub and the real source.
 
 Every row asks the same four things, in poll counts rather than wall time so that a loaded
 machine cannot make them flaky: the process keeps running (the hub's poll loops and its

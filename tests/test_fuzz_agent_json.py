@@ -1,4 +1,4 @@
-"""Fuzzing the agent's JSON as a head console reads it (issue 11): `codec.loads` and the
+"""Fuzzing the agent's JSON as a head console reads it: `codec.loads` and the
 remote source's `parse` of the summary. No crash: a snapshot that writes itself out
 again, or the project's error (DecodeError for loads, ValueError for parse) saying where.
 

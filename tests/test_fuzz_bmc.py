@@ -1,4 +1,4 @@
-"""Fuzzing what BMCs send (issue 11): Redfish JSON documents, IPMI SEL records as pyghmi
+"""Fuzzing what BMCs send: Redfish JSON documents, IPMI SEL records as pyghmi
 hands them over, and the SEL cursor file. No crash: a reading, or a BmcError that names
 the BMC; and whatever is read can still be written as the JSON snapshot.
 

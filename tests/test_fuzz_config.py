@@ -1,4 +1,4 @@
-"""Fuzzing the config file (issue 11): any text is a Config or a ConfigError, an error names
+"""Fuzzing the config file: any text is a Config or a ConfigError, an error names
 the key and its line, and a Config that loads keeps every number within its limits.
 """
 

@@ -1,4 +1,4 @@
-"""Fuzzing the bytes an ssh client sends (issue 11): keys, escape sequences, mouse reports,
+"""Fuzzing the bytes an ssh client sends: keys, escape sequences, mouse reports,
 pastes, terminal answers, window changes and plain garbage, into the console a session
 runs. No crash: the session's app keeps running (or ends cleanly where the bytes said
 quit) and still answers a key afterwards.
@@ -283,10 +283,10 @@ async def test_garbage_over_a_real_ssh_channel_leaves_the_session_and_server_up(
     assert "session crashed" not in caplog.text and "failed to start" not in caplog.text
 
 
-# Navigation keys in quick succession used to crash the console: DuplicateIds for
+# Navigation keys in quick succession are where a console breaks: DuplicateIds for
 # '--command-palette', ScreenStackError (a palette dismissed twice, or before it mounted),
-# and NoMatches from a view rendering while it was popped. test_tui_palette.py replays the
-# first two; the console is fuzzed with navigation keys and clicks since.
+# NoMatches from a view rendering while it is popped. test_tui_palette.py replays the
+# first two; the fuzzing here sends navigation keys and clicks among the rest.
 
 
 def test_a_character_split_across_two_packets_is_one_character(fresh_session: Session) -> None:

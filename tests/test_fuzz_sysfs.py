@@ -1,4 +1,4 @@
-"""Fuzzing what sysfs says about RDMA ports (issue 11): state and rate strings, link layer,
+"""Fuzzing what sysfs says about RDMA ports: state and rate strings, link layer,
 LIDs and counters, read through the fabric source into the hub, the JSON snapshot and
 /metrics. No crash: a reading (odd values become "unknown"), never a stale source.
 """

@@ -1,4 +1,4 @@
-"""BMC passwords never leave the config (issue 11): configured inline and in a file, for
+"""BMC passwords never leave the config: configured inline and in a file, for
 BMCs that answer, refuse the password or do not answer, they are searched for in the logs
 (every logger, DEBUG), the console's screens, the JSON snapshot, /metrics, the audit log
 and every file the process writes to its state folder.

@@ -1,4 +1,5 @@
-"""What the soak run found growing once the history rings were full (issue 11)."""
+"""Memory stays flat on a console that runs for days: caches keyed by readings let go of
+what a node no longer has once its next reading comes."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def test_the_fleet_counts_keep_no_owners_a_node_no_longer_has() -> None:
         later = dataclasses.replace(node, tenancy=dataclasses.replace(node.tenancy, at=n))
         assert summaries.gpu_counts(later) == counts
     # node_ownership answers with a node's last two Ownerships; older ones are never asked
-    # about again, and counts kept for them (4,096 by id(), whatever the fleet's size: ~27
-    # MiB for the demo fleet, still filling 50 minutes into the soak) kept every owner of
-    # every GPU they listed
+    # about again, so counts kept for them (say 4,096 by id(), whatever the fleet's size)
+    # would keep every owner of every GPU they listed: ~27 MiB for the demo fleet, and
+    # still filling after the history rings are full
     assert ownerships() <= before + 2

@@ -1,4 +1,4 @@
-"""One session's input must not hold the others (issue 11): the ssh driver takes a few
+"""One session's input must not hold the others: the ssh driver takes a few
 events per turn of the shared loop, stops reading a channel whose input piles up, and drops
 what it cannot read with a message instead of ending the session; a session draws at a
 bounded size whatever its client claims. End to end: a session types 8 KB into its command
@@ -90,8 +90,8 @@ async def test_a_burst_of_keys_reaches_the_app_a_few_per_turn_of_the_loop() -> N
             most = max(most, len(app.keys) - last)
             last = len(app.keys)
         assert "".join(app.keys) == typed  # all of it, in order
-        # Before: all 3000 in one turn. Now EVENTS_PER_TURN per turn, a few turns' worth at
-        # times when the app is busy painting; far below the whole burst either way.
+        # EVENTS_PER_TURN per turn, a few turns' worth at times when the app is busy
+        # painting; far below the whole burst, which would hold every other session.
         assert most < len(typed) // 10, most
 
 
@@ -189,8 +189,8 @@ async def test_8kb_typed_into_a_palette_holds_no_other_session(tmp_path: Path) -
             await asyncio.sleep(4.0)  # the watcher's view refreshes once a second
         finally:
             probe.cancel()
-        # Before: the loop was held ~80 s for 4 KB, minutes for 8 KB; the watcher got
-        # nothing meanwhile. Bounds generous for a loaded machine.
+        # Taken in one turn, 4 KB would hold the loop ~80 s (8 KB, minutes) and the
+        # watcher would get nothing meanwhile. Bounds generous for a loaded machine.
         assert frames.worst_stall_s < 2.0, frames.worst_stall_s
         got = frames.after(start)
         gaps = [b - a for a, b in zip([start, *got], got, strict=False)]

@@ -1,4 +1,4 @@
-"""A paste from an ssh client is bounded (issue 11): one that never ends, or runs to
+"""A paste from an ssh client is bounded: one that never ends, or runs to
 megabytes, is cut at PasteLimit's bound with a message, and the session goes on taking keys;
 what is shorter reaches the app unchanged, however the client's packets split it."""
 

@@ -580,7 +580,7 @@ async def test_enter_on_an_event_opens_its_gpu(console_app: Any) -> None:
 
 async def test_a_tick_or_resize_while_the_console_ends_draws_nothing(console_app: Any) -> None:
     # the 1 s tick and a queued size check can still fire while the app takes its screens
-    # down: they used to ask for the top screen of an empty stack (ScreenStackError)
+    # down, when asking for the top screen of the empty stack raises ScreenStackError
     app = console_app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
