@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import urlencode
 
-from gpuconsole.export import names as n
+from gpuconsole.export import names
 from gpuconsole.readings.agents import RemoteReading
 from gpuconsole.readings.base import Event, SourceStatus
 from gpuconsole.readings.bmc import BmcReading, PowerState
@@ -56,52 +56,52 @@ MAX_ANSWER_BYTES = 256 * 1024 * 1024
 
 # Per GPU: the figures the fleet view, GPU health and the wallboard read.
 _GPU = (
-    n.DCGM_GPU_UTIL,
-    n.DCGM_MEM_COPY_UTIL,
-    n.DCGM_FB_USED,
-    n.DCGM_FB_FREE,
-    n.DCGM_FB_RESERVED,
-    n.DCGM_GPU_TEMP,
-    n.DCGM_MEMORY_TEMP,
-    n.DCGM_POWER_USAGE,
-    n.DCGM_POWER_LIMIT,
-    n.DCGM_SM_CLOCK,
-    n.DCGM_MEM_CLOCK,
-    n.DCGM_PSTATE,
-    n.DCGM_THROTTLE,
-    n.DCGM_PCIE_GEN,
-    n.DCGM_PCIE_WIDTH,
-    n.DCGM_PCIE_REPLAY,
-    n.DCGM_XID,
-    n.DCGM_ECC_SBE_VOL,
-    n.DCGM_ECC_DBE_VOL,
-    n.DCGM_ECC_SBE_AGG,
-    n.DCGM_ECC_DBE_AGG,
-    n.DCGM_REMAP_COR,
-    n.DCGM_REMAP_UNC,
-    n.DCGM_REMAP_FAILURE,
-    n.DCGM_REMAP_PENDING,
-    n.PROF_SM_ACTIVE,
-    n.GPU_LOST,
-    n.GPU_PCIE_MAX_GEN,
-    n.GPU_PCIE_MAX_WIDTH,
+    names.DCGM_GPU_UTIL,
+    names.DCGM_MEM_COPY_UTIL,
+    names.DCGM_FB_USED,
+    names.DCGM_FB_FREE,
+    names.DCGM_FB_RESERVED,
+    names.DCGM_GPU_TEMP,
+    names.DCGM_MEMORY_TEMP,
+    names.DCGM_POWER_USAGE,
+    names.DCGM_POWER_LIMIT,
+    names.DCGM_SM_CLOCK,
+    names.DCGM_MEM_CLOCK,
+    names.DCGM_PSTATE,
+    names.DCGM_THROTTLE,
+    names.DCGM_PCIE_GEN,
+    names.DCGM_PCIE_WIDTH,
+    names.DCGM_PCIE_REPLAY,
+    names.DCGM_XID,
+    names.DCGM_ECC_SBE_VOL,
+    names.DCGM_ECC_DBE_VOL,
+    names.DCGM_ECC_SBE_AGG,
+    names.DCGM_ECC_DBE_AGG,
+    names.DCGM_REMAP_COR,
+    names.DCGM_REMAP_UNC,
+    names.DCGM_REMAP_FAILURE,
+    names.DCGM_REMAP_PENDING,
+    names.PROF_SM_ACTIVE,
+    names.GPU_LOST,
+    names.GPU_PCIE_MAX_GEN,
+    names.GPU_PCIE_MAX_WIDTH,
 )
-_SOURCE = (n.SOURCE_UP, n.SOURCE_LAST_OK, n.SOURCE_STALE, n.SOURCE_POLL)
+_SOURCE = (names.SOURCE_UP, names.SOURCE_LAST_OK, names.SOURCE_STALE, names.SOURCE_POLL)
 _NODE = (
-    n.NODE_SIMULATED,
-    n.BMC_POWER,
-    n.BMC_INLET,
-    n.BMC_EXHAUST,
-    n.BMC_FANS,
-    n.BMC_FANS_FAILED,
-    n.BMC_PSUS,
-    n.BMC_PSUS_FAILED,
-    n.IPMI_CHASSIS_POWER,
-    n.FABRIC_PEERMEM,
+    names.NODE_SIMULATED,
+    names.BMC_POWER,
+    names.BMC_INLET,
+    names.BMC_EXHAUST,
+    names.BMC_FANS,
+    names.BMC_FANS_FAILED,
+    names.BMC_PSUS,
+    names.BMC_PSUS_FAILED,
+    names.IPMI_CHASSIS_POWER,
+    names.FABRIC_PEERMEM,
 )
-_PORT = (n.IB_STATE, n.IB_PHYSICAL_STATE, n.IB_RATE, n.FABRIC_PORT_EXPECTED_RATE)
-_NETDEV = (n.FABRIC_NETDEV_UP, n.FABRIC_NETDEV_CARRIER)
-_INFO = (n.GPU_INFO, n.MIG_INFO, n.FABRIC_PORT_INFO, n.BMC_INFO)
+_PORT = (names.IB_STATE, names.IB_PHYSICAL_STATE, names.IB_RATE, names.FABRIC_PORT_EXPECTED_RATE)
+_NETDEV = (names.FABRIC_NETDEV_UP, names.FABRIC_NETDEV_CARRIER)
+_INFO = (names.GPU_INFO, names.MIG_INFO, names.FABRIC_PORT_INFO, names.BMC_INFO)
 UP = "up"
 
 _KIND: dict[str, str] = {
@@ -248,13 +248,13 @@ def parse_overview(values: list[Any], info: list[Any]) -> Overview:
             found = series_of(labels)
             if found is None:
                 continue
-            if metric == n.GPU_INFO[0]:
+            if metric == names.GPU_INFO[0]:
                 found.gpu_info[int(labels["gpu"])] = labels
-            elif metric == n.MIG_INFO[0]:
+            elif metric == names.MIG_INFO[0]:
                 found.migs.setdefault(int(labels["gpu"]), []).append(labels)
-            elif metric == n.FABRIC_PORT_INFO[0]:
+            elif metric == names.FABRIC_PORT_INFO[0]:
                 found.port_info[(labels["device"], int(labels["port"]))] = labels
-            elif metric == n.BMC_INFO[0]:
+            elif metric == names.BMC_INFO[0]:
                 found.bmc = labels.get("bmc", "")
     except (KeyError, TypeError, IndexError, ValueError) as exc:
         raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
@@ -277,14 +277,14 @@ def _mig(labels: Mapping[str, str]) -> MigInstance:
 def _gpu(
     index: int, info: Mapping[str, str], v: Mapping[str, float], migs: list[MigInstance]
 ) -> GpuReading:
-    used, free = _gauge(v, n.DCGM_FB_USED), _gauge(v, n.DCGM_FB_FREE)
-    reserved = _gauge(v, n.DCGM_FB_RESERVED)
+    used, free = _gauge(v, names.DCGM_FB_USED), _gauge(v, names.DCGM_FB_FREE)
+    reserved = _gauge(v, names.DCGM_FB_RESERVED)
     total = None
     if used is not None and free is not None:
         total = round((used + free + (reserved or 0.0)) * MIB)
-    mask = _int(_gauge(v, n.DCGM_THROTTLE))
-    sm_active = _gauge(v, n.PROF_SM_ACTIVE)
-    lost = bool(_flag(v, n.GPU_LOST))
+    mask = _int(_gauge(v, names.DCGM_THROTTLE))
+    sm_active = _gauge(v, names.PROF_SM_ACTIVE)
+    lost = bool(_flag(v, names.GPU_LOST))
     return GpuReading(
         index=index,
         uuid=info.get("uuid", ""),
@@ -294,35 +294,35 @@ def _gpu(
         serial=info.get("serial") or None,
         module_id=_int(float(info["module_id"])) if info.get("module_id") else None,
         architecture=info.get("architecture") or None,
-        util_gpu_pct=_gauge(v, n.DCGM_GPU_UTIL),
-        util_mem_pct=_gauge(v, n.DCGM_MEM_COPY_UTIL),
+        util_gpu_pct=_gauge(v, names.DCGM_GPU_UTIL),
+        util_mem_pct=_gauge(v, names.DCGM_MEM_COPY_UTIL),
         mem_total_bytes=total,
         mem_used_bytes=None if used is None else round(used * MIB),
         mem_reserved_bytes=None if reserved is None else round(reserved * MIB),
-        temp_gpu_c=_gauge(v, n.DCGM_GPU_TEMP),
-        temp_hbm_c=_gauge(v, n.DCGM_MEMORY_TEMP),
-        power_w=_gauge(v, n.DCGM_POWER_USAGE),
-        power_limit_w=_gauge(v, n.DCGM_POWER_LIMIT),
-        sm_clock_mhz=_int(_gauge(v, n.DCGM_SM_CLOCK)),
-        mem_clock_mhz=_int(_gauge(v, n.DCGM_MEM_CLOCK)),
-        pstate=_int(_gauge(v, n.DCGM_PSTATE)),
+        temp_gpu_c=_gauge(v, names.DCGM_GPU_TEMP),
+        temp_hbm_c=_gauge(v, names.DCGM_MEMORY_TEMP),
+        power_w=_gauge(v, names.DCGM_POWER_USAGE),
+        power_limit_w=_gauge(v, names.DCGM_POWER_LIMIT),
+        sm_clock_mhz=_int(_gauge(v, names.DCGM_SM_CLOCK)),
+        mem_clock_mhz=_int(_gauge(v, names.DCGM_MEM_CLOCK)),
+        pstate=_int(_gauge(v, names.DCGM_PSTATE)),
         throttle_reasons=tuple(name for bit, name in THROTTLE_BITS if mask and mask & bit),
         ecc=EccReading(
-            volatile_corrected=_int(_gauge(v, n.DCGM_ECC_SBE_VOL)),
-            volatile_uncorrected=_int(_gauge(v, n.DCGM_ECC_DBE_VOL)),
-            aggregate_corrected=_int(_gauge(v, n.DCGM_ECC_SBE_AGG)),
-            aggregate_uncorrected=_int(_gauge(v, n.DCGM_ECC_DBE_AGG)),
-            remapped_corrected=_int(_gauge(v, n.DCGM_REMAP_COR)),
-            remapped_uncorrected=_int(_gauge(v, n.DCGM_REMAP_UNC)),
-            remap_pending=_flag(v, n.DCGM_REMAP_PENDING),
-            remap_failure=_flag(v, n.DCGM_REMAP_FAILURE),
+            volatile_corrected=_int(_gauge(v, names.DCGM_ECC_SBE_VOL)),
+            volatile_uncorrected=_int(_gauge(v, names.DCGM_ECC_DBE_VOL)),
+            aggregate_corrected=_int(_gauge(v, names.DCGM_ECC_SBE_AGG)),
+            aggregate_uncorrected=_int(_gauge(v, names.DCGM_ECC_DBE_AGG)),
+            remapped_corrected=_int(_gauge(v, names.DCGM_REMAP_COR)),
+            remapped_uncorrected=_int(_gauge(v, names.DCGM_REMAP_UNC)),
+            remap_pending=_flag(v, names.DCGM_REMAP_PENDING),
+            remap_failure=_flag(v, names.DCGM_REMAP_FAILURE),
         ),
         pcie=PcieReading(
-            gen_current=_int(_gauge(v, n.DCGM_PCIE_GEN)),
-            gen_max=_int(_gauge(v, n.GPU_PCIE_MAX_GEN)),
-            width_current=_int(_gauge(v, n.DCGM_PCIE_WIDTH)),
-            width_max=_int(_gauge(v, n.GPU_PCIE_MAX_WIDTH)),
-            replay_count=_int(_gauge(v, n.DCGM_PCIE_REPLAY)),
+            gen_current=_int(_gauge(v, names.DCGM_PCIE_GEN)),
+            gen_max=_int(_gauge(v, names.GPU_PCIE_MAX_GEN)),
+            width_current=_int(_gauge(v, names.DCGM_PCIE_WIDTH)),
+            width_max=_int(_gauge(v, names.GPU_PCIE_MAX_WIDTH)),
+            replay_count=_int(_gauge(v, names.DCGM_PCIE_REPLAY)),
         ),
         numa_node=_int(float(info["numa_node"])) if info.get("numa_node") else None,
         mig_enabled=True if migs else None,
@@ -334,19 +334,19 @@ def _gpu(
 def _statuses(node: str, found: NodeSeries, at: float) -> tuple[SourceStatus, ...]:
     out = []
     for source, v in sorted(found.sources.items()):
-        ok = bool(_flag(v, n.SOURCE_UP))
-        stale_s = _gauge(v, n.SOURCE_STALE) or 0.0
+        ok = bool(_flag(v, names.SOURCE_UP))
+        stale_s = _gauge(v, names.SOURCE_STALE) or 0.0
         out.append(
             SourceStatus(
                 node=node,
                 source=source,
                 ok=ok,
-                last_ok_at=_gauge(v, n.SOURCE_LAST_OK),
+                last_ok_at=_gauge(v, names.SOURCE_LAST_OK),
                 stale_since=None if ok else at - stale_s,
                 # the reason stays with the agent; drilling in shows it
                 error=None if ok else f"stale for {stale_s:.0f} s (as Prometheus has it)",
                 polls=1,
-                last_poll_s=_gauge(v, n.SOURCE_POLL),
+                last_poll_s=_gauge(v, names.SOURCE_POLL),
             )
         )
     return tuple(out)
@@ -356,33 +356,33 @@ def _bmc(found: NodeSeries, at: float, simulated: bool) -> BmcReading | None:
     v = found.values
     if found.bmc is None:
         return None  # no BMC configured for that node
-    power = _gauge(v, n.IPMI_CHASSIS_POWER)
+    power = _gauge(v, names.IPMI_CHASSIS_POWER)
     state = PowerState.UNKNOWN if power is None else PowerState.ON if power >= 1 else PowerState.OFF
     return BmcReading(
         at=at,
         bmc=found.bmc,
         power_state=state,
-        power_w=_gauge(v, n.BMC_POWER),
-        inlet_c=_gauge(v, n.BMC_INLET),
-        exhaust_c=_gauge(v, n.BMC_EXHAUST),
-        fans_present=_int(_gauge(v, n.BMC_FANS)) or 0,
-        fans_failed=_int(_gauge(v, n.BMC_FANS_FAILED)) or 0,
-        psus_present=_int(_gauge(v, n.BMC_PSUS)) or 0,
-        psus_failed=_int(_gauge(v, n.BMC_PSUS_FAILED)) or 0,
+        power_w=_gauge(v, names.BMC_POWER),
+        inlet_c=_gauge(v, names.BMC_INLET),
+        exhaust_c=_gauge(v, names.BMC_EXHAUST),
+        fans_present=_int(_gauge(v, names.BMC_FANS)) or 0,
+        fans_failed=_int(_gauge(v, names.BMC_FANS_FAILED)) or 0,
+        psus_present=_int(_gauge(v, names.BMC_PSUS)) or 0,
+        psus_failed=_int(_gauge(v, names.BMC_PSUS_FAILED)) or 0,
         simulated=simulated,
     )
 
 
 def _port(place: tuple[str, int], info: Mapping[str, str], found: NodeSeries) -> FabricPort:
     v = found.ports.get(place, {})
-    state_id, phys_id = _int(_gauge(v, n.IB_STATE)), _int(_gauge(v, n.IB_PHYSICAL_STATE))
-    rate = _gauge(v, n.IB_RATE)
-    expected = _gauge(v, n.FABRIC_PORT_EXPECTED_RATE)
+    state_id, phys_id = _int(_gauge(v, names.IB_STATE)), _int(_gauge(v, names.IB_PHYSICAL_STATE))
+    rate = _gauge(v, names.IB_RATE)
+    expected = _gauge(v, names.FABRIC_PORT_EXPECTED_RATE)
     stats = None
     if place in found.netdevs:
         ifname, nv = found.netdevs[place]
-        up = "UP" if _flag(nv, n.FABRIC_NETDEV_UP) else "DOWN"
-        stats = NetdevStats(ifname, up, _flag(nv, n.FABRIC_NETDEV_CARRIER))
+        up = "UP" if _flag(nv, names.FABRIC_NETDEV_UP) else "DOWN"
+        stats = NetdevStats(ifname, up, _flag(nv, names.FABRIC_NETDEV_CARRIER))
     try:
         role = PortRole(info.get("role", ""))
     except ValueError:
@@ -428,14 +428,14 @@ def _fabric(found: NodeSeries, at: float, simulated: bool) -> FabricReading | No
             )
             for name, ports in devices.items()
         ),
-        peermem_loaded=_flag(found.values, n.FABRIC_PEERMEM),
+        peermem_loaded=_flag(found.values, names.FABRIC_PEERMEM),
         simulated=simulated,
     )
 
 
 def build_node(node: str, found: NodeSeries, at: float) -> NodeSnapshot:
     """The overview of one node from its series: what the fleet view reads of it."""
-    simulated = bool(_flag(found.values, n.NODE_SIMULATED))
+    simulated = bool(_flag(found.values, names.NODE_SIMULATED))
     migs = {g: [_mig(labels) for labels in found.migs.get(g, [])] for g in found.gpu_info}
     gpus = tuple(
         _gpu(index, info, found.gpus.get(index, {}), migs[index])
@@ -444,7 +444,7 @@ def build_node(node: str, found: NodeSeries, at: float) -> NodeSnapshot:
     xids = {
         g.uuid: code
         for g in gpus
-        if (code := _int(_gauge(found.gpus.get(g.index, {}), n.DCGM_XID)))
+        if (code := _int(_gauge(found.gpus.get(g.index, {}), names.DCGM_XID)))
     }
     nvml = None
     if gpus or "nvml" in found.sources:
