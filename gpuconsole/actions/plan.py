@@ -3,7 +3,9 @@
 `make_plan` is pure: it reads a NodeSnapshot (NVML, tenancy, fabric), the ownership merged
 from it and what the Kubernetes layer says is cordoned, and returns a Plan that says every
 step before anything runs. A failed precondition blocks the plan and says what to do.
-Placement help (which GPUs to ask for) lives in placement.py.
+Each rule returns its part of the plan (preconditions, steps, notes); `make_plan` joins the
+parts in order and puts the steps in StepKind's order. Placement help (which GPUs to ask
+for) lives in placement.py.
 
 Targets (what each means for the layers below):
 
@@ -21,7 +23,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from gpuconsole.facts.ownership import GpuOwner, Ownership, node_ownership, resolve_owners
+from gpuconsole.facts.ownership import (
+    GpuOwner,
+    Owner,
+    Ownership,
+    node_ownership,
+    resolve_owners,
+)
 from gpuconsole.hardware import (
     A100_BOARD_GPUS,
     A100_BOARD_SWITCHES,
@@ -98,6 +106,13 @@ class Target:
     def driver(self) -> str | None:
         """The driver its GPUs end bound to (None: unbound)."""
         return {TargetKind.VM: VFIO_DRIVER, TargetKind.DRAINED: None}.get(self.kind, HOST_DRIVER)
+
+    @property
+    def override(self) -> str | None:
+        """The driver_override its GPUs end with (None: cleared)."""
+        if self.driver is None:
+            return BLOCK_DRIVER
+        return None if self.driver == HOST_DRIVER else self.driver
 
     @property
     def cordoned(self) -> bool:
@@ -336,9 +351,17 @@ def guest_named(node: NodeSnapshot, name: str) -> Guest | None:
     return None
 
 
+def _guests(node: NodeSnapshot) -> tuple[Guest, ...]:
+    return node.tenancy.guests if node.tenancy is not None else ()
+
+
+def _held(guest: Guest) -> set[str]:
+    """The PCI functions a guest's definition holds, by bus id."""
+    return {normal_bus_id(b) for b in guest.bus_ids}
+
+
 def _guests_holding(node: NodeSnapshot, bus_id: str) -> list[Guest]:
-    guests = node.tenancy.guests if node.tenancy is not None else ()
-    return [g for g in guests if bus_id in {normal_bus_id(b) for b in g.bus_ids}]
+    return [g for g in _guests(node) if bus_id in _held(g)]
 
 
 def nvswitch_board(node: NodeSnapshot) -> tuple[str | None, tuple[str, ...]]:
@@ -457,6 +480,36 @@ def _following(pci: PciGpu) -> tuple[list[str], list[str]]:
     return moving, stuck
 
 
+# --- composing a plan -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """What one rule adds to a plan: preconditions, steps, notes, and the PCI functions
+    that go to a guest target (its ATTACH step's <hostdev>s)."""
+
+    conds: tuple[Precondition, ...] = ()
+    steps: tuple[Step, ...] = ()
+    notes: tuple[str, ...] = ()
+    attach: tuple[str, ...] = ()
+
+
+def _join(*parts: _Part) -> _Part:
+    """The parts one after the other, in order."""
+    return _Part(
+        tuple(c for p in parts for c in p.conds),
+        tuple(s for p in parts for s in p.steps),
+        tuple(n for p in parts for n in p.notes),
+        tuple(f for p in parts for f in p.attach),
+    )
+
+
+# Steps run in StepKind's order: switch steps first, then per GPU, cordon and evict before
+# any binding changes.
+_STEP_ORDER = {kind: k for k, kind in enumerate(StepKind)}
+_SUSPENDED = ("paused", "pmsuspended")
+
+
 def make_plan(
     node: NodeSnapshot,
     keys: Sequence[str],
@@ -466,91 +519,15 @@ def make_plan(
     """The plan to move the GPUs named by `keys` (index, bus id or UUID) to `target`."""
     ctx = context or PlanContext()
     ownership = owners_of(node)
-    conds: list[Precondition] = []
-    notes: list[str] = []
-    gpus: list[GpuOwner] = []
-    for key in keys:
-        gpu = find_gpu(node, key, ownership)
-        if gpu is None:
-            conds.append(
-                Precondition(
-                    "GPU exists",
-                    False,
-                    f"no GPU {key!r} on {node.node}",
-                    "name it by index, bus id or UUID (gpuconsole snapshot lists them)",
-                )
-            )
-        elif gpu.bus_id not in {g.bus_id for g in gpus}:
-            gpus.append(gpu)
-    if node.tenancy is None:
-        conds.append(
-            Precondition(
-                "ownership known",
-                False,
-                f"the tenancy source has not read {node.node}",
-                "enable [tenancy] and wait for its first reading",
-            )
-        )
-    steps: list[Step] = []
-    attach_functions: list[str] = []
-    if target.kind is TargetKind.VM:
-        conds += _guest_conditions(node, target, gpus, notes)
-    if target.kind is TargetKind.K8S and not ctx.kubernetes:
-        conds.append(
-            Precondition(
-                "Kubernetes reachable",
-                False,
-                f"no Kubernetes API configured for {node.node}",
-                "set [actions] kubernetes = true (and kubeconfig) in the config",
-            )
-        )
-    releases = _releases(node, target, gpus, conds)
-    released = {s for _guest_name, release in releases for s in release}
-    switches: list[str] = []
-    if target.kind is TargetKind.VM:
-        switches = _partition(node, target, gpus, conds, notes, released)
-        attach_functions += switches
-        # a switch another guest releases in this plan is on vfio-pci already: it only
-        # changes definitions
-        bind = [s for s in switches if s not in released]
-        if bind:
-            steps += _pci_steps(node, bind, VFIO_DRIVER, "NVSwitches", gpu_bus=())
-    for guest, release in releases:
-        steps.append(
-            Step(
-                StepKind.DETACH,
-                Layer.GUESTS,
-                f"remove NVSwitches {', '.join(release)} from guest {guest}'s definition",
-                functions=release,
-                guest=guest,
-            )
-        )
-        back = [s for s in release if s not in switches]
-        if back:
-            notes.append(
-                f"guest {guest} gives NVSwitches {', '.join(back)} back to the host "
-                "(nvidia, for Fabric Manager)"
-            )
-            steps += _pci_steps(node, back, HOST_DRIVER, "NVSwitches", gpu_bus=())
-    for gpu in gpus:
-        steps += _gpu_steps(node, gpu, target, ctx, conds, notes, attach_functions)
-    if target.kind is TargetKind.VM and target.guest and gpus:
-        steps.append(
-            Step(
-                StepKind.ATTACH,
-                Layer.GUESTS,
-                f"define {len(attach_functions)} <hostdev> in guest {target.guest} "
-                "(hotplug, or restart it if it runs)",
-                gpus=tuple(g.bus_id for g in gpus),
-                functions=tuple(dict.fromkeys(attach_functions)),
-                guest=target.guest,
-            )
-        )
-    if gpus:
-        steps.append(_verify(node, gpus, target))
-    # switch steps first, then per GPU: cordon/evict before any binding change
-    order = {kind: k for k, kind in enumerate(StepKind)}
-    steps.sort(key=lambda s: order[s.kind])
+    gpus, unknown = _lookup(node, keys, ownership)
+    part = _join(
+        unknown,
+        _tenancy_known(node),
+        _target_checks(node, target, ctx),
+        _switch_part(node, target, gpus),
+        *(_gpu_part(node, gpu, target, ctx) for gpu in gpus),
+    )
+    part = _join(part, _closing(node, target, gpus, part.attach))
     return Plan(
         node=node.node,
         target=target,
@@ -558,178 +535,379 @@ def make_plan(
         labels=tuple(_label(g, ownership) for g in gpus),
         indexes=tuple(slot_index(ownership, g) for g in gpus),
         owners=tuple(g.label for g in gpus),
-        preconditions=tuple(conds),
-        steps=tuple(steps),
-        notes=tuple(dict.fromkeys(notes)),
+        preconditions=part.conds,
+        steps=tuple(sorted(part.steps, key=lambda s: _STEP_ORDER[s.kind])),
+        notes=tuple(dict.fromkeys(part.notes)),
         simulated=node.simulated,
     )
 
 
-def _guest_conditions(
-    node: NodeSnapshot, target: Target, gpus: list[GpuOwner], notes: list[str]
-) -> list[Precondition]:
+def _lookup(
+    node: NodeSnapshot, keys: Sequence[str], ownership: Ownership
+) -> tuple[list[GpuOwner], _Part]:
+    """The GPUs `keys` name, each once, in the order asked; a failed precondition for each
+    key that names none."""
+    found = [(key, find_gpu(node, key, ownership)) for key in keys]
+    gpus: dict[str, GpuOwner] = {}
+    for _key, gpu in found:
+        if gpu is not None:
+            gpus.setdefault(gpu.bus_id, gpu)
+    return list(gpus.values()), _Part(tuple(_no_gpu(node, k) for k, g in found if g is None))
+
+
+def _no_gpu(node: NodeSnapshot, key: str) -> Precondition:
+    return Precondition(
+        "GPU exists",
+        False,
+        f"no GPU {key!r} on {node.node}",
+        "name it by index, bus id or UUID (gpuconsole snapshot lists them)",
+    )
+
+
+def _tenancy_known(node: NodeSnapshot) -> _Part:
+    if node.tenancy is not None:
+        return _Part()
+    return _Part(
+        (
+            Precondition(
+                "ownership known",
+                False,
+                f"the tenancy source has not read {node.node}",
+                "enable [tenancy] and wait for its first reading",
+            ),
+        )
+    )
+
+
+def _target_checks(node: NodeSnapshot, target: Target, ctx: PlanContext) -> _Part:
+    """What the target itself needs: a guest to go to, a Kubernetes API to hand GPUs to."""
+    if target.kind is TargetKind.VM:
+        return _guest_ready(node, target)
+    if target.kind is TargetKind.K8S and not ctx.kubernetes:
+        return _Part((_no_kubernetes(node),))
+    return _Part()
+
+
+def _no_kubernetes(node: NodeSnapshot) -> Precondition:
+    return Precondition(
+        "Kubernetes reachable",
+        False,
+        f"no Kubernetes API configured for {node.node}",
+        "set [actions] kubernetes = true (and kubeconfig) in the config",
+    )
+
+
+def _guest_ready(node: NodeSnapshot, target: Target) -> _Part:
+    """The guest is defined and not suspended; a running one is told how its GPUs arrive."""
     guest = guest_named(node, target.guest or "")
     if guest is None:
-        return [
-            Precondition(
-                "guest defined",
-                False,
-                f"no guest {target.guest!r} on {node.node}",
-                "define it first (virsh define), then ask again",
-            )
-        ]
-    if guest.state in ("paused", "pmsuspended"):
-        return [
-            Precondition(
-                "guest not suspended",
-                False,
-                f"guest {guest.name} is {guest.state}",
-                f"resume it or shut it down (virsh shutdown {guest.name}); "
-                "passthrough guests cannot be suspended",
-            )
-        ]
-    if guest.active:
-        notes.append(
-            f"guest {guest.name} is {guest.state}: its GPUs are hotplugged where the "
-            "hypervisor can, otherwise it restarts"
-        )
-    return [Precondition("guest defined", True, f"{guest.name} ({guest.state})")]
+        return _Part((_no_guest(node, target),))
+    if guest.state in _SUSPENDED:
+        return _Part((_guest_suspended(guest),))
+    defined = Precondition("guest defined", True, f"{guest.name} ({guest.state})")
+    if not guest.active:
+        return _Part((defined,))
+    note = (
+        f"guest {guest.name} is {guest.state}: its GPUs are hotplugged where the "
+        "hypervisor can, otherwise it restarts"
+    )
+    return _Part((defined,), notes=(note,))
+
+
+def _no_guest(node: NodeSnapshot, target: Target) -> Precondition:
+    return Precondition(
+        "guest defined",
+        False,
+        f"no guest {target.guest!r} on {node.node}",
+        "define it first (virsh define), then ask again",
+    )
+
+
+def _guest_suspended(guest: Guest) -> Precondition:
+    return Precondition(
+        "guest not suspended",
+        False,
+        f"guest {guest.name} is {guest.state}",
+        f"resume it or shut it down (virsh shutdown {guest.name}); "
+        "passthrough guests cannot be suspended",
+    )
+
+
+def _closing(
+    node: NodeSnapshot, target: Target, gpus: Sequence[GpuOwner], attach: Sequence[str]
+) -> _Part:
+    """The steps that end a plan: attach everything to the guest, then the final check."""
+    if not gpus:
+        return _Part()
+    verify = _verify(node, gpus, target)
+    if target.kind is TargetKind.VM and target.guest:
+        return _Part(steps=(_attach(target, gpus, attach), verify))
+    return _Part(steps=(verify,))
+
+
+def _attach(target: Target, gpus: Sequence[GpuOwner], functions: Sequence[str]) -> Step:
+    return Step(
+        StepKind.ATTACH,
+        Layer.GUESTS,
+        f"define {len(functions)} <hostdev> in guest {target.guest} "
+        "(hotplug, or restart it if it runs)",
+        gpus=tuple(g.bus_id for g in gpus),
+        functions=tuple(dict.fromkeys(functions)),
+        guest=target.guest,
+    )
+
+
+_VERIFIED = {
+    HOST_DRIVER: "UUID visible to nvidia, fabric state complete, no new XID, no remap pending",
+    VFIO_DRIVER: "every function bound to vfio-pci and in the guest",
+}
+
+
+def _verify(node: NodeSnapshot, gpus: Sequence[GpuOwner], target: Target) -> Step:
+    what = _VERIFIED.get(target.driver or "", "unbound, nothing may bind it")
+    return Step(
+        StepKind.VERIFY,
+        None,
+        f"final check: {what}",
+        gpus=tuple(g.bus_id for g in gpus),
+        uuids=tuple(g.uuid or "" for g in gpus),
+        driver=target.driver,
+        guest=target.guest,
+        xids=tuple(node.last_xid.get(g.uuid, -1) if g.uuid else -1 for g in gpus),
+    )
+
+
+# --- NVSwitches -------------------------------------------------------------------------
+
+# A guest that gives up NVSwitches in a plan: its name, and those switches.
+_Release = tuple[str, tuple[str, ...]]
+
+_H100_RULE = "H100 HGX: a guest gets 1 GPU (NVLinks disabled) or all 8 (with the 4 NVSwitches)"
+_A100_RULE = (
+    "A100 HGX: a guest gets 1, 2, 4, 8 or 16 neighbouring GPUs (with 0, 1, 3, 6 or 12 NVSwitches)"
+)
+_SINGLE_GPU_NOTE = (
+    "single-GPU passthrough on an NVSwitch baseboard: the guest must run with its "
+    "NVLinks disabled (NVreg_NvLinkDisable=1), or it hangs at fabric state in progress"
+)
+
+
+def _switch_part(node: NodeSnapshot, target: Target, gpus: Sequence[GpuOwner]) -> _Part:
+    """The NVSwitches a guest's partition takes with it, and those guests losing GPUs give
+    up: preconditions, notes, and the steps that move them."""
+    refusals, releases = _releases(node, target, gpus)
+    released = {s for _guest, release in releases for s in release}
+    taken = _partition(node, target, gpus, released) if target.kind is TargetKind.VM else _Part()
+    # a switch another guest releases in this plan is on vfio-pci already: it only
+    # changes definitions
+    bind = [s for s in taken.attach if s not in released]
+    binding = _pci_steps(node, bind, VFIO_DRIVER, "NVSwitches", gpu_bus=()) if bind else []
+    gives = [_release_part(node, guest, release, taken.attach) for guest, release in releases]
+    return _join(_Part(refusals), taken, _Part(steps=tuple(binding)), *gives)
+
+
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """The partition a guest would hold: its GPUs and the NVSwitches they take."""
+
+    arch: str
+    board: tuple[str, ...]  # every NVSwitch known on the baseboard
+    held: frozenset[str]  # what the guest holds now
+    buses: frozenset[str]  # the GPUs it would hold
+    wanted: tuple[str, ...] | None  # None: no partition this baseboard allows
 
 
 def _partition(
-    node: NodeSnapshot,
-    target: Target,
-    gpus: list[GpuOwner],
-    conds: list[Precondition],
-    notes: list[str],
-    released: set[str],
-) -> list[str]:
-    """The NVSwitch rules for a guest's GPUs; returns the switches that must go with them
-    (`released`: those other guests give up in the same plan)."""
-    arch, switches = nvswitch_board(node)
+    node: NodeSnapshot, target: Target, gpus: Sequence[GpuOwner], released: set[str]
+) -> _Part:
+    """The NVSwitch rules for a guest's GPUs; `attach` holds the switches that must go with
+    them (`released`: those other guests give up in the same plan)."""
+    arch, board = nvswitch_board(node)
     if arch is None:
-        conds.append(Precondition("NVSwitch partition", True, "no NVSwitch baseboard"))
-        return []
+        return _Part((Precondition("NVSwitch partition", True, "no NVSwitch baseboard"),))
+    asked = _asked(node, target, gpus, arch, board)
+    shape = _shape_check(node, target, asked)
+    wanted = asked.wanted
+    if wanted is None:
+        return _Part((shape,))
+    if (unknown := _switches_unknown(node, asked, wanted)) is not None:
+        return _Part((shape, unknown))
+    n = len(asked.buses)
+    return _Part(
+        (shape, *_switches_free(node, target, wanted, released), *_mig_off(node, gpus, n)),
+        notes=_partition_notes(n, wanted),
+        attach=tuple(s for s in wanted if s not in asked.held),
+    )
+
+
+def _asked(
+    node: NodeSnapshot, target: Target, gpus: Sequence[GpuOwner], arch: str, board: tuple[str, ...]
+) -> _Asked:
     guest = guest_named(node, target.guest or "")
-    held = {normal_bus_id(b) for b in guest.bus_ids} if guest is not None else set()
+    held = frozenset(_held(guest) if guest is not None else ())
     ownership = owners_of(node)
     place = bus_positions(ownership)
     buses = {g.bus_id for g in ownership.gpus if g.bus_id in held} | {g.bus_id for g in gpus}
-    n = len(buses)
-    wanted = partition_switches(arch, switches, [place[b] for b in buses], len(place))
-    if arch == "hopper":
-        rule = "H100 HGX: a guest gets 1 GPU (NVLinks disabled) or all 8 (with the 4 NVSwitches)"
-    else:
-        rule = (
-            "A100 HGX: a guest gets 1, 2, 4, 8 or 16 neighbouring GPUs "
-            "(with 0, 1, 3, 6 or 12 NVSwitches)"
-        )
-    what = f"guest {target.guest} would hold {n} GPU(s): {_names(ownership, buses)}"
-    conds.append(
-        Precondition(
-            "NVSwitch partition",
-            wanted is not None,
-            f"{what}; {rule}",
-            f"ask for a partition this baseboard allows: {_shapes(arch, ownership)} "
-            f"(gpuconsole assign --propose N --to vm:{target.guest} finds free ones)",
-        )
+    wanted = partition_switches(arch, board, [place[b] for b in buses], len(place))
+    return _Asked(arch, board, held, frozenset(buses), wanted)
+
+
+def _shape_check(node: NodeSnapshot, target: Target, asked: _Asked) -> Precondition:
+    ownership = owners_of(node)
+    what = f"guest {target.guest} would hold {len(asked.buses)} GPU(s): "
+    what += _names(ownership, asked.buses)
+    return Precondition(
+        "NVSwitch partition",
+        asked.wanted is not None,
+        f"{what}; {_H100_RULE if asked.arch == 'hopper' else _A100_RULE}",
+        f"ask for a partition this baseboard allows: {_shapes(asked.arch, ownership)} "
+        f"(gpuconsole assign --propose N --to vm:{target.guest} finds free ones)",
     )
-    if wanted is None:
-        return []
-    expected = (H100_SWITCHES if arch == "hopper" else A100_SWITCHES).get(n, 0)
-    if len(wanted) < expected:
-        conds.append(
-            Precondition(
-                "NVSwitches known",
-                False,
-                f"the partition takes {expected} NVSwitches; {len(switches)} are known "
-                f"on {node.node}",
-                "check that the nvidia driver sees every NVSwitch (nvidia-smi nvlink -s), "
-                "then ask again",
-            )
-        )
-        return []
+
+
+def _switches_unknown(
+    node: NodeSnapshot, asked: _Asked, wanted: tuple[str, ...]
+) -> Precondition | None:
+    """A refusal where fewer NVSwitches are known than the partition takes."""
+    counts = H100_SWITCHES if asked.arch == "hopper" else A100_SWITCHES
+    expected = counts.get(len(asked.buses), 0)
+    if len(wanted) >= expected:
+        return None
+    return Precondition(
+        "NVSwitches known",
+        False,
+        f"the partition takes {expected} NVSwitches; {len(asked.board)} are known on {node.node}",
+        "check that the nvidia driver sees every NVSwitch (nvidia-smi nvlink -s), then ask again",
+    )
+
+
+def _switches_free(
+    node: NodeSnapshot, target: Target, wanted: tuple[str, ...], released: set[str]
+) -> tuple[Precondition, ...]:
+    if not wanted:
+        return ()
     others = [
         (g.name, s)
-        for g in (node.tenancy.guests if node.tenancy is not None else ())
+        for g in _guests(node)
         if g.name != target.guest
         for s in wanted
-        if s in {normal_bus_id(b) for b in g.bus_ids} and s not in released
+        if s in _held(g) and s not in released
     ]
-    if wanted:
-        conds.append(
-            Precondition(
-                "NVSwitches free",
-                not others,
-                "; ".join(f"{s} is in guest {name}'s partition" for name, s in others)
-                or f"NVSwitches {', '.join(wanted)} held by no other guest",
-                "move that guest's GPUs off first, or ask for GPUs of another partition",
-            )
-        )
-    if n == 1:
-        notes.append(
-            "single-GPU passthrough on an NVSwitch baseboard: the guest must run with its "
-            "NVLinks disabled (NVreg_NvLinkDisable=1), or it hangs at fabric state in progress"
-        )
+    return (
+        Precondition(
+            "NVSwitches free",
+            not others,
+            "; ".join(f"{s} is in guest {name}'s partition" for name, s in others)
+            or f"NVSwitches {', '.join(wanted)} held by no other guest",
+            "move that guest's GPUs off first, or ask for GPUs of another partition",
+        ),
+    )
+
+
+def _mig_off(node: NodeSnapshot, gpus: Sequence[GpuOwner], n: int) -> tuple[Precondition, ...]:
+    """A partition of more than one GPU needs MIG off on each."""
+    if n <= 1:
+        return ()
     mig = [g for g in gpus if (reading := _nvml(node, g)) is not None and reading.mig_enabled]
-    if n > 1:
-        conds.append(
-            Precondition(
-                "MIG off for the partition",
-                not mig,
-                "MIG enabled on " + ", ".join(_label(g) for g in mig)
-                if mig
-                else "no GPU of the partition is in MIG mode",
-                "disable MIG first: nvidia-smi -i INDEX -mig 0, then ask again",
-            )
-        )
-    if wanted:
-        notes.append(
-            f"full passthrough: NVSwitches {', '.join(wanted)} go to the guest with its GPUs"
-        )
-    return [s for s in wanted if s not in held]
+    return (
+        Precondition(
+            "MIG off for the partition",
+            not mig,
+            "MIG enabled on " + ", ".join(_label(g) for g in mig)
+            if mig
+            else "no GPU of the partition is in MIG mode",
+            "disable MIG first: nvidia-smi -i INDEX -mig 0, then ask again",
+        ),
+    )
+
+
+def _partition_notes(n: int, wanted: tuple[str, ...]) -> tuple[str, ...]:
+    single = (_SINGLE_GPU_NOTE,) if n == 1 else ()
+    if not wanted:
+        return single
+    return (
+        *single,
+        f"full passthrough: NVSwitches {', '.join(wanted)} go to the guest with its GPUs",
+    )
 
 
 def _releases(
+    node: NodeSnapshot, target: Target, gpus: Sequence[GpuOwner]
+) -> tuple[tuple[Precondition, ...], tuple[_Release, ...]]:
+    """Guests losing GPUs on an NVSwitch baseboard: what each keeps must still be a
+    partition (a failed precondition where not); and the switches each no longer needs."""
+    arch, board = nvswitch_board(node)
+    if arch is None or node.tenancy is None:
+        return (), ()
+    moving = {g.bus_id for g in gpus}
+    losing = [g for g in node.tenancy.guests if g.name != target.guest and _held(g) & moving]
+    kept = [_kept(node, target, (arch, board), guest, moving) for guest in losing]
+    refusals = tuple(k for k in kept if isinstance(k, Precondition))
+    return refusals, tuple(k for k in kept if isinstance(k, tuple) and k[1])
+
+
+def _kept(
     node: NodeSnapshot,
     target: Target,
-    gpus: list[GpuOwner],
-    conds: list[Precondition],
-) -> list[tuple[str, tuple[str, ...]]]:
-    """Guests losing GPUs on an NVSwitch baseboard: what each keeps must still be a
-    partition; returns (guest, switches it no longer needs)."""
-    arch, switches = nvswitch_board(node)
-    if arch is None or node.tenancy is None:
-        return []
+    board: tuple[str, tuple[str, ...]],
+    guest: Guest,
+    moving: set[str],
+) -> Precondition | _Release:
+    """What a guest keeps once `moving` leaves it: a partition, with the switches it gives
+    up, or a refusal."""
+    arch, switches = board
     ownership = owners_of(node)
     place = bus_positions(ownership)
-    moving = {g.bus_id for g in gpus}
-    out = []
-    for guest in node.tenancy.guests:
-        held = {normal_bus_id(b) for b in guest.bus_ids}
-        if guest.name == target.guest or not held & moving:
-            continue
-        mine = [g for g in ownership.gpus if g.bus_id in held]
-        keep = [place[g.bus_id] for g in mine if g.bus_id not in moving]
-        left = partition_switches(arch, switches, keep, len(place))
-        if left is None:
-            every = sorted(i for g in mine if (i := slot_index(ownership, g)) is not None)
-            kept = _names(ownership, (g.bus_id for g in mine if g.bus_id not in moving))
-            conds.append(
-                Precondition(
-                    f"guest {guest.name} keeps a partition",
-                    False,
-                    f"guest {guest.name} would keep GPU(s) {kept}: "
-                    "not a partition this baseboard allows",
-                    "move its GPUs together: gpuconsole assign "
-                    f"{' '.join(map(str, every))} --to {target}",
-                )
-            )
-            continue
-        release = tuple(sorted((held & set(switches)) - set(left)))
-        if release:
-            out.append((guest.name, release))
-    return out
+    held = _held(guest)
+    mine = [g for g in ownership.gpus if g.bus_id in held]
+    keep = [place[g.bus_id] for g in mine if g.bus_id not in moving]
+    left = partition_switches(arch, switches, keep, len(place))
+    if left is None:
+        return _no_partition_left(ownership, target, guest, mine, moving)
+    return guest.name, tuple(sorted((held & set(switches)) - set(left)))
+
+
+def _no_partition_left(
+    ownership: Ownership,
+    target: Target,
+    guest: Guest,
+    mine: Sequence[GpuOwner],
+    moving: set[str],
+) -> Precondition:
+    every = sorted(i for g in mine if (i := slot_index(ownership, g)) is not None)
+    kept = _names(ownership, (g.bus_id for g in mine if g.bus_id not in moving))
+    return Precondition(
+        f"guest {guest.name} keeps a partition",
+        False,
+        f"guest {guest.name} would keep GPU(s) {kept}: not a partition this baseboard allows",
+        f"move its GPUs together: gpuconsole assign {' '.join(map(str, every))} --to {target}",
+    )
+
+
+def _release_part(
+    node: NodeSnapshot, guest: str, release: tuple[str, ...], taken: Sequence[str]
+) -> _Part:
+    """A guest's definition drops the NVSwitches it gives up; those no guest takes in this
+    plan go back to the host."""
+    detach = Step(
+        StepKind.DETACH,
+        Layer.GUESTS,
+        f"remove NVSwitches {', '.join(release)} from guest {guest}'s definition",
+        functions=release,
+        guest=guest,
+    )
+    back = [s for s in release if s not in taken]
+    if not back:
+        return _Part(steps=(detach,))
+    note = (
+        f"guest {guest} gives NVSwitches {', '.join(back)} back to the host "
+        "(nvidia, for Fabric Manager)"
+    )
+    rebind = _pci_steps(node, back, HOST_DRIVER, "NVSwitches", gpu_bus=())
+    return _Part(steps=(detach, *rebind), notes=(note,))
+
+
+# --- PCI functions ----------------------------------------------------------------------
 
 
 def _pci_steps(
@@ -742,51 +920,60 @@ def _pci_steps(
     reset: bool = True,
 ) -> list[Step]:
     """override, unbind, probe, reset for some functions, with what was there before."""
-    drivers, overrides = [], []
-    by_bus = {normal_bus_id(p.bus_id): p for p in (node.tenancy.gpus if node.tenancy else ())}
-    peers = {
-        normal_bus_id(peer.bus_id): peer.driver for p in by_bus.values() for peer in p.iommu_peers
-    }
-    # NVSwitches are in no GPU's group: a guest's are on vfio-pci, the host's on nvidia
-    guests = node.tenancy.guests if node.tenancy else ()
-    in_guests = {normal_bus_id(b) for g in guests for b in g.bus_ids}
-    for function in functions:
-        pci = by_bus.get(function)
-        other = VFIO_DRIVER if function in in_guests else HOST_DRIVER
-        current = pci.driver if pci is not None else peers.get(function, other)
-        drivers.append(current or "")
-        overrides.append((pci.driver_override or "") if pci is not None else "")
-
-    def step(kind: StepKind, title: str) -> Step:
-        return Step(
+    drivers, overrides = _before(node, functions)
+    holders = "/".join(sorted({d for d in drivers if d})) or "its driver"
+    titles = [
+        (StepKind.OVERRIDE, f"driver_override={driver or BLOCK_DRIVER} on {what}"),
+        (StepKind.UNBIND, f"unbind {what}{_also(functions, gpu_bus)} from {holders}"),
+    ]
+    if driver is not None:
+        titles.append((StepKind.PROBE, f"drivers_probe {what}: bind {driver}"))
+        if reset:
+            titles.append((StepKind.RESET, f"reset {what}"))
+    return [
+        Step(
             kind,
             Layer.PCI,
             title,
             gpus=gpu_bus,
             functions=tuple(functions),
             driver=driver,
-            before_drivers=tuple(drivers),
-            before_overrides=tuple(overrides),
+            before_drivers=drivers,
+            before_overrides=overrides,
         )
-
-    holders = "/".join(sorted({d for d in drivers if d})) or "its driver"
-    others = [f for f in functions if f not in gpu_bus]
-    also = (
-        f" and {', '.join(others)}"
-        if others and gpu_bus
-        else f" ({', '.join(others)})"
-        if others
-        else ""
-    )
-    steps = [
-        step(StepKind.OVERRIDE, f"driver_override={driver or BLOCK_DRIVER} on {what}"),
-        step(StepKind.UNBIND, f"unbind {what}{also} from {holders}"),
+        for kind, title in titles
     ]
-    if driver is not None:
-        steps.append(step(StepKind.PROBE, f"drivers_probe {what}: bind {driver}"))
-        if reset:
-            steps.append(step(StepKind.RESET, f"reset {what}"))
-    return steps
+
+
+def _before(
+    node: NodeSnapshot, functions: Sequence[str]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Per function, the driver holding it and its driver_override now ("" for none)."""
+    gpus = {normal_bus_id(p.bus_id): p for p in (node.tenancy.gpus if node.tenancy else ())}
+    peers = {
+        normal_bus_id(peer.bus_id): peer.driver for p in gpus.values() for peer in p.iommu_peers
+    }
+    # NVSwitches are in no GPU's group: a guest's are on vfio-pci, the host's on nvidia
+    in_guests = {b for g in _guests(node) for b in _held(g)}
+
+    def driver(function: str) -> str:
+        if (pci := gpus.get(function)) is not None:
+            return pci.driver or ""
+        return peers.get(function, VFIO_DRIVER if function in in_guests else HOST_DRIVER) or ""
+
+    overrides = tuple((gpus[f].driver_override or "") if f in gpus else "" for f in functions)
+    return tuple(driver(f) for f in functions), overrides
+
+
+def _also(functions: Sequence[str], gpu_bus: tuple[str, ...]) -> str:
+    """The functions an unbind takes besides the GPU's, for its title."""
+    others = [f for f in functions if f not in gpu_bus]
+    if not others:
+        return ""
+    return f" and {', '.join(others)}" if gpu_bus else f" ({', '.join(others)})"
+
+
+# --- one GPU ----------------------------------------------------------------------------
 
 
 def already_there(node: NodeSnapshot, gpu: GpuOwner, target: Target, ctx: PlanContext) -> bool:
@@ -806,192 +993,227 @@ def already_there(node: NodeSnapshot, gpu: GpuOwner, target: Target, ctx: PlanCo
     return here
 
 
-def _gpu_steps(
-    node: NodeSnapshot,
-    gpu: GpuOwner,
-    target: Target,
-    ctx: PlanContext,
-    conds: list[Precondition],
-    notes: list[str],
-    attach: list[str],
-) -> list[Step]:
-    label = _label(gpu, owners_of(node))
-    reading = _nvml(node, gpu)
+@dataclass(frozen=True, slots=True)
+class _Move:
+    """One GPU a plan moves, with what its rules read about it."""
+
+    gpu: GpuOwner
+    label: str
+    reading: GpuReading | None
+    pci: PciGpu | None
+    elsewhere: tuple[Guest, ...]  # guests holding it, other than the target's
+    cordoned: bool
+    functions: tuple[str, ...]  # the GPU's and those of its IOMMU group that go with it
+    stuck: tuple[str, ...]  # those of its group that cannot
+
+    @property
+    def lost(self) -> bool:
+        return self.reading is not None and self.reading.lost
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        return (self.gpu.uuid,) if self.gpu.uuid else ()
+
+
+def _move(node: NodeSnapshot, gpu: GpuOwner, target: Target, ctx: PlanContext) -> _Move:
     pci = _pci(node, gpu.bus_id)
-    steps: list[Step] = []
-    guests = _guests_holding(node, gpu.bus_id)
-    elsewhere = [g for g in guests if g.name != target.guest]
-    cordoned = gpu.uuid in ctx.cordoned if gpu.uuid else False
-    lost = reading is not None and reading.lost
-
-    if already_there(node, gpu, target, ctx):
-        conds.append(
-            Precondition(
-                f"{label} not already there",
-                False,
-                f"{label} is already {target} ({gpu.label})",
-                "nothing to do",
-            )
-        )
-        return []
-
-    conds.append(
-        Precondition(
-            f"{label} healthy",
-            not lost or target.kind is TargetKind.DRAINED,
-            "lost (fell off the bus, XID 79)"
-            if lost
-            else "answers NVML"
-            if reading
-            else "not seen by NVML (vfio-pci or unbound)",
-            "drain it (--to drained), then reset the GPU or reboot the node",
-        )
+    grouped = pci is not None and pci.iommu_group is not None
+    moving, stuck = _following(pci) if pci is not None and grouped else ([], [])
+    return _Move(
+        gpu,
+        _label(gpu, owners_of(node)),
+        _nvml(node, gpu),
+        pci,
+        tuple(g for g in _guests_holding(node, gpu.bus_id) if g.name != target.guest),
+        gpu.uuid in ctx.cordoned if gpu.uuid else False,
+        (gpu.bus_id, *moving),
+        tuple(stuck),
     )
 
-    # quiesce: pods are evicted, guests must be shut off, jobs and processes stopped
-    pods = [o for o in gpu.owners if o.kind is OwnerKind.POD]
-    pods += [o for m in gpu.migs for o in m.owners if o.kind is OwnerKind.POD and o not in pods]
-    others = [o for o in gpu.owners if o.kind in (OwnerKind.JOB, OwnerKind.PROCESS)]
-    running = [g for g in elsewhere if g.active]
-    blockers = []
-    remedies = []
-    for owner in others:
-        blockers.append(owner.label)
-        if owner.kind is OwnerKind.JOB:
-            remedies.append(f"end Slurm job {owner.job or owner.name} (scancel)")
-        else:
-            pids = " ".join(str(p) for p in owner.pids)
-            remedies.append(f"stop {owner.label} (pids {pids})" if pids else f"stop {owner.label}")
-    for guest in running:
-        blockers.append(f"guest {guest.name} ({guest.state})")
-        if guest.state in ("paused", "pmsuspended"):
-            remedies.append(
-                f"resume and shut down guest {guest.name} (a suspended guest keeps its devices)"
-            )
-        else:
-            remedies.append(f"shut down guest {guest.name} (virsh shutdown {guest.name})")
-    pod_names = [p.name for p in pods]
+
+def _gpu_part(node: NodeSnapshot, gpu: GpuOwner, target: Target, ctx: PlanContext) -> _Part:
+    """What moving one GPU takes: its preconditions and steps, and its functions for a guest."""
+    move = _move(node, gpu, target, ctx)
+    if already_there(node, gpu, target, ctx):
+        return _Part((_not_there(move, target),))
+    return _Part(
+        (_healthy(move, target), _quiesced(move, ctx), *_iommu_group(move)),
+        _gpu_steps(node, move, target, ctx),
+        attach=move.functions if target.kind is TargetKind.VM else (),
+    )
+
+
+def _not_there(move: _Move, target: Target) -> Precondition:
+    return Precondition(
+        f"{move.label} not already there",
+        False,
+        f"{move.label} is already {target} ({move.gpu.label})",
+        "nothing to do",
+    )
+
+
+def _healthy(move: _Move, target: Target) -> Precondition:
+    """A lost GPU (off the bus) can only be drained."""
+    return Precondition(
+        f"{move.label} healthy",
+        not move.lost or target.kind is TargetKind.DRAINED,
+        "lost (fell off the bus, XID 79)"
+        if move.lost
+        else "answers NVML"
+        if move.reading
+        else "not seen by NVML (vfio-pci or unbound)",
+        "drain it (--to drained), then reset the GPU or reboot the node",
+    )
+
+
+def _quiesced(move: _Move, ctx: PlanContext) -> Precondition:
+    """Pods are evicted (with a Kubernetes API); guests must be shut off, jobs and
+    processes stopped."""
+    pods = _pod_names(move.gpu)
+    blockers, remedies = _blockers(move)
     if pods and not ctx.kubernetes:
-        blockers += [f"pod {p}" for p in pod_names]
+        blockers += [f"pod {p}" for p in pods]
         remedies.append("no Kubernetes API is configured to evict: drain the pod yourself")
     detail = (
         "idle"
         if not (blockers or pods)
-        else ", ".join(blockers) or "pod(s) to evict: " + ", ".join(pod_names)
+        else ", ".join(blockers) or "pod(s) to evict: " + ", ".join(pods)
     )
-    conds.append(
+    return Precondition(
+        f"{move.label} quiesced", not blockers, detail, "; ".join(remedies) + ", then ask again"
+    )
+
+
+def _pod_names(gpu: GpuOwner) -> list[str]:
+    """The pods holding the GPU or one of its MIG instances."""
+    pods = [o for o in gpu.owners if o.kind is OwnerKind.POD]
+    pods += [o for m in gpu.migs for o in m.owners if o.kind is OwnerKind.POD and o not in pods]
+    return [p.name for p in pods]
+
+
+def _blockers(move: _Move) -> tuple[list[str], list[str]]:
+    """What holds the GPU that no step of a plan ends (jobs, processes, running guests),
+    and what a person does about each."""
+    others = [o for o in move.gpu.owners if o.kind in (OwnerKind.JOB, OwnerKind.PROCESS)]
+    running = [g for g in move.elsewhere if g.active]
+    blockers = [o.label for o in others] + [f"guest {g.name} ({g.state})" for g in running]
+    return blockers, [_stop_owner(o) for o in others] + [_stop_guest(g) for g in running]
+
+
+def _stop_owner(owner: Owner) -> str:
+    if owner.kind is OwnerKind.JOB:
+        return f"end Slurm job {owner.job or owner.name} (scancel)"
+    pids = " ".join(str(p) for p in owner.pids)
+    return f"stop {owner.label} (pids {pids})" if pids else f"stop {owner.label}"
+
+
+def _stop_guest(guest: Guest) -> str:
+    if guest.state in _SUSPENDED:
+        return f"resume and shut down guest {guest.name} (a suspended guest keeps its devices)"
+    return f"shut down guest {guest.name} (virsh shutdown {guest.name})"
+
+
+def _iommu_group(move: _Move) -> tuple[Precondition, ...]:
+    """The IOMMU group moves together: every function in it follows the GPU."""
+    pci = move.pci
+    if pci is None or pci.iommu_group is None:
+        return ()
+    others = f"; others in the group: {', '.join(move.stuck)}" if move.stuck else ""
+    return (
         Precondition(
-            f"{label} quiesced",
-            not blockers,
-            detail,
-            "; ".join(remedies) + ", then ask again",
-        )
+            f"{move.label} IOMMU group {pci.iommu_group} moves together",
+            not move.stuck,
+            "functions moving: " + ", ".join(move.functions) + others,
+            "the group holds devices that are not the GPU's: fix ACS or the slot first",
+        ),
     )
 
-    # the IOMMU group moves together
-    functions = [gpu.bus_id]
-    if pci is not None and pci.iommu_group is not None:
-        moving, stuck = _following(pci)
-        functions += moving
-        conds.append(
-            Precondition(
-                f"{label} IOMMU group {pci.iommu_group} moves together",
-                not stuck,
-                "functions moving: "
-                + ", ".join(functions)
-                + (f"; others in the group: {', '.join(stuck)}" if stuck else ""),
-                "the group holds devices that are not the GPU's: fix ACS or the slot first",
-            )
-        )
 
-    uuids = (gpu.uuid,) if gpu.uuid else ()
-    if ctx.kubernetes and gpu.uuid and target.cordoned and not cordoned:
-        steps.append(
-            Step(
-                StepKind.CORDON,
-                Layer.KUBERNETES,
-                f"cordon {label} out of Kubernetes scheduling",
-                gpus=(gpu.bus_id,),
-                uuids=uuids,
-            )
-        )
-    for pod in pod_names if ctx.kubernetes else ():
-        steps.append(
-            Step(
-                StepKind.EVICT,
-                Layer.KUBERNETES,
-                f"evict pod {pod} from {label} and wait until it is gone",
-                gpus=(gpu.bus_id,),
-                uuids=uuids,
-                pod=pod,
-            )
-        )
-    if gpu.driver == HOST_DRIVER and not lost:
-        minor = pci.minor if pci is not None and pci.minor is not None else gpu.index
-        steps.append(
-            Step(
-                StepKind.CHECK_IDLE,
-                Layer.PCI,
-                f"check {label} is idle (no process holds /dev/nvidia{minor})",
-                gpus=(gpu.bus_id,),
-                uuids=uuids,
-                minors=(minor,) if minor is not None else (),
-            )
-        )
-    for guest in elsewhere:
-        steps.append(
-            Step(
-                StepKind.DETACH,
-                Layer.GUESTS,
-                f"remove {label} from guest {guest.name}'s definition",
-                gpus=(gpu.bus_id,),
-                functions=tuple(functions),
-                guest=guest.name,
-            )
-        )
-    override_now = pci.driver_override if pci is not None else None
-    wanted_override = target.driver if target.driver != HOST_DRIVER else None
-    if target.driver is None:
-        wanted_override = BLOCK_DRIVER
-    if gpu.driver != target.driver or (override_now or None) != wanted_override:
-        steps += _pci_steps(
-            node,
-            functions,
-            target.driver,
-            label,
-            gpu_bus=(gpu.bus_id,),
-            reset=not lost,
-        )
-    if target.kind is TargetKind.VM:
-        attach += functions
-    if ctx.kubernetes and gpu.uuid and not target.cordoned and cordoned:
-        steps.append(
-            Step(
-                StepKind.UNCORDON,
-                Layer.KUBERNETES,
-                f"uncordon {label}: Kubernetes may schedule it",
-                gpus=(gpu.bus_id,),
-                uuids=uuids,
-            )
-        )
-    return steps
+def _gpu_steps(
+    node: NodeSnapshot, move: _Move, target: Target, ctx: PlanContext
+) -> tuple[Step, ...]:
+    return (
+        *_cordon(move, target, ctx),
+        *_evictions(move, ctx),
+        *_idle_check(move),
+        *_detaches(move),
+        *_rebind(node, move, target),
+        *_uncordon(move, target, ctx),
+    )
 
 
-def _verify(node: NodeSnapshot, gpus: list[GpuOwner], target: Target) -> Step:
-    xids = tuple(node.last_xid.get(g.uuid, -1) if g.uuid else -1 for g in gpus)
-    if target.driver == HOST_DRIVER:
-        what = "UUID visible to nvidia, fabric state complete, no new XID, no remap pending"
-    elif target.driver == VFIO_DRIVER:
-        what = "every function bound to vfio-pci and in the guest"
-    else:
-        what = "unbound, nothing may bind it"
-    return Step(
-        StepKind.VERIFY,
-        None,
-        f"final check: {what}",
-        gpus=tuple(g.bus_id for g in gpus),
-        uuids=tuple(g.uuid or "" for g in gpus),
-        driver=target.driver,
-        guest=target.guest,
-        xids=xids,
+def _kube_step(move: _Move, kind: StepKind, title: str, pod: str | None = None) -> Step:
+    gpus = (move.gpu.bus_id,)
+    return Step(kind, Layer.KUBERNETES, title, gpus=gpus, uuids=move.uuids, pod=pod)
+
+
+def _cordon(move: _Move, target: Target, ctx: PlanContext) -> tuple[Step, ...]:
+    if not (ctx.kubernetes and move.gpu.uuid and target.cordoned and not move.cordoned):
+        return ()
+    return (_kube_step(move, StepKind.CORDON, f"cordon {move.label} out of Kubernetes scheduling"),)
+
+
+def _uncordon(move: _Move, target: Target, ctx: PlanContext) -> tuple[Step, ...]:
+    if not (ctx.kubernetes and move.gpu.uuid and not target.cordoned and move.cordoned):
+        return ()
+    return (
+        _kube_step(move, StepKind.UNCORDON, f"uncordon {move.label}: Kubernetes may schedule it"),
+    )
+
+
+def _evictions(move: _Move, ctx: PlanContext) -> tuple[Step, ...]:
+    if not ctx.kubernetes:
+        return ()
+    return tuple(
+        _kube_step(
+            move,
+            StepKind.EVICT,
+            f"evict pod {pod} from {move.label} and wait until it is gone",
+            pod,
+        )
+        for pod in _pod_names(move.gpu)
+    )
+
+
+def _idle_check(move: _Move) -> tuple[Step, ...]:
+    """No process may hold a GPU that leaves nvidia (one lost holds none)."""
+    gpu, pci = move.gpu, move.pci
+    if gpu.driver != HOST_DRIVER or move.lost:
+        return ()
+    minor = pci.minor if pci is not None and pci.minor is not None else gpu.index
+    return (
+        Step(
+            StepKind.CHECK_IDLE,
+            Layer.PCI,
+            f"check {move.label} is idle (no process holds /dev/nvidia{minor})",
+            gpus=(gpu.bus_id,),
+            uuids=move.uuids,
+            minors=(minor,) if minor is not None else (),
+        ),
+    )
+
+
+def _detaches(move: _Move) -> tuple[Step, ...]:
+    """The GPU leaves the definitions of the guests that are not its target."""
+    return tuple(
+        Step(
+            StepKind.DETACH,
+            Layer.GUESTS,
+            f"remove {move.label} from guest {guest.name}'s definition",
+            gpus=(move.gpu.bus_id,),
+            functions=move.functions,
+            guest=guest.name,
+        )
+        for guest in move.elsewhere
+    )
+
+
+def _rebind(node: NodeSnapshot, move: _Move, target: Target) -> list[Step]:
+    """The PCI steps, where the driver or driver_override is not yet the target's."""
+    override = move.pci.driver_override if move.pci is not None else None
+    if move.gpu.driver == target.driver and (override or None) == target.override:
+        return []
+    gpu_bus = (move.gpu.bus_id,)
+    return _pci_steps(
+        node, move.functions, target.driver, move.label, gpu_bus=gpu_bus, reset=not move.lost
     )
