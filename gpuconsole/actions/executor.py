@@ -28,7 +28,15 @@ from dataclasses import dataclass
 
 from gpuconsole.actions.audit import AuditLog, AuditRecord
 from gpuconsole.actions.drivers import Drivers, StepFailed
-from gpuconsole.actions.journal import Journal, PlanRecord, PlanState
+from gpuconsole.actions.journal import (
+    Journal,
+    Phase,
+    PlanRecord,
+    PlanState,
+    StepProgress,
+    StepRecord,
+    StepState,
+)
 from gpuconsole.actions.locks import GpuBusy, lock_and_start
 from gpuconsole.actions.plan import Plan, PlanContext, Step, StepKind, Target, make_plan
 from gpuconsole.actions.power import ActionRefused
@@ -81,18 +89,19 @@ def action_event(
 
 
 def step_message(
-    plan: Plan, plan_id: str, seq: int, state: str, detail: str = ""
+    plan: Plan, plan_id: str, seq: int, state: StepProgress, detail: str = ""
 ) -> tuple[Severity, str]:
     """How the Events view tells that a step is done, failed or undone."""
-    severity = Severity.WARNING if state in ("failed", "undone") else Severity.INFO
+    bad = state in (StepProgress.FAILED, StepProgress.UNDONE)
+    severity = Severity.WARNING if bad else Severity.INFO
     title = plan.steps[seq].title if seq < len(plan.steps) else f"step {seq + 1}"
     text = f"assign {plan.target} (plan {plan_id}) step {seq + 1}/{len(plan.steps)} "
     return severity, text + f"{state}: {title}" + (f": {detail}" if detail else "")
 
 
-def outcome_severity(state: str) -> Severity:
+def outcome_severity(state: PlanState) -> Severity:
     """done: info; rolled back or refused: a warning; failed or stopped (half-way): critical."""
-    if state == PlanState.DONE:
+    if state is PlanState.DONE:
         return Severity.INFO
     return Severity.CRITICAL if state in (PlanState.FAILED, PlanState.STOPPED) else Severity.WARNING
 
@@ -104,10 +113,10 @@ class CannotRecover(Exception):
 
 class _Unjournaled(Exception):
     """The journal could not record step `seq` of `phase` (do, undo; before or after it ran)
-    or, with no `seq`, the plan's `end`: the plan stops there."""
+    or, with neither, the plan's `end`: the plan stops there."""
 
     def __init__(
-        self, cause: sqlite3.Error, seq: int | None, phase: str, ran: bool, end: str = ""
+        self, cause: sqlite3.Error, seq: int | None, phase: Phase | None, ran: bool, end: str = ""
     ) -> None:
         super().__init__(str(cause))
         self.cause, self.seq, self.phase, self.ran, self.end = cause, seq, phase, ran, end
@@ -118,13 +127,19 @@ def _recovery_course(record: PlanRecord) -> tuple[bool, int]:
     step attempted, -1 for none). Back when it was rolling back, or about to (a step other
     than the final check had failed), or had changed nothing."""
     plan = record.plan
-    done = {s.seq for s in record.steps if s.phase == "do" and s.state == "done"}
+    done = _done(record.steps, Phase.DO)
     last = max((s.seq for s in record.steps), default=-1)
     rolling_back = any(
-        s.phase == "undo" or (s.state == "failed" and plan.steps[s.seq].kind is not StepKind.VERIFY)
+        s.phase is Phase.UNDO
+        or (s.state is StepState.FAILED and plan.steps[s.seq].kind is not StepKind.VERIFY)
         for s in record.steps
     )
     return rolling_back or not any(plan.steps[s].kind.mutates for s in done), last
+
+
+def _done(steps: Sequence[StepRecord], phase: Phase) -> set[int]:
+    """The steps whose attempts in `phase` the journal holds as done."""
+    return {s.seq for s in steps if s.phase is phase and s.state is StepState.DONE}
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +149,7 @@ class StepUpdate:
     plan_id: str
     seq: int
     step: Step
-    state: str
+    state: StepProgress
     detail: str = ""
 
 
@@ -143,13 +158,13 @@ class Outcome:
     """How a plan ended: done, failed, rolled back; and what to tell the person."""
 
     plan_id: str
-    state: str
+    state: PlanState
     message: str
     recovered: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.state == PlanState.DONE
+        return self.state is PlanState.DONE
 
 
 class Executor:
@@ -224,11 +239,17 @@ class Executor:
             self.emit(action_event(plan, self.clock(), severity, message, kind))
 
     def _notify(
-        self, plan: Plan, plan_id: str, seq: int, step: Step, state: str, detail: str = ""
+        self,
+        plan: Plan,
+        plan_id: str,
+        seq: int,
+        step: Step,
+        state: StepProgress,
+        detail: str = "",
     ) -> None:
         if self.on_step is not None:
             self.on_step(StepUpdate(plan_id, seq, step, state, detail))
-        if state in ("running", "undoing"):
+        if state.started:
             return  # its outcome follows; one event per step is enough in the Events view
         severity, text = step_message(plan, plan_id, seq, state, detail)
         self._event(plan, severity, text, STEP_EVENT)
@@ -270,23 +291,23 @@ class Executor:
 
     # --- journaling steps: a failed write stops the plan ----------------------------
 
-    def _intent(self, plan_id: str, seq: int, step: Step, phase: str = "do") -> int:
+    def _intent(self, plan_id: str, seq: int, step: Step, phase: Phase = Phase.DO) -> int:
         try:
             return self.journal.intent(plan_id, seq, step.kind.value, phase)
         except sqlite3.Error as exc:
             raise _Unjournaled(exc, seq, phase, ran=False) from exc
 
-    def _result(self, row: int, seq: int, phase: str, state: str, detail: str) -> None:
+    def _result(self, row: int, seq: int, phase: Phase, state: StepState, detail: str) -> None:
         try:
             self.journal.result(row, state, detail)
         except sqlite3.Error as exc:
             raise _Unjournaled(exc, seq, phase, ran=True) from exc
 
-    def _finish(self, plan_id: str, state: str, message: str) -> None:
+    def _finish(self, plan_id: str, state: PlanState, message: str) -> None:
         try:
             self.journal.finish_plan(plan_id, state, message)
         except sqlite3.Error as exc:
-            raise _Unjournaled(exc, None, "end", True, f"{state}: {message}") from exc
+            raise _Unjournaled(exc, None, None, True, f"{state}: {message}") from exc
 
     def _stopped(
         self, plan_id: str, plan: Plan, actor: Actor, stop: _Unjournaled, recovered: bool
@@ -307,13 +328,12 @@ class Executor:
         except sqlite3.Error:
             record = None
         steps = record.steps if record is not None else ()
-        done = {s.seq for s in steps if s.phase == "do" and s.state == "done"}
-        undone = {s.seq for s in steps if s.phase == "undo" and s.state == "done"}
+        done, undone = _done(steps, Phase.DO), _done(steps, Phase.UNDO)
         if stop.seq is None:
             text = f"stopped after its end ({stop.end}): {cannot} to record it"
         else:
             title = plan.steps[stop.seq].title
-            if stop.phase == "undo":
+            if stop.phase is Phase.UNDO:
                 title = f"undoing {title}"
                 if stop.ran:
                     undone.add(stop.seq)
@@ -396,7 +416,7 @@ class Executor:
         except Exception:
             self.journal.hand_over(plan_id)  # not running here any more: recovery's to end
             raise
-        outcome = "ok" if state == PlanState.DONE else "failed"
+        outcome = "ok" if state is PlanState.DONE else "failed"
         message += self._audit_after(plan, actor, outcome, message, plan_id)
         self._event(
             plan, outcome_severity(state), f"assign {plan.target} by {actor.user}: {message}"
@@ -437,17 +457,17 @@ class Executor:
             raise StepFailed("; ".join(problems))
         return "; ".join([*words, "NVML sees every UUID, fabric complete, no new XID"])
 
-    async def _run(self, plan_id: str, plan: Plan, done: frozenset[int]) -> tuple[str, str]:
+    async def _run(self, plan_id: str, plan: Plan, done: frozenset[int]) -> tuple[PlanState, str]:
         for seq, step in enumerate(plan.steps):
             if seq in done:
                 continue
-            self._notify(plan, plan_id, seq, step, "running")
+            self._notify(plan, plan_id, seq, step, StepProgress.RUNNING)
             row = self._intent(plan_id, seq, step)
             try:
                 detail = await self._do(step)
             except StepFailed as exc:
-                self._result(row, seq, "do", "failed", str(exc))
-                self._notify(plan, plan_id, seq, step, "failed", str(exc))
+                self._result(row, seq, Phase.DO, StepState.FAILED, str(exc))
+                self._notify(plan, plan_id, seq, step, StepProgress.FAILED, str(exc))
                 if step.kind is StepKind.VERIFY:
                     return PlanState.FAILED, (
                         f"the GPUs moved but the final check failed: {exc}; look at them "
@@ -455,8 +475,8 @@ class Executor:
                     )
                 rolled = await self._rollback(plan_id, plan, seq)
                 return PlanState.FAILED, f"step {seq + 1} ({step.title}) failed: {exc}; {rolled}"
-            self._result(row, seq, "do", "done", detail)
-            self._notify(plan, plan_id, seq, step, "done", detail)
+            self._result(row, seq, Phase.DO, StepState.DONE, detail)
+            self._notify(plan, plan_id, seq, step, StepProgress.DONE, detail)
         return PlanState.DONE, f"{', '.join(plan.labels)} now {plan.target}"
 
     async def _rollback(self, plan_id: str, plan: Plan, upto: int) -> str:
@@ -469,17 +489,17 @@ class Executor:
                 kept.append(step.title)
                 continue
             assert step.layer is not None
-            self._notify(plan, plan_id, seq, step, "undoing")
-            row = self._intent(plan_id, seq, step, "undo")
+            self._notify(plan, plan_id, seq, step, StepProgress.UNDOING)
+            row = self._intent(plan_id, seq, step, Phase.UNDO)
             try:
                 detail = await self.drivers.for_layer(step.layer).undo(step)
             except StepFailed as exc:
-                self._result(row, seq, "undo", "failed", str(exc))
-                self._notify(plan, plan_id, seq, step, "failed", str(exc))
+                self._result(row, seq, Phase.UNDO, StepState.FAILED, str(exc))
+                self._notify(plan, plan_id, seq, step, StepProgress.FAILED, str(exc))
                 failed.append(f"{step.title}: {exc}")
                 continue
-            self._result(row, seq, "undo", "done", detail)
-            self._notify(plan, plan_id, seq, step, "undone", detail)
+            self._result(row, seq, Phase.UNDO, StepState.DONE, detail)
+            self._notify(plan, plan_id, seq, step, StepProgress.UNDONE, detail)
         text = "rolled back"
         if kept:
             text += f" (kept: {'; '.join(kept)})"
@@ -504,7 +524,7 @@ class Executor:
 
     async def _recover(self, record: PlanRecord) -> Outcome:
         plan = record.plan
-        done = frozenset(s.seq for s in record.steps if s.phase == "do" and s.state == "done")
+        done = frozenset(_done(record.steps, Phase.DO))
         back, last = _recovery_course(record)
         where = (
             f"at step {last + 1} ({plan.steps[last].title})"
@@ -523,7 +543,7 @@ class Executor:
                 message = f"recovered: the process stopped {where}; {text}"
             else:
                 state, text = await self._run(record.id, plan, done)
-                verb = "finished" if state == PlanState.DONE else "could not finish"
+                verb = "finished" if state is PlanState.DONE else "could not finish"
                 message = f"recovered: the process stopped {where}; {verb}: {text}"
             self._finish(record.id, state, message)
         except _Unjournaled as stop:
@@ -533,6 +553,6 @@ class Executor:
             raise
         message += self._audit_after(plan, actor, "recovered", message, record.id)
         # a crash is worth a look even when recovery finished the plan
-        severity = Severity.WARNING if state == PlanState.DONE else outcome_severity(state)
+        severity = Severity.WARNING if state is PlanState.DONE else outcome_severity(state)
         self._event(plan, severity, f"assign {plan.target} (plan {record.id}) {message}")
         return Outcome(record.id, state, message, recovered=True)

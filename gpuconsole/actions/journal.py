@@ -15,6 +15,7 @@ small reserve file, deleted for the purpose, leaves room to mark it so on a full
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
 import socket
@@ -30,9 +31,12 @@ from gpuconsole.actions.plan import Plan
 
 __all__ = [
     "Journal",
+    "Phase",
     "PlanRecord",
     "PlanState",
+    "StepProgress",
     "StepRecord",
+    "StepState",
     "let_go",
     "process_alive",
     "process_tag",
@@ -87,8 +91,8 @@ CREATE TABLE IF NOT EXISTS locks (
 """
 
 
-class PlanState:
-    """Where a plan stands (strings, as stored)."""
+class PlanState(enum.StrEnum):
+    """Where a plan stands (its value is what the journal stores)."""
 
     RUNNING = "running"
     DONE = "done"
@@ -98,6 +102,45 @@ class PlanState:
     # Never stored: an outcome only. The journal could not record a step, so the plan
     # stopped there, half-way, still "running" in the journal until recovery ends it.
     STOPPED = "stopped"
+
+
+class Phase(enum.StrEnum):
+    """Which way a step attempt goes: doing the step, or putting back what it did."""
+
+    DO = "do"
+    UNDO = "undo"
+
+
+class StepState(enum.StrEnum):
+    """How a journaled step attempt stands: its intent, written before it runs, then done
+    or failed."""
+
+    INTENT = "intent"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class StepProgress(enum.StrEnum):
+    """A step of a running plan as it is told (the executor's updates, the JSON progress
+    lines, events): running, then done or failed; undoing, then undone or failed."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    UNDOING = "undoing"
+    UNDONE = "undone"
+
+    @classmethod
+    def of(cls, phase: Phase, state: StepState) -> StepProgress:
+        """How a finished attempt is told: an undo done is "undone"."""
+        if phase is Phase.UNDO and state is StepState.DONE:
+            return cls.UNDONE
+        return cls(state.value)
+
+    @property
+    def started(self) -> bool:
+        """Running or undoing: its outcome follows."""
+        return self in (StepProgress.RUNNING, StepProgress.UNDOING)
 
 
 def _proc_start(pid: int) -> str:
@@ -142,8 +185,8 @@ class StepRecord:
 
     seq: int
     kind: str
-    phase: str  # "do" or "undo"
-    state: str  # "intent", "done", "failed"
+    phase: Phase
+    state: StepState
     detail: str
     started_at: float
     finished_at: float | None
@@ -161,7 +204,7 @@ class PlanRecord:
     role: str
     fingerprint: str | None
     plan: Plan
-    state: str
+    state: PlanState
     outcome: str
     host: str
     pid: int
@@ -256,7 +299,7 @@ class Journal:
         role: str,
         fingerprint: str | None,
         *,
-        state: str = PlanState.RUNNING,
+        state: PlanState = PlanState.RUNNING,
         outcome: str = "",
         clock: float | None = None,
     ) -> str:
@@ -283,7 +326,7 @@ class Journal:
                 pid,
                 start,
                 now,
-                None if state == PlanState.RUNNING else now,
+                None if state is PlanState.RUNNING else now,
             ),
         )
         return plan_id
@@ -292,7 +335,7 @@ class Journal:
         with self.transaction() as db:
             return self.start_plan(db, plan, user, role, fp, state=PlanState.REFUSED, outcome=why)
 
-    def finish_plan(self, plan_id: str, state: str, outcome: str) -> None:
+    def finish_plan(self, plan_id: str, state: PlanState, outcome: str) -> None:
         """Mark a plan finished and release its GPU locks, in one transaction."""
         with self.transaction() as db:
             db.execute(
@@ -326,18 +369,18 @@ class Journal:
                 self.reserve.unlink(missing_ok=True)  # its pages are what the mark needs
         return False
 
-    def intent(self, plan_id: str, seq: int, kind: str, phase: str = "do") -> int:
+    def intent(self, plan_id: str, seq: int, kind: str, phase: Phase = Phase.DO) -> int:
         """Record that a step is about to run; returns the row to complete."""
         with self.transaction() as db:
             cursor = db.execute(
                 "INSERT INTO steps (plan_id, seq, kind, phase, state, started_at)"
-                " VALUES (?, ?, ?, ?, 'intent', ?)",
-                (plan_id, seq, kind, phase, time.time()),
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (plan_id, seq, kind, phase, StepState.INTENT, time.time()),
             )
             return int(cursor.lastrowid or 0)
 
-    def result(self, row: int, state: str, detail: str) -> None:
-        """Record how a step went: 'done' or 'failed'."""
+    def result(self, row: int, state: StepState, detail: str) -> None:
+        """Record how a step went: done or failed."""
         with self.transaction() as db:
             db.execute(
                 "UPDATE steps SET state = ?, detail = ?, finished_at = ? WHERE rowid = ?",
@@ -353,8 +396,8 @@ class Journal:
             StepRecord(
                 int(s[0]),
                 str(s[1]),
-                str(s[2]),
-                str(s[3]),
+                Phase(str(s[2])),
+                StepState(str(s[3])),
                 str(s[4]),
                 float(s[5]),
                 None if s[6] is None else float(s[6]),
@@ -374,7 +417,7 @@ class Journal:
             role=str(role),
             fingerprint=None if fp is None else str(fp),
             plan=Plan.from_json(json.loads(str(plan))),
-            state=str(state),
+            state=PlanState(str(state)),
             outcome=str(outcome),
             host=str(host),
             pid=int(str(pid)),

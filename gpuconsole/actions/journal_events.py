@@ -30,7 +30,7 @@ from gpuconsole.actions.executor import (
     outcome_severity,
     step_message,
 )
-from gpuconsole.actions.journal import PlanState
+from gpuconsole.actions.journal import Phase, PlanState, StepProgress, StepState
 from gpuconsole.actions.plan import Plan
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.readings.base import Event, Key, RawCounter, Severity
@@ -177,13 +177,13 @@ class JournalEvents:
         waiting = False
         for row in rows:
             rowid, plan_id, seq, phase, state, detail, finished, body, host, pid, plan_state = row
-            if state == "intent":
+            if state == StepState.INTENT:
                 # running now, told once done or failed; a crash's intent is never done
                 waiting = waiting or plan_state == PlanState.RUNNING
                 continue
             if int(rowid) not in marks.told_steps and not self._mine(host, pid):
                 plan = Plan.from_json(json.loads(str(body)))
-                told = "undone" if phase == "undo" and state == "done" else str(state)
+                told = StepProgress.of(Phase(str(phase)), StepState(str(state)))
                 severity, text = step_message(plan, str(plan_id), int(seq), told, str(detail))
                 at = float(finished) if finished is not None else self.clock()
                 events.append(action_event(plan, at, severity, text, STEP_EVENT))
@@ -211,11 +211,12 @@ class JournalEvents:
             if self._mine(host, pid):
                 continue
             plan = Plan.from_json(json.loads(str(body)))
+            ended = PlanState(str(state))
             if recovered:
                 text = f"assign {plan.target} (plan {plan_id}) {outcome}"
-                severity = Severity.WARNING if state == PlanState.DONE else outcome_severity(state)
+                severity = Severity.WARNING if ended is PlanState.DONE else outcome_severity(ended)
             else:
                 text = f"assign {plan.target} by {user}: {outcome}"
-                severity = outcome_severity(str(state))
+                severity = outcome_severity(ended)
             events.append(action_event(plan, float(finished), severity, text, ACTION_EVENT))
         return events

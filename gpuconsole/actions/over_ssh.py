@@ -42,6 +42,7 @@ from gpuconsole.actions.executor import (
     outcome_severity,
     step_message,
 )
+from gpuconsole.actions.journal import StepProgress
 from gpuconsole.actions.plan import Plan, Target
 from gpuconsole.actions.progress import (
     DryRun,
@@ -445,14 +446,14 @@ class RemoteExecutor:
                 on_plan(plan)
 
         def tick(update: StepUpdate, plan: Plan) -> None:
-            if update.seq == 0 and update.state == "running":
+            if update.seq == 0 and update.state is StepProgress.RUNNING:
                 self._event(
                     plan,
                     Severity.INFO,
                     f"{actor.who} started assign {plan.target} on {self.node} over ssh: "
                     f"{update.plan_id}",
                 )
-            if update.state not in ("running", "undoing"):
+            if not update.state.started:
                 severity, text = step_message(
                     plan, update.plan_id, update.seq, update.state, update.detail
                 )

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
 from gpuconsole.actions.executor import Outcome, StepUpdate
+from gpuconsole.actions.journal import PlanState, StepProgress
 from gpuconsole.actions.plan import Plan, Precondition
 
 __all__ = [
@@ -68,7 +69,12 @@ def plan_digest(plan: Plan) -> str:
 
 # --- for a person ---------------------------------------------------------------------
 
-_MARKS = {"done": "ok", "failed": "FAILED", "undoing": "<-", "undone": "undone"}
+_MARKS = {
+    StepProgress.DONE: "ok",
+    StepProgress.FAILED: "FAILED",
+    StepProgress.UNDOING: "<-",
+    StepProgress.UNDONE: "undone",
+}
 
 
 class TextReport:
@@ -98,10 +104,10 @@ class TextReport:
         self._say(f"Refused: {why}")
 
     def step(self, update: StepUpdate) -> None:
-        if update.state == "running":
+        if update.state is StepProgress.RUNNING:
             return
         detail = f": {update.detail}" if update.detail else ""
-        mark = _MARKS.get(update.state, update.state)
+        mark = _MARKS.get(update.state, str(update.state))
         self._say(f"  [{update.seq + 1}/{self.total}] {mark} {update.step.title}{detail}")
 
     def outcome(self, outcome: Outcome) -> None:
@@ -213,7 +219,7 @@ class StepChanged:
 
     plan_id: str
     seq: int
-    state: str
+    state: StepProgress
     detail: str
 
 
@@ -239,7 +245,8 @@ def _plan(body: dict[str, Any]) -> Plan:
 
 def read_event(line: str) -> ProgressEvent | None:
     """The event a line carries; None for an event this version does not know (a newer
-    node may say more). ProgressError for a newer format or a malformed event."""
+    node may say more). ProgressError for a newer format or a malformed event, one with a
+    step or plan state this version does not know among them."""
     text = line.rstrip("\r\n")
     if not text.strip():
         return None
@@ -272,7 +279,10 @@ def _event(body: dict[str, Any]) -> ProgressEvent | None:
         return Refused(str(body["message"]))
     if kind == "step":
         return StepChanged(
-            str(body["plan_id"]), int(body["seq"]), str(body["state"]), str(body["detail"])
+            str(body["plan_id"]),
+            int(body["seq"]),
+            StepProgress(body["state"]),
+            str(body["detail"]),
         )
     if kind == "outcome":
         return Finished(_outcome(body))
@@ -280,4 +290,5 @@ def _event(body: dict[str, Any]) -> ProgressEvent | None:
 
 
 def _outcome(body: dict[str, Any], *, recovered: bool = False) -> Outcome:
-    return Outcome(str(body["plan_id"]), str(body["state"]), str(body["message"]), recovered)
+    state = PlanState(body["state"])
+    return Outcome(str(body["plan_id"]), state, str(body["message"]), recovered)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from rich.text import Text
 
+from gpuconsole.actions.journal import StepProgress
 from gpuconsole.actions.placement import Placement, Proposal
 from gpuconsole.actions.plan import Plan
 from gpuconsole.readings.base import Health
@@ -15,11 +16,11 @@ from gpuconsole.tui.themes import Palette
 # A shape per state, so progress reads without colour too.
 STEP_MARKS: dict[str, tuple[str, Health | None]] = {
     "": ("·", None),
-    "running": ("▸", Health.UNKNOWN),
-    "done": ("✓", Health.OK),
-    "failed": ("✗", Health.CRITICAL),
-    "undoing": ("↶", Health.WARNING),
-    "undone": ("↶", Health.WARNING),
+    StepProgress.RUNNING: ("▸", Health.UNKNOWN),
+    StepProgress.DONE: ("✓", Health.OK),
+    StepProgress.FAILED: ("✗", Health.CRITICAL),
+    StepProgress.UNDOING: ("↶", Health.WARNING),
+    StepProgress.UNDONE: ("↶", Health.WARNING),
 }
 
 
@@ -67,7 +68,7 @@ def plan_text(
         mark, health = STEP_MARKS.get(state, ("?", Health.UNKNOWN))
         style = palette.health[health] if health is not None else palette.dim
         text.append(f"  {mark} ", style=style)
-        text.append(f"{seq + 1}. {step.title}", style=style if state == "failed" else "")
+        text.append(f"{seq + 1}. {step.title}", style=style if state == StepProgress.FAILED else "")
         if detail:
             text.append(f": {detail}", style=palette.dim)
         text.append("\n")
