@@ -3,10 +3,9 @@ rails that go with them.
 
 The GPUs share one NVLink domain; for a guest on an NVSwitch baseboard they also form a
 partition the baseboard allows, together with what the guest holds already. Each GPU's NIC
-comes from the fabric source's GPU-NIC affinity: its pick (the nearest compute NIC on PCIe,
-balanced so that GPUs under one switch take one each) while that rail is up, else the
-nearest compute NIC that is: PIX, then PXB, PHB, NODE; a SYS path is flagged. Choices that
-need no flag come first, then those on fewer NUMA nodes, then those with nearer NICs.
+is the one `gpuconsole.facts.pairing` says it uses (its own rail while that is up, else the
+fallback), as the topology view and the exporter show it; a SYS path is flagged. Choices
+that need no flag come first, then those on fewer NUMA nodes, then those with nearer NICs.
 Pure functions of snapshots, so the console and the command line propose the same.
 """
 
@@ -30,6 +29,7 @@ from gpuconsole.actions.plan import (
     slot_index,
 )
 from gpuconsole.facts.ownership import Ownership
+from gpuconsole.facts.pairing import GpuNic, gpu_nics
 from gpuconsole.readings.fabric import LEVELS, FabricReading, PortRole, normal_bus_id
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import OwnerKind
@@ -117,14 +117,6 @@ class Placement:
         return "; ".join(f"{node}: {why}" for node, why in self.refusals) or "no node"
 
 
-def _usable(fabric: FabricReading, device: str) -> bool:
-    """A NIC worth proposing: one of its ports is up and serves compute (a rail)."""
-    found = fabric.device(device)
-    if found is None:
-        return False
-    return any(p.active and p.role is PortRole.COMPUTE for p in found.ports)
-
-
 def _is_rail(fabric: FabricReading, device: str) -> bool:
     found = fabric.device(device)
     return found is not None and any(p.role is PortRole.COMPUTE for p in found.ports)
@@ -135,26 +127,22 @@ def _downtrained(fabric: FabricReading, device: str) -> bool:
     return found is not None and any(p.downtrained for p in found.ports)
 
 
-def _rails(node: NodeSnapshot, picks: Sequence[tuple[int | None, str]]) -> tuple[Rail, ...]:
-    """The NIC for each picked GPU (index, bus id), from the snapshot's fabric reading."""
-    fabric = node.fabric
+def _rails(
+    fabric: FabricReading | None,
+    nics: Mapping[str, GpuNic],
+    picks: Sequence[tuple[int | None, str]],
+) -> tuple[Rail, ...]:
+    """The NIC for each picked GPU (index, bus id): `nics`, the node's `gpu_nics`."""
     rails = []
-    used: dict[str, int] = {}
     for index, bus in picks:
-        affinity = fabric.gpu(bus) if fabric is not None else None
-        if fabric is None or affinity is None:
+        choice = nics.get(normal_bus_id(bus))
+        if fabric is None or choice is None:
             rails.append(Rail(bus, index, None, None, ("no fabric reading for it",)))
             continue
-        level_of = {lv.device: lv.level for lv in affinity.levels if lv.level in LEVELS}
-        usable = [d for d in level_of if _usable(fabric, d)]
+        pick, level = choice.nic, choice.level
         flags: list[str] = []
-        pick = affinity.best_device if affinity.best_device in usable else None
-        if pick is None and usable:
-            pick = min(usable, key=lambda d: (LEVELS.index(level_of[d]), used.get(d, 0), d))
-        if affinity.best_device and pick != affinity.best_device:
-            if _is_rail(fabric, affinity.best_device):
-                flags.append(f"its own rail {affinity.best_device} is down")
-        level = level_of.get(pick) if pick is not None else None
+        if choice.own and pick != choice.own and _is_rail(fabric, choice.own):
+            flags.append(f"its own rail {choice.own} is down")
         if pick is None:
             flags.append("no compute NIC is up")
         elif level == FAR_LEVEL:
@@ -163,8 +151,6 @@ def _rails(node: NodeSnapshot, picks: Sequence[tuple[int | None, str]]) -> tuple
             flags.append(f"rail {pick} is downtrained")
         if fabric.peermem_loaded is False:
             flags.append("nvidia-peermem not loaded: no GPUDirect RDMA")
-        if pick is not None:
-            used[pick] = used.get(pick, 0) + 1
         rails.append(Rail(bus, index, pick, level, tuple(flags)))
     return tuple(rails)
 
@@ -248,6 +234,7 @@ def _propose(
         known = {g.bus_id for g in ownership.gpus}
         held = [b for b in (normal_bus_id(x) for x in found.bus_ids) if b in known]
     place = bus_positions(ownership)
+    nics = gpu_nics(node.fabric) if node.fabric is not None else {}
     name = {g.bus_id: slot_index(ownership, g) for g in ownership.gpus}
     options: list[Proposal] = []
     widest = 0
@@ -268,7 +255,7 @@ def _propose(
                     node.node,
                     tuple(n for b in buses if (n := name[b]) is not None),
                     buses,
-                    _rails(node, [(name[b], b) for b in buses]),
+                    _rails(node.fabric, nics, [(name[b], b) for b in buses]),
                     "",
                     len({r.numa_node for r in gpus if r is not None}),
                     switches=taken,

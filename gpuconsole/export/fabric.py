@@ -1,5 +1,6 @@
 """Fabric metrics: node_exporter's node_infiniband_* names, plus port roles, problems and
-GPUDirect pairing as gpuconsole_* series.
+GPUDirect pairing (with the NIC a GPU falls back to, by `facts.pairing`) as gpuconsole_*
+series.
 
 node_exporter's InfiniBand collector exports nothing when sysfs cannot be read, so the
 node_infiniband_* series here appear only while the fabric source is fresh; the
@@ -13,6 +14,7 @@ from collections import Counter
 
 from gpuconsole.export import names
 from gpuconsole.export.families import Families, Labels
+from gpuconsole.facts.pairing import gpu_nics
 from gpuconsole.readings.base import Severity
 from gpuconsole.readings.fabric import (
     FabricDevice,
@@ -43,6 +45,7 @@ _HW = (*names.IB_PORT_LABELS, "stat")
 _NETDEV = (*names.IB_PORT_LABELS, "netdev")
 _AFFINITY = ("node", "gpu", "uuid", "pci_bus_id", "nic", "level", "numa")
 _FLAG = ("node", "gpu", "uuid", "pci_bus_id", "flag")
+_FALLBACK = ("node", "gpu", "uuid", "pci_bus_id", "nic", "level")
 
 
 def fabric_metrics(out: Families, node: NodeSnapshot) -> None:
@@ -140,8 +143,10 @@ def _port_state(
 
 
 def _affinity(out: Families, node: NodeSnapshot, reading: FabricReading) -> None:
-    """The NIC each GPU should pair with for GPUDirect RDMA, and what is wrong with it."""
+    """The NIC each GPU should pair with for GPUDirect RDMA, what is wrong with it, and the
+    NIC it falls back to while its rail is down (the one the console names)."""
     by_bus = {normal_bus_id(g.pci_bus_id): g for g in node.gpus}
+    used = gpu_nics(reading)
     for affinity in reading.gpus:
         gpu = by_bus.get(affinity.pci_bus_id)
         index = "" if gpu is None else str(gpu.index)
@@ -160,3 +165,7 @@ def _affinity(out: Families, node: NodeSnapshot, reading: FabricReading) -> None
         for flag in affinity.flags:
             values = (node.node, index, uuid, affinity.pci_bus_id, flag.name.lower())
             out.gauge(names.GPU_GPUDIRECT_FLAG, _FLAG, values, 1.0)
+        choice = used[affinity.pci_bus_id]
+        if choice.falls_back and choice.nic is not None:
+            values = (node.node, index, uuid, affinity.pci_bus_id, choice.nic, choice.level or "")
+            out.gauge(names.GPU_NIC_FALLBACK, _FALLBACK, values, 1.0)

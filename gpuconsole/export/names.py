@@ -459,6 +459,10 @@ GPU_NIC_AFFINITY = (
     f"{PREFIX}_gpu_nic_affinity_info",
     "The NIC a GPU should use for GPUDirect RDMA and how near it is (nvidia-smi topo level).",
 )
+GPU_NIC_FALLBACK = (
+    f"{PREFIX}_gpu_nic_fallback_info",
+    "The NIC a GPU uses for GPUDirect RDMA while its own rail is down, and how near it is.",
+)
 GPU_GPUDIRECT_FLAG = (
     f"{PREFIX}_gpu_gpudirect_flag",
     "1 for each reason the GPU's GPUDirect RDMA pairing is not what it should be.",

@@ -1,1 +1,2 @@
-"""Facts every consumer derives the same way from a snapshot: ownership, inventory, summaries."""
+"""Facts every consumer derives the same way from a snapshot: ownership, inventory,
+the GPU-NIC pairing, summaries."""

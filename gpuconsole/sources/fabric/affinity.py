@@ -3,7 +3,8 @@
 Roles come from the config first (`roles = { mlx5_1 = "storage" }`, by device, device/port
 or netdev name), else from rules: a port under a GPU's PCIe switch is a compute rail.
 A GPU's best NIC is the nearest compute NIC on PCIe, balanced so that GPUs sharing a
-switch with two NICs take one each, the way DGX systems pair them.
+switch with two NICs take one each, the way DGX systems pair them: `facts.pairing.nearest`,
+the rule that also picks the NIC a GPU falls back to when its rail is down.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gpuconsole.facts.pairing import nearest
 from gpuconsole.readings.fabric import (
-    LEVELS,
     AffinityFlag,
     FabricPort,
     GpuAffinity,
@@ -94,16 +95,8 @@ def gpu_affinity(
             NicLevel(d.name, pci_level(gpu.pci, d.pci)) for d, _s in devices if d.pci is not None
         )
         level_of = {n.device: n.level for n in levels}
-        best: tuple[IbDevice, int | None] | None = None
-        if candidates:
-            best = min(
-                candidates,
-                key=lambda c: (
-                    LEVELS.index(level_of[c[0].name]),
-                    taken.get(c[0].name, 0),
-                    _natural(c[0].name),
-                ),
-            )
+        pick = nearest(level_of, (d.name for d, _s in candidates), taken)
+        best = next((c for c in candidates if c[0].name == pick), None)
         flags: list[AffinityFlag] = []
         best_level = None
         if best is not None:
@@ -142,9 +135,3 @@ def nic_levels(devices: Sequence[IbDevice]) -> dict[str, tuple[NicLevel, ...]]:
         name: tuple(NicLevel(other, pci_level(pci, to)) for other, to in placed)
         for name, pci in placed
     }
-
-
-def _natural(name: str) -> tuple[str, int]:
-    head = name.rstrip("0123456789")
-    tail = name[len(head) :]
-    return head, int(tail) if tail else -1

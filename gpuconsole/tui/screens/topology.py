@@ -24,10 +24,10 @@ from textual.widgets import Static
 from gpuconsole import format as fmt
 from gpuconsole.facts import summaries as S
 from gpuconsole.facts.inventory import GpuRow
+from gpuconsole.facts.pairing import gpu_nics, nic_order
 from gpuconsole.hardware import short_model
 from gpuconsole.readings.base import Health
 from gpuconsole.readings.fabric import (
-    LEVELS,
     AffinityFlag,
     FabricDevice,
     FabricReading,
@@ -55,36 +55,21 @@ FLAG_HEALTH = {
 }
 
 
-def _natural(name: str) -> tuple[str, int]:
-    """mlx5_2 before mlx5_10, as nvidia-smi numbers its NICs."""
-    head = name.rstrip("0123456789")
-    tail = name[len(head) :]
-    return head, int(tail) if tail else -1
-
-
-def _rank(level: str | None) -> int:
-    return LEVELS.index(level) if level in LEVELS else len(LEVELS)
-
-
 def nics(fabric: FabricReading | None) -> list[FabricDevice]:
     """The node's RDMA devices in nvidia-smi's NIC order."""
-    return sorted(fabric.devices, key=lambda d: _natural(d.name)) if fabric is not None else []
+    return sorted(fabric.devices, key=lambda d: nic_order(d.name)) if fabric is not None else []
 
 
 def rail_up(device: FabricDevice) -> bool:
     return any(p.active for p in device.ports)
 
 
-def compute_rail(device: FabricDevice) -> bool:
-    return any(p.role is PortRole.COMPUTE for p in device.ports)
-
-
 @dataclass(frozen=True, slots=True)
 class Pairing:
     """A GPU's NIC for GPUDirect RDMA as the fabric source chose it, and what is wrong with it.
 
-    When that NIC's rail is down, `fallback` is the nearest compute NIC whose rail is up:
-    where the GPU's traffic would go instead, and over what path.
+    When that NIC's rail is down, `fallback` is the NIC `facts.pairing` says the GPU uses
+    instead (placement and the exporter name the same), and `fallback_level` its path.
     """
 
     row: GpuRow
@@ -144,28 +129,18 @@ class Pairing:
         return out
 
 
-def _fallback(affinity: GpuAffinity, up: set[str]) -> tuple[str | None, str | None]:
-    """The nearest other compute NIC with a rail up, by the fabric source's levels."""
-    options = [
-        lv for lv in affinity.levels if lv.device in up and lv.device != affinity.best_device
-    ]
-    if not options:
-        return None, None
-    best = min(options, key=lambda lv: (_rank(lv.level), _natural(lv.device)))
-    return best.device, best.level
-
-
 def pairings(node: NodeSnapshot) -> list[Pairing]:
     """Every GPU of the node (a guest's too: the fabric source finds it on PCI) with its NIC."""
     fabric = node.fabric
-    up = {d.name for d in nics(fabric) if compute_rail(d) and rail_up(d)}
+    used = gpu_nics(fabric) if fabric is not None else {}
     out = []
     for row in S.gpu_rows(node):
         affinity = fabric.gpu(row.bus_id) if fabric is not None and ":" in row.bus_id else None
-        fallback: tuple[str | None, str | None] = (None, None)
-        if affinity is not None and AffinityFlag.RAIL_DOWN in affinity.flags:
-            fallback = _fallback(affinity, up)
-        out.append(Pairing(row, affinity, *fallback))
+        choice = used.get(affinity.pci_bus_id) if affinity is not None else None
+        if choice is not None and choice.falls_back:
+            out.append(Pairing(row, affinity, choice.nic, choice.level))
+        else:
+            out.append(Pairing(row, affinity))
     return out
 
 
