@@ -25,6 +25,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from gpuconsole.actions.audit import AuditLog, AuditRecord
 from gpuconsole.actions.drivers import Drivers, StepFailed
@@ -53,6 +54,7 @@ __all__ = [
     "CannotRecover",
     "Executor",
     "Outcome",
+    "PlanExecutor",
     "StepUpdate",
     "action_event",
     "outcome_severity",
@@ -167,6 +169,26 @@ class Outcome:
         return self.state is PlanState.DONE
 
 
+class PlanExecutor(Protocol):
+    """What moves one node's GPUs: this machine's `Executor`, or a `RemoteExecutor` that asks
+    the node's own gpuconsole over ssh (gpuconsole.actions.over_ssh)."""
+
+    node: str
+
+    async def recover(self) -> list[Outcome]:
+        """Plans a crash left unfinished, finished or rolled back (over ssh: by the node, as
+        it last planned or ran); what became of each."""
+
+    async def plan(self, keys: Sequence[str], target: Target) -> Plan:
+        """A plan from a fresh reading of the node; nothing changes."""
+
+    async def execute(self, plan: Plan, actor: Actor, confirm: str) -> Outcome:
+        """Run `plan` for `actor`, who typed `confirm`; ActionRefused when nothing ran."""
+
+    async def close(self) -> None:
+        """Let go of what the executor holds open (a journal, an ssh connection)."""
+
+
 class Executor:
     """Executes plans for one node through its drivers."""
 
@@ -190,6 +212,9 @@ class Executor:
         self.emit = emit
         self.on_step = on_step
         self.clock = clock
+
+    async def close(self) -> None:
+        self.journal.close()
 
     # --- planning --------------------------------------------------------------------
 

@@ -7,8 +7,8 @@ audits that it asked. Host keys must be in known_hosts: an unknown or changed on
 refused. The head never changes a GPU itself, so a plan whose connection drops is ended by
 the node (done or rolled back, journaled), and the head says it lost contact.
 
-`RemoteExecutor` is shaped like the local `Executor` (plan, execute, on_step, emit) for a
-console; `run_remote_assign` is the command line's flow on a head.
+`RemoteExecutor` is a PlanExecutor, as the local `Executor` is: the console and the command
+line (gpuconsole.cli.assign) run one flow on either.
 """
 
 from __future__ import annotations
@@ -18,14 +18,12 @@ import contextlib
 import getpass
 import logging
 import shlex
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TextIO
 from urllib.parse import urlsplit
 
 import asyncssh
@@ -45,6 +43,10 @@ from gpuconsole.actions.executor import (
 from gpuconsole.actions.journal import StepProgress
 from gpuconsole.actions.plan import Plan, Target
 from gpuconsole.actions.progress import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
     DryRun,
     Finished,
     Note,
@@ -54,21 +56,10 @@ from gpuconsole.actions.progress import (
     Recovered,
     Refused,
     StepChanged,
-    TextReport,
     plan_digest,
     read_event,
 )
 from gpuconsole.actions.roles import Actor
-from gpuconsole.cli.assign import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_REFUSED,
-    EXIT_UNKNOWN,
-    EXIT_USAGE,
-    AssignRequest,
-    ask_confirmation,
-    shown_plan_stops,
-)
 from gpuconsole.config import Config, ConfigError, RemoteConfig
 from gpuconsole.readings.base import Event, Severity
 from gpuconsole.sources.base import EmitEvent
@@ -80,7 +71,6 @@ __all__ = [
     "SshTarget",
     "connect",
     "parse_destination",
-    "run_remote_assign",
     "ssh_target",
 ]
 
@@ -307,9 +297,10 @@ class _Told:
 class RemoteExecutor:
     """Plans and runs assigns on one other node, through its own gpuconsole over ssh.
 
-    Shaped like the local Executor: `plan` shows the node's plan (nothing changes), and
-    `execute` runs it there once confirmed, calling `on_step` with a StepUpdate as each
-    step ticks and posting the executor's events to `emit`. One connection serves both;
+    A PlanExecutor, as the local Executor is: `plan` shows the node's plan (nothing changes),
+    and `execute` runs it there once confirmed, calling `on_step` with a StepUpdate as each
+    step ticks and posting the executor's events to `emit`. What the node recovers first
+    goes to `on_recovered` as it comes, or waits for `recover`. One connection serves all;
     `close` (or `async with`) ends it.
 
     It logs in with this process's ssh identity, so the node's roles and audit see that
@@ -323,6 +314,7 @@ class RemoteExecutor:
         *,
         on_step: Callable[[StepUpdate], None] | None = None,
         on_note: Callable[[str], None] | None = None,
+        on_recovered: Callable[[Outcome], None] | None = None,
         emit: EmitEvent | None = None,
         audit: AuditLog | None = None,
         clock: Callable[[], float] = time.time,
@@ -331,6 +323,7 @@ class RemoteExecutor:
         self.node = target.node
         self.on_step = on_step
         self.on_note = on_note
+        self.on_recovered = on_recovered
         self.emit = emit
         self.audit = audit
         self.clock = clock
@@ -357,8 +350,8 @@ class RemoteExecutor:
             self._conn = None
 
     async def recover(self) -> list[Outcome]:
-        """What the node's last command recovered from its journal (each command recovers
-        first, on the node): the surface the local Executor's recover has."""
+        """What the node's last commands recovered from their journal (each recovers first,
+        on the node), unless `on_recovered` took it as it came."""
         found, self.recovered = self.recovered, []
         return found
 
@@ -580,7 +573,10 @@ class RemoteExecutor:
             if self.on_note is not None:
                 self.on_note(event.text)
         elif isinstance(event, Recovered):
-            self.recovered.append(event.outcome)
+            if self.on_recovered is not None:
+                self.on_recovered(event.outcome)
+            else:
+                self.recovered.append(event.outcome)
         elif isinstance(event, PlanShown):
             told.plan, told.digest = event.plan, event.digest
             if saw is not None:
@@ -726,101 +722,3 @@ class RemoteExecutor:
                 key_fingerprint=actor.key_fingerprint,
             )
         )
-
-
-# --- the command line on a head ------------------------------------------------------------
-
-
-async def run_remote_assign(
-    cfg: Config,
-    request: AssignRequest,
-    actor: Actor,
-    *,
-    ask: Callable[[str], str] | None = None,
-    out: TextIO | None = None,
-) -> int:
-    """`gpuconsole assign --node NODE ...` for a node of the fleet: its plan shown here, the
-    confirmation typed here, the plan run there; the exit status as run_assign's."""
-    from gpuconsole.actions.store import action_store
-
-    assert request.node is not None
-    report = TextReport(out)
-    try:
-        target_ssh = ssh_target(cfg, request.node)
-    except RemoteError as exc:
-        print(f"gpuconsole assign: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    remote = RemoteExecutor(
-        target_ssh,
-        on_step=report.step,
-        on_note=report.note,
-        audit=action_store(cfg.actions).audit(),
-    )
-    try:
-        async with remote:
-            return await _ask_and_run(remote, request, actor, ask, report)
-    except ActionRefused as exc:
-        report.refused(str(exc))
-        return EXIT_REFUSED
-    except ContactLost as exc:
-        print(f"gpuconsole assign: {exc}", file=sys.stderr)
-        return EXIT_UNKNOWN
-    except RemoteError as exc:
-        print(f"gpuconsole assign: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-
-
-async def _ask_and_run(
-    remote: RemoteExecutor,
-    request: AssignRequest,
-    actor: Actor,
-    ask: Callable[[str], str] | None,
-    report: TextReport,
-) -> int:
-    if request.target is None:
-        assert request.propose is not None
-        found = await remote.propose(request.propose, request.model)
-        return EXIT_OK if found else EXIT_FAILED
-    target = Target.parse(request.target)
-    given = (
-        request.confirm if request.confirm is not None else (request.node if request.yes else None)
-    )
-    if given is not None and not request.dry_run:
-
-        def show(plan: Plan) -> None:
-            # what the node recovered first comes before its plan, as a local run prints it
-            for outcome in remote.recovered:
-                report.recovered(outcome)
-            remote.recovered.clear()
-            report.plan(plan)
-
-        # confirmed before the plan was seen: one command, as a local `assign --yes`
-        outcome = await remote.run(
-            request.gpus,
-            target,
-            actor,
-            given.strip(),
-            propose=request.propose,
-            model=request.model,
-            on_plan=show,
-        )
-        return _said(outcome, await remote.recover(), report)
-    plan = await remote.plan(request.gpus, target, propose=request.propose, model=request.model)
-    for outcome in await remote.recover():
-        report.recovered(outcome)
-    stop = shown_plan_stops(plan, request, report)
-    if stop is not None:
-        return stop
-    # a connection the node drops while the operator reads is made again
-    confirm = ask_confirmation(plan, ask, report)
-    if confirm is None:
-        return EXIT_REFUSED
-    outcome = await remote.execute(plan, actor, confirm.strip())
-    return _said(outcome, await remote.recover(), report)
-
-
-def _said(outcome: Outcome, recovered: list[Outcome], report: TextReport) -> int:
-    for other in recovered:
-        report.recovered(other)
-    report.outcome(outcome)
-    return EXIT_OK if outcome.ok else EXIT_FAILED

@@ -12,7 +12,8 @@ The lines (every one carries "v", the format version, and "event"):
     {"event": "outcome", "plan_id", "state", "message"}    how the plan ended
 
 `read_event` turns a line back into a typed event; `plan_digest` names a plan's content,
-so that a node can refuse to run anything but the plan its operator was shown.
+so that a node can refuse to run anything but the plan its operator was shown. The command's
+exit statuses are here too: the node's travels back over ssh, and the head reads it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ from gpuconsole.actions.journal import PlanState, StepProgress
 from gpuconsole.actions.plan import Plan, Precondition
 
 __all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_REFUSED",
+    "EXIT_UNKNOWN",
+    "EXIT_USAGE",
     "FORMAT",
     "DryRun",
     "Finished",
@@ -47,6 +53,10 @@ __all__ = [
 ]
 
 FORMAT = 1
+
+# How `gpuconsole assign` exits: done, failed, a usage error, refused (nothing changed)
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
+EXIT_UNKNOWN = 4  # a remote plan lost its ssh connection: the node ends it, unseen
 
 
 class Report(Protocol):

@@ -4,6 +4,8 @@ confirmation, and print each step as it ticks.
 
 On a head, `--node` naming another node of the fleet runs the command there, over ssh
 (gpuconsole.actions.over_ssh); the node runs it with `--json-progress` and reports in JSON.
+Either way one flow (`_carry_out`) shows the plan, confirms and executes it; what stops it
+is raised (ActionRefused, UsageError, ...) and only `run_assign` makes it an exit status.
 """
 
 from __future__ import annotations
@@ -12,24 +14,32 @@ import sqlite3
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from gpuconsole.actions.executor import (
-    ActionRefused,
-    CannotRecover,
-    Executor,
-)
+from gpuconsole.actions.executor import ActionRefused, CannotRecover, Executor, PlanExecutor
 from gpuconsole.actions.locks import holders
 from gpuconsole.actions.plan import Plan, Target
-from gpuconsole.actions.progress import JsonReport, Report, TextReport, plan_digest
+from gpuconsole.actions.progress import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNKNOWN,
+    EXIT_USAGE,
+    JsonReport,
+    Report,
+    TextReport,
+    plan_digest,
+)
 from gpuconsole.actions.roles import Actor
 from gpuconsole.config import Config
 from gpuconsole.wiring import demo_executor, node_executor, propose_demo, propose_with
 
-__all__ = ["AssignRequest", "run_assign"]
+if TYPE_CHECKING:
+    from gpuconsole.actions.over_ssh import RemoteExecutor
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
-EXIT_UNKNOWN = 4  # a remote plan lost its ssh connection: the node ends it, unseen
+__all__ = ["AssignRequest", "NotConfirmed", "UsageError", "gpu_args", "run_assign"]
+
+Ask = Callable[[str], str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +58,87 @@ class AssignRequest:
     json_progress: bool = False  # report in JSON lines, for a head that runs this over ssh
     expect_plan: str | None = None  # run only the plan with this digest (what a head showed)
     recover: bool = False  # only recover unfinished plans, then list the GPU locks left
+
+
+# --- what stops the command, and its exit status ------------------------------------------
+
+
+class UsageError(Exception):
+    """The command line asks for what cannot be done; said on stderr, after `command`."""
+
+    def __init__(self, message: str, command: str = "gpuconsole assign") -> None:
+        super().__init__(message)
+        self.command = command
+
+
+class NotConfirmed(ActionRefused):
+    """Nobody could confirm the plan (no terminal to ask on): said as a note, not refused."""
+
+
+# over_ssh's RemoteError and ContactLost, as the command says them: asyncssh is imported only
+# when a command goes over ssh
+class NotAsked(Exception):
+    """Another node could not be asked, or did not answer as gpuconsole does."""
+
+
+class Unseen(Exception):
+    """Another node's plan lost its ssh connection: the node ends it, unseen from here."""
+
+
+async def run_assign(
+    cfg: Config,
+    request: AssignRequest,
+    actor: Actor,
+    *,
+    ask: Ask | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """The whole command; returns its exit status (0 done, 1 failed, 2 usage, 3 refused;
+    on another node, 4: contact lost, outcome unknown)."""
+    out = out or sys.stdout  # looked up now: a test's capture replaces it after import
+    report: Report = JsonReport(out) if request.json_progress else TextReport(out)
+    try:
+        done = await _assign(cfg, request, actor, ask, report)
+    except UsageError as exc:
+        print(f"{exc.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except NotConfirmed as exc:
+        report.note(str(exc))
+        return EXIT_REFUSED
+    except ActionRefused as exc:
+        report.refused(str(exc))
+        return EXIT_REFUSED
+    except NotAsked as exc:
+        print(f"gpuconsole assign: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except Unseen as exc:
+        print(f"gpuconsole assign: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    return EXIT_OK if done else EXIT_FAILED
+
+
+async def _assign(
+    cfg: Config, request: AssignRequest, actor: Actor, ask: Ask | None, report: Report
+) -> bool:
+    """Whether the command did what was asked; raises what stops it."""
+    wrong = _usage(request)
+    if wrong is not None:
+        raise UsageError(wrong)
+    try:
+        target = Target.parse(request.target) if request.target is not None else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if request.demo or request.node in (None, cfg.host.node_name):
+        return await _here(cfg, request, target, actor, ask, report)
+    if request.json_progress:
+        # a head sent this here for another node: its destination is wrong, and passing it
+        # on could loop
+        raise UsageError(f"this is {cfg.host.node_name}, not {request.node}")
+    if request.recover:
+        raise UsageError(
+            f"--recover acts on this machine: run `ssh {request.node} gpuconsole assign --recover`"
+        )
+    return await _over_ssh(cfg, request, target, actor, ask, report)
 
 
 def _usage(request: AssignRequest) -> str | None:
@@ -92,136 +183,71 @@ async def _proposal(
     return best.node, best.keys
 
 
-async def run_assign(
+# --- on this machine, or a node of the demo ---------------------------------------------
+
+
+async def _here(
     cfg: Config,
     request: AssignRequest,
+    target: Target | None,
     actor: Actor,
-    *,
-    ask: Callable[[str], str] | None = None,
-    out: TextIO | None = None,
-) -> int:
-    """The whole command; returns its exit status (0 done, 1 failed, 2 usage, 3 refused;
-    on another node, 4: contact lost, outcome unknown)."""
-    out = out or sys.stdout  # looked up now: a test's capture replaces it after import
-    report: Report = JsonReport(out) if request.json_progress else TextReport(out)
-    wrong = _usage(request)
-    if wrong is not None:
-        print(f"gpuconsole assign: {wrong}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        target = Target.parse(request.target) if request.target is not None else None
-    except ValueError as exc:
-        print(f"gpuconsole assign: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if not request.demo and request.node not in (None, cfg.host.node_name):
-        if request.json_progress:
-            # a head sent this here for another node: its destination is wrong, and passing
-            # it on could loop
-            print(
-                f"gpuconsole assign: this is {cfg.host.node_name}, not {request.node}",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
-        if request.recover:
-            print(
-                f"gpuconsole assign: --recover acts on this machine: run `ssh {request.node} "
-                "gpuconsole assign --recover`",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
-        from gpuconsole.actions.over_ssh import run_remote_assign
-
-        return await run_remote_assign(cfg, request, actor, ask=ask, out=out)
+    ask: Ask | None,
+    report: Report,
+) -> bool:
+    """This machine's GPUs, or with --demo a simulated node's."""
     node, keys = request.node, request.gpus
     if request.demo and request.node is not None:
         from gpuconsole.sim.cluster import demo_cluster
 
         names = [s.name for s in demo_cluster()]
         if request.node not in names:
-            print(
-                f"gpuconsole assign: no simulated node {request.node!r} "
-                f"(known: {', '.join(names)})",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
+            raise UsageError(f"no simulated node {request.node!r} (known: {', '.join(names)})")
     # this machine's executor is built once: proposing reads through it too
     try:
         executor = None if request.demo else node_executor(cfg, report.step)
     except sqlite3.Error as exc:  # its journal cannot be opened: nothing was done
-        report.refused(f"{exc}; nothing was changed")
-        return EXIT_REFUSED
+        raise ActionRefused(f"{exc}; nothing was changed") from None
     try:
         if request.recover:
-            if executor is None:
-                built = _demo_node_executor(node, "--demo --recover", report)
-                if isinstance(built, int):
-                    return built
-                executor = built
+            executor = executor or _demo_node_executor(node, "--demo --recover", report)
             return await _recover_only(executor, report)
         if request.propose is not None:
             chosen = await _proposal(request, target, executor, report)
             if chosen is None:
-                return EXIT_FAILED
+                return False
             if target is None:
-                return EXIT_OK  # asked only where: nothing to plan
+                return True  # asked only where: nothing to plan
             node, keys = chosen
         assert target is not None
-        if executor is None:
-            built = _demo_node_executor(node, "--demo", report)
-            if isinstance(built, int):
-                return built
-            executor = built
+        executor = executor or _demo_node_executor(node, "--demo", report)
         ask = None if request.json_progress else ask  # a head asks its own operator
         return await _run(executor, request, keys, target, actor, ask, report)
     finally:
         if executor is not None:
-            executor.journal.close()
+            await executor.close()
 
 
-def _demo_node_executor(node: str | None, flags: str, report: Report) -> Executor | int:
-    """The executor of simulated `node`, or the exit status when there is none."""
+def _demo_node_executor(node: str | None, flags: str, report: Report) -> Executor:
+    """The executor of simulated `node`; UsageError when none is named."""
     if node is None:
         from gpuconsole.sim.cluster import demo_cluster
 
         known = ", ".join(s.name for s in demo_cluster())
-        print(f"gpuconsole assign {flags}: name a node with --node ({known})", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"name a node with --node ({known})", f"gpuconsole assign {flags}")
     try:
         return demo_executor(node, report.step)
     except sqlite3.Error as exc:
-        report.refused(f"{exc}; nothing was changed")
-        return EXIT_REFUSED
+        raise ActionRefused(f"{exc}; nothing was changed") from None
 
 
-def shown_plan_stops(plan: Plan, request: AssignRequest, report: Report) -> int | None:
-    """Show the plan; the exit status when it goes no further (blocked, or a dry run)."""
-    report.plan(plan)
-    if plan.blocked:
-        report.refused("a precondition failed; nothing was changed.")
-        return EXIT_REFUSED
-    if request.dry_run:
-        report.dry_run()
-        return EXIT_OK
-    return None
-
-
-def ask_confirmation(plan: Plan, ask: Callable[[str], str] | None, report: Report) -> str | None:
-    """What the operator typed to confirm `plan`; None with no terminal to ask on."""
-    if ask is None:
-        report.note("Not confirmed: no terminal to ask on (pass --yes or --confirm).")
-        return None
-    # Asked here, blocking: in a thread, Ctrl-C would leave it waiting for Enter.
-    return ask(f"Type {' or '.join(plan.confirmations())} to confirm: ")
-
-
-async def _recover_only(executor: Executor, report: Report) -> int:
+async def _recover_only(executor: Executor, report: Report) -> bool:
     """`assign --recover`: end the plans left unfinished (a dead process's, or one a full
     journal stopped), then list the GPU locks still held and by whom."""
     try:
         recovered = await executor.recover()
     except CannotRecover as exc:
         report.refused(str(exc))
-        return EXIT_FAILED
+        return False
     for outcome in recovered:
         report.recovered(outcome)
     held = holders(executor.journal)
@@ -229,19 +255,19 @@ async def _recover_only(executor: Executor, report: Report) -> int:
         report.note(f"Locked: {holder}")
     if not held:
         report.note("No GPU is locked.")
-    return EXIT_OK
+    return True
 
 
 async def _run(
-    executor: Executor,
+    executor: PlanExecutor,
     request: AssignRequest,
     keys: Sequence[str],
     target: Target,
     actor: Actor,
-    ask: Callable[[str], str] | None,
+    ask: Ask | None,
     report: Report,
-) -> int:
-    """Recover, plan, confirm and execute on one node; the exit status."""
+) -> bool:
+    """Recover what a crash left, plan, and carry the plan out."""
     try:
         recovered = await executor.recover()
     except CannotRecover as exc:  # its GPUs stay locked; the rest may go on (or be refused)
@@ -249,33 +275,124 @@ async def _run(
         recovered = []
     for outcome in recovered:
         report.recovered(outcome)
-    plan = await executor.plan(keys, target)
-    stop = shown_plan_stops(plan, request, report)
-    if stop is not None:
-        return stop
+    return await _carry_out(
+        executor, await executor.plan(keys, target), request, actor, ask, report
+    )
+
+
+# --- the one flow, from a plan on ---------------------------------------------------------
+
+
+async def _carry_out(
+    executor: PlanExecutor,
+    plan: Plan,
+    request: AssignRequest,
+    actor: Actor,
+    ask: Ask | None,
+    report: Report,
+) -> bool:
+    """Show the plan, stop there (blocked, or a dry run) or confirm it, execute it and say how
+    it ended; on this machine or, over ssh, on another node. ActionRefused: nothing ran."""
+    report.plan(plan)
+    if plan.blocked:
+        raise ActionRefused("a precondition failed; nothing was changed.")
+    if request.dry_run:
+        report.dry_run()
+        return True
     if request.expect_plan is not None and plan_digest(plan) != request.expect_plan:
         # the operator confirmed the plan a head showed them a while ago, not this one
-        report.refused(
+        raise ActionRefused(
             f"{plan.node} changed since the plan was shown (it would now run plan "
             f"{plan_digest(plan)}, not {request.expect_plan}); nothing was changed: plan again"
         )
-        return EXIT_REFUSED
-    if request.confirm is not None:
-        confirm = request.confirm
-    elif request.yes:
-        confirm = plan.node
-    else:
-        asked = ask_confirmation(plan, ask, report)
-        if asked is None:
-            return EXIT_REFUSED
-        confirm = asked
-    try:
-        outcome = await executor.execute(plan, actor, confirm)
-    except ActionRefused as exc:
-        report.refused(str(exc))
-        return EXIT_REFUSED
+    confirm = _given(request, plan.node)
+    if confirm is None:
+        confirm = _asked(plan, ask)
+    outcome = await executor.execute(plan, actor, confirm)
     report.outcome(outcome)
-    return EXIT_OK if outcome.ok else EXIT_FAILED
+    return outcome.ok
+
+
+def _given(request: AssignRequest, node: str) -> str | None:
+    """The confirmation the command line gave (--confirm, or --yes: the node's name)."""
+    if request.confirm is not None:
+        return request.confirm
+    return node if request.yes else None
+
+
+def _asked(plan: Plan, ask: Ask | None) -> str:
+    """What the operator typed to confirm `plan`; NotConfirmed with no terminal to ask on."""
+    if ask is None:
+        raise NotConfirmed("Not confirmed: no terminal to ask on (pass --yes or --confirm).")
+    # Asked here, blocking: in a thread, Ctrl-C would leave it waiting for Enter.
+    return ask(f"Type {' or '.join(plan.confirmations())} to confirm: ")
+
+
+# --- another node of the fleet, over ssh --------------------------------------------------
+
+
+async def _over_ssh(
+    cfg: Config,
+    request: AssignRequest,
+    target: Target | None,
+    actor: Actor,
+    ask: Ask | None,
+    report: Report,
+) -> bool:
+    """`--node` names another node of the fleet: its own gpuconsole plans and runs there, the
+    plan shown and the confirmation typed here."""
+    from gpuconsole.actions.over_ssh import ContactLost, RemoteError, RemoteExecutor, ssh_target
+    from gpuconsole.actions.store import action_store
+
+    assert request.node is not None
+    try:
+        where = ssh_target(cfg, request.node)
+    except RemoteError as exc:
+        raise UsageError(str(exc)) from None
+    remote = RemoteExecutor(
+        where,
+        on_step=report.step,
+        on_note=report.note,
+        on_recovered=report.recovered,
+        audit=action_store(cfg.actions).audit(),
+    )
+    try:
+        async with remote:
+            return await _on_node(remote, request, target, actor, ask, report)
+    except ContactLost as exc:
+        raise Unseen(str(exc)) from None
+    except RemoteError as exc:
+        raise NotAsked(str(exc)) from None
+
+
+async def _on_node(
+    remote: RemoteExecutor,
+    request: AssignRequest,
+    target: Target | None,
+    actor: Actor,
+    ask: Ask | None,
+    report: Report,
+) -> bool:
+    """The node recovers as it plans, and proposes the GPUs when asked to: one command each."""
+    if target is None:  # asked only where: the node's notes say it
+        assert request.propose is not None
+        return await remote.propose(request.propose, request.model)
+    given = _given(request, remote.node)
+    if given is not None and not request.dry_run:
+        # confirmed before the plan was seen: one command, as a local `assign --yes`
+        outcome = await remote.run(
+            request.gpus,
+            target,
+            actor,
+            given.strip(),
+            propose=request.propose,
+            model=request.model,
+            on_plan=report.plan,
+        )
+        report.outcome(outcome)
+        return outcome.ok
+    plan = await remote.plan(request.gpus, target, propose=request.propose, model=request.model)
+    return await _carry_out(remote, plan, request, actor, ask, report)
 
 
 def gpu_args(values: Sequence[str]) -> tuple[str, ...]:

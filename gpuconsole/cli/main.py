@@ -15,7 +15,7 @@ from gpuconsole import paths
 from gpuconsole.config import Config, ConfigError
 from gpuconsole.hub import Hub
 from gpuconsole.readings.snapshot import FleetSnapshot
-from gpuconsole.wiring import bmc_sources, hub_settings, node_hub, sim_hub
+from gpuconsole.wiring import hub_settings, node_hub, sim_hub
 
 if TYPE_CHECKING:
     from gpuconsole.export.agent import AgentSettings
@@ -269,54 +269,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_power(args: argparse.Namespace) -> int:
     """Power a node on, off, soft off or reset through its BMC: checked, confirmed, audited."""
-    from gpuconsole.actions.power import ActionRefused, PowerRequest, power
-    from gpuconsole.actions.roles import Actor, Role, local_actor
-    from gpuconsole.actions.store import action_store, demo_store
-    from gpuconsole.sources.bmc import BmcError, PowerAction
+    from gpuconsole.cli.power import run_power
 
-    cfg = _config(args)
-    actor = local_actor()
-    if args.demo:
-        from gpuconsole.sim.bmc import sim_link
-        from gpuconsole.sim.cluster import build_sim_nodes, demo_cluster
-        from gpuconsole.sources.bmc import BmcSource
-
-        sims = {n.name: n for n in build_sim_nodes(demo_cluster(cfg.demo.nodes or None))}
-        if args.node not in sims:
-            print(f"gpuconsole power: no simulated node {args.node!r}", file=sys.stderr)
-            return 2
-        source = BmcSource(args.node, sim_link(sims[args.node]), simulated=True)
-        if not actor.role.may_act:  # a simulated server: nobody's machine is at stake
-            actor = Actor(actor.user, Role.OPERATOR)
-    else:
-        found = [s for s in bmc_sources(cfg) if s.node == args.node]
-        if not found:
-            print(f"gpuconsole power: no [[bmc]] for node {args.node!r}", file=sys.stderr)
-            return 2
-        source = found[0]
-    confirm = args.confirm
-    if confirm is None and sys.stdin.isatty():
-        confirm = input(f"Power {args.state} {args.node}: type the node name to confirm: ")
-    request = PowerRequest(args.node, PowerAction(args.state), actor, (confirm or "").strip())
-    audit = (demo_store() if args.demo else action_store(cfg.actions)).audit()
-
-    async def run() -> str:
-        await source.start(lambda _event: None)
-        try:
-            return await power(request, source, audit)
-        finally:
-            await source.close()
-
-    try:
-        answer = asyncio.run(run())
-    except ActionRefused as exc:
-        print(f"gpuconsole power: refused: {exc}", file=sys.stderr)
-        return 3
-    except BmcError as exc:
-        print(f"gpuconsole power: failed: {exc}", file=sys.stderr)
-        return 1
-    print(f"{args.node}: power {args.state} requested through {source.label} ({answer})")
-    return 0
+    return run_power(_config(args), args.node, args.state, args.confirm, demo=args.demo)
 
 
 def cmd_assign(args: argparse.Namespace) -> int:

@@ -6,16 +6,13 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
-from gpuconsole.actions.executor import Executor, StepUpdate
+from gpuconsole.actions.executor import Executor, PlanExecutor, StepUpdate
 from gpuconsole.actions.plan import PlanContext
 from gpuconsole.config import Config, ConfigError
 from gpuconsole.hub import Hub
 from gpuconsole.sources.base import EmitEvent
-
-if TYPE_CHECKING:
-    from gpuconsole.actions.over_ssh import RemoteExecutor
 
 __all__ = ["ActionAccess", "DemoAccess", "MachineAccess", "OnStep", "demo_access"]
 
@@ -31,7 +28,7 @@ class ActionAccess(abc.ABC):
     demo: ClassVar[bool] = False
 
     @abc.abstractmethod
-    def executor(self, node: str, on_step: OnStep) -> Executor | RemoteExecutor:
+    def executor(self, node: str, on_step: OnStep) -> PlanExecutor:
         """The executor for `node`; ValueError says why this console cannot act there."""
 
     def warning(self) -> str:
@@ -72,7 +69,7 @@ class MachineAccess(ActionAccess):
             if isinstance(source, NvmlSource) and source.node == node:
                 source.rediscover()
 
-    def executor(self, node: str, on_step: OnStep) -> Executor | RemoteExecutor:
+    def executor(self, node: str, on_step: OnStep) -> PlanExecutor:
         from gpuconsole.wiring import console_executor
 
         if not self.remote or node == self.cfg.host.node_name:

@@ -24,7 +24,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, SelectionList, Static
 from textual.widgets.option_list import Option
 
-from gpuconsole.actions.executor import ActionRefused, Executor, Outcome, StepUpdate
+from gpuconsole.actions.executor import (
+    ActionRefused,
+    Executor,
+    Outcome,
+    PlanExecutor,
+    StepUpdate,
+)
 from gpuconsole.actions.placement import Placement, Proposal, placements
 from gpuconsole.actions.plan import Plan, Target
 from gpuconsole.config import ConfigError
@@ -40,7 +46,6 @@ from gpuconsole.tui.widgets.plan_view import (
 )
 
 if TYPE_CHECKING:
-    from gpuconsole.actions.over_ssh import RemoteExecutor
     from gpuconsole.tui.app import ConsoleApp
 
 __all__ = ["AssignScreen", "ProposeScreen"]
@@ -122,7 +127,7 @@ class AssignScreen(ModalScreen[None]):
         self.marked = tuple(gpus)
         self.target = target
         self.stage = Stage.OPENING
-        self.executor: Executor | RemoteExecutor | None = None
+        self.executor: PlanExecutor | None = None
         self.plan: Plan | None = None
         self.outcome: Outcome | None = None
         self.progress: dict[int, tuple[str, str]] = {}
@@ -164,10 +169,8 @@ class AssignScreen(ModalScreen[None]):
 
     async def on_unmount(self) -> None:
         executor, self.executor = self.executor, None
-        if isinstance(executor, Executor):
-            executor.journal.close()
-        elif executor is not None:
-            await executor.close()  # another node's: its ssh connection
+        if executor is not None:
+            await executor.close()  # its journal, or another node's ssh connection
 
     def _node(self) -> NodeSnapshot | None:
         snapshot = self.console.snapshot
