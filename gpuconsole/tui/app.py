@@ -23,7 +23,7 @@ from gpuconsole.tui.actions import ActionAccess, demo_access
 from gpuconsole.tui.commands import ConsolePalette, JumpCommands
 from gpuconsole.tui.feed import HubFeed
 from gpuconsole.tui.messages import SnapshotArrived
-from gpuconsole.tui.screens.assign import ProposeScreen
+from gpuconsole.tui.screens.assign import AssignScreen, ProposeScreen
 from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.screens.fleet import FleetScreen
 from gpuconsole.tui.screens.help import HelpScreen, TooSmallScreen
@@ -34,6 +34,16 @@ log = logging.getLogger(__name__)
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 # Once a tick the view draws the newest snapshot, or else moves the status bar's data age on.
 TICK_S = 1.0
+
+
+def _about(screen: Screen[object]) -> tuple[str | None, int | None]:
+    """The node and the GPU `screen` is about: a view's, a dialog's node; None for every
+    node or GPU, and for the screens that are about none (help, the palette)."""
+    if isinstance(screen, BaseView):
+        return screen.node_name, screen.gpu_index
+    if isinstance(screen, AssignScreen | ProposeScreen):
+        return screen.node_name, None
+    return None, None
 
 
 class ConsoleApp(App[None]):
@@ -205,10 +215,7 @@ class ConsoleApp(App[None]):
 
     def _screen_changed(self, _screen: Screen[object]) -> None:
         # the node under whatever is on top (help, the palette, a dialog over a node view)
-        node = next(
-            (n for s in reversed(self.screen_stack) if (n := getattr(s, "node_name", None))),
-            None,
-        )
+        node = next((n for s in reversed(self.screen_stack) if (n := _about(s)[0])), None)
         self._drill_into(node)
 
     def _drill_into(self, node: str | None) -> None:
@@ -251,12 +258,11 @@ class ConsoleApp(App[None]):
         screen = self.screen
         if isinstance(screen, EventsScreen):
             return
-        node = getattr(screen, "node_name", None)
-        gpu = getattr(screen, "gpu_index", None)
+        node, gpu = _about(screen)
         self.push_screen(EventsScreen(node=node, gpu=gpu))
 
     def action_propose(self) -> None:
-        self.push_screen(ProposeScreen(getattr(self.screen, "node_name", None)))
+        self.push_screen(ProposeScreen(_about(self.screen)[0]))
 
     def open_node(self, name: str) -> None:
         from gpuconsole.tui.screens.node import NodeScreen

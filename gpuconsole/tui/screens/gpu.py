@@ -326,6 +326,7 @@ class GpuScreen(BaseView):
         Binding("a", "assign", "Assign"),  # only for those who may act (check_action)
     ]
     HELP_EXTRA = (("↑ ↓ PgUp PgDn", "scroll"),)
+    node_name: str
 
     def __init__(
         self, node_name: str, gpu_index: int | None = None, *, bus_id: str | None = None

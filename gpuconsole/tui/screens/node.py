@@ -173,6 +173,7 @@ class NodeScreen(BaseView):
         Binding("a", "assign", "Assign"),  # only for those who may act (check_action)
     ]
     HELP_EXTRA = (("↑ ↓", "move between GPUs"),)
+    node_name: str
 
     def __init__(self, node_name: str) -> None:
         super().__init__()
@@ -244,11 +245,6 @@ class NodeScreen(BaseView):
             from gpuconsole.tui.screens.gpu import GpuScreen
 
             self.app.push_screen(GpuScreen(self.node_name, bus_id=row.bus_id))
-
-    @property
-    def gpu_index(self) -> int | None:
-        """Nothing is narrowed to one GPU here; events opened from a node show all of them."""
-        return None
 
     def on_row_table_row_selected(self, event: RowTable.RowSelected) -> None:
         self._open(self._rows.get(event.key))

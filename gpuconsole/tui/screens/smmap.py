@@ -196,6 +196,8 @@ class SmMapScreen(BaseView):
     """The SMs of one GPU, by holder."""
 
     HELP_EXTRA = (("↑ ↓", "scroll"),)
+    node_name: str
+    gpu_index: int
 
     def __init__(self, node_name: str, gpu_index: int) -> None:
         super().__init__()

@@ -510,6 +510,7 @@ class TopologyScreen(BaseView):
     """How a node's GPUs, NICs and CPUs connect, and who owns each GPU."""
 
     HELP_EXTRA = (("↑ ↓ ← →", "scroll"),)
+    node_name: str
 
     def __init__(self, node_name: str) -> None:
         super().__init__()
