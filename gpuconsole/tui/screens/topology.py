@@ -252,8 +252,8 @@ def matrix(node: NodeSnapshot, palette: Palette) -> Text:
             code = seen_by.get(row.bus_id, {}).get(device.name, "?")
             text.append(code.ljust(width), style=level_style(code, palette))
         levels = {lv.device: lv.level for lv in device.levels}
-        for other in devices:
-            code = levels.get(other.name, "X" if other is device else "?")
+        for peer in devices:
+            code = levels.get(peer.name, "X" if peer is device else "?")
             text.append(code.ljust(width), style=level_style(code, palette))
         text.append("-".ljust(18))
         text.append(fmt.number(device.numa_node))
