@@ -306,7 +306,7 @@ def test_demo_access_comes_from_a_hub_with_simulated_tenants_only() -> None:
     assert ConsoleApp(bare, start_hub=False, actor=OPERATOR, read_only=True).may_act is False
     assert ConsoleApp(bare, start_hub=False, actor=OPERATOR).may_act
     # an ssh session reads the server's hub through its paced feed: the same simulator
-    session = ConsoleApp(PacedFeed(bare, 1.0), start_hub=False, actor=OPERATOR)  # type: ignore[arg-type]
+    session = ConsoleApp(bare, feed=PacedFeed(bare, 1.0), start_hub=False, actor=OPERATOR)
     assert isinstance(session.actions, DemoAccess) and session.actions.hub is bare
 
 

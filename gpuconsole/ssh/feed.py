@@ -14,19 +14,17 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from gpuconsole.hub import Hub
+from gpuconsole.hub import Hub, Subscriber
 from gpuconsole.readings.snapshot import FleetSnapshot
 
 log = logging.getLogger(__name__)
-
-Subscriber = Callable[[FleetSnapshot], None]
 
 
 class PacedFeed:
     """A hub as one session sees it: `subscribe()` only, paced; starts and stops nothing."""
 
     def __init__(self, hub: Hub, period_s: float) -> None:
-        self.hub = hub
+        self._hub = hub
         self.period_s = period_s
         self._subscribers: list[Subscriber] = []
         self._newest: FleetSnapshot | None = None
@@ -38,7 +36,7 @@ class PacedFeed:
         """Like Hub.subscribe: the latest snapshot now, then at most one per period."""
         self._subscribers.append(callback)
         if self._unsubscribe is None:
-            self._unsubscribe = self.hub.subscribe(self._on_publish)
+            self._unsubscribe = self._hub.subscribe(self._on_publish)
             self._sent = self._newest  # Hub.subscribe delivered the latest just now
             self._timer = asyncio.get_running_loop().call_later(self.period_s, self._tick)
         if self._newest is not None:

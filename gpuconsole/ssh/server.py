@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import asyncssh
+from textual.app import App
 
 from gpuconsole import paths
 from gpuconsole.actions.roles import Actor, Role
@@ -545,20 +546,26 @@ def console_factory(
 
         actions = MachineAccess(acting, hub.post_event, hub)
 
-    def make(info: SessionInfo) -> Any:
+    def make(info: SessionInfo) -> App[None]:
         feed = PacedFeed(hub, refresh_s)
         if info.wallboard:
             from gpuconsole.tui.wallboard import WallboardApp
 
             board = WallboardApp(
-                feed, theme=wallboard_theme, page_s=page_s, start_hub=False, theme_dirs=theme_dirs
+                hub,
+                feed=feed,
+                theme=wallboard_theme,
+                page_s=page_s,
+                start_hub=False,
+                theme_dirs=theme_dirs,
             )
             board.animation_level = "none"
             return board
         from gpuconsole.tui.app import ConsoleApp
 
         app = ConsoleApp(
-            feed,
+            hub,
+            feed=feed,
             theme=theme,
             read_only=not info.actor.role.may_act,
             start_hub=False,

@@ -131,12 +131,11 @@ class DemoAccess(ActionAccess):
         return found
 
 
-def demo_access(source: object) -> DemoAccess | None:
+def demo_access(hub: Hub | None) -> DemoAccess | None:
     """Actions on the simulated tenants that a console's hub reads; None for a hub of real
     nodes (it needs the config: `MachineAccess`) or no hub at all (a replay)."""
     from gpuconsole.sim.tenancy import SimTenancySource
 
-    hub = getattr(source, "hub", source)  # an ssh session reads the server's hub via a feed
-    if isinstance(hub, Hub) and any(isinstance(s, SimTenancySource) for s in hub.sources):
+    if hub is not None and any(isinstance(s, SimTenancySource) for s in hub.sources):
         return DemoAccess(hub)
     return None

@@ -21,9 +21,9 @@ from gpuconsole.paths import user_themes_dir
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.actions import ActionAccess, demo_access
 from gpuconsole.tui.commands import ConsolePalette, JumpCommands
-from gpuconsole.tui.feed import HubFeed
+from gpuconsole.tui.feed import HubFeed, SnapshotFeed
 from gpuconsole.tui.messages import SnapshotArrived
-from gpuconsole.tui.screens.assign import ProposeScreen
+from gpuconsole.tui.screens.assign import AssignScreen, ProposeScreen
 from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.screens.fleet import FleetScreen
 from gpuconsole.tui.screens.help import HelpScreen, TooSmallScreen
@@ -34,6 +34,16 @@ log = logging.getLogger(__name__)
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 # Once a tick the view draws the newest snapshot, or else moves the status bar's data age on.
 TICK_S = 1.0
+
+
+def _about(screen: Screen[object]) -> tuple[str | None, int | None]:
+    """The node and the GPU `screen` is about: a view's, a dialog's node; None for every
+    node or GPU, and for the screens that are about none (help, the palette)."""
+    if isinstance(screen, BaseView):
+        return screen.node_name, screen.gpu_index
+    if isinstance(screen, AssignScreen | ProposeScreen):
+        return screen.node_name, None
+    return None, None
 
 
 class ConsoleApp(App[None]):
@@ -56,6 +66,7 @@ class ConsoleApp(App[None]):
         self,
         hub: Hub | None,
         *,
+        feed: SnapshotFeed | None = None,
         theme: str | None = None,
         read_only: bool = False,
         start_hub: bool = True,
@@ -67,7 +78,10 @@ class ConsoleApp(App[None]):
         actions: ActionAccess | None = None,
         freeze_heap: bool = False,
     ) -> None:
-        """`freeze_heap`: the process is this console's alone (not an ssh server's, whose
+        """`hub`: the hub this console reads (None: a replay of `snapshot`), its snapshots
+        through `feed` where given (an ssh session's, paced), else from the hub itself.
+
+        `freeze_heap`: the process is this console's alone (not an ssh server's, whose
         sessions come and go): what it built to start is left out of the collector's full
         passes, process-wide, until it ends."""
         super().__init__()
@@ -89,7 +103,7 @@ class ConsoleApp(App[None]):
         self._snapshot_shown_at = 0.0  # time.monotonic() of that drawing
         self._freeze_heap = freeze_heap
         self._heap_frozen = False
-        self._feed = HubFeed(hub, start=start_hub)
+        self._feed = HubFeed(hub, feed=feed, start=start_hub)
         self._drilled: str | None = None  # the node this console drilled into (a fleet's)
         dirs = [user_themes_dir()] if theme_dirs is None else theme_dirs
         self._loaded_themes = load_themes(dirs)
@@ -205,18 +219,14 @@ class ConsoleApp(App[None]):
 
     def _screen_changed(self, _screen: Screen[object]) -> None:
         # the node under whatever is on top (help, the palette, a dialog over a node view)
-        node = next(
-            (n for s in reversed(self.screen_stack) if (n := getattr(s, "node_name", None))),
-            None,
-        )
+        node = next((n for s in reversed(self.screen_stack) if (n := _about(s)[0])), None)
         self._drill_into(node)
 
     def _drill_into(self, node: str | None) -> None:
         """A fleet's hub reads this node's agent in full while this console shows it."""
-        hub = getattr(self.hub, "hub", self.hub)  # an ssh session's feed, or the hub
-        if isinstance(hub, Hub) and node != self._drilled:
+        if self.hub is not None and node != self._drilled:
             self._drilled = node
-            focus(hub, node, viewer=self)
+            focus(self.hub, node, viewer=self)
 
     def _to_fleet(self) -> None:
         while len(self.screen_stack) > 1 and not isinstance(self.screen, FleetScreen):
@@ -237,7 +247,7 @@ class ConsoleApp(App[None]):
             return AwaitComplete()  # done already: nothing to wait for
         return super().pop_screen()
 
-    def action_back(self) -> None:
+    async def action_back(self) -> None:  # async: it overrides App's async action_back
         if len(self.screen_stack) > 1:
             self.pop_screen()
 
@@ -251,12 +261,11 @@ class ConsoleApp(App[None]):
         screen = self.screen
         if isinstance(screen, EventsScreen):
             return
-        node = getattr(screen, "node_name", None)
-        gpu = getattr(screen, "gpu_index", None)
+        node, gpu = _about(screen)
         self.push_screen(EventsScreen(node=node, gpu=gpu))
 
     def action_propose(self) -> None:
-        self.push_screen(ProposeScreen(getattr(self.screen, "node_name", None)))
+        self.push_screen(ProposeScreen(_about(self.screen)[0]))
 
     def open_node(self, name: str) -> None:
         from gpuconsole.tui.screens.node import NodeScreen

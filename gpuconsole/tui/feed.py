@@ -3,33 +3,47 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
-from textual.app import App
+from textual.message_pump import MessagePump
 
-from gpuconsole.hub import Hub
+from gpuconsole.hub import Hub, Subscriber
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.messages import SnapshotArrived
 
 
-class HubFeed:
-    """One app's connection to the hub; stops the hub only if it started it."""
+class SnapshotFeed(Protocol):
+    """Where an app's snapshots come from: the Hub itself, or something between it and the
+    app that passes them on (an ssh session's PacedFeed)."""
 
-    def __init__(self, hub: Hub | None, *, start: bool) -> None:
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call `callback` with the latest snapshot and the ones after; returns the
+        unsubscribe function."""
+        ...
+
+
+class HubFeed:
+    """One app's connection to the hub; stops the hub only if it started it.
+
+    The app subscribes to `feed` (the hub itself unless given); `start` starts the hub."""
+
+    def __init__(self, hub: Hub | None, *, feed: SnapshotFeed | None = None, start: bool) -> None:
         self.hub = hub
-        self._start = start and hub is not None
+        self.feed: SnapshotFeed | None = feed if feed is not None else hub
+        self._start = start
         self._started = False
         self._unsubscribe: Callable[[], None] | None = None
 
-    async def attach(self, app: App[object]) -> None:
-        if self.hub is None:
+    async def attach(self, app: MessagePump) -> None:
+        if self.feed is None:
             return
 
         def deliver(snapshot: FleetSnapshot) -> None:
             # Runs on the hub's loop: post and return; a newer snapshot replaces a queued one.
             app.post_message(SnapshotArrived(snapshot))
 
-        self._unsubscribe = self.hub.subscribe(deliver)
-        if self._start:
+        self._unsubscribe = self.feed.subscribe(deliver)
+        if self._start and self.hub is not None:
             await self.hub.start()
             self._started = True
 

@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rich.color import Color as RichColor
 from rich.style import Style
 from textual.color import Color
 from textual.theme import Theme
@@ -142,7 +143,7 @@ class Palette:
 
     @classmethod
     def from_variables(cls, variables: dict[str, str]) -> Palette:
-        def color(name: str) -> Any:
+        def color(name: str) -> RichColor:
             return Color.parse(variables[name]).rich_color
 
         steps = int(variables.get("scale-steps", "0"))

@@ -32,7 +32,7 @@ from gpuconsole.readings.base import Health, Severity
 from gpuconsole.readings.fabric import ERROR_RULES, port_deltas, port_problems, port_rates
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
-from gpuconsole.tui.feed import HubFeed
+from gpuconsole.tui.feed import HubFeed, SnapshotFeed
 from gpuconsole.tui.messages import SnapshotArrived
 from gpuconsole.tui.themes import Palette, load_themes, resolve_theme_name
 from gpuconsole.tui.widgets.cells import HEALTH_GLYPH, heat_cells
@@ -225,6 +225,7 @@ class WallboardApp(App[None]):
         self,
         hub: Hub | None,
         *,
+        feed: SnapshotFeed | None = None,
         theme: str | None = WALLBOARD_THEME,
         page_s: float = 15.0,
         start_hub: bool = True,
@@ -232,6 +233,8 @@ class WallboardApp(App[None]):
         clock: Callable[[], float] = time.time,
         theme_dirs: list[Path] | None = None,
     ) -> None:
+        """`hub`: the hub this wallboard reads (None: `snapshot` only), its snapshots through
+        `feed` where given (an ssh session's, paced), else from the hub itself."""
         super().__init__()
         self.hub = hub
         self.page_s = page_s
@@ -241,7 +244,7 @@ class WallboardApp(App[None]):
         self.current: Page | None = None  # the page on screen
         self.paused = False
         self.read_only = True
-        self._feed = HubFeed(hub, start=start_hub)
+        self._feed = HubFeed(hub, feed=feed, start=start_hub)
         themes = load_themes([user_themes_dir()] if theme_dirs is None else theme_dirs)
         for loaded in themes.values():
             self.register_theme(loaded)

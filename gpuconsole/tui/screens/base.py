@@ -40,6 +40,11 @@ class BaseView(Screen[None]):
     # Extra help lines for keys that belong to a focused widget rather than the screen.
     HELP_EXTRA: tuple[tuple[str, str], ...] = ()
 
+    # What the view is about, for the views opened from it (events, placement help) and for
+    # a fleet's hub (whose agent to read in full): None for every node, or every GPU.
+    node_name: str | None = None
+    gpu_index: int | None = None
+
     def __init__(self) -> None:
         super().__init__()
         self._applied: FleetSnapshot | None = None

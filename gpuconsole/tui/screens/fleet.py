@@ -15,7 +15,7 @@ from textual.binding import Binding
 from textual.widgets import Static
 
 from gpuconsole import format as fmt
-from gpuconsole.facts import summaries as S
+from gpuconsole.facts import summaries
 from gpuconsole.hardware import short_model
 from gpuconsole.readings.base import Health
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
@@ -56,7 +56,7 @@ class Sort(enum.StrEnum):
 
 
 def sort_key(
-    sort: Sort, facts: Mapping[str, S.NodeFacts]
+    sort: Sort, facts: Mapping[str, summaries.NodeFacts]
 ) -> Callable[[NodeSnapshot], tuple[float | str, str]]:
     """Worst or busiest first, then by name."""
     if sort is Sort.NAME:
@@ -64,21 +64,25 @@ def sort_key(
     if sort is Sort.HEALTH:
         return lambda n: (_HEALTH_RANK[facts[n.node].health], n.node)
     if sort is Sort.UTIL:
-        return lambda n: (-(S.mean(g.util_gpu_pct for g in n.gpus) or -1.0), n.node)
+        return lambda n: (-(summaries.mean(g.util_gpu_pct for g in n.gpus) or -1.0), n.node)
     if sort is Sort.TEMP:
-        return lambda n: (-(S.node_hottest_c(n) or -1.0), n.node)
+        return lambda n: (-(summaries.node_hottest_c(n) or -1.0), n.node)
     if sort is Sort.POWER:
-        return lambda n: (-(S.node_power_w(n) or -1.0), n.node)
+        return lambda n: (-(summaries.node_power_w(n) or -1.0), n.node)
     return lambda n: (-facts[n.node].counts.free, n.node)
 
 
 def row_cells(
-    node: NodeSnapshot, facts: S.NodeFacts, metric: S.Metric, palette: Palette, now: float
+    node: NodeSnapshot,
+    facts: summaries.NodeFacts,
+    metric: summaries.Metric,
+    palette: Palette,
+    now: float,
 ) -> tuple[Cell, ...]:
     """The cells of one node's row, in COLUMNS order."""
     health, counts = facts.health, facts.counts
-    seen = S.oldest_ok(node)
-    stale = S.stale_sources(node)
+    seen = summaries.oldest_ok(node)
+    stale = summaries.stale_sources(node)
     seen_text = Text(fmt.age(seen, now) if seen is not None else fmt.NA)
     if stale:
         seen_text.stylize(palette.health[Health.STALE])
@@ -87,12 +91,12 @@ def row_cells(
     name.append(node.node, style=palette.health[health] if health is not Health.OK else "")
     return (
         name,
-        short_model(S.node_model(node)),
-        heat_cells(S.gpu_rows(node), metric, palette),
-        facet_lights(S.facets(node), palette),
+        short_model(summaries.node_model(node)),
+        heat_cells(summaries.gpu_rows(node), metric, palette),
+        facet_lights(summaries.facets(node), palette),
         f"{counts.free}/{counts.total}",
-        fmt.kilowatts(S.node_power_w(node)),
-        fmt.celsius(S.node_hottest_c(node)),
+        fmt.kilowatts(summaries.node_power_w(node)),
+        fmt.celsius(summaries.node_hottest_c(node)),
         seen_text,
     )
 
@@ -117,13 +121,13 @@ class FleetScreen(BaseView):
 
     def __init__(self) -> None:
         super().__init__()
-        self.metric = S.Metric.UTIL
+        self.metric = summaries.Metric.UTIL
         self.sort = Sort.NAME
         self.query_text = ""
         self._latest: dict[str, NodeSnapshot] = {}  # newest reading of every row
         self._shown: dict[str, NodeSnapshot] = {}  # the reading each row's cells show
         # every node's health and counts, with the reading they were worked out from
-        self._facts: dict[str, tuple[NodeSnapshot, S.NodeFacts]] = {}
+        self._facts: dict[str, tuple[NodeSnapshot, summaries.NodeFacts]] = {}
         self._summary: Text | None = None  # the summary line on screen
 
     def crumbs(self) -> list[str]:
@@ -142,7 +146,7 @@ class FleetScreen(BaseView):
         facts = self._update_facts(snapshot.nodes)
         nodes = snapshot.nodes
         if self.query_text:
-            nodes = tuple(n for n in nodes if S.matches(n, self.query_text))
+            nodes = tuple(n for n in nodes if summaries.matches(n, self.query_text))
         ordered = (
             sorted(nodes, key=sort_key(self.sort, facts)) if self.sort is not Sort.NAME else nodes
         )
@@ -151,21 +155,21 @@ class FleetScreen(BaseView):
         self._latest = {n.node: n for n in ordered}
         if force or set(keys) != set(table.row_keys):
             self._shown.clear()
-            table.set_label("gpus", f"GPUs: {S.metric_unit(self.metric)}")
+            table.set_label("gpus", f"GPUs: {summaries.metric_unit(self.metric)}")
             table.set_rows((n.node, placeholder_cells(n)) for n in ordered)
         elif keys != list(table.row_keys):
             table.reorder(keys)
         self._fill_visible()
         self._show_summary(facts)
 
-    def _update_facts(self, nodes: tuple[NodeSnapshot, ...]) -> dict[str, S.NodeFacts]:
+    def _update_facts(self, nodes: tuple[NodeSnapshot, ...]) -> dict[str, summaries.NodeFacts]:
         """Health and counts of every node, worked out once per reading of that node."""
         seen = self._facts
         self._facts = {}
-        facts: dict[str, S.NodeFacts] = {}
+        facts: dict[str, summaries.NodeFacts] = {}
         for node in nodes:
             hit = seen.get(node.node)
-            found = hit[1] if hit is not None and hit[0] is node else S.node_facts(node)
+            found = hit[1] if hit is not None and hit[0] is node else summaries.node_facts(node)
             self._facts[node.node] = (node, found)
             facts[node.node] = found
         return facts
@@ -187,9 +191,9 @@ class FleetScreen(BaseView):
             table.update_row(name, row_cells(node, facts, metric, palette, now))
             self._shown[name] = node
 
-    def _show_summary(self, facts: dict[str, S.NodeFacts]) -> None:
+    def _show_summary(self, facts: dict[str, summaries.NodeFacts]) -> None:
         # every node, not only the rows in view: counts, not rows, keep 1,000 nodes cheap
-        counts = S.GpuCounts.add_up(f.counts for f in facts.values())
+        counts = summaries.GpuCounts.add_up(f.counts for f in facts.values())
         lost, guests = counts.lost, counts.passthrough
         bad = sum(1 for f in facts.values() if f.health in _NEEDS_A_LOOK)
         text = Text(no_wrap=True, overflow="ellipsis")
@@ -197,13 +201,13 @@ class FleetScreen(BaseView):
                     f"{counts.free} free")  # fmt: skip
         if guests:
             text.append(f" · {guests} ")
-            text.append(S.PASSTHROUGH_GLYPH, style=self.palette.passthrough_fg)
+            text.append(summaries.PASSTHROUGH_GLYPH, style=self.palette.passthrough_fg)
             text.append(" vfio")
         if lost:
             text.append(f" · {lost} lost", style=self.palette.health[Health.CRITICAL])
         if bad:
             text.append(f" · {bad} need a look", style=self.palette.health[Health.WARNING])
-        text.append(f" · cells: {S.metric_unit(self.metric)} · sort: {self.sort.value}")
+        text.append(f" · cells: {summaries.metric_unit(self.metric)} · sort: {self.sort.value}")
         if self.query_text:
             text.append(f" · filter: {self.query_text}", style="bold")
         if text != self._summary:  # on a busy fleet the counts hold still more than not

@@ -16,7 +16,7 @@ from textual.containers import Container, VerticalScroll
 from textual.widgets import Static
 
 from gpuconsole import format as fmt
-from gpuconsole.facts import summaries as S
+from gpuconsole.facts import summaries
 from gpuconsole.facts.inventory import GpuRow
 from gpuconsole.facts.ownership import GpuOwner
 from gpuconsole.hardware import model_spec
@@ -57,22 +57,22 @@ def owner_rows(
     """Each owner of a GPU: who, tenant, identifiers, since when and which source said so;
     then what does not add up about it."""
     if owner is None:
-        why = S.pending_panel(node, "tenancy") or "tenancy: no reading for this GPU"
+        why = summaries.pending_panel(node, "tenancy") or "tenancy: no reading for this GPU"
         return [("owner", Text(why, style=palette.dim))]
     rows: list[tuple[str, RenderableType]] = []
-    stale = S.stale_words(node, "tenancy")
+    stale = summaries.stale_words(node, "tenancy")
     if stale is not None:
         rows.append(("stale", Text(stale, style=palette.health[Health.STALE])))
     for held in owner.owners:
         rows.append(("owner", Text(held.label, style="bold")))
         rows.append(("  tenant", held.tenant or fmt.NA))
-        ids = S.owner_ids(held)
+        ids = summaries.owner_ids(held)
         if ids:
             rows.append(("  identifiers", ids))
         if held.state is not None:
             rows.append(("  guest state", held.state))
-        rows.append(("  since", S.owner_since(held, now)))
-        rows.append(("  said by", S.owner_source(held)))
+        rows.append(("  since", summaries.owner_since(held, now)))
+        rows.append(("  said by", summaries.owner_source(held)))
     for problem in owner.all_problems:
         health = Health.CRITICAL if problem.severity is Severity.CRITICAL else Health.WARNING
         rows.append(("problem", Text(problem.message, style=palette.health[health])))
@@ -83,7 +83,7 @@ def readings_box(
     node: NodeSnapshot, row: GpuRow, gpu: GpuReading, palette: Palette
 ) -> RenderableType:
     state = health_light(gpu_health(gpu), palette)
-    state.append(f" {S.gpu_state_words(gpu)}")
+    state.append(f" {summaries.gpu_state_words(gpu)}")
     throttle = Text(fmt.throttle_words(gpu.throttle_reasons, include_idle=True))
     if any(r != "gpu_idle" for r in gpu.throttle_reasons):
         throttle.stylize(palette.health[Health.WARNING])
@@ -91,7 +91,7 @@ def readings_box(
     energy_w = energy / 1000.0 if energy is not None else None
     return kv([
         ("state", state),
-        ("model", gpu.name if gpu.name != "unknown" else (S.row_model(row) or gpu.name)),
+        ("model", gpu.name if gpu.name != "unknown" else (summaries.row_model(row) or gpu.name)),
         ("uuid", gpu.uuid if gpu.uuid == row.uuid else f"{row.uuid or fmt.NA} (the driver's)"),
         ("serial / module", f"{gpu.serial or fmt.NA} / {fmt.number(gpu.module_id)}"),
         # a GPU lost before NVML read it has no bus id there; sysfs still has it
@@ -124,12 +124,12 @@ def unseen_box(row: GpuRow, palette: Palette) -> RenderableType:
     """What the host knows of a GPU NVML cannot see: its sysfs identity (owners: `owner_rows`)."""
     pci, owner = row.pci, row.owner
     state = Text()
-    state.append(S.PASSTHROUGH_GLYPH if row.passthrough else S.UNSEEN_GLYPH,
+    state.append(summaries.PASSTHROUGH_GLYPH if row.passthrough else summaries.UNSEEN_GLYPH,
                  style=palette.passthrough_fg if row.passthrough else palette.dim)  # fmt: skip
-    state.append(f" {S.unseen_words(row)}")
+    state.append(f" {summaries.unseen_words(row)}")
     rows: list[tuple[str, RenderableType]] = [
         ("state", state),
-        ("model", S.row_model(row) or fmt.NA),
+        ("model", summaries.row_model(row) or fmt.NA),
         ("PCI bus", row.bus_id),
         ("PCI device", f"10de:{pci.device_id:04x}" if pci and pci.device_id else fmt.NA),
         ("uuid", row.uuid or f"{fmt.NA} (only the nvidia driver reports it)"),
@@ -230,7 +230,7 @@ def processes_box(node: NodeSnapshot, gpu: GpuReading) -> RenderableType:
     for proc in gpu.processes:
         gi = "-" if proc.gpu_instance_id is None else str(proc.gpu_instance_id)
         ci = "-" if proc.compute_instance_id is None else str(proc.compute_instance_id)
-        owner = S.process_owner(node, gpu, proc.pid)
+        owner = summaries.process_owner(node, gpu, proc.pid)
         table.add_row(
             str(proc.pid), fmt.bytes_(proc.used_mem_bytes), f"{gi}/{ci}",
             owner.label if owner is not None else fmt.NA,
@@ -254,7 +254,7 @@ def mig_box(node: NodeSnapshot, gpu: GpuReading) -> RenderableType:
             f"{fmt.number(mig.placement_start)}+{mig.slice_count}",
             fmt.mem_of(mig.mem_used_bytes, mig.mem_total_bytes),
             fmt.pct(mig.gpm.sm_util_pct if mig.gpm else None),
-            S.mig_owner(node, gpu, mig.gpu_instance_id),
+            summaries.mig_owner(node, gpu, mig.gpu_instance_id),
         )  # fmt: skip
     return table
 
@@ -326,6 +326,7 @@ class GpuScreen(BaseView):
         Binding("a", "assign", "Assign"),  # only for those who may act (check_action)
     ]
     HELP_EXTRA = (("↑ ↓ PgUp PgDn", "scroll"),)
+    node_name: str
 
     def __init__(
         self, node_name: str, gpu_index: int | None = None, *, bus_id: str | None = None
@@ -342,7 +343,7 @@ class GpuScreen(BaseView):
 
     def _row(self, node: NodeSnapshot) -> GpuRow | None:
         """This GPU's row; once found, followed by bus id, whatever NVML renumbers."""
-        rows = S.gpu_rows(node)
+        rows = summaries.gpu_rows(node)
         if self.bus_id is None:
             found = next((r for r in rows if r.index is not None and r.index == self.gpu_index),
                          None)  # fmt: skip
@@ -402,7 +403,7 @@ class GpuScreen(BaseView):
         readings.update(unseen_box(row, palette))
         owners = owner_rows(node, row.owner, palette, self.console.clock())
         self.query_one("#box-owner", Static).update(kv(owners))
-        spec = model_spec(S.row_model(row))
+        spec = model_spec(summaries.row_model(row))
         for box_id, _title in BOXES[2:]:
             if box_id == "spec" and spec is not None:
                 content: RenderableType = spec_box(spec.name)

@@ -13,7 +13,7 @@ from textual.containers import Horizontal
 from textual.widgets import Static
 
 from gpuconsole import format as fmt
-from gpuconsole.facts import summaries as S
+from gpuconsole.facts import summaries
 from gpuconsole.facts.inventory import GpuRow, ownership_problems
 from gpuconsole.hardware import product_name, short_model
 from gpuconsole.readings.base import Health, Severity
@@ -61,10 +61,10 @@ def ecc_text(gpu: GpuReading, palette: Palette) -> Text:
 def gpu_label(row: GpuRow, palette: Palette) -> Text:
     """'● 3' for a GPU NVML numbers; '◆ 52:00.0' (its bus id) for one a guest holds."""
     if row.index is not None:
-        label = health_light(S.row_health(row), palette)
+        label = health_light(summaries.row_health(row), palette)
         label.append(f" {row.index}")
         return label
-    glyph = S.PASSTHROUGH_GLYPH if row.passthrough else S.UNSEEN_GLYPH
+    glyph = summaries.PASSTHROUGH_GLYPH if row.passthrough else summaries.UNSEEN_GLYPH
     label = Text()
     label.append(glyph, style=palette.passthrough_fg if row.passthrough else palette.dim)
     label.append(f" {row.short_bus[:5]}")
@@ -76,11 +76,11 @@ def gpu_row(node: NodeSnapshot, row: GpuRow, palette: Palette) -> tuple[Cell, ..
     label = gpu_label(row, palette)
     gpu = row.reading
     if gpu is None:
-        why = Text(S.unseen_words(row), style=palette.dim)
+        why = Text(summaries.unseen_words(row), style=palette.dim)
         na = fmt.NA
         return (label, na, "", na, na, na, na, why, na, row.label)
     if gpu.lost:
-        lost = Text(S.gpu_state_words(gpu), style=palette.health[Health.CRITICAL])
+        lost = Text(summaries.gpu_state_words(gpu), style=palette.health[Health.CRITICAL])
         return (label, Text("LOST", style=palette.health[Health.CRITICAL]), "", "", "", "", "",
                 lost, "", row.label)  # fmt: skip
     history = node.history
@@ -113,15 +113,15 @@ def gpu_row(node: NodeSnapshot, row: GpuRow, palette: Palette) -> tuple[Cell, ..
 def node_info(node: NodeSnapshot, palette: Palette, now: float) -> Text:
     """Two lines about the node: what it is, and how fresh each source is."""
     nvml = node.nvml
-    rows = S.gpu_rows(node)
+    rows = summaries.gpu_rows(node)
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append_text(health_light(node.health, palette, word=True))
-    product = product_name(node.profile) or short_model(S.node_model(node))
-    text.append(f"  {product} · {len(rows)}\u00d7 {short_model(S.node_model(node))}")
+    product = product_name(node.profile) or short_model(summaries.node_model(node))
+    text.append(f"  {product} · {len(rows)}\u00d7 {short_model(summaries.node_model(node))}")
     guests = sum(1 for r in rows if r.passthrough)
     if guests:
         text.append(f" ({guests} ")
-        text.append(S.PASSTHROUGH_GLYPH, style=palette.passthrough_fg)
+        text.append(summaries.PASSTHROUGH_GLYPH, style=palette.passthrough_fg)
         text.append(" vfio-pci, not in NVML)")
     if nvml is not None:
         text.append(
@@ -136,7 +136,7 @@ def node_info(node: NodeSnapshot, palette: Palette, now: float) -> Text:
             since = fmt.clock_time(status.stale_since)
             text.append(f"{status.source}: stale since {since} ({status.error or '?'})  ",
                         style=palette.health[Health.STALE])  # fmt: skip
-    for source in S.PENDING_SOURCES:
+    for source in summaries.PENDING_SOURCES:
         if node.status(source) is None:
             text.append(f"{source}: not configured  ", style=palette.dim)
     return text
@@ -144,7 +144,7 @@ def node_info(node: NodeSnapshot, palette: Palette, now: float) -> Text:
 
 def owners_text(node: NodeSnapshot, palette: Palette) -> Text:
     """Who holds which GPUs, after what does not add up about it (that first: it matters)."""
-    pending = S.pending_panel(node, "tenancy")
+    pending = summaries.pending_panel(node, "tenancy")
     if pending is not None:
         lines = [pending]
         procs = sum(len(g.processes) for g in node.gpus)
@@ -156,7 +156,7 @@ def owners_text(node: NodeSnapshot, palette: Palette) -> Text:
         health = Health.CRITICAL if problem.severity is Severity.CRITICAL else Health.WARNING
         text.append(f"{HEALTH_GLYPH[health]} {problem.message}\n", style=palette.health[health])
     owners: dict[str, list[str]] = {}
-    for row in S.gpu_rows(node):
+    for row in summaries.gpu_rows(node):
         where = str(row.index) if row.index is not None else row.short_bus[:5]
         owners.setdefault(row.label, []).append(where)
     text.append("\n".join(f"{o}: GPU {', '.join(w)}" for o, w in sorted(owners.items())))
@@ -173,6 +173,7 @@ class NodeScreen(BaseView):
         Binding("a", "assign", "Assign"),  # only for those who may act (check_action)
     ]
     HELP_EXTRA = (("↑ ↓", "move between GPUs"),)
+    node_name: str
 
     def __init__(self, node_name: str) -> None:
         super().__init__()
@@ -210,14 +211,14 @@ class NodeScreen(BaseView):
         if force or node is not self._shown_node:
             self._update_table(node, palette, force)
             self._shown_node = node
-        update_text(self.query_one("#panel-bmc", Static), S.bmc_panel(node))
-        update_text(self.query_one("#panel-fabric", Static), S.fabric_panel(node))
+        update_text(self.query_one("#panel-bmc", Static), summaries.bmc_panel(node))
+        update_text(self.query_one("#panel-fabric", Static), summaries.fabric_panel(node))
         update_text(self.query_one("#panel-owners", Static), owners_text(node, palette))
 
     def _update_table(self, node: NodeSnapshot, palette: Palette, force: bool) -> None:
         """Every GPU's cells; the table draws again only the rows whose cells changed."""
         table = self.table
-        rows = S.gpu_rows(node)
+        rows = summaries.gpu_rows(node)
         self._rows = {row.bus_id: row for row in rows}
         cells = [(row.bus_id, gpu_row(node, row, palette)) for row in rows]
         if force or list(self._rows) != list(table.row_keys):
@@ -244,11 +245,6 @@ class NodeScreen(BaseView):
             from gpuconsole.tui.screens.gpu import GpuScreen
 
             self.app.push_screen(GpuScreen(self.node_name, bus_id=row.bus_id))
-
-    @property
-    def gpu_index(self) -> int | None:
-        """Nothing is narrowed to one GPU here; events opened from a node show all of them."""
-        return None
 
     def on_row_table_row_selected(self, event: RowTable.RowSelected) -> None:
         self._open(self._rows.get(event.key))

@@ -17,7 +17,7 @@ from textual.containers import Container, VerticalScroll
 from textual.widgets import Static
 
 from gpuconsole import format as fmt
-from gpuconsole.facts import summaries as S
+from gpuconsole.facts import summaries
 from gpuconsole.hardware import GpuModel, model_spec
 from gpuconsole.readings.nvml import GpmMetrics, GpuReading, MigInstance
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
@@ -128,7 +128,7 @@ def _gpm_cells(gpm: GpmMetrics | None) -> list[str]:
 
 def holder_owner(node: NodeSnapshot, gpu: GpuReading, holder: Holder) -> tuple[str, str]:
     """(owner, tenant) of a holder: a MIG instance's own owner, else the whole GPU's."""
-    owner = S.gpu_ownership(node, gpu)
+    owner = summaries.gpu_ownership(node, gpu)
     if owner is None:
         return fmt.NA, fmt.NA
     if holder.instance is None:
@@ -136,7 +136,7 @@ def holder_owner(node: NodeSnapshot, gpu: GpuReading, holder: Holder) -> tuple[s
     mig = owner.mig(holder.instance.gpu_instance_id)
     if mig is None:
         return fmt.NA, fmt.NA
-    return S.mig_owner(node, gpu, mig.gpu_instance_id), mig.owner.tenant or fmt.NA
+    return summaries.mig_owner(node, gpu, mig.gpu_instance_id), mig.owner.tenant or fmt.NA
 
 
 def holders_table(node: NodeSnapshot, gpu: GpuReading, palette: Palette) -> Table:
@@ -196,6 +196,8 @@ class SmMapScreen(BaseView):
     """The SMs of one GPU, by holder."""
 
     HELP_EXTRA = (("↑ ↓", "scroll"),)
+    node_name: str
+    gpu_index: int
 
     def __init__(self, node_name: str, gpu_index: int) -> None:
         super().__init__()

@@ -22,7 +22,7 @@ from textual.containers import Container, ScrollableContainer
 from textual.widgets import Static
 
 from gpuconsole import format as fmt
-from gpuconsole.facts import summaries as S
+from gpuconsole.facts import summaries
 from gpuconsole.facts.inventory import GpuRow
 from gpuconsole.facts.pairing import gpu_nics, nic_order
 from gpuconsole.hardware import short_model
@@ -134,7 +134,7 @@ def pairings(node: NodeSnapshot) -> list[Pairing]:
     fabric = node.fabric
     used = gpu_nics(fabric) if fabric is not None else {}
     out = []
-    for row in S.gpu_rows(node):
+    for row in summaries.gpu_rows(node):
         affinity = fabric.gpu(row.bus_id) if fabric is not None and ":" in row.bus_id else None
         choice = used.get(affinity.pci_bus_id) if affinity is not None else None
         if choice is not None and choice.falls_back:
@@ -167,7 +167,7 @@ def matrix(node: NodeSnapshot, palette: Palette) -> Text:
 
     Laid out in fixed columns like `nvidia-smi topo -m`, so it scrolls instead of squeezing.
     """
-    rows = S.gpu_rows(node)
+    rows = summaries.gpu_rows(node)
     fabric = node.fabric
     devices = nics(fabric)
     topo = node.nvml.gpu_topology if node.nvml is not None else ()
@@ -227,8 +227,8 @@ def matrix(node: NodeSnapshot, palette: Palette) -> Text:
             code = seen_by.get(row.bus_id, {}).get(device.name, "?")
             text.append(code.ljust(width), style=level_style(code, palette))
         levels = {lv.device: lv.level for lv in device.levels}
-        for other in devices:
-            code = levels.get(other.name, "X" if other is device else "?")
+        for peer in devices:
+            code = levels.get(peer.name, "X" if peer is device else "?")
             text.append(code.ljust(width), style=level_style(code, palette))
         text.append("-".ljust(18))
         text.append(fmt.number(device.numa_node))
@@ -239,7 +239,7 @@ def nic_legend(node: NodeSnapshot, palette: Palette) -> Text:
     """NIC# to device, netdev, role, rate and state, as the fabric source read them."""
     fabric = node.fabric
     if fabric is None:
-        return Text(S.pending_panel(node, "fabric") or fmt.NA, style=palette.dim)
+        return Text(summaries.pending_panel(node, "fabric") or fmt.NA, style=palette.dim)
     text = Text()
     for i, device in enumerate(nics(fabric)):
         text.append(f"NIC{i}: {device.name}")
@@ -259,7 +259,7 @@ def nic_legend(node: NodeSnapshot, palette: Palette) -> Text:
 def _gpu_label(row: GpuRow, palette: Palette) -> Text:
     text = Text()
     if row.index is None:
-        glyph = S.PASSTHROUGH_GLYPH if row.passthrough else S.UNSEEN_GLYPH
+        glyph = summaries.PASSTHROUGH_GLYPH if row.passthrough else summaries.UNSEEN_GLYPH
         text.append(f"{glyph} ", style=palette.passthrough_fg if row.passthrough else palette.dim)
         text.append(f"GPU {row.short_bus}  {row.driver or 'no driver'}")
         return text
@@ -286,8 +286,8 @@ def pci_tree(node: NodeSnapshot, palette: Palette) -> RenderableType:
     GPUs and NICs one or a few bridges apart (PIX, PXB) share a switch; the reading has no
     bridge addresses, so each switch (or switch tree) is one branch.
     """
-    rows = S.gpu_rows(node)
-    root = Tree(f"{node.node}  {len(rows)}\u00d7 {short_model(S.node_model(node))}",
+    rows = summaries.gpu_rows(node)
+    root = Tree(f"{node.node}  {len(rows)}\u00d7 {short_model(summaries.node_model(node))}",
                 guide_style="dim")  # fmt: skip
     fabric = node.fabric
     if fabric is None:
@@ -301,7 +301,7 @@ def pci_tree(node: NodeSnapshot, palette: Palette) -> RenderableType:
             branch = root.add(f"NUMA {fmt.number(numa)}")
             for row in members:
                 branch.add(_gpu_label(row, palette))
-        root.add(Text("PCIe switches and NICs: " + (S.pending_panel(node, "fabric") or fmt.NA),
+        root.add(Text("PCIe switches and NICs: " + (summaries.pending_panel(node, "fabric") or fmt.NA),
                       style=palette.dim))  # fmt: skip
         return root
 
@@ -420,10 +420,10 @@ def gpudirect_box(node: NodeSnapshot, palette: Palette) -> RenderableType:
     """Each GPU → its NIC (path), its owner, and what is wrong with the pairing, in colour."""
     fabric = node.fabric
     if fabric is None:
-        return Text(S.pending_panel(node, "fabric") or fmt.NA, style=palette.dim)
+        return Text(summaries.pending_panel(node, "fabric") or fmt.NA, style=palette.dim)
     found = pairings(node)
     lines = Text()
-    stale = S.stale_words(node, "fabric")
+    stale = summaries.stale_words(node, "fabric")
     if stale is not None:
         lines.append(stale + "\n", style=palette.health[Health.STALE])
     lines.append_text(rails_line(fabric, palette))
@@ -468,7 +468,7 @@ def _key(node: NodeSnapshot) -> Hashable:
          r.reading.numa_node if r.reading else None,
          tuple((lk.active, lk.remote_kind, lk.remote_pci_bus_id) for lk in r.reading.nvlinks)
          if r.reading else ())
-        for r in S.gpu_rows(node)
+        for r in summaries.gpu_rows(node)
     )  # fmt: skip
     status = node.status("fabric")
     return (
@@ -485,6 +485,7 @@ class TopologyScreen(BaseView):
     """How a node's GPUs, NICs and CPUs connect, and who owns each GPU."""
 
     HELP_EXTRA = (("↑ ↓ ← →", "scroll"),)
+    node_name: str
 
     def __init__(self, node_name: str) -> None:
         super().__init__()
