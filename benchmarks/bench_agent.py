@@ -28,7 +28,7 @@ import time
 import aiohttp
 
 from benchmarks.timing import cpu_us
-from gpuconsole.export.agent import Agent, AgentSettings, serve
+from gpuconsole.export.agent import Agent, serve
 from gpuconsole.export.collector import MetricsCache
 from gpuconsole.hub import Hub
 from gpuconsole.readings.snapshot import FleetSnapshot
@@ -39,6 +39,7 @@ from gpuconsole.sim.cluster import (
     build_sim_nodes,
     demo_hub,
 )
+from gpuconsole.wiring import AgentSettings
 
 ROUNDS = 2000
 FRESH_ROUNDS = 300

@@ -43,9 +43,9 @@ from aiohttp import web
 
 from gpuconsole.config import FleetConfig
 from gpuconsole.export.agent import Body, respond, snapshot_body
-from gpuconsole.fleet import fleet_hub
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.snapshot import FleetSnapshot
+from gpuconsole.wiring import fleet_hub
 
 NODES = 1000
 SECONDS = 20

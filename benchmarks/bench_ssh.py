@@ -33,7 +33,8 @@ LATENCY_ROUNDS = 2
 
 async def _serve(folder: Path) -> None:
     from gpuconsole.sim.cluster import demo_hub
-    from gpuconsole.ssh.server import ConsoleServer, SshSettings, console_factory
+    from gpuconsole.ssh.server import ConsoleServer, console_factory
+    from gpuconsole.wiring import SshSettings
 
     hub = demo_hub(interval_s=1.0)
     settings = SshSettings(

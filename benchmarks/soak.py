@@ -92,7 +92,7 @@ async def _serve(folder: Path, history_points: int, trace: bool) -> None:
     # entries (textual issue 6665); the soak fills it before judging memory.
     from textual._styles_cache import StylesCache
 
-    from gpuconsole.export.agent import Agent, AgentSettings
+    from gpuconsole.export.agent import Agent
     from gpuconsole.hub import Hub, HubSettings
     from gpuconsole.sim.cluster import (
         add_sim_bmc_sources,
@@ -102,7 +102,8 @@ async def _serve(folder: Path, history_points: int, trace: bool) -> None:
     )
     from gpuconsole.sim.fabric import add_sim_fabric_sources
     from gpuconsole.sim.tenancy import add_sim_tenancy_sources
-    from gpuconsole.ssh.server import ConsoleServer, SshSettings, console_factory
+    from gpuconsole.ssh.server import ConsoleServer, console_factory
+    from gpuconsole.wiring import AgentSettings, SshSettings
 
     if trace:
         import tracemalloc

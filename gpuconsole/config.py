@@ -19,6 +19,9 @@ from typing import Any, get_type_hints
 
 from gpuconsole import paths
 
+# The ports the agent and the ssh server listen on where a listen address names none.
+AGENT_PORT, SSH_PORT = 9400, 2222
+
 
 def _doc(text: str, **limits: Any) -> dict[str, Any]:
     return {"doc": text, **limits}
@@ -302,7 +305,9 @@ class UiConfig:
 class AgentConfig:
     """[agent]: the headless exporter (`gpuconsole agent`)."""
 
-    listen: str = field(default="127.0.0.1:9400", metadata=_doc("HOST:PORT to serve /metrics on"))
+    listen: str = field(
+        default=f"127.0.0.1:{AGENT_PORT}", metadata=_doc("HOST:PORT to serve /metrics on")
+    )
     tls_cert: str = field(default="", metadata=_doc("PEM certificate file; empty: plain HTTP"))
     tls_key: str = field(default="", metadata=_doc("PEM key file for tls_cert"))
     basic_auth_user: str = field(default="", metadata=_doc("Require HTTP basic auth as this user"))
@@ -315,7 +320,7 @@ class AgentConfig:
 class SshConfig:
     """[ssh]: the ssh-in console (`gpuconsole ssh-server`)."""
 
-    listen: str = field(default="0.0.0.0:2222", metadata=_doc("HOST:PORT to accept ssh on"))
+    listen: str = field(default=f"0.0.0.0:{SSH_PORT}", metadata=_doc("HOST:PORT to accept ssh on"))
     authorized_keys: str = field(
         default="",
         metadata=_doc(
@@ -449,6 +454,25 @@ class Config:
 
 class ConfigError(Exception):
     """A config file that cannot be used, with the key and line that are wrong."""
+
+
+def parse_listen(text: str, default_port: int = AGENT_PORT) -> tuple[str, int]:
+    """'HOST:PORT', ':PORT', 'HOST' or '[::1]:PORT' to (host, port)."""
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest.removeprefix(":")
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host, port_text = text, ""
+    try:
+        port = int(port_text) if port_text else default_port
+    except ValueError:
+        raise ValueError(f"listen address {text!r}: port must be a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"listen address {text!r}: port out of range")
+    return host or "0.0.0.0", port
 
 
 _SECTIONS = [f.name for f in dataclasses.fields(Config) if f.name != "path"]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from gpuconsole.config import HubConfig
 from gpuconsole.counters import RateTracker
 from gpuconsole.history import HistoryStore
 from gpuconsole.readings.agents import REMOTE_PARTS, RemoteReading
@@ -50,7 +51,7 @@ class _NodeState:
     rates: dict[str, dict[Key, float]] = field(default_factory=dict)
     deltas: dict[str, dict[Key, int]] = field(default_factory=dict)
     trackers: dict[str, RateTracker] = field(default_factory=dict)
-    history: HistoryStore = field(default_factory=lambda: HistoryStore(300))
+    history: HistoryStore = field(default_factory=lambda: HistoryStore(HubConfig.history_points))
     snapshot: NodeSnapshot | None = None
     sources: list[_SourceState] = field(default_factory=list)
     last_xid: dict[str, int] = field(default_factory=dict)
@@ -58,12 +59,12 @@ class _NodeState:
 
 @dataclass(frozen=True)
 class HubSettings:
-    """Knobs of the data loop; every one has a default."""
+    """Knobs of the data loop; [hub] in the config declares the defaults of those it sets."""
 
-    history_points: int = 300
-    event_log_size: int = 2000
+    history_points: int = HubConfig.history_points
+    event_log_size: int = HubConfig.event_log_size
     snapshot_events: int = 200
-    max_backoff_s: float = 60.0
+    max_backoff_s: float = HubConfig.max_backoff_s
     publish_gap_s: float = 0.2
 
 

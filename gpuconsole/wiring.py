@@ -1,6 +1,7 @@
-"""Config becomes objects here: the hubs a process runs (this machine's own sources, or the
-simulated cluster) and the executors that act on GPUs, for every mode (console, agent, ssh
-server, wallboard, actions).
+"""Config becomes objects here, and only here: the hubs a process runs (this machine's own
+sources, a head's fleet of agents, or the simulated cluster), the settings of the agent and
+the ssh server, the secrets their files hold, and the executors that act on GPUs, for every
+mode (console, agent, ssh server, wallboard, actions).
 
 A console builds the same executors as `gpuconsole assign` (`node_executor`, `demo_executor`)
 with its hub's `post_event` as `emit`, so that every step and outcome lands in its Events view.
@@ -9,26 +10,64 @@ with its hub's `post_event` as `emit`, so that every step and outcome lands in i
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from gpuconsole import paths
-from gpuconsole.config import Config, ConfigError
+from gpuconsole.config import (
+    SSH_PORT,
+    AgentConfig,
+    Config,
+    ConfigError,
+    FleetConfig,
+    SshConfig,
+    parse_listen,
+)
 from gpuconsole.hub import Hub, HubSettings
 
 if TYPE_CHECKING:
-    from gpuconsole.actions.executor import Executor, StepUpdate
+    from gpuconsole.actions.executor import Executor, Outcome, StepUpdate
+    from gpuconsole.actions.over_ssh import RemoteExecutor, SshTarget
     from gpuconsole.actions.placement import Placement
-    from gpuconsole.actions.plan import Target
+    from gpuconsole.actions.plan import PlanContext, Target
     from gpuconsole.actions.store import ActionStore
     from gpuconsole.readings.snapshot import NodeSnapshot
     from gpuconsole.sources.base import EmitEvent
     from gpuconsole.sources.bmc import BmcSource
+    from gpuconsole.sources.targets import FleetMember
     from gpuconsole.sources.tenancy import TenancySource
+
+log = logging.getLogger(__name__)
+
+
+# --- secrets -----------------------------------------------------------------------------
+
+
+def read_secret(path: Path, what: str) -> str:
+    """The text of a file that holds a secret (every password file is read here): a
+    warning when others may read it, which never shows the secret; ConfigError naming
+    `what` when it cannot be read."""
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        log.warning(
+            "%s: %s is readable by others (mode %o); chmod 600 it", what, path, mode & 0o777
+        )
+    return text
+
+
+# --- hubs and their sources ----------------------------------------------------------------
 
 
 def hub_settings(cfg: Config) -> HubSettings:
+    """The data loop's knobs that [hub] sets."""
     return HubSettings(
         history_points=cfg.hub.history_points,
         event_log_size=cfg.hub.event_log_size,
@@ -106,7 +145,6 @@ def tenancy_source(cfg: Config) -> TenancySource:
 def bmc_sources(cfg: Config) -> list[BmcSource]:
     """A BMC source per [[bmc]] entry, all sharing one bound on concurrent polls."""
     from gpuconsole.sources.bmc import BmcError, BmcPool, BmcTarget, source_for
-    from gpuconsole.sources.bmc.source import read_password
 
     pool = BmcPool()
     sources = []
@@ -124,7 +162,9 @@ def bmc_sources(cfg: Config) -> list[BmcSource]:
         try:
             password = entry.password
             if entry.password_file:
-                password = read_password(entry.password_file, target.label)
+                file = Path(entry.password_file).expanduser()
+                text = read_secret(file, f"{target.label}: password_file")
+                password = text.splitlines()[0] if text else ""
             target = dataclasses.replace(target, password=password)
             sources.append(
                 source_for(
@@ -150,6 +190,157 @@ def sim_hub(cfg: Config, nodes: int | None, seed: int | None, *, events: bool = 
         tenancy=cfg.tenancy.enabled,
         fabric_interval_s=cfg.fabric.interval_s,
         tenancy_interval_s=cfg.tenancy.interval_s,
+    )
+
+
+def demo_bmc_source(cfg: Config, node: str) -> BmcSource | None:
+    """The BMC of a node of the simulated cluster; None when the simulator has no such node."""
+    from gpuconsole.sim.bmc import sim_link
+    from gpuconsole.sim.cluster import build_sim_nodes, demo_cluster
+    from gpuconsole.sources.bmc import BmcSource
+
+    sims = {n.name: n for n in build_sim_nodes(demo_cluster(cfg.demo.nodes or None))}
+    if node not in sims:
+        return None
+    return BmcSource(node, sim_link(sims[node]), simulated=True)
+
+
+def members(cfg: FleetConfig) -> list[FleetMember]:
+    """Every member the config names, in order: one per node name and one per agent URL."""
+    from gpuconsole.sources.targets import Found, distinct, parse_agent, read_targets
+
+    found: list[Found] = []
+    for i, entry in enumerate(cfg.agents):
+        try:
+            found.append(Found(parse_agent(entry), "=" in entry))
+        except ValueError as exc:
+            raise ConfigError(f"[fleet] agents[{i}]: {exc}") from None
+    if cfg.targets_file:
+        found.extend(read_targets(Path(cfg.targets_file).expanduser()))
+    return distinct(found)
+
+
+def fleet_hub(cfg: FleetConfig, settings: HubSettings | None = None) -> Hub:
+    """A hub that reads every member through its agent, with one bounded client; with
+    [fleet] prometheus, the overview from Prometheus and only the drill-down from agents."""
+    # Here, not at the top: the HTTP client (aiohttp) costs a one-shot command a third of
+    # its CPU, and a node with no [fleet] never needs it.
+    from gpuconsole.sources.agents import AgentClient, RemoteSource, quiet_collector
+    from gpuconsole.sources.promql import PrometheusReader, PromQLSource
+
+    quiet_collector()
+    hub = Hub(settings)
+    client = AgentClient(cfg.max_connections)
+    reader = None
+    if cfg.prometheus:
+        reader = PrometheusReader(
+            cfg.prometheus,
+            client,
+            selector=cfg.prometheus_selector,
+            interval_s=cfg.interval_s,
+            timeout_s=cfg.timeout_s,
+        )
+    for member in members(cfg):
+        agent = RemoteSource(
+            member.node, member.url, client, interval_s=cfg.interval_s, timeout_s=cfg.timeout_s
+        )
+        if reader is None:
+            hub.add_source(agent)
+        else:
+            hub.add_source(PromQLSource(member.node, member.address, reader, agent))
+    return hub
+
+
+def console_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
+    """A head's hub when [fleet] names agents; this node's own sources otherwise."""
+    if members(cfg.fleet):
+        return fleet_hub(cfg.fleet, hub_settings(cfg))
+    return node_hub(cfg, one_shot=one_shot)
+
+
+# --- the servers' settings ---------------------------------------------------------------
+
+_AGENT_HOST, _AGENT_PORT = parse_listen(AgentConfig.listen)
+_SSH_HOST, _SSH_PORT = parse_listen(SshConfig.listen, SSH_PORT)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Where and how the agent listens; [agent] in the config declares the defaults."""
+
+    host: str = _AGENT_HOST
+    port: int = _AGENT_PORT
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    basic_auth_user: str | None = None
+    basic_auth_password: str | None = None
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    """How the ssh server listens, whom it lets in, and how it treats sessions; [ssh] in
+    the config declares the defaults of those it sets."""
+
+    host: str = _SSH_HOST
+    port: int = _SSH_PORT
+    host_key: Path = field(default_factory=lambda: paths.state_dir() / "ssh_host_ed25519_key")
+    authorized_keys: Path = field(default_factory=lambda: paths.config_dir() / "authorized_keys")
+    password_file: Path | None = None
+    max_sessions: int = SshConfig.max_sessions
+    idle_timeout_s: float = SshConfig.idle_timeout_s  # 0: never; the wallboard never times out
+    wallboard_user: str = SshConfig.wallboard_user
+    output_buffer_bytes: int = SshConfig.output_buffer_bytes
+    color_system: str = SshConfig.color_system
+    login_timeout_s: float = 30.0
+    keepalive_s: float = 30.0
+
+
+def ssh_settings(
+    cfg: Config, listen: str | None = None, authorized_keys: str | None = None
+) -> SshSettings:
+    """The ssh server's settings from the config and the command line."""
+    s = cfg.ssh
+    try:
+        host, port = parse_listen(listen or s.listen, SSH_PORT)
+    except ValueError as exc:
+        raise ConfigError(f"[ssh] listen: {exc}") from None
+    keys = authorized_keys or s.authorized_keys
+    unset = SshSettings()  # where an empty key leaves the host key and the authorized keys
+    return SshSettings(
+        host=host,
+        port=port,
+        host_key=Path(s.host_key) if s.host_key else unset.host_key,
+        authorized_keys=Path(keys) if keys else unset.authorized_keys,
+        password_file=Path(s.password_file) if s.password_file else None,
+        max_sessions=s.max_sessions,
+        idle_timeout_s=s.idle_timeout_s,
+        wallboard_user=s.wallboard_user,
+        output_buffer_bytes=s.output_buffer_bytes,
+        color_system=s.color_system,
+    )
+
+
+def agent_settings(cfg: Config, listen: str | None) -> AgentSettings:
+    """The agent's listen address, TLS and basic auth from the config and the command line."""
+    a = cfg.agent
+    try:
+        host, port = parse_listen(listen or a.listen)
+    except ValueError as exc:
+        raise ConfigError(f"[agent] listen: {exc}") from None
+    password = None
+    if a.basic_auth_user:
+        if not a.basic_auth_password_file:
+            raise ConfigError("[agent] basic_auth_user needs basic_auth_password_file")
+        password = read_secret(Path(a.basic_auth_password_file), "[agent] basic auth").strip()
+    if bool(a.tls_cert) != bool(a.tls_key):
+        raise ConfigError("[agent] tls_cert and tls_key go together")
+    return AgentSettings(
+        host=host,
+        port=port,
+        tls_cert=Path(a.tls_cert) if a.tls_cert else None,
+        tls_key=Path(a.tls_key) if a.tls_key else None,
+        basic_auth_user=a.basic_auth_user or None,
+        basic_auth_password=password,
     )
 
 
@@ -266,6 +457,95 @@ def console_executor(
             f"(ssh {node} gpuconsole assign ...)"
         )
     return node_executor(cfg, on_step, emit=emit)
+
+
+def ssh_target(cfg: Config, node: str) -> SshTarget:
+    """Where `node` is reached: [remote] destinations, else its [fleet] entry (the ssh label
+    of a targets_file entry, else its agent's host). RemoteError if neither names it."""
+    from gpuconsole.actions.over_ssh import RemoteError, SshTarget, parse_destination
+
+    remote = cfg.remote
+    text = remote.destinations.get(node)
+    if text is None:
+        found = next((m for m in members(cfg.fleet) if m.node == node), None)
+        if found is None:
+            raise RemoteError(
+                f"this is {cfg.host.node_name}, and {node} is not in [fleet] (agents or "
+                f"targets_file) nor [remote] destinations: add it, or run the command there"
+            )
+        text = found.ssh or urlsplit(found.url).hostname or node
+    try:
+        user, host, port = parse_destination(text)
+    except ValueError as exc:
+        raise ConfigError(f"[remote] / [fleet] {node}: {exc}") from None
+    return SshTarget(
+        node=node,
+        host=host,
+        port=port or remote.port or None,
+        user=user or remote.user or None,
+        identity_files=remote.identity_files,
+        known_hosts=remote.known_hosts,
+        command=remote.command,
+        connect_timeout_s=remote.connect_timeout_s,
+        keepalive_s=remote.keepalive_s,
+    )
+
+
+def remote_executor(
+    cfg: Config,
+    node: str,
+    *,
+    on_step: Callable[[StepUpdate], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
+    on_recovered: Callable[[Outcome], None] | None = None,
+    emit: EmitEvent | None = None,
+) -> RemoteExecutor:
+    """The executor for another node of the fleet: that node's own gpuconsole over ssh,
+    as this process's ssh identity. The head audits what it asked, the node what it ran.
+    RemoteError when the config does not say where `node` is."""
+    from gpuconsole.actions.over_ssh import RemoteExecutor
+    from gpuconsole.actions.store import action_store
+
+    target = ssh_target(cfg, node)
+    audit = action_store(cfg.actions).audit()
+    return RemoteExecutor(
+        target,
+        on_step=on_step,
+        on_note=on_note,
+        on_recovered=on_recovered,
+        emit=emit,
+        audit=audit,
+    )
+
+
+def simulates_tenants(hub: Hub) -> bool:
+    """Whether `hub` reads the simulator's tenants (a demo hub), which consoles can move."""
+    from gpuconsole.sim.tenancy import SimTenancySource
+
+    return any(isinstance(s, SimTenancySource) for s in hub.sources)
+
+
+def live_demo_executor(
+    hub: Hub, node: str, on_step: Callable[[StepUpdate], None] | None = None
+) -> Executor:
+    """The executor for a node of a running demo hub: it acts on the very simulator the hub
+    polls, its events posted to that hub. ValueError when the hub has no such world (yet)."""
+    from gpuconsole.sim.actions import live_executor
+
+    return live_executor(hub, node, hub.post_event, on_step)
+
+
+def live_demo_contexts(hub: Hub, nodes: Sequence[str]) -> dict[str, PlanContext]:
+    """What the Kubernetes layer of each simulated node of a running demo hub says."""
+    from gpuconsole.actions.plan import PlanContext
+    from gpuconsole.sim.actions import live_world
+
+    found = {}
+    for name in nodes:
+        world = live_world(hub, name)
+        if world is not None:
+            found[name] = PlanContext(kubernetes=True, cordoned=frozenset(world.cordoned))
+    return found
 
 
 async def propose_with(

@@ -12,23 +12,16 @@ import pytest
 from aiohttp import web
 
 from gpuconsole import codec
-from gpuconsole.export.agent import (
-    Agent,
-    AgentSettings,
-    Body,
-    accepts_gzip,
-    respond,
-    select,
-    snapshot_body,
-)
+from gpuconsole.export.agent import Agent, Body, accepts_gzip, respond, select, snapshot_body
 from gpuconsole.facts import summaries
-from gpuconsole.fleet import focus
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.fabric import port_deltas, port_problems, port_rates
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sim.cluster import add_sim_sources, build_sim_nodes, demo_cluster
 from gpuconsole.sources.agents import AgentClient, RemoteSource
+from gpuconsole.sources.focus import focus
+from gpuconsole.wiring import AgentSettings
 from tests.export_fixtures import frozen_fleet
 from tests.waiting import until
 

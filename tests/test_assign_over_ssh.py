@@ -36,7 +36,6 @@ from gpuconsole.actions.over_ssh import (
     RemoteExecutor,
     SshTarget,
     parse_destination,
-    ssh_target,
 )
 from gpuconsole.actions.plan import Layer, Plan, Step, StepKind, Target
 from gpuconsole.actions.progress import (
@@ -55,6 +54,7 @@ from gpuconsole.cli.main import main
 from gpuconsole.config import Config, FleetConfig, HostConfig, RemoteConfig, load
 from gpuconsole.readings.base import Event
 from gpuconsole.sim.actions import SimWorld
+from gpuconsole.wiring import ssh_target
 from tests.waiting import until as wait_for
 
 NODE = "dgx-003"  # of the demo cluster: its GPU 3 is free, the others held by pods

@@ -23,12 +23,14 @@ import pytest
 from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 
-from gpuconsole.export.agent import Agent, AgentSettings, accepts_gzip, parse_listen
+from gpuconsole.config import parse_listen
+from gpuconsole.export.agent import Agent, accepts_gzip
 from gpuconsole.export.collector import MetricsCache, build, families
 from gpuconsole.hub import Hub
 from gpuconsole.readings.nvml import GpmMetrics, GpuReading, MigInstance, NvLinkReading, NvmlReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sim.cluster import demo_hub
+from gpuconsole.wiring import AgentSettings
 from tests.bmc_fixtures import free_port
 from tests.export_fixtures import (
     frozen_body,

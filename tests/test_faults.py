@@ -46,7 +46,7 @@ from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.plan import Target
 from gpuconsole.actions.power import PowerRequest, power
 from gpuconsole.actions.roles import Actor, Role
-from gpuconsole.export.agent import Agent, AgentSettings
+from gpuconsole.export.agent import Agent
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.base import SourceStatus
 from gpuconsole.readings.bmc import PowerState
@@ -63,6 +63,7 @@ from gpuconsole.sources.bmc import BmcPool, BmcSource, BmcTarget, PowerAction, o
 from gpuconsole.sources.fabric import FabricSource
 from gpuconsole.sources.nvml import NvmlSource
 from gpuconsole.sources.tenancy import TenancySource
+from gpuconsole.wiring import AgentSettings
 from tests.assign_fixtures import SmallDisk, tree_picture, world
 from tests.assign_fixtures import small_disk as mounted_small_disk
 from tests.bmc_fixtures import IpmiSim, free_port, running_ipmi_sim

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from gpuconsole.cli.main import console_hub, read_capture
+from gpuconsole.cli.main import read_capture
 from gpuconsole.config import ConfigError, FleetConfig, parse
-from gpuconsole.fleet import FleetMember, members, parse_agent
 from gpuconsole.sources.agents import RemoteSource
 from gpuconsole.sources.promql import PromQLSource, overview_queries
+from gpuconsole.sources.targets import FleetMember, parse_agent
+from gpuconsole.wiring import console_hub, members
 
 
 def free_port() -> int:

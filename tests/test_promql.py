@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 
 from gpuconsole.config import FleetConfig
-from gpuconsole.export.agent import Agent, AgentSettings, select
-from gpuconsole.fleet import fleet_hub, focus
+from gpuconsole.export.agent import Agent, select
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
+from gpuconsole.sources.focus import focus
 from gpuconsole.sources.promql import Overview, parse_overview
+from gpuconsole.wiring import AgentSettings, fleet_hub
 from tests.bmc_fixtures import free_port
 from tests.export_fixtures import frozen_fleet
 from tests.peers import require_program

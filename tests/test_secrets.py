@@ -20,11 +20,11 @@ from gpuconsole import codec, config
 from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.power import PowerRequest, power
 from gpuconsole.actions.roles import Actor, Role
-from gpuconsole.export.agent import Agent, AgentSettings
+from gpuconsole.export.agent import Agent
 from gpuconsole.hub import Hub
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sources.bmc import BmcSource, PowerAction
-from gpuconsole.wiring import node_hub
+from gpuconsole.wiring import AgentSettings, node_hub
 from tests.bmc_fixtures import IPMI_PASSWORD, IpmiSim, free_port, running_ipmi_sim
 from tests.waiting import until
 

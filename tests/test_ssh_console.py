@@ -22,7 +22,8 @@ from gpuconsole.actions.power import ActionRefused, PowerRequest, power
 from gpuconsole.actions.roles import Role
 from gpuconsole.sim.cluster import demo_hub
 from gpuconsole.sources.bmc import PowerAction
-from gpuconsole.ssh.server import ConsoleServer, SessionInfo, SshSettings, console_factory
+from gpuconsole.ssh.server import ConsoleServer, SessionInfo, console_factory
+from gpuconsole.wiring import SshSettings
 from tests.waiting import until
 
 KEY_TYPE = "ssh-ed25519"

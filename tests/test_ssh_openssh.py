@@ -15,7 +15,8 @@ import asyncssh
 import pytest
 
 from gpuconsole.sim.cluster import demo_hub
-from gpuconsole.ssh.server import ConsoleServer, SshSettings, console_factory
+from gpuconsole.ssh.server import ConsoleServer, console_factory
+from gpuconsole.wiring import SshSettings
 from tests.peers import require_program
 from tests.waiting import until
 

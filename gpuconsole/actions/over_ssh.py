@@ -60,7 +60,7 @@ from gpuconsole.actions.progress import (
     read_event,
 )
 from gpuconsole.actions.roles import Actor
-from gpuconsole.config import Config, ConfigError, RemoteConfig
+from gpuconsole.config import RemoteConfig
 from gpuconsole.readings.base import Event, Severity
 from gpuconsole.sources.base import EmitEvent
 
@@ -71,7 +71,6 @@ __all__ = [
     "SshTarget",
     "connect",
     "parse_destination",
-    "ssh_target",
 ]
 
 log = logging.getLogger(__name__)
@@ -107,9 +106,9 @@ class SshTarget:
     user: str | None = None  # None: ~/.ssh/config's User, else the local user
     identity_files: tuple[str, ...] = ()  # (): ~/.ssh/id_* and the ssh agent
     known_hosts: str = ""  # "": ~/.ssh/known_hosts
-    command: str = "gpuconsole"
-    connect_timeout_s: float = 10.0
-    keepalive_s: float = 15.0
+    command: str = RemoteConfig.command
+    connect_timeout_s: float = RemoteConfig.connect_timeout_s
+    keepalive_s: float = RemoteConfig.keepalive_s
 
     @property
     def known_hosts_path(self) -> Path:
@@ -144,38 +143,6 @@ def parse_destination(text: str) -> tuple[str | None, str, int | None]:
     if not parts.hostname or parts.path:
         raise ValueError(f"ssh destination {text!r}: expected [user@]host[:port]")
     return parts.username or None, parts.hostname, port
-
-
-def ssh_target(cfg: Config, node: str) -> SshTarget:
-    """Where `node` is reached: [remote] destinations, else its [fleet] entry (the ssh label
-    of a targets_file entry, else its agent's host). RemoteError if neither names it."""
-    from gpuconsole.fleet import members
-
-    remote: RemoteConfig = cfg.remote
-    text = remote.destinations.get(node)
-    if text is None:
-        found = next((m for m in members(cfg.fleet) if m.node == node), None)
-        if found is None:
-            raise RemoteError(
-                f"this is {cfg.host.node_name}, and {node} is not in [fleet] (agents or "
-                f"targets_file) nor [remote] destinations: add it, or run the command there"
-            )
-        text = found.ssh or urlsplit(found.url).hostname or node
-    try:
-        user, host, port = parse_destination(text)
-    except ValueError as exc:
-        raise ConfigError(f"[remote] / [fleet] {node}: {exc}") from None
-    return SshTarget(
-        node=node,
-        host=host,
-        port=port or remote.port or None,
-        user=user or remote.user or None,
-        identity_files=remote.identity_files,
-        known_hosts=remote.known_hosts,
-        command=remote.command,
-        connect_timeout_s=remote.connect_timeout_s,
-        keepalive_s=remote.keepalive_s,
-    )
 
 
 # --- the ssh connection ----------------------------------------------------------------------

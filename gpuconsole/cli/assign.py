@@ -32,7 +32,13 @@ from gpuconsole.actions.progress import (
 )
 from gpuconsole.actions.roles import Actor
 from gpuconsole.config import Config
-from gpuconsole.wiring import demo_executor, node_executor, propose_demo, propose_with
+from gpuconsole.wiring import (
+    demo_executor,
+    node_executor,
+    propose_demo,
+    propose_with,
+    remote_executor,
+)
 
 if TYPE_CHECKING:
     from gpuconsole.actions.over_ssh import RemoteExecutor
@@ -341,21 +347,19 @@ async def _over_ssh(
 ) -> bool:
     """`--node` names another node of the fleet: its own gpuconsole plans and runs there, the
     plan shown and the confirmation typed here."""
-    from gpuconsole.actions.over_ssh import ContactLost, RemoteError, RemoteExecutor, ssh_target
-    from gpuconsole.actions.store import action_store
+    from gpuconsole.actions.over_ssh import ContactLost, RemoteError
 
     assert request.node is not None
     try:
-        where = ssh_target(cfg, request.node)
+        remote = remote_executor(
+            cfg,
+            request.node,
+            on_step=report.step,
+            on_note=report.note,
+            on_recovered=report.recovered,
+        )
     except RemoteError as exc:
         raise UsageError(str(exc)) from None
-    remote = RemoteExecutor(
-        where,
-        on_step=report.step,
-        on_note=report.note,
-        on_recovered=report.recovered,
-        audit=action_store(cfg.actions).audit(),
-    )
     try:
         async with remote:
             return await _on_node(remote, request, target, actor, ask, report)

@@ -8,23 +8,14 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuconsole import config as config_mod
 from gpuconsole import paths
 from gpuconsole.config import Config, ConfigError
 from gpuconsole.hub import Hub
 from gpuconsole.readings.snapshot import FleetSnapshot
-from gpuconsole.wiring import hub_settings, node_hub, sim_hub
-
-if TYPE_CHECKING:
-    from gpuconsole.export.agent import AgentSettings
-    from gpuconsole.ssh.server import SshSettings
-
-log = logging.getLogger("gpuconsole")
-
-# --- building the data loop ---------------------------------------------------------------
-
+from gpuconsole.wiring import agent_settings, console_hub, node_hub, sim_hub, ssh_settings
 
 # --- subcommands ----------------------------------------------------------------------
 
@@ -91,15 +82,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return _run_console(sim_hub(cfg, args.nodes, args.seed), theme)
 
 
-def console_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
-    """A head's hub when [fleet] names agents; this node's own sources otherwise."""
-    from gpuconsole.fleet import fleet_hub, members
-
-    if members(cfg.fleet):
-        return fleet_hub(cfg.fleet, hub_settings(cfg))
-    return node_hub(cfg, one_shot=one_shot)
-
-
 def cmd_console(args: argparse.Namespace) -> int:
     cfg = _config(args)
     return _run_console(console_hub(cfg), args.theme or cfg.ui.theme, acting=cfg)
@@ -119,33 +101,6 @@ def cmd_wallboard(args: argparse.Namespace) -> int:
     page_s = args.page_s if args.page_s is not None else cfg.wallboard.page_s
     WallboardApp(hub, theme=args.theme or cfg.wallboard.theme, page_s=page_s).run()
     return 0
-
-
-def ssh_settings(
-    cfg: Config, listen: str | None = None, authorized_keys: str | None = None
-) -> SshSettings:
-    """The ssh server's settings from the config and the command line."""
-    from gpuconsole.export.agent import parse_listen
-    from gpuconsole.ssh.server import SshSettings
-
-    s = cfg.ssh
-    try:
-        host, port = parse_listen(listen or s.listen, default_port=2222)
-    except ValueError as exc:
-        raise ConfigError(f"[ssh] listen: {exc}") from None
-    keys = authorized_keys or s.authorized_keys
-    return SshSettings(
-        host=host,
-        port=port,
-        host_key=Path(s.host_key) if s.host_key else paths.state_dir() / "ssh_host_ed25519_key",
-        authorized_keys=Path(keys) if keys else paths.config_dir() / "authorized_keys",
-        password_file=Path(s.password_file) if s.password_file else None,
-        max_sessions=s.max_sessions,
-        idle_timeout_s=s.idle_timeout_s,
-        wallboard_user=s.wallboard_user,
-        output_buffer_bytes=s.output_buffer_bytes,
-        color_system=s.color_system,
-    )
 
 
 def cmd_ssh_server(args: argparse.Namespace) -> int:
@@ -191,43 +146,6 @@ def cmd_ssh_server(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
-
-
-def agent_settings(cfg: Config, listen: str | None) -> AgentSettings:
-    """The agent's listen address, TLS and basic auth from the config and the command line."""
-    from gpuconsole.export.agent import AgentSettings, parse_listen
-
-    try:
-        host, port = parse_listen(listen or cfg.agent.listen)
-    except ValueError as exc:
-        raise ConfigError(f"[agent] listen: {exc}") from None
-    password = None
-    if cfg.agent.basic_auth_user:
-        if not cfg.agent.basic_auth_password_file:
-            raise ConfigError("[agent] basic_auth_user needs basic_auth_password_file")
-        password = read_secret(Path(cfg.agent.basic_auth_password_file), "[agent] basic auth")
-    if bool(cfg.agent.tls_cert) != bool(cfg.agent.tls_key):
-        raise ConfigError("[agent] tls_cert and tls_key go together")
-    return AgentSettings(
-        host=host,
-        port=port,
-        tls_cert=Path(cfg.agent.tls_cert) if cfg.agent.tls_cert else None,
-        tls_key=Path(cfg.agent.tls_key) if cfg.agent.tls_key else None,
-        basic_auth_user=cfg.agent.basic_auth_user or None,
-        basic_auth_password=password,
-    )
-
-
-def read_secret(path: Path, what: str) -> str:
-    """A password from a file; warns when others may read it, never echoes it."""
-    try:
-        mode = path.stat().st_mode
-        text = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None
-    if mode & 0o077:
-        log.warning("%s: %s is readable by others; chmod 600 it", what, path)
-    return text
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -280,14 +198,14 @@ def cmd_assign(args: argparse.Namespace) -> int:
     import os
     import signal
 
-    from gpuconsole.actions.roles import Actor, Role, local_actor
+    from gpuconsole.actions.roles import local_actor
     from gpuconsole.actions.ssh_caller import over_ssh
     from gpuconsole.cli.assign import AssignRequest, gpu_args, run_assign
 
     cfg = _config(args)
     actor = over_ssh(local_actor(), os.environ)
-    if args.demo and not actor.role.may_act:  # a simulated node: nobody's GPU is at stake
-        actor = Actor(actor.user, Role.OPERATOR, actor.key_fingerprint, actor.via)
+    if args.demo:
+        actor = actor.for_demo()
     if args.json_progress:
         # A head runs this over ssh: if its connection drops, the plan must still end here
         # (done or rolled back, journaled) rather than die half-way with the session.

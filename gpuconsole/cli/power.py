@@ -7,11 +7,11 @@ import asyncio
 import sys
 
 from gpuconsole.actions.power import ActionRefused, PowerRequest, power
-from gpuconsole.actions.roles import Actor, Role, local_actor
+from gpuconsole.actions.roles import local_actor
 from gpuconsole.actions.store import action_store, demo_store
 from gpuconsole.config import Config
 from gpuconsole.sources.bmc import BmcError, PowerAction
-from gpuconsole.wiring import bmc_sources
+from gpuconsole.wiring import bmc_sources, demo_bmc_source
 
 __all__ = ["run_power"]
 
@@ -20,17 +20,12 @@ def run_power(cfg: Config, node: str, state: str, confirm: str | None, *, demo: 
     """The whole command; returns its exit status (0 requested, 1 failed, 2 usage, 3 refused)."""
     actor = local_actor()
     if demo:
-        from gpuconsole.sim.bmc import sim_link
-        from gpuconsole.sim.cluster import build_sim_nodes, demo_cluster
-        from gpuconsole.sources.bmc import BmcSource
-
-        sims = {n.name: n for n in build_sim_nodes(demo_cluster(cfg.demo.nodes or None))}
-        if node not in sims:
+        simulated = demo_bmc_source(cfg, node)
+        if simulated is None:
             print(f"gpuconsole power: no simulated node {node!r}", file=sys.stderr)
             return 2
-        source = BmcSource(node, sim_link(sims[node]), simulated=True)
-        if not actor.role.may_act:  # a simulated server: nobody's machine is at stake
-            actor = Actor(actor.user, Role.OPERATOR)
+        source = simulated
+        actor = actor.for_demo()
     else:
         found = [s for s in bmc_sources(cfg) if s.node == node]
         if not found:

@@ -18,7 +18,6 @@ import secrets
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from aiohttp import web
 
@@ -27,6 +26,7 @@ from gpuconsole.export.collector import MetricsCache
 from gpuconsole.hub import Hub
 from gpuconsole.readings.agents import summarize
 from gpuconsole.readings.snapshot import FleetSnapshot
+from gpuconsole.wiring import AgentSettings
 
 log = logging.getLogger(__name__)
 
@@ -109,37 +109,6 @@ def respond(body: Body, request: web.Request) -> web.Response:
 
 
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
-
-
-@dataclass(frozen=True)
-class AgentSettings:
-    """Where and how the agent listens."""
-
-    host: str = "127.0.0.1"
-    port: int = 9400
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    basic_auth_user: str | None = None
-    basic_auth_password: str | None = None
-
-
-def parse_listen(text: str, default_port: int = 9400) -> tuple[str, int]:
-    """'HOST:PORT', ':PORT', 'HOST' or '[::1]:PORT' to (host, port)."""
-    text = text.strip()
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port_text = rest.removeprefix(":")
-    elif text.count(":") == 1:
-        host, _, port_text = text.partition(":")
-    else:
-        host, port_text = text, ""
-    try:
-        port = int(port_text) if port_text else default_port
-    except ValueError:
-        raise ValueError(f"listen address {text!r}: port must be a number") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"listen address {text!r}: port out of range")
-    return host or "0.0.0.0", port
 
 
 class Agent:

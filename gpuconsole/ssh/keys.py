@@ -27,6 +27,8 @@ from pathlib import Path
 import asyncssh
 
 from gpuconsole.actions.roles import Role
+from gpuconsole.config import ConfigError
+from gpuconsole.wiring import read_secret
 
 log = logging.getLogger(__name__)
 
@@ -162,12 +164,9 @@ def verify_password(password: str, hashed: str) -> bool:
 def load_passwords(path: Path) -> dict[str, PasswordEntry]:
     """`USER:ROLE:scrypt$SALT$HASH` lines (see `gpuconsole ssh-server --hash-password`)."""
     try:
-        text = path.read_text(encoding="utf-8")
-        mode = path.stat().st_mode
-    except OSError as exc:
-        raise KeyFileError(f"{path}: cannot read passwords: {exc.strerror}") from None
-    if mode & 0o077:
-        log.warning("%s is readable by others; chmod 600 it", path)
+        text = read_secret(path, "[ssh] password_file")
+    except ConfigError as exc:
+        raise KeyFileError(str(exc)) from None
     entries: dict[str, PasswordEntry] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()

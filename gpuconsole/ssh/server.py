@@ -16,16 +16,15 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import asyncssh
 from textual.app import App
 
-from gpuconsole import paths
 from gpuconsole.actions.roles import Actor, Role
-from gpuconsole.config import Config
+from gpuconsole.config import Config, SshConfig
 from gpuconsole.hub import Hub
 from gpuconsole.ssh.driver import BoundedOutput, SshDriver
 from gpuconsole.ssh.feed import PacedFeed
@@ -37,6 +36,7 @@ from gpuconsole.ssh.keys import (
     load_or_create_host_key,
     load_passwords,
 )
+from gpuconsole.wiring import SshSettings
 
 log = logging.getLogger(__name__)
 
@@ -50,24 +50,6 @@ PENDING_INPUT_BYTES = 4096  # input kept before a session's app takes it; then r
 # repaint costs the shared loop in proportion (2000x1000 holds it ~0.3 s; 65535x65535 would
 # hold every session for minutes). Wider than any real terminal window.
 MAX_COLUMNS, MAX_ROWS = 1024, 512
-
-
-@dataclass(frozen=True)
-class SshSettings:
-    """How the server listens, whom it lets in, and how it treats sessions."""
-
-    host: str = "0.0.0.0"
-    port: int = 2222
-    host_key: Path = field(default_factory=lambda: paths.state_dir() / "ssh_host_ed25519_key")
-    authorized_keys: Path = field(default_factory=lambda: paths.config_dir() / "authorized_keys")
-    password_file: Path | None = None
-    max_sessions: int = 32
-    idle_timeout_s: float = 1800.0  # 0: never; the wallboard never times out
-    wallboard_user: str = "wallboard"
-    output_buffer_bytes: int = 64 * 1024
-    color_system: str = "truecolor"
-    login_timeout_s: float = 30.0
-    keepalive_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -533,7 +515,7 @@ def console_factory(
     wallboard_theme: str | None,
     page_s: float,
     theme_dirs: list[Path] | None = None,
-    refresh_s: float = 1.0,
+    refresh_s: float = SshConfig.refresh_s,
     acting: Config | None = None,
 ) -> AppFactory:
     """Apps for sessions: the wallboard for the wallboard user, else the console with the

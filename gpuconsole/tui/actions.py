@@ -70,20 +70,16 @@ class MachineAccess(ActionAccess):
                 source.rediscover()
 
     def executor(self, node: str, on_step: OnStep) -> PlanExecutor:
-        from gpuconsole.wiring import console_executor
+        from gpuconsole.wiring import console_executor, remote_executor
 
         if not self.remote or node == self.cfg.host.node_name:
             return console_executor(self.cfg, node, self.emit, on_step=on_step)
-        from gpuconsole.actions.over_ssh import RemoteError, RemoteExecutor, ssh_target
-        from gpuconsole.actions.store import action_store
+        from gpuconsole.actions.over_ssh import RemoteError
 
         try:
-            target = ssh_target(self.cfg, node)
+            return remote_executor(self.cfg, node, on_step=on_step, emit=self.emit)
         except RemoteError as exc:
             raise ValueError(str(exc)) from None
-        # the head audits what it asked, the node what it ran
-        audit = action_store(self.cfg.actions).audit()
-        return RemoteExecutor(target, on_step=on_step, emit=self.emit, audit=audit)
 
     def warning(self) -> str:
         from gpuconsole.actions.store import action_store
@@ -116,26 +112,21 @@ class DemoAccess(ActionAccess):
         self.hub = hub
 
     def executor(self, node: str, on_step: OnStep) -> Executor:
-        from gpuconsole.sim.actions import live_executor
+        from gpuconsole.wiring import live_demo_executor
 
-        return live_executor(self.hub, node, self.hub.post_event, on_step)
+        return live_demo_executor(self.hub, node, on_step)
 
     async def contexts(self, nodes: Sequence[str]) -> dict[str, PlanContext]:
-        from gpuconsole.sim.actions import live_world
+        from gpuconsole.wiring import live_demo_contexts
 
-        found = {}
-        for name in nodes:
-            world = live_world(self.hub, name)
-            if world is not None:
-                found[name] = PlanContext(kubernetes=True, cordoned=frozenset(world.cordoned))
-        return found
+        return live_demo_contexts(self.hub, nodes)
 
 
 def demo_access(hub: Hub | None) -> DemoAccess | None:
     """Actions on the simulated tenants that a console's hub reads; None for a hub of real
     nodes (it needs the config: `MachineAccess`) or no hub at all (a replay)."""
-    from gpuconsole.sim.tenancy import SimTenancySource
+    from gpuconsole.wiring import simulates_tenants
 
-    if hub is not None and any(isinstance(s, SimTenancySource) for s in hub.sources):
+    if hub is not None and simulates_tenants(hub):
         return DemoAccess(hub)
     return None

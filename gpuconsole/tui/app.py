@@ -14,11 +14,11 @@ from textual.await_complete import AwaitComplete
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 
-from gpuconsole.actions.roles import Actor, Role, local_actor
-from gpuconsole.fleet import focus
+from gpuconsole.actions.roles import Actor, local_actor
 from gpuconsole.hub import Hub
 from gpuconsole.paths import user_themes_dir
 from gpuconsole.readings.snapshot import FleetSnapshot
+from gpuconsole.sources.focus import focus
 from gpuconsole.tui.actions import ActionAccess, demo_access
 from gpuconsole.tui.commands import ConsolePalette, JumpCommands
 from gpuconsole.tui.feed import HubFeed, SnapshotFeed
@@ -91,9 +91,8 @@ class ConsoleApp(App[None]):
         # How it moves GPUs: given, or the simulator a demo hub reads; None: it cannot.
         self.actions = actions if actions is not None else demo_access(hub)
         demo = actor is None and self.actions is not None and self.actions.demo
-        if demo and not self.actor.role.may_act:
-            # a local demo: nobody's GPU is at stake (as with assign --demo)
-            self.actor = Actor(self.actor.user, Role.OPERATOR)
+        if demo:
+            self.actor = self.actor.for_demo()  # a local demo, as with assign --demo
         self.cursor_blink = cursor_blink
         self.hub = hub
         self.read_only = read_only

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import stat
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -55,24 +54,6 @@ class BmcTarget:
     @property
     def label(self) -> str:
         return f"{self.protocol}://{self.host}:{self.effective_port}"
-
-
-def read_password(path: str, label: str) -> str:
-    """A password from a file (first line); warns when others may read the file."""
-    file = Path(path).expanduser()
-    try:
-        mode = file.stat().st_mode
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise BmcError(f"{label}: cannot read password_file {file}: {exc.strerror}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning(
-            "%s: password_file %s is readable by others (mode %s); run chmod 600 on it",
-            label,
-            file,
-            oct(stat.S_IMODE(mode)),
-        )
-    return text.splitlines()[0] if text else ""
 
 
 def open_link(target: BmcTarget) -> BmcLink:
