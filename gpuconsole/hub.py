@@ -27,7 +27,7 @@ from gpuconsole.history import HistoryStore
 from gpuconsole.readings.agents import REMOTE_PARTS, RemoteReading
 from gpuconsole.readings.base import Event, Key, Severity, SourceStatus
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
-from gpuconsole.sources.base import Reading, Source
+from gpuconsole.sources.base import Focusable, Reading, Source
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ class Hub:
         self._seq = 0
         self._latest: FleetSnapshot | None = None
         self._running = False
+        self._focused: dict[int, str] = {}  # viewer (a console) -> the node it drilled into
 
     # --- setup ---------------------------------------------------------------------
 
@@ -115,6 +116,19 @@ class Hub:
     @property
     def sources(self) -> list[Source]:
         return [s.source for node in self._nodes.values() for s in node.sources]
+
+    def focus(self, node: str | None, viewer: object = None) -> None:
+        """Read every detail of `node` (`viewer`, a console, drilled into it) and only the
+        overview of the nodes no viewer is in; None: `viewer` left its node. Several consoles
+        on one hub (the ssh server's sessions) each hold their own node."""
+        if node is None:
+            self._focused.pop(id(viewer), None)
+        else:
+            self._focused[id(viewer)] = node
+        wanted = set(self._focused.values())
+        for source in self.sources:
+            if isinstance(source, Focusable):
+                source.detail = source.node in wanted
 
     # --- running -------------------------------------------------------------------
 

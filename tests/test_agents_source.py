@@ -20,7 +20,6 @@ from gpuconsole.readings.fabric import port_deltas, port_problems, port_rates
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sim.cluster import add_sim_sources, build_sim_nodes, demo_cluster
 from gpuconsole.sources.agents import AgentClient, RemoteSource
-from gpuconsole.sources.focus import focus
 from gpuconsole.wiring import AgentSettings
 from tests.export_fixtures import frozen_fleet
 from tests.waiting import until
@@ -345,14 +344,14 @@ async def test_drilling_into_a_node_reads_everything_its_agent_has(
     try:
         await until(lambda: all(ok(head.latest, a.name, "nvml") for a in agents))
         assert all(not g.nvlinks for n in head.latest.nodes for g in n.gpus)  # type: ignore[union-attr]
-        focus(head, "dgx-102")
+        head.focus("dgx-102")
         await until(lambda: bool(head.latest.node("dgx-102").gpus[0].nvlinks))  # type: ignore[union-attr]
         theirs = agents[1].hub.latest.node("dgx-102")  # type: ignore[union-attr]
         ours = head.latest.node("dgx-102")  # type: ignore[union-attr]
         assert ours is not None and theirs is not None
         assert len(ours.gpus[0].nvlinks) == len(theirs.gpus[0].nvlinks) == 18
         assert not head.latest.node("dgx-101").gpus[0].nvlinks  # type: ignore[union-attr]
-        focus(head, None)
+        head.focus(None)
         await until(lambda: not head.latest.node("dgx-102").gpus[0].nvlinks)  # type: ignore[union-attr]
     finally:
         await head.stop()

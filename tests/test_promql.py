@@ -19,7 +19,6 @@ from gpuconsole.export.agent import Agent, select
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
-from gpuconsole.sources.focus import focus
 from gpuconsole.sources.promql import Overview, parse_overview
 from gpuconsole.wiring import AgentSettings, fleet_hub
 from tests.bmc_fixtures import free_port
@@ -229,7 +228,7 @@ async def test_the_overview_from_prometheus_is_what_the_agents_report(
         assert hot is not None and hot.bmc is not None and hot.bmc.fans_failed == 1
         # the overview has no per-link NVLink readings; drilling in reads the agent for them
         assert all(g.nvlinks == () for g in hot.gpus)
-        focus(hub, NAMED)
+        hub.focus(NAMED)
         await until(lambda: bool(hub.latest.node(NAMED).gpus[0].nvlinks))  # type: ignore[union-attr]
         drilled = hub.latest.node(NAMED)
         assert drilled is not None
@@ -237,7 +236,7 @@ async def test_the_overview_from_prometheus_is_what_the_agents_report(
         assert node_view(drilled) == node_view(agents[0].node)
         other = hub.latest.node(members[2])
         assert other is not None and all(g.nvlinks == () for g in other.gpus)
-        focus(hub, None)
+        hub.focus(None)
         await until(lambda: not hub.latest.node(NAMED).gpus[0].nvlinks)  # type: ignore[union-attr]
     finally:
         await hub.stop()

@@ -41,5 +41,14 @@ class Source(Protocol):
         """Release what `start` opened. Called once, even after errors."""
 
 
+@runtime_checkable
+class Focusable(Protocol):
+    """A source that reads an overview of its node (an agent's summary, Prometheus) until a
+    viewer drills into the node; then `detail` asks it for everything."""
+
+    node: str
+    detail: bool
+
+
 class SourceUnavailable(Exception):
     """The thing a source reads is absent (no driver, no socket): a clear, final message."""

@@ -18,7 +18,6 @@ from gpuconsole.actions.roles import Actor, local_actor
 from gpuconsole.hub import Hub
 from gpuconsole.paths import user_themes_dir
 from gpuconsole.readings.snapshot import FleetSnapshot
-from gpuconsole.sources.focus import focus
 from gpuconsole.tui.actions import ActionAccess, demo_access
 from gpuconsole.tui.commands import ConsolePalette, JumpCommands
 from gpuconsole.tui.feed import HubFeed, SnapshotFeed
@@ -225,7 +224,7 @@ class ConsoleApp(App[None]):
         """A fleet's hub reads this node's agent in full while this console shows it."""
         if self.hub is not None and node != self._drilled:
             self._drilled = node
-            focus(self.hub, node, viewer=self)
+            self.hub.focus(node, viewer=self)
 
     def _to_fleet(self) -> None:
         while len(self.screen_stack) > 1 and not isinstance(self.screen, FleetScreen):
