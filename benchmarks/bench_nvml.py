@@ -24,7 +24,7 @@ from gpuconsole.readings.nvml import NvmlReading
 from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.profiles import DGX_H100
-from gpuconsole.sources.nvml import NvmlSource
+from gpuconsole.sources.nvml.source import NvmlSource
 
 GPUS = len(DGX_H100.gpus)
 POLLS = 120

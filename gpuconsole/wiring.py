@@ -78,7 +78,8 @@ def hub_settings(cfg: Config) -> HubSettings:
 def node_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
     """The hub for this machine's own sources, as the config says; `one_shot` for a single
     reading (nothing to watch for: no actions of other processes)."""
-    from gpuconsole.sources.nvml import NvmlSource, load_pynvml
+    from gpuconsole.sources.nvml.lib import load_pynvml
+    from gpuconsole.sources.nvml.source import NvmlSource
 
     hub = Hub(hub_settings(cfg))
     node = cfg.host.node_name

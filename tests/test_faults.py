@@ -61,7 +61,7 @@ from gpuconsole.sim.profiles import DGX_H100
 from gpuconsole.sources.agents import AgentClient, RemoteSource
 from gpuconsole.sources.bmc import BmcPool, BmcSource, BmcTarget, PowerAction, open_link
 from gpuconsole.sources.fabric import FabricSource
-from gpuconsole.sources.nvml import NvmlSource
+from gpuconsole.sources.nvml.source import NvmlSource
 from gpuconsole.sources.tenancy import TenancySource
 from gpuconsole.wiring import AgentSettings
 from tests.assign_fixtures import SmallDisk, tree_picture, world

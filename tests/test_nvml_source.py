@@ -14,7 +14,7 @@ from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100, NodeProfile
 from gpuconsole.sources.base import SourceUnavailable
-from gpuconsole.sources.nvml import NvmlSource, cpulist
+from gpuconsole.sources.nvml.source import NvmlSource, cpulist
 
 
 class Clock:

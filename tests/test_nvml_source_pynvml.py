@@ -99,7 +99,7 @@ def test_the_table_costs_at_most_four_calls_per_gpu_on_the_real_binding(
 import json
 import re
 from gpuconsole.sim.fakenvml import call_counts
-from gpuconsole.sources.nvml import NvmlSource
+from gpuconsole.sources.nvml.source import NvmlSource
 source = NvmlSource("n", events=False, detail_every=1000, inventory_every=1000)
 source.collect(); source.collect()
 before = sum(call_counts().values())
@@ -115,7 +115,7 @@ print(json.dumps({"per_gpu": (sum(call_counts().values()) - before) / 10 / len(r
 def test_gpm_reads_through_the_real_binding(fake_nvml_env: FakeNvmlEnv) -> None:
     body = """
 import json, time
-from gpuconsole.sources.nvml import NvmlSource
+from gpuconsole.sources.nvml.source import NvmlSource
 source = NvmlSource("n", events=False, detail_every=1)
 source.collect(); time.sleep(0.2)
 gpu = source.collect().gpus[0]
@@ -129,7 +129,7 @@ def test_xid_events_arrive_through_the_event_set(fake_nvml_env: FakeNvmlEnv) -> 
     body = """
 import asyncio, json
 from gpuconsole.hub import Hub
-from gpuconsole.sources.nvml import NvmlSource
+from gpuconsole.sources.nvml.source import NvmlSource
 async def main():
     hub = Hub()
     hub.add_source(NvmlSource("n", interval_s=0.2))
@@ -151,7 +151,7 @@ def test_ecc_events_arrive_through_the_event_set(fake_nvml_env: FakeNvmlEnv) -> 
     body = """
 import asyncio, json
 from gpuconsole.hub import Hub
-from gpuconsole.sources.nvml import NvmlSource
+from gpuconsole.sources.nvml.source import NvmlSource
 async def main():
     hub = Hub()
     hub.add_source(NvmlSource("n", interval_s=0.2))
@@ -176,7 +176,7 @@ def test_without_pcie_byte_counters_the_drivers_own_rate_is_read(
     body = """
 import json, time
 from gpuconsole.sim.fakenvml import call_counts
-from gpuconsole.sources.nvml import NvmlSource
+from gpuconsole.sources.nvml.source import NvmlSource
 source = NvmlSource("n", events=False, detail_every=1)
 source.collect(); time.sleep(0.1)
 gpu = source.collect().gpus[0]
@@ -195,7 +195,7 @@ def test_gpm_buffers_are_freed_through_the_real_binding(fake_nvml_env: FakeNvmlE
     body = """
 import asyncio, json, time
 from gpuconsole.sim.fakenvml import call_counts
-from gpuconsole.sources.nvml import NvmlSource
+from gpuconsole.sources.nvml.source import NvmlSource
 source = NvmlSource("n", events=False, detail_every=1)
 source.collect(); time.sleep(0.11); source.collect()
 asyncio.run(source.close())

@@ -8,7 +8,7 @@ from gpuconsole.sim.node import NODE_SCENARIO_KINDS, SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.plans import plan_for
 from gpuconsole.sim.profiles import DGX_H100, get_profile
-from gpuconsole.sources.nvml import NvmlSource
+from gpuconsole.sources.nvml.source import NvmlSource
 from tests.conftest_tui import frozen_fleet
 
 T0 = 1000.0

@@ -222,7 +222,7 @@ async def test_the_demo_has_guests_pods_a_job_free_gpus_and_a_flagged_lost_gpu()
     from gpuconsole.sim.cluster import build_sim_nodes, demo_cluster
     from gpuconsole.sim.nvml import SimNvml
     from gpuconsole.sim.tenancy import SimTenancySource
-    from gpuconsole.sources.nvml import NvmlSource
+    from gpuconsole.sources.nvml.source import NvmlSource
 
     now = [1000.0]
     sims = build_sim_nodes(demo_cluster(), clock=lambda: now[0], start=1000.0)

@@ -335,7 +335,7 @@ def test_after_a_plan_runs_this_machines_nvml_enumerates_its_gpus_again() -> Non
     from gpuconsole.sim.node import SimNode
     from gpuconsole.sim.nvml import SimNvml
     from gpuconsole.sim.profiles import DGX_H100
-    from gpuconsole.sources.nvml import NvmlSource
+    from gpuconsole.sources.nvml.source import NvmlSource
     from gpuconsole.tui.actions import MachineAccess
 
     hub = Hub()

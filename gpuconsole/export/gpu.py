@@ -7,7 +7,7 @@ from gpuconsole.export.families import Families, Labels, Spec
 from gpuconsole.export.ownership import PodLabels
 from gpuconsole.readings.nvml import GpmMetrics, GpuReading
 from gpuconsole.readings.snapshot import NodeSnapshot, gpu_health
-from gpuconsole.sources.nvml import THROTTLE_BITS
+from gpuconsole.sources.nvml.lib import THROTTLE_BITS
 
 MIB = 1024 * 1024
 HEALTH_STATES = ("ok", "warning", "critical", "stale", "unknown")

@@ -291,7 +291,7 @@ class SimWorld:
         """The node as the console would read it: the real NVML and tenancy sources, and
         with `fabric` the fabric source too (GPU-NIC affinity, for placement help)."""
         from gpuconsole.sim.nvml import SimNvml
-        from gpuconsole.sources.nvml import NvmlSource
+        from gpuconsole.sources.nvml.source import NvmlSource
         from gpuconsole.sources.tenancy import TenancySource
 
         await asyncio.to_thread(self.tree.refresh)

@@ -14,7 +14,7 @@ from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.plans import plan_for
 from gpuconsole.sim.profiles import get_profile
 from gpuconsole.sources.base import EmitEvent
-from gpuconsole.sources.nvml import NvmlSource
+from gpuconsole.sources.nvml.source import NvmlSource
 
 
 @dataclass(frozen=True, slots=True)

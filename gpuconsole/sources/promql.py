@@ -46,7 +46,7 @@ from gpuconsole.readings.nvml import (
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.agents import AgentClient, RemoteSource
 from gpuconsole.sources.base import EmitEvent
-from gpuconsole.sources.nvml import THROTTLE_BITS
+from gpuconsole.sources.nvml.lib import THROTTLE_BITS
 from gpuconsole.sources.xid import describe_xid
 
 MIB = 1024 * 1024

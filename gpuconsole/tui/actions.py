@@ -63,7 +63,7 @@ class MachineAccess(ActionAccess):
     def executed(self, node: str) -> None:
         # NVML numbers GPUs when it starts: one bound to or from nvidia shows only after
         # the node's NVML source restarts.
-        from gpuconsole.sources.nvml import NvmlSource
+        from gpuconsole.sources.nvml.source import NvmlSource
 
         for source in self.hub.sources if self.hub is not None else ():
             if isinstance(source, NvmlSource) and source.node == node:

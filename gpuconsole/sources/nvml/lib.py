@@ -1,0 +1,178 @@
+"""NVML itself: the library to load, its return codes and field ids, and the one call wrapper
+that turns an NVML error into a value (None, a remembered NotSupported) or GpuLostError.
+
+The codes and ids are the ABI, so the same for pynvml, the fake library and the simulator.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from gpuconsole.readings.nvml import RemoteKind
+from gpuconsole.sources.base import SourceUnavailable
+
+# nvmlReturn_t values
+OK = 0
+NOT_SUPPORTED = 3
+NO_PERMISSION = 4
+NOT_FOUND = 6
+DRIVER_NOT_LOADED = 9
+TIMEOUT = 10
+LIBRARY_NOT_FOUND = 12
+FUNCTION_NOT_FOUND = 13
+GPU_IS_LOST = 15
+UNSUPPORTED_CODES = (NOT_SUPPORTED, FUNCTION_NOT_FOUND)
+
+# nvmlFieldValue ids (pynvml NVML_FI_DEV_*)
+FI_ECC_SBE_VOL = 3
+FI_ECC_DBE_VOL = 4
+FI_ECC_SBE_AGG = 5
+FI_ECC_DBE_AGG = 6
+FI_PERF_POLICY_POWER = 74  # = NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP
+FI_PERF_POLICY_SYNC_BOOST = 76  # = NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST
+FI_MEMORY_TEMP = 82
+FI_TOTAL_ENERGY = 83
+FI_NVLINK_LINK_COUNT = 91
+FI_PCIE_REPLAY = 94
+FI_NVLINK_TX = 138
+FI_NVLINK_RX = 139
+FI_REMAPPED_COR = 142
+FI_REMAPPED_UNC = 143
+FI_REMAPPED_PENDING = 144
+FI_REMAPPED_FAILURE = 145
+FI_POWER_INSTANT = 186
+FI_PCIE_TX_BYTES = 197
+FI_PCIE_RX_BYTES = 198
+FI_SW_THERMAL_NS = 269
+FI_HW_THERMAL_NS = 270
+FI_HW_POWER_BRAKE_NS = 271
+# Clock-event reasons the driver also counts (nanoseconds held, since driver load).
+THROTTLE_COUNTERS: tuple[tuple[int, str], ...] = (
+    (FI_PERF_POLICY_POWER, "sw_power_cap"),
+    (FI_PERF_POLICY_SYNC_BOOST, "sync_boost"),
+    (FI_SW_THERMAL_NS, "sw_thermal_slowdown"),
+    (FI_HW_THERMAL_NS, "hw_thermal_slowdown"),
+    (FI_HW_POWER_BRAKE_NS, "hw_power_brake_slowdown"),
+)
+TABLE_FIELDS = (
+    FI_POWER_INSTANT,
+    FI_TOTAL_ENERGY,
+    FI_MEMORY_TEMP,
+    FI_ECC_SBE_VOL,
+    FI_ECC_DBE_VOL,
+    FI_ECC_SBE_AGG,
+    FI_ECC_DBE_AGG,
+    FI_REMAPPED_COR,
+    FI_REMAPPED_UNC,
+    FI_REMAPPED_PENDING,
+    FI_REMAPPED_FAILURE,
+    FI_PCIE_REPLAY,
+    FI_PCIE_TX_BYTES,
+    FI_PCIE_RX_BYTES,
+    *(fid for fid, _reason in THROTTLE_COUNTERS),
+)
+
+# nvmlFieldValue_t: fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn, value
+FIELD_VALUE = struct.Struct("<II16xII8s")
+# nvmlValueType_t to the union member it fills
+VALUE_TYPES = {
+    kind: struct.Struct(fmt)
+    for kind, fmt in {0: "<d", 1: "<I4x", 2: "<Q", 3: "<Q", 4: "<q", 5: "<i4x", 6: "<H6x"}.items()
+}
+
+# nvmlClocksEventReason bits, in the words the UI shows
+THROTTLE_BITS: tuple[tuple[int, str], ...] = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+
+ARCHITECTURES = {
+    2: "kepler",
+    3: "maxwell",
+    4: "pascal",
+    5: "volta",
+    6: "turing",
+    7: "ampere",
+    8: "ada",
+    9: "hopper",
+    10: "blackwell",
+}
+VIRTUALIZATION = {0: "none", 1: "passthrough", 2: "vgpu", 3: "host_vgpu", 4: "host_vsga"}
+FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+REMOTE_KINDS = {0: RemoteKind.GPU, 1: RemoteKind.IBMNPU, 2: RemoteKind.NVSWITCH}
+TOPO_CODES = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+PCIE_UTIL_TX, PCIE_UTIL_RX = 0, 1  # nvmlPcieUtilCounter_t
+NA_ID = 0xFFFFFFFF  # a process's GPU or compute instance where it has none
+
+
+class GpuLostError(Exception):
+    """NVML said GPU_IS_LOST for this GPU."""
+
+
+def load_pynvml(library: str) -> Any:
+    """pynvml bound to a particular libnvidia-ml.so (instead of the system's)."""
+    import pynvml
+
+    try:
+        pynvml.nvmlLib = ctypes.CDLL(library)
+    except OSError as exc:
+        raise SourceUnavailable(f"NVML library {library} cannot be loaded: {exc}") from None
+    return pynvml
+
+
+def system_pynvml() -> Any:
+    """pynvml as installed, on the system's libnvidia-ml.so."""
+    try:
+        import pynvml
+    except ImportError as exc:  # pragma: no cover - it is a dependency
+        raise SourceUnavailable("nvidia-ml-py is not installed") from exc
+    return pynvml
+
+
+def text(value: Any) -> str:
+    """An NVML string (bytes from older pynvml) as str."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Answers(Protocol):
+    """What `call` remembers of one GPU's answers."""
+
+    unsupported: set[str]
+    reprobe: set[str]
+    errors: list[str]
+
+
+def call(
+    lib: Any, gpu: Answers, key: str, fn: Callable[..., Any] | None, *args: Any, **kwargs: Any
+) -> Any:
+    """Call NVML for one GPU; NotSupported is remembered (and asked once more after each
+    inventory round), another error is noted on the GPU, GPU_IS_LOST raises."""
+    if key in gpu.unsupported:
+        if key not in gpu.reprobe:
+            return None
+        gpu.reprobe.discard(key)
+        gpu.unsupported.discard(key)  # added again below if still NotSupported
+    if fn is None:
+        gpu.unsupported.add(key)
+        return None
+    try:
+        return fn(*args, **kwargs)
+    except lib.NVMLError as exc:
+        code = getattr(exc, "value", None)
+        if code in UNSUPPORTED_CODES:
+            gpu.unsupported.add(key)
+            return None
+        if code == GPU_IS_LOST:
+            raise GpuLostError(str(exc)) from None
+        gpu.errors.append(f"{key}: {exc}")
+        return None

@@ -1,0 +1,729 @@
+"""The NVML source: every GPU of this node through nvidia-ml-py (or a library shaped like it).
+
+The same code runs against the real libnvidia-ml.so, the fake one built from C in this
+repo, and the in-process simulator (`gpuconsole.sim.nvml.SimNvml`): only `lib` differs.
+
+Cost matters (every NVML call is a trip into the kernel driver), so readings are tiered:
+- identity, limits and PCI topology: once;
+- the table's metrics, every poll: one batched nvmlDeviceGetFieldValues plus
+  utilization, memory and temperature (4 calls per GPU). The batch carries the driver's
+  clock-event time counters too: a reason whose counter moved since the last poll held the
+  clocks down in between, so a throttle shows at the poll after it starts;
+- the SM clock, P-state, the throttle bitmask (for reasons without a counter), processes
+  and GPM: every `detail_every` polls (NVML has no field for the current clock);
+- PCIe link state, NVLink state, MIG layout, fabric state: every `inventory_every` polls.
+A call a GPU answers NotSupported is remembered for that GPU and asked again only once
+per inventory round (a fault can pass); a GPU that is lost (XID 79) is marked so while
+the others keep polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+from gpuconsole.format import THROTTLE_WORDS
+from gpuconsole.readings.base import Event, Severity
+from gpuconsole.readings.nvml import (
+    EccReading,
+    GpuReading,
+    GpuState,
+    NvLinkReading,
+    NvmlReading,
+    PcieReading,
+    ProcessReading,
+    RemoteKind,
+)
+from gpuconsole.sources.base import EmitEvent, SourceUnavailable
+from gpuconsole.sources.nvml import mig_gpm
+from gpuconsole.sources.nvml.events import event_from, watch_events
+from gpuconsole.sources.nvml.lib import (
+    ARCHITECTURES,
+    DRIVER_NOT_LOADED,
+    FABRIC_STATES,
+    FI_ECC_DBE_AGG,
+    FI_ECC_DBE_VOL,
+    FI_ECC_SBE_AGG,
+    FI_ECC_SBE_VOL,
+    FI_MEMORY_TEMP,
+    FI_NVLINK_LINK_COUNT,
+    FI_NVLINK_RX,
+    FI_NVLINK_TX,
+    FI_PCIE_REPLAY,
+    FI_PCIE_RX_BYTES,
+    FI_PCIE_TX_BYTES,
+    FI_POWER_INSTANT,
+    FI_REMAPPED_COR,
+    FI_REMAPPED_FAILURE,
+    FI_REMAPPED_PENDING,
+    FI_REMAPPED_UNC,
+    FI_TOTAL_ENERGY,
+    FIELD_VALUE,
+    GPU_IS_LOST,
+    LIBRARY_NOT_FOUND,
+    NA_ID,
+    NO_PERMISSION,
+    OK,
+    PCIE_UTIL_RX,
+    PCIE_UTIL_TX,
+    REMOTE_KINDS,
+    TABLE_FIELDS,
+    THROTTLE_BITS,
+    THROTTLE_COUNTERS,
+    TOPO_CODES,
+    UNSUPPORTED_CODES,
+    VALUE_TYPES,
+    VIRTUALIZATION,
+    GpuLostError,
+    call,
+    system_pynvml,
+    text,
+)
+from gpuconsole.sources.nvml.state import GpuRecord, LinkRecord
+
+log = logging.getLogger(__name__)
+
+# Reasons that are not a slowdown worth an event, and the ones that mean heat or power trouble.
+BENIGN_THROTTLE = frozenset({"gpu_idle", "applications_clocks_setting", "display_clock_setting"})
+HOT_THROTTLE = frozenset(
+    {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
+)
+
+
+def cpulist(words: Sequence[int]) -> str:
+    """Bitmask words (64 bits each, lowest CPU first) to a cpulist like '0-55,112-167'."""
+    cpus = [w * 64 + b for w, word in enumerate(words) for b in range(64) if word >> b & 1]
+    parts: list[str] = []
+    start = prev = None
+    for cpu in cpus:
+        if prev is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        if start is not None:
+            parts.append(f"{start}-{prev}" if start != prev else f"{start}")
+        start = prev = cpu
+    if start is not None:
+        parts.append(f"{start}-{prev}" if start != prev else f"{start}")
+    return ",".join(parts)
+
+
+class NvmlSource:
+    """Reads every GPU of one node through NVML."""
+
+    kind: ClassVar[str] = "nvml"
+
+    def __init__(
+        self,
+        node: str,
+        *,
+        lib: Any = None,
+        interval_s: float = 1.0,
+        timeout_s: float = 5.0,
+        detail_every: int = 2,
+        inventory_every: int = 30,
+        events: bool = True,
+        simulated: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.detail_every = max(1, detail_every)
+        self.inventory_every = max(1, inventory_every)
+        self.simulated = simulated
+        self._want_events = events
+        self._lib = lib
+        self._clock = clock
+        self._initialized = False
+        self._gpus: list[GpuRecord] = []
+        self._pci_topology: list[list[str]] = []
+        self._gpu_topology: tuple[tuple[str, ...], ...] = ()  # changes with the inventory tier
+        self._versions: tuple[str | None, str | None, str | None] = (None, None, None)
+        self._round = 0
+        self._emit: EmitEvent | None = None
+        self._stop = threading.Event()
+        self._event_thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._rediscover = threading.Event()
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def start(self, emit: EmitEvent) -> None:
+        self._emit = emit
+        await asyncio.to_thread(self._ensure_init)
+
+    async def poll(self) -> NvmlReading:
+        return await asyncio.to_thread(self.collect)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._shutdown)
+
+    def rediscover(self) -> None:
+        """Enumerate the GPUs again before the next poll. NVML numbers the GPUs the nvidia
+        driver holds when it starts, so after a GPU is bound to or from it (an assign)
+        only a restart of NVML shows the change."""
+        self._rediscover.set()
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        thread = self._event_thread
+        if thread is not None:
+            thread.join(5.0)
+            self._event_thread = None
+        # A later start() discovers afresh: tiers count from the first poll again.
+        self._round = 0
+        if self._initialized:
+            for gpu in self._gpus:
+                mig_gpm.free_gpm(self._lib, gpu)
+                for mig in gpu.migs:
+                    mig_gpm.free_gpm(self._lib, mig)
+            try:
+                self._lib.nvmlShutdown()
+            except Exception as exc:
+                log.debug("nvmlShutdown: %s", exc)
+            self._initialized = False
+
+    # --- init ------------------------------------------------------------------------
+
+    def _ensure_init(self) -> None:
+        with self._lock:
+            if self._initialized:
+                return
+            if self._lib is None:
+                self._lib = system_pynvml()
+            lib = self._lib
+            try:
+                lib.nvmlInit()
+            except lib.NVMLError as exc:
+                code = getattr(exc, "value", None)
+                if code == LIBRARY_NOT_FOUND:
+                    raise SourceUnavailable(
+                        "NVML not available: libnvidia-ml.so.1 not found "
+                        "(is the NVIDIA driver installed?)"
+                    ) from None
+                if code == DRIVER_NOT_LOADED:
+                    raise SourceUnavailable(
+                        "NVML not available: the NVIDIA kernel driver is not loaded"
+                    ) from None
+                if code == NO_PERMISSION:
+                    raise SourceUnavailable("NVML not available: no permission") from None
+                raise SourceUnavailable(f"NVML init failed: {exc}") from None
+            self._initialized = True
+            try:
+                self._discover()
+            except Exception:
+                self._initialized = False
+                try:
+                    lib.nvmlShutdown()
+                except Exception as exc:
+                    log.debug("nvmlShutdown after failed discovery: %s", exc)
+                raise
+        if self._want_events and self._event_thread is None and self._gpus:
+            self._stop.clear()
+            self._event_thread = threading.Thread(
+                target=watch_events,
+                args=(self._lib, self._gpus, self._stop, self._post_nvml_event),
+                name=f"nvml-events {self.node}",
+                daemon=True,
+            )
+            self._event_thread.start()
+
+    def _discover(self) -> None:
+        lib = self._lib
+        driver = self._try(lambda: text(lib.nvmlSystemGetDriverVersion()))
+        nvml = self._try(lambda: text(lib.nvmlSystemGetNVMLVersion()))
+        cuda_raw = self._try(lib.nvmlSystemGetCudaDriverVersion)
+        cuda = f"{cuda_raw // 1000}.{cuda_raw % 1000 // 10}" if isinstance(cuda_raw, int) else None
+        self._versions = (driver, nvml, cuda)
+        gpus: list[GpuRecord] = []
+        for index in range(lib.nvmlDeviceGetCount()):
+            try:
+                gpus.append(self._identify(index))
+            except lib.NVMLError as exc:
+                # A GPU that cannot even name itself is still a GPU the operator must see.
+                log.warning("GPU %d unreadable at start: %s", index, exc)
+                gpu = GpuRecord(
+                    index, None, f"unknown-{index}", "unknown", "unknown", errors=[str(exc)]
+                )
+                gpus.append(gpu)
+                self._mark_lost(gpu, str(exc))
+        self._gpus = gpus
+        self._pci_topology = self._read_pci_topology()
+
+    def _try(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except self._lib.NVMLError:
+            return None
+
+    def _identify(self, index: int) -> GpuRecord:
+        lib = self._lib
+        h = lib.nvmlDeviceGetHandleByIndex(index)
+        gpu = GpuRecord(
+            index=index,
+            handle=h,
+            uuid=text(lib.nvmlDeviceGetUUID(h)),
+            name=text(lib.nvmlDeviceGetName(h)),
+            bus_id=text(lib.nvmlDeviceGetPciInfo(h).busId),
+        )
+        serial = call(lib, gpu, "serial", lib.nvmlDeviceGetSerial, h)
+        gpu.serial = text(serial) if serial is not None else None
+        gpu.module_id = call(lib, gpu, "module_id", lib.nvmlDeviceGetModuleId, h)
+        arch = call(lib, gpu, "architecture", lib.nvmlDeviceGetArchitecture, h)
+        gpu.architecture = ARCHITECTURES.get(arch, f"arch{arch}") if arch is not None else None
+        attrs = call(lib, gpu, "attributes", lib.nvmlDeviceGetAttributes, h)
+        gpu.sm_count = attrs.multiprocessorCount if attrs is not None else None
+        gpu.sm_clock_max_mhz = call(lib, gpu, "max_clock_sm", lib.nvmlDeviceGetMaxClockInfo, h, 1)
+        gpu.mem_clock_max_mhz = call(lib, gpu, "max_clock_mem", lib.nvmlDeviceGetMaxClockInfo, h, 2)
+        slowdown = call(lib, gpu, "temp_slowdown", lib.nvmlDeviceGetTemperatureThreshold, h, 1)
+        gpu.temp_slowdown_c = float(slowdown) if slowdown is not None else None
+        gpu.numa_node = call(lib, gpu, "numa_node", lib.nvmlDeviceGetNumaNodeId, h)
+        words = call(lib, gpu, "cpu_affinity", lib.nvmlDeviceGetCpuAffinity, h, 16)
+        gpu.cpu_affinity = cpulist(list(words)) if words is not None else None
+        gpu.pcie_gen_max = call(lib, gpu, "pcie_gen_max", lib.nvmlDeviceGetMaxPcieLinkGeneration, h)
+        gpu.pcie_width_max = call(lib, gpu, "pcie_width_max", lib.nvmlDeviceGetMaxPcieLinkWidth, h)
+        support = call(lib, gpu, "gpm_support", lib.nvmlGpmQueryDeviceSupport, h)
+        gpu.gpm_supported = bool(support is not None and support.isSupportedDevice)
+        fields = call(
+            lib, gpu, "fields_linkcount", lib.nvmlDeviceGetFieldValues, h, [FI_NVLINK_LINK_COUNT]
+        )
+        if fields is not None and fields[0].nvmlReturn == OK:
+            gpu.nvlink_count = int(fields[0].value.uiVal)
+        gpu.fields = [*TABLE_FIELDS]
+        gpu.errors.clear()
+        return gpu
+
+    def _read_pci_topology(self) -> list[list[str]]:
+        lib, gpus = self._lib, self._gpus
+        matrix = [["X" if a is b else "?" for b in gpus] for a in gpus]
+        for i, a in enumerate(gpus):
+            for j in range(i + 1, len(gpus)):
+                b = gpus[j]
+                if a.handle is None or b.handle is None:
+                    continue
+                try:
+                    level = lib.nvmlDeviceGetTopologyCommonAncestor(a.handle, b.handle)
+                except lib.NVMLError:
+                    level = None
+                code = TOPO_CODES.get(level, "?") if level is not None else "?"
+                matrix[i][j] = matrix[j][i] = code
+        return matrix
+
+    # --- polling ---------------------------------------------------------------------
+
+    def collect(self) -> NvmlReading:
+        """One reading of every GPU (blocking; the hub runs it in a worker thread)."""
+        if self._rediscover.is_set():
+            self._rediscover.clear()
+            log.info("NVML restarted to enumerate the GPUs again")
+            self._shutdown()
+        self._ensure_init()
+        self._round += 1
+        first = self._round == 1
+        detail = first or self._round % self.detail_every == 0
+        inventory = first or self._round % self.inventory_every == 0
+        gpus = tuple(self._read_gpu(gpu, detail, inventory) for gpu in self._gpus)
+        if inventory:
+            self._gpu_topology = self._topology()
+        driver, nvml, cuda = self._versions
+        return NvmlReading(
+            at=self._clock(),
+            driver_version=driver,
+            nvml_version=nvml,
+            cuda_driver_version=cuda,
+            gpus=gpus,
+            gpu_topology=self._gpu_topology,
+            simulated=self.simulated,
+        )
+
+    def _read_gpu(self, gpu: GpuRecord, detail: bool, inventory: bool) -> GpuReading:
+        gpu.errors.clear()
+        if gpu.lost_since is not None and not (inventory and self._revived(gpu)):
+            return self._lost_reading(gpu)
+        try:
+            return self._read_live(gpu, detail, inventory)
+        except GpuLostError as exc:
+            self._mark_lost(gpu, str(exc))
+            return self._lost_reading(gpu)
+
+    def _revived(self, gpu: GpuRecord) -> bool:
+        if gpu.handle is None:
+            return False
+        try:
+            self._lib.nvmlDeviceGetUUID(gpu.handle)
+        except self._lib.NVMLError:
+            return False
+        log.warning("GPU %d answers again", gpu.index)
+        gpu.lost_since = None
+        self._post(
+            Event(
+                self._clock(),
+                self.node,
+                self.kind,
+                "gpu_recovered",
+                Severity.INFO,
+                f"GPU {gpu.index} answers again",
+                gpu.index,
+                gpu.uuid,
+            )
+        )
+        return True
+
+    def _mark_lost(self, gpu: GpuRecord, why: str) -> None:
+        gpu.lost_since = self._clock()
+        self._post(
+            Event(
+                gpu.lost_since,
+                self.node,
+                self.kind,
+                "gpu_lost",
+                Severity.CRITICAL,
+                f"GPU {gpu.index} is lost ({why})",
+                gpu.index,
+                gpu.uuid,
+                79,
+            )
+        )
+
+    def _lost_reading(self, gpu: GpuRecord) -> GpuReading:
+        return GpuReading(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            name=gpu.name,
+            pci_bus_id=gpu.bus_id,
+            state=GpuState.LOST,
+            serial=gpu.serial,
+            module_id=gpu.module_id,
+            architecture=gpu.architecture,
+            sm_count=gpu.sm_count,
+            lost_since=gpu.lost_since,
+            numa_node=gpu.numa_node,
+            cpu_affinity=gpu.cpu_affinity,
+            error="GPU is lost: it fell off the bus or needs a reset",
+        )
+
+    def _read_live(self, gpu: GpuRecord, detail: bool, inventory: bool) -> GpuReading:
+        lib, h = self._lib, gpu.handle
+        if inventory:
+            gpu.reprobe = set(gpu.unsupported)
+            self._read_inventory(gpu)
+        values = self._read_fields(gpu)
+        util = call(lib, gpu, "utilization", lib.nvmlDeviceGetUtilizationRates, h)
+        mem = call(lib, gpu, "memory_v2", lib.nvmlDeviceGetMemoryInfo, h, version=lib.nvmlMemory_v2)
+        if mem is None and "memory_v2" in gpu.unsupported:
+            mem = call(lib, gpu, "memory", lib.nvmlDeviceGetMemoryInfo, h)
+        temp = call(lib, gpu, "temperature", lib.nvmlDeviceGetTemperatureV, h, 0)
+        if detail:
+            self._read_detail(gpu)
+        self._update_throttle(gpu, values)
+
+        def field(fid: int, scope: int = 0) -> Any:
+            return values.get((fid, scope))
+
+        power_mw = field(FI_POWER_INSTANT)
+        if power_mw is None and FI_POWER_INSTANT not in gpu.fields:
+            power_mw = call(lib, gpu, "power_usage", lib.nvmlDeviceGetPowerUsage, h)
+        links = tuple(
+            NvLinkReading(
+                link=link.link,
+                active=link.active,
+                version=link.version,
+                remote_kind=link.remote_kind,
+                remote_pci_bus_id=link.remote_pci_bus_id,
+                tx_kib_total=field(FI_NVLINK_TX, link.link),
+                rx_kib_total=field(FI_NVLINK_RX, link.link),
+            )
+            for link in gpu.links
+        )
+        pending, failure = field(FI_REMAPPED_PENDING), field(FI_REMAPPED_FAILURE)
+        return GpuReading(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            name=gpu.name,
+            pci_bus_id=gpu.bus_id,
+            state=GpuState.ERROR if gpu.errors else GpuState.OK,
+            serial=gpu.serial,
+            module_id=gpu.module_id,
+            architecture=gpu.architecture,
+            sm_count=gpu.sm_count,
+            error="; ".join(gpu.errors) or None,
+            util_gpu_pct=float(util.gpu) if util is not None else None,
+            util_mem_pct=float(util.memory) if util is not None else None,
+            mem_total_bytes=int(mem.total) if mem is not None else None,
+            mem_used_bytes=int(mem.used) if mem is not None else None,
+            mem_reserved_bytes=int(getattr(mem, "reserved", 0)) if mem is not None else None,
+            temp_gpu_c=float(temp) if temp is not None else None,
+            temp_hbm_c=_float(field(FI_MEMORY_TEMP)),
+            temp_slowdown_c=gpu.temp_slowdown_c,
+            power_w=power_mw / 1000.0 if power_mw is not None else None,
+            power_limit_w=gpu.power_limit_w,
+            energy_mj_total=field(FI_TOTAL_ENERGY),
+            sm_clock_mhz=gpu.sm_clock_mhz,
+            mem_clock_mhz=gpu.mem_clock_mhz,
+            sm_clock_max_mhz=gpu.sm_clock_max_mhz,
+            mem_clock_max_mhz=gpu.mem_clock_max_mhz,
+            pstate=gpu.pstate,
+            throttle_reasons=gpu.throttle,
+            ecc=EccReading(
+                volatile_corrected=field(FI_ECC_SBE_VOL),
+                volatile_uncorrected=field(FI_ECC_DBE_VOL),
+                aggregate_corrected=field(FI_ECC_SBE_AGG),
+                aggregate_uncorrected=field(FI_ECC_DBE_AGG),
+                remapped_corrected=field(FI_REMAPPED_COR),
+                remapped_uncorrected=field(FI_REMAPPED_UNC),
+                remap_pending=bool(pending) if pending is not None else None,
+                remap_failure=bool(failure) if failure is not None else None,
+            ),
+            pcie=PcieReading(
+                gen_current=gpu.pcie_gen,
+                gen_max=gpu.pcie_gen_max,
+                width_current=gpu.pcie_width,
+                width_max=gpu.pcie_width_max,
+                replay_count=field(FI_PCIE_REPLAY),
+                tx_bytes_total=field(FI_PCIE_TX_BYTES),
+                rx_bytes_total=field(FI_PCIE_RX_BYTES),
+                tx_bytes_per_s=gpu.pcie_tx_bytes_per_s,
+                rx_bytes_per_s=gpu.pcie_rx_bytes_per_s,
+            ),
+            nvlinks=links,
+            numa_node=gpu.numa_node,
+            cpu_affinity=gpu.cpu_affinity,
+            processes=gpu.processes,
+            mig_enabled=gpu.mig_enabled,
+            mig_pending=gpu.mig_pending,
+            mig_instances=mig_gpm.mig_readings(gpu),
+            virtualization_mode=gpu.virtualization,
+            fabric_state=gpu.fabric_state,
+            gpm=gpu.gpm,
+            unsupported=tuple(sorted(gpu.unsupported)),
+        )
+
+    def _read_fields(self, gpu: GpuRecord) -> dict[tuple[int, int], Any]:
+        """The batched call: every field this GPU supports, in one trip."""
+        if not gpu.fields:
+            return {}
+        lib = self._lib
+        result = call(
+            lib, gpu, "field_values", lib.nvmlDeviceGetFieldValues, gpu.handle, gpu.fields
+        )
+        if result is None:
+            return {}
+        values: dict[tuple[int, int], Any] = {}
+        dropped: list[int | tuple[int, int]] = []
+        # Unpacked from the array's bytes: pynvml's per-attribute wrapper costs more than
+        # the trip into the driver.
+        for requested, (fid, scope, kind, ret, raw) in zip(
+            gpu.fields, FIELD_VALUE.iter_unpack(bytes(result)), strict=False
+        ):
+            if ret == OK:
+                values[(fid, scope)] = VALUE_TYPES.get(kind, VALUE_TYPES[3]).unpack(raw)[0]
+            elif ret == GPU_IS_LOST:
+                raise GpuLostError("field values: GPU is lost")
+            elif ret in UNSUPPORTED_CODES:
+                dropped.append(requested)
+        if dropped:
+            gpu.fields = [f for f in gpu.fields if f not in dropped]
+            gpu.unsupported.update(f"field {f}" for f in dropped)
+        return values
+
+    def _read_detail(self, gpu: GpuRecord) -> None:
+        lib, h = self._lib, gpu.handle
+        gpu.sm_clock_mhz = call(lib, gpu, "clock_sm", lib.nvmlDeviceGetClockInfo, h, 1)
+        gpu.pstate = call(lib, gpu, "pstate", lib.nvmlDeviceGetPerformanceState, h)
+        mask = call(lib, gpu, "clocks_event_reasons", lib.nvmlDeviceGetCurrentClocksEventReasons, h)
+        gpu.throttle_mask = (
+            tuple(name for bit, name in THROTTLE_BITS if mask & bit) if mask is not None else ()
+        )
+        if FI_PCIE_TX_BYTES not in gpu.fields:
+            self._read_pcie_throughput(gpu)
+        procs = call(lib, gpu, "processes", lib.nvmlDeviceGetComputeRunningProcesses, h)
+        if procs is not None:
+            gpu.processes = tuple(_process(p) for p in procs)
+        mig_gpm.read_mig_memory(lib, gpu)
+        if gpu.gpm_supported:
+            mig_gpm.read_gpm(lib, gpu)
+
+    def _read_pcie_throughput(self, gpu: GpuRecord) -> None:
+        """Where the driver has no PCIe byte counters: its own rate, sampled over 20 ms."""
+        lib, h = self._lib, gpu.handle
+        fn = getattr(lib, "nvmlDeviceGetPcieThroughput", None)
+        tx = call(lib, gpu, "pcie_throughput", fn, h, PCIE_UTIL_TX)
+        rx = call(lib, gpu, "pcie_throughput", fn, h, PCIE_UTIL_RX)
+        gpu.pcie_tx_bytes_per_s = tx * 1024.0 if tx is not None else None  # KB/s
+        gpu.pcie_rx_bytes_per_s = rx * 1024.0 if rx is not None else None
+
+    def _update_throttle(self, gpu: GpuRecord, values: dict[tuple[int, int], Any]) -> None:
+        """Reasons that held the clocks down: the last bitmask, plus every reason whose
+        time counter moved since the previous poll (so a slowdown that starts between two
+        bitmask reads shows at once; one that ends shows at the next bitmask read).
+        """
+        moved: set[str] = set()
+        for fid, reason in THROTTLE_COUNTERS:
+            now = values.get((fid, 0))
+            if now is None:
+                continue
+            before = gpu.throttle_ns.get(fid)
+            gpu.throttle_ns[fid] = int(now)
+            if before is not None and now > before:  # went back: a driver reload, not heat
+                moved.add(reason)
+        reasons = moved.union(gpu.throttle_mask)
+        throttle = tuple(name for _bit, name in THROTTLE_BITS if name in reasons)
+        self._throttle_changed(gpu, gpu.throttle, throttle)
+        gpu.throttle = throttle
+
+    def _throttle_changed(
+        self, gpu: GpuRecord, before: tuple[str, ...], now: tuple[str, ...]
+    ) -> None:
+        """An event when the reasons that slow a GPU down start or stop (idle is not one)."""
+        old, new = set(before) - BENIGN_THROTTLE, set(now) - BENIGN_THROTTLE
+        if old == new:
+            return
+        if new:
+            words = ", ".join(THROTTLE_WORDS.get(r, r) for r in sorted(new))
+            severity = Severity.WARNING if new & HOT_THROTTLE else Severity.INFO
+            message = f"GPU {gpu.index} throttled: {words}"
+        else:
+            severity, message = Severity.INFO, f"GPU {gpu.index} no longer throttled"
+        self._post(
+            Event(
+                self._clock(),
+                self.node,
+                self.kind,
+                "throttle",
+                severity,
+                message,
+                gpu.index,
+                gpu.uuid,
+            )
+        )
+
+    def _read_inventory(self, gpu: GpuRecord) -> None:
+        lib, h = self._lib, gpu.handle
+        limit = call(lib, gpu, "power_limit", lib.nvmlDeviceGetEnforcedPowerLimit, h)
+        gpu.power_limit_w = limit / 1000.0 if limit is not None else None
+        gpu.mem_clock_mhz = call(lib, gpu, "clock_mem", lib.nvmlDeviceGetClockInfo, h, 2)
+        gpu.pcie_gen = call(lib, gpu, "pcie_gen", lib.nvmlDeviceGetCurrPcieLinkGeneration, h)
+        gpu.pcie_width = call(lib, gpu, "pcie_width", lib.nvmlDeviceGetCurrPcieLinkWidth, h)
+        mode = call(lib, gpu, "virtualization", lib.nvmlDeviceGetVirtualizationMode, h)
+        gpu.virtualization = VIRTUALIZATION.get(mode, str(mode)) if mode is not None else None
+        gpu.fabric_state = self._fabric_state(gpu)
+        self._read_links(gpu)
+        mig_gpm.read_mig(lib, gpu)
+
+    def _fabric_state(self, gpu: GpuRecord) -> str | None:
+        lib = self._lib
+        info_type = getattr(lib, "c_nvmlGpuFabricInfo_t", None)
+        if info_type is None:
+            return None
+        info = info_type()
+        if (
+            call(
+                lib,
+                gpu,
+                "fabric_info",
+                lib.nvmlDeviceGetGpuFabricInfo,
+                gpu.handle,
+                ctypes.byref(info),
+            )
+            is None
+            and "fabric_info" in gpu.unsupported
+        ):
+            return None
+        return FABRIC_STATES.get(int(info.state), str(info.state))
+
+    def _read_links(self, gpu: GpuRecord) -> None:
+        lib, h = self._lib, gpu.handle
+        known = {link.link: link for link in gpu.links}
+        # Every link of a GPU speaks one NVLink generation: asked once, of the first link up.
+        version = next((link.version for link in gpu.links if link.version is not None), None)
+        links: list[LinkRecord] = []
+        for n in range(gpu.nvlink_count):
+            state = call(lib, gpu, "nvlink_state", lib.nvmlDeviceGetNvLinkState, h, n)
+            if state is None:
+                continue
+            link = known.get(n) or LinkRecord(n, bool(state))
+            link.active = bool(state)
+            if link.active and link.remote_pci_bus_id is None:
+                if version is None:
+                    version = call(lib, gpu, "nvlink_version", lib.nvmlDeviceGetNvLinkVersion, h, n)
+                link.version = version
+                kind = call(
+                    lib, gpu, "nvlink_remote_type", lib.nvmlDeviceGetNvLinkRemoteDeviceType, h, n
+                )
+                link.remote_kind = REMOTE_KINDS.get(kind, RemoteKind.UNKNOWN)
+                pci = call(
+                    lib, gpu, "nvlink_remote_pci", lib.nvmlDeviceGetNvLinkRemotePciInfo, h, n
+                )
+                link.remote_pci_bus_id = text(pci.busId) if pci is not None else None
+            links.append(link)
+        gpu.links = links
+        # Every field, those once NotSupported too: asked again in the same batched call, and
+        # marked again by _read_fields where still NotSupported.
+        scoped: list[int | tuple[int, int]] = [*TABLE_FIELDS]
+        for link in links:
+            if link.active:
+                scoped += [(FI_NVLINK_TX, link.link), (FI_NVLINK_RX, link.link)]
+        gpu.fields = scoped
+        gpu.unsupported.difference_update(f"field {f}" for f in scoped)
+
+    def _topology(self) -> tuple[tuple[str, ...], ...]:
+        """PCI levels from NVML, with NV# where NVLinks join two GPUs (or both reach NVSwitch)."""
+        gpus = self._gpus
+        rows: list[tuple[str, ...]] = []
+        for i, a in enumerate(gpus):
+            row = list(self._pci_topology[i]) if i < len(self._pci_topology) else []
+            for j, b in enumerate(gpus):
+                if i == j or j >= len(row):
+                    continue
+                links = _nvlinks_between(a, b)
+                if links:
+                    row[j] = f"NV{links}"
+            rows.append(tuple(row))
+        return tuple(rows)
+
+    # --- events ----------------------------------------------------------------------
+
+    def _post(self, event: Event) -> None:
+        if self._emit is not None:
+            self._emit(event)
+
+    def _post_nvml_event(self, data: Any, gpus: list[GpuRecord]) -> None:
+        """An event from NVML's event set (in the watcher's thread) to the hub."""
+        self._post(event_from(data, gpus, self._clock(), self.node, self.kind))
+
+
+def _nvlinks_between(a: GpuRecord, b: GpuRecord) -> int:
+    active_a = [link for link in a.links if link.active]
+    direct = sum(1 for link in active_a if link.remote_pci_bus_id == b.bus_id)
+    if direct:
+        return direct
+    active_b = [link for link in b.links if link.active]
+    if any(link.remote_kind is RemoteKind.NVSWITCH for link in active_a) and any(
+        link.remote_kind is RemoteKind.NVSWITCH for link in active_b
+    ):
+        return min(
+            sum(1 for link in active_a if link.remote_kind is RemoteKind.NVSWITCH),
+            sum(1 for link in active_b if link.remote_kind is RemoteKind.NVSWITCH),
+        )
+    return 0
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if value is not None else None
+
+
+def _process(p: Any) -> ProcessReading:
+    gi = getattr(p, "gpuInstanceId", NA_ID)
+    ci = getattr(p, "computeInstanceId", NA_ID)
+    used = getattr(p, "usedGpuMemory", None)
+    return ProcessReading(
+        pid=int(p.pid),
+        used_mem_bytes=int(used) if used is not None else None,
+        gpu_instance_id=None if gi in (None, NA_ID) else int(gi),
+        compute_instance_id=None if ci in (None, NA_ID) else int(ci),
+    )

@@ -1,0 +1,89 @@
+"""What the NVML source keeps between polls: one record per GPU, its links and MIG instances."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuconsole.readings.nvml import GpmMetrics, ProcessReading, RemoteKind
+
+
+@dataclass
+class LinkRecord:
+    link: int
+    active: bool
+    version: int | None = None
+    remote_kind: RemoteKind = RemoteKind.UNKNOWN
+    remote_pci_bus_id: str | None = None  # sysfs form
+
+
+@dataclass
+class MigRecord:
+    handle: Any
+    gpu_instance_id: int
+    compute_instance_id: int | None
+    uuid: str
+    profile_name: str
+    slice_count: int
+    sm_count: int
+    mem_total_bytes: int | None
+    placement_start: int | None
+    mem_used_bytes: int | None = None
+    gpm: GpmMetrics | None = None
+    gpm_sample: Any = None
+    gpm_spare: Any = None
+
+
+@dataclass
+class GpuRecord:
+    """What the source keeps between polls for one GPU."""
+
+    index: int
+    handle: Any
+    uuid: str
+    name: str
+    bus_id: str  # sysfs form, 0000:18:00.0
+    serial: str | None = None
+    module_id: int | None = None
+    architecture: str | None = None
+    sm_count: int | None = None
+    sm_clock_max_mhz: int | None = None
+    mem_clock_max_mhz: int | None = None
+    temp_slowdown_c: float | None = None
+    numa_node: int | None = None
+    cpu_affinity: str | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_max: int | None = None
+    gpm_supported: bool = False
+    nvlink_count: int = 0
+    unsupported: set[str] = field(default_factory=set)
+    # NotSupported is not forever (a fault can pass): each inventory round asks every such
+    # call once more, when it next comes up
+    reprobe: set[str] = field(default_factory=set)
+    fields: list[int | tuple[int, int]] = field(default_factory=list)
+    lost_since: float | None = None
+    errors: list[str] = field(default_factory=list)
+    # detail tier
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    pstate: int | None = None
+    throttle: tuple[str, ...] = ()
+    throttle_mask: tuple[str, ...] = ()  # as the bitmask said at the last detail poll
+    throttle_ns: dict[int, int] = field(default_factory=dict)  # counters at the last poll
+    pcie_tx_bytes_per_s: float | None = None  # sampled, where the byte counters are missing
+    pcie_rx_bytes_per_s: float | None = None
+    processes: tuple[ProcessReading, ...] = ()
+    gpm: GpmMetrics | None = None
+    gpm_sample: Any = None
+    gpm_spare: Any = None
+    # inventory tier
+    power_limit_w: float | None = None
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    links: list[LinkRecord] = field(default_factory=list)
+    mig_enabled: bool | None = None
+    mig_pending: bool | None = None
+    migs: list[MigRecord] = field(default_factory=list)
+    mig_profile_names: dict[int, str] | None = None
+    virtualization: str | None = None
+    fabric_state: str | None = None
