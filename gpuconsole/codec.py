@@ -14,11 +14,18 @@ from typing import Any, TypeVar
 import orjson
 
 from gpuconsole.history import HistoryView
-from gpuconsole.readings.base import SCHEMA_VERSION, Key
+from gpuconsole.readings.base import SCHEMA_VERSION, Key, normal_bus_id, nvml_bus_id
+from gpuconsole.readings.nvml import GpuReading, NvLinkReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 
 _SKIP = {"history"}  # history stays in the process that recorded it
 _KEYED = {"rates", "deltas"}  # NodeSnapshot mappings keyed by counter path
+# NVML's bus ids: sysfs's form in a reading, NVML's in the JSON (as `snapshot --json` and
+# agents have always written them); either form reads back as sysfs's.
+_BUS_IDS: dict[type, tuple[str, ...]] = {
+    GpuReading: ("pci_bus_id",),
+    NvLinkReading: ("remote_pci_bus_id",),
+}
 
 
 def encode(value: Any, *, sparse: bool = False) -> Any:
@@ -36,6 +43,9 @@ def encode(value: Any, *, sparse: bool = False) -> Any:
                 out[name] = {"/".join(k): v for k, v in item.items()}
             else:
                 out[name] = encode(item, sparse=sparse)
+        for name in _BUS_IDS.get(type(value), ()):
+            if out.get(name) is not None:
+                out[name] = nvml_bus_id(out[name])
         return out
     if isinstance(value, enum.Enum):
         return value.value
@@ -352,6 +362,9 @@ def _dataclass_decoder(kind: Any) -> Decoder:
                 body.append(f"    _set_{f.name}(o, v)")
             continue
         lines = _field_lines(f.name, hints[f.name], ns)
+        if f.name in _BUS_IDS.get(kind, ()):
+            ns["_normal_bus_id"] = normal_bus_id
+            lines += ["if v is not None:", "    v = _normal_bus_id(v)"]
         body.append(f"    v = get({f.name!r}, _MISSING)")
         body += ["    if v is _MISSING:"] + ["        " + line for line in missing]
         if lines:

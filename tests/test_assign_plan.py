@@ -12,7 +12,7 @@ from gpuconsole.actions.plan import (
     make_plan,
     partition_switches,
 )
-from gpuconsole.readings.fabric import normal_bus_id
+from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import Guest, TenancyReading
 from gpuconsole.sim.profiles import DGX_H100

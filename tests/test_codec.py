@@ -8,6 +8,8 @@ import pytest
 
 from gpuconsole import codec
 from gpuconsole.readings.base import SCHEMA_VERSION
+from gpuconsole.readings.nvml import GpuReading, NvLinkReading, NvmlReading, RemoteKind
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sim.cluster import demo_hub
 
 FIXED = 1_796_000_000.0
@@ -63,3 +65,16 @@ def test_a_wrong_field_deep_in_a_node_is_named_by_its_path() -> None:
         codec.DecodeError, match=r"^\$\.nvml\.gpus\[1\]\.ecc\.remap_pending: expected bool$"
     ):
         codec.decode_node(doc)
+
+
+def test_bus_ids_are_written_as_nvml_writes_them_and_read_back_in_sysfs_form() -> None:
+    link = NvLinkReading(0, True, remote_kind=RemoteKind.NVSWITCH, remote_pci_bus_id="0000:c7:00.0")
+    gpu = GpuReading(0, "GPU-a", "NVIDIA H100 80GB HBM3", "0000:1b:00.0", nvlinks=(link,))
+    node = NodeSnapshot("n1", nvml=NvmlReading(FIXED, None, None, None, (gpu,)))
+    doc = codec.snapshot_json(FleetSnapshot(1, FIXED, (node,)), sparse=True)
+    sent = doc["nodes"][0]["nvml"]["gpus"][0]
+    assert sent["pci_bus_id"] == "00000000:1B:00.0"  # as `snapshot --json` always wrote it
+    assert sent["nvlinks"][0]["remote_pci_bus_id"] == "00000000:C7:00.0"
+    assert codec.decode_node(doc["nodes"][0]) == node
+    sent["pci_bus_id"] = "0000:1B:00.0"  # any form a capture or an agent may hold
+    assert codec.decode_node(doc["nodes"][0]) == node

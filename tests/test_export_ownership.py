@@ -93,12 +93,8 @@ def _tenancy_node() -> FleetSnapshot:
         nvml_version=None,
         cuda_driver_version=None,
         gpus=(
-            GpuReading(
-                0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", "00000000:1B:00.0", util_gpu_pct=50.0
-            ),
-            GpuReading(
-                1, "GPU-bbbb", "NVIDIA H100 80GB HBM3", "00000000:43:00.0", state=GpuState.LOST
-            ),
+            GpuReading(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", "0000:1b:00.0", util_gpu_pct=50.0),
+            GpuReading(1, "GPU-bbbb", "NVIDIA H100 80GB HBM3", "0000:43:00.0", state=GpuState.LOST),
         ),
     )
     tenancy = TenancyReading(

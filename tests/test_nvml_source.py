@@ -8,7 +8,7 @@ import ctypes.util
 import pytest
 
 from gpuconsole.hub import Hub
-from gpuconsole.readings.base import Event, Severity
+from gpuconsole.readings.base import Event, Severity, normal_bus_id
 from gpuconsole.readings.nvml import GpuState, RemoteKind
 from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.nvml import SimNvml
@@ -39,7 +39,7 @@ def test_a_dgx_h100_reads_as_eight_h100s_on_nvswitch() -> None:
     source, _lib, _ = make(DGX_H100)
     reading = source.collect()
     assert [g.name for g in reading.gpus] == ["NVIDIA H100 80GB HBM3"] * 8
-    assert [g.pci_bus_id for g in reading.gpus] == [s.bus_id for s in DGX_H100.gpus]
+    assert [g.pci_bus_id for g in reading.gpus] == [normal_bus_id(s.bus_id) for s in DGX_H100.gpus]
     gpu = reading.gpus[0]
     assert gpu.sm_count == 132 and gpu.architecture == "hopper"
     assert gpu.mem_total_bytes == 80 * 1024**3
@@ -47,7 +47,7 @@ def test_a_dgx_h100_reads_as_eight_h100s_on_nvswitch() -> None:
     assert gpu.nvlinks_active == 18
     assert {link.remote_kind for link in gpu.nvlinks} == {RemoteKind.NVSWITCH}
     assert {link.remote_pci_bus_id for link in gpu.nvlinks} == {
-        s.bus_id for s in DGX_H100.nvswitches
+        normal_bus_id(s.bus_id) for s in DGX_H100.nvswitches
     }
     assert gpu.numa_node == 0 and gpu.cpu_affinity == "0-55,112-167"
     assert reading.gpus[4].cpu_affinity == "56-111,168-223"
@@ -271,6 +271,8 @@ def test_after_a_gpu_is_rebound_nvml_is_restarted_and_numbers_the_gpus_again() -
     source.rediscover()
     clock.now += 1.0
     gpus = source.collect().gpus
-    assert [g.pci_bus_id for g in gpus] == [s.bus_id for s in DGX_H100.gpus if s.index != 2]
+    assert [g.pci_bus_id for g in gpus] == [
+        normal_bus_id(s.bus_id) for s in DGX_H100.gpus if s.index != 2
+    ]
     assert [g.index for g in gpus] == list(range(7))  # renumbered, as a real host does
     assert lib.calls["nvmlInit"] == 2 and lib.calls["nvmlShutdown"] == 1

@@ -28,7 +28,7 @@ def nvml_gpu(i: int, *, pids: tuple[int, ...] = (), **kw: object) -> GpuReading:
         "index": i,
         "uuid": (U0, U1, U2)[i],
         "name": "NVIDIA H100 80GB HBM3",
-        "pci_bus_id": "0000" + BUS[i].upper(),  # NVML's 8-digit domain form
+        "pci_bus_id": BUS[i],
         "processes": tuple(ProcessReading(pid) for pid in pids),
     }
     fields.update(kw)

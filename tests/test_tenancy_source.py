@@ -57,7 +57,7 @@ def host_nvml(*, job_pid: int = 500) -> NvmlReading:
             index=i - 1,
             uuid=G[i],
             name="NVIDIA H100 80GB HBM3",
-            pci_bus_id="0000" + BUS[i].upper(),
+            pci_bus_id=BUS[i],
             processes=(ProcessReading(job_pid),) if i == 2 else (),
         )
         for i in (1, 2, 3)

@@ -43,7 +43,6 @@ from gpuconsole.actions.plan import Plan, PlanContext, Step, StepKind, Target, m
 from gpuconsole.actions.power import ActionRefused
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.readings.base import Event, Severity
-from gpuconsole.readings.fabric import normal_bus_id
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.base import EmitEvent
 
@@ -461,7 +460,7 @@ class Executor:
         node = await self.reader()
         problems = []
         by_uuid = {g.uuid: g for g in node.gpus}
-        by_bus = {normal_bus_id(g.pci_bus_id): g for g in node.gpus}
+        by_bus = {g.pci_bus_id: g for g in node.gpus}
         for k, bus in enumerate(step.gpus):
             # a GPU planned from vfio-pci or unbound had no UUID yet: find it by its bus id
             uuid = step.uuids[k] if k < len(step.uuids) else ""

@@ -30,7 +30,7 @@ from gpuconsole.actions.plan import (
 )
 from gpuconsole.facts.ownership import Ownership
 from gpuconsole.facts.pairing import GpuNic, gpu_nics
-from gpuconsole.readings.fabric import LEVELS, FabricReading, PortRole, normal_bus_id
+from gpuconsole.readings.fabric import LEVELS, FabricReading, PortRole
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import OwnerKind
 
@@ -135,7 +135,7 @@ def _rails(
     """The NIC for each picked GPU (index, bus id): `nics`, the node's `gpu_nics`."""
     rails = []
     for index, bus in picks:
-        choice = nics.get(normal_bus_id(bus))
+        choice = nics.get(bus)
         if fabric is None or choice is None:
             rails.append(Rail(bus, index, None, None, ("no fabric reading for it",)))
             continue
@@ -232,7 +232,7 @@ def _propose(
         if found is None:
             return f"no guest {guest}"
         known = {g.bus_id for g in ownership.gpus}
-        held = [b for b in (normal_bus_id(x) for x in found.bus_ids) if b in known]
+        held = [b for b in found.bus_ids if b in known]
     place = bus_positions(ownership)
     nics = gpu_nics(node.fabric) if node.fabric is not None else {}
     name = {g.bus_id: slot_index(ownership, g) for g in ownership.gpus}

@@ -38,7 +38,6 @@ from gpuconsole.hardware import (
     H100_PARTITIONS,
     H100_SWITCHES,
 )
-from gpuconsole.readings.fabric import normal_bus_id
 from gpuconsole.readings.nvml import GpuReading, RemoteKind
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import Guest, OwnerKind, PciGpu
@@ -333,7 +332,7 @@ def _label(gpu: GpuOwner, ownership: Ownership | None = None) -> str:
 
 def _pci(node: NodeSnapshot, bus_id: str) -> PciGpu | None:
     for gpu in node.tenancy.gpus if node.tenancy is not None else ():
-        if normal_bus_id(gpu.bus_id) == bus_id:
+        if gpu.bus_id == bus_id:
             return gpu
     return None
 
@@ -357,7 +356,7 @@ def _guests(node: NodeSnapshot) -> tuple[Guest, ...]:
 
 def _held(guest: Guest) -> set[str]:
     """The PCI functions a guest's definition holds, by bus id."""
-    return {normal_bus_id(b) for b in guest.bus_ids}
+    return set(guest.bus_ids)
 
 
 def _guests_holding(node: NodeSnapshot, bus_id: str) -> list[Guest]:
@@ -378,14 +377,14 @@ def nvswitch_board(node: NodeSnapshot) -> tuple[str | None, tuple[str, ...]]:
             if link.remote_kind is RemoteKind.NVSWITCH:
                 arch = gpu.architecture or ("hopper" if "H100" in gpu.name else "ampere")
                 if link.remote_pci_bus_id:
-                    switches.add(normal_bus_id(link.remote_pci_bus_id))
+                    switches.add(link.remote_pci_bus_id)
     if arch is None and node.profile in ("dgx-h100", "dgx-a100"):
         arch = "hopper" if node.profile == "dgx-h100" else "ampere"
     if arch is not None and node.tenancy is not None:
-        known = {normal_bus_id(g.bus_id) for g in node.tenancy.gpus}
-        known |= {normal_bus_id(p.bus_id) for g in node.tenancy.gpus for p in g.iommu_peers}
+        known = {g.bus_id for g in node.tenancy.gpus}
+        known |= {p.bus_id for g in node.tenancy.gpus for p in g.iommu_peers}
         for guest in node.tenancy.guests:
-            switches |= {normal_bus_id(b) for b in guest.bus_ids} - known
+            switches |= set(guest.bus_ids) - known
     return arch, tuple(sorted(switches))
 
 
@@ -949,10 +948,8 @@ def _before(
     node: NodeSnapshot, functions: Sequence[str]
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Per function, the driver holding it and its driver_override now ("" for none)."""
-    gpus = {normal_bus_id(p.bus_id): p for p in (node.tenancy.gpus if node.tenancy else ())}
-    peers = {
-        normal_bus_id(peer.bus_id): peer.driver for p in gpus.values() for peer in p.iommu_peers
-    }
+    gpus = {p.bus_id: p for p in (node.tenancy.gpus if node.tenancy else ())}
+    peers = {peer.bus_id: peer.driver for p in gpus.values() for peer in p.iommu_peers}
     # NVSwitches are in no GPU's group: a guest's are on vfio-pci, the host's on nvidia
     in_guests = {b for g in _guests(node) for b in _held(g)}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpuconsole import format as fmt
 from gpuconsole.hardware import product_name
+from gpuconsole.readings.base import nvml_bus_id
 from gpuconsole.readings.bmc import BmcReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
 from gpuconsole.readings.tenancy import PciGpu
@@ -56,7 +57,7 @@ def _node_table(node: NodeSnapshot) -> list[str]:
                 (
                     str(row.index) if row.index is not None else "-",
                     row.model or _pci_name(row.pci),
-                    gpu.pci_bus_id if gpu is not None else row.bus_id,
+                    nvml_bus_id(gpu.pci_bus_id) if gpu is not None else row.bus_id,
                     state,
                     *([fmt.NA] * 7),
                     "critical" if gpu is not None else fmt.NA,
@@ -76,7 +77,7 @@ def _node_table(node: NodeSnapshot) -> list[str]:
             (
                 str(gpu.index),
                 gpu.name,
-                gpu.pci_bus_id,
+                nvml_bus_id(gpu.pci_bus_id),
                 util,
                 memory,
                 fmt.celsius(gpu.temp_gpu_c),

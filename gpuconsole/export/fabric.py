@@ -20,7 +20,6 @@ from gpuconsole.readings.fabric import (
     FabricDevice,
     FabricPort,
     FabricReading,
-    normal_bus_id,
     port_deltas,
     port_problems,
     port_rates,
@@ -145,7 +144,7 @@ def _port_state(
 def _affinity(out: Families, node: NodeSnapshot, reading: FabricReading) -> None:
     """The NIC each GPU should pair with for GPUDirect RDMA, what is wrong with it, and the
     NIC it falls back to while its rail is down (the one the console names)."""
-    by_bus = {normal_bus_id(g.pci_bus_id): g for g in node.gpus}
+    by_bus = {g.pci_bus_id: g for g in node.gpus}
     used = gpu_nics(reading)
     for affinity in reading.gpus:
         gpu = by_bus.get(affinity.pci_bus_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpuconsole.export import names
 from gpuconsole.export.families import Families, Labels, Spec
 from gpuconsole.export.ownership import PodLabels
+from gpuconsole.readings.base import nvml_bus_id
 from gpuconsole.readings.nvml import GpmMetrics, GpuReading
 from gpuconsole.readings.snapshot import NodeSnapshot, gpu_health
 from gpuconsole.sources.nvml.lib import THROTTLE_BITS
@@ -29,7 +30,8 @@ _MIG_WITH_POD = (*_MIG, *names.OWNER_LABELS)
 
 
 def _dcgm_values(node: NodeSnapshot, gpu: GpuReading) -> Labels:
-    return (str(gpu.index), gpu.uuid, f"nvidia{gpu.index}", gpu.name, node.node, gpu.pci_bus_id)
+    bus = nvml_bus_id(gpu.pci_bus_id)  # dcgm-exporter's form, which dashboards join on
+    return (str(gpu.index), gpu.uuid, f"nvidia{gpu.index}", gpu.name, node.node, bus)
 
 
 def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLabels) -> None:
@@ -50,7 +52,7 @@ def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLab
             str(gpu.index),
             gpu.uuid,
             gpu.name,
-            gpu.pci_bus_id,
+            nvml_bus_id(gpu.pci_bus_id),
             gpu.serial or "",
             gpu.architecture or "",
             "" if gpu.numa_node is None else str(gpu.numa_node),

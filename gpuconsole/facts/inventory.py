@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuconsole.facts.ownership import GpuOwner, Inconsistency, OwnerKind, node_ownership
-from gpuconsole.readings.fabric import normal_bus_id
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import PciGpu
@@ -96,18 +95,14 @@ class GpuRow:
         return f"GPU {self.index}" if self.index is not None else f"GPU {self.short_bus}"
 
 
-def _bus(reading: GpuReading) -> str:
-    return normal_bus_id(reading.pci_bus_id) if ":" in reading.pci_bus_id else reading.pci_bus_id
-
-
 def node_gpus(node: NodeSnapshot) -> tuple[GpuRow, ...]:
     """Every GPU of the node, in NVML's order, each GPU NVML cannot see placed by bus id among
     them (a real host numbers its GPUs in PCI order, so that is PCI order there)."""
     ownership = node_ownership(node)
     readings = node.gpus
     if ownership is None:
-        return tuple(GpuRow(_bus(g), g, None) for g in readings)
-    pci = {normal_bus_id(p.bus_id): p for p in node.tenancy.gpus} if node.tenancy else {}
+        return tuple(GpuRow(g.pci_bus_id, g, None) for g in readings)
+    pci = {p.bus_id: p for p in node.tenancy.gpus} if node.tenancy else {}
     rows: list[GpuRow] = []
     placed: set[int] = set()
     for owner in ownership.gpus:
@@ -115,7 +110,7 @@ def node_gpus(node: NodeSnapshot) -> tuple[GpuRow, ...]:
         if reading is not None:
             placed.add(reading.index)
         rows.append(GpuRow(owner.bus_id, reading, owner, pci.get(owner.bus_id)))
-    rows += [GpuRow(_bus(g), g, None) for g in readings if g.index not in placed]
+    rows += [GpuRow(g.pci_bus_id, g, None) for g in readings if g.index not in placed]
     seen = sorted((r.bus_id, r.index) for r in rows if r.index is not None)
 
     def order(row: GpuRow) -> tuple[int, int, str]:

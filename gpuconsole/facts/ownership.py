@@ -15,8 +15,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from gpuconsole.readings.base import Severity
-from gpuconsole.readings.fabric import normal_bus_id
+from gpuconsole.readings.base import Severity, normal_bus_id
 from gpuconsole.readings.nvml import GpuReading, MigInstance, NvmlReading
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import (
@@ -403,12 +402,12 @@ def resolve_owners(nvml: NvmlReading | None, tenancy: TenancyReading | None) -> 
     """Every GPU's owners and inconsistencies, from NVML's reading and the tenancy reading."""
     entries: dict[str, _Gpu] = {}
     for pci in tenancy.gpus if tenancy is not None else ():
-        bus = normal_bus_id(pci.bus_id)
+        bus = pci.bus_id
         entries[bus] = _Gpu(bus, pci=pci)
     pci_by_uuid = {e.pci.uuid: e for e in entries.values() if e.pci is not None and e.pci.uuid}
     unnamed: list[GpuReading] = []
     for gpu in nvml.gpus if nvml is not None else ():
-        bus = normal_bus_id(gpu.pci_bus_id)
+        bus = gpu.pci_bus_id
         if bus not in entries and gpu.uuid in pci_by_uuid:
             bus = pci_by_uuid[gpu.uuid].bus_id  # NVML could not read its bus id (lost at start)
         elif bus not in entries and ":" not in bus:
@@ -456,7 +455,7 @@ def _claim_guests(
                 )
             )
         for bus in guest.bus_ids:
-            held.setdefault(normal_bus_id(bus), []).append(guest)
+            held.setdefault(bus, []).append(guest)
     for bus, guests in held.items():
         entry = entries.get(bus)
         if entry is None:
@@ -481,7 +480,7 @@ def _check_group(entry: _Gpu, guest: Guest) -> None:
     """A guest must hold every non-bridge function of its GPU's IOMMU group."""
     if entry.pci is None or entry.pci.iommu_group is None:
         return
-    mine = {normal_bus_id(b) for b in guest.bus_ids}
+    mine = set(guest.bus_ids)
     missing = [p for p in entry.pci.iommu_peers if not p.bridge and p.bus_id not in mine]
     if not missing:
         return

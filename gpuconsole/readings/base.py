@@ -1,8 +1,10 @@
-"""The basic types every reading shares: keys, counters, events, source status."""
+"""The basic types every reading shares: keys, counters, events, source status, and the one
+form of a PCI bus id."""
 
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -82,3 +84,33 @@ class SourceStatus:
     @property
     def stale(self) -> bool:
         return not self.ok
+
+
+# Every reading names a PCI function as sysfs does, '0000:18:00.0' (lower case): the NVML
+# source converts NVML's '00000000:18:00.0' where it reads it, so consumers compare plainly.
+# Cached: the codec and the exporter convert the same few dozen ids of a node every poll.
+@functools.lru_cache(maxsize=4096)
+def normal_bus_id(bus_id: str) -> str:
+    """'00000000:18:00.0' (NVML) or '0000:18:00.0' (sysfs) as sysfs writes it, lower case;
+    what is not a bus id ('unknown') stripped and lower case."""
+    text = bus_id.strip().lower()
+    parts = text.split(":")
+    if len(parts) == 3 and _is_hex(parts[0]):
+        return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
+    if len(parts) == 2:
+        return f"0000:{parts[0]}:{parts[1]}"
+    return text
+
+
+@functools.lru_cache(maxsize=4096)
+def nvml_bus_id(bus_id: str) -> str:
+    """A bus id as NVML and dcgm-exporter write it, '00000000:18:00.0', for the outputs that
+    have always shown that form; what is not a bus id ('unknown') as it is."""
+    parts = bus_id.split(":")
+    if len(parts) != 3 or not _is_hex(parts[0]):
+        return bus_id
+    return f"{int(parts[0], 16):08X}:{parts[1]}:{parts[2]}".upper()
+
+
+def _is_hex(text: str) -> bool:
+    return bool(text) and all(c in "0123456789abcdefABCDEF" for c in text)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gpuconsole.readings.base import CounterSample, Event, Key, Severity
+from gpuconsole.readings.base import CounterSample, Event, Key, Severity, normal_bus_id
 
 # port_{xmit,rcv}_data count octets divided by 4.
 DATA_OCTETS_PER_UNIT = 4
@@ -302,16 +302,6 @@ def _counter_key(device: str, port: str, name: str) -> Key:
     if name.startswith("netdev."):
         return netdev_key(device, port, name[7:])
     return port_key(device, port, name)
-
-
-def normal_bus_id(bus_id: str) -> str:
-    """'00000000:18:00.0' (NVML) or '0000:18:00.0' (sysfs) as sysfs writes it, lower case."""
-    parts = bus_id.strip().lower().split(":")
-    if len(parts) == 3:
-        return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
-    if len(parts) == 2:
-        return f"0000:{parts[0]}:{parts[1]}"
-    return bus_id.strip().lower()
 
 
 def port_rates(rates: Callable[..., float | None], port: FabricPort) -> RateLookup:

@@ -30,7 +30,7 @@ from gpuconsole.actions.journal import Journal
 from gpuconsole.actions.plan import Step, StepKind
 from gpuconsole.actions.store import AUDIT_FILE, JOURNAL_FILE
 from gpuconsole.hub import Hub
-from gpuconsole.readings.fabric import normal_bus_id
+from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sim.node import Scenario, SimNode
 from gpuconsole.sim.profiles import NodeProfile

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from gpuconsole.readings.fabric import normal_bus_id
+from gpuconsole.readings.base import normal_bus_id
 
 NVIDIA_VENDOR = 0x10DE
 GPU_CLASSES = (0x0302, 0x0300)  # 3D controller, VGA controller (class >> 8)
@@ -18,7 +18,6 @@ GPU_CLASSES = (0x0302, 0x0300)  # 3D controller, VGA controller (class >> 8)
 __all__ = [
     "PciDevice",
     "find_gpus",
-    "normal_bus_id",
     "pci_level",
     "read_device",
     "read_path",

@@ -25,7 +25,7 @@ from urllib.parse import urlencode
 
 from gpuconsole.export import names
 from gpuconsole.readings.agents import RemoteReading
-from gpuconsole.readings.base import Event, SourceStatus
+from gpuconsole.readings.base import Event, SourceStatus, normal_bus_id
 from gpuconsole.readings.bmc import BmcReading, PowerState
 from gpuconsole.readings.fabric import (
     FabricDevice,
@@ -289,7 +289,7 @@ def _gpu(
         index=index,
         uuid=info.get("uuid", ""),
         name=info.get("model", ""),
-        pci_bus_id=info.get("pci_bus_id", ""),
+        pci_bus_id=normal_bus_id(info.get("pci_bus_id", "")),
         state=GpuState.LOST if lost else GpuState.OK,
         serial=info.get("serial") or None,
         module_id=_int(float(info["module_id"])) if info.get("module_id") else None,

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from gpuconsole.format import THROTTLE_WORDS
-from gpuconsole.readings.base import Event, Severity
+from gpuconsole.readings.base import Event, Severity, normal_bus_id
 from gpuconsole.readings.nvml import (
     EccReading,
     GpuReading,
@@ -269,7 +269,7 @@ class NvmlSource:
             handle=h,
             uuid=text(lib.nvmlDeviceGetUUID(h)),
             name=text(lib.nvmlDeviceGetName(h)),
-            bus_id=text(lib.nvmlDeviceGetPciInfo(h).busId),
+            bus_id=normal_bus_id(text(lib.nvmlDeviceGetPciInfo(h).busId)),
         )
         serial = call(lib, gpu, "serial", lib.nvmlDeviceGetSerial, h)
         gpu.serial = text(serial) if serial is not None else None
@@ -659,7 +659,8 @@ class NvmlSource:
                 pci = call(
                     lib, gpu, "nvlink_remote_pci", lib.nvmlDeviceGetNvLinkRemotePciInfo, h, n
                 )
-                link.remote_pci_bus_id = text(pci.busId) if pci is not None else None
+                remote = normal_bus_id(text(pci.busId)) if pci is not None else None
+                link.remote_pci_bus_id = remote
             links.append(link)
         gpu.links = links
         # Every field, those once NotSupported too: asked again in the same batched call, and

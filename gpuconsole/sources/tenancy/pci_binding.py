@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 
+from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.readings.tenancy import IommuPeer, PciGpu
-from gpuconsole.sources.pci import find_gpus, normal_bus_id
+from gpuconsole.sources.pci import find_gpus
 
 __all__ = ["driver_of", "iommu_group", "nvidia_info", "read_gpus"]
 

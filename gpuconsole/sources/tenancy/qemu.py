@@ -12,8 +12,8 @@ import itertools
 import json
 import os
 
+from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.readings.tenancy import Guest
-from gpuconsole.sources.pci import normal_bus_id
 from gpuconsole.sources.tenancy import procfs
 
 __all__ = ["parse_qemu_command", "read_guests"]

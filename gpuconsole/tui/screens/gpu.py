@@ -20,7 +20,7 @@ from gpuconsole.facts import summaries
 from gpuconsole.facts.inventory import GpuRow
 from gpuconsole.facts.ownership import GpuOwner
 from gpuconsole.hardware import model_spec
-from gpuconsole.readings.base import Health, Severity
+from gpuconsole.readings.base import Health, Severity, nvml_bus_id
 from gpuconsole.readings.nvml import GpuReading, RemoteKind
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
 from gpuconsole.tui.screens.base import BaseView
@@ -95,7 +95,8 @@ def readings_box(
         ("uuid", gpu.uuid if gpu.uuid == row.uuid else f"{row.uuid or fmt.NA} (the driver's)"),
         ("serial / module", f"{gpu.serial or fmt.NA} / {fmt.number(gpu.module_id)}"),
         # a GPU lost before NVML read it has no bus id there; sysfs still has it
-        ("PCI bus", gpu.pci_bus_id if ":" in gpu.pci_bus_id else f"{row.bus_id} (sysfs)"),
+        ("PCI bus", nvml_bus_id(gpu.pci_bus_id) if ":" in gpu.pci_bus_id
+                    else f"{row.bus_id} (sysfs)"),
         ("util gpu / mem", f"{fmt.pct(gpu.util_gpu_pct)} / {fmt.pct(gpu.util_mem_pct)}"),
         ("memory", f"{fmt.mem_of(gpu.mem_used_bytes, gpu.mem_total_bytes)}"
                    f" (reserved {fmt.gib(gpu.mem_reserved_bytes)})"),
@@ -196,7 +197,7 @@ def remote_name(node: NodeSnapshot, kind: RemoteKind, bus_id: str | None) -> str
         })  # fmt: skip
         if bus_id in switches:
             return f"NVSwitch {switches.index(bus_id)}"  # its bus id: the topology view
-    return f"{kind.value} {bus_id}"
+    return f"{kind.value} {nvml_bus_id(bus_id)}"
 
 
 def nvlink_box(node: NodeSnapshot, gpu: GpuReading, palette: Palette) -> RenderableType:

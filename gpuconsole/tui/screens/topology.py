@@ -26,7 +26,7 @@ from gpuconsole.facts import summaries
 from gpuconsole.facts.inventory import GpuRow
 from gpuconsole.facts.pairing import gpu_nics, nic_order
 from gpuconsole.hardware import short_model
-from gpuconsole.readings.base import Health
+from gpuconsole.readings.base import Health, nvml_bus_id
 from gpuconsole.readings.fabric import (
     AffinityFlag,
     FabricDevice,
@@ -391,7 +391,9 @@ def nvswitch_box(node: NodeSnapshot) -> RenderableType:
     for gpu in node.gpus:
         table.add_column(str(gpu.index), justify="right")
     for k, (bus, per) in enumerate(sorted(switches.items())):
-        table.add_row(f"{k} {bus[-10:-5]}", *(str(per.get(g.index, 0)) for g in node.gpus))
+        table.add_row(
+            f"{k} {nvml_bus_id(bus)[-10:-5]}", *(str(per.get(g.index, 0)) for g in node.gpus)
+        )
     return Group(Text("active links, GPU → switch", style="dim"), table)
 
 
