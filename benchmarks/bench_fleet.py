@@ -7,7 +7,7 @@ tenancy, 6 to 8 GPUs) as `gpuconsole agent` serves it, with its ETag, its gzip w
 and 304 when the head holds it already. What each serves changes every second: the
 demo cluster runs for FRAMES seconds first (NVML every second, fabric every 2 s, BMC and
 tenancy every 5 s) and each agent serves those seconds in turn, from its own offset. The
-head is this process, with the hub `gpuconsole console` builds on a head: a RemoteSource
+head is this process, with the hub `gpuconsole console` builds on a head: a AgentSource
 per agent, one client capped at 64 connections, every node read once a second. Run once
 with agents that send plain JSON, once with agents that gzip (as `gpuconsole agent` does
 for a client that asks, as the head does).

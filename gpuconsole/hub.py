@@ -24,7 +24,7 @@ from typing import Any
 from gpuconsole.config import HubConfig
 from gpuconsole.counters import RateTracker
 from gpuconsole.history import HistoryStore
-from gpuconsole.readings.agents import REMOTE_PARTS, RemoteReading
+from gpuconsole.readings.agents import REMOTE_PARTS, AgentReading
 from gpuconsole.readings.base import Event, Key, Severity, SourceStatus
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.base import Focusable, Reading, Source
@@ -423,7 +423,7 @@ class Hub:
         statuses = tuple(s.status for s in node.sources)
         profile, last_xid = node.profile, dict(node.last_xid)
         remote = node.readings.get("remote")
-        if isinstance(remote, RemoteReading):
+        if isinstance(remote, AgentReading):
             # A node read through its agent: its parts, statuses and rates, as sent.
             far = remote.node
             for kind in REMOTE_PARTS:

@@ -226,7 +226,7 @@ def fleet_hub(cfg: FleetConfig, settings: HubSettings | None = None) -> Hub:
     [fleet] prometheus, the overview from Prometheus and only the drill-down from agents."""
     # Here, not at the top: the HTTP client (aiohttp) costs a one-shot command a third of
     # its CPU, and a node with no [fleet] never needs it.
-    from gpuconsole.sources.agents import AgentClient, RemoteSource, quiet_collector
+    from gpuconsole.sources.agents import AgentClient, AgentSource, quiet_collector
     from gpuconsole.sources.promql import PrometheusReader, PromQLSource
 
     quiet_collector()
@@ -242,7 +242,7 @@ def fleet_hub(cfg: FleetConfig, settings: HubSettings | None = None) -> Hub:
             timeout_s=cfg.timeout_s,
         )
     for member in members(cfg):
-        agent = RemoteSource(
+        agent = AgentSource(
             member.node, member.url, client, interval_s=cfg.interval_s, timeout_s=cfg.timeout_s
         )
         if reader is None:

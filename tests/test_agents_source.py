@@ -19,7 +19,7 @@ from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.fabric import port_deltas, port_problems, port_rates
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sim.cluster import add_sim_sources, build_sim_nodes, demo_cluster
-from gpuconsole.sources.agents import AgentClient, RemoteSource
+from gpuconsole.sources.agents import AgentClient, AgentSource
 from gpuconsole.wiring import AgentSettings
 from tests.export_fixtures import frozen_fleet
 from tests.waiting import until
@@ -87,7 +87,7 @@ def head_for(agents: list[NodeAgent], **kw: object) -> tuple[Hub, AgentClient]:
     client = AgentClient(max_connections=4)
     for a in agents:
         head.add_source(
-            RemoteSource(
+            AgentSource(
                 a.name, f"http://127.0.0.1:{a.port}", client, interval_s=0.2, timeout_s=2.0, **kw
             )  # type: ignore[arg-type]
         )
@@ -193,7 +193,7 @@ async def test_an_agent_that_returns_garbage_is_stale_with_a_reason(
 
     runner, port = await serve(handler)
     head = Hub()
-    head.add_source(RemoteSource("dgx-9", f"http://127.0.0.1:{port}", AgentClient()))
+    head.add_source(AgentSource("dgx-9", f"http://127.0.0.1:{port}", AgentClient()))
     try:
         snapshot = await head.poll_once()
     finally:
@@ -244,7 +244,7 @@ def test_parts_an_agent_sends_unchanged_are_kept_as_they_were() -> None:
     """BMC and tenancy poll every few seconds, the head every second: a part whose JSON did
     not change is not decoded again, and stays the same object (owners stay remembered)."""
     doc = codec.snapshot_json(select(frozen_fleet(), "dgx-002", summary=True))
-    source = RemoteSource("dgx-002", "http://127.0.0.1:1", AgentClient())
+    source = AgentSource("dgx-002", "http://127.0.0.1:1", AgentClient())
     first = source.parse(json.loads(json.dumps(doc))).node
     moved = json.loads(json.dumps(doc))
     moved["nodes"][0]["nvml"]["gpus"][0]["power_w"] = 123.0
@@ -260,7 +260,7 @@ def test_parts_an_agent_sends_unchanged_are_kept_as_they_were() -> None:
 def test_the_head_names_a_node_its_own_way_in_every_status() -> None:
     """A file_sd target 10.1.0.2:9400 is node 10.1.0.2 on the head, dgx-002 to its agent."""
     doc = codec.snapshot_json(select(frozen_fleet(), "dgx-002", summary=True))
-    node = RemoteSource("10.1.0.2", "http://10.1.0.2:9400", AgentClient()).parse(doc).node
+    node = AgentSource("10.1.0.2", "http://10.1.0.2:9400", AgentClient()).parse(doc).node
     assert node.statuses and {s.node for s in node.statuses} == {"10.1.0.2"}
     theirs = codec.decode_node(doc["nodes"][0])
     assert [dataclasses.replace(s, node="dgx-002") for s in node.statuses] == list(theirs.statuses)
@@ -295,7 +295,7 @@ async def test_a_node_its_agent_has_not_republished_is_not_read_again() -> None:
     agent = Agent(hub, AgentSettings(port=0))
     await agent.start()
     client = AgentClient()
-    source = RemoteSource("dgx-002", f"http://127.0.0.1:{agent.port}", client)
+    source = AgentSource("dgx-002", f"http://127.0.0.1:{agent.port}", client)
     try:
         first = await source.poll()
         served = codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
@@ -325,7 +325,7 @@ async def test_the_head_asks_for_gzip_and_reads_it() -> None:
         return response
 
     runner, port = await serve(handler)
-    source = RemoteSource("dgx-002", f"http://127.0.0.1:{port}", AgentClient())
+    source = AgentSource("dgx-002", f"http://127.0.0.1:{port}", AgentClient())
     try:
         reading = await source.poll()
     finally:
@@ -365,7 +365,7 @@ async def test_a_console_drilling_into_a_node_reads_it_whole_while_it_shows_it(
 
     head, _ = head_for(agents)
     await head.start()
-    sources = {s.node: s for s in head.sources if isinstance(s, RemoteSource)}
+    sources = {s.node: s for s in head.sources if isinstance(s, AgentSource)}
     other = ConsoleApp(head, start_hub=False, theme_dirs=[])
     app = ConsoleApp(head, start_hub=False, theme_dirs=[])
     try:
@@ -444,7 +444,7 @@ async def test_an_odd_event_from_an_agent_is_dropped_alone() -> None:
 
     runner, port = await serve(handler)
     head = Hub(HubSettings(publish_gap_s=0.05))
-    head.add_source(RemoteSource("dgx-001", f"http://127.0.0.1:{port}", AgentClient()))
+    head.add_source(AgentSource("dgx-001", f"http://127.0.0.1:{port}", AgentClient()))
     await head.start()
     try:
         await until(
@@ -474,7 +474,7 @@ async def test_connections_are_bounded() -> None:
     head = Hub()
     client = AgentClient(max_connections=3)
     for i in range(20):
-        head.add_source(RemoteSource(f"n{i}", f"http://127.0.0.1:{port}", client))
+        head.add_source(AgentSource(f"n{i}", f"http://127.0.0.1:{port}", client))
     try:
         await head.poll_once()
     finally:

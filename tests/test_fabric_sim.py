@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from gpuconsole import codec
 from gpuconsole.hub import Hub
-from gpuconsole.readings.agents import RemoteReading
+from gpuconsole.readings.agents import AgentReading
 from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.fabric import (
     AffinityFlag,
@@ -189,7 +189,7 @@ async def test_the_demo_snapshot_with_fabric_round_trips_through_json() -> None:
 
 
 class AgentAnswer:
-    """A remote source that answers with one agent snapshot, as the head's RemoteSource does."""
+    """A remote source that answers with one agent snapshot, as the head's AgentSource does."""
 
     kind: ClassVar[str] = "remote"
     interval_s = 1.0
@@ -202,8 +202,8 @@ class AgentAnswer:
     async def start(self, emit: EmitEvent) -> None:
         pass
 
-    async def poll(self) -> RemoteReading:
-        return RemoteReading(0.0, "http://agent", self.far)
+    async def poll(self) -> AgentReading:
+        return AgentReading(0.0, "http://agent", self.far)
 
     async def close(self) -> None:
         pass

@@ -58,7 +58,7 @@ from gpuconsole.sim.cluster import SimNodeSpec, add_sim_sources, build_sim_nodes
 from gpuconsole.sim.node import Scenario, SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.profiles import DGX_H100
-from gpuconsole.sources.agents import AgentClient, RemoteSource
+from gpuconsole.sources.agents import AgentClient, AgentSource
 from gpuconsole.sources.bmc import BmcPool, BmcSource, BmcTarget, PowerAction, open_link
 from gpuconsole.sources.fabric import FabricSource
 from gpuconsole.sources.nvml.source import NvmlSource
@@ -975,7 +975,7 @@ def head_hub(*urls: tuple[str, str]) -> Hub:
     hub = Hub(SETTINGS)
     client = AgentClient(max_connections=4)
     for name, url in urls:
-        hub.add_source(RemoteSource(name, url, client, interval_s=INTERVAL, timeout_s=1.0))
+        hub.add_source(AgentSource(name, url, client, interval_s=INTERVAL, timeout_s=1.0))
     return hub
 
 

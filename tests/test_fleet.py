@@ -16,7 +16,7 @@ import pytest
 
 from gpuconsole.cli.main import read_capture
 from gpuconsole.config import ConfigError, FleetConfig, parse
-from gpuconsole.sources.agents import RemoteSource
+from gpuconsole.sources.agents import AgentSource
 from gpuconsole.sources.promql import PromQLSource, overview_queries
 from gpuconsole.sources.targets import FleetMember, parse_agent
 from gpuconsole.wiring import console_hub, members
@@ -100,7 +100,7 @@ def test_a_config_with_agents_makes_a_head() -> None:
     hub = console_hub(cfg)
     assert sorted(s.node for s in hub.sources) == ["a", "b"]
     assert {s.kind for s in hub.sources} == {"remote"}
-    assert {type(s) for s in hub.sources} == {RemoteSource}
+    assert {type(s) for s in hub.sources} == {AgentSource}
 
 
 def test_a_config_with_a_prometheus_reads_the_overview_from_it() -> None:

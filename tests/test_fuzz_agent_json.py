@@ -22,7 +22,7 @@ from gpuconsole.codec import DecodeError
 from gpuconsole.export.agent import select
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sim.cluster import demo_hub
-from gpuconsole.sources.agents import AgentClient, RemoteSource
+from gpuconsole.sources.agents import AgentClient, AgentSource
 from tests.fuzz_fixtures import TREES, Json, change_one_place, fuzz_settings
 
 FUZZ = fuzz_settings(200)
@@ -81,7 +81,7 @@ def test_a_changed_snapshot_loads_or_says_where_it_does_not_fit(doc: Json) -> No
 def test_the_remote_source_parses_a_changed_summary_or_says_what_is_wrong(doc: Json) -> None:
     nodes = doc.get("nodes") if isinstance(doc, dict) else None
     assume(not (isinstance(nodes, list) and len(nodes) == 1 and not isinstance(nodes[0], dict)))
-    source = RemoteSource("dgx-001", "http://127.0.0.1:9", AgentClient())
+    source = AgentSource("dgx-001", "http://127.0.0.1:9", AgentClient())
     try:
         reading = source.parse(doc)
     except ValueError as exc:
@@ -110,7 +110,7 @@ def test_a_non_finite_number_from_an_agent_is_refused(number: str) -> None:
 def test_a_lone_node_that_is_not_an_object_is_said_not_to_fit(node: Json) -> None:
     doc = json.loads(documents()[1])
     doc["nodes"] = [node]
-    source = RemoteSource("dgx-001", "http://127.0.0.1:9", AgentClient())
+    source = AgentSource("dgx-001", "http://127.0.0.1:9", AgentClient())
     with pytest.raises(ValueError, match="agent sent"):
         source.parse(doc)
 

@@ -28,8 +28,8 @@ _JUDGED = frozenset(r.counter.removeprefix("netdev.") for r in ERROR_RULES) | fr
 
 
 @dataclass(frozen=True, slots=True)
-class RemoteReading:
-    """What the remote source returns: the node as its agent (or Prometheus) sees it.
+class AgentReading:
+    """What the agent source returns: the node as its agent (or Prometheus) sees it.
 
     Rates come computed by the agent (it saw every counter); the head only keeps history.
     """

@@ -1,4 +1,4 @@
-"""The remote source: a node read through its agent's JSON snapshot, over HTTP.
+"""The agent source: a node read through its agent's JSON snapshot, over HTTP.
 
 Many nodes share one client with a bound on open connections; each node is its own
 source, so the hub gives each its own timeout, backoff and staleness, and an unreachable
@@ -20,7 +20,7 @@ import aiohttp
 from yarl import URL
 
 from gpuconsole.codec import DecodeError, decode, decode_node, parse_json
-from gpuconsole.readings.agents import RemoteReading
+from gpuconsole.readings.agents import AgentReading
 from gpuconsole.readings.base import SCHEMA_VERSION, Event
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.base import EmitEvent
@@ -146,10 +146,10 @@ async def _read_body(response: aiohttp.ClientResponse, most: int) -> bytes:
     return bytes(body)
 
 
-class RemoteSource:
+class AgentSource:
     """One node, read from its agent (`gpuconsole agent`) at `url`."""
 
-    kind: ClassVar[str] = "remote"
+    kind: ClassVar[str] = "remote"  # the source name statuses and stale marks have always shown
 
     def __init__(
         self,
@@ -176,7 +176,7 @@ class RemoteSource:
         self._last_parts: dict[str, tuple[Any, Any]] = {}  # part -> (its JSON, decoded)
         self._urls: dict[str, URL] = {}  # by view, parsed once
         # what the agent last sent, to ask whether it is still current: (URL, ETag, reading)
-        self._held: tuple[URL, str, RemoteReading] | None = None
+        self._held: tuple[URL, str, AgentReading] | None = None
         client.acquire()
 
     async def start(self, emit: EmitEvent) -> None:
@@ -194,7 +194,7 @@ class RemoteSource:
             )
         return url
 
-    async def poll(self) -> RemoteReading:
+    async def poll(self) -> AgentReading:
         url, held = self._request_url(), self._held
         etag = held[1] if held is not None and held[0] == url else None
         # the whole poll (connect, transfer, decode) must fit the hub's timeout
@@ -208,7 +208,7 @@ class RemoteSource:
         self._held = (url, answer.etag, reading) if answer.etag else None
         return reading
 
-    def parse(self, data: Any) -> RemoteReading:
+    def parse(self, data: Any) -> AgentReading:
         """The reading from an agent's document; ValueError says what does not fit."""
         if not isinstance(data, dict):
             raise ValueError("agent sent JSON that is not an object")
@@ -231,7 +231,7 @@ class RemoteSource:
             snapshot = self._decode(chosen)
         except DecodeError as exc:
             raise ValueError(f"agent sent a snapshot that does not fit: {exc}") from None
-        return RemoteReading(self._clock(), self.url, snapshot, self.summary and not self.detail)
+        return AgentReading(self._clock(), self.url, snapshot, self.summary and not self.detail)
 
     def _decode(self, chosen: dict[str, Any]) -> NodeSnapshot:
         """The node, reusing each part (BMC, fabric, tenancy) that came exactly as last time.
@@ -291,6 +291,6 @@ def _named(status: Any, node: str) -> Any:
     return status
 
 
-async def wait_closed(sources: list[RemoteSource]) -> None:
+async def wait_closed(sources: list[AgentSource]) -> None:
     """Close every source (and so the shared client)."""
     await asyncio.gather(*(s.close() for s in sources), return_exceptions=True)

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlencode
 
 from gpuconsole.export import names
-from gpuconsole.readings.agents import RemoteReading
+from gpuconsole.readings.agents import AgentReading
 from gpuconsole.readings.base import Event, SourceStatus, normal_bus_id
 from gpuconsole.readings.bmc import BmcReading, PowerState
 from gpuconsole.readings.fabric import (
@@ -44,7 +44,7 @@ from gpuconsole.readings.nvml import (
     PcieReading,
 )
 from gpuconsole.readings.snapshot import NodeSnapshot
-from gpuconsole.sources.agents import AgentClient, RemoteSource
+from gpuconsole.sources.agents import AgentClient, AgentSource
 from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.nvml.lib import THROTTLE_BITS
 from gpuconsole.sources.xid import describe_xid
@@ -529,7 +529,7 @@ class PromQLSource:
         node: str,
         instance: str,
         reader: PrometheusReader,
-        agent: RemoteSource,
+        agent: AgentSource,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -558,14 +558,14 @@ class PromQLSource:
     async def close(self) -> None:
         await self.agent.close()
 
-    async def poll(self) -> RemoteReading:
+    async def poll(self) -> AgentReading:
         if self.detail:
             return await self.agent.poll()
         overview = await self._reader.overview()
         _name, found = overview.pick(self.instance, self.node)
         node = build_node(self.node, found, overview.at)
         self._post_xids(node)
-        return RemoteReading(self._clock(), self._reader.url, node, summary=True)
+        return AgentReading(self._clock(), self._reader.url, node, summary=True)
 
     def _post_xids(self, node: NodeSnapshot) -> None:
         """An XID that changed since the last round becomes an event, as the agent's would."""
