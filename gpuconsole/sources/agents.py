@@ -149,7 +149,7 @@ async def _read_body(response: aiohttp.ClientResponse, most: int) -> bytes:
 class AgentSource:
     """One node, read from its agent (`gpuconsole agent`) at `url`."""
 
-    kind: ClassVar[str] = "remote"  # the source name statuses and stale marks have always shown
+    kind: ClassVar[str] = "remote"  # the name statuses, stale marks and metrics show
 
     def __init__(
         self,
