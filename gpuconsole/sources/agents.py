@@ -20,6 +20,7 @@ import aiohttp
 from yarl import URL
 
 from gpuconsole.codec import DecodeError, decode, decode_node, parse_json
+from gpuconsole.config import FleetConfig
 from gpuconsole.readings.agents import AgentReading
 from gpuconsole.readings.base import SCHEMA_VERSION, Event
 from gpuconsole.readings.snapshot import NodeSnapshot
@@ -58,7 +59,12 @@ class Answer:
 class AgentClient:
     """One HTTP client for every agent of a fleet, with a cap on open connections."""
 
-    def __init__(self, max_connections: int = 64, *, auth: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        max_connections: int = FleetConfig.max_connections,
+        *,
+        auth: tuple[str, str] | None = None,
+    ) -> None:
         self.max_connections = max_connections
         self._auth = aiohttp.BasicAuth(*auth) if auth else None
         self._session: aiohttp.ClientSession | None = None
