@@ -549,19 +549,6 @@ def live_demo_contexts(hub: Hub, nodes: Sequence[str]) -> dict[str, PlanContext]
     return found
 
 
-async def propose_with(
-    executor: Executor, count: int, model: str | None = None, target: Target | None = None
-) -> Placement:
-    """Placement help on the executor's node, from a fresh reading (this machine's includes
-    the fabric, for the NIC rails) and the executor's cordons."""
-    from gpuconsole.actions.placement import placements
-
-    if executor.reader is None:
-        raise RuntimeError("this executor has no reader to propose from")
-    node = await executor.reader()
-    return placements([node], count, model, target, {node.node: await executor.context()})
-
-
 async def propose_demo(
     count: int,
     model: str | None = None,

@@ -13,11 +13,11 @@ import pytest
 
 from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.drivers import ClusterDriver
-from gpuconsole.actions.executor import ActionRefused, CannotRecover, Executor
+from gpuconsole.actions.executor import CannotRecover, Executor
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.locks import holders, lock_and_start
 from gpuconsole.actions.plan import Step, StepKind, Target
-from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.actions.roles import ActionRefused, Actor, Role
 from gpuconsole.cli.main import main
 from gpuconsole.sim.actions import SimWorld, sim_drivers
 from tests.assign_fixtures import SmallDisk, small_disk, world

@@ -15,11 +15,11 @@ import pytest
 
 from gpuconsole.actions.drivers import StepFailed
 from gpuconsole.actions.drivers.vfio import VfioDriver
-from gpuconsole.actions.executor import ACTION_EVENT, STEP_EVENT, ActionRefused
+from gpuconsole.actions.executor import ACTION_EVENT, STEP_EVENT
 from gpuconsole.actions.journal import PlanState
 from gpuconsole.actions.locks import holders
 from gpuconsole.actions.plan import Step, StepKind, Target
-from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.actions.roles import ActionRefused, Actor, Role
 from gpuconsole.cli.main import main
 from gpuconsole.hub import Hub
 from gpuconsole.readings.base import Event, Severity

@@ -28,7 +28,7 @@ import asyncssh
 import pytest
 
 from gpuconsole.actions.audit import AuditLog
-from gpuconsole.actions.executor import STEP_EVENT, ActionRefused, Outcome, StepUpdate
+from gpuconsole.actions.executor import STEP_EVENT, Outcome, StepUpdate
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.over_ssh import (
     ContactLost,
@@ -47,7 +47,7 @@ from gpuconsole.actions.progress import (
     plan_digest,
     read_event,
 )
-from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.actions.roles import ActionRefused, Actor, Role
 from gpuconsole.actions.ssh_caller import over_ssh
 from gpuconsole.cli.assign import AssignRequest, run_assign
 from gpuconsole.cli.main import main

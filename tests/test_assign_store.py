@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from gpuconsole import config
-from gpuconsole.actions.executor import ActionRefused, Executor
+from gpuconsole.actions.executor import Executor
 from gpuconsole.actions.plan import Target
-from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.actions.roles import ActionRefused, Actor, Role
 from gpuconsole.actions.store import action_store
 from gpuconsole.config import ConfigError
 from gpuconsole.sim.actions import sim_drivers

@@ -10,10 +10,10 @@ import pytest
 from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.drivers import Drivers, StepFailed
 from gpuconsole.actions.drivers.vfio import VfioDriver
-from gpuconsole.actions.executor import ActionRefused, Executor
+from gpuconsole.actions.executor import Executor
 from gpuconsole.actions.journal import Journal
 from gpuconsole.actions.plan import StepKind, Target, make_plan
-from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.actions.roles import ActionRefused, Actor, Role
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import Guest, TenancyReading
 from gpuconsole.sim.actions import SysfsKernel

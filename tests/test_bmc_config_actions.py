@@ -15,8 +15,8 @@ import pytest
 
 from gpuconsole import config
 from gpuconsole.actions.audit import AuditLog
-from gpuconsole.actions.power import ActionRefused, PowerRequest, power
-from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.actions.power import PowerRequest, power
+from gpuconsole.actions.roles import ActionRefused, Actor, Role
 from gpuconsole.config import ConfigError
 from gpuconsole.readings.bmc import PowerState
 from gpuconsole.sim.bmc import sim_link

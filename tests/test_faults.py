@@ -41,11 +41,11 @@ from aiohttp import web
 
 from gpuconsole import codec
 from gpuconsole.actions.audit import AuditLog, AuditRecord
-from gpuconsole.actions.executor import ActionRefused, Executor
+from gpuconsole.actions.executor import Executor
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.plan import Target
 from gpuconsole.actions.power import PowerRequest, power
-from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.actions.roles import ActionRefused, Actor, Role
 from gpuconsole.export.agent import Agent
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.base import SourceStatus

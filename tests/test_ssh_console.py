@@ -18,8 +18,8 @@ import pyte
 import pytest
 
 from gpuconsole.actions.audit import AuditLog
-from gpuconsole.actions.power import ActionRefused, PowerRequest, power
-from gpuconsole.actions.roles import Role
+from gpuconsole.actions.power import PowerRequest, power
+from gpuconsole.actions.roles import ActionRefused, Role
 from gpuconsole.sim.cluster import demo_hub
 from gpuconsole.sources.bmc import PowerAction
 from gpuconsole.ssh.server import ConsoleServer, SessionInfo, console_factory

@@ -40,8 +40,7 @@ from gpuconsole.actions.journal import (
 )
 from gpuconsole.actions.locks import GpuBusy, lock_and_start
 from gpuconsole.actions.plan import Plan, PlanContext, Step, StepKind, Target, make_plan
-from gpuconsole.actions.power import ActionRefused
-from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.actions.roles import ActionRefused, Actor, Role
 from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.base import EmitEvent

@@ -15,6 +15,7 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from gpuconsole.actions.plan import (
     PlanContext,
@@ -33,6 +34,9 @@ from gpuconsole.facts.pairing import GpuNic, gpu_nics
 from gpuconsole.readings.fabric import LEVELS, FabricReading, PortRole
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import OwnerKind
+
+if TYPE_CHECKING:
+    from gpuconsole.actions.executor import Executor
 
 __all__ = ["Placement", "Proposal", "Rail", "placements", "propose"]
 
@@ -328,3 +332,14 @@ def placements(
         else:
             refused.append((node.node, answer))
     return Placement(tuple(sorted(found, key=_rank)), tuple(refused))
+
+
+async def propose_with(
+    executor: Executor, count: int, model: str | None = None, target: Target | None = None
+) -> Placement:
+    """Placement help on the executor's node, from a fresh reading (this machine's includes
+    the fabric, for the NIC rails) and the executor's cordons."""
+    if executor.reader is None:
+        raise RuntimeError("this executor has no reader to propose from")
+    node = await executor.reader()
+    return placements([node], count, model, target, {node.node: await executor.context()})

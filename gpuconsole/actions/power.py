@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpuconsole.actions.audit import AuditLog, AuditRecord
-from gpuconsole.actions.roles import Actor
+from gpuconsole.actions.roles import ActionRefused, Actor
 from gpuconsole.sources.bmc.link import BmcError, PowerAction
 
 log = logging.getLogger(__name__)
@@ -26,10 +26,6 @@ class PowerControl(Protocol):
     def label(self) -> str: ...
 
     async def set_power(self, action: PowerAction) -> str: ...
-
-
-class ActionRefused(Exception):
-    """The action was not carried out: the role may not act, or the confirmation is wrong."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,3 +70,8 @@ def _known(gid: int) -> bool:
     except KeyError:
         return False
     return True
+
+
+class ActionRefused(Exception):
+    """The action was not carried out: the role may not act, the confirmation is wrong, or
+    the state refuses the plan."""

@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
-from gpuconsole.actions.executor import ActionRefused, CannotRecover, Executor, PlanExecutor
+from gpuconsole.actions.executor import CannotRecover, Executor, PlanExecutor
 from gpuconsole.actions.locks import holders
+from gpuconsole.actions.placement import propose_with
 from gpuconsole.actions.plan import Plan, Target
 from gpuconsole.actions.progress import (
     EXIT_FAILED,
@@ -30,13 +31,12 @@ from gpuconsole.actions.progress import (
     TextReport,
     plan_digest,
 )
-from gpuconsole.actions.roles import Actor
+from gpuconsole.actions.roles import ActionRefused, Actor
 from gpuconsole.config import Config
 from gpuconsole.wiring import (
     demo_executor,
     node_executor,
     propose_demo,
-    propose_with,
     remote_executor,
 )
 

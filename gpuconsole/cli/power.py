@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from gpuconsole.actions.power import ActionRefused, PowerRequest, power
-from gpuconsole.actions.roles import local_actor
+from gpuconsole.actions.power import PowerRequest, power
+from gpuconsole.actions.roles import ActionRefused, local_actor
 from gpuconsole.actions.store import action_store, demo_store
 from gpuconsole.config import Config
 from gpuconsole.sources.bmc import BmcError, PowerAction
