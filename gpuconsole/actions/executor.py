@@ -48,7 +48,6 @@ from gpuconsole.sources.base import EmitEvent
 __all__ = [
     "ACTION_EVENT",
     "STEP_EVENT",
-    "ActionRefused",
     "CannotRecover",
     "Executor",
     "Outcome",

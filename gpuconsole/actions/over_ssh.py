@@ -33,7 +33,6 @@ from gpuconsole.actions.executor import (
     ACTION_EVENT,
     EVENT_SOURCE,
     STEP_EVENT,
-    ActionRefused,
     Outcome,
     StepUpdate,
     action_event,
@@ -59,7 +58,7 @@ from gpuconsole.actions.progress import (
     plan_digest,
     read_event,
 )
-from gpuconsole.actions.roles import Actor
+from gpuconsole.actions.roles import ActionRefused, Actor
 from gpuconsole.config import RemoteConfig
 from gpuconsole.readings.base import Event, Severity
 from gpuconsole.sources.base import EmitEvent

@@ -25,7 +25,6 @@ from textual.widgets import Input, OptionList, SelectionList, Static
 from textual.widgets.option_list import Option
 
 from gpuconsole.actions.executor import (
-    ActionRefused,
     Executor,
     Outcome,
     PlanExecutor,
@@ -33,6 +32,7 @@ from gpuconsole.actions.executor import (
 )
 from gpuconsole.actions.placement import Placement, Proposal, placements
 from gpuconsole.actions.plan import Plan, Target
+from gpuconsole.actions.roles import ActionRefused
 from gpuconsole.config import ConfigError
 from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.readings.base import Health
