@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import math
 import re
 import socket
@@ -21,6 +22,8 @@ from gpuconsole import paths
 
 # The ports the agent and the ssh server listen on where a listen address names none.
 AGENT_PORT, SSH_PORT = 9400, 2222
+
+log = logging.getLogger(__name__)
 
 
 def _doc(text: str, **limits: Any) -> dict[str, Any]:
@@ -696,3 +699,19 @@ def _array_example(table: str, cls: type) -> list[str]:
         lines.append(f"#   {spec.name} = {_toml_value(getattr(cls(), spec.name))}")
     lines.append("")
     return lines
+
+
+def read_secret(path: Path, what: str) -> str:
+    """The text of a file that holds a secret (every password file is read here): a
+    warning when others may read it, which never shows the secret; ConfigError naming
+    `what` when it cannot be read."""
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        log.warning(
+            "%s: %s is readable by others (mode %o); chmod 600 it", what, path, mode & 0o777
+        )
+    return text

@@ -3,8 +3,9 @@ sources, a head's fleet of agents, or the simulated cluster), the settings of th
 the ssh server, the secrets their files hold, and the executors that act on GPUs, for every
 mode (console, agent, ssh server, wallboard, actions).
 
-A console builds the same executors as `gpuconsole assign` (`node_executor`, `demo_executor`)
-with its hub's `post_event` as `emit`, so that every step and outcome lands in its Events view.
+A console's executors (`console_executor`, `remote_executor`, `live_demo_executor`) are those
+of `gpuconsole assign`, with its hub's `post_event` as `emit`, so that every step and outcome
+lands in its Events view.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from gpuconsole.config import (
     FleetConfig,
     SshConfig,
     parse_listen,
+    read_secret,
 )
 from gpuconsole.hub import Hub, HubSettings
 
@@ -42,25 +44,6 @@ if TYPE_CHECKING:
     from gpuconsole.sources.tenancy import TenancySource
 
 log = logging.getLogger(__name__)
-
-
-# --- secrets -----------------------------------------------------------------------------
-
-
-def read_secret(path: Path, what: str) -> str:
-    """The text of a file that holds a secret (every password file is read here): a
-    warning when others may read it, which never shows the secret; ConfigError naming
-    `what` when it cannot be read."""
-    try:
-        mode = path.stat().st_mode
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None
-    if mode & 0o077:
-        log.warning(
-            "%s: %s is readable by others (mode %o); chmod 600 it", what, path, mode & 0o777
-        )
-    return text
 
 
 # --- hubs and their sources ----------------------------------------------------------------

@@ -27,8 +27,7 @@ from pathlib import Path
 import asyncssh
 
 from gpuconsole.actions.roles import Role
-from gpuconsole.config import ConfigError
-from gpuconsole.wiring import read_secret
+from gpuconsole.config import ConfigError, read_secret
 
 log = logging.getLogger(__name__)
 

@@ -99,7 +99,7 @@ class MachineAccess(ActionAccess):
         try:
             return {here: await executor.context()}
         finally:
-            executor.journal.close()
+            await executor.close()
 
 
 class DemoAccess(ActionAccess):
