@@ -163,8 +163,8 @@ class AgentSource:
         url: str,
         client: AgentClient,
         *,
-        interval_s: float = 1.0,
-        timeout_s: float = 5.0,
+        interval_s: float = FleetConfig.interval_s,
+        timeout_s: float = FleetConfig.timeout_s,
         summary: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from gpuconsole.config import BmcConfig
 from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.bmc import BmcReading, PowerState
 from gpuconsole.sources.base import EmitEvent
@@ -45,7 +46,7 @@ class BmcTarget:
     password: str = field(default="", repr=False)
     verify_tls: bool = True
     ca_file: str = ""
-    timeout_s: float = 10.0
+    timeout_s: float = BmcConfig.timeout_s
 
     @property
     def effective_port(self) -> int:
@@ -113,8 +114,8 @@ class BmcSource:
         node: str,
         link: BmcLink,
         *,
-        interval_s: float = 10.0,
-        timeout_s: float = 20.0,
+        interval_s: float = BmcConfig.interval_s,
+        timeout_s: float = BmcConfig.timeout_s,
         queue_timeout_s: float | None = None,
         pool: BmcPool | None = None,
         sel_cursor: SelCursor | None = None,

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
+from gpuconsole.config import FabricConfig, HostConfig
 from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.fabric import (
     FabricDevice,
@@ -46,11 +47,11 @@ class FabricSource:
         self,
         node: str,
         *,
-        sysfs_root: str = "/sys",
-        interval_s: float = 2.0,
-        timeout_s: float = 5.0,
+        sysfs_root: str = HostConfig.sysfs_root,
+        interval_s: float = FabricConfig.interval_s,
+        timeout_s: float = FabricConfig.timeout_s,
         roles: Mapping[str, str] | None = None,
-        netlink: bool = True,
+        netlink: bool = FabricConfig.netlink,
         netns: str | None = None,
         simulated: bool = False,
         prepare: Callable[[], None] | None = None,

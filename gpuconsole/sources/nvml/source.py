@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+from gpuconsole.config import NvmlConfig
 from gpuconsole.format import THROTTLE_WORDS
 from gpuconsole.readings.base import Event, Severity, normal_bus_id
 from gpuconsole.readings.nvml import (
@@ -122,11 +123,11 @@ class NvmlSource:
         node: str,
         *,
         lib: Any = None,
-        interval_s: float = 1.0,
-        timeout_s: float = 5.0,
-        detail_every: int = 2,
-        inventory_every: int = 30,
-        events: bool = True,
+        interval_s: float = NvmlConfig.interval_s,
+        timeout_s: float = NvmlConfig.timeout_s,
+        detail_every: int = NvmlConfig.detail_every,
+        inventory_every: int = NvmlConfig.inventory_every,
+        events: bool = NvmlConfig.events,
         simulated: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:

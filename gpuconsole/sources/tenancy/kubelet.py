@@ -17,11 +17,11 @@ from typing import Any
 
 import grpc
 
+from gpuconsole.config import TenancyConfig
 from gpuconsole.readings.tenancy import PodDevice
 from gpuconsole.sources.tenancy.proto import api_pb2, api_pb2_grpc
 
 __all__ = [
-    "DEFAULT_SOCKET",
     "KubeletError",
     "KubeletReader",
     "ParsedDeviceId",
@@ -30,7 +30,6 @@ __all__ = [
     "pod_devices",
 ]
 
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # dcgm-exporter's filter: the GPU resource and every MIG resource of the mixed strategy
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -129,7 +128,11 @@ class KubeletReader:
     """One grpc.aio channel to the kubelet's pod-resources socket, opened on first use."""
 
     def __init__(
-        self, socket: str = DEFAULT_SOCKET, *, timeout_s: float = 5.0, stub: Any = None
+        self,
+        socket: str = TenancyConfig.kubelet_socket,
+        *,
+        timeout_s: float = 5.0,
+        stub: Any = None,
     ) -> None:
         self.socket = socket
         self.timeout_s = timeout_s

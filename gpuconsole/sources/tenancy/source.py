@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
+from gpuconsole.config import HostConfig, TenancyConfig
 from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.tenancy import (
     Guest,
@@ -30,7 +31,6 @@ from gpuconsole.sources.base import EmitEvent, SourceUnavailable
 from gpuconsole.sources.tenancy import pci_binding, qemu
 from gpuconsole.sources.tenancy.cgroups import ProcessScanner
 from gpuconsole.sources.tenancy.kubelet import (
-    DEFAULT_SOCKET,
     KubeletError,
     KubeletReader,
     unknown_ids,
@@ -59,15 +59,15 @@ class TenancySource:
         self,
         node: str,
         *,
-        sysfs_root: str = "/sys",
-        proc_root: str = "/proc",
-        libvirt_uri: str = "qemu:///system",
-        kubelet_socket: str = DEFAULT_SOCKET,
-        processes: bool = True,
+        sysfs_root: str = HostConfig.sysfs_root,
+        proc_root: str = HostConfig.proc_root,
+        libvirt_uri: str = TenancyConfig.libvirt_uri,
+        kubelet_socket: str = TenancyConfig.kubelet_socket,
+        processes: bool = TenancyConfig.processes,
         qemu_scan: bool = True,
         rules: TenantRules | None = None,
-        interval_s: float = 5.0,
-        timeout_s: float = 10.0,
+        interval_s: float = TenancyConfig.interval_s,
+        timeout_s: float = TenancyConfig.timeout_s,
         passwd_file: str = "/etc/passwd",
         libvirt_connect: Callable[[str], Any] | None = None,
         kubelet_stub: Any = None,
