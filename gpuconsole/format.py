@@ -154,11 +154,6 @@ def number(value: float | int | None, digits: int = 0) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else f"{value}"
 
 
-def short_time(at: float | None) -> str:
-    """Local time of day without seconds, HH:MM (events list, narrow columns)."""
-    return NA if at is None else time.strftime("%H:%M", time.localtime(at))
-
-
 def kilowatts(value: float | None) -> str:
     """A node's or rack's power: '4.7 kW'."""
     return NA if value is None else f"{value / 1000:.1f} kW"

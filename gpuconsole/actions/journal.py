@@ -331,10 +331,6 @@ class Journal:
         )
         return plan_id
 
-    def record_refusal(self, plan: Plan, user: str, role: str, fp: str | None, why: str) -> str:
-        with self.transaction() as db:
-            return self.start_plan(db, plan, user, role, fp, state=PlanState.REFUSED, outcome=why)
-
     def finish_plan(self, plan_id: str, state: PlanState, outcome: str) -> None:
         """Mark a plan finished and release its GPU locks, in one transaction."""
         with self.transaction() as db:

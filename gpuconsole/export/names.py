@@ -420,7 +420,6 @@ IB_COUNTERS: dict[str, tuple[str, str]] = {
     ),
 }
 IB_DATA_COUNTERS = frozenset({"port_rcv_data", "port_xmit_data"})
-IB_LIFESPAN_FILE = "lifespan"
 
 # --- Fabric, gpuconsole's own -----------------------------------------------------------------
 FABRIC_HW_STAT = (

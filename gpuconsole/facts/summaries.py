@@ -195,11 +195,6 @@ def owner_ids(owner: Owner) -> str:
     return " · ".join(parts)
 
 
-def gpu_in_use(gpu: GpuReading) -> bool:
-    """A GPU with compute processes (or any MIG instance with them) is in use."""
-    return bool(gpu.processes)
-
-
 @dataclass(frozen=True, slots=True)
 class GpuCounts:
     """How many of a node's GPUs are in each state: what the fleet view sums every second."""

@@ -129,11 +129,6 @@ class FabricPort:
         data = self.counter("port_xmit_data")
         return None if data is None else data * DATA_OCTETS_PER_UNIT
 
-    @property
-    def rcv_bytes_total(self) -> int | None:
-        data = self.counter("port_rcv_data")
-        return None if data is None else data * DATA_OCTETS_PER_UNIT
-
 
 @dataclass(frozen=True, slots=True)
 class FabricDevice:
@@ -443,11 +438,3 @@ def port_problems(
     order = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
     found.sort(key=lambda p: order[p.severity])
     return tuple(found)
-
-
-def port_severity(
-    port: FabricPort, rate: RateLookup, delta: DeltaLookup | None = None
-) -> Severity | None:
-    """The worst of `port_problems`, or None for a healthy port."""
-    problems = port_problems(port, rate, delta)
-    return problems[0].severity if problems else None

@@ -36,10 +36,6 @@ class PciDevice:
     numa_node: int | None
     chain: tuple[str, ...]  # ("pci0000:17", "0000:17:00.0", ..., "0000:1b:00.0")
 
-    @property
-    def root_complex(self) -> str | None:
-        return self.chain[0] if self.chain and self.chain[0].startswith("pci") else None
-
 
 def _read_int(path: str, base: int = 0) -> int | None:
     try:

@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Static
 
-from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import looks_same
 from gpuconsole.tui.widgets.footer import Footer
@@ -116,7 +116,3 @@ class BaseView(Screen[None]):
             self.palette,
             read_only=self.console.read_only,
         )
-
-    def find_node(self, name: str) -> NodeSnapshot | None:
-        snapshot = self.console.snapshot
-        return snapshot.node(name) if snapshot is not None else None

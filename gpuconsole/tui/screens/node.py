@@ -231,11 +231,6 @@ class NodeScreen(BaseView):
         key = self.table.cursor_key
         return self._rows.get(key) if key is not None else None
 
-    def selected_gpu(self) -> int | None:
-        """NVML's index of the GPU under the cursor; None for one NVML cannot see."""
-        row = self.selected_row()
-        return row.index if row is not None else None
-
     def _open(self, row: GpuRow | None) -> None:
         if row is None:
             return

@@ -53,10 +53,6 @@ def heat_cells(gpus: Sequence[GpuReading | GpuRow], metric: Metric, palette: Pal
     return text
 
 
-def heat_cell(gpu: GpuReading, metric: Metric, palette: Palette) -> Text:
-    return heat_cells([gpu], metric, palette)
-
-
 def health_light(health: Health, palette: Palette, *, word: bool = False) -> Text:
     label = HEALTH_GLYPH[health] + (f" {health.value}" if word else "")
     return Text(label, style=palette.health[health])
