@@ -320,7 +320,14 @@ def test_the_ssh_server_gives_its_operators_this_machines_actions_and_viewers_no
         host=HostConfig(name="gpu-node"),
         actions=ActionsConfig(state_dir=str(tmp_path / "state")),
     )
-    factory = console_factory(Hub(), theme=None, wallboard_theme=None, page_s=15, acting=cfg)
+    hub = Hub()
+    factory = console_factory(
+        hub,
+        theme=None,
+        wallboard_theme=None,
+        page_s=15,
+        actions=MachineAccess(cfg, hub.post_event, hub),
+    )
 
     def session(role: Role) -> Any:
         actor = Actor("ops", role, "SHA256:x", "ssh")

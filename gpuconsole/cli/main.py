@@ -119,6 +119,7 @@ def cmd_ssh_server(args: argparse.Namespace) -> int:
     try:
         from gpuconsole.ssh.keys import KeyFileError
         from gpuconsole.ssh.server import ConsoleServer, console_factory, serve
+        from gpuconsole.tui.actions import MachineAccess
     except ImportError as exc:
         print(f"gpuconsole: the ssh server cannot start: {exc}", file=sys.stderr)
         return 1
@@ -131,7 +132,7 @@ def cmd_ssh_server(args: argparse.Namespace) -> int:
         wallboard_theme=cfg.wallboard.theme,
         page_s=cfg.wallboard.page_s,
         refresh_s=cfg.ssh.refresh_s,
-        acting=None if args.demo else cfg,
+        actions=None if args.demo else MachineAccess(cfg, hub.post_event, hub),
     )
     logging.getLogger().setLevel(logging.INFO)
     try:

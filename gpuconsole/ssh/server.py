@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import asyncssh
 from textual.app import App
 
 from gpuconsole.actions.roles import Actor, Role
-from gpuconsole.config import Config, SshConfig
+from gpuconsole.config import SshConfig
 from gpuconsole.hub import Hub
 from gpuconsole.ssh.driver import BoundedOutput, SshDriver
 from gpuconsole.ssh.feed import PacedFeed
@@ -37,6 +37,9 @@ from gpuconsole.ssh.keys import (
     load_passwords,
 )
 from gpuconsole.wiring import SshSettings
+
+if TYPE_CHECKING:
+    from gpuconsole.tui.actions import ActionAccess
 
 log = logging.getLogger(__name__)
 
@@ -516,17 +519,12 @@ def console_factory(
     page_s: float,
     theme_dirs: list[Path] | None = None,
     refresh_s: float = SshConfig.refresh_s,
-    acting: Config | None = None,
+    actions: ActionAccess | None = None,
 ) -> AppFactory:
     """Apps for sessions: the wallboard for the wallboard user, else the console with the
     session's actor (read-only for viewers). The hub is the server's: apps never start it;
-    each reads it through a feed paced to `refresh_s`. With `acting` (this machine's config)
+    each reads it through a feed paced to `refresh_s`. With `actions` (this machine's)
     operators' sessions can move this machine's GPUs, each as its own key's actor."""
-    actions = None
-    if acting is not None:
-        from gpuconsole.tui.actions import MachineAccess
-
-        actions = MachineAccess(acting, hub.post_event, hub)
 
     def make(info: SessionInfo) -> App[None]:
         feed = PacedFeed(hub, refresh_s)
