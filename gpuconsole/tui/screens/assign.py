@@ -158,7 +158,7 @@ class AssignScreen(ModalScreen[None]):
             with VerticalScroll(id="assign-plan-box"):
                 yield Static(id="assign-plan")
             confirm = Input(id="assign-confirm")
-            confirm.cursor_blink = bool(getattr(self.app, "cursor_blink", True))
+            confirm.cursor_blink = self.console.cursor_blink
             yield confirm
         yield Footer()
 
@@ -467,7 +467,7 @@ class ProposeScreen(ModalScreen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        blink = bool(getattr(self.app, "cursor_blink", True))
+        blink = self.console.cursor_blink
         for field in self.query(Input):
             field.cursor_blink = blink
         self.query_one("#propose-count", Input).focus()
