@@ -229,6 +229,15 @@ def cmd_assign(args: argparse.Namespace) -> int:
     return asyncio.run(run_assign(cfg, request, actor, ask=ask))
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Every NVML call the NVML source makes, once, as this user: what the driver answered
+    beside what the source made of it, and which readings this user cannot see."""
+    from gpuconsole.cli.doctor import run_doctor
+
+    library = args.library if args.library is not None else _config(args).nvml.library
+    return run_doctor(library, as_json=args.json, timeout_s=args.timeout, out=sys.stdout)
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     if args.action == "example":
         print(config_mod.example())
@@ -359,6 +368,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(p)
     p.set_defaults(func=cmd_assign)
+
+    p = sub.add_parser(
+        "doctor",
+        help="what NVML answers this user, beside what gpuconsole made of it",
+        description="Run every NVML call the NVML source makes, once, as this user, and print "
+        "what the driver answered (return code, value type, value) beside what the source made "
+        "of it, and which readings this user cannot see and why. Exit 0 when NVML answered, "
+        "1 when it is not available (no library or driver, not permitted), 3 when the driver "
+        "hung.",
+    )
+    _common(p)
+    p.add_argument("--json", action="store_true", help="the whole report as JSON (to diff)")
+    p.add_argument(
+        "--library",
+        metavar="PATH",
+        help="the libnvidia-ml.so.1 to load (default: [nvml] library, else the system's)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=50.0,
+        metavar="S",
+        help="give up on a driver that does not answer after S seconds (default: 50)",
+    )
+    p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("config", help="print an example config, or check one")
     p.add_argument("action", choices=["example", "check"])
