@@ -17,6 +17,7 @@ set -u
 OUT=${OUT:-$PWD/device-check-out}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 LOG=$OUT/run.log
+ERR=/tmp/gpuconsole-check-step.stderr  # outside $OUT: only the eight files come back
 : >"$LOG"
 START=$(date +%s)
 DEADLINE=$((START + 270))
@@ -43,14 +44,11 @@ step() {
     local limit began rc ms
     limit=$(budget "$cap")
     began=$(date +%s%N)
-    timeout --kill-after=5 "$limit" "$@" >"$outfile" 2>>"$LOG.stderr"
+    timeout --kill-after=5 "$limit" "$@" >"$outfile" 2>"$ERR"
     rc=$?
     ms=$((($(date +%s%N) - began) / 1000000))
     say "[$name] exit $rc in $((ms / 1000)).$((ms % 1000 / 100)) s (limit $limit s) -> $(basename "$outfile")"
-    if [[ -s $LOG.stderr ]]; then
-        sed "s/^/    [$name stderr] /" "$LOG.stderr" >>"$LOG"
-        : >"$LOG.stderr"
-    fi
+    sed "s/^/    [$name stderr] /" "$ERR" >>"$LOG"
 }
 
 say "== gpuconsole device check, $(date -u +%FT%TZ), $(uname -srm)"
@@ -124,5 +122,5 @@ PYTEST=("$PY" -m pytest -q -rfEs -p no:cacheprovider "${TESTS[@]}")
 step "pytest, root" 100 "$OUT/pytest-root.txt" "${AS_ROOT[@]}" "${PYTEST[@]}"
 step "pytest, $RUN_AS" 100 "$OUT/pytest-user.txt" "${AS_USER[@]}" "${PYTEST[@]}"
 
-rm -f "$LOG.stderr"
+rm -f "$ERR"
 say "== done in $(($(date +%s) - START)) s"
