@@ -276,3 +276,46 @@ def test_after_a_gpu_is_rebound_nvml_is_restarted_and_numbers_the_gpus_again() -
     ]
     assert [g.index for g in gpus] == list(range(7))  # renumbered, as a real host does
     assert lib.calls["nvmlInit"] == 2 and lib.calls["nvmlShutdown"] == 1
+
+
+@pytest.mark.parametrize(
+    ("profile", "lost_gpu", "to_guest", "renumbered"),
+    [(DGX_H100, 5, 3, 4), (DGX_A100, 6, 4, 5)],  # a DGX A100 numbers 87:00.0 after bd:00.0
+    ids=["h100", "a100"],
+)
+def test_a_lost_gpu_keeps_its_identity_and_its_one_lost_event_when_nvml_renumbers(
+    profile: NodeProfile, lost_gpu: int, to_guest: int, renumbered: int
+) -> None:
+    source, lib, clock = make(profile, f"xid79:{lost_gpu}@10", detail_every=1)
+    events: list[Event] = []
+    source._emit = events.append  # what the hub would pass to start()
+    seen = source.collect().gpus[lost_gpu]
+    clock.now += 11
+    lost = source.collect().gpus[lost_gpu]
+    assert lost.state is GpuState.LOST and lost.lost_since == clock.now
+    # a GPU goes to a guest: NVML restarts, numbers the others again, and the lost GPU
+    # cannot even name itself any more
+    lib.node.retenant(passthrough=frozenset({to_guest}), idle=frozenset())
+    source.rediscover()
+    clock.now += 30
+    again = source.collect().gpus[renumbered]
+    assert again.state is GpuState.LOST
+    assert (again.pci_bus_id, again.uuid) == (seen.pci_bus_id, seen.uuid)
+    assert again.serial == seen.serial and again.module_id == seen.module_id
+    assert again.lost_since == lost.lost_since  # lost since then, not since the restart
+    assert [e.kind for e in events] == ["gpu_lost"]
+    assert events[0].gpu_uuid == seen.uuid
+
+
+def test_a_gpu_lost_before_nvml_first_read_it_stays_lost_since_then_when_nvml_renumbers() -> None:
+    source, lib, clock = make(DGX_H100, "xid79:5", detail_every=1)
+    events: list[Event] = []
+    source._emit = events.append
+    lost = source.collect().gpus[5]
+    assert lost.state is GpuState.LOST and lost.uuid == "unknown-5"  # it never said
+    lib.node.retenant(passthrough=frozenset({3}), idle=frozenset())
+    source.rediscover()
+    clock.now += 30
+    again = source.collect().gpus[4]
+    assert again.state is GpuState.LOST and again.lost_since == lost.lost_since
+    assert [e.kind for e in events] == ["gpu_lost"]

@@ -242,6 +242,7 @@ class NvmlSource:
         cuda = f"{cuda_raw // 1000}.{cuda_raw % 1000 // 10}" if isinstance(cuda_raw, int) else None
         self._versions = (driver, nvml, cuda)
         gpus: list[GpuRecord] = []
+        unreadable: list[GpuRecord] = []
         for index in range(lib.nvmlDeviceGetCount()):
             try:
                 gpus.append(self._identify(index))
@@ -252,7 +253,16 @@ class NvmlSource:
                     index, None, f"unknown-{index}", "unknown", "unknown", errors=[str(exc)]
                 )
                 gpus.append(gpu)
-                self._mark_lost(gpu, str(exc))
+                unreadable.append(gpu)
+        # NVML started again (a GPU was rebound): one lost before stays the GPU it was, lost
+        # since then, its event already told
+        former = _former_records(gpus, self._gpus) if unreadable else {}
+        for gpu in unreadable:
+            before = former.get(gpu.index)
+            if before is not None:
+                _keep_identity(gpu, before)
+            if gpu.lost_since is None:
+                self._mark_lost(gpu, gpu.errors[0])
         self._gpus = gpus
         self._pci_topology = self._read_pci_topology()
 
@@ -697,6 +707,50 @@ class NvmlSource:
     def _post_nvml_event(self, data: Any, gpus: list[GpuRecord]) -> None:
         """An event from NVML's event set (in the watcher's thread) to the hub."""
         self._post(event_from(data, gpus, self._clock(), self.node, self.kind))
+
+
+def _former_records(now: list[GpuRecord], before: list[GpuRecord]) -> dict[int, GpuRecord]:
+    """For each GPU that could not name itself at this start (by NVML index), its record
+    from before NVML restarted, where only one record can be it.
+
+    NVML enumerates in the same order each time it starts, less the GPUs that left its
+    driver: a run of unreadable GPUs lies where, in the order before, the GPUs between its
+    readable neighbours were, and is those of them not read now. The ones lost already
+    are taken first (one that was healthy may have left for vfio-pci instead).
+    """
+    place = {b.bus_id: k for k, b in enumerate(before) if ":" in b.bus_id}
+    read = {g.bus_id for g in now if g.bus_id in place}
+    found: dict[int, GpuRecord] = {}
+    run: list[GpuRecord] = []
+    lower = -1
+    for gpu in [*now, None]:
+        if gpu is not None and gpu.bus_id not in place:
+            if ":" not in gpu.bus_id:
+                run.append(gpu)
+            continue  # one new to NVML (back from vfio-pci) tells nothing of the order before
+        upper = place[gpu.bus_id] if gpu is not None else len(before)
+        if run:
+            gone = [b for b in before[lower + 1 : upper] if b.bus_id not in read]
+            lost = [b for b in gone if b.lost_since is not None]
+            pool = lost if len(lost) == len(run) else gone
+            if len(pool) == len(run):
+                found.update(zip((g.index for g in run), pool, strict=True))
+            run = []
+        if gpu is not None:
+            lower = upper
+    return found
+
+
+def _keep_identity(gpu: GpuRecord, before: GpuRecord) -> None:
+    """What an unreadable GPU cannot say about itself, as it said it before (if it could);
+    lost since then, if it was lost already."""
+    gpu.lost_since = before.lost_since
+    if ":" not in before.bus_id:
+        return
+    gpu.uuid, gpu.name, gpu.bus_id = before.uuid, before.name, before.bus_id
+    gpu.serial, gpu.module_id = before.serial, before.module_id
+    gpu.architecture, gpu.sm_count = before.architecture, before.sm_count
+    gpu.numa_node, gpu.cpu_affinity = before.numa_node, before.cpu_affinity
 
 
 def _nvlinks_between(a: GpuRecord, b: GpuRecord) -> int:
