@@ -101,8 +101,9 @@ async def test_a_journal_that_fills_mid_plan_stops_it_there_and_recovery_ends_it
         (recovered,) = await executor.recover()  # this process: no restart
         assert recovered.plan_id == outcome.plan_id and recovered.state == PlanState.DONE
         assert w.owners(0) == ["drained"] and holders(executor.journal) == []
-        later = await executor.plan(["0"], Target.parse("vm:tenant-b-vm1"))
-        assert (await executor.execute(later, OPERATOR, "0")).ok
+        # drained, NVML numbers it no more: its bus id names it
+        later = await executor.plan(["21:00.0"], Target.parse("vm:tenant-b-vm1"))
+        assert (await executor.execute(later, OPERATOR, "21:00.0")).ok
         assert w.owners(0) == ["vm tenant-b-vm1"]
         executor.journal.close()
 

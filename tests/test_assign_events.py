@@ -20,6 +20,7 @@ from tests.assign_fixtures import executor_for, world
 from tests.waiting import until
 
 OPERATOR = Actor("ops", Role.OPERATOR, "SHA256:abc", "ssh")
+GPU1 = "0000:25:00.0"  # NVML's GPU 1 while it is on nvidia; drained, it has no number
 
 
 def _assign(root: Path, gpu: str, target: str) -> None:
@@ -50,7 +51,7 @@ async def test_a_plan_run_by_another_process_shows_in_a_running_hubs_events(
 ) -> None:
     world(tmp_path / "world")
     # one plan before the hub starts: history, not news
-    await _run_elsewhere(tmp_path, "1", "drained")
+    await _run_elsewhere(tmp_path, GPU1, "drained")
     hub = Hub()
     hub.add_source(JournalEvents("sim-01", tmp_path / "state" / "actions.db", interval_s=0.1))
     await hub.start()
@@ -63,7 +64,7 @@ async def test_a_plan_run_by_another_process_shows_in_a_running_hubs_events(
         await until(
             lambda: any(s.ok for s in hub.latest.nodes[0].statuses) if hub.latest else False
         )
-        await _run_elsewhere(tmp_path, "1", "k8s")
+        await _run_elsewhere(tmp_path, GPU1, "k8s")
         await until(lambda: any("now k8s" in e.message for e in shown()), timeout=30)
         # the same process runs one too, posting itself: the journal adds nothing twice
         w = world(tmp_path / "world")
@@ -85,8 +86,10 @@ async def test_a_plan_run_by_another_process_shows_in_a_running_hubs_events(
     assert [e.message.split(" step ")[1].split("/")[0] for e in steps] == [
         str(k) for k in range(1, len(steps) + 1)
     ]
-    assert done.severity is Severity.INFO and done.message.startswith("assign k8s by ops: GPU 1")
-    assert all(e.node == "sim-01" and e.gpu_index == 1 for e in theirs)
+    assert done.severity is Severity.INFO
+    assert done.message.startswith(f"assign k8s by ops: GPU {GPU1} now k8s")
+    # drained, NVML numbered it no more: no number of another GPU is put on its events
+    assert all(e.node == "sim-01" and e.gpu_index is None for e in theirs)
     ours = [e for e in events if "drained" in e.message]
     assert len([e for e in ours if e.kind == STEP_EVENT]) == len(plan.steps)
 

@@ -42,11 +42,18 @@ def test_assign_demo_yes_runs_the_whole_plan_on_the_simulator(
     assert "done: GPU 2 (0000:52:00.0) now drained" in out
     demo = SimWorld.demo("dgx-003", tmp_path / "gpuconsole" / "demo" / "dgx-003")
     assert demo.owners(2) == ["drained"]
-    # the same request again is refused: already there, nothing changes
-    assert main(argv) == 3
+    # the same GPU again, by its bus id, is refused: already there, nothing changes
+    again = [*argv[:4], "52:00.0", *argv[5:]]
+    assert main(again) == 3
     assert "is already drained" in capsys.readouterr().out
+    # NVML numbers the others again without it: GPU 2 is 61:00.0 now, so a number
+    # confirmed unseen is refused rather than taken for another GPU
+    assert main(argv) == 3
+    out = capsys.readouterr().out
+    assert "GPU 2 is a number NVML gives" in out and "GPU 2 (0000:61:00.0) now" in out
+    assert demo.owners(3) != ["drained"]
     # a dry run of the way back changes nothing either
-    assert main([*argv[:5], "--to", "k8s", "--dry-run"]) == 0
+    assert main([*again[:5], "--to", "k8s", "--dry-run"]) == 0
     assert "Dry run" in capsys.readouterr().out and demo.owners(2) == ["drained"]
     # the demo keeps its journal and audit log beside its worlds, out of the machine's
     demo_audit = tmp_path / "gpuconsole" / "demo" / "audit.jsonl"

@@ -275,7 +275,7 @@ async def test_a_remote_plan_moves_the_gpu_on_the_node_and_the_head_ticks_each_s
     async with remote:
         plan = await remote.plan([GPU], Target.parse("drained"))
         assert plan.node == NODE and plan.simulated and not plan.blocked
-        assert plan.preconditions and plan.confirmations() == (NODE, GPU)
+        assert plan.preconditions and plan.confirmations() == (NODE, GPU, "61:00.0")
         assert _world(tmp_path).owners(3) == ["k8s"]  # planning changed nothing
         outcome = await remote.execute(plan, OPS, GPU)
 
@@ -357,8 +357,9 @@ async def test_a_wrong_confirmation_typed_on_the_head_is_refused_by_the_node(
     out = io.StringIO()
     request = AssignRequest((GPU,), "drained", node=NODE)
     assert await run_assign(cfg, request, OPS, ask=ask, out=out) == 3
-    assert asked == [f"Type {NODE} or {GPU} to confirm: "]
-    assert f"Refused: confirmation '4' does not match '{NODE}' or '{GPU}'" in out.getvalue()
+    assert asked == [f"Type {NODE}, {GPU} or 61:00.0 to confirm: "]
+    words = f"'{NODE}', '{GPU}' or '61:00.0'"
+    assert f"Refused: confirmation '4' does not match {words}" in out.getvalue()
     assert _world(tmp_path).owners(3) == ["k8s"]
     assert Journal(tmp_path / "state" / "gpuconsole" / "demo" / "actions.db").plans() == []
     (refused,) = _node_audit(tmp_path)

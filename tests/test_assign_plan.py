@@ -9,12 +9,15 @@ from gpuconsole.actions.plan import (
     PlanContext,
     StepKind,
     Target,
+    find_gpu,
     make_plan,
     partition_switches,
 )
+from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import Guest, TenancyReading
+from gpuconsole.sim.plans import plan_for
 from gpuconsole.sim.profiles import DGX_H100
 from gpuconsole.sim.tenancy import SimGuest, SimPlan
 from gpuconsole.sources.tenancy.pci_binding import read_gpus
@@ -130,7 +133,9 @@ async def test_a_guest_keeps_a_whole_partition_and_gives_its_switches_back_with_
     one = make_plan(node, ["0000:1b:00.0"], Target.parse("free"), KUBE)
     (failed,) = one.failed
     assert "guest acme would keep GPU(s)" in failed.detail
-    assert "assign 0 1 2 3 4 5 6 7 --to free" in failed.remedy
+    # the guest's GPUs have no NVML number: the command names them as the console does
+    every_word = "1b:00.0 43:00.0 52:00.0 61:00.0 9d:00.0 c3:00.0 d1:00.0 df:00.0"
+    assert f"assign {every_word} --to free" in failed.remedy
     every = sorted(g.bus_id for g in (node.tenancy.gpus if node.tenancy else ()))
     back = make_plan(node, every, Target.parse("free"), KUBE)
     assert not back.blocked, back.describe()
@@ -179,9 +184,40 @@ async def test_a_lost_gpu_can_only_be_drained(tmp_path: Path) -> None:
     drained = make_plan(node, ["5"], Target.parse("drained"), KUBE)
     assert not drained.blocked, drained.describe()
     assert StepKind.RESET not in [s.kind for s in drained.steps]
+    # what holds is ticked, and "healthy" does not: the plan says the GPU is lost
+    assert not any("healthy" in p.name for p in drained.preconditions if p.ok)
+    assert any(p.ok and "lost" in p.name for p in drained.preconditions)
+    assert any("GPU 5 (0000:c3:00.0) is lost" in n for n in drained.notes)
+    # NVML never read its UUID: Kubernetes is told the one the nvidia driver knows it by
+    (cordon,) = [s for s in drained.steps if s.kind is StepKind.CORDON]
+    assert cordon.uuids == drained.uuids == (lost.node.uuids[5],)
 
 
 async def test_a_gpu_already_there_is_nothing_to_do(tmp_path: Path) -> None:
     node = await world(tmp_path).snapshot()
     plan = make_plan(node, ["1"], Target.parse("k8s"), KUBE)
     assert plan.blocked and plan.failed[0].remedy == "nothing to do"
+
+
+async def test_after_nvml_renumbers_a_plan_names_each_gpu_as_the_console_shows_it(
+    tmp_path: Path,
+) -> None:
+    # dgx-004's GPU 2 is a guest's: NVML numbers the seven others 0-6, so the console shows
+    # 0000:df:00.0 as GPU 6
+    node = await world(tmp_path, plan_for("dgx-004", DGX_H100), "h100").snapshot()
+    last = "0000:df:00.0"
+    shown = {row.bus_id: row.name for row in node_gpus(node)}
+    assert shown[last] == "GPU 6" and shown["0000:52:00.0"] == "GPU 52:00.0"
+    plan = make_plan(node, [last], Target.parse("drained"), KUBE)
+    assert plan.gpus == (last,) and plan.labels == (f"GPU 6 ({last})",)
+    assert all("GPU 7" not in s.title for s in plan.steps)
+    # the confirmation is the number on screen or the bus id, never another GPU's number
+    assert plan.confirmations() == ("sim-01", "6", "df:00.0")
+    assert plan.confirmation_words() == "sim-01, 6 or df:00.0"
+    # `gpuconsole assign 6` means the GPU shown as 6; the guest's GPU has no number
+    for key, bus in (("6", last), ("2", "0000:61:00.0"), ("52:00.0", "0000:52:00.0")):
+        gpu = find_gpu(node, key)
+        assert gpu is not None and gpu.bus_id == bus
+    assert find_gpu(node, "7") is None
+    nothing = make_plan(node, ["7"], Target.parse("drained"), KUBE)
+    assert "NVML numbers 7 GPUs" in nothing.failed[0].detail

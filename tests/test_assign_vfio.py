@@ -3,6 +3,7 @@ and what it leaves when refused."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from gpuconsole.actions.executor import Executor
 from gpuconsole.actions.journal import Journal
 from gpuconsole.actions.plan import StepKind, Target, make_plan
 from gpuconsole.actions.roles import ActionRefused, Actor, Role
+from gpuconsole.readings.nvml import GpuReading, NvmlReading
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import Guest, TenancyReading
 from gpuconsole.sim.actions import SysfsKernel
@@ -101,3 +103,27 @@ async def test_a_refused_plan_leaves_the_sysfs_tree_as_it_was(tmp_path: Path) ->
     assert kernel.writes == []
     assert tree_picture(host.sysfs_root) == before
     assert executor.journal.plans() == []
+
+
+async def test_the_idle_check_looks_at_the_gpus_own_device_not_nvmls_number(
+    tmp_path: Path,
+) -> None:
+    # NVML numbers the GPU 0 (another left for a guest), but its device is /dev/nvidia3;
+    # the sysfs reading the plan came from had no minor for it yet
+    host = FakeHost(tmp_path)
+    host.pci(GPU, driver="nvidia", group=40)
+    node = _node(host)
+    gpu = GpuReading(0, "GPU-1", "NVIDIA H100", GPU)
+    nvml = NvmlReading(
+        at=0.0, driver_version=None, nvml_version=None, cuda_driver_version=None, gpus=(gpu,)
+    )
+    plan = make_plan(dataclasses.replace(node, nvml=nvml), [GPU], Target.parse("drained"))
+    check = next(s for s in plan.steps if s.kind is StepKind.CHECK_IDLE)
+    driver = VfioDriver(host.sysfs_root, host.proc_root)
+    with pytest.raises(StepFailed, match="cannot tell which /dev/nvidiaN"):
+        await driver.run(check)  # nothing known: never taken for idle
+    host.nvidia_info(GPU, "GPU-1", 3)
+    host.process(4242, cgroup="/user.slice/user-1000.slice", fds=("/dev/nvidia3",))
+    host.process(4343, cgroup="/user.slice/user-1000.slice", fds=("/dev/nvidia0",))
+    with pytest.raises(StepFailed, match=r"/dev/nvidia3 is held by 4242 \(python3\)"):
+        await driver.run(check)

@@ -15,17 +15,20 @@ from textual.widgets import OptionList, SelectionList
 
 from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.drivers import Drivers
+from gpuconsole.actions.drivers.vfio import VfioDriver
 from gpuconsole.actions.executor import Executor
 from gpuconsole.actions.journal import Journal
-from gpuconsole.actions.plan import Step, Target
+from gpuconsole.actions.plan import Step, StepKind, Target
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.config import ActionsConfig, Config, HostConfig
 from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.hub import Hub
+from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sim.actions import live_world
-from gpuconsole.sim.cluster import add_sim_sources, build_sim_nodes, demo_cluster
+from gpuconsole.sim.cluster import SimNodeSpec, add_sim_sources, build_sim_nodes, demo_cluster
 from gpuconsole.sim.fabric import add_sim_fabric_sources
+from gpuconsole.sim.node import Scenario
 from gpuconsole.sim.tenancy import add_sim_tenancy_sources
 from gpuconsole.ssh.feed import PacedFeed
 from gpuconsole.tui.actions import ActionAccess, DemoAccess, MachineAccess, OnStep
@@ -120,10 +123,12 @@ async def test_an_operator_gives_a_guest_a_free_gpu_and_every_console_sees_it(hu
         dialog = await plan_shown(app, pilot, GUEST)
         assert dialog.query_one("#assign-gpus", SelectionList).selected == [GPU3]
         plan = dialog.plan
-        assert plan is not None and not plan.blocked and plan.confirmations() == (NODE, "3")
+        assert (
+            plan is not None and not plan.blocked and plan.confirmations() == (NODE, "3", "61:00.0")
+        )
         # the NVSwitch rule for a single H100 is there before anything runs
         assert any("NVLinks disabled" in note for note in plan.notes)
-        assert "type dgx-003 or 3 to confirm" in screen_text(app)
+        assert "type dgx-003, 3 or 61:00.0 to confirm" in screen_text(app)
         await type_and_enter(pilot, "3")
         await until(lambda: dialog.stage is Stage.DONE)
         assert dialog.outcome is not None and dialog.outcome.ok
@@ -213,6 +218,82 @@ async def test_placement_help_proposes_the_free_gpu_with_its_rail_and_plans_it(h
         await until(lambda: dialog.stage is Stage.PLAN)
         assert dialog.plan is not None and dialog.plan.gpus == (GPU3,)
         assert str(dialog.plan.target) == GUEST
+
+
+@pytest.fixture
+async def lost_hub() -> AsyncIterator[Hub]:
+    """dgx-003 as the demo has it, but its GPU 5 falls off the bus a second in."""
+    spec = SimNodeSpec(NODE, "dgx-h100", (Scenario("xid79", 5, 1.0),))
+    sims = build_sim_nodes([spec])
+    running = Hub()
+    add_sim_sources(running, sims, interval_s=0.2, events=False)
+    add_sim_tenancy_sources(running, sims, interval_s=0.2)
+    await running.start()
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+def _shown_as(hub: Hub, bus_id: str) -> str | None:
+    """How the console names a GPU now."""
+    node = _node(hub)
+    return next((r.name for r in node_gpus(node) if r.bus_id == bus_id), None) if node else None
+
+
+def _reading(hub: Hub, bus_id: str) -> GpuReading | None:
+    node = _node(hub)
+    return next((g for g in node.gpus if g.pci_bus_id == bus_id), None) if node else None
+
+
+async def test_after_nvml_renumbers_the_operator_drains_the_gpu_on_screen_and_no_other(
+    lost_hub: Hub,
+) -> None:
+    hub, lost_bus, beside = lost_hub, "0000:c3:00.0", "0000:d1:00.0"
+    await until(lambda: (g := _reading(hub, lost_bus)) is not None and g.lost, timeout=10)
+    first = _reading(hub, lost_bus)
+    assert first is not None and first.index == 5
+    # GPU 3 goes to the waiting guest: NVML restarts and numbers the rest again
+    world = live_world(hub, NODE)
+    assert world is not None
+    executor = DemoAccess(hub).executor(NODE, lambda _update: None)
+    try:
+        plan = await executor.plan([GPU3], Target.parse(GUEST))
+        assert (await executor.execute(plan, OPERATOR, NODE)).ok
+    finally:
+        await executor.close()
+    await until(lambda: _shown_as(hub, lost_bus) == "GPU 4", timeout=10)
+    app = console(hub, OPERATOR)
+    async with app.run_test(size=SIZE) as pilot:
+        await open_node(app, pilot, lost_bus)
+        await pilot.press("a")
+        await until(lambda: isinstance(app.screen, AssignScreen))
+        dialog = await plan_shown(app, pilot, "drained")
+        shown = screen_text(app)
+        plan = dialog.plan
+        assert plan is not None and plan.gpus == (lost_bus,)
+        assert f"dgx-003: GPU 4 ({lost_bus}) → drained" in shown
+        assert "GPU 5" not in shown  # the GPU shown as 5 is d1:00.0, a training GPU
+        assert "type dgx-003, 4 or c3:00.0 to confirm" in shown
+        assert "healthy: lost" not in shown
+        await type_and_enter(pilot, "4")
+        await until(lambda: dialog.stage is Stage.DONE)
+        assert dialog.outcome is not None and dialog.outcome.ok, dialog.outcome
+        cordon = next(k for k, s in enumerate(plan.steps) if s.kind is StepKind.CORDON)
+        assert dialog.progress[cordon][1] == f"cordoned {first.uuid}"
+    assert world.owners(5) == ["drained"] and world.owners(6) != ["drained"]
+    assert VfioDriver(world.tree.sysfs_root).driver(beside) == "nvidia"
+    # still the GPU lost at the first poll that saw it, one event, its UUID kept
+    again = _reading(hub, lost_bus)
+    assert again is not None and again.lost_since == first.lost_since
+    assert again.uuid == first.uuid
+    lost_events = [e for e in hub.events() if e.kind == "gpu_lost"]
+    assert [e.gpu_uuid for e in lost_events] == [first.uuid]
+    audit = AuditLog(world.root / "actions" / "audit.jsonl").records()
+    drained = [r for r in audit if r["action"] == "assign drained"]
+    assert {(r["args"]["gpus"][0], r["args"]["uuids"][0]) for r in drained} == {
+        (lost_bus, first.uuid)
+    }
 
 
 # --- snapshots of the plan, on frozen data ------------------------------------------------

@@ -245,6 +245,7 @@ class Executor:
                     "plan_id": plan_id,
                     "node": plan.node,
                     "gpus": list(plan.gpus),
+                    "uuids": list(plan.uuids),
                     "target": str(plan.target),
                     "via": actor.via,
                     "steps": [s.title for s in plan.steps],
@@ -403,8 +404,8 @@ class Executor:
                 plan, actor, f"role {actor.role.value} may not act; operators and admins may"
             )
         if confirm.strip() not in plan.confirmations():
-            words = " or ".join(repr(w) for w in plan.confirmations())
-            raise self._refuse(plan, actor, f"confirmation {confirm!r} does not match {words}")
+            why = f"confirmation {confirm!r} does not match {plan.confirmation_words(quoted=True)}"
+            raise self._refuse(plan, actor, why)
         if plan.blocked:
             raise self._refuse(plan, actor, "; ".join(str(p) for p in plan.failed))
         try:

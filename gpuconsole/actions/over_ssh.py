@@ -665,6 +665,7 @@ class RemoteExecutor:
             target = f"{plan.node}: {', '.join(plan.labels) or ', '.join(plan.gpus)}"
             body = {
                 "gpus": list(plan.gpus),
+                "uuids": list(plan.uuids),
                 "target": str(plan.target),
                 "steps": [s.title for s in plan.steps],
             }

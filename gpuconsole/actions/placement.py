@@ -27,7 +27,6 @@ from gpuconsole.actions.plan import (
     nvswitch_board,
     owners_of,
     partition_switches,
-    slot_index,
 )
 from gpuconsole.facts.ownership import Ownership
 from gpuconsole.facts.pairing import GpuNic, gpu_nics
@@ -51,7 +50,7 @@ class Rail:
     wrong with it (nothing, when all is well)."""
 
     gpu: str  # bus id, sysfs form
-    index: int | None  # as plans name the GPU
+    index: int | None  # NVML's, as the console and plans show it: only a label
     device: str | None  # mlx5_3; None: no usable NIC, or no fabric reading
     level: str | None  # PIX, PXB, PHB, NODE, SYS
     flags: tuple[str, ...] = ()
@@ -67,7 +66,7 @@ class Proposal:
     """GPUs of one node for a request, the NIC each should use, and why these."""
 
     node: str
-    indexes: tuple[int, ...]  # as plans name the GPUs
+    indexes: tuple[int, ...]  # NVML's, as the console and plans show them: only labels
     bus_ids: tuple[str, ...]
     rails: tuple[Rail, ...]
     reason: str
@@ -239,7 +238,7 @@ def _propose(
         held = [b for b in found.bus_ids if b in known]
     place = bus_positions(ownership)
     nics = gpu_nics(node.fabric) if node.fabric is not None else {}
-    name = {g.bus_id: slot_index(ownership, g) for g in ownership.gpus}
+    name = {g.bus_id: g.index for g in ownership.gpus}
     options: list[Proposal] = []
     widest = 0
     for domain in _domains(node, free):

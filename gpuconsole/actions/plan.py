@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from gpuconsole.facts.inventory import gpu_name, short_bus_id
 from gpuconsole.facts.ownership import (
     GpuOwner,
     Owner,
@@ -30,6 +31,7 @@ from gpuconsole.facts.ownership import (
     node_ownership,
     resolve_owners,
 )
+from gpuconsole.facts.summaries import gpu_trouble
 from gpuconsole.hardware import (
     A100_BOARD_GPUS,
     A100_BOARD_SWITCHES,
@@ -59,7 +61,6 @@ __all__ = [
     "nvswitch_board",
     "owners_of",
     "partition_switches",
-    "slot_index",
 ]
 
 HOST_DRIVER = "nvidia"
@@ -209,14 +210,18 @@ class Plan:
 
     node: str
     target: Target
-    gpus: tuple[str, ...]  # bus ids, sysfs form
+    gpus: tuple[str, ...]  # bus ids, sysfs form: what the plan acts on
     labels: tuple[str, ...]  # "GPU 2 (0000:52:00.0)", for people
-    indexes: tuple[int | None, ...]
+    indexes: tuple[int | None, ...]  # NVML's, as the console showed them: only labels
     owners: tuple[str, ...]  # each GPU's owner label when planned
     preconditions: tuple[Precondition, ...]
     steps: tuple[Step, ...]
     notes: tuple[str, ...] = ()
     simulated: bool = False
+    uuids: tuple[str, ...] = ()  # per GPU, "" where unknown
+    # NVML does not number every GPU of the node (some left its driver): its numbers are
+    # not the ones it gave before, nor those it will give once they return
+    renumbered: bool = False
 
     @property
     def blocked(self) -> bool:
@@ -227,11 +232,19 @@ class Plan:
         return tuple(p for p in self.preconditions if not p.ok)
 
     def confirmations(self) -> tuple[str, ...]:
-        """What a person may type to confirm: the node name, or the index of a single GPU."""
+        """What a person may type to confirm: the node name; for a single GPU also its
+        number and its bus id as the console shows them ('4', 'c3:00.0')."""
         words = [self.node]
-        if len(self.indexes) == 1 and self.indexes[0] is not None:
-            words.append(str(self.indexes[0]))
+        if len(self.gpus) == 1:
+            if self.indexes and self.indexes[0] is not None:
+                words.append(str(self.indexes[0]))
+            words.append(short_bus_id(self.gpus[0]))
         return tuple(words)
+
+    def confirmation_words(self, *, quoted: bool = False) -> str:
+        """The confirmations as a prompt says them: 'dgx-003, 4 or c3:00.0'."""
+        *others, last = (repr(w) if quoted else w for w in self.confirmations())
+        return f"{', '.join(others)} or {last}" if others else last
 
     def describe(self) -> str:
         """The plan as text: what moves where, preconditions, notes, numbered steps."""
@@ -260,6 +273,8 @@ class Plan:
             "steps": [s.to_json() for s in self.steps],
             "notes": list(self.notes),
             "simulated": self.simulated,
+            "uuids": list(self.uuids),
+            "renumbered": self.renumbered,
         }
 
     @classmethod
@@ -275,6 +290,8 @@ class Plan:
             steps=tuple(Step.from_json(s) for s in data["steps"]),
             notes=tuple(data.get("notes", ())),
             simulated=bool(data.get("simulated", False)),
+            uuids=tuple(data.get("uuids", ())),
+            renumbered=bool(data.get("renumbered", False)),
         )
 
 
@@ -300,31 +317,39 @@ def owners_of(node: NodeSnapshot) -> Ownership:
         merged = replace(unseen[0], index=lost[0].index, owners=lost[0].owners)
         rest = [g for g in owners.gpus if g is not lost[0] and g is not unseen[0]]
         owners = Ownership(tuple(sorted([*rest, merged], key=lambda g: g.bus_id)), owners.problems)
+    # NVML's UUID for such a GPU is only a placeholder: the nvidia driver's is the one
+    # Kubernetes and the final check know it by
+    driver = {p.bus_id: p.uuid for p in node.tenancy.gpus if p.uuid} if node.tenancy else {}
+    unread = {g.index for g in node.gpus if ":" not in g.pci_bus_id}
+    if any(g.index in unread and g.bus_id in driver for g in owners.gpus):
+        named = tuple(
+            replace(g, uuid=driver[g.bus_id]) if g.index in unread and g.bus_id in driver else g
+            for g in owners.gpus
+        )
+        owners = Ownership(named, owners.problems, owners.parts)
     return owners
 
 
 def find_gpu(node: NodeSnapshot, key: str, ownership: Ownership | None = None) -> GpuOwner | None:
-    """A GPU by NVML index, bus id (either form) or UUID."""
+    """A GPU by bus id (either form, or without the domain), UUID, or the number the console
+    shows it by now (NVML's index: a GPU on vfio-pci has none)."""
     owners = ownership or owners_of(node)
     text = key.strip()
     if text.isdigit():
-        return next((g for g in owners.gpus if slot_index(owners, g) == int(text)), None)
+        return next((g for g in owners.gpus if g.index == int(text)), None)
     return owners.gpu(text) or owners.gpu(text.upper()) or owners.gpu(text.lower())
 
 
-def slot_index(ownership: Ownership, gpu: GpuOwner) -> int | None:
-    """The index a plan names a GPU by: NVML's while NVML sees every GPU of the node; once
-    some sit on vfio-pci or no driver (NVML renumbers the rest), the place in PCI bus order
-    for every GPU, so that no two GPUs share a number. Labels always add the bus id."""
-    if all(g.index is not None for g in ownership.gpus):
-        return gpu.index
-    order = sorted(g.bus_id for g in ownership.gpus)
-    return order.index(gpu.bus_id) if gpu.bus_id in order else None
+def _label(gpu: GpuOwner) -> str:
+    """'GPU 4 (0000:c3:00.0)': the console's name for it and the bus id a plan acts on."""
+    if gpu.index is None:
+        return f"GPU {gpu.bus_id}"
+    return f"{gpu_name(gpu.index, gpu.bus_id)} ({gpu.bus_id})"
 
 
-def _label(gpu: GpuOwner, ownership: Ownership | None = None) -> str:
-    index = slot_index(ownership, gpu) if ownership is not None else gpu.index
-    return f"GPU {index} ({gpu.bus_id})" if index is not None else f"GPU {gpu.bus_id}"
+def _word(gpu: GpuOwner) -> str:
+    """A GPU as `gpuconsole assign` takes it and the console shows it: '4', or '52:00.0'."""
+    return str(gpu.index) if gpu.index is not None else short_bus_id(gpu.bus_id)
 
 
 # --- the rules ------------------------------------------------------------------------
@@ -437,17 +462,20 @@ def bus_positions(ownership: Ownership) -> dict[str, int]:
     return {bus: k for k, bus in enumerate(sorted(g.bus_id for g in ownership.gpus))}
 
 
+def _console_order(gpu: GpuOwner) -> tuple[bool, int, str]:
+    """NVML's numbers first, in order, then the GPUs it cannot see, by bus id."""
+    return gpu.index is None, gpu.index or 0, gpu.bus_id
+
+
 def _names(ownership: Ownership, buses: Iterable[str]) -> str:
-    """GPUs as a person names them: "4-7", "4+6", by the indexes plans show."""
+    """GPUs as the console shows them: "4-7", "4+6", "0+52:00.0"."""
     wanted = set(buses)
-    found = sorted(
-        i
-        for g in ownership.gpus
-        if g.bus_id in wanted and (i := slot_index(ownership, g)) is not None
-    )
-    if len(found) > 2 and found == list(range(found[0], found[-1] + 1)):
-        return f"{found[0]}-{found[-1]}"
-    return "+".join(map(str, found))
+    gpus = sorted((g for g in ownership.gpus if g.bus_id in wanted), key=_console_order)
+    numbers = [g.index for g in gpus if g.index is not None]
+    every_numbered = len(numbers) == len(gpus)
+    if every_numbered and len(numbers) > 2 and numbers == list(range(numbers[0], numbers[-1] + 1)):
+        return f"{numbers[0]}-{numbers[-1]}"
+    return "+".join(_word(g) for g in gpus)
 
 
 def _shapes(arch: str, ownership: Ownership) -> str:
@@ -531,13 +559,15 @@ def make_plan(
         node=node.node,
         target=target,
         gpus=tuple(g.bus_id for g in gpus),
-        labels=tuple(_label(g, ownership) for g in gpus),
-        indexes=tuple(slot_index(ownership, g) for g in gpus),
+        labels=tuple(_label(g) for g in gpus),
+        indexes=tuple(g.index for g in gpus),
         owners=tuple(g.label for g in gpus),
         preconditions=part.conds,
         steps=tuple(sorted(part.steps, key=lambda s: _STEP_ORDER[s.kind])),
         notes=tuple(dict.fromkeys(part.notes)),
         simulated=node.simulated,
+        uuids=tuple(g.uuid or "" for g in gpus),
+        renumbered=any(g.index is None for g in ownership.gpus),
     )
 
 
@@ -551,15 +581,21 @@ def _lookup(
     for _key, gpu in found:
         if gpu is not None:
             gpus.setdefault(gpu.bus_id, gpu)
-    return list(gpus.values()), _Part(tuple(_no_gpu(node, k) for k, g in found if g is None))
+    missing = tuple(_no_gpu(node, k, ownership) for k, g in found if g is None)
+    return list(gpus.values()), _Part(missing)
 
 
-def _no_gpu(node: NodeSnapshot, key: str) -> Precondition:
+def _no_gpu(node: NodeSnapshot, key: str, ownership: Ownership) -> Precondition:
+    detail = f"no GPU {key!r} on {node.node}"
+    if key.strip().isdigit():
+        numbered = sum(1 for g in ownership.gpus if g.index is not None)
+        detail += f": NVML numbers {numbered} GPUs there, 0-{numbered - 1}" if numbered else ""
     return Precondition(
         "GPU exists",
         False,
-        f"no GPU {key!r} on {node.node}",
-        "name it by index, bus id or UUID (gpuconsole snapshot lists them)",
+        detail,
+        "name it by bus id, UUID or the number the console shows it by (a GPU on vfio-pci "
+        "has none); gpuconsole snapshot lists them",
     )
 
 
@@ -873,13 +909,13 @@ def _no_partition_left(
     mine: Sequence[GpuOwner],
     moving: set[str],
 ) -> Precondition:
-    every = sorted(i for g in mine if (i := slot_index(ownership, g)) is not None)
+    every = " ".join(_word(g) for g in sorted(mine, key=_console_order))
     kept = _names(ownership, (g.bus_id for g in mine if g.bus_id not in moving))
     return Precondition(
         f"guest {guest.name} keeps a partition",
         False,
         f"guest {guest.name} would keep GPU(s) {kept}: not a partition this baseboard allows",
-        f"move its GPUs together: gpuconsole assign {' '.join(map(str, every))} --to {target}",
+        f"move its GPUs together: gpuconsole assign {every} --to {target}",
     )
 
 
@@ -1018,7 +1054,7 @@ def _move(node: NodeSnapshot, gpu: GpuOwner, target: Target, ctx: PlanContext) -
     moving, stuck = _following(pci) if pci is not None and grouped else ([], [])
     return _Move(
         gpu,
-        _label(gpu, owners_of(node)),
+        _label(gpu),
         _nvml(node, gpu),
         pci,
         tuple(g for g in _guests_holding(node, gpu.bus_id) if g.name != target.guest),
@@ -1034,8 +1070,9 @@ def _gpu_part(node: NodeSnapshot, gpu: GpuOwner, target: Target, ctx: PlanContex
     if already_there(node, gpu, target, ctx):
         return _Part((_not_there(move, target),))
     return _Part(
-        (_healthy(move, target), _quiesced(move, ctx), *_iommu_group(move)),
+        (_not_lost(move, target), _quiesced(move, ctx), *_iommu_group(move)),
         _gpu_steps(node, move, target, ctx),
+        _trouble(move),
         attach=move.functions if target.kind is TargetKind.VM else (),
     )
 
@@ -1049,18 +1086,34 @@ def _not_there(move: _Move, target: Target) -> Precondition:
     )
 
 
-def _healthy(move: _Move, target: Target) -> Precondition:
-    """A lost GPU (off the bus) can only be drained."""
+def _not_lost(move: _Move, target: Target) -> Precondition:
+    """A lost GPU (off the bus) can only be drained. Named for what holds, so that a tick
+    never stands beside a GPU that is lost."""
+    if move.lost and target.kind is TargetKind.DRAINED:
+        return Precondition(
+            f"{move.label} lost, so drained is the one place it may go",
+            True,
+            "it fell off the bus (XID 79)",
+        )
     return Precondition(
-        f"{move.label} healthy",
-        not move.lost or target.kind is TargetKind.DRAINED,
-        "lost (fell off the bus, XID 79)"
+        f"{move.label} not lost",
+        not move.lost,
+        "lost: it fell off the bus (XID 79)"
         if move.lost
         else "answers NVML"
         if move.reading
         else "not seen by NVML (vfio-pci or unbound)",
         "drain it (--to drained), then reset the GPU or reboot the node",
     )
+
+
+def _trouble(move: _Move) -> tuple[str, ...]:
+    """A note for a GPU in critical health that a plan still moves (a lost one drained)."""
+    trouble = gpu_trouble(move.reading) if move.reading is not None else None
+    if trouble is None:
+        return ()
+    after = "; reset it or reboot the node to bring it back" if move.lost else ""
+    return (f"{move.label} is {trouble}{after}",)
 
 
 def _quiesced(move: _Move, ctx: PlanContext) -> Precondition:
@@ -1177,12 +1230,14 @@ def _idle_check(move: _Move) -> tuple[Step, ...]:
     gpu, pci = move.gpu, move.pci
     if gpu.driver != HOST_DRIVER or move.lost:
         return ()
-    minor = pci.minor if pci is not None and pci.minor is not None else gpu.index
+    # the driver's minor, never NVML's index: they part once NVML renumbers
+    minor = pci.minor if pci is not None else None
+    device = f"/dev/nvidia{minor}" if minor is not None else "its /dev/nvidia device"
     return (
         Step(
             StepKind.CHECK_IDLE,
             Layer.PCI,
-            f"check {move.label} is idle (no process holds /dev/nvidia{minor})",
+            f"check {move.label} is idle (no process holds {device})",
             gpus=(gpu.bus_id,),
             uuids=move.uuids,
             minors=(minor,) if minor is not None else (),

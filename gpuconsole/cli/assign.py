@@ -312,11 +312,26 @@ async def _carry_out(
             f"{plan_digest(plan)}, not {request.expect_plan}); nothing was changed: plan again"
         )
     confirm = _given(request, plan.node)
+    if confirm is not None and request.expect_plan is None:
+        _not_blind_by_number(request, plan)
     if confirm is None:
         confirm = _asked(plan, ask)
     outcome = await executor.execute(plan, actor, confirm)
     report.outcome(outcome)
     return outcome.ok
+
+
+def _not_blind_by_number(request: AssignRequest, plan: Plan) -> None:
+    """ActionRefused for a GPU named by a number and confirmed before its plan was seen, on a
+    node whose GPUs NVML has numbered again: the number may be another GPU's now."""
+    numbers = [k for k in request.gpus if k.strip().isdigit()]
+    if numbers and plan.renumbered:
+        raise ActionRefused(
+            f"GPU {', '.join(numbers)} is a number NVML gives, and NVML has numbered "
+            f"{plan.node}'s GPUs again since some left its driver; confirmed before the plan "
+            f"was seen, name the GPU by bus id or UUID ({', '.join(plan.labels)} now), or "
+            "leave out --yes to read the plan and confirm it. Nothing was changed."
+        )
 
 
 def _given(request: AssignRequest, node: str) -> str | None:
@@ -331,7 +346,7 @@ def _asked(plan: Plan, ask: Ask | None) -> str:
     if ask is None:
         raise NotConfirmed("Not confirmed: no terminal to ask on (pass --yes or --confirm).")
     # Asked here, blocking: in a thread, Ctrl-C would leave it waiting for Enter.
-    return ask(f"Type {' or '.join(plan.confirmations())} to confirm: ")
+    return ask(f"Type {plan.confirmation_words()} to confirm: ")
 
 
 # --- another node of the fleet, over ssh --------------------------------------------------

@@ -14,7 +14,19 @@ from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import PciGpu
 
-__all__ = ["GpuRow", "node_gpus", "ownership_problems"]
+__all__ = ["GpuRow", "gpu_name", "node_gpus", "ownership_problems", "short_bus_id"]
+
+
+def short_bus_id(bus_id: str) -> str:
+    """'1b:00.0': a bus id (sysfs form) as an operator reads it, without the domain."""
+    return bus_id.split(":", 1)[1] if bus_id.count(":") == 2 else bus_id
+
+
+def gpu_name(index: int | None, bus_id: str) -> str:
+    """How views and plans name a GPU: 'GPU 3' for one NVML numbers, else 'GPU 1b:00.0'.
+    The number is only a label (NVML numbers the GPUs again when one leaves its driver);
+    the bus id is what an action acts on."""
+    return f"GPU {index}" if index is not None else f"GPU {short_bus_id(bus_id)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +99,12 @@ class GpuRow:
     @property
     def short_bus(self) -> str:
         """'1b:00.0': the bus id an operator reads, without the domain."""
-        return self.bus_id.split(":", 1)[1] if self.bus_id.count(":") == 2 else self.bus_id
+        return short_bus_id(self.bus_id)
 
     @property
     def name(self) -> str:
         """'GPU 3' for one NVML numbers, else its bus id: how a message names it."""
-        return f"GPU {self.index}" if self.index is not None else f"GPU {self.short_bus}"
+        return gpu_name(self.index, self.bus_id)
 
 
 def node_gpus(node: NodeSnapshot) -> tuple[GpuRow, ...]:

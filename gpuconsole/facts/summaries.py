@@ -529,3 +529,14 @@ def fabric_panel(node: NodeSnapshot) -> str:
     if status is not None and status.stale:
         lines.insert(0, f"stale since {fmt.clock_time(status.stale_since)}: {status.error or '?'}")
     return "\n".join(lines)
+
+
+def gpu_trouble(gpu: GpuReading) -> str | None:
+    """Why `gpu_health` calls a GPU critical, in words; None when it does not."""
+    if gpu_health(gpu) is not Health.CRITICAL:
+        return None
+    if gpu.state is GpuState.LOST:
+        return "lost: it fell off the bus (XID 79)"
+    if gpu.ecc.remap_failure:
+        return "failing: a row remap failed"
+    return f"failing: {gpu.ecc.volatile_uncorrected} uncorrectable ECC error(s)"

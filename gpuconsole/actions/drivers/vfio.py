@@ -140,8 +140,20 @@ class VfioDriver:
         raise StepFailed(f"the PCI driver does not do {step.kind.value}")
 
     def check_idle(self, step: Step) -> str:
-        """No process has /dev/nvidiaN of the GPU open."""
-        wanted = {f"/dev/nvidia{m}" for m in step.minors}
+        """No process has /dev/nvidiaN of the GPU open: N as the plan read it, else as the
+        nvidia driver says now for the GPU's bus id (never NVML's index)."""
+        minors = set(step.minors)
+        if not minors:
+            minors = {
+                m for bdf in step.gpus if (m := nvidia_info(self.proc_root, bdf)[2]) is not None
+            }
+        if not minors and step.gpus:
+            raise StepFailed(
+                f"cannot tell which /dev/nvidiaN is {', '.join(step.gpus)}: the nvidia driver "
+                "names no minor for it. Check that nothing holds it (lsof /dev/nvidia*), "
+                "then ask again"
+            )
+        wanted = {f"/dev/nvidia{m}" for m in minors}
         holders: list[str] = []
         for pid in procfs.pids(self.proc_root):
             fd_dir = os.path.join(self.proc_root, str(pid), "fd")

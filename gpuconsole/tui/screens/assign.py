@@ -1,5 +1,6 @@
-"""Moving GPUs from the console: mark GPUs, choose a target, read the plan, confirm by typing
-the GPU's index or the node's name, and watch each step tick; and placement help (N GPUs of a
+"""Moving GPUs from the console: mark GPUs (by bus id: the number beside each is NVML's, only
+a label), choose a target, read the plan, confirm by typing the node's name or the GPU's
+number or bus id as shown, and watch each step tick; and placement help (N GPUs of a
 model, with the NIC rails that go with them) that leads to such a plan.
 
 The console offers these only to someone who may act, on a console that has a way to act
@@ -233,7 +234,7 @@ class AssignScreen(ModalScreen[None]):
         if self.stage is Stage.CHOOSE:
             return "space marks GPUs · Enter on a target plans · Esc closes"
         if self.stage is Stage.PLAN and self.plan is not None and not self.plan.blocked:
-            return f"type {' or '.join(self.plan.confirmations())}, then Enter, to run · Esc back"
+            return f"type {self.plan.confirmation_words()}, then Enter, to run · Esc back"
         if self.stage is Stage.RUNNING:
             return "running: each step ticks as it completes"
         if self.stage in (Stage.PLAN, Stage.REFUSED):
@@ -257,8 +258,7 @@ class AssignScreen(ModalScreen[None]):
         confirm.display = asking
         confirm.disabled = self.stage is Stage.RUNNING
         if self.plan is not None:
-            words = " or ".join(self.plan.confirmations())
-            confirm.placeholder = f"type {words} to confirm"
+            confirm.placeholder = f"type {self.plan.confirmation_words()} to confirm"
             self.query_one("#assign-plan", Static).update(
                 plan_text(self.plan, self.console.palette, self.progress)
             )
