@@ -11,8 +11,11 @@ import pytest
 from gpuconsole.actions.placement import placements, propose
 from gpuconsole.actions.plan import PlanContext, Target
 from gpuconsole.cli.main import main
+from gpuconsole.readings.bmc import BmcReading
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sim.actions import SimWorld
+from gpuconsole.sim.node import Scenario
+from gpuconsole.sim.profiles import DGX_H100
 from gpuconsole.sim.tenancy import SimGuest, SimJob, SimPlan
 from tests.assign_fixtures import world
 
@@ -134,3 +137,22 @@ async def test_gpus_already_at_the_target_are_not_proposed(tmp_path: Path) -> No
     two = propose(node, 2, target=k8s, context=cordoned)
     assert two is not None and two.indexes == (6, 7)
     assert all(r.flags == ("no fabric reading for it",) for r in two.rails)
+
+
+async def test_a_node_with_a_critical_problem_is_proposed_last_and_says_what_it_is(
+    tmp_path: Path,
+) -> None:
+    clean = await world(tmp_path / "clean", SimPlan(), "h100").snapshot(fabric=True)
+    lost = SimWorld("sim-02", DGX_H100, tmp_path / "lost", SimPlan(), (Scenario("xid79", 5),))
+    with_lost_gpu = await lost.snapshot(fabric=True)
+    failed_psu = BmcReading(at=0.0, psus_present=2, psus_failed=1, simulated=True)
+    with_failed_psu = dataclasses.replace(clean, node="sim-03", bmc=failed_psu)
+    found = placements([with_lost_gpu, with_failed_psu, clean], 1, "H100")
+    assert [p.node for p in found.proposals] == ["sim-01", "sim-02", "sim-03"]
+    assert not found.proposals[0].problems
+    gpu_down, psu_down = found.proposals[1], found.proposals[2]
+    assert gpu_down.problems == ("GPU 5 (0000:c3:00.0) lost: it fell off the bus (XID 79)",)
+    assert psu_down.problems == ("1 of 2 PSUs failed",)
+    # said wherever the proposal is shown: `assign --propose` prints describe()
+    assert "! sim-02: GPU 5 (0000:c3:00.0) lost" in gpu_down.describe()
+    assert "critical" in gpu_down.reason

@@ -296,6 +296,22 @@ async def test_after_nvml_renumbers_the_operator_drains_the_gpu_on_screen_and_no
     }
 
 
+async def test_placement_help_says_the_node_it_proposes_has_a_lost_gpu(lost_hub: Hub) -> None:
+    hub = lost_hub
+    await until(lambda: (g := _reading(hub, "0000:c3:00.0")) is not None and g.lost, timeout=10)
+    await until(lambda: (node := _node(hub)) is not None and node.tenancy is not None)
+    app = console(hub, OPERATOR)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(lambda: app.snapshot is not None and app.snapshot.node(NODE) is not None)
+        await pilot.press("p")
+        await until(lambda: isinstance(app.screen, ProposeScreen))
+        await pilot.press("enter")  # one GPU, any model, anywhere
+        await until(lambda: "dgx-003: GPU 3" in screen_text(app))
+        text = screen_text(app)
+        assert "critical on the node" in text  # in the list of proposals
+        assert "! dgx-003: GPU 5 (0000:c3:00.0) lost: it fell off the bus (XID 79)" in text
+
+
 # --- snapshots of the plan, on frozen data ------------------------------------------------
 
 

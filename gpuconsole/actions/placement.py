@@ -6,6 +6,8 @@ partition the baseboard allows, together with what the guest holds already. Each
 is the one `gpuconsole.facts.pairing` says it uses (its own rail while that is up, else the
 fallback), as the topology view and the exporter show it; a SYS path is flagged. Choices
 that need no flag come first, then those on fewer NUMA nodes, then those with nearer NICs.
+A node with a critical problem (a lost GPU, a failed PSU) is proposed only after every node
+without one, and its proposal says what the problem is.
 Pure functions of snapshots, so the console and the command line propose the same.
 """
 
@@ -30,6 +32,7 @@ from gpuconsole.actions.plan import (
 )
 from gpuconsole.facts.ownership import Ownership
 from gpuconsole.facts.pairing import GpuNic, gpu_nics
+from gpuconsole.facts.summaries import critical_problems
 from gpuconsole.readings.fabric import LEVELS, FabricReading, PortRole
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import OwnerKind
@@ -74,6 +77,7 @@ class Proposal:
     alternatives: tuple[tuple[int, ...], ...] = ()
     switches: tuple[str, ...] = ()  # a guest's partition: the NVSwitches that go with it
     notes: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()  # what is critical on its node
 
     @property
     def nics(self) -> tuple[str, ...]:
@@ -97,6 +101,7 @@ class Proposal:
 
     def describe(self) -> str:
         lines = [f"{self.node}: GPU {', '.join(map(str, self.indexes))}: {self.reason}"]
+        lines += [f"  ! {self.node}: {p}" for p in self.problems]
         lines += [f"  {r.describe()}" for r in self.rails]
         lines += [f"  note: {n}" for n in self.notes]
         if self.alternatives:
@@ -272,28 +277,34 @@ def _propose(
         return f"no {count} free {what} form a guest partition{with_held} ({arch}: {shape})"
     options.sort(key=_rank)
     best = options[0]
+    problems = critical_problems(node)
     notes = []
     if guest is not None and arch is not None:
         if best.switches:
             notes.append(f"full passthrough: NVSwitches {', '.join(best.switches)} go with them")
         elif count + len(held) == 1:
             notes.append("single-GPU passthrough: the guest must run with NVLinks disabled")
+    reason = (
+        f"{count} free {what} in one NVLink domain, {best.numa_nodes} NUMA node(s)"
+        if count > 1
+        else f"a free {model + ' ' if model else ''}GPU"
+    )
+    if problems:
+        reason += f", on a node with {len(problems)} critical problem(s)"
     return replace(
         best,
-        reason=(
-            f"{count} free {what} in one NVLink domain, {best.numa_nodes} NUMA node(s)"
-            if count > 1
-            else f"a free {model + ' ' if model else ''}GPU"
-        ),
+        reason=reason,
         alternatives=tuple(o.indexes for o in options[1:4]),
         notes=tuple(notes),
+        problems=problems,
     )
 
 
-def _rank(p: Proposal) -> tuple[int, int, int, int, tuple[str, ...]]:
-    """Fewer warnings, fewer NUMA nodes, nearer NICs, fewer GPUs sharing a NIC."""
+def _rank(p: Proposal) -> tuple[bool, int, int, int, int, tuple[str, ...]]:
+    """No critical problem on the node, fewer warnings, fewer NUMA nodes, nearer NICs, fewer
+    GPUs sharing a NIC."""
     shared = len(p.rails) - len(p.nics)
-    return (p.flagged, p.numa_nodes, p.distance, shared, p.bus_ids)
+    return (bool(p.problems), p.flagged, p.numa_nodes, p.distance, shared, p.bus_ids)
 
 
 def propose(

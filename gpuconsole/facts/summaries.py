@@ -18,6 +18,7 @@ from gpuconsole.facts.inventory import GpuRow, node_gpus, ownership_problems
 from gpuconsole.facts.ownership import GpuOwner, Owner, OwnerKind, Ownership, node_ownership
 from gpuconsole.hardware import model_for_pci_device
 from gpuconsole.readings.base import Health, Severity
+from gpuconsole.readings.bmc import SensorHealth
 from gpuconsole.readings.nvml import GpuReading, GpuState
 from gpuconsole.readings.snapshot import NodeSnapshot, gpu_health, gpus_health
 
@@ -540,3 +541,29 @@ def gpu_trouble(gpu: GpuReading) -> str | None:
     if gpu.ecc.remap_failure:
         return "failing: a row remap failed"
     return f"failing: {gpu.ecc.volatile_uncorrected} uncorrectable ECC error(s)"
+
+
+def critical_problems(node: NodeSnapshot) -> tuple[str, ...]:
+    """What is critical on a node, in words: GPUs lost or failing, PSUs or fans failed (or
+    a BMC sensor past its critical limit), ownership that does not add up critically."""
+    problems = [
+        f"{row.name} ({row.bus_id}) {trouble}"
+        for row in node_gpus(node)
+        if row.reading is not None and (trouble := gpu_trouble(row.reading)) is not None
+    ]
+    bmc = node.bmc
+    if bmc is not None and bmc.health is Health.CRITICAL:
+        counted: set[str] = set()
+        if bmc.psus_failed:
+            problems.append(f"{bmc.psus_failed} of {bmc.psus_present} PSUs failed")
+            counted.add("psu")
+        if bmc.fans_failed:
+            problems.append(f"{bmc.fans_failed} of {bmc.fans_present} fans failed")
+            counted.add("fan")
+        problems += [
+            f"BMC sensor {s.name}: {s.health}"
+            for s in bmc.sensors
+            if s.health in (SensorHealth.CRITICAL, SensorHealth.FAILED) and s.context not in counted
+        ]
+    problems += [p.message for p in ownership_problems(node) if p.severity is Severity.CRITICAL]
+    return tuple(problems)

@@ -77,12 +77,15 @@ def plan_text(
 
 
 def proposal_text(proposal: Proposal, palette: Palette) -> Text:
-    """One node's proposal: its GPUs with the NIC rail each should use (a flag in the
-    warning colour), the NVSwitches that go with a guest's partition, notes, alternatives."""
+    """One node's proposal: what is critical on the node, its GPUs with the NIC rail each
+    should use (a flag in the warning colour), the NVSwitches that go with a guest's
+    partition, notes, alternatives."""
     text = Text()
     gpus = ", ".join(map(str, proposal.indexes))
     text.append(f"{proposal.node}: GPU {gpus}", style="bold")
     text.append(f" — {proposal.reason}")
+    for problem in proposal.problems:
+        text.append(f"\n  ! {proposal.node}: {problem}", style=palette.health[Health.CRITICAL])
     for rail in proposal.rails:
         gpu = f"GPU {rail.index}" if rail.index is not None else "GPU"
         text.append(f"\n  {gpu} ({rail.gpu})  ")
@@ -106,7 +109,9 @@ def proposal_line(proposal: Proposal) -> str:
     """A proposal in one line, for the list to choose from."""
     gpus = ", ".join(map(str, proposal.indexes))
     flagged = f", {proposal.flagged} flagged" if proposal.flagged else ""
-    return f"{proposal.node}: GPU {gpus} ({', '.join(proposal.nics) or 'no NIC'}{flagged})"
+    critical = f"  ! {len(proposal.problems)} critical on the node" if proposal.problems else ""
+    nics = ", ".join(proposal.nics) or "no NIC"
+    return f"{proposal.node}: GPU {gpus} ({nics}{flagged}){critical}"
 
 
 def refusals_text(placement: Placement, palette: Palette) -> Text:
