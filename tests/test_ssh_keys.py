@@ -34,18 +34,19 @@ def test_each_line_names_its_role_and_a_line_without_one_is_a_viewer() -> None:
         f"{public(plain)} noc-wall\n"
     )
     assert len(keys) == 3
-    found = keys.find(ops)
+    client = "10.0.0.1"
+    found = keys.find(ops, client)
     assert found is not None and found.role is Role.OPERATOR and found.comment == "alice@laptop"
     assert found.fingerprint == fingerprint(ops) and found.fingerprint.startswith("SHA256:")
-    assert keys.find(admin) is not None and keys.find(admin).role is Role.ADMIN  # type: ignore[union-attr]
-    assert keys.find(plain) is not None and keys.find(plain).role is Role.VIEWER  # type: ignore[union-attr]
-    assert keys.find(stranger) is None
+    assert keys.find(admin, client) is not None and keys.find(admin, client).role is Role.ADMIN  # type: ignore[union-attr]
+    assert keys.find(plain, client) is not None and keys.find(plain, client).role is Role.VIEWER  # type: ignore[union-attr]
+    assert keys.find(stranger, client) is None
 
 
 def test_options_this_server_would_not_enforce_are_refused_with_their_line() -> None:
     key = public(asyncssh.generate_private_key("ssh-ed25519"))
-    with pytest.raises(KeyFileError, match=r"keys:2: option 'from' is not supported"):
-        parse_authorized_keys(f'{key}\nfrom="10.0.0.1" {key}\n', "keys")
+    with pytest.raises(KeyFileError, match=r"keys:2: option 'command' is not supported"):
+        parse_authorized_keys(f'{key}\ncommand="uptime" {key}\n', "keys")
     with pytest.raises(KeyFileError, match=r"keys:1: role 'root' is not one of"):
         parse_authorized_keys(f"role=root {key}\n", "keys")
     with pytest.raises(KeyFileError, match=r"keys:1: not a public key"):

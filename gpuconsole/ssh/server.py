@@ -11,6 +11,7 @@ session, and nothing in a session prints (it logs).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import sys
@@ -30,9 +31,10 @@ from gpuconsole.ssh.driver import BoundedOutput, SshDriver
 from gpuconsole.ssh.feed import PacedFeed
 from gpuconsole.ssh.keys import (
     AuthorizedKeys,
-    PasswordEntry,
+    AuthorizedKeysFile,
+    KeyFileError,
+    Passwords,
     fingerprint,
-    load_authorized_keys,
     load_or_create_host_key,
     load_passwords,
 )
@@ -48,6 +50,10 @@ NEEDS_PTY = (
     "(and without -T or a command).\r\n"
 )
 NO_COMMANDS = "gpuconsole: this server runs no commands; connect with plain `ssh -p PORT host`.\r\n"
+NO_PTY_KEY = (
+    "gpuconsole: this key may not have a terminal (no-pty or restrict in the authorized "
+    "keys), and this console is only served on one.\r\n"
+)
 PENDING_INPUT_BYTES = 4096  # input kept before a session's app takes it; then reading waits
 # A session draws at most this many columns and rows, whatever size its client claims: a
 # repaint costs the shared loop in proportion (2000x1000 holds it ~0.3 s; 65535x65535 would
@@ -96,9 +102,8 @@ class ConsoleServer:
         self._start_hub = start_hub
         self._hub_started = False
         self._acceptor: asyncssh.SSHAcceptor | None = None
-        self._keys = AuthorizedKeys([])
-        self._keys_stamp: tuple[float, int] | None = None
-        self._passwords: dict[str, PasswordEntry] = {}
+        self._keys = AuthorizedKeysFile(settings.authorized_keys)
+        self.passwords = Passwords({})
         self._connections: set[asyncssh.SSHServerConnection] = set()
         self._stdio: tuple[TextIO, TextIO] = (sys.stdout, sys.stderr)
         self.host_key_fingerprint = ""
@@ -114,7 +119,7 @@ class ConsoleServer:
         self.host_key_fingerprint = fingerprint(host_key)
         self.authorized_keys()  # a missing or bad file fails the start, not the first login
         if s.password_file is not None:
-            self._passwords = load_passwords(s.password_file)
+            self.passwords = Passwords(load_passwords(s.password_file))
         if self._start_hub:
             await self.hub.start()
             self._hub_started = True
@@ -136,7 +141,7 @@ class ConsoleServer:
             s.host,
             self.port,
             self.host_key_fingerprint,
-            len(self._keys),
+            len(self._keys.current()),
         )
 
     @property
@@ -167,21 +172,8 @@ class ConsoleServer:
     # --- authentication ----------------------------------------------------------------
 
     def authorized_keys(self) -> AuthorizedKeys:
-        """The authorized keys, re-read whenever the file changes (no restart to add a key)."""
-        path = self.settings.authorized_keys
-        st = path.stat() if path.exists() else None
-        stamp = (st.st_mtime, st.st_size) if st else None
-        if stamp != self._keys_stamp or stamp is None:
-            self._keys = load_authorized_keys(path)
-            self._keys_stamp = stamp
-        return self._keys
-
-    def password_entry(self, user: str) -> PasswordEntry | None:
-        return self._passwords.get(user)
-
-    @property
-    def passwords_enabled(self) -> bool:
-        return bool(self._passwords)
+        """The authorized keys, read again whenever the file's content changes."""
+        return self._keys.current()
 
     # --- sessions ----------------------------------------------------------------------
 
@@ -206,15 +198,18 @@ class _Connection(asyncssh.SSHServer):
         self.conn: asyncssh.SSHServerConnection | None = None
         self.user = ""
         self.peer = "?"
+        self.source = "?"  # the client's address, without its port
         self.actor: Actor | None = None
         self.key_fingerprint = ""
+        self.may_have_pty = True
         self.logged_in = False
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self.conn = conn
         self.server._connections.add(conn)
         peer = conn.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if peer:
+            self.source, self.peer = _address(str(peer[0])), f"{peer[0]}:{peer[1]}"
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.conn is not None:
@@ -237,29 +232,31 @@ class _Connection(asyncssh.SSHServer):
 
     def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
         try:
-            found = self.server.authorized_keys().find(key)
-        except Exception:
-            log.exception("cannot read the authorized keys; refusing %s", username)
+            keys = self.server.authorized_keys()
+        except KeyFileError as exc:
+            log.error("refused key=%s user=%s: %s", fingerprint(key), username, exc)
             return False
+        found = keys.find(key, self.source)
         if found is None:
             log.warning(
-                "refused key=%s user=%s from=%s: not authorized",
+                "refused key=%s user=%s from=%s: %s",
                 fingerprint(key),
                 username,
                 self.peer,
+                "not from an address its from= allows" if keys.knows(key) else "not authorized",
             )
             return False
         self.actor = Actor(username, found.role)
         self.key_fingerprint = found.fingerprint
+        self.may_have_pty = found.pty
         return True
 
     def password_auth_supported(self) -> bool:
-        return self.server.passwords_enabled
+        return bool(self.server.passwords)
 
     async def validate_password(self, username: str, password: str) -> bool:
-        entry = self.server.password_entry(username)
-        ok = entry is not None and await asyncio.to_thread(entry.check, password)
-        if not ok or entry is None:
+        entry = await asyncio.to_thread(self.server.passwords.check, username, password)
+        if entry is None:
             log.warning("refused password user=%s from=%s", username, self.peer)
             return False
         self.actor = Actor(username, entry.role)
@@ -278,17 +275,39 @@ class _Connection(asyncssh.SSHServer):
 
     def session_requested(self) -> ConsoleSession:
         actor = self.actor or Actor(self.user, Role.VIEWER)
-        return ConsoleSession(self.server, actor, self.key_fingerprint, self.peer)
+        return ConsoleSession(
+            self.server, actor, self.key_fingerprint, self.peer, may_have_pty=self.may_have_pty
+        )
+
+
+def _address(text: str) -> str:
+    """A client's address as from= patterns see it: an IPv4 client of a dual-stack listener
+    (::ffff:10.1.2.3) is 10.1.2.3, as sshd has it."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return text
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return str(mapped or address)
 
 
 class ConsoleSession(asyncssh.SSHServerSession[bytes]):
     """One SSH session channel: one app, one driver, one idle timer."""
 
-    def __init__(self, server: ConsoleServer, actor: Actor, key: str, peer: str) -> None:
+    def __init__(
+        self,
+        server: ConsoleServer,
+        actor: Actor,
+        key: str,
+        peer: str,
+        *,
+        may_have_pty: bool = True,
+    ) -> None:
         self.server = server
         self.actor = actor
         self.key = key
         self.peer = peer
+        self.may_have_pty = may_have_pty
         self.chan: asyncssh.SSHServerChannel[bytes] | None = None
         self.size = (80, 24)
         self.term_type: str | None = None
@@ -313,6 +332,8 @@ class ConsoleSession(asyncssh.SSHServerSession[bytes]):
     def pty_requested(
         self, term_type: str, term_size: tuple[int, int, int, int], term_modes: Any
     ) -> bool:
+        if not self.may_have_pty:
+            return False
         self.term_type = term_type or "xterm"
         if term_size[0] and term_size[1]:
             self.size = self._bounded(term_size[0], term_size[1])
@@ -335,7 +356,7 @@ class ConsoleSession(asyncssh.SSHServerSession[bytes]):
             return
         if self.term_type is None:
             log.info("refused session user=%s from=%s: no pty", self.actor.user, self.peer)
-            self._refuse(NEEDS_PTY)
+            self._refuse(NEEDS_PTY if self.may_have_pty else NO_PTY_KEY)
             return
         if not self.server.admit(self):
             limit = self.server.settings.max_sessions

@@ -1,0 +1,1 @@
+"""Attack tests: each surface tried as an attacker (or a hurried operator) would."""
