@@ -44,6 +44,7 @@ async def _serve(folder: Path) -> None:
         authorized_keys=folder / "authorized_keys",
         idle_timeout_s=0,
         max_sessions=SESSIONS * 2,
+        max_sessions_per_key=SESSIONS,  # one key opens them all
     )
     make = console_factory(hub, theme=None, wallboard_theme=None, page_s=15, theme_dirs=[])
     server = ConsoleServer(hub, settings, make)

@@ -351,6 +351,23 @@ class SshConfig:
             "Sessions at once; the next is told the server is full", minimum=1, maximum=10_000
         ),
     )
+    operator_sessions: int = field(
+        default=1,
+        metadata=_doc(
+            "Of max_sessions, kept for operators and admins: viewers and wallboards take at "
+            "most the rest",
+            minimum=0,
+            maximum=10_000,
+        ),
+    )
+    max_sessions_per_key: int = field(
+        default=8,
+        metadata=_doc(
+            "Sessions one key (or one password user) may hold at once",
+            minimum=1,
+            maximum=10_000,
+        ),
+    )
     idle_timeout_s: float = field(
         default=1800.0,
         metadata=_doc(

@@ -271,6 +271,8 @@ class SshSettings:
     authorized_keys: Path = field(default_factory=lambda: paths.config_dir() / "authorized_keys")
     password_file: Path | None = None
     max_sessions: int = SshConfig.max_sessions
+    operator_sessions: int = SshConfig.operator_sessions  # of max_sessions, viewers never take
+    max_sessions_per_key: int = SshConfig.max_sessions_per_key
     idle_timeout_s: float = SshConfig.idle_timeout_s  # 0: never; the wallboard never times out
     wallboard_user: str = SshConfig.wallboard_user
     output_buffer_bytes: int = SshConfig.output_buffer_bytes
@@ -289,6 +291,11 @@ def ssh_settings(
     except ValueError as exc:
         raise ConfigError(f"[ssh] listen: {exc}") from None
     keys = authorized_keys or s.authorized_keys
+    if s.operator_sessions >= s.max_sessions:
+        raise ConfigError(
+            f"[ssh] operator_sessions = {s.operator_sessions} leaves viewers no session of "
+            f"max_sessions = {s.max_sessions}; lower it (0: none kept) or raise max_sessions"
+        )
     unset = SshSettings()  # where an empty key leaves the host key and the authorized keys
     return SshSettings(
         host=host,
@@ -297,6 +304,8 @@ def ssh_settings(
         authorized_keys=Path(keys) if keys else unset.authorized_keys,
         password_file=Path(s.password_file) if s.password_file else None,
         max_sessions=s.max_sessions,
+        operator_sessions=s.operator_sessions,
+        max_sessions_per_key=s.max_sessions_per_key,
         idle_timeout_s=s.idle_timeout_s,
         wallboard_user=s.wallboard_user,
         output_buffer_bytes=s.output_buffer_bytes,

@@ -2,8 +2,9 @@
 the process's one hub.
 
 Keys decide the role (see `keys.py`); the wallboard user gets the wallboard. Sessions are
-counted against a limit, time out when idle, and are each a task of their own: a session
-that crashes is logged and closed, and the others carry on. Textual's colour depth and
+counted against a limit (per key too, with slots only operators may take), time out when
+idle, and are each a task of their own: a session that crashes is logged and closed, and
+the others carry on. Textual's colour depth and
 stdout capture are process-wide, so the server picks one colour system before the first
 session, and nothing in a session prints (it logs).
 """
@@ -177,11 +178,27 @@ class ConsoleServer:
 
     # --- sessions ----------------------------------------------------------------------
 
-    def admit(self, session: ConsoleSession) -> bool:
-        if len(self.sessions) >= self.settings.max_sessions:
-            return False
+    def admit(self, session: ConsoleSession) -> str | None:
+        """Take the session in, or say why not: one key holds at most max_sessions_per_key,
+        and viewers (wallboards too) leave operator_sessions of max_sessions to operators."""
+        s = self.settings
+        held = sum(1 for other in self.sessions if other.credential == session.credential)
+        if held >= s.max_sessions_per_key:
+            holder = "this key" if session.key != "password" else f"user {session.actor.user}"
+            return (
+                f"gpuconsole: {holder} already holds {held} sessions "
+                "([ssh] max_sessions_per_key); close one first."
+            )
+        if len(self.sessions) >= s.max_sessions:
+            return f"gpuconsole: the server is full ({s.max_sessions} sessions); try again later."
+        viewers = sum(1 for other in self.sessions if not other.acts)
+        if not session.acts and viewers >= s.max_sessions - s.operator_sessions:
+            return (
+                f"gpuconsole: the server is full for viewers ({viewers} sessions; "
+                f"{s.operator_sessions} kept for operators); try again later."
+            )
         self.sessions.add(session)
-        return True
+        return None
 
     def release(self, session: ConsoleSession) -> None:
         self.sessions.discard(session)
@@ -201,6 +218,7 @@ class _Connection(asyncssh.SSHServer):
         self.source = "?"  # the client's address, without its port
         self.actor: Actor | None = None
         self.key_fingerprint = ""
+        self.credential = ""  # what session limits count by: the key, or the password's user
         self.may_have_pty = True
         self.logged_in = False
 
@@ -247,7 +265,7 @@ class _Connection(asyncssh.SSHServer):
             )
             return False
         self.actor = Actor(username, found.role)
-        self.key_fingerprint = found.fingerprint
+        self.key_fingerprint = self.credential = found.fingerprint
         self.may_have_pty = found.pty
         return True
 
@@ -261,6 +279,7 @@ class _Connection(asyncssh.SSHServer):
             return False
         self.actor = Actor(username, entry.role)
         self.key_fingerprint = "password"
+        self.credential = f"password {username}"
         return True
 
     def auth_completed(self) -> None:
@@ -276,7 +295,12 @@ class _Connection(asyncssh.SSHServer):
     def session_requested(self) -> ConsoleSession:
         actor = self.actor or Actor(self.user, Role.VIEWER)
         return ConsoleSession(
-            self.server, actor, self.key_fingerprint, self.peer, may_have_pty=self.may_have_pty
+            self.server,
+            actor,
+            self.key_fingerprint,
+            self.peer,
+            credential=self.credential,
+            may_have_pty=self.may_have_pty,
         )
 
 
@@ -301,13 +325,18 @@ class ConsoleSession(asyncssh.SSHServerSession[bytes]):
         key: str,
         peer: str,
         *,
+        credential: str = "",
         may_have_pty: bool = True,
     ) -> None:
         self.server = server
         self.actor = actor
         self.key = key
         self.peer = peer
+        self.credential = credential or key
         self.may_have_pty = may_have_pty
+        self.wallboard = bool(server.settings.wallboard_user) and (
+            actor.user == server.settings.wallboard_user
+        )
         self.chan: asyncssh.SSHServerChannel[bytes] | None = None
         self.size = (80, 24)
         self.term_type: str | None = None
@@ -328,6 +357,11 @@ class ConsoleSession(asyncssh.SSHServerSession[bytes]):
     def connection_made(self, chan: Any) -> None:
         assert isinstance(chan, asyncssh.SSHServerChannel)
         self.chan = chan
+
+    @property
+    def acts(self) -> bool:
+        """Whether this session may act (an operator's console), not only watch."""
+        return self.actor.role.may_act and not self.wallboard
 
     def pty_requested(
         self, term_type: str, term_size: tuple[int, int, int, int], term_modes: Any
@@ -358,24 +392,27 @@ class ConsoleSession(asyncssh.SSHServerSession[bytes]):
             log.info("refused session user=%s from=%s: no pty", self.actor.user, self.peer)
             self._refuse(NEEDS_PTY if self.may_have_pty else NO_PTY_KEY)
             return
-        if not self.server.admit(self):
-            limit = self.server.settings.max_sessions
-            log.warning("refused session user=%s: server full (%d)", self.actor.user, limit)
-            self._refuse(f"gpuconsole: the server is full ({limit} sessions); try again later.\r\n")
+        refusal = self.server.admit(self)
+        if refusal is not None:
+            log.warning(
+                "refused session user=%s key=%s from=%s: %s",
+                self.actor.user,
+                self.key,
+                self.peer,
+                refusal.removeprefix("gpuconsole: "),
+            )
+            self._refuse(refusal + "\r\n")
             return
-        wallboard = bool(self.server.settings.wallboard_user) and (
-            self.actor.user == self.server.settings.wallboard_user
-        )
         self.info = SessionInfo(
             user=self.actor.user,
             actor=self.actor,
             fingerprint=self.key,
             peer=self.peer,
-            wallboard=wallboard,
+            wallboard=self.wallboard,
             term_type=self.term_type,
         )
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"ssh {self.peer}")
-        if not wallboard and self.server.settings.idle_timeout_s > 0:
+        if not self.wallboard and self.server.settings.idle_timeout_s > 0:
             self._arm_idle(self.server.settings.idle_timeout_s)
 
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
