@@ -368,6 +368,26 @@ class SshConfig:
             maximum=10_000,
         ),
     )
+    login_timeout_s: float = field(
+        default=30.0,
+        metadata=_doc("A connection not logged in this long is closed", minimum=1, maximum=600),
+    )
+    max_startups: int = field(
+        default=100,
+        metadata=_doc(
+            "Connections still logging in at once; past it the one waiting longest is dropped",
+            minimum=1,
+            maximum=100_000,
+        ),
+    )
+    max_startups_per_source: int = field(
+        default=10,
+        metadata=_doc(
+            "The same from one client address; past it that address's longest waiting is dropped",
+            minimum=1,
+            maximum=100_000,
+        ),
+    )
     idle_timeout_s: float = field(
         default=1800.0,
         metadata=_doc(

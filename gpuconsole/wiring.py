@@ -277,7 +277,9 @@ class SshSettings:
     wallboard_user: str = SshConfig.wallboard_user
     output_buffer_bytes: int = SshConfig.output_buffer_bytes
     color_system: str = SshConfig.color_system
-    login_timeout_s: float = 30.0
+    login_timeout_s: float = SshConfig.login_timeout_s
+    max_startups: int = SshConfig.max_startups
+    max_startups_per_source: int = SshConfig.max_startups_per_source
     keepalive_s: float = 30.0
 
 
@@ -306,6 +308,9 @@ def ssh_settings(
         max_sessions=s.max_sessions,
         operator_sessions=s.operator_sessions,
         max_sessions_per_key=s.max_sessions_per_key,
+        login_timeout_s=s.login_timeout_s,
+        max_startups=s.max_startups,
+        max_startups_per_source=s.max_startups_per_source,
         idle_timeout_s=s.idle_timeout_s,
         wallboard_user=s.wallboard_user,
         output_buffer_bytes=s.output_buffer_bytes,

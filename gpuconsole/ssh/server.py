@@ -4,7 +4,8 @@ the process's one hub.
 Keys decide the role (see `keys.py`); the wallboard user gets the wallboard. Sessions are
 counted against a limit (per key too, with slots only operators may take), time out when
 idle, and are each a task of their own: a session that crashes is logged and closed, and
-the others carry on. Textual's colour depth and
+the others carry on. Connections still logging in are bounded, the longest waiting dropped
+first, so stalled handshakes cannot hold the door shut. Textual's colour depth and
 stdout capture are process-wide, so the server picks one colour system before the first
 session, and nothing in a session prints (it logs).
 """
@@ -55,6 +56,7 @@ NO_PTY_KEY = (
     "gpuconsole: this key may not have a terminal (no-pty or restrict in the authorized "
     "keys), and this console is only served on one.\r\n"
 )
+DROP_REPORT_S = 10.0  # dropped handshakes are logged once, then summed up this often
 PENDING_INPUT_BYTES = 4096  # input kept before a session's app takes it; then reading waits
 # A session draws at most this many columns and rows, whatever size its client claims: a
 # repaint costs the shared loop in proportion (2000x1000 holds it ~0.3 s; 65535x65535 would
@@ -106,6 +108,9 @@ class ConsoleServer:
         self._keys = AuthorizedKeysFile(settings.authorized_keys)
         self.passwords = Passwords({})
         self._connections: set[asyncssh.SSHServerConnection] = set()
+        self._logging_in: dict[_Connection, str] = {}  # by source address, longest waiting first
+        self._drops_unreported = 0
+        self._drop_report: asyncio.TimerHandle | None = None  # None: the next drop is said at once
         self._stdio: tuple[TextIO, TextIO] = (sys.stdout, sys.stderr)
         self.host_key_fingerprint = ""
 
@@ -159,6 +164,9 @@ class ConsoleServer:
         if self._acceptor is not None:
             self._acceptor.close()
             self._acceptor = None
+        if self._drop_report is not None:
+            self._drop_report.cancel()
+            self._drop_report = None
         for session in list(self.sessions):
             session.close("gpuconsole: the server is shutting down.")
         tasks = [s.task for s in self.sessions if s.task is not None]
@@ -175,6 +183,53 @@ class ConsoleServer:
     def authorized_keys(self) -> AuthorizedKeys:
         """The authorized keys, read again whenever the file's content changes."""
         return self._keys.current()
+
+    # --- connections still logging in --------------------------------------------------
+
+    def arrived(self, conn: _Connection) -> None:
+        """Count a new connection as logging in. Past [ssh] max_startups_per_source from its
+        address, or max_startups in all, the one that has waited longest is dropped: a
+        stalled handshake cannot keep a newer one out."""
+        s = self.settings
+        same = [c for c, source in self._logging_in.items() if source == conn.source]
+        if len(same) >= s.max_startups_per_source:
+            self._drop(same[0], f"more than max_startups_per_source = {s.max_startups_per_source}")
+        elif len(self._logging_in) >= s.max_startups:
+            self._drop(next(iter(self._logging_in)), f"more than max_startups = {s.max_startups}")
+        self._logging_in[conn] = conn.source
+
+    def settled(self, conn: _Connection) -> None:
+        """The connection logged in, or left."""
+        self._logging_in.pop(conn, None)
+
+    def _drop(self, conn: _Connection, reason: str) -> None:
+        self._logging_in.pop(conn, None)
+        if conn.conn is not None:
+            conn.conn.abort()
+        if self._drop_report is not None:  # a flood is one log line each DROP_REPORT_S
+            self._drops_unreported += 1
+            return
+        log.warning(
+            "dropped a connection still logging in from=%s: %s at once (the longest waiting "
+            "goes first)",
+            conn.peer,
+            reason,
+        )
+        self._drop_report = asyncio.get_running_loop().call_later(DROP_REPORT_S, self._report_drops)
+
+    def _report_drops(self) -> None:
+        self._drop_report = None
+        if self._drops_unreported:
+            log.warning(
+                "dropped %d more connections still logging in over %g s ([ssh] max_startups, "
+                "max_startups_per_source)",
+                self._drops_unreported,
+                DROP_REPORT_S,
+            )
+            self._drops_unreported = 0
+            self._drop_report = asyncio.get_running_loop().call_later(
+                DROP_REPORT_S, self._report_drops
+            )
 
     # --- sessions ----------------------------------------------------------------------
 
@@ -228,8 +283,10 @@ class _Connection(asyncssh.SSHServer):
         peer = conn.get_extra_info("peername")
         if peer:
             self.source, self.peer = _address(str(peer[0])), f"{peer[0]}:{peer[1]}"
+        self.server.arrived(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.server.settled(self)
         if self.conn is not None:
             self.server._connections.discard(self.conn)
         if self.logged_in:
@@ -284,6 +341,7 @@ class _Connection(asyncssh.SSHServer):
 
     def auth_completed(self) -> None:
         self.logged_in = True
+        self.server.settled(self)
         log.info(
             "login user=%s role=%s key=%s from=%s",
             self.user,

@@ -96,9 +96,7 @@ async def test_options_the_server_would_not_enforce_stop_the_start_naming_file_a
         assert said in str(caught.value), (option, caught.value)
 
 
-async def test_a_key_restricted_from_a_terminal_gets_no_console(
-    tmp_path: Path, keys: Keys
-) -> None:
+async def test_a_key_restricted_from_a_terminal_gets_no_console(tmp_path: Path, keys: Keys) -> None:
     keys.file.write_text(
         f"restrict,role=operator {public(keys.operator)} ops\n"
         f"restrict,pty {public(keys.viewer)} wall\n"

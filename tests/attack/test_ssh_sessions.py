@@ -4,8 +4,18 @@ cannot hold the door shut."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import asyncssh
 import pytest
 
 from gpuconsole import config
@@ -74,3 +84,132 @@ def test_kept_operator_sessions_must_leave_viewers_some() -> None:
     with pytest.raises(ConfigError, match=r"\[ssh\] operator_sessions = 3 leaves viewers no"):
         ssh_settings(cfg)
     assert ssh_settings(config.parse("[ssh]\nmax_sessions = 3\n")).operator_sessions == 1
+
+
+# --- stalled handshakes ---------------------------------------------------------------
+
+SYSTEMD_NOFILE = 1024  # the descriptors a systemd service gets unless its unit says otherwise
+STALLED = 1100
+
+
+@contextlib.asynccontextmanager
+async def ssh_server_process(
+    tmp_path: Path, keys: Keys
+) -> AsyncIterator[tuple[int, subprocess.Popen[bytes]]]:
+    """`gpuconsole ssh-server --demo` in a process of its own, with a systemd service's
+    descriptor limit and default settings; yields its port and the process."""
+    config = tmp_path / "gpuconsole.toml"
+    config.write_text(
+        f'[ssh]\nlisten = "127.0.0.1:0"\nauthorized_keys = "{keys.file}"\n'
+        f'host_key = "{tmp_path / "host_key"}"\n'
+    )
+    log = tmp_path / "server.log"
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    command = f"ulimit -n {SYSTEMD_NOFILE} && exec {sys.executable} -m gpuconsole"
+    arguments = ["ssh-server", "-c", str(config), "--demo", "--nodes", "1"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["sh", "-c", command + ' "$@"', "sh", *arguments],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=tmp_path,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not (found := re.search(rb"listening on 127\.0\.0\.1:(\d+)", log.read_bytes())):
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            await asyncio.sleep(0.1)
+        yield int(found.group(1)), process
+    finally:
+        process.terminate()
+        try:
+            await asyncio.to_thread(process.wait, 10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextlib.contextmanager
+def descriptors(count: int) -> Iterator[None]:
+    """This process may hold `count` more sockets than it does (the stalled clients)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = len(os.listdir("/proc/self/fd")) + count + 64
+    if soft < wanted:
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            pytest.skip(f"needs {wanted} open files; the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def open_files(process: subprocess.Popen[bytes]) -> int:
+    return len(os.listdir(f"/proc/{process.pid}/fd"))
+
+
+async def test_stalled_handshakes_do_not_lock_the_operator_out(tmp_path: Path, keys: Keys) -> None:
+    stalled: list[asyncio.StreamWriter] = []
+    tasks: list[asyncio.Task[None]] = []
+    greeted: set[int] = set()
+    hung_up: set[int] = set()
+
+    async def stall(port: int, number: int) -> None:
+        # connects and reads the server's version line, then never says a word; a connection
+        # the server never takes in (its accept queue overflowed) is tried again, as a flood would
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.5)
+                continue
+            stalled.append(writer)
+            try:
+                if await asyncio.wait_for(reader.readline(), 3):
+                    greeted.add(number)  # taken in: the server holds it
+            except TimeoutError:
+                writer.close()
+                continue
+            except OSError:
+                pass
+            with contextlib.suppress(OSError):
+                await reader.read()
+            hung_up.add(number)
+            return
+
+    with descriptors(STALLED):
+        async with ssh_server_process(tmp_path, keys) as (port, process):
+            try:
+                tasks.extend(asyncio.create_task(stall(port, n)) for n in range(STALLED))
+                # until every stalled client is taken in or let go, or the server is out of
+                # descriptors (then none can be)
+                await until(
+                    lambda: (
+                        len(greeted | hung_up) == STALLED
+                        or open_files(process) >= SYSTEMD_NOFILE - 4
+                    ),
+                    timeout=60,
+                )
+                began = time.monotonic()
+                async with asyncssh.connect(
+                    "127.0.0.1",
+                    port,
+                    username="ops",
+                    client_keys=[keys.operator],
+                    agent_path=None,
+                    known_hosts=None,
+                    connect_timeout=12,
+                ) as conn:
+                    # the stalled clients' login timeout is 30 s: well before it, the operator is in
+                    assert time.monotonic() - began < 12
+                    assert conn.get_extra_info("username") == "ops"
+                # the surplus was let go early, not held until its login timeout
+                await until(lambda: len(hung_up) > STALLED - 200, timeout=15)
+            finally:
+                for writer in stalled:
+                    writer.close()
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
