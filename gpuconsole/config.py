@@ -328,7 +328,8 @@ class SshConfig:
         default="",
         metadata=_doc(
             "OpenSSH public-key lines, each optionally led by role=viewer|operator|admin "
-            "(no role: viewer); empty: authorized_keys in the config folder"
+            '(no role: viewer) and from="ADDRESS PATTERNS"; empty: authorized_keys in the '
+            "config folder"
         ),
     )
     host_key: str = field(
@@ -383,7 +384,8 @@ class SshConfig:
     max_startups_per_source: int = field(
         default=10,
         metadata=_doc(
-            "The same from one client address; past it that address's longest waiting is dropped",
+            "Connections still logging in from one client address; past it that "
+            "address's longest waiting is dropped",
             minimum=1,
             maximum=100_000,
         ),
