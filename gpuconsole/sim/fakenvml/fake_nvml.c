@@ -40,7 +40,9 @@
  *   Global keys:
  *     format 1
  *     node <name>                      seed <n>
- *     driver_version <text>            nvml_version <text>          cuda_driver_version <int>
+ *     driver_version <major.minor.patch>  the driver played: its branch (major) must be the
+ *                                      build's; major.minor picks what field ids mean
+ *     nvml_version <text>              cuda_driver_version <int>
  *     virtualization_mode <n>          nvmlGpuVirtualizationMode_t, 0 = bare metal
  *     missing_field <field id>         a field this driver does not know (NOT_SUPPORTED), as
  *                                      on an older driver; repeat the key for several
