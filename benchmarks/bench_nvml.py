@@ -92,13 +92,18 @@ def fake_child() -> None:
 
 def fake_figures() -> dict[str, float] | str:
     try:
-        from gpuconsole.sim.fakenvml import build_library, environment, write_profile
+        from gpuconsole.sim.fakenvml import (
+            build_library,
+            driver_of,
+            environment,
+            write_profile,
+        )
     except ImportError as exc:
         return f"fake library glue missing: {exc}"
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         try:
-            lib_dir = build_library(folder).parent
+            lib_dir = build_library(folder, driver_of(DGX_H100)).parent
         except Exception as exc:
             return f"fake library not built: {exc}"
         profile = write_profile(DGX_H100, folder / "profile.txt", scenarios=["mig:7"])

@@ -1,6 +1,12 @@
 """Fixtures shared across the suite, gathered from their modules."""
 
 from tests.conftest_tui import *  # noqa: F403
-from tests.fakenvml_fixtures import FakeNvmlEnv, fake_nvml_env, fake_nvml_lib
+from tests.fakenvml_fixtures import (
+    FakeNvmlEnv,
+    fake_nvml_env,
+    fake_nvml_lib,
+    fake_nvml_libs,
+    nvml_case,
+)
 
-__all__ = ["FakeNvmlEnv", "fake_nvml_env", "fake_nvml_lib"]
+__all__ = ["FakeNvmlEnv", "fake_nvml_env", "fake_nvml_lib", "fake_nvml_libs", "nvml_case"]

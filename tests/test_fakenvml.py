@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,9 +19,17 @@ from typing import Any
 import pytest
 
 from gpuconsole.hardware import TOPO_LEVEL
+from gpuconsole.sim.drivers import (
+    DRIVERS,
+    SMOOTHING_ACTIVE_PRESET_PROFILE,
+    SMOOTHING_FIELDS,
+    DriverProfile,
+    driver_profile,
+)
 from gpuconsole.sim.fakenvml import (
     FakeNvmlError,
     build_library,
+    driver_of,
     mig_partition,
     parse_scenario,
     read_counts_file,
@@ -28,10 +37,20 @@ from gpuconsole.sim.fakenvml import (
 )
 from gpuconsole.sim.identity import gpu_serial, gpu_uuid, mig_uuid
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100, NodeProfile
-from tests.fakenvml_fixtures import FakeNvmlEnv, fake_nvml_env, fake_nvml_lib
+from tests.fakenvml_fixtures import (
+    MIG_GPU,
+    FakeNvmlEnv,
+    FakeNvmlLibs,
+    NvmlCase,
+    fake_nvml_env,
+    fake_nvml_lib,
+    fake_nvml_libs,
+    nvml_case,
+)
 from tests.peers import require_peer
 
-__all__ = ["fake_nvml_env", "fake_nvml_lib"]  # the fixtures, re-exported for pytest
+# the fixtures, re-exported for pytest
+__all__ = ["fake_nvml_env", "fake_nvml_lib", "fake_nvml_libs", "nvml_case"]
 
 REQUIRE_ENV = "GPUCONSOLE_REQUIRE_PEERS"
 
@@ -102,7 +121,7 @@ def test_dgx_h100_reports_the_profile(fake_nvml_env: FakeNvmlEnv) -> None:
                 "bus": pynvml.nvmlDeviceGetPciInfo(h).busId,
                 "legacy": pynvml.nvmlDeviceGetPciInfo(h).busIdLegacy,
                 "device_id": pynvml.nvmlDeviceGetPciInfo(h).pciDeviceId,
-                "sm": pynvml.nvmlDeviceGetAttributes(h).multiprocessorCount,
+                "attributes": err(pynvml.nvmlDeviceGetAttributes, h),
                 "mem": pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).total,
                 "module": pynvml.nvmlDeviceGetModuleId(h),
                 "numa": pynvml.nvmlDeviceGetNumaNodeId(h),
@@ -135,7 +154,7 @@ def test_dgx_h100_reports_the_profile(fake_nvml_env: FakeNvmlEnv) -> None:
     assert len(out["gpus"]) == 8
     for slot, gpu in zip(p.gpus, out["gpus"], strict=True):
         assert gpu["name"] == "NVIDIA H100 80GB HBM3"
-        assert gpu["sm"] == 132
+        assert gpu["attributes"] == "NVMLError_NotSupported"  # a full GPU: MIG handles only
         assert gpu["index"] == slot.index
         assert gpu["uuid"] == gpu_uuid(p.name, 0, slot.index)
         assert gpu["serial"] == gpu_serial(p.name, 0, slot.index)
@@ -471,7 +490,7 @@ def test_thermal_scenario_throttles_and_counts_violation_time(
     fake_nvml_env: FakeNvmlEnv,
 ) -> None:
     out = run_py(
-        fake_nvml_env(scenarios=["thermal 3"]),
+        fake_nvml_env(driver="580.82", scenarios=["thermal 3"]),  # HW thermal time: field 270
         """
         pynvml.nvmlInit()
         def read(i):
@@ -607,7 +626,7 @@ def test_process_list_follows_nvmls_insufficient_size_protocol(
 
 def test_field_values_fill_each_entry(fake_nvml_env: FakeNvmlEnv) -> None:
     out = run_py(
-        fake_nvml_env(),
+        fake_nvml_env(driver="580.82"),
         """
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -630,6 +649,7 @@ def test_field_values_fill_each_entry(fake_nvml_env: FakeNvmlEnv) -> None:
     assert rets.pop((138, 18)) == 2  # H100 has links 0-17
     assert set(rets.values()) == {0}
     assert first[(83, 0)][3] == 3 and first[(186, 0)][3] == 1  # ULL energy, UINT power
+    assert first[(197, 0)][3] == first[(198, 0)][3] == 1  # PCIe bytes: 32 bits, as drivers do
     assert later[(83, 0)][4] > first[(83, 0)][4]  # energy integrates power
     assert later[(197, 0)][4] > first[(197, 0)][4]  # PCIe bytes integrate throughput
     assert later[(138, 0)][4] >= first[(138, 0)][4]
@@ -653,7 +673,7 @@ def test_dynamics_follow_the_load(fake_nvml_env: FakeNvmlEnv) -> None:
                 rows.append([t, i, pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
                              pynvml.nvmlDeviceGetPowerUsage(h), pynvml.nvmlDeviceGetClockInfo(h, 1),
                              pynvml.nvmlDeviceGetTotalEnergyConsumption(h),
-                             pynvml.nvmlDeviceGetTemperatureV(h, 0),
+                             pynvml.nvmlDeviceGetTemperature(h, 0),
                              pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used,
                              pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)])
         out = rows
@@ -687,7 +707,7 @@ def test_readings_are_deterministic_for_a_seed(fake_nvml_env: FakeNvmlEnv) -> No
     for i in range(8):
         h = pynvml.nvmlDeviceGetHandleByIndex(i)
         out.append([pynvml.nvmlDeviceGetUUID(h), pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
-                    pynvml.nvmlDeviceGetPowerUsage(h), pynvml.nvmlDeviceGetTemperatureV(h, 0),
+                    pynvml.nvmlDeviceGetPowerUsage(h), pynvml.nvmlDeviceGetTemperature(h, 0),
                     pynvml.nvmlDeviceGetTotalEnergyConsumption(h),
                     pynvml.nvmlDeviceGetFieldValues(h, [(138, 3)])[0].value.ullVal,
                     [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]])
@@ -750,6 +770,114 @@ def test_gpm_metrics_on_hopper(fake_nvml_env: FakeNvmlEnv) -> None:
     assert abs(out["gpu"]["1"][1] - out["util"]) < 15  # GPM agrees with the utilization rate
     assert out["bad_version"] == "NVMLError_ArgumentVersionMismatch"
     assert out["no_such_instance"] == "NVMLError_NotFound"
+
+
+# -------------------------------------------------------------------------------------------
+# Driver branches
+# -------------------------------------------------------------------------------------------
+
+
+def expected_field(driver: DriverProfile, fid: int) -> tuple[int, int]:
+    """(nvmlReturn, valueType) a branch answers for a field id at 251-273, per nvml.h."""
+    counters, smoothing = driver.throttle_counters_at, driver.smoothing_at
+    if counters and counters <= fid < counters + 3:
+        return 0, 3  # nanoseconds held, unsigned long long
+    if smoothing and smoothing <= fid < smoothing + SMOOTHING_FIELDS:
+        return 0, 1
+    return 3, 0  # NOT_SUPPORTED
+
+
+def test_the_fake_plays_each_driver_branch(nvml_case: NvmlCase) -> None:
+    """Symbols, field ids and their meaning, value types, MIG-only attributes, NVLink version
+    as nvmlNvlinkVersion_t and the idle link, as the driver branch of the profile has them."""
+    out = run_py(
+        nvml_case.env("smoothing 0"),
+        f"""
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        ids = [74, 76, 197, 198, *range(251, 274)]
+        fields = {{e.fieldId: [e.nvmlReturn, e.valueType, e.value.uiVal]
+                  for e in pynvml.nvmlDeviceGetFieldValues(h, ids)}}
+        links = []
+        for i in range(8):
+            g = pynvml.nvmlDeviceGetHandleByIndex(i)
+            links.append([pynvml.nvmlDeviceGetCurrPcieLinkGeneration(g),
+                          err(pynvml.nvmlDeviceGetUtilizationRates, g)
+                          or pynvml.nvmlDeviceGetUtilizationRates(g).gpu])
+        migs = []
+        if {nvml_case.mig}:
+            parent = pynvml.nvmlDeviceGetHandleByIndex({MIG_GPU})
+            for slot in range(4):
+                m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)
+                migs.append(pynvml.nvmlDeviceGetAttributes(m).multiprocessorCount)
+        out = {{
+            "driver": pynvml.nvmlSystemGetDriverVersion(),
+            "exports_temperature_v": hasattr(pynvml.nvmlLib, "nvmlDeviceGetTemperatureV"),
+            "temperature_v": err(pynvml.nvmlDeviceGetTemperatureV, h, 0),
+            "temperature": pynvml.nvmlDeviceGetTemperature(h, 0),
+            "fields": fields,
+            "attributes": err(pynvml.nvmlDeviceGetAttributes, h),
+            "nvlink_version": pynvml.nvmlDeviceGetNvLinkVersion(h, 0),
+            "links": links,
+            "migs": migs,
+        }}
+        """,
+    )
+    driver = nvml_case.driver
+    assert out["driver"] == driver.version
+    assert out["exports_temperature_v"] is driver.temperature_v
+    assert out["temperature_v"] == (None if driver.temperature_v else "NVMLError_FunctionNotFound")
+    assert 25 <= out["temperature"] < 90
+    fields = {int(fid): entry for fid, entry in out["fields"].items()}
+    assert fields[74][:2] == fields[76][:2] == [0, 3]  # the same in every branch
+    pcie = [0, 1] if driver.pcie_byte_counters else [3, 0]  # 32 bits wide, from R560
+    assert fields[197][:2] == fields[198][:2] == pcie
+    for fid in range(251, 274):
+        assert tuple(fields[fid][:2]) == expected_field(driver, fid), fid
+    preset = driver.smoothing_field(SMOOTHING_ACTIVE_PRESET_PROFILE)
+    if preset is not None:
+        assert fields[preset][2] == 2  # the preset an administrator chose
+    assert out["attributes"] == "NVMLError_NotSupported"  # a full GPU: MIG handles only
+    assert out["nvlink_version"] == 6  # NVML_NVLINK_VERSION_4_0, H100
+    for gen, util in out["links"]:
+        # An idle GPU's link trains down (utilization is NotSupported in MIG mode).
+        assert gen == 5 or (gen == 1 and (util == "NVMLError_NotSupported" or util <= 2))
+    assert out["migs"] == ([60, 32, 16, 16] if nvml_case.mig else [])
+
+
+def test_a_profile_of_another_branch_does_not_load(
+    fake_nvml_env: FakeNvmlEnv, fake_nvml_libs: FakeNvmlLibs
+) -> None:
+    env = fake_nvml_env(driver="575")
+    env["LD_LIBRARY_PATH"] = str(fake_nvml_libs("580.82").parent)  # exports of branch 580
+    proc = subprocess.run(
+        [sys.executable, "-c", "import pynvml; pynvml.nvmlInit()"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "NVMLError_DriverNotLoaded" in proc.stderr
+    assert "driver_version 575.57.08 is not branch 580" in proc.stderr
+
+
+def test_driver_profiles_play_real_driver_versions() -> None:
+    def plays(version: str) -> str | None:
+        found = driver_profile(version)
+        return found.name if found is not None else None
+
+    assert [plays(v) for v in ("535.247.01", "550.163.01", "570.172.08", "575.64")] == [
+        "535",
+        "550",
+        "570",
+        "575",
+    ]
+    assert plays("580.65.06") == plays("580.76.05") == "580.65"
+    assert plays("580.82.07") == plays("580.95.05") == plays("590.44.01") == "580.82"
+    assert plays("525.147.05") is None and plays("N/A") is None
+    with pytest.raises(ValueError, match=r"535, 550, 570, 575, 580\.65, 580\.82"):
+        driver_of(DGX_H100, "590")
 
 
 # -------------------------------------------------------------------------------------------
@@ -876,6 +1004,34 @@ def test_nvitop_once_shows_every_gpu(
         assert "3g.40gb" in proc.stdout and "1g.10gb" in proc.stdout
 
 
+@pytest.mark.parametrize("driver", DRIVERS, ids=lambda d: d.name)
+def test_gpustat_and_nvitop_run_unchanged_on_every_driver_branch(
+    fake_nvml_env: FakeNvmlEnv, driver: DriverProfile
+) -> None:
+    gpustat = tool("gpustat", "pip install gpustat==1.1.1")
+    nvitop = tool("nvitop", "pip install nvitop==1.7.2")
+    env = fake_nvml_env(DGX_H100, driver=driver, scenarios=["mig 0"], frozen_time=60.0)
+    stat = subprocess.run(
+        [gpustat, "--json"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert stat.returncode == 0, stat.stderr
+    report = json.loads(stat.stdout)
+    assert report["driver_version"] == driver.version
+    assert len(report["gpus"]) == 8
+    assert all(25 <= g["temperature.gpu"] < 90 for g in report["gpus"])
+    env.update(TERM="xterm-256color", COLUMNS="160", LINES="60")
+    top = subprocess.run(
+        [nvitop, "--once"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert top.returncode == 0, top.stderr
+    assert "ERROR" not in top.stderr and "FunctionNotFound" not in top.stderr, top.stderr
+    assert f"Driver Version: {driver.version}" in top.stdout
+    assert top.stdout.count("H100 80GB HBM3") == 8
+    assert "3g.40gb" in top.stdout and "1g.10gb" in top.stdout
+    temps = [int(t) for t in re.findall(r"│ N/A\s+(\d+)C ", top.stdout)]
+    assert len(temps) == 8 and all(25 <= t < 90 for t in temps)
+
+
 # -------------------------------------------------------------------------------------------
 # The Python glue
 # -------------------------------------------------------------------------------------------
@@ -883,7 +1039,7 @@ def test_nvitop_once_shows_every_gpu(
 
 def test_build_library_skips_a_fresh_build(fake_nvml_lib: Path) -> None:
     before = fake_nvml_lib.stat().st_mtime_ns
-    assert build_library(fake_nvml_lib.parent) == fake_nvml_lib
+    assert build_library(fake_nvml_lib.parent.parent, driver_of(DGX_H100)) == fake_nvml_lib
     assert fake_nvml_lib.stat().st_mtime_ns == before
     assert not [p for p in fake_nvml_lib.parent.iterdir() if p.name.endswith(".tmp")]
 
@@ -893,8 +1049,8 @@ def test_build_library_names_gcc_when_it_is_missing(
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(FakeNvmlError, match="gcc"):
-        build_library(tmp_path / "out")
-    assert not (tmp_path / "out" / "libnvidia-ml.so.1").exists()
+        build_library(tmp_path / "out", "580.82")
+    assert not (tmp_path / "out" / "r580" / "libnvidia-ml.so.1").exists()
 
 
 def test_scenarios_parse_in_both_spellings() -> None:
@@ -928,7 +1084,7 @@ def test_require_peer_skips_or_fails(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_missing_gcc_fails_the_fixture_when_peers_are_required(tmp_path: Path) -> None:
     """The session fixture itself: skip without gcc, fail under GPUCONSOLE_REQUIRE_PEERS=1."""
     (tmp_path / "test_probe.py").write_text(
-        "from tests.fakenvml_fixtures import fake_nvml_lib\n"
+        "from tests.fakenvml_fixtures import fake_nvml_lib, fake_nvml_libs\n"
         "def test_probe(fake_nvml_lib):\n    pass\n"
     )
     root = Path(__file__).resolve().parent.parent

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import ctypes.util
+from dataclasses import replace
 
 import pytest
 
 from gpuconsole.hub import Hub
-from gpuconsole.readings.base import Event, Severity, normal_bus_id
-from gpuconsole.readings.nvml import GpuState, RemoteKind
+from gpuconsole.readings.base import Event, Health, Severity, normal_bus_id
+from gpuconsole.readings.nvml import GpuReading, GpuState, PcieReading, RemoteKind
+from gpuconsole.readings.snapshot import gpu_health
 from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100, NodeProfile
@@ -27,10 +29,16 @@ class Clock:
         return self.now
 
 
-def make(profile: NodeProfile, *scenarios: str, clock: Clock | None = None, **kw: object):  # type: ignore[no-untyped-def]
+def make(  # type: ignore[no-untyped-def]
+    profile: NodeProfile,
+    *scenarios: str,
+    clock: Clock | None = None,
+    driver: str | None = None,
+    **kw: object,
+):
     clock = clock or Clock()
     node = SimNode("dgx-test", profile, scenarios=scenarios, clock=clock, start=clock.now)
-    lib = SimNvml(node)
+    lib = SimNvml(node, driver)
     source = NvmlSource("dgx-test", lib=lib, events=False, clock=clock, **kw)  # type: ignore[arg-type]
     return source, lib, clock
 
@@ -214,8 +222,11 @@ def test_a_throttle_that_starts_is_an_event_and_idle_is_not() -> None:
 
 
 def test_a_throttle_that_starts_between_bitmask_reads_shows_at_the_next_poll() -> None:
-    # The bitmask is read every 10th poll; the driver's time counters ride in every batch.
-    source, lib, clock = make(DGX_H100, "thermal:3@5", detail_every=10, inventory_every=100)
+    # The bitmask is read every 10th poll; the driver's time counters (from R575) ride in
+    # every batch.
+    source, lib, clock = make(
+        DGX_H100, "thermal:3@5", driver="580.82", detail_every=10, inventory_every=100
+    )
     events: list[Event] = []
     source._emit = events.append
     assert source.collect().gpus[3].throttle_reasons == ()
@@ -319,3 +330,30 @@ def test_a_gpu_lost_before_nvml_first_read_it_stays_lost_since_then_when_nvml_re
     again = source.collect().gpus[4]
     assert again.state is GpuState.LOST and again.lost_since == lost.lost_since
     assert [e.kind for e in events] == ["gpu_lost"]
+
+
+def test_a_link_below_its_generation_is_downtrained_only_while_the_gpu_works() -> None:
+    idle = PcieReading(gen_current=1, gen_max=5, width_current=16, width_max=16, busy=False)
+    assert not idle.downtrained  # an idle GPU trains its link down: power saving
+    assert not replace(idle, busy=None).downtrained  # load unknown (MIG mode): no alarm
+    assert replace(idle, busy=True).downtrained
+    assert replace(idle, gen_current=5, width_current=8).downtrained  # narrower: always
+    gpu = GpuReading(index=0, uuid="GPU-x", name="NVIDIA H100 80GB HBM3", pci_bus_id="x")
+    assert gpu_health(replace(gpu, pcie=idle)) is Health.OK
+    assert gpu_health(replace(gpu, pcie=replace(idle, busy=True))) is Health.WARNING
+
+
+def test_the_simulator_plays_the_driver_its_node_names() -> None:
+    """A DGX A100 on 535: no nvmlDeviceGetTemperatureV, no PCIe byte counters, attributes for
+    MIG devices only, NVLink 3.0 as nvmlNvlinkVersion_t 4; the reading is whole all the same."""
+    source, lib, _ = make(DGX_A100, "mig:1", detail_every=1)
+    gpus = source.collect().gpus
+    assert lib.driver.name == "535"
+    assert lib.calls["nvmlDeviceGetTemperatureV"] == 8 and lib.calls["nvmlDeviceGetTemperature"]
+    assert all(g.temp_gpu_c is not None for g in gpus)
+    assert {g.sm_count for g in gpus} == {108}
+    assert sorted(m.sm_count for m in gpus[1].mig_instances) == [14, 14, 28, 42]
+    assert {link.version for g in gpus for link in g.nvlinks} == {3}
+    assert all(g.pcie.tx_bytes_total is None for g in gpus)
+    assert all(g.pcie.tx_bytes_per_s is not None for g in gpus)
+    assert all(g.unsupported == () for g in gpus if g.index != 1)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100, NodeProfile
-from tests.fakenvml_fixtures import FakeNvmlEnv
+from tests.fakenvml_fixtures import MIG_GPU, FakeNvmlEnv, NvmlCase
 from tests.peers import require_peer
 
 
@@ -186,7 +186,8 @@ print(json.dumps({"tx": gpu.pcie.tx_bytes_per_s, "rx": gpu.pcie.rx_bytes_per_s,
 """
     result = run_child(fake_nvml_env(DGX_H100, missing_fields=[197, 198]), body)
     assert result["total"] is None
-    assert "field 197" in result["unsupported"] and "field 198" in result["unsupported"]
+    # the driver's rate stands in for the counters: nothing the operator misses
+    assert not {"field 197", "field 198"} & set(result["unsupported"])
     assert result["rx"] > 0 and result["tx"] > 0
     assert result["calls"] == 2 * 2 * 8  # tx and rx, two detail polls, eight GPUs
 
@@ -247,3 +248,217 @@ def test_nvitop_and_gpuconsole_read_the_same_figures(
         for m in g["mig_instances"]
     )
     assert "hw_thermal_slowdown" in gpus[3]["throttle_reasons"]
+
+
+# -------------------------------------------------------------------------------------------
+# Real driver branches (the fake plays each: gpuconsole.sim.drivers)
+# -------------------------------------------------------------------------------------------
+
+HOT = {"hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
+
+# Two polls at frozen instants of the fake's clock, then a child's body.
+TWO_POLLS = """
+import json, os
+from gpuconsole.sources.nvml.source import NvmlSource
+from gpuconsole.readings.snapshot import gpu_health
+events = []
+source = NvmlSource("n", events=False, detail_every=1000, inventory_every=1000)
+source._emit = events.append
+os.environ["GPUCONSOLE_FAKE_NVML_TIME"] = "10"
+first = source.collect()
+os.environ["GPUCONSOLE_FAKE_NVML_TIME"] = "20"
+second = source.collect()
+"""
+
+
+def gpu_facts(body: str) -> str:
+    return (
+        TWO_POLLS
+        + body
+        + """
+def facts(g):
+    return {"temp": g.temp_gpu_c, "throttle": g.throttle_reasons, "sm": g.sm_count,
+            "versions": sorted({l.version for l in g.nvlinks}), "state": g.state.value,
+            "tx_total": g.pcie.tx_bytes_total, "tx_rate": g.pcie.tx_bytes_per_s,
+            "downtrained": g.pcie.downtrained, "unsupported": list(g.unsupported),
+            "migs": sorted(m.sm_count for m in g.mig_instances)}
+print(json.dumps({"gpus": [facts(g) for g in second.gpus],
+                  "events": [[e.kind, e.gpu_index, e.severity.value, e.message] for e in events]}))
+"""
+    )
+
+
+def test_the_source_reads_a_dgx_h100_right_on_every_driver_branch(nvml_case: NvmlCase) -> None:
+    """Temperature, throttle reasons, PCIe rates, NVLink generation and SM counts come out the
+    same whichever driver branch answers, MIG or not; a power-smoothing change is no event."""
+    env = nvml_case.env("smoothing 0 at 15", "thermal 3 at 15")
+    result = run_child(env, gpu_facts(""))
+    gpus, events = result["gpus"], result["events"]
+    counters = nvml_case.driver.throttle_counters_at != 0
+    for index, gpu in enumerate(gpus):
+        assert gpu["state"] == "ok"
+        assert gpu["temp"] is not None and "temperature" not in gpu["unsupported"]
+        assert gpu["sm"] == 132
+        assert gpu["versions"] == [4]  # NVLink 4.0
+        assert gpu["tx_total"] is None and gpu["tx_rate"] > 0  # the driver's rate, not a wrap
+        assert not gpu["downtrained"]
+        # GPU 3's slowdown shows between two bitmask reads only where the driver counts it
+        assert bool(HOT & set(gpu["throttle"])) == (index == 3 and counters), index
+    warnings = [e for e in events if e[2] == "warning"]
+    assert [(e[0], e[1]) for e in warnings] == ([("throttle", 3)] if counters else [])
+    assert gpus[MIG_GPU]["migs"] == ([16, 16, 32, 60] if nvml_case.mig else [])
+
+
+@pytest.mark.parametrize("driver", ["535", "550"])
+def test_before_r560_the_gpu_temperature_comes_from_the_older_call(
+    fake_nvml_env: FakeNvmlEnv, driver: str
+) -> None:
+    body = """
+import json
+import pynvml
+from gpuconsole.sim.fakenvml import call_counts
+from gpuconsole.sources.nvml.source import NvmlSource
+source = NvmlSource("n", events=False, detail_every=1000, inventory_every=1000)
+source.collect(); source.collect()
+before = sum(call_counts().values())
+reading = source.collect()
+table = (sum(call_counts().values()) - before) / len(reading.gpus)
+legacy = [pynvml.nvmlDeviceGetTemperature(pynvml.nvmlDeviceGetHandleByIndex(g.index), 0)
+          for g in reading.gpus]
+print(json.dumps({"temps": [g.temp_gpu_c for g in reading.gpus], "legacy": legacy,
+                  "table": table, "unsupported": [list(g.unsupported) for g in reading.gpus]}))
+"""
+    result = run_child(fake_nvml_env(DGX_H100, driver=driver, frozen_time=30.0), body)
+    assert result["temps"] == result["legacy"]
+    assert all(25 <= t < 90 for t in result["temps"])
+    assert not any("temperature" in u for u in result["unsupported"])
+    assert result["table"] <= 4
+
+
+@pytest.mark.parametrize(("driver", "counter"), [("575", 252), ("580.65", 252), ("580.82", 270)])
+def test_thermal_time_is_read_where_the_branch_keeps_it_and_smoothing_is_not_time(
+    fake_nvml_env: FakeNvmlEnv, driver: str, counter: int
+) -> None:
+    """On 575 and 580.65 fields 269-271 are power-smoothing settings: an administrator changing
+    them is no slowdown. The HW thermal time counter is 252 there, 270 from 580.82."""
+    env = fake_nvml_env(DGX_H100, driver=driver, scenarios=["smoothing 0 at 15", "thermal 3 at 15"])
+    body = """
+import pynvml
+h = pynvml.nvmlDeviceGetHandleByIndex(3)
+held = pynvml.nvmlDeviceGetFieldValues(h, [FIELD])[0].value.ullVal
+print(json.dumps({"held_ns": held, "gpu0": second.gpus[0].throttle_reasons,
+                  "gpu3": second.gpus[3].throttle_reasons,
+                  "health0": gpu_health(second.gpus[0]).value,
+                  "events": [[e.kind, e.gpu_index, e.severity.value] for e in events]}))
+""".replace("FIELD", str(counter))
+    result = run_child(env, TWO_POLLS + body)
+    assert abs(result["held_ns"] - 5e9) < 1e6  # from 15 s to 20 s
+    assert not HOT & set(result["gpu0"]) and result["health0"] == "ok"
+    assert "hw_thermal_slowdown" in result["gpu3"]
+    assert [e for e in result["events"] if e[2] == "warning"] == [["throttle", 3, "warning"]]
+
+
+def test_pcie_byte_counters_are_32_bits_and_a_wrap_is_one_wrap(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    """Polled fast enough that one wrap at most passes between two polls, the 32-bit counters
+    give the rate across a wrap (not a reset)."""
+    env = fake_nvml_env(DGX_H100, driver="580.82", frozen_time=0.0)
+    body = """
+import json, os
+import pynvml
+from gpuconsole.counters import RateTracker
+from gpuconsole.sources.nvml.source import NvmlSource
+source = NvmlSource("n", events=False, interval_s=0.02)
+source.collect()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+def rx(t):
+    os.environ["GPUCONSOLE_FAKE_NVML_TIME"] = str(t)
+    return pynvml.nvmlDeviceGetFieldValues(h, [198])[0].value.uiVal
+t = 1.0
+while rx(t + 1.0) >= rx(t):  # find a second in which the counter wraps
+    t += 1.0
+tracker = RateTracker()
+rates = []
+for at in (t, t + 1.0):
+    os.environ["GPUCONSOLE_FAKE_NVML_TIME"] = str(at)
+    reading = source.collect()
+    rates.append(tracker.update(reading.counters(), at))
+gpu = reading.gpus[0]
+bits = getattr(gpu.pcie, "bytes_counter_bits", 64)  # a reading of old knew only 64
+print(json.dumps({"before": rx(t), "after": rx(t + 1.0), "bits": bits,
+                  "total": gpu.pcie.rx_bytes_total, "resets": tracker.resets,
+                  "rate": rates[1].get(("gpu", gpu.uuid, "pcie_rx_bytes"))}))
+"""
+    result = run_child(env, body)
+    assert result["resets"] == 0  # a wrap, not a driver reload
+    assert result["rate"] == result["after"] + 2**32 - result["before"]
+    assert result["bits"] == 32 and result["total"] == result["after"] < result["before"]
+
+
+def test_pcie_counters_that_wrap_between_polls_give_way_to_the_drivers_rate(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    """At one poll a second a Gen5 x16 link can wrap a 32-bit counter many times over: the
+    counters say nothing then, and the driver's own rate is read (in the detail tier)."""
+    body = """
+import json
+from gpuconsole.sim.fakenvml import call_counts
+from gpuconsole.sources.nvml.source import NvmlSource
+source = NvmlSource("n", events=False, interval_s=1.0)
+readings = [source.collect() for _ in range(3)]
+print(json.dumps({"totals": [g.pcie.tx_bytes_total for r in readings for g in r.gpus],
+                  "rates": [g.pcie.tx_bytes_per_s for g in readings[-1].gpus],
+                  "asked": call_counts().get("nvmlDeviceGetFieldValues", 0)}))
+"""
+    result = run_child(fake_nvml_env(DGX_H100, driver="580.82", frozen_time=40.0), body)
+    assert result["totals"] == [None] * 24
+    assert all(rate > 0 for rate in result["rates"])
+
+
+@pytest.mark.parametrize(("profile", "generation", "sms"), [(DGX_H100, 4, 132), (DGX_A100, 3, 108)])
+def test_nvlink_generation_and_sm_count_are_the_models(
+    fake_nvml_env: FakeNvmlEnv, profile: NodeProfile, generation: int, sms: int
+) -> None:
+    """nvmlDeviceGetNvLinkVersion answers nvmlNvlinkVersion_t (6 is NVLink 4.0) and
+    nvmlDeviceGetAttributes a MIG device only: the reading says generation 4 and 132 SMs."""
+    body = """
+import json
+from gpuconsole.sources.nvml.source import NvmlSource
+gpus = NvmlSource("n", events=False).collect().gpus
+print(json.dumps({"versions": sorted({l.version for g in gpus for l in g.nvlinks}),
+                  "sms": sorted({g.sm_count for g in gpus}),
+                  "migs": [sorted(m.sm_count for m in g.mig_instances) for g in gpus]}))
+"""
+    result = run_child(fake_nvml_env(profile, scenarios=["mig 1"]), body)
+    assert result["versions"] == [generation]
+    assert result["sms"] == [sms]
+    expected = {4: [16, 16, 32, 60], 3: [14, 14, 28, 42]}[generation]
+    assert result["migs"][1] == expected and result["migs"][0] == []
+
+
+def test_an_idle_gpu_whose_link_trained_down_is_not_downtrained(fake_nvml_env: FakeNvmlEnv) -> None:
+    """Idle, the fake's GPUs drop to PCIe Gen1 as real ones do: no warning for that."""
+    env = fake_nvml_env(DGX_H100, driver="550", frozen_time=0.0)
+    body = """
+import json, os
+import pynvml
+from gpuconsole.readings.snapshot import gpu_health
+from gpuconsole.sources.nvml.source import NvmlSource
+pynvml.nvmlInit()
+hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
+t = 0
+while True:  # an instant at which one GPU idles and another works
+    os.environ["GPUCONSOLE_FAKE_NVML_TIME"] = str(t)
+    gens = [pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h) for h in hs]
+    if 1 in gens and 5 in gens:
+        break
+    t += 1
+gpus = NvmlSource("n", events=False).collect().gpus
+print(json.dumps([[g.pcie.gen_current, g.pcie.downtrained, gpu_health(g).value, g.util_gpu_pct]
+                  for g in gpus]))
+"""
+    result = run_child(env, body)
+    idle = [g for g in result if g[0] == 1]
+    assert idle and all(not down and health == "ok" for _gen, down, health, _util in idle)
+    assert all(util < 10 for *_rest, util in idle)

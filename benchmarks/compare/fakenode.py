@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.compare.procs import ToolFailed
-from gpuconsole.sim.fakenvml import build_library, environment, write_profile
+from gpuconsole.sim.fakenvml import build_library, driver_of, environment, write_profile
 from gpuconsole.sim.profiles import DGX_H100
 
 NODE = "dgx-h100-fake"
@@ -62,7 +62,7 @@ def prepare(tmp: Path, venv: Path) -> Setup:
         )
     if shutil.which("tmux") is None:
         raise ToolFailed("tmux is needed for the TUI rows: apt-get install tmux")
-    library = build_library(tmp / "lib")
+    library = build_library(tmp / "lib", driver_of(DGX_H100))
     profile = write_profile(DGX_H100, tmp / "dgx-h100.profile")
     config = tmp / "gpuconsole.toml"
     config.write_text(CONFIG)

@@ -92,7 +92,10 @@ GPU_THROTTLE = (f"{PREFIX}_gpu_throttle_reason", "1 for each active clock thrott
 GPU_NVLINK_ACTIVE = (f"{PREFIX}_gpu_nvlink_active_links", "NVLinks up on this GPU.")
 GPU_PCIE_MAX_GEN = (f"{PREFIX}_gpu_pcie_max_link_generation", "PCIe generation the GPU supports.")
 GPU_PCIE_MAX_WIDTH = (f"{PREFIX}_gpu_pcie_max_link_width", "PCIe width the GPU supports.")
-GPU_PCIE_DOWNTRAINED = (f"{PREFIX}_gpu_pcie_downtrained", "1 when the link runs below its max.")
+GPU_PCIE_DOWNTRAINED = (
+    f"{PREFIX}_gpu_pcie_downtrained",
+    "1 when the link runs narrower than its max, or at a lower generation while the GPU works.",
+)
 NVLINK_TX = (f"{PREFIX}_nvlink_transmit_bytes_total", "Bytes sent on one NVLink.")
 NVLINK_RX = (f"{PREFIX}_nvlink_receive_bytes_total", "Bytes received on one NVLink.")
 MIG_INFO = (f"{PREFIX}_mig_instance_info", "A MIG instance carved out of a GPU.")

@@ -44,21 +44,28 @@ class PcieReading:
     gen_max: int | None = None
     width_current: int | None = None
     width_max: int | None = None
+    # Whether the GPU was at work when gen_current was read (None: unknown, as in MIG mode).
+    busy: bool | None = None
     replay_count: int | None = None
     tx_bytes_total: int | None = None
     rx_bytes_total: int | None = None
-    # The driver's own rate (sampled over 20 ms), only where it has no byte counters.
+    bytes_counter_bits: int = 64  # the byte counters' width: real drivers' wrap at 32 bits
+    # The driver's own rate (sampled over 20 ms), where the byte counters are missing or wrap
+    # too fast to be read between two polls.
     tx_bytes_per_s: float | None = None
     rx_bytes_per_s: float | None = None
 
     @property
     def downtrained(self) -> bool:
-        """True when the link runs below the generation or width it is capable of."""
-        gen = self.gen_current is not None and self.gen_max is not None
-        width = self.width_current is not None and self.width_max is not None
-        return (gen and self.gen_current < self.gen_max) or (  # type: ignore[operator]
-            width and self.width_current < self.width_max  # type: ignore[operator]
-        )
+        """True when the link runs narrower than it can, or at a lower generation while the GPU
+        works: an idle GPU trains its link down to save power (nvidia-smi: the current
+        generation "may be reduced when the GPU is not in use")."""
+        if self.width_current is not None and self.width_max is not None:
+            if self.width_current < self.width_max:
+                return True
+        if self.gen_current is None or self.gen_max is None or self.busy is not True:
+            return False
+        return self.gen_current < self.gen_max
 
 
 class RemoteKind(enum.StrEnum):
@@ -76,7 +83,7 @@ class NvLinkReading:
 
     link: int
     active: bool
-    version: int | None = None
+    version: int | None = None  # the NVLink generation: 4 on H100, 3 on A100
     remote_kind: RemoteKind = RemoteKind.UNKNOWN
     remote_pci_bus_id: str | None = None
     tx_kib_total: int | None = None
@@ -219,9 +226,9 @@ class NvmlReading:
                 yield keys[0], gpu.energy_mj_total, 64, False, False
             pcie = gpu.pcie
             if pcie.tx_bytes_total is not None:
-                yield keys[1], pcie.tx_bytes_total, 64, True, False
+                yield keys[1], pcie.tx_bytes_total, pcie.bytes_counter_bits, True, False
             if pcie.rx_bytes_total is not None:
-                yield keys[2], pcie.rx_bytes_total, 64, True, False
+                yield keys[2], pcie.rx_bytes_total, pcie.bytes_counter_bits, True, False
             if pcie.replay_count is not None:
                 yield keys[3], pcie.replay_count, 64, False, False
             if gpu.nvlinks:

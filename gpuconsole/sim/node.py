@@ -284,11 +284,24 @@ class SimNode:
         s = self.active("thermal", index)
         return self.elapsed() - s.at_s if s is not None else 0.0
 
+    def _pcie_share(self) -> float:
+        """Bytes per second moved at full load: a share of the link's bandwidth."""
+        return {5: 64e9, 4: 32e9}.get(self.model.pcie_gen_max, 16e9) * 0.12
+
     def pcie_bytes(self, index: int) -> tuple[int, int]:
         """PCIe tx/rx byte counters: a share of the link's bandwidth while busy."""
-        gbps = {5: 64e9, 4: 32e9}.get(self.model.pcie_gen_max, 16e9) * 0.12
+        gbps = self._pcie_share()
         a = self._activity(index, self.elapsed())
         return int(a * gbps * 0.4), int(a * gbps)
+
+    def pcie_rates(self, index: int) -> tuple[float, float]:
+        """PCIe tx/rx bytes per second over the last second: what the counters moved."""
+        t = self.elapsed()
+        whole = int(t)
+        load, part = self._loads[index], t - whole
+        busy = ((1.0 - part) * load.util(whole - 1) + part * load.util(whole)) / 100.0
+        gbps = self._pcie_share()
+        return busy * gbps * 0.4, busy * gbps
 
     def nvlink_kib(self, index: int, link: int) -> int:
         """NVLink data counter of one link, in KiB (both directions move alike)."""

@@ -6,6 +6,11 @@ source runs unchanged. Calls are counted like the fake C library counts them.
 
 Like a real host's driver, it does not see a GPU bound to vfio-pci for a guest: the count
 is smaller and NVML's indices run over the GPUs it sees, in enumeration order.
+
+It plays one driver branch (gpuconsole.sim.drivers; by default the one the node profile names)
+as the fake C library does: nvmlDeviceGetTemperatureV only from 560, the PCIe byte counters
+only from 560 and 32 bits wide, the clock-event time counters at that branch's field ids. It
+has no power-smoothing fields and no idle PCIe link training: the fake library has both.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from typing import Any, TypeVar
 import pynvml
 
 from gpuconsole.hardware import TOPO_LEVEL
+from gpuconsole.sim.drivers import DriverProfile, driver_profile
+from gpuconsole.sim.fakenvml import NVLINK_VERSION_ENUM
 from gpuconsole.sim.node import SimMigSlice, SimNode
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -93,8 +100,16 @@ class SimNvml:
     c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
     NVML_GPM_METRICS_GET_VERSION = pynvml.NVML_GPM_METRICS_GET_VERSION
 
-    def __init__(self, node: SimNode) -> None:
+    def __init__(self, node: SimNode, driver: DriverProfile | str | None = None) -> None:
         self.node = node
+        plays = (
+            driver
+            if isinstance(driver, DriverProfile)
+            else driver_profile(driver or node.profile.driver_version)
+        )
+        if plays is None:
+            raise ValueError(f"no driver profile plays {driver or node.profile.driver_version!r}")
+        self.driver = plays
         self.calls: Counter[str] = Counter()
         self.device_calls: Counter[int] = Counter()  # calls per GPU index
         self._initialized = False
@@ -134,15 +149,15 @@ class SimNvml:
 
     @_counted
     def nvmlSystemGetDriverVersion(self) -> str:
-        return self.node.profile.driver_version
+        return self.driver.version
 
     @_counted
     def nvmlSystemGetNVMLVersion(self) -> str:
-        return "12." + self.node.profile.driver_version
+        return f"{self.driver.cuda_driver_version // 1000}.{self.driver.version}"
 
     @_counted
     def nvmlSystemGetCudaDriverVersion(self) -> int:
-        return self.node.profile.cuda_driver_version
+        return self.driver.cuda_driver_version
 
     @_counted
     def nvmlDeviceGetCount(self) -> int:
@@ -200,20 +215,14 @@ class SimNvml:
 
     @_counted
     def nvmlDeviceGetAttributes(self, h: SimDevice | SimMigDevice) -> Any:
-        if isinstance(h, SimMigDevice):
-            p = h.mig.profile
-            return SimpleNamespace(
-                multiprocessorCount=p.sm_count,
-                gpuInstanceSliceCount=p.slices,
-                computeInstanceSliceCount=p.slices,
-                memorySizeMB=p.mem_bytes // 2**20,
-            )
-        m = self.node.model
+        if not isinstance(h, SimMigDevice):
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # MIG device handles only
+        p = h.mig.profile
         return SimpleNamespace(
-            multiprocessorCount=m.sm_count,
-            gpuInstanceSliceCount=7,
-            computeInstanceSliceCount=7,
-            memorySizeMB=m.mem_bytes // 2**20,
+            multiprocessorCount=p.sm_count,
+            gpuInstanceSliceCount=p.slices,
+            computeInstanceSliceCount=p.slices,
+            memorySizeMB=p.mem_bytes // 2**20,
         )
 
     @_counted
@@ -306,6 +315,12 @@ class SimNvml:
 
     @_counted
     def nvmlDeviceGetTemperatureV(self, h: SimDevice, sensor: int) -> int:
+        if not self.driver.temperature_v:  # pynvml finds no such symbol before R560
+            raise _error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return int(self.node.gpu(h.index).temp_c)
+
+    @_counted
+    def nvmlDeviceGetTemperature(self, h: SimDevice, sensor: int) -> int:
         return int(self.node.gpu(h.index).temp_c)
 
     @_counted
@@ -340,8 +355,15 @@ class SimNvml:
         ]
 
     @_counted
+    def nvmlDeviceGetPcieThroughput(self, h: SimDevice, counter: int) -> int:
+        """KB/s: over the last second here, where the driver samples 20 ms."""
+        if counter not in (0, 1):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(self.node.pcie_rates(h.index)[counter] / 1024)
+
+    @_counted
     def nvmlDeviceGetFieldValues(self, h: SimDevice, fields: list[Any]) -> Any:
-        node, i = self.node, h.index
+        node, i, driver = self.node, h.index, self.driver
         g = node.gpu(i)
         sbe_v, dbe_v, sbe_a, dbe_a, pending = node.ecc(i)
         tx, rx = node.pcie_bytes(i)
@@ -360,15 +382,16 @@ class SimNvml:
             144: (1, int(pending)),
             145: (1, 0),
             94: (1, 0),
-            197: (3, tx),
-            198: (3, rx),
             91: (1, node.model.nvlink_count),
             74: (3, 0),  # power cap, sync boost and power brake: never in the simulator
             76: (3, 0),
-            269: (3, thermal_ns),
-            270: (3, thermal_ns),
-            271: (3, 0),
         }
+        if driver.pcie_byte_counters:
+            scalar.update({197: (1, tx % 2**32), 198: (1, rx % 2**32)})
+        if driver.throttle_counters_at:
+            sw_thermal = driver.throttle_counters_at
+            scalar.update({sw_thermal: (3, thermal_ns), sw_thermal + 1: (3, thermal_ns)})
+            scalar[sw_thermal + 2] = (3, 0)
         values = (pynvml.c_nvmlFieldValue_t * len(fields))()
         for k, requested in enumerate(fields):
             fid, scope = requested if isinstance(requested, tuple) else (requested, 0)
@@ -409,7 +432,7 @@ class SimNvml:
 
     @_counted
     def nvmlDeviceGetNvLinkVersion(self, h: SimDevice, link: int) -> int:
-        return self.node.model.nvlink_gen
+        return NVLINK_VERSION_ENUM[self.node.model.nvlink_gen]  # nvmlNvlinkVersion_t
 
     @_counted
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: SimDevice, link: int) -> int:

@@ -5,10 +5,16 @@ nvitop make, with the structure layouts pynvml's ctypes declarations expect. A p
 through ``LD_LIBRARY_PATH`` and reads the GPUs from the text file ``write_profile`` writes; the
 file format is documented at the top of ``fake_nvml.c``.
 
+Which functions a driver exports is fixed when the library is linked, so there is one build per
+driver branch (``build_library(dir, driver)``); the profile's driver version must be of that
+branch. A driver is one of gpuconsole.sim.drivers.DRIVERS ("535" ... "580.82"), or by default the
+one the node profile names.
+
 Typical use from a test::
 
-    lib = build_library(tmp_dir)
-    profile = write_profile(DGX_H100, tmp_dir / "node.profile", scenarios=["thermal 3"])
+    lib = build_library(tmp_dir, "580.82")
+    profile = write_profile(DGX_H100, tmp_dir / "node.profile", driver="580.82",
+                            scenarios=["thermal 3"])
     env = {**os.environ, **environment(lib.parent, profile)}
     subprocess.run(["gpustat", "--json"], env=env)
 """
@@ -26,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpuconsole.hardware import TOPO_LEVEL, GpuModel, MigProfile
+from gpuconsole.sim.drivers import DRIVERS, DriverProfile, driver_profile
 from gpuconsole.sim.identity import gpu_serial, gpu_uuid, mig_uuid
 from gpuconsole.sim.node import MIG_LAYOUTS
 from gpuconsole.sim.profiles import NodeProfile
@@ -39,6 +46,7 @@ __all__ = [
     "FakeNvmlError",
     "build_library",
     "call_counts",
+    "driver_of",
     "environment",
     "mig_partition",
     "parse_scenario",
@@ -96,7 +104,7 @@ _MODEL_EXTRAS: dict[str, tuple[int, str, str, str, int]] = {
     ),
 }
 
-_KIND = r"(thermal|ecc|notsupported|mig|xid[1-9][0-9]*)"
+_KIND = r"(thermal|ecc|notsupported|mig|smoothing|xid[1-9][0-9]*)"
 _AT = r"(\d+(?:\.\d+)?)"
 _SCENARIO_FORMS = (
     re.compile(_KIND + r" (\d+)(?: at " + _AT + ")?"),  # the profile file's "xid79 5 at 20"
@@ -117,7 +125,8 @@ def parse_scenario(text: str) -> tuple[str, int, float | None]:
             return kind, int(gpu), float(at) if at is not None else None
     raise ValueError(
         f"bad fake NVML scenario {text!r}: want '<kind> <gpu> [at <seconds>]' (or "
-        "'<kind>:<gpu>[@<seconds>]') with kind thermal, ecc, notsupported, mig or xid<N>"
+        "'<kind>:<gpu>[@<seconds>]') with kind thermal, ecc, notsupported, mig, smoothing "
+        "or xid<N>"
     )
 
 
@@ -193,19 +202,35 @@ def _processes(
     return procs
 
 
+def driver_of(profile: NodeProfile, driver: DriverProfile | str | None = None) -> DriverProfile:
+    """The driver the fake plays: ``driver`` (a DriverProfile, or its name such as "580.65"),
+    else the one ``profile`` names. Raises ValueError for a name no profile has."""
+    if isinstance(driver, DriverProfile):
+        return driver
+    wanted = driver if driver is not None else profile.driver_version
+    found = driver_profile(wanted)
+    if found is None or (driver is not None and found.name != driver):
+        names = ", ".join(d.name for d in DRIVERS)
+        raise ValueError(f"no fake NVML driver profile {wanted!r}: want one of {names}")
+    return found
+
+
 def write_profile(
     profile: NodeProfile,
     path: Path,
     *,
+    driver: DriverProfile | str | None = None,
     scenarios: Sequence[str] = (),
     seed: int = 0,
     missing_fields: Sequence[int] = (),
 ) -> Path:
     """Write the fake library's profile file for ``profile`` to ``path`` and return ``path``.
 
-    ``scenarios`` are strings such as ``"thermal 3"``, ``"xid79 5 at 20"``, ``"ecc 2"``,
-    ``"mig 7"`` or ``"notsupported 1"`` (kind, GPU index, optional start in seconds).
-    ``missing_fields`` are field ids the driver answers NOT_SUPPORTED, as an older one does.
+    ``driver`` is the driver it plays (see `driver_of`); the library must be built for its
+    branch. ``scenarios`` are strings such as ``"thermal 3"``, ``"xid79 5 at 20"``,
+    ``"ecc 2"``, ``"mig 7"``, ``"smoothing 0 at 5"`` or ``"notsupported 1"`` (kind, GPU index,
+    optional start in seconds). ``missing_fields`` are field ids the driver answers
+    NOT_SUPPORTED, as an older one does.
     """
     parsed = [parse_scenario(s) for s in scenarios]
     n = len(profile.gpus)
@@ -222,16 +247,17 @@ def write_profile(
     )
     throttled = round(model.sm_clock_max_mhz * 0.712 / 15) * 15
     words = max(1, -(-profile.sockets * profile.cores_per_socket * 2 // 64))
-    cuda_major = profile.cuda_driver_version // 1000
+    plays = driver_of(profile, driver)
+    cuda_major = plays.cuda_driver_version // 1000
 
     lines = [
         "# gpuconsole fake NVML profile (format: see gpuconsole/sim/fakenvml/fake_nvml.c)",
         "format 1",
         f"node {profile.name}",
         f"seed {seed}",
-        f"driver_version {profile.driver_version}",
-        f"nvml_version {cuda_major}.{profile.driver_version}",
-        f"cuda_driver_version {profile.cuda_driver_version}",
+        f"driver_version {plays.version}",
+        f"nvml_version {cuda_major}.{plays.version}",
+        f"cuda_driver_version {plays.cuda_driver_version}",
         "virtualization_mode 0",
         *(f"missing_field {fid}" for fid in missing_fields),
     ]
@@ -303,13 +329,19 @@ def write_profile(
     return path
 
 
-def build_library(out_dir: Path) -> Path:
-    """Compile ``fake_nvml.c`` to ``out_dir/libnvidia-ml.so.1`` and return that path.
+def build_library(out_dir: Path, driver: DriverProfile | str = DRIVERS[-1]) -> Path:
+    """Compile ``fake_nvml.c`` for ``driver``'s branch to ``out_dir/r<branch>/libnvidia-ml.so.1``
+    and return that path (``driver``: a DriverProfile or its name; the newest by default).
 
     Skips the compile when the library is newer than the source. Compiles to a temporary name
     and renames, so concurrent builders never load half a file.
     """
-    out_dir = Path(out_dir)
+    if not isinstance(driver, DriverProfile):
+        found = driver_profile(driver)
+        if found is None:
+            raise FakeNvmlError(f"no fake NVML driver profile {driver!r}")
+        driver = found
+    out_dir = Path(out_dir) / f"r{driver.branch}"
     out = out_dir / LIBRARY_NAME
     if out.exists() and out.stat().st_mtime >= SOURCE.stat().st_mtime:
         return out
@@ -324,8 +356,9 @@ def build_library(out_dir: Path) -> Path:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
+        branch = f"-DFAKE_NVML_BRANCH={driver.branch}"
         proc = subprocess.run(
-            [gcc, *GCC_FLAGS, "-o", str(tmp), str(SOURCE), "-lm"],
+            [gcc, *GCC_FLAGS, branch, "-o", str(tmp), str(SOURCE), "-lm"],
             capture_output=True,
             text=True,
             check=False,

@@ -1,13 +1,29 @@
 /*
  * fake_nvml.c - a fake libnvidia-ml.so.1 for gpuconsole's tests, demos and benchmarks.
  *
- * Build:  gcc -shared -fPIC -O2 -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fake_nvml.c -lm
+ * Build:  gcc -shared -fPIC -O2 -DFAKE_NVML_BRANCH=580 -Wl,-soname,libnvidia-ml.so.1 \
+ *             -o libnvidia-ml.so.1 fake_nvml.c -lm
  * Use:    LD_LIBRARY_PATH=<dir> GPUCONSOLE_FAKE_NVML_PROFILE=<file> python -c 'import pynvml; ...'
  *
  * Any program that loads libnvidia-ml.so.1 (pynvml, gpustat, nvitop) runs against it unchanged.
  * The structure layouts and return codes follow nvml.h as nvidia-ml-py 13.615.71 declares them
  * in ctypes. A function this library lacks is simply not exported, so pynvml raises
  * NVMLError_FunctionNotFound for it, exactly as with an older driver.
+ *
+ * Driver branches. pynvml finds a function with dlsym (getattr on its ctypes CDLL) and raises
+ * FunctionNotFound when the symbol is absent, so which functions a driver has is fixed when the
+ * library is linked: one build per branch, FAKE_NVML_BRANCH=<major version> (default 580).
+ * nvmlDeviceGetTemperatureV is compiled in from 560 only. What a branch's field ids mean and
+ * which exist is decided at run time from the profile's driver_version, whose major version
+ * must be the build's branch (otherwise nvmlInit fails, with the reason on stderr):
+ *   PCIe byte counters 197/198: from 560, 32-bit (valueType 1), so they wrap.
+ *   SW-thermal, HW-thermal, HW-power-brake time (ns): none up to 570; 251-253 on 575 and
+ *     580.0-580.81; 269-271 from 580.82.
+ *   Power-smoothing fields (eighteen, nvml.h order): 251-268 on 570 and from 580.82; 256-273 on
+ *     575 and 580.0-580.81 (so there 269-271 are the active preset profile, the admin override
+ *     TMP floor percent and the admin override ramp-up rate in mW/s).
+ *   74 (power cap time) and 76 (sync boost time) in every branch.
+ * gpuconsole.sim.drivers holds the same facts for the Python side; a test keeps them equal.
  *
  * Environment
  *   GPUCONSOLE_FAKE_NVML_PROFILE  the profile file below. Unset or unreadable: nvmlInit* returns
@@ -24,16 +40,18 @@
  *   Global keys:
  *     format 1
  *     node <name>                      seed <n>
- *     driver_version <text>            nvml_version <text>          cuda_driver_version <int>
+ *     driver_version <major.minor.patch>  the driver played: its branch (major) must be the
+ *                                      build's; major.minor picks what field ids mean
+ *     nvml_version <text>              cuda_driver_version <int>
  *     virtualization_mode <n>          nvmlGpuVirtualizationMode_t, 0 = bare metal
  *     missing_field <field id>         a field this driver does not know (NOT_SUPPORTED), as
  *                                      on an older driver; repeat the key for several
  *     scenario <kind> <gpu> [at <seconds>]
- *        kind: thermal | ecc | notsupported | mig | xid<N> (xid79 = fell off the bus)
+ *        kind: thermal | ecc | notsupported | mig | smoothing | xid<N> (xid79 = fell off the bus)
  *   "gpu <index>" opens a GPU block (indexes 0..n-1, in order); these keys then apply to it:
  *     name <text>  uuid <text>  serial <text>  bus_id <domain:bus:device.function>
  *     pci_device_id <hex>  pci_subsystem_id <hex>  minor <n>  module_id <n>  arch <n>  brand <n>
- *     sm_count <n>  memory_total <bytes>
+ *     sm_count <n> (the datasheet's; NVML answers SMs for MIG handles only)  memory_total <bytes>
  *     power_limits <min_mW> <max_mW> <default_mW>
  *     clocks_max <sm_MHz> <mem_MHz> <video_MHz>
  *     clock_sm_idle <MHz>  clock_sm_throttled <MHz>
@@ -61,10 +79,20 @@
  *
  * Scenarios: thermal (hot, SM clock throttled, HW thermal slowdown and its violation counter),
  * ecc (volatile corrected errors, a pending row remap), notsupported (every call but identity
- * returns NOT_SUPPORTED), mig (MIG mode on; instances from mig_instance lines), xid<N> (an XID
- * event N is delivered to event sets; for 79 every later call on that GPU returns GPU_IS_LOST).
- * "at <s>" delays thermal, ecc and xid scenarios; mig and notsupported hold from the start.
+ * returns NOT_SUPPORTED), mig (MIG mode on; instances from mig_instance lines), smoothing (an
+ * administrator turns power smoothing on and sets a preset, a TMP floor and a ramp-up rate),
+ * xid<N> (an XID event N is delivered to event sets; for 79 every later call on that GPU returns
+ * GPU_IS_LOST). "at <s>" delays thermal, ecc, smoothing and xid scenarios; mig and notsupported
+ * hold from the start.
+ *
+ * An idle GPU (load under 2 %) trains its PCIe link down to generation 1, as real ones do
+ * (nvidia-smi: the current generation "may be reduced when the GPU is not in use").
+ * nvmlDeviceGetAttributes answers MIG device handles only, as nvml.h says the driver does.
  */
+
+#ifndef FAKE_NVML_BRANCH
+#define FAKE_NVML_BRANCH 580
+#endif
 
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -187,9 +215,18 @@ enum { /* field ids used below */
     NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT = 194,
     NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197,
     NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198,
-    NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN = 269,
-    NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN = 270,
-    NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN = 271,
+};
+/* Clock-event time counters and power-smoothing fields: offsets from where a branch keeps them
+ * (see the top of this file). */
+enum { COUNTER_SW_THERMAL = 0, COUNTER_HW_THERMAL = 1, COUNTER_HW_POWER_BRAKE = 2, COUNTERS = 3 };
+enum {
+    SMOOTHING_ENABLED = 0,
+    SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING = 7,
+    SMOOTHING_MAX_NUM_PRESET_PROFILES = 8,
+    SMOOTHING_ACTIVE_PRESET_PROFILE = 13,
+    SMOOTHING_ADMIN_OVERRIDE_PERCENT_TMP_FLOOR = 14,
+    SMOOTHING_ADMIN_OVERRIDE_RAMP_UP_RATE = 15,
+    SMOOTHING_FIELDS = 18,
 };
 enum { NVML_VALUE_TYPE_UNSIGNED_INT = 1, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3 };
 
@@ -432,7 +469,6 @@ typedef struct {
     X(nvmlDeviceGetMemoryInfo_v2)                                                                  \
     X(nvmlDeviceGetBAR1MemoryInfo)                                                                 \
     X(nvmlDeviceGetTemperature)                                                                    \
-    X(nvmlDeviceGetTemperatureV)                                                                   \
     X(nvmlDeviceGetPowerUsage)                                                                     \
     X(nvmlDeviceGetTotalEnergyConsumption)                                                         \
     X(nvmlDeviceGetClockInfo)                                                                      \
@@ -494,10 +530,19 @@ typedef struct {
     X(nvmlEventSetWait_v2)                                                                         \
     X(nvmlEventSetFree)
 
+/* Functions a branch gained, compiled in only from that branch on. */
+#if FAKE_NVML_BRANCH >= 560
+#define FAKE_NVML_FUNCTIONS_R560(X) X(nvmlDeviceGetTemperatureV)
+#else
+#define FAKE_NVML_FUNCTIONS_R560(X)
+#endif
+
+#define FAKE_NVML_EXPORTS(X) FAKE_NVML_FUNCTIONS(X) FAKE_NVML_FUNCTIONS_R560(X)
+
 #define AS_ENUM(fn) FN_##fn,
 #define AS_NAME(fn) #fn,
-enum { FAKE_NVML_FUNCTIONS(AS_ENUM) FN_COUNT };
-static const char *const g_fn_names[FN_COUNT] = {FAKE_NVML_FUNCTIONS(AS_NAME)};
+enum { FAKE_NVML_EXPORTS(AS_ENUM) FN_COUNT };
+static const char *const g_fn_names[FN_COUNT] = {FAKE_NVML_EXPORTS(AS_NAME)};
 static unsigned long long g_calls[FN_COUNT];
 
 #define COUNT(fn) __atomic_fetch_add(&g_calls[FN_##fn], 1ULL, __ATOMIC_RELAXED)
@@ -567,7 +612,7 @@ typedef struct {
 } gpu_t;
 
 typedef struct {
-    char kind[16]; /* thermal, ecc, notsupported, mig, xid */
+    char kind[16]; /* thermal, ecc, notsupported, mig, smoothing, xid */
     unsigned xid;
     int gpu;
     double at;
@@ -577,6 +622,7 @@ typedef struct {
     char node[TEXT];
     unsigned long long seed;
     char driver_version[TEXT], nvml_version[TEXT];
+    int driver_major, driver_minor; /* 580, 82 of "580.82.07" */
     int cuda_driver_version;
     unsigned virtualization_mode;
     int ngpus;
@@ -777,6 +823,9 @@ static int parse_profile(FILE *f, profile_t *p, char *err, size_t errlen) {
             p->seed = strtoull(rest, NULL, 10);
         } else if (!strcmp(key, "driver_version")) {
             copy_text(p->driver_version, sizeof p->driver_version, rest);
+            p->driver_minor = 0;
+            if (sscanf(rest, "%d.%d", &p->driver_major, &p->driver_minor) < 1)
+                goto bad;
         } else if (!strcmp(key, "nvml_version")) {
             copy_text(p->nvml_version, sizeof p->nvml_version, rest);
         } else if (!strcmp(key, "cuda_driver_version")) {
@@ -803,7 +852,8 @@ static int parse_profile(FILE *f, profile_t *p, char *err, size_t errlen) {
                     goto bad;
                 strcpy(s->kind, "xid");
             } else if (!strcmp(kind, "thermal") || !strcmp(kind, "ecc") ||
-                       !strcmp(kind, "notsupported") || !strcmp(kind, "mig")) {
+                       !strcmp(kind, "notsupported") || !strcmp(kind, "mig") ||
+                       !strcmp(kind, "smoothing")) {
                 strcpy(s->kind, kind);
             } else {
                 goto bad;
@@ -964,6 +1014,14 @@ static int parse_profile(FILE *f, profile_t *p, char *err, size_t errlen) {
     }
     if (p->ngpus == 0) {
         snprintf(err, errlen, "no gpu blocks");
+        return -1;
+    }
+    if (p->driver_major != FAKE_NVML_BRANCH) {
+        snprintf(err, errlen,
+                 "driver_version %s is not branch %d, the one this library was built for "
+                 "(its exports differ: build it with -DFAKE_NVML_BRANCH=%d)",
+                 p->driver_version[0] ? p->driver_version : "(none)", FAKE_NVML_BRANCH,
+                 p->driver_major);
         return -1;
     }
     for (int i = 0; i < p->nscenarios; i++) {
@@ -1654,28 +1712,18 @@ nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttribute
     COUNT(nvmlDeviceGetAttributes_v2);
     OUT(attributes);
     DEVICE(device, ALLOW_MIG);
+    if (slot < 0)
+        return NVML_ERROR_NOT_SUPPORTED; /* nvml.h: "only supports MIG device handles" */
     memset(attributes, 0, sizeof(*attributes));
-    unsigned all = total_slices(g);
-    if (slot >= 0) {
-        const mig_profile_t *p = &g->mig_profiles[g->mig[slot].profile];
-        attributes->multiprocessorCount = p->sm_count;
-        attributes->sharedCopyEngineCount = p->slices;
-        attributes->sharedDecoderCount = p->slices >= 2 ? p->slices / 2 + (p->slices == 7) : 0;
-        attributes->sharedJpegCount = p->slices == 7 ? 1 : 0;
-        attributes->sharedOfaCount = p->slices == 7 ? 1 : 0;
-        attributes->gpuInstanceSliceCount = p->slices;
-        attributes->computeInstanceSliceCount = p->slices;
-        attributes->memorySizeMB = p->mem_mb;
-    } else {
-        attributes->multiprocessorCount = g->sm_count;
-        attributes->sharedCopyEngineCount = all;
-        attributes->sharedDecoderCount = g->arch >= 9 ? 7 : 5;
-        attributes->sharedJpegCount = g->arch >= 9 ? 7 : 1;
-        attributes->sharedOfaCount = 1;
-        attributes->gpuInstanceSliceCount = all;
-        attributes->computeInstanceSliceCount = all;
-        attributes->memorySizeMB = g->memory_total / (1024 * 1024);
-    }
+    const mig_profile_t *p = &g->mig_profiles[g->mig[slot].profile];
+    attributes->multiprocessorCount = p->sm_count;
+    attributes->sharedCopyEngineCount = p->slices;
+    attributes->sharedDecoderCount = p->slices >= 2 ? p->slices / 2 + (p->slices == 7) : 0;
+    attributes->sharedJpegCount = p->slices == 7 ? 1 : 0;
+    attributes->sharedOfaCount = p->slices == 7 ? 1 : 0;
+    attributes->gpuInstanceSliceCount = p->slices;
+    attributes->computeInstanceSliceCount = p->slices;
+    attributes->memorySizeMB = p->mem_mb;
     return NVML_SUCCESS;
 }
 
@@ -1930,6 +1978,45 @@ static unsigned long long violation_ns(double seconds) {
     return (unsigned long long)(seconds * 1e9);
 }
 
+static int driver_before(int major, int minor) {
+    return g_prof.driver_major < major ||
+           (g_prof.driver_major == major && g_prof.driver_minor < minor);
+}
+
+/* First field id of the SW-thermal, HW-thermal, HW-power-brake time counters; 0: none. */
+static unsigned throttle_counters_at(void) {
+    if (driver_before(575, 0))
+        return 0;
+    return driver_before(580, 82) ? 251 : 269;
+}
+
+/* First field id of the power-smoothing block; 0: none. */
+static unsigned smoothing_at(void) {
+    if (driver_before(570, 0))
+        return 0;
+    if (driver_before(575, 0))
+        return 251;
+    return driver_before(580, 82) ? 256 : 251;
+}
+
+static int has_pcie_byte_counters(void) { return !driver_before(560, 0); }
+
+/* Power smoothing as an administrator leaves it; the smoothing scenario changes it. Whether a
+ * Hopper or Ampere part answers these is not known here: the fake answers them on every GPU so
+ * that what each id means in each branch is exercised. */
+static unsigned smoothing_value(const gpu_t *g, double t, unsigned offset) {
+    int set = scenario_active(g->index, "smoothing", t);
+    switch (offset) {
+    case SMOOTHING_ENABLED: return set ? 1 : 0;
+    case SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING: return 100;
+    case SMOOTHING_MAX_NUM_PRESET_PROFILES: return 5;
+    case SMOOTHING_ACTIVE_PRESET_PROFILE: return set ? 2 : 0;
+    case SMOOTHING_ADMIN_OVERRIDE_PERCENT_TMP_FLOOR: return set ? 35 : 0;
+    case SMOOTHING_ADMIN_OVERRIDE_RAMP_UP_RATE: return set ? 250000 : 0; /* mW/s */
+    default: return 0;
+    }
+}
+
 /* Fill one field value; returns the entry's nvmlReturn. */
 static nvmlReturn_t field_value(const gpu_t *g, double t, nvmlFieldValue_t *v) {
     integrals_t in;
@@ -1939,6 +2026,18 @@ static nvmlReturn_t field_value(const gpu_t *g, double t, nvmlFieldValue_t *v) {
     for (int k = 0; k < g_prof.nmissing_fields; k++)
         if (g_prof.missing_fields[k] == id)
             return NVML_ERROR_NOT_SUPPORTED;
+    unsigned counters = throttle_counters_at(), smoothing = smoothing_at();
+    if (counters && id >= counters && id < counters + COUNTERS) {
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        integrals_at(g, t, &in);
+        v->value.ullVal = id - counters == COUNTER_HW_THERMAL ? violation_ns(in.thermal_s) : 0;
+        return NVML_SUCCESS;
+    }
+    if (smoothing && id >= smoothing && id < smoothing + SMOOTHING_FIELDS) {
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        v->value.uiVal = smoothing_value(g, t, id - smoothing);
+        return NVML_SUCCESS;
+    }
     v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
     switch (id) {
     case NVML_FI_DEV_MEMORY_TEMP:
@@ -1996,9 +2095,13 @@ static nvmlReturn_t field_value(const gpu_t *g, double t, nvmlFieldValue_t *v) {
         return NVML_SUCCESS;
     case NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
     case NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
+        if (!has_pcie_byte_counters())
+            break;
+        /* 32 bits wide on real drivers ("can be wrapped") */
         integrals_at(g, t, &in);
-        v->value.ullVal =
-            (unsigned long long)pcie_bytes(g, t, &in, id == NVML_FI_DEV_PCIE_COUNT_RX_BYTES);
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        v->value.uiVal = (unsigned)(unsigned long long)fmod(
+            pcie_bytes(g, t, &in, id == NVML_FI_DEV_PCIE_COUNT_RX_BYTES), 4294967296.0);
         return NVML_SUCCESS;
     case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
     case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: {
@@ -2022,19 +2125,11 @@ static nvmlReturn_t field_value(const gpu_t *g, double t, nvmlFieldValue_t *v) {
         integrals_at(g, t, &in);
         v->value.ullVal = violation_ns(in.capped_s);
         return NVML_SUCCESS;
-    case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN:
-        integrals_at(g, t, &in);
-        v->value.ullVal = violation_ns(in.thermal_s);
-        return NVML_SUCCESS;
-    case NVML_FI_DEV_PERF_POLICY_SYNC_BOOST:
-    case NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN:
-    case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN:
-        v->value.ullVal = 0;
-        return NVML_SUCCESS;
-    default:
-        v->valueType = 0;
-        return NVML_ERROR_NOT_SUPPORTED;
+    case NVML_FI_DEV_PERF_POLICY_SYNC_BOOST: v->value.ullVal = 0; return NVML_SUCCESS;
+    default: break;
     }
+    v->valueType = 0;
+    return NVML_ERROR_NOT_SUPPORTED; /* an id this branch does not know */
 }
 
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
@@ -2147,6 +2242,7 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int sensorTy
     return NVML_SUCCESS;
 }
 
+#if FAKE_NVML_BRANCH >= 560
 nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature) {
     COUNT(nvmlDeviceGetTemperatureV);
     OUT(temperature);
@@ -2160,6 +2256,7 @@ nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *t
     temperature->temperature = (int)lround(s.temp_c);
     return NVML_SUCCESS;
 }
+#endif
 
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
     COUNT(nvmlDeviceGetPowerUsage);

@@ -28,10 +28,10 @@ from gpuconsole.readings.base import Event, normal_bus_id
 from gpuconsole.readings.nvml import GpuReading, NvmlReading
 from gpuconsole.sources.base import SourceUnavailable
 from gpuconsole.sources.nvml.lib import (
+    BASE_FIELDS,
     FIELD_VALUE,
     NO_PERMISSION,
     OK,
-    TABLE_FIELDS,
     UNSUPPORTED_CODES,
     VALUE_TYPES,
 )
@@ -678,7 +678,7 @@ def _probe_fields(recorder: Recorder) -> None:
     """Every field id the source asks for and those that moved between drivers, as the
     driver answers each entry (the source keeps only the values it understood)."""
     lib = RecordingLibrary(recorder)
-    ids = sorted({*TABLE_FIELDS, *PROBE_FIELDS})
+    ids = sorted({*BASE_FIELDS, *PROBE_FIELDS})
     for handle in recorder.handles:
         try:
             lib.nvmlDeviceGetFieldValues(handle, ids)

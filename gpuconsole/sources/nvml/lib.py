@@ -7,6 +7,7 @@ The codes and ids are the ABI, so the same for pynvml, the fake library and the 
 from __future__ import annotations
 
 import ctypes
+import re
 import struct
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -44,20 +45,17 @@ FI_REMAPPED_UNC = 143
 FI_REMAPPED_PENDING = 144
 FI_REMAPPED_FAILURE = 145
 FI_POWER_INSTANT = 186
-FI_PCIE_TX_BYTES = 197
+FI_PCIE_TX_BYTES = 197  # from R560; 32 bits wide: it wraps
 FI_PCIE_RX_BYTES = 198
-FI_SW_THERMAL_NS = 269
-FI_HW_THERMAL_NS = 270
-FI_HW_POWER_BRAKE_NS = 271
-# Clock-event reasons the driver also counts (nanoseconds held, since driver load).
-THROTTLE_COUNTERS: tuple[tuple[int, str], ...] = (
+# Clock-event reasons the driver also counts (nanoseconds held, since driver load): these two
+# in every branch; SW thermal, HW thermal and HW power brake (in this order) where
+# `throttle_counters` finds them.
+STABLE_THROTTLE_COUNTERS: tuple[tuple[int, str], ...] = (
     (FI_PERF_POLICY_POWER, "sw_power_cap"),
     (FI_PERF_POLICY_SYNC_BOOST, "sync_boost"),
-    (FI_SW_THERMAL_NS, "sw_thermal_slowdown"),
-    (FI_HW_THERMAL_NS, "hw_thermal_slowdown"),
-    (FI_HW_POWER_BRAKE_NS, "hw_power_brake_slowdown"),
 )
-TABLE_FIELDS = (
+MOVED_THROTTLE_COUNTERS = ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+BASE_FIELDS = (
     FI_POWER_INSTANT,
     FI_TOTAL_ENERGY,
     FI_MEMORY_TEMP,
@@ -72,7 +70,6 @@ TABLE_FIELDS = (
     FI_PCIE_REPLAY,
     FI_PCIE_TX_BYTES,
     FI_PCIE_RX_BYTES,
-    *(fid for fid, _reason in THROTTLE_COUNTERS),
 )
 
 # nvmlFieldValue_t: fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn, value
@@ -113,6 +110,38 @@ REMOTE_KINDS = {0: RemoteKind.GPU, 1: RemoteKind.IBMNPU, 2: RemoteKind.NVSWITCH}
 TOPO_CODES = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 PCIE_UTIL_TX, PCIE_UTIL_RX = 0, 1  # nvmlPcieUtilCounter_t
 NA_ID = 0xFFFFFFFF  # a process's GPU or compute instance where it has none
+# nvmlNvlinkVersion_t (what nvmlDeviceGetNvLinkVersion answers) to the NVLink generation:
+# 1.0, 2.0, 2.2, 3.0, 3.1, 4.0, 5.0.
+NVLINK_GENERATIONS = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5}
+
+_VERSION = re.compile(r"\s*(\d+)(?:\.(\d+))?")
+
+
+def driver_release(version: str | None) -> tuple[int, int] | None:
+    """ "580.82.07" -> (580, 82); None when the driver did not say or said something else."""
+    m = _VERSION.match(version or "")
+    return (int(m.group(1)), int(m.group(2) or 0)) if m else None
+
+
+def throttle_counters(driver_version: str | None) -> tuple[tuple[int, str], ...]:
+    """The clock-event time counters a driver keeps, as (field id, reason).
+
+    Fields 74 and 76 hold in every branch. The SW-thermal, HW-thermal and HW-power-brake
+    counters do not exist up to 570; on 575 and 580 before 580.82 they are 251-253 (269-271 there
+    are power-smoothing settings, whose change must not read as time held); from 580.82 they
+    are 269-271. A driver that does not say its version gets the stable two only.
+    """
+    release = driver_release(driver_version)
+    if release is None or release < (575, 0):
+        return STABLE_THROTTLE_COUNTERS
+    first = 251 if release < (580, 82) else 269
+    moved = tuple((first + k, reason) for k, reason in enumerate(MOVED_THROTTLE_COUNTERS))
+    return STABLE_THROTTLE_COUNTERS + moved
+
+
+def counter_bits(value_type: int) -> int:
+    """Width of a field value's counter from its nvmlValueType_t: 32 for the (unsigned) int."""
+    return {1: 32, 5: 32, 6: 16}.get(value_type, 64)
 
 
 class GpuLostError(Exception):

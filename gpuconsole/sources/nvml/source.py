@@ -7,8 +7,9 @@ Cost matters (every NVML call is a trip into the kernel driver), so readings are
 - identity, limits and PCI topology: once;
 - the table's metrics, every poll: one batched nvmlDeviceGetFieldValues plus
   utilization, memory and temperature (4 calls per GPU). The batch carries the driver's
-  clock-event time counters too: a reason whose counter moved since the last poll held the
-  clocks down in between, so a throttle shows at the poll after it starts;
+  clock-event time counters too (which ones, and at which field ids, depends on the driver
+  branch): a reason whose counter moved since the last poll held the clocks down in between,
+  so a throttle shows at the poll after it starts;
 - the SM clock, P-state, the throttle bitmask (for reasons without a counter), processes
   and GPM: every `detail_every` polls (NVML has no field for the current clock);
 - PCIe link state, NVLink state, MIG layout, fabric state: every `inventory_every` polls.
@@ -29,6 +30,7 @@ from typing import Any, ClassVar
 
 from gpuconsole.config import NvmlConfig
 from gpuconsole.format import THROTTLE_WORDS
+from gpuconsole.hardware import model_spec
 from gpuconsole.readings.base import Event, Severity, normal_bus_id
 from gpuconsole.readings.nvml import (
     EccReading,
@@ -45,6 +47,7 @@ from gpuconsole.sources.nvml import mig_gpm
 from gpuconsole.sources.nvml.events import event_from, watch_events
 from gpuconsole.sources.nvml.lib import (
     ARCHITECTURES,
+    BASE_FIELDS,
     DRIVER_NOT_LOADED,
     FABRIC_STATES,
     FI_ECC_DBE_AGG,
@@ -69,21 +72,22 @@ from gpuconsole.sources.nvml.lib import (
     LIBRARY_NOT_FOUND,
     NA_ID,
     NO_PERMISSION,
+    NVLINK_GENERATIONS,
     OK,
     PCIE_UTIL_RX,
     PCIE_UTIL_TX,
     REMOTE_KINDS,
-    TABLE_FIELDS,
     THROTTLE_BITS,
-    THROTTLE_COUNTERS,
     TOPO_CODES,
     UNSUPPORTED_CODES,
     VALUE_TYPES,
     VIRTUALIZATION,
     GpuLostError,
     call,
+    counter_bits,
     system_pynvml,
     text,
+    throttle_counters,
 )
 from gpuconsole.sources.nvml.state import GpuRecord, LinkRecord
 
@@ -94,6 +98,17 @@ BENIGN_THROTTLE = frozenset({"gpu_idle", "applications_clocks_setting", "display
 HOT_THROTTLE = frozenset(
     {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
 )
+# An idle GPU trains its PCIe link down to save power; below this utilization a lower
+# generation than the link's best is that, not a fault.
+BUSY_UTIL_PCT = 10
+# Bytes per second one PCIe lane carries, by generation (8b/10b coding to Gen2, 128b/130b on).
+PCIE_LANE_BYTES_PER_S = {1: 250e6, 2: 500e6, 3: 984.6e6, 4: 1969.2e6, 5: 3938.5e6, 6: 7877e6}
+# Calls with a stand-in: listed as unsupported only when the stand-in is too.
+STAND_INS = {
+    "temperature": "temperature_legacy",
+    "field 197": "pcie_throughput",
+    "field 198": "pcie_throughput",
+}
 
 
 def cpulist(words: Sequence[int]) -> str:
@@ -145,6 +160,7 @@ class NvmlSource:
         self._pci_topology: list[list[str]] = []
         self._gpu_topology: tuple[tuple[str, ...], ...] = ()  # changes with the inventory tier
         self._versions: tuple[str | None, str | None, str | None] = (None, None, None)
+        self._throttle_counters = throttle_counters(None)  # known once the driver says its version
         self._round = 0
         self._emit: EmitEvent | None = None
         self._stop = threading.Event()
@@ -241,6 +257,7 @@ class NvmlSource:
         cuda_raw = self._try(lib.nvmlSystemGetCudaDriverVersion)
         cuda = f"{cuda_raw // 1000}.{cuda_raw % 1000 // 10}" if isinstance(cuda_raw, int) else None
         self._versions = (driver, nvml, cuda)
+        self._throttle_counters = throttle_counters(driver)
         gpus: list[GpuRecord] = []
         unreadable: list[GpuRecord] = []
         for index in range(lib.nvmlDeviceGetCount()):
@@ -287,8 +304,13 @@ class NvmlSource:
         gpu.module_id = call(lib, gpu, "module_id", lib.nvmlDeviceGetModuleId, h)
         arch = call(lib, gpu, "architecture", lib.nvmlDeviceGetArchitecture, h)
         gpu.architecture = ARCHITECTURES.get(arch, f"arch{arch}") if arch is not None else None
+        # NVML answers a full GPU's attributes only where it is a MIG device: else the datasheet.
         attrs = call(lib, gpu, "attributes", lib.nvmlDeviceGetAttributes, h)
-        gpu.sm_count = attrs.multiprocessorCount if attrs is not None else None
+        spec = model_spec(gpu.name)
+        if attrs is not None:
+            gpu.sm_count = int(attrs.multiprocessorCount)
+        elif spec is not None:
+            gpu.sm_count = spec.sm_count
         gpu.sm_clock_max_mhz = call(lib, gpu, "max_clock_sm", lib.nvmlDeviceGetMaxClockInfo, h, 1)
         gpu.mem_clock_max_mhz = call(lib, gpu, "max_clock_mem", lib.nvmlDeviceGetMaxClockInfo, h, 2)
         slowdown = call(lib, gpu, "temp_slowdown", lib.nvmlDeviceGetTemperatureThreshold, h, 1)
@@ -305,9 +327,29 @@ class NvmlSource:
         )
         if fields is not None and fields[0].nvmlReturn == OK:
             gpu.nvlink_count = int(fields[0].value.uiVal)
-        gpu.fields = [*TABLE_FIELDS]
+        gpu.fields = self._table_fields(gpu)
         gpu.errors.clear()
         return gpu
+
+    def _table_fields(self, gpu: GpuRecord) -> list[int | tuple[int, int]]:
+        """The fields of the batched call, but the NVLink ones: those this driver has."""
+        fields: list[int | tuple[int, int]] = [*BASE_FIELDS]
+        if gpu.pcie_counter_bits is not None and not self._pcie_counters_hold(gpu):
+            fields = [f for f in fields if f not in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES)]
+        return fields + [fid for fid, _reason in self._throttle_counters]
+
+    def _pcie_counters_hold(self, gpu: GpuRecord) -> bool:
+        """Whether the PCIe byte counters cannot wrap twice between two polls, even with the
+        link at its top speed (counters.py takes a counter that went back for one wrap). Real
+        drivers' are 32 bits: a Gen5 x16 link wraps them every 70 ms, so at any usual interval
+        they say nothing and the driver's own rate is read instead."""
+        bits = gpu.pcie_counter_bits or 64
+        if bits >= 64:
+            return True
+        lane = PCIE_LANE_BYTES_PER_S.get(gpu.pcie_gen_max or 0)
+        if lane is None or not gpu.pcie_width_max:
+            return False
+        return lane * gpu.pcie_width_max * self.interval_s < 1 << (bits - 1)
 
     def _read_pci_topology(self) -> list[list[str]]:
         lib, gpus = self._lib, self._gpus
@@ -429,6 +471,10 @@ class NvmlSource:
         if mem is None and "memory_v2" in gpu.unsupported:
             mem = call(lib, gpu, "memory", lib.nvmlDeviceGetMemoryInfo, h)
         temp = call(lib, gpu, "temperature", lib.nvmlDeviceGetTemperatureV, h, 0)
+        if temp is None and "temperature" in gpu.unsupported:  # before R560: the older call
+            temp = call(lib, gpu, "temperature_legacy", lib.nvmlDeviceGetTemperature, h, 0)
+        if inventory:
+            gpu.pcie_busy = util.gpu >= BUSY_UTIL_PCT if util is not None else None
         if detail:
             self._read_detail(gpu)
         self._update_throttle(gpu, values)
@@ -495,9 +541,11 @@ class NvmlSource:
                 gen_max=gpu.pcie_gen_max,
                 width_current=gpu.pcie_width,
                 width_max=gpu.pcie_width_max,
+                busy=gpu.pcie_busy,
                 replay_count=field(FI_PCIE_REPLAY),
                 tx_bytes_total=field(FI_PCIE_TX_BYTES),
                 rx_bytes_total=field(FI_PCIE_RX_BYTES),
+                bytes_counter_bits=gpu.pcie_counter_bits or 64,
                 tx_bytes_per_s=gpu.pcie_tx_bytes_per_s,
                 rx_bytes_per_s=gpu.pcie_rx_bytes_per_s,
             ),
@@ -511,7 +559,7 @@ class NvmlSource:
             virtualization_mode=gpu.virtualization,
             fabric_state=gpu.fabric_state,
             gpm=gpu.gpm,
-            unsupported=tuple(sorted(gpu.unsupported)),
+            unsupported=_unsupported(gpu),
         )
 
     def _read_fields(self, gpu: GpuRecord) -> dict[tuple[int, int], Any]:
@@ -533,10 +581,22 @@ class NvmlSource:
         ):
             if ret == OK:
                 values[(fid, scope)] = VALUE_TYPES.get(kind, VALUE_TYPES[3]).unpack(raw)[0]
+                if fid == FI_PCIE_TX_BYTES and gpu.pcie_counter_bits is None:
+                    gpu.pcie_counter_bits = counter_bits(kind)
             elif ret == GPU_IS_LOST:
                 raise GpuLostError("field values: GPU is lost")
             elif ret in UNSUPPORTED_CODES:
                 dropped.append(requested)
+        if (FI_PCIE_TX_BYTES, 0) in values and not self._pcie_counters_hold(gpu):
+            log.info(
+                "GPU %d: its PCIe byte counters are %s bits wide and wrap faster than it is "
+                "polled; reading the driver's PCIe rate instead",
+                gpu.index,
+                gpu.pcie_counter_bits,
+            )
+            values.pop((FI_PCIE_TX_BYTES, 0), None)
+            values.pop((FI_PCIE_RX_BYTES, 0), None)
+            gpu.fields = [f for f in gpu.fields if f not in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES)]
         if dropped:
             gpu.fields = [f for f in gpu.fields if f not in dropped]
             gpu.unsupported.update(f"field {f}" for f in dropped)
@@ -574,7 +634,7 @@ class NvmlSource:
         bitmask reads shows at once; one that ends shows at the next bitmask read).
         """
         moved: set[str] = set()
-        for fid, reason in THROTTLE_COUNTERS:
+        for fid, reason in self._throttle_counters:
             now = values.get((fid, 0))
             if now is None:
                 continue
@@ -661,7 +721,8 @@ class NvmlSource:
             link.active = bool(state)
             if link.active and link.remote_pci_bus_id is None:
                 if version is None:
-                    version = call(lib, gpu, "nvlink_version", lib.nvmlDeviceGetNvLinkVersion, h, n)
+                    raw = call(lib, gpu, "nvlink_version", lib.nvmlDeviceGetNvLinkVersion, h, n)
+                    version = NVLINK_GENERATIONS.get(raw) if raw is not None else None
                 link.version = version
                 kind = call(
                     lib, gpu, "nvlink_remote_type", lib.nvmlDeviceGetNvLinkRemoteDeviceType, h, n
@@ -676,7 +737,7 @@ class NvmlSource:
         gpu.links = links
         # Every field, those once NotSupported too: asked again in the same batched call, and
         # marked again by _read_fields where still NotSupported.
-        scoped: list[int | tuple[int, int]] = [*TABLE_FIELDS]
+        scoped = self._table_fields(gpu)
         for link in links:
             if link.active:
                 scoped += [(FI_NVLINK_TX, link.link), (FI_NVLINK_RX, link.link)]
@@ -767,6 +828,16 @@ def _nvlinks_between(a: GpuRecord, b: GpuRecord) -> int:
             sum(1 for link in active_b if link.remote_kind is RemoteKind.NVSWITCH),
         )
     return 0
+
+
+def _unsupported(gpu: GpuRecord) -> tuple[str, ...]:
+    """What this GPU cannot tell, as NVML calls: not those another call or the datasheet
+    answered for (a full GPU's attributes, where its model says how many SMs it has)."""
+    missing = gpu.unsupported
+    shown = {key for key in missing if STAND_INS.get(key, key) in missing}
+    if gpu.sm_count is not None:
+        shown.discard("attributes")
+    return tuple(sorted(shown))
 
 
 def _float(value: Any) -> float | None:

@@ -12,7 +12,7 @@ from gpuconsole.readings.nvml import GpmMetrics, ProcessReading, RemoteKind
 class LinkRecord:
     link: int
     active: bool
-    version: int | None = None
+    version: int | None = None  # the NVLink generation (4 on H100), not nvmlNvlinkVersion_t
     remote_kind: RemoteKind = RemoteKind.UNKNOWN
     remote_pci_bus_id: str | None = None  # sysfs form
 
@@ -72,6 +72,7 @@ class GpuRecord:
     throttle_ns: dict[int, int] = field(default_factory=dict)  # counters at the last poll
     pcie_tx_bytes_per_s: float | None = None  # sampled, where the byte counters are missing
     pcie_rx_bytes_per_s: float | None = None
+    pcie_counter_bits: int | None = None  # width of the PCIe byte counters, once read
     processes: tuple[ProcessReading, ...] = ()
     gpm: GpmMetrics | None = None
     gpm_sample: Any = None
@@ -80,6 +81,7 @@ class GpuRecord:
     power_limit_w: float | None = None
     pcie_gen: int | None = None
     pcie_width: int | None = None
+    pcie_busy: bool | None = None  # whether the GPU was at work when pcie_gen was read
     links: list[LinkRecord] = field(default_factory=list)
     mig_enabled: bool | None = None
     mig_pending: bool | None = None

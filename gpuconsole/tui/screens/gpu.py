@@ -173,10 +173,10 @@ def pcie_box(node: NodeSnapshot, gpu: GpuReading, palette: Palette) -> Renderabl
                 f"{fmt.pcie_link(pcie.gen_max, pcie.width_max)}")  # fmt: skip
     if pcie.downtrained:
         link.append("  DOWNTRAINED", style=palette.health[Health.WARNING])
+    tx, rx = node.pcie_rates(gpu)
     return kv([
         ("link", link),
-        ("tx / rx", f"{fmt.rate(node.rate('gpu', gpu.uuid, 'pcie_tx_bytes'))} / "
-                    f"{fmt.rate(node.rate('gpu', gpu.uuid, 'pcie_rx_bytes'))}"),
+        ("tx / rx", f"{fmt.rate(tx)} / {fmt.rate(rx)}"),
         ("replays", f"{fmt.count(pcie.replay_count)}"
                     f" ({fmt.number(node.rate('gpu', gpu.uuid, 'pcie_replays'), 1)}/s)"),
     ])  # fmt: skip
