@@ -114,6 +114,48 @@ H100_SXM5 = GpuModel(
     mig_profiles=H100_MIG,
 )
 
+H200_MIG = (
+    MigProfile("1g.18gb", 19, 0, 1, 16, 18 * GIB, 7),
+    MigProfile("1g.35gb", 15, 7, 1, 26, 35 * GIB, 4),
+    MigProfile("2g.35gb", 14, 1, 2, 32, 35 * GIB, 3),
+    MigProfile("3g.71gb", 9, 2, 3, 60, 71 * GIB, 2),
+    MigProfile("4g.71gb", 5, 3, 4, 64, 71 * GIB, 1),
+    MigProfile("7g.141gb", 0, 4, 7, 132, 141 * GIB, 1),
+)
+
+# The H100's die with 141 GB of HBM3e. Name, PCI id, memory, clocks, slowdown and power limit
+# as NVML answered on a real H200 SXM (driver 580.159.04); the rest from NVIDIA's datasheet.
+H200_SXM = GpuModel(
+    name="NVIDIA H200",
+    short="H200",
+    architecture="hopper",
+    arch_code=9,
+    pci_device_id=(0x2335 << 16) | 0x10DE,
+    sm_count=132,
+    gpc_count=8,
+    tpc_per_gpc=(9, 9, 8, 8, 8, 8, 8, 8),
+    fp32_cores_per_sm=128,
+    tensor_cores_per_sm=4,
+    l2_bytes=60 * MIB,  # as CUDA reports it on the H200 this project ran on
+    mem_bytes=150_754_820_096,
+    mem_kind="HBM3e",
+    mem_bandwidth_bytes_per_s=4_800_000_000_000,
+    tdp_w=700,
+    power_min_w=200,
+    sm_clock_max_mhz=1980,
+    sm_clock_idle_mhz=345,
+    mem_clock_mhz=3201,
+    temp_slowdown_c=89,
+    temp_shutdown_c=92,
+    nvlink_gen=4,
+    nvlink_count=18,
+    nvlink_gbytes_per_s=900,
+    pcie_gen_max=5,
+    pcie_width_max=16,
+    gpm=True,
+    mig_profiles=H200_MIG,
+)
+
 A100_SXM4_40GB = GpuModel(
     name="NVIDIA A100-SXM4-40GB",
     short="A100",
@@ -201,7 +243,7 @@ A100_PARTITIONS = frozenset(A100_SWITCHES)
 A100_BOARD_GPUS, A100_BOARD_SWITCHES = 8, 6
 
 
-MODELS: tuple[GpuModel, ...] = (H100_SXM5, A100_SXM4_40GB, A100_PCIE_40GB)
+MODELS: tuple[GpuModel, ...] = (H100_SXM5, H200_SXM, A100_SXM4_40GB, A100_PCIE_40GB)
 _MODELS = {model.name: model for model in MODELS}
 
 

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from gpuconsole.facts import summaries
 from gpuconsole.facts.ownership import ProblemKind
-from gpuconsole.hardware import model_spec
+from gpuconsole.hardware import model_for_pci_device, model_spec
 from gpuconsole.readings.base import Event, Health, Severity
 from gpuconsole.readings.fabric import AffinityFlag
 from gpuconsole.tui.screens.events import EventFilter, filtered
@@ -150,6 +150,14 @@ def test_sm_layout_matches_the_datasheet() -> None:
     assert h100 is not None and a100 is not None
     assert sum(len(g) for g in sm_layout(h100)) == 132
     assert sum(len(g) for g in sm_layout(a100)) == 108
+
+
+def test_an_h200_as_a_real_driver_names_it_has_its_datasheet() -> None:
+    """NVML refuses a full H200's attributes; its SM count and map come from the model."""
+    h200 = model_spec("NVIDIA H200")
+    assert h200 is not None and h200.short == "H200"
+    assert model_for_pci_device(0x2335) is h200
+    assert sum(len(g) for g in sm_layout(h200)) == h200.sm_count == 132
 
 
 def test_each_mig_instance_gets_exactly_its_sms() -> None:
