@@ -784,7 +784,7 @@ def expected_field(driver: DriverProfile, fid: int) -> tuple[int, int]:
         return 0, 3  # nanoseconds held, unsigned long long
     if smoothing and smoothing <= fid < smoothing + SMOOTHING_FIELDS:
         return 0, 1
-    return 3, 0  # NOT_SUPPORTED
+    return 3, 1  # NOT_SUPPORTED, typed unsigned int as a real driver leaves it
 
 
 def test_the_fake_plays_each_driver_branch(nvml_case: NvmlCase) -> None:
@@ -795,7 +795,7 @@ def test_the_fake_plays_each_driver_branch(nvml_case: NvmlCase) -> None:
         f"""
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        ids = [74, 76, 197, 198, *range(251, 274)]
+        ids = [74, 76, 142, 143, 144, 145, 197, 198, *range(251, 274)]
         fields = {{e.fieldId: [e.nvmlReturn, e.valueType, e.value.uiVal]
                   for e in pynvml.nvmlDeviceGetFieldValues(h, ids)}}
         links = []
@@ -830,7 +830,9 @@ def test_the_fake_plays_each_driver_branch(nvml_case: NvmlCase) -> None:
     assert 25 <= out["temperature"] < 90
     fields = {int(fid): entry for fid, entry in out["fields"].items()}
     assert fields[74][:2] == fields[76][:2] == [0, 3]  # the same in every branch
-    pcie = [0, 1] if driver.pcie_byte_counters else [3, 0]  # 32 bits wide, from R560
+    # remapped rows are 64 bits wide (a real 580.159.04 driver on an H200)
+    assert all(fields[fid][:2] == [0, 3] for fid in (142, 143, 144, 145))
+    pcie = [0, 1] if driver.pcie_byte_counters else [3, 1]  # 32 bits wide, from R560
     assert fields[197][:2] == fields[198][:2] == pcie
     for fid in range(251, 274):
         assert tuple(fields[fid][:2]) == expected_field(driver, fid), fid

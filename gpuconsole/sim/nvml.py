@@ -377,10 +377,10 @@ class SimNvml:
             4: (3, dbe_v),
             5: (3, sbe_a),
             6: (3, dbe_a),
-            142: (1, 2 if pending else 0),
-            143: (1, 1 if pending else 0),
-            144: (1, int(pending)),
-            145: (1, 0),
+            142: (3, 2 if pending else 0),  # 64 bits, as a real 580 driver answers
+            143: (3, 1 if pending else 0),
+            144: (3, int(pending)),
+            145: (3, 0),
             94: (1, 0),
             91: (1, node.model.nvlink_count),
             74: (3, 0),  # power cap, sync boost and power brake: never in the simulator
@@ -405,6 +405,7 @@ class SimNvml:
                 kind, value = scalar[fid]
             else:
                 entry.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                entry.valueType = 1  # as a real driver leaves an unanswered entry
                 continue
             entry.valueType = kind
             entry.nvmlReturn = 0

@@ -2024,8 +2024,10 @@ static nvmlReturn_t field_value(const gpu_t *g, double t, nvmlFieldValue_t *v) {
     ecc_t e;
     unsigned id = v->fieldId;
     for (int k = 0; k < g_prof.nmissing_fields; k++)
-        if (g_prof.missing_fields[k] == id)
+        if (g_prof.missing_fields[k] == id) {
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
             return NVML_ERROR_NOT_SUPPORTED;
+        }
     unsigned counters = throttle_counters_at(), smoothing = smoothing_at();
     if (counters && id >= counters && id < counters + COUNTERS) {
         v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
@@ -2070,10 +2072,12 @@ static nvmlReturn_t field_value(const gpu_t *g, double t, nvmlFieldValue_t *v) {
         if (g->arch < NVML_DEVICE_ARCH_AMPERE)
             return NVML_ERROR_NOT_SUPPORTED;
         ecc_at(g, t, &e);
-        v->value.uiVal = id == NVML_FI_DEV_REMAPPED_COR       ? e.remap_cor
-                         : id == NVML_FI_DEV_REMAPPED_UNC     ? e.remap_unc
-                         : id == NVML_FI_DEV_REMAPPED_PENDING ? e.remap_pending
-                                                              : e.remap_failure;
+        /* 64 bits wide, as a real H200 on 580.159.04 answered */
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        v->value.ullVal = id == NVML_FI_DEV_REMAPPED_COR       ? e.remap_cor
+                          : id == NVML_FI_DEV_REMAPPED_UNC     ? e.remap_unc
+                          : id == NVML_FI_DEV_REMAPPED_PENDING ? e.remap_pending
+                                                               : e.remap_failure;
         return NVML_SUCCESS;
     default: break;
     }
@@ -2128,7 +2132,9 @@ static nvmlReturn_t field_value(const gpu_t *g, double t, nvmlFieldValue_t *v) {
     case NVML_FI_DEV_PERF_POLICY_SYNC_BOOST: v->value.ullVal = 0; return NVML_SUCCESS;
     default: break;
     }
-    v->valueType = 0;
+    /* a real driver leaves an unanswered entry typed as unsigned int (580.159.04, fields 91
+     * and 251-253 on an H200) */
+    v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
     return NVML_ERROR_NOT_SUPPORTED; /* an id this branch does not know */
 }
 
