@@ -1,4 +1,8 @@
-"""Snapshots to versioned JSON and back: what `snapshot --json` prints and agents serve."""
+"""Snapshots to versioned JSON and back: what `snapshot --json` prints and agents serve.
+
+Every string decoded passes `safe_text`: an agent's or a capture's text reaches no terminal
+with a control character in it.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Any, TypeVar
 import orjson
 
 from gpuconsole.history import HistoryView
-from gpuconsole.readings.base import SCHEMA_VERSION, Key, normal_bus_id, nvml_bus_id
+from gpuconsole.readings.base import SCHEMA_VERSION, Key, normal_bus_id, nvml_bus_id, safe_text
 from gpuconsole.readings.nvml import GpuReading, NvLinkReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 
@@ -161,7 +165,7 @@ def _build(kind: Any) -> Decoder:
                 try:
                     out[keys(k)] = values(v)
                 except _Misfit as wrong:
-                    wrong.steps.append(f".{k}")
+                    wrong.steps.append(f".{safe_text(k)}")
                     raise
             return out
 
@@ -199,7 +203,15 @@ def _build(kind: Any) -> Decoder:
             raise _Misfit("expected a float")
 
         return number
-    if kind in (int, str, bool):
+    if kind is str:
+
+        def text(data: Any) -> Any:
+            if type(data) is str:
+                return data if data.isprintable() else safe_text(data)
+            raise _Misfit("expected str")
+
+        return text
+    if kind in (int, bool):
 
         def scalar(data: Any) -> Any:
             if type(data) is kind:
@@ -213,13 +225,17 @@ def _build(kind: Any) -> Decoder:
 
 
 def _sequence(item: Decoder, kind: Any) -> Decoder:
-    # A scalar item needs only its type checked: the list is returned as json built it.
+    # A scalar item needs only its type checked (a string, that it is printable): the list
+    # is returned as json built it.
     plain = kind if kind in (int, str, bool) else None
 
     def sequence(data: Any) -> Any:
         if type(data) is not list:
             raise _Misfit("expected a list")
-        if plain is not None and all(type(v) is plain for v in data):
+        if plain is str:
+            if all(type(v) is str and v.isprintable() for v in data):
+                return tuple(data)
+        elif plain is not None and all(type(v) is plain for v in data):
             return tuple(data)
         for i, v in enumerate(data):
             try:
@@ -284,7 +300,10 @@ def _field_lines(name: str, kind: Any, ns: dict[str, Any]) -> list[str]:
     guard = "v is not None and " if optional else ""
     if kind in _INLINE:
         reason = repr(f"expected {kind.__name__}")
-        return [f"if {guard}{_INLINE[kind]}:", f"    raise _Misfit({reason}, {step})"]
+        lines = [f"if {guard}{_INLINE[kind]}:", f"    raise _Misfit({reason}, {step})"]
+        if kind is str:  # made safe to show, as every string decoded
+            lines += [f"if {guard}not v.isprintable():", "    v = _safe_text(v)"]
+        return lines
     if kind is float:
         return [
             f"if {guard}type(v) is not float:",
@@ -332,6 +351,7 @@ def _dataclass_decoder(kind: Any) -> Decoder:
         "_Misfit": _Misfit,
         "_MISSING": _MISSING,
         "_FLOAT_MAX": _FLOAT_MAX,
+        "_safe_text": safe_text,
         "_made": kind,
         "_new": object.__new__,
     }
@@ -384,7 +404,7 @@ def _rates(data: Any) -> dict[Key, float]:
     if not isinstance(data, dict):
         raise _Misfit("expected an object")
     try:  # v * 1.0, not float(v), which also reads "nan" and "inf" from a string
-        return {tuple(k.split("/")): v * 1.0 for k, v in data.items()}
+        return {_key(k): v * 1.0 for k, v in data.items()}
     except (TypeError, OverflowError):
         raise _Misfit("rates must be numbers") from None
 
@@ -392,7 +412,12 @@ def _rates(data: Any) -> dict[Key, float]:
 def _deltas(data: Any) -> dict[Key, int]:
     if not isinstance(data, dict) or not all(type(v) is int for v in data.values()):
         raise _Misfit("deltas must be an object of integers")
-    return {tuple(k.split("/")): v for k, v in data.items()}
+    return {_key(k): v for k, v in data.items()}
+
+
+def _key(joined: str) -> Key:
+    """A counter path from its JSON key, "gpu/GPU-1234/energy_mj"."""
+    return tuple((joined if joined.isprintable() else safe_text(joined)).split("/"))
 
 
 _KEYED_DECODERS: dict[str, Decoder] = {"rates": _rates, "deltas": _deltas}

@@ -25,7 +25,7 @@ from gpuconsole.config import HubConfig
 from gpuconsole.counters import RateTracker
 from gpuconsole.history import HistoryStore
 from gpuconsole.readings.agents import REMOTE_PARTS, AgentReading
-from gpuconsole.readings.base import Event, Key, Severity, SourceStatus
+from gpuconsole.readings.base import Event, Key, Severity, SourceStatus, safe_strings, safe_text
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.base import Focusable, Reading, Source
 
@@ -272,6 +272,7 @@ class Hub:
         self._mark_dirty(node.name)
 
     def _mark_failed(self, state: _SourceState, error: str) -> None:
+        error = safe_text(error)  # an exception's words may quote what a peer sent
         now = self._clock()
         old = state.status
         was_ok = old.ok or (old.polls == 0 and old.failures == 0)
@@ -319,6 +320,7 @@ class Hub:
         self._record_event(event)
 
     def _record_event(self, event: Event) -> None:
+        event = safe_strings(event)  # a source's or an action's words may quote a peer's
         self._events.append(event)
         self._event_seq += 1
         self._event_counts[(event.node, event.kind, event.severity.value)] += 1

@@ -3,10 +3,13 @@ form of a PCI bus id."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 SCHEMA_VERSION = 1
 
@@ -114,3 +117,77 @@ def nvml_bus_id(bus_id: str) -> str:
 
 def _is_hex(text: str) -> bool:
     return bool(text) and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+# What a terminal would act on rather than show: C0 controls (ESC starts every escape
+# sequence), DEL, C1 controls (0x9b alone is a CSI), the bidi controls that reorder what is
+# shown around them, and lone surrogates, which no UTF-8 output can encode.
+_UNSAFE = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+
+
+def _shown(match: re.Match[str]) -> str:
+    return repr(match.group())[1:-1]  # ESC as the four characters \x1b
+
+
+def safe_text(text: str) -> str:
+    r"""Text from outside (a driver, a BMC, an agent, sysfs, a kubelet, a file) made safe to
+    show on a terminal: each control character written out as Python writes it (\x1b, \n,
+    \u202e), so that nothing acts on the terminal and the operator sees something odd was
+    there. A second pass changes nothing."""
+    if text.isprintable():  # each character above is unprintable: most text stops here
+        return text
+    return _UNSAFE.sub(_shown, text)
+
+
+_T = TypeVar("_T")
+# Types that hold no text (enums join when first met); each dataclass's field names.
+_LEAVES: set[type] = {int, float, bool, type(None)}
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def safe_strings(value: _T) -> _T:
+    """A reading (a dataclass and everything in it) with `safe_text` applied to each of its
+    strings; the same objects where nothing needed it."""
+    kind = type(value)
+    if kind is str:
+        return safe_text(value)  # type: ignore[arg-type, return-value]
+    if kind in _LEAVES:
+        return value
+    if kind is tuple:
+        return _safe_items(value)  # type: ignore[arg-type, return-value]
+    if isinstance(value, Mapping):
+        pairs = [(safe_strings(k), safe_strings(v)) for k, v in value.items()]
+        if all(k is a and v is b for (k, v), (a, b) in zip(pairs, value.items(), strict=True)):
+            return value
+        return dict(pairs)  # type: ignore[return-value]
+    names = _FIELDS.get(kind)
+    if names is None:
+        if not dataclasses.is_dataclass(kind):
+            if issubclass(kind, enum.Enum):
+                _LEAVES.add(kind)  # its values are the program's own
+            return value
+        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind))
+    changed: dict[str, Any] = {}
+    for name in names:
+        item = getattr(value, name)
+        if type(item) in _LEAVES or (type(item) is str and item.isprintable()):
+            continue  # the most of a reading, checked without a call
+        cleaned = safe_strings(item)
+        if cleaned is not item:
+            changed[name] = cleaned
+    return dataclasses.replace(value, **changed) if changed else value  # type: ignore[type-var]
+
+
+def _safe_items(items: tuple[Any, ...]) -> tuple[Any, ...]:
+    new: list[Any] | None = None
+    for i, item in enumerate(items):
+        if type(item) in _LEAVES or (type(item) is str and item.isprintable()):
+            continue
+        cleaned = safe_strings(item)
+        if cleaned is not item:
+            if new is None:
+                new = list(items)
+            new[i] = cleaned
+    return items if new is None else tuple(new)

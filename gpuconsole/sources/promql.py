@@ -25,7 +25,7 @@ from urllib.parse import urlencode
 
 from gpuconsole.export import names
 from gpuconsole.readings.agents import AgentReading
-from gpuconsole.readings.base import Event, SourceStatus, normal_bus_id
+from gpuconsole.readings.base import Event, SourceStatus, normal_bus_id, safe_text
 from gpuconsole.readings.bmc import BmcReading, PowerState
 from gpuconsole.readings.fabric import (
     FabricDevice,
@@ -202,6 +202,13 @@ def _flag(values: Mapping[str, float], spec: tuple[str, str]) -> bool | None:
     return None if value is None else value >= 1
 
 
+def _safe_labels(labels: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A series' labels with `safe_text` applied to each value."""
+    if all(type(v) is not str or v.isprintable() for v in labels.values()):
+        return labels
+    return {k: safe_text(v) if type(v) is str else v for k, v in labels.items()}
+
+
 def parse_overview(values: list[Any], info: list[Any]) -> Overview:
     """An Overview from the two queries' vectors; ValueError on a malformed answer."""
     at = time.time()
@@ -231,21 +238,22 @@ def parse_overview(values: list[Any], info: list[Any]) -> Overview:
             if kind == "gpu" and "gpu" in labels:
                 found.gpus.setdefault(int(labels["gpu"]), {})[metric] = _value(sample)
             elif kind == "source" and "source" in labels:
-                found.sources.setdefault(labels["source"], {})[metric] = _value(sample)
+                found.sources.setdefault(safe_text(labels["source"]), {})[metric] = _value(sample)
             elif kind == "node":
                 found.values[metric] = _value(sample)
             elif kind in ("port", "netdev") and "device" in labels and "port" in labels:
-                place = (labels["device"], int(labels["port"]))
+                place = (safe_text(labels["device"]), int(labels["port"]))
                 if kind == "port":
                     found.ports.setdefault(place, {})[metric] = _value(sample)
                 else:
-                    ifname, stats = found.netdevs.get(place, (labels.get("netdev", ""), {}))
+                    netdev = safe_text(labels.get("netdev", ""))
+                    ifname, stats = found.netdevs.get(place, (netdev, {}))
                     stats[metric] = _value(sample)
                     found.netdevs[place] = (ifname, stats)
         for sample in info:
-            labels = sample["metric"]
+            labels = _safe_labels(sample["metric"])  # these name GPUs, MIGs, ports, the BMC
             metric = labels.get("__name__", "")
-            found = series_of(labels)
+            found = series_of(sample["metric"])  # as the values above found it
             if found is None:
                 continue
             if metric == names.GPU_INFO[0]:
@@ -256,7 +264,7 @@ def parse_overview(values: list[Any], info: list[Any]) -> Overview:
                 found.port_info[(labels["device"], int(labels["port"]))] = labels
             elif metric == names.BMC_INFO[0]:
                 found.bmc = labels.get("bmc", "")
-    except (KeyError, TypeError, IndexError, ValueError) as exc:
+    except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
         raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
     return Overview(at, up, nodes)
 

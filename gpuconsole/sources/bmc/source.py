@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from gpuconsole.config import BmcConfig
-from gpuconsole.readings.base import Event, Severity
+from gpuconsole.readings.base import Event, Severity, safe_strings
 from gpuconsole.readings.bmc import BmcReading, PowerState
 from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.bmc.link import BmcError, BmcLink, PowerAction
@@ -268,7 +268,7 @@ class BmcSource:
 
     def collect(self) -> BmcReading:
         """One blocking round: read the BMC, announce new SEL records, add up the totals."""
-        raw = self.link.read(sel=self._sel)
+        raw = safe_strings(self.link.read(sel=self._sel))  # the BMC's text, safe to show
         now = self._clock()
         if self._sel:
             for entry in self._cursor.new_entries(raw.sel):

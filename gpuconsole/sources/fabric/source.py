@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
 from gpuconsole.config import FabricConfig, HostConfig
-from gpuconsole.readings.base import Event, Severity
+from gpuconsole.readings.base import Event, Severity, safe_strings
 from gpuconsole.readings.fabric import (
     FabricDevice,
     FabricPort,
@@ -108,7 +108,8 @@ class FabricSource:
                 netlink_error = str(exc)
             if self._watcher is not None:
                 self._watcher.seed({name: s.operstate for name, s in stats.items()})
-        reading = self._assemble(devices, peermem, stats, netlink_error)
+        # names and values from sysfs and netlink, safe to show before events quote them
+        reading = safe_strings(self._assemble(devices, peermem, stats, netlink_error))
         self._note_changes(reading)
         return reading
 

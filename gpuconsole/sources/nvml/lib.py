@@ -12,6 +12,7 @@ import struct
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gpuconsole.readings.base import safe_text
 from gpuconsole.readings.nvml import RemoteKind
 from gpuconsole.sources.base import SourceUnavailable
 
@@ -169,8 +170,9 @@ def system_pynvml() -> Any:
 
 
 def text(value: Any) -> str:
-    """An NVML string (bytes from older pynvml) as str."""
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """An NVML string (bytes from older pynvml), or an NVML error's words, as str safe to
+    show: every string the driver gives passes here."""
+    return safe_text(value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
 
 
 class Answers(Protocol):
@@ -203,5 +205,5 @@ def call(
             return None
         if code == GPU_IS_LOST:
             raise GpuLostError(str(exc)) from None
-        gpu.errors.append(f"{key}: {exc}")
+        gpu.errors.append(f"{key}: {text(exc)}")
         return None

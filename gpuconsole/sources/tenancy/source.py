@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
 from gpuconsole.config import HostConfig, TenancyConfig
-from gpuconsole.readings.base import Event, Severity
+from gpuconsole.readings.base import Event, Severity, safe_strings
 from gpuconsole.readings.tenancy import (
     Guest,
     HostProcess,
@@ -127,15 +127,18 @@ class TenancySource:
         all_guests = self._merge_guests(lv_guests, qemu_guests, now, seen)
         devices = tuple(self._pod_since(d, now, seen) for d in devices)
         self._first_seen = {k: v for k, v in self._first_seen.items() if k in seen}
-        reading = TenancyReading(
-            at=now,
-            simulated=self.simulated,
-            gpus=gpus,
-            guests=all_guests,
-            pod_devices=devices,
-            allocatable=allocatable,
-            processes=tuple(self._process_tenant(p) for p in processes),
-            parts=(host_parts[0], lv_part, host_parts[1], kube_part, host_parts[2]),
+        # names from sysfs, /proc, libvirt and the kubelet, safe to show before events quote them
+        reading = safe_strings(
+            TenancyReading(
+                at=now,
+                simulated=self.simulated,
+                gpus=gpus,
+                guests=all_guests,
+                pod_devices=devices,
+                allocatable=allocatable,
+                processes=tuple(self._process_tenant(p) for p in processes),
+                parts=(host_parts[0], lv_part, host_parts[1], kube_part, host_parts[2]),
+            )
         )
         self._note_changes(reading)
         return reading
