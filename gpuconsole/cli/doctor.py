@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import fields, is_dataclass
 from typing import Any, TextIO
 
+from gpuconsole.readings.base import safe_text
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.sources.base import SourceUnavailable
 from gpuconsole.sources.nvml.doctor import (
@@ -80,12 +81,7 @@ def render_json(report: DoctorReport) -> str:
 
 
 def render_text(report: DoctorReport) -> str:
-    return "\n".join(shown(line) for line in _text_lines(report))
-
-
-def shown(line: str) -> str:
-    """A line with every control character escaped: driver strings never reach the terminal raw."""
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in line)
+    return "\n".join(safe_text(line) for line in _text_lines(report))
 
 
 def _text_lines(report: DoctorReport) -> Iterator[str]:
