@@ -110,3 +110,30 @@ async def test_a_socket_nobody_listens_on_says_it_does_not_answer(short_dir: Pat
     finally:
         dead.close()
         os.unlink(sock)
+
+
+def test_a_grpcio_older_than_the_stubs_costs_the_kubelet_part_only() -> None:
+    """The generated stubs refuse an older grpcio at import (an image with grpcio 1.84 did
+    this to `snapshot` on a real GPU node): the tenancy source still loads, and the kubelet
+    read says why it cannot ask."""
+    import subprocess
+    import sys
+
+    script = """
+import asyncio, sys, tempfile
+import grpc
+grpc.__version__ = "1.0.0"  # what an older grpcio reports
+from gpuconsole.sources.tenancy import TenancySource  # loads without the stubs
+from gpuconsole.sources.tenancy.kubelet import KubeletError, KubeletReader
+with tempfile.NamedTemporaryFile() as sock:
+    try:
+        asyncio.run(KubeletReader(sock.name).read())
+    except KubeletError as exc:
+        print("refused:", exc)
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "refused: the kubelet's pod-resources API cannot be used here" in proc.stdout
+    assert "grpcio>=" in proc.stdout

@@ -19,7 +19,6 @@ import grpc
 
 from gpuconsole.config import TenancyConfig
 from gpuconsole.readings.tenancy import PodDevice
-from gpuconsole.sources.tenancy.proto import api_pb2, api_pb2_grpc
 
 __all__ = [
     "KubeletError",
@@ -124,6 +123,17 @@ def _describe(exc: grpc.aio.AioRpcError, socket: str) -> str:
     return f"kubelet at {socket}: {code.name.lower()}: {detail}"
 
 
+def _api() -> tuple[Any, Any]:
+    """The generated pod-resources modules (api_pb2, api_pb2_grpc), imported on first use: the
+    generated code refuses, at import, a grpcio or protobuf older than the one that made it,
+    and that must cost the kubelet part only, not the whole source (or `snapshot`)."""
+    try:
+        from gpuconsole.sources.tenancy.proto import api_pb2, api_pb2_grpc
+    except Exception as exc:  # RuntimeError, protobuf's VersionError, ImportError
+        raise KubeletError(f"the kubelet's pod-resources API cannot be used here: {exc}") from None
+    return api_pb2, api_pb2_grpc
+
+
 class KubeletReader:
     """One grpc.aio channel to the kubelet's pod-resources socket, opened on first use."""
 
@@ -147,12 +157,13 @@ class KubeletReader:
             raise KubeletError(f"kubelet socket {self.socket} not found")
         if self._stub is None:
             self._channel = grpc.aio.insecure_channel(f"unix://{os.path.abspath(self.socket)}")
-            self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
+            self._stub = _api()[1].PodResourcesListerStub(self._channel)
         return self._stub
 
     async def read(self) -> tuple[tuple[PodDevice, ...], tuple[str, ...] | None]:
         """(allocated devices, allocatable device IDs or None when the kubelet lacks that)."""
         stub = self._ensure()
+        api_pb2 = _api()[0]
         try:
             listed = await stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:
