@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from gpuconsole.config import ConfigError
+from gpuconsole.config import ConfigError, is_host
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +45,19 @@ def _url(target: str) -> str:
 
 
 def _host_of(url: str) -> str:
-    host = urlsplit(url).hostname
+    """The host of an agent URL; ValueError when the URL is not one a client can use."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"agent URL {url!r}: the scheme must be http or https")
+    host = parts.hostname
     if not host:
         raise ValueError(f"agent URL {url!r} has no host")
+    if not is_host(host):
+        raise ValueError(f"agent URL {url!r}: {host!r} is not a host name or address")
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when asked for it
+    except ValueError:
+        raise ValueError(f"agent URL {url!r}: the port must be a number up to 65535") from None
     return host
 
 
@@ -67,7 +77,9 @@ def parse_agent(entry: str) -> FleetMember:
         return FleetMember(_host_of(url), url)
     if not name.strip() or not url.strip():
         raise ValueError(f"agent entry {entry!r}: expected NAME=URL")
-    return FleetMember(name.strip(), _url(url.strip()))
+    url = _url(url.strip())
+    _host_of(url)
+    return FleetMember(name.strip(), url)
 
 
 def read_targets(path: Path) -> list[Found]:
