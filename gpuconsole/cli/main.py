@@ -61,6 +61,8 @@ def problems(cfg: Config) -> list[str]:
     checks = (
         lambda: tls_context(agent_settings(cfg, None)),
         lambda: ssh_settings(cfg),
+        lambda: _ssh_keys(cfg),
+        lambda: _ssh_passwords(cfg),
         lambda: members(cfg.fleet),
         lambda: nvml_library(cfg),
         lambda: bmc_sources(cfg),
@@ -74,6 +76,31 @@ def problems(cfg: Config) -> list[str]:
         except ConfigError as exc:
             found.extend(exc.problems)
     return found
+
+
+def _ssh_keys(cfg: Config) -> None:
+    """[ssh] authorized_keys, where the config names it, read as the ssh server reads it."""
+    from gpuconsole.ssh.keys import AuthorizedKeysFile, KeyFileError
+
+    if cfg.ssh.authorized_keys:
+        try:
+            AuthorizedKeysFile(Path(cfg.ssh.authorized_keys)).current()
+        except KeyFileError as exc:
+            raise ConfigError(f"[ssh] authorized_keys: {exc}") from None
+
+
+def _ssh_passwords(cfg: Config) -> None:
+    """[ssh] password_file, where the config names one, read as the ssh server reads it."""
+    from gpuconsole.ssh.keys import KeyFileError, load_passwords
+
+    if cfg.ssh.password_file:
+        try:
+            load_passwords(Path(cfg.ssh.password_file))
+        except KeyFileError as exc:
+            said = str(exc)
+            raise ConfigError(
+                said if said.startswith("[ssh]") else f"[ssh] password_file: {said}"
+            ) from None
 
 
 def _log_to_file() -> None:

@@ -138,3 +138,21 @@ def test_an_unknown_theme_on_the_command_line_is_said_on_screen(
     assert stop.value.code == 2
     said = capsys.readouterr().err
     assert "argument --theme: no theme 'nope'" in said and "gpuconsole-dark" in said
+
+
+def test_config_check_reads_the_ssh_key_and_password_files_it_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys, passwords = tmp_path / "authorized_keys", tmp_path / "passwords"
+    keys.write_text(
+        'role=operator,from="10.9.9.9",no-such-option ssh-ed25519 '
+        "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
+    )
+    passwords.write_text("alice:root:scrypt$x$y\n")
+    passwords.chmod(0o600)
+    path = tmp_path / "config.toml"
+    path.write_text(f'[ssh]\nauthorized_keys = "{keys}"\npassword_file = "{passwords}"\n')
+    code, said = check(path, capsys)
+    assert code == 2 and len(said) == 2, said
+    assert f"[ssh] authorized_keys: {keys}:1:" in said[0] and "no-such-option" in said[0]
+    assert f"[ssh] password_file: {passwords}:1: role 'root' is not known" in said[1]
