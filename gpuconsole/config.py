@@ -17,6 +17,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
+from urllib.parse import urlsplit
 
 from gpuconsole import paths
 
@@ -179,7 +180,8 @@ class FleetConfig:
         metadata=_doc(
             "URL of a Prometheus (or compatible) server that scrapes the agents: the fleet "
             "overview is then read from it with PromQL, a node's detail still from its agent; "
-            "empty: read every agent"
+            "empty: read every agent",
+            url=True,
         ),
     )
     prometheus_selector: str = field(
@@ -545,6 +547,22 @@ def is_host(text: str) -> bool:
     return len(text) <= 253 and _HOST.fullmatch(text) is not None
 
 
+def http_url_problem(url: str) -> str | None:
+    """What keeps `url` from being an http(s) URL a client can ask (None: nothing)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        return "the scheme must be http or https"
+    if not parts.hostname:
+        return "it has no host"
+    if not is_host(parts.hostname):
+        return f"{parts.hostname!r} is not a host name or address"
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when asked for it
+    except ValueError:
+        return "the port must be a number up to 65535"
+    return None
+
+
 _SECTIONS = [f.name for f in dataclasses.fields(Config) if f.name != "path"]
 # Arrays of tables ([[bmc]]): each entry is checked like a table, named "[[bmc]] #2".
 _ARRAYS: dict[str, type] = {"bmc": BmcConfig}
@@ -647,6 +665,10 @@ def _check_value(spec: dataclasses.Field[Any], value: Any) -> str | None:
     # every float here is seconds: inf (never, forever) is not a time to wait or poll
     if isinstance(value, float) and not math.isfinite(value):
         return " must be a finite number"
+    if spec.metadata.get("url") and value:
+        problem = http_url_problem(value)
+        if problem is not None:
+            return f": {value!r}: {problem}"
     port = spec.metadata.get("listen")
     if port is not None:
         try:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from gpuconsole.config import ConfigError, is_host
+from gpuconsole.config import ConfigError, http_url_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,18 +46,11 @@ def _url(target: str) -> str:
 
 def _host_of(url: str) -> str:
     """The host of an agent URL; ValueError when the URL is not one a client can use."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"agent URL {url!r}: the scheme must be http or https")
-    host = parts.hostname
-    if not host:
-        raise ValueError(f"agent URL {url!r} has no host")
-    if not is_host(host):
-        raise ValueError(f"agent URL {url!r}: {host!r} is not a host name or address")
-    try:
-        parts.port  # noqa: B018 - urlsplit checks the port only when asked for it
-    except ValueError:
-        raise ValueError(f"agent URL {url!r}: the port must be a number up to 65535") from None
+    problem = http_url_problem(url)
+    if problem is not None:
+        raise ValueError(f"agent URL {url!r}: {problem}")
+    host = urlsplit(url).hostname
+    assert host is not None
     return host
 
 

@@ -37,6 +37,9 @@ MISTAKES = {
         "[fleet] agents[0]: agent URL 'http://not a url': 'not a url' is not a host name"
     ),
     '[ui]\ntheme = "nope"\n': "[ui] theme: no theme 'nope'",
+    '[fleet]\nprometheus = "prometheus:9090"\n': (
+        "[fleet] prometheus: 'prometheus:9090': the scheme must be http or https"
+    ),
 }
 
 
