@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpuconsole.readings.base import safe_text
+
 # At most this many open connections: Prometheus, a few heads and a person with curl need
 # a handful; the rest of the descriptors stay with the sources.
 MAX_CONNECTIONS = 256
@@ -77,14 +79,13 @@ class OncePerCause(logging.Filter):
         if held:
             text = f"{text} (and {held} more in the last {self.every_s:g} s)"
         # what a client sent may end up in the text: no control character reaches the log
-        record.msg = text.encode("ascii", "backslashreplace").decode().translate(_CONTROLS)
+        record.msg = safe_text(text)
         record.args = None
         record.exc_info = None
         record.exc_text = None
         return True
 
 
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
 _CAUSES = 1000  # causes remembered at most
 
 

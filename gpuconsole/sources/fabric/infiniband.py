@@ -15,6 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from gpuconsole.readings.base import safe_text
 from gpuconsole.sources.pci import PciDevice, read_path
 
 log = logging.getLogger(__name__)
@@ -279,7 +280,10 @@ class InfinibandReader:
         """Skip a port folder the kernel would not have named so, and say so once."""
         if (device, folder) not in self._odd:
             self._odd.add((device, folder))
-            log.warning("%s: skipping port folder %s: not a port number", device, ascii(folder))
+            log.warning(
+                "%s: skipping port folder '%s': not a port number",
+                safe_text(device), safe_text(folder),
+            )  # fmt: skip
 
     # --- one port ------------------------------------------------------------------
 
