@@ -17,6 +17,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
+from urllib.parse import urlsplit
 
 from gpuconsole import paths
 
@@ -179,7 +180,8 @@ class FleetConfig:
         metadata=_doc(
             "URL of a Prometheus (or compatible) server that scrapes the agents: the fleet "
             "overview is then read from it with PromQL, a node's detail still from its agent; "
-            "empty: read every agent"
+            "empty: read every agent",
+            url=True,
         ),
     )
     prometheus_selector: str = field(
@@ -309,7 +311,11 @@ class AgentConfig:
     """[agent]: the headless exporter (`gpuconsole agent`)."""
 
     listen: str = field(
-        default=f"127.0.0.1:{AGENT_PORT}", metadata=_doc("HOST:PORT to serve /metrics on")
+        default=f"127.0.0.1:{AGENT_PORT}",
+        metadata=_doc(
+            f"HOST:PORT to serve /metrics on ([::1]:PORT for IPv6; no port: {AGENT_PORT})",
+            listen=AGENT_PORT,
+        ),
     )
     tls_cert: str = field(default="", metadata=_doc("PEM certificate file; empty: plain HTTP"))
     tls_key: str = field(default="", metadata=_doc("PEM key file for tls_cert"))
@@ -323,7 +329,10 @@ class AgentConfig:
 class SshConfig:
     """[ssh]: the ssh-in console (`gpuconsole ssh-server`)."""
 
-    listen: str = field(default=f"0.0.0.0:{SSH_PORT}", metadata=_doc("HOST:PORT to accept ssh on"))
+    listen: str = field(
+        default=f"0.0.0.0:{SSH_PORT}",
+        metadata=_doc(f"HOST:PORT to accept ssh on (no port: {SSH_PORT})", listen=SSH_PORT),
+    )
     authorized_keys: str = field(
         default="",
         metadata=_doc(
@@ -495,7 +504,15 @@ class Config:
 
 
 class ConfigError(Exception):
-    """A config file that cannot be used, with the key and line that are wrong."""
+    """A config file that cannot be used: each problem names the key and line that are
+    wrong, every problem found, not only the first."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__(*problems)
+        self.problems = problems
+
+    def __str__(self) -> str:
+        return "\n".join(self.problems)
 
 
 def parse_listen(text: str, default_port: int = AGENT_PORT) -> tuple[str, int]:
@@ -508,13 +525,42 @@ def parse_listen(text: str, default_port: int = AGENT_PORT) -> tuple[str, int]:
         host, _, port_text = text.partition(":")
     else:
         host, port_text = text, ""
-    try:
-        port = int(port_text) if port_text else default_port
-    except ValueError:
-        raise ValueError(f"listen address {text!r}: port must be a number") from None
+    # int() would also take "٩٤٠٠", " 94_00" and 5,000 digits (which it refuses, raising)
+    if port_text and not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5):
+        raise ValueError(f"listen address {text!r}: port must be a number")
+    port = int(port_text) if port_text else default_port
     if not 0 <= port <= 65535:
-        raise ValueError(f"listen address {text!r}: port out of range")
+        raise ValueError(f"listen address {text!r}: port out of range (0 to 65535)")
+    if not is_host(host):
+        raise ValueError(f"listen address {text!r}: {host!r} is not a host name or address")
     return host or "0.0.0.0", port
+
+
+# Names (RFC 1123, and the underscores some sites use), IPv4 and IPv6 addresses (with a
+# zone, fe80::1%eth0): what getaddrinfo may be asked for. Spaces, slashes and control
+# characters never are.
+_HOST = re.compile(r"[A-Za-z0-9._:%-]*", re.ASCII)
+
+
+def is_host(text: str) -> bool:
+    """Whether `text` can be a host name or address (not whether it resolves)."""
+    return len(text) <= 253 and _HOST.fullmatch(text) is not None
+
+
+def http_url_problem(url: str) -> str | None:
+    """What keeps `url` from being an http(s) URL a client can ask (None: nothing)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        return "the scheme must be http or https"
+    if not parts.hostname:
+        return "it has no host"
+    if not is_host(parts.hostname):
+        return f"{parts.hostname!r} is not a host name or address"
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when asked for it
+    except ValueError:
+        return "the port must be a number up to 65535"
+    return None
 
 
 _SECTIONS = [f.name for f in dataclasses.fields(Config) if f.name != "path"]
@@ -550,10 +596,16 @@ def _where(
     path: Path | None, text: str, table: str, key: str | None, index: int | None = None
 ) -> str:
     line = _line_of(text, table, key, index)
-    head = f"[[{table}]] #{index}" if index is not None else f"[{table}]"
-    name = f"{head} {key}" if key else head
+    head = f"[[{_bare(table)}]] #{index}" if index is not None else f"[{_bare(table)}]"
+    name = f"{head} {_bare(key)}" if key else head
     place = str(path) if path else "config"
     return f"{place}:{line}: {name}" if line else f"{place}: {name}"
+
+
+def _bare(name: str) -> str:
+    """A table or key name as a message shows it: quoted (escaped) unless TOML's bare form,
+    so a name in quotes never reaches a terminal with its control characters."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name, re.ASCII) else repr(name)
 
 
 def _suggest(word: str, options: list[str]) -> str:
@@ -576,122 +628,184 @@ def _convert(value: Any, kind: Any) -> Any:
         raise TypeError("must be a number")
     if kind is str:
         if isinstance(value, str):
-            return value
+            return _no_nul(value)
         raise TypeError("must be a string")
     if kind == dict[str, str]:
         if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
-            return dict(value)
+            return {_no_nul(k): _no_nul(v) for k, v in value.items()}
         raise TypeError("must be a table of strings")
     if kind == tuple[str, ...]:
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return tuple(value)
+            return tuple(_no_nul(v) for v in value)
         raise TypeError("must be a list of strings")
     raise TypeError(f"unsupported type {kind}")
 
 
+def _no_nul(text: str) -> str:
+    # TOML can write "\u0000"; no path, name or URL holds one (the OS refuses it in a path)
+    if "\0" in text:
+        raise TypeError("must not hold a NUL character (\\u0000)")
+    return text
+
+
+def _check_value(spec: dataclasses.Field[Any], value: Any) -> str | None:
+    """What is wrong with a value of the right type for `spec` (to follow the key's name),
+    or None."""
+    choices = spec.metadata.get("choices")
+    if choices is not None:
+        for item in value.values() if isinstance(value, dict) else (value,):
+            if item not in choices:
+                return f" {item!r} is not one of {', '.join(choices)}"
+    low, high = spec.metadata.get("minimum"), spec.metadata.get("maximum")
+    # `not >=`: nan (valid TOML) compares false with everything, so it fails here too.
+    if low is not None and not value >= low:
+        return f" must be at least {low:g}"
+    if high is not None and not value <= high:
+        return f" must be at most {high:g}"
+    # every float here is seconds: inf (never, forever) is not a time to wait or poll
+    if isinstance(value, float) and not math.isfinite(value):
+        return " must be a finite number"
+    if spec.metadata.get("url") and value:
+        problem = http_url_problem(value)
+        if problem is not None:
+            return f": {value!r}: {problem}"
+    port = spec.metadata.get("listen")
+    if port is not None:
+        try:
+            parse_listen(value, port)
+        except ValueError as exc:
+            return f": {exc}"
+    return None
+
+
 def _section(
-    cls: type, data: Any, path: Path | None, text: str, table: str, index: int | None = None
+    cls: type,
+    data: Any,
+    path: Path | None,
+    text: str,
+    table: str,
+    problems: list[str],
+    index: int | None = None,
 ) -> Any:
+    """The section's dataclass from its table: each key that is wrong left at its default,
+    and said in `problems`."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{_where(path, text, table, None, index)} must be a table")
+        problems.append(f"{_where(path, text, table, None, index)} must be a table")
+        return cls()
     hints = get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
     values: dict[str, Any] = {}
     for key, raw in data.items():
+        where = _where(path, text, table, key, index)
         spec = known.get(key)
         if spec is None:
-            raise ConfigError(
-                f"{_where(path, text, table, key, index)}: unknown key{_suggest(key, list(known))}"
-            )
+            problems.append(f"{where}: unknown key{_suggest(key, list(known))}")
+            continue
         try:
             value = _convert(raw, hints[key])
         except TypeError as exc:
             got = "" if spec.metadata.get("secret") else f", got {raw!r}"  # never echo secrets
-            raise ConfigError(f"{_where(path, text, table, key, index)} {exc}{got}") from None
-        choices = spec.metadata.get("choices")
-        if choices is not None:
-            for item in value.values() if isinstance(value, dict) else (value,):
-                if item not in choices:
-                    raise ConfigError(
-                        f"{_where(path, text, table, key, index)} {item!r} is not one of "
-                        f"{', '.join(choices)}"
-                    )
-        low, high = spec.metadata.get("minimum"), spec.metadata.get("maximum")
-        # `not >=`: nan (valid TOML) compares false with everything, so it fails here too.
-        if low is not None and not value >= low:
-            raise ConfigError(f"{_where(path, text, table, key, index)} must be at least {low:g}")
-        if high is not None and not value <= high:
-            raise ConfigError(f"{_where(path, text, table, key, index)} must be at most {high:g}")
-        # every float here is seconds: inf (never, forever) is not a time to wait or poll
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{_where(path, text, table, key, index)} must be a finite number")
+            problems.append(f"{where} {exc}{got}")
+            continue
+        wrong = _check_value(spec, value)
+        if wrong is not None:
+            problems.append(f"{where}{wrong}")
+            continue
         values[key] = value
     return cls(**values)
 
 
 def parse(text: str, path: Path | None = None) -> Config:
-    """A Config from TOML text; ConfigError names what is wrong and where."""
+    """A Config from TOML text; ConfigError names every key that is wrong, and where."""
+    cfg, problems = read(text, path)
+    if problems:
+        raise ConfigError(*problems)
+    return cfg
+
+
+def read(text: str, path: Path | None = None) -> tuple[Config, list[str]]:
+    """The Config TOML text gives, with every key that is wrong left at its default, and
+    what is wrong with each (`config check` says them all; `parse` refuses them)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path or 'config'}: not valid TOML: {exc}") from None
+        return Config(path=path), [f"{path or 'config'}: not valid TOML: {exc}"]
+    problems: list[str] = []
     sections: dict[str, Any] = {}
     hints = get_type_hints(Config)
     for table, body in data.items():
         if table not in _SECTIONS:
-            raise ConfigError(
+            problems.append(
                 f"{_where(path, text, table, None)}: unknown table{_suggest(table, _SECTIONS)}"
             )
-        if table in _ARRAYS:
-            sections[table] = _array(_ARRAYS[table], body, path, text, table)
+        elif table in _ARRAYS:
+            sections[table] = _array(_ARRAYS[table], body, path, text, table, problems)
         else:
-            sections[table] = _section(hints[table], body, path, text, table)
-    return Config(**sections, path=path)
+            sections[table] = _section(hints[table], body, path, text, table, problems)
+    return Config(**sections, path=path), problems
 
 
-def _array(cls: type, data: Any, path: Path | None, text: str, table: str) -> tuple[Any, ...]:
+def _array(
+    cls: type, data: Any, path: Path | None, text: str, table: str, problems: list[str]
+) -> tuple[Any, ...]:
     if not isinstance(data, list):
-        raise ConfigError(f"{_where(path, text, table, None)} must be written [[{table}]]")
+        problems.append(f"{_where(path, text, table, None)} must be written [[{table}]]")
+        return ()
     items = tuple(
-        _section(cls, body, path, text, table, index) for index, body in enumerate(data, start=1)
+        _section(cls, body, path, text, table, problems, index)
+        for index, body in enumerate(data, start=1)
     )
     if cls is BmcConfig:
-        _check_bmcs(items, path, text)
+        wrong = _check_bmcs(items, path, text)
+        problems.extend(wrong)
+        if wrong:
+            return ()  # a BMC half described is polled by no one
     return items
 
 
-def _check_bmcs(bmcs: tuple[BmcConfig, ...], path: Path | None, text: str) -> None:
+def _check_bmcs(bmcs: tuple[BmcConfig, ...], path: Path | None, text: str) -> list[str]:
     """Every [[bmc]] names a host and one way to give the password; one BMC per node."""
+    problems = []
     nodes: dict[str, int] = {}
     for index, bmc in enumerate(bmcs, start=1):
         if not bmc.host:
-            raise ConfigError(f"{_where(path, text, 'bmc', None, index)} needs a host")
+            problems.append(f"{_where(path, text, 'bmc', None, index)} needs a host")
         if bmc.password and bmc.password_file:
-            raise ConfigError(
+            problems.append(
                 f"{_where(path, text, 'bmc', 'password', index)}: give password or "
                 "password_file, not both"
             )
         if bmc.node in nodes:
-            raise ConfigError(
+            problems.append(
                 f"{_where(path, text, 'bmc', 'node', index)}: node {bmc.node or '(this host)'!r}"
                 f" already has a BMC ([[bmc]] #{nodes[bmc.node]})"
             )
-        nodes[bmc.node] = index
+        nodes.setdefault(bmc.node, index)
+    return problems
 
 
 def load(path: Path | None = None) -> Config:
     """Read the config: an explicit path must exist; the XDG default may be absent."""
+    cfg, problems = load_all(path)
+    if problems:
+        raise ConfigError(*problems)
+    return cfg
+
+
+def load_all(path: Path | None = None) -> tuple[Config, list[str]]:
+    """Like `load`, but every key that is wrong is left at its default and said: the
+    Config and the problems (`config check` goes on to what the commands would refuse)."""
     explicit = path is not None
     target = path if path is not None else paths.default_config_file()
     try:
         text = target.read_text(encoding="utf-8")
     except FileNotFoundError:
         if explicit:
-            raise ConfigError(f"{target}: no such config file") from None
-        return Config()
+            return Config(), [f"{target}: no such config file"]
+        return Config(), []
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{target}: cannot read: {exc}") from None
-    return parse(text, target)
+        return Config(), [f"{target}: cannot read: {exc}"]
+    return read(text, target)
 
 
 def _toml_value(value: Any) -> str:

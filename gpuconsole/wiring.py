@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from gpuconsole import paths
@@ -61,7 +61,6 @@ def hub_settings(cfg: Config) -> HubSettings:
 def node_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
     """The hub for this machine's own sources, as the config says; `one_shot` for a single
     reading (nothing to watch for: no actions of other processes)."""
-    from gpuconsole.sources.nvml.lib import load_pynvml
     from gpuconsole.sources.nvml.source import NvmlSource
 
     hub = Hub(hub_settings(cfg))
@@ -71,7 +70,7 @@ def node_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
         hub.add_source(
             NvmlSource(
                 node,
-                lib=load_pynvml(cfg.nvml.library) if cfg.nvml.library else None,
+                lib=nvml_library(cfg),
                 interval_s=cfg.nvml.interval_s,
                 timeout_s=cfg.nvml.timeout_s,
                 detail_every=cfg.nvml.detail_every,
@@ -104,6 +103,20 @@ def node_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
 
         hub.add_source(JournalEvents(node, journal_path(cfg.actions)))
     return hub
+
+
+def nvml_library(cfg: Config) -> Any:
+    """pynvml on [nvml] library (None: on the system's); ConfigError when that library
+    cannot be loaded."""
+    if not cfg.nvml.library:
+        return None
+    from gpuconsole.sources.base import SourceUnavailable
+    from gpuconsole.sources.nvml.lib import load_pynvml
+
+    try:
+        return load_pynvml(cfg.nvml.library)
+    except SourceUnavailable as exc:
+        raise ConfigError(f"[nvml] library: {exc}") from None
 
 
 def tenancy_source(cfg: Config) -> TenancySource:

@@ -335,7 +335,7 @@ def find_gpu(node: NodeSnapshot, key: str, ownership: Ownership | None = None) -
     shows it by now (NVML's index: a GPU on vfio-pci has none)."""
     owners = ownership or owners_of(node)
     text = key.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return next((g for g in owners.gpus if g.index == int(text)), None)
     return owners.gpu(text) or owners.gpu(text.upper()) or owners.gpu(text.lower())
 

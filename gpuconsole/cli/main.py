@@ -15,13 +15,92 @@ from gpuconsole import paths
 from gpuconsole.config import Config, ConfigError
 from gpuconsole.hub import Hub
 from gpuconsole.readings.snapshot import FleetSnapshot
-from gpuconsole.wiring import agent_settings, console_hub, node_hub, sim_hub, ssh_settings
+from gpuconsole.wiring import (
+    agent_settings,
+    bmc_sources,
+    console_hub,
+    members,
+    node_hub,
+    nvml_library,
+    sim_hub,
+    ssh_settings,
+)
 
 # --- subcommands ----------------------------------------------------------------------
 
 
 def _config(args: argparse.Namespace) -> Config:
     return config_mod.load(Path(args.config) if args.config else None)
+
+
+def theme_named(name: str, where: str) -> str:
+    """The theme `name` names, shipped or in the user's themes folder; ConfigError naming
+    `where` (the key, or --theme) when there is none."""
+    from gpuconsole.tui.themes import find_theme, load_themes
+
+    known = load_themes([paths.user_themes_dir()])
+    found = find_theme(name, known)
+    if found is None:
+        raise ConfigError(f"{where}: no theme {name!r} (there are {', '.join(known)})")
+    return found
+
+
+def _theme_argument(name: str) -> str:
+    """--theme, checked as argparse reads it: an unknown one is a usage error (exit 2)."""
+    try:
+        return theme_named(name, "--theme")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--theme: ")) from None
+
+
+def problems(cfg: Config) -> list[str]:
+    """Everything a command would refuse in `cfg` when it starts, found by the very checks
+    the commands run, each one whatever the others find."""
+    from gpuconsole.export.agent import tls_context
+
+    checks = (
+        lambda: tls_context(agent_settings(cfg, None)),
+        lambda: ssh_settings(cfg),
+        lambda: _ssh_keys(cfg),
+        lambda: _ssh_passwords(cfg),
+        lambda: members(cfg.fleet),
+        lambda: nvml_library(cfg),
+        lambda: bmc_sources(cfg),
+        lambda: theme_named(cfg.ui.theme, "[ui] theme"),
+        lambda: theme_named(cfg.wallboard.theme, "[wallboard] theme"),
+    )
+    found: list[str] = []
+    for check in checks:
+        try:
+            check()
+        except ConfigError as exc:
+            found.extend(exc.problems)
+    return found
+
+
+def _ssh_keys(cfg: Config) -> None:
+    """[ssh] authorized_keys, where the config names it, read as the ssh server reads it."""
+    from gpuconsole.ssh.keys import AuthorizedKeysFile, KeyFileError
+
+    if cfg.ssh.authorized_keys:
+        try:
+            AuthorizedKeysFile(Path(cfg.ssh.authorized_keys)).current()
+        except KeyFileError as exc:
+            raise ConfigError(f"[ssh] authorized_keys: {exc}") from None
+
+
+def _ssh_passwords(cfg: Config) -> None:
+    """[ssh] password_file, where the config names one, read as the ssh server reads it."""
+    from gpuconsole.ssh.keys import KeyFileError, load_passwords
+
+    if cfg.ssh.password_file:
+        try:
+            load_passwords(Path(cfg.ssh.password_file))
+        except KeyFileError as exc:
+            said = str(exc)
+            raise ConfigError(
+                said if said.startswith("[ssh]") else f"[ssh] password_file: {said}"
+            ) from None
 
 
 def _log_to_file() -> None:
@@ -76,7 +155,7 @@ def read_capture(path: Path) -> FleetSnapshot:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    theme = args.theme or cfg.ui.theme
+    theme = args.theme or theme_named(cfg.ui.theme, "[ui] theme")
     if args.replay:
         return _run_console(None, theme, read_capture(Path(args.replay)))
     return _run_console(sim_hub(cfg, args.nodes, args.seed), theme)
@@ -84,7 +163,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_console(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    return _run_console(console_hub(cfg), args.theme or cfg.ui.theme, acting=cfg)
+    theme = args.theme or theme_named(cfg.ui.theme, "[ui] theme")
+    return _run_console(console_hub(cfg), theme, acting=cfg)
 
 
 def cmd_wallboard(args: argparse.Namespace) -> int:
@@ -96,10 +176,11 @@ def cmd_wallboard(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"gpuconsole: the wallboard cannot start: {exc}", file=sys.stderr)
         return 1
+    theme = args.theme or theme_named(cfg.wallboard.theme, "[wallboard] theme")
     hub = sim_hub(cfg, args.nodes, args.seed) if args.demo else console_hub(cfg)
     _log_to_file()
     page_s = args.page_s if args.page_s is not None else cfg.wallboard.page_s
-    WallboardApp(hub, theme=args.theme or cfg.wallboard.theme, page_s=page_s).run()
+    WallboardApp(hub, theme=theme, page_s=page_s).run()
     return 0
 
 
@@ -128,8 +209,8 @@ def cmd_ssh_server(args: argparse.Namespace) -> int:
     hub = sim_hub(cfg, args.nodes, args.seed) if args.demo else console_hub(cfg)
     factory = console_factory(
         hub,
-        theme=cfg.ui.theme,
-        wallboard_theme=cfg.wallboard.theme,
+        theme=theme_named(cfg.ui.theme, "[ui] theme"),
+        wallboard_theme=theme_named(cfg.wallboard.theme, "[wallboard] theme"),
         page_s=cfg.wallboard.page_s,
         refresh_s=cfg.ssh.refresh_s,
         actions=None if args.demo else MachineAccess(cfg, hub.post_event, hub),
@@ -242,7 +323,13 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.action == "example":
         print(config_mod.example())
         return 0
-    cfg = _config(args)
+    path = Path(args.config) if args.config else None
+    cfg, found = config_mod.load_all(path)
+    found += problems(cfg)
+    for problem in found:
+        print(f"gpuconsole: config error: {problem}", file=sys.stderr)
+    if found:
+        return 2
     where = cfg.path or f"{paths.default_config_file()} (absent: defaults)"
     print(f"{where}: ok")
     return 0
@@ -271,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the console on a simulated cluster (no GPU needed)")
     _common(p)
     _demo_args(p)
-    p.add_argument("--theme", help="theme name")
+    p.add_argument("--theme", type=_theme_argument, help="theme name")
     p.add_argument(
         "--replay", metavar="FILE", help="open a capture made with `gpuconsole snapshot --json`"
     )
@@ -281,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
         "console", help="the console: this node's sources, or the fleet's agents ([fleet])"
     )
     _common(p)
-    p.add_argument("--theme", help="theme name")
+    p.add_argument("--theme", type=_theme_argument, help="theme name")
     p.set_defaults(func=cmd_console)
 
     p = sub.add_parser("agent", help="headless Prometheus exporter: /metrics, /api/v1/snapshot")
@@ -295,7 +382,11 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     _demo_args(p)
     p.add_argument("--demo", action="store_true", help="show the simulated cluster")
-    p.add_argument("--theme", help="theme name (default: [wallboard] theme, high contrast)")
+    p.add_argument(
+        "--theme",
+        type=_theme_argument,
+        help="theme name (default: [wallboard] theme, high contrast)",
+    )
     p.add_argument("--page-s", type=float, metavar="S", help="seconds per page (default: 15)")
     p.set_defaults(func=cmd_wallboard)
 
@@ -418,7 +509,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result: Any = args.func(args)
     except ConfigError as exc:
-        print(f"gpuconsole: config error: {exc}", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"gpuconsole: config error: {problem}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -18,17 +18,37 @@ import secrets
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
 from gpuconsole.codec import dumps
+from gpuconsole.config import ConfigError
 from gpuconsole.export.collector import MetricsCache
+from gpuconsole.export.guard import (
+    BACKLOG,
+    ConnectionGuard,
+    connection_limit,
+    quiet_logger,
+    quiet_loop_errors,
+)
 from gpuconsole.hub import Hub
 from gpuconsole.readings.agents import summarize
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.wiring import AgentSettings
 
 log = logging.getLogger(__name__)
+LoopErrors = Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object]
+# What clients make the server say (bad requests, failed accepts, connections pushed out):
+# each cause once a minute, however many clients.
+clients_log = quiet_logger(f"{__name__}.clients")
+
+# A connection that holds no whole request for this long is closed: it bounds the time a
+# client may take over its headers (or its TLS handshake) and how long an idle keep-alive
+# holds a descriptor. Long enough for Prometheus' default 15 s scrape (and a head's 1 s
+# reads) to reuse their connection; slower scrapers connect again, which costs less than
+# a stalled client's descriptor. Under pressure the guard closes idle ones sooner.
+KEEPALIVE_S = 20.0
 
 
 def select(snapshot: FleetSnapshot, node: str | None, *, summary: bool) -> FleetSnapshot:
@@ -108,6 +128,64 @@ def respond(body: Body, request: web.Request) -> web.Response:
     return web.Response(body=body.raw, headers=headers, content_type="application/json")
 
 
+def basic_auth_holds(header: str, user: str, password: str) -> bool:
+    """Whether an Authorization header gives `user` and `password` (RFC 7617, in UTF-8).
+
+    Compared as bytes, in constant time: any byte a client sends is a wrong guess at worst
+    (hmac.compare_digest refuses str with non-ASCII characters)."""
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "basic":
+        return False
+    try:
+        given = base64.b64decode(token.strip(), validate=True)
+    except ValueError:
+        return False
+    given_user, _, given_password = given.partition(b":")
+    same_user = hmac.compare_digest(given_user, user.encode())
+    return hmac.compare_digest(given_password, password.encode()) & same_user
+
+
+class _Encrypted(Exception):
+    """The TLS key asked for a password: the agent has none to give."""
+
+
+def _no_password() -> bytes:
+    raise _Encrypted
+
+
+def tls_context(settings: AgentSettings) -> ssl.SSLContext | None:
+    """The server's TLS context from [agent] tls_cert and tls_key (None without them);
+    ConfigError naming the file and what is wrong with it."""
+    cert, key = settings.tls_cert, settings.tls_key
+    if cert is None:
+        return None
+    key = key or cert  # one PEM file may hold both
+    for what, path in (("tls_cert", cert), ("tls_key", key)):
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"[agent] {what} {path}: cannot read: {exc.strerror}") from None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ssl.create_default_context().load_verify_locations(cafile=cert)
+    except (ssl.SSLError, ValueError):
+        raise ConfigError(f"[agent] tls_cert {cert}: holds no PEM certificate") from None
+    try:
+        # without a password callback, OpenSSL would ask for one on the terminal
+        context.load_cert_chain(cert, key, password=_no_password)
+    except _Encrypted:
+        raise ConfigError(
+            f"[agent] tls_key {key}: the key is encrypted; give the agent an unencrypted "
+            "key (mode 0600)"
+        ) from None
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise ConfigError(f"[agent] tls_key {key}: not the key of tls_cert {cert}") from None
+        raise ConfigError(f"[agent] tls_key {key}: holds no PEM private key") from None
+    return context
+
+
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -119,6 +197,10 @@ class Agent:
         self.settings = settings
         self.metrics = MetricsCache(lambda: hub.latest)
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
+        # the loop's own exception handler, put back when the agent stops
+        self._loop_errors: tuple[asyncio.AbstractEventLoop, LoopErrors | None] | None = None
+        self.guard = ConnectionGuard(connection_limit(), clients_log, handshake_s=KEEPALIVE_S)
         self.port: int | None = None
         # The bodies rendered from the latest snapshot, by (view, node served): heads that
         # read one node each share one rendering, and its gzip.
@@ -130,7 +212,7 @@ class Agent:
         self._ahead: dict[str, asyncio.TimerHandle] = {}  # by peer: a render before its scrape
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._auth])
+        app = web.Application(middlewares=[self._track, self._auth])
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/api/v1/snapshot", self._snapshot)
         app.router.add_get("/-/healthy", self._healthy)
@@ -139,27 +221,28 @@ class Agent:
         return app
 
     @web.middleware
+    async def _track(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Tell the guard a request is in progress on this connection (not one to push out)."""
+        transport = request.transport
+        self.guard.request_started(transport)
+        try:
+            return await handler(request)
+        finally:
+            self.guard.request_ended(transport)
+
+    @web.middleware
     async def _auth(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         user, password = self.settings.basic_auth_user, self.settings.basic_auth_password
         if user is None or request.path == "/-/healthy":
             return await handler(request)
-        header = request.headers.get("Authorization", "")
-        ok = False
-        if header.startswith("Basic "):
-            try:
-                given = base64.b64decode(header[6:], validate=True).decode()
-            except (ValueError, UnicodeDecodeError):
-                given = ""
-            given_user, _, given_password = given.partition(":")
-            ok = hmac.compare_digest(given_user, user) & hmac.compare_digest(
-                given_password, password or ""
-            )
-        if not ok:
+        if not basic_auth_holds(request.headers.get("Authorization", ""), user, password or ""):
             return web.Response(
                 status=401, text="unauthorized\n",
-                headers={"WWW-Authenticate": 'Basic realm="gpuconsole"'},
+                headers={"WWW-Authenticate": 'Basic realm="gpuconsole", charset="UTF-8"'},
             )  # fmt: skip
         return await handler(request)
 
@@ -223,43 +306,59 @@ class Agent:
             text="gpuconsole agent: /metrics /api/v1/snapshot /-/healthy /-/ready\n"
         )
 
-    def _ssl(self) -> ssl.SSLContext | None:
-        cert, key = self.settings.tls_cert, self.settings.tls_key
-        if cert is None:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(cert, key)
-        return context
-
     async def start(self) -> None:
         """Listen; `port` holds the bound port (useful when 0 was asked for)."""
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(
-            self._runner, self.settings.host, self.settings.port, ssl_context=self._ssl()
+        context = tls_context(self.settings)
+        self.guard.tls = context  # the guard runs the handshakes, so it can end stalled ones
+        loop = asyncio.get_running_loop()
+        self._loop_errors = (loop, loop.get_exception_handler())
+        loop.set_exception_handler(quiet_loop_errors(clients_log))
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, keepalive_timeout=KEEPALIVE_S, logger=clients_log
         )
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
+        await self._runner.setup()
+        server = self._runner.server
+        assert server is not None
+        self._listener = await loop.create_server(
+            self.guard.factory(server),
+            self.settings.host,
+            self.settings.port,
+            backlog=BACKLOG,
+        )
+        sockets = self._listener.sockets
         self.port = sockets[0].getsockname()[1] if sockets else self.settings.port
-        scheme = "https" if self.settings.tls_cert else "http"
-        log.info("agent listening on %s://%s:%s", scheme, self.settings.host, self.port)
+        scheme = "https" if context is not None else "http"
+        log.info(
+            "agent listening on %s://%s:%s (at most %d connections)",
+            scheme, self.settings.host, self.port, self.guard.limit,
+        )  # fmt: skip
 
     async def stop(self) -> None:
         for handle in self._ahead.values():
             handle.cancel()
         self._ahead.clear()
+        if self._listener is not None:
+            self._listener.close()
+        self.guard.close_all()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._listener is not None:
+            await self._listener.wait_closed()
+            self._listener = None
+        if self._loop_errors is not None:
+            loop, handler = self._loop_errors
+            loop.set_exception_handler(handler)
+            self._loop_errors = None
 
 
 async def serve(hub: Hub, settings: AgentSettings) -> None:
     """Run the hub and the agent until cancelled."""
-    await hub.start()
     agent = Agent(hub, settings)
     try:
+        # listening first: a port in use or a bad TLS key stops it before any source starts
         await agent.start()
+        await hub.start()
         await asyncio.Event().wait()
     finally:
         await agent.stop()

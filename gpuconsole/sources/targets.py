@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from gpuconsole.config import ConfigError
+from gpuconsole.config import ConfigError, http_url_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +45,12 @@ def _url(target: str) -> str:
 
 
 def _host_of(url: str) -> str:
+    """The host of an agent URL; ValueError when the URL is not one a client can use."""
+    problem = http_url_problem(url)
+    if problem is not None:
+        raise ValueError(f"agent URL {url!r}: {problem}")
     host = urlsplit(url).hostname
-    if not host:
-        raise ValueError(f"agent URL {url!r} has no host")
+    assert host is not None
     return host
 
 
@@ -67,7 +70,9 @@ def parse_agent(entry: str) -> FleetMember:
         return FleetMember(_host_of(url), url)
     if not name.strip() or not url.strip():
         raise ValueError(f"agent entry {entry!r}: expected NAME=URL")
-    return FleetMember(name.strip(), _url(url.strip()))
+    url = _url(url.strip())
+    _host_of(url)
+    return FleetMember(name.strip(), url)
 
 
 def read_targets(path: Path) -> list[Found]:

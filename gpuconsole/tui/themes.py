@@ -120,12 +120,18 @@ def load_themes(extra_dirs: Iterable[Path] = ()) -> dict[str, Theme]:
     return themes
 
 
+def find_theme(requested: str, known: Iterable[str]) -> str | None:
+    """The theme `requested` names: itself, or a shipped one without its prefix ("dark")."""
+    names = set(known)
+    return next((c for c in (requested, f"gpuconsole-{requested}") if c in names), None)
+
+
 def resolve_theme_name(requested: str | None, known: Sequence[str]) -> str:
     """The theme to start with: the requested one (also without its prefix) or the default."""
     if requested:
-        for candidate in (requested, f"gpuconsole-{requested}"):
-            if candidate in known:
-                return candidate
+        found = find_theme(requested, known)
+        if found is not None:
+            return found
         log.warning("unknown theme %r; using %s", requested, DEFAULT_THEME)
     return DEFAULT_THEME if DEFAULT_THEME in known else known[0]
 

@@ -10,11 +10,15 @@ vanishing mid-read drops only what vanished.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
 
+from gpuconsole.readings.base import safe_text
 from gpuconsole.sources.pci import PciDevice, read_path
+
+log = logging.getLogger(__name__)
 
 # Data and packet counters come from PortCountersExtended (64-bit) where the HCA has the
 # extended PMA, as every ConnectX-4 and newer does; legacy counters and mlx5 hw_counters
@@ -43,6 +47,9 @@ _RATE = re.compile(
 _STATE_ID = re.compile(r"[0-9]{1,3}", re.ASCII)
 _DECIMAL = re.compile(r"([0-9]{1,10})\n?", re.ASCII)
 _HEX = re.compile(r"0x([0-9a-fA-F]{1,8})\n?", re.ASCII)
+# A port folder is named "%u" by the kernel. str.isdigit() also takes "²" (which int()
+# refuses) and "\u0661" (which int() reads as 1, a second port 1): only the kernel's form is one.
+_PORT_NAME = re.compile(r"0|[1-9][0-9]{0,9}", re.ASCII)
 NO_PMA = "N/A (no PMA)"
 LIFESPAN = "lifespan"
 
@@ -174,6 +181,7 @@ class InfinibandReader:
         self._layout: list[_DeviceLayout] | None = None
         self._reads = 0
         self._wide: set[tuple[str, int, str]] = set()
+        self._odd: set[tuple[str, str]] = set()  # port folders not named as the kernel names them
 
     @property
     def present(self) -> bool:
@@ -231,7 +239,8 @@ class InfinibandReader:
             ports = []
             extended = name.startswith(EXTENDED_PMA_DRIVERS)
             for port_name in port_names:
-                if not port_name.isdigit():
+                if not _PORT_NAME.fullmatch(port_name):
+                    self._odd_port(name, port_name)
                     continue
                 path = os.path.join(base, "ports", port_name)
                 hw = _list(os.path.join(path, "hw_counters"))
@@ -266,6 +275,15 @@ class InfinibandReader:
                 )
             )
         return layout
+
+    def _odd_port(self, device: str, folder: str) -> None:
+        """Skip a port folder the kernel would not have named so, and say so once."""
+        if (device, folder) not in self._odd:
+            self._odd.add((device, folder))
+            log.warning(
+                "%s: skipping port folder '%s': not a port number",
+                safe_text(device), safe_text(folder),
+            )  # fmt: skip
 
     # --- one port ------------------------------------------------------------------
 

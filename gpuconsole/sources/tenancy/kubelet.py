@@ -32,7 +32,10 @@ __all__ = [
 # dcgm-exporter's filter: the GPU resource and every MIG resource of the mixed strategy
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-_GKE_VGPU = re.compile(r"^(.*)/vgpu(\d+)$")
+_GKE_VGPU = re.compile(r"^(.*)/vgpu([0-9]{1,9})$", re.ASCII)
+# A device plugin's numbers are ASCII decimals: str.isdigit() also takes "²" (which int()
+# refuses) and int() reads "\u0661" as 1 and raises on 5,000 digits.
+_DECIMAL = re.compile(r"[0-9]{1,9}", re.ASCII)
 
 
 class KubeletError(Exception):
@@ -63,7 +66,7 @@ def parse_device_id(device_id: str) -> ParsedDeviceId:
     replica: int | None = None
     base, sep, rest = text.partition("::")
     if sep:
-        if not rest.isdigit():
+        if not _DECIMAL.fullmatch(rest):
             return ParsedDeviceId(None)
         text, replica = base, int(rest)
     gke = _GKE_VGPU.match(text)
@@ -71,7 +74,7 @@ def parse_device_id(device_id: str) -> ParsedDeviceId:
         text, replica = gke.group(1), int(gke.group(2))
     if text.startswith(("GPU-", "MIG-")) and len(text) > 4:
         return ParsedDeviceId(text, replica)
-    if text.isdigit() and replica is None:
+    if _DECIMAL.fullmatch(text) and replica is None:
         return ParsedDeviceId(None, index=int(text))
     return ParsedDeviceId(None)
 

@@ -53,7 +53,7 @@ def iommu_group(sysfs_root: str, bus_id: str) -> tuple[int | None, tuple[IommuPe
     """A function's IOMMU group number and the other functions in it (with their drivers)."""
     group_link = os.path.join(_device_dir(sysfs_root, bus_id), "iommu_group")
     name = _link_name(group_link)
-    if name is None or not name.isdigit():
+    if name is None or not (name.isascii() and name.isdigit()):
         return None, ()
     members = os.path.join(sysfs_root, "kernel", "iommu_groups", name, "devices")
     try:
@@ -90,7 +90,11 @@ def nvidia_info(proc_root: str, bus_id: str) -> tuple[str | None, str | None, in
             fields[key.strip()] = value.strip()
     uuid = fields.get("GPU UUID") or None
     minor_text = fields.get("Device Minor", "")
-    return uuid, fields.get("Model") or None, int(minor_text) if minor_text.isdigit() else None
+    return (
+        uuid,
+        fields.get("Model") or None,
+        int(minor_text) if minor_text.isascii() and minor_text.isdigit() else None,
+    )
 
 
 def read_gpus(sysfs_root: str, proc_root: str) -> tuple[PciGpu, ...]:

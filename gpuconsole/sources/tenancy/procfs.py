@@ -15,7 +15,7 @@ def pids(proc_root: str) -> Iterator[int]:
     except OSError:
         return
     for name in names:
-        if name.isdigit():
+        if name.isascii() and name.isdigit():
             yield int(name)
 
 
@@ -51,7 +51,7 @@ def real_uid(proc_root: str, pid: int) -> int | None:
     for line in (text or "").splitlines():
         if line.startswith("Uid:"):
             fields = line.split()
-            if len(fields) > 1 and fields[1].isdigit():
+            if len(fields) > 1 and fields[1].isascii() and fields[1].isdigit():
                 return int(fields[1])
     return None
 
@@ -99,6 +99,6 @@ def users(passwd_file: str) -> dict[int, str]:
     data = _read(passwd_file)
     for line in (data or b"").decode("utf-8", "replace").splitlines():
         fields = line.split(":")
-        if len(fields) > 2 and fields[2].isdigit():
+        if len(fields) > 2 and fields[2].isascii() and fields[2].isdigit():
             out.setdefault(int(fields[2]), fields[0])
     return out

@@ -38,7 +38,7 @@ class EventFilter:
             key, _, value = token.partition(":")
             if key == "node" and value:
                 node = value
-            elif key == "gpu" and value.isdigit():
+            elif key == "gpu" and value.isascii() and value.isdigit():
                 gpu = int(value)
             elif key in ("sev", "severity") and value in Severity._value2member_map_:
                 sev = Severity(value)
