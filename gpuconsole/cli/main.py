@@ -216,6 +216,9 @@ def cmd_ssh_server(args: argparse.Namespace) -> int:
         actions=None if args.demo else MachineAccess(cfg, hub.post_event, hub),
     )
     logging.getLogger().setLevel(logging.INFO)
+    # asyncssh writes ~4 INFO lines per connection, so a flood of connections would fill the
+    # log; the server logs its own one line per cause.
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)
     try:
         asyncio.run(serve(ConsoleServer(hub, settings, factory)))
     except KeyFileError as exc:
