@@ -7,7 +7,10 @@ the kernel documents, e.g. class/infiniband/mlx5_0 -> ../../devices/pci0000:17/.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+from tests.peers import require_peer
 
 IB_COUNTERS = {
     "symbol_error": 0,
@@ -164,3 +167,64 @@ def dgx_h100_slice(root: Path) -> FakeSysfs:
     fs.pci(("pci0000:06", "0000:06:00.0"), vendor=0x8086, device=0x1572, pci_class=0x020000, numa=0)
     fs.modules("nvidia", "nvidia_peermem")
     return fs
+
+
+# --- other projects' sysfs trees (../shared/fixtures, see its README) ------------------
+
+SHARED_FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
+_TTAR_EOF = re.compile(r"(?<!\\)EOF$")
+
+
+def shared_fixture(*parts: str) -> Path:
+    """A file or folder of ../shared/fixtures; skip (fail under GPUCONSOLE_REQUIRE_PEERS=1)
+    when it is absent."""
+    path = SHARED_FIXTURES.joinpath(*parts)
+    require_peer(
+        f"fixture {'/'.join(parts)}", path.exists(), f"the shared fixtures at {SHARED_FIXTURES}"
+    )
+    return path
+
+
+def unpack_ttar(archive: Path, into: Path) -> None:
+    """Extract a ttar archive (procfs's plain-text tar) under `into`, as `ttar -x` does:
+    `Directory:`, `Path:` with `Lines: N` and N lines of content, `SymlinkTo:`, `Mode:`;
+    a last line ending in an unescaped EOF had no newline; NULLBYTE is a NUL."""
+    lines = archive.read_text().splitlines()
+    path: Path | None = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        key, _, value = line.partition(": ")
+        if line.startswith("#") or not line:
+            continue
+        if key == "Directory":
+            path = into / value
+            path.mkdir(parents=True, exist_ok=True)
+        elif key == "Path":
+            path = into / value
+            path.parent.mkdir(parents=True, exist_ok=True)
+        elif key == "Lines" and path is not None:
+            count = int(value.split()[0])
+            text = []
+            for raw in lines[i : i + count]:
+                ending = "" if _TTAR_EOF.search(raw) else "\n"
+                raw = _TTAR_EOF.sub("", raw).replace("\\EOF", "EOF")
+                raw = re.sub(r"(?<!\\)NULLBYTE", "\0", raw).replace("\\NULLBYTE", "NULLBYTE")
+                text.append(raw + ending)
+            i += count
+            path.write_text("".join(text))
+        elif key == "SymlinkTo" and path is not None:
+            path.symlink_to(value)
+        elif key == "Mode" and path is not None:
+            path.chmod(int(value, 8) | (0o700 if path.is_dir() else 0o600))
+        else:
+            raise ValueError(f"{archive}:{i}: unknown ttar line {line!r}")
+
+
+def ttar_sysfs(fixture: str, into: Path) -> Path:
+    """The sysfs root (the folder holding class/infiniband) of a shared ttar fixture,
+    unpacked under `into`."""
+    unpack_ttar(shared_fixture(fixture, "sys-infiniband.ttar"), into)
+    (found,) = {p.parent.parent for p in into.glob("**/class/infiniband")}
+    return found

@@ -83,11 +83,15 @@ def _counters(out: Families, values: Labels, port: FabricPort, fresh: bool) -> N
         if port.rate_gbps is not None:
             rate = int(port.rate_gbps * BYTES_PER_S_PER_GBPS)
             out.gauge(names.IB_RATE, labels, values, float(rate))
-        for file, value, _bits in port.counters:
-            spec = names.IB_COUNTERS.get(file)
-            if spec is not None:
-                scale = 4 if file in names.IB_DATA_COUNTERS else 1
-                out.counter(spec, labels, values, float(value * scale))
+        for folder, specs in (
+            (port.counters, names.IB_COUNTERS),
+            (port.counters_ext, names.IB_LEGACY_COUNTERS),
+        ):
+            for file, value, _bits in folder:
+                spec = specs.get(file)
+                if spec is not None:
+                    scale = 4 if file in names.IB_DATA_COUNTERS else 1
+                    out.counter(spec, labels, values, float(value * scale))
     if fresh and port.hw_counters_lifespan_ms is not None:
         # milliseconds in sysfs; whole seconds, as node_exporter divides them (10 ms: 0)
         out.gauge(names.IB_LIFESPAN, labels, values, float(port.hw_counters_lifespan_ms // 1000))

@@ -422,7 +422,45 @@ IB_COUNTERS: dict[str, tuple[str, str]] = {
         "The number of received WRITE requests for the associated QPs.",
     ),
 }
-IB_DATA_COUNTERS = frozenset({"port_rcv_data", "port_xmit_data"})
+# counters_ext/ (kernels before 4.5, mlx4): the 64-bit PortCountersExtended
+IB_LEGACY_COUNTERS: dict[str, tuple[str, str]] = {
+    "port_multicast_rcv_packets": (
+        "node_infiniband_legacy_multicast_packets_received_total",
+        "Number of multicast packets received",
+    ),
+    "port_multicast_xmit_packets": (
+        "node_infiniband_legacy_multicast_packets_transmitted_total",
+        "Number of multicast packets transmitted",
+    ),
+    "port_rcv_data_64": (
+        "node_infiniband_legacy_data_received_bytes_total",
+        "Number of data octets received on all links",
+    ),
+    "port_rcv_packets_64": (
+        "node_infiniband_legacy_packets_received_total",
+        "Number of data packets received on all links",
+    ),
+    "port_unicast_rcv_packets": (
+        "node_infiniband_legacy_unicast_packets_received_total",
+        "Number of unicast packets received",
+    ),
+    "port_unicast_xmit_packets": (
+        "node_infiniband_legacy_unicast_packets_transmitted_total",
+        "Number of unicast packets transmitted",
+    ),
+    "port_xmit_data_64": (
+        "node_infiniband_legacy_data_transmitted_bytes_total",
+        "Number of data octets transmitted on all links",
+    ),
+    "port_xmit_packets_64": (
+        "node_infiniband_legacy_packets_transmitted_total",
+        "Number of data packets transmitted on all links",
+    ),
+}
+# octets / 4 in sysfs, in counters/ and counters_ext/ alike: multiplied by 4, as procfs does
+IB_DATA_COUNTERS = frozenset(
+    {"port_rcv_data", "port_xmit_data", "port_rcv_data_64", "port_xmit_data_64"}
+)
 
 # --- Fabric, gpuconsole's own -----------------------------------------------------------------
 FABRIC_HW_STAT = (

@@ -77,7 +77,9 @@ def _summary_port(port: FabricPort) -> FabricPort:
     stats = port.netdev_stats
     if stats is not None:  # its state, not its counters
         stats = NetdevStats(stats.ifname, stats.operstate, stats.carrier, stats.mtu)
-    return dataclasses.replace(port, counters=(), hw_counters=(), netdev_stats=stats)
+    return dataclasses.replace(
+        port, counters=(), hw_counters=(), counters_ext=(), netdev_stats=stats
+    )
 
 
 def _summary_fabric(fabric: FabricReading) -> FabricReading:

@@ -95,6 +95,9 @@ class FabricPort:
     no_pma: bool = False  # counters/* read "N/A (no PMA)"
     # hw_counters/lifespan: how long (ms) the driver caches hw_counters reads; a setting
     hw_counters_lifespan_ms: int | None = None
+    # counters_ext/*: the 64-bit data and packet counters of kernels before 4.5 (mlx4),
+    # beside the 32-bit ones in counters/; node_exporter's node_infiniband_legacy_*
+    counters_ext: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def name(self) -> str:
@@ -115,13 +118,11 @@ class FabricPort:
         return expected is not None and self.rate_gbps < expected
 
     def counter(self, name: str) -> int | None:
-        """The raw value of a counters/* or hw_counters/* file, by its name."""
-        for key, value, _bits in self.counters:
-            if key == name:
-                return value
-        for key, value, _bits in self.hw_counters:
-            if key == name:
-                return value
+        """The raw value of a counters/*, hw_counters/* or counters_ext/* file, by its name."""
+        for folder in (self.counters, self.hw_counters, self.counters_ext):
+            for key, value, _bits in folder:
+                if key == name:
+                    return value
         return None
 
     @property

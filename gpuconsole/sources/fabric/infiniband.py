@@ -3,9 +3,10 @@
 Layout (Documentation/ABI/stable/sysfs-class-infiniband): per device fw_ver, board_id,
 hca_type, node_guid and a `device` link to the PCI function; per port state ("4: ACTIVE"),
 phys_state ("5: LinkUp"), rate ("400 Gb/sec (4X NDR)"), link_layer, lid, sm_lid,
-counters/* and, on mlx5, hw_counters/* (whose `lifespan` is a setting, not a counter).
-A counter reading "N/A (no PMA)" is skipped, as node_exporter does; a file or device
-vanishing mid-read drops only what vanished.
+counters/*, on kernels before 4.5 counters_ext/* (the 64-bit PortCountersExtended, beside
+32-bit counters/*), and on mlx5 hw_counters/* (whose `lifespan` is a setting, not a
+counter). A counter reading "N/A (no PMA)" is skipped, as node_exporter does; a file or
+device vanishing mid-read drops only what vanished.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class IbPort:
     hw_counters: tuple[tuple[str, int, int], ...]
     no_pma: bool
     lifespan_ms: int | None = None  # hw_counters/lifespan: how long reads are cached
+    counters_ext: tuple[tuple[str, int, int], ...] = ()  # counters_ext/*, all 64-bit
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +158,7 @@ class _PortLayout:
     hw_counters: list[str]
     extended: bool
     lifespan_ms: int | None
+    counters_ext: list[str]
 
 
 @dataclass
@@ -260,6 +263,7 @@ class InfinibandReader:
                         [c for c in hw if c != LIFESPAN],
                         extended,
                         lifespan,
+                        _list(os.path.join(path, "counters_ext")),
                     )
                 )
             layout.append(
@@ -298,8 +302,12 @@ class InfinibandReader:
         rate_text = (_read(os.path.join(path, "rate")) or "").strip()
         rate, width, speed = parse_rate(rate_text)
         link_layer = (_read(os.path.join(path, "link_layer")) or "InfiniBand").strip()
-        counters, no_pma = self._counters(layout, "counters", layout.counters, layout.extended)
-        hw, _ = self._counters(layout, "hw_counters", layout.hw_counters, False)
+        wide = EXTENDED if layout.extended else frozenset()
+        counters, no_pma = self._counters(layout, "counters", layout.counters, wide)
+        hw, _ = self._counters(layout, "hw_counters", layout.hw_counters, frozenset())
+        ext, ext_no_pma = self._counters(
+            layout, "counters_ext", layout.counters_ext, frozenset(layout.counters_ext)
+        )
         return IbPort(
             device=layout.device,
             port=layout.port,
@@ -317,13 +325,16 @@ class InfinibandReader:
             netdev=self._netdev(path, layout.port, dev.net),
             counters=counters,
             hw_counters=hw,
-            no_pma=no_pma,
+            no_pma=no_pma or ext_no_pma,
             lifespan_ms=layout.lifespan_ms,
+            counters_ext=ext,
         )
 
     def _counters(
-        self, layout: _PortLayout, folder: str, names: list[str], extended: bool
+        self, layout: _PortLayout, folder: str, names: list[str], extended: frozenset[str]
     ) -> tuple[tuple[tuple[str, int, int], ...], bool]:
+        """(name, value, bits) of the counter files `names` of one folder, and whether one
+        read "N/A (no PMA)"; those in `extended` are known to be 64-bit."""
         base = os.path.join(layout.path, folder)
         values = []
         no_pma = False
@@ -358,7 +369,7 @@ class InfinibandReader:
                 wide.add(key)
                 bits = 64
             else:
-                bits = 64 if extended and name in EXTENDED else 32
+                bits = 64 if name in extended else 32
             values.append((name, value, bits))
         return tuple(values), no_pma
 

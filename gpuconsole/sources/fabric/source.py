@@ -263,6 +263,7 @@ class FabricSource:
             hw_counters=p.hw_counters,
             no_pma=p.no_pma,
             hw_counters_lifespan_ms=p.lifespan_ms,
+            counters_ext=p.counters_ext,
         )
 
     # --- events ----------------------------------------------------------------------
