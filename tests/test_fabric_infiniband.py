@@ -21,7 +21,7 @@ from gpuconsole.readings.fabric import (
 from gpuconsole.sources.base import SourceUnavailable
 from gpuconsole.sources.fabric import FabricSource
 from gpuconsole.sources.fabric.infiniband import parse_rate, parse_state
-from tests.fabric_fixtures import dgx_h100_slice, set_value
+from tests.fabric_fixtures import dgx_h100_slice, set_value, ttar_sysfs
 
 
 class Ticker:
@@ -376,3 +376,28 @@ def test_a_down_management_port_is_a_warning_and_a_narrow_link_is_downtrained() 
         "downtrained: 200 Gb/sec (2X NDR) (expected 400)"
     )
     assert not port_like().downtrained
+
+
+async def test_a_port_is_downtrained_against_its_own_hca_model_not_the_nodes_fastest_port(
+    tmp_path: Path,
+) -> None:
+    # procfs's tree: an Omni-Path HFI at 100 Gb/s, a dual-port ConnectX-3 at 40 and a
+    # ConnectX-4 Lx at 25 (1X EDR), each as fast as its kind runs
+    root = ttar_sysfs("procfs-ib", tmp_path)
+    reading = await read(source(root))
+    rates = {p.name: (p.rate_gbps, p.expected_rate_gbps, p.downtrained) for p in reading.ports}
+    assert rates == {
+        "hfi1_0/1": (100.0, 100.0, False),
+        "mlx4_0/1": (40.0, 40.0, False),
+        "mlx4_0/2": (40.0, 40.0, False),
+        "mlx5_0/1": (25.0, 25.0, False),
+    }
+    assert [p.name for p in reading.ports if port_problems(p, lambda name: None)] == []
+    # one ConnectX-3 port trains at DDR: slower than its sibling, so downtrained
+    (root / "class/infiniband/mlx4_0/ports/2/rate").write_text("20 Gb/sec (4X DDR)\n")
+    reading = await read(source(root))
+    slow = [p for p in reading.ports if p.downtrained]
+    assert [(p.name, p.expected_rate_gbps) for p in slow] == [("mlx4_0/2", 40.0)]
+    assert [p.what for p in port_problems(slow[0], lambda name: None)] == [
+        "downtrained: 20 Gb/sec (4X DDR) (expected 40)"
+    ]

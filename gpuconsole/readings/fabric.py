@@ -83,7 +83,8 @@ class FabricPort:
     rate_text: str = ""  # "400 Gb/sec (4X NDR)"
     width: int | None = None  # lanes: the 4 of 4X
     speed: str | None = None  # NDR, HDR, ...
-    expected_rate_gbps: float | None = None  # what a healthy rail of this role runs at
+    # what a healthy port of this HCA model and role runs at on this node
+    expected_rate_gbps: float | None = None
     lid: int | None = None
     sm_lid: int | None = None
     netdev: str | None = None
@@ -109,11 +110,10 @@ class FabricPort:
 
     @property
     def downtrained(self) -> bool:
-        """Up, but narrower than 4X or slower than the node's other rails of its role."""
+        """Up, but slower than it is expected to run (its siblings of the same HCA model and
+        role); a lane count alone says nothing: 1X and 2X ports exist by design."""
         if not self.active or self.rate_gbps is None:
             return False
-        if self.link_layer == "InfiniBand" and self.width is not None and self.width < 4:
-            return True
         expected = self.expected_rate_gbps
         return expected is not None and self.rate_gbps < expected
 
@@ -409,9 +409,11 @@ def port_problems(
         severity = Severity.WARNING if port.role is PortRole.MANAGEMENT else Severity.CRITICAL
         found.append(PortProblem(severity, f"link {port.state.lower()} ({port.phys_state})"))
     elif port.downtrained:
-        expected = f"{port.expected_rate_gbps:g}" if port.expected_rate_gbps else "4X"
         found.append(
-            PortProblem(Severity.WARNING, f"downtrained: {port.rate_text} (expected {expected})")
+            PortProblem(
+                Severity.WARNING,
+                f"downtrained: {port.rate_text} (expected {port.expected_rate_gbps:g})",
+            )
         )
     stats = port.netdev_stats
     if stats is not None and stats.operstate not in ("UP", "UNKNOWN") and port.active:

@@ -36,6 +36,32 @@ from gpuconsole.sources.fabric.netlink import LinkWatcher, NetdevReader, Netlink
 from gpuconsole.sources.pci import find_gpus, socket_of_numa
 
 PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")
+HcaModel = tuple[str | None, str | None]  # (hca_type, board_id)
+
+
+def expected_rates(
+    devices: Sequence[IbDevice], roles: Mapping[tuple[str, int], tuple[PortRole, str]]
+) -> dict[tuple[str, int], float]:
+    """The rate each InfiniBand port should run at: the fastest active port of the same HCA
+    model (hca_type and board_id) and role on this node.
+
+    sysfs shows a port's current rate only, not what it could do; its siblings of the same
+    card and network show what the fabric trains to. A node's other cards (an Omni-Path
+    HFI, an older ConnectX beside the rails) say nothing about it, and a card without a
+    sibling is only compared with itself.
+    """
+    fastest: dict[tuple[HcaModel, PortRole], float] = {}
+    keys: dict[tuple[str, int], tuple[HcaModel, PortRole]] = {}
+    for d in devices:
+        # a card that names neither is its own model
+        model = (d.hca_type, d.board_id) if d.hca_type or d.board_id else (None, d.name)
+        for p in d.ports:
+            if p.link_layer != "InfiniBand":
+                continue
+            key = keys[(d.name, p.port)] = (model, roles[(d.name, p.port)][0])
+            if p.state == "ACTIVE" and p.rate_gbps:
+                fastest[key] = max(fastest.get(key, 0.0), p.rate_gbps)
+    return {port: fastest[key] for port, key in keys.items() if key in fastest}
 
 
 class FabricSource:
@@ -163,12 +189,7 @@ class FabricSource:
         roles = {
             (d.name, p.port): port_role(d, p, gpus, self.roles) for d in devices for p in d.ports
         }
-        expected: dict[PortRole, float] = {}
-        for d in devices:
-            for p in d.ports:
-                role = roles[(d.name, p.port)][0]
-                if p.link_layer == "InfiniBand" and p.state == "ACTIVE" and p.rate_gbps:
-                    expected[role] = max(expected.get(role, 0.0), p.rate_gbps)
+        expected = expected_rates(devices, roles)
         placed = tuple((d.name, d.pci) for d in devices)
         if self._nic_levels[0] != placed:  # PCIe does not move between polls
             self._nic_levels = (placed, nic_levels(devices))
@@ -180,10 +201,13 @@ class FabricSource:
             numa = d.pci.numa_node if d.pci is not None else None
             socket = self._socket(numa)
             sockets.append((d, socket))
-            ports = tuple(
-                self._port(p, *roles[(d.name, p.port)], expected, stats, netlink_error)
-                for p in d.ports
-            )
+            port_list = []
+            for p in d.ports:
+                key = (d.name, p.port)
+                port_list.append(
+                    self._port(p, *roles[key], expected.get(key), stats, netlink_error)
+                )
+            ports = tuple(port_list)
             all_ports.extend(ports)
             out_devices.append(
                 FabricDevice(
@@ -223,7 +247,7 @@ class FabricSource:
         p: IbPort,
         role: PortRole,
         role_from: str,
-        expected: Mapping[PortRole, float],
+        expected_gbps: float | None,
         stats: Mapping[str, NetdevStats],
         netlink_error: str | None,
     ) -> FabricPort:
@@ -253,7 +277,7 @@ class FabricSource:
             rate_text=p.rate_text,
             width=p.width,
             speed=p.speed,
-            expected_rate_gbps=expected.get(role) if p.link_layer == "InfiniBand" else None,
+            expected_rate_gbps=expected_gbps,
             lid=p.lid,
             sm_lid=p.sm_lid,
             netdev=p.netdev,
