@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -58,6 +58,9 @@ class FakeNvmlEnv(Protocol):
         counts: Path | None = None,
         frozen_time: float | None = None,
         missing_fields: Sequence[int] = (),
+        privileged: bool = True,
+        open_errors: Mapping[int, int] | None = None,
+        faults: Sequence[str] = (),
     ) -> dict[str, str]: ...
 
 
@@ -98,6 +101,9 @@ def fake_nvml_env(tmp_path: Path, fake_nvml_libs: FakeNvmlLibs) -> FakeNvmlEnv:
         counts: Path | None = None,
         frozen_time: float | None = None,
         missing_fields: Sequence[int] = (),
+        privileged: bool = True,
+        open_errors: Mapping[int, int] | None = None,
+        faults: Sequence[str] = (),
     ) -> dict[str, str]:
         node = get_profile(profile) if isinstance(profile, str) else profile
         plays = driver_of(node, driver)
@@ -108,6 +114,9 @@ def fake_nvml_env(tmp_path: Path, fake_nvml_libs: FakeNvmlLibs) -> FakeNvmlEnv:
             scenarios=scenarios,
             seed=seed,
             missing_fields=missing_fields,
+            privileged=privileged,
+            open_errors=open_errors,
+            faults=faults,
         )
         library = fake_nvml_libs(plays)
         extra = environment(library.parent, path, counts, frozen_time=frozen_time)

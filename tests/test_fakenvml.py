@@ -331,6 +331,118 @@ def test_calls_before_init_and_after_shutdown_are_uninitialized(
     assert out == ["NVIDIA H100 80GB HBM3", "NVMLError_Uninitialized", "NVMLError_Uninitialized"]
 
 
+def test_an_unprivileged_user_is_refused_what_a_real_driver_refuses(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    body = """
+        pynvml.nvmlInit()
+        mig_gpu, plain = pynvml.nvmlDeviceGetHandleByIndex(7), pynvml.nvmlDeviceGetHandleByIndex(0)
+        m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(mig_gpu, 0)
+        s = pynvml.nvmlGpmSampleAlloc()
+        out = {
+            "parent_memory": err(pynvml.nvmlDeviceGetMemoryInfo, mig_gpu),
+            "parent_memory_v2": err(pynvml.nvmlDeviceGetMemoryInfo, mig_gpu, pynvml.nvmlMemory_v2),
+            "parent_procs": err(pynvml.nvmlDeviceGetComputeRunningProcesses, mig_gpu),
+            "gi_by_id": err(pynvml.nvmlDeviceGetGpuInstanceById, mig_gpu, 1),
+            "gpm": err(pynvml.nvmlGpmSampleGet, plain, s),
+            "gpm_mig": err(pynvml.nvmlGpmMigSampleGet, mig_gpu, 1, s),
+            "mig_memory": err(pynvml.nvmlDeviceGetMemoryInfo, m),
+            "mig_procs": err(pynvml.nvmlDeviceGetComputeRunningProcesses, m),
+            "mig_gi": pynvml.nvmlDeviceGetGpuInstanceId(m),
+            "mig_name": pynvml.nvmlDeviceGetName(m),
+            "plain_memory": err(pynvml.nvmlDeviceGetMemoryInfo, plain),
+            "plain_procs": err(pynvml.nvmlDeviceGetComputeRunningProcesses, plain),
+            "power": err(pynvml.nvmlDeviceGetPowerUsage, mig_gpu),
+        }
+        """
+    out = run_py(fake_nvml_env(scenarios=["mig 7"], privileged=False), body)
+    denied = "NVMLError_NoPermission"
+    assert out["parent_memory"] == out["parent_memory_v2"] == out["parent_procs"] == denied
+    assert out["gi_by_id"] == out["gpm"] == out["gpm_mig"] == denied
+    # what a MIG device and a GPU without MIG answer anyone
+    assert out["mig_memory"] is None and out["mig_procs"] is None
+    assert out["mig_gi"] == 1 and out["mig_name"] == "NVIDIA H100 80GB HBM3 MIG 3g.40gb"
+    assert out["plain_memory"] is out["plain_procs"] is out["power"] is None
+    root = run_py(fake_nvml_env(scenarios=["mig 7"]), body)
+    assert not {k: v for k, v in root.items() if v == denied}
+
+
+@pytest.mark.parametrize(
+    ("code", "name"),
+    [(4, "NVMLError_NoPermission"), (8, "NVMLError_InsufficientPower"), (11, "NVMLError_IrqIssue")],
+)
+def test_a_gpu_that_cannot_be_opened_is_still_counted(
+    fake_nvml_env: FakeNvmlEnv, code: int, name: str
+) -> None:
+    out = run_py(
+        fake_nvml_env(open_errors={2: code}),
+        f"""
+        pynvml.nvmlInit()
+        out = {{
+            "count": pynvml.nvmlDeviceGetCount(),
+            "handles": [err(pynvml.nvmlDeviceGetHandleByIndex, i) for i in range(8)],
+            "by_bus": err(pynvml.nvmlDeviceGetHandleByPciBusId, "{DGX_H100.gpus[2].bus_id}"),
+        }}
+        """,
+    )
+    assert out["count"] == 8
+    assert out["handles"] == [None, None, name] + [None] * 5
+    assert out["by_bus"] == name
+
+
+def test_faults_break_one_call_of_one_gpu_or_mig_instance(fake_nvml_env: FakeNvmlEnv) -> None:
+    out = run_py(
+        fake_nvml_env(
+            scenarios=["mig 7"],
+            faults=[
+                "7 nvmlDeviceGetUUID 999 2",
+                "7 nvmlDeviceGetGpuInstanceId 6 3",
+                "0 nvmlDeviceGetComputeRunningProcesses_v3 13",
+            ],
+        ),
+        """
+        pynvml.nvmlInit()
+        h7, h0 = pynvml.nvmlDeviceGetHandleByIndex(7), pynvml.nvmlDeviceGetHandleByIndex(0)
+        migs = [pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h7, k) for k in range(4)]
+        try:
+            pynvml.nvmlDeviceGetComputeRunningProcesses(h0)
+            procs = None
+        except pynvml.NVMLLibraryMismatchError:
+            procs = "mismatch"
+        out = {
+            "uuids": [err(pynvml.nvmlDeviceGetUUID, m) for m in migs],
+            "gis": [err(pynvml.nvmlDeviceGetGpuInstanceId, m) for m in migs],
+            "parent_uuid": err(pynvml.nvmlDeviceGetUUID, h7),
+            "procs": procs,
+            "procs_v2": err(pynvml.nvmlDeviceGetComputeRunningProcesses_v2, h0),
+        }
+        """,
+    )
+    assert out["uuids"] == [None, "NVMLError_Unknown", None, None]
+    assert out["gis"] == [None, None, "NVMLError_NotFound", None]
+    assert out["parent_uuid"] is None
+    # pynvml's unversioned call on a driver without the _v3 symbol
+    assert out["procs"] == "mismatch" and out["procs_v2"] is None
+
+
+def test_a_lost_gpu_still_answers_its_uuid_from_the_librarys_cache(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    out = run_py(
+        fake_nvml_env(frozen_time=0, scenarios=["xid79 5 at 10"]),
+        """
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(5)
+        os.environ["GPUCONSOLE_FAKE_NVML_TIME"] = "20"
+        out = {"uuid": pynvml.nvmlDeviceGetUUID(h),
+               "pstate": err(pynvml.nvmlDeviceGetPerformanceState, h),
+               "reopen": err(pynvml.nvmlDeviceGetHandleByIndex, 5)}
+        """,
+    )
+    assert out["uuid"] == gpu_uuid("dgx-h100", 0, 5)
+    assert out["pstate"] == out["reopen"] == "NVMLError_GpuIsLost"
+
+
 # -------------------------------------------------------------------------------------------
 # Scenarios
 # -------------------------------------------------------------------------------------------
@@ -770,6 +882,37 @@ def test_gpm_metrics_on_hopper(fake_nvml_env: FakeNvmlEnv) -> None:
     assert abs(out["gpu"]["1"][1] - out["util"]) < 15  # GPM agrees with the utilization rate
     assert out["bad_version"] == "NVMLError_ArgumentVersionMismatch"
     assert out["no_such_instance"] == "NVMLError_NotFound"
+
+
+def test_gpm_metrics_over_an_empty_interval_are_nan(fake_nvml_env: FakeNvmlEnv) -> None:
+    out = run_py(
+        fake_nvml_env(frozen_time=30.0, scenarios=["mig 7"], faults=["7 nvmlGpmMetricsGet nan 2"]),
+        """
+        pynvml.nvmlInit()
+        def metrics(take, t2):
+            s1, s2 = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+            os.environ["GPUCONSOLE_FAKE_NVML_TIME"] = "30"
+            take(s1)
+            os.environ["GPUCONSOLE_FAKE_NVML_TIME"] = t2
+            take(s2)
+            req = pynvml.c_nvmlGpmMetricsGet_t()
+            req.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            req.numMetrics = 2
+            req.sample1, req.sample2 = s1, s2
+            req.metrics[0].metricId, req.metrics[1].metricId = 2, 99
+            pynvml.nvmlGpmMetricsGet(req)
+            return [[m.nvmlReturn, repr(m.value)] for m in req.metrics[:2]]
+        h = pynvml.nvmlDeviceGetHandleByIndex(7)
+        out = {
+            "same_instant": metrics(lambda s: pynvml.nvmlGpmSampleGet(h, s), "30"),
+            "later": metrics(lambda s: pynvml.nvmlGpmSampleGet(h, s), "31"),
+            "faulty_instance": metrics(lambda s: pynvml.nvmlGpmMigSampleGet(h, 2, s), "31"),
+        }
+        """,
+    )
+    assert out["same_instant"] == [[0, "nan"], [3, "0.0"]]
+    assert out["later"][0][0] == 0 and out["later"][0][1] != "nan"
+    assert out["faulty_instance"] == [[0, "nan"], [3, "0.0"]]
 
 
 # -------------------------------------------------------------------------------------------

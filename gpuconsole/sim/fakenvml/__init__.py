@@ -28,7 +28,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpuconsole.hardware import TOPO_LEVEL, GpuModel, MigProfile
@@ -223,6 +223,9 @@ def write_profile(
     scenarios: Sequence[str] = (),
     seed: int = 0,
     missing_fields: Sequence[int] = (),
+    privileged: bool = True,
+    open_errors: Mapping[int, int] | None = None,
+    faults: Sequence[str] = (),
 ) -> Path:
     """Write the fake library's profile file for ``profile`` to ``path`` and return ``path``.
 
@@ -231,6 +234,9 @@ def write_profile(
     ``"ecc 2"``, ``"mig 7"``, ``"smoothing 0 at 5"`` or ``"notsupported 1"`` (kind, GPU index,
     optional start in seconds). ``missing_fields`` are field ids the driver answers
     NOT_SUPPORTED, as an older one does.
+    ``privileged=False`` reads as an unprivileged user: NO_PERMISSION where drivers answer it.
+    ``open_errors`` maps a GPU index to the nvmlReturn_t its handle cannot be opened with.
+    ``faults`` are ``"<gpu> <function> <code or nan> [<GPU instance id>]"`` (see fake_nvml.c).
     """
     parsed = [parse_scenario(s) for s in scenarios]
     n = len(profile.gpus)
@@ -240,6 +246,19 @@ def write_profile(
         if kind == "mig" and not profile.gpu_model.mig_profiles:
             raise ValueError(f"scenario mig: {profile.gpu_model.name} has no MIG profiles")
     mig_gpus = {gpu for kind, gpu, _ in parsed if kind == "mig"}
+    gpu_lines: dict[int, list[str]] = {}
+    for index, code in (open_errors or {}).items():
+        gpu_lines.setdefault(index, []).append(f"open_error {int(code)}")
+    for text in faults:
+        index, _, rest = text.strip().partition(" ")
+        if not index.isdigit() or len(rest.split()) not in (2, 3):
+            raise ValueError(f"bad fault {text!r}: want '<gpu> <function> <code> [<gi>]'")
+        gpu_lines.setdefault(int(index), []).append(f"fault {rest}")
+    for index in gpu_lines:
+        if index >= n:
+            raise ValueError(
+                f"a fault or open error names GPU {index}; {profile.name} has {n} GPUs"
+            )
 
     model = profile.gpu_model
     subsystem, part, vbios, inforom, video = _MODEL_EXTRAS.get(
@@ -259,6 +278,7 @@ def write_profile(
         f"nvml_version {cuda_major}.{plays.version}",
         f"cuda_driver_version {plays.cuda_driver_version}",
         "virtualization_mode 0",
+        f"privileged {int(privileged)}",
         *(f"missing_field {fid}" for fid in missing_fields),
     ]
     for kind, gpu, at in parsed:
@@ -323,6 +343,7 @@ def write_profile(
             TOPO_LEVEL[profile.pci_level(slot.pci_path, other.pci_path)] for other in profile.gpus
         ]
         lines.append("topology " + " ".join(str(level) for level in levels))
+        lines += gpu_lines.get(i, [])
 
     path = Path(path)
     path.write_text("\n".join(lines) + "\n")

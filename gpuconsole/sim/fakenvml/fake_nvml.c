@@ -44,6 +44,9 @@
  *                                      build's; major.minor picks what field ids mean
  *     nvml_version <text>              cuda_driver_version <int>
  *     virtualization_mode <n>          nvmlGpuVirtualizationMode_t, 0 = bare metal
+ *     privileged <0|1>                 1 (the default): the caller is root. 0: an unprivileged
+ *                                      user, answered NO_PERMISSION where a real driver answers
+ *                                      it (see "Non-root" below)
  *     missing_field <field id>         a field this driver does not know (NOT_SUPPORTED), as
  *                                      on an older driver; repeat the key for several
  *     scenario <kind> <gpu> [at <seconds>]
@@ -68,6 +71,22 @@
  *     mig_instance <GPU instance id> <profile index> <placement start> <placement size> <MIG uuid>
  *     process <pid> <share of used memory, 0..1> <GPU instance id or -1>
  *     topology <level to GPU 0> <level to GPU 1> ...    nvmlGpuTopologyLevel_t values
+ *     open_error <nvmlReturn_t>        the GPU is counted but cannot be opened: every
+ *                                      nvmlDeviceGetHandleBy* answers this code (NO_PERMISSION,
+ *                                      INSUFFICIENT_POWER and IRQ_ISSUE are what drivers give)
+ *     fault <function> <nvmlReturn_t|nan> [<GPU instance id>]
+ *                                      <function> answers this code for this GPU (or for its MIG
+ *                                      instance with that GPU instance id). Honoured by
+ *                                      nvmlDeviceGetUUID, nvmlDeviceGetGpuInstanceId,
+ *                                      nvmlGpmMigSampleGet, nvmlGpmMetricsGet (nan: every metric
+ *                                      succeeds with the value NaN) and
+ *                                      nvmlDeviceGetComputeRunningProcesses_v3 (13, FUNCTION_NOT_FOUND,
+ *                                      is how pynvml sees a driver without the symbol)
+ *
+ * Non-root (privileged 0), as nvml.h documents and DCGM#214 reports: memory information and the
+ * running-process lists of a MIG-enabled GPU (not of its MIG devices),
+ * nvmlDeviceGetGpuInstanceById, and GPM sampling (RmProfilingAdminOnly=1, the default) answer
+ * NVML_ERROR_NO_PERMISSION.
  *
  * Dynamics: a deterministic function of the seed and of t = seconds since the first nvmlInit in
  * the process (CLOCK_MONOTONIC). Each GPU (and each MIG GPU instance) has a smooth load u(t) in
@@ -82,7 +101,8 @@
  * returns NOT_SUPPORTED), mig (MIG mode on; instances from mig_instance lines), smoothing (an
  * administrator turns power smoothing on and sets a preset, a TMP floor and a ramp-up rate),
  * xid<N> (an XID event N is delivered to event sets; for 79 every later call on that GPU returns
- * GPU_IS_LOST). "at <s>" delays thermal, ecc, smoothing and xid scenarios; mig and notsupported
+ * GPU_IS_LOST, except nvmlDeviceGetUUID on a handle opened before, which the library answers from
+ * its cache). "at <s>" delays thermal, ecc, smoothing and xid scenarios; mig and notsupported
  * hold from the start.
  *
  * An idle GPU (load under 2 %) trains its PCIe link down to generation 1, as real ones do
@@ -583,6 +603,15 @@ typedef struct {
     unsigned remote_type, remote_pci_device_id;
 } nvlink_t;
 
+#define FAULT_NAN 0xFFFFFFFEu /* a fault "code": the call succeeds with NaN values */
+#define MAX_FAULTS 8
+
+typedef struct {
+    int fn;            /* FN_* of the function */
+    nvmlReturn_t code; /* or FAULT_NAN */
+    int gi_id;         /* -1: the GPU itself */
+} fault_t;
+
 typedef struct {
     int index;
     char name[TEXT], uuid[TEXT], serial[32], bus_id[32];
@@ -609,6 +638,9 @@ typedef struct {
     proc_t procs[MAX_PROCS];
     int ntopo;
     unsigned topo[MAX_GPUS];
+    nvmlReturn_t open_error;
+    int nfaults;
+    fault_t faults[MAX_FAULTS];
 } gpu_t;
 
 typedef struct {
@@ -625,6 +657,7 @@ typedef struct {
     int driver_major, driver_minor; /* 580, 82 of "580.82.07" */
     int cuda_driver_version;
     unsigned virtualization_mode;
+    int privileged;
     int ngpus;
     gpu_t gpus[MAX_GPUS];
     int nscenarios;
@@ -742,6 +775,21 @@ static int gpu_lost(int gpu, double t) {
 
 static int mig_enabled(const gpu_t *g) { return find_scenario(g->index, "mig") != NULL; }
 
+/* The code a `fault` line gives function fn on GPU g (gi_id -1) or its GPU instance gi_id;
+ * NVML_SUCCESS where there is none. */
+static nvmlReturn_t fault(const gpu_t *g, int fn, int gi_id) {
+    for (int i = 0; i < g->nfaults; i++)
+        if (g->faults[i].fn == fn && g->faults[i].gi_id == gi_id)
+            return g->faults[i].code;
+    return NVML_SUCCESS;
+}
+
+/* What an unprivileged caller may not read of a MIG-enabled GPU itself: its memory and its
+ * process lists (its MIG devices answer both). */
+static int parent_denied(const gpu_t *g, int slot) {
+    return !g_prof.privileged && slot < 0 && mig_enabled(g);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Profile parsing                                                                            */
 /* ------------------------------------------------------------------------------------------ */
@@ -795,6 +843,7 @@ static int parse_profile(FILE *f, profile_t *p, char *err, size_t errlen) {
     int lineno = 0;
     gpu_t *g = NULL;
     memset(p, 0, sizeof(*p));
+    p->privileged = 1;
     while (fgets(line, sizeof line, f)) {
         lineno++;
         size_t len = strlen(line);
@@ -832,6 +881,10 @@ static int parse_profile(FILE *f, profile_t *p, char *err, size_t errlen) {
             p->cuda_driver_version = atoi(rest);
         } else if (!strcmp(key, "virtualization_mode")) {
             p->virtualization_mode = (unsigned)atoi(rest);
+        } else if (!strcmp(key, "privileged")) {
+            if (strcmp(rest, "0") && strcmp(rest, "1"))
+                goto bad;
+            p->privileged = atoi(rest);
         } else if (!strcmp(key, "missing_field")) {
             if (p->nmissing_fields >= 32)
                 goto bad;
@@ -989,6 +1042,30 @@ static int parse_profile(FILE *f, profile_t *p, char *err, size_t errlen) {
             got = sscanf(rest, "%u %lf %d", &pr->pid, &pr->share, &pr->gi_id);
             NEED(3);
             g->nprocs++;
+        } else if (!strcmp(key, "open_error")) {
+            g->open_error = (nvmlReturn_t)atoi(rest);
+            if (g->open_error == NVML_SUCCESS)
+                goto bad;
+        } else if (!strcmp(key, "fault")) {
+            if (g->nfaults >= MAX_FAULTS)
+                goto bad;
+            fault_t *ft = &g->faults[g->nfaults];
+            char fn[96], code[16];
+            int gi = -1;
+            got = sscanf(rest, "%95s %15s %d", fn, code, &gi);
+            if (got < 2)
+                goto bad;
+            ft->fn = -1;
+            for (int i = 0; i < FN_COUNT; i++)
+                if (!strcmp(g_fn_names[i], fn))
+                    ft->fn = i;
+            if (ft->fn < 0)
+                goto bad;
+            ft->code = !strcmp(code, "nan") ? FAULT_NAN : (nvmlReturn_t)strtoul(code, NULL, 10);
+            if (ft->code == NVML_SUCCESS)
+                goto bad;
+            ft->gi_id = gi;
+            g->nfaults++;
         } else if (!strcmp(key, "topology")) {
             unsigned long long levels[MAX_GPUS];
             char *end;
@@ -1273,7 +1350,7 @@ static unsigned long long slot_used(const gpu_t *g, int slot, double t) {
 /* Handle checks                                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
-enum { IDENTITY = 1, ALLOW_MIG = 2 };
+enum { IDENTITY = 1, ALLOW_MIG = 2, CACHED = 4 };
 
 static int valid_device(nvmlDevice_t d) {
     if (!d || d->magic != DEVICE_MAGIC || d->gpu < 0 || d->gpu >= g_prof.ngpus)
@@ -1292,7 +1369,7 @@ static nvmlReturn_t check_device(nvmlDevice_t d, int flags) {
     if (!valid_device(d))
         return NVML_ERROR_INVALID_ARGUMENT;
     double t = sim_time();
-    if (gpu_lost(d->gpu, t))
+    if (!(flags & CACHED) && gpu_lost(d->gpu, t))
         return NVML_ERROR_GPU_IS_LOST;
     if (!(flags & IDENTITY) && scenario_active(d->gpu, "notsupported", t))
         return NVML_ERROR_NOT_SUPPORTED;
@@ -1515,6 +1592,8 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount) {
 /* A handle for GPU i: lost GPUs cannot be opened (nvidia-smi: "Unable to determine the device
  * handle for GPU ...: GPU is lost"). */
 static nvmlReturn_t open_gpu(int i, nvmlDevice_t *device) {
+    if (g_prof.gpus[i].open_error != NVML_SUCCESS)
+        return g_prof.gpus[i].open_error;
     if (gpu_lost(i, sim_time()))
         return NVML_ERROR_GPU_IS_LOST;
     *device = &g_devices[i];
@@ -1549,6 +1628,8 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
             return open_gpu(i, device);
         for (int k = 0; k < g->n_mig && mig_enabled(g); k++) {
             if (!strcasecmp(g->mig[k].uuid, uuid)) {
+                if (g->open_error != NVML_SUCCESS)
+                    return g->open_error;
                 if (gpu_lost(i, sim_time()))
                     return NVML_ERROR_GPU_IS_LOST;
                 *device = &g_mig_devices[i][k];
@@ -1607,7 +1688,10 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int len
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     COUNT(nvmlDeviceGetUUID);
-    DEVICE(device, IDENTITY | ALLOW_MIG);
+    DEVICE(device, IDENTITY | ALLOW_MIG | CACHED);
+    nvmlReturn_t broken = fault(g, FN_nvmlDeviceGetUUID, slot < 0 ? -1 : (int)g->mig[slot].gi_id);
+    if (broken != NVML_SUCCESS)
+        return broken;
     return put_string(uuid, length, slot >= 0 ? g->mig[slot].uuid : g->uuid);
 }
 
@@ -2200,6 +2284,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) 
     COUNT(nvmlDeviceGetMemoryInfo);
     OUT(memory);
     DEVICE(device, ALLOW_MIG);
+    if (parent_denied(g, slot))
+        return NVML_ERROR_NO_PERMISSION;
     unsigned long long total, reserved, used;
     memory_of(g, slot, sim_time(), &total, &reserved, &used);
     memory->total = total;
@@ -2212,6 +2298,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
     COUNT(nvmlDeviceGetMemoryInfo_v2);
     OUT(memory);
     DEVICE(device, ALLOW_MIG);
+    if (parent_denied(g, slot))
+        return NVML_ERROR_NO_PERMISSION;
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     unsigned long long total, reserved, used;
@@ -2522,6 +2610,8 @@ static nvmlReturn_t compute_processes(nvmlDevice_t device, unsigned int *infoCou
                                       nvmlProcessInfo_t *infos) {
     OUT(infoCount);
     DEVICE(device, ALLOW_MIG);
+    if (parent_denied(g, slot))
+        return NVML_ERROR_NO_PERMISSION;
     double t = sim_time();
     int mig = mig_enabled(g);
     nvmlProcessInfo_t found[MAX_PROCS];
@@ -2561,6 +2651,8 @@ static nvmlReturn_t compute_processes(nvmlDevice_t device, unsigned int *infoCou
 static nvmlReturn_t no_processes(nvmlDevice_t device, unsigned int *infoCount) {
     OUT(infoCount);
     DEVICE(device, ALLOW_MIG);
+    if (parent_denied(g, slot))
+        return NVML_ERROR_NO_PERMISSION;
     *infoCount = 0;
     return NVML_SUCCESS;
 }
@@ -2574,6 +2666,12 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsign
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
                                                      nvmlProcessInfo_t *infos) {
     COUNT(nvmlDeviceGetComputeRunningProcesses_v3);
+    if (check_device(device, ALLOW_MIG) == NVML_SUCCESS) {
+        nvmlReturn_t broken =
+            fault(&g_prof.gpus[device->gpu], FN_nvmlDeviceGetComputeRunningProcesses_v3, -1);
+        if (broken != NVML_SUCCESS)
+            return broken;
+    }
     return compute_processes(device, infoCount, infos);
 }
 
@@ -2831,6 +2929,9 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
     DEVICE(device, IDENTITY | ALLOW_MIG);
     if (slot < 0)
         return NVML_ERROR_NOT_SUPPORTED;
+    nvmlReturn_t broken = fault(g, FN_nvmlDeviceGetGpuInstanceId, (int)g->mig[slot].gi_id);
+    if (broken != NVML_SUCCESS)
+        return broken;
     *id = g->mig[slot].gi_id;
     return NVML_SUCCESS;
 }
@@ -2862,6 +2963,8 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
     COUNT(nvmlDeviceGetGpuInstanceById);
     OUT(gpuInstance);
     DEVICE(device, 0);
+    if (!g_prof.privileged)
+        return NVML_ERROR_NO_PERMISSION; /* "requires privileged user" */
     if (!g->n_mig_profiles || !mig_enabled(g))
         return NVML_ERROR_NOT_SUPPORTED;
     for (int k = 0; k < g->n_mig; k++) {
@@ -3006,6 +3109,8 @@ static nvmlReturn_t take_sample(gpu_t *g, int slot, nvmlGpmSample_t s) {
         return NVML_ERROR_INVALID_ARGUMENT;
     if (!g->gpm)
         return NVML_ERROR_NOT_SUPPORTED;
+    if (!g_prof.privileged)
+        return NVML_ERROR_NO_PERMISSION; /* profiling is admin-only (RmProfilingAdminOnly=1) */
     s->taken = 1;
     s->gpu = g->index;
     s->slot = slot;
@@ -3028,9 +3133,12 @@ nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId
         return NVML_ERROR_NOT_SUPPORTED;
     if (!mig_enabled(g))
         return NVML_ERROR_NOT_SUPPORTED;
-    for (int k = 0; k < g->n_mig; k++)
-        if (g->mig[k].gi_id == gpuInstanceId)
-            return take_sample(g, k, gpmSample);
+    for (int k = 0; k < g->n_mig; k++) {
+        if (g->mig[k].gi_id == gpuInstanceId) {
+            nvmlReturn_t broken = fault(g, FN_nvmlGpmMigSampleGet, (int)gpuInstanceId);
+            return broken != NVML_SUCCESS ? broken : take_sample(g, k, gpmSample);
+        }
+    }
     return NVML_ERROR_NOT_FOUND;
 }
 
@@ -3130,18 +3238,24 @@ nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet) {
     int slot = s1->slot;
     if (slot >= 0 && (!mig_enabled(g) || slot >= g->n_mig))
         return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t broken =
+        fault(g, FN_nvmlGpmMetricsGet, slot < 0 ? -1 : (int)g->mig[slot].gi_id);
+    if (broken != NVML_SUCCESS && broken != FAULT_NAN)
+        return broken;
     double dt = s2->t - s1->t;
-    double u;
-    if (dt > 1e-9)
-        u = slot < 0 ? (s2->in.u - s1->in.u) / dt
-                     : (s2->in.u_slot[slot] - s1->in.u_slot[slot]) / dt;
-    else /* a frozen clock: the instantaneous load */
-        u = slot < 0 ? gpu_load(g, s2->t) : slot_load(g, slot, s2->t);
-    u = clamp01(u);
+    /* Every metric is a rate or a share of the interval: over no time at all (two samples of
+     * one instant, as under a frozen clock) each is 0/0, which the driver hands back as NaN. */
+    int empty = dt <= 1e-9 || broken == FAULT_NAN;
+    double u = 0.0;
+    if (!empty)
+        u = clamp01(slot < 0 ? (s2->in.u - s1->in.u) / dt
+                             : (s2->in.u_slot[slot] - s1->in.u_slot[slot]) / dt);
     for (unsigned i = 0; i < metricsGet->numMetrics; i++) {
         nvmlGpmMetric_t *m = &metricsGet->metrics[i];
         m->value = gpm_metric(g, slot, m->metricId, u, dt, &s1->in, &s2->in, s1->t, s2->t,
                               &m->nvmlReturn);
+        if (empty && m->nvmlReturn == NVML_SUCCESS)
+            m->value = NAN;
         const char *name = gpm_metric_name(m->metricId);
         m->metricInfo.shortName = name;
         m->metricInfo.longName = name;
