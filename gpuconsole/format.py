@@ -19,6 +19,20 @@ THROTTLE_WORDS = {
 }
 
 
+# Readings NVML answers only to root (GpuReading.denied), as an operator reads them.
+DENIED_WORDS = {
+    "memory": "whole-GPU memory",
+    "processes": "whole-GPU process list",
+    "mig_placement": "MIG placement",
+    "gpm": "GPM metrics (profiling is admin-only: RmProfilingAdminOnly=1)",
+}
+
+
+def denied_words(denied: tuple[str, ...]) -> str:
+    """What NVML would not tell this user, or NA."""
+    return ", ".join(DENIED_WORDS.get(d, d) for d in denied) or NA
+
+
 def throttle_words(reasons: tuple[str, ...], *, include_idle: bool = False) -> str:
     """Throttle reasons as an operator reads them; idle is not a throttle."""
     words = [THROTTLE_WORDS.get(r, r) for r in reasons if include_idle or r != "gpu_idle"]

@@ -462,3 +462,119 @@ print(json.dumps([[g.pcie.gen_current, g.pcie.downtrained, gpu_health(g).value, 
     idle = [g for g in result if g[0] == 1]
     assert idle and all(not down and health == "ok" for _gen, down, health, _util in idle)
     assert all(util < 10 for *_rest, util in idle)
+
+
+# --- what real drivers answer that the fake once did not -------------------------------------
+
+POLLS = """
+import asyncio, json, time
+from gpuconsole.codec import encode
+from gpuconsole.sources.nvml.source import NvmlSource
+events = []
+source = NvmlSource("n", events=False, detail_every=1, inventory_every={inventory_every})
+asyncio.run(source.start(events.append))
+readings = []
+for _ in range({polls}):
+    readings.append(source.collect())
+    time.sleep({pause})
+gpus = [encode(r.gpus) for r in readings]
+print(json.dumps({{"polls": gpus, "events": [[e.kind, e.gpu_index] for e in events]}},
+                 allow_nan=False))
+"""
+
+
+def polls(
+    env: dict[str, str], count: int = 4, pause: float = 0.12, inventory_every: int = 2
+) -> Any:
+    """`count` polls of the NVML source: each poll's GPUs as JSON, and the events."""
+    return run_child(env, POLLS.format(polls=count, pause=pause, inventory_every=inventory_every))
+
+
+def test_an_unprivileged_reader_keeps_every_gpu_ok_and_says_what_it_cannot_see(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    result = polls(fake_nvml_env(DGX_H100, scenarios=["mig 7"], privileged=False))
+    for gpus in result["polls"]:
+        assert [g["state"] for g in gpus] == ["ok"] * 8, [g["error"] for g in gpus]
+    last = result["polls"][-1]
+    mig, plain = last[7], last[0]
+    assert mig["denied"] == ["gpm", "memory", "mig_placement", "processes"]
+    assert plain["denied"] == ["gpm"]
+    assert plain["mem_used_bytes"] is not None and plain["processes"]
+    # what the MIG devices themselves tell anyone: memory, processes, their profile
+    instances = mig["mig_instances"]
+    assert sorted(m["profile_name"] for m in instances) == sorted(
+        ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    )
+    assert all(m["mem_used_bytes"] is not None for m in instances)
+    assert mig["processes"]
+    assert {p["gpu_instance_id"] for p in mig["processes"]} <= {1, 2, 3, 4}
+    assert mig["mem_used_bytes"] is None  # the whole GPU's memory is root's to read
+
+
+def test_a_gpu_that_cannot_be_opened_is_unreadable_not_lost(fake_nvml_env: FakeNvmlEnv) -> None:
+    result = polls(fake_nvml_env(DGX_H100, open_errors={2: 4, 5: 8}), count=3, pause=0)
+    gpus = result["polls"][-1]
+    assert [g["state"] for g in gpus] == ["ok", "ok", "unreadable", "ok", "ok", "unreadable",
+                                          "ok", "ok"]  # fmt: skip
+    assert "no permission" in gpus[2]["error"] and "power" in gpus[5]["error"]
+    assert not any(kind == "gpu_lost" for kind, _ in result["events"])
+
+
+def test_a_gpu_that_falls_off_between_two_polls_stays_lost(fake_nvml_env: FakeNvmlEnv) -> None:
+    # The library answers a lost GPU's UUID from its cache: only a live reading shows the loss.
+    result = polls(fake_nvml_env(DGX_H100, scenarios=["xid79 5 at 0.3"]), count=8, pause=0.1)
+    states = [gpus[5]["state"] for gpus in result["polls"]]
+    assert states[0] == "ok" and states[-1] == "lost"
+    assert states[states.index("lost") :] == ["lost"] * (len(states) - states.index("lost"))
+    assert [kind for kind, gpu in result["events"] if gpu == 5] == ["gpu_lost"]
+
+
+def test_gpm_figures_nvml_gives_as_nan_are_unknown(fake_nvml_env: FakeNvmlEnv) -> None:
+    # a frozen clock: both samples of one instant, every rate 0/0
+    result = polls(fake_nvml_env(DGX_H100, frozen_time=60.0), count=3, pause=0)
+    assert [g["gpm"] for g in result["polls"][-1]] == [None] * 8
+
+
+def test_one_mig_instance_without_gpm_leaves_the_gpu_and_its_siblings_theirs(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    env = fake_nvml_env(
+        DGX_H100,
+        scenarios=["mig 7"],
+        faults=["7 nvmlGpmMetricsGet 3 2", "7 nvmlGpmMigSampleGet 3 3"],
+    )
+    # no inventory round between: nothing NotSupported is asked again
+    gpu = polls(env, count=3, inventory_every=100)["polls"][-1][7]
+    assert gpu["gpm"] is not None and gpu["gpm"]["sm_util_pct"] is not None
+    gpm = {m["gpu_instance_id"]: m["gpm"] for m in gpu["mig_instances"]}
+    assert gpm[2] is None and gpm[3] is None
+    assert gpm[1] is not None and gpm[4] is not None
+
+
+def test_a_mig_instance_nvml_cannot_number_is_not_taken_for_instance_0(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    env = fake_nvml_env(
+        DGX_H100, scenarios=["mig 7"], faults=["7 nvmlDeviceGetGpuInstanceId 999 3"]
+    )
+    gpu = polls(env)["polls"][-1][7]
+    assert sorted(m["gpu_instance_id"] for m in gpu["mig_instances"]) == [1, 2, 4]
+    assert all(m["gpm"] is not None for m in gpu["mig_instances"])
+
+
+def test_a_mig_device_without_a_uuid_does_not_end_the_poll(fake_nvml_env: FakeNvmlEnv) -> None:
+    env = fake_nvml_env(DGX_H100, scenarios=["mig 7"], faults=["7 nvmlDeviceGetUUID 999 2"])
+    gpus = polls(env, count=3, pause=0)["polls"][-1]
+    assert sorted(m["gpu_instance_id"] for m in gpus[7]["mig_instances"]) == [1, 3, 4]
+    assert [g["state"] for g in gpus[:7]] == ["ok"] * 7
+
+
+def test_a_driver_without_the_v3_process_call_has_no_process_list(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    # pynvml raises NVMLLibraryMismatchError, which is not an NVMLError, for this
+    env = fake_nvml_env(DGX_H100, faults=["0 nvmlDeviceGetComputeRunningProcesses_v3 13"])
+    gpus = polls(env, count=2, pause=0)["polls"][-1]
+    assert gpus[0]["state"] == "ok" and "processes" in gpus[0]["unsupported"]
+    assert gpus[1]["processes"]

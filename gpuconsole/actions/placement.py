@@ -202,6 +202,7 @@ def _free(node: NodeSnapshot, ownership: Ownership, model: str | None) -> dict[i
             and g.kind is OwnerKind.FREE
             and not g.all_problems
             and not reading.lost
+            and not reading.unreadable
             and (model is None or model.lower() in (g.model or "").lower())
         ):
             free[g.index] = g.bus_id

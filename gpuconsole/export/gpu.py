@@ -60,6 +60,8 @@ def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLab
         ),
         1.0,
     )
+    if gpu.unreadable:  # nothing read: no series, not a row of zeros
+        return
     xid = node.last_xid.get(gpu.uuid)
     out.gauge(names.DCGM_XID, labels, values, float(xid or 0))
     if gpu.lost:
@@ -100,7 +102,10 @@ def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLab
 
     own_put(names.GPU_PCIE_MAX_GEN, pcie.gen_max)
     own_put(names.GPU_PCIE_MAX_WIDTH, pcie.width_max)
-    own_put(names.GPU_PCIE_DOWNTRAINED, float(pcie.downtrained))
+    known = (pcie.gen_current is not None and pcie.gen_max is not None) or (
+        pcie.width_current is not None and pcie.width_max is not None
+    )
+    own_put(names.GPU_PCIE_DOWNTRAINED, float(pcie.downtrained) if known else None)
     ecc = gpu.ecc
     put(names.DCGM_ECC_SBE_VOL, ecc.volatile_corrected)
     put(names.DCGM_ECC_DBE_VOL, ecc.volatile_uncorrected)

@@ -94,7 +94,13 @@ class GpuRow:
         """In the free pool; without tenancy, an NVML GPU with no process that is not lost."""
         if self.owner is not None:
             return self.owner.kind is OwnerKind.FREE
-        return self.reading is not None and not self.reading.lost and not self.reading.processes
+        reading = self.reading
+        return (
+            reading is not None
+            and not reading.lost
+            and not reading.unreadable
+            and not reading.processes
+        )
 
     @property
     def short_bus(self) -> str:

@@ -289,7 +289,7 @@ def gpu_counts(node: NodeSnapshot) -> GpuCounts:
             lost += gone
             if g.processes:
                 busy += 1
-            elif not gone:
+            elif not gone and not g.unreadable:  # no process seen is not idle when unread
                 idle += 1
         return GpuCounts(len(readings), busy, idle, lost, 0)
     owned = _owned_counts(node.node, ownership)
@@ -305,7 +305,7 @@ def gpu_counts(node: NodeSnapshot) -> GpuCounts:
     return GpuCounts(
         base.total + len(extra),
         base.in_use + sum(1 for g in extra if g.processes),
-        base.free + sum(1 for g in extra if not g.processes and not g.lost),
+        base.free + sum(1 for g in extra if not g.processes and not g.lost and not g.unreadable),
         lost,
         base.passthrough,
     )
@@ -460,6 +460,8 @@ def gpu_state_words(gpu: GpuReading) -> str:
         return f"LOST since {fmt.clock_time(gpu.lost_since)}"
     if gpu.state is GpuState.ERROR:
         return f"error: {gpu.error or '?'}"
+    if gpu.state is GpuState.UNREADABLE:
+        return f"unreadable: {gpu.error or '?'}"
     return "ok"
 
 

@@ -20,6 +20,8 @@ class GpuState(enum.StrEnum):
     OK = "ok"
     LOST = "lost"  # fell off the bus (XID 79 / NVML_ERROR_GPU_IS_LOST)
     ERROR = "error"  # answers, but some readings failed this round
+    # NVML counts it but this process cannot open it (no permission, power, interrupts)
+    UNREADABLE = "unreadable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,10 +185,18 @@ class GpuReading:
     fabric_state: str | None = None
     gpm: GpmMetrics | None = None
     unsupported: tuple[str, ...] = ()  # NVML calls this GPU answered NotSupported
+    # readings NVML refuses this user (NO_PERMISSION): "memory", "processes", "mig_placement",
+    # "gpm" (the whole GPU's, where only root may read them)
+    denied: tuple[str, ...] = ()
 
     @property
     def lost(self) -> bool:
         return self.state is GpuState.LOST
+
+    @property
+    def unreadable(self) -> bool:
+        """NVML counts it but this process cannot open it: nothing but its index is known."""
+        return self.state is GpuState.UNREADABLE
 
     @property
     def mem_used_pct(self) -> float | None:

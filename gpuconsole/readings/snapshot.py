@@ -113,6 +113,8 @@ def gpu_health(gpu: GpuReading) -> Health:
         return Health.WARNING
     if gpu.state is GpuState.ERROR:
         return Health.WARNING
+    if gpu.state is GpuState.UNREADABLE:
+        return Health.UNKNOWN
     return Health.OK
 
 

@@ -1,5 +1,6 @@
 """NVML itself: the library to load, its return codes and field ids, and the one call wrapper
-that turns an NVML error into a value (None, a remembered NotSupported) or GpuLostError.
+that turns an NVML error into a value (None, a remembered NotSupported or NoPermission) or
+GpuLostError.
 
 The codes and ids are the ABI, so the same for pynvml, the fake library and the simulator.
 """
@@ -21,12 +22,30 @@ OK = 0
 NOT_SUPPORTED = 3
 NO_PERMISSION = 4
 NOT_FOUND = 6
+INSUFFICIENT_POWER = 8
 DRIVER_NOT_LOADED = 9
 TIMEOUT = 10
+IRQ_ISSUE = 11
 LIBRARY_NOT_FOUND = 12
 FUNCTION_NOT_FOUND = 13
 GPU_IS_LOST = 15
 UNSUPPORTED_CODES = (NOT_SUPPORTED, FUNCTION_NOT_FOUND)
+# Why NVML counts a GPU this process cannot open (a cgroup that hides its device file, an
+# unplugged power cable, a broken interrupt): the GPU is there, not lost.
+OPEN_ERRORS = {
+    NO_PERMISSION: "no permission to open it (device cgroup or /dev/nvidia* permissions)",
+    INSUFFICIENT_POWER: "insufficient external power (check its power cables)",
+    IRQ_ISSUE: "an interrupt request issue (see the kernel log)",
+}
+# The readings a call refused with NO_PERMISSION hides, by the call's key (its first word).
+DENIED_READINGS = {
+    "memory_v2": "memory",
+    "memory": "memory",
+    "processes": "processes",
+    "gi_by_id": "mig_placement",
+    "gpm_sample": "gpm",
+    "gpm_mig_sample": "gpm",
+}
 
 # nvmlFieldValue ids (pynvml NVML_FI_DEV_*)
 FI_ECC_SBE_VOL = 3
@@ -149,6 +168,10 @@ class GpuLostError(Exception):
     """NVML said GPU_IS_LOST for this GPU."""
 
 
+class _NeverRaised(Exception):
+    """Stands in for pynvml's NVMLLibraryMismatchError in a library that has none."""
+
+
 def load_pynvml(library: str) -> Any:
     """pynvml bound to a particular libnvidia-ml.so (instead of the system's)."""
     import pynvml
@@ -179,20 +202,27 @@ class Answers(Protocol):
     """What `call` remembers of one GPU's answers."""
 
     unsupported: set[str]
+    denied: set[str]
     reprobe: set[str]
     errors: list[str]
+
+
+def denied_readings(keys: set[str]) -> tuple[str, ...]:
+    """The readings the calls NVML refused (NO_PERMISSION) leave out, in the readings' words."""
+    return tuple(sorted({DENIED_READINGS.get(k.split()[0], k) for k in keys}))
 
 
 def call(
     lib: Any, gpu: Answers, key: str, fn: Callable[..., Any] | None, *args: Any, **kwargs: Any
 ) -> Any:
-    """Call NVML for one GPU; NotSupported is remembered (and asked once more after each
-    inventory round), another error is noted on the GPU, GPU_IS_LOST raises."""
-    if key in gpu.unsupported:
+    """Call NVML for one GPU; NotSupported and NoPermission are remembered (and asked once
+    more after each inventory round), another error is noted on the GPU, GPU_IS_LOST raises."""
+    if key in gpu.unsupported or key in gpu.denied:
         if key not in gpu.reprobe:
             return None
         gpu.reprobe.discard(key)
         gpu.unsupported.discard(key)  # added again below if still NotSupported
+        gpu.denied.discard(key)
     if fn is None:
         gpu.unsupported.add(key)
         return None
@@ -203,7 +233,15 @@ def call(
         if code in UNSUPPORTED_CODES:
             gpu.unsupported.add(key)
             return None
+        if code == NO_PERMISSION:  # this user may not see it: the GPU is fine
+            gpu.denied.add(key)
+            return None
         if code == GPU_IS_LOST:
             raise GpuLostError(str(exc)) from None
         gpu.errors.append(f"{key}: {text(exc)}")
+        return None
+    except getattr(lib, "NVMLLibraryMismatchError", _NeverRaised):
+        # pynvml's unversioned wrappers raise it (not an NVMLError) where the driver lacks
+        # the versioned symbol they call: the call is not there, as with FUNCTION_NOT_FOUND
+        gpu.unsupported.add(key)
         return None

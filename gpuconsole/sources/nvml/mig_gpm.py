@@ -5,6 +5,7 @@ measured against the one before)."""
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from gpuconsole.readings.nvml import GpmMetrics, MigInstance
@@ -63,11 +64,16 @@ def read_mig(lib: Any, gpu: GpuRecord) -> None:
             if getattr(exc, "value", None) == GPU_IS_LOST:
                 raise GpuLostError(str(exc)) from None
             continue  # NOT_FOUND: an empty slot
-        uuid = text(lib.nvmlDeviceGetUUID(mh))
+        uuid = call(lib, gpu, "mig_uuid", lib.nvmlDeviceGetUUID, mh)
+        if uuid is None:
+            continue  # noted on the GPU; asked again next round
+        uuid = text(uuid)
         if uuid in known:
             migs.append(known[uuid])
             continue
-        migs.append(_identify_mig(lib, gpu, mh, uuid))
+        mig = _identify_mig(lib, gpu, mh, uuid)
+        if mig is not None:
+            migs.append(mig)
     for gone in set(known) - {m.uuid for m in migs}:
         free_gpm(lib, known[gone])
     gpu.migs = migs
@@ -79,8 +85,12 @@ def _drop_migs(lib: Any, gpu: GpuRecord) -> None:
     gpu.migs = []
 
 
-def _identify_mig(lib: Any, gpu: GpuRecord, mh: Any, uuid: str) -> MigRecord:
+def _identify_mig(lib: Any, gpu: GpuRecord, mh: Any, uuid: str) -> MigRecord | None:
+    """A new MIG device; None while NVML does not say which GPU instance it is (GPM, owners
+    and processes all go by that id)."""
     gi = call(lib, gpu, "mig_gi", lib.nvmlDeviceGetGpuInstanceId, mh)
+    if gi is None:
+        return None
     ci = call(lib, gpu, "mig_ci", lib.nvmlDeviceGetComputeInstanceId, mh)
     attrs = call(lib, gpu, "mig_attributes", lib.nvmlDeviceGetAttributes, mh)
     slices = int(attrs.gpuInstanceSliceCount) if attrs is not None else 0
@@ -93,10 +103,15 @@ def _identify_mig(lib: Any, gpu: GpuRecord, mh: Any, uuid: str) -> MigRecord:
             start = int(info.placement.start)
             name = _profile_names(lib, gpu).get(int(info.profileId))
     if name is None:
+        # Only root may open the GPU instance; the MIG device's own name carries the profile
+        # ("NVIDIA H100 80GB HBM3 MIG 3g.40gb").
+        device_name = call(lib, gpu, "mig_name", lib.nvmlDeviceGetName, mh)
+        name = text(device_name).partition(" MIG ")[2] if device_name is not None else None
+    if not name:
         name = f"{slices}g.{round((mem_mb or 0) / 1024)}gb"
     return MigRecord(
         handle=mh,
-        gpu_instance_id=int(gi or 0),
+        gpu_instance_id=int(gi),
         compute_instance_id=ci,
         uuid=uuid,
         profile_name=name,
@@ -168,13 +183,14 @@ def _gpm_step(
         holder.gpm_sample, holder.gpm_spare = first, second
         if second is None:
             free_gpm(lib, holder)
-            gpu.gpm_supported = False
+            if instance is None:
+                gpu.gpm_supported = False
             return None
         _gpm_sample(lib, gpu, instance, holder.gpm_sample)  # the interval starts here
         return None
     if not _gpm_sample(lib, gpu, instance, holder.gpm_spare):
         return holder.gpm
-    metrics = _gpm_metrics(lib, gpu, holder.gpm_sample, holder.gpm_spare)
+    metrics = _gpm_metrics(lib, gpu, instance, holder.gpm_sample, holder.gpm_spare)
     holder.gpm_sample, holder.gpm_spare = holder.gpm_spare, holder.gpm_sample
     return metrics
 
@@ -191,17 +207,22 @@ def free_gpm(lib: Any, holder: GpuRecord | MigRecord) -> None:
     holder.gpm = None
 
 
+# What one GPU instance answers is its own: its NotSupported leaves the GPU's GPM and its
+# siblings' alone, so each instance's calls are remembered under keys of their own.
+
+
 def _gpm_sample(lib: Any, gpu: GpuRecord, instance: int | None, sample: Any) -> bool:
     if instance is None:
         got = call(lib, gpu, "gpm_sample", lib.nvmlGpmSampleGet, gpu.handle, sample)
     else:
-        got = call(
-            lib, gpu, "gpm_mig_sample", lib.nvmlGpmMigSampleGet, gpu.handle, instance, sample
-        )
+        key = f"gpm_mig_sample {instance}"
+        got = call(lib, gpu, key, lib.nvmlGpmMigSampleGet, gpu.handle, instance, sample)
     return got is not None
 
 
-def _gpm_metrics(lib: Any, gpu: GpuRecord, first: Any, second: Any) -> GpmMetrics | None:
+def _gpm_metrics(
+    lib: Any, gpu: GpuRecord, instance: int | None, first: Any, second: Any
+) -> GpmMetrics | None:
     request = lib.c_nvmlGpmMetricsGet_t()
     request.version = lib.NVML_GPM_METRICS_GET_VERSION
     request.numMetrics = len(GPM_METRICS)
@@ -209,12 +230,15 @@ def _gpm_metrics(lib: Any, gpu: GpuRecord, first: Any, second: Any) -> GpmMetric
     request.sample2 = second
     for i, (metric_id, _name, _scale) in enumerate(GPM_METRICS):
         request.metrics[i].metricId = metric_id
-    result = call(lib, gpu, "gpm_metrics", lib.nvmlGpmMetricsGet, request)
+    key = "gpm_metrics" if instance is None else f"gpm_mig_metrics {instance}"
+    result = call(lib, gpu, key, lib.nvmlGpmMetricsGet, request)
     if result is None:
         return None
     values: dict[str, float] = {}
     for i, (_metric_id, name, scale) in enumerate(GPM_METRICS):
         metric = result.metrics[i]
-        if metric.nvmlReturn == OK:
-            values[name] = float(metric.value) * scale
-    return GpmMetrics(**values)
+        value = float(metric.value)
+        # NaN (a rate over an empty interval) or infinity is no figure at all
+        if metric.nvmlReturn == OK and math.isfinite(value):
+            values[name] = value * scale
+    return GpmMetrics(**values) if values else None

@@ -14,8 +14,9 @@ Cost matters (every NVML call is a trip into the kernel driver), so readings are
   and GPM: every `detail_every` polls (NVML has no field for the current clock);
 - PCIe link state, NVLink state, MIG layout, fabric state: every `inventory_every` polls.
 A call a GPU answers NotSupported is remembered for that GPU and asked again only once
-per inventory round (a fault can pass); a GPU that is lost (XID 79) is marked so while
-the others keep polling.
+per inventory round (a fault can pass); so is one NVML refuses this user (NO_PERMISSION),
+which leaves its readings out and the GPU OK. A GPU that is lost (XID 79) is marked so
+while the others keep polling; one NVML counts but cannot open is shown as unreadable.
 """
 
 from __future__ import annotations
@@ -68,12 +69,15 @@ from gpuconsole.sources.nvml.lib import (
     FI_REMAPPED_UNC,
     FI_TOTAL_ENERGY,
     FIELD_VALUE,
+    FUNCTION_NOT_FOUND,
     GPU_IS_LOST,
     LIBRARY_NOT_FOUND,
     NA_ID,
     NO_PERMISSION,
+    NOT_SUPPORTED,
     NVLINK_GENERATIONS,
     OK,
+    OPEN_ERRORS,
     PCIE_UTIL_RX,
     PCIE_UTIL_TX,
     REMOTE_KINDS,
@@ -85,6 +89,7 @@ from gpuconsole.sources.nvml.lib import (
     GpuLostError,
     call,
     counter_bits,
+    denied_readings,
     system_pynvml,
     text,
     throttle_counters,
@@ -262,15 +267,15 @@ class NvmlSource:
         unreadable: list[GpuRecord] = []
         for index in range(lib.nvmlDeviceGetCount()):
             try:
-                gpus.append(self._identify(index))
+                gpu = self._open(index)
             except lib.NVMLError as exc:
-                # A GPU that cannot even name itself is still a GPU the operator must see.
-                log.warning("GPU %d unreadable at start: %s", index, exc)
-                gpu = GpuRecord(
-                    index, None, f"unknown-{index}", "unknown", "unknown", errors=[str(exc)]
-                )
-                gpus.append(gpu)
-                unreadable.append(gpu)
+                gpus.append(self._unopened(index, exc, unreadable))
+                continue
+            try:
+                self._identify(gpu)
+            except GpuLostError as exc:  # it fell off the bus after it opened
+                self._mark_lost(gpu, str(exc))
+            gpus.append(gpu)
         # NVML started again (a GPU was rebound): one lost before stays the GPU it was, lost
         # since then, its event already told
         former = _former_records(gpus, self._gpus) if unreadable else {}
@@ -289,16 +294,33 @@ class NvmlSource:
         except self._lib.NVMLError:
             return None
 
-    def _identify(self, index: int) -> GpuRecord:
+    def _open(self, index: int) -> GpuRecord:
+        """A handle to the GPU and what names it: its UUID, model and bus id."""
         lib = self._lib
         h = lib.nvmlDeviceGetHandleByIndex(index)
-        gpu = GpuRecord(
+        return GpuRecord(
             index=index,
             handle=h,
             uuid=text(lib.nvmlDeviceGetUUID(h)),
             name=text(lib.nvmlDeviceGetName(h)),
             bus_id=normal_bus_id(text(lib.nvmlDeviceGetPciInfo(h).busId)),
         )
+
+    def _unopened(self, index: int, exc: Exception, lost: list[GpuRecord]) -> GpuRecord:
+        """A GPU NVML counts but did not open: still a GPU the operator must see. One it may
+        not open (or that lacks power) is unreadable; any other is added to `lost`."""
+        gpu = GpuRecord(index, None, f"unknown-{index}", "unknown", "unknown", errors=[str(exc)])
+        reason = OPEN_ERRORS.get(getattr(exc, "value", None))
+        if reason is not None:
+            log.warning("GPU %d cannot be opened: %s", index, exc)
+            gpu.unopened = reason
+        else:
+            log.warning("GPU %d unreadable at start: %s", index, exc)
+            lost.append(gpu)
+        return gpu
+
+    def _identify(self, gpu: GpuRecord) -> None:
+        lib, h = self._lib, gpu.handle
         serial = call(lib, gpu, "serial", lib.nvmlDeviceGetSerial, h)
         gpu.serial = text(serial) if serial is not None else None
         gpu.module_id = call(lib, gpu, "module_id", lib.nvmlDeviceGetModuleId, h)
@@ -329,7 +351,6 @@ class NvmlSource:
             gpu.nvlink_count = int(fields[0].value.uiVal)
         gpu.fields = self._table_fields(gpu)
         gpu.errors.clear()
-        return gpu
 
     def _table_fields(self, gpu: GpuRecord) -> list[int | tuple[int, int]]:
         """The fields of the batched call, but the NVLink ones: those this driver has."""
@@ -396,6 +417,8 @@ class NvmlSource:
 
     def _read_gpu(self, gpu: GpuRecord, detail: bool, inventory: bool) -> GpuReading:
         gpu.errors.clear()
+        if gpu.unopened is not None:
+            return self._unopened_reading(gpu)
         if gpu.lost_since is not None and not (inventory and self._revived(gpu)):
             return self._lost_reading(gpu)
         try:
@@ -407,10 +430,17 @@ class NvmlSource:
     def _revived(self, gpu: GpuRecord) -> bool:
         if gpu.handle is None:
             return False
+        # A reading the driver must ask the GPU for: the library answers the UUID (and the
+        # name) of a lost GPU from what it read at attach.
         try:
-            self._lib.nvmlDeviceGetUUID(gpu.handle)
-        except self._lib.NVMLError:
-            return False
+            self._lib.nvmlDeviceGetPerformanceState(gpu.handle)
+        except self._lib.NVMLError as exc:
+            if getattr(exc, "value", None) not in (
+                NOT_SUPPORTED,
+                FUNCTION_NOT_FOUND,
+                NO_PERMISSION,
+            ):
+                return False
         log.warning("GPU %d answers again", gpu.index)
         gpu.lost_since = None
         self._post(
@@ -460,10 +490,20 @@ class NvmlSource:
             error="GPU is lost: it fell off the bus or needs a reset",
         )
 
+    def _unopened_reading(self, gpu: GpuRecord) -> GpuReading:
+        return GpuReading(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            name=gpu.name,
+            pci_bus_id=gpu.bus_id,
+            state=GpuState.UNREADABLE,
+            error=f"NVML counts this GPU but cannot open it: {gpu.unopened}",
+        )
+
     def _read_live(self, gpu: GpuRecord, detail: bool, inventory: bool) -> GpuReading:
         lib, h = self._lib, gpu.handle
         if inventory:
-            gpu.reprobe = set(gpu.unsupported)
+            gpu.reprobe = gpu.unsupported | gpu.denied
             self._read_inventory(gpu)
         values = self._read_fields(gpu)
         util = call(lib, gpu, "utilization", lib.nvmlDeviceGetUtilizationRates, h)
@@ -513,7 +553,8 @@ class NvmlSource:
             util_mem_pct=float(util.memory) if util is not None else None,
             mem_total_bytes=int(mem.total) if mem is not None else None,
             mem_used_bytes=int(mem.used) if mem is not None else None,
-            mem_reserved_bytes=int(getattr(mem, "reserved", 0)) if mem is not None else None,
+            # NVML's v1 has no reservation (it counts it as used): unknown, not 0
+            mem_reserved_bytes=int(mem.reserved) if hasattr(mem, "reserved") else None,
             temp_gpu_c=float(temp) if temp is not None else None,
             temp_hbm_c=_float(field(FI_MEMORY_TEMP)),
             temp_slowdown_c=gpu.temp_slowdown_c,
@@ -560,6 +601,7 @@ class NvmlSource:
             fabric_state=gpu.fabric_state,
             gpm=gpu.gpm,
             unsupported=_unsupported(gpu),
+            denied=denied_readings(gpu.denied),
         )
 
     def _read_fields(self, gpu: GpuRecord) -> dict[tuple[int, int], Any]:
@@ -615,9 +657,23 @@ class NvmlSource:
         procs = call(lib, gpu, "processes", lib.nvmlDeviceGetComputeRunningProcesses, h)
         if procs is not None:
             gpu.processes = tuple(_process(p) for p in procs)
+        elif "processes" in gpu.denied and gpu.migs:
+            self._read_mig_processes(gpu)
         mig_gpm.read_mig_memory(lib, gpu)
         if gpu.gpm_supported:
             mig_gpm.read_gpm(lib, gpu)
+
+    def _read_mig_processes(self, gpu: GpuRecord) -> None:
+        """Only root may list a MIG-enabled GPU's processes; each MIG device lists its own
+        to anyone."""
+        lib = self._lib
+        fn = lib.nvmlDeviceGetComputeRunningProcesses
+        found: list[ProcessReading] = []
+        for mig in gpu.migs:
+            procs = call(lib, gpu, "mig_processes", fn, mig.handle)
+            for p in procs or ():
+                found.append(_process(p, mig.gpu_instance_id, mig.compute_instance_id))
+        gpu.processes = tuple(found)
 
     def _read_pcie_throughput(self, gpu: GpuRecord) -> None:
         """Where the driver has no PCIe byte counters: its own rate, sampled over 20 ms."""
@@ -844,13 +900,15 @@ def _float(value: Any) -> float | None:
     return float(value) if value is not None else None
 
 
-def _process(p: Any) -> ProcessReading:
+def _process(p: Any, mig_gi: int | None = None, mig_ci: int | None = None) -> ProcessReading:
+    """One process NVML listed; `mig_gi`/`mig_ci` are the instance of the MIG device that
+    listed it, where NVML leaves them out."""
     gi = getattr(p, "gpuInstanceId", NA_ID)
     ci = getattr(p, "computeInstanceId", NA_ID)
     used = getattr(p, "usedGpuMemory", None)
     return ProcessReading(
         pid=int(p.pid),
         used_mem_bytes=int(used) if used is not None else None,
-        gpu_instance_id=None if gi in (None, NA_ID) else int(gi),
-        compute_instance_id=None if ci in (None, NA_ID) else int(ci),
+        gpu_instance_id=mig_gi if gi in (None, NA_ID) else int(gi),
+        compute_instance_id=mig_ci if ci in (None, NA_ID) else int(ci),
     )

@@ -57,11 +57,13 @@ class GpuRecord:
     gpm_supported: bool = False
     nvlink_count: int = 0
     unsupported: set[str] = field(default_factory=set)
+    denied: set[str] = field(default_factory=set)  # calls NVML refused this user
     # NotSupported is not forever (a fault can pass): each inventory round asks every such
-    # call once more, when it next comes up
+    # call (and every refused one) once more, when it next comes up
     reprobe: set[str] = field(default_factory=set)
     fields: list[int | tuple[int, int]] = field(default_factory=list)
     lost_since: float | None = None
+    unopened: str | None = None  # why NVML counts this GPU but cannot open it
     errors: list[str] = field(default_factory=list)
     # detail tier
     sm_clock_mhz: int | None = None

@@ -84,13 +84,21 @@ def readings_box(
 ) -> RenderableType:
     state = health_light(gpu_health(gpu), palette)
     state.append(f" {summaries.gpu_state_words(gpu)}")
+    if gpu.unreadable:  # nothing else is known: say why instead of a column of dashes
+        bus = f"{row.bus_id} (sysfs)" if ":" in row.bus_id else fmt.NA
+        return kv([("state", state), ("PCI bus", bus)])
     throttle = Text(fmt.throttle_words(gpu.throttle_reasons, include_idle=True))
     if any(r != "gpu_idle" for r in gpu.throttle_reasons):
         throttle.stylize(palette.health[Health.WARNING])
     energy = node.rate("gpu", gpu.uuid, "energy_mj")
     energy_w = energy / 1000.0 if energy is not None else None
+    hidden: list[tuple[str, RenderableType]] = []
+    if gpu.denied:
+        words = f"{fmt.denied_words(gpu.denied)}: NVML answers these to root only"
+        hidden.append(("hidden from this user", Text(words, style=palette.dim)))
     return kv([
         ("state", state),
+        *hidden,
         ("model", gpu.name if gpu.name != "unknown" else (summaries.row_model(row) or gpu.name)),
         ("uuid", gpu.uuid if gpu.uuid == row.uuid else f"{row.uuid or fmt.NA} (the driver's)"),
         ("serial / module", f"{gpu.serial or fmt.NA} / {fmt.number(gpu.module_id)}"),
