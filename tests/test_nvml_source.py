@@ -34,11 +34,12 @@ def make(  # type: ignore[no-untyped-def]
     *scenarios: str,
     clock: Clock | None = None,
     driver: str | None = None,
+    privileged: bool = True,
     **kw: object,
 ):
     clock = clock or Clock()
     node = SimNode("dgx-test", profile, scenarios=scenarios, clock=clock, start=clock.now)
-    lib = SimNvml(node, driver)
+    lib = SimNvml(node, driver, privileged=privileged)
     source = NvmlSource("dgx-test", lib=lib, events=False, clock=clock, **kw)  # type: ignore[arg-type]
     return source, lib, clock
 
@@ -357,3 +358,48 @@ def test_the_simulator_plays_the_driver_its_node_names() -> None:
     assert all(g.pcie.tx_bytes_total is None for g in gpus)
     assert all(g.pcie.tx_bytes_per_s is not None for g in gpus)
     assert all(g.unsupported == () for g in gpus if g.index != 1)
+
+
+def test_as_an_unprivileged_user_every_gpu_stays_ok_and_mig_devices_tell_their_own() -> None:
+    source, _lib, clock = make(
+        DGX_H100, "mig:7", privileged=False, detail_every=1, inventory_every=3
+    )
+    for _ in range(5):
+        reading = source.collect()
+        assert all(g.state is GpuState.OK for g in reading.gpus), [g.error for g in reading.gpus]
+        clock.now += 1.0
+    mig, plain = reading.gpus[7], reading.gpus[0]
+    assert mig.denied == ("gpm", "memory", "mig_placement", "processes")
+    assert plain.denied == ("gpm",) and plain.gpm is None and plain.mem_used_bytes is not None
+    assert sorted(m.profile_name for m in mig.mig_instances) == sorted(
+        ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    )
+    assert all(m.placement_start is None for m in mig.mig_instances)  # root's to read
+    assert {p.gpu_instance_id for p in mig.processes} <= {1, 2, 3, 4} and mig.processes
+    assert sum(m.mem_used_bytes or 0 for m in mig.mig_instances) == sum(
+        p.used_mem_bytes or 0 for p in mig.processes
+    )
+
+
+def test_a_gpu_that_falls_off_the_bus_while_it_is_discovered_leaves_the_others() -> None:
+    clock = Clock()
+    node = SimNode("dgx-test", DGX_H100, scenarios=("xid79:5@10",), clock=clock, start=clock.now)
+
+    class FallsOffOnceOpened(SimNvml):
+        """GPU 5 falls off the bus just after NVML opened it and read its bus id."""
+
+        def nvmlDeviceGetPciInfo(self, h):  # type: ignore[no-untyped-def]
+            info = super().nvmlDeviceGetPciInfo(h)
+            if h.index == 5:
+                clock.now += 20
+            return info
+
+    source = NvmlSource("dgx-test", lib=FallsOffOnceOpened(node), events=False, clock=clock)
+    events: list[Event] = []
+    source._emit = events.append  # what the hub would pass to start()
+    reading = source.collect()
+    lost = reading.gpus[5]
+    assert lost.state is GpuState.LOST
+    assert lost.pci_bus_id == normal_bus_id(DGX_H100.gpus[5].bus_id)  # known before it fell
+    assert all(g.state is GpuState.OK for g in reading.gpus if g.index != 5)
+    assert [(e.kind, e.gpu_index) for e in events] == [("gpu_lost", 5)]

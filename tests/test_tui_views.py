@@ -396,3 +396,31 @@ def test_without_tenancy_the_counts_come_from_nvml_processes() -> None:
     assert summaries.gpu_counts(bare) == summaries.GpuCounts(
         total=8, in_use=8, free=0, lost=0, passthrough=0
     )
+
+
+def test_gpu_detail_says_which_readings_only_root_may_read() -> None:
+    import asyncio
+
+    from gpuconsole.hub import Hub
+    from gpuconsole.sim.node import SimNode
+    from gpuconsole.sim.nvml import SimNvml
+    from gpuconsole.sim.profiles import DGX_H100
+    from gpuconsole.sources.nvml.source import NvmlSource
+    from gpuconsole.tui.screens.gpu import readings_box
+
+    sim = SimNode("dgx-user", DGX_H100, scenarios=("mig:7",), start=FIXED - 60, clock=lambda: FIXED)
+    hub = Hub(clock=lambda: FIXED)
+    lib = SimNvml(sim, privileged=False)
+    hub.add_source(NvmlSource("dgx-user", lib=lib, events=False, clock=lambda: FIXED))
+    node = asyncio.run(hub.poll_once(rounds=2)).node("dgx-user")
+    assert node is not None
+    palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
+    rows = summaries.gpu_rows(node)
+    mig = _plain(readings_box(node, rows[7], node.gpus[7], palette))
+    assert "state ● ok" in mig
+    assert (
+        "hidden from this user GPM metrics (profiling is admin-only: RmProfilingAdminOnly=1), "
+        "whole-GPU memory, MIG placement, whole-GPU process list: NVML answers these to root only"
+    ) in mig
+    plain = _plain(readings_box(node, rows[0], node.gpus[0], palette))
+    assert "hidden from this user GPM metrics" in plain and "whole-GPU memory" not in plain

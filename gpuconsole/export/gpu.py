@@ -86,8 +86,9 @@ def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLab
     put(names.DCGM_SM_CLOCK, gpu.sm_clock_mhz)
     put(names.DCGM_MEM_CLOCK, gpu.mem_clock_mhz)
     put(names.DCGM_PSTATE, gpu.pstate)
-    mask = sum(bit for bit, name in THROTTLE_BITS if name in gpu.throttle_reasons)
-    put(names.DCGM_THROTTLE, mask)
+    if gpu.throttle_known:
+        mask = sum(bit for bit, name in THROTTLE_BITS if name in gpu.throttle_reasons)
+        put(names.DCGM_THROTTLE, mask)
     for _bit, reason in THROTTLE_BITS:
         if reason in gpu.throttle_reasons:
             out.gauge(names.GPU_THROTTLE, (*own, "reason"), (*own_values, reason), 1.0)
@@ -215,7 +216,7 @@ def topology_metrics(out: Families, node: NodeSnapshot) -> None:
         return
     for i, row in enumerate(node.nvml.gpu_topology):
         for j, code in enumerate(row):
-            if i != j:
+            if i != j and code != "?":  # "?": NVML did not say (a GPU it cannot open)
                 out.gauge(
                     names.TOPOLOGY,
                     ("node", "gpu", "peer", "level"),

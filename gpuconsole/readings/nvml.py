@@ -170,6 +170,7 @@ class GpuReading:
     pstate: int | None = None
     # reasons that held the clocks down now or since the previous poll, e.g. "hw_thermal_slowdown"
     throttle_reasons: tuple[str, ...] = ()
+    throttle_known: bool = True  # False: neither the bitmask nor a time counter answered
 
     ecc: EccReading = field(default_factory=EccReading)
     pcie: PcieReading = field(default_factory=PcieReading)

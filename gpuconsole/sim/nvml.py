@@ -11,6 +11,10 @@ It plays one driver branch (gpuconsole.sim.drivers; by default the one the node 
 as the fake C library does: nvmlDeviceGetTemperatureV only from 560, the PCIe byte counters
 only from 560 and 32 bits wide, the clock-event time counters at that branch's field ids. It
 has no power-smoothing fields and no idle PCIe link training: the fake library has both.
+
+Built with ``privileged=False`` it answers as the driver answers an unprivileged user:
+NO_PERMISSION for a MIG-enabled GPU's memory and processes, for nvmlDeviceGetGpuInstanceById
+and for GPM.
 """
 
 from __future__ import annotations
@@ -100,8 +104,11 @@ class SimNvml:
     c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
     NVML_GPM_METRICS_GET_VERSION = pynvml.NVML_GPM_METRICS_GET_VERSION
 
-    def __init__(self, node: SimNode, driver: DriverProfile | str | None = None) -> None:
+    def __init__(
+        self, node: SimNode, driver: DriverProfile | str | None = None, *, privileged: bool = True
+    ) -> None:
         self.node = node
+        self.privileged = privileged
         plays = (
             driver
             if isinstance(driver, DriverProfile)
@@ -296,8 +303,19 @@ class SimNvml:
         g = self.node.gpu(h.index)
         return SimpleNamespace(gpu=int(g.util_pct), memory=int(g.mem_util_pct))
 
+    def _deny_mig_parent(self, h: SimDevice | SimMigDevice) -> None:
+        """Only root reads a MIG-enabled GPU's own memory and processes (its MIG devices
+        answer anyone)."""
+        if not self.privileged and isinstance(h, SimDevice) and self.node.migs.get(h.index):
+            raise _error(pynvml.NVML_ERROR_NO_PERMISSION)
+
+    def _deny_profiling(self) -> None:
+        if not self.privileged:  # RmProfilingAdminOnly=1, the driver's default
+            raise _error(pynvml.NVML_ERROR_NO_PERMISSION)
+
     @_counted
     def nvmlDeviceGetMemoryInfo(self, h: SimDevice | SimMigDevice, version: int = 0) -> Any:
+        self._deny_mig_parent(h)
         if isinstance(h, SimMigDevice):
             total = h.mig.profile.mem_bytes
             used = sum(
@@ -342,8 +360,10 @@ class SimNvml:
         return self.node.gpu(h.index).throttle_mask
 
     @_counted
-    def nvmlDeviceGetComputeRunningProcesses(self, h: SimDevice) -> list[Any]:
+    def nvmlDeviceGetComputeRunningProcesses(self, h: SimDevice | SimMigDevice) -> list[Any]:
+        self._deny_mig_parent(h)
         na = 0xFFFFFFFF
+        device = h.parent if isinstance(h, SimMigDevice) else h
         return [
             SimpleNamespace(
                 pid=pid,
@@ -351,7 +371,9 @@ class SimNvml:
                 gpuInstanceId=na if gi is None else gi,
                 computeInstanceId=na if gi is None else 0,
             )
-            for pid, used, gi in self.node.processes(h.index)
+            for pid, used, gi in self.node.processes(device.index)
+            # a MIG device lists only its own instance's processes
+            if not isinstance(h, SimMigDevice) or gi == h.mig.gpu_instance_id
         ]
 
     @_counted
@@ -476,6 +498,8 @@ class SimNvml:
 
     @_counted
     def nvmlDeviceGetGpuInstanceById(self, h: SimDevice, gi: int) -> Any:
+        if not self.privileged:  # "requires privileged user"
+            raise _error(pynvml.NVML_ERROR_NO_PERMISSION)
         for mig in self.node.migs.get(h.index, ()):
             if mig.gpu_instance_id == gi:
                 return mig
@@ -532,6 +556,7 @@ class SimNvml:
     def nvmlGpmSampleGet(self, h: SimDevice, pointer: Any) -> Any:
         if not self.node.model.gpm:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self._deny_profiling()
         t = self.node.elapsed()
         self._sample(pointer).taken = (t, self.node.gpu(h.index).activity_s, h, None)
         return pointer
@@ -540,6 +565,7 @@ class SimNvml:
     def nvmlGpmMigSampleGet(self, h: SimDevice, gi: int, pointer: Any) -> Any:
         if not self.node.model.gpm:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self._deny_profiling()
         t = self.node.elapsed()
         self._sample(pointer).taken = (t, self.node.gpu(h.index).activity_s, h, gi)
         return pointer

@@ -78,6 +78,7 @@
  *                                      <function> answers this code for this GPU (or for its MIG
  *                                      instance with that GPU instance id). Honoured by
  *                                      nvmlDeviceGetUUID, nvmlDeviceGetGpuInstanceId,
+ *                                      nvmlDeviceGetMemoryInfo_v2 (the GPU itself),
  *                                      nvmlGpmMigSampleGet, nvmlGpmMetricsGet (nan: every metric
  *                                      succeeds with the value NaN) and
  *                                      nvmlDeviceGetComputeRunningProcesses_v3 (13, FUNCTION_NOT_FOUND,
@@ -2300,6 +2301,9 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
     DEVICE(device, ALLOW_MIG);
     if (parent_denied(g, slot))
         return NVML_ERROR_NO_PERMISSION;
+    nvmlReturn_t broken = fault(g, FN_nvmlDeviceGetMemoryInfo_v2, -1);
+    if (slot < 0 && broken != NVML_SUCCESS)
+        return broken;
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     unsigned long long total, reserved, used;

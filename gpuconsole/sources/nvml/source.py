@@ -567,6 +567,7 @@ class NvmlSource:
             mem_clock_max_mhz=gpu.mem_clock_max_mhz,
             pstate=gpu.pstate,
             throttle_reasons=gpu.throttle,
+            throttle_known=gpu.throttle_mask_read or bool(gpu.throttle_ns),
             ecc=EccReading(
                 volatile_corrected=field(FI_ECC_SBE_VOL),
                 volatile_uncorrected=field(FI_ECC_DBE_VOL),
@@ -649,6 +650,7 @@ class NvmlSource:
         gpu.sm_clock_mhz = call(lib, gpu, "clock_sm", lib.nvmlDeviceGetClockInfo, h, 1)
         gpu.pstate = call(lib, gpu, "pstate", lib.nvmlDeviceGetPerformanceState, h)
         mask = call(lib, gpu, "clocks_event_reasons", lib.nvmlDeviceGetCurrentClocksEventReasons, h)
+        gpu.throttle_mask_read = mask is not None
         gpu.throttle_mask = (
             tuple(name for bit, name in THROTTLE_BITS if mask & bit) if mask is not None else ()
         )

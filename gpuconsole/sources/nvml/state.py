@@ -71,6 +71,7 @@ class GpuRecord:
     pstate: int | None = None
     throttle: tuple[str, ...] = ()
     throttle_mask: tuple[str, ...] = ()  # as the bitmask said at the last detail poll
+    throttle_mask_read: bool = False  # the bitmask answered at the last detail poll
     throttle_ns: dict[int, int] = field(default_factory=dict)  # counters at the last poll
     pcie_tx_bytes_per_s: float | None = None  # sampled, where the byte counters are missing
     pcie_rx_bytes_per_s: float | None = None
