@@ -250,10 +250,10 @@ def write_profile(
     for index, code in (open_errors or {}).items():
         gpu_lines.setdefault(index, []).append(f"open_error {int(code)}")
     for text in faults:
-        index, _, rest = text.strip().partition(" ")
-        if not index.isdigit() or len(rest.split()) not in (2, 3):
+        number, _, rest = text.strip().partition(" ")
+        if not number.isdigit() or len(rest.split()) not in (2, 3):
             raise ValueError(f"bad fault {text!r}: want '<gpu> <function> <code> [<gi>]'")
-        gpu_lines.setdefault(int(index), []).append(f"fault {rest}")
+        gpu_lines.setdefault(int(number), []).append(f"fault {rest}")
     for index in gpu_lines:
         if index >= n:
             raise ValueError(

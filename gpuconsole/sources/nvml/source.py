@@ -310,7 +310,7 @@ class NvmlSource:
         """A GPU NVML counts but did not open: still a GPU the operator must see. One it may
         not open (or that lacks power) is unreadable; any other is added to `lost`."""
         gpu = GpuRecord(index, None, f"unknown-{index}", "unknown", "unknown", errors=[str(exc)])
-        reason = OPEN_ERRORS.get(getattr(exc, "value", None))
+        reason = OPEN_ERRORS.get(getattr(exc, "value", -1))
         if reason is not None:
             log.warning("GPU %d cannot be opened: %s", index, exc)
             gpu.unopened = reason
