@@ -9,8 +9,9 @@ conftest.py imports these (``from tests.fakenvml_fixtures import *``), or a test
   library's variables) for ``subprocess.run(..., env=...)``. ``driver="575"`` plays another
   driver branch (gpuconsole.sim.drivers.DRIVERS), with the library built for it.
 - ``nvml_case``: one cell of the matrix the cheap NVML checks run over, every driver profile with
-  MIG off and on (GPU 7 of a DGX H100 partitioned): a test that takes it runs once per cell and
-  gets its environment from ``nvml_case.env(*scenarios)``.
+  MIG off and on (GPU 7 of a DGX H100 partitioned), read as root and, with MIG on, as an
+  unprivileged user: a test that takes it runs once per cell and gets its environment from
+  ``nvml_case.env(*scenarios)``.
 """
 
 from __future__ import annotations
@@ -129,11 +130,13 @@ def fake_nvml_env(tmp_path: Path, fake_nvml_libs: FakeNvmlLibs) -> FakeNvmlEnv:
 
 @dataclass(frozen=True)
 class NvmlCase:
-    """One cell of the NVML matrix: a DGX H100 on one driver, GPU 7 in MIG mode or not."""
+    """One cell of the NVML matrix: a DGX H100 on one driver, GPU 7 in MIG mode or not, read
+    by root or by an unprivileged user."""
 
     driver: DriverProfile
     mig: bool
     make_env: FakeNvmlEnv
+    privileged: bool = True
 
     def env(self, *scenarios: str, frozen_time: float | None = None) -> dict[str, str]:
         """A subprocess environment for this cell, with more scenarios where asked."""
@@ -143,17 +146,25 @@ class NvmlCase:
             driver=self.driver,
             scenarios=(*own, *scenarios),
             frozen_time=frozen_time,
+            privileged=self.privileged,
         )
 
 
+# An unprivileged user is refused most on a MIG-enabled node (the MIG GPU's memory, processes
+# and instances, every GPU's GPM): that cell stands for the axis.
 NVML_CASES = [
-    pytest.param((driver, mig), id=f"{driver.name}-{'mig' if mig else 'full'}")
-    for driver, mig in itertools.product(DRIVERS, (False, True))
+    pytest.param(
+        (driver, mig, privileged),
+        id=f"{driver.name}-{'mig' if mig else 'full'}{'' if privileged else '-user'}",
+    )
+    for driver, mig, privileged in itertools.product(DRIVERS, (False, True), (True, False))
+    if privileged or mig
 ]
 
 
 @pytest.fixture(params=NVML_CASES)
 def nvml_case(request: pytest.FixtureRequest, fake_nvml_env: FakeNvmlEnv) -> NvmlCase:
-    """A DGX H100 on each driver profile, with and without a MIG-partitioned GPU."""
-    driver, mig = request.param
-    return NvmlCase(driver, mig, fake_nvml_env)
+    """A DGX H100 on each driver profile, with and without a MIG-partitioned GPU, as root and
+    (MIG on) as an unprivileged user."""
+    driver, mig, privileged = request.param
+    return NvmlCase(driver, mig, fake_nvml_env, privileged)

@@ -948,8 +948,8 @@ def test_the_fake_plays_each_driver_branch(nvml_case: NvmlCase) -> None:
                           err(pynvml.nvmlDeviceGetUtilizationRates, g)
                           or pynvml.nvmlDeviceGetUtilizationRates(g).gpu])
         migs = []
+        parent = pynvml.nvmlDeviceGetHandleByIndex({MIG_GPU})
         if {nvml_case.mig}:
-            parent = pynvml.nvmlDeviceGetHandleByIndex({MIG_GPU})
             for slot in range(4):
                 m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)
                 migs.append(pynvml.nvmlDeviceGetAttributes(m).multiprocessorCount)
@@ -963,6 +963,8 @@ def test_the_fake_plays_each_driver_branch(nvml_case: NvmlCase) -> None:
             "nvlink_version": pynvml.nvmlDeviceGetNvLinkVersion(h, 0),
             "links": links,
             "migs": migs,
+            "mig_gpu_memory": err(pynvml.nvmlDeviceGetMemoryInfo, parent),
+            "gpm": err(pynvml.nvmlGpmSampleGet, h, pynvml.nvmlGpmSampleAlloc()),
         }}
         """,
     )
@@ -988,6 +990,9 @@ def test_the_fake_plays_each_driver_branch(nvml_case: NvmlCase) -> None:
         # An idle GPU's link trains down (utilization is NotSupported in MIG mode).
         assert gen == 5 or (gen == 1 and (util == "NVMLError_NotSupported" or util <= 2))
     assert out["migs"] == ([60, 32, 16, 16] if nvml_case.mig else [])
+    denied = "NVMLError_NoPermission"
+    assert out["mig_gpu_memory"] == (None if nvml_case.privileged or not nvml_case.mig else denied)
+    assert out["gpm"] == (None if nvml_case.privileged else denied)
 
 
 def test_a_profile_of_another_branch_does_not_load(

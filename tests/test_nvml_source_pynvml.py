@@ -281,7 +281,7 @@ def facts(g):
             "versions": sorted({l.version for l in g.nvlinks}), "state": g.state.value,
             "tx_total": g.pcie.tx_bytes_total, "tx_rate": g.pcie.tx_bytes_per_s,
             "downtrained": g.pcie.downtrained, "unsupported": list(g.unsupported),
-            "migs": sorted(m.sm_count for m in g.mig_instances)}
+            "migs": sorted(m.sm_count for m in g.mig_instances), "denied": list(g.denied)}
 print(json.dumps({"gpus": [facts(g) for g in second.gpus],
                   "events": [[e.kind, e.gpu_index, e.severity.value, e.message] for e in events]}))
 """
@@ -307,6 +307,11 @@ def test_the_source_reads_a_dgx_h100_right_on_every_driver_branch(nvml_case: Nvm
     warnings = [e for e in events if e[2] == "warning"]
     assert [(e[0], e[1]) for e in warnings] == ([("throttle", 3)] if counters else [])
     assert gpus[MIG_GPU]["migs"] == ([16, 16, 32, 60] if nvml_case.mig else [])
+    # what only root may read is said, and leaves each GPU ok (above)
+    root_only = [] if nvml_case.privileged else ["gpm"]
+    assert [g["denied"] for g in gpus[:MIG_GPU]] == [root_only] * MIG_GPU
+    mig_root_only = ["gpm", "memory", "mig_placement", "processes"]
+    assert gpus[MIG_GPU]["denied"] == (root_only if nvml_case.privileged else mig_root_only)
 
 
 @pytest.mark.parametrize("driver", ["535", "550"])
