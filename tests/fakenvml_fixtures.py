@@ -60,6 +60,7 @@ class FakeNvmlEnv(Protocol):
         frozen_time: float | None = None,
         missing_fields: Sequence[int] = (),
         privileged: bool = True,
+        profiling_admin_only: bool = True,
         open_errors: Mapping[int, int] | None = None,
         faults: Sequence[str] = (),
     ) -> dict[str, str]: ...
@@ -103,6 +104,7 @@ def fake_nvml_env(tmp_path: Path, fake_nvml_libs: FakeNvmlLibs) -> FakeNvmlEnv:
         frozen_time: float | None = None,
         missing_fields: Sequence[int] = (),
         privileged: bool = True,
+        profiling_admin_only: bool = True,
         open_errors: Mapping[int, int] | None = None,
         faults: Sequence[str] = (),
     ) -> dict[str, str]:
@@ -116,6 +118,7 @@ def fake_nvml_env(tmp_path: Path, fake_nvml_libs: FakeNvmlLibs) -> FakeNvmlEnv:
             seed=seed,
             missing_fields=missing_fields,
             privileged=privileged,
+            profiling_admin_only=profiling_admin_only,
             open_errors=open_errors,
             faults=faults,
         )

@@ -365,6 +365,12 @@ def test_an_unprivileged_user_is_refused_what_a_real_driver_refuses(
     assert out["plain_memory"] is out["plain_procs"] is out["power"] is None
     root = run_py(fake_nvml_env(scenarios=["mig 7"]), body)
     assert not {k: v for k, v in root.items() if v == denied}
+    # a node whose driver opens profiling to everyone (RmProfilingAdminOnly=0)
+    open_gpm = run_py(
+        fake_nvml_env(scenarios=["mig 7"], privileged=False, profiling_admin_only=False), body
+    )
+    assert open_gpm["gpm"] is open_gpm["gpm_mig"] is None
+    assert open_gpm["parent_memory"] == open_gpm["gi_by_id"] == denied
 
 
 @pytest.mark.parametrize(

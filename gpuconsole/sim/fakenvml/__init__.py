@@ -224,6 +224,7 @@ def write_profile(
     seed: int = 0,
     missing_fields: Sequence[int] = (),
     privileged: bool = True,
+    profiling_admin_only: bool = True,
     open_errors: Mapping[int, int] | None = None,
     faults: Sequence[str] = (),
 ) -> Path:
@@ -234,7 +235,8 @@ def write_profile(
     ``"ecc 2"``, ``"mig 7"``, ``"smoothing 0 at 5"`` or ``"notsupported 1"`` (kind, GPU index,
     optional start in seconds). ``missing_fields`` are field ids the driver answers
     NOT_SUPPORTED, as an older one does.
-    ``privileged=False`` reads as an unprivileged user: NO_PERMISSION where drivers answer it.
+    ``privileged=False`` reads as an unprivileged user: NO_PERMISSION where drivers answer it
+    (GPM too, unless ``profiling_admin_only=False``: RmProfilingAdminOnly=0 on the node).
     ``open_errors`` maps a GPU index to the nvmlReturn_t its handle cannot be opened with.
     ``faults`` are ``"<gpu> <function> <code or nan> [<GPU instance id>]"`` (see fake_nvml.c).
     """
@@ -279,6 +281,7 @@ def write_profile(
         f"cuda_driver_version {plays.cuda_driver_version}",
         "virtualization_mode 0",
         f"privileged {int(privileged)}",
+        f"profiling_admin_only {int(profiling_admin_only)}",
         *(f"missing_field {fid}" for fid in missing_fields),
     ]
     for kind, gpu, at in parsed:

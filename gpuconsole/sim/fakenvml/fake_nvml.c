@@ -47,6 +47,8 @@
  *     privileged <0|1>                 1 (the default): the caller is root. 0: an unprivileged
  *                                      user, answered NO_PERMISSION where a real driver answers
  *                                      it (see "Non-root" below)
+ *     profiling_admin_only <0|1>       the driver's RmProfilingAdminOnly: 1 (the default, as
+ *                                      the driver ships) keeps GPM from unprivileged users
  *     missing_field <field id>         a field this driver does not know (NOT_SUPPORTED), as
  *                                      on an older driver; repeat the key for several
  *     scenario <kind> <gpu> [at <seconds>]
@@ -87,7 +89,8 @@
  * Non-root (privileged 0), as nvml.h documents and DCGM#214 reports: memory information and the
  * running-process lists of a MIG-enabled GPU (not of its MIG devices),
  * nvmlDeviceGetGpuInstanceById, and GPM sampling (RmProfilingAdminOnly=1, the default) answer
- * NVML_ERROR_NO_PERMISSION.
+ * NVML_ERROR_NO_PERMISSION (GPM only while profiling_admin_only is 1; a real H200 node with
+ * RmProfilingAdminOnly=0 samples GPM for any user).
  *
  * Dynamics: a deterministic function of the seed and of t = seconds since the first nvmlInit in
  * the process (CLOCK_MONOTONIC). Each GPU (and each MIG GPU instance) has a smooth load u(t) in
@@ -659,6 +662,7 @@ typedef struct {
     int cuda_driver_version;
     unsigned virtualization_mode;
     int privileged;
+    int profiling_admin_only;
     int ngpus;
     gpu_t gpus[MAX_GPUS];
     int nscenarios;
@@ -845,6 +849,7 @@ static int parse_profile(FILE *f, profile_t *p, char *err, size_t errlen) {
     gpu_t *g = NULL;
     memset(p, 0, sizeof(*p));
     p->privileged = 1;
+    p->profiling_admin_only = 1;
     while (fgets(line, sizeof line, f)) {
         lineno++;
         size_t len = strlen(line);
@@ -886,6 +891,10 @@ static int parse_profile(FILE *f, profile_t *p, char *err, size_t errlen) {
             if (strcmp(rest, "0") && strcmp(rest, "1"))
                 goto bad;
             p->privileged = atoi(rest);
+        } else if (!strcmp(key, "profiling_admin_only")) {
+            if (strcmp(rest, "0") && strcmp(rest, "1"))
+                goto bad;
+            p->profiling_admin_only = atoi(rest);
         } else if (!strcmp(key, "missing_field")) {
             if (p->nmissing_fields >= 32)
                 goto bad;
@@ -3113,7 +3122,7 @@ static nvmlReturn_t take_sample(gpu_t *g, int slot, nvmlGpmSample_t s) {
         return NVML_ERROR_INVALID_ARGUMENT;
     if (!g->gpm)
         return NVML_ERROR_NOT_SUPPORTED;
-    if (!g_prof.privileged)
+    if (!g_prof.privileged && g_prof.profiling_admin_only)
         return NVML_ERROR_NO_PERMISSION; /* profiling is admin-only (RmProfilingAdminOnly=1) */
     s->taken = 1;
     s->gpu = g->index;
