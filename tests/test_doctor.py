@@ -244,3 +244,26 @@ VALUE_TYPE_NAMES = {
     "SIGNED_INT",
     "UNSIGNED_SHORT",
 }
+
+
+def test_doctor_says_what_a_user_without_root_cannot_see(fake_nvml_env: FakeNvmlEnv) -> None:
+    report = doctor_json(fake_nvml_env(DGX_H100, scenarios=["mig 7"], privileged=False))
+    parent = normal_bus_id(DGX_H100.gpus[7].bus_id)
+    denied = {(h["gpu"], h["reading"]) for h in report["hidden"] if h["why"] == "permission"}
+    assert {
+        (parent, "memory used/total"),
+        (parent, "processes"),
+        (parent, "MIG instance placement and profile"),
+    } <= denied
+    refused = {
+        (a["gpu"], a["function"]) for a in report["answers"] if a["code_name"] == "NO_PERMISSION"
+    }
+    assert {(gpu, call) for gpu, call in refused} <= {
+        (h["gpu"].split(" MIG")[0], h["call"]) for h in report["hidden"] if h["why"] == "permission"
+    }
+    assert all(
+        "needs root" in h["explanation"] for h in report["hidden"] if h["why"] == "permission"
+    )
+    text = doctor(fake_nvml_env(DGX_H100, scenarios=["mig 7"], privileged=False)).stdout
+    assert "Readings this user cannot see: none" not in text
+    assert f"{parent}" in text.split("Not supported here")[0]
