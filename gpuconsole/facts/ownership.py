@@ -249,8 +249,22 @@ class _Gpu:
     mig_problems: dict[int, list[Inconsistency]] = field(default_factory=dict)
 
     @property
+    def named_by_nvml(self) -> bool:
+        """NVML read its identity: not one it lost first ('unknown-N', model 'unknown')."""
+        return self.nvml is not None and ":" in self.nvml.pci_bus_id
+
+    @property
     def uuid(self) -> str | None:
-        return self.nvml.uuid if self.nvml is not None else (self.pci.uuid if self.pci else None)
+        """NVML's UUID; else the nvidia driver's; None where neither is known."""
+        if self.nvml is not None and self.named_by_nvml:
+            return self.nvml.uuid
+        return self.pci.uuid if self.pci is not None else None
+
+    @property
+    def model(self) -> str | None:
+        if self.nvml is not None and self.named_by_nvml:
+            return self.nvml.name
+        return self.pci.model if self.pci is not None else None
 
     @property
     def driver(self) -> str | None:
@@ -594,7 +608,7 @@ def _resolve_gpu(entry: _Gpu, hosts: dict[int, HostProcess]) -> GpuOwner:
         bus_id=entry.bus_id,
         uuid=entry.uuid,
         index=nvml.index if nvml is not None else None,
-        model=nvml.name if nvml is not None else (pci.model if pci is not None else None),
+        model=entry.model,
         driver=entry.driver,
         iommu_group=pci.iommu_group if pci is not None else None,
         owners=owners,
