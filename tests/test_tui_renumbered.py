@@ -157,3 +157,41 @@ async def test_an_sm_map_open_while_nvml_renumbers_stays_on_its_gpu(hub: Hub) ->
         title = str(sm_map.query_one("#sm-title").content)
         assert title.startswith("GPU 5 · NVIDIA H100")
         assert sm_map.bus_id == BESIDE
+
+
+@pytest.mark.parametrize("hub", [1.0], indirect=True)
+async def test_a_gpus_history_stays_its_own_when_nvml_renumbers(hub: Hub) -> None:
+    """History is keyed by UUID, which NVML reads before anything else of a GPU (one it
+    cannot name has no readings to keep): the GPU shown as 6, then 5, has one history."""
+
+    def history(bus_id: str) -> tuple[float, ...]:
+        node = _node(hub)
+        assert node is not None and node.history is not None
+        row = next(r for r in node_gpus(node) if r.bus_id == bus_id)
+        assert row.uuid is not None
+        return node.history.series("gpu", row.uuid, "power_w")
+
+    await until(lambda: len(history(BESIDE)) >= 3)
+    before = history(BESIDE)
+    await renumber(hub)
+    await until(lambda: len(history(BESIDE)) > len(before) + 2)
+    after = history(BESIDE)
+    assert after[: len(before)] == before  # the points from when it was GPU 6
+
+
+@pytest.mark.parametrize("hub", [1.0], indirect=True)
+async def test_every_gpus_owner_stays_with_its_bus_id_when_nvml_renumbers(hub: Hub) -> None:
+    def owners() -> dict[str, str]:
+        node = _node(hub)
+        assert node is not None and node.tenancy is not None
+        return {r.bus_id: r.label for r in node_gpus(node)}
+
+    await until(lambda: (n := _node(hub)) is not None and n.tenancy is not None)
+    before = owners()
+    await renumber(hub)
+    await until(lambda: owners()[TO_GUEST] == "vm tenant-b-vm8")
+    after = owners()
+    assert {b: o for b, o in after.items() if b != TO_GUEST} == {
+        b: o for b, o in before.items() if b != TO_GUEST
+    }
+    assert after[LOST] == before[LOST] == "pod team-nlp/train-llm-7b-0"
