@@ -18,17 +18,26 @@ from typing import Any, TypeVar
 import orjson
 
 from gpuconsole.history import HistoryView
-from gpuconsole.readings.base import SCHEMA_VERSION, Key, normal_bus_id, nvml_bus_id, safe_text
+from gpuconsole.readings.base import (
+    SCHEMA_VERSION,
+    Event,
+    Key,
+    normal_bus_id,
+    nvml_bus_id,
+    safe_text,
+)
 from gpuconsole.readings.nvml import GpuReading, NvLinkReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 
 _SKIP = {"history"}  # history stays in the process that recorded it
 _KEYED = {"rates", "deltas"}  # NodeSnapshot mappings keyed by counter path
 # NVML's bus ids: sysfs's form in a reading, NVML's in the JSON (as `snapshot --json` and
-# agents have always written them); either form reads back as sysfs's.
+# agents have always written them); either form reads back as sysfs's. An event's GPU is
+# written as its reading's is, so the two join in the JSON as well.
 _BUS_IDS: dict[type, tuple[str, ...]] = {
     GpuReading: ("pci_bus_id",),
     NvLinkReading: ("remote_pci_bus_id",),
+    Event: ("gpu_bus_id",),
 }
 
 

@@ -457,6 +457,43 @@ async def test_an_odd_event_from_an_agent_is_dropped_alone() -> None:
         await runner.cleanup()
 
 
+async def test_an_agents_event_names_its_gpu_by_bus_id_and_an_older_ones_still_arrives() -> None:
+    """An agent writes an event's GPU as NVML writes bus ids; the head holds it in sysfs form.
+    An agent from before events carried a bus id sends none: its event still arrives."""
+    doc = json.loads(codec.dumps(frozen_fleet()))
+    node = next(n for n in doc["nodes"] if n["node"] == "dgx-001")
+    older = {
+        "at": 1_796_000_100.0,
+        "node": "dgx-001",
+        "source": "nvml",
+        "kind": "xid",
+        "severity": "critical",
+        "message": "XID 79 on GPU 3: GPU has fallen off the bus",
+        "gpu_index": 3,
+        "gpu_uuid": "GPU-3",
+        "code": 79,
+    }
+    newer = {**older, "at": 1_796_000_101.0, "gpu_bus_id": "00000000:C3:00.0"}
+    body = json.dumps({**doc, "nodes": [node], "events": [older, newer]}).encode()
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    runner, port = await serve(handler)
+    head = Hub(HubSettings(publish_gap_s=0.05))
+    head.add_source(AgentSource("dgx-001", f"http://127.0.0.1:{port}", AgentClient()))
+    await head.start()
+    try:
+        await until(lambda: len([e for e in head.events() if e.kind == "xid"]) == 2)
+        xids = sorted((e for e in head.events() if e.kind == "xid"), key=lambda e: e.at)
+        assert [e.gpu_bus_id for e in xids] == [None, "0000:c3:00.0"]
+        # and a head passes it on as the agent wrote it
+        assert [codec.encode(e)["gpu_bus_id"] for e in xids] == [None, "00000000:C3:00.0"]
+    finally:
+        await head.stop()
+        await runner.cleanup()
+
+
 async def test_connections_are_bounded() -> None:
     """Twenty nodes behind one slow agent: never more than the client's limit at once."""
     open_now = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.facts.ownership import OwnerKind, node_ownership
 from gpuconsole.readings.base import SourceStatus
 from gpuconsole.readings.nvml import GpuReading, GpuState, NvmlReading
@@ -19,9 +20,13 @@ def test_a_pod_held_gpu_carries_dcgm_exporters_pod_labels_and_no_other_gpu_does(
     for node in snapshot.nodes:
         ownership = node_ownership(node)
         assert ownership is not None, node.node
-        for gpu in node.gpus:
-            sample = one(xid, Hostname=node.node, UUID=gpu.uuid)
-            owner = ownership.gpu(gpu.uuid)
+        for row in node_gpus(node):
+            if row.reading is None:
+                continue
+            # NVML's UUID; the nvidia driver's for the GPU NVML lost before reading it
+            assert row.uuid is not None
+            sample = one(xid, Hostname=node.node, UUID=row.uuid)
+            owner = ownership.gpu(row.uuid)
             assert owner is not None
             pods = [o for o in owner.owners if o.kind is OwnerKind.POD and o.pod]
             if pods and not owner.migs:
@@ -32,6 +37,36 @@ def test_a_pod_held_gpu_carries_dcgm_exporters_pod_labels_and_no_other_gpu_does(
             else:
                 assert not POD_LABELS & set(sample.labels), sample
     assert labelled >= 4  # the demo's training pods
+
+
+def test_a_gpu_nvml_lost_before_reading_it_is_exported_by_the_drivers_uuid_and_bus_id() -> None:
+    """dgx-003's GPU 5 fell off the bus before NVML could read it: NVML calls it 'unknown-5'
+    at 'unknown', which name no GPU (and the 5 is NVML's number, which changes when it
+    renumbers). Its series carry what sysfs and the nvidia driver say of it instead."""
+    body = frozen_body()
+    assert "unknown-" not in body
+    node = frozen_fleet().node("dgx-003")
+    assert node is not None and node.tenancy is not None
+    lost = next(p for p in node.tenancy.gpus if p.bus_id == "0000:c3:00.0")
+    assert lost.uuid is not None
+    metrics = parse(body)
+    xid = one(metrics["DCGM_FI_DEV_XID_ERRORS"], Hostname="dgx-003", gpu="5")
+    assert (xid.labels["UUID"], xid.labels["pci_bus_id"]) == (lost.uuid, "00000000:C3:00.0")
+    assert xid.labels["modelName"] == "NVIDIA H100 80GB HBM3"
+    assert xid.labels["pod"] == "train-llm-7b-0"  # its pod's labels, found by that UUID
+    assert one(metrics["gpuconsole_gpu_lost"], node="dgx-003", uuid=lost.uuid).value == 1.0
+    owner = one(metrics["gpuconsole_gpu_owner_info"], node="dgx-003", gpu="5")
+    assert owner.labels["uuid"] == lost.uuid
+
+
+def test_a_gpu_nvml_never_read_and_sysfs_never_named_is_exported_lost_with_empty_ids() -> None:
+    gpu = GpuReading(5, "unknown-5", "unknown", "unknown", state=GpuState.LOST)
+    node = NodeSnapshot("n1", nvml=NvmlReading(FIXED, None, None, None, (gpu,)))
+    metrics = parse(render(FleetSnapshot(1, FIXED, (node,))))
+    lost = one(metrics["gpuconsole_gpu_lost"], node="n1", gpu="5")
+    assert lost.value == 1.0 and lost.labels["uuid"] == ""  # still said: it is lost
+    xid = one(metrics["DCGM_FI_DEV_XID_ERRORS"], Hostname="n1")
+    assert (xid.labels["UUID"], xid.labels["pci_bus_id"], xid.labels["modelName"]) == ("", "", "")
 
 
 def test_mig_instances_carry_their_own_pod_and_the_parent_gpu_none() -> None:

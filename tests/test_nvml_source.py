@@ -319,6 +319,36 @@ def test_a_lost_gpu_keeps_its_identity_and_its_one_lost_event_when_nvml_renumber
     assert events[0].gpu_uuid == seen.uuid
 
 
+def test_a_gpu_event_names_its_gpu_by_bus_id_which_nvml_renumbering_does_not_change() -> None:
+    source, lib, clock = make(DGX_H100, "thermal:3", "xid79:5@10", detail_every=1)
+    events: list[Event] = []
+    source._emit = events.append
+    gpus = source.collect().gpus
+    clock.now += 11
+    source.collect()
+    hot, lost = gpus[3].pci_bus_id, gpus[5].pci_bus_id
+    assert [(e.kind, e.gpu_index, e.gpu_bus_id) for e in events] == [
+        ("throttle", 3, hot),
+        ("gpu_lost", 5, lost),
+    ]
+    assert events[1].message.startswith("GPU 5 (c3:00.0) is lost")  # the number it had then
+    lib.node.retenant(passthrough=frozenset({2}), idle=frozenset())
+    source.rediscover()
+    clock.now += 30
+    assert source.collect().gpus[4].pci_bus_id == lost  # GPU 4 now, and still lost
+    assert [e.kind for e in events] == ["throttle", "gpu_lost"]
+
+
+def test_a_gpu_lost_before_nvml_read_it_is_told_without_a_uuid_it_never_said() -> None:
+    source, _lib, _clock = make(DGX_H100, "xid79:5", detail_every=1)
+    events: list[Event] = []
+    source._emit = events.append
+    assert source.collect().gpus[5].uuid == "unknown-5"  # NVML's reading keeps its place
+    assert [(e.kind, e.gpu_index, e.gpu_uuid, e.gpu_bus_id) for e in events] == [
+        ("gpu_lost", 5, None, None)
+    ]
+
+
 def test_a_gpu_lost_before_nvml_first_read_it_stays_lost_since_then_when_nvml_renumbers() -> None:
     source, lib, clock = make(DGX_H100, "xid79:5", detail_every=1)
     events: list[Event] = []

@@ -161,12 +161,14 @@ async def main():
             break
         await asyncio.sleep(0.05)
     await hub.stop()
-    return [(e.kind, e.gpu_index, e.severity.value, e.message) for e in hub.events()]
+    return [(e.kind, e.gpu_index, e.gpu_bus_id, e.severity.value, e.message)
+            for e in hub.events()]
 print(json.dumps(asyncio.run(main())))
 """
     events = run_child(fake_nvml_env(DGX_H100, scenarios=["ecc 2 at 0.5"]), body)
     ecc = [e for e in events if e[0] == "ecc"]
-    assert ecc == [["ecc", 2, "info", "single-bit ECC error on GPU 2"]]
+    # by bus id too, which outlives NVML's number for it
+    assert ecc == [["ecc", 2, "0000:52:00.0", "info", "single-bit ECC error on GPU 2 (52:00.0)"]]
 
 
 def test_without_pcie_byte_counters_the_drivers_own_rate_is_read(

@@ -16,6 +16,7 @@ import pytest
 
 from gpuconsole.config import FleetConfig
 from gpuconsole.export.agent import Agent, select
+from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
@@ -148,15 +149,17 @@ def fresh(hub: Hub, node: str) -> bool:
     return status is not None and status.ok
 
 
-def gpu_view(g: GpuReading) -> tuple[Any, ...]:
-    """What the fleet view, GPU health and the wallboard read of a GPU."""
+def gpu_view(node: NodeSnapshot, g: GpuReading) -> tuple[Any, ...]:
+    """What the fleet view, GPU health and the wallboard read of a GPU; its identity as the
+    console has it (for a GPU NVML lost before reading it, what sysfs says, as exported)."""
     sm = None if g.gpm is None or g.gpm.sm_util_pct is None else round(g.gpm.sm_util_pct, 6)
     pcie = g.pcie
+    row = next(r for r in node_gpus(node) if r.reading is g)
     return (
         g.index,
-        g.uuid,
-        g.name,
-        g.pci_bus_id,
+        row.uuid,
+        row.model,
+        row.bus_id,
         g.state,
         g.util_gpu_pct,
         g.util_mem_pct,
@@ -182,7 +185,7 @@ def node_view(node: NodeSnapshot) -> dict[str, Any]:
     bmc = node.bmc
     fabric = node.fabric
     return {
-        "gpus": [gpu_view(g) for g in node.gpus],
+        "gpus": [gpu_view(node, g) for g in node.gpus],
         "sources": {s.source: s.ok for s in node.statuses if s.source != "remote"},
         "bmc": None
         if bmc is None

@@ -282,6 +282,35 @@ def test_index_strategy_device_ids_map_to_nvml_indices() -> None:
     assert [g.label for g in own.gpus] == ["free", "pod ns/p"]
 
 
+def test_an_index_named_pod_is_not_moved_to_another_gpu_when_nvml_renumbers() -> None:
+    """The device plugin's index strategy names a GPU by NVML's number when the container
+    started. GPU 0 then left for vfio-pci and NVML numbered the others again: index 1 is
+    now 52:00.0, not the pod's 43:00.0. No GPU is said to be the pod's by that number."""
+    device = dataclasses.replace(pod("ns", "p", "1", None), index=1, since=100.0)
+    tenancy = TenancyReading(
+        at=300.0,
+        gpus=(
+            pci(0, "vfio-pci", bound_since=200.0),
+            pci(1, bound_since=50.0),
+            pci(2, bound_since=50.0),
+        ),
+        pod_devices=(device,),
+    )
+    renumbered = nvml(nvml_gpu(1, index=0), nvml_gpu(2, index=1))
+    own = resolve_owners(renumbered, tenancy)
+    assert [(g.bus_id, g.label) for g in own.gpus] == [
+        (BUS[1], "free"),
+        (BUS[2], "free"),  # shown as GPU 1 now: not the pod's
+        (BUS[0], "free (vfio-pci)"),
+    ]
+    (problem,) = own.problems
+    assert problem.kind is ProblemKind.RENUMBERED_DEVICE and problem.severity is Severity.WARNING
+    assert "pod ns/p" in problem.message and BUS[0] in problem.message
+    # with no driver change since the pod was first seen, its index is NVML's number now
+    steady = dataclasses.replace(tenancy, gpus=(pci(1, bound_since=50.0), pci(2, bound_since=50.0)))
+    assert [g.label for g in resolve_owners(renumbered, steady).gpus] == ["free", "pod ns/p"]
+
+
 def test_unbound_and_foreign_driver_gpus_are_unavailable() -> None:
     tenancy = TenancyReading(at=0.0, gpus=(pci(0, None), pci(1, "nouveau"), pci(2, "vfio-pci")))
     labels = [g.label for g in resolve_owners(None, tenancy).gpus]

@@ -357,7 +357,16 @@ def test_fleet_filter_matches_name_model_and_state() -> None:
 
 def test_event_filter_parses_keys_and_words() -> None:
     events = [
-        Event(1.0, "dgx-003", "nvml", "gpu_lost", Severity.CRITICAL, "GPU 5 is lost", 5),
+        Event(
+            1.0,
+            "dgx-003",
+            "nvml",
+            "gpu_lost",
+            Severity.CRITICAL,
+            "GPU 5 lost",
+            5,
+            gpu_bus_id="0000:c3:00.0",
+        ),
         Event(2.0, "dgx-004", "nvml", "xid", Severity.WARNING, "XID 63 on GPU 2", 2, code=63),
         Event(3.0, "dgx-004", "nvml", "source_recovered", Severity.INFO, "nvml recovered"),
     ]
@@ -367,7 +376,10 @@ def test_event_filter_parses_keys_and_words() -> None:
         2.0,
         1.0,
     ]
-    assert [e.at for e in filtered(events, EventFilter(gpu=5))] == [1.0]
+    by_bus = EventFilter.parse("gpu:c3:00.0", EventFilter())
+    assert [e.at for e in filtered(events, by_bus)] == [1.0]
+    # a number is the GPU the console shows by it now: with no snapshot, none is
+    assert filtered(events, EventFilter.parse("gpu:5", EventFilter())) == []
 
 
 def test_a_stale_fabric_source_says_so_over_its_last_pairings() -> None:

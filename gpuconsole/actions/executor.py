@@ -84,6 +84,7 @@ def action_event(
         message,
         gpu_index=index,
         gpu_uuid=uuid if len(plan.gpus) == 1 else None,
+        gpu_bus_id=plan.gpus[0] if len(plan.gpus) == 1 else None,
     )
 
 

@@ -46,7 +46,7 @@ def node_metrics(out: Families, node: NodeSnapshot, now: float) -> None:
     ownership = node_ownership(node)
     pods = pod_labels(ownership)
     for gpu in node.gpus:
-        gpu_metrics(out, node, gpu, pods)
+        gpu_metrics(out, node, gpu, pods, ownership)
     topology_metrics(out, node)
     bmc_metrics(out, node)
     fabric_metrics(out, node)

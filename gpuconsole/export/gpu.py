@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpuconsole.export import names
 from gpuconsole.export.families import Families, Labels, Spec
 from gpuconsole.export.ownership import PodLabels
+from gpuconsole.facts.ownership import Ownership
 from gpuconsole.readings.base import nvml_bus_id
 from gpuconsole.readings.nvml import GpmMetrics, GpuReading
 from gpuconsole.readings.snapshot import NodeSnapshot, gpu_health
@@ -29,17 +30,40 @@ _MIG = (*names.DCGM_LABELS, *names.MIG_LABELS)
 _MIG_WITH_POD = (*_MIG, *names.OWNER_LABELS)
 
 
-def _dcgm_values(node: NodeSnapshot, gpu: GpuReading) -> Labels:
-    bus = nvml_bus_id(gpu.pci_bus_id)  # dcgm-exporter's form, which dashboards join on
-    return (str(gpu.index), gpu.uuid, f"nvidia{gpu.index}", gpu.name, node.node, bus)
+def _identity(gpu: GpuReading, ownership: Ownership | None) -> tuple[str, str, str]:
+    """UUID, bus id (NVML's form) and model to label a GPU's series by: NVML's; for a GPU
+    NVML lost before it could read them, what sysfs and the nvidia driver say of it (as
+    ownership joins them), else empty. Never NVML's placeholders ('unknown-5', 'unknown'):
+    they name no GPU, and the number in one is NVML's, which changes when it renumbers."""
+    if ":" in gpu.pci_bus_id:
+        return gpu.uuid, nvml_bus_id(gpu.pci_bus_id), gpu.name
+    known = ownership.gpus if ownership is not None else ()
+    owner = next((g for g in known if g.index == gpu.index and ":" in g.bus_id), None)
+    if owner is None:
+        return "", "", ""
+    return owner.uuid or "", nvml_bus_id(owner.bus_id), owner.model or ""
 
 
-def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLabels) -> None:
+def _dcgm_values(node: NodeSnapshot, gpu: GpuReading, ident: tuple[str, str, str]) -> Labels:
+    uuid, bus, model = ident  # the bus in dcgm-exporter's form, which dashboards join on
+    return (str(gpu.index), uuid, f"nvidia{gpu.index}", model, node.node, bus)
+
+
+def gpu_metrics(
+    out: Families,
+    node: NodeSnapshot,
+    gpu: GpuReading,
+    pods: PodLabels,
+    ownership: Ownership | None = None,
+) -> None:
     """Every series of one GPU and its MIG instances."""
-    pod = pods.gpus.get(gpu.uuid)
+    ident = _identity(gpu, ownership)
+    uuid, bus, model = ident
+    pod = pods.gpus.get(uuid) if uuid else None
+    base = _dcgm_values(node, gpu, ident)
     labels = names.DCGM_LABELS if pod is None else _WITH_POD
-    values = _dcgm_values(node, gpu) if pod is None else (*_dcgm_values(node, gpu), *pod)
-    own, own_values = names.OWN_LABELS, (node.node, str(gpu.index), gpu.uuid)
+    values = base if pod is None else (*base, *pod)
+    own, own_values = names.OWN_LABELS, (node.node, str(gpu.index), uuid)
     health = gpu_health(gpu).value
     for state in HEALTH_STATES:
         out.gauge(names.GPU_HEALTH, (*own, "state"), (*own_values, state), float(state == health))
@@ -50,9 +74,9 @@ def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLab
         (
             node.node,
             str(gpu.index),
-            gpu.uuid,
-            gpu.name,
-            nvml_bus_id(gpu.pci_bus_id),
+            uuid,
+            model,
+            bus,
             gpu.serial or "",
             gpu.architecture or "",
             "" if gpu.numa_node is None else str(gpu.numa_node),
@@ -62,7 +86,7 @@ def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLab
     )
     if gpu.unreadable:  # nothing read: no series, not a row of zeros
         return
-    xid = node.last_xid.get(gpu.uuid)
+    xid = node.last_xid.get(uuid)
     out.gauge(names.DCGM_XID, labels, values, float(xid or 0))
     if gpu.lost:
         return
@@ -123,13 +147,12 @@ def gpu_metrics(out: Families, node: NodeSnapshot, gpu: GpuReading, pods: PodLab
         put(names.DCGM_NVLINK_TOTAL, _nvlink_kib_per_s(node, gpu, "tx_kib", "rx_kib"), 1 / 1024)
         link_labels = (*own, "link", "remote")
         for link in gpu.nvlinks:
-            lv = (node.node, str(gpu.index), gpu.uuid, str(link.link), link.remote_kind.value)
+            lv = (node.node, str(gpu.index), uuid, str(link.link), link.remote_kind.value)
             if link.tx_kib_total is not None:
                 out.counter(names.NVLINK_TX, link_labels, lv, link.tx_kib_total * 1024.0)
             if link.rx_kib_total is not None:
                 out.counter(names.NVLINK_RX, link_labels, lv, link.rx_kib_total * 1024.0)
     _profiling(out, labels, values, gpu.gpm, _counted_rates(node, gpu))
-    base = _dcgm_values(node, gpu)
     for mig in gpu.mig_instances:
         mig_pod = pods.migs.get(mig.uuid)
         mig_labels = _MIG if mig_pod is None else _MIG_WITH_POD

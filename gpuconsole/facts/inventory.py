@@ -10,11 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuconsole.facts.ownership import GpuOwner, Inconsistency, OwnerKind, node_ownership
+from gpuconsole.readings.base import Event
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import PciGpu
 
-__all__ = ["GpuRow", "gpu_name", "node_gpus", "ownership_problems", "short_bus_id"]
+__all__ = [
+    "GpuRow",
+    "event_gpu",
+    "gpu_and_bus",
+    "gpu_name",
+    "node_gpus",
+    "ownership_problems",
+    "short_bus_id",
+]
 
 
 def short_bus_id(bus_id: str) -> str:
@@ -27,6 +36,15 @@ def gpu_name(index: int | None, bus_id: str) -> str:
     The number is only a label (NVML numbers the GPUs again when one leaves its driver);
     the bus id is what an action acts on."""
     return f"GPU {index}" if index is not None else f"GPU {short_bus_id(bus_id)}"
+
+
+def gpu_and_bus(index: int | None, bus_id: str | None) -> str:
+    """How an event names a GPU, which outlives its number: 'GPU 5 (c3:00.0)'; 'GPU 5' for
+    one whose bus id NVML never read, 'GPU c3:00.0' for one NVML does not number."""
+    if bus_id is None or ":" not in bus_id:
+        return f"GPU {index}" if index is not None else "a GPU"
+    name = gpu_name(index, bus_id)
+    return f"{name} ({short_bus_id(bus_id)})" if index is not None else name
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +156,22 @@ def node_gpus(node: NodeSnapshot) -> tuple[GpuRow, ...]:
         return max(before, default=-1), 1, row.bus_id
 
     return tuple(sorted(rows, key=order))
+
+
+def event_gpu(node: NodeSnapshot, event: Event) -> GpuRow | None:
+    """The GPU of `node` an event is about, as the node is now: by bus id; else by UUID (an
+    agent that sends no bus id); else, for a GPU NVML lost before it could read it, the GPU
+    lost since the instant the event told it (it keeps that across NVML's renumbering).
+    Never by NVML's number then, which may be another GPU's now."""
+    rows = node_gpus(node)
+    if event.gpu_bus_id is not None:
+        return next((r for r in rows if r.bus_id == event.gpu_bus_id), None)
+    if event.gpu_uuid is not None:
+        return next((r for r in rows if r.uuid == event.gpu_uuid), None)
+    if event.gpu_index is None:
+        return None
+    unread = [r for r in rows if r.reading is not None and ":" not in r.reading.pci_bus_id]
+    return next((r for r in unread if r.reading and r.reading.lost_since == event.at), None)
 
 
 def ownership_problems(node: NodeSnapshot) -> tuple[Inconsistency, ...]:

@@ -63,6 +63,7 @@ class ProblemKind(enum.StrEnum):
     PARTIAL_IOMMU_GROUP = "partial_iommu_group"  # a guest holds part of an IOMMU group
     GUEST_ON_HOST_DRIVER = "guest_on_host_driver"  # running guest, GPU bound to nvidia
     UNKNOWN_DEVICE = "unknown_device"  # an allocation naming no GPU on this node
+    RENUMBERED_DEVICE = "renumbered_device"  # by NVML's index, which changed since
     BAD_GUEST = "bad_guest"  # a domain XML that cannot be read fully
 
 
@@ -249,8 +250,22 @@ class _Gpu:
     mig_problems: dict[int, list[Inconsistency]] = field(default_factory=dict)
 
     @property
+    def named_by_nvml(self) -> bool:
+        """NVML read its identity: not one it lost first ('unknown-N', model 'unknown')."""
+        return self.nvml is not None and ":" in self.nvml.pci_bus_id
+
+    @property
     def uuid(self) -> str | None:
-        return self.nvml.uuid if self.nvml is not None else (self.pci.uuid if self.pci else None)
+        """NVML's UUID; else the nvidia driver's; None where neither is known."""
+        if self.nvml is not None and self.named_by_nvml:
+            return self.nvml.uuid
+        return self.pci.uuid if self.pci is not None else None
+
+    @property
+    def model(self) -> str | None:
+        if self.nvml is not None and self.named_by_nvml:
+            return self.nvml.name
+        return self.pci.model if self.pci is not None else None
 
     @property
     def driver(self) -> str | None:
@@ -513,8 +528,13 @@ def _claim_pods(
         elif device.uuid is not None and device.uuid in by_mig:
             entry, mig = by_mig[device.uuid]
             target = (entry.bus_id, mig.gpu_instance_id)
-        elif device.uuid is None and device.index is not None and device.index in by_index:
-            target = (by_index[device.index].bus_id, None)
+        elif device.uuid is None and device.index is not None:
+            rebound = _rebound_since(tenancy, device.since)
+            if rebound:
+                problems.append(_renumbered(device, rebound))
+                continue
+            if device.index in by_index:
+                target = (by_index[device.index].bus_id, None)
         if target is None:
             problems.append(
                 Inconsistency(
@@ -536,6 +556,28 @@ def _claim_pods(
             entry.claims.append(claim)
         else:
             entry.mig_claims.setdefault(gi, []).append(claim)
+
+
+def _rebound_since(tenancy: TenancyReading, since: float | None) -> list[str]:
+    """The GPUs whose driver changed after `since`: NVML has numbered the GPUs again since
+    (a GPU that leaves or joins the nvidia driver moves the numbers of those after it)."""
+    if since is None:
+        return []
+    return [g.bus_id for g in tenancy.gpus if g.bound_since is not None and g.bound_since > since]
+
+
+def _renumbered(device: PodDevice, rebound: list[str]) -> Inconsistency:
+    """An index-strategy allocation older than NVML's numbering: its number may be another
+    GPU's now, so it is said, not guessed."""
+    return Inconsistency(
+        ProblemKind.RENUMBERED_DEVICE,
+        Severity.WARNING,
+        f"pod {device.namespace}/{device.pod} (container {device.container}) holds "
+        f"{device.resource} device {device.device_id!r}, NVML's number for a GPU when it "
+        f"started; {', '.join(rebound)} changed driver since, so NVML numbers the GPUs "
+        "differently now and which GPU that is cannot be told (the device plugin's "
+        "uuid strategy names GPUs by UUID)",
+    )
 
 
 def _resolve_gpu(entry: _Gpu, hosts: dict[int, HostProcess]) -> GpuOwner:
@@ -594,7 +636,7 @@ def _resolve_gpu(entry: _Gpu, hosts: dict[int, HostProcess]) -> GpuOwner:
         bus_id=entry.bus_id,
         uuid=entry.uuid,
         index=nvml.index if nvml is not None else None,
-        model=nvml.name if nvml is not None else (pci.model if pci is not None else None),
+        model=entry.model,
         driver=entry.driver,
         iommu_group=pci.iommu_group if pci is not None else None,
         owners=owners,

@@ -57,7 +57,10 @@ RawCounter = tuple[Key, int, int, bool, bool]
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """Something that happened: an XID, a source going stale, an action."""
+    """Something that happened: an XID, a source going stale, an action.
+
+    A GPU's event names it by bus id (sysfs form): NVML's index is only the label the GPU
+    had then, and another GPU may have it once NVML numbers them again."""
 
     at: float
     node: str
@@ -68,6 +71,7 @@ class Event:
     gpu_index: int | None = None
     gpu_uuid: str | None = None
     code: int | None = None
+    gpu_bus_id: str | None = None  # sysfs form; None for no GPU, or an agent that said none
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,11 @@ def normal_bus_id(bus_id: str) -> str:
     if len(parts) == 2:
         return f"0000:{parts[0]}:{parts[1]}"
     return text
+
+
+def known_bus_id(bus_id: str) -> str | None:
+    """The bus id; None for what stands in for one NVML could not read ('unknown')."""
+    return bus_id if ":" in bus_id else None
 
 
 @functools.lru_cache(maxsize=4096)

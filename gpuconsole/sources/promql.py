@@ -24,8 +24,9 @@ from typing import Any, ClassVar
 from urllib.parse import urlencode
 
 from gpuconsole.export import names
+from gpuconsole.facts.inventory import gpu_and_bus
 from gpuconsole.readings.agents import AgentReading
-from gpuconsole.readings.base import Event, SourceStatus, normal_bus_id, safe_text
+from gpuconsole.readings.base import Event, SourceStatus, known_bus_id, normal_bus_id, safe_text
 from gpuconsole.readings.bmc import BmcReading, PowerState
 from gpuconsole.readings.fabric import (
     FabricDevice,
@@ -592,9 +593,10 @@ class PromQLSource:
                     source="nvml",
                     kind="xid",
                     severity=severity,
-                    message=f"XID {code} on GPU {gpu.index}: {words}",
+                    message=f"XID {code} on {gpu_and_bus(gpu.index, gpu.pci_bus_id)}: {words}",
                     gpu_index=gpu.index,
-                    gpu_uuid=gpu.uuid,
+                    gpu_uuid=gpu.uuid or None,
                     code=code,
+                    gpu_bus_id=known_bus_id(gpu.pci_bus_id),
                 )
             )

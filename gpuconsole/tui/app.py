@@ -35,11 +35,11 @@ MIN_WIDTH, MIN_HEIGHT = 80, 24
 TICK_S = 1.0
 
 
-def _about(screen: Screen[object]) -> tuple[str | None, int | None]:
-    """The node and the GPU `screen` is about: a view's, a dialog's node; None for every
-    node or GPU, and for the screens that are about none (help, the palette)."""
+def _about(screen: Screen[object]) -> tuple[str | None, str | None]:
+    """The node and the GPU (by bus id) `screen` is about: a view's, a dialog's node; None
+    for every node or GPU, and for the screens that are about none (help, the palette)."""
     if isinstance(screen, BaseView):
-        return screen.node_name, screen.gpu_index
+        return screen.node_name, screen.bus_id
     if isinstance(screen, AssignScreen | ProposeScreen):
         return screen.node_name, None
     return None, None
@@ -254,12 +254,13 @@ class ConsoleApp(App[None]):
             self.push_screen(HelpScreen.for_screen(self.screen))
 
     def action_events(self) -> None:
-        from gpuconsole.tui.screens.events import EventsScreen
+        from gpuconsole.tui.screens.events import EventsScreen, pick_gpu
 
         screen = self.screen
         if isinstance(screen, EventsScreen):
             return
-        node, gpu = _about(screen)
+        node, bus = _about(screen)
+        gpu = pick_gpu(bus, node, self.snapshot) if bus is not None else None
         self.push_screen(EventsScreen(node=node, gpu=gpu))
 
     def action_propose(self) -> None:
@@ -270,20 +271,24 @@ class ConsoleApp(App[None]):
 
         self.push_screen(NodeScreen(name))
 
-    def open_gpu(self, name: str, index: int) -> None:
+    def open_gpu(self, name: str, index: int | None = None, *, bus_id: str | None = None) -> None:
+        """A GPU by the number the console shows it by now, or by bus id."""
         from gpuconsole.tui.screens.gpu import GpuScreen
 
-        self.push_screen(GpuScreen(name, index))
+        self.push_screen(GpuScreen(name, index, bus_id=bus_id))
 
     def open_topology(self, name: str) -> None:
         from gpuconsole.tui.screens.topology import TopologyScreen
 
         self.push_screen(TopologyScreen(name))
 
-    def open_sm_map(self, name: str, index: int) -> None:
+    def open_sm_map(
+        self, name: str, index: int | None = None, *, bus_id: str | None = None
+    ) -> None:
+        """A GPU's SM map, by the number the console shows it by now, or by bus id."""
         from gpuconsole.tui.screens.smmap import SmMapScreen
 
-        self.push_screen(SmMapScreen(name, index))
+        self.push_screen(SmMapScreen(name, index, bus_id=bus_id))
 
     def jump(self, view: str, node: str | None = None, gpu: int | None = None) -> None:
         """Go to a view from anywhere, leaving Esc to walk back up: fleet > node > GPU."""

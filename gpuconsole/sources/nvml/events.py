@@ -8,7 +8,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpuconsole.readings.base import Event, Severity
+from gpuconsole.facts.inventory import gpu_and_bus
+from gpuconsole.readings.base import Event, Severity, known_bus_id
 from gpuconsole.sources.nvml.lib import TIMEOUT
 from gpuconsole.sources.nvml.state import GpuRecord
 from gpuconsole.sources.xid import describe_xid
@@ -72,27 +73,18 @@ def event_from(data: Any, gpus: list[GpuRecord], at: float, node: str, source: s
     gpu = _match_handle(data.device, gpus)
     index = gpu.index if gpu is not None else None
     uuid = gpu.uuid if gpu is not None else None
-    where = f"GPU {index}" if index is not None else "a GPU"
+    bus = known_bus_id(gpu.bus_id) if gpu is not None else None
+    where = gpu_and_bus(index, bus)
     if data.eventType & EVENT_XID:
         xid = int(data.eventData)
         severity, meaning = describe_xid(xid)
-        return Event(
-            at, node, source, "xid", severity, f"XID {xid} on {where}: {meaning}", index, uuid, xid
-        )
+        message, code = f"XID {xid} on {where}: {meaning}", xid
+        return Event(at, node, source, "xid", severity, message, index, uuid, code, bus)
     if data.eventType & EVENT_DBE:
-        return Event(
-            at,
-            node,
-            source,
-            "ecc",
-            Severity.CRITICAL,
-            f"double-bit ECC error on {where}",
-            index,
-            uuid,
-        )
-    return Event(
-        at, node, source, "ecc", Severity.INFO, f"single-bit ECC error on {where}", index, uuid
-    )
+        severity, message = Severity.CRITICAL, f"double-bit ECC error on {where}"
+    else:
+        severity, message = Severity.INFO, f"single-bit ECC error on {where}"
+    return Event(at, node, source, "ecc", severity, message, index, uuid, gpu_bus_id=bus)
 
 
 def _address(handle: Any) -> int | None:

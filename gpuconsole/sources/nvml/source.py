@@ -30,9 +30,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from gpuconsole.config import NvmlConfig
+from gpuconsole.facts.inventory import gpu_and_bus
 from gpuconsole.format import THROTTLE_WORDS
 from gpuconsole.hardware import model_spec
-from gpuconsole.readings.base import Event, Severity, normal_bus_id
+from gpuconsole.readings.base import Event, Severity, known_bus_id, normal_bus_id
 from gpuconsole.readings.nvml import (
     EccReading,
     GpuReading,
@@ -285,6 +286,10 @@ class NvmlSource:
                 _keep_identity(gpu, before)
             if gpu.lost_since is None:
                 self._mark_lost(gpu, gpu.errors[0])
+        # and a throttle told before is not news again: each GPU by bus id, not by number
+        told = {g.bus_id: g.throttle for g in self._gpus if ":" in g.bus_id}
+        for gpu in gpus:
+            gpu.throttle = told.get(gpu.bus_id, gpu.throttle)
         self._gpus = gpus
         self._pci_topology = self._read_pci_topology()
 
@@ -450,15 +455,18 @@ class NvmlSource:
                 self.kind,
                 "gpu_recovered",
                 Severity.INFO,
-                f"GPU {gpu.index} answers again",
+                f"{gpu_and_bus(gpu.index, gpu.bus_id)} answers again",
                 gpu.index,
                 gpu.uuid,
+                gpu_bus_id=known_bus_id(gpu.bus_id),
             )
         )
         return True
 
     def _mark_lost(self, gpu: GpuRecord, why: str) -> None:
         gpu.lost_since = self._clock()
+        bus = known_bus_id(gpu.bus_id)
+        uuid = gpu.uuid if bus is not None else None  # not 'unknown-N': it never said either
         self._post(
             Event(
                 gpu.lost_since,
@@ -466,10 +474,11 @@ class NvmlSource:
                 self.kind,
                 "gpu_lost",
                 Severity.CRITICAL,
-                f"GPU {gpu.index} is lost ({why})",
+                f"{gpu_and_bus(gpu.index, bus)} is lost ({why})",
                 gpu.index,
-                gpu.uuid,
+                uuid,
                 79,
+                bus,
             )
         )
 
@@ -712,12 +721,13 @@ class NvmlSource:
         old, new = set(before) - BENIGN_THROTTLE, set(now) - BENIGN_THROTTLE
         if old == new:
             return
+        where = gpu_and_bus(gpu.index, gpu.bus_id)
         if new:
             words = ", ".join(THROTTLE_WORDS.get(r, r) for r in sorted(new))
             severity = Severity.WARNING if new & HOT_THROTTLE else Severity.INFO
-            message = f"GPU {gpu.index} throttled: {words}"
+            message = f"{where} throttled: {words}"
         else:
-            severity, message = Severity.INFO, f"GPU {gpu.index} no longer throttled"
+            severity, message = Severity.INFO, f"{where} no longer throttled"
         self._post(
             Event(
                 self._clock(),
@@ -728,6 +738,7 @@ class NvmlSource:
                 message,
                 gpu.index,
                 gpu.uuid,
+                gpu_bus_id=known_bus_id(gpu.bus_id),
             )
         )
 

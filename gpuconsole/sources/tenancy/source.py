@@ -294,4 +294,15 @@ class TenancySource:
                 message = f"{device}: now held by {after}"
             else:
                 message = f"{device}: released by {before}"
-            self._emit(Event(reading.at, self.node, self.kind, "ownership", Severity.INFO, message))
+            bus = device if what != "pod" else None  # a pod's is the device plugin's ID
+            self._emit(
+                Event(
+                    reading.at,
+                    self.node,
+                    self.kind,
+                    "ownership",
+                    Severity.INFO,
+                    message,
+                    gpu_bus_id=bus,
+                )
+            )

@@ -10,7 +10,9 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Static
 
-from gpuconsole.readings.snapshot import FleetSnapshot
+from gpuconsole.facts import summaries
+from gpuconsole.facts.inventory import GpuRow
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import looks_same
 from gpuconsole.tui.widgets.footer import Footer
@@ -41,9 +43,10 @@ class BaseView(Screen[None]):
     HELP_EXTRA: tuple[tuple[str, str], ...] = ()
 
     # What the view is about, for the views opened from it (events, placement help) and for
-    # a fleet's hub (whose agent to read in full): None for every node, or every GPU.
+    # a fleet's hub (whose agent to read in full): None for every node, or every GPU. A GPU
+    # by bus id: NVML's number for it changes when another GPU leaves the nvidia driver.
     node_name: str | None = None
-    gpu_index: int | None = None
+    bus_id: str | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -116,3 +119,36 @@ class BaseView(Screen[None]):
             self.palette,
             read_only=self.console.read_only,
         )
+
+
+class GpuView(BaseView):
+    """A view of one GPU, opened by the number the console showed it by or by bus id, and
+    followed by bus id once found, however NVML numbers the GPUs after."""
+
+    node_name: str
+
+    def __init__(
+        self, node_name: str, gpu_index: int | None = None, *, bus_id: str | None = None
+    ) -> None:
+        """A GPU by NVML's index, or by bus id (for one NVML cannot see: a guest's)."""
+        super().__init__()
+        self.node_name = node_name
+        self.gpu_index = gpu_index
+        self.bus_id = bus_id
+
+    def gpu_crumb(self) -> str:
+        return f"GPU {self.gpu_index}" if self.gpu_index is not None else f"GPU {self.bus_id}"
+
+    def find_row(self, node: NodeSnapshot) -> GpuRow | None:
+        """This GPU's row; its number kept as the console shows it now."""
+        rows = summaries.gpu_rows(node)
+        if self.bus_id is None:
+            found = next((r for r in rows if r.index is not None and r.index == self.gpu_index),
+                         None)  # fmt: skip
+            if found is not None and ":" in found.bus_id:
+                self.bus_id = found.bus_id
+            return found
+        found = next((r for r in rows if r.bus_id == self.bus_id), None)
+        if found is not None:
+            self.gpu_index = found.index
+        return found

@@ -11,7 +11,8 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from gpuconsole import format as fmt
-from gpuconsole.readings.base import Event, Health, Severity
+from gpuconsole.facts.inventory import GpuRow, event_gpu, gpu_and_bus, node_gpus, short_bus_id
+from gpuconsole.readings.base import Event, Health, Severity, known_bus_id, normal_bus_id
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.widgets.filter_bar import FilterBar
@@ -22,50 +23,127 @@ _SEVERITY_HEALTH = {Severity.INFO: Health.OK, Severity.WARNING: Health.WARNING,
 
 
 @dataclass(frozen=True, slots=True)
+class GpuPick:
+    """The GPU (or, across nodes, GPUs) an events filter means, by what NVML's numbering
+    does not change: node and bus id, or UUID for an event that names no bus id."""
+
+    name: str  # as the summary says it: "GPU 4 (c3:00.0)"
+    places: frozenset[tuple[str | None, str]]  # (node, bus id); node None: on any node
+    uuids: frozenset[str] = frozenset()  # lower case
+
+    def keep(self, event: Event) -> bool:
+        bus = event.gpu_bus_id
+        if bus is not None and ((event.node, bus) in self.places or (None, bus) in self.places):
+            return True
+        return event.gpu_uuid is not None and event.gpu_uuid.lower() in self.uuids
+
+
+def _names_a_gpu(value: str) -> bool:
+    """A number, a bus id or a UUID, as `gpu:` takes them; anything else stays a word."""
+    if value.isascii() and value.isdigit():  # int() also reads other scripts' digits
+        return True
+    return value.count(":") in (1, 2) or value.lower().startswith(("gpu-", "mig-"))
+
+
+def pick_gpu(value: str, node: str | None, snapshot: FleetSnapshot | None) -> GpuPick:
+    """`gpu:VALUE` as the console means it now: a number is the label the console shows a
+    GPU by now, else a bus id ('c3:00.0', either form) or a UUID."""
+    nodes = snapshot.nodes if snapshot is not None else ()
+    rows: list[tuple[str, GpuRow]] = [
+        (n.node, row) for n in nodes if node is None or n.node == node for row in node_gpus(n)
+    ]
+    places: set[tuple[str | None, str]] = set()
+    uuids: set[str] = set()
+    if value.isascii() and value.isdigit():  # int() also reads other scripts' digits
+        found = [(n, r) for n, r in rows if r.index == int(value)]
+    elif ":" in value:
+        bus = normal_bus_id(value)
+        places.add((None, bus))
+        found = [(n, r) for n, r in rows if r.bus_id == bus]
+    else:
+        uuids.add(value.lower())
+        found = [(n, r) for n, r in rows if r.uuid is not None and r.uuid.lower() in uuids]
+    for name, row in found:
+        if ":" in row.bus_id:
+            places.add((name, row.bus_id))
+        if row.uuid:
+            uuids.add(row.uuid.lower())
+    shown = {gpu_and_bus(r.index, r.bus_id) for _n, r in found}
+    said = shown.pop() if len(shown) == 1 else f"GPU {value}"
+    return GpuPick(said, frozenset(places), frozenset(uuids))
+
+
+@dataclass(frozen=True, slots=True)
 class EventFilter:
     """Which events to show: node, GPU, lowest severity, and free words."""
 
     node: str | None = None
-    gpu: int | None = None
+    gpu: GpuPick | None = None
     min_severity: Severity = Severity.INFO
     words: str = ""
 
     @classmethod
-    def parse(cls, text: str, base: EventFilter) -> EventFilter:
-        """`node:dgx-003 gpu:5 sev:critical xid` → a filter (unknown keys stay words)."""
+    def parse(
+        cls, text: str, base: EventFilter, snapshot: FleetSnapshot | None = None
+    ) -> EventFilter:
+        """`node:dgx-003 gpu:5 sev:critical xid` → a filter (unknown keys stay words); a GPU
+        is looked up in `snapshot`, as the console shows it now (see `pick_gpu`)."""
         node, gpu, sev, words = base.node, base.gpu, base.min_severity, []
+        wanted: str | None = None
         for token in text.split():
             key, _, value = token.partition(":")
             if key == "node" and value:
                 node = value
-            elif key == "gpu" and value.isascii() and value.isdigit():
-                gpu = int(value)
+            elif key == "gpu" and _names_a_gpu(value):
+                wanted = value
             elif key in ("sev", "severity") and value in Severity._value2member_map_:
                 sev = Severity(value)
             else:
                 words.append(token.lower())
+        if wanted is not None:
+            gpu = pick_gpu(wanted, node, snapshot)
         return cls(node, gpu, sev, " ".join(words))
 
-    def keep(self, event: Event) -> bool:
+    def keep(self, event: Event, snapshot: FleetSnapshot | None = None) -> bool:
         if self.node is not None and event.node != self.node:
             return False
-        if self.gpu is not None and event.gpu_index != self.gpu:
+        if self.gpu is not None and not self._about_gpu(event, snapshot):
             return False
         if _SEVERITY_RANK[event.severity] < _SEVERITY_RANK[self.min_severity]:
             return False
         text = f"{event.node} {event.source} {event.kind} {event.message}".lower()
         return all(word in text for word in self.words.split())
 
+    def _about_gpu(self, event: Event, snapshot: FleetSnapshot | None) -> bool:
+        assert self.gpu is not None
+        if self.gpu.keep(event):
+            return True
+        if event.gpu_bus_id is not None or event.gpu_uuid is not None or snapshot is None:
+            return False
+        node = snapshot.node(event.node)  # a GPU NVML lost before it could name it
+        row = event_gpu(node, event) if node is not None else None
+        return row is not None and (event.node, row.bus_id) in self.gpu.places
+
     def describe(self) -> str:
         parts = []
         if self.node:
             parts.append(f"node {self.node}")
         if self.gpu is not None:
-            parts.append(f"GPU {self.gpu}")
+            parts.append(self.gpu.name)
         parts.append(f"severity ≥ {self.min_severity.value}")
         if self.words:
             parts.append(f"“{self.words}”")
         return ", ".join(parts)
+
+
+def _gpu_cell(event: Event, snapshot: FleetSnapshot) -> str:
+    """The event's GPU by bus id, which outlives NVML's numbering; by the number it had
+    then only where neither the event nor the snapshot can say its bus id."""
+    bus = event.gpu_bus_id
+    if bus is None and event.gpu_index is not None and (node := snapshot.node(event.node)):
+        row = event_gpu(node, event)
+        bus = known_bus_id(row.bus_id) if row is not None else None
+    return short_bus_id(bus) if bus is not None else fmt.number(event.gpu_index)
 
 
 EventOrder = tuple[float, str, str, str, str, int, int]
@@ -78,9 +156,12 @@ def event_order(event: Event) -> EventOrder:
             -1 if event.code is None else event.code)  # fmt: skip
 
 
-def filtered(events: Iterable[Event], flt: EventFilter) -> list[Event]:
-    """The events `flt` keeps, newest first."""
-    return [e for e in sorted(events, key=event_order, reverse=True) if flt.keep(e)]
+def filtered(
+    events: Iterable[Event], flt: EventFilter, snapshot: FleetSnapshot | None = None
+) -> list[Event]:
+    """The events `flt` keeps, newest first; `snapshot` tells which GPU an event is about
+    where the event cannot say (see `event_gpu`)."""
+    return [e for e in sorted(events, key=event_order, reverse=True) if flt.keep(e, snapshot)]
 
 
 class Stamp(Text):
@@ -115,16 +196,15 @@ class EventsScreen(BaseView):
         Binding("escape", "back_or_clear", "Back", show=False),
     ]
     HELP_EXTRA = (
-        ("/ node:NAME gpu:N sev:LEVEL words", "filter syntax"),
+        ("/ node:NAME gpu:N|BUS|UUID sev:LEVEL words", "filter syntax (N: the GPU shown as N)"),
         ("Enter", "open the event's GPU (or node)"),
     )
 
-    def __init__(self, *, node: str | None = None, gpu: int | None = None) -> None:
+    def __init__(self, *, node: str | None = None, gpu: GpuPick | None = None) -> None:
         super().__init__()
         self.base = EventFilter(node=node, gpu=gpu)
         self.flt = self.base
         self.node_name = node
-        self.gpu_index = gpu
         self._shown: list[RowId] = []  # in table order, newest first
         self._keys: dict[RowId, str] = {}  # each shown event's row key
         self._serial = 0
@@ -139,7 +219,7 @@ class EventsScreen(BaseView):
                            ("kind", "kind"), ("message", "message")):  # fmt: skip
             table.add_column(label, key=key)
         yield table
-        yield FilterBar(placeholder="node:NAME gpu:N sev:warning|critical words…")
+        yield FilterBar(placeholder="node:NAME gpu:N|BUS|UUID sev:warning|critical words…")
 
     @property
     def table(self) -> DataTable[Text | str]:
@@ -148,7 +228,7 @@ class EventsScreen(BaseView):
     def apply(self, snapshot: FleetSnapshot, *, force: bool = False) -> None:
         """Key rows by event: remove the ones that aged out or no longer match, add only the
         new ones, then put them in order; `force` (a new palette) rebuilds every row."""
-        events = filtered(snapshot.events, self.flt)
+        events = filtered(snapshot.events, self.flt, snapshot)
         summary = f"{len(events)} of {len(snapshot.events)} recent events · {self.flt.describe()}"
         self.query_one("#events-summary", Static).update(summary)
         wanted = row_ids(events)
@@ -168,18 +248,18 @@ class EventsScreen(BaseView):
             for row in added:
                 self._serial += 1
                 self._keys[row] = key = f"event-{self._serial}"
-                table.add_row(*self._cells(row[0]), key=key)
+                table.add_row(*self._cells(row[0], snapshot), key=key)
             if added and len(added) != len(wanted):
                 self._sort(table)
             self._shown = wanted
 
-    def _cells(self, event: Event) -> tuple[Text | str, ...]:
+    def _cells(self, event: Event, snapshot: FleetSnapshot) -> tuple[Text | str, ...]:
         style = self.palette.health[_SEVERITY_HEALTH[event.severity]]
         return (
             Stamp(event),
             Text(event.severity.value, style=style),
             event.node,
-            fmt.number(event.gpu_index),
+            _gpu_cell(event, snapshot),
             event.kind,
             event.message,
         )
@@ -207,11 +287,15 @@ class EventsScreen(BaseView):
         if row is None:
             return
         happened = row[0]
-        if self.console.snapshot is None or self.console.snapshot.node(happened.node) is None:
+        snapshot = self.console.snapshot
+        node = snapshot.node(happened.node) if snapshot is not None else None
+        if node is None:
             self.notify(f"{happened.node} is not in the latest snapshot")
-        elif happened.gpu_index is not None:
-            self.console.open_gpu(happened.node, happened.gpu_index)
-        else:
+            return
+        gpu = event_gpu(node, happened)
+        if gpu is not None:
+            self.console.open_gpu(happened.node, gpu.index, bus_id=known_bus_id(gpu.bus_id))
+        else:  # none, or one that is gone: NVML's number then may be another GPU's now
             self.console.open_node(happened.node)
 
     def action_filter(self) -> None:
@@ -238,7 +322,7 @@ class EventsScreen(BaseView):
             self.app.pop_screen()
 
     def on_filter_bar_changed(self, event: FilterBar.Changed) -> None:
-        self.flt = EventFilter.parse(event.value, self.base)
+        self.flt = EventFilter.parse(event.value, self.base, self.console.snapshot)
         self._refilter()
 
     def on_filter_bar_closed(self, event: FilterBar.Closed) -> None:

@@ -23,7 +23,7 @@ from gpuconsole.hardware import model_spec
 from gpuconsole.readings.base import Health, Severity, nvml_bus_id
 from gpuconsole.readings.nvml import GpuReading, RemoteKind
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
-from gpuconsole.tui.screens.base import BaseView
+from gpuconsole.tui.screens.base import GpuView
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import health_light, spark
 
@@ -324,7 +324,7 @@ def spec_box(name: str) -> RenderableType:
     ])  # fmt: skip
 
 
-class GpuScreen(BaseView):
+class GpuScreen(GpuView):
     """Everything about one GPU."""
 
     BINDINGS = [
@@ -335,34 +335,9 @@ class GpuScreen(BaseView):
         Binding("a", "assign", "Assign"),  # only for those who may act (check_action)
     ]
     HELP_EXTRA = (("↑ ↓ PgUp PgDn", "scroll"),)
-    node_name: str
-
-    def __init__(
-        self, node_name: str, gpu_index: int | None = None, *, bus_id: str | None = None
-    ) -> None:
-        """A GPU by NVML's index, or by bus id (for one NVML cannot see: a guest's)."""
-        super().__init__()
-        self.node_name = node_name
-        self.gpu_index = gpu_index
-        self.bus_id = bus_id
 
     def crumbs(self) -> list[str]:
-        where = f"GPU {self.gpu_index}" if self.gpu_index is not None else f"GPU {self.bus_id}"
-        return ["Fleet", self.node_name, where]
-
-    def _row(self, node: NodeSnapshot) -> GpuRow | None:
-        """This GPU's row; once found, followed by bus id, whatever NVML renumbers."""
-        rows = summaries.gpu_rows(node)
-        if self.bus_id is None:
-            found = next((r for r in rows if r.index is not None and r.index == self.gpu_index),
-                         None)  # fmt: skip
-            if found is not None and ":" in found.bus_id:
-                self.bus_id = found.bus_id
-            return found
-        found = next((r for r in rows if r.bus_id == self.bus_id), None)
-        if found is not None:
-            self.gpu_index = found.index
-        return found
+        return ["Fleet", self.node_name, self.gpu_crumb()]
 
     def compose_body(self) -> ComposeResult:
         with VerticalScroll(classes="scroll-body", id="gpu-body"):
@@ -376,7 +351,7 @@ class GpuScreen(BaseView):
 
     def apply(self, snapshot: FleetSnapshot, *, force: bool = False) -> None:
         node = snapshot.node(self.node_name)
-        row = self._row(node) if node is not None else None
+        row = self.find_row(node) if node is not None else None
         missing = self.query_one("#gpu-missing", Static)
         if node is None or row is None:
             where = self.crumbs()[-1]
@@ -424,7 +399,7 @@ class GpuScreen(BaseView):
         if self.gpu_index is None:
             self.notify("NVML cannot see this GPU, so there is no SM map to draw")
             return
-        self.console.open_sm_map(self.node_name, self.gpu_index)
+        self.console.open_sm_map(self.node_name, self.gpu_index, bus_id=self.bus_id)
 
     def action_topology(self) -> None:
         self.console.open_topology(self.node_name)

@@ -16,7 +16,7 @@ from gpuconsole import format as fmt
 from gpuconsole.facts import summaries
 from gpuconsole.facts.inventory import GpuRow, ownership_problems
 from gpuconsole.hardware import product_name, short_model
-from gpuconsole.readings.base import Health, Severity
+from gpuconsole.readings.base import Health, Severity, known_bus_id
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.tui.screens.base import BaseView, update_text
@@ -234,12 +234,8 @@ class NodeScreen(BaseView):
     def _open(self, row: GpuRow | None) -> None:
         if row is None:
             return
-        if row.index is not None:
-            self.console.open_gpu(self.node_name, row.index)
-        else:  # no NVML index to name it by: GPU detail by bus id
-            from gpuconsole.tui.screens.gpu import GpuScreen
-
-            self.app.push_screen(GpuScreen(self.node_name, bus_id=row.bus_id))
+        # by bus id, the GPU under the cursor whatever NVML numbers it by the next snapshot
+        self.console.open_gpu(self.node_name, row.index, bus_id=known_bus_id(row.bus_id))
 
     def on_row_table_row_selected(self, event: RowTable.RowSelected) -> None:
         self._open(self._rows.get(event.key))
@@ -250,7 +246,7 @@ class NodeScreen(BaseView):
     def action_sm_map(self) -> None:
         row = self.selected_row()
         if row is not None and row.index is not None:
-            self.console.open_sm_map(self.node_name, row.index)
+            self.console.open_sm_map(self.node_name, row.index, bus_id=known_bus_id(row.bus_id))
         elif row is not None:
             self.notify(f"{row.name} is bound to {row.driver or 'no driver'}: NVML cannot map it")
 

@@ -21,7 +21,7 @@ from gpuconsole.facts import summaries
 from gpuconsole.hardware import GpuModel, model_spec
 from gpuconsole.readings.nvml import GpmMetrics, GpuReading, MigInstance
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
-from gpuconsole.tui.screens.base import BaseView
+from gpuconsole.tui.screens.base import GpuView
 from gpuconsole.tui.themes import Palette
 
 SHADES = "░▒▓█"
@@ -192,20 +192,13 @@ def explanation(gpu: GpuReading, spec: GpuModel) -> Text:
     return text
 
 
-class SmMapScreen(BaseView):
+class SmMapScreen(GpuView):
     """The SMs of one GPU, by holder."""
 
     HELP_EXTRA = (("↑ ↓", "scroll"),)
-    node_name: str
-    gpu_index: int
-
-    def __init__(self, node_name: str, gpu_index: int) -> None:
-        super().__init__()
-        self.node_name = node_name
-        self.gpu_index = gpu_index
 
     def crumbs(self) -> list[str]:
-        return ["Fleet", self.node_name, f"GPU {self.gpu_index}", "SM map"]
+        return ["Fleet", self.node_name, self.gpu_crumb(), "SM map"]
 
     def compose_body(self) -> ComposeResult:
         with VerticalScroll(classes="scroll-body"):
@@ -226,11 +219,13 @@ class SmMapScreen(BaseView):
 
     def apply(self, snapshot: FleetSnapshot, *, force: bool = False) -> None:
         node = snapshot.node(self.node_name)
-        gpu = node.nvml.gpu(self.gpu_index) if node is not None and node.nvml else None
+        row = self.find_row(node) if node is not None else None
+        gpu = row.reading if row is not None else None
         title = self.query_one("#sm-title", Static)
         grid = self.query_one("#sm-grid", Static)
         if node is None or gpu is None:
-            title.update(f"GPU {self.gpu_index} of {self.node_name} is not in the latest snapshot")
+            where = self.gpu_crumb()
+            title.update(f"{where} of {self.node_name} is not in the latest snapshot")
             return
         spec = model_spec(gpu.name)
         if spec is None or gpu.lost:
