@@ -149,25 +149,46 @@ class IpmiSim:
         return out
 
 
-def start_ipmi_sim(workdir: Path) -> IpmiSim:
+@dataclass(frozen=True)
+class SimFiles:
+    """The test BMC's files, each as text: change one to make a BMC of another kind."""
+
+    emu: str = ""  # ipmi_sim -f: its MCs and sensors
+    sdrs: str = ""  # sdrcomp's input: the SDR repository
+    chassis_control: str = ""  # the chassis control script: power state
+
+    @classmethod
+    def default(cls) -> SimFiles:
+        return cls(
+            (DATA / "node.emu").read_text(),
+            (DATA / "node.sdrs").read_text(),
+            (DATA / "chassis_control.sh").read_text(),
+        )
+
+
+def start_ipmi_sim(workdir: Path, files: SimFiles | None = None) -> IpmiSim:
     """ipmi_sim on free ports; a port another process took first gets a retry."""
+    files = files or SimFiles.default()
     for attempt in range(3):
         try:
-            return _start_ipmi_sim_once(workdir)
+            return _start_ipmi_sim_once(workdir, files)
         except RuntimeError:
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")
 
 
-def _start_ipmi_sim_once(workdir: Path) -> IpmiSim:
+def _start_ipmi_sim_once(workdir: Path, files: SimFiles) -> IpmiSim:
     sim = require_program("ipmi_sim", "apt-get install openipmi")
     sdrcomp = require_program("sdrcomp", "apt-get install openipmi")
     workdir.mkdir(parents=True, exist_ok=True)
     port, console = free_port(socket.SOCK_DGRAM), free_port()
     chassis = workdir / "chassis_control.sh"
-    shutil.copy(DATA / "chassis_control.sh", chassis)
+    chassis.write_text(files.chassis_control)
     chassis.chmod(0o755)
+    emu, sdrs = workdir / "node.emu", workdir / "node.sdrs"
+    emu.write_text(files.emu)
+    sdrs.write_text(files.sdrs)
     conf = (DATA / "lan.conf.in").read_text()
     for key, value in (
         ("@PORT@", str(port)),
@@ -181,12 +202,12 @@ def _start_ipmi_sim_once(workdir: Path) -> IpmiSim:
     sdr_dir = state / "ipmi_sim" / "gpuconsole-test"
     sdr_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [sdrcomp, "-8", "-o", str(sdr_dir / "sdr.20.main"), str(DATA / "node.sdrs")],
+        [sdrcomp, "-8", "-o", str(sdr_dir / "sdr.20.main"), str(sdrs)],
         check=True,
         capture_output=True,
     )
     proc = subprocess.Popen(
-        [sim, "-c", "lan.conf", "-f", str(DATA / "node.emu"), "-s", str(state), "-n"],
+        [sim, "-c", "lan.conf", "-f", str(emu), "-s", str(state), "-n"],
         cwd=workdir,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -201,9 +222,9 @@ def _start_ipmi_sim_once(workdir: Path) -> IpmiSim:
 
 
 @contextlib.contextmanager
-def running_ipmi_sim(workdir: Path) -> Iterator[IpmiSim]:
+def running_ipmi_sim(workdir: Path, files: SimFiles | None = None) -> Iterator[IpmiSim]:
     """ipmi_sim for the length of a `with` block."""
-    sim = start_ipmi_sim(workdir)
+    sim = start_ipmi_sim(workdir, files)
     try:
         yield sim
     finally:

@@ -93,6 +93,22 @@ class SourceStatus:
         return not self.ok
 
 
+@dataclass(frozen=True, slots=True)
+class PartStatus:
+    """One part of a source (tenancy's libvirt or kubelet, a BMC's Redfish resource) and
+    how it went: a source whose parts fail apart keeps what the others read.
+
+    `enabled` is False when the part was left out on purpose (the config turned it off, or
+    a newer resource covers it); `detail` says what was found ("3 domains") or, when `ok`
+    is False, why nothing was ("kubelet socket ... not found", "HTTP 404").
+    """
+
+    part: str
+    ok: bool
+    detail: str = ""
+    enabled: bool = True
+
+
 # Every reading names a PCI function as sysfs does, '0000:18:00.0' (lower case): the NVML
 # source converts NVML's '00000000:18:00.0' where it reads it, so consumers compare plainly.
 # Cached: the codec and the exporter convert the same few dozen ids of a node every poll.

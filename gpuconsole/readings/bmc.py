@@ -11,7 +11,7 @@ import enum
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gpuconsole.readings.base import CounterSample, Health, Key, Severity
+from gpuconsole.readings.base import CounterSample, Health, Key, PartStatus, Severity
 
 
 class SensorKind(enum.StrEnum):
@@ -124,6 +124,9 @@ class BmcReading:
     psus_failed: int = 0
     sel_recent: tuple[SelEntry, ...] = ()  # the newest records, oldest first
     simulated: bool = False
+    # What was read and what was not: a part that failed (ok False) costs its readings
+    # only; one left out on purpose (enabled False) is there to say why.
+    parts: tuple[PartStatus, ...] = ()
 
     def counters(self) -> Iterator[CounterSample]:
         return iter(())
@@ -142,6 +145,17 @@ class BmcReading:
             if sensor.name == name:
                 return sensor
         return None
+
+    def part(self, name: str) -> PartStatus | None:
+        for part in self.parts:
+            if part.part == name:
+                return part
+        return None
+
+    @property
+    def unread(self) -> tuple[PartStatus, ...]:
+        """The parts that failed in the last poll; the rest of the reading stands."""
+        return tuple(p for p in self.parts if p.enabled and not p.ok)
 
     def of_kind(self, kind: SensorKind) -> tuple[BmcSensor, ...]:
         return tuple(s for s in self.sensors if s.kind is kind)

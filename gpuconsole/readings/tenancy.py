@@ -12,7 +12,7 @@ import enum
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gpuconsole.readings.base import CounterSample, Key
+from gpuconsole.readings.base import CounterSample, Key, PartStatus
 
 __all__ = [
     "ACTIVE_GUEST_STATES",
@@ -36,20 +36,6 @@ class OwnerKind(enum.StrEnum):
     PROCESS = "process"  # a process (or a non-Kubernetes container) on the host
     FREE = "free"  # nobody: in the host pool (nvidia) or the passthrough pool (vfio-pci)
     UNAVAILABLE = "unavailable"  # nobody can use it: lost, unbound, or bound elsewhere
-
-
-@dataclass(frozen=True, slots=True)
-class PartStatus:
-    """One part of the tenancy source (pci, libvirt, qemu, kubelet, processes) and how it went.
-
-    `enabled` is False when the config turned the part off; `detail` says what was found
-    ("3 domains") or, when `ok` is False, why nothing was ("kubelet socket ... not found").
-    """
-
-    part: str
-    ok: bool
-    detail: str = ""
-    enabled: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,18 +5,24 @@ health bitmask and states, power state, SEL records as dicts); `IpmiLink` turns 
 into normalised sensors and SEL entries. `PyghmiSession` is the real session; the demo's
 simulated BMC (gpuconsole.sim.bmc) is another `IpmiSession`, so everything above the
 wire is the same code for both.
+
+Each command stands on its own: a BMC that answers one with an error completion code
+(a blade's controller that is no chassis device, a SEL it does not keep, one sensor it
+cannot read) loses that part of the reading, named with the command and the code, and
+keeps the rest. Only a BMC that does not answer at all loses the whole reading.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from gpuconsole.readings.base import Severity
+from gpuconsole.readings.base import PartStatus, Severity
 from gpuconsole.readings.bmc import BmcSensor, PowerState, SelEntry, Thresholds
 from gpuconsole.sources.bmc.link import (
     BmcAuthError,
@@ -52,6 +58,18 @@ _THRESHOLD_FIELDS = (
 )
 _AUTH_WORDS = ("password", "unauthorized", "user name", "username", "privilege")
 _SENSOR_ABSENT = 0xCB  # completion code: requested sensor not present
+T = TypeVar("T")
+
+
+class IpmiCommandError(Exception):
+    """The BMC answered a command with an error: that part of the reading is lost, not the
+    session. The message names the command and the completion code where pyghmi kept it."""
+
+    def __init__(self, command: str, text: str, code: int | None = None) -> None:
+        self.command = command
+        self.code = code
+        answer = f"completion code 0x{code:02X} ({text})" if code else text
+        super().__init__(f"{command} failed: {answer}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +84,15 @@ class IpmiSensorData:
     health: int  # pyghmi.constants.Health bitmask
     states: tuple[str, ...]
     unavailable: bool
+    error: str = ""  # why the BMC gave no reading for it, when it answered with an error
 
 
 class IpmiSession(Protocol):
-    """The pyghmi-shaped layer under IpmiLink (blocking)."""
+    """The pyghmi-shaped layer under IpmiLink (blocking).
+
+    A command the BMC answers with an error raises IpmiCommandError (that part is lost);
+    anything else it raises (no answer, a broken session) costs the whole reading.
+    """
 
     def sensor_data(self) -> Iterable[IpmiSensorData]: ...
 
@@ -134,21 +157,58 @@ class PyghmiSession:
         # bytes, not str: with str a second Command to the same BMC can hang (PEERS.md)
         self._cmd = command.Command(bmc=host, userid=username, password=password, port=port)
 
+    @contextlib.contextmanager
+    def _answered(self, what: str) -> Iterator[None]:
+        """pyghmi's errors inside: one the BMC answered (its session still up) costs `what`
+        only; a timeout or a broken session stays as it is and costs the whole reading."""
+        from pyghmi.exceptions import IpmiException
+
+        try:
+            yield
+        except IpmiException as exc:
+            code = exc.ipmicode or None
+            if getattr(self._cmd.ipmi_session, "broken", False) or (code or 0) > 0xFF:
+                raise
+            raise IpmiCommandError(what, str(exc), code) from None
+
+    def _command(self, name: str, netfn: int, command: int, **kw: Any) -> Any:
+        """A raw command's reply; IpmiCommandError when the BMC answered it with an error."""
+        from pyghmi.exceptions import IpmiException
+
+        rsp = self._cmd.raw_command(netfn=netfn, command=command, **kw)
+        if "error" not in rsp:
+            return rsp
+        code = int(rsp.get("code") or 0)
+        if 0 < code <= 0xFF:
+            raise IpmiCommandError(name, str(rsp["error"]), code)
+        raise IpmiException(rsp["error"], code=code)  # no answer (pyghmi's code 0xFFFF)
+
     def _entries(self) -> list[Any]:
-        sdr = self._cmd.init_sdr()
+        with self._answered("reading the SDR repository"):
+            sdr = self._cmd.init_sdr()
         return [sdr.sensors[key] for key in sdr.get_sensor_numbers()]
 
     def sensor_data(self) -> Iterable[IpmiSensorData]:
-        from pyghmi.exceptions import IpmiException
-
         for entry in self._entries():
-            rsp = self._cmd.raw_command(
-                netfn=4, command=0x2D, rslun=entry.sensor_lun, data=(entry.sensor_number,)
-            )
-            if "error" in rsp:
-                if rsp.get("code") == _SENSOR_ABSENT:
+            number = entry.sensor_number
+            command = f"Get Sensor Reading (sensor {number})"
+            try:
+                rsp = self._command(command, 4, 0x2D, rslun=entry.sensor_lun, data=(number,))
+            except IpmiCommandError as exc:
+                if exc.code == _SENSOR_ABSENT:
                     continue
-                raise IpmiException(rsp["error"], code=rsp.get("code", 0))
+                yield IpmiSensorData(
+                    sensor_id=str(number),
+                    name=str(entry.sensor_name),
+                    type=str(entry.sensor_type),
+                    value=None,
+                    units=str(entry.unit_suffix or ""),
+                    health=0,
+                    states=(),
+                    unavailable=True,
+                    error=str(exc),
+                )
+                continue
             reading = entry.decode_sensor_reading(self._cmd, rsp["data"])
             yield IpmiSensorData(
                 sensor_id=str(entry.sensor_number),
@@ -181,20 +241,28 @@ class PyghmiSession:
         return out
 
     def get_power(self) -> Mapping[str, Any]:
-        return dict(self._cmd.get_power())
+        # what pyghmi's get_power sends, with the completion code it drops kept
+        rsp = self._command("Get Chassis Status", 0, 0x01)
+        if not rsp["data"]:
+            raise IpmiCommandError("Get Chassis Status", "an empty answer")
+        return {"powerstate": "on" if rsp["data"][0] & 1 else "off"}
 
     def set_power(self, powerstate: str, wait: bool = False) -> Mapping[str, Any]:
-        return dict(self._cmd.set_power(powerstate, wait=wait))
+        # pyghmi reads the power state first as well, but drops the completion code
+        self.get_power()
+        with self._answered("Chassis Control"):
+            return dict(self._cmd.set_power(powerstate, wait=wait))
 
     def sel_signature(self) -> tuple[int, ...] | None:
-        rsp = self._cmd.raw_command(netfn=0x0A, command=0x40)  # Get SEL Info
-        if "error" in rsp or len(rsp["data"]) < 13:
+        rsp = self._command("Get SEL Info", 0x0A, 0x40)
+        if len(rsp["data"]) < 13:
             return None
         return tuple(rsp["data"][1:3]) + tuple(rsp["data"][5:13])
 
     def get_event_log(self) -> Iterable[Mapping[str, Any]]:
-        records = [dict(r) for r in self._cmd.get_event_log()]
-        sdr = self._cmd.init_sdr()
+        with self._answered("reading the SEL"):
+            records = [dict(r) for r in self._cmd.get_event_log()]
+            sdr = self._cmd.init_sdr()
         for record in records:
             # pyghmi leaves threshold events' values as raw bytes: convert with the SDR
             # (and for other events they are not readings at all)
@@ -226,7 +294,7 @@ class IpmiLink:
         self._session: IpmiSession | None = None
         self._thresholds: Mapping[str, Thresholds] = {}
         self._thresholds_every = max(1, thresholds_every)
-        self._reads = 0
+        self._thresholds_in = 0  # reads until the thresholds are read again
         self._sel_signature: tuple[int, ...] | None = None
         self._sel: tuple[SelEntry, ...] = ()
 
@@ -235,11 +303,12 @@ class IpmiLink:
             self._session = self._call(self._connect)
         return self._session
 
-    def _call(self, fn: Callable[[], Any]) -> Any:
-        """Run one pyghmi call; its errors become BmcErrors that name this BMC."""
+    def _call(self, fn: Callable[[], T]) -> T:
+        """Run one pyghmi call; its errors become BmcErrors that name this BMC (but for
+        an error the BMC answered, which costs only what that call reads)."""
         try:
             return fn()
-        except BmcError:
+        except (BmcError, IpmiCommandError):
             raise
         except Exception as exc:
             self._drop()
@@ -260,23 +329,56 @@ class IpmiLink:
 
     def read(self, *, sel: bool) -> LinkReading:
         session = self._open()
-        if self._reads % self._thresholds_every == 0:
-            self._thresholds = self._call(session.thresholds)
-        self._reads += 1
-        raw = self._call(lambda: list(session.sensor_data()))
-        sensors = tuple(self._sensor(data) for data in raw)
-        power = self._call(session.get_power).get("powerstate")
+        parts: list[PartStatus] = []
+        raw = self._part(parts, "sensors", lambda: list(session.sensor_data()), _count("sensors"))
+        if raw is not None:
+            if self._thresholds_in <= 0:
+                found = self._part(parts, "thresholds", session.thresholds, _count("sensors"))
+                if found is not None:  # else the last ones stand, and it is tried again
+                    self._thresholds, self._thresholds_in = found, self._thresholds_every
+            else:
+                parts.append(PartStatus("thresholds", True, f"{len(self._thresholds)} sensors"))
+            self._thresholds_in -= 1
+            parts += [PartStatus(f"sensor {d.name}", False, d.error) for d in raw if d.error]
+        sensors = tuple(self._sensor(data) for data in raw or ())
+        answer = self._part(parts, "power", session.get_power, lambda a: str(a.get("powerstate")))
+        if raw is None and answer is None:  # nothing read: the BMC is as good as down
+            raise BmcError(f"{self.label}: " + "; ".join(p.detail for p in parts))
+        power = (answer or {}).get("powerstate")
         state = PowerState(power) if power in ("on", "off") else PowerState.UNKNOWN
         if sel:
-            signature = self._call(session.sel_signature)
-            if signature is None or signature != self._sel_signature:
-                records = self._call(lambda: list(session.get_event_log()))
-                units = {s.name: s.unit for s in sensors}
-                self._sel = tuple(
-                    entry for r in records if (entry := sel_entry(r, units)) is not None
-                )
-                self._sel_signature = signature
-        return LinkReading(state, sensors, self._sel)
+            read_sel = functools.partial(self._read_sel, session, sensors)
+            self._part(parts, "sel", read_sel, lambda n: f"{n} records")
+        else:
+            parts.append(PartStatus("sel", True, "not read", enabled=False))
+        return LinkReading(state, sensors, self._sel, parts=tuple(parts))
+
+    def _part(
+        self,
+        parts: list[PartStatus],
+        name: str,
+        fn: Callable[[], T],
+        detail: Callable[[T], str],
+    ) -> T | None:
+        """One part of a reading, its status added to `parts`; None when the BMC refused it."""
+        try:
+            found = self._call(fn)
+        except IpmiCommandError as exc:
+            parts.append(PartStatus(name, False, str(exc)))
+            return None
+        parts.append(PartStatus(name, True, detail(found)))
+        return found
+
+    def _read_sel(self, session: IpmiSession, sensors: tuple[BmcSensor, ...]) -> int:
+        """The SEL's records, fetched again only when it changed; how many there are."""
+        signature = session.sel_signature()
+        if signature is not None and signature == self._sel_signature:
+            return len(self._sel)
+        records = list(session.get_event_log())
+        units = {s.name: s.unit for s in sensors}
+        self._sel = tuple(entry for r in records if (entry := sel_entry(r, units)) is not None)
+        self._sel_signature = signature
+        return len(self._sel)
 
     def _sensor(self, data: IpmiSensorData) -> BmcSensor:
         unit = unit_of(data.units)
@@ -297,11 +399,18 @@ class IpmiLink:
 
     def set_power(self, action: PowerAction) -> str:
         session = self._open()
-        answer = self._call(lambda: session.set_power(PYGHMI_POWER[action], wait=False))
+        try:
+            answer = self._call(lambda: session.set_power(PYGHMI_POWER[action], wait=False))
+        except IpmiCommandError as exc:
+            raise BmcError(f"{self.label}: power {action.value} refused: {exc}") from None
         return str(answer.get("pendingpowerstate") or answer.get("powerstate") or "requested")
 
     def close(self) -> None:
         self._drop()
+
+
+def _count(what: str) -> Callable[[Any], str]:
+    return lambda found: f"{len(found)} {what}"
 
 
 def sel_entry(record: Mapping[str, Any], units: Mapping[str, str]) -> SelEntry | None:

@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import Protocol
 
+from gpuconsole.readings.base import PartStatus
 from gpuconsole.readings.bmc import BmcSensor, PowerState, SelEntry
 from gpuconsole.sources.bmc.sensors import UnitStatus
 
@@ -40,6 +41,7 @@ class LinkReading:
     sel: tuple[SelEntry, ...] = ()
     psus: tuple[UnitStatus, ...] = ()
     fans: tuple[UnitStatus, ...] = ()
+    parts: tuple[PartStatus, ...] = ()  # BmcReading.parts
 
 
 class BmcLink(Protocol):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from gpuconsole.config import BmcConfig
-from gpuconsole.readings.base import Event, Severity, safe_strings
+from gpuconsole.readings.base import Event, PartStatus, Severity, safe_strings
 from gpuconsole.readings.bmc import BmcReading, PowerState
 from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.bmc.link import BmcError, BmcLink, PowerAction
@@ -143,6 +143,7 @@ class BmcSource:
         self._emit: EmitEvent | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._power: PowerState | None = None
+        self._failing: dict[str, str] = {}  # part -> why, as of the last reading
         self._attempt: asyncio.Task[BmcReading] | None = None  # queue for a slot, then read
         self._claimed = True  # a poll has returned the attempt's outcome
         self._busy: asyncio.Future[Any] | None = None  # the last call on the worker thread
@@ -283,12 +284,13 @@ class BmcSource:
                         code=entry.record_id,
                     )
                 )
-        if self._power is not None and raw.power_state is not self._power:
-            severity = Severity.WARNING if raw.power_state is PowerState.OFF else Severity.INFO
-            self._post(
-                Event(now, self.node, self.kind, "power", severity, f"power {raw.power_state}")
-            )
-        self._power = raw.power_state
+        if raw.power_state is not PowerState.UNKNOWN:  # not read: a part error says why
+            if self._power is not None and raw.power_state is not self._power:
+                severity = Severity.WARNING if raw.power_state is PowerState.OFF else Severity.INFO
+                message = f"power {raw.power_state}"
+                self._post(Event(now, self.node, self.kind, "power", severity, message))
+            self._power = raw.power_state
+        self._announce_parts(raw.parts, now)
         totals = summarise(raw.sensors, psus=raw.psus, fans=raw.fans)
         return BmcReading(
             at=now,
@@ -304,11 +306,41 @@ class BmcSource:
             psus_failed=totals.psus_failed,
             sel_recent=raw.sel[-self._sel_recent :] if self._sel_recent else (),
             simulated=self.simulated,
+            parts=raw.parts,
         )
 
     def _post(self, event: Event) -> None:
         if self._emit is not None:
             self._emit(event)
+
+    def _announce_parts(self, parts: tuple[PartStatus, ...], now: float) -> None:
+        """An event when a part of the reading fails, and when it reads again."""
+        failing = {p.part: p.detail for p in parts if p.enabled and not p.ok}
+        for part, message in failing.items():
+            if self._failing.get(part) != message:
+                log.warning("%s: %s not read: %s", self.label, part, message)
+                self._post(
+                    Event(
+                        now,
+                        self.node,
+                        self.kind,
+                        "part_stale",
+                        Severity.WARNING,
+                        f"bmc {part} not read: {message}",
+                    )
+                )
+        for part in self._failing.keys() - failing.keys():
+            self._post(
+                Event(
+                    now,
+                    self.node,
+                    self.kind,
+                    "part_recovered",
+                    Severity.INFO,
+                    f"bmc {part} read again",
+                )
+            )
+        self._failing = failing
 
 
 def source_for(

@@ -212,4 +212,4 @@ def _message(exc: BaseException) -> str:
 def describe(guests: tuple[Guest, ...]) -> str:
     """'5 domains, 3 holding PCI devices' for the part's status line."""
     holding = sum(1 for g in guests if g.bus_ids)
-    return f"{len(guests)} domains, {holding} holding PCI devices"
+    return f"{len(guests)} domain{'' if len(guests) == 1 else 's'}, {holding} holding PCI devices"

@@ -24,14 +24,19 @@ def _is_qemu(argv: tuple[str, ...]) -> bool:
 
 
 def _options(text: str) -> dict[str, str]:
-    """'vfio-pci,host=1b:00.0,id=x' -> {'driver': 'vfio-pci', 'host': '1b:00.0', 'id': 'x'}."""
+    """'vfio-pci,host=1b:00.0,id=x' -> {'driver': 'vfio-pci', 'host': '1b:00.0', 'id': 'x'}.
+
+    A doubled comma is a comma inside a value (QEMU's escape, which libvirt writes for a
+    domain named 'foo=1,bar=2': `-name guest=foo=1,,bar=2,debug-threads=on`).
+    """
     if text.startswith("{"):
         try:
             data = json.loads(text)
         except ValueError:
             return {}
         return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
-    parts = text.split(",")
+    # an argv read from /proc holds no NUL, so it can stand for the escaped commas
+    parts = [part.replace("\0", ",") for part in text.replace(",,", "\0").split(",")]
     out = {"driver": parts[0]} if parts and "=" not in parts[0] else {}
     for part in parts:
         key, sep, value = part.partition("=")
