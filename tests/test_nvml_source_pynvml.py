@@ -191,7 +191,8 @@ print(json.dumps({"tx": gpu.pcie.tx_bytes_per_s, "rx": gpu.pcie.rx_bytes_per_s,
     # the driver's rate stands in for the counters: nothing the operator misses
     assert not {"field 197", "field 198"} & set(result["unsupported"])
     assert result["rx"] > 0 and result["tx"] > 0
-    assert result["calls"] == 2 * 2 * 8  # tx and rx, two detail polls, eight GPUs
+    # tx and rx at the first detail poll, eight GPUs; from the second, GPM has measured them
+    assert result["calls"] == 2 * 8
 
 
 def test_gpm_buffers_are_freed_through_the_real_binding(fake_nvml_env: FakeNvmlEnv) -> None:
@@ -421,6 +422,33 @@ print(json.dumps({"totals": [g.pcie.tx_bytes_total for r in readings for g in r.
     result = run_child(fake_nvml_env(DGX_H100, driver="580.82", frozen_time=40.0), body)
     assert result["totals"] == [None] * 24
     assert all(rate > 0 for rate in result["rates"])
+
+
+@pytest.mark.parametrize(("profile", "gpm"), [(DGX_H100, True), (DGX_A100, False)])
+def test_where_gpm_measures_pcie_the_drivers_blocking_rate_call_is_not_made(
+    fake_nvml_env: FakeNvmlEnv, profile: NodeProfile, gpm: bool
+) -> None:
+    """nvmlDeviceGetPcieThroughput samples for 20 ms per call (21 ms on a real H200): a Hopper
+    GPU's PCIe rates come from GPM once it has two samples; an A100 (no GPM) still asks."""
+    body = """
+import json, time
+from gpuconsole.sim.fakenvml import call_counts
+from gpuconsole.sources.nvml.source import NvmlSource
+source = NvmlSource("n", events=False, interval_s=1.0, detail_every=1)
+source.collect(); time.sleep(0.2); source.collect(); time.sleep(0.2)
+before = call_counts().get("nvmlDeviceGetPcieThroughput", 0)
+reading = source.collect()
+print(json.dumps({"asked": call_counts().get("nvmlDeviceGetPcieThroughput", 0) - before,
+                  "rates": [g.pcie.tx_bytes_per_s for g in reading.gpus],
+                  "gpm": [g.gpm.pcie_tx_bytes_per_s if g.gpm else None for g in reading.gpus]}))
+"""
+    result = run_child(fake_nvml_env(profile, driver="580.82"), body)
+    assert all(rate is not None and rate > 0 for rate in result["rates"])
+    if gpm:
+        assert result["asked"] == 0
+        assert result["rates"] == result["gpm"]
+    else:
+        assert result["asked"] == 2 * len(result["rates"])
 
 
 @pytest.mark.parametrize(("profile", "generation", "sms"), [(DGX_H100, 4, 132), (DGX_A100, 3, 108)])
