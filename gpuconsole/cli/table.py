@@ -12,6 +12,7 @@ from gpuconsole.readings.tenancy import PciGpu
 
 def _node_table(node: NodeSnapshot) -> list[str]:
     from gpuconsole.facts.inventory import node_gpus
+    from gpuconsole.facts.summaries import bmc_notes
 
     nvml = node.nvml
     product = product_name(node.profile) or ""
@@ -28,6 +29,7 @@ def _node_table(node: NodeSnapshot) -> list[str]:
     lines = ["  ".join(head)]
     if node.bmc is not None:
         lines.append(_bmc_line(node.bmc))
+        lines.extend(f"    {note}" for note in bmc_notes(node.bmc))
     # Every GPU, NVML's and those only sysfs sees (a guest's, through vfio-pci), with owners.
     gpus = node_gpus(node)
     if not gpus:

@@ -18,7 +18,7 @@ from gpuconsole.facts.inventory import GpuRow, node_gpus, ownership_problems
 from gpuconsole.facts.ownership import GpuOwner, Owner, OwnerKind, Ownership, node_ownership
 from gpuconsole.hardware import model_for_pci_device
 from gpuconsole.readings.base import Health, Severity
-from gpuconsole.readings.bmc import SensorHealth
+from gpuconsole.readings.bmc import BmcReading, SensorHealth
 from gpuconsole.readings.nvml import GpuReading, GpuState
 from gpuconsole.readings.snapshot import NodeSnapshot, gpu_health, gpus_health
 
@@ -504,6 +504,7 @@ def bmc_panel(node: NodeSnapshot) -> str:
     fans, fans_bad = getattr(reading, "fans_present", 0), getattr(reading, "fans_failed", 0)
     psus, psus_bad = getattr(reading, "psus_present", 0), getattr(reading, "psus_failed", 0)
     lines.append(f"fans {fans - fans_bad}/{fans} ok · PSUs {psus - psus_bad}/{psus} ok")
+    lines.extend(bmc_notes(reading))
     sel = getattr(reading, "sel_recent", ())
     if sel:
         last = sel[-1]
@@ -512,6 +513,25 @@ def bmc_panel(node: NodeSnapshot) -> str:
     if status is not None and status.stale:
         lines.insert(0, f"stale since {fmt.clock_time(status.stale_since)}: {status.error or '?'}")
     return "\n".join(lines)
+
+
+def bmc_notes(reading: BmcReading) -> list[str]:
+    """What of a BMC was read, in lines: the Redfish resources read (and the deprecated
+    ones a newer resource left out), then each part that failed and why."""
+    parts = tuple(getattr(reading, "parts", ()))
+    chassis = [p for p in parts if p.part.startswith("Chassis/")]
+    read = _unique(p.part.rsplit("/", 1)[-1] for p in chassis if p.enabled and p.ok)
+    left = _unique(p.part.rsplit("/", 1)[-1] for p in chassis if not p.enabled)
+    lines = []
+    if read or left:
+        line = "read " + ", ".join(read)
+        lines.append(line + (f" (not the deprecated {', '.join(left)})" if left else ""))
+    lines += [f"not read: {p.part}: {p.detail}" for p in parts if p.enabled and not p.ok]
+    return lines
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
 
 
 def fabric_panel(node: NodeSnapshot) -> str:
