@@ -179,7 +179,7 @@ def _timed_command() -> type[Any]:
                 # A Manager of several ComputerSystems (blades, a host and its DPU) and no
                 # system given: pyghmi refuses once logged on. The link chooses the system
                 # itself, and reads chassis sensors whatever the number of systems.
-                if kwargs.get("sysurl") or "sysurl" not in str(exc):
+                if "sysurl" not in str(exc):
                     raise
 
         @property
@@ -202,8 +202,8 @@ def _timed_command() -> type[Any]:
 
 class PyghmiRedfish:
     """A session through pyghmi.redfish.command.Command (its logon, X-Auth-Token, TLS and
-    certificate check); `timeout_s` bounds each request. `system` is the ComputerSystem
-    URL the config chose, or empty."""
+    certificate check); `timeout_s` bounds each request. Which ComputerSystem power acts
+    on is RedfishLink's choice, not pyghmi's."""
 
     def __init__(
         self,
@@ -213,10 +213,9 @@ class PyghmiRedfish:
         password: bytes,
         verify: VerifyCallback | None,
         timeout_s: float,
-        system: str = "",
     ) -> None:
         self._cmd = _timed_command()(
-            host, username, password, verify, sysurl=system or None, port=port, timeout_s=timeout_s
+            host, username, password, verify, port=port, timeout_s=timeout_s
         )
 
     def get(self, url: str) -> Any:

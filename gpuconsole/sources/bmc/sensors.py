@@ -188,8 +188,8 @@ def summarise(
         psus_present = sum(1 for s in status_sensors if _says(s, "present"))
         psus_failed = sum(1 for s in status_sensors if _says(s, *_PSU_FAILED_STATES))
     else:
-        psu_power_sensors = [
-            s for s in sensors if s.kind is SensorKind.POWER and s.context == "psu"
+        psu_power_sensors = [  # a pulled PSU's sensor has no reading: it is not counted
+            s for s in sensors if s.kind is SensorKind.POWER and s.context == "psu" and s.available
         ]
         psus_present = len(psu_power_sensors)
         psus_failed = sum(1 for s in psu_power_sensors if _bad(s))

@@ -75,7 +75,7 @@ def open_link(target: BmcTarget) -> BmcLink:
         timeout, system = target.timeout_s, target.system
         return RedfishLink(
             target.label,
-            lambda: PyghmiRedfish(host, port, user, password, verify, timeout, system),
+            lambda: PyghmiRedfish(host, port, user, password, verify, timeout),
             system=system,
             timeout_s=timeout,
         )
