@@ -281,7 +281,9 @@ def test_a_body_that_is_not_an_object_costs_that_sensor_alone_and_names_it(moder
     node = snapshot.node("dgx-h100-01")
     assert node is not None and node.status("bmc").ok  # type: ignore[union-attr]
     assert node.bmc is not None and node.bmc.unread == (
-        PartStatus("Chassis/DGX/Sensors", False, "Total_Power: the body is a string, not an object"),
+        PartStatus(
+            "Chassis/DGX/Sensors", False, "Total_Power: the body is a string, not an object"
+        ),
     )
     assert node.bmc.sensor("Total Power") is None
     assert node.bmc.sensor("Inlet Temp").value == 25.5  # type: ignore[union-attr]
