@@ -304,6 +304,22 @@ def test_a_collection_whose_members_is_not_an_array_costs_that_collection_and_na
     assert (reading.fans_present, reading.psus_present) == (12, 5)
 
 
+def test_a_thermal_resource_answering_404_costs_the_temperatures_and_fans_alone(
+    legacy: Sushy,
+) -> None:
+    (legacy.root / "Chassis/DGX/Thermal/index.json").unlink()
+    hub = Hub()
+    hub.add_source(source(legacy))
+    node = asyncio.run(hub.poll_once()).node("dgx-h100-01")
+    assert node is not None and node.status("bmc").ok  # type: ignore[union-attr]
+    reading = node.bmc
+    assert reading is not None
+    assert reading.unread == (PartStatus("Chassis/DGX/Thermal", False, "HTTP 404"),)
+    assert reading.power_w == 5515.0 and (reading.psus_present, reading.psus_failed) == (6, 1)
+    assert reading.sensor("P12V").value == 12.1  # type: ignore[union-attr]
+    assert reading.inlet_c is None and reading.sensor("FAN 3") is None
+
+
 def test_a_sensor_whose_status_is_a_string_is_a_warning_and_the_rest_still_read(
     modern: Sushy,
 ) -> None:
