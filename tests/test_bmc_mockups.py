@@ -33,6 +33,7 @@ from gpuconsole.wiring import console_hub
 from tests.bmc_fixtures import Sushy, running_sushy
 from tests.export_fixtures import one, parse, pick, render
 from tests.peers import require_peer
+from tests.test_export_agent import promtool_problems
 
 FIXTURES = Path(__file__).parents[1].parent / "shared" / "fixtures"
 MOCKUPS = FIXTURES / "redfish-dmtf" / "mockups"
@@ -79,6 +80,8 @@ def serving_copy(tmp_path: Path, name: str) -> Iterator[Sushy]:
     """sushy-static serving a copy of a mockup in `tmp_path`, to change before reading."""
     tree = tmp_path / name
     shutil.copytree(mockup(name), tree)
+    for path in (tree, *tree.rglob("*")):  # the fixtures are read-only, the copy is not
+        path.chmod(path.stat().st_mode | 0o200)
     with running_sushy(tmp_path / "sushy", tree, in_place=True) as server:
         yield server
 
@@ -225,12 +228,40 @@ def test_a_host_and_its_dpu_power_is_the_hosts(served: Servers) -> None:
     assert bmc.part("power") == PartStatus("power", True, "Systems/437XR1138R2: on")
 
 
-def test_the_system_key_of_a_bmc_entry_is_read_and_checked(tmp_path: Path) -> None:
+def test_the_system_key_of_a_bmc_entry_chooses_what_gpuconsole_power_acts_on(
+    served: Servers, tmp_path: Path
+) -> None:
+    server = served["public-bladed"]
     path = tmp_path / "c.toml"
-    entry = '[[bmc]]\nhost = "10.0.0.9"\nprotocol = "redfish"\nsystem = "{}"\n'
-    path.write_text(entry.format(BLADES[1]))
+    head = (
+        f'[actions]\njournal = "{tmp_path / "journal.db"}"\n'
+        f'audit_log = "{tmp_path / "audit.jsonl"}"\n'
+        f'[[bmc]]\nnode = "{NODE}"\nhost = "127.0.0.1"\nport = {server.port}\n'
+        f'protocol = "redfish"\nusername = "admin"\npassword = "any-password"\n'
+        f'ca_file = "{server.cert}"\n'
+    )
+
+    def power_soft(system: str) -> subprocess.CompletedProcess[str]:
+        path.write_text(head + (f'system = "{system}"\n' if system else ""))
+        command = ["power", NODE, "soft", "--confirm", NODE, "-c", str(path)]
+        return subprocess.run(
+            [sys.executable, "-m", "gpuconsole", *command],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")},
+            stdin=subprocess.DEVNULL,
+        )
+
+    unchosen = power_soft("")
+    assert unchosen.returncode == 1
+    assert "power soft not sent: 4 systems, none chosen" in unchosen.stderr
+    assert all(url in unchosen.stderr for url in BLADES)
+    chosen = power_soft(BLADES[1])
+    assert chosen.returncode == 0, chosen.stderr
+    assert f"POST {BLADES[1]}/Actions/ComputerSystem.Reset" in server.log.read_text()
     assert config.load(path).bmc[0].system == BLADES[1]
-    path.write_text(entry.format("529QB9451R6"))
+    path.write_text(head + 'system = "529QB9451R6"\n')  # the Id alone: not its URL
     _cfg, problems = config.load_all(path)
     assert len(problems) == 1 and problems[0].endswith(
         "'529QB9451R6' is not a Redfish system: give its URL, /redfish/v1/Systems/ID, with "
@@ -354,7 +385,9 @@ def test_the_panel_the_snapshot_and_the_metrics_agree(
     node = snapshot.node(NODE)
     assert node is not None
     panel = bmc_panel(node)
-    metrics = parse(render(snapshot))
+    body = render(snapshot)
+    assert promtool_problems(body) == []  # the same linter Prometheus users run
+    metrics = parse(body)
 
     def value(metric: str) -> float | None:
         found = pick(metrics.get(metric, []), node=NODE)
