@@ -1,16 +1,20 @@
 """Redfish through pyghmi's client: both the older Thermal/Power resources and the newer
-Sensors, EnvironmentMetrics, PowerSubsystem and ThermalSubsystem ones.
+Sensors, EnvironmentMetrics, PowerSubsystem and ThermalSubsystem ones; where a Chassis
+links both, the newer (the older are deprecated since DMTF 2020.4, and their values differ).
 
 pyghmi opens the session (X-Auth-Token where the service offers one) and speaks HTTPS
 only; the resources are walked here, because pyghmi's own sensor list drops health,
 thresholds and the HGX chassis. Resource URLs are discovered once and re-read every
-poll; `RedfishClient` is the layer a test or another client can stand in for.
+poll; `RedfishClient` is the layer a test or another client can stand in for. Power is
+read and set on one ComputerSystem: the config's `system`, else the only one (or the
+only one that is not a DPU); chassis sensors are read whatever the number of systems.
 
 BMCs send odd documents, so parsing is tolerant one field or array item at a time: a
 value of another JSON kind than the schema's is unknown (a Status, a unit, a place) or
-skipped (an array item, a link). Only a document that is unusable as a whole (a body
-that is not an object, a collection whose Members is not an array) fails the read,
-with a BmcError naming its URL.
+skipped (an array item, a link). A resource that fails as a whole (an HTTP error, a body
+that is not an object, a collection whose Members is not an array) costs its own part,
+said in the reading's `parts`; only the service root and the Chassis collection, or a
+session that goes, fail the read, with a BmcError naming the URL.
 """
 
 from __future__ import annotations
@@ -564,7 +568,7 @@ class RedfishLink:
                 if _path(system.url) == wanted:
                     return system, ""
             if wanted in map(_path, listed):
-                return None, f"system {self._system} did not read"
+                return None, f"system {self._system} could not be read"
             return None, f"system {self._system} is not on this BMC; it has {names}"
         hosts = [s for s in systems if s.type != "DPU"] if len(systems) > 1 else systems
         if len(hosts) == 1 and len(systems) == len(listed):
@@ -572,7 +576,7 @@ class RedfishLink:
         if not listed:
             return None, "the BMC lists no ComputerSystem"
         if len(listed) == 1:
-            return None, f"system {listed[0]} did not read"
+            return None, f"system {listed[0]} could not be read"
         return None, (
             f'{len(listed)} systems, none chosen: set system = "<one of them>" in this '
             f"[[bmc]] entry: {names}"
