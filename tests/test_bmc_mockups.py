@@ -20,15 +20,18 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.samples import Sample
+from textual.widgets import Static
 
 from gpuconsole import config
 from gpuconsole import format as fmt
-from gpuconsole.facts.summaries import bmc_panel
+from gpuconsole.facts.summaries import bmc_panel, bmc_schema
 from gpuconsole.hub import Hub
 from gpuconsole.readings.base import PartStatus
 from gpuconsole.readings.bmc import BmcReading, PowerState, SensorKind
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.bmc import BmcError, BmcSource, BmcTarget, PowerAction, open_link
+from gpuconsole.tui.app import ConsoleApp
+from gpuconsole.tui.screens.node import NodeScreen
 from gpuconsole.wiring import console_hub
 from tests.bmc_fixtures import Sushy, running_sushy
 from tests.export_fixtures import one, parse, pick, render
@@ -39,6 +42,7 @@ FIXTURES = Path(__file__).parents[1].parent / "shared" / "fixtures"
 MOCKUPS = FIXTURES / "redfish-dmtf" / "mockups"
 NAMES = ("public-rackmount1", "public-bladed", "public-localstorage", "public-smartnic")
 NODE = "rf-node"
+NEWER = ("Sensors", "ThermalSubsystem", "PowerSubsystem", "EnvironmentMetrics")
 
 
 def mockup(name: str) -> Path:
@@ -173,7 +177,7 @@ def test_one_resource_down_is_that_part_not_read_and_the_rest_stays(
     assert bmc.unread == (PartStatus(f"Chassis/1U/{resource}", False, broken),)
     assert {key: getattr(bmc, key) for key in still} == still
     assert bmc.power_state is PowerState.ON
-    assert f"not read: Chassis/1U/{resource}: {broken}" in bmc_panel(node)
+    assert bmc_panel(node).startswith(f"not read: Chassis/1U/{resource}\n")
     part = one(metrics_of(snapshot)["gpuconsole_bmc_part_up"], part=f"Chassis/1U/{resource}")
     assert part.value == 0.0
 
@@ -333,8 +337,7 @@ def test_two_chassis_with_the_same_sensor_id_are_two_sensors(served: Servers) ->
 
 
 def test_where_both_schemas_are_there_the_newer_is_read_and_it_says_so(served: Servers) -> None:
-    node = node_of(poll(served["public-rackmount1"]))
-    bmc = node.bmc
+    bmc = node_of(poll(served["public-rackmount1"])).bmc
     assert bmc is not None
     assert bmc.power_w == 374.0  # Sensors/TotalPower; the deprecated Power says 344
     assert not [s for s in bmc.sensors if "/Temperatures/" in s.sensor_id]
@@ -343,23 +346,21 @@ def test_where_both_schemas_are_there_the_newer_is_read_and_it_says_so(served: S
         "Chassis/1U/Thermal": "deprecated: Sensors and ThermalSubsystem read instead",
         "Chassis/1U/Power": "deprecated: Sensors and PowerSubsystem read instead",
     }
-    assert (
-        "read Sensors, ThermalSubsystem, PowerSubsystem, EnvironmentMetrics "
-        "(not the deprecated Thermal, Power)"
-    ) in bmc_panel(node)
+    assert bmc_schema(bmc) == "Sensors read, not Thermal/Power"
     old = reading(served["public-localstorage"])  # the deprecated schema alone
     assert (old.power_w, old.inlet_c, old.fans_present, old.psus_present) == (344.0, 25.0, 2, 1)
     assert {p.part for p in old.parts if p.part.startswith("Chassis/")} == {
         "Chassis/1U/Thermal",
         "Chassis/1U/Power",
     }
+    assert bmc_schema(old) == "Thermal/Power read"
 
 
 # --- the BMC panel, `gpuconsole snapshot` and /metrics agree ----------------------------
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_the_panel_the_snapshot_and_the_metrics_agree(
+async def test_the_panel_the_snapshot_and_the_metrics_agree(
     served: Servers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     server = served[name]
@@ -381,10 +382,15 @@ def test_the_panel_the_snapshot_and_the_metrics_agree(
         stdin=subprocess.DEVNULL,
     )
     assert table.returncode == 0, table.stderr
-    snapshot = asyncio.run(console_hub(config.load(cfg), one_shot=True).poll_once())
-    node = snapshot.node(NODE)
-    assert node is not None
-    panel = bmc_panel(node)
+    snapshot = await console_hub(config.load(cfg), one_shot=True).poll_once()
+    app = ConsoleApp(None, start_hub=False, snapshot=snapshot, cursor_blink=False, theme_dirs=[])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("enter")  # the node: its BMC panel
+        await pilot.pause()
+        assert isinstance(app.screen, NodeScreen)
+        widget = app.screen.query_one("#panel-bmc", Static)
+        panel, subtitle = str(widget.content), str(widget.border_subtitle or "")
+        screen = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
     body = render(snapshot)
     assert promtool_problems(body) == []  # the same linter Prometheus users run
     metrics = parse(body)
@@ -395,25 +401,39 @@ def test_the_panel_the_snapshot_and_the_metrics_agree(
 
     fans, fans_failed = value("gpuconsole_bmc_fans"), value("gpuconsole_bmc_fans_failed")
     psus, psus_failed = value("gpuconsole_bmc_psus"), value("gpuconsole_bmc_psus_failed")
-    assert None not in (fans, fans_failed, psus, psus_failed)
+    assert fans is not None and fans_failed is not None
+    assert psus is not None and psus_failed is not None
     power_on = value("ipmi_chassis_power_state")
     said = {
         "power": f"power {'unknown' if power_on is None else 'on' if power_on else 'off'}",
         "watts": fmt.watts(value("gpuconsole_bmc_power_watts")),
         "inlet": f"inlet {fmt.celsius(value('gpuconsole_bmc_inlet_temperature_celsius'))}",
         "exhaust": f"exhaust {fmt.celsius(value('gpuconsole_bmc_exhaust_temperature_celsius'))}",
-        "fans": f"fans {int(fans - fans_failed)}/{int(fans)} ok",  # type: ignore[operator]
-        "psus": f"PSUs {int(psus - psus_failed)}/{int(psus)} ok",  # type: ignore[operator]
+        "fans": f"fans {int(fans - fans_failed)}/{int(fans)} ok",
+        "psus": f"PSUs {int(psus - psus_failed)}/{int(psus)} ok",
     }
-    unread = sorted(s.labels["part"] for s in metrics["gpuconsole_bmc_part_up"] if not s.value)
     for view, text in (("panel", panel), ("snapshot", table.stdout)):
         for what, words in said.items():
             assert words in text, (view, what, words, text)
-        shown = sorted(
-            line.split("not read: ", 1)[1].split(": ", 1)[0]
-            for line in text.splitlines()
-            if "not read: " in line
-        )
-        assert shown == unread, (view, text)
-    read = sorted(s.labels["part"] for s in metrics["gpuconsole_bmc_part_up"] if s.value)
-    assert read == sorted(p.part for p in node.bmc.parts if p.enabled and p.ok)  # type: ignore[union-attr]
+    parts = metrics["gpuconsole_bmc_part_up"]
+    unread = [s.labels["part"] for s in parts if not s.value]
+    in_table = [
+        line.split("not read: ", 1)[1].split(": ", 1)[0]
+        for line in table.stdout.splitlines()
+        if "not read: " in line
+    ]
+    assert in_table == unread
+    if unread:  # the panel's first line names them, and it shows on the screen
+        assert panel.splitlines()[0] == "not read: " + ", ".join(unread)
+        assert panel.splitlines()[0] in screen
+    else:
+        assert "not read" not in panel
+    # which schema was read: the panel's subtitle, on the screen and in the snapshot
+    kinds = {s.labels["part"].rsplit("/", 1)[-1] for s in parts if "/" in s.labels["part"]}
+    read = [
+        words
+        for words, names in (("Sensors", NEWER), ("Thermal/Power", ("Thermal", "Power")))
+        if kinds & set(names)
+    ]
+    assert subtitle.startswith(" and ".join(read) + " read"), (subtitle, kinds)
+    assert subtitle in screen and f"({subtitle})" in table.stdout
