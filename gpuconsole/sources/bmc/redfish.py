@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
+import http.client
 import logging
 import math
 import socket
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from gpuconsole.readings.base import PartStatus, Severity
+from gpuconsole.readings.base import PartStatus, Severity, safe_text
 from gpuconsole.readings.bmc import (
     BmcSensor,
     PowerState,
@@ -89,8 +90,9 @@ class RedfishHttpError(Exception):
         self.status = status
 
 
-class RedfishBodyError(Exception):
-    """A Redfish request answered 2xx with a body that is not JSON."""
+class RedfishRequestError(Exception):
+    """A Redfish GET that failed on its own, the session unharmed: a 2xx body that is not
+    JSON, or a URL the BMC linked that no request can carry (control characters)."""
 
     def __init__(self, url: str, problem: str) -> None:
         super().__init__(f"GET {url}: {problem}")
@@ -102,7 +104,7 @@ class RedfishResourceError(BmcError):
     usable document. The session stands; what the resource holds is not read this poll."""
 
     def __init__(self, label: str, url: str, problem: str) -> None:
-        super().__init__(f"{label}: GET {url}: {problem}")
+        super().__init__(safe_text(f"{label}: GET {url}: {problem}"))  # a URL the BMC gave
         self.url = url
         self.problem = problem
 
@@ -225,8 +227,10 @@ class PyghmiRedfish:
     def get(self, url: str) -> Any:
         try:
             body, status = self._cmd.wc.grab_json_response_with_status(url)
+        except http.client.InvalidURL:
+            raise RedfishRequestError(url, "not a URL a request can carry") from None
         except ValueError:  # a 2xx body that json.loads refused (pyghmi decodes it)
-            raise RedfishBodyError(url, "the body is not JSON") from None
+            raise RedfishRequestError(url, "the body is not JSON") from None
         if not 200 <= status < 300:
             raise RedfishHttpError(url, status)
         return body  # any JSON kind: RedfishLink names a body that is not an object
@@ -392,11 +396,11 @@ class RedfishLink:
             return fn()
         except BmcError:
             raise
-        except (RedfishHttpError, RedfishBodyError) as exc:
+        except (RedfishHttpError, RedfishRequestError) as exc:
             if getattr(exc, "status", None) in (401, 403):
                 self._drop()
                 raise self._error(exc) from None
-            raise BmcError(f"{self.label}: {exc}") from None  # the session stands
+            raise BmcError(safe_text(f"{self.label}: {exc}")) from None  # the session stands
         except Exception as exc:
             self._drop()
             raise self._error(exc) from None
@@ -416,7 +420,7 @@ class RedfishLink:
             return BmcError(f"{self.label}: TLS certificate not trusted ({text})")
         if isinstance(exc, OSError) and exc.strerror:
             text = exc.strerror  # "No route to host", without "[Errno 113]"
-        return BmcError(f"{self.label}: {text}")
+        return BmcError(f"{self.label}: {safe_text(text)}")  # it may quote what the BMC sent
 
     def _drop(self) -> None:
         client, self._client = self._client, None
@@ -435,7 +439,7 @@ class RedfishLink:
                 self._drop()
                 raise self._error(exc) from None
             raise RedfishResourceError(self.label, url, f"HTTP {exc.status}") from None
-        except RedfishBodyError as exc:
+        except RedfishRequestError as exc:
             raise RedfishResourceError(self.label, url, exc.problem) from None
         except BmcError:
             raise
@@ -731,9 +735,8 @@ class RedfishLink:
             inventory = self._inventory = self._discover()
         system = inventory.power
         if system is None:
-            raise BmcError(
-                f"{self.label}: power {action.value} not sent: {inventory.power_problem}"
-            )
+            problem = safe_text(inventory.power_problem)  # it names the BMC's systems
+            raise BmcError(f"{self.label}: power {action.value} not sent: {problem}")
         if action in (PowerAction.ON, PowerAction.OFF):  # already so: nothing to send
             now = str(self._get(system.url).get("PowerState") or "").lower()
             if now == action.value:
