@@ -480,6 +480,13 @@ class BmcConfig:
     timeout_s: float = field(
         default=20.0, metadata=_doc("A poll taking longer marks the BMC stale", minimum=0.5)
     )
+    system: str = field(
+        default="",
+        metadata=_doc(
+            "Redfish: the ComputerSystem power acts on, as /redfish/v1/Systems/ID, where the"
+            " BMC manages several (blades, a host and its DPU); empty: its only one"
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -780,8 +787,19 @@ def _check_bmcs(bmcs: tuple[BmcConfig, ...], path: Path | None, text: str) -> li
                 f"{_where(path, text, 'bmc', 'node', index)}: node {bmc.node or '(this host)'!r}"
                 f" already has a BMC ([[bmc]] #{nodes[bmc.node]})"
             )
+        if bmc.system and (bmc.protocol != "redfish" or not _is_system_url(bmc.system)):
+            problems.append(
+                f"{_where(path, text, 'bmc', 'system', index)}: {bmc.system!r} is not a "
+                "Redfish system: give its URL, /redfish/v1/Systems/ID, with protocol = "
+                '"redfish"'
+            )
         nodes.setdefault(bmc.node, index)
     return problems
+
+
+def _is_system_url(text: str) -> bool:
+    head, _, rest = text.rstrip("/").partition("/redfish/v1/Systems/")
+    return not head and bool(rest) and "/" not in rest and rest.isprintable()
 
 
 def load(path: Path | None = None) -> Config:

@@ -155,6 +155,7 @@ def bmc_sources(cfg: Config) -> list[BmcSource]:
             verify_tls=entry.verify_tls,
             ca_file=entry.ca_file,
             timeout_s=entry.timeout_s,
+            system=entry.system,
         )
         try:
             password = entry.password

@@ -282,11 +282,15 @@ class Sushy:
     proc: subprocess.Popen[bytes]
 
 
-def start_sushy(workdir: Path, mockup: str) -> Sushy:
-    """sushy-static on a free port; a port another process took first gets a retry."""
+def start_sushy(workdir: Path, mockup: str | Path, *, in_place: bool = False) -> Sushy:
+    """sushy-static on a free port serving a copy of tests/data/bmc/redfish/`mockup` (or of
+    the folder `mockup`), or with `in_place` the folder itself, which it only reads; a
+    port another process took first gets a retry."""
     program = require_program("sushy-static", "pip install sushy-tools")
-    root = workdir / "mockup"
-    shutil.copytree(DATA / "redfish" / mockup, root)
+    root = Path(mockup) if isinstance(mockup, Path) else DATA / "redfish" / mockup
+    if not in_place:
+        shutil.copytree(root, workdir / "mockup")
+        root = workdir / "mockup"
     cert, key = self_signed(workdir / "tls")
     for attempt in range(3):
         try:
@@ -327,9 +331,10 @@ def _start_sushy_once(program: str, workdir: Path, root: Path, cert: Path, key: 
 
 
 @contextlib.contextmanager
-def running_sushy(workdir: Path, mockup: str) -> Iterator[Sushy]:
-    """sushy-static serving mockup "modern" or "legacy" for the length of a `with` block."""
-    server = start_sushy(workdir, mockup)
+def running_sushy(workdir: Path, mockup: str | Path, *, in_place: bool = False) -> Iterator[Sushy]:
+    """sushy-static serving mockup "modern" or "legacy" (or a folder: see start_sushy) for
+    the length of a `with` block."""
+    server = start_sushy(workdir, mockup, in_place=in_place)
     try:
         yield server
     finally:

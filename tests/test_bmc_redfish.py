@@ -14,7 +14,7 @@ import pytest
 
 from gpuconsole.codec import dumps
 from gpuconsole.hub import Hub
-from gpuconsole.readings.base import Event
+from gpuconsole.readings.base import Event, PartStatus
 from gpuconsole.readings.bmc import BmcReading, SensorHealth, SensorKind
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sources.bmc import BmcError, BmcSource, BmcTarget, PowerAction, open_link
@@ -274,28 +274,50 @@ def stale_after_one_good_poll(server: Sushy, break_it: Callable[[], None]) -> Fl
     return asyncio.run(hub.poll_once(2, between=break_it))
 
 
-def test_a_body_that_is_not_an_object_makes_the_bmc_stale_naming_its_url(modern: Sushy) -> None:
+def test_a_body_that_is_not_an_object_costs_that_sensor_alone_and_names_it(modern: Sushy) -> None:
     snapshot = stale_after_one_good_poll(
         modern, lambda: edit(modern, "Chassis/DGX/Sensors/Total_Power", '"Total Power"')
     )
     node = snapshot.node("dgx-h100-01")
-    assert node is not None and node.status("bmc").error == (  # type: ignore[union-attr]
-        f"BmcError: redfish://127.0.0.1:{modern.port}: GET /redfish/v1/Chassis/DGX/Sensors/"
-        "Total_Power: the body is a string, not an object"
+    assert node is not None and node.status("bmc").ok  # type: ignore[union-attr]
+    assert node.bmc is not None and node.bmc.unread == (
+        PartStatus(
+            "Chassis/DGX/Sensors", False, "Total_Power: the body is a string, not an object"
+        ),
     )
-    assert node.bmc is not None and node.bmc.power_w == 6120.0  # the last good reading
+    assert node.bmc.sensor("Total Power") is None
+    assert node.bmc.sensor("Inlet Temp").value == 25.5  # type: ignore[union-attr]
+    assert node.bmc.power_w == 6120.0  # EnvironmentMetrics' own PowerWatts
 
 
-def test_a_collection_whose_members_is_not_an_array_makes_the_bmc_stale_naming_it(
+def test_a_collection_whose_members_is_not_an_array_costs_that_collection_and_names_it(
     modern: Sushy,
 ) -> None:
     with_field(modern, "Chassis/DGX/Sensors", "Members", '{"@odata.id": "/redfish/v1/x"}')
-    with pytest.raises(BmcError) as error:
-        asyncio.run(read(source(modern)))
-    assert str(error.value) == (
-        f"redfish://127.0.0.1:{modern.port}: GET /redfish/v1/Chassis/DGX/Sensors: "
-        "Members is an object, not an array"
+    reading = asyncio.run(read(source(modern)))
+    assert reading.unread == (
+        PartStatus("Chassis/DGX/Sensors", False, "Members is an object, not an array"),
     )
+    assert reading.sensor("Inlet Temp") is None  # a DGX Sensor
+    gpu3 = [s.value for s in reading.gpu_sensors(3) if s.kind is SensorKind.TEMPERATURE]
+    assert gpu3 == [43.0, 53.0]  # GPU and its DRAM: the HGX chassis's Sensors still read
+    assert (reading.fans_present, reading.psus_present) == (12, 5)
+
+
+def test_a_thermal_resource_answering_404_costs_the_temperatures_and_fans_alone(
+    legacy: Sushy,
+) -> None:
+    (legacy.root / "Chassis/DGX/Thermal/index.json").unlink()
+    hub = Hub()
+    hub.add_source(source(legacy))
+    node = asyncio.run(hub.poll_once()).node("dgx-h100-01")
+    assert node is not None and node.status("bmc").ok  # type: ignore[union-attr]
+    reading = node.bmc
+    assert reading is not None
+    assert reading.unread == (PartStatus("Chassis/DGX/Thermal", False, "HTTP 404"),)
+    assert reading.power_w == 5515.0 and (reading.psus_present, reading.psus_failed) == (6, 1)
+    assert reading.sensor("P12V").value == 12.1  # type: ignore[union-attr]
+    assert reading.inlet_c is None and reading.sensor("FAN 3") is None
 
 
 def test_a_sensor_whose_status_is_a_string_is_a_warning_and_the_rest_still_read(

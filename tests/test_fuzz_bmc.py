@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 
 from gpuconsole import codec
-from gpuconsole.readings.base import Severity
+from gpuconsole.readings.base import PartStatus, Severity
 from gpuconsole.readings.bmc import BmcReading, SelEntry
 from gpuconsole.sources.bmc import BmcSource
 from gpuconsole.sources.bmc.ipmi import sel_entry
@@ -47,7 +47,7 @@ def mockup(name: str) -> dict[str, Json]:
 
 
 class MockupClient:
-    """pyghmi's Redfish client, reduced to what RedfishLink asks: GET by URL, power."""
+    """pyghmi's Redfish client, reduced to what RedfishLink asks: GET and POST by URL."""
 
     def __init__(self, docs: Mapping[str, Json]) -> None:
         self.docs = docs
@@ -58,11 +58,9 @@ class MockupClient:
             raise RedfishHttpError(url, 404)
         return found  # any kind, as pyghmi decodes it: a string body is a string
 
-    def get_power(self) -> Mapping[str, Any]:
-        return {"powerstate": "on"}
-
-    def set_power(self, powerstate: str, wait: bool = False) -> Mapping[str, Any]:
-        return {"powerstate": powerstate}
+    def post(self, url: str, body: Mapping[str, Any]) -> None:
+        if url.rstrip("/") not in self.docs:
+            raise RedfishHttpError(url, 404, "POST")
 
     def logout(self) -> None:
         return None
@@ -152,15 +150,28 @@ def test_a_redfish_log_entry_with_an_odd_numeric_id_is_skipped(ident: str) -> No
     assert read(docs) is not None
 
 
-def test_a_body_that_is_not_an_object_is_a_bmc_error_naming_its_url() -> None:
+def test_a_body_that_is_not_an_object_costs_that_sensor_and_names_its_url() -> None:
     docs = {**mockup("modern"), "/redfish/v1/Chassis/DGX/Sensors/P12V": ["P12V", 12.1]}
-    source = BmcSource("dgx-017", RedfishLink("redfish://bmc:443", lambda: MockupClient(docs)))
-    with pytest.raises(BmcError) as error:
-        source.collect()
-    assert str(error.value) == (
-        "redfish://bmc:443: GET /redfish/v1/Chassis/DGX/Sensors/P12V: the body is an array, "
-        "not an object"
+    reading = read(docs)
+    assert reading is not None and reading.unread == (
+        PartStatus("Chassis/DGX/Sensors", False, "P12V: the body is an array, not an object"),
     )
+    assert reading.sensor("P12V") is None and reading.power_w == 6120.0
+
+
+def test_a_resource_answering_500_costs_that_part_alone() -> None:
+    class Failing(MockupClient):
+        def get(self, url: str) -> Json:
+            if url.endswith("/Chassis/DGX/PowerSubsystem"):
+                raise RedfishHttpError(url, 500)
+            return super().get(url)
+
+    docs = mockup("modern")
+    link = RedfishLink("redfish://bmc:443", lambda: Failing(docs))
+    reading = BmcSource("dgx-017", link).collect()
+    assert reading.unread == (PartStatus("Chassis/DGX/PowerSubsystem", False, "HTTP 500"),)
+    assert reading.psus_present == 6  # counted from the PSU power Sensors: no units listed
+    assert (reading.power_w, reading.inlet_c, reading.fans_present) == (6120.0, 25.5, 12)
 
 
 # --- HGX module numbers in sensor and chassis names ----------------------------------------

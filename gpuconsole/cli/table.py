@@ -12,6 +12,7 @@ from gpuconsole.readings.tenancy import PciGpu
 
 def _node_table(node: NodeSnapshot) -> list[str]:
     from gpuconsole.facts.inventory import node_gpus
+    from gpuconsole.facts.summaries import bmc_unread
 
     nvml = node.nvml
     product = product_name(node.profile) or ""
@@ -28,6 +29,7 @@ def _node_table(node: NodeSnapshot) -> list[str]:
     lines = ["  ".join(head)]
     if node.bmc is not None:
         lines.append(_bmc_line(node.bmc))
+        lines.extend(f"    not read: {p.part}: {p.detail}" for p in bmc_unread(node.bmc))
     # Every GPU, NVML's and those only sysfs sees (a guest's, through vfio-pci), with owners.
     gpus = node_gpus(node)
     if not gpus:
@@ -106,12 +108,17 @@ def _pci_name(pci: PciGpu | None) -> str:
 
 
 def _bmc_line(bmc: BmcReading) -> str:
-    """The server around the GPUs in one line: power, temperatures, fans and PSUs."""
+    """The server around the GPUs in one line: power, temperatures, fans and PSUs, and
+    which Redfish schema was read."""
+    from gpuconsole.facts.summaries import bmc_schema
+
     fans = f"fans {bmc.fans_present - bmc.fans_failed}/{bmc.fans_present} ok"
     psus = f"PSUs {bmc.psus_present - bmc.psus_failed}/{bmc.psus_present} ok"
+    schema = bmc_schema(bmc)
     return (
         f"  BMC: power {bmc.power_state}  {fmt.watts(bmc.power_w)}  "
         f"inlet {fmt.celsius(bmc.inlet_c)}  exhaust {fmt.celsius(bmc.exhaust_c)}  {fans}  {psus}"
+        + (f"  ({schema})" if schema else "")
     )
 
 

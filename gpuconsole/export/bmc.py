@@ -1,10 +1,10 @@
 """BMC metrics: ipmi_exporter's names and labels, plus node totals and HGX GPU board sensors.
 
 ipmi_exporter exports nothing but `ipmi_up 0` when its BMC does not answer, so the ipmi_*
-sensor series here appear only while the bmc source is fresh and vanish (Prometheus marks
-them stale) when it is not. The gpuconsole_bmc_* and gpuconsole_gpu_board_* series keep
-the last good reading, like every gpuconsole_* series; gpuconsole_source_stale_seconds
-says how old it is.
+sensor series here (and gpuconsole_bmc_part_up, what was read of the BMC) appear only
+while the bmc source is fresh and vanish (Prometheus marks them stale) when it is not.
+The other gpuconsole_bmc_* and the gpuconsole_gpu_board_* series keep the last good
+reading, like every gpuconsole_* series; gpuconsole_source_stale_seconds says how old it is.
 """
 
 from __future__ import annotations
@@ -74,6 +74,9 @@ def bmc_metrics(out: Families, node: NodeSnapshot) -> None:
             on = float(reading.power_state is PowerState.ON)
             out.gauge(names.IPMI_CHASSIS_POWER, ("node",), (name,), on)
         _sensors(out, name, reading)
+        for part in reading.parts:
+            if part.enabled:
+                out.gauge(names.BMC_PART_UP, ("node", "part"), (name, part.part), float(part.ok))
     _totals(out, name, reading, fresh)
     _gpu_board(out, node, reading)
 

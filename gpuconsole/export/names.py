@@ -163,6 +163,11 @@ BMC_FANS = (f"{PREFIX}_bmc_fans", "Fans the BMC reports.")
 BMC_FANS_FAILED = (f"{PREFIX}_bmc_fans_failed", "Fans failed, stopped or past a critical limit.")
 BMC_PSUS = (f"{PREFIX}_bmc_psus", "Power supplies the BMC reports present.")
 BMC_PSUS_FAILED = (f"{PREFIX}_bmc_psus_failed", "Power supplies failed or past a critical limit.")
+BMC_PART_UP = (
+    f"{PREFIX}_bmc_part_up",
+    "1 if this part of the BMC (a Redfish resource, the system read for power) was read in "
+    "the last poll, 0 if it failed while the rest was read; parts left out are not listed.",
+)
 GPU_BOARD_LABELS = ("node", "gpu", "uuid", "module", "sensor")
 GPU_BOARD_TEMPERATURE = (
     f"{PREFIX}_gpu_board_temperature_celsius",

@@ -17,8 +17,8 @@ from gpuconsole import format as fmt
 from gpuconsole.facts.inventory import GpuRow, node_gpus, ownership_problems
 from gpuconsole.facts.ownership import GpuOwner, Owner, OwnerKind, Ownership, node_ownership
 from gpuconsole.hardware import model_for_pci_device
-from gpuconsole.readings.base import Health, Severity
-from gpuconsole.readings.bmc import SensorHealth
+from gpuconsole.readings.base import Health, PartStatus, Severity
+from gpuconsole.readings.bmc import BmcReading, SensorHealth
 from gpuconsole.readings.nvml import GpuReading, GpuState
 from gpuconsole.readings.snapshot import NodeSnapshot, gpu_health, gpus_health
 
@@ -490,7 +490,8 @@ def matches(node: NodeSnapshot, query: str) -> bool:
 
 
 def bmc_panel(node: NodeSnapshot) -> str:
-    """The BMC panel: power, temperatures, fans, PSUs and the newest SEL record."""
+    """The BMC panel: what of the BMC failed, power, temperatures, fans, PSUs and the
+    newest SEL record. (Which Redfish schema was read is the panel's subtitle.)"""
     pending = pending_panel(node, "bmc")
     reading = getattr(node, "bmc", None)
     if pending is not None or reading is None:
@@ -508,10 +509,42 @@ def bmc_panel(node: NodeSnapshot) -> str:
     if sel:
         last = sel[-1]
         lines.append(f"SEL {fmt.clock_time(last.at)} {last.sensor}: {last.event}")
+    unread = bmc_unread(reading)
+    if unread:  # on top, as a stale source is: the panel is short (details: the events)
+        lines.insert(0, "not read: " + ", ".join(p.part for p in unread))
     status = node.status("bmc")
     if status is not None and status.stale:
         lines.insert(0, f"stale since {fmt.clock_time(status.stale_since)}: {status.error or '?'}")
     return "\n".join(lines)
+
+
+def bmc_unread(reading: BmcReading) -> tuple[PartStatus, ...]:
+    """The parts of a BMC that failed in its last poll (a Redfish resource, power)."""
+    return tuple(p for p in getattr(reading, "parts", ()) if p.enabled and not p.ok)
+
+
+_NEWER = ("Sensors", "ThermalSubsystem", "PowerSubsystem", "EnvironmentMetrics")
+_OLDER = ("Thermal", "Power")
+
+
+def bmc_schema(reading: BmcReading | None) -> str:
+    """Which Redfish resources were read: "Sensors read" (DMTF 2020.4 and later),
+    "Thermal/Power read" (the deprecated ones), and where a Chassis has both, that the
+    deprecated ones were left out; empty where the BMC has none (IPMI)."""
+    kinds = {
+        (p.part.rsplit("/", 1)[-1], p.enabled)
+        for p in getattr(reading, "parts", ())
+        if p.part.startswith("Chassis/")
+    }
+    read = [
+        words
+        for words, names in (("Sensors", _NEWER), ("Thermal/Power", _OLDER))
+        if any((name, True) in kinds for name in names)
+    ]
+    left = any((name, False) in kinds for name in _OLDER)
+    if not read and not left:
+        return ""
+    return " and ".join(read or ["nothing"]) + " read" + (", not Thermal/Power" if left else "")
 
 
 def fabric_panel(node: NodeSnapshot) -> str:

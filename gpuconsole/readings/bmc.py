@@ -3,6 +3,8 @@
 Sensors are normalised (kind, unit, health) whatever the protocol (IPMI or Redfish); the
 node totals (power, inlet, exhaust, fans, PSUs) are worked out once, by the source. Each
 sensor keeps what ipmi_exporter's metrics need: name, id, type, state, value and unit.
+A BMC is read in parts (Redfish resources, the system chosen for power): one that fails
+costs its own readings, said in `parts`, not the whole BMC.
 """
 
 from __future__ import annotations
@@ -58,11 +60,12 @@ class Thresholds:
 class BmcSensor:
     """One sensor, normalised.
 
-    `sensor_id` is the IPMI sensor number or the Redfish sensor Id; `type` is the BMC's
-    own word ("Temperature", "Power Supply", "Rotational"). `value` is None when the BMC
-    has no reading for it. `context` places it: "intake", "exhaust", "cpu", "gpu",
-    "memory", "psu", "fan", "total" or None. `gpu_module_id` is the HGX module (SXM n)
-    the sensor belongs to, where the BMC names it.
+    `sensor_id` is the IPMI sensor number, or for Redfish the Chassis Id and the sensor's
+    Id within it ("1U/CPU1Temp", "1U/Temperatures/0": Ids are unique within a Chassis
+    only); `type` is the BMC's own word ("Temperature", "Power Supply", "Rotational").
+    `value` is None when the BMC has no reading for it. `context` places it: "intake",
+    "exhaust", "cpu", "gpu", "memory", "psu", "fan", "total" or None. `gpu_module_id` is
+    the HGX module (SXM n) the sensor belongs to, where the BMC names it.
     """
 
     name: str

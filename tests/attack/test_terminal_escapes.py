@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -411,6 +412,43 @@ def test_a_redfish_bmcs_text_is_escaped_and_its_nodes_json_stays_readable(tmp_pa
     assert [e.message for e in events if e.kind == "sel"][-1].startswith("SEL: " + SHOWN)
     assert_safe(reading)
     assert_safe(events)
+
+
+def test_a_redfish_bmcs_system_names_are_escaped_where_gpuconsole_power_lists_them(
+    tmp_path: Path,
+) -> None:
+    with running_sushy(tmp_path / "bmc", "modern") as bmc:
+        path = bmc.root / "Systems/index.json"
+        doc = json.loads(path.read_text())
+        doc["Members"].append({"@odata.id": "/redfish/v1/Systems/" + HOSTILE + "\u202e"})
+        path.write_text(json.dumps(doc))
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(
+            f'[actions]\njournal = "{tmp_path / "journal.db"}"\n'
+            f'audit_log = "{tmp_path / "audit.jsonl"}"\n'
+            f'[[bmc]]\nnode = "dgx-h100-01"\nhost = "127.0.0.1"\nport = {bmc.port}\n'
+            f'protocol = "redfish"\nusername = "admin"\npassword = "x"\nca_file = "{bmc.cert}"\n'
+        )
+        command = ["power", "dgx-h100-01", "soft", "--confirm", "dgx-h100-01", "-c", str(cfg)]
+        result = subprocess.run(
+            [sys.executable, "-m", "gpuconsole", *command],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")},
+        )
+        reading = asyncio.run(read_bmc(redfish_source(bmc)))
+    # a link no request can carry is one part not read: the sensors stand
+    assert reading.power_w == 6120.0 and reading.power_state.value == "unknown"
+    assert assert_safe(reading) and [p.part for p in reading.unread][:1] == [
+        "Systems/" + SHOWN + r"\x1b]0;owned\x07\x1b[2J\u202e"
+    ]
+    assert result.returncode == 1
+    assert "2 systems, none chosen" in result.stderr
+    assert "/redfish/v1/Systems/" + SHOWN in result.stderr  # shown, not obeyed
+    assert not UNSAFE.search(result.stdout + result.stderr)
+    assert_safe((tmp_path / "audit.jsonl").read_text())
 
 
 async def test_a_bmcs_sensor_names_and_sel_text_are_escaped_in_readings_and_events() -> None:

@@ -1,16 +1,20 @@
 """Redfish through pyghmi's client: both the older Thermal/Power resources and the newer
-Sensors, EnvironmentMetrics, PowerSubsystem and ThermalSubsystem ones.
+Sensors, EnvironmentMetrics, PowerSubsystem and ThermalSubsystem ones; where a Chassis
+links both, the newer (the older are deprecated since DMTF 2020.4, and their values differ).
 
 pyghmi opens the session (X-Auth-Token where the service offers one) and speaks HTTPS
 only; the resources are walked here, because pyghmi's own sensor list drops health,
 thresholds and the HGX chassis. Resource URLs are discovered once and re-read every
-poll; `RedfishClient` is the layer a test or another client can stand in for.
+poll; `RedfishClient` is the layer a test or another client can stand in for. Power is
+read and set on one ComputerSystem: the config's `system`, else the only one (or the
+only one that is not a DPU); chassis sensors are read whatever the number of systems.
 
 BMCs send odd documents, so parsing is tolerant one field or array item at a time: a
 value of another JSON kind than the schema's is unknown (a Status, a unit, a place) or
-skipped (an array item, a link). Only a document that is unusable as a whole (a body
-that is not an object, a collection whose Members is not an array) fails the read,
-with a BmcError naming its URL.
+skipped (an array item, a link). A resource that fails as a whole (an HTTP error, a body
+that is not an object, a collection whose Members is not an array) costs its own part,
+said in the reading's `parts`; only the service root and the Chassis collection, or a
+session that goes, fail the read, with a BmcError naming the URL.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
+import http.client
 import logging
 import math
 import socket
@@ -26,9 +31,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
-from gpuconsole.readings.base import Severity
-from gpuconsole.readings.bmc import BmcSensor, PowerState, SelEntry, SensorHealth, Thresholds
+from gpuconsole.readings.base import PartStatus, Severity, safe_text
+from gpuconsole.readings.bmc import (
+    BmcSensor,
+    PowerState,
+    SelEntry,
+    SensorHealth,
+    SensorKind,
+    Thresholds,
+)
 from gpuconsole.sources.bmc.ipmi import PYGHMI_POWER
 from gpuconsole.sources.bmc.link import BmcAuthError, BmcError, LinkReading, PowerAction
 from gpuconsole.sources.bmc.sensors import (
@@ -72,21 +85,40 @@ _THRESHOLDS = (
 class RedfishHttpError(Exception):
     """A Redfish request answered with a status outside 2xx."""
 
-    def __init__(self, url: str, status: int) -> None:
-        super().__init__(f"GET {url}: HTTP {status}")
+    def __init__(self, url: str, status: int, method: str = "GET") -> None:
+        super().__init__(f"{method} {url}: HTTP {status}")
         self.status = status
 
 
+class RedfishRequestError(Exception):
+    """A Redfish GET that failed on its own, the session unharmed: a 2xx body that is not
+    JSON, or a URL the BMC linked that no request can carry (control characters)."""
+
+    def __init__(self, url: str, problem: str) -> None:
+        super().__init__(f"GET {url}: {problem}")
+        self.problem = problem
+
+
+class RedfishResourceError(BmcError):
+    """One resource that could not be read: an HTTP error status, or a body that is no
+    usable document. The session stands; what the resource holds is not read this poll."""
+
+    def __init__(self, label: str, url: str, problem: str) -> None:
+        super().__init__(safe_text(f"{label}: GET {url}: {problem}"))  # a URL the BMC gave
+        self.url = url
+        self.problem = problem
+
+
 class RedfishClient(Protocol):
-    """The layer under RedfishLink (blocking)."""
+    """The layer under RedfishLink (blocking): a logged-on session."""
 
     def get(self, url: str) -> Any:
         """The decoded JSON body: an object, or whatever else the BMC sent."""
         ...
 
-    def get_power(self) -> Mapping[str, Any]: ...
-
-    def set_power(self, powerstate: str, wait: bool = False) -> Mapping[str, Any]: ...
+    def post(self, url: str, body: Mapping[str, Any]) -> None:
+        """POST a JSON body (an action); raises RedfishHttpError outside 2xx."""
+        ...
 
     def logout(self) -> None: ...
 
@@ -147,7 +179,14 @@ def _timed_command() -> type[Any]:
     class TimedCommand(command.Command):  # type: ignore[misc]
         def __init__(self, *args: Any, timeout_s: float, **kwargs: Any) -> None:
             self._timeout_s = timeout_s
-            super().__init__(*args, **kwargs)
+            try:
+                super().__init__(*args, **kwargs)
+            except exceptions.PyghmiException as exc:
+                # A Manager of several ComputerSystems (blades, a host and its DPU) and no
+                # system given: pyghmi refuses once logged on. The link chooses the system
+                # itself, and reads chassis sensors whatever the number of systems.
+                if "sysurl" not in str(exc):
+                    raise
 
         @property
         def wc(self) -> Any:
@@ -168,7 +207,9 @@ def _timed_command() -> type[Any]:
 
 
 class PyghmiRedfish:
-    """A session through pyghmi.redfish.command.Command; `timeout_s` bounds each request."""
+    """A session through pyghmi.redfish.command.Command (its logon, X-Auth-Token, TLS and
+    certificate check); `timeout_s` bounds each request. Which ComputerSystem power acts
+    on is RedfishLink's choice, not pyghmi's."""
 
     def __init__(
         self,
@@ -184,16 +225,20 @@ class PyghmiRedfish:
         )
 
     def get(self, url: str) -> Any:
-        body, status = self._cmd.wc.grab_json_response_with_status(url)
+        try:
+            body, status = self._cmd.wc.grab_json_response_with_status(url)
+        except http.client.InvalidURL:
+            raise RedfishRequestError(url, "not a URL a request can carry") from None
+        except ValueError:  # a 2xx body that json.loads refused (pyghmi decodes it)
+            raise RedfishRequestError(url, "the body is not JSON") from None
         if not 200 <= status < 300:
             raise RedfishHttpError(url, status)
         return body  # any JSON kind: RedfishLink names a body that is not an object
 
-    def get_power(self) -> Mapping[str, Any]:
-        return dict(self._cmd.get_power())
-
-    def set_power(self, powerstate: str, wait: bool = False) -> Mapping[str, Any]:
-        return dict(self._cmd.set_power(powerstate, wait=wait))
+    def post(self, url: str, body: Mapping[str, Any]) -> None:
+        _answer, status = self._cmd.wc.grab_json_response_with_status(url, dict(body))
+        if not 200 <= status < 300:
+            raise RedfishHttpError(url, status, "POST")
 
     def logout(self) -> None:
         self._cmd = None
@@ -266,37 +311,73 @@ def _dns_match(host: str, name: str) -> bool:
     return host == name
 
 
+# Where a Chassis links both, the newer resources are read and the deprecated ones (DMTF
+# 2020.4) are not: they hold the same readings under other ids, often stale.
+_DEPRECATED = {"Thermal": "ThermalSubsystem", "Power": "PowerSubsystem"}
+_LINKS = ("Sensors", "ThermalSubsystem", "PowerSubsystem", "EnvironmentMetrics", *_DEPRECATED)
+# Redfish's ComputerSystem.Reset types; the answer says what pyghmi's set_power would have.
+_RESET_TYPE = {
+    PowerAction.ON: "On",
+    PowerAction.OFF: "ForceOff",
+    PowerAction.SOFT: "GracefulShutdown",
+    PowerAction.RESET: "ForceRestart",
+}
+
+
 @dataclass
 class _Chassis:
+    """A Chassis, the resources it links and the members of their collections."""
+
     id: str
     module_id: int | None
+    links: dict[str, str]  # "Sensors", "Thermal", ... -> URL, for those it links
     sensors: list[str] = field(default_factory=list)
-    thermal: str | None = None
-    power: str | None = None
-    environment: str | None = None
-    psus: list[str] = field(default_factory=list)
     fans: list[str] = field(default_factory=list)
+    psus: list[str] = field(default_factory=list)
+    unlisted: set[str] = field(default_factory=set)  # links whose collection did not read
+
+    def reads(self, name: str) -> str | None:
+        """The URL of a linked resource this poll reads (None: not linked, or its
+        collection failed, or superseded by a newer one)."""
+        if name in self.unlisted or (name in _DEPRECATED and "Sensors" in self.links):
+            return None
+        return self.links.get(name)
+
+
+@dataclass
+class _System:
+    url: str
+    type: str  # SystemType: Physical, DPU, ...
+    reset: str  # the ComputerSystem.Reset action's target
+    logs: list[str]  # LogService Entries collections
 
 
 @dataclass
 class _Inventory:
     chassis: list[_Chassis]
-    logs: list[str]
+    systems: list[_System]
+    power: _System | None  # the system whose power is read and set
+    power_problem: str  # why none, where `power` is None
+    parts: list[PartStatus]  # what discovery could not read, and what it left out
+    complete: bool  # every resource answered: nothing to look for again before its time
 
 
 class RedfishLink:
-    """A BmcLink over a RedfishClient."""
+    """A BmcLink over a RedfishClient. `system` is the ComputerSystem URL the config chose
+    for power, where the BMC manages several."""
 
     def __init__(
         self,
         label: str,
         connect: Callable[[], RedfishClient],
         *,
+        system: str = "",
         inventory_every: int = 60,
         timeout_s: float | None = None,
     ) -> None:
         self.label = label
         self._connect = connect
+        self._system = system
         self._timeout_s = timeout_s  # the client's per-request timeout, for messages
         self._client: RedfishClient | None = None
         self._inventory: _Inventory | None = None
@@ -315,6 +396,11 @@ class RedfishLink:
             return fn()
         except BmcError:
             raise
+        except (RedfishHttpError, RedfishRequestError) as exc:
+            if getattr(exc, "status", None) in (401, 403):
+                self._drop()
+                raise self._error(exc) from None
+            raise BmcError(safe_text(f"{self.label}: {exc}")) from None  # the session stands
         except Exception as exc:
             self._drop()
             raise self._error(exc) from None
@@ -334,7 +420,7 @@ class RedfishLink:
             return BmcError(f"{self.label}: TLS certificate not trusted ({text})")
         if isinstance(exc, OSError) and exc.strerror:
             text = exc.strerror  # "No route to host", without "[Errno 113]"
-        return BmcError(f"{self.label}: {text}")
+        return BmcError(f"{self.label}: {safe_text(text)}")  # it may quote what the BMC sent
 
     def _drop(self) -> None:
         client, self._client = self._client, None
@@ -343,10 +429,25 @@ class RedfishLink:
             client.logout()
 
     def _get(self, url: str) -> Json:
+        """A resource as an object; RedfishResourceError where this one resource failed
+        (the session and every other resource stand), BmcError where the BMC did."""
         client = self._open()
-        doc = self._call(lambda: client.get(url))
+        try:
+            doc = client.get(url)
+        except RedfishHttpError as exc:
+            if exc.status in (401, 403):
+                self._drop()
+                raise self._error(exc) from None
+            raise RedfishResourceError(self.label, url, f"HTTP {exc.status}") from None
+        except RedfishRequestError as exc:
+            raise RedfishResourceError(self.label, url, exc.problem) from None
+        except BmcError:
+            raise
+        except Exception as exc:
+            self._drop()
+            raise self._error(exc) from None
         if not isinstance(doc, Mapping):
-            raise BmcError(f"{self.label}: GET {url}: the body is {_kind(doc)}, not an object")
+            raise RedfishResourceError(self.label, url, f"the body is {_kind(doc)}, not an object")
         return doc
 
     def _collection(self, url: str) -> list[Json]:
@@ -355,39 +456,10 @@ class RedfishLink:
         if members is None:
             return []
         if not isinstance(members, list):
-            raise BmcError(f"{self.label}: GET {url}: Members is {_kind(members)}, not an array")
+            raise RedfishResourceError(
+                self.label, url, f"Members is {_kind(members)}, not an array"
+            )
         return [m for m in members if isinstance(m, Mapping)]
-
-    # --- discovery -----------------------------------------------------------------
-
-    def _discover(self) -> _Inventory:
-        root = self._get("/redfish/v1/")
-        chassis: list[_Chassis] = []
-        for member in self._members(_ref(root, "Chassis")):
-            doc = self._get(member)
-            cid = str(doc.get("Id") or member.rstrip("/").rsplit("/", 1)[-1])
-            item = _Chassis(cid, gpu_module_of(cid, str(doc.get("Name") or "")))
-            sensors = _ref(doc, "Sensors")
-            if sensors:
-                item.sensors = self._members(sensors)
-            else:
-                item.thermal = _ref(doc, "Thermal")
-                item.power = _ref(doc, "Power")
-            item.environment = _ref(doc, "EnvironmentMetrics")
-            power_subsystem = _ref(doc, "PowerSubsystem")
-            if power_subsystem:
-                item.psus = self._members(_ref(self._get(power_subsystem), "PowerSupplies"))
-            thermal_subsystem = _ref(doc, "ThermalSubsystem")
-            if thermal_subsystem:
-                item.fans = self._members(_ref(self._get(thermal_subsystem), "Fans"))
-            chassis.append(item)
-        logs: list[str] = []
-        for system in self._members(_ref(root, "Systems")):
-            for service in self._members(_ref(self._get(system), "LogServices")):
-                entries = _ref(self._get(service), "Entries")
-                if entries:
-                    logs.append(entries)
-        return _Inventory(chassis, logs)
 
     def _members(self, url: str | None) -> list[str]:
         """The member URLs of a collection; a member without a usable link is skipped."""
@@ -395,55 +467,326 @@ class RedfishLink:
             return []
         return [ref for m in self._collection(url) if (ref := _odata_id(m))]
 
+    # --- discovery -----------------------------------------------------------------
+
+    def _discover(self) -> _Inventory:
+        """The Chassis and their resources, and the ComputerSystems. Only the service
+        root and the Chassis collection must answer; any other resource that fails is
+        one part not read, said in `parts`."""
+        root = self._get("/redfish/v1/")
+        parts: list[PartStatus] = []
+        chassis: list[_Chassis] = []
+        # The Chassis collection should list every Chassis; one that a listed Chassis
+        # Contains (a card in a server) is read too where the collection leaves it out.
+        queue = self._members(_ref(root, "Chassis"))
+        seen = {_path(url) for url in queue}
+        while queue:
+            member = queue.pop(0)
+            try:
+                item, contained = self._discover_chassis(member, parts)
+            except RedfishResourceError as exc:
+                parts.append(_failed(exc.url, exc))
+                continue
+            chassis.append(item)
+            for url in contained:
+                if _path(url) not in seen:
+                    seen.add(_path(url))
+                    queue.append(url)
+        systems: list[_System] = []
+        listing = _ref(root, "Systems")
+        try:
+            members = self._members(listing)
+        except RedfishResourceError as exc:
+            parts.append(_failed(exc.url, exc))
+            power, problem = None, f"{_part(exc.url)}: {exc.problem}"
+        else:
+            for member in members:
+                try:
+                    systems.append(self._discover_system(member, parts))
+                except RedfishResourceError as exc:
+                    parts.append(_failed(exc.url, exc))
+            power, problem = self._choose(members, systems)
+        complete = all(p.ok for p in parts)
+        for item in chassis:
+            for name, newer in _DEPRECATED.items():
+                link = item.links.get(name)
+                if link and "Sensors" in item.links:
+                    read = " and ".join(n for n in ("Sensors", newer) if n in item.links)
+                    detail = f"deprecated: {read} read instead"
+                    parts.append(PartStatus(_part(link), True, detail, enabled=False))
+        return _Inventory(chassis, systems, power, problem, parts, complete)
+
+    def _discover_chassis(self, url: str, parts: list[PartStatus]) -> tuple[_Chassis, list[str]]:
+        """A Chassis, and the Chassis it Contains."""
+        doc = self._get(url)
+        cid = str(doc.get("Id") or url.rstrip("/").rsplit("/", 1)[-1])
+        links = {name: ref for name in _LINKS if (ref := _ref(doc, name))}
+        item = _Chassis(cid, gpu_module_of(cid, str(doc.get("Name") or "")), links)
+        for name, member_of, into in (
+            ("Sensors", None, item.sensors),
+            ("ThermalSubsystem", "Fans", item.fans),
+            ("PowerSubsystem", "PowerSupplies", item.psus),
+        ):
+            link = links.get(name)
+            if not link:
+                continue
+            try:
+                listing = _ref(self._get(link), member_of) if member_of else link
+                into.extend(self._members(listing))
+            except RedfishResourceError as exc:
+                item.unlisted.add(name)
+                parts.append(_failed(link, exc))
+        links_of = doc.get("Links")
+        contains = _objects(links_of, "Contains") if isinstance(links_of, Mapping) else []
+        return item, [ref for link in contains if (ref := _odata_id(link))]
+
+    def _discover_system(self, url: str, parts: list[PartStatus]) -> _System:
+        doc = self._get(url)
+        actions = doc.get("Actions")
+        reset = actions.get("#ComputerSystem.Reset") if isinstance(actions, Mapping) else None
+        target = _text(reset.get("target")) if isinstance(reset, Mapping) else None
+        logs: list[str] = []
+        services = _ref(doc, "LogServices")
+        if services:
+            try:
+                for service in self._members(services):
+                    entries = _ref(self._get(service), "Entries")
+                    if entries:
+                        logs.append(entries)
+            except RedfishResourceError as exc:
+                parts.append(_failed(services, exc))
+        return _System(
+            url,
+            str(doc.get("SystemType") or ""),
+            target or f"{url.rstrip('/')}/Actions/ComputerSystem.Reset",
+            logs,
+        )
+
+    def _choose(self, listed: list[str], systems: list[_System]) -> tuple[_System | None, str]:
+        """The system power is read and set on: the configured one; else the only one, or
+        the only one that is not a DPU (a SmartNIC's own system beside its host's)."""
+        names = ", ".join(listed) or "none"
+        if self._system:
+            wanted = _path(self._system)
+            for system in systems:
+                if _path(system.url) == wanted:
+                    return system, ""
+            if wanted in map(_path, listed):
+                return None, f"system {self._system} could not be read"
+            return None, f"system {self._system} is not on this BMC; it has {names}"
+        hosts = [s for s in systems if s.type != "DPU"] if len(systems) > 1 else systems
+        if len(hosts) == 1 and len(systems) == len(listed):
+            return hosts[0], ""
+        if not listed:
+            return None, "the BMC lists no ComputerSystem"
+        if len(listed) == 1:
+            return None, f"system {listed[0]} could not be read"
+        return None, (
+            f'{len(listed)} systems, none chosen: set system = "<one of them>" in this '
+            f"[[bmc]] entry: {names}"
+        )
+
     # --- reading -------------------------------------------------------------------
 
     def read(self, *, sel: bool) -> LinkReading:
-        if self._inventory is None or self._reads % self._inventory_every == 0:
-            self._inventory = self._discover()
-        self._reads += 1
         inventory = self._inventory
+        if inventory is None or not inventory.complete or self._reads % self._inventory_every == 0:
+            inventory = self._inventory = self._discover()
+        self._reads += 1
+        parts = list(inventory.parts)
         sensors: list[BmcSensor] = []
         extra: list[BmcSensor] = []
         psus: list[UnitStatus] = []
         fans: list[UnitStatus] = []
         for chassis in inventory.chassis:
-            for url in chassis.sensors:
-                sensors.append(_generic_sensor(self._get(url), chassis.module_id))
-            if chassis.thermal:
-                sensors.extend(_thermal_sensors(self._get(chassis.thermal), chassis))
-            if chassis.power:
-                found, units = _power_sensors(self._get(chassis.power), chassis)
-                sensors.extend(found)
-                psus.extend(units)
-            if chassis.environment:
-                extra.extend(_environment_sensors(self._get(chassis.environment), chassis))
-            psus.extend(_unit(self._get(url)) for url in chassis.psus)
-            fans.extend(_unit(self._get(url)) for url in chassis.fans)
-        client = self._open()
-        power = str(self._call(client.get_power).get("powerstate", "")).lower()
-        state = PowerState(power) if power in ("on", "off") else PowerState.UNKNOWN
+            found = self._read_chassis(chassis, parts)
+            sensors.extend(found.sensors)
+            extra.extend(found.extra)
+            psus.extend(found.psus)
+            fans.extend(found.fans)
+        state, power_part = self._power_state(inventory)
+        parts.append(power_part)
         entries: list[SelEntry] = []
         if sel:
-            for url in inventory.logs:
-                for member in self._collection(url):
-                    entry = _log_entry(member)
-                    if entry is not None:
-                        entries.append(entry)
+            for system in inventory.systems:
+                for url in system.logs:
+                    try:
+                        members = self._collection(url)
+                    except RedfishResourceError as exc:
+                        parts.append(_failed(url, exc))
+                        continue
+                    entries.extend(e for m in members if (e := _log_entry(m)) is not None)
         return LinkReading(
             state,
             tuple(sensors + extra),
             tuple(sorted(entries, key=lambda e: e.record_id)),
             tuple(psus),
             tuple(fans),
+            tuple(parts),
         )
 
+    def _read_chassis(self, chassis: _Chassis, parts: list[PartStatus]) -> _ChassisReading:
+        """One Chassis's resources, each read or failed on its own."""
+        out = _ChassisReading()
+        docs: list[tuple[str, Json]] = []
+        known = {_path(url) for url in chassis.sensors}  # the Sensors a DataSourceUri names
+        fan_sources: set[str] = set()
+        url = chassis.reads("Sensors")
+        if url:
+            failed: list[RedfishResourceError] = []
+            for member in chassis.sensors:
+                try:
+                    docs.append((member, self._get(member)))
+                except RedfishResourceError as exc:
+                    failed.append(exc)
+            parts.append(_outcome(url, failed, _many(len(docs), "sensor")))
+        url = chassis.reads("ThermalSubsystem")
+        if url:
+            failed = []
+            for member in chassis.fans:
+                try:
+                    doc = self._get(member)
+                except RedfishResourceError as exc:
+                    failed.append(exc)
+                    continue
+                out.fans.append(_unit(doc))
+                excerpt = doc.get("SpeedPercent")
+                if isinstance(excerpt, Mapping):
+                    source = _path(_text(excerpt.get("DataSourceUri")) or "")
+                    if source in known:
+                        fan_sources.add(source)  # the Sensor holds the reading: a fan
+                    else:
+                        out.sensors.append(_fan_excerpt(doc, excerpt, chassis))
+            parts.append(_outcome(url, failed, _many(len(chassis.fans) - len(failed), "fan")))
+        url = chassis.reads("PowerSubsystem")
+        if url:
+            failed = []
+            for member in chassis.psus:
+                try:
+                    out.psus.append(_unit(self._get(member)))
+                except RedfishResourceError as exc:
+                    failed.append(exc)
+            parts.append(
+                _outcome(url, failed, _many(len(out.psus), "power supply", "power supplies"))
+            )
+        for name in _DEPRECATED:
+            url = chassis.reads(name)
+            if not url:
+                continue
+            try:
+                doc = self._get(url)
+            except RedfishResourceError as exc:
+                parts.append(_failed(url, exc))
+                continue
+            if name == "Thermal":
+                # fans from ThermalSubsystem where there is one: the same fans, counted once
+                found = _thermal_sensors(doc, chassis, fans="ThermalSubsystem" not in chassis.links)
+                detail = _many(len(found), "sensor")
+            else:
+                found, units = _power_sensors(doc, chassis)
+                if "PowerSubsystem" not in chassis.links:
+                    out.psus.extend(units)
+                detail = (
+                    f"{_many(len(found), 'sensor')}, "
+                    f"{_many(len(units), 'power supply', 'power supplies')}"
+                )
+            out.sensors.extend(found)
+            parts.append(PartStatus(_part(url), True, detail))
+        url = chassis.reads("EnvironmentMetrics")
+        if url:
+            try:
+                doc = self._get(url)
+            except RedfishResourceError as exc:
+                parts.append(_failed(url, exc))
+            else:
+                fan_sources |= _fan_speed_sources(doc) & known
+                found = _environment_sensors(doc, chassis, known)
+                out.extra.extend(found)
+                parts.append(
+                    PartStatus(
+                        _part(url),
+                        True,
+                        _many(len(found), "reading of its own", "readings of its own"),
+                    )
+                )
+        generic = [_generic_sensor(doc, u, chassis, _path(u) in fan_sources) for u, doc in docs]
+        out.sensors[:0] = generic
+        return out
+
+    def _power_state(self, inventory: _Inventory) -> tuple[PowerState, PartStatus]:
+        system = inventory.power
+        if system is None:
+            return PowerState.UNKNOWN, PartStatus("power", False, inventory.power_problem)
+        try:
+            doc = self._get(system.url)
+        except RedfishResourceError as exc:
+            return PowerState.UNKNOWN, PartStatus(
+                "power", False, f"{_part(exc.url)}: {exc.problem}"
+            )
+        raw = _text(doc.get("PowerState"))
+        state = {"on": PowerState.ON, "off": PowerState.OFF}.get((raw or "").lower())
+        said = raw if state is None else state.value
+        detail = f"{_part(system.url)}: {said or 'no PowerState'}"
+        return state or PowerState.UNKNOWN, PartStatus("power", True, detail)
+
     def set_power(self, action: PowerAction) -> str:
+        inventory = self._inventory
+        if inventory is None or inventory.power is None:
+            inventory = self._inventory = self._discover()
+        system = inventory.power
+        if system is None:
+            problem = safe_text(inventory.power_problem)  # it names the BMC's systems
+            raise BmcError(f"{self.label}: power {action.value} not sent: {problem}")
+        if action in (PowerAction.ON, PowerAction.OFF):  # already so: nothing to send
+            now = str(self._get(system.url).get("PowerState") or "").lower()
+            if now == action.value:
+                return now
         client = self._open()
-        answer = self._call(lambda: client.set_power(PYGHMI_POWER[action], wait=False))
-        return str(answer.get("pendingpowerstate") or answer.get("powerstate") or "requested")
+        self._call(lambda: client.post(system.reset, {"ResetType": _RESET_TYPE[action]}))
+        return PYGHMI_POWER[action]
 
     def close(self) -> None:
         self._drop()
+
+
+@dataclass
+class _ChassisReading:
+    sensors: list[BmcSensor] = field(default_factory=list)
+    extra: list[BmcSensor] = field(default_factory=list)  # read where no Sensor says it
+    psus: list[UnitStatus] = field(default_factory=list)
+    fans: list[UnitStatus] = field(default_factory=list)
+
+
+def _path(url: str) -> str:
+    """A URL as the path it names: DataSourceUri and @odata.id may differ in a host part
+    or a trailing slash."""
+    return urlsplit(url).path.rstrip("/")
+
+
+def _part(url: str) -> str:
+    """A resource as a part is named: its path under the service root."""
+    path = _path(url)
+    return path.removeprefix("/redfish/v1/") if path != "/redfish/v1" else "service root"
+
+
+def _many(n: int, one: str, more: str = "") -> str:
+    return f"{n} {one if n == 1 else more or one + 's'}"
+
+
+def _failed(part_url: str, exc: RedfishResourceError) -> PartStatus:
+    return _outcome(part_url, [exc], "")
+
+
+def _outcome(part_url: str, failed: list[RedfishResourceError], detail: str) -> PartStatus:
+    """A part read whole (with `detail`), or failed: its first failure, and how many more."""
+    if not failed:
+        return PartStatus(_part(part_url), True, detail)
+    first = failed[0]
+    inner = _path(first.url).removeprefix(_path(part_url)).lstrip("/")
+    text = f"{inner}: {first.problem}" if inner else first.problem
+    if len(failed) > 1:
+        text += f" (and {len(failed) - 1} more)"
+    return PartStatus(_part(part_url), False, text)
 
 
 # --- resource parsing (pure) -----------------------------------------------------------
@@ -533,18 +876,20 @@ def _thresholds(doc: Json, names: tuple[tuple[str, str], ...]) -> Thresholds | N
 def _sensor(
     doc: Json,
     *,
-    sensor_id: str,
+    chassis: _Chassis,
+    local_id: str,
     type_name: str,
     value: Any,
     unit: str,
-    chassis_module: int | None,
     thresholds: Thresholds | None,
+    kind: SensorKind | None = None,
 ) -> BmcSensor:
-    name = str(doc.get("Name") or sensor_id)
-    kind = kind_of(type_name, unit)
+    """A sensor of `chassis`; its id is the Chassis Id and `local_id`, unique within it."""
+    name = str(doc.get("Name") or local_id)
+    kind = kind or kind_of(type_name, unit)
     return BmcSensor(
         name=name,
-        sensor_id=sensor_id,
+        sensor_id=f"{chassis.id}/{local_id}",
         kind=kind,
         type=type_name,
         value=_number(value),
@@ -553,51 +898,114 @@ def _sensor(
         states=_states(doc),
         thresholds=thresholds,
         context=context_of(name, kind, _text(doc.get("PhysicalContext"))),
-        gpu_module_id=gpu_module_of(sensor_id, name) or chassis_module,
+        gpu_module_id=gpu_module_of(local_id, name) or chassis.module_id,
     )
 
 
-def _generic_sensor(doc: Json, chassis_module: int | None) -> BmcSensor:
-    """A Sensor resource (DMTF 2020.4 and later)."""
+# The unit each ReadingType is read in (DMTF Sensor schema): a sensor with no reading and
+# no ReadingUnits (a pulled PSU's) keeps its unit, so its series keeps its name.
+_READING_TYPE_UNITS = {
+    "Temperature": "Cel",
+    "Humidity": "%",
+    "Power": "W",
+    "EnergykWh": "kW.h",
+    "EnergyJoules": "J",
+    "EnergyWh": "W.h",
+    "ChargeAh": "A.h",
+    "Voltage": "V",
+    "Current": "A",
+    "Frequency": "Hz",
+    "Pressure": "Pa",
+    "PressurekPa": "kPa",
+    "PressurePa": "Pa",
+    "LiquidLevel": "cm",
+    "Rotational": "RPM",
+    "AirFlow": "ft3/min",
+    "AirFlowCMM": "m3/min",
+    "LiquidFlow": "L/s",
+    "LiquidFlowLPM": "L/min",
+    "Barometric": "mm[Hg]",
+    "Altitude": "m",
+    "Percent": "%",
+    "AbsoluteHumidity": "g/m3",
+    "Heat": "kW",
+}
+
+
+def _generic_sensor(doc: Json, url: str, chassis: _Chassis, fan: bool) -> BmcSensor:
+    """A Sensor resource (DMTF 2020.4 and later); `fan` where a Fan or the chassis's
+    EnvironmentMetrics names it as a fan's speed (in percent, it says so nowhere else)."""
+    reading_type = _text(doc.get("ReadingType"))
+    unit = unit_of(_text(doc.get("ReadingUnits")) or _READING_TYPE_UNITS.get(reading_type or ""))
+    fan = fan or (unit == "%" and _text(doc.get("PhysicalContext")) == "Fan")
     thresholds = doc.get("Thresholds")
     return _sensor(
         doc,
-        sensor_id=str(doc.get("Id") or doc.get("Name") or "?"),
-        type_name=str(doc.get("ReadingType") or "Unknown"),
+        chassis=chassis,
+        local_id=_text(doc.get("Id")) or url.rstrip("/").rsplit("/", 1)[-1],
+        type_name=reading_type or "Unknown",
         value=doc.get("Reading"),
-        unit=unit_of(_text(doc.get("ReadingUnits"))),
-        chassis_module=chassis_module,
+        unit=unit,
         thresholds=_thresholds(thresholds, _THRESHOLDS)
         if isinstance(thresholds, Mapping)
         else None,
+        kind=SensorKind.FAN if fan else None,
     )
 
 
-def _thermal_sensors(doc: Json, chassis: _Chassis) -> list[BmcSensor]:
-    """The deprecated Thermal resource: Temperatures and Fans."""
+def _fan_excerpt(doc: Json, excerpt: Json, chassis: _Chassis) -> BmcSensor:
+    """A Fan's SpeedPercent where no Sensor read holds it: the fan's own reading."""
+    percent = _number(excerpt.get("Reading"))
+    rpm = _number(excerpt.get("SpeedRPM"))
+    value, unit = (rpm, "RPM") if percent is None and rpm is not None else (percent, "%")
+    return _sensor(
+        doc,
+        chassis=chassis,
+        local_id=f"Fans/{_text(doc.get('Id')) or doc.get('Name') or '?'}",
+        type_name="Fan",
+        value=value,
+        unit=unit,
+        thresholds=None,
+        kind=SensorKind.FAN,
+    )
+
+
+def _fan_speed_sources(doc: Json) -> set[str]:
+    """The Sensors EnvironmentMetrics names as fan speeds."""
+    found = set()
+    for item in _objects(doc, "FanSpeedsPercent"):
+        source = _text(item.get("DataSourceUri"))
+        if source:
+            found.add(_path(source))
+    return found
+
+
+def _thermal_sensors(doc: Json, chassis: _Chassis, *, fans: bool = True) -> list[BmcSensor]:
+    """The deprecated Thermal resource: Temperatures, and Fans where `fans`."""
     out: list[BmcSensor] = []
-    for temp in _objects(doc, "Temperatures"):
+    for index, temp in enumerate(_objects(doc, "Temperatures")):
         out.append(
             _sensor(
                 temp,
-                sensor_id=f"{chassis.id}/Temperatures/{temp.get('MemberId', len(out))}",
+                chassis=chassis,
+                local_id=f"Temperatures/{temp.get('MemberId', index)}",
                 type_name="Temperature",
                 value=temp.get("ReadingCelsius"),
                 unit="C",
-                chassis_module=chassis.module_id,
                 thresholds=_thresholds(temp, _LEGACY_THRESHOLDS),
             )
         )
-    for index, fan in enumerate(_objects(doc, "Fans")):
+    for index, fan in enumerate(_objects(doc, "Fans") if fans else ()):
         out.append(
             _sensor(
                 fan,
-                sensor_id=f"{chassis.id}/Fans/{fan.get('MemberId', index)}",
+                chassis=chassis,
+                local_id=f"Fans/{fan.get('MemberId', index)}",
                 type_name="Fan",
                 value=fan.get("Reading"),
                 unit=unit_of(_text(fan.get("ReadingUnits") or "RPM")),  # the default
-                chassis_module=chassis.module_id,
                 thresholds=_thresholds(fan, _LEGACY_THRESHOLDS),
+                kind=SensorKind.FAN,
             )
         )
     return out
@@ -610,11 +1018,11 @@ def _power_sensors(doc: Json, chassis: _Chassis) -> tuple[list[BmcSensor], list[
     for index, control in enumerate(_objects(doc, "PowerControl")):
         sensor = _sensor(
             control,
-            sensor_id=f"{chassis.id}/PowerControl/{control.get('MemberId', index)}",
+            chassis=chassis,
+            local_id=f"PowerControl/{control.get('MemberId', index)}",
             type_name="Power",
             value=control.get("PowerConsumedWatts"),
             unit="W",
-            chassis_module=chassis.module_id,
             thresholds=None,
         )
         out.append(_with_context(sensor, "total"))
@@ -622,11 +1030,11 @@ def _power_sensors(doc: Json, chassis: _Chassis) -> tuple[list[BmcSensor], list[
         watts = psu.get("PowerOutputWatts", psu.get("LastPowerOutputWatts"))
         sensor = _sensor(
             psu,
-            sensor_id=f"{chassis.id}/PowerSupplies/{psu.get('MemberId', index)}",
+            chassis=chassis,
+            local_id=f"PowerSupplies/{psu.get('MemberId', index)}",
             type_name="Power Supply",
             value=watts,
             unit="W",
-            chassis_module=chassis.module_id,
             thresholds=None,
         )
         out.append(_with_context(sensor, "psu"))
@@ -635,36 +1043,44 @@ def _power_sensors(doc: Json, chassis: _Chassis) -> tuple[list[BmcSensor], list[
         out.append(
             _sensor(
                 volt,
-                sensor_id=f"{chassis.id}/Voltages/{volt.get('MemberId', index)}",
+                chassis=chassis,
+                local_id=f"Voltages/{volt.get('MemberId', index)}",
                 type_name="Voltage",
                 value=volt.get("ReadingVolts"),
                 unit="V",
-                chassis_module=chassis.module_id,
                 thresholds=_thresholds(volt, _LEGACY_THRESHOLDS),
             )
         )
     return out, units
 
 
-def _environment_sensors(doc: Json, chassis: _Chassis) -> list[BmcSensor]:
-    """EnvironmentMetrics: chassis power and temperature, used where no sensor says more."""
+def _environment_sensors(doc: Json, chassis: _Chassis, known: set[str]) -> list[BmcSensor]:
+    """EnvironmentMetrics' chassis power and temperature, where no Sensor read holds them.
+
+    Each is an excerpt: its DataSourceUri names the Sensor it copies (rackmount1's
+    TemperatureCelsius is a CPU's), so a value whose Sensor is read is not a second sensor
+    (summing power would count it twice). The temperature is the chassis's, not the air
+    at its intake."""
     out: list[BmcSensor] = []
     for key, name, type_name, unit, context in (
         ("PowerWatts", "Chassis Power", "Power", "W", "total"),
-        ("TemperatureCelsius", "Chassis Temperature", "Temperature", "C", "intake"),
+        ("TemperatureCelsius", "Chassis Temperature", "Temperature", "C", "chassis"),
     ):
         value = doc.get(key)
-        if isinstance(value, Mapping) and _number(value.get("Reading")) is not None:
-            sensor = _sensor(
-                {"Name": f"{chassis.id} {name}"},
-                sensor_id=f"{chassis.id}/EnvironmentMetrics/{key}",
-                type_name=type_name,
-                value=value.get("Reading"),
-                unit=unit,
-                chassis_module=chassis.module_id,
-                thresholds=None,
-            )
-            out.append(_with_context(sensor, context))
+        if not isinstance(value, Mapping) or _number(value.get("Reading")) is None:
+            continue
+        if _path(_text(value.get("DataSourceUri")) or "") in known:
+            continue
+        sensor = _sensor(
+            {"Name": f"{chassis.id} {name}"},
+            chassis=chassis,
+            local_id=f"EnvironmentMetrics/{key}",
+            type_name=type_name,
+            value=value.get("Reading"),
+            unit=unit,
+            thresholds=None,
+        )
+        out.append(_with_context(sensor, context))
     return out
 
 

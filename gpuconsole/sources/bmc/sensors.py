@@ -68,26 +68,42 @@ def kind_of(type_name: str, unit: str) -> SensorKind:
 
 
 def context_of(name: str, kind: SensorKind, hint: str | None = None) -> str | None:
-    """Where a sensor sits, from a Redfish PhysicalContext (`hint`) or its name."""
-    hint = (hint or "").lower()
+    """Where a sensor sits: from a Redfish PhysicalContext (`hint`) where the BMC gives
+    one, else from its name (IPMI has no such field).
+
+    A PhysicalContext is taken at its word: "Room" or "Ambient" air is not the intake,
+    whatever the sensor is called."""
+    if hint:
+        place = hint.lower()
+        if place in ("intake", "exhaust"):
+            return place
+        if place == "gpu" or _HGX_GPU.search(name):
+            return "gpu"
+        if place == "powersupply":
+            return "psu"
+        if kind is SensorKind.FAN or place == "fan":
+            return "fan"
+        if kind is SensorKind.POWER and (place == "chassis" or _TOTAL_POWER.search(name)):
+            return "total"
+        return place
     lowered = name.lower()
-    if hint == "intake" or any(w in lowered for w in ("inlet", "intake", "ambient")):
+    if any(w in lowered for w in ("inlet", "intake", "ambient")):
         return "intake"
-    if hint == "exhaust" or any(w in lowered for w in ("exhaust", "outlet")):
+    if any(w in lowered for w in ("exhaust", "outlet")):
         return "exhaust"
-    if _HGX_GPU.search(name) or hint in ("gpu", "accelerator"):
+    if _HGX_GPU.search(name):
         return "gpu"
-    if hint == "powersupply" or _PSU.search(name):
+    if _PSU.search(name):
         return "psu"
-    if kind is SensorKind.FAN or hint == "fan" or _FAN.search(name):
+    if kind is SensorKind.FAN or _FAN.search(name):
         return "fan"
-    if kind is SensorKind.POWER and (_TOTAL_POWER.search(name) or hint == "chassis"):
+    if kind is SensorKind.POWER and _TOTAL_POWER.search(name):
         return "total"
-    if hint == "cpu" or "cpu" in lowered:
+    if "cpu" in lowered:
         return "cpu"
-    if hint == "memory" or "dimm" in lowered or "dram" in lowered:
+    if "dimm" in lowered or "dram" in lowered:
         return "memory"
-    return hint or None
+    return None
 
 
 def gpu_module_of(*names: str) -> int | None:
@@ -172,8 +188,8 @@ def summarise(
         psus_present = sum(1 for s in status_sensors if _says(s, "present"))
         psus_failed = sum(1 for s in status_sensors if _says(s, *_PSU_FAILED_STATES))
     else:
-        psu_power_sensors = [
-            s for s in sensors if s.kind is SensorKind.POWER and s.context == "psu"
+        psu_power_sensors = [  # a pulled PSU's sensor has no reading: it is not counted
+            s for s in sensors if s.kind is SensorKind.POWER and s.context == "psu" and s.available
         ]
         psus_present = len(psu_power_sensors)
         psus_failed = sum(1 for s in psu_power_sensors if _bad(s))

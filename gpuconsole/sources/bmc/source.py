@@ -47,6 +47,7 @@ class BmcTarget:
     verify_tls: bool = True
     ca_file: str = ""
     timeout_s: float = BmcConfig.timeout_s
+    system: str = ""  # Redfish: the ComputerSystem power acts on, where there are several
 
     @property
     def effective_port(self) -> int:
@@ -71,10 +72,11 @@ def open_link(target: BmcTarget) -> BmcLink:
         if not target.verify_tls:
             log.warning("%s: TLS certificate verification is off", target.label)
         verify = verify_callback(target.verify_tls, target.ca_file, host)
-        timeout = target.timeout_s
+        timeout, system = target.timeout_s, target.system
         return RedfishLink(
             target.label,
             lambda: PyghmiRedfish(host, port, user, password, verify, timeout),
+            system=system,
             timeout_s=timeout,
         )
     raise BmcError(f"{target.label}: unknown protocol {target.protocol!r}")

@@ -211,7 +211,9 @@ class NodeScreen(BaseView):
         if force or node is not self._shown_node:
             self._update_table(node, palette, force)
             self._shown_node = node
-        update_text(self.query_one("#panel-bmc", Static), summaries.bmc_panel(node))
+        bmc = self.query_one("#panel-bmc", Static)
+        update_text(bmc, summaries.bmc_panel(node))
+        bmc.border_subtitle = summaries.bmc_schema(node.bmc)
         update_text(self.query_one("#panel-fabric", Static), summaries.fabric_panel(node))
         update_text(self.query_one("#panel-owners", Static), owners_text(node, palette))
 
