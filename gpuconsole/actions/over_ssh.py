@@ -681,7 +681,7 @@ class RemoteExecutor:
                 args={
                     "plan_id": plan_id,
                     "node": self.node,
-                    "via": actor.via,
+                    **actor.audit_args(),
                     "remote": f"ssh {self.target.destination}",
                     "digest": digest,
                     **body,
