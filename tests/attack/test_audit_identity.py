@@ -7,18 +7,27 @@ log was one file that every member of the operators' group could write, so trunc
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import os
 import pwd
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncssh
 import pytest
 
-from gpuconsole.actions.audit import AuditLog
+from gpuconsole import config
+from gpuconsole.actions.audit import AuditLog, AuditRecord
 from gpuconsole.actions.power import PowerRequest, power
 from gpuconsole.actions.roles import ActionRefused
+from gpuconsole.actions.store import action_store
 from gpuconsole.sources.bmc import PowerAction
 from tests.test_ssh_console import Keys, console_server, login, open_terminal, session_of
 
@@ -88,3 +97,90 @@ async def test_an_ssh_session_is_recorded_as_its_key_not_the_name_it_logged_in_a
     assert record["user"] == "a viewer (no role named)" != "ops"
     assert record["key_fingerprint"] == keys.viewer.get_fingerprint("sha256")
     assert (record["role"], record["args"]["via"]) == ("viewer", "ssh")
+
+
+@pytest.fixture
+def shared(tmp_path: Path) -> Iterator[Path]:
+    """The machine's state folder as the install line makes it, group GROUP_GID, somewhere
+    the other uid can reach (a test's own folder is root's alone)."""
+    base = Path(tempfile.mkdtemp(prefix="gpuconsole-audit-"))
+    try:
+        base.chmod(0o755)
+        folder = base / "gpuconsole"
+        folder.mkdir()
+        os.chown(folder, -1, GROUP_GID)
+        folder.chmod(0o3770)
+        (tmp_path / "config.toml").write_text(f'[actions]\nstate_dir = "{folder}"\n')
+        yield folder
+    finally:
+        shutil.rmtree(base)
+
+
+def _record(user: str, outcome: str) -> AuditRecord:
+    return AuditRecord(1_800_000_000.0, user, "operator", "assign drained", "n: 1", outcome)
+
+
+def _as_the_other_operator(folder: Path, job: str, results: Any) -> None:
+    """In a forked child, as OTHER_UID in GROUP_GID: squat and forge, or erase."""
+    try:
+        os.setgroups([GROUP_GID])
+        os.setgid(GROUP_GID)
+        os.setuid(OTHER_UID)
+        done = []
+        if job == "squat":
+            # the file root's records would go to, made first; and a record in root's name
+            (folder / "audit.root.jsonl").touch()
+            AuditLog(folder / "audit.jsonl", shared=True).append(_record("root", "ok"))
+            done.append("forged")
+        else:
+            for path in sorted(folder.glob("audit*.jsonl")):
+                if path.stat().st_uid == OTHER_UID:
+                    continue
+                for how, attempt in (
+                    ("truncated", lambda p: p.open("r+").truncate(0)),
+                    ("deleted", lambda p: p.unlink()),
+                ):
+                    try:
+                        attempt(path)
+                        done.append(f"{how} {path.name}")
+                    except PermissionError:
+                        pass
+        results.put(done)
+    except BaseException as exc:
+        results.put([repr(exc)])
+
+
+def _other(folder: Path, job: str) -> list[str]:
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    child = ctx.Process(target=_as_the_other_operator, args=(folder, job, results))
+    child.start()
+    done: list[str] = results.get(timeout=30)
+    child.join(10)
+    return done
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as a second uid needs root")
+def test_no_operator_can_erase_or_write_anothers_audit_records(
+    tmp_path: Path, shared: Path
+) -> None:
+    legacy = shared / "audit.jsonl"  # the one log every operator wrote before: still read
+    legacy.write_text(json.dumps({"at": 1.0, "user": "old", "outcome": "ok"}) + "\n")
+    legacy.chmod(0o660)
+    # another operator squats the name this user's file would have, and forges a record
+    assert _other(shared, "squat") == ["forged"]
+    store = action_store(config.load(tmp_path / "config.toml").actions)
+    assert store.shared
+    store.audit().append(_record(ME, "started"))
+    # and tries to erase it: the file is this user's own, 0640, in a sticky folder
+    assert _other(shared, "erase") == []
+    records = store.audit().records()
+    assert [(r["user"], r.get("writer")) for r in records] == [
+        ("old", None),
+        ("root", "nobody"),  # a forged record says who wrote it
+        (ME, ME),
+    ]
+    # this user's files, the old log among them, the group reads and only reads
+    mine = [p for p in shared.glob("audit*.jsonl") if p.stat().st_uid == os.getuid()]
+    assert legacy in mine and len(mine) == 2
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o640 for p in mine)
