@@ -116,9 +116,13 @@ class AuditLog:
         for path in (mine, mine.with_name(f"{mine.stem}+{secrets.token_hex(4)}{mine.suffix}")):
             try:
                 fd = os.open(path, _OPEN | os.O_CREAT | os.O_EXCL, SHARED_MODE)
-            except FileExistsError:
-                continue
-            os.fchmod(fd, SHARED_MODE)  # whatever the umask
+            except FileExistsError:  # made since: by this user's other process, or another's
+                taken = _open_own(path)
+                if taken is None:
+                    continue
+                fd = taken
+            else:
+                os.fchmod(fd, SHARED_MODE)  # whatever the umask
             self._own = path
             return fd
         raise FileExistsError(errno.EEXIST, "taken by another user", str(mine))
@@ -166,14 +170,24 @@ def _seal(path: Path) -> None:
 
 
 def _read(path: Path, *, writer: bool = False) -> list[dict[str, Any]]:
+    """The records in `path`; with `writer`, each marked with the user owning the file. A
+    link or anything but a file in the folder is no one's records."""
     try:
-        with open(path, encoding="utf-8") as f:
-            owner = user_name(os.fstat(f.fileno()).st_uid) if writer else None
-            text = f.read()
+        fd = os.open(path, os.O_RDONLY | (os.O_NOFOLLOW | os.O_NONBLOCK if writer else 0))
     except FileNotFoundError:
         return []
+    except OSError as exc:
+        if writer and exc.errno in _NOT_OURS:
+            return []
+        raise
+    with open(fd, encoding="utf-8") as f:
+        info = os.fstat(fd)
+        if writer and not stat.S_ISREG(info.st_mode):
+            return []
+        text = f.read()
     records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    if owner is not None:
+    if writer:
+        owner = user_name(info.st_uid)
         for record in records:
             record["writer"] = owner
     return records
