@@ -256,7 +256,7 @@ class ActionsConfig:
         default=paths.SYSTEM_STATE_DIR,
         metadata=_doc(
             "Folder of the action journal, GPU locks and audit log, shared by every user and "
-            "session of this machine (make it: install -d -m 2770 -g gpuconsole-operator "
+            "session of this machine (make it: install -d -m 3770 -g gpuconsole-operator "
             "DIR); not writable: the user's own state folder, with a warning"
         ),
     )
@@ -264,7 +264,11 @@ class ActionsConfig:
         default="", metadata=_doc("SQLite journal of actions and GPU locks; empty: in state_dir")
     )
     audit_log: str = field(
-        default="", metadata=_doc("Append-only audit log (JSON lines); empty: in state_dir")
+        default="",
+        metadata=_doc(
+            "Audit log (JSON lines): each user appends to NAME.USER.jsonl beside it, which "
+            "only they write and the group reads; empty: audit.jsonl in state_dir"
+        ),
     )
     sysfs_root: str = field(
         default="", metadata=_doc("sysfs the vfio driver writes to; empty: [host] sysfs_root")

@@ -47,7 +47,7 @@ from gpuconsole.actions.progress import (
     plan_digest,
     read_event,
 )
-from gpuconsole.actions.roles import ActionRefused, Actor, Role
+from gpuconsole.actions.roles import ActionRefused, Actor, Role, login_name
 from gpuconsole.actions.ssh_caller import over_ssh
 from gpuconsole.cli.assign import AssignRequest, run_assign
 from gpuconsole.cli.main import main
@@ -300,10 +300,13 @@ async def test_a_remote_plan_moves_the_gpu_on_the_node_and_the_head_ticks_each_s
     )
     assert events[-1].message == f"assign drained by ops: {outcome.message}"
     assert all(e.node == NODE and e.gpu_index == 3 for e in events)
-    # the node audited who logged in, and with which key; the head that it asked
+    # the node audited who logged in (its uid), and with which key as sshd's environment says
+    # it (the login could have set that: not the key_fingerprint); the head that it asked
     (started,) = [r for r in _node_audit(tmp_path) if r["outcome"] == "started"]
-    assert started["args"]["via"] == "ssh"
-    assert started["key_fingerprint"] == keys.client_key.get_fingerprint("sha256")
+    assert started["user"] == login_name() and started["args"]["via"] == "ssh"
+    assert started["key_fingerprint"] is None
+    said = started["args"]["ssh_login"]
+    assert f"from 127.0.0.1 port 40000, key {keys.client_key.get_fingerprint('sha256')}" in said
     head = head_audit.records()
     assert [r["outcome"] for r in head] == ["asked", "ok"]
     assert head[1]["args"]["plan_id"] == outcome.plan_id
@@ -496,14 +499,21 @@ def test_a_step_line_reads_back_as_the_step_it_was() -> None:
         read_event(json.dumps({"v": 2, "event": "note", "text": "?"}))
 
 
-def test_a_login_over_ssh_is_audited_with_its_key(tmp_path: Path) -> None:
+def test_a_login_over_ssh_is_audited_with_what_sshd_says_of_its_key(tmp_path: Path) -> None:
     key = asyncssh.generate_private_key("ssh-ed25519")
     auth = tmp_path / "auth"
     auth.write_text(f"publickey {key.export_public_key().decode()}")
     env = {"SSH_CONNECTION": "10.0.0.1 5 10.0.0.2 22", "SSH_USER_AUTH": str(auth)}
     actor = over_ssh(OPS, env)
-    assert actor.via == "ssh" and actor.key_fingerprint == key.get_fingerprint("sha256")
-    assert over_ssh(OPS, {"SSH_CONNECTION": "10.0.0.1 5 10.0.0.2 22"}).key_fingerprint is None
+    assert actor.via == "ssh" and actor.key_fingerprint is None and actor.user == "ops"
+    fingerprint = key.get_fingerprint("sha256")
+    assert actor.ssh_login == (
+        f"from 10.0.0.1 port 5, key {fingerprint}, as the login's environment says"
+    )
+    bare = over_ssh(OPS, {"SSH_CONNECTION": "10.0.0.1 5 10.0.0.2 22"})
+    assert bare.ssh_login == "from 10.0.0.1 port 5, as the login's environment says"
+    odd = over_ssh(OPS, {"SSH_CONNECTION": "\x1b]52;c;aGk=\x07 5 x 22"})
+    assert odd.ssh_login == "SSH_CONNECTION unreadable, as the login's environment says"
     assert over_ssh(OPS, {}) is OPS  # not under sshd: the local user, as it was
 
 

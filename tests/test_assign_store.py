@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from gpuconsole import config
+from gpuconsole.actions.audit import AuditRecord
 from gpuconsole.actions.executor import Executor
 from gpuconsole.actions.plan import Target
-from gpuconsole.actions.roles import ActionRefused, Actor, Role
+from gpuconsole.actions.roles import ActionRefused, Actor, Role, login_name
 from gpuconsole.actions.store import action_store
 from gpuconsole.config import ConfigError
 from gpuconsole.sim.actions import sim_drivers
@@ -32,10 +33,10 @@ def _config(tmp_path: Path, body: str) -> config.Config:
 def test_the_example_config_documents_the_shared_state_folder() -> None:
     text = config.example()
     assert 'state_dir = "/var/lib/gpuconsole"' in text
-    assert "install -d -m 2770 -g gpuconsole-operator" in text
+    assert "install -d -m 3770 -g gpuconsole-operator" in text
 
 
-def test_the_shared_folder_holds_the_journal_and_audit_log_writable_by_the_group(
+def test_the_shared_folder_holds_the_journal_writable_by_the_group_and_the_audit_readable(
     tmp_path: Path,
 ) -> None:
     shared = tmp_path / "lib" / "gpuconsole"
@@ -44,8 +45,9 @@ def test_the_shared_folder_holds_the_journal_and_audit_log_writable_by_the_group
     assert store.shared and not store.warning
     assert store.journal_path == shared / "actions.db"
     assert store.audit_path == shared / "audit.jsonl"
-    # made as the install line would make it: setgid, so files take the operators' group
-    assert stat.S_IMODE(shared.stat().st_mode) == 0o2770
+    # made as the install line would make it: setgid, so files take the operators' group, and
+    # sticky, so that no operator can delete or rename another's files
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o3770
     journal = store.journal()
     journal.plans()
     with journal.transaction():  # writing makes SQLite create its -wal and -shm files
@@ -53,6 +55,12 @@ def test_the_shared_folder_holds_the_journal_and_audit_log_writable_by_the_group
     for name in ("actions.db", "actions.db-wal", "actions.db-shm"):
         assert stat.S_IMODE((shared / name).stat().st_mode) == 0o660, name
     journal.close()
+    # the audit: each user appends to a file of their own that the group reads, and only reads
+    store.audit().append(AuditRecord(1.0, "?", "operator", "assign drained", "n: 1", "ok"))
+    [record] = store.audit().records()
+    assert record["writer"] == login_name()
+    mine = shared / f"audit.{login_name()}.jsonl"
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o640
 
 
 def test_an_unusable_shared_folder_falls_back_to_the_users_own_and_says_so(
@@ -68,7 +76,7 @@ def test_an_unusable_shared_folder_falls_back_to_the_users_own_and_says_so(
     assert not store.shared and store.journal_path == own / "actions.db"
     assert f"{blocked} is unusable (cannot create it" in store.warning
     assert "other users and sessions do not see them" in store.warning
-    assert f"install -d -m 2770 -g gpuconsole-operator {blocked}" in store.warning
+    assert f"install -d -m 3770 -g gpuconsole-operator {blocked}" in store.warning
     assert store.warning in caplog.text
     # a journal named outright is no guess to fall back from
     explicit = _config(tmp_path, f'[actions]\njournal = "{blocked}/actions.db"\n')

@@ -135,7 +135,8 @@ async def open_terminal(
 
 
 def session_of(server: ConsoleServer, user: str) -> Any:
-    return next(s for s in server.sessions if s.actor.user == user)
+    """The session the client logged in to as `user`."""
+    return next(s for s in server.sessions if s.actor.login == user)
 
 
 @pytest.fixture
@@ -169,7 +170,7 @@ async def test_two_sessions_at_their_own_sizes_resize_and_quit(
 
             narrow.send("q")
             assert await narrow.closed() == 0
-            assert [s.actor.user for s in server.sessions] == ["ops"]
+            assert [s.actor.login for s in server.sessions] == ["ops"]
             wide.send("e")  # the other session still answers keys
             await wide.wait_for("\u203a Events")  # the breadcrumb, not the footer key
             wide.send("q")
@@ -256,7 +257,13 @@ async def test_a_viewers_action_is_refused_where_it_executes(tmp_path: Path, key
             await power(request, bmc, audit)
         assert bmc.calls == []
         [record] = audit.records()
-        assert (record["user"], record["role"], record["outcome"]) == ("amy", "viewer", "refused")
+        # the key that logged in, named as the keys file names it: not the name amy typed
+        assert (record["user"], record["role"], record["outcome"]) == (
+            "a viewer (no role named)",
+            "viewer",
+            "refused",
+        )
+        assert record["key_fingerprint"] == keys.viewer.get_fingerprint("sha256")
         term.send("q")
         await term.closed()
 
@@ -328,7 +335,7 @@ async def test_one_session_crashing_leaves_the_others_running(tmp_path: Path, ke
         assert "this session failed" in bad.raw.decode()
         good.send("e")
         await good.wait_for("\u203a Events")  # the breadcrumb, not the footer key
-        assert [s.actor.user for s in server.sessions] == ["ops"]
+        assert [s.actor.login for s in server.sessions] == ["ops"]
         good.send("q")
         assert await good.closed() == 0
 

@@ -8,15 +8,20 @@ burst pops the last screen (ScreenStackError), dismisses a palette before it has
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from textual import events
-from textual.command import CommandPalette
+from textual.command import CommandList, CommandPalette
 from textual.message import Message
 
+from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.config import ActionsConfig, Config, HostConfig
+from gpuconsole.tui.actions import MachineAccess
 from gpuconsole.tui.app import ConsoleApp
 from gpuconsole.tui.commands import MAX_QUERY_CHARS, ConsolePalette, JumpInput
+from gpuconsole.tui.screens.assign import ProposeScreen
 from gpuconsole.tui.screens.events import EventsScreen
 from gpuconsole.tui.screens.fleet import FleetScreen
 from gpuconsole.tui.screens.gpu import GpuScreen
@@ -218,3 +223,50 @@ async def test_a_burst_of_typing_searches_once(console_app: Any, monkeypatch: An
         await until(lambda: palette.query_one(JumpInput).value == "dgx-002")
         await settle(pilot)
         assert searched == ["dgx-002"]
+
+
+def offered(app: ConsoleApp) -> list[str]:
+    return [option.hit.text or "" for option in app.screen.query_one(CommandList).options]
+
+
+@pytest.mark.parametrize("role", [Role.VIEWER, Role.OPERATOR, Role.ADMIN])
+async def test_the_palette_offers_assign_over_a_node_view_to_those_who_may_act(
+    console_app: Any, tmp_path: Path, role: Role
+) -> None:
+    cfg = Config(host=HostConfig(name="head"), actions=ActionsConfig(state_dir=str(tmp_path)))
+    app = console_app(actor=Actor("x", role), actions=MachineAccess(cfg, lambda _event: None))
+    async with app.run_test(size=SIZE) as pilot:
+        await open_view(app, pilot, "node")
+        await open_palette(app, pilot)
+        await pilot.press(*"assign")
+        await pilot.pause(0.5)
+        if not role.may_act:
+            assert offered(app) == []
+            return
+        assert offered(app)[0] == "assign"
+        await pilot.press("enter")
+        await until(lambda: views(app) == ["FleetScreen", "NodeScreen", "AssignScreen"])
+        await pilot.press("escape")
+        await until(lambda: views(app) == ["FleetScreen", "NodeScreen"])
+        await open_palette(app, pilot)
+        await pilot.press(*"propose")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await until(lambda: views(app) == ["FleetScreen", "NodeScreen", "ProposeScreen"])
+        propose = app.screen
+        assert isinstance(propose, ProposeScreen) and propose.node_name == "dgx-002"
+
+
+async def test_a_theme_picked_in_the_palette_redraws_the_console(console_app: Any) -> None:
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        before = app.palette
+        await open_palette(app, pilot)
+        await pilot.press(*"theme gpuconsole-light")
+        await pilot.pause(0.5)
+        assert offered(app)[0] == "theme gpuconsole-light"
+        await pilot.press("enter")
+        await until(lambda: app.theme == "gpuconsole-light")
+        await settle(pilot)
+        assert app._exception is None and views(app) == ["FleetScreen"]
+        assert app.palette != before  # the heat scale and health colours of the new theme

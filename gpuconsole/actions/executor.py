@@ -248,7 +248,7 @@ class Executor:
                     "gpus": list(plan.gpus),
                     "uuids": list(plan.uuids),
                     "target": str(plan.target),
-                    "via": actor.via,
+                    **actor.audit_args(),
                     "steps": [s.title for s in plan.steps],
                     "preconditions": [str(p) for p in plan.preconditions],
                 },

@@ -585,7 +585,7 @@ class RemoteExecutor:
             f"lost contact with {self.node} ({why}) {seen}. The node ends the plan by itself, "
             f"done or rolled back (its journal; if its gpuconsole died too, the next "
             f"`gpuconsole assign` there recovers it). See how it ended in {self.node}'s "
-            f"events in the console, or its audit log (audit.jsonl in its [actions] state_dir)",
+            f"events in the console, or its audit log (audit*.jsonl in its [actions] state_dir)",
             plan_id,
         )
 
@@ -681,7 +681,7 @@ class RemoteExecutor:
                 args={
                     "plan_id": plan_id,
                     "node": self.node,
-                    "via": actor.via,
+                    **actor.audit_args(),
                     "remote": f"ssh {self.target.destination}",
                     "digest": digest,
                     **body,

@@ -62,7 +62,11 @@ async def power(
                 target=f"{request.node} ({control.label})",
                 outcome=outcome,
                 detail=detail,
-                args={"node": request.node, "state": request.action.value},
+                args={
+                    "node": request.node,
+                    "state": request.action.value,
+                    **request.actor.audit_args(),
+                },
                 key_fingerprint=request.actor.key_fingerprint,
             )
         )

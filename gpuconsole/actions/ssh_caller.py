@@ -1,5 +1,12 @@
 """Who asked, when `gpuconsole assign` runs under sshd (a head's remote assign): the login
-user, and the key it logged in with where sshd exposes it (`ExposeAuthInfo yes`)."""
+user, by this process's uid, and what sshd's environment says of the login: where from and,
+where sshd exposes it (`ExposeAuthInfo yes`), with which key.
+
+None of that environment is proof: SSH_CONNECTION is a variable like any other and sshd
+writes SSH_USER_AUTH as a file the login user owns. It is kept as the login's word, which
+sshd's own log (`Accepted publickey for USER from ADDR port PORT ssh2: TYPE SHA256:...`)
+confirms or not; the uid is the only thing this process can vouch for.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import base64
 import binascii
 import dataclasses
 import hashlib
+import ipaddress
 from collections.abc import Mapping
 
 from gpuconsole.actions.roles import Actor
@@ -38,14 +46,32 @@ def _auth_key(path: str) -> str | None:
     return None
 
 
-def over_ssh(actor: Actor, environ: Mapping[str, str]) -> Actor:
-    """The local actor, marked as come in over ssh (with its key) when sshd started us.
+def _client(connection: str) -> str:
+    """'from ADDR port PORT' of SSH_CONNECTION ('ADDR PORT ADDR PORT'); '' if it is not one."""
+    words = connection.split()
+    if len(words) != 4 or not words[1].isdigit() or len(words[1]) > 5:
+        return ""
+    try:
+        address = ipaddress.ip_address(words[0])
+    except ValueError:
+        return ""
+    return f"from {address} port {int(words[1])}"
 
-    The role stays what the node gives the login user: the audit records the ssh login the
-    node authenticated, not anything a head claims about its own operator.
+
+def over_ssh(actor: Actor, environ: Mapping[str, str]) -> Actor:
+    """The local actor, marked as come in over ssh, with what sshd's environment says of
+    the login (`ssh_login`, unverified), when sshd started us.
+
+    The user and role stay what the node gives this process's uid: the audit records the
+    login the node let in, not anything a head or the environment claims.
     """
-    if not environ.get("SSH_CONNECTION"):
+    connection = environ.get("SSH_CONNECTION")
+    if not connection:
         return actor
+    said = [_client(connection) or "SSH_CONNECTION unreadable"]
     auth = environ.get("SSH_USER_AUTH")
     fingerprint = _auth_key(auth) if auth else None
-    return dataclasses.replace(actor, key_fingerprint=fingerprint, via="ssh")
+    if fingerprint:
+        said.append(f"key {fingerprint}")
+    said.append("as the login's environment says")
+    return dataclasses.replace(actor, via="ssh", ssh_login=", ".join(said))

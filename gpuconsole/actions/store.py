@@ -10,7 +10,6 @@ its own store beside its simulated worlds, out of the machine's audit log.
 from __future__ import annotations
 
 import contextlib
-import getpass
 import grp
 import logging
 import os
@@ -20,7 +19,7 @@ from pathlib import Path
 from gpuconsole import paths
 from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.journal import Journal
-from gpuconsole.actions.roles import OPERATOR_GROUP
+from gpuconsole.actions.roles import OPERATOR_GROUP, login_name
 from gpuconsole.config import ActionsConfig, ConfigError
 
 __all__ = ["ActionStore", "action_store", "demo_store", "journal_path"]
@@ -29,9 +28,9 @@ log = logging.getLogger(__name__)
 
 JOURNAL_FILE = "actions.db"
 AUDIT_FILE = "audit.jsonl"
-SHARED_FILE_MODE = 0o660  # the group (gpuconsole-operator) reads and writes
+SHARED_FILE_MODE = 0o660  # the journal: the group (gpuconsole-operator) reads and writes
 PRIVATE_FILE_MODE = 0o600
-SHARED_DIR_MODE = 0o2770  # setgid: files made in it take the folder's group
+SHARED_DIR_MODE = 0o3770  # setgid: files take the folder's group; sticky: and stay their owner's
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,20 +51,21 @@ class ActionStore:
         return Journal(self.journal_path, mode=self.file_mode)
 
     def audit(self) -> AuditLog:
-        return AuditLog(self.audit_path, mode=self.file_mode)
+        return AuditLog(self.audit_path, shared=self.shared)
 
 
 def _make_shared_dir(folder: Path) -> None:
-    """Create the machine's folder as the install line would: setgid, group-writable, owned
-    by the operators' group where it exists (only root gets this far on /var/lib)."""
+    """Create the machine's folder as the install line would: setgid, sticky, group-writable,
+    owned by the operators' group where it exists (only root gets this far on /var/lib)."""
     folder.mkdir(parents=True)
     os.chmod(folder, SHARED_DIR_MODE)  # mkdir's mode passes through the umask
     with contextlib.suppress(KeyError, PermissionError):
         os.chown(folder, -1, grp.getgrnam(OPERATOR_GROUP).gr_gid)
 
 
-def _unusable(folder: Path, files: tuple[Path, ...]) -> str | None:
-    """Why this process cannot keep its journal and audit log in `folder`; None if it can."""
+def _unusable(folder: Path, journal: Path | None) -> str | None:
+    """Why this process cannot keep `journal` and its own audit file in `folder`; None if it
+    can. The audit files of others need not be writable: each user appends to their own."""
     try:
         if not folder.exists():
             _make_shared_dir(folder)
@@ -73,12 +73,14 @@ def _unusable(folder: Path, files: tuple[Path, ...]) -> str | None:
         return f"cannot create it: {exc.strerror}"
     if not folder.is_dir():
         return "not a folder"
-    user = getpass.getuser()
+    user = login_name()
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"not writable by {user}"
+    if journal is None:
+        return None
     # SQLite's -wal and -shm files are written by every reader too
-    wal = [files[0].with_name(files[0].name + s) for s in ("-wal", "-shm")]
-    for path in (*files, *wal):
+    wal = [journal.with_name(journal.name + s) for s in ("-wal", "-shm")]
+    for path in (journal, *wal):
         if path.exists() and not os.access(path, os.R_OK | os.W_OK):
             return f"{path.name} is not writable by {user}"
     return None
@@ -99,17 +101,17 @@ def action_store(cfg: ActionsConfig) -> ActionStore:
     audit = Path(cfg.audit_log) if cfg.audit_log else folder / AUDIT_FILE
     for key, path in (("journal", cfg.journal), ("audit_log", cfg.audit_log)):
         if path:
-            why = _unusable(Path(path).parent, (Path(path),))
+            why = _unusable(Path(path).parent, Path(path) if key == "journal" else None)
             if why is not None:
                 raise ConfigError(f"[actions] {key} {path}: its folder {why}")
-    why = None if cfg.journal and cfg.audit_log else _unusable(folder, (journal, audit))
+    why = None if cfg.journal and cfg.audit_log else _unusable(folder, journal)
     if why is None:
         return ActionStore(journal, audit, shared=True)
     own = paths.state_dir()
     warning = (
         f"{folder} is unusable ({why}): the action journal, GPU locks and audit log are kept "
         f"in {own}, where other users and sessions do not see them. To share them, run "
-        f"`install -d -m 2770 -g {OPERATOR_GROUP} {folder}` as root, or set [actions] "
+        f"`install -d -m 3770 -g {OPERATOR_GROUP} {folder}` as root, or set [actions] "
         "state_dir to a folder every operator can write"
     )
     log.warning("%s", warning)

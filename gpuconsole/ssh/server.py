@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import asyncssh
 from textual.app import App
 
-from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.actions.roles import Actor, Role, key_actor, password_actor
 from gpuconsole.config import SshConfig
 from gpuconsole.hub import Hub
 from gpuconsole.ssh.driver import BoundedOutput, SshDriver
@@ -68,7 +68,7 @@ MAX_COLUMNS, MAX_ROWS = 1024, 512
 class SessionInfo:
     """Who a session belongs to: user, role, the key that let them in, where from."""
 
-    user: str
+    user: str  # the name the client logged in as (the wallboard's, say); who it is: actor
     actor: Actor
     fingerprint: str
     peer: str
@@ -321,7 +321,7 @@ class _Connection(asyncssh.SSHServer):
                 "not from an address its from= allows" if keys.knows(key) else "not authorized",
             )
             return False
-        self.actor = Actor(username, found.role)
+        self.actor = key_actor(found.role, found.fingerprint, found.comment, username)
         self.key_fingerprint = self.credential = found.fingerprint
         self.may_have_pty = found.pty
         return True
@@ -334,7 +334,7 @@ class _Connection(asyncssh.SSHServer):
         if entry is None:
             log.warning("refused password user=%s from=%s", username, self.peer)
             return False
-        self.actor = Actor(username, entry.role)
+        self.actor = password_actor(entry.role, username)
         self.key_fingerprint = "password"
         self.credential = f"password {username}"
         return True
@@ -351,7 +351,7 @@ class _Connection(asyncssh.SSHServer):
         )
 
     def session_requested(self) -> ConsoleSession:
-        actor = self.actor or Actor(self.user, Role.VIEWER)
+        actor = self.actor or Actor(self.user, Role.VIEWER, login=self.user)
         return ConsoleSession(
             self.server,
             actor,
@@ -393,7 +393,7 @@ class ConsoleSession(asyncssh.SSHServerSession[bytes]):
         self.credential = credential or key
         self.may_have_pty = may_have_pty
         self.wallboard = bool(server.settings.wallboard_user) and (
-            actor.user == server.settings.wallboard_user
+            actor.login == server.settings.wallboard_user
         )
         self.chan: asyncssh.SSHServerChannel[bytes] | None = None
         self.size = (80, 24)
@@ -447,14 +447,14 @@ class ConsoleSession(asyncssh.SSHServerSession[bytes]):
             self._refuse(NO_COMMANDS)
             return
         if self.term_type is None:
-            log.info("refused session user=%s from=%s: no pty", self.actor.user, self.peer)
+            log.info("refused session user=%s from=%s: no pty", self.actor.login, self.peer)
             self._refuse(NEEDS_PTY if self.may_have_pty else NO_PTY_KEY)
             return
         refusal = self.server.admit(self)
         if refusal is not None:
             log.warning(
                 "refused session user=%s key=%s from=%s: %s",
-                self.actor.user,
+                self.actor.login,
                 self.key,
                 self.peer,
                 refusal.removeprefix("gpuconsole: "),
@@ -462,7 +462,7 @@ class ConsoleSession(asyncssh.SSHServerSession[bytes]):
             self._refuse(refusal + "\r\n")
             return
         self.info = SessionInfo(
-            user=self.actor.user,
+            user=self.actor.login,
             actor=self.actor,
             fingerprint=self.key,
             peer=self.peer,
@@ -498,7 +498,7 @@ class ConsoleSession(asyncssh.SSHServerSession[bytes]):
                 "terminal size %dx%d from user=%s from=%s drawn at %dx%d",
                 width,
                 height,
-                self.actor.user,
+                self.actor.login,
                 self.peer,
                 *size,
             )
@@ -598,7 +598,7 @@ class ConsoleSession(asyncssh.SSHServerSession[bytes]):
         if pause:
             log.info(
                 "input paused user=%s from=%s: it arrives faster than it is taken",
-                self.actor.user,
+                self.actor.login,
                 self.peer,
             )
             self.chan.pause_reading()
@@ -623,7 +623,7 @@ class ConsoleSession(asyncssh.SSHServerSession[bytes]):
         if idle < limit:
             self._arm_idle(limit - idle)
             return
-        log.info("session idle user=%s from=%s: closing", self.actor.user, self.peer)
+        log.info("session idle user=%s from=%s: closing", self.actor.login, self.peer)
         self.close(f"gpuconsole: closed after {limit:g} s without input.")
 
 

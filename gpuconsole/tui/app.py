@@ -19,7 +19,7 @@ from gpuconsole.hub import Hub
 from gpuconsole.paths import user_themes_dir
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.actions import ActionAccess, demo_access
-from gpuconsole.tui.commands import ConsolePalette, JumpCommands
+from gpuconsole.tui.commands import ConsoleCommands, ConsolePalette, JumpCommands
 from gpuconsole.tui.feed import HubFeed, SnapshotFeed
 from gpuconsole.tui.messages import SnapshotArrived
 from gpuconsole.tui.screens.assign import AssignScreen, ProposeScreen
@@ -50,7 +50,7 @@ class ConsoleApp(App[None]):
 
     CSS_PATH = "console.tcss"
     TITLE = "gpuconsole"
-    COMMANDS: ClassVar = App.COMMANDS | {JumpCommands}
+    COMMANDS: ClassVar = {JumpCommands, ConsoleCommands}  # not Textual's own: see ConsoleCommands
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("colon", "command_palette", "Jump", key_display=":"),
@@ -109,6 +109,10 @@ class ConsoleApp(App[None]):
             self.register_theme(loaded)
         self.theme_names = list(self._loaded_themes)
         self.theme = resolve_theme_name(theme, self.theme_names)
+        # Textual's own themes have no heat scale or health colours to draw with: none of
+        # them may be chosen, here or by anything that offers the app's themes
+        for name in set(self.available_themes) - set(self.theme_names):
+            self.unregister_theme(name)
         self.palette = Palette.from_variables(dict(self.current_theme.variables))
 
     # --- lifecycle -----------------------------------------------------------------
@@ -210,7 +214,11 @@ class ConsoleApp(App[None]):
     def action_cycle_theme(self) -> None:
         names = self.theme_names
         index = names.index(self.theme) if self.theme in names else -1
-        self.theme = names[(index + 1) % len(names)]
+        self.set_theme(names[(index + 1) % len(names)])
+
+    def set_theme(self, name: str) -> None:
+        """Draw with theme `name` (one of `theme_names`) and say so."""
+        self.theme = name
         self.notify(f"theme: {self.theme}", timeout=2)
 
     # --- navigation ----------------------------------------------------------------

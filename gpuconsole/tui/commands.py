@@ -3,7 +3,7 @@ and the palette screen itself, hardened against keys that outrun it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, cast
 
@@ -22,6 +22,8 @@ from textual.command import (
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import Input, LoadingIndicator, OptionList
+
+from gpuconsole.tui.screens.base import BaseView
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult
@@ -69,6 +71,41 @@ class JumpCommands(Provider):
             if score > 0:
                 yield Hit(score, matcher.highlight(label), partial(self._go, view, node, gpu),
                           help=help_text)  # fmt: skip
+
+
+class ConsoleCommands(Provider):
+    """The console's own commands, for the role at it: help, a theme by name, quit, and for
+    those who may act, proposing and moving GPUs. The palette offers these and the jump
+    list only; Textual's own commands (screenshots written to the server's disk, themes
+    without the console's colours) are not the console's to offer."""
+
+    def _commands(self) -> Iterator[tuple[str, str, Callable[[], object]]]:
+        """(label, help, what it does) for every command this person may use here."""
+        app = cast("ConsoleApp", self.app)
+        screen = self.screen  # the view the palette was opened over
+        yield "help", "the keys of this view", app.action_help
+        for name in app.theme_names:
+            yield f"theme {name}", "the console's colours", partial(app.set_theme, name)
+        if app.may_act and isinstance(screen, BaseView):  # as the `p` and `a` keys are
+            yield "propose", "free GPUs of one NVLink domain for a request", app.action_propose
+            if any(b.binding.action == "assign" for b in screen.active_bindings.values()):
+                yield (
+                    "assign",
+                    "move the GPU under the cursor",
+                    partial(screen.run_action, "assign"),
+                )
+        yield "quit", "leave the console", app.action_quit
+
+    async def discover(self) -> Hits:
+        for label, help_text, command in self._commands():
+            yield DiscoveryHit(label, command, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for label, help_text, command in self._commands():
+            score = matcher.match(label)
+            if score > 0:
+                yield Hit(score, matcher.highlight(label), command, help=help_text)
 
 
 MAX_QUERY_CHARS = 80
