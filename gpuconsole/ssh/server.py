@@ -28,6 +28,7 @@ from textual.app import App
 
 from gpuconsole.actions.roles import Actor, Role, key_actor, password_actor
 from gpuconsole.config import SshConfig
+from gpuconsole.export.guard import quiet_logger
 from gpuconsole.hub import Hub
 from gpuconsole.ssh.driver import BoundedOutput, SshDriver
 from gpuconsole.ssh.feed import PacedFeed
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from gpuconsole.tui.actions import ActionAccess
 
 log = logging.getLogger(__name__)
+# what a flood of clients causes: each cause once per 10 s, with the count it held back
+_quiet = quiet_logger(f"{__name__}.flood", every_s=10.0)
 
 NEEDS_PTY = (
     "gpuconsole: this console needs a terminal. Connect with `ssh -t` "
@@ -56,7 +59,6 @@ NO_PTY_KEY = (
     "gpuconsole: this key may not have a terminal (no-pty or restrict in the authorized "
     "keys), and this console is only served on one.\r\n"
 )
-DROP_REPORT_S = 10.0  # dropped handshakes are logged once, then summed up this often
 PENDING_INPUT_BYTES = 4096  # input kept before a session's app takes it; then reading waits
 # A session draws at most this many columns and rows, whatever size its client claims: a
 # repaint costs the shared loop in proportion (2000x1000 holds it ~0.3 s; 65535x65535 would
@@ -109,8 +111,6 @@ class ConsoleServer:
         self.passwords = Passwords({})
         self._connections: set[asyncssh.SSHServerConnection] = set()
         self._logging_in: dict[_Connection, str] = {}  # by source address, longest waiting first
-        self._drops_unreported = 0
-        self._drop_report: asyncio.TimerHandle | None = None  # None: the next drop is said at once
         self._stdio: tuple[TextIO, TextIO] = (sys.stdout, sys.stderr)
         self.host_key_fingerprint = ""
 
@@ -164,9 +164,6 @@ class ConsoleServer:
         if self._acceptor is not None:
             self._acceptor.close()
             self._acceptor = None
-        if self._drop_report is not None:
-            self._drop_report.cancel()
-            self._drop_report = None
         for session in list(self.sessions):
             session.close("gpuconsole: the server is shutting down.")
         tasks = [s.task for s in self.sessions if s.task is not None]
@@ -206,30 +203,13 @@ class ConsoleServer:
         self._logging_in.pop(conn, None)
         if conn.conn is not None:
             conn.conn.abort()
-        if self._drop_report is not None:  # a flood is one log line each DROP_REPORT_S
-            self._drops_unreported += 1
-            return
-        log.warning(
+        # a flood is one line per cause and interval, with the count it held back
+        _quiet.warning(
             "dropped a connection still logging in from=%s: %s at once (the longest waiting "
             "goes first)",
             conn.peer,
             reason,
         )
-        self._drop_report = asyncio.get_running_loop().call_later(DROP_REPORT_S, self._report_drops)
-
-    def _report_drops(self) -> None:
-        self._drop_report = None
-        if self._drops_unreported:
-            log.warning(
-                "dropped %d more connections still logging in over %g s ([ssh] max_startups, "
-                "max_startups_per_source)",
-                self._drops_unreported,
-                DROP_REPORT_S,
-            )
-            self._drops_unreported = 0
-            self._drop_report = asyncio.get_running_loop().call_later(
-                DROP_REPORT_S, self._report_drops
-            )
 
     # --- sessions ----------------------------------------------------------------------
 
