@@ -175,11 +175,25 @@ def bmc_sources(cfg: Config) -> list[BmcSource]:
 
 
 def sim_hub(cfg: Config, nodes: int | None, seed: int | None, *, events: bool = True) -> Hub:
-    """The hub over the simulated cluster, with the config's intervals and switches."""
-    from gpuconsole.sim.cluster import demo_hub
+    """The hub over the simulated cluster, with the config's intervals and switches: every
+    node simulated in full up to the demo cluster's size; past it, the fleet as a head
+    meets one, through its agents' summaries ([fleet] interval_s, timeout_s), with only
+    the node a console opens simulated in full."""
+    from gpuconsole.sim.cluster import DEMO_CLUSTER, demo_cluster, demo_hub
 
+    count = nodes if nodes is not None else (cfg.demo.nodes or None)
+    if count is not None and count > len(DEMO_CLUSTER):
+        from gpuconsole.sim.fleet import fleet_hub as sim_fleet_hub
+
+        return sim_fleet_hub(
+            demo_cluster(count),
+            seed=cfg.demo.seed if seed is None else seed,
+            interval_s=cfg.fleet.interval_s,
+            timeout_s=cfg.fleet.timeout_s,
+            settings=hub_settings(cfg),
+        )
     return demo_hub(
-        nodes if nodes is not None else (cfg.demo.nodes or None),
+        count,
         seed=cfg.demo.seed if seed is None else seed,
         interval_s=cfg.nvml.interval_s,
         events=events,

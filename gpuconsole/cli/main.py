@@ -257,6 +257,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         hub = sim_hub(cfg, args.nodes, args.seed, events=False)
     else:
         hub = console_hub(cfg, one_shot=True)
+    if args.wait is not None:
+        for source in hub.sources:
+            source.timeout_s = args.wait
     snapshot = asyncio.run(hub.poll_once())
     if args.json:
         from gpuconsole.codec import dumps
@@ -267,7 +270,37 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
         print(render_table(snapshot))
     failed = [s for n in snapshot.nodes for s in n.statuses if not s.ok]
-    return 1 if failed and len(failed) == sum(len(n.statuses) for n in snapshot.nodes) else 0
+    if failed and len(failed) == sum(len(n.statuses) for n in snapshot.nodes):
+        return 1
+    late = timed_out(snapshot)
+    for line in late:
+        print(f"gpuconsole snapshot: {line}", file=sys.stderr)
+    if late:
+        hint = "--wait SECONDS gives every source longer"
+        print(f"gpuconsole snapshot: the reading is incomplete; {hint}", file=sys.stderr)
+        return SNAPSHOT_INCOMPLETE
+    return 0
+
+
+# `snapshot`'s exit status when some source on some node did not answer in time
+SNAPSHOT_INCOMPLETE = 3
+
+
+def timed_out(snapshot: FleetSnapshot, named: int = 5) -> list[str]:
+    """A line per source that timed out somewhere: on how many of the nodes, and which
+    (the first `named` of them)."""
+    late: dict[str, list[str]] = {}
+    for node in snapshot.nodes:
+        for status in node.statuses:
+            if not status.ok and (status.error or "").startswith("timeout after"):
+                late.setdefault(status.source, []).append(node.node)
+    lines = []
+    for source, nodes in sorted(late.items()):
+        which = ", ".join(nodes[:named]) + (
+            f" and {len(nodes) - named} more" if len(nodes) > named else ""
+        )
+        lines.append(f"{source} timed out on {len(nodes)} of {len(snapshot.nodes)} nodes: {which}")
+    return lines
 
 
 def cmd_power(args: argparse.Namespace) -> int:
@@ -345,6 +378,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", metavar="FILE", help="config file (default: XDG location)")
 
 
+def _seconds(text: str) -> float:
+    """A positive number of seconds, as argparse reads it: anything else is a usage error."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
 def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, metavar="N", help="simulated nodes (default: 7)")
     p.add_argument("--seed", type=int, metavar="S", help="simulation seed")
@@ -416,6 +460,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--demo", action="store_true", help="read the simulated cluster")
     p.add_argument("--json", action="store_true", help="versioned JSON (schema_version)")
     p.add_argument("--pretty", action="store_true", help="indent the JSON")
+    p.add_argument(
+        "--wait",
+        type=_seconds,
+        metavar="SECONDS",
+        help="give every source up to SECONDS to answer (default: each its own timeout); "
+        "exit 3 when some did not",
+    )
     p.set_defaults(func=cmd_snapshot)
 
     p = sub.add_parser("power", help="power a node on, off, soft off or reset through its BMC")

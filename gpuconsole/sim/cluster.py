@@ -184,12 +184,14 @@ def demo_hub(
     tenancy: bool = True,
     fabric_interval_s: float = 2.0,
     tenancy_interval_s: float = 5.0,
+    specs: Sequence[SimNodeSpec] | None = None,
 ) -> Hub:
-    """A hub over the simulated demo cluster (not started): NVML, and unless turned off the
-    BMC, fabric and tenancy of every node."""
+    """A hub over the simulated demo cluster, or the nodes `specs` names (not started): NVML,
+    and unless turned off the BMC, fabric and tenancy of every node."""
     # A simulated world on a test's clock derives its rates on that clock too.
     hub = Hub(settings, clock=clock, monotonic=time.monotonic if clock is time.time else clock)
-    sims = build_sim_nodes(demo_cluster(nodes), seed=seed, clock=clock, start=start)
+    chosen = demo_cluster(nodes) if specs is None else specs
+    sims = build_sim_nodes(chosen, seed=seed, clock=clock, start=start)
     add_sim_sources(hub, sims, interval_s=interval_s, events=events, clock=clock)
     if bmc:
         add_sim_bmc_sources(hub, sims, clock=clock)

@@ -1,0 +1,385 @@
+"""A large simulated fleet, simulated where a head meets a real one: as its agents' summaries.
+
+Each node of the fleet is an AgentSource, as on a head reading a thousand agents, with a
+client that answers from here instead of over HTTP: the node's summary body (the JSON an
+agent serves at /api/v1/snapshot?view=summary), rendered from one fully simulated node of
+its profile with the node's own name, GPU identities, clock and moving gauges. The head
+decodes, merges and draws those bodies with its own code. Only a node a viewer opens
+(Hub.focus) is simulated in full, as a head reads every detail of a focused node's agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import multiprocessing
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from yarl import URL
+
+from gpuconsole.codec import dumps, snapshot_json
+from gpuconsole.hub import Hub, HubSettings
+from gpuconsole.readings.agents import summarize
+from gpuconsole.readings.base import Event, Severity
+from gpuconsole.readings.snapshot import FleetSnapshot
+from gpuconsole.sim.cluster import SimNodeSpec, demo_hub
+from gpuconsole.sim.identity import gpu_serial, gpu_uuid, mig_uuid
+from gpuconsole.sim.plans import plan_for
+from gpuconsole.sim.profiles import get_profile
+from gpuconsole.sources.agents import MAX_BODY_BYTES, AgentClient, AgentSource, Answer
+
+# The templates' clock: far from any real time, so that their timestamps are told apart
+# from every other number and moved to the node's own clock when a body is rendered.
+_BASE = 4_000_000_000.0
+_NEAR_BASE = 10_000_000.0
+# The GPU gauges that move from one second to the next, and how far around the template's.
+_GAUGES: dict[str, tuple[float, float, float]] = {  # field: (swing, lowest, highest)
+    "util_gpu_pct": (0.25, 1.0, 100.0),
+    "util_mem_pct": (0.25, 0.0, 100.0),
+    "power_w": (0.15, 0.0, 1.0e4),
+    "temp_gpu_c": (0.06, 20.0, 95.0),
+    "temp_hbm_c": (0.06, 20.0, 105.0),
+}
+_WAVE = tuple(math.sin(2 * math.pi * k / 60) for k in range(60))
+# Nodes simulated in full at once: those open in some console, and a few just left.
+DETAILED_NODES = 4
+# How long the first answers may wait for the templates on a busy machine.
+FIRST_ANSWER_S = 10.0
+# Nodes a head refreshes each second in the simulated fleet; a larger one refreshes slower.
+UPDATES_PER_S = 1000
+
+
+def refresh_s(nodes: int, interval_s: float = 1.0) -> float:
+    """How often each node of a simulated fleet of `nodes` is read: `interval_s`, or slower
+    where the fleet would need more than UPDATES_PER_S reads a second."""
+    return max(interval_s, nodes / UPDATES_PER_S)
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """A place in a template body that each rendering fills: a time, a gauge or a name."""
+
+    kind: str  # "time" (offset from the body's clock), "gauge", or "name" (per node)
+    offset: float = 0.0
+    field: str = ""
+    gpu: int = 0
+    value: float = 0.0
+    name: str = ""
+
+
+class _Template:
+    """A node's summary body as text with slots, rendered for any node of its profile."""
+
+    def __init__(self, data: dict[str, Any], names: Sequence[str]) -> None:
+        slots: list[_Slot] = []
+
+        def mark(slot: _Slot) -> str:
+            slots.append(slot)
+            return f"@@{len(slots) - 1}@@"
+
+        node = data["nodes"][0]
+        gpus = (node.get("nvml") or {}).get("gpus") or []
+        for position, gpu in enumerate(gpus):
+            for key in _GAUGES:
+                value = gpu.get(key)
+                if isinstance(value, int | float) and value > 0:
+                    gpu[key] = mark(_Slot("gauge", field=key, gpu=position, value=float(value)))
+
+        def timestamps(value: Any) -> Any:
+            if isinstance(value, float) and abs(value - _BASE) < _NEAR_BASE:
+                return mark(_Slot("time", offset=value - _BASE))
+            if isinstance(value, dict):
+                return {k: timestamps(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [timestamps(v) for v in value]
+            return value
+
+        text = json.dumps(timestamps(data), separators=(",", ":"), allow_nan=False)
+        present = sorted((n for n in set(names) if n and n in text), key=len, reverse=True)
+        alternatives = [r'"@@(\d+)@@"'] + [f"({'|'.join(re.escape(n) for n in present)})"] * bool(
+            present
+        )
+        pieces = re.split("|".join(alternatives), text)
+        step = 1 + len(alternatives)
+        self.literals: list[str] = pieces[::step]
+        self.holes: list[_Slot] = []
+        for i in range(1, len(pieces), step):
+            number, name = pieces[i], pieces[i + 1] if present else None
+            self.holes.append(
+                slots[int(number)] if number is not None else _Slot("name", name=name or "")
+            )
+        self.gpus = len(gpus)
+
+    def render(self, names: dict[str, str], now: float, phase: int) -> bytes:
+        """The body for the node whose identities `names` maps from the template's, at `now`,
+        its gauges moved along the node's own `phase`."""
+        second = int(now)
+        out = [self.literals[0]]
+        for hole, literal in zip(self.holes, self.literals[1:], strict=True):
+            if hole.kind == "time":
+                out.append(f"{now + hole.offset:.3f}")
+            elif hole.kind == "gauge":
+                swing, low, high = _GAUGES[hole.field]
+                wave = _WAVE[(second + phase + 7 * hole.gpu) % 60]
+                value = min(high, max(low, hole.value * (1 + swing * wave)))
+                out.append(f"{value:.1f}")
+            else:
+                out.append(names.get(hole.name, hole.name))
+            out.append(literal)
+        return "".join(out).encode()
+
+
+def _identities(name: str, seed: int, gpus: int) -> list[str]:
+    """Everything in a node's body that names it: its name, and its GPUs' UUIDs, serials and
+    MIG devices' UUIDs (the same GPU index of another node is another GPU)."""
+    found = [name]
+    for index in range(gpus):
+        found += [gpu_uuid(name, seed, index), gpu_serial(name, seed, index)]
+        found += [mig_uuid(name, seed, index, slot) for slot in range(7)]
+    return found
+
+
+def _template_spec(specs: Sequence[SimNodeSpec], profile: str) -> SimNodeSpec:
+    """The node a profile's template is simulated as: one whose GPUs the host's NVML sees
+    (not passed through to a guest), without a scenario, so that the fleet looks calm."""
+    described = get_profile(profile)
+    for spec in specs:
+        if spec.profile == profile and not plan_for(spec.name, described).vfio_gpus:
+            return SimNodeSpec(spec.name, profile)
+    return SimNodeSpec(f"{profile}-template", profile)
+
+
+class FleetSim:
+    """A simulated fleet's bodies: every node's summary from its profile's template, and
+    the full snapshot of a node simulated in full while a viewer has it open."""
+
+    def __init__(
+        self,
+        specs: Sequence[SimNodeSpec],
+        *,
+        seed: int = 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.specs = {s.name: s for s in specs}
+        self.seed = seed
+        self._clock = clock
+        self.started = clock()
+        self._order = {name: i for i, name in enumerate(self.specs)}
+        self._phase = {name: (i * 13) % 60 for i, name in enumerate(self.specs)}
+        self._templates: dict[str, tuple[_Template, list[str]]] = {}
+        self._preparing: asyncio.Task[None] | None = None
+        self._pool: ProcessPoolExecutor | None = None
+
+    async def prepare(self) -> None:
+        """Simulate one node of each profile once, for the templates (once, however many
+        nodes ask)."""
+        if self._preparing is None:
+            self._preparing = asyncio.ensure_future(self._prepare())
+        await asyncio.shield(self._preparing)
+
+    async def _prepare(self) -> None:
+        profiles = sorted({s.profile for s in self.specs.values()})
+        chosen = [_template_spec(list(self.specs.values()), p) for p in profiles]
+        now = [_BASE]
+        hub = demo_hub(
+            specs=chosen, seed=self.seed, clock=lambda: now[0], start=_BASE - 120, events=False
+        )
+        shot = await hub.poll_once()
+        for spec in chosen:
+            found = shot.node(spec.name)
+            assert found is not None
+            body = FleetSnapshot(shot.seq, shot.at, (summarize(found),), (), ())
+            gpus = len(get_profile(spec.profile).gpus)
+            names = _identities(spec.name, self.seed, gpus)
+            self._templates[spec.profile] = (
+                _Template(snapshot_json(body, sparse=True), names),
+                names,
+            )
+
+    def phase(self, node: str) -> float:
+        """Where in each second (0 to 1) `node` answers, spread evenly over the fleet."""
+        return self._order[node] / len(self._order)
+
+    def summary(self, node: str, now: float) -> bytes:
+        """The summary body `node`'s agent would serve at `now` (after prepare())."""
+        spec = self.specs[node]
+        template, names = self._templates[spec.profile]
+        own = _identities(node, self.seed, len(get_profile(spec.profile).gpus))
+        return template.render(dict(zip(names, own, strict=True)), now, self._phase[node])
+
+    def warm(self) -> None:
+        """Start the process that simulates opened nodes in full, before one is opened."""
+        if self._pool is None:
+            context = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(1, mp_context=context)
+            self._pool.submit(_warm)
+
+    async def detail(self, node: str, timeout_s: float) -> tuple[int, bytes]:
+        """`node`'s full snapshot body and its number, simulated in full (from the first
+        asking) in a process of its own, as its own agent would: the head's loop, busy with
+        a thousand summaries, never waits on the simulator's threads and files."""
+        self.warm()
+        assert self._pool is not None
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._pool, _full_body, self.specs[node], self.seed, self.started, timeout_s
+        )
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await asyncio.to_thread(pool.shutdown, True, cancel_futures=True)
+
+
+# --- the process that simulates opened nodes in full --------------------------------------
+
+_detailed: OrderedDict[str, Hub] = OrderedDict()
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def _warm() -> None:
+    _running_loop()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    if _loop is None:
+        _loop = asyncio.new_event_loop()
+        threading.Thread(target=_loop.run_forever, name="sim nodes", daemon=True).start()
+    return _loop
+
+
+def _full_body(spec: SimNodeSpec, seed: int, started: float, timeout_s: float) -> tuple[int, bytes]:
+    future = asyncio.run_coroutine_threadsafe(
+        _full_snapshot(spec, seed, started, timeout_s), _running_loop()
+    )
+    shot = future.result()
+    cut = tuple(n for n in shot.nodes if n.node == spec.name)
+    events = tuple(e for e in shot.events if e.node == spec.name)
+    shot = dataclasses.replace(shot, nodes=cut, events=events, event_counts=())
+    return shot.seq, dumps(shot).encode()
+
+
+async def _full_snapshot(
+    spec: SimNodeSpec, seed: int, started: float, timeout_s: float
+) -> FleetSnapshot:
+    """The node simulated in full: its snapshot once every source answered once, or what
+    it has after `timeout_s`."""
+    hub = _detailed.get(spec.name)
+    if hub is None:
+        hub = demo_hub(specs=[spec], seed=seed, start=started)
+        await hub.start()
+        _detailed[spec.name] = hub
+        while len(_detailed) > DETAILED_NODES:
+            _, oldest = _detailed.popitem(last=False)
+            await oldest.stop()
+    _detailed.move_to_end(spec.name)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        shot = hub.latest
+        found = shot.node(spec.name) if shot is not None else None
+        if shot is not None and found is not None and all(s.polls for s in found.statuses):
+            return shot
+        await asyncio.sleep(0.05)
+    if hub.latest is None:
+        raise TimeoutError(f"the simulated {spec.name} has not answered yet")
+    return hub.latest
+
+
+class SimAgentClient(AgentClient):
+    """The fleet's agents, answered from the simulation: what AgentSource asks of a real
+    agent (a summary, or the full snapshot of a node opened), with its ETag and 304."""
+
+    def __init__(self, fleet: FleetSim, interval_s: float = 1.0) -> None:
+        super().__init__(1)
+        self.fleet = fleet
+        self.interval_s = interval_s
+        self._spread: set[str] = set()
+        self._answered = False
+
+    async def release(self) -> None:
+        self._users -= 1
+        if self._users <= 0:
+            await self.fleet.close()
+
+    async def get(
+        self,
+        url: str | URL,
+        timeout_s: float,
+        *,
+        peer: str = "agent",
+        limit: int = MAX_BODY_BYTES,
+        etag: str | None = None,
+    ) -> Answer:
+        query = parse_qs(urlsplit(str(url)).query)
+        node, view = query["node"][0], query.get("view", ["summary"])[0]
+        if view == "full":
+            seq, body = await self.fleet.detail(node, timeout_s * 0.9)
+            tag = f'W/"{node}-full-{seq}"'
+            return Answer(None if etag == tag else body, tag)
+        await self.fleet.prepare()
+        if node not in self._spread:
+            # Real agents answer at their own moments; a fleet that all answers at once
+            # would hold the head's loop (and its console) for each whole sweep.
+            self._spread.add(node)
+            if self._answered:
+                self.fleet.warm()  # read more than once: a running console, not a one-shot
+                await asyncio.sleep(self.fleet.phase(node) * self.interval_s * 0.8)
+        self._answered = True
+        now = self.fleet._clock()
+        tag = f'W/"{node}-{int(now // self.interval_s)}"'
+        if etag == tag:
+            return Answer(None, tag)
+        return Answer(self.fleet.summary(node, now), tag)
+
+
+def fleet_hub(
+    specs: Sequence[SimNodeSpec],
+    *,
+    seed: int = 0,
+    interval_s: float = 1.0,
+    timeout_s: float = 5.0,
+    settings: HubSettings | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Hub:
+    """A head's hub over a simulated fleet (not started): an AgentSource per node, each
+    reading `interval_s` or slower, as refresh_s() says for the fleet's size."""
+    hub = Hub(settings, clock=clock)
+    every = refresh_s(len(specs), interval_s)
+    client = SimAgentClient(FleetSim(specs, seed=seed, clock=clock), every)
+    for spec in specs:
+        hub.add_node(spec.name, simulated=True, profile=spec.profile)
+        hub.add_source(
+            AgentSource(
+                spec.name,
+                f"sim://{spec.name}",
+                client,
+                interval_s=every,
+                # the first answers wait for the templates, simulated once at start
+                timeout_s=max(timeout_s, every, FIRST_ANSWER_S),
+                clock=clock,
+            )
+        )
+    if every > interval_s:
+        hub.post_event(
+            Event(
+                clock(),
+                specs[0].name,
+                "sim",
+                "refresh",
+                Severity.INFO,
+                f"simulated fleet of {len(specs):,} nodes: each node refreshes every "
+                f"{every:g} s ({UPDATES_PER_S:,} nodes a second)",
+            )
+        )
+    return hub

@@ -1,0 +1,234 @@
+"""A large demo is the head at that scale: agents' summaries decoded and merged by the head's
+own code, the node an operator opens simulated in full; and a one-shot snapshot that did not
+hear from every source in time says so."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from gpuconsole.cli.main import main
+from gpuconsole.codec import dumps
+from gpuconsole.config import Config, DemoConfig
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.sources.agents import AgentSource
+from gpuconsole.wiring import sim_hub
+
+# Generous: a shared two-core machine; the figures are benchmarks/bench_demo_scale.py's.
+SANITY_S = 120.0
+
+
+def test_a_thousand_node_demo_is_read_as_a_head_reads_a_thousand_agents() -> None:
+    hub = sim_hub(Config(), 1000, None)
+    assert len(hub.sources) == 1000
+    assert all(isinstance(s, AgentSource) for s in hub.sources)
+
+    fleet = asyncio.run(hub.poll_once())
+
+    assert len(fleet.nodes) == 1000
+    assert all(n.simulated for n in fleet.nodes)
+    gpus = [g for n in fleet.nodes for g in (n.nvml.gpus if n.nvml else ())]
+    assert len(gpus) == 8000
+    assert len({g.uuid for g in gpus}) == 8000  # each node's GPUs are its own
+    assert all(n.bmc is not None and n.tenancy is not None for n in fleet.nodes)
+    assert all(s.ok for n in fleet.nodes for s in n.statuses)
+
+
+def test_the_small_demo_still_simulates_every_node_in_full() -> None:
+    hub = sim_hub(Config(), None, None)
+    assert not any(isinstance(s, AgentSource) for s in hub.sources)
+    assert {s.kind for s in hub.sources} >= {"nvml", "bmc", "fabric", "tenancy"}
+
+
+def test_a_fleet_of_ten_thousand_refreshes_slower_and_says_so() -> None:
+    hub = sim_hub(Config(demo=DemoConfig(nodes=10_000)), None, None)
+    assert {s.interval_s for s in hub.sources} == {10.0}
+    said = [e.message for e in hub.events()]
+    assert any("every 10 s" in m and "10,000" in m for m in said), said
+
+
+async def _until(hub_latest: object, check: object, limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("not within the sanity bound")
+
+
+def test_a_node_an_operator_opens_shows_every_detail_and_then_its_summary_again() -> None:
+    async def scenario() -> None:
+        hub = sim_hub(Config(), 30, None)
+        await hub.start()
+        try:
+
+            def node(name: str) -> NodeSnapshot | None:
+                return hub.latest.node(name) if hub.latest is not None else None
+
+            def summary_of(name: str) -> bool:
+                found = node(name)
+                return found is not None and found.nvml is not None and bool(found.nvml.gpus)
+
+            await _until(None, lambda: summary_of("dgx-003"), SANITY_S)
+            found = node("dgx-003")
+            assert found is not None and found.nvml is not None
+            assert all(not g.nvlinks for g in found.nvml.gpus)  # the summary leaves them out
+
+            hub.focus("dgx-003", viewer="console")
+
+            def detailed() -> bool:
+                found = node("dgx-003")
+                return (
+                    found is not None
+                    and found.nvml is not None
+                    and bool(found.nvml.gpus)
+                    and all(g.nvlinks for g in found.nvml.gpus)
+                )
+
+            await _until(None, detailed, SANITY_S)
+            found = node("dgx-003")
+            assert found is not None and found.bmc is not None
+            assert any(s.health.value == "ok" for s in found.bmc.sensors)  # nominal ones too
+            source = next(s for s in hub.sources if s.node == "dgx-003")
+            assert isinstance(source, AgentSource) and source.detail
+
+            hub.focus(None, viewer="console")
+            await _until(
+                None,
+                lambda: (
+                    (found := node("dgx-003")) is not None
+                    and found.nvml is not None
+                    and all(not g.nvlinks for g in found.nvml.gpus)
+                ),
+                SANITY_S,
+            )
+        finally:
+            await hub.stop()
+
+    asyncio.run(scenario())
+
+
+def test_snapshot_of_a_thousand_node_demo_returns_every_node_with_its_gpus(
+    tmp_path: Path,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuconsole", "snapshot", "--demo", "--json", "--nodes", "1000"],
+        capture_output=True,
+        text=True,
+        timeout=SANITY_S,
+        env={**os.environ, "XDG_STATE_HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    nodes = json.loads(result.stdout)["nodes"]
+    assert len(nodes) == 1000
+    assert all(len(n["nvml"]["gpus"]) == 8 for n in nodes)
+
+
+# --- a one-shot snapshot whose sources did not all answer in time -------------------------
+
+
+@pytest.fixture
+def agents() -> Iterator[dict[str, int]]:
+    """Three agents on 127.0.0.1: one that answers at once, one that answers after 1.5 s
+    and one that never answers."""
+    loop = asyncio.new_event_loop()
+    ports: dict[str, int] = {}
+    hold = asyncio.Event()
+
+    def body(node: str) -> bytes:
+        shot = FleetSnapshot(1, time.time(), (NodeSnapshot(node),), (), ())
+        return dumps(shot).encode()
+
+    async def snapshot(request: web.Request) -> web.Response:
+        node = request.query["node"]
+        if node == "late":
+            await asyncio.sleep(1.5)
+        elif node == "silent":
+            await hold.wait()
+        return web.Response(body=body(node), content_type="application/json")
+
+    async def serve() -> web.AppRunner:
+        app = web.Application()
+        app.router.add_get("/api/v1/snapshot", snapshot)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await runner.setup()
+        for name in ("quick", "late", "silent"):
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            ports[name] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return runner
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    runner = asyncio.run_coroutine_threadsafe(serve(), loop).result(10)
+    try:
+        yield ports
+    finally:
+        loop.call_soon_threadsafe(hold.set)
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def _fleet_config(tmp_path: Path, ports: dict[str, int], names: tuple[str, ...]) -> Path:
+    agents = ", ".join(f'"{n}=http://127.0.0.1:{ports[n]}"' for n in names)
+    path = tmp_path / "head.toml"
+    path.write_text(f"[fleet]\nagents = [{agents}]\ntimeout_s = 0.5\n")
+    return path
+
+
+def test_a_snapshot_that_timed_out_on_a_node_says_which_and_fails(
+    tmp_path: Path, agents: dict[str, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _fleet_config(tmp_path, agents, ("quick", "silent"))
+
+    code = main(["snapshot", "--json", "-c", str(config)])
+
+    out, err = capsys.readouterr()
+    assert code == 3
+    assert "remote timed out on 1 of 2 nodes: silent" in err
+    assert "--wait" in err
+    assert {n["node"] for n in json.loads(out)["nodes"]} == {"quick", "silent"}
+
+
+def test_wait_trades_time_for_a_complete_snapshot(
+    tmp_path: Path, agents: dict[str, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _fleet_config(tmp_path, agents, ("quick", "late"))
+
+    assert main(["snapshot", "--json", "-c", str(config)]) == 3
+    assert "remote timed out on 1 of 2 nodes: late" in capsys.readouterr().err
+
+    assert main(["snapshot", "--json", "-c", str(config), "--wait", "10"]) == 0
+    out, err = capsys.readouterr()
+    assert "timed out" not in err
+    late = next(n for n in json.loads(out)["nodes"] if n["node"] == "late")
+    assert all(s["ok"] for s in late["statuses"])
+
+
+def test_wait_takes_only_a_positive_number_of_seconds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["snapshot", "--demo", "--wait", "soon"])
+    assert exited.value.code == 2
+    assert "not a positive number of seconds" in capsys.readouterr().err
+
+
+def test_an_agent_reading_of_the_simulated_fleet_is_marked_simulated() -> None:
+    hub = sim_hub(Config(), 8, None)
+    fleet = asyncio.run(hub.poll_once())
+    assert all(n.simulated for n in fleet.nodes)
+    source = hub.sources[0]
+    assert isinstance(source, AgentSource) and source.url.startswith("sim://")
