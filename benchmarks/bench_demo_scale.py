@@ -1,0 +1,129 @@
+"""`gpuconsole demo --nodes 1000`: how long until the fleet view shows every node and every
+GPU, what the console costs while it stays live at 1 Hz, and how long a node that is opened
+takes to show its full detail.
+
+Each run is a fresh process (imports included, as a user's `gpuconsole demo` pays them)
+running the console headless (Textual's run_test, 120x40) on the hub `demo --nodes 1000`
+builds: a thousand AgentSources reading simulated agents' summaries, decoded and merged by the
+head's own code. The first full frame is when the fleet table holds every node and the
+snapshot it draws holds every GPU, counted from the process's start. CPU is the process's
+(the console, the hub and the simulation together, the opened node's own process aside),
+over WINDOW_S of the steady state. Medians of RUNS runs.
+
+Targets: first full frame within 3 s, under one core, full detail within 1 s of opening.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+NODES = 1000
+RUNS = 3
+WINDOW_S = 10.0
+LIMIT_S = 120.0
+FRAME_TARGET_S = 3.0
+CPU_TARGET_CORES = 1.0
+DETAIL_TARGET_S = 1.0
+
+
+async def _child(nodes: int, began: float) -> dict[str, float]:
+    from gpuconsole.config import Config
+    from gpuconsole.tui.app import ConsoleApp
+    from gpuconsole.tui.screens.node import NodeScreen
+    from gpuconsole.tui.widgets.row_table import RowTable
+    from gpuconsole.wiring import sim_hub
+
+    hub = sim_hub(Config(), nodes, None)
+    app = ConsoleApp(hub, freeze_heap=True)
+    figures: dict[str, float] = {}
+    async with app.run_test(size=(120, 40)) as pilot:
+
+        def gpus() -> int:
+            shot = hub.latest
+            return sum(len(n.nvml.gpus) for n in shot.nodes if n.nvml) if shot else 0
+
+        while time.time() - began < LIMIT_S:
+            table = app.screen.query_one("#fleet-table", RowTable)
+            if table.row_count == nodes and gpus() == 8 * nodes:
+                break
+            await pilot.pause(0.05)
+        figures["frame_s"] = time.time() - began
+        await asyncio.sleep(2.0)  # every node answered once more, from its own moment
+        cpu, wall = time.process_time(), time.perf_counter()
+        await asyncio.sleep(WINDOW_S)
+        figures["cores"] = (time.process_time() - cpu) / (time.perf_counter() - wall)
+        await pilot.press("down", "enter")
+        opened = time.perf_counter()
+        while time.perf_counter() - opened < LIMIT_S:
+            if isinstance(app.screen, NodeScreen):
+                shot = hub.latest
+                node = shot.node(app.screen.node_name) if shot is not None else None
+                # every sensor, nominal ones too: what the summary leaves out
+                if (
+                    node is not None
+                    and node.bmc
+                    and any(s.health.value == "ok" for s in node.bmc.sensors)
+                ):
+                    break
+            await pilot.pause(0.02)
+        figures["detail_s"] = time.perf_counter() - opened
+    return figures
+
+
+def _run(nodes: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as state:
+        env = {**os.environ, "XDG_STATE_HOME": state, "XDG_CONFIG_HOME": state}
+        command = [sys.executable, "-m", "benchmarks.bench_demo_scale", "--child"]
+        command += ["--nodes", str(nodes), "--began", repr(time.time())]
+        out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+        figures: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+        return figures
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "MISSED"
+
+
+def main(nodes: int = NODES, runs: int = RUNS) -> None:
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"gpuconsole demo --nodes {nodes:,} (console headless, {runs} fresh processes; "
+        f"{os.cpu_count()} CPUs, load {load})"
+    )
+    results = [_run(nodes) for _ in range(runs)]
+    frame = statistics.median(r["frame_s"] for r in results)
+    cores = statistics.median(r["cores"] for r in results)
+    detail = statistics.median(r["detail_s"] for r in results)
+    print(
+        f"  first full frame ({nodes:,} nodes, {8 * nodes:,} GPUs) {frame:.2f} s from start, "
+        f"under {FRAME_TARGET_S:g} s: {_verdict(frame < FRAME_TARGET_S)}"
+    )
+    print(
+        f"  live at 1 Hz: {cores:.2f} cores, under {CPU_TARGET_CORES:g}: "
+        f"{_verdict(cores < CPU_TARGET_CORES)}"
+    )
+    print(
+        f"  a node opened: full detail in {detail:.2f} s, under {DETAIL_TARGET_S:g} s: "
+        f"{_verdict(detail < DETAIL_TARGET_S)}"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=NODES)
+    parser.add_argument("--runs", type=int, default=RUNS)
+    parser.add_argument("--child", action="store_true", help="one run (the child)")
+    parser.add_argument("--began", type=float, help="when the parent started the child")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(asyncio.run(_child(args.nodes, args.began or time.time()))))
+    else:
+        main(args.nodes, args.runs)
