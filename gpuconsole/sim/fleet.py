@@ -14,13 +14,12 @@ import asyncio
 import dataclasses
 import json
 import math
-import multiprocessing
 import re
+import sys
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -34,6 +33,7 @@ from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sim.cluster import SimNodeSpec, demo_hub
 from gpuconsole.sim.identity import gpu_serial, gpu_uuid, mig_uuid
+from gpuconsole.sim.node import Scenario
 from gpuconsole.sim.plans import plan_for
 from gpuconsole.sim.profiles import get_profile
 from gpuconsole.sources.agents import MAX_BODY_BYTES, AgentClient, AgentSource, Answer
@@ -178,7 +178,8 @@ class FleetSim:
         self._phase = {name: (i * 13) % 60 for i, name in enumerate(self.specs)}
         self._templates: dict[str, tuple[_Template, list[str]]] = {}
         self._preparing: asyncio.Task[None] | None = None
-        self._pool: ProcessPoolExecutor | None = None
+        self._worker: asyncio.Future[asyncio.subprocess.Process] | None = None
+        self._asking = asyncio.Lock()
 
     async def prepare(self) -> None:
         """Simulate one node of each profile once, for the templates (once, however many
@@ -219,55 +220,105 @@ class FleetSim:
 
     def warm(self) -> None:
         """Start the process that simulates opened nodes in full, before one is opened."""
-        if self._pool is None:
-            context = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(1, mp_context=context)
-            self._pool.submit(_warm)
+        if self._worker is None:
+            self._worker = asyncio.ensure_future(self._start_worker())
+            self._worker.add_done_callback(_retrieve)
+
+    async def _start_worker(self) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gpuconsole.sim.fleet",
+            str(self.seed),
+            repr(self.started),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,  # a console owns the terminal
+        )
 
     async def detail(self, node: str, timeout_s: float) -> tuple[int, bytes]:
         """`node`'s full snapshot body and its number, simulated in full (from the first
         asking) in a process of its own, as its own agent would: the head's loop, busy with
         a thousand summaries, never waits on the simulator's threads and files."""
-        self.warm()
-        assert self._pool is not None
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._pool, _full_body, self.specs[node], self.seed, self.started, timeout_s
-        )
+        spec = self.specs[node]
+        request = {"name": spec.name, "profile": spec.profile, "timeout_s": timeout_s}
+        request["scenarios"] = [[s.kind, s.gpu, s.at_s] for s in spec.scenarios]
+        async with self._asking:  # one question at a time on the pipe
+            self.warm()
+            assert self._worker is not None
+            worker = await self._worker
+            assert worker.stdin is not None and worker.stdout is not None
+            try:
+                worker.stdin.write(json.dumps(request).encode() + b"\n")
+                await worker.stdin.drain()
+                head = (await worker.stdout.readline()).decode().split(" ", 1)
+                if head[0] == "error" or len(head) != 2:
+                    raise ConnectionError(f"simulated agent: {' '.join(head).strip() or 'gone'}")
+                body = await worker.stdout.readexactly(int(head[1]))
+            except (asyncio.CancelledError, OSError, asyncio.IncompleteReadError):
+                await self._stop_worker()  # half a conversation: start afresh next time
+                raise
+            return int(head[0]), body
+
+    async def _stop_worker(self) -> None:
+        started, self._worker = self._worker, None
+        if started is None:
+            return
+        try:
+            worker = await started
+        except Exception:
+            return
+        if worker.stdin is not None:
+            worker.stdin.close()
+        try:
+            await asyncio.wait_for(worker.wait(), 5.0)
+        except TimeoutError:
+            worker.kill()
+            await worker.wait()
 
     async def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await asyncio.to_thread(pool.shutdown, True, cancel_futures=True)
+        await self._stop_worker()
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 # --- the process that simulates opened nodes in full --------------------------------------
 
 _detailed: OrderedDict[str, Hub] = OrderedDict()
-_loop: asyncio.AbstractEventLoop | None = None
 
 
-def _warm() -> None:
-    _running_loop()
-
-
-def _running_loop() -> asyncio.AbstractEventLoop:
-    global _loop
-    if _loop is None:
-        _loop = asyncio.new_event_loop()
-        threading.Thread(target=_loop.run_forever, name="sim nodes", daemon=True).start()
-    return _loop
-
-
-def _full_body(spec: SimNodeSpec, seed: int, started: float, timeout_s: float) -> tuple[int, bytes]:
-    future = asyncio.run_coroutine_threadsafe(
-        _full_snapshot(spec, seed, started, timeout_s), _running_loop()
-    )
-    shot = future.result()
-    cut = tuple(n for n in shot.nodes if n.node == spec.name)
-    events = tuple(e for e in shot.events if e.node == spec.name)
-    shot = dataclasses.replace(shot, nodes=cut, events=events, event_counts=())
-    return shot.seq, dumps(shot).encode()
+def _serve(seed: int, started: float) -> None:
+    """Answer each request line on stdin (a node to simulate in full) with "SEQ LENGTH" and
+    that node's full snapshot body, until stdin closes."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="sim nodes", daemon=True).start()
+    out = sys.stdout.buffer
+    for line in sys.stdin.buffer:
+        try:
+            request = json.loads(line)
+            spec = SimNodeSpec(
+                request["name"],
+                request["profile"],
+                tuple(Scenario(k, g, a) for k, g, a in request["scenarios"]),
+            )
+            shot = asyncio.run_coroutine_threadsafe(
+                _full_snapshot(spec, seed, started, float(request["timeout_s"])), loop
+            ).result()
+        except Exception as exc:  # the head shows it as the node's stale reason
+            out.write(f"error {type(exc).__name__}: {exc}".replace("\n", " ").encode() + b"\n")
+            out.flush()
+            continue
+        cut = tuple(n for n in shot.nodes if n.node == spec.name)
+        events = tuple(e for e in shot.events if e.node == spec.name)
+        shot = dataclasses.replace(shot, nodes=cut, events=events, event_counts=())
+        body = dumps(shot).encode()
+        out.write(f"{shot.seq} {len(body)}\n".encode() + body)
+        out.flush()
+    for hub in list(_detailed.values()):
+        asyncio.run_coroutine_threadsafe(hub.stop(), loop).result(10)
 
 
 async def _full_snapshot(
@@ -305,7 +356,7 @@ class SimAgentClient(AgentClient):
         self.fleet = fleet
         self.interval_s = interval_s
         self._spread: set[str] = set()
-        self._answered = False
+        self._answered: set[str] = set()
 
     async def release(self) -> None:
         self._users -= 1
@@ -328,14 +379,13 @@ class SimAgentClient(AgentClient):
             tag = f'W/"{node}-full-{seq}"'
             return Answer(None if etag == tag else body, tag)
         await self.fleet.prepare()
-        if node not in self._spread:
+        if node in self._answered and node not in self._spread:
             # Real agents answer at their own moments; a fleet that all answers at once
             # would hold the head's loop (and its console) for each whole sweep.
             self._spread.add(node)
-            if self._answered:
-                self.fleet.warm()  # read more than once: a running console, not a one-shot
-                await asyncio.sleep(self.fleet.phase(node) * self.interval_s * 0.8)
-        self._answered = True
+            self.fleet.warm()  # read more than once: a running console, not a one-shot
+            await asyncio.sleep(self.fleet.phase(node) * self.interval_s * 0.8)
+        self._answered.add(node)
         now = self.fleet._clock()
         tag = f'W/"{node}-{int(now // self.interval_s)}"'
         if etag == tag:
@@ -383,3 +433,7 @@ def fleet_hub(
             )
         )
     return hub
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]), float(sys.argv[2]))
