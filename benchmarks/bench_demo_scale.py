@@ -54,7 +54,7 @@ async def _child(nodes: int, began: float) -> dict[str, float]:
             table = app.screen.query_one("#fleet-table", RowTable)
             if table.row_count == nodes and gpus() == 8 * nodes:
                 break
-            await pilot.pause(0.05)
+            await asyncio.sleep(0.05)
         figures["frame_s"] = time.time() - began
         await asyncio.sleep(2.0)  # every node answered once more, from its own moment
         cpu, wall = time.process_time(), time.perf_counter()
@@ -73,7 +73,7 @@ async def _child(nodes: int, began: float) -> dict[str, float]:
                     and any(s.health.value == "ok" for s in node.bmc.sensors)
                 ):
                     break
-            await pilot.pause(0.02)
+            await asyncio.sleep(0.02)
         figures["detail_s"] = time.perf_counter() - opened
     return figures
 

@@ -36,7 +36,13 @@ from gpuconsole.sim.identity import gpu_serial, gpu_uuid, mig_uuid
 from gpuconsole.sim.node import Scenario
 from gpuconsole.sim.plans import plan_for
 from gpuconsole.sim.profiles import get_profile
-from gpuconsole.sources.agents import MAX_BODY_BYTES, AgentClient, AgentSource, Answer
+from gpuconsole.sources.agents import (
+    MAX_BODY_BYTES,
+    AgentClient,
+    AgentSource,
+    Answer,
+    quiet_collector,
+)
 
 # The templates' clock: far from any real time, so that their timestamps are told apart
 # from every other number and moved to the node's own clock when a body is rendered.
@@ -106,6 +112,7 @@ class _Template:
 
         text = json.dumps(timestamps(data), separators=(",", ":"), allow_nan=False)
         present = sorted((n for n in set(names) if n and n in text), key=len, reverse=True)
+        self.present = frozenset(present)
         alternatives = [r'"@@(\d+)@@"'] + [f"({'|'.join(re.escape(n) for n in present)})"] * bool(
             present
         )
@@ -177,6 +184,7 @@ class FleetSim:
         self._order = {name: i for i, name in enumerate(self.specs)}
         self._phase = {name: (i * 13) % 60 for i, name in enumerate(self.specs)}
         self._templates: dict[str, tuple[_Template, list[str]]] = {}
+        self._names: dict[str, dict[str, str]] = {}  # per node: the template's names -> its own
         self._preparing: asyncio.Task[None] | None = None
         self._worker: asyncio.Future[asyncio.subprocess.Process] | None = None
         self._asking = asyncio.Lock()
@@ -215,8 +223,15 @@ class FleetSim:
         """The summary body `node`'s agent would serve at `now` (after prepare())."""
         spec = self.specs[node]
         template, names = self._templates[spec.profile]
-        own = _identities(node, self.seed, len(get_profile(spec.profile).gpus))
-        return template.render(dict(zip(names, own, strict=True)), now, self._phase[node])
+        own = self._names.get(node)
+        if own is None:  # hashed once per node, not once a second
+            mine = _identities(node, self.seed, len(get_profile(spec.profile).gpus))
+            own = self._names[node] = {
+                theirs: ours
+                for theirs, ours in zip(names, mine, strict=True)
+                if theirs in template.present
+            }
+        return template.render(own, now, self._phase[node])
 
     def warm(self) -> None:
         """Start the process that simulates opened nodes in full, before one is opened."""
@@ -404,6 +419,7 @@ def fleet_hub(
 ) -> Hub:
     """A head's hub over a simulated fleet (not started): an AgentSource per node, each
     reading `interval_s` or slower, as refresh_s() says for the fleet's size."""
+    quiet_collector()  # as a head's fleet_hub does: a thousand readings replaced each second
     hub = Hub(settings, clock=clock)
     every = refresh_s(len(specs), interval_s)
     client = SimAgentClient(FleetSim(specs, seed=seed, clock=clock), every)
