@@ -171,11 +171,18 @@ def agents() -> Iterator[dict[str, int]]:
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     runner = asyncio.run_coroutine_threadsafe(serve(), loop).result(10)
+    async def stop() -> None:
+        hold.set()
+        await runner.cleanup()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+
     try:
         yield ports
     finally:
-        loop.call_soon_threadsafe(hold.set)
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
