@@ -171,6 +171,7 @@ def agents() -> Iterator[dict[str, int]]:
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     runner = asyncio.run_coroutine_threadsafe(serve(), loop).result(10)
+
     async def stop() -> None:
         hold.set()
         await runner.cleanup()
