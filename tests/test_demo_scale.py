@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -57,10 +57,10 @@ def test_a_fleet_of_ten_thousand_refreshes_slower_and_says_so() -> None:
     assert any("every 10 s" in m and "10,000" in m for m in said), said
 
 
-async def _until(hub_latest: object, check: object, limit_s: float) -> None:
+async def _until(check: Callable[[], bool], limit_s: float) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
+        if check():
             return
         await asyncio.sleep(0.1)
     raise AssertionError("not within the sanity bound")
@@ -79,7 +79,7 @@ def test_a_node_an_operator_opens_shows_every_detail_and_then_its_summary_again(
                 found = node(name)
                 return found is not None and found.nvml is not None and bool(found.nvml.gpus)
 
-            await _until(None, lambda: summary_of("dgx-003"), SANITY_S)
+            await _until(lambda: summary_of("dgx-003"), SANITY_S)
             found = node("dgx-003")
             assert found is not None and found.nvml is not None
             assert all(not g.nvlinks for g in found.nvml.gpus)  # the summary leaves them out
@@ -95,7 +95,7 @@ def test_a_node_an_operator_opens_shows_every_detail_and_then_its_summary_again(
                     and all(g.nvlinks for g in found.nvml.gpus)
                 )
 
-            await _until(None, detailed, SANITY_S)
+            await _until(detailed, SANITY_S)
             found = node("dgx-003")
             assert found is not None and found.bmc is not None
             assert any(s.health.value == "ok" for s in found.bmc.sensors)  # nominal ones too
@@ -104,7 +104,6 @@ def test_a_node_an_operator_opens_shows_every_detail_and_then_its_summary_again(
 
             hub.focus(None, viewer="console")
             await _until(
-                None,
                 lambda: (
                     (found := node("dgx-003")) is not None
                     and found.nvml is not None
@@ -240,3 +239,37 @@ def test_an_agent_reading_of_the_simulated_fleet_is_marked_simulated() -> None:
     assert all(n.simulated for n in fleet.nodes)
     source = hub.sources[0]
     assert isinstance(source, AgentSource) and source.url.startswith("sim://")
+
+
+def test_the_console_shows_a_thousand_nodes_and_opens_one_in_full() -> None:
+    pytest.importorskip("textual")
+    from gpuconsole.tui.app import ConsoleApp
+    from gpuconsole.tui.screens.node import NodeScreen
+    from gpuconsole.tui.widgets.row_table import RowTable
+
+    async def scenario() -> None:
+        hub = sim_hub(Config(), 1000, None)
+        app = ConsoleApp(hub, freeze_heap=True)
+        async with app.run_test(size=(120, 40)) as pilot:
+
+            def every_node_listed() -> bool:
+                table = app.screen.query_one("#fleet-table", RowTable)
+                shot = hub.latest
+                gpus = sum(len(n.nvml.gpus) for n in shot.nodes if n.nvml) if shot else 0
+                return table.row_count == 1000 and gpus == 8000
+
+            await _until(every_node_listed, SANITY_S)
+            await pilot.press("enter")
+
+            def opened_in_full() -> bool:
+                screen = app.screen
+                if not isinstance(screen, NodeScreen) or hub.latest is None:
+                    return False
+                node = hub.latest.node(screen.node_name)
+                return bool(
+                    node and node.bmc and any(s.health.value == "ok" for s in node.bmc.sensors)
+                )
+
+            await _until(opened_in_full, SANITY_S)
+
+    asyncio.run(scenario())
