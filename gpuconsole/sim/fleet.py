@@ -251,6 +251,15 @@ class FleetSim:
             stderr=asyncio.subprocess.DEVNULL,  # a console owns the terminal
         )
 
+    def open(self, node: str, timeout_s: float) -> None:
+        """Start simulating `node` in full now, where an event loop runs (a console opened
+        it); its source's next read then finds it running."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        asyncio.ensure_future(self.detail(node, timeout_s)).add_done_callback(_retrieve)
+
     async def detail(self, node: str, timeout_s: float) -> tuple[int, bytes]:
         """`node`'s full snapshot body and its number, simulated in full (from the first
         asking) in a process of its own, as its own agent would: the head's loop, busy with
@@ -408,6 +417,23 @@ class SimAgentClient(AgentClient):
         return Answer(self.fleet.summary(node, now), tag)
 
 
+class SimAgentSource(AgentSource):
+    """An AgentSource of the simulated fleet: the same reads, decoding and merging; opened
+    (Hub.focus), it has its node's full simulation started at once, as a real node's
+    agent is already running when a console opens it, rather than at its next read."""
+
+    @property
+    def detail(self) -> bool:
+        return self._detail
+
+    @detail.setter
+    def detail(self, value: bool) -> None:
+        opened = value and not getattr(self, "_detail", False)
+        self._detail = value
+        if opened and isinstance(self._client, SimAgentClient):
+            self._client.fleet.open(self.node, self.timeout_s * 0.9)
+
+
 def fleet_hub(
     specs: Sequence[SimNodeSpec],
     *,
@@ -426,7 +452,7 @@ def fleet_hub(
     for spec in specs:
         hub.add_node(spec.name, simulated=True, profile=spec.profile)
         hub.add_source(
-            AgentSource(
+            SimAgentSource(
                 spec.name,
                 f"sim://{spec.name}",
                 client,
