@@ -56,6 +56,9 @@ def test_a_fleet_of_ten_thousand_refreshes_slower_and_says_so() -> None:
     said = [e.message for e in hub.events()]
     assert any("every 10 s" in m and "10,000" in m for m in said), said
 
+    hub.focus("dgx-002", viewer="console")  # the node a console shows is read every second
+    assert {s.node for s in hub.sources if s.interval_s == 1.0} == {"dgx-002"}
+
 
 async def _until(check: Callable[[], bool], limit_s: float) -> None:
     deadline = time.monotonic() + limit_s

@@ -422,13 +422,27 @@ class SimAgentSource(AgentSource):
     (Hub.focus), it has its node's full simulation started at once, as a real node's
     agent is already running when a console opens it, rather than at its next read."""
 
+    _detail = False
+
+    # Opened, a node is read every second whatever the fleet's refresh, as a console reads
+    # the node it shows.
+    OPENED_INTERVAL_S = 1.0
+
+    @property
+    def interval_s(self) -> float:
+        return min(self._interval_s, self.OPENED_INTERVAL_S) if self._detail else self._interval_s
+
+    @interval_s.setter
+    def interval_s(self, value: float) -> None:
+        self._interval_s = value
+
     @property
     def detail(self) -> bool:
         return self._detail
 
     @detail.setter
     def detail(self, value: bool) -> None:
-        opened = value and not getattr(self, "_detail", False)
+        opened = value and not self._detail
         self._detail = value
         if opened and isinstance(self._client, SimAgentClient):
             self._client.fleet.open(self.node, self.timeout_s * 0.9)
