@@ -260,6 +260,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     if args.wait is not None:
         for source in hub.sources:
             source.timeout_s = args.wait
+    # one line per stale source and node would bury the counted summary said below
+    logging.getLogger("gpuconsole.hub").setLevel(logging.ERROR)
     snapshot = asyncio.run(hub.poll_once())
     if args.json:
         from gpuconsole.codec import dumps
@@ -269,17 +271,16 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         from gpuconsole.cli.table import render_table
 
         print(render_table(snapshot))
-    failed = [s for n in snapshot.nodes for s in n.statuses if not s.ok]
-    if failed and len(failed) == sum(len(n.statuses) for n in snapshot.nodes):
-        return 1
     late = timed_out(snapshot)
     for line in late:
         print(f"gpuconsole snapshot: {line}", file=sys.stderr)
     if late:
         hint = "--wait SECONDS gives every source longer"
         print(f"gpuconsole snapshot: the reading is incomplete; {hint}", file=sys.stderr)
-        return SNAPSHOT_INCOMPLETE
-    return 0
+    failed = [s for n in snapshot.nodes for s in n.statuses if not s.ok]
+    if failed and len(failed) == sum(len(n.statuses) for n in snapshot.nodes):
+        return 1
+    return SNAPSHOT_INCOMPLETE if late else 0
 
 
 # `snapshot`'s exit status when some source on some node did not answer in time
