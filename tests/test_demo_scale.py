@@ -276,3 +276,36 @@ def test_the_console_shows_a_thousand_nodes_and_opens_one_in_full() -> None:
             await _until(opened_in_full, SANITY_S)
 
     asyncio.run(scenario())
+
+
+def test_an_opened_node_whose_simulation_died_is_simulated_again() -> None:
+    from gpuconsole.sim.fleet import SimAgentClient
+
+    async def scenario() -> None:
+        hub = sim_hub(Config(), 30, None)
+        await hub.start()
+        try:
+            hub.focus("dgx-003", viewer="console")
+            source = next(s for s in hub.sources if s.node == "dgx-003")
+            assert isinstance(source, AgentSource)
+            client = source._client
+            assert isinstance(client, SimAgentClient)
+
+            def polls() -> int:
+                found = hub.latest.node("dgx-003") if hub.latest is not None else None
+                status = found.status("remote") if found is not None else None
+                return status.polls - status.failures if status is not None else 0
+
+            await _until(lambda: client.fleet._worker is not None and polls() > 1, SANITY_S)
+            worker = await client.fleet._worker  # type: ignore[misc]
+            worker.kill()
+            await worker.wait()
+            landed = polls()
+
+            await _until(lambda: polls() > landed + 1, SANITY_S)
+            assert client.fleet._worker is not None
+            assert (await client.fleet._worker).pid != worker.pid
+        finally:
+            await hub.stop()
+
+    asyncio.run(scenario())

@@ -275,9 +275,12 @@ class FleetSim:
             try:
                 worker.stdin.write(json.dumps(request).encode() + b"\n")
                 await worker.stdin.drain()
-                head = (await worker.stdout.readline()).decode().split(" ", 1)
-                if head[0] == "error" or len(head) != 2:
-                    raise ConnectionError(f"simulated agent: {' '.join(head).strip() or 'gone'}")
+                line = (await worker.stdout.readline()).decode()
+                if not line:
+                    raise ConnectionError("the simulated agent exited")
+                head = line.split(" ", 1)
+                if head[0] == "error":  # it said why, and still answers
+                    raise ValueError(f"simulated agent: {head[1].strip()}")
                 body = await worker.stdout.readexactly(int(head[1]))
             except (asyncio.CancelledError, OSError, asyncio.IncompleteReadError):
                 await self._stop_worker()  # half a conversation: start afresh next time
