@@ -167,8 +167,8 @@ class FleetConfig:
     agents: tuple[str, ...] = field(
         default=(),
         metadata=_doc(
-            'Agents as "NAME=URL" or "URL" (the name is then the host, or host:port when '
-            'several agents share a host), e.g. ["dgx-001=http://dgx-001:9400"]'
+            'Agents as "URL" (each node named as its agent names it) or "NAME=URL" (named '
+            'here), e.g. ["http://10.1.0.1:9400", "dgx-002=http://10.1.0.2:9400"]'
         ),
     )
     targets_file: str = field(

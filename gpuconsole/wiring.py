@@ -10,9 +10,11 @@ lands in its Events view.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -232,14 +234,31 @@ def members(cfg: FleetConfig) -> list[FleetMember]:
     return distinct(found)
 
 
+# How long a head waits, at its start, for agents to name the nodes it was given by URL only.
+NAMING_TIMEOUT_S = 1.0
+
+
 def fleet_hub(cfg: FleetConfig, settings: HubSettings | None = None) -> Hub:
     """A hub that reads every member through its agent, with one bounded client; with
     [fleet] prometheus, the overview from Prometheus and only the drill-down from agents."""
     # Here, not at the top: the HTTP client (aiohttp) costs a one-shot command a third of
     # its CPU, and a node with no [fleet] never needs it.
-    from gpuconsole.sources.agents import AgentClient, AgentSource, quiet_collector
+    from gpuconsole.sources.agents import (
+        AgentClient,
+        AgentSource,
+        named_by_agents,
+        quiet_collector,
+    )
     from gpuconsole.sources.promql import PrometheusReader, PromQLSource
 
+    listed = members(cfg)
+    if not all(m.named for m in listed):
+        # Asked once, before the hub holds a node by a name; in a thread of its own, since
+        # a caller may already run a loop. An agent that does not answer at once keeps its
+        # host's name: a head's first frame waits for no slow agent.
+        with ThreadPoolExecutor(1) as aside:
+            wait_s = min(cfg.timeout_s, NAMING_TIMEOUT_S)
+            listed = aside.submit(asyncio.run, named_by_agents(listed, wait_s)).result()
     quiet_collector()
     hub = Hub(settings)
     client = AgentClient(cfg.max_connections)
@@ -252,7 +271,7 @@ def fleet_hub(cfg: FleetConfig, settings: HubSettings | None = None) -> Hub:
             interval_s=cfg.interval_s,
             timeout_s=cfg.timeout_s,
         )
-    for member in members(cfg):
+    for member in listed:
         agent = AgentSource(
             member.node, member.url, client, interval_s=cfg.interval_s, timeout_s=cfg.timeout_s
         )

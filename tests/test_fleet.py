@@ -199,10 +199,69 @@ def test_two_agents_on_one_host_in_a_targets_file_are_two_nodes(
     )
     assert result.returncode == 0, result.stderr
     nodes = {n["node"]: n for n in json.loads(result.stdout)["nodes"]}
-    assert sorted(nodes) == sorted(f"127.0.0.1:{p}" for p in two_agents)
+    # each named as its agent names its node; both agents name theirs dgx-001, so the second
+    # keeps the name its address gives it
+    assert sorted(nodes) == sorted(["dgx-001", f"127.0.0.1:{two_agents[1]}"])
     for node in nodes.values():
         assert {s["source"]: s["ok"] for s in node["statuses"]}["remote"] is True
         assert node["profile"] == "dgx-h100"
+
+
+def _agent(port: int, nodes: int, state: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "gpuconsole", "agent", "--demo"),
+            *("--nodes", str(nodes), "--listen", f"127.0.0.1:{port}"),
+        ],
+        env={**os.environ, "XDG_STATE_HOME": str(state)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def test_agents_given_by_url_only_are_read_under_their_own_names(tmp_path: Path) -> None:
+    """A plain URL: the head reads every node its agent serves, named as the agent names it."""
+    port = free_port()
+    agent = _agent(port, 3, tmp_path)
+    try:
+        import urllib.request
+
+        for _ in range(150):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready") as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        gone = free_port()
+        cfg = tmp_path / "head.toml"
+        cfg.write_text(f'[fleet]\nagents = ["http://127.0.0.1:{port}", "127.0.0.1:{gone}"]\n')
+        result = subprocess.run(
+            [sys.executable, "-m", "gpuconsole", "snapshot", "--json", "-c", str(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        agent.terminate()
+        agent.wait(10)
+    nodes = {n["node"]: n for n in json.loads(result.stdout)["nodes"]}
+    assert sorted(nodes) == sorted(["dgx-001", "dgx-002", "dgx-003", f"127.0.0.1:{gone}"])
+    for name in ("dgx-002", "dgx-003"):
+        assert {s["source"]: s["ok"] for s in nodes[name]["statuses"]}["remote"] is True
+        assert len(nodes[name]["nvml"]["gpus"]) == 8
+    # an agent that does not answer keeps its address for a name, and says why
+    down = {s["source"]: s for s in nodes[f"127.0.0.1:{gone}"]["statuses"]}["remote"]
+    assert down["ok"] is False and "unreachable" in down["error"]
+
+
+def test_config_example_shows_both_forms_of_an_agent() -> None:
+    from gpuconsole.config import example, parse
+
+    fleet = example().split("\n[fleet]\n")[1].split("\n[")[0]
+    assert '"http://' in fleet and "=http://" in fleet
+    parse('[fleet]\nagents = ["http://10.1.0.1:9400", "dgx-002=http://10.1.0.2:9400"]\n')
 
 
 def test_a_capture_replays(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from gpuconsole.readings.agents import AgentReading
 from gpuconsole.readings.base import SCHEMA_VERSION, Event
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.base import EmitEvent
+from gpuconsole.sources.targets import FleetMember
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 # Parts of a node whose sources poll less often than the head reads: often sent unchanged.
@@ -295,6 +296,55 @@ def _named(status: Any, node: str) -> Any:
     if isinstance(status, dict) and isinstance(status.get("node"), str) and status["node"] != node:
         return {**status, "node": node}
     return status
+
+
+async def served_nodes(client: AgentClient, url: str, timeout_s: float) -> list[str]:
+    """The names of the nodes the agent at `url` serves, as it names them; a name that is
+    not plain printable text is left out (it could neither be shown nor asked for)."""
+    answer = await client.get(URL(f"{url.rstrip('/')}/api/v1/snapshot?view=summary"), timeout_s)
+    assert answer.body is not None  # asked without an etag
+    data = _json(answer.body, "agent")
+    nodes = data.get("nodes") if isinstance(data, dict) else None
+    if not isinstance(nodes, list):
+        raise ValueError("agent sent no node")
+    names = (n.get("node") for n in nodes if isinstance(n, dict))
+    return [n for n in names if isinstance(n, str) and n and n.isprintable() and len(n) <= 253]
+
+
+async def named_by_agents(members: list[FleetMember], timeout_s: float) -> list[FleetMember]:
+    """Each member the operator left unnamed, named as its agent names its node (one member
+    per node where the agent serves several); a member whose agent does not answer within
+    `timeout_s`, or names a node another member already is, keeps the name it has."""
+    unnamed = [m for m in members if not m.named]
+    if not unnamed:
+        return members
+    client = AgentClient()
+    client.acquire()
+    try:
+        answers = await asyncio.gather(
+            *(served_nodes(client, m.url, timeout_s) for m in unnamed), return_exceptions=True
+        )
+    finally:
+        await client.release()
+    served = {
+        m.url: names
+        for m, names in zip(unnamed, answers, strict=True)
+        if isinstance(names, list) and names
+    }
+    taken = {m.node for m in members if m.named}
+    out: list[FleetMember] = []
+    for member in members:
+        names = (
+            [n for n in served.get(member.url, ()) if n not in taken] if not member.named else []
+        )
+        if not names:
+            taken.add(member.node)
+            out.append(member)
+            continue
+        for name in names:
+            taken.add(name)
+            out.append(dataclasses.replace(member, node=name, named=True))
+    return out
 
 
 async def wait_closed(sources: list[AgentSource]) -> None:

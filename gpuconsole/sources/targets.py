@@ -25,6 +25,8 @@ class FleetMember:
     node: str
     url: str
     ssh: str | None = None
+    # the operator named it; otherwise `node` stands in (its host) until its agent names it
+    named: bool = dataclasses.field(default=True, compare=False)
 
     @property
     def address(self) -> str:
@@ -67,7 +69,7 @@ def parse_agent(entry: str) -> FleetMember:
     name, sep, url = entry.partition("=")
     if not sep:
         url = _url(entry.strip())
-        return FleetMember(_host_of(url), url)
+        return FleetMember(_host_of(url), url, named=False)
     if not name.strip() or not url.strip():
         raise ValueError(f"agent entry {entry!r}: expected NAME=URL")
     url = _url(url.strip())
@@ -100,7 +102,9 @@ def read_targets(path: Path) -> list[Found]:
             # labels, so a name would be wrong for all but one of them
             node = labels.get("node") if len(group["targets"]) == 1 else None
             try:
-                member = FleetMember(str(node or _host_of(url)), url, labels.get("ssh"))
+                member = FleetMember(
+                    str(node or _host_of(url)), url, labels.get("ssh"), named=bool(node)
+                )
             except ValueError as exc:
                 raise ConfigError(f"[fleet] targets_file {path}: group {i}: {exc}") from None
             found.append(Found(member, bool(node)))
