@@ -56,6 +56,7 @@ CONNECTIONS = 64
 CPU_TARGET_CORES = 1.0
 UPDATE_TARGET_MS = 100.0
 RSS_TARGET_MB = 500.0
+LIGHT_TARGET_CORES = 0.35  # a head that any codec could make: decoding alone cannot get there
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -263,6 +264,32 @@ def _run(frames_file: Path, nodes: int, seconds: int, compress: bool) -> Figures
             child.wait()
 
 
+def _codec_ms(frames: list[list[bytes]]) -> tuple[float, float, float]:
+    """CPU per node update, in ms, of reading an agent's summary (JSON to a NodeSnapshot):
+    as the head reads it (AgentSource.parse: gpuconsole.codec, parts sent unchanged reused),
+    gpuconsole.codec on the whole node, and msgspec typed decoding on the whole node."""
+    from benchmarks.msgspec_codec import decode_nodes
+    from gpuconsole.codec import decode_node, parse_json
+    from gpuconsole.sources.agents import AgentClient, AgentSource
+
+    def timed(read: Callable[[int, bytes], object]) -> float:
+        spent = []
+        for _ in range(5):
+            began = time.process_time()
+            for i, texts in enumerate(frames):
+                for body in texts:
+                    read(i, body)
+            spent.append((time.process_time() - began) * 1000 / sum(map(len, frames)))
+        return statistics.median(spent)
+
+    client = AgentClient()
+    sources = [AgentSource(f"n{i}", "http://127.0.0.1:1", client) for i in range(len(frames))]
+    head = timed(lambda i, body: sources[i].parse(parse_json(body)))
+    whole = timed(lambda i, body: decode_node(parse_json(body)["nodes"][0]))
+    typed = timed(lambda i, body: decode_nodes(body))
+    return head, whole, typed
+
+
 def _verdict(met: bool) -> str:
     return "met" if met else "MISSED"
 
@@ -282,6 +309,12 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
     print(
         f"  summary per node: median {raw / 1024:.1f} KiB JSON, {packed / 1024:.1f} KiB gzip; "
         f"{nodes:,} nodes at 1 Hz: {raw * nodes / 1e6:.0f} MB/s, gzip {packed * nodes / 1e6:.1f} MB/s"
+    )
+    head_ms, whole_ms, typed_ms = _codec_ms(frames)
+    print(
+        f"  codec per node update: as the head reads {head_ms:.3f} ms; whole node "
+        f"gpuconsole.codec {whole_ms:.3f} ms, msgspec typed {typed_ms:.3f} ms "
+        f"({whole_ms / typed_ms:.2f}x); {nodes:,} nodes at 1 Hz: {head_ms * nodes / 1000:.2f} cores"
     )
     with tempfile.TemporaryDirectory() as folder:
         frames_file = Path(folder) / "frames.json"
@@ -311,6 +344,15 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
                 f"; publish under {UPDATE_TARGET_MS:g} ms: "
                 f"{_verdict(f.publish_ms < UPDATE_TARGET_MS)}"
                 f"; RSS under {RSS_TARGET_MB:g} MB: {_verdict(f.rss_mb < RSS_TARGET_MB)}"
+            )
+            # what the head would take were its codec as fast as msgspec's, and were it free
+            with_typed = at_1hz - (whole_ms - typed_ms) * nodes / 1000
+            without = at_1hz - head_ms * nodes / 1000
+            print(
+                f"         with msgspec's decoding {with_typed:.2f} cores, with no decoding at "
+                f"all {without:.2f}; {LIGHT_TARGET_CORES:g} cores with msgspec: "
+                f"{_verdict(with_typed <= LIGHT_TARGET_CORES)}, with no decoding: "
+                f"{_verdict(without <= LIGHT_TARGET_CORES)}"
             )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"  peak RSS of this process over both runs: {peak:.0f} MB")

@@ -78,3 +78,26 @@ def test_bus_ids_are_written_as_nvml_writes_them_and_read_back_in_sysfs_form() -
     assert codec.decode_node(doc["nodes"][0]) == node
     sent["pci_bus_id"] = "0000:1B:00.0"  # any form a capture or an agent may hold
     assert codec.decode_node(doc["nodes"][0]) == node
+
+
+async def test_the_codec_reads_every_agent_body_as_msgspec_typed_decoding_does() -> None:
+    """Parity with msgspec (the library the codec would be built on, were it fast enough to
+    matter: benchmarks/bench_fleet.py): each node of an agent's summary and full view, and a
+    body whose strings need cleaning, decode to the same readings."""
+    from benchmarks.msgspec_codec import decode_nodes
+    from gpuconsole.export.agent import snapshot_body
+
+    hub = demo_hub(clock=lambda: FIXED, start=FIXED - 120, events=False)
+    snapshot = await hub.poll_once()
+    for node in snapshot.nodes:
+        for summary in (True, False):
+            body = snapshot_body(snapshot, node.node, summary=summary)
+            ours = codec.decode_node(codec.parse_json(body)["nodes"][0])
+            assert decode_nodes(body) == [ours]
+    data = json.loads(snapshot_body(snapshot, "dgx-002", summary=True))
+    data["nodes"][0]["profile"] = "dgx\x1b]52;c;x\x07\u00e9\u202e"
+    data["nodes"][0]["nvml"]["gpus"][0]["name"] = "H100\x9b2J"
+    body = json.dumps(data).encode()
+    ours = codec.decode_node(codec.parse_json(body)["nodes"][0])
+    assert decode_nodes(body) == [ours]
+    assert ours.profile is not None and ours.profile.isprintable() and "\x1b" not in ours.profile
