@@ -7,7 +7,9 @@ import dataclasses
 import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -517,3 +519,53 @@ async def test_connections_are_bounded() -> None:
     finally:
         await runner.cleanup()
     assert 1 <= most <= 3
+
+
+def with_bmc_at(fleet: FleetSnapshot, at: float) -> FleetSnapshot:
+    """The next snapshot, where the first node's BMC was read again at `at`."""
+    node = fleet.nodes[0]
+    assert node.bmc is not None
+    node = dataclasses.replace(node, bmc=dataclasses.replace(node.bmc, at=at))
+    return dataclasses.replace(fleet, seq=fleet.seq + 1, nodes=(node, *fleet.nodes[1:]))
+
+
+async def test_parts_the_head_holds_are_not_sent_again() -> None:
+    """The head says which BMC, fabric and tenancy readings it holds; the agent sends only
+    the parts that changed, and the head's node is still, figure for figure, the agent's."""
+    hub = HeldHub(select(frozen_fleet(), "dgx-002", summary=False))
+    agent = Agent(hub, AgentSettings(port=0))
+    await agent.start()
+    sizes: list[int] = []
+    client = AgentClient()
+    source = AgentSource("dgx-002", f"http://127.0.0.1:{agent.port}", client)
+    get = client.get
+
+    async def counted(url: Any, timeout_s: float, **kw: Any) -> Any:
+        answer = await get(url, timeout_s, **kw)
+        sizes.append(len(answer.body or b""))
+        return answer
+
+    client.get = counted  # type: ignore[method-assign]
+    try:
+        first = await source.poll()
+        assert first.node == codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
+        hub.held = with_power(hub.held, 123.0)
+        second = await source.poll()
+        assert second.node.gpus[0].power_w == 123.0
+        assert second.node == codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
+        assert second.node.fabric is first.node.fabric  # kept, not sent
+        assert sizes[1] < sizes[0] * 0.6, sizes  # 13 KiB of 26
+        hub.held = with_bmc_at(hub.held, 1_796_000_099.0)
+        third = await source.poll()
+        assert third.node.bmc is not None and third.node.bmc.at == 1_796_000_099.0
+        assert third.node == codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
+        assert sizes[0] > sizes[2] > sizes[1], sizes
+        # a head of the previous version asks without `have`: the body it always had
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{agent.port}/api/v1/snapshot?view=summary&node=dgx-002"
+            async with session.get(url) as response:
+                old = await response.read()
+        assert old == codec.dumps(select(hub.held, "dgx-002", summary=True), sparse=True).encode()
+    finally:
+        await source.close()
+        await agent.stop()

@@ -13,16 +13,17 @@ import dataclasses
 import gzip
 import hmac
 import itertools
+import json
 import logging
 import secrets
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from gpuconsole.codec import dumps
+from gpuconsole.codec import dumps, snapshot_json
 from gpuconsole.config import ConfigError
 from gpuconsole.export.collector import MetricsCache
 from gpuconsole.export.guard import (
@@ -33,7 +34,7 @@ from gpuconsole.export.guard import (
     quiet_loop_errors,
 )
 from gpuconsole.hub import Hub
-from gpuconsole.readings.agents import summarize
+from gpuconsole.readings.agents import STEADY_PARTS, held_parts, part_version, summarize
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.wiring import AgentSettings
 
@@ -64,9 +65,36 @@ def select(snapshot: FleetSnapshot, node: str | None, *, summary: bool) -> Fleet
     return dataclasses.replace(snapshot, nodes=nodes, events=events, event_counts=counts)
 
 
-def snapshot_body(snapshot: FleetSnapshot, node: str | None, *, summary: bool) -> bytes:
-    """The JSON body served for a snapshot; the summary sparse, as a thousand nodes need."""
-    return dumps(select(snapshot, node, summary=summary), sparse=summary).encode()
+def snapshot_body(
+    snapshot: FleetSnapshot,
+    node: str | None,
+    *,
+    summary: bool,
+    have: Mapping[str, str] | None = None,
+) -> bytes:
+    """The JSON body served for a snapshot; the summary sparse, as a thousand nodes need.
+
+    `have`: the parts (BMC, fabric, tenancy) a head holds of the node it asked for, by
+    version. Then the node says each part's version, and leaves out ("kept") those the
+    head holds as they are; a head that sends no `have` gets the body it always did.
+    """
+    selected = select(snapshot, node, summary=summary)
+    if have is None or len(selected.nodes) != 1 or selected.nodes[0].node != node:
+        return dumps(selected, sparse=summary).encode()
+    document = snapshot_json(selected, sparse=summary)
+    served, body = selected.nodes[0], document["nodes"][0]
+    versions = {
+        part: part_version(getattr(served, part))
+        for part in STEADY_PARTS
+        if getattr(served, part) is not None
+    }
+    kept = [part for part, version in versions.items() if have.get(part) == version]
+    for part in kept:
+        body.pop(part, None)
+    body["versions"] = versions
+    if kept:
+        body["kept"] = kept
+    return json.dumps(document, allow_nan=False).encode()
 
 
 # A node's 25 KB summary packs to 3.6 KB in 0.2 ms, once per snapshot (rendering it takes
@@ -204,7 +232,7 @@ class Agent:
         self.port: int | None = None
         # The bodies rendered from the latest snapshot, by (view, node served): heads that
         # read one node each share one rendering, and its gzip.
-        self._bodies: dict[tuple[str, str | None], Body] = {}
+        self._bodies: dict[tuple[str, str | None, tuple[str, ...] | None], Body] = {}
         self._bodies_seq: int | None = None
         # An ETag names one rendering by one process: a restarted agent matches none it gave.
         self._boot = secrets.token_hex(4)
@@ -282,11 +310,36 @@ class Agent:
         if self._bodies_seq != snapshot.seq:
             self._bodies.clear()
             self._bodies_seq = snapshot.seq
-        body = self._bodies.get((view, node))
+        have = request.query.get("have")
+        held = held_parts(have) if have is not None and node is not None else None
+        # by what the head holds as it is, not by its versions: heads holding the same parts
+        # share a rendering
+        kept = None
+        if held is not None:
+            served = snapshot.node(node) if node is not None else None
+            kept = tuple(
+                part
+                for part in STEADY_PARTS
+                if served is not None
+                and getattr(served, part) is not None
+                and held.get(part) == part_version(getattr(served, part))
+            )
+        key = (view, node, kept)
+        asked = request.headers.get("If-None-Match")
+        if asked and held is not None:
+            # a head that holds any rendering of this snapshot's node holds what is current,
+            # whichever parts it said it had when it read it
+            current = next(
+                (b for k, b in self._bodies.items() if k[:2] == key[:2] and holds(asked, b.etag)),
+                None,
+            )
+            if current is not None:
+                return respond(current, request)
+        body = self._bodies.get(key)
         if body is None:
-            raw = snapshot_body(snapshot, node, summary=view == "summary")
+            raw = snapshot_body(snapshot, node, summary=view == "summary", have=held)
             etag = f'W/"{self._boot}-{next(self._renders)}"'
-            body = self._bodies[(view, node)] = Body(raw, etag)
+            body = self._bodies[key] = Body(raw, etag)
         return respond(body, request)
 
     async def _healthy(self, request: web.Request) -> web.Response:

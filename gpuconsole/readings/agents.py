@@ -21,6 +21,32 @@ from gpuconsole.readings.snapshot import NodeSnapshot
 # The NodeSnapshot fields a remote node supplies in place of local sources.
 REMOTE_PARTS = ("nvml", "bmc", "fabric", "tenancy")
 
+# Parts of a node whose sources poll less often than a head reads: a head says which of
+# them it holds (`?have=bmc:VERSION,...`) and its agent leaves those out while current.
+STEADY_PARTS = ("bmc", "fabric", "tenancy")
+_VERSION_CHARS = 40
+
+
+def part_version(reading: BmcReading | FabricReading | object) -> str:
+    """A part's version: when its source read it, which changes with every new reading."""
+    return repr(getattr(reading, "at", None))
+
+
+def held_parts(text: str) -> dict[str, str]:
+    """`bmc:V,fabric:V` (a head's `have`) to {part: version}; anything else is left out."""
+    held = {}
+    for item in text.split(",")[: len(STEADY_PARTS)]:
+        part, sep, version = item.partition(":")
+        if sep and part in STEADY_PARTS and 0 < len(version) <= _VERSION_CHARS:
+            held[part] = version
+    return held
+
+
+def have_query(held: dict[str, str]) -> str:
+    """{part: version} as a head sends it in `have`."""
+    return ",".join(f"{part}:{version}" for part, version in held.items())
+
+
 # Port counters whose movement the fleet's views judge (fabric problems on the wallboard).
 _JUDGED = frozenset(r.counter.removeprefix("netdev.") for r in ERROR_RULES) | frozenset(
     r.counter for r in CONGESTION_RULES

@@ -21,15 +21,13 @@ from yarl import URL
 
 from gpuconsole.codec import DecodeError, decode, decode_node, parse_json
 from gpuconsole.config import FleetConfig
-from gpuconsole.readings.agents import AgentReading
-from gpuconsole.readings.base import SCHEMA_VERSION, Event
+from gpuconsole.readings.agents import STEADY_PARTS, AgentReading, have_query, held_parts
+from gpuconsole.readings.base import SCHEMA_VERSION, Event, safe_text
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.targets import FleetMember
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
-# Parts of a node whose sources poll less often than the head reads: often sent unchanged.
-_STEADY_PARTS = ("bmc", "fabric", "tenancy")
 # Objects allocated, less those freed, before CPython's collector looks for cycles.
 YOUNG_OBJECTS = 50_000
 
@@ -181,9 +179,11 @@ class AgentSource:
         self._emit: EmitEvent | None = None
         self._seen_events: float | None = None
         self._last_parts: dict[str, tuple[Any, Any]] = {}  # part -> (its JSON, decoded)
-        self._urls: dict[str, URL] = {}  # by view, parsed once
-        # what the agent last sent, to ask whether it is still current: (URL, ETag, reading)
-        self._held: tuple[URL, str, AgentReading] | None = None
+        # part -> (view, version, decoded): what the agent need not send again while current
+        self._versions: dict[str, tuple[str, str, Any]] = {}
+        self._urls: dict[tuple[str, str], URL] = {}  # by view and parts held, parsed once
+        # what the agent last sent, to ask whether it is still current: (view, ETag, reading)
+        self._held: tuple[str, str, AgentReading] | None = None
         client.acquire()
 
     async def start(self, emit: EmitEvent) -> None:
@@ -192,18 +192,25 @@ class AgentSource:
     async def close(self) -> None:
         await self._client.release()
 
+    def _view(self) -> str:
+        return "summary" if self.summary and not self.detail else "full"
+
     def _request_url(self) -> URL:
-        view = "summary" if self.summary and not self.detail else "full"
-        url = self._urls.get(view)
+        view = self._view()
+        have = have_query({p: v for p, (seen, v, _) in self._versions.items() if seen == view})
+        url = self._urls.get((view, have))
         if url is None:
-            url = self._urls[view] = URL(
+            if len(self._urls) > 64:  # versions come and go: keep only the latest few
+                self._urls.clear()
+            url = self._urls[(view, have)] = URL(
                 f"{self.url}/api/v1/snapshot?view={view}&node={quote(self.node)}"
+                f"&have={quote(have, safe=':,')}"
             )
         return url
 
     async def poll(self) -> AgentReading:
-        url, held = self._request_url(), self._held
-        etag = held[1] if held is not None and held[0] == url else None
+        url, held, view = self._request_url(), self._held, self._view()
+        etag = held[1] if held is not None and held[0] == view else None
         # the whole poll (connect, transfer, decode) must fit the hub's timeout
         answer = await self._client.get(url, self.timeout_s * 0.9, etag=etag)
         if answer.body is None and held is not None:  # the agent has published nothing new
@@ -212,7 +219,7 @@ class AgentSource:
         data = _json(answer.body, "agent")
         reading = self.parse(data)
         self._repost_events(data)
-        self._held = (url, answer.etag, reading) if answer.etag else None
+        self._held = (view, answer.etag, reading) if answer.etag else None
         return reading
 
     def parse(self, data: Any) -> AgentReading:
@@ -248,7 +255,14 @@ class AgentSource:
         what is remembered per reading (the owners of a node's GPUs) remembered.
         """
         reused: dict[str, Any] = {}
-        for part in _STEADY_PARTS:
+        view = self._view()
+        kept = chosen.get("kept")
+        for part in kept if isinstance(kept, list) else ():
+            held = self._versions.get(part) if isinstance(part, str) else None
+            if held is None or held[0] != view:
+                raise DecodeError(f"{self.url} $.nodes.kept: {safe_text(str(part))} is not held")
+            reused[part] = held[2]
+        for part in STEADY_PARTS:
             raw, last = chosen.get(part), self._last_parts.get(part)
             if raw is not None and last is not None and last[0] == raw:
                 reused[part] = last[1]
@@ -263,8 +277,19 @@ class AgentSource:
             snapshot = dataclasses.replace(snapshot, **reused)
         self._last_parts = {
             part: (chosen[part], getattr(snapshot, part))
-            for part in _STEADY_PARTS
+            for part in STEADY_PARTS
             if chosen.get(part) is not None
+        }
+        versions = chosen.get("versions")
+        sent = held_parts(
+            ",".join(f"{p}:{v}" for p, v in versions.items() if isinstance(v, str))
+            if isinstance(versions, dict)
+            else ""
+        )
+        self._versions = {
+            part: (view, version, getattr(snapshot, part))
+            for part, version in sent.items()
+            if getattr(snapshot, part) is not None
         }
         return snapshot
 
