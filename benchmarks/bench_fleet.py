@@ -8,9 +8,11 @@ and 304 when the head holds it already. What each serves changes every second: t
 demo cluster runs for FRAMES seconds first (NVML every second, fabric every 2 s, BMC and
 tenancy every 5 s) and each agent serves those seconds in turn, from its own offset. The
 head is this process, with the hub `gpuconsole console` builds on a head: a AgentSource
-per agent, one client capped at 64 connections, every node read once a second. Run once
-with agents that send plain JSON, once with agents that gzip (as `gpuconsole agent` does
-for a client that asks, as the head does).
+per agent, one client capped at 64 connections, every node read once a second. Run with
+agents that send plain JSON and with agents that gzip (as `gpuconsole agent` does for a
+client that asks, as the head does); each both as agents of the previous version (every
+part every time) and as agents that leave out the parts the head says it holds. The wire
+figure is what the agents sent, per poll: per node per second at 1 Hz.
 
 Figures are medians over two-second windows of the steady state, after every node has
 answered once. The child shares the machine, so on a small box the head competes with a
@@ -44,6 +46,7 @@ from aiohttp import web
 from gpuconsole.config import FleetConfig
 from gpuconsole.export.agent import Body, respond, snapshot_body
 from gpuconsole.hub import Hub, HubSettings
+from gpuconsole.readings.agents import STEADY_PARTS, held_parts, part_version
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.wiring import fleet_hub
 
@@ -56,6 +59,7 @@ CONNECTIONS = 64
 CPU_TARGET_CORES = 1.0
 UPDATE_TARGET_MS = 100.0
 RSS_TARGET_MB = 500.0
+WIRE_TARGET_KIB = 10.0
 LIGHT_TARGET_CORES = 0.35  # a head that any codec could make: decoding alone cannot get there
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -77,38 +81,78 @@ async def _record(seconds: int) -> list[FleetSnapshot]:
         await hub.stop()
 
 
-def _frames(seconds: int = FRAMES) -> list[list[bytes]]:
-    """For each node of the demo cluster that NVML sees GPUs on, the summary its agent
-    serves in each of `seconds` seconds in a row."""
-    shots = asyncio.run(_record(seconds))
+Frame = tuple[dict[str, str], dict[str, bytes], bytes]
+
+
+def _part_frames(shots: list[FleetSnapshot]) -> list[list[Frame]]:
+    """For each node of the demo cluster that NVML sees GPUs on, and each second: its parts'
+    versions, the body an agent serves a head holding each set of those parts (by the parts
+    held, joined with ','), and the body an agent of the previous version serves (every
+    part, no versions)."""
     names = [n.node for n in shots[0].nodes if n.gpus]
-    return [[snapshot_body(shot, name, summary=True) for shot in shots] for name in names]
+    out = []
+    for name in names:
+        frames = []
+        for shot in shots:
+            node = shot.node(name)
+            assert node is not None
+            versions = {p: part_version(getattr(node, p)) for p in STEADY_PARTS if getattr(node, p)}
+            subsets = [
+                tuple(p for i, p in enumerate(versions) if mask >> i & 1)
+                for mask in range(1 << len(versions))
+            ]
+            bodies = {
+                ",".join(held): snapshot_body(
+                    shot, name, summary=True, have={p: versions[p] for p in held}
+                )
+                for held in subsets
+            }
+            frames.append((versions, bodies, snapshot_body(shot, name, summary=True)))
+        out.append(frames)
+    return out
 
 
 # --- the child: a thousand agents ---------------------------------------------------------
 
 
-async def _serve_agents(frames_file: Path, nodes: int, compress: bool) -> None:
+async def _serve_agents(frames_file: Path, nodes: int, compress: bool, parts: bool) -> None:
+    # per node and second: its parts' versions, its bodies by the parts a head holds,
+    # and the body of an agent of the previous version
     frames = [
-        [Body(text.encode(), f'W/"{n}-{f}"') for f, text in enumerate(texts)]
+        [
+            (
+                versions,
+                {held: Body(raw.encode(), f'W/"{n}-{f}"') for held, raw in bodies.items()},
+                Body(plain.encode(), f'W/"{n}-{f}"'),
+            )
+            for f, (versions, bodies, plain) in enumerate(texts)
+        ]
         for n, texts in enumerate(json.loads(frames_file.read_text()))
     ]
-    for body in (b for texts in frames for b in texts):
-        body.packed()  # each agent gzips on its own machine: not this process's work
+    for _, bodies, plain in (frame for texts in frames for frame in texts):
+        for body in (*bodies.values(), plain):
+            body.packed()  # each agent gzips on its own machine: not this process's work
     index: dict[int, int] = {}
     answers: dict[int, int] = {}
+    sent = [0]
 
     async def snapshot(request: web.Request) -> web.Response:
         port = request.transport.get_extra_info("sockname")[1] if request.transport else 0
         i = index.get(port, 0)
         texts = frames[i % len(frames)]
-        body = texts[(int(time.time()) + i) % len(texts)]
+        versions, bodies, plain = texts[(int(time.time()) + i) % len(texts)]
+        asked = request.query.get("have")
+        body = plain
+        if parts and asked is not None:  # as the agent's _snapshot picks what to leave out
+            held = held_parts(asked)
+            body = bodies[",".join(p for p in versions if held.get(p) == versions[p])]
         if not compress:  # an agent that sends JSON whatever the head takes
             headers = request.headers.copy()
             headers.popall("Accept-Encoding", None)
             request = request.clone(headers=headers)
         response = respond(body, request)
         answers[response.status] = answers.get(response.status, 0) + 1
+        sent[0] += len(response.body) if isinstance(response.body, bytes) else 0
         return response
 
     app = web.Application()
@@ -125,7 +169,7 @@ async def _serve_agents(frames_file: Path, nodes: int, compress: bool) -> None:
     print(json.dumps(ports), flush=True)
     # serve until the parent closes our stdin, then say how we answered
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    print(json.dumps(answers), flush=True)
+    print(json.dumps({**answers, -1: sent[0]}), flush=True)  # -1: bytes sent
     await runner.cleanup()
 
 
@@ -144,6 +188,7 @@ class Figures:
     rss_mb: float
     gc_cores: float  # of `cores`, in the cyclic garbage collector
     unchanged: float = float("nan")  # share of polls the agent answered 304
+    wire_kib: float = float("nan")  # bytes the agents sent per poll: per node per second
 
 
 class _GcClock:
@@ -239,9 +284,10 @@ async def _head(ports: list[int], seconds: int) -> Figures:
     )
 
 
-def _run(frames_file: Path, nodes: int, seconds: int, compress: bool) -> Figures:
+def _run(frames_file: Path, nodes: int, seconds: int, compress: bool, parts: bool) -> Figures:
     command = [sys.executable, "-m", "benchmarks.bench_fleet", "--serve", str(frames_file)]
     command += ["--nodes", str(nodes)] + (["--gzip"] if compress else [])
+    command += [] if parts else ["--whole"]
     child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None and child.stdin is not None
     try:
@@ -250,9 +296,12 @@ def _run(frames_file: Path, nodes: int, seconds: int, compress: bool) -> Figures
         gc.collect()  # the head just stopped: the next run starts from none of it
         child.stdin.close()
         answers = {int(k): v for k, v in json.loads(child.stdout.readline() or "{}").items()}
+        sent = answers.pop(-1, 0)
         if answers:
-            unchanged = answers.get(304, 0) / sum(answers.values())
-            figures = dataclasses.replace(figures, unchanged=unchanged)
+            polls = sum(answers.values())
+            figures = dataclasses.replace(
+                figures, unchanged=answers.get(304, 0) / polls, wire_kib=sent / polls / 1024
+            )
         return figures
     finally:
         if not child.stdin.closed:
@@ -297,7 +346,9 @@ def _verdict(met: bool) -> str:
 def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
     # a head that falls behind logs every stale node; the figures say it once
     logging.getLogger("gpuconsole").setLevel(logging.ERROR)
-    frames = _frames()
+    shots = asyncio.run(_record(FRAMES))
+    stored = _part_frames(shots)
+    frames = [[plain for _, _, plain in texts] for texts in stored]
     bodies = [Body(b, "") for texts in frames for b in texts]
     raw = statistics.median(len(b.raw) for b in bodies)
     packed = statistics.median(len(b.packed()) for b in bodies)
@@ -318,10 +369,21 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
     )
     with tempfile.TemporaryDirectory() as folder:
         frames_file = Path(folder) / "frames.json"
-        frames_file.write_text(json.dumps([[b.decode() for b in texts] for texts in frames]))
-        for compress in (False, True):
-            f = _run(frames_file, nodes, seconds, compress)
-            label = "gzip" if compress else "json"
+        frames_file.write_text(
+            json.dumps(
+                [
+                    [
+                        [v, {k: b.decode() for k, b in bodies.items()}, p.decode()]
+                        for v, bodies, p in t
+                    ]
+                    for t in stored
+                ]
+            )
+        )
+        runs = [(False, False), (False, True), (True, False), (True, True)]
+        for compress, parts in runs:
+            f = _run(frames_file, nodes, seconds, compress, parts)
+            label = ("gzip" if compress else "json") + (", parts" if parts else ", whole")
             sweep = (
                 f"{f.sweep_s:.2f} s"
                 if f.sweep_s is not None
@@ -332,7 +394,8 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
                 f"{f.updates_per_s:.0f} updates/s, poll {f.poll_ms:.0f} ms wall; head CPU "
                 f"{f.cores:.2f} cores ({f.gc_cores:.2f} in GC), {f.cpu_per_update_ms:.2f} ms "
                 f"per node update; publish {f.publish_ms:.1f} ms; RSS {f.rss_mb:.0f} MB; "
-                f"{f.unchanged:.0%} of polls answered 304"
+                f"{f.unchanged:.0%} of polls answered 304; {f.wire_kib:.1f} KiB per node per "
+                f"second on the wire, under {WIRE_TARGET_KIB:g}: {_verdict(f.wire_kib <= WIRE_TARGET_KIB)}"
             )
             # a head that falls behind uses less CPU than 1 Hz would take: judge what 1 Hz
             # costs at the CPU each update took
@@ -355,7 +418,7 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
                 f"{_verdict(without <= LIGHT_TARGET_CORES)}"
             )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"  peak RSS of this process over both runs: {peak:.0f} MB")
+    print(f"  peak RSS of this process over every run: {peak:.0f} MB")
 
 
 if __name__ == "__main__":
@@ -364,8 +427,11 @@ if __name__ == "__main__":
     parser.add_argument("--nodes", type=int, default=NODES)
     parser.add_argument("--seconds", type=int, default=SECONDS)
     parser.add_argument("--gzip", action="store_true", help="the child sends gzip")
+    parser.add_argument(
+        "--whole", action="store_true", help="the child sends every part, as agents did before"
+    )
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(_serve_agents(Path(args.serve), args.nodes, args.gzip))
+        asyncio.run(_serve_agents(Path(args.serve), args.nodes, args.gzip, not args.whole))
     else:
         main(args.nodes, args.seconds)
