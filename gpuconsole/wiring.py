@@ -238,27 +238,30 @@ def members(cfg: FleetConfig) -> list[FleetMember]:
 NAMING_TIMEOUT_S = 1.0
 
 
+def named_members(cfg: FleetConfig) -> list[FleetMember]:
+    """The members, each one given by URL only named as its agent names its node(s)."""
+    listed = members(cfg)
+    if all(m.named for m in listed):
+        return listed
+    from gpuconsole.sources.agents import named_by_agents
+
+    # Asked once, before a hub holds a node by a name; in a thread of its own, since a
+    # caller may already run a loop. An agent that does not answer at once keeps its
+    # host's name: a head's first frame waits for no slow agent.
+    with ThreadPoolExecutor(1) as aside:
+        wait_s = min(cfg.timeout_s, NAMING_TIMEOUT_S)
+        return aside.submit(asyncio.run, named_by_agents(listed, wait_s)).result()
+
+
 def fleet_hub(cfg: FleetConfig, settings: HubSettings | None = None) -> Hub:
     """A hub that reads every member through its agent, with one bounded client; with
     [fleet] prometheus, the overview from Prometheus and only the drill-down from agents."""
     # Here, not at the top: the HTTP client (aiohttp) costs a one-shot command a third of
     # its CPU, and a node with no [fleet] never needs it.
-    from gpuconsole.sources.agents import (
-        AgentClient,
-        AgentSource,
-        named_by_agents,
-        quiet_collector,
-    )
+    from gpuconsole.sources.agents import AgentClient, AgentSource, quiet_collector
     from gpuconsole.sources.promql import PrometheusReader, PromQLSource
 
-    listed = members(cfg)
-    if not all(m.named for m in listed):
-        # Asked once, before the hub holds a node by a name; in a thread of its own, since
-        # a caller may already run a loop. An agent that does not answer at once keeps its
-        # host's name: a head's first frame waits for no slow agent.
-        with ThreadPoolExecutor(1) as aside:
-            wait_s = min(cfg.timeout_s, NAMING_TIMEOUT_S)
-            listed = aside.submit(asyncio.run, named_by_agents(listed, wait_s)).result()
+    listed = named_members(cfg)
     quiet_collector()
     hub = Hub(settings)
     client = AgentClient(cfg.max_connections)
@@ -513,6 +516,8 @@ def ssh_target(cfg: Config, node: str) -> SshTarget:
     text = remote.destinations.get(node)
     if text is None:
         found = next((m for m in members(cfg.fleet) if m.node == node), None)
+        if found is None:  # a node its agent named, the head given only the agent's URL
+            found = next((m for m in named_members(cfg.fleet) if m.node == node), None)
         if found is None:
             raise RemoteError(
                 f"this is {cfg.host.node_name}, and {node} is not in [fleet] (agents or "

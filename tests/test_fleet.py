@@ -19,7 +19,7 @@ from gpuconsole.config import ConfigError, FleetConfig, parse
 from gpuconsole.sources.agents import AgentSource
 from gpuconsole.sources.promql import PromQLSource, overview_queries
 from gpuconsole.sources.targets import FleetMember, parse_agent
-from gpuconsole.wiring import console_hub, members
+from gpuconsole.wiring import console_hub, members, ssh_target
 
 
 def free_port() -> int:
@@ -243,6 +243,8 @@ def test_agents_given_by_url_only_are_read_under_their_own_names(tmp_path: Path)
             text=True,
             timeout=60,
         )
+        # an action on a node so named reaches it over ssh at its agent's host
+        assert ssh_target(parse(cfg.read_text()), "dgx-002").host == "127.0.0.1"
     finally:
         agent.terminate()
         agent.wait(10)
