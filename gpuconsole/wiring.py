@@ -78,6 +78,7 @@ def node_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
                 detail_every=cfg.nvml.detail_every,
                 inventory_every=cfg.nvml.inventory_every,
                 events=cfg.nvml.events,
+                one_shot=one_shot,
             )
         )
     if cfg.fabric.enabled:

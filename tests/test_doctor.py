@@ -53,7 +53,7 @@ def source_field_answers(report: dict[str, Any], bus_id: str) -> list[dict[str, 
         if a["function"] == "nvmlDeviceGetFieldValues"
         and a["phase"] != "probe"
         and a["gpu"] == bus_id
-        and len(a["fields"]) > 1
+        and any(f["field_id"] == 186 for f in a["fields"])  # power: the table's, not links'
     ]
     assert batches, f"no table batch for {bus_id}"
     entries: list[dict[str, Any]] = batches[0]["fields"]

@@ -232,6 +232,8 @@ enum { /* field ids used below */
     NVML_FI_DEV_REMAPPED_UNC = 143,
     NVML_FI_DEV_REMAPPED_PENDING = 144,
     NVML_FI_DEV_REMAPPED_FAILURE = 145,
+    NVML_FI_DEV_NVSWITCH_CONNECTED_LINK_COUNT = 147,
+    NVML_FI_DEV_NVLINK_GET_STATE = 165,
     NVML_FI_DEV_POWER_AVERAGE = 185,
     NVML_FI_DEV_POWER_INSTANT = 186,
     NVML_FI_DEV_POWER_CURRENT_LIMIT = 190,
@@ -2157,6 +2159,20 @@ static nvmlReturn_t field_value(const gpu_t *g, double t, nvmlFieldValue_t *v) {
         if (!g->nlinks)
             return NVML_ERROR_NOT_SUPPORTED;
         v->value.uiVal = (unsigned)g->nlinks;
+        return NVML_SUCCESS;
+    case NVML_FI_DEV_NVSWITCH_CONNECTED_LINK_COUNT:
+        if (!g->nlinks)
+            return NVML_ERROR_NOT_SUPPORTED;
+        v->value.uiVal = 0;
+        for (int l = 0; l < g->nlinks; l++)
+            v->value.uiVal += g->links[l].remote_type == NVML_NVLINK_DEVICE_TYPE_SWITCH;
+        return NVML_SUCCESS;
+    case NVML_FI_DEV_NVLINK_GET_STATE: /* scoped by link, as nvmlDeviceGetNvLinkState */
+        if (!g->nlinks)
+            return NVML_ERROR_NOT_SUPPORTED;
+        if (v->scopeId >= (unsigned)g->nlinks)
+            return NVML_ERROR_INVALID_ARGUMENT;
+        v->value.uiVal = 1;
         return NVML_SUCCESS;
     case NVML_FI_DEV_PCIE_REPLAY_COUNTER: v->value.uiVal = 0; return NVML_SUCCESS;
     case NVML_FI_DEV_REMAPPED_COR:

@@ -12,7 +12,10 @@ Cost matters (every NVML call is a trip into the kernel driver), so readings are
   so a throttle shows at the poll after it starts;
 - the SM clock, P-state, the throttle bitmask (for reasons without a counter), processes
   and GPM: every `detail_every` polls (NVML has no field for the current clock);
-- PCIe link state, NVLink state, MIG layout, fabric state: every `inventory_every` polls.
+- PCIe link state, NVLink state, MIG layout, fabric state: every `inventory_every` polls;
+- the PCI level between two GPUs: once, only for pairs no NVLink joins (NV# stands there).
+A one-shot reader (`one_shot`) watches for no events and takes no GPM sample: it ends before
+either could tell anything.
 A call a GPU answers NotSupported is remembered for that GPU and asked again only once
 per inventory round (a fault can pass); so is one NVML refuses this user (NO_PERMISSION),
 which leaves its readings out and the GPU OK. A GPU that is lost (XID 79) is marked so
@@ -59,7 +62,9 @@ from gpuconsole.sources.nvml.lib import (
     FI_MEMORY_TEMP,
     FI_NVLINK_LINK_COUNT,
     FI_NVLINK_RX,
+    FI_NVLINK_STATE,
     FI_NVLINK_TX,
+    FI_NVSWITCH_LINK_COUNT,
     FI_PCIE_REPLAY,
     FI_PCIE_RX_BYTES,
     FI_PCIE_TX_BYTES,
@@ -149,6 +154,7 @@ class NvmlSource:
         detail_every: int = NvmlConfig.detail_every,
         inventory_every: int = NvmlConfig.inventory_every,
         events: bool = NvmlConfig.events,
+        one_shot: bool = False,
         simulated: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -158,12 +164,14 @@ class NvmlSource:
         self.detail_every = max(1, detail_every)
         self.inventory_every = max(1, inventory_every)
         self.simulated = simulated
-        self._want_events = events
+        self._one_shot = one_shot
+        self._want_events = events and not one_shot
         self._lib = lib
         self._clock = clock
         self._initialized = False
         self._gpus: list[GpuRecord] = []
-        self._pci_topology: list[list[str]] = []
+        # PCI levels asked so far, by pair of indexes (lower first); NVML's answer never changes
+        self._pci_levels: dict[tuple[int, int], str] = {}
         self._gpu_topology: tuple[tuple[str, ...], ...] = ()  # changes with the inventory tier
         self._versions: tuple[str | None, str | None, str | None] = (None, None, None)
         self._throttle_counters = throttle_counters(None)  # known once the driver says its version
@@ -291,7 +299,7 @@ class NvmlSource:
         for gpu in gpus:
             gpu.throttle = told.get(gpu.bus_id, gpu.throttle)
         self._gpus = gpus
-        self._pci_topology = self._read_pci_topology()
+        self._pci_levels = {}
 
     def _try(self, fn: Callable[[], Any]) -> Any:
         try:
@@ -347,8 +355,9 @@ class NvmlSource:
         gpu.cpu_affinity = cpulist(list(words)) if words is not None else None
         gpu.pcie_gen_max = call(lib, gpu, "pcie_gen_max", lib.nvmlDeviceGetMaxPcieLinkGeneration, h)
         gpu.pcie_width_max = call(lib, gpu, "pcie_width_max", lib.nvmlDeviceGetMaxPcieLinkWidth, h)
-        support = call(lib, gpu, "gpm_support", lib.nvmlGpmQueryDeviceSupport, h)
-        gpu.gpm_supported = bool(support is not None and support.isSupportedDevice)
+        if not self._one_shot:  # GPM's rates need a second sample, a poll later
+            support = call(lib, gpu, "gpm_support", lib.nvmlGpmQueryDeviceSupport, h)
+            gpu.gpm_supported = bool(support is not None and support.isSupportedDevice)
         fields = call(
             lib, gpu, "fields_linkcount", lib.nvmlDeviceGetFieldValues, h, [FI_NVLINK_LINK_COUNT]
         )
@@ -377,21 +386,21 @@ class NvmlSource:
             return False
         return lane * gpu.pcie_width_max * self.interval_s < 1 << (bits - 1)
 
-    def _read_pci_topology(self) -> list[list[str]]:
-        lib, gpus = self._lib, self._gpus
-        matrix = [["X" if a is b else "?" for b in gpus] for a in gpus]
-        for i, a in enumerate(gpus):
-            for j in range(i + 1, len(gpus)):
-                b = gpus[j]
-                if a.handle is None or b.handle is None:
-                    continue
-                try:
-                    level = lib.nvmlDeviceGetTopologyCommonAncestor(a.handle, b.handle)
-                except lib.NVMLError:
-                    level = None
-                code = TOPO_CODES.get(level, "?") if level is not None else "?"
-                matrix[i][j] = matrix[j][i] = code
-        return matrix
+    def _pci_level(self, i: int, j: int) -> str:
+        """The PCI level between GPUs `i` < `j` (nvidia-smi topo's code), asked once."""
+        known = self._pci_levels.get((i, j))
+        if known is not None:
+            return known
+        lib, a, b = self._lib, self._gpus[i], self._gpus[j]
+        if a.handle is None or b.handle is None:
+            return "?"  # asked again once it opens
+        try:
+            level = lib.nvmlDeviceGetTopologyCommonAncestor(a.handle, b.handle)
+        except lib.NVMLError:
+            level = None
+        code = TOPO_CODES.get(level, "?") if level is not None else "?"
+        self._pci_levels[(i, j)] = code
+        return code
 
     # --- polling ---------------------------------------------------------------------
 
@@ -782,8 +791,13 @@ class NvmlSource:
         # Every link of a GPU speaks one NVLink generation: asked once, of the first link up.
         version = next((link.version for link in gpu.links if link.version is not None), None)
         links: list[LinkRecord] = []
+        states, to_switches = self._link_fields(gpu)
+        if to_switches is not None and to_switches != sum(states.values()):
+            to_switches = None  # some links reach something else: each is asked what
         for n in range(gpu.nvlink_count):
-            state = call(lib, gpu, "nvlink_state", lib.nvmlDeviceGetNvLinkState, h, n)
+            state = states.get(n)
+            if state is None:
+                state = call(lib, gpu, "nvlink_state", lib.nvmlDeviceGetNvLinkState, h, n)
             if state is None:
                 continue
             link = known.get(n) or LinkRecord(n, bool(state))
@@ -793,10 +807,18 @@ class NvmlSource:
                     raw = call(lib, gpu, "nvlink_version", lib.nvmlDeviceGetNvLinkVersion, h, n)
                     version = NVLINK_GENERATIONS.get(raw) if raw is not None else None
                 link.version = version
-                kind = call(
-                    lib, gpu, "nvlink_remote_type", lib.nvmlDeviceGetNvLinkRemoteDeviceType, h, n
-                )
-                link.remote_kind = REMOTE_KINDS.get(kind, RemoteKind.UNKNOWN)
+                if to_switches:
+                    link.remote_kind = RemoteKind.NVSWITCH
+                else:
+                    kind = call(
+                        lib,
+                        gpu,
+                        "nvlink_remote_type",
+                        lib.nvmlDeviceGetNvLinkRemoteDeviceType,
+                        h,
+                        n,
+                    )
+                    link.remote_kind = REMOTE_KINDS.get(kind, RemoteKind.UNKNOWN)
                 pci = call(
                     lib, gpu, "nvlink_remote_pci", lib.nvmlDeviceGetNvLinkRemotePciInfo, h, n
                 )
@@ -813,18 +835,48 @@ class NvmlSource:
         gpu.fields = scoped
         gpu.unsupported.difference_update(f"field {f}" for f in scoped)
 
+    def _link_fields(self, gpu: GpuRecord) -> tuple[dict[int, bool], int | None]:
+        """Each link's state and how many links reach an NVSwitch, in one batched call
+        instead of a call per link; links the driver does not answer there are left out
+        (and asked one by one), None where it does not count switch links."""
+        if not gpu.nvlink_count:
+            return {}, None
+        lib = self._lib
+        asked: list[int | tuple[int, int]] = [
+            *((FI_NVLINK_STATE, n) for n in range(gpu.nvlink_count)),
+            FI_NVSWITCH_LINK_COUNT,
+        ]
+        result = call(lib, gpu, "nvlink_fields", lib.nvmlDeviceGetFieldValues, gpu.handle, asked)
+        states: dict[int, bool] = {}
+        to_switches: int | None = None
+        if result is None:
+            return states, to_switches
+        for fid, scope, kind, ret, raw in FIELD_VALUE.iter_unpack(bytes(result)):
+            if ret == GPU_IS_LOST:
+                raise GpuLostError("field values: GPU is lost")
+            if ret != OK:
+                continue
+            value = int(VALUE_TYPES.get(kind, VALUE_TYPES[3]).unpack(raw)[0])
+            if fid == FI_NVLINK_STATE:
+                states[scope] = bool(value)
+            elif fid == FI_NVSWITCH_LINK_COUNT:
+                to_switches = value
+        return states, to_switches
+
     def _topology(self) -> tuple[tuple[str, ...], ...]:
-        """PCI levels from NVML, with NV# where NVLinks join two GPUs (or both reach NVSwitch)."""
+        """PCI levels from NVML, with NV# where NVLinks join two GPUs (or both reach NVSwitch):
+        the level is asked only of pairs no NVLink joins (an NVSwitch node asks none)."""
         gpus = self._gpus
         rows: list[tuple[str, ...]] = []
         for i, a in enumerate(gpus):
-            row = list(self._pci_topology[i]) if i < len(self._pci_topology) else []
+            row: list[str] = []
             for j, b in enumerate(gpus):
-                if i == j or j >= len(row):
-                    continue
-                links = _nvlinks_between(a, b)
-                if links:
-                    row[j] = f"NV{links}"
+                if i == j:
+                    row.append("X")
+                elif links := _nvlinks_between(a, b):
+                    row.append(f"NV{links}")
+                else:
+                    row.append(self._pci_level(min(i, j), max(i, j)))
             rows.append(tuple(row))
         return tuple(rows)
 

@@ -1,0 +1,74 @@
+"""`gpuconsole snapshot --json` on the fake library: what a one-shot asks NVML, counted by the
+library itself (every call is a trip into the kernel driver on a real node)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuconsole.sim.fakenvml import read_counts_file
+from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_H100, NodeProfile
+from tests.fakenvml_fixtures import FakeNvmlEnv
+
+
+def one_shot(
+    make_env: FakeNvmlEnv, tmp_path: Path, profile: NodeProfile
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """The snapshot's node and the NVML calls it took, at every [nvml] default (events on)."""
+    config = tmp_path / "gpuconsole.toml"
+    config.write_text(
+        f"[host]\nname = '{profile.name}'\n[fabric]\nenabled = false\n[tenancy]\nenabled = false\n"
+    )
+    counts = tmp_path / "calls.counts"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuconsole", "snapshot", "--json", "-c", str(config)],
+        env=make_env(profile, counts=counts),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    node: dict[str, Any] = json.loads(proc.stdout)["nodes"][0]
+    return node, read_counts_file(counts)
+
+
+def test_a_one_shot_watches_no_events_and_takes_no_gpm_sample(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    node, calls = one_shot(fake_nvml_env, tmp_path, DGX_H100)
+    assert all(g["state"] == "ok" for g in node["nvml"]["gpus"])
+    asked = {name for name, n in calls.items() if n}
+    assert not asked & {"nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2"}
+    assert not {name for name in asked if name.startswith("nvmlGpm")}
+
+
+def test_an_nvswitch_node_is_read_without_a_call_per_gpu_pair_or_per_link_state(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    node, calls = one_shot(fake_nvml_env, tmp_path, DGX_H100)
+    gpus = node["nvml"]["gpus"]
+    # what the snapshot shows is all there: NV18 between every pair, every link up to a switch
+    assert [tuple(r) for r in node["nvml"]["gpu_topology"]] == list(DGX_H100.gpu_topology())
+    assert all(
+        link["active"] and link["remote_kind"] == "nvswitch" and link["remote_pci_bus_id"]
+        for g in gpus
+        for link in g["nvlinks"]
+    )
+    assert sum(len(g["nvlinks"]) for g in gpus) == 8 * 18
+    assert calls.get("nvmlDeviceGetTopologyCommonAncestor", 0) == 0
+    assert calls.get("nvmlDeviceGetNvLinkState", 0) == 0
+    assert calls.get("nvmlDeviceGetNvLinkRemoteDeviceType", 0) == 0
+    assert sum(calls.values()) / len(gpus) <= 55
+
+
+def test_a_pcie_node_still_asks_the_pci_level_of_each_pair(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    node, calls = one_shot(fake_nvml_env, tmp_path, APOLLO_PCIE)
+    n = len(APOLLO_PCIE.gpus)
+    assert [tuple(r) for r in node["nvml"]["gpu_topology"]] == list(APOLLO_PCIE.gpu_topology())
+    assert calls["nvmlDeviceGetTopologyCommonAncestor"] == n * (n - 1) // 2
