@@ -90,3 +90,16 @@ def test_snapshot_on_a_machine_without_nvml_says_so(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "gpu-node" in result.stdout
     assert "STALE" in result.stdout and "libnvidia-ml.so.1 not found" in result.stdout
+
+
+def test_version_prints_on_stdout_and_other_commands_do_not_read_the_package_metadata() -> None:
+    result = run("--version")
+    assert result.returncode == 0 and result.stdout.startswith("gpuconsole ")
+    probe = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from gpuconsole.cli.main import build_parser; "
+         "build_parser().parse_args(['config', 'example']); "
+         "print('importlib.metadata' in sys.modules)"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert probe.stdout.strip() == "False"  # ~10 ms of every start, for a flag rarely given

@@ -400,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpuconsole",
         description="A terminal console for GPU clusters: GPUs, BMCs, fabric and owners.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=_VersionAction, nargs=0, help="show the version")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("demo", help="the console on a simulated cluster (no GPU needed)")
@@ -545,6 +545,15 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_config)
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """--version, looked up only when asked: the package metadata costs every other
+    command ~10 ms of start."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(f"{parser.prog} {_version()}")  # on stdout, as argparse's own version action
+        parser.exit()
 
 
 def _version() -> str:
