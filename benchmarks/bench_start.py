@@ -1,0 +1,182 @@
+"""How fast gpuconsole starts: the demo's first frame, and a one-shot snapshot beside nvitop -1.
+
+- demo: `gpuconsole demo` in a pseudo-terminal of 120x40; seconds from the exec to the fleet
+  view's header (the layout) and to dgx-001's row with its model (the first reading drawn).
+- one-shot: `gpuconsole snapshot --json` on the fake libnvidia-ml.so of a DGX H100 (NVML only,
+  as benchmarks.compare sets it up), its wall and CPU time and its NVML calls per GPU, taking
+  turns with `nvitop -1` on the same library where nvitop is installed (.venv-compare, or
+  $NVITOP): ratios from the same run. Target: wall and CPU at most nvitop's, at most 30 calls
+  per GPU.
+
+Medians; the machine may be shared, so compare figures from one run.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import select
+import shutil
+import signal
+import statistics
+import struct
+import sys
+import tempfile
+import termios
+import time
+from pathlib import Path
+
+from benchmarks.compare.fakenode import CONFIG
+from benchmarks.compare.procs import Run, run_once
+from gpuconsole.sim.fakenvml import (
+    COUNTS_ENV,
+    build_library,
+    driver_of,
+    environment,
+    read_counts_file,
+)
+from gpuconsole.sim.profiles import DGX_H100
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = 5
+SIZE = (120, 40)
+FIRST_FRAME_TARGET_S = 1.0
+CALLS_TARGET = 30.0
+_ESCAPES = re.compile(
+    rb"\x1b\[[0-9;?<>=$]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][A-Z0-9]|\x1b[=>]"
+)
+LAYOUT = re.compile(rb"GBFT")  # the fleet table's header
+DATA = re.compile(rb"dgx-001.{0,40}H100")  # dgx-001's row with its model: NVML has read it
+
+
+def first_frame(argv: list[str], env: dict[str, str], timeout_s: float = 30.0) -> dict[str, float]:
+    """Seconds from exec to the layout and to the first reading drawn, in a 120x40 pty."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the console
+        os.execvpe(argv[0], argv, env)
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", SIZE[1], SIZE[0], 0, 0))
+    began = time.perf_counter()
+    seen, marks = b"", {}
+    try:
+        while len(marks) < 2 and time.perf_counter() - began < timeout_s:
+            ready, _, _ = select.select([fd], [], [], 0.05)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+            text = _ESCAPES.sub(b"", seen)
+            for name, pattern in (("layout", LAYOUT), ("data", DATA)):
+                if name not in marks and pattern.search(text):
+                    marks[name] = time.perf_counter() - began
+    finally:
+        _quit(pid, fd)
+    return marks
+
+
+def _quit(pid: int, fd: int) -> None:
+    """Quit as a user does (q), so that the demo removes its simulated trees; else the next
+    start would sweep them up and be timed doing it."""
+    os.write(fd, b"q")
+    deadline = time.perf_counter() + 10.0
+    while time.perf_counter() < deadline:
+        if select.select([fd], [], [], 0.05)[0]:
+            try:
+                os.read(fd, 65536)
+            except OSError:
+                pass
+        done, _status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            os.close(fd)
+            return
+    os.kill(pid, signal.SIGTERM)
+    os.waitpid(pid, 0)
+    os.close(fd)
+
+
+def _demo(tmp: Path) -> None:
+    env = {**os.environ, "TERM": "xterm-256color", "PYTHONPATH": str(ROOT),
+           "XDG_STATE_HOME": str(tmp / "state"), "XDG_CONFIG_HOME": str(tmp / "config")}  # fmt: skip
+    runs = [first_frame([sys.executable, "-m", "gpuconsole", "demo"], env) for _ in range(RUNS)]
+    layout = statistics.median(r.get("layout", float("inf")) for r in runs)
+    data = statistics.median(r.get("data", float("inf")) for r in runs)
+    print(f"start: `gpuconsole demo` at {SIZE[0]}x{SIZE[1]}, median of {RUNS}")
+    print(f"  layout drawn {layout:.2f} s; first reading drawn {data:.2f} s   "
+          f"target <= {FIRST_FRAME_TARGET_S:g} s: {_verdict(data <= FIRST_FRAME_TARGET_S)}")  # fmt: skip
+
+
+def _nvitop() -> str | None:
+    found = os.environ.get("NVITOP") or str(ROOT / ".venv-compare" / "bin" / "nvitop")
+    return found if Path(found).exists() else shutil.which("nvitop")
+
+
+def _one_shot(tmp: Path) -> None:
+    library = build_library(tmp / "lib", driver_of(DGX_H100))
+    from gpuconsole.sim.fakenvml import write_profile
+
+    profile = write_profile(DGX_H100, tmp / "dgx-h100.profile")
+    config = tmp / "gpuconsole.toml"
+    config.write_text(CONFIG)
+    env = {**os.environ, **environment(library.parent, profile), "PYTHONPATH": str(ROOT),
+           "XDG_STATE_HOME": str(tmp / "state"), "XDG_CONFIG_HOME": str(tmp / "config")}  # fmt: skip
+    tools = {"gpuconsole snapshot --json": [sys.executable, "-m", "gpuconsole", "snapshot",
+                                            "--json", "-c", str(config)]}  # fmt: skip
+    nvitop = _nvitop()
+    if nvitop is not None:
+        tools["nvitop -1"] = [nvitop, "-1"]
+    gpus = len(DGX_H100.gpus)
+    calls: dict[str, float] = {}
+    for name, argv in tools.items():  # untimed: the calls, and the page cache warmed
+        counts = tmp / "calls.counts"
+        counts.unlink(missing_ok=True)
+        run_once(argv, {**env, COUNTS_ENV: str(counts)}, tmp / "out", timeout_s=120)
+        calls[name] = sum(read_counts_file(counts).values()) / gpus
+    timed: dict[str, list[Run]] = {name: [] for name in tools}
+    names = list(tools)
+    for round_ in range(RUNS):
+        k = round_ % len(names)
+        for name in names[k:] + names[:k]:  # taking turns: a burst of load falls on both
+            timed[name].append(run_once(tools[name], env, tmp / "out", timeout_s=120))
+    print(f"start: one-shot on the fake NVML of a DGX H100 ({gpus} GPUs), median of {RUNS}")
+    medians = {
+        name: (statistics.median(r.wall_s for r in runs), statistics.median(r.cpu_s for r in runs))
+        for name, runs in timed.items()
+    }
+    for name, (wall, cpu) in medians.items():
+        print(f"  {name:<28} wall {1000 * wall:6.0f} ms  CPU {1000 * cpu:6.0f} ms  "
+              f"NVML calls per GPU {calls[name]:6.1f}")  # fmt: skip
+    ours = medians["gpuconsole snapshot --json"]
+    print(
+        f"  calls per GPU target <= {CALLS_TARGET:g}: "
+        f"{_verdict(calls['gpuconsole snapshot --json'] <= CALLS_TARGET)}"
+    )
+    if nvitop is None:
+        print("  nvitop not installed (`make bench-compare` installs it): no ratio")
+        return
+    theirs = medians["nvitop -1"]
+    wall_x, cpu_x = ours[0] / theirs[0], ours[1] / theirs[1]
+    print(
+        f"  vs nvitop -1: wall {wall_x:.2f}x, CPU {cpu_x:.2f}x   target <= 1x: "
+        f"{_verdict(wall_x <= 1 and cpu_x <= 1)}"
+    )
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="gpuconsole-bench-start-") as folder:
+        tmp = Path(folder)
+        _one_shot(tmp)
+        _demo(tmp)
+
+
+if __name__ == "__main__":
+    main()
