@@ -9,6 +9,8 @@ import os
 import pwd
 from dataclasses import dataclass
 
+from gpuconsole.readings.base import safe_text
+
 # Local users get a role from their Unix groups; root is an admin.
 ADMIN_GROUP = "gpuconsole-admin"
 OPERATOR_GROUP = "gpuconsole-operator"
@@ -93,7 +95,7 @@ def key_actor(role: Role, fingerprint: str, name: str, login: str) -> Actor:
     """An ssh-in session that logged in with an authorized key: it is the key, named as the
     keys file names it (its comment; the fingerprint where it has none), whatever user name
     the client asked for (kept as `login`)."""
-    shown = "".join(c if c.isprintable() else "?" for c in name).strip()
+    shown = safe_text(name).strip()
     return Actor(shown or fingerprint, role, fingerprint, "ssh", login=login)
 
 

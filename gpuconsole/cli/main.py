@@ -14,6 +14,7 @@ from gpuconsole import config as config_mod
 from gpuconsole import paths
 from gpuconsole.config import Config, ConfigError
 from gpuconsole.hub import Hub
+from gpuconsole.readings.base import safe_text
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.wiring import (
     agent_settings,
@@ -103,6 +104,19 @@ def _ssh_passwords(cfg: Config) -> None:
             ) from None
 
 
+class SafeFormatter(logging.Formatter):
+    """Log lines quote what clients, BMCs and agents sent (an ssh user name, an error's text):
+    each line goes out with its control characters written out (readings.base.safe_text), so
+    nothing a peer chose acts on a terminal that shows the log."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = safe_text(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        return "\n".join(safe_text(line) for line in super().formatException(ei).splitlines())
+
+
 def _log_to_file() -> None:
     """Full-screen modes must never print: log to a file under the XDG state folder."""
     folder = paths.state_dir()
@@ -111,7 +125,7 @@ def _log_to_file() -> None:
         handler: logging.Handler = logging.FileHandler(folder / "gpuconsole.log")
     except OSError:
         handler = logging.NullHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
 
@@ -533,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=50.0,
         metavar="S",
         help="give up on a driver that does not answer after S seconds (default: 50)",
@@ -569,7 +583,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command not in ("demo", "console", "wallboard"):
-        logging.basicConfig(level=logging.WARNING, format="gpuconsole: %(message)s")
+        handler = logging.StreamHandler()
+        handler.setFormatter(SafeFormatter("gpuconsole: %(message)s"))
+        logging.basicConfig(level=logging.WARNING, handlers=[handler])
     try:
         result: Any = args.func(args)
     except ConfigError as exc:

@@ -217,3 +217,30 @@ async def test_stalled_handshakes_do_not_lock_the_operator_out(tmp_path: Path, k
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_log_lines_write_out_control_characters_whatever_a_peer_sent() -> None:
+    """Log lines quote what peers sent (a BMC's error text, an agent's answer; asyncssh's
+    SASLprep already refuses control characters in an ssh user name). Whatever the message or
+    the exception holds, the console's log formatter writes it out, never raw."""
+    import logging
+
+    from gpuconsole.cli.main import SafeFormatter
+
+    hostile = "\x1b]52;c;ZXZpbA==\x07\x1b[2J\u202e"
+    try:
+        raise ValueError(f"BMC answered {hostile}")
+    except ValueError as exc:
+        record = logging.LogRecord(
+            "gpuconsole.x",
+            logging.WARNING,
+            __file__,
+            1,
+            "from=%s: %s",
+            ("ops" + hostile, exc),
+            exc_info=(type(exc), exc, exc.__traceback__),
+        )
+    line = SafeFormatter("%(levelname)s %(message)s").format(record)
+    assert not any(ch in line for ch in "\x1b\x07\u202e"), line
+    assert "ops\\x1b]52;c;ZXZpbA==\\x07" in line  # shown, not obeyed
+    assert "Traceback" in line  # the traceback is kept, line by line
