@@ -613,3 +613,29 @@ def test_a_driver_without_the_v3_process_call_has_no_process_list(
     gpus = polls(env, count=2, pause=0)["polls"][-1]
     assert gpus[0]["state"] == "ok" and "processes" in gpus[0]["unsupported"]
     assert gpus[1]["processes"]
+
+
+@pytest.mark.parametrize("function", ["nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo"])
+def test_one_mig_device_that_is_not_supported_costs_only_itself(
+    fake_nvml_env: FakeNvmlEnv, function: str
+) -> None:
+    """NVML's answers are remembered per MIG device: one device answering NotSupported must not
+    make the source skip its siblings (or drop them, with their GPM samples)."""
+    body = """
+import json
+from gpuconsole.sources.nvml.source import NvmlSource
+source = NvmlSource("n", events=False, detail_every=1)
+readings = [source.collect() for _ in range(3)]
+gpu = readings[-1].gpus[7]
+print(json.dumps({"gis": sorted(m.gpu_instance_id for m in gpu.mig_instances),
+                  "memory": {m.gpu_instance_id: m.mem_used_bytes for m in gpu.mig_instances},
+                  "state": gpu.state.value}))
+"""
+    clean = run_child(fake_nvml_env(DGX_H100, scenarios=["mig 7"]), body)
+    first = clean["gis"][0]
+    env = fake_nvml_env(DGX_H100, scenarios=["mig 7"], faults=[f"7 {function} 3 {first}"])
+    result = run_child(env, body)
+    assert result["state"] == "ok"
+    others = [gi for gi in clean["gis"] if gi != first]
+    assert set(others) <= set(result["gis"])  # every sibling is still read
+    assert all(result["memory"][str(gi)] is not None for gi in others)

@@ -64,14 +64,14 @@ def read_mig(lib: Any, gpu: GpuRecord) -> None:
             if getattr(exc, "value", None) == GPU_IS_LOST:
                 raise GpuLostError(str(exc)) from None
             continue  # NOT_FOUND: an empty slot
-        uuid = call(lib, gpu, "mig_uuid", lib.nvmlDeviceGetUUID, mh)
+        uuid = call(lib, gpu, f"mig_uuid {slot}", lib.nvmlDeviceGetUUID, mh)
         if uuid is None:
             continue  # noted on the GPU; asked again next round
         uuid = text(uuid)
         if uuid in known:
             migs.append(known[uuid])
             continue
-        mig = _identify_mig(lib, gpu, mh, uuid)
+        mig = _identify_mig(lib, gpu, mh, uuid, slot)
         if mig is not None:
             migs.append(mig)
     for gone in set(known) - {m.uuid for m in migs}:
@@ -85,14 +85,15 @@ def _drop_migs(lib: Any, gpu: GpuRecord) -> None:
     gpu.migs = []
 
 
-def _identify_mig(lib: Any, gpu: GpuRecord, mh: Any, uuid: str) -> MigRecord | None:
+def _identify_mig(lib: Any, gpu: GpuRecord, mh: Any, uuid: str, slot: int) -> MigRecord | None:
     """A new MIG device; None while NVML does not say which GPU instance it is (GPM, owners
-    and processes all go by that id)."""
-    gi = call(lib, gpu, "mig_gi", lib.nvmlDeviceGetGpuInstanceId, mh)
+    and processes all go by that id). What NVML remembers of one slot's answers is that slot's:
+    one MIG device that fails costs only itself."""
+    gi = call(lib, gpu, f"mig_gi {slot}", lib.nvmlDeviceGetGpuInstanceId, mh)
     if gi is None:
         return None
-    ci = call(lib, gpu, "mig_ci", lib.nvmlDeviceGetComputeInstanceId, mh)
-    attrs = call(lib, gpu, "mig_attributes", lib.nvmlDeviceGetAttributes, mh)
+    ci = call(lib, gpu, f"mig_ci {slot}", lib.nvmlDeviceGetComputeInstanceId, mh)
+    attrs = call(lib, gpu, f"mig_attributes {slot}", lib.nvmlDeviceGetAttributes, mh)
     slices = int(attrs.gpuInstanceSliceCount) if attrs is not None else 0
     mem_mb = int(attrs.memorySizeMB) if attrs is not None else None
     name, start = None, None
@@ -105,7 +106,7 @@ def _identify_mig(lib: Any, gpu: GpuRecord, mh: Any, uuid: str) -> MigRecord | N
     if name is None:
         # Only root may open the GPU instance; the MIG device's own name carries the profile
         # ("NVIDIA H100 80GB HBM3 MIG 3g.40gb").
-        device_name = call(lib, gpu, "mig_name", lib.nvmlDeviceGetName, mh)
+        device_name = call(lib, gpu, f"mig_name {slot}", lib.nvmlDeviceGetName, mh)
         name = text(device_name).partition(" MIG ")[2] if device_name is not None else None
     if not name:
         name = f"{slices}g.{round((mem_mb or 0) / 1024)}gb"
@@ -142,7 +143,8 @@ def _profile_names(lib: Any, gpu: GpuRecord) -> dict[int, str]:
 
 def read_mig_memory(lib: Any, gpu: GpuRecord) -> None:
     for mig in gpu.migs:
-        mem = call(lib, gpu, "mig_memory", lib.nvmlDeviceGetMemoryInfo, mig.handle)
+        key = f"mig_memory {mig.gpu_instance_id}"
+        mem = call(lib, gpu, key, lib.nvmlDeviceGetMemoryInfo, mig.handle)
         mig.mem_used_bytes = int(mem.used) if mem is not None else None
 
 

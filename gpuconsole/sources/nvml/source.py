@@ -690,7 +690,7 @@ class NvmlSource:
         fn = lib.nvmlDeviceGetComputeRunningProcesses
         found: list[ProcessReading] = []
         for mig in gpu.migs:
-            procs = call(lib, gpu, "mig_processes", fn, mig.handle)
+            procs = call(lib, gpu, f"mig_processes {mig.gpu_instance_id}", fn, mig.handle)
             for p in procs or ():
                 found.append(_process(p, mig.gpu_instance_id, mig.compute_instance_id))
         gpu.processes = tuple(found)
