@@ -136,3 +136,42 @@ def test_a_poll_after_a_power_request_still_under_way_waits_for_it_then_reads() 
         await source.close()
 
     asyncio.run(run())
+
+
+async def test_a_part_that_keeps_failing_is_told_once_not_each_time_its_text_moves() -> None:
+    """A Redfish part's failure text counts its failures ("... (and 3 more)"): the source
+    posts one part_stale when it fails and one part_recovered when it reads again, not a
+    warning each poll."""
+    from gpuconsole.readings.base import Event, PartStatus
+    from gpuconsole.readings.bmc import PowerState
+    from gpuconsole.sources.bmc.link import LinkReading
+    from gpuconsole.sources.bmc.source import BmcSource
+
+    texts = iter(["HTTP 500", "HTTP 500 (and 1 more)", "HTTP 500 (and 2 more)", None])
+
+    class Flaky:
+        label = "redfish://127.0.0.1:1"
+
+        def read(self, *, sel: bool) -> LinkReading:
+            text = next(texts)
+            part = PartStatus("Chassis/1U/Thermal", text is None, text or "3 sensors")
+            return LinkReading(PowerState.ON, (), parts=(part,))
+
+        def set_power(self, action: object) -> str:
+            raise NotImplementedError
+
+        def close(self) -> None:
+            pass
+
+    events: list[Event] = []
+    source = BmcSource("dgx-001", Flaky(), sel=False)  # type: ignore[arg-type]
+    await source.start(events.append)
+    try:
+        for _ in range(4):
+            await source.poll()
+    finally:
+        await source.close()
+    assert [e.kind for e in events if e.kind.startswith("part_")] == [
+        "part_stale",
+        "part_recovered",
+    ]

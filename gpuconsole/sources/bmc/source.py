@@ -319,7 +319,7 @@ class BmcSource:
         """An event when a part of the reading fails, and when it reads again."""
         failing = {p.part: p.detail for p in parts if p.enabled and not p.ok}
         for part, message in failing.items():
-            if self._failing.get(part) != message:
+            if part not in self._failing:  # once when it fails, not each time its text moves
                 log.warning("%s: %s not read: %s", self.label, part, message)
                 self._post(
                     Event(
