@@ -246,12 +246,20 @@ def named_members(cfg: FleetConfig) -> list[FleetMember]:
         return listed
     from gpuconsole.sources.agents import named_by_agents
 
-    # Asked once, before a hub holds a node by a name; in a thread of its own, since a
-    # caller may already run a loop. An agent that does not answer at once keeps its
-    # host's name: a head's first frame waits for no slow agent.
-    with ThreadPoolExecutor(1) as aside:
-        wait_s = min(cfg.timeout_s, NAMING_TIMEOUT_S)
-        return aside.submit(asyncio.run, named_by_agents(listed, wait_s)).result()
+    # Asked once per process, before a hub holds a node by a name, and kept: the hub, and
+    # an action on one of its nodes later (from the console's loop, which must not wait on
+    # the network), go by the same names. In a thread of its own, since a caller may already
+    # run a loop. An agent that does not answer at once keeps its host's name: a head's
+    # first frame waits for no slow agent.
+    key = repr(listed)
+    if key not in _NAMED:
+        with ThreadPoolExecutor(1) as aside:
+            wait_s = min(cfg.timeout_s, NAMING_TIMEOUT_S)
+            _NAMED[key] = aside.submit(asyncio.run, named_by_agents(listed, wait_s)).result()
+    return list(_NAMED[key])
+
+
+_NAMED: dict[str, list[FleetMember]] = {}  # the members as their agents named them, by config
 
 
 def fleet_hub(cfg: FleetConfig, settings: HubSettings | None = None) -> Hub:

@@ -282,3 +282,25 @@ def test_a_capture_replays(tmp_path: Path) -> None:
     capture.write_text('{"schema_version": 1, "nodes": 5}')
     with pytest.raises(ConfigError, match="not a gpuconsole snapshot"):
         read_capture(capture)
+
+
+def test_agents_are_asked_their_names_once_and_an_action_goes_by_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The head names URL-only members at start; an assign on one of them later (from the
+    console's loop) must not ask the network again, and finds the node by the same name."""
+    import gpuconsole.sources.agents as agents_mod
+    from gpuconsole import wiring
+
+    asked: list[int] = []
+
+    async def named(listed: list[FleetMember], _wait_s: float) -> list[FleetMember]:
+        asked.append(len(listed))
+        return [FleetMember(node="dgx-777", url=m.url) for m in listed]
+
+    monkeypatch.setattr(agents_mod, "named_by_agents", named)
+    monkeypatch.setattr(wiring, "_NAMED", {})
+    cfg = parse('[fleet]\nagents = ["http://10.255.0.7:9400"]\n')
+    assert [m.node for m in wiring.named_members(cfg.fleet)] == ["dgx-777"]
+    assert ssh_target(cfg, "dgx-777").host == "10.255.0.7"
+    assert asked == [1]  # once, at the start
