@@ -18,8 +18,9 @@ nvidia-ml-py declares it per release (12.535.161, 12.550.89, 12.560.30, 12.570.8
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from gpuconsole.sources.nvml.lib import driver_release
 
 # Power-smoothing fields, as offsets into the block of eighteen that nvml.h declares.
 SMOOTHING_ACTIVE_PRESET_PROFILE = 13
@@ -69,12 +70,6 @@ DRIVERS: tuple[DriverProfile, ...] = (
     DriverProfile("580.82", "580.82.07", 13000, throttle_counters_at=269, smoothing_at=251),
 )
 _BY_NAME = {d.name: d for d in DRIVERS}
-_VERSION = re.compile(r"(\d+)(?:\.(\d+))?")
-
-
-def _key(version: str) -> tuple[int, int] | None:
-    m = _VERSION.match(version.strip())
-    return (int(m.group(1)), int(m.group(2) or 0)) if m else None
 
 
 def driver_profile(version: str) -> DriverProfile | None:
@@ -87,8 +82,8 @@ def driver_profile(version: str) -> DriverProfile | None:
     """
     if version in _BY_NAME:
         return _BY_NAME[version]
-    key = _key(version)
+    key = driver_release(version.strip())
     if key is None:
         return None
-    fitting = [d for d in DRIVERS if (_key(d.version) or (0, 0)) <= key]
+    fitting = [d for d in DRIVERS if (driver_release(d.version) or (0, 0)) <= key]
     return fitting[-1] if fitting else None

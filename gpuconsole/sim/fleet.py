@@ -179,7 +179,7 @@ class FleetSim:
     ) -> None:
         self.specs = {s.name: s for s in specs}
         self.seed = seed
-        self._clock = clock
+        self.clock = clock
         self.started = clock()
         self._order = {name: i for i, name in enumerate(self.specs)}
         self._phase = {name: (i * 13) % 60 for i, name in enumerate(self.specs)}
@@ -413,7 +413,7 @@ class SimAgentClient(AgentClient):
             self.fleet.warm()  # read more than once: a running console, not a one-shot
             await asyncio.sleep(self.fleet.phase(node) * self.interval_s * 0.8)
         self._answered.add(node)
-        now = self.fleet._clock()
+        now = self.fleet.clock()
         tag = f'W/"{node}-{int(now // self.interval_s)}"'
         if etag == tag:
             return Answer(None, tag)
