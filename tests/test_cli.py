@@ -119,3 +119,15 @@ def test_a_snapshot_run_in_process_leaves_the_hubs_log_as_it_found_it(
     assert main(["snapshot", "--demo", "--nodes", "1", "--json", "-c", str(config)]) == 0
     capsys.readouterr()
     assert hub_log.level == before
+
+
+def test_the_snapshot_table_writes_every_bus_id_one_way(capsys: pytest.CaptureFixture[str]) -> None:
+    """A node with GPUs passed to a guest beside GPUs NVML reads: one BUS ID column, one form
+    (sysfs's, as lspci and vfio write it), not NVML's 00000000:1B:00.0 beside 0000:52:00.0."""
+    import re
+
+    assert main(["snapshot", "--demo"]) == 0
+    table = capsys.readouterr().out
+    ids = re.findall(r"\b[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\b", table)
+    assert ids and "vfio-pci" in table  # both kinds of row are there
+    assert all(re.fullmatch(r"0000:[0-9a-f]{2}:[0-9a-f]{2}\.\d", i) for i in ids), set(ids)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from gpuconsole import format as fmt
 from gpuconsole.hardware import product_name
-from gpuconsole.readings.base import nvml_bus_id
 from gpuconsole.readings.bmc import BmcReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
 from gpuconsole.readings.tenancy import PciGpu
@@ -59,7 +58,7 @@ def _node_table(node: NodeSnapshot) -> list[str]:
                 (
                     str(row.index) if row.index is not None else "-",
                     row.model or _pci_name(row.pci),
-                    nvml_bus_id(gpu.pci_bus_id) if gpu is not None else row.bus_id,
+                    gpu.pci_bus_id if gpu is not None else row.bus_id,
                     state,
                     *([fmt.NA] * 7),
                     "critical" if gpu is not None else fmt.NA,
@@ -79,7 +78,7 @@ def _node_table(node: NodeSnapshot) -> list[str]:
             (
                 str(gpu.index),
                 gpu.name,
-                nvml_bus_id(gpu.pci_bus_id),
+                gpu.pci_bus_id,  # as sysfs and lspci write it, the same for every row
                 util,
                 memory,
                 fmt.celsius(gpu.temp_gpu_c),
