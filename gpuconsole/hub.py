@@ -91,6 +91,7 @@ class Hub:
         self._dirty: set[str] = set()
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._say_stale = True  # a line in the log when a source goes stale
         self._publisher: asyncio.Task[None] | None = None
         self._seq = 0
         self._latest: FleetSnapshot | None = None
@@ -165,14 +166,21 @@ class Hub:
                     log.exception("closing %s/%s", node.name, state.source.kind)
 
     async def poll_once(
-        self, rounds: int = 1, *, between: Callable[[], None] | None = None
+        self,
+        rounds: int = 1,
+        *,
+        between: Callable[[], None] | None = None,
+        say_stale: bool = True,
     ) -> FleetSnapshot:
         """Start, poll every source `rounds` times, stop; for one-shot readers and tests.
 
         Rates, GPM and other two-sample figures need two rounds; `between` runs before each
-        later round (a test moves its clock there).
+        later round (a test moves its clock there). Without `say_stale` a source going stale
+        is not logged: the caller reports the snapshot's statuses itself (a line per stale
+        source and node would bury that report on a large fleet).
         """
         self._loop = asyncio.get_running_loop()
+        self._say_stale = say_stale
         states = [(n, s) for n in self._nodes.values() for s in n.sources]
         for _node, state in states:
             await self._start_source(state)
@@ -284,7 +292,7 @@ class Hub:
             polls=old.polls + 1,
             failures=old.failures + 1,
         )
-        if was_ok or old.error != error:
+        if self._say_stale and (was_ok or old.error != error):
             log.warning("%s/%s stale: %s", old.node, old.source, error)
         if was_ok:
             self.post_event(

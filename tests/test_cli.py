@@ -105,22 +105,6 @@ def test_version_prints_on_stdout_and_other_commands_do_not_read_the_package_met
     assert probe.stdout.strip() == "False"  # ~10 ms of every start, for a flag rarely given
 
 
-def test_a_snapshot_run_in_process_leaves_the_hubs_log_as_it_found_it(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    """`snapshot` quiets the hub's per-node stale lines for its own run only: a caller that
-    goes on in the same process (a test, a script) still hears the hub."""
-    import logging
-
-    config = tmp_path / "gpuconsole.toml"
-    config.write_text("[host]\nname = 'dgx-001'\n")
-    hub_log = logging.getLogger("gpuconsole.hub")
-    before = hub_log.level
-    assert main(["snapshot", "--demo", "--nodes", "1", "--json", "-c", str(config)]) == 0
-    capsys.readouterr()
-    assert hub_log.level == before
-
-
 def test_the_snapshot_table_writes_every_bus_id_one_way(capsys: pytest.CaptureFixture[str]) -> None:
     """A node with GPUs passed to a guest beside GPUs NVML reads: one BUS ID column, one form
     (sysfs's, as lspci and vfio write it), not NVML's 00000000:1B:00.0 beside 0000:52:00.0."""

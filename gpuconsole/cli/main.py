@@ -274,15 +274,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     if args.wait is not None:
         for source in hub.sources:
             source.timeout_s = args.wait
-    # one line per stale source and node would bury the counted summary said below; the
-    # level is put back after, for a caller that goes on in this process
-    hub_log = logging.getLogger("gpuconsole.hub")
-    level = hub_log.level
-    hub_log.setLevel(logging.ERROR)
-    try:
-        snapshot = asyncio.run(hub.poll_once())
-    finally:
-        hub_log.setLevel(level)
+    # the counted summary said below stands for the hub's line per stale source and node
+    snapshot = asyncio.run(hub.poll_once(say_stale=False))
     if args.json:
         from gpuconsole.codec import dumps
 
