@@ -137,6 +137,16 @@ class MigInstance:
 
 
 @dataclass(frozen=True, slots=True)
+class XidCount:
+    """One XID code as a GPU raised it within the health window, since its last reset."""
+
+    code: int
+    count: int
+    first_at: float
+    last_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class GpuReading:
     """Everything NVML told us about one GPU in one poll."""
 
@@ -184,6 +194,14 @@ class GpuReading:
     mig_instances: tuple[MigInstance, ...] = ()
     virtualization_mode: str | None = None
     fabric_state: str | None = None
+    # nvmlDeviceGetGpuFabricInfo's status (an nvmlReturn_t): not 0 means it failed to join
+    fabric_status: int | None = None
+    # the driver's own recovery advice (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
+    # nvmlDeviceGpuRecoveryAction_t): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P,
+    # 4 drain and reset, 5 recover IMEX domain, 6 bus reset, 7 system reboot; None unknown
+    recovery_action: int | None = None
+    # XIDs counted per code over the health window, cleared by a GPU reset or a reboot
+    xids: tuple[XidCount, ...] = ()
     gpm: GpmMetrics | None = None
     unsupported: tuple[str, ...] = ()  # NVML calls this GPU answered NotSupported
     # readings NVML refuses this user (NO_PERMISSION): "memory", "processes", "mig_placement",
@@ -221,6 +239,9 @@ class NvmlReading:
     gpus: tuple[GpuReading, ...]
     # topo codes between GPUs as nvidia-smi prints them: "X", "NV18", "PIX", "SYS", ...
     gpu_topology: tuple[tuple[str, ...], ...] = ()
+    # the NVIDIA Fabric Manager service on an NVSwitch system: True running, False not
+    # running, None where it is not needed or not known
+    fabric_manager_running: bool | None = None
     simulated: bool = False
 
     def gpu(self, index: int) -> GpuReading | None:
