@@ -198,6 +198,8 @@ class PodSpec:
     namespace: str
     name: str
     devices: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    # DRA: (container, claim name, [(driver, pool, device name)]), the claim in the pod's namespace
+    claims: list[tuple[str, str, list[tuple[str, str, str]]]] = field(default_factory=list)
 
 
 class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
@@ -214,16 +216,41 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
         pods = []
         for pod in self.pods:
             containers: dict[str, list[object]] = {}
+            claims: dict[str, list[object]] = {}
             for container, resource, ids in pod.devices:
                 containers.setdefault(container, []).append(
                     api_pb2.ContainerDevices(resource_name=resource, device_ids=ids)
+                )
+            for container, claim, resources in pod.claims:
+                containers.setdefault(container, [])
+                claims.setdefault(container, []).append(
+                    api_pb2.DynamicResource(
+                        claim_name=claim,
+                        claim_namespace=pod.namespace,
+                        claim_resources=[
+                            api_pb2.ClaimResource(
+                                cdi_devices=[
+                                    api_pb2.CDIDevice(name=f"k8s.{driver}/claim={claim}-{device}")
+                                ],
+                                driver_name=driver,
+                                pool_name=pool,
+                                device_name=device,
+                            )
+                            for driver, pool, device in resources
+                        ],
+                    )
                 )
             pods.append(
                 api_pb2.PodResources(
                     name=pod.name,
                     namespace=pod.namespace,
                     containers=[
-                        api_pb2.ContainerResources(name=name, devices=devices, cpu_ids=[2, 3])
+                        api_pb2.ContainerResources(
+                            name=name,
+                            devices=devices,
+                            cpu_ids=[2, 3],
+                            dynamic_resources=claims.get(name, []),
+                        )
                         for name, devices in containers.items()
                     ],
                 )

@@ -197,3 +197,23 @@ def test_owners_problems_and_passthrough_gpus_of_a_hand_made_node() -> None:
     assert lost.labels["gpu"] == "1" and lost.labels["severity"] == "critical"
     unknown = one(problems, kind="unknown_device")
     assert unknown.labels["gpu"] == "" and unknown.labels["severity"] == "warning"
+
+
+def test_a_dra_claimed_gpu_carries_dcgm_exporters_dra_labels_and_no_other_gpu_does() -> None:
+    """dgxa-002's GPU 1 came to its pod through a ResourceClaim (DRA): dcgm-exporter adds the
+    claim's dra_* labels beside pod, namespace and container; device-plugin GPUs get none."""
+    metrics = parse(frozen_body())
+    util = metrics["DCGM_FI_DEV_GPU_UTIL"]
+    claimed = one(util, Hostname="dgxa-002", gpu="1")
+    assert {k: v for k, v in claimed.labels.items() if k.startswith("dra_") or k in POD_LABELS} == {
+        "pod": "dra-train-0",
+        "namespace": "team-research",
+        "container": "main",
+        "dra_claim_name": "one-gpu",
+        "dra_claim_namespace": "team-research",
+        "dra_device_name": "gpu-1",
+        "dra_driver_name": "gpu.nvidia.com",
+        "dra_pool_name": "dgxa-002",
+    }
+    others = [s for s in util if s is not claimed]
+    assert others and not any(k.startswith("dra_") for s in others for k in s.labels)

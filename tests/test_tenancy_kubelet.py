@@ -137,3 +137,42 @@ with tempfile.NamedTemporaryFile() as sock:
     assert proc.returncode == 0, proc.stderr
     assert "refused: the kubelet's pod-resources API cannot be used here" in proc.stdout
     assert "grpcio>=" in proc.stdout
+
+
+async def test_dra_claims_are_read_beside_device_plugin_pods(short_dir: Path) -> None:
+    """Kubernetes 1.34's kubelet lists ResourceClaims' devices; NVIDIA's GPU driver names them
+    by /dev/nvidiaN minor (and MIG placement); other DRA drivers hold no GPU."""
+    sock = short_dir / "kubelet.sock"
+    async with kubelet_server(sock) as kubelet:
+        kubelet.pods = [
+            PodSpec("team-nlp", "train-0", [("trainer", "nvidia.com/gpu", [G0])]),
+            PodSpec(
+                "gpu-test3",
+                "pod1",
+                claims=[
+                    ("ctr", "single-gpu", [("gpu.nvidia.com", "node-7", "gpu-3")]),
+                    ("ctr", "slice", [("gpu.nvidia.com", "node-7", "gpu-1-mig-19-4-2")]),
+                    ("ctr", "imex", [("compute-domain.nvidia.com", "node-7", "channel-0")]),
+                    ("ctr", "nic", [("sriovnetwork.example.com", "node-7", "vf-3")]),
+                ],
+            ),
+        ]
+        reader = KubeletReader(str(sock), timeout_s=2.0)
+        try:
+            devices, _allocatable = await reader.read()
+        finally:
+            await reader.close()
+    assert [(d.pod, d.uuid) for d in devices[:1]] == [("train-0", G0)]
+    claimed = devices[1:]
+    assert [(d.namespace, d.pod, d.container, d.minor, d.mig_placement) for d in claimed] == [
+        ("gpu-test3", "pod1", "ctr", 3, None),
+        ("gpu-test3", "pod1", "ctr", 1, (4, 2)),
+    ]
+    dra = claimed[0].dra
+    assert dra is not None
+    assert (dra.claim, dra.driver, dra.pool, dra.device) == (
+        "gpu-test3/single-gpu",
+        "gpu.nvidia.com",
+        "node-7",
+        "gpu-3",
+    )

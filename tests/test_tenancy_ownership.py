@@ -9,6 +9,7 @@ from gpuconsole.readings.base import Severity
 from gpuconsole.readings.nvml import GpuReading, GpuState, MigInstance, NvmlReading, ProcessReading
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import (
+    DraDevice,
     Guest,
     HostProcess,
     IommuPeer,
@@ -410,3 +411,48 @@ def test_ownership_is_resolved_again_only_when_owner_facts_change() -> None:
     changed = node_ownership(moved)
     assert changed is not node_ownership(first)
     assert changed is not None and [g.label for g in changed.gpus] == ["free", "job 1"]
+
+
+def _claimed(device: str, minor: int | None, placement: tuple[int, int] | None = None) -> PodDevice:
+    dra = DraDevice("one-gpu", "research", "gpu.nvidia.com", "node-7", device)
+    return PodDevice(
+        "research", "train", "main", "gpu.nvidia.com", device, None,
+        tenant="research", dra=dra, minor=minor, mig_placement=placement,
+    )  # fmt: skip
+
+
+def test_a_dra_claim_owns_the_gpu_its_minor_names_not_the_nvml_index() -> None:
+    # NVML numbers GPUs by bus order; /dev/nvidiaN minors need not follow it
+    tenancy = TenancyReading(
+        at=0.0, gpus=(pci(0, minor=1), pci(1, minor=0)), pod_devices=(_claimed("gpu-0", 0),)
+    )
+    own = resolve_owners(nvml(nvml_gpu(0), nvml_gpu(1)), tenancy)
+    assert [g.label for g in own.gpus] == ["free", "pod research/train"]
+    owner = own.gpus[1].owners[0]
+    assert owner.dra is not None and owner.dra.claim == "research/one-gpu"
+    assert owner.tenant == "research" and own.problems == ()
+
+
+def test_a_dra_mig_device_owns_the_instance_at_its_placement() -> None:
+    migs = (
+        MigInstance(1, 0, MIG1, "3g.40gb", 3, 60, placement_start=0),
+        MigInstance(2, 0, MIG2, "1g.10gb", 1, 16, placement_start=6),
+    )
+    gpu0 = nvml_gpu(0, mig_enabled=True, mig_instances=migs)
+    tenancy = TenancyReading(
+        at=0.0,
+        gpus=(pci(0, minor=4),),
+        pod_devices=(
+            _claimed("gpu-4-mig-19-6-1", 4, (6, 1)),
+            _claimed("gpu-4-mig-9-2-2", 4, (2, 2)),  # no instance there
+            _claimed("gpu-9", 9),  # no such minor here
+            _claimed("gpu-two", None),  # a name NVIDIA's driver does not write
+        ),
+    )
+    own = resolve_owners(nvml(gpu0), tenancy)
+    assert [(m.gpu_instance_id, m.owner.label) for m in own.gpus[0].migs] == [
+        (1, "free"),
+        (2, "pod research/train"),
+    ]
+    assert [p.kind for p in own.problems] == [ProblemKind.UNKNOWN_DEVICE] * 3
+    assert "'gpu-two'" in own.problems[2].message

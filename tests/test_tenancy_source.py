@@ -264,7 +264,18 @@ async def test_the_demo_has_guests_pods_a_job_free_gpus_and_a_flagged_lost_gpu()
     assert lost is not None and lost.label == "pod team-nlp/train-llm-7b-0"
     assert [p.kind for p in lost.problems] == [ProblemKind.HELD_BUT_LOST]
     # time-sliced replicas and MIG instances have pod owners too
-    assert held("dgxa-002", OwnerKind.POD) == {"team-nlp/dev-a": 1, "team-nlp/dev-b": 1}
+    # time-sliced: three pods on one GPU; a fourth holds a GPU through a ResourceClaim (DRA)
+    assert held("dgxa-002", OwnerKind.POD) == {
+        "team-nlp/dev-a": 1,
+        "team-nlp/dev-b": 1,
+        "team-nlp/dev-c": 1,
+        "team-research/dra-train-0": 1,
+    }
+    shared = owners["dgxa-002"].gpus[0]
+    assert sorted(o.replicas for o in shared.owners) == [(0,), (1,), (2,)]
+    claimed = owners["dgxa-002"].gpus[1]
+    assert [o.dra.claim if o.dra else None for o in claimed.owners] == ["team-research/one-gpu"]
+    assert claimed.owners[0].dra is not None and claimed.owners[0].dra.device == "gpu-1"
     mig_gpu = owners["dgx-004"].gpu(BUS_DGX_H100_GPU7)
     assert mig_gpu is not None and mig_gpu.index == 6  # NVML's 6: GPU 2 is in tenant-b-vm7
     mig = mig_gpu.migs

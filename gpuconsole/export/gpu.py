@@ -25,9 +25,7 @@ _GPU_INFO = (
     "module_id",
 )
 _MIG_INFO = (*names.OWN_LABELS, "gpu_instance", "profile", "mig_uuid", "sm_count")
-_WITH_POD = (*names.DCGM_LABELS, *names.OWNER_LABELS)
 _MIG = (*names.DCGM_LABELS, *names.MIG_LABELS)
-_MIG_WITH_POD = (*_MIG, *names.OWNER_LABELS)
 
 
 def _identity(gpu: GpuReading, ownership: Ownership | None) -> tuple[str, str, str]:
@@ -61,8 +59,8 @@ def gpu_metrics(
     uuid, bus, model = ident
     pod = pods.gpus.get(uuid) if uuid else None
     base = _dcgm_values(node, gpu, ident)
-    labels = names.DCGM_LABELS if pod is None else _WITH_POD
-    values = base if pod is None else (*base, *pod)
+    labels = names.DCGM_LABELS if pod is None else (*names.DCGM_LABELS, *pod[0])
+    values = base if pod is None else (*base, *pod[1])
     own, own_values = names.OWN_LABELS, (node.node, str(gpu.index), uuid)
     health = gpu_health(gpu).value
     for state in HEALTH_STATES:
@@ -155,10 +153,10 @@ def gpu_metrics(
     _profiling(out, labels, values, gpu.gpm, _counted_rates(node, gpu))
     for mig in gpu.mig_instances:
         mig_pod = pods.migs.get(mig.uuid)
-        mig_labels = _MIG if mig_pod is None else _MIG_WITH_POD
+        mig_labels = _MIG if mig_pod is None else (*_MIG, *mig_pod[0])
         mig_values: Labels = (*base, mig.profile_name, str(mig.gpu_instance_id))
         if mig_pod is not None:
-            mig_values = (*mig_values, *mig_pod)
+            mig_values = (*mig_values, *mig_pod[1])
         out.gauge(
             names.MIG_INFO,
             _MIG_INFO,

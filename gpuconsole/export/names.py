@@ -13,6 +13,15 @@ from __future__ import annotations
 DCGM_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id")
 MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
 OWNER_LABELS = ("pod", "namespace", "container")
+# dcgm-exporter's labels for a device a ResourceClaim gave the pod (Kubernetes DRA)
+DRA_OWNER_LABELS = (
+    *OWNER_LABELS,
+    "dra_claim_name",
+    "dra_claim_namespace",
+    "dra_device_name",
+    "dra_driver_name",
+    "dra_pool_name",
+)
 # gpuconsole's own metrics use snake_case labels
 OWN_LABELS = ("node", "gpu", "uuid")
 

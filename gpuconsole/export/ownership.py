@@ -23,20 +23,26 @@ _PROBLEM = ("node", "kind", "severity", "gpu", "pci_bus_id", "gpu_instance")
 
 @dataclass(frozen=True, slots=True)
 class PodLabels:
-    """(pod, namespace, container) by GPU UUID and by MIG instance UUID, for pod-held ones."""
+    """(label names, values) by GPU UUID and by MIG instance UUID, for pod-held ones: pod,
+    namespace and container, and the dra_* labels where a ResourceClaim gave the device."""
 
-    gpus: dict[str, Labels] = field(default_factory=dict)
-    migs: dict[str, Labels] = field(default_factory=dict)
+    gpus: dict[str, tuple[Labels, Labels]] = field(default_factory=dict)
+    migs: dict[str, tuple[Labels, Labels]] = field(default_factory=dict)
 
 
 _NO_PODS = PodLabels()
 
 
-def _pod(owners: tuple[Owner, ...]) -> Labels | None:
+def _pod(owners: tuple[Owner, ...]) -> tuple[Labels, Labels] | None:
     """The first pod the kubelet names among the owners (dcgm-exporter knows no others)."""
     for owner in owners:
         if owner.kind is OwnerKind.POD and owner.pod and owner.namespace is not None:
-            return (owner.pod, owner.namespace, owner.container or "")
+            values = (owner.pod, owner.namespace, owner.container or "")
+            dra = owner.dra
+            if dra is None:
+                return names.OWNER_LABELS, values
+            claim = (dra.claim_name, dra.claim_namespace, dra.device, dra.driver, dra.pool)
+            return names.DRA_OWNER_LABELS, (*values, *claim)
     return None
 
 

@@ -20,6 +20,7 @@ from gpuconsole.readings.nvml import GpuReading, MigInstance, NvmlReading
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import (
     ACTIVE_GUEST_STATES,
+    DraDevice,
     Guest,
     HostProcess,
     OwnerKind,
@@ -97,6 +98,7 @@ class Owner:
     guest_uuid: str | None = None
     pids: tuple[int, ...] = ()
     replicas: tuple[int, ...] = ()  # time-sliced replicas (uuid::n) this owner holds
+    dra: DraDevice | None = None  # the ResourceClaim a pod holds it through (DRA)
 
     @property
     def label(self) -> str:
@@ -311,6 +313,7 @@ def _pod_owner(devices: list[PodDevice]) -> Owner:
         pod=first.pod,
         container=",".join(containers),
         replicas=tuple(sorted({d.replica for d in devices if d.replica is not None})),
+        dra=next((d.dra for d in devices if d.dra is not None), None),
     )
 
 
@@ -528,6 +531,8 @@ def _claim_pods(
         elif device.uuid is not None and device.uuid in by_mig:
             entry, mig = by_mig[device.uuid]
             target = (entry.bus_id, mig.gpu_instance_id)
+        elif device.minor is not None:
+            target = _by_minor(entries, device)
         elif device.uuid is None and device.index is not None:
             rebound = _rebound_since(tenancy, device.since)
             if rebound:
@@ -556,6 +561,22 @@ def _claim_pods(
             entry.claims.append(claim)
         else:
             entry.mig_claims.setdefault(gi, []).append(claim)
+
+
+def _by_minor(entries: dict[str, _Gpu], device: PodDevice) -> tuple[str, int | None] | None:
+    """The GPU (and MIG instance) a DRA device names by its /dev/nvidiaN minor and, for a MIG
+    device, its placement: (bus id, GPU instance id or None), None where none matches."""
+    for entry in entries.values():
+        if entry.pci is None or entry.pci.minor != device.minor:
+            continue
+        if device.mig_placement is None:
+            return entry.bus_id, None
+        start, size = device.mig_placement
+        for mig in entry.migs:
+            if mig.placement_start == start and mig.slice_count == size:
+                return entry.bus_id, mig.gpu_instance_id
+        return None
+    return None
 
 
 def _rebound_since(tenancy: TenancyReading, since: float | None) -> list[str]:

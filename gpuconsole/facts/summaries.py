@@ -188,6 +188,8 @@ def owner_ids(owner: Owner) -> str:
         parts.append(f"user {owner.user}")
     if owner.guest_uuid:
         parts.append(f"uuid {owner.guest_uuid}")
+    if owner.dra is not None:
+        parts.append(f"claim {owner.dra.claim} ({owner.dra.device})")
     if owner.replicas:
         parts.append("replicas " + ",".join(str(r) for r in owner.replicas))
     if owner.pids:

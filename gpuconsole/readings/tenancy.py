@@ -96,6 +96,23 @@ class Guest:
 
 
 @dataclass(frozen=True, slots=True)
+class DraDevice:
+    """A device a ResourceClaim gave a container (Kubernetes DRA), as the kubelet names it:
+    dcgm-exporter's dra_claim_name, dra_claim_namespace, dra_driver_name, dra_pool_name and
+    dra_device_name labels."""
+
+    claim_name: str
+    claim_namespace: str
+    driver: str  # gpu.nvidia.com for NVIDIA's DRA driver
+    pool: str  # the driver's pool: the node's name for node-local GPUs
+    device: str  # gpu-<minor>, or gpu-<minor>-mig-<profile>-<start>-<size> for a MIG device
+
+    @property
+    def claim(self) -> str:
+        return f"{self.claim_namespace}/{self.claim_name}"
+
+
+@dataclass(frozen=True, slots=True)
 class PodDevice:
     """One device the kubelet allocated to a container, as its pod-resources API says."""
 
@@ -110,6 +127,11 @@ class PodDevice:
     replica: int | None = None
     index: int | None = None  # --device-id-strategy=index
     tenant: str | None = None
+    # Through a ResourceClaim (DRA) rather than a device plugin: the claim, and the GPU named
+    # by its /dev/nvidiaN minor (with a MIG device's placement start and size) instead of a UUID
+    dra: DraDevice | None = None
+    minor: int | None = None
+    mig_placement: tuple[int, int] | None = None
     since: float | None = None  # when gpuconsole first saw the allocation
 
 

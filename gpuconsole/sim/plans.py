@@ -38,6 +38,9 @@ class SimPod:
     mig: tuple[tuple[int, int], ...] = ()
     replicas: tuple[tuple[int, int], ...] = ()
     started_h: float = 5.0
+    # the ResourceClaim its whole GPUs come through (DRA, NVIDIA's gpu.nvidia.com driver),
+    # None for the device plugin
+    claim: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,10 @@ _DEMO_PLANS: dict[str, SimPlan] = {
         pods=(
             SimPod("team-nlp", "dev-a", "shell", replicas=((0, 0),)),
             SimPod("team-nlp", "dev-b", "shell", replicas=((0, 1),), started_h=3.0),
+            SimPod("team-nlp", "dev-c", "shell", replicas=((0, 2),), started_h=0.7),
+            SimPod(
+                "team-research", "dra-train-0", "main", gpus=(1,), started_h=2.0, claim="one-gpu"
+            ),
         ),
     ),
     "apollo-01": SimPlan(pods=(SimPod("team-vision", "label-svc", "app", gpus=(0,)),)),

@@ -331,7 +331,8 @@ class SimTenancyTree:
     def device_ids(self, pod: SimPod) -> tuple[list[str], dict[str, list[str]]]:
         """(nvidia.com/gpu device IDs, MIG device IDs by resource name) of a pod."""
         uuids = self.node.uuids
-        gpus = [uuids[g] for g in pod.gpus] + [f"{uuids[g]}::{n}" for g, n in pod.replicas]
+        whole = [] if pod.claim is not None else [uuids[g] for g in pod.gpus]
+        gpus = whole + [f"{uuids[g]}::{n}" for g, n in pod.replicas]
         migs: dict[str, list[str]] = {}
         for gpu, slot in pod.mig:
             slices = self.node.migs.get(gpu, ())
@@ -385,11 +386,30 @@ class SimPodResources:
                 )
             for resource, ids in migs.items():
                 devices.append(api_pb2.ContainerDevices(resource_name=resource, device_ids=ids))
-            container = api_pb2.ContainerResources(name=pod.container, devices=devices)
+            container = api_pb2.ContainerResources(
+                name=pod.container, devices=devices, dynamic_resources=self._claims(pod)
+            )
             pods.append(
                 api_pb2.PodResources(name=pod.pod, namespace=pod.namespace, containers=[container])
             )
         return api_pb2.ListPodResourcesResponse(pod_resources=pods)
+
+    def _claims(self, pod: SimPod) -> list[Any]:
+        """A DRA pod's claim as the kubelet lists it: NVIDIA's driver names each GPU by its
+        /dev/nvidiaN minor (the simulated driver numbers minors as NVML indexes)."""
+        if pod.claim is None or not pod.gpus:
+            return []
+        resources = [
+            api_pb2.ClaimResource(
+                driver_name="gpu.nvidia.com", pool_name=self._tree.node.name, device_name=f"gpu-{g}"
+            )
+            for g in pod.gpus
+        ]
+        return [
+            api_pb2.DynamicResource(
+                claim_name=pod.claim, claim_namespace=pod.namespace, claim_resources=resources
+            )
+        ]
 
     async def GetAllocatableResources(self, request: Any, timeout: float | None = None) -> Any:
         vfio = self._tree.plan.vfio_gpus

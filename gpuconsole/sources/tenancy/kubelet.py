@@ -5,6 +5,12 @@ socket, over grpc.aio on the hub's loop. Device IDs are read as dcgm-exporter re
 `GPU-<uuid>` and `MIG-<uuid>` name a GPU or MIG device, `<uuid>::<n>` is replica n of a
 time-sliced GPU, GKE writes `<uuid>/vgpu<n>`, and `--device-id-strategy=index` gives a
 bare index. Only NVIDIA resources (nvidia.com/gpu, nvidia.com/mig-*) are kept.
+
+Devices a ResourceClaim allocated (Kubernetes DRA; listed by default from 1.34, the
+KubeletPodResourcesDynamicResources gate) come as each container's dynamic resources. NVIDIA's
+DRA driver (gpu.nvidia.com) names a GPU `gpu-<minor>` after its /dev/nvidia<minor> and a MIG
+device `gpu-<minor>-mig-<profile id>-<placement start>-<placement size>`; other drivers
+(compute-domain.nvidia.com's IMEX channels, NICs) hold no GPU and are left out.
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ from typing import Any
 import grpc
 
 from gpuconsole.config import TenancyConfig
-from gpuconsole.readings.tenancy import PodDevice
+from gpuconsole.readings.tenancy import DraDevice, PodDevice
 
 __all__ = [
+    "DRA_GPU_DRIVER",
     "KubeletError",
     "KubeletReader",
     "ParsedDeviceId",
@@ -32,6 +39,9 @@ __all__ = [
 # dcgm-exporter's filter: the GPU resource and every MIG resource of the mixed strategy
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+DRA_GPU_DRIVER = "gpu.nvidia.com"
+_DRA_GPU = re.compile(r"gpu-([0-9]{1,9})", re.ASCII)
+_DRA_MIG = re.compile(r"gpu-([0-9]{1,9})-mig-([0-9]{1,9})-([0-9]{1,9})-([0-9]{1,9})", re.ASCII)
 _GKE_VGPU = re.compile(r"^(.*)/vgpu([0-9]{1,9})$", re.ASCII)
 # A device plugin's numbers are ASCII decimals: str.isdigit() also takes "²" (which int()
 # refuses) and int() reads "\u0661" as 1 and raises on 5,000 digits.
@@ -79,8 +89,49 @@ def parse_device_id(device_id: str) -> ParsedDeviceId:
     return ParsedDeviceId(None)
 
 
+def dra_target(device: str) -> tuple[int | None, tuple[int, int] | None]:
+    """(the GPU's minor, (MIG placement start, size) or None) that NVIDIA's DRA driver
+    names by `device`; (None, None) for a name it does not write."""
+    mig = _DRA_MIG.fullmatch(device)
+    if mig:
+        return int(mig.group(1)), (int(mig.group(3)), int(mig.group(4)))
+    gpu = _DRA_GPU.fullmatch(device)
+    return (int(gpu.group(1)), None) if gpu else (None, None)
+
+
+def _claimed(pod: Any, container: Any) -> list[PodDevice]:
+    """The GPUs a container holds through ResourceClaims (DRA)."""
+    out = []
+    for claim in getattr(container, "dynamic_resources", ()):
+        for resource in claim.claim_resources:
+            if resource.driver_name != DRA_GPU_DRIVER:
+                continue
+            minor, placement = dra_target(resource.device_name)
+            out.append(
+                PodDevice(
+                    namespace=pod.namespace,
+                    pod=pod.name,
+                    container=container.name,
+                    resource=resource.driver_name,
+                    device_id=resource.device_name,
+                    uuid=None,
+                    dra=DraDevice(
+                        claim_name=claim.claim_name,
+                        claim_namespace=claim.claim_namespace,
+                        driver=resource.driver_name,
+                        pool=resource.pool_name,
+                        device=resource.device_name,
+                    ),
+                    minor=minor,
+                    mig_placement=placement,
+                )
+            )
+    return out
+
+
 def pod_devices(response: Any) -> tuple[PodDevice, ...]:
-    """The NVIDIA devices of a ListPodResourcesResponse, one entry per device ID."""
+    """The NVIDIA devices of a ListPodResourcesResponse: one entry per device plugin ID,
+    then one per device a ResourceClaim gave the container."""
     out = []
     for pod in response.pod_resources:
         for container in pod.containers:
@@ -101,6 +152,7 @@ def pod_devices(response: Any) -> tuple[PodDevice, ...]:
                             index=parsed.index,
                         )
                     )
+            out += _claimed(pod, container)
     return tuple(out)
 
 

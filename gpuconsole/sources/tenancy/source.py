@@ -255,7 +255,8 @@ class TenancySource:
         return tuple(dataclasses.replace(g, tenant=self.rules.guest(g.name, g.tenant)) for g in out)
 
     def _pod_since(self, device: PodDevice, now: float, seen: set[Hashable]) -> PodDevice:
-        key = ("pod", device.namespace, device.pod, device.container, device.device_id)
+        claim = device.dra.claim if device.dra is not None else ""
+        key = ("pod", device.namespace, device.pod, device.container, device.device_id, claim)
         return dataclasses.replace(
             device,
             since=self._seen(key, now, seen),
