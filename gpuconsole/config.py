@@ -137,6 +137,13 @@ class TenancyConfig:
         default="/var/lib/kubelet/pod-resources/kubelet.sock",
         metadata=_doc("The kubelet's pod-resources socket; empty: do not ask Kubernetes"),
     )
+    kubelet_checkpoint: str = field(
+        default="/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+        metadata=_doc(
+            "The kubelet's device checkpoint (root-readable): which pod UID holds each shared "
+            "GPU's replica, so a process finds its pod among several; empty: do not read it"
+        ),
+    )
     processes: bool = field(
         default=True,
         metadata=_doc("Map GPU processes to pods, containers and Slurm jobs via /proc cgroups"),

@@ -133,6 +133,7 @@ def tenancy_source(cfg: Config) -> TenancySource:
         proc_root=cfg.host.proc_root,
         libvirt_uri=t.libvirt_uri,
         kubelet_socket=t.kubelet_socket,
+        kubelet_checkpoint=t.kubelet_checkpoint,
         processes=t.processes,
         rules=TenantRules.from_tables(
             namespaces=t.namespaces, domains=t.domains, accounts=t.accounts, users=t.users

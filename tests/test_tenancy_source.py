@@ -77,6 +77,7 @@ async def test_every_part_read_from_its_real_peer_and_merged(short_dir: Path) ->
             proc_root=host.proc_root,
             libvirt_uri=uri,
             kubelet_socket=str(sock),
+            kubelet_checkpoint=str(short_dir / "no-checkpoint"),
             passwd_file=str(host.passwd),
             rules=RULES,
             clock=lambda: 1000.0,
@@ -105,6 +106,39 @@ async def test_every_part_read_from_its_real_peer_and_merged(short_dir: Path) ->
     ]
     assert owners.gpu(G[1]).owner.since == 1000.0  # type: ignore[union-attr]
     assert owners.all_problems == ()
+
+
+async def test_a_checkpoint_that_is_not_the_kubelets_is_named_and_pods_still_own(
+    short_dir: Path,
+) -> None:
+    host = node_host(short_dir / "node")
+    checkpoint = short_dir / "kubelet_internal_checkpoint"
+    checkpoint.write_bytes(b'{"Data": "[2J"}')
+    sock = short_dir / "kubelet.sock"
+    async with kubelet_server(sock) as kubelet:
+        kubelet.pods = [PodSpec("team-nlp", "train-0", [("trainer", "nvidia.com/gpu", [G[1]])])]
+        source = TenancySource(
+            "node-1",
+            sysfs_root=host.sysfs_root,
+            proc_root=host.proc_root,
+            libvirt_uri="",
+            kubelet_socket=str(sock),
+            kubelet_checkpoint=str(checkpoint),
+            passwd_file=str(host.passwd),
+        )
+        await source.start(lambda _e: None)
+        try:
+            reading = await source.poll()
+        finally:
+            await source.close()
+    part = reading.part("kubelet")
+    assert part is not None and part.ok
+    assert part.detail == (
+        f"1 GPU device allocated to 1 pod; device checkpoint {checkpoint}: "
+        "no Data.PodDeviceEntries list"
+    )
+    owners = resolve_owners(host_nvml(), reading)
+    assert owners.gpu(G[1]).label == "pod team-nlp/train-0"  # type: ignore[union-attr]
 
 
 async def test_broken_parts_say_why_and_leave_the_rest(short_dir: Path) -> None:
@@ -273,6 +307,13 @@ async def test_the_demo_has_guests_pods_a_job_free_gpus_and_a_flagged_lost_gpu()
     }
     shared = owners["dgxa-002"].gpus[0]
     assert sorted(o.replicas for o in shared.owners) == [(0,), (1,), (2,)]
+    # each sharer's process is its own pod's (the kubelet's device checkpoint ties the UIDs)
+    assert [p.owner.label for p in shared.processes] == [
+        "pod team-nlp/dev-a",
+        "pod team-nlp/dev-b",
+        "pod team-nlp/dev-c",
+    ]
+    assert all(o.mem_used_bytes for o in shared.owners)
     claimed = owners["dgxa-002"].gpus[1]
     assert [o.dra.claim if o.dra else None for o in claimed.owners] == ["team-research/one-gpu"]
     assert claimed.owners[0].dra is not None and claimed.owners[0].dra.device == "gpu-1"

@@ -529,6 +529,18 @@ GPU_OWNER_INFO = (
     "NVML cannot see (vfio-pci).",
 )
 MIG_OWNER_INFO = (f"{PREFIX}_mig_owner_info", "Who holds a MIG instance, one row per holder.")
+GPU_OWNER_MEM_USED = (
+    f"{PREFIX}_gpu_owner_memory_used_bytes",
+    "GPU memory a holder's processes use, per NVML: each sharer's of a shared GPU.",
+)
+GPU_OWNER_MEM_LIMIT = (
+    f"{PREFIX}_gpu_owner_memory_limit_bytes",
+    "A sharer's GPU memory quota (HAMi vGPU, MPS client limit), where it runs under one.",
+)
+GPU_OWNER_SM_LIMIT = (
+    f"{PREFIX}_gpu_owner_sm_limit_ratio",
+    "A sharer's share of the GPU's SMs (HAMi, MPS active thread percentage), 0 to 1.",
+)
 TENANT_GPUS = (
     f"{PREFIX}_tenant_gpus",
     "GPUs on the node per tenant and kind of holder (tenant empty: none mapped).",

@@ -80,6 +80,13 @@ def ownership_metrics(out: Families, node: NodeSnapshot, ownership: Ownership) -
         for owner in gpu.owners:
             values = (name, index, uuid, gpu.bus_id, *_owner_values(owner))
             out.gauge(names.GPU_OWNER_INFO, _GPU_OWNER, values, 1.0)
+            if owner.mem_used_bytes is not None:
+                out.gauge(names.GPU_OWNER_MEM_USED, _GPU_OWNER, values, owner.mem_used_bytes)
+            limits = owner.limits
+            if limits is not None and limits.mem_bytes is not None:
+                out.gauge(names.GPU_OWNER_MEM_LIMIT, _GPU_OWNER, values, limits.mem_bytes)
+            if limits is not None and limits.sm_pct is not None:
+                out.gauge(names.GPU_OWNER_SM_LIMIT, _GPU_OWNER, values, limits.sm_pct / 100.0)
         for key in {(o.tenant or "", o.kind.value) for o in gpu.owners}:
             tenants[key] += 1
         for mig in gpu.migs:

@@ -15,8 +15,9 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from gpuconsole import format as fmt
 from gpuconsole.readings.base import Severity, normal_bus_id
-from gpuconsole.readings.nvml import GpuReading, MigInstance, NvmlReading
+from gpuconsole.readings.nvml import GpuReading, MigInstance, NvmlReading, ProcessReading
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import (
     ACTIVE_GUEST_STATES,
@@ -27,6 +28,7 @@ from gpuconsole.readings.tenancy import (
     PartStatus,
     PciGpu,
     PodDevice,
+    ShareLimits,
     TenancyReading,
 )
 
@@ -66,6 +68,7 @@ class ProblemKind(enum.StrEnum):
     UNKNOWN_DEVICE = "unknown_device"  # an allocation naming no GPU on this node
     RENUMBERED_DEVICE = "renumbered_device"  # by NVML's index, which changed since
     BAD_GUEST = "bad_guest"  # a domain XML that cannot be read fully
+    OVERSUBSCRIBED = "oversubscribed"  # sharers' quotas add up to more than the GPU has
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,9 @@ class Owner:
     pids: tuple[int, ...] = ()
     replicas: tuple[int, ...] = ()  # time-sliced replicas (uuid::n) this owner holds
     dra: DraDevice | None = None  # the ResourceClaim a pod holds it through (DRA)
+    # a sharer's: the quota it runs under (HAMi, MPS) and what its processes use, per NVML
+    limits: ShareLimits | None = None
+    mem_used_bytes: int | None = None
 
     @property
     def label(self) -> str:
@@ -314,6 +320,7 @@ def _pod_owner(devices: list[PodDevice]) -> Owner:
         container=",".join(containers),
         replicas=tuple(sorted({d.replica for d in devices if d.replica is not None})),
         dra=next((d.dra for d in devices if d.dra is not None), None),
+        pod_uid=next((d.pod_uid for d in devices if d.pod_uid is not None), None),
     )
 
 
@@ -329,7 +336,9 @@ def _process_key(pid: int, host: HostProcess | None) -> tuple[OwnerKind, str]:
     return OwnerKind.PROCESS, host.user or f"pid {pid}"
 
 
-def _process_owners(pids: Iterable[int], hosts: dict[int, HostProcess]) -> list[Owner]:
+def _process_owners(
+    pids: Iterable[int], hosts: dict[int, HostProcess], used: dict[int, int | None]
+) -> list[Owner]:
     """Owners for NVML's compute processes, grouped by job, pod, container or user."""
     groups: dict[tuple[OwnerKind, str], list[int]] = {}
     for pid in pids:
@@ -339,6 +348,7 @@ def _process_owners(pids: Iterable[int], hosts: dict[int, HostProcess]) -> list[
         infos = [hosts[p] for p in members if p in hosts]
         first = infos[0] if infos else None
         started = [i.started_at for i in infos if i.started_at is not None]
+        memory = [m for p in members if (m := used.get(p)) is not None]
         owners.append(
             Owner(
                 kind=kind,
@@ -351,6 +361,8 @@ def _process_owners(pids: Iterable[int], hosts: dict[int, HostProcess]) -> list[
                 pod_uid=first.pod_uid if first else None,
                 container_id=first.container_id if first else None,
                 pids=tuple(sorted(members)),
+                limits=next((i.limits for i in infos if i.limits is not None), None),
+                mem_used_bytes=sum(memory) if memory else None,
             )
         )
     return owners
@@ -605,11 +617,11 @@ def _resolve_gpu(entry: _Gpu, hosts: dict[int, HostProcess]) -> GpuOwner:
     nvml = entry.nvml
     lost = nvml is not None and nvml.lost
     processes = nvml.processes if nvml is not None else ()
-    by_gi: dict[int | None, list[int]] = {}
+    by_gi: dict[int | None, list[ProcessReading]] = {}
     mig_ids = {m.gpu_instance_id for m in entry.migs}
     for p in processes:
         gi = p.gpu_instance_id if p.gpu_instance_id in mig_ids else None
-        by_gi.setdefault(gi, []).append(p.pid)
+        by_gi.setdefault(gi, []).append(p)
 
     guests = [c for c in entry.claims if c.owner.kind is OwnerKind.VM]
     in_guest = (
@@ -652,6 +664,7 @@ def _resolve_gpu(entry: _Gpu, hosts: dict[int, HostProcess]) -> GpuOwner:
         owners = tuple(sorted(held.values(), key=lambda o: _ORDER[o.kind])) or owners
     if not owners:
         owners = (_idle_owner(entry),)
+    problems += _oversubscribed(entry, owners)
     pci = entry.pci
     return GpuOwner(
         bus_id=entry.bus_id,
@@ -671,40 +684,84 @@ def _resolve_gpu(entry: _Gpu, hosts: dict[int, HostProcess]) -> GpuOwner:
     )
 
 
+def _oversubscribed(entry: _Gpu, owners: tuple[Owner, ...]) -> list[Inconsistency]:
+    """A shared GPU whose sharers' quotas together exceed its memory or its SMs: each may
+    reach its limit and still fail (an MPS or HAMi limit is a ceiling, not a reservation)."""
+    limited = [(o, o.limits) for o in owners if o.limits is not None]
+    if len(limited) < 2:
+        return []
+    out = []
+    total = entry.nvml.mem_total_bytes if entry.nvml is not None else None
+    memory = [lim.mem_bytes for _, lim in limited if lim.mem_bytes is not None]
+    if total and sum(memory) > total:
+        out.append(f"memory quotas add up to {fmt.gib(sum(memory))}, the GPU has {fmt.gib(total)}")
+    sms = [lim.sm_pct for _, lim in limited if lim.sm_pct is not None]
+    if sum(sms) > 100.0:
+        out.append(f"SM quotas add up to {sum(sms):.0f} %")
+    if not out:
+        return []
+    names = ", ".join(o.label for o, _ in limited)
+    return [
+        Inconsistency(
+            ProblemKind.OVERSUBSCRIBED,
+            Severity.WARNING,
+            f"{entry.where()} is shared by {names}: {'; '.join(out)}",
+        )
+    ]
+
+
 def _add_processes(
-    claims: list[_Claim], pids: list[int], hosts: dict[int, HostProcess], *, claim: bool = True
+    claims: list[_Claim],
+    processes: list[ProcessReading],
+    hosts: dict[int, HostProcess],
+    *,
+    claim: bool = True,
 ) -> dict[int, Owner]:
     """Claims for compute processes (unless `claim` is False), and each PID's owner.
 
     Processes in a pod's cgroup belong to the pod the kubelet names: with one pod on the GPU
-    (or MIG instance) that pod; with several, the cgroup's pod UID is all that says which.
+    (or MIG instance) that pod; with several (a shared GPU), the one whose UID the kubelet's
+    device checkpoint gives and the cgroup names; else they stay apart, by pod UID.
     """
-    if not pids:
+    if not processes:
         return {}
-    owners = _process_owners(pids, hosts)
+    used = {p.pid: p.used_mem_bytes for p in processes}
+    owners = _process_owners(list(used), hosts, used)
     pods = [k for k, c in enumerate(claims) if c.owner.kind is OwnerKind.POD]
     by_pid: dict[int, Owner] = {}
     for owner in owners:
         mapped = owner
         if owner.kind is OwnerKind.POD and pods:
-            if len(pods) == 1:
+            k = pods[0] if len(pods) == 1 else _same_pod(claims, pods, owner.pod_uid)
+            if k is not None:
                 # The kubelet already names this pod (cgroups only know its UID). Its
-                # processes' start bounds when the pod took the GPU.
-                held = claims[pods[0]]
+                # processes' start bounds when the pod took the GPU; their memory and
+                # quota are the pod's.
+                held = claims[k]
+                found = replace(
+                    held.owner,
+                    limits=owner.limits or held.owner.limits,
+                    mem_used_bytes=owner.mem_used_bytes,
+                    pids=owner.pids,
+                )
                 if owner.since is not None and (
                     held.owner.since is None or owner.since < held.owner.since
                 ):
-                    held = _Claim(
-                        replace(held.owner, since=owner.since, since_observed=False),
-                        held.exclusive,
-                    )
-                    claims[pods[0]] = held
+                    found = replace(found, since=owner.since, since_observed=False)
+                held = claims[k] = _Claim(found, held.exclusive)
                 mapped = held.owner
         elif claim:
             claims.append(_Claim(owner, exclusive=True))
         for pid in owner.pids:
             by_pid[pid] = mapped
     return by_pid
+
+
+def _same_pod(claims: list[_Claim], pods: list[int], pod_uid: str | None) -> int | None:
+    """Which of several pods' claims is the pod with this UID."""
+    if pod_uid is None:
+        return None
+    return next((k for k in pods if claims[k].owner.pod_uid == pod_uid), None)
 
 
 # --- consumers' entry point -------------------------------------------------------------

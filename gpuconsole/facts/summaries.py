@@ -192,6 +192,13 @@ def owner_ids(owner: Owner) -> str:
         parts.append(f"claim {owner.dra.claim} ({owner.dra.device})")
     if owner.replicas:
         parts.append("replicas " + ",".join(str(r) for r in owner.replicas))
+    limits = owner.limits
+    if limits is not None:
+        quota = [fmt.gib(limits.mem_bytes)] if limits.mem_bytes is not None else []
+        quota += [f"{limits.sm_pct:g} % of SMs"] if limits.sm_pct is not None else []
+        parts.append(f"limit {', '.join(quota)} ({limits.by})")
+    if owner.mem_used_bytes is not None and (owner.replicas or limits is not None):
+        parts.append(f"uses {fmt.gib(owner.mem_used_bytes)}")
     if owner.pids:
         parts.append(("PID " if len(owner.pids) == 1 else "PIDs ")
                      + ", ".join(str(p) for p in owner.pids))  # fmt: skip

@@ -132,7 +132,20 @@ class PodDevice:
     dra: DraDevice | None = None
     minor: int | None = None
     mig_placement: tuple[int, int] | None = None
+    # the pod's UID, from the kubelet's device checkpoint: what ties a process's cgroup to
+    # this pod where several pods share the GPU
+    pod_uid: str | None = None
     since: float | None = None  # when gpuconsole first saw the allocation
+
+
+@dataclass(frozen=True, slots=True)
+class ShareLimits:
+    """What one sharer of a GPU may use of it, from its process's environment; None where
+    nothing limits it."""
+
+    mem_bytes: int | None = None
+    sm_pct: float | None = None
+    by: str | None = None  # "hami" (vGPU quotas) or "mps" (an MPS client's limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +165,7 @@ class HostProcess:
     slurm_account: str | None = None
     tenant: str | None = None
     gpu_minors: tuple[int, ...] = ()  # which /dev/nvidiaN it has open
+    limits: ShareLimits | None = None  # a GPU sharer's quota (HAMi, MPS), where it has one
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,6 +95,7 @@ def build_sim_nodes(
                 passthrough=plan.vfio_gpus,
                 idle=plan.idle_gpus(len(profile.gpus)),
                 mig_slots=plan.mig_slots,
+                sharers=plan.sharers,
                 workloads=plan.workloads,
             )
         )

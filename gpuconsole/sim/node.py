@@ -124,11 +124,13 @@ class SimNode:
         idle: frozenset[int] | None = None,
         mig_slots: frozenset[tuple[int, int]] | None = None,
         workloads: tuple[frozenset[int], ...] = (),
+        sharers: dict[int, int] | None = None,
     ) -> None:
         """`passthrough`: GPUs bound to vfio-pci (NVML on the host cannot see them).
         `idle`: GPUs nobody computes on; None draws a load for every GPU from the seed.
         `mig_slots`: (GPU, slot) pairs whose MIG instance runs a process; None: every other.
         `workloads`: GPUs that run one workload together (a guest's, a pod's, a job's).
+        `sharers`: GPU -> how many pods share it (time-slicing): one process each.
         """
         self.name = name
         self.profile = profile
@@ -159,6 +161,7 @@ class SimNode:
         self.passthrough = passthrough
         self.idle = idle
         self.mig_slots = mig_slots
+        self.sharers = sharers or {}
         if idle is not None:  # the tenants decide who computes; the seed only decides how
             self._follow_idle(idle)
         shaped: set[int] = set()
@@ -335,7 +338,12 @@ class SimNode:
         phys = self.gpu(index)
         if self.idle is None and phys.util_pct <= 3:
             return []
-        return [(base, max(0, phys.mem_used_bytes - 600 * 1024**2), None)]
+        used = max(0, phys.mem_used_bytes - 600 * 1024**2)
+        sharers = self.sharers.get(index, 1)
+        if sharers > 1:  # time-sliced: each pod's process holds its own share, unevenly
+            weights = [k + 2 for k in range(sharers)]
+            return [(base + k, used * w // sum(weights), None) for k, w in enumerate(weights)]
+        return [(base, used, None)]
 
     def _mig_slices(self, index: int) -> tuple[SimMigSlice, ...]:
         by_name = {p.name: p for p in self.model.mig_profiles}

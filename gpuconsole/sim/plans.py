@@ -96,6 +96,15 @@ class SimPlan:
         return tuple(groups)
 
     @property
+    def sharers(self) -> dict[int, int]:
+        """GPU -> how many pods share it through replicas (time-slicing), where more than one."""
+        counts: dict[int, int] = {}
+        for pod in self.pods:
+            for gpu in {g for g, _ in pod.replicas}:
+                counts[gpu] = counts.get(gpu, 0) + 1
+        return {gpu: n for gpu, n in counts.items() if n > 1}
+
+    @property
     def mig_slots(self) -> frozenset[tuple[int, int]]:
         """(GPU, MIG slot) pairs a pod holds: where MIG compute processes run."""
         return frozenset(slot for pod in self.pods for slot in pod.mig)

@@ -235,26 +235,29 @@ class SimTenancyTree:
 
     # --- processes -------------------------------------------------------------------
 
-    def _owner_of(self, gpu: int, gi: int | None) -> _Owner | None:
-        """The cgroup, user and environment the plan gives a process on this GPU."""
+    def _owner_of(self, gpu: int, gi: int | None, nth: int = 0) -> _Owner | None:
+        """The cgroup, user and environment the plan gives a process on this GPU (the nth
+        process of a time-sliced GPU is its nth sharer's)."""
         if gpu in self.plan.vfio_gpus:
             return None  # a guest's GPU has no host processes; NVML should not see it at all
         slot = None
         if gi is not None:
             slices = self.node.migs.get(gpu, ())
             slot = next((k for k, s in enumerate(slices) if s.gpu_instance_id == gi), None)
-        for pod in self.plan.pods:
-            held = (
-                gpu in pod.gpus or (gpu, slot) in pod.mig or any(g == gpu for g, _ in pod.replicas)
+        holders = [
+            pod
+            for pod in self.plan.pods
+            if gpu in pod.gpus or (gpu, slot) in pod.mig or any(g == gpu for g, _ in pod.replicas)
+        ]
+        if holders:
+            pod = holders[nth] if nth < len(holders) else holders[0]
+            uid = _stable_uuid(pod.namespace, pod.pod).replace("-", "_")
+            cid = hashlib.sha256(f"{pod.pod}/{pod.container}".encode()).hexdigest()
+            cgroup = (
+                "/kubepods.slice/kubepods-burstable.slice/"
+                f"kubepods-burstable-pod{uid}.slice/cri-containerd-{cid}.scope"
             )
-            if held:
-                uid = _stable_uuid(pod.namespace, pod.pod).replace("-", "_")
-                cid = hashlib.sha256(f"{pod.pod}/{pod.container}".encode()).hexdigest()
-                cgroup = (
-                    "/kubepods.slice/kubepods-burstable.slice/"
-                    f"kubepods-burstable-pod{uid}.slice/cri-containerd-{cid}.scope"
-                )
-                return _Owner(cgroup, 0, "python3", pod.started_h)
+            return _Owner(cgroup, 0, "python3", pod.started_h)
         for job in self.plan.jobs:
             if gpu in job.gpus:
                 cgroup = f"/system.slice/slurmstepd.scope/job_{job.job}/step_0/user/task_0"
@@ -274,13 +277,14 @@ class SimTenancyTree:
             self._refresh()
 
     def _refresh(self) -> None:
+        self._checkpoint()
         for gpu in self.node.profile.gpus:
             if self.node.lost(gpu.index):
                 continue
-            for pid, _used, gi in self.node.processes(gpu.index):
+            for nth, (pid, _used, gi) in enumerate(self.node.processes(gpu.index)):
                 if pid in self._pids:
                     continue
-                owner = self._owner_of(gpu.index, gi)
+                owner = self._owner_of(gpu.index, gi, nth if gi is None else 0)
                 if owner is None:
                     continue
                 devices = ["/dev/nvidiactl", "/dev/nvidia-uvm", f"/dev/nvidia{gpu.index}"]
@@ -327,6 +331,30 @@ class SimTenancyTree:
 
     def kubelet(self) -> SimPodResources:
         return SimPodResources(self)
+
+    @property
+    def checkpoint_file(self) -> str:
+        return os.path.join(self.root, "kubelet", "kubelet_internal_checkpoint")
+
+    def _checkpoint(self) -> None:
+        """The kubelet's device checkpoint: each pod's UID and the device IDs it was given."""
+        entries = []
+        for pod in self.plan.pods:
+            gpus, migs = self.device_ids(pod)
+            uid = _stable_uuid(pod.namespace, pod.pod)
+            for resource, ids in (("nvidia.com/gpu", gpus), *migs.items()):
+                if ids:
+                    entries.append(
+                        {
+                            "PodUID": uid,
+                            "ContainerName": pod.container,
+                            "ResourceName": resource,
+                            "DeviceIDs": {"-1": ids},
+                            "AllocResp": "",
+                        }
+                    )
+        doc = {"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {}}, "Checksum": 0}
+        _write(self.checkpoint_file, json.dumps(doc))
 
     def device_ids(self, pod: SimPod) -> tuple[list[str], dict[str, list[str]]]:
         """(nvidia.com/gpu device IDs, MIG device IDs by resource name) of a pod."""
@@ -454,6 +482,7 @@ class SimTenancySource(TenancySource):
             libvirt_uri="sim:///" + node.name,
             libvirt_connect=lambda _uri: tree.libvirt(),
             kubelet_stub=tree.kubelet(),
+            kubelet_checkpoint=tree.checkpoint_file,
             rules=SIM_RULES,
             interval_s=interval_s,
             passwd_file=tree.passwd_file,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 from gpuconsole.readings.tenancy import HostProcess
 from gpuconsole.sources.tenancy import procfs
+from gpuconsole.sources.tenancy.sharing import share_limits
 
 __all__ = ["CgroupOwner", "ProcessScanner", "parse_cgroup"]
 
@@ -147,9 +148,8 @@ class ProcessScanner:
             return None  # gone
         owner = parse_cgroup(text)
         uid = procfs.real_uid(self.proc_root, pid)
-        account = None
-        if owner.slurm_job is not None:
-            account = procfs.environ(self.proc_root, pid).get("SLURM_JOB_ACCOUNT") or None
+        env = procfs.environ(self.proc_root, pid)  # empty where this user may not read it
+        account = (env.get("SLURM_JOB_ACCOUNT") or None) if owner.slurm_job is not None else None
         users = self._users or {}
         return HostProcess(
             pid=pid,
@@ -163,4 +163,5 @@ class ProcessScanner:
             runtime=owner.runtime,
             slurm_job=owner.slurm_job,
             slurm_account=account,
+            limits=share_limits(env),
         )

@@ -36,6 +36,11 @@ from gpuconsole.sources.tenancy.kubelet import (
     unknown_ids,
 )
 from gpuconsole.sources.tenancy.libvirt import LibvirtError, LibvirtReader, describe
+from gpuconsole.sources.tenancy.sharing import (
+    MAX_CHECKPOINT_BYTES,
+    CheckpointError,
+    checkpoint_pods,
+)
 from gpuconsole.sources.tenancy.tenants import TenantRules
 
 __all__ = ["TenancySource"]
@@ -63,6 +68,7 @@ class TenancySource:
         proc_root: str = HostConfig.proc_root,
         libvirt_uri: str = TenancyConfig.libvirt_uri,
         kubelet_socket: str = TenancyConfig.kubelet_socket,
+        kubelet_checkpoint: str = TenancyConfig.kubelet_checkpoint,
         processes: bool = TenancyConfig.processes,
         qemu_scan: bool = True,
         rules: TenantRules | None = None,
@@ -89,6 +95,7 @@ class TenancySource:
             if kubelet_socket or kubelet_stub is not None
             else None
         )
+        self._checkpoint = kubelet_checkpoint if self._kubelet is not None else ""
         self._scanner = ProcessScanner(proc_root, passwd_file) if processes else None
         self._emit: EmitEvent | None = None
         self._first_seen: dict[Hashable, float] = {}
@@ -209,12 +216,38 @@ class TenancySource:
             return (), (), PartStatus("kubelet", False, str(exc))
         pods = {(d.namespace, d.pod) for d in devices}
         detail = f"{_plural(len(devices), 'GPU device')} allocated to {_plural(len(pods), 'pod')}"
+        if self._checkpoint and devices:
+            devices, note = await asyncio.to_thread(self._pod_uids, devices)
+            if note:
+                detail += f"; {note}"
         if allocatable is None:
             detail += "; GetAllocatableResources not offered"
         bad = unknown_ids(devices)
         if bad:
             detail += f"; device IDs not understood: {', '.join(sorted(set(bad))[:3])}"
         return devices, allocatable or (), PartStatus("kubelet", True, detail)
+
+    def _pod_uids(self, devices: tuple[PodDevice, ...]) -> tuple[tuple[PodDevice, ...], str]:
+        """The devices with their pods' UIDs from the kubelet's device checkpoint, and what
+        to say when it cannot be read (processes of pods sharing a GPU then stay by UID)."""
+        path = self._checkpoint
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_CHECKPOINT_BYTES + 1)
+            uids = checkpoint_pods(data)
+        except FileNotFoundError:
+            return devices, ""  # no device plugin on this node (DRA only, or none yet)
+        except PermissionError:
+            return devices, f"device checkpoint {path}: not permitted (root reads it)"
+        except (OSError, CheckpointError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            return devices, f"device checkpoint {path}: {why}"
+        return tuple(
+            dataclasses.replace(d, pod_uid=uid)
+            if (uid := uids.get((d.resource, d.device_id))) is not None
+            else d
+            for d in devices
+        ), ""
 
     # --- tenants and since -------------------------------------------------------------
 
