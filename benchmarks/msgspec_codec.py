@@ -71,27 +71,34 @@ def decode_nodes(body: bytes) -> list[NodeSnapshot]:
     return [_node(wire) for wire in document.nodes]
 
 
+def _gpu(gpu: Any) -> Any:
+    """A GPU reading with its bus ids (its own, its NVLinks' far ends) in sysfs's form."""
+    return dataclasses.replace(
+        gpu,
+        pci_bus_id=normal_bus_id(gpu.pci_bus_id),
+        nvlinks=tuple(
+            link
+            if link.remote_pci_bus_id is None
+            else dataclasses.replace(link, remote_pci_bus_id=normal_bus_id(link.remote_pci_bus_id))
+            for link in gpu.nvlinks
+        ),
+    )
+
+
 def _node(wire: Any) -> NodeSnapshot:
     nvml = wire.nvml
     if nvml is not None:
-        gpus = tuple(
-            dataclasses.replace(
-                gpu,
-                pci_bus_id=normal_bus_id(gpu.pci_bus_id),
-                nvlinks=tuple(
-                    link
-                    if link.remote_pci_bus_id is None
-                    else dataclasses.replace(
-                        link, remote_pci_bus_id=normal_bus_id(link.remote_pci_bus_id)
-                    )
-                    for link in gpu.nvlinks
-                ),
-            )
-            for gpu in nvml.gpus
+        nvml = dataclasses.replace(nvml, gpus=tuple(_gpu(gpu) for gpu in nvml.gpus))
+    tenancy = wire.tenancy
+    if tenancy is not None and tenancy.guest_gpus:  # what guests' agents read of their GPUs
+        guests = tuple(
+            dataclasses.replace(g, reading=_gpu(g.reading)) if g.reading is not None else g
+            for g in tenancy.guest_gpus
         )
-        nvml = dataclasses.replace(nvml, gpus=gpus)
+        tenancy = dataclasses.replace(tenancy, guest_gpus=guests)
     fields = {f.name: getattr(wire, f.name) for f in dataclasses.fields(wire)}
     fields["nvml"] = nvml
+    fields["tenancy"] = tenancy
     fields["rates"] = {tuple(k.split("/")): v for k, v in wire.rates.items()}
     fields["deltas"] = {tuple(k.split("/")): v for k, v in wire.deltas.items()}
     return NodeSnapshot(**fields)

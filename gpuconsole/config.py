@@ -148,6 +148,17 @@ class TenancyConfig:
         default=True,
         metadata=_doc("Map GPU processes to pods, containers and Slurm jobs via /proc cgroups"),
     )
+    guest_agents: bool = field(
+        default=True,
+        metadata=_doc(
+            "Ask the guest agent (`gpuconsole agent --guest`) of each running KVM guest with a "
+            "vsock device for its passthrough GPUs' readings"
+        ),
+    )
+    guest_port: int = field(
+        default=9511,
+        metadata=_doc("The vsock port guest agents listen on", minimum=1, maximum=0xFFFFFFFE),
+    )
     namespaces: dict[str, str] = field(
         default_factory=dict,
         metadata=_doc('Kubernetes namespace (glob) to tenant, e.g. { "team-nlp" = "nlp" }'),
@@ -314,6 +325,41 @@ class UiConfig:
     theme: str = field(
         default="gpuconsole-dark",
         metadata=_doc("Theme name: a shipped one or a file in the user themes folder"),
+    )
+
+
+# What a guest agent may tell its host, by word (sources/tenancy/guest_agent maps each to the
+# reading fields it stands for)
+GUEST_SHAREABLE = (
+    "util",
+    "memory",
+    "temperature",
+    "power",
+    "clocks",
+    "ecc",
+    "xids",
+    "pcie",
+    "nvlink",
+    "mig",
+    "processes",
+)
+
+
+@dataclass(frozen=True)
+class GuestConfig:
+    """[guest]: `gpuconsole agent --guest`, inside a KVM guest: what its host may read."""
+
+    port: int = field(
+        default=9511,
+        metadata=_doc("The vsock port to answer the host on", minimum=1, maximum=0xFFFFFFFE),
+    )
+    share: tuple[str, ...] = field(
+        default=tuple(w for w in GUEST_SHAREABLE if w != "processes"),
+        metadata=_doc(
+            "What the host may see of this guest's GPUs; left out stays unknown there "
+            "(processes are not shared unless named)",
+            choices=GUEST_SHAREABLE,
+        ),
     )
 
 
@@ -513,6 +559,7 @@ class Config:
     actions: ActionsConfig = field(default_factory=ActionsConfig)
     ui: UiConfig = field(default_factory=UiConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    guest: GuestConfig = field(default_factory=GuestConfig)
     fleet: FleetConfig = field(default_factory=FleetConfig)
     remote: RemoteConfig = field(default_factory=RemoteConfig)
     ssh: SshConfig = field(default_factory=SshConfig)
@@ -671,7 +718,8 @@ def _check_value(spec: dataclasses.Field[Any], value: Any) -> str | None:
     or None."""
     choices = spec.metadata.get("choices")
     if choices is not None:
-        for item in value.values() if isinstance(value, dict) else (value,):
+        items = value.values() if isinstance(value, dict) else value
+        for item in items if isinstance(value, dict | tuple | list) else (value,):
             if item not in choices:
                 return f" {item!r} is not one of {', '.join(choices)}"
     low, high = spec.metadata.get("minimum"), spec.metadata.get("maximum")

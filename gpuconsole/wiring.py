@@ -108,6 +108,28 @@ def node_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
     return hub
 
 
+def guest_hub(cfg: Config) -> Hub:
+    """A guest agent's hub: NVML alone (a guest has no BMC, fabric or tenants to tell its
+    host of), and no journal: nothing acts inside the guest."""
+    from gpuconsole.sources.nvml.source import NvmlSource
+
+    hub = Hub(hub_settings(cfg))
+    node = cfg.host.node_name
+    hub.add_node(node)
+    hub.add_source(
+        NvmlSource(
+            node,
+            lib=nvml_library(cfg),
+            interval_s=cfg.nvml.interval_s,
+            timeout_s=cfg.nvml.timeout_s,
+            detail_every=cfg.nvml.detail_every,
+            inventory_every=cfg.nvml.inventory_every,
+            events=cfg.nvml.events,
+        )
+    )
+    return hub
+
+
 def nvml_library(cfg: Config) -> Any:
     """pynvml on [nvml] library (None: on the system's); ConfigError when that library
     cannot be loaded."""
@@ -134,6 +156,8 @@ def tenancy_source(cfg: Config) -> TenancySource:
         libvirt_uri=t.libvirt_uri,
         kubelet_socket=t.kubelet_socket,
         kubelet_checkpoint=t.kubelet_checkpoint,
+        guest_agents=t.guest_agents,
+        guest_port=t.guest_port,
         processes=t.processes,
         rules=TenantRules.from_tables(
             namespaces=t.namespaces, domains=t.domains, accounts=t.accounts, users=t.users

@@ -149,16 +149,30 @@ class DomainSpec:
     state: str = "running"
     tenant: str | None = None
     extra_devices: str = ""  # raw XML added under <devices>
+    guest_bus_ids: Sequence[str] = ()  # where the guest sees each of bus_ids, in order
+    vsock_cid: int | None = None
 
     def xml(self) -> str:
         hostdevs = []
-        for bdf in self.bus_ids:
+        for k, bdf in enumerate(self.bus_ids):
             domain, bus, rest = bdf.split(":")
             slot, function = rest.split(".")
+            inside = ""
+            if k < len(self.guest_bus_ids):
+                g_domain, g_bus, g_rest = self.guest_bus_ids[k].split(":")
+                g_slot, g_function = g_rest.split(".")
+                inside = (
+                    f"<address type='pci' domain='0x{g_domain}' bus='0x{g_bus}' "
+                    f"slot='0x{g_slot}' function='0x{g_function}'/>"
+                )
             hostdevs.append(
                 "<hostdev mode='subsystem' type='pci' managed='yes'><source>"
                 f"<address domain='0x{domain}' bus='0x{bus}' slot='0x{slot}' "
-                f"function='0x{function}'/></source></hostdev>"
+                f"function='0x{function}'/></source>{inside}</hostdev>"
+            )
+        if self.vsock_cid is not None:
+            hostdevs.append(
+                f"<vsock model='virtio'><cid auto='no' address='{self.vsock_cid}'/></vsock>"
             )
         metadata = (
             "<metadata><gc:tenant xmlns:gc='https://gpuconsole.dev/xmlns/tenancy/1'>"

@@ -26,6 +26,7 @@ from prometheus_client.exposition import generate_latest
 from gpuconsole.config import parse_listen
 from gpuconsole.export.agent import Agent, accepts_gzip
 from gpuconsole.export.collector import MetricsCache, build, families
+from gpuconsole.facts.inventory import short_bus_id
 from gpuconsole.hub import Hub
 from gpuconsole.readings.nvml import GpmMetrics, GpuReading, MigInstance, NvLinkReading, NvmlReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
@@ -127,6 +128,13 @@ def dashboard_gpus(snapshot: FleetSnapshot, metric: str) -> set[tuple[str, str, 
             for mig in gpu.mig_instances:
                 if metric == "DCGM_FI_DEV_FB_USED" or (metric in PROFILING and mig.gpm):
                     out.add((node.node, str(gpu.index), str(mig.gpu_instance_id)))
+        # a passthrough GPU its guest's agent reads: labelled by guest, with no host index
+        for guest in node.tenancy.guest_gpus if node.tenancy else ():
+            gpu = guest.reading
+            if gpu is None or guest.error is not None:
+                continue
+            if metric not in PROFILING or gpu.gpm is not None:
+                out.add((node.node, short_bus_id(guest.bus_id), ""))
     return out
 
 

@@ -261,6 +261,7 @@ async def test_the_demo_has_guests_pods_a_job_free_gpus_and_a_flagged_lost_gpu()
     now = [1000.0]
     sims = build_sim_nodes(demo_cluster(), clock=lambda: now[0], start=1000.0)
     owners = {}
+    readings = {}
     for sim in sims:
         now[0] = 1000.0
         nvml = NvmlSource(sim.name, lib=SimNvml(sim), events=False, clock=lambda: now[0])
@@ -271,7 +272,8 @@ async def test_the_demo_has_guests_pods_a_job_free_gpus_and_a_flagged_lost_gpu()
             now[0] = 1010.0
             await nvml.poll()
             now[0] = 1060.0  # dgx-003's GPU 5 falls off the bus 45 s in
-            owners[sim.name] = resolve_owners(await nvml.poll(), await tenancy.poll())
+            readings[sim.name] = await tenancy.poll()
+            owners[sim.name] = resolve_owners(await nvml.poll(), readings[sim.name])
         finally:
             await nvml.close()
             await tenancy.close()
@@ -287,6 +289,12 @@ async def test_the_demo_has_guests_pods_a_job_free_gpus_and_a_flagged_lost_gpu()
 
     assert held("dgx-001", OwnerKind.VM) == {"acme-train-vm": 8}
     assert held("dgx-004", OwnerKind.VM) == {"tenant-b-vm7": 1}
+    # tenant-b-vm7 runs the guest agent: its passthrough GPU is read from inside the guest
+    inside = readings["dgx-004"].guest_gpus
+    assert [(g.bus_id, g.guest, g.guest_bus_id, g.error) for g in inside] == [
+        ("0000:52:00.0", "tenant-b-vm7", "0000:06:00.0", None)
+    ]
+    assert inside[0].reading is not None and inside[0].reading.util_gpu_pct is not None
     assert held("dgx-003", OwnerKind.POD) == {
         "team-nlp/train-llm-7b-0": 4,
         "team-vision/resnet-ft-1": 2,

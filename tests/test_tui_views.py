@@ -204,7 +204,13 @@ def test_a_passed_through_gpu_is_listed_with_its_owner_and_driver() -> None:
         "vfio-pci",
     )
     assert guest.passthrough and guest.reading is None and guest.in_use
-    assert summaries.row_cell_text(guest, summaries.Metric.UTIL) == " ◆ "
+    # its guest runs the guest agent: the cell shows what NVML inside the guest reads
+    assert guest.guest is not None and guest.guest.reading is not None
+    inside = summaries.cell_text(guest.guest.reading, summaries.Metric.UTIL)
+    assert summaries.row_cell_text(guest, summaries.Metric.UTIL) == inside != " ◆ "
+    unread = summaries.gpu_rows(frozen_fleet().node("dgx-001"))[0]  # type: ignore[arg-type]
+    assert unread.guest is None
+    assert summaries.row_cell_text(unread, summaries.Metric.UTIL) == " ◆ "
     assert summaries.row_model(guest) == "NVIDIA H100 80GB HBM3"  # by its PCI device id
     assert summaries.gpu_count(node) == 8
     assert summaries.free_count(node) == 6 and summaries.in_use_count(node) == 2
@@ -226,11 +232,20 @@ def test_the_node_table_has_a_row_per_gpu_with_dashes_for_what_nvml_cannot_read(
     node = frozen_fleet().node("dgx-004")
     assert node is not None
     palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
-    cells = [str(c) for c in gpu_row(node, summaries.gpu_rows(node)[2], palette)]
+    row = summaries.gpu_rows(node)[2]
+    cells = [str(c) for c in gpu_row(node, row, palette)]
     assert cells[0] == "◆ 52:00"
-    assert cells[1:] == ["-", "", "-", "-", "-", "-", "vfio-pci: NVML cannot read it", "-",
-                         "vm tenant-b-vm7"]  # fmt: skip
+    # read by its guest's agent: the guest's values, said to be the guest's
+    assert row.guest is not None and row.guest.reading is not None
+    assert cells[1] == f"{row.guest.reading.util_gpu_pct:.0f}%"
+    assert cells[7] == "from its guest" and cells[9] == "vm tenant-b-vm7"
     assert "vm tenant-b-vm7: GPU 52:00" in owners_text(node, palette).plain
+    # a guest without the agent: dashes, and why
+    blind = frozen_fleet().node("dgx-001")
+    assert blind is not None
+    cells = [str(c) for c in gpu_row(blind, summaries.gpu_rows(blind)[0], palette)]
+    assert cells[1:] == ["-", "", "-", "-", "-", "-", "vfio-pci: NVML cannot read it", "-",
+                         "vm acme-train-vm"]  # fmt: skip
 
 
 def _plain(renderable: object, width: int = 160) -> str:
@@ -248,11 +263,18 @@ def test_gpu_detail_of_a_passed_through_gpu_says_what_the_host_knows() -> None:
     assert node is not None
     palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
     row = summaries.gpu_rows(node)[2]
-    identity = _plain(unseen_box(row, palette))
+    now = frozen_fleet().at
+    identity = _plain(unseen_box(row, palette, now))
     for expected in ("PCI bus 0000:52:00.0", "PCI device 10de:2330", "vfio-pci / vfio-pci",
                      "IOMMU group 82",
-                     "NVML on the host cannot read a GPU bound to vfio-pci"):  # fmt: skip
+                     "read by tenant-b-vm7's agent, ",
+                     "guest sees it at 0000:06:00.0",
+                     "util gpu / mem", "temp gpu / HBM", "XIDs"):  # fmt: skip
         assert expected in identity, expected
+    blind = frozen_fleet().node("dgx-001")
+    assert blind is not None
+    unread = _plain(unseen_box(summaries.gpu_rows(blind)[0], palette, now))
+    assert "NVML on the host cannot read a GPU bound to vfio-pci" in unread
     owner = _plain(kv(owner_rows(node, row.owner, palette, frozen_fleet().at)))
     for expected in ("owner vm tenant-b-vm7", "tenant tenant-b", "guest state running",
                      "since", "said by libvirt"):  # fmt: skip

@@ -248,6 +248,8 @@ def cmd_ssh_server(args: argparse.Namespace) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
+    if args.guest:
+        return _guest_agent(args)
     from gpuconsole.export.agent import serve
 
     cfg = _config(args)
@@ -261,6 +263,25 @@ def cmd_agent(args: argparse.Namespace) -> int:
             f"gpuconsole agent: cannot listen on {settings.host}:{settings.port}: {exc}",
             file=sys.stderr,
         )
+        return 1
+    return 0
+
+
+def _guest_agent(args: argparse.Namespace) -> int:
+    from gpuconsole.export.guest import serve_guest
+    from gpuconsole.wiring import guest_hub
+
+    cfg = _config(args)
+    hub = guest_hub(cfg)
+    where = f"unix socket {args.unix}" if args.unix else f"vsock port {cfg.guest.port}"
+    logging.getLogger().setLevel(logging.INFO)
+    logging.getLogger(__name__).info(
+        "guest agent on %s, sharing %s", where, ", ".join(cfg.guest.share) or "nothing"
+    )
+    try:
+        asyncio.run(serve_guest(hub, cfg.guest.share, port=cfg.guest.port, unix=args.unix))
+    except OSError as exc:
+        print(f"gpuconsole agent --guest: cannot listen on {where}: {exc}", file=sys.stderr)
         return 1
     return 0
 
@@ -437,6 +458,15 @@ def build_parser() -> argparse.ArgumentParser:
     _demo_args(p)
     p.add_argument("--demo", action="store_true", help="export the simulated cluster")
     p.add_argument("--listen", metavar="HOST:PORT", help="default: [agent] listen, 127.0.0.1:9400")
+    p.add_argument(
+        "--guest",
+        action="store_true",
+        help="inside a KVM guest: tell the host what NVML reads of its passthrough GPUs "
+        "over vsock ([guest] port, share); read-only, NVML only",
+    )
+    p.add_argument(
+        "--unix", metavar="PATH", help="with --guest: answer on this unix socket, not vsock"
+    )
     p.set_defaults(func=cmd_agent)
 
     p = sub.add_parser("wallboard", help="the read-only NOC wallboard: rotating pages")

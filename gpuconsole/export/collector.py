@@ -22,8 +22,9 @@ from gpuconsole.export.bmc import bmc_metrics
 from gpuconsole.export.fabric import fabric_metrics
 from gpuconsole.export.families import Families
 from gpuconsole.export.gpu import gpu_metrics, topology_metrics
-from gpuconsole.export.ownership import ownership_metrics, pod_labels
-from gpuconsole.facts.ownership import node_ownership
+from gpuconsole.export.ownership import PodLabels, ownership_metrics, pod_labels
+from gpuconsole.facts.inventory import short_bus_id
+from gpuconsole.facts.ownership import Ownership, node_ownership
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 
 
@@ -40,6 +41,41 @@ def _source_metrics(out: Families, node: NodeSnapshot, now: float) -> None:
             out.gauge(names.SOURCE_POLL, ("node", "source"), lv, status.last_poll_s)
 
 
+def guest_metrics(
+    out: Families, node: NodeSnapshot, ownership: Ownership | None, now: float
+) -> None:
+    """Passthrough GPUs as their guests' agents read them: the same series as the host's,
+    labelled with the guest and its tenant; a guest that stopped answering exports its
+    silence (gpuconsole_guest_up 0), not its last values as if they were current."""
+    if node.tenancy is None:
+        return
+    up: dict[tuple[str, str], bool] = {}
+    for guest in node.tenancy.guest_gpus:
+        key = (guest.guest, guest.tenant or "")
+        up[key] = up.get(key, True) and guest.error is None
+        if guest.reading is None or guest.error is not None:
+            continue
+        labels = (("guest", "tenant"), key)
+        # the host's NVML does not number it: named as the console names it ("52:00.0"),
+        # never by the guest's own number, which a host GPU's series may carry
+        pods = PodLabels(gpus={guest.reading.uuid: labels})
+        gpu_metrics(out, node, guest.reading, pods, ownership, index=short_bus_id(guest.bus_id))
+        if guest.seen_at is not None:
+            out.gauge(
+                names.GUEST_READING_AGE,
+                ("node", "guest", "pci_bus_id"),
+                (node.node, guest.guest, guest.bus_id),
+                max(0.0, now - guest.seen_at),
+            )
+    for (guest_name, tenant), answered in sorted(up.items()):
+        out.gauge(
+            names.GUEST_UP,
+            ("node", "guest", "tenant"),
+            (node.node, guest_name, tenant),
+            float(answered),
+        )
+
+
 def node_metrics(out: Families, node: NodeSnapshot, now: float) -> None:
     """Every series of one node."""
     _source_metrics(out, node, now)
@@ -47,6 +83,7 @@ def node_metrics(out: Families, node: NodeSnapshot, now: float) -> None:
     pods = pod_labels(ownership)
     for gpu in node.gpus:
         gpu_metrics(out, node, gpu, pods, ownership)
+    guest_metrics(out, node, ownership, now)
     topology_metrics(out, node)
     bmc_metrics(out, node)
     fabric_metrics(out, node)

@@ -42,9 +42,10 @@ def _identity(gpu: GpuReading, ownership: Ownership | None) -> tuple[str, str, s
     return owner.uuid or "", nvml_bus_id(owner.bus_id), owner.model or ""
 
 
-def _dcgm_values(node: NodeSnapshot, gpu: GpuReading, ident: tuple[str, str, str]) -> Labels:
+def _dcgm_values(node: NodeSnapshot, index: str, ident: tuple[str, str, str]) -> Labels:
     uuid, bus, model = ident  # the bus in dcgm-exporter's form, which dashboards join on
-    return (str(gpu.index), uuid, f"nvidia{gpu.index}", model, node.node, bus)
+    device = f"nvidia{index}" if index.isdigit() else ""  # /dev/nvidiaN: a host GPU's
+    return (index, uuid, device, model, node.node, bus)
 
 
 def gpu_metrics(
@@ -53,15 +54,19 @@ def gpu_metrics(
     gpu: GpuReading,
     pods: PodLabels,
     ownership: Ownership | None = None,
+    *,
+    index: str | None = None,
 ) -> None:
-    """Every series of one GPU and its MIG instances."""
+    """Every series of one GPU and its MIG instances. `index`: the gpu label where it is not
+    the reading's own (a guest's GPU, which the host's NVML does not number)."""
     ident = _identity(gpu, ownership)
     uuid, bus, model = ident
     pod = pods.gpus.get(uuid) if uuid else None
-    base = _dcgm_values(node, gpu, ident)
+    number = str(gpu.index) if index is None else index
+    base = _dcgm_values(node, number, ident)
     labels = names.DCGM_LABELS if pod is None else (*names.DCGM_LABELS, *pod[0])
     values = base if pod is None else (*base, *pod[1])
-    own, own_values = names.OWN_LABELS, (node.node, str(gpu.index), uuid)
+    own, own_values = names.OWN_LABELS, (node.node, number, uuid)
     health = gpu_health(gpu).value
     for state in HEALTH_STATES:
         out.gauge(names.GPU_HEALTH, (*own, "state"), (*own_values, state), float(state == health))
@@ -71,7 +76,7 @@ def gpu_metrics(
         _GPU_INFO,
         (
             node.node,
-            str(gpu.index),
+            number,
             uuid,
             model,
             bus,
@@ -145,7 +150,7 @@ def gpu_metrics(
         put(names.DCGM_NVLINK_TOTAL, _nvlink_kib_per_s(node, gpu, "tx_kib", "rx_kib"), 1 / 1024)
         link_labels = (*own, "link", "remote")
         for link in gpu.nvlinks:
-            lv = (node.node, str(gpu.index), uuid, str(link.link), link.remote_kind.value)
+            lv = (node.node, number, uuid, str(link.link), link.remote_kind.value)
             if link.tx_kib_total is not None:
                 out.counter(names.NVLINK_TX, link_labels, lv, link.tx_kib_total * 1024.0)
             if link.rx_kib_total is not None:

@@ -529,6 +529,14 @@ GPU_OWNER_INFO = (
     "NVML cannot see (vfio-pci).",
 )
 MIG_OWNER_INFO = (f"{PREFIX}_mig_owner_info", "Who holds a MIG instance, one row per holder.")
+GUEST_UP = (
+    f"{PREFIX}_guest_up",
+    "1 when a KVM guest's agent answered the host's latest ask for its passthrough GPUs.",
+)
+GUEST_READING_AGE = (
+    f"{PREFIX}_guest_reading_age_seconds",
+    "Seconds since a passthrough GPU's guest agent last answered for it.",
+)
 GPU_OWNER_MEM_USED = (
     f"{PREFIX}_gpu_owner_memory_used_bytes",
     "GPU memory a holder's processes use, per NVML: each sharer's of a shared GPU.",

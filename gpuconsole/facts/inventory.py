@@ -13,7 +13,7 @@ from gpuconsole.facts.ownership import GpuOwner, Inconsistency, OwnerKind, node_
 from gpuconsole.readings.base import Event
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import NodeSnapshot
-from gpuconsole.readings.tenancy import PciGpu
+from gpuconsole.readings.tenancy import GuestGpu, PciGpu
 
 __all__ = [
     "GpuRow",
@@ -56,6 +56,15 @@ class GpuRow:
     reading: GpuReading | None
     owner: GpuOwner | None
     pci: PciGpu | None = None
+    # a passthrough GPU as its guest's agent reads it (NVML inside the guest), where one does
+    guest: GuestGpu | None = None
+
+    @property
+    def seen(self) -> GpuReading | None:
+        """What is known of its state: the host's NVML reading, else its guest's."""
+        if self.reading is not None:
+            return self.reading
+        return self.guest.reading if self.guest is not None else None
 
     @property
     def index(self) -> int | None:
@@ -139,13 +148,15 @@ def node_gpus(node: NodeSnapshot) -> tuple[GpuRow, ...]:
     if ownership is None:
         return tuple(GpuRow(g.pci_bus_id, g, None) for g in readings)
     pci = {p.bus_id: p for p in node.tenancy.gpus} if node.tenancy else {}
+    guests = {g.bus_id: g for g in node.tenancy.guest_gpus} if node.tenancy else {}
     rows: list[GpuRow] = []
     placed: set[int] = set()
     for owner in ownership.gpus:
         reading = node.nvml.gpu(owner.index) if node.nvml and owner.index is not None else None
         if reading is not None:
             placed.add(reading.index)
-        rows.append(GpuRow(owner.bus_id, reading, owner, pci.get(owner.bus_id)))
+        guest = guests.get(owner.bus_id) if reading is None else None
+        rows.append(GpuRow(owner.bus_id, reading, owner, pci.get(owner.bus_id), guest))
     rows += [GpuRow(g.pci_bus_id, g, None) for g in readings if g.index not in placed]
     seen = sorted((r.bus_id, r.index) for r in rows if r.index is not None)
 

@@ -91,8 +91,9 @@ def cell_text(gpu: GpuReading, metric: Metric) -> str:
 
 def row_cell_text(row: GpuRow, metric: Metric) -> str:
     """A heat cell for any GPU of the node: NVML's value, or a mark for one NVML cannot see."""
-    if row.reading is not None:
-        return cell_text(row.reading, metric)
+    seen = row.seen  # NVML's, else what the guest's agent read of it
+    if seen is not None:
+        return cell_text(seen, metric)
     return f" {PASSTHROUGH_GLYPH if row.passthrough else UNSEEN_GLYPH} "
 
 
@@ -101,6 +102,13 @@ def row_health(row: GpuRow) -> Health:
     if row.reading is not None:
         return gpu_health(row.reading)
     problems = row.owner.all_problems if row.owner is not None else ()
+    guest = row.guest.reading if row.guest is not None else None
+    if guest is not None:  # its guest's agent read it: judged as NVML's reading would be
+        levels = (_worst(problems), gpu_health(guest))
+        for level in (Health.CRITICAL, Health.WARNING):
+            if level in levels:
+                return level
+        return levels[1]
     return _worst(problems) or (Health.OK if row.passthrough else Health.UNKNOWN)
 
 

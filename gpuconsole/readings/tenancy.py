@@ -13,10 +13,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpuconsole.readings.base import CounterSample, Key, PartStatus
+from gpuconsole.readings.nvml import GpuReading
 
 __all__ = [
     "ACTIVE_GUEST_STATES",
     "Guest",
+    "GuestGpu",
     "HostProcess",
     "IommuPeer",
     "OwnerKind",
@@ -88,6 +90,11 @@ class Guest:
     since: float | None = None
     since_observed: bool = True  # since is when gpuconsole first saw it, not when it began
     problems: tuple[str, ...] = ()  # e.g. a <hostdev> without an address
+    # its virtio-vsock context id (<vsock><cid address=.../>): where a guest agent answers
+    vsock_cid: int | None = None
+    # (host bus id, the bus id the guest sees it at), both sysfs form, per <hostdev> that
+    # names a guest address: how a guest agent's GPU is known on the host
+    addresses: tuple[tuple[str, str], ...] = ()
 
     @property
     def active(self) -> bool:
@@ -169,6 +176,20 @@ class HostProcess:
 
 
 @dataclass(frozen=True, slots=True)
+class GuestGpu:
+    """A passthrough GPU as its guest's agent reads it with NVML inside the guest: what the
+    host's NVML cannot see. Only readings are taken from a guest, never names of the host's."""
+
+    bus_id: str  # the host's, sysfs form: the GPU, as everywhere else
+    guest: str  # the libvirt domain
+    guest_bus_id: str  # where the guest sees it
+    reading: GpuReading | None  # pci_bus_id is the host's; None until the guest first answers
+    seen_at: float | None = None  # when the host last had an answer (its clock, not the guest's)
+    error: str | None = None  # why the latest ask failed or was refused; the reading is older
+    tenant: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TenancyReading:
     """The tenancy source's partial reading of one node."""
 
@@ -181,6 +202,7 @@ class TenancyReading:
     allocatable: tuple[str, ...] = ()
     processes: tuple[HostProcess, ...] = ()
     parts: tuple[PartStatus, ...] = ()
+    guest_gpus: tuple[GuestGpu, ...] = ()  # passthrough GPUs their guests' agents read
 
     def part(self, name: str) -> PartStatus | None:
         for part in self.parts:

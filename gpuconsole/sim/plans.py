@@ -25,6 +25,7 @@ class SimGuest:
     tenant: str | None = None  # in the domain's metadata; else the name rule applies
     nvswitches: bool = False  # full passthrough: the baseboard's switches go with it
     started_h: float = 30.0  # hours before the demo started
+    agent: bool = False  # runs `gpuconsole agent --guest`: the host reads its GPUs through it
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +126,7 @@ _DEMO_PLANS: dict[str, SimPlan] = {
         ),
     ),
     "dgx-004": SimPlan(
-        guests=(SimGuest("tenant-b-vm7", (2,), started_h=50.0),),
+        guests=(SimGuest("tenant-b-vm7", (2,), started_h=50.0, agent=True),),
         pods=(
             SimPod("team-vision", "infer-0", "server", mig=((7, 0),)),
             SimPod("team-nlp", "embed-1", "server", mig=((7, 1),), started_h=0.5),

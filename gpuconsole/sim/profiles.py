@@ -7,6 +7,8 @@ PCIe switches) the profile says so.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuconsole.hardware import (
@@ -299,6 +301,38 @@ DGX_A100 = _dgx_a100()
 APOLLO_PCIE = _apollo_pcie()
 
 PROFILES: dict[str, NodeProfile] = {p.name: p for p in (DGX_H100, DGX_A100, APOLLO_PCIE)}
+
+
+def guest_bus_id(k: int) -> str:
+    """Where a KVM guest (q35, one pcie-root-port per device) sees its k-th passed GPU."""
+    return f"00000000:{6 + k:02X}:00.0"
+
+
+def guest_profile(host: NodeProfile, gpus: Sequence[int]) -> NodeProfile:
+    """What a KVM guest holding some of a host's GPUs through vfio-pci looks like inside:
+    those GPUs alone, at the guest's own PCI addresses, with no NVSwitch or NIC of the host."""
+    slots = tuple(
+        dataclasses.replace(
+            host.gpus[i],
+            index=k,
+            bus_id=guest_bus_id(k),
+            numa_node=0,
+            cpu_affinity="0-15",
+            pci_path=("socket0", f"rp{k}"),
+        )
+        for k, i in enumerate(gpus)
+    )
+    return dataclasses.replace(
+        host,
+        name=f"{host.name}-guest",
+        gpus=slots,
+        nics=(),
+        nvswitches=(),
+        sockets=1,
+        cores_per_socket=16,  # the guest's vCPUs
+        numa_nodes=1,
+        cross_switch_level=None,
+    )
 
 
 def get_profile(name: str) -> NodeProfile:

@@ -14,10 +14,12 @@ messages, so the XML parser and the device-ID mapping are the ones that ship.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
 import shutil
+import socket
 import threading
 import time
 import uuid as uuid_mod
@@ -27,11 +29,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuconsole.hub import Hub
-from gpuconsole.readings.tenancy import TenancyReading
+from gpuconsole.readings.tenancy import Guest, TenancyReading
 from gpuconsole.sim.node import SimNode
+from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.plans import SimGuest, SimJob, SimPlan, SimPod, plan_for
+from gpuconsole.sim.profiles import guest_profile
 from gpuconsole.sim.trees import new_tree
 from gpuconsole.sources.base import EmitEvent
+from gpuconsole.sources.nvml.source import NvmlSource
+from gpuconsole.sources.tenancy.guest_agent import REQUEST, guest_answer
 from gpuconsole.sources.tenancy.libvirt import TENANT_XMLNS
 from gpuconsole.sources.tenancy.proto import api_pb2
 from gpuconsole.sources.tenancy.source import TenancySource
@@ -297,12 +303,18 @@ class SimTenancyTree:
         buses = [profile.gpus[i].bus_id for i in guest.gpus]
         if guest.nvswitches:
             buses += [s.bus_id for s in profile.nvswitches]
+        # where the guest sees each device: its own bus behind a pcie-root-port, as libvirt
+        # lays out a q35 guest
         hostdevs = "".join(
             "<hostdev mode='subsystem' type='pci' managed='yes'><source>"
             f"<address domain='0x0000' bus='0x{_bdf(b)[5:7]}' slot='0x00' function='0x0'/>"
-            "</source></hostdev>"
-            for b in buses
+            f"</source><address type='pci' domain='0x0000' bus='0x{6 + k:02x}' slot='0x00' "
+            "function='0x0'/></hostdev>"
+            for k, b in enumerate(buses)
         )
+        if guest.agent:
+            cid = 3 + [g.name for g in self.plan.guests].index(guest.name)
+            hostdevs += f"<vsock model='virtio'><cid auto='yes' address='{cid}'/></vsock>"
         metadata = (
             f"<metadata><gc:tenant xmlns:gc='{TENANT_XMLNS}'>{guest.tenant}</gc:tenant></metadata>"
             if guest.tenant
@@ -397,6 +409,56 @@ class SimLibvirtConnection:
         return 0
 
 
+class SimGuestAgents:
+    """The guest agents of a simulated node's guests. Each is a real NVML source over a
+    simulated guest (its GPUs alone, at the guest's addresses) answering the host with the
+    guest agent's own answer, through a socket pair where a real host uses vsock."""
+
+    def __init__(self, tree: SimTenancyTree) -> None:
+        self._tree = tree
+        self._sources: dict[str, NvmlSource] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def connect(self, guest: Guest) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        plan = next((g for g in self._tree.plan.guests if g.name == guest.name), None)
+        if plan is None or not plan.agent or not plan.gpus:
+            raise ConnectionRefusedError(errno.ECONNREFUSED, "no guest agent listens")
+        source = self._sources.get(guest.name)
+        if source is None:
+            node = self._tree.node
+            inside = SimNode(
+                f"{node.name}/{guest.name}",
+                guest_profile(node.profile, plan.gpus),
+                seed=node.seed,
+                clock=node.clock,
+                start=node.t0,
+            )
+            source = NvmlSource(guest.name, lib=SimNvml(inside), events=False, clock=node.clock)
+            await source.start(lambda _event: None)
+            self._sources[guest.name] = source
+        host_end, guest_end = socket.socketpair()
+        task = asyncio.create_task(self._answer(guest_end, source))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return await asyncio.open_connection(sock=host_end)
+
+    async def _answer(self, sock: socket.socket, source: NvmlSource) -> None:
+        reader, writer = await asyncio.open_connection(sock=sock)
+        try:
+            if await reader.readuntil(b"\n") == REQUEST:
+                writer.write(guest_answer(await source.poll()))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def close(self) -> None:
+        for source in self._sources.values():
+            await source.close()
+        self._sources.clear()
+
+
 class SimPodResources:
     """Shaped like the generated PodResourcesListerStub on a grpc.aio channel."""
 
@@ -475,6 +537,7 @@ class SimTenancySource(TenancySource):
         # the folder now (cheap), its contents at start: a hub that never starts writes nothing
         root = new_tree(TREE_PREFIX, node.name)
         tree = SimTenancyTree(node, root, plan)
+        agents = SimGuestAgents(tree)
         super().__init__(
             node.name,
             sysfs_root=tree.sysfs_root,
@@ -483,6 +546,7 @@ class SimTenancySource(TenancySource):
             libvirt_connect=lambda _uri: tree.libvirt(),
             kubelet_stub=tree.kubelet(),
             kubelet_checkpoint=tree.checkpoint_file,
+            guest_connect=agents.connect,
             rules=SIM_RULES,
             interval_s=interval_s,
             passwd_file=tree.passwd_file,
@@ -491,6 +555,7 @@ class SimTenancySource(TenancySource):
         )
         self.sim = node
         self.tree = tree
+        self.agents = agents
         self._created = False
         # removed by close(); at interpreter exit if close() never ran
         self._cleanup = weakref.finalize(self, shutil.rmtree, root, True)
@@ -512,6 +577,7 @@ class SimTenancySource(TenancySource):
 
     async def close(self) -> None:
         await super().close()
+        await self.agents.close()
         self._cleanup()
 
 

@@ -49,6 +49,8 @@ class GuestXml:
     bus_ids: tuple[str, ...]
     tenant: str | None
     problems: tuple[str, ...]
+    vsock_cid: int | None = None
+    addresses: tuple[tuple[str, str], ...] = ()  # (host bus id, guest bus id)
 
 
 def _int(text: str | None) -> int | None:
@@ -62,6 +64,11 @@ def _int(text: str | None) -> int | None:
 
 def _address(source: ET.Element | None) -> str | None:
     address = source.find("address") if source is not None else None
+    return _bus_id(address)
+
+
+def _bus_id(address: ET.Element | None) -> str | None:
+    """An <address domain= bus= slot= function=/> in sysfs form."""
     if address is None:
         return None
     domain = _int(address.get("domain", "0"))
@@ -100,13 +107,36 @@ def parse_domain_xml(text: str) -> GuestXml:
     if devices is not None:
         holders += [h for h in devices.findall("hostdev") if h.get("type") == "pci"]
         holders += [i for i in devices.findall("interface") if i.get("type") == "hostdev"]
+    addresses: list[tuple[str, str]] = []
     for number, holder in enumerate(holders, start=1):
         bus_id = _address(holder.find("source"))
         if bus_id is None:
             problems.append(f"{holder.tag} #{number} has no PCI source address")
         elif bus_id not in bus_ids:
             bus_ids.append(bus_id)
-    return GuestXml(name, uuid, tuple(bus_ids), _tenant(root.find("metadata")), tuple(problems))
+            # the address the guest sees it at (libvirt fills it in when it defines the domain)
+            guest = holder.find("address")
+            at = _bus_id(guest) if guest is not None and guest.get("type") == "pci" else None
+            if at is not None:
+                addresses.append((bus_id, at))
+    return GuestXml(
+        name,
+        uuid,
+        tuple(bus_ids),
+        _tenant(root.find("metadata")),
+        tuple(problems),
+        _vsock_cid(devices),
+        tuple(addresses),
+    )
+
+
+def _vsock_cid(devices: ET.Element | None) -> int | None:
+    """The guest's virtio-vsock context id; None without a vsock device or before libvirt
+    assigned one (auto='yes' on a domain that has not started)."""
+    cid = devices.find("vsock/cid") if devices is not None else None
+    number = _int(cid.get("address")) if cid is not None else None
+    # 0-2 are the hypervisor's, the local and the host's own: never a guest's
+    return number if number is not None and 3 <= number < 0xFFFFFFFF else None
 
 
 def _load_libvirt() -> Any:
@@ -183,6 +213,8 @@ class LibvirtReader:
                     uuid=parsed.uuid,
                     tenant=parsed.tenant,
                     problems=parsed.problems,
+                    vsock_cid=parsed.vsock_cid,
+                    addresses=parsed.addresses,
                 )
             )
         return tuple(guests)

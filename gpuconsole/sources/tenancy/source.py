@@ -18,9 +18,10 @@ from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
 from gpuconsole.config import HostConfig, TenancyConfig
-from gpuconsole.readings.base import Event, Severity, safe_strings
+from gpuconsole.readings.base import Event, Severity, normal_bus_id, safe_strings
 from gpuconsole.readings.tenancy import (
     Guest,
+    GuestGpu,
     HostProcess,
     PartStatus,
     PciGpu,
@@ -30,6 +31,12 @@ from gpuconsole.readings.tenancy import (
 from gpuconsole.sources.base import EmitEvent, SourceUnavailable
 from gpuconsole.sources.tenancy import pci_binding, qemu
 from gpuconsole.sources.tenancy.cgroups import ProcessScanner
+from gpuconsole.sources.tenancy.guest_agent import (
+    GuestConnect,
+    GuestRefused,
+    ask_guest,
+    vsock_connect,
+)
 from gpuconsole.sources.tenancy.kubelet import (
     KubeletError,
     KubeletReader,
@@ -77,6 +84,9 @@ class TenancySource:
         passwd_file: str = "/etc/passwd",
         libvirt_connect: Callable[[str], Any] | None = None,
         kubelet_stub: Any = None,
+        guest_agents: bool = TenancyConfig.guest_agents,
+        guest_port: int = TenancyConfig.guest_port,
+        guest_connect: GuestConnect | None = None,
         simulated: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -96,6 +106,15 @@ class TenancySource:
             else None
         )
         self._checkpoint = kubelet_checkpoint if self._kubelet is not None else ""
+        # guest agents: asked over vsock unless a test or the simulator hands another way
+        self._guest_connect: GuestConnect | None = (
+            guest_connect
+            if guest_connect is not None
+            else (lambda g: vsock_connect(g, guest_port))
+            if guest_agents
+            else None
+        )
+        self._guest_gpus: dict[str, GuestGpu] = {}  # by host bus id: kept while a guest is mute
         self._scanner = ProcessScanner(proc_root, passwd_file) if processes else None
         self._emit: EmitEvent | None = None
         self._first_seen: dict[Hashable, float] = {}
@@ -133,6 +152,7 @@ class TenancySource:
         gpus = tuple(self._bound_since(g, now, seen) for g in gpus)
         all_guests = self._merge_guests(lv_guests, qemu_guests, now, seen)
         devices = tuple(self._pod_since(d, now, seen) for d in devices)
+        guest_gpus, guest_part = await self._ask_guests(all_guests)
         self._first_seen = {k: v for k, v in self._first_seen.items() if k in seen}
         # names from sysfs, /proc, libvirt and the kubelet, safe to show before events quote them
         reading = safe_strings(
@@ -144,7 +164,9 @@ class TenancySource:
                 pod_devices=devices,
                 allocatable=allocatable,
                 processes=tuple(self._process_tenant(p) for p in processes),
-                parts=(host_parts[0], lv_part, host_parts[1], kube_part, host_parts[2]),
+                parts=(host_parts[0], lv_part, host_parts[1], kube_part, host_parts[2])
+                + ((guest_part,) if guest_part is not None else ()),
+                guest_gpus=guest_gpus,
             )
         )
         self._note_changes(reading)
@@ -248,6 +270,52 @@ class TenancySource:
             else d
             for d in devices
         ), ""
+
+    async def _ask_guests(
+        self, guests: tuple[Guest, ...]
+    ) -> tuple[tuple[GuestGpu, ...], PartStatus | None]:
+        """What each running guest's agent reads of its passthrough GPUs; a guest that does
+        not answer keeps its last readings, marked with why, and costs no other guest."""
+        connect = self._guest_connect
+        asked = [g for g in guests if g.active and g.vsock_cid is not None and g.addresses]
+        if connect is None or not asked:
+            self._guest_gpus = {}
+            return (), None
+        timeout = min(2.0, self.timeout_s / 4)
+        answers = await asyncio.gather(
+            *(ask_guest(g, connect, timeout) for g in asked), return_exceptions=True
+        )
+        now = self._clock()
+        kept: dict[str, GuestGpu] = {}
+        failed = []
+        for guest, answer in zip(asked, answers, strict=True):
+            if isinstance(answer, BaseException):
+                why = str(answer) if isinstance(answer, GuestRefused) else repr(answer)
+                failed.append(f"{guest.name} {why}")
+                for host, at in guest.addresses:
+                    old = self._guest_gpus.get(host)
+                    kept[host] = GuestGpu(
+                        host,
+                        guest.name,
+                        at,
+                        old.reading if old is not None and old.guest == guest.name else None,
+                        old.seen_at if old is not None and old.guest == guest.name else None,
+                        why,
+                        guest.tenant,
+                    )
+                continue
+            guest_at = {h: g for h, g in guest.addresses}
+            for gpu in answer:
+                host = normal_bus_id(gpu.pci_bus_id)
+                kept[host] = GuestGpu(
+                    host, guest.name, guest_at[host], gpu, now, None, guest.tenant
+                )
+        self._guest_gpus = kept
+        answered = len(asked) - len(failed)
+        detail = f"{answered} of {_plural(len(asked), 'guest agent')} answered"
+        if failed:
+            detail += "; " + "; ".join(failed[:3])
+        return tuple(kept[b] for b in sorted(kept)), PartStatus("guests", not failed, detail)
 
     # --- tenants and since -------------------------------------------------------------
 

@@ -129,7 +129,38 @@ NO_NVML = (
 )
 
 
-def unseen_box(row: GpuRow, palette: Palette) -> RenderableType:
+def guest_rows(row: GpuRow, palette: Palette, now: float) -> list[tuple[str, RenderableType]]:
+    """What a passthrough GPU's guest agent read of it: the guest's word, with its age; what
+    the guest does not share stays unknown."""
+    guest = row.guest
+    if guest is None:
+        return [("NVML", Text(NO_NVML, style=palette.dim))]
+    heard = f"{fmt.age(guest.seen_at, now)} ago" if guest.seen_at is not None else "not yet"
+    source = Text(f"{guest.guest}'s agent, {heard}", style=palette.passthrough_fg)
+    rows: list[tuple[str, RenderableType]] = [
+        ("read by", source),
+        ("guest sees it at", guest.guest_bus_id),
+    ]
+    if guest.error is not None:
+        rows.append(("guest", Text(f"silent: {guest.error}", style="bold")))
+    gpu = guest.reading
+    if gpu is None:
+        return rows
+    xids = ", ".join(f"XID {x.code} ({x.count} times)" for x in gpu.xids) or fmt.NA
+    rows += [
+        ("util gpu / mem", f"{fmt.pct(gpu.util_gpu_pct)} / {fmt.pct(gpu.util_mem_pct)}"),
+        ("memory", fmt.mem_of(gpu.mem_used_bytes, gpu.mem_total_bytes)),
+        ("temp gpu / HBM", f"{fmt.celsius(gpu.temp_gpu_c)} / {fmt.celsius(gpu.temp_hbm_c)}"),
+        ("power", fmt.watts_of(gpu.power_w, gpu.power_limit_w)),
+        ("SM clock", f"{fmt.mhz(gpu.sm_clock_mhz)} of {fmt.mhz(gpu.sm_clock_max_mhz)}"),
+        ("ECC unc / cor", f"{fmt.number(gpu.ecc.volatile_uncorrected)} / "
+                          f"{fmt.number(gpu.ecc.volatile_corrected)}"),
+        ("XIDs", xids),
+    ]  # fmt: skip
+    return rows
+
+
+def unseen_box(row: GpuRow, palette: Palette, now: float) -> RenderableType:
     """What the host knows of a GPU NVML cannot see: its sysfs identity (owners: `owner_rows`)."""
     pci, owner = row.pci, row.owner
     state = Text()
@@ -151,7 +182,7 @@ def unseen_box(row: GpuRow, palette: Palette) -> RenderableType:
         ", ".join(f"{p.bus_id} ({p.driver or 'no driver'})" for p in pci.iommu_peers) if pci else ""
     )
     rows.append(("IOMMU group", f"{fmt.number(group)}" + (f": also {peers}" if peers else "")))
-    rows.append(("NVML", Text(NO_NVML, style=palette.dim)))
+    rows += guest_rows(row, palette, now)
     return kv(rows)
 
 
@@ -384,8 +415,9 @@ class GpuScreen(GpuView):
     def _show_unseen(self, node: NodeSnapshot, row: GpuRow, palette: Palette) -> None:
         readings = self.query_one("#box-readings", Static)
         readings.border_title = "identity (sysfs)"
-        readings.update(unseen_box(row, palette))
-        owners = owner_rows(node, row.owner, palette, self.console.clock())
+        now = self.console.clock()
+        readings.update(unseen_box(row, palette, now))
+        owners = owner_rows(node, row.owner, palette, now)
         self.query_one("#box-owner", Static).update(kv(owners))
         spec = model_spec(summaries.row_model(row))
         for box_id, _title in BOXES[2:]:

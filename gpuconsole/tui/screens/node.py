@@ -75,6 +75,8 @@ def gpu_row(node: NodeSnapshot, row: GpuRow, palette: Palette) -> tuple[Cell, ..
     """The cells of one GPU's row, in COLUMNS order."""
     label = gpu_label(row, palette)
     gpu = row.reading
+    if gpu is None and row.guest is not None and row.guest.reading is not None:
+        return _guest_row(label, row, row.guest.reading, palette)
     if gpu is None:
         why = Text(summaries.unseen_words(row), style=palette.dim)
         na = fmt.NA
@@ -105,6 +107,30 @@ def gpu_row(node: NodeSnapshot, row: GpuRow, palette: Palette) -> tuple[Cell, ..
         fmt.watts_of(gpu.power_w, gpu.power_limit_w).replace(" W", ""),
         fmt.number(gpu.sm_clock_mhz),
         throttle_text,
+        ecc_text(gpu, palette),
+        row.label,
+    )
+
+
+def _guest_row(label: Text, row: GpuRow, gpu: GpuReading, palette: Palette) -> tuple[Cell, ...]:
+    """A passthrough GPU's row from what its guest's agent read: marked as the guest's, and
+    as stale while the guest does not answer."""
+    guest = row.guest
+    silent = guest is not None and guest.error is not None
+    where = Text(
+        "guest silent" if silent else "from its guest",
+        style=palette.health[Health.WARNING] if silent else palette.passthrough_fg,
+    )
+    util = gpu.util_gpu_pct
+    return (
+        label,
+        Text(fmt.pct(util) if util is not None else fmt.NA, style=palette.passthrough_fg),
+        "",
+        fmt.mem_of(gpu.mem_used_bytes, gpu.mem_total_bytes).replace(" GiB", ""),
+        fmt.celsius(gpu.temp_gpu_c),
+        fmt.watts_of(gpu.power_w, gpu.power_limit_w).replace(" W", ""),
+        fmt.number(gpu.sm_clock_mhz),
+        where,
         ecc_text(gpu, palette),
         row.label,
     )
