@@ -29,6 +29,9 @@ from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 
 def _source_metrics(out: Families, node: NodeSnapshot, now: float) -> None:
     out.gauge(names.NODE_SIMULATED, ("node",), (node.node,), float(node.simulated))
+    running = node.nvml.fabric_manager_running if node.nvml is not None else None
+    if running is not None:
+        out.gauge(names.FABRIC_MANAGER, ("node",), (node.node,), float(running))
     for status in node.statuses:
         lv = (node.node, status.source)
         out.gauge(names.SOURCE_UP, ("node", "source"), lv, float(status.ok))

@@ -91,6 +91,14 @@ class Families:
             family = self._families[name] = _Family(name, spec[1], "counter", f"{name}_total")
         family.samples.append((labels, values, value))
 
+    def samples(self) -> Iterator[tuple[str, Labels, Labels, float]]:
+        """Every sample as (sample name, label names, label values, value): what alert
+        rules are evaluated over, the very series a scrape would read."""
+        for family in self._families.values():
+            name = family.sample_name
+            for labels, values, value in family.samples:
+                yield name, labels, values, value
+
     def __iter__(self) -> Iterator[Metric]:
         """The families as prometheus_client metrics (for a Collector)."""
         for family in self._families.values():
