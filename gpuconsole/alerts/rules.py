@@ -182,17 +182,17 @@ def build_rules(entries: Sequence[AlertRuleConfig], *, defaults: bool = True) ->
     is wrong, and why."""
     problems: list[str] = []
     configured: dict[str, Rule] = {}
+    named: set[str] = set()
     for index, entry in enumerate(entries, start=1):
         where = f"[[alert]] #{index}" + (f" ({entry.name})" if entry.name else "")
+        if entry.name in named:
+            problems.append(f"{where} name: another [[alert]] is named {entry.name!r} already")
+            continue
+        named.add(entry.name)
         try:
-            rule = _from_config(entry)
+            configured[entry.name] = _from_config(entry)
         except ConfigError as exc:
             problems.extend(f"{where} {p}" for p in exc.problems)
-            continue
-        if rule.name in configured:
-            problems.append(f"{where} name: another [[alert]] is named {rule.name!r} already")
-            continue
-        configured[rule.name] = rule
     if problems:
         raise ConfigError(*problems)
     base = [r for r in DEFAULT_RULES if r.name not in configured] if defaults else []
