@@ -502,8 +502,7 @@ class BmcConfig:
 
 @dataclass(frozen=True)
 class AlertsConfig:
-    """[alerts]: rules evaluated over the exporter's series, delivered to Alertmanager
-    (its v2 API) or a JSON webhook; the default rules run without any of this."""
+    """[alerts]: alert rules over the exporter's series, sent to Alertmanager or webhooks."""
 
     enabled: bool = field(default=True, metadata=_doc("Evaluate alert rules in this process"))
     defaults: bool = field(

@@ -95,9 +95,7 @@ receivers:
 
 
 def start_alertmanager(tmp: Path, port: int) -> Alertmanager:
-    program = require_program(
-        "prometheus-alertmanager", "apt-get install prometheus-alertmanager"
-    )
+    program = require_program("prometheus-alertmanager", "apt-get install prometheus-alertmanager")
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "alertmanager.yml").write_text(ALERTMANAGER_CONFIG)
     log = (tmp / "alertmanager.log").open("wb")

@@ -46,7 +46,7 @@ def test_a_condition_keeps_the_series_its_matchers_and_comparison_hold_for() -> 
 
 def test_and_on_keeps_the_left_series_that_match_on_the_named_labels() -> None:
     cond = parse(
-        'node_infiniband_state_id != 4 and on(node, device, port) '
+        "node_infiniband_state_id != 4 and on(node, device, port) "
         'gpuconsole_fabric_port_info{role="compute"} == 1'
     )
     port = {"node": "n", "device": "mlx5_0", "port": "1"}
@@ -307,7 +307,7 @@ annotations = { summary = "GPU {{ $labels.gpu }} at {{ $value }} °C: \\"hot\\"\
     assert (
         '(DCGM_FI_DEV_GPU_TEMP{Hostname=~\\"dgx-.*\\"} > 90) or '
         '(DCGM_FI_DEV_GPU_TEMP{Hostname=~\\"dgx-.*\\"} > 85 and '
-        'ignoring(alertname, alertstate, severity, team) '
+        "ignoring(alertname, alertstate, severity, team) "
         'ALERTS{alertname=\\"Hot\\", alertstate=\\"firing\\"})'
     ) in text
 

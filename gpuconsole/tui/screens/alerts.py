@@ -47,9 +47,7 @@ def headline(alerts: tuple[ActiveAlert, ...]) -> str:
     pending = len(alerts) - len(firing)
     if not alerts:
         return "Nothing fires. (Rules: `gpuconsole rules`; delivery: [alerts] in the config.)"
-    return (
-        f"{len(firing)} firing ({critical} critical, {silenced} silenced), {pending} pending"
-    )
+    return f"{len(firing)} firing ({critical} critical, {silenced} silenced), {pending} pending"
 
 
 class AlertsScreen(BaseView):
