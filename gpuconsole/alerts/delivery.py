@@ -12,12 +12,13 @@ import logging
 import math
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from gpuconsole.alerts.state import FIRING, RESOLVED, Alert
 from gpuconsole.readings.base import safe_text
+
+if TYPE_CHECKING:
+    import aiohttp
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,8 @@ class Receiver:
     ) -> bool:
         """Send `alerts`; True when the receiver took them (or refused them for good, which
         is logged: sending the same again would be refused again)."""
+        import aiohttp
+
         try:
             async with session.post(self.endpoint, json=self.payload(alerts, now)) as response:
                 body = (await response.text())[:200]

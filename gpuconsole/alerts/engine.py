@@ -10,14 +10,13 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import aiohttp
 import orjson
 
 from gpuconsole.alerts.condition import Sample
 from gpuconsole.alerts.delivery import ALERTMANAGER, Receiver
 from gpuconsole.alerts.rules import Rule, expand
-from gpuconsole.alerts.series import samples_by_name
 from gpuconsole.alerts.silences import Silence, parse_silences
 from gpuconsole.alerts.state import FIRING, PENDING, RESOLVED, Alert, Saved, StateFile, fingerprint
 from gpuconsole.hub import Hub
@@ -25,9 +24,15 @@ from gpuconsole.readings.alerts import ActiveAlert, AlertState
 from gpuconsole.readings.base import Event, Severity, normal_bus_id, safe_text
 from gpuconsole.readings.snapshot import FleetSnapshot
 
+if TYPE_CHECKING:
+    import aiohttp
+
 log = logging.getLogger(__name__)
 
 SILENCES_EVERY_S = 30.0
+# Evaluations take at most this share of a core: a head of a thousand nodes builds their
+# series for each (a second of CPU), so it evaluates less often than interval_s asks.
+CPU_SHARE = 0.05
 _RANK = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 
@@ -77,6 +82,9 @@ class AlertEngine:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._silences_at = 0.0
+        self.last_cpu_s = 0.0  # what the last evaluation cost
+        self._nodes = 0
+        self._said_paced = False
         self._restore()
 
     # --- state --------------------------------------------------------------------
@@ -104,6 +112,10 @@ class AlertEngine:
 
     def evaluate(self, snapshot: FleetSnapshot) -> list[Change]:
         """One evaluation at the snapshot's time: each alert pending, firing or resolved."""
+        # here, not at the top: the exporter's builder (and prometheus_client) would cost
+        # every console's start, and only an evaluation needs it
+        from gpuconsole.alerts.series import samples_by_name
+
         now = snapshot.at
         by_name = samples_by_name(snapshot, self._metrics)
         changes: list[Change] = []
@@ -229,6 +241,8 @@ class AlertEngine:
         return took
 
     async def refresh_silences(self, session: aiohttp.ClientSession) -> None:
+        import aiohttp
+
         am = next((r for r in self.receivers if r.kind == ALERTMANAGER), None)
         now = self.clock()
         if am is None or now - self._silences_at < SILENCES_EVERY_S:
@@ -265,6 +279,8 @@ class AlertEngine:
 
     async def run(self) -> None:
         """Evaluate and deliver until cancelled."""
+        import aiohttp
+
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             if self._hub is not None:
@@ -284,8 +300,12 @@ class AlertEngine:
                     and now >= next_eval
                     and ready(snapshot)
                 ):
-                    evaluated_seq, next_eval = snapshot.seq, now + self.interval_s
-                    await self.step(snapshot)
+                    evaluated_seq = snapshot.seq
+                    try:
+                        await self.step(snapshot)
+                    except Exception:  # a rule that trips on odd data must not end alerting
+                        log.exception("alerts: evaluating the rules failed")
+                    next_eval = now + self.paced_interval()
                 await self.refresh_silences(session)
                 if await self.deliver(session):
                     self.save()
@@ -293,10 +313,34 @@ class AlertEngine:
                     self._hub.set_alerts(self.active())
                 await asyncio.sleep(min(1.0, self.interval_s))
 
+    def paced_interval(self) -> float:
+        """Seconds until the next evaluation: interval_s, or longer where the last one cost
+        more than CPU_SHARE of a core over it (said once in the log)."""
+        paced = max(self.interval_s, self.last_cpu_s / CPU_SHARE)
+        if paced > self.interval_s and not self._said_paced:
+            self._said_paced = True
+            log.warning(
+                "alerts: an evaluation costs %.2f s of CPU (%d nodes); evaluating every "
+                "%.0f s instead of every %g s",
+                self.last_cpu_s,
+                self._nodes,
+                paced,
+                self.interval_s,
+            )
+        return paced
+
+    def _timed(self, snapshot: FleetSnapshot) -> list[Change]:
+        began = time.thread_time()
+        try:
+            return self.evaluate(snapshot)
+        finally:
+            self.last_cpu_s = time.thread_time() - began
+            self._nodes = len(snapshot.nodes)
+
     async def step(self, snapshot: FleetSnapshot) -> list[Change]:
         """One evaluation off the loop (building the series costs a large fleet some
         time), its changes said as hub events and written to the state file."""
-        changes = await asyncio.to_thread(self.evaluate, snapshot)
+        changes = await asyncio.to_thread(self._timed, snapshot)
         if changes:
             self.save()
             for change in changes:

@@ -13,8 +13,7 @@ from gpuconsole.readings.snapshot import FleetSnapshot
 def samples_by_name(snapshot: FleetSnapshot, wanted: Collection[str]) -> dict[str, list[Sample]]:
     """The samples of the metrics in `wanted`, by sample name, as of the snapshot's time."""
     out: dict[str, list[Sample]] = {}
-    for name, labels, values, value in build(snapshot, snapshot.at).samples():
-        if name in wanted:
-            pairs = tuple(sorted(zip(labels, values, strict=True)))
-            out.setdefault(name, []).append(Sample(name, pairs, value))
+    for name, labels, values, value in build(snapshot, snapshot.at, frozenset(wanted)).samples():
+        pairs = tuple(sorted(zip(labels, values, strict=True)))
+        out.setdefault(name, []).append(Sample(name, pairs, value))
     return out

@@ -57,9 +57,11 @@ def node_metrics(out: Families, node: NodeSnapshot, now: float) -> None:
         ownership_metrics(out, node, ownership)
 
 
-def build(snapshot: FleetSnapshot, now: float | None = None) -> Families:
-    """Every metric family for one snapshot."""
-    out = Families()
+def build(
+    snapshot: FleetSnapshot, now: float | None = None, only: frozenset[str] | None = None
+) -> Families:
+    """Every metric family for one snapshot (`only`: the families of these names alone)."""
+    out = Families(only)
     at = time.time() if now is None else now
     out.gauge(names.SNAPSHOT_AGE, (), (), snapshot.at)
     for node in snapshot.nodes:

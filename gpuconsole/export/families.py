@@ -71,10 +71,14 @@ class Families:
     the same family, as dcgm-exporter emits them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, only: frozenset[str] | None = None) -> None:
+        """`only`: keep the families of these names alone (what alert rules read)."""
         self._families: dict[str, _Family] = {}
+        self._only = only
 
     def gauge(self, spec: Spec, labels: Labels, values: Labels, value: float) -> None:
+        if self._only is not None and spec[0] not in self._only:
+            return
         if len(labels) != len(values):
             raise ValueError(f"{spec[0]}: labels {labels} and values {values} differ in length")
         family = self._families.get(spec[0])
@@ -83,9 +87,11 @@ class Families:
         family.samples.append((labels, values, value))
 
     def counter(self, spec: Spec, labels: Labels, values: Labels, value: float) -> None:
+        name = spec[0].removesuffix("_total")
+        if self._only is not None and f"{name}_total" not in self._only:
+            return
         if len(labels) != len(values):
             raise ValueError(f"{spec[0]}: labels {labels} and values {values} differ in length")
-        name = spec[0].removesuffix("_total")
         family = self._families.get(name)
         if family is None:
             family = self._families[name] = _Family(name, spec[1], "counter", f"{name}_total")
