@@ -5,6 +5,9 @@ alert fires."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -226,3 +229,70 @@ def test_the_bus_id_of_an_alert_about_a_gpu_is_sysfs_form() -> None:
     [alert] = engine.active()
     assert alert.gpu_bus_id == "0000:c3:00.0" and alert.node == NODE
     assert BUS in alert.summary
+
+
+# --- the whole way: `gpuconsole agent` on the fake NVML library, to the real Alertmanager ----
+
+
+def start_agent(tmp_path: Path, env: dict[str, str], am_url: str) -> subprocess.Popen[bytes]:
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        '[host]\nname = "dgx-e2e"\n'
+        "[nvml]\ninterval_s = 0.2\nevents = false\n"
+        "[fabric]\nenabled = false\n[tenancy]\nenabled = false\n"
+        f'[agent]\nlisten = "127.0.0.1:{free_port()}"\n'
+        f'[alerts]\ninterval_s = 0.2\nalertmanager = ["{am_url}"]\n'
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuconsole", "agent", "-c", str(config)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "agent.log").open("ab"),
+    )
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(15)
+
+
+def wait_for(check: Any, what: str, seconds: float = 30.0) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not seen in {seconds:g} s")
+
+
+def test_the_agent_pages_alertmanager_for_a_gpu_that_fell_off_the_bus_across_its_restart(
+    tmp_path: Path, fake_nvml_env: Any
+) -> None:
+    env = fake_nvml_env("dgx-h100", scenarios=["xid79 5"]) | {
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+    }
+    with alertmanager(tmp_path / "am") as am:
+        agent = start_agent(tmp_path, env, am.url)
+        try:
+            [held] = wait_for(lambda: am.alerts("GpuLost"), "GpuLost in Alertmanager")
+            assert held["labels"]["node"] == "dgx-e2e"
+        finally:
+            stop(agent)
+        state = tmp_path / "state" / "gpuconsole" / "alerts-agent.json"
+        assert "GpuLost" in state.read_text()
+        agent = start_agent(tmp_path, env, am.url)  # the same GPU is still lost
+        try:
+            time.sleep(2.0)  # ten evaluations
+            [again] = am.alerts("GpuLost")
+            assert again["startsAt"] == held["startsAt"]  # the same alert, not a new one
+        finally:
+            stop(agent)
+    log = (tmp_path / "agent.log").read_text()
+    assert "Traceback" not in log and log.count("alert GpuLost firing") == 1
