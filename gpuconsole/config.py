@@ -704,6 +704,18 @@ def _line_of(text: str, table: str, key: str | None, index: int | None = None) -
     return None
 
 
+def where(path: Path | None, table: str, key: str | None, index: int | None = None) -> str:
+    """'FILE:LINE: [table] key' (or '[[table]] #INDEX key') for a problem found after
+    loading, by a check that lives above the config (an alert rule's condition, say)."""
+    text = ""
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            pass
+    return _where(path, text, table, key, index)
+
+
 def _where(
     path: Path | None, text: str, table: str, key: str | None, index: int | None = None
 ) -> str:

@@ -311,7 +311,7 @@ def alert_rules(cfg: Config) -> tuple[Rule, ...]:
     """The rules [alerts] and [[alert]] make; ConfigError names each entry that is wrong."""
     from gpuconsole.alerts.rules import build_rules
 
-    return build_rules(cfg.alert, defaults=cfg.alerts.defaults)
+    return build_rules(cfg.alert, defaults=cfg.alerts.defaults, path=cfg.path)
 
 
 def alert_engine(cfg: Config, mode: str, *, demo: bool = False) -> AlertEngine | None:

@@ -118,8 +118,12 @@ expr = "gpuconsole_bmc_inlet_temperature_celsius > 35"
     )
 
 
-def test_a_bad_rule_gets_a_message_that_names_the_entry_and_what_is_wrong() -> None:
-    toml = """
+def test_a_bad_rule_gets_a_message_that_names_the_entry_its_line_and_what_is_wrong(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(
+        """\
 [[alert]]
 name = "Hot"
 expr = "DCGM_FI_DEV_GPU_TEMP >> 90"
@@ -133,14 +137,20 @@ annotations = { summary = "{{ range $labels }}x{{ end }}" }
 name = "Hot"
 expr = "x > 1"
 """
+    )
     with pytest.raises(ConfigError) as raised:
-        alert_rules(config.parse(toml))
-    problems = raised.value.problems
-    assert any(p.startswith("[[alert]] #1 (Hot) expr:") and "character 23" in p for p in problems)
-    assert any("#2 (Cool) clear: 95 is above the firing threshold 90" in p for p in problems)
-    assert any("#2 (Cool) labels: severity is set by the severity key" in p for p in problems)
-    assert any("#2 (Cool) annotations.summary: only" in p for p in problems)
-    assert any("#3 (Hot) name: another [[alert]] is named 'Hot'" in p for p in problems)
+        alert_rules(config.load(path))
+    assert sorted(raised.value.problems) == sorted(
+        [
+            f"{path}:3: [[alert]] #1 expr: 'DCGM_FI_DEV_GPU_TEMP >> 90': at character 23: "
+            "expected a number, found '> 90'",
+            f"{path}:7: [[alert]] #2 clear: 95 is above the firing threshold 90: it must not be",
+            f"{path}:8: [[alert]] #2 labels: severity is set by the severity key",
+            f"{path}:9: [[alert]] #2 annotations: summary: only {{{{ $labels.NAME }}}} and "
+            "{{ $value }} are expanded; other templates are not",
+            f"{path}:11: [[alert]] #3 name: another [[alert]] is named 'Hot' already",
+        ]
+    )
 
 
 def test_config_check_and_rules_say_a_bad_condition_without_a_traceback(tmp_path: Path) -> None:
@@ -154,8 +164,8 @@ def test_config_check_and_rules_say_a_bad_condition_without_a_traceback(tmp_path
             timeout=60,
         )
         assert done.returncode == 2, done
-        assert "[[alert]] #1 (Hot) expr:" in done.stderr and "expected a number" in done.stderr
-        assert "Traceback" not in done.stderr
+        assert f"{path}:3: [[alert]] #1 expr:" in done.stderr
+        assert "expected a number" in done.stderr and "Traceback" not in done.stderr
 
 
 # --- for, hysteresis --------------------------------------------------------------------------

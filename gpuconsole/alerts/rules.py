@@ -7,9 +7,10 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpuconsole.alerts.condition import Condition, ConditionError, Labels, parse
-from gpuconsole.config import AlertRuleConfig, ConfigError
+from gpuconsole.config import AlertRuleConfig, ConfigError, where
 from gpuconsole.facts.verdict import Action
 from gpuconsole.readings.base import Severity
 
@@ -176,65 +177,74 @@ DEFAULT_RULES: tuple[Rule, ...] = (
 )
 
 
-def build_rules(entries: Sequence[AlertRuleConfig], *, defaults: bool = True) -> tuple[Rule, ...]:
+def build_rules(
+    entries: Sequence[AlertRuleConfig], *, defaults: bool = True, path: Path | None = None
+) -> tuple[Rule, ...]:
     """The rules to evaluate: the defaults (unless `defaults` is false) with each [[alert]]
     added, or put in place of the default of its name. ConfigError names every entry that
-    is wrong, and why."""
+    is wrong, its line in `path` (the config file), and why."""
     problems: list[str] = []
     configured: dict[str, Rule] = {}
     named: set[str] = set()
     for index, entry in enumerate(entries, start=1):
-        where = f"[[alert]] #{index}" + (f" ({entry.name})" if entry.name else "")
+        wrong: list[tuple[str, str]] = []
         if entry.name in named:
-            problems.append(f"{where} name: another [[alert]] is named {entry.name!r} already")
-            continue
-        named.add(entry.name)
-        try:
-            configured[entry.name] = _from_config(entry)
-        except ConfigError as exc:
-            problems.extend(f"{where} {p}" for p in exc.problems)
+            wrong.append(("name", f"another [[alert]] is named {entry.name!r} already"))
+        else:
+            named.add(entry.name)
+            rule = _from_config(entry, wrong)
+            if rule is not None and not wrong:
+                configured[entry.name] = rule
+        problems.extend(f"{where(path, 'alert', key, index)}: {said}" for key, said in wrong)
     if problems:
         raise ConfigError(*problems)
     base = [r for r in DEFAULT_RULES if r.name not in configured] if defaults else []
     return (*base, *configured.values())
 
 
-def _from_config(entry: AlertRuleConfig) -> Rule:
-    problems: list[str] = []
+def _from_config(entry: AlertRuleConfig, wrong: list[tuple[str, str]]) -> Rule | None:
+    """The rule an [[alert]] describes; what is wrong with it added to `wrong` as
+    (key, why)."""
     if not _ALERT_NAME.fullmatch(entry.name):
-        problems.append(
-            f"name: {entry.name!r} is not an alert name (letters, digits, _ and :, "
-            "not led by a digit)"
+        wrong.append(
+            (
+                "name",
+                f"{entry.name!r} is not an alert name (letters, digits, _ and :, not led by "
+                "a digit)",
+            )
         )
     condition = None
     if not entry.expr:
-        problems.append("expr: required, e.g. expr = 'DCGM_FI_DEV_GPU_TEMP > 90'")
+        wrong.append(("expr", "required, e.g. expr = 'DCGM_FI_DEV_GPU_TEMP > 90'"))
     else:
         try:
             condition = parse(entry.expr)
         except ConditionError as exc:
-            problems.append(f"expr: {entry.expr!r}: {exc}")
+            wrong.append(("expr", f"{entry.expr!r}: {exc}"))
     clear = None if math.isnan(entry.clear) else entry.clear
     if clear is not None and condition is not None:
-        wrong = _clear_problem(condition, clear)
-        if wrong:
-            problems.append(f"clear: {wrong}")
+        problem = _clear_problem(condition, clear)
+        if problem:
+            wrong.append(("clear", problem))
     if clear is not None and entry.keep_firing_for_s:
-        problems.append("clear and keep_firing_for_s: give one kind of hysteresis, not both")
+        wrong.append(("clear", "give clear or keep_firing_for_s, not both"))
     for key, table in (("labels", entry.labels), ("annotations", entry.annotations)):
         for name, text in table.items():
             if not _LABEL_NAME.fullmatch(name) or name.startswith("__") or name in _RESERVED:
-                problems.append(f"{key}: {name!r} is not a label name a rule may set")
+                wrong.append((key, f"{name!r} is not a label name a rule may set"))
             leftover = _TEMPLATE.sub("", text)
             if "{{" in leftover or "}}" in leftover:
-                problems.append(
-                    f"{key}.{name}: only {{{{ $labels.NAME }}}} and {{{{ $value }}}} are "
-                    "expanded; other templates are not"
+                wrong.append(
+                    (
+                        key,
+                        f"{name}: only {{{{ $labels.NAME }}}} and {{{{ $value }}}} are "
+                        "expanded; other templates are not",
+                    )
                 )
     if "severity" in entry.labels:
-        problems.append("labels: severity is set by the severity key")
-    if problems or condition is None:
-        raise ConfigError(*problems)
+        wrong.append(("labels", "severity is set by the severity key"))
+    if condition is None:
+        return None
     return Rule(
         entry.name,
         condition,
