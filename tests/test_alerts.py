@@ -388,3 +388,24 @@ async def test_the_engine_on_a_demo_hub_puts_what_fires_in_its_snapshots() -> No
     finally:
         await engine.stop()
         await hub.stop()
+
+
+def test_the_series_rules_read_are_the_series_a_scrape_reads() -> None:
+    """Evaluations build only the families their rules name (and skip the work of the
+    rest): the samples of those families are the full body's, every one."""
+    from gpuconsole.alerts.series import samples_by_name
+    from gpuconsole.export.collector import build
+    from tests.export_fixtures import frozen_fleet as polled_fleet
+
+    snapshot = polled_fleet()
+    wanted = {m for r in DEFAULT_RULES for m in r.condition.metrics}
+    wanted |= {"node_infiniband_link_downed_total", "gpuconsole_fabric_port_severity"}
+    full: dict[str, list[Sample]] = {}
+    for name, labels, values, value in build(snapshot, snapshot.at).samples():
+        if name in wanted:
+            pairs = tuple(sorted(zip(labels, values, strict=True)))
+            full.setdefault(name, []).append(Sample(name, pairs, value))
+    assert samples_by_name(snapshot, wanted) == full
+    for name in ("node_infiniband_state_id", "gpuconsole_bmc_psus_failed", "gpuconsole_gpu_lost",
+                 "node_infiniband_link_downed_total", "gpuconsole_fabric_port_severity"):  # fmt: skip
+        assert full.get(name), name

@@ -75,6 +75,19 @@ class Families:
         """`only`: keep the families of these names alone (what alert rules read)."""
         self._families: dict[str, _Family] = {}
         self._only = only
+        self._wanted: dict[tuple[Spec, ...], bool] = {}
+
+    def wants(self, *specs: Spec) -> bool:
+        """Whether any of these families is kept: a room skips work none of them needs."""
+        only = self._only
+        if only is None:
+            return True
+        found = self._wanted.get(specs)  # rooms ask the same per port or GPU: asked once
+        if found is None:
+            found = self._wanted[specs] = any(
+                s[0] in only or f"{s[0].removesuffix('_total')}_total" in only for s in specs
+            )
+        return found
 
     def gauge(self, spec: Spec, labels: Labels, values: Labels, value: float) -> None:
         if self._only is not None and spec[0] not in self._only:
