@@ -409,3 +409,25 @@ def test_the_series_rules_read_are_the_series_a_scrape_reads() -> None:
     for name in ("node_infiniband_state_id", "gpuconsole_bmc_psus_failed", "gpuconsole_gpu_lost",
                  "node_infiniband_link_downed_total", "gpuconsole_fabric_port_severity"):  # fmt: skip
         assert full.get(name), name
+
+
+def test_the_verdict_rules_fire_for_drain_and_worse_and_not_for_watch() -> None:
+    from gpuconsole.facts.verdict import Action
+
+    rules = {r.name: r for r in DEFAULT_RULES}
+    gpu, node = rules["GpuNotFitForWork"], rules["NodeNotFitForWork"]
+    for action in Action:
+        labels = {"node": NODE, "gpu": "0000:c3:00.0", "uuid": UUID, "action": action.value}
+        held = gpu.condition.evaluate(samples("gpuconsole_gpu_verdict", (labels, action.rank)))
+        node_labels = {"node": NODE, "action": action.value}
+        on_node = node.condition.evaluate(
+            samples("gpuconsole_node_verdict", (node_labels, action.rank))
+        )
+        wanted = action.rank >= Action.DRAIN.rank
+        assert bool(held) == wanted and bool(on_node) == wanted, action
+    labels = {"node": NODE, "gpu": "0000:c3:00.0", "uuid": UUID, "action": "reset_gpu"}
+    [held] = gpu.condition.evaluate(samples("gpuconsole_gpu_verdict", (labels, 3.0)))
+    from gpuconsole.alerts.rules import expand
+
+    said = expand(dict(gpu.annotations)["summary"], dict(held.labels), held.value)
+    assert said == f"GPU 0000:c3:00.0 on {NODE}: reset_gpu"
