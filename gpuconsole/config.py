@@ -547,6 +547,98 @@ class BmcConfig:
 
 
 @dataclass(frozen=True)
+class AlertsConfig:
+    """[alerts]: alert rules over the exporter's series, sent to Alertmanager or webhooks."""
+
+    enabled: bool = field(default=True, metadata=_doc("Evaluate alert rules in this process"))
+    defaults: bool = field(
+        default=True,
+        metadata=_doc("Run the default rules (`gpuconsole rules` prints them); [[alert]] adds"),
+    )
+    interval_s: float = field(
+        default=5.0, metadata=_doc("Seconds between evaluations", minimum=0.1, maximum=3600)
+    )
+    alertmanager: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "Alertmanager base URLs to POST alerts to (/api/v2/alerts), e.g. "
+            '["http://alertmanager:9093"]; its silences are shown in the console',
+            url=True,
+        ),
+    )
+    webhook: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "URLs to POST JSON to, once when an alert fires and once when it resolves", url=True
+        ),
+    )
+    resend_s: float = field(
+        default=60.0,
+        metadata=_doc(
+            "Re-send firing alerts to Alertmanager this often (below its resolve_timeout)",
+            minimum=1,
+            maximum=3600,
+        ),
+    )
+    timeout_s: float = field(
+        default=10.0, metadata=_doc("A receiver slower than this is down", minimum=0.1)
+    )
+    max_backoff_s: float = field(
+        default=300.0,
+        metadata=_doc("Longest wait between retries of a receiver that is down", minimum=1),
+    )
+    state_file: str = field(
+        default="",
+        metadata=_doc(
+            "Where firing alerts and undelivered notices are kept across restarts; empty: "
+            "alerts-MODE.json in the state folder"
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class AlertRuleConfig:
+    """[[alert]]: one alert rule; a rule named as a default one replaces it."""
+
+    name: str = field(default="", metadata=_doc("Alert name, e.g. GpuHot (required)"))
+    expr: str = field(
+        default="",
+        metadata=_doc(
+            'Condition over the exporter\'s series: metric{label="v"} OP number, joined by '
+            "and / and on(labels), e.g. 'DCGM_FI_DEV_GPU_TEMP > 90' (required)"
+        ),
+    )
+    for_s: float = field(
+        default=0.0, metadata=_doc("Fire once the condition has held this long", minimum=0)
+    )
+    clear: float = field(
+        default=math.nan,
+        metadata=_doc(
+            "Hysteresis: a firing alert clears only once its first comparison fails with this "
+            "threshold (fire above 90, clear below 85); unset (nan): as it fired"
+        ),
+    )
+    keep_firing_for_s: float = field(
+        default=0.0,
+        metadata=_doc("Hysteresis: keep firing this long after the condition last held", minimum=0),
+    )
+    severity: str = field(
+        default="warning",
+        metadata=_doc("How much it should worry", choices=("info", "warning", "critical")),
+    )
+    labels: dict[str, str] = field(
+        default_factory=dict, metadata=_doc('Labels added to the alert, e.g. { team = "infra" }')
+    )
+    annotations: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_doc(
+            'e.g. { summary = "GPU {{ $labels.gpu }} at {{ $value }} C" }: {{ $labels.NAME }} '
+            "and {{ $value }} are filled in"
+        ),
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole file."""
 
@@ -564,7 +656,9 @@ class Config:
     remote: RemoteConfig = field(default_factory=RemoteConfig)
     ssh: SshConfig = field(default_factory=SshConfig)
     wallboard: WallboardConfig = field(default_factory=WallboardConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
     bmc: tuple[BmcConfig, ...] = ()
+    alert: tuple[AlertRuleConfig, ...] = ()
     path: Path | None = field(default=None, compare=False)
 
 
@@ -630,7 +724,7 @@ def http_url_problem(url: str) -> str | None:
 
 _SECTIONS = [f.name for f in dataclasses.fields(Config) if f.name != "path"]
 # Arrays of tables ([[bmc]]): each entry is checked like a table, named "[[bmc]] #2".
-_ARRAYS: dict[str, type] = {"bmc": BmcConfig}
+_ARRAYS: dict[str, type] = {"bmc": BmcConfig, "alert": AlertRuleConfig}
 
 
 def _line_of(text: str, table: str, key: str | None, index: int | None = None) -> int | None:
@@ -655,6 +749,18 @@ def _line_of(text: str, table: str, key: str | None, index: int | None = None) -
             if a and a.group(1) == key:
                 return number
     return None
+
+
+def where(path: Path | None, table: str, key: str | None, index: int | None = None) -> str:
+    """'FILE:LINE: [table] key' (or '[[table]] #INDEX key') for a problem found after
+    loading, by a check that lives above the config (an alert rule's condition, say)."""
+    text = ""
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            pass
+    return _where(path, text, table, key, index)
 
 
 def _where(
@@ -732,9 +838,10 @@ def _check_value(spec: dataclasses.Field[Any], value: Any) -> str | None:
     if isinstance(value, float) and not math.isfinite(value):
         return " must be a finite number"
     if spec.metadata.get("url") and value:
-        problem = http_url_problem(value)
-        if problem is not None:
-            return f": {value!r}: {problem}"
+        for url in value if isinstance(value, tuple) else (value,):
+            problem = http_url_problem(url)
+            if problem is not None:
+                return f": {url!r}: {problem}"
     port = spec.metadata.get("listen")
     if port is not None:
         try:

@@ -25,6 +25,7 @@ from gpuconsole.config import HubConfig
 from gpuconsole.counters import RateTracker
 from gpuconsole.history import HistoryStore
 from gpuconsole.readings.agents import REMOTE_PARTS, AgentReading
+from gpuconsole.readings.alerts import ActiveAlert
 from gpuconsole.readings.base import Event, Key, Severity, SourceStatus, safe_strings, safe_text
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.base import Focusable, Reading, Source
@@ -97,6 +98,7 @@ class Hub:
         self._latest: FleetSnapshot | None = None
         self._running = False
         self._focused: dict[int, str] = {}  # viewer (a console) -> the node it drilled into
+        self._alerts: tuple[ActiveAlert, ...] = ()
 
     # --- setup ---------------------------------------------------------------------
 
@@ -343,6 +345,13 @@ class Hub:
     def events(self) -> tuple[Event, ...]:
         return tuple(self._events)
 
+    def set_alerts(self, alerts: tuple[ActiveAlert, ...]) -> None:
+        """What the alert rules hold now, for the next snapshot; call it on the hub's loop."""
+        if alerts != self._alerts:
+            self._alerts = alerts
+            if self._wake is not None:
+                self._wake.set()
+
     # --- publishing ----------------------------------------------------------------
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
@@ -406,7 +415,9 @@ class Hub:
             )
         events = self._events_cache[1]
         nodes = tuple(n.snapshot for n in self._nodes.values() if n.snapshot is not None)
-        snapshot = FleetSnapshot(self._seq, self._clock(), nodes, events, self._counts_cache)
+        snapshot = FleetSnapshot(
+            self._seq, self._clock(), nodes, events, self._counts_cache, self._alerts
+        )
         self._latest = snapshot
         for callback in list(self._subscribers):
             try:

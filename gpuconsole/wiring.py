@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from gpuconsole.actions.placement import Placement
     from gpuconsole.actions.plan import PlanContext, Target
     from gpuconsole.actions.store import ActionStore
+    from gpuconsole.alerts.engine import AlertEngine
+    from gpuconsole.alerts.rules import Rule
     from gpuconsole.readings.snapshot import NodeSnapshot
     from gpuconsole.sources.base import EmitEvent
     from gpuconsole.sources.bmc import BmcSource
@@ -324,6 +326,55 @@ def console_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
     if members(cfg.fleet):
         return fleet_hub(cfg.fleet, hub_settings(cfg))
     return node_hub(cfg, one_shot=one_shot)
+
+
+# --- alerts ----------------------------------------------------------------------------
+
+
+def alert_rules(cfg: Config) -> tuple[Rule, ...]:
+    """The rules [alerts] and [[alert]] make; ConfigError names each entry that is wrong."""
+    from gpuconsole.alerts.rules import build_rules
+
+    return build_rules(cfg.alert, defaults=cfg.alerts.defaults, path=cfg.path)
+
+
+def alert_engine(cfg: Config, mode: str, *, demo: bool = False) -> AlertEngine | None:
+    """The alert engine of a long-running `mode` (console, wallboard, ssh-server, agent),
+    its firing alerts kept in alerts-MODE.json in the state folder; None when [alerts]
+    enabled is false. A demo's alerts go to no receiver and are kept in memory only:
+    simulated GPUs never page anyone."""
+    if not cfg.alerts.enabled:
+        return None
+    from gpuconsole.alerts.delivery import ALERTMANAGER, WEBHOOK, Receiver
+    from gpuconsole.alerts.engine import AlertEngine
+    from gpuconsole.alerts.state import StateFile
+
+    a = cfg.alerts
+    rules = alert_rules(cfg)
+    if demo:
+        return AlertEngine(rules, interval_s=a.interval_s, timeout_s=a.timeout_s)
+    receivers = [
+        Receiver(kind, url, resend_s=a.resend_s, max_backoff_s=a.max_backoff_s)
+        for kind, urls in ((ALERTMANAGER, a.alertmanager), (WEBHOOK, a.webhook))
+        for url in urls
+    ]
+    path = Path(a.state_file) if a.state_file else paths.state_dir() / f"alerts-{mode}.json"
+    return AlertEngine(
+        rules,
+        receivers,
+        state_file=StateFile(path.expanduser()),
+        interval_s=a.interval_s,
+        timeout_s=a.timeout_s,
+    )
+
+
+def watch_alerts(cfg: Config, hub: Hub, mode: str, *, demo: bool = False) -> AlertEngine | None:
+    """The alert engine of `mode`, attached to `hub`: it starts with the hub's first
+    snapshot, and its alerts are in every snapshot after."""
+    engine = alert_engine(cfg, mode, demo=demo)
+    if engine is not None:
+        engine.attach(hub)
+    return engine
 
 
 # --- the servers' settings ---------------------------------------------------------------

@@ -22,7 +22,7 @@ FUZZ = fuzz_settings(200)
 SECTIONS: dict[str, type] = {
     f.name: f.default_factory().__class__  # type: ignore[misc]
     for f in dataclasses.fields(Config)
-    if f.name not in ("bmc", "path")
+    if f.name not in ("bmc", "alert", "path")  # arrays of tables
 }
 KEYS: dict[str, list[str]] = {
     t: [f.name for f in dataclasses.fields(c)] for t, c in SECTIONS.items()

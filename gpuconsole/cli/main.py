@@ -18,6 +18,7 @@ from gpuconsole.readings.base import safe_text
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.wiring import (
     agent_settings,
+    alert_rules,
     bmc_sources,
     console_hub,
     members,
@@ -25,6 +26,7 @@ from gpuconsole.wiring import (
     nvml_library,
     sim_hub,
     ssh_settings,
+    watch_alerts,
 )
 
 # --- subcommands ----------------------------------------------------------------------
@@ -67,6 +69,7 @@ def problems(cfg: Config) -> list[str]:
         lambda: members(cfg.fleet),
         lambda: nvml_library(cfg),
         lambda: bmc_sources(cfg),
+        lambda: alert_rules(cfg),
         lambda: theme_named(cfg.ui.theme, "[ui] theme"),
         lambda: theme_named(cfg.wallboard.theme, "[wallboard] theme"),
     )
@@ -172,13 +175,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     theme = args.theme or theme_named(cfg.ui.theme, "[ui] theme")
     if args.replay:
         return _run_console(None, theme, read_capture(Path(args.replay)))
-    return _run_console(sim_hub(cfg, args.nodes, args.seed), theme)
+    hub = sim_hub(cfg, args.nodes, args.seed)
+    watch_alerts(cfg, hub, "demo", demo=True)
+    return _run_console(hub, theme)
 
 
 def cmd_console(args: argparse.Namespace) -> int:
     cfg = _config(args)
     theme = args.theme or theme_named(cfg.ui.theme, "[ui] theme")
-    return _run_console(console_hub(cfg), theme, acting=cfg)
+    hub = console_hub(cfg)
+    watch_alerts(cfg, hub, "console")
+    return _run_console(hub, theme, acting=cfg)
 
 
 def cmd_wallboard(args: argparse.Namespace) -> int:
@@ -192,6 +199,7 @@ def cmd_wallboard(args: argparse.Namespace) -> int:
         return 1
     theme = args.theme or theme_named(cfg.wallboard.theme, "[wallboard] theme")
     hub = sim_hub(cfg, args.nodes, args.seed) if args.demo else console_hub(cfg)
+    watch_alerts(cfg, hub, "wallboard", demo=args.demo)
     _log_to_file()
     page_s = args.page_s if args.page_s is not None else cfg.wallboard.page_s
     WallboardApp(hub, theme=theme, page_s=page_s).run()
@@ -221,6 +229,7 @@ def cmd_ssh_server(args: argparse.Namespace) -> int:
     cfg = _config(args)
     settings = ssh_settings(cfg, args.listen, args.authorized_keys)
     hub = sim_hub(cfg, args.nodes, args.seed) if args.demo else console_hub(cfg)
+    watch_alerts(cfg, hub, "ssh-server", demo=args.demo)
     factory = console_factory(
         hub,
         theme=theme_named(cfg.ui.theme, "[ui] theme"),
@@ -255,6 +264,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     cfg = _config(args)
     settings = agent_settings(cfg, args.listen)
     hub = sim_hub(cfg, args.nodes, args.seed) if args.demo else node_hub(cfg)
+    watch_alerts(cfg, hub, "agent", demo=args.demo)
     logging.getLogger().setLevel(logging.INFO)
     try:
         asyncio.run(serve(hub, settings))
@@ -388,6 +398,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     library = args.library if args.library is not None else _config(args).nvml.library
     return run_doctor(library, as_json=args.json, timeout_s=args.timeout, out=sys.stdout)
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    """The alert rules this config runs, as a Prometheus alerting-rules file."""
+    from gpuconsole.alerts.prometheus import rules_file
+
+    print(rules_file(alert_rules(_config(args))), end="")
+    return 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -582,6 +600,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up on a driver that does not answer after S seconds (default: 50)",
     )
     p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser(
+        "rules",
+        help="the alert rules (defaults and [[alert]]) as a Prometheus alerting-rules file",
+    )
+    _common(p)
+    p.set_defaults(func=cmd_rules)
 
     p = sub.add_parser("config", help="print an example config, or check one")
     p.add_argument("action", choices=["example", "check"])

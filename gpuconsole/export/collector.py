@@ -30,6 +30,9 @@ from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 
 def _source_metrics(out: Families, node: NodeSnapshot, now: float) -> None:
     out.gauge(names.NODE_SIMULATED, ("node",), (node.node,), float(node.simulated))
+    running = node.nvml.fabric_manager_running if node.nvml is not None else None
+    if running is not None:
+        out.gauge(names.FABRIC_MANAGER, ("node",), (node.node,), float(running))
     for status in node.statuses:
         lv = (node.node, status.source)
         out.gauge(names.SOURCE_UP, ("node", "source"), lv, float(status.ok))
@@ -91,9 +94,11 @@ def node_metrics(out: Families, node: NodeSnapshot, now: float) -> None:
         ownership_metrics(out, node, ownership)
 
 
-def build(snapshot: FleetSnapshot, now: float | None = None) -> Families:
-    """Every metric family for one snapshot."""
-    out = Families()
+def build(
+    snapshot: FleetSnapshot, now: float | None = None, only: frozenset[str] | None = None
+) -> Families:
+    """Every metric family for one snapshot (`only`: the families of these names alone)."""
+    out = Families(only)
     at = time.time() if now is None else now
     out.gauge(names.SNAPSHOT_AGE, (), (), snapshot.at)
     for node in snapshot.nodes:

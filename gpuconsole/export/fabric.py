@@ -41,6 +41,13 @@ _PORT_INFO = (
 )
 _PROBLEM = (*names.IB_PORT_LABELS, "problem", "severity")
 _HW = (*names.IB_PORT_LABELS, "stat")
+# what _counters writes after the port's state: skipped where none of it is wanted
+_COUNTER_SPECS = (
+    *names.IB_COUNTERS.values(),
+    *names.IB_LEGACY_COUNTERS.values(),
+    names.IB_LIFESPAN,
+    names.FABRIC_HW_STAT,
+)
 _NETDEV = (*names.IB_PORT_LABELS, "netdev")
 _AFFINITY = ("node", "gpu", "uuid", "pci_bus_id", "nic", "level", "numa")
 _FLAG = ("node", "gpu", "uuid", "pci_bus_id", "flag")
@@ -83,6 +90,9 @@ def _counters(out: Families, values: Labels, port: FabricPort, fresh: bool) -> N
         if port.rate_gbps is not None:
             rate = int(port.rate_gbps * BYTES_PER_S_PER_GBPS)
             out.gauge(names.IB_RATE, labels, values, float(rate))
+    if not out.wants(*_COUNTER_SPECS):
+        return
+    if fresh:
         for folder, specs in (
             (port.counters, names.IB_COUNTERS),
             (port.counters_ext, names.IB_LEGACY_COUNTERS),
@@ -130,7 +140,11 @@ def _port_state(
     if port.expected_rate_gbps is not None:
         expected = float(int(port.expected_rate_gbps * BYTES_PER_S_PER_GBPS))
         out.gauge(names.FABRIC_PORT_EXPECTED_RATE, names.IB_PORT_LABELS, values, expected)
-    problems = port_problems(port, port_rates(node.rate, port), port_deltas(node.delta, port))
+    problems = (
+        port_problems(port, port_rates(node.rate, port), port_deltas(node.delta, port))
+        if out.wants(names.FABRIC_PORT_SEVERITY, names.FABRIC_PORT_PROBLEM)
+        else ()
+    )
     worst = _SEVERITY[problems[0].severity] if problems else 0.0
     out.gauge(names.FABRIC_PORT_SEVERITY, names.IB_PORT_LABELS, values, worst)
     keys = Counter((_problem_key(port, p.counter, p.what), p.severity.value) for p in problems)

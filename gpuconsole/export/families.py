@@ -71,10 +71,27 @@ class Families:
     the same family, as dcgm-exporter emits them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, only: frozenset[str] | None = None) -> None:
+        """`only`: keep the families of these names alone (what alert rules read)."""
         self._families: dict[str, _Family] = {}
+        self._only = only
+        self._wanted: dict[tuple[Spec, ...], bool] = {}
+
+    def wants(self, *specs: Spec) -> bool:
+        """Whether any of these families is kept: a room skips work none of them needs."""
+        only = self._only
+        if only is None:
+            return True
+        found = self._wanted.get(specs)  # rooms ask the same per port or GPU: asked once
+        if found is None:
+            found = self._wanted[specs] = any(
+                s[0] in only or f"{s[0].removesuffix('_total')}_total" in only for s in specs
+            )
+        return found
 
     def gauge(self, spec: Spec, labels: Labels, values: Labels, value: float) -> None:
+        if self._only is not None and spec[0] not in self._only:
+            return
         if len(labels) != len(values):
             raise ValueError(f"{spec[0]}: labels {labels} and values {values} differ in length")
         family = self._families.get(spec[0])
@@ -83,13 +100,23 @@ class Families:
         family.samples.append((labels, values, value))
 
     def counter(self, spec: Spec, labels: Labels, values: Labels, value: float) -> None:
+        name = spec[0].removesuffix("_total")
+        if self._only is not None and f"{name}_total" not in self._only:
+            return
         if len(labels) != len(values):
             raise ValueError(f"{spec[0]}: labels {labels} and values {values} differ in length")
-        name = spec[0].removesuffix("_total")
         family = self._families.get(name)
         if family is None:
             family = self._families[name] = _Family(name, spec[1], "counter", f"{name}_total")
         family.samples.append((labels, values, value))
+
+    def samples(self) -> Iterator[tuple[str, Labels, Labels, float]]:
+        """Every sample as (sample name, label names, label values, value): what alert
+        rules are evaluated over, the very series a scrape would read."""
+        for family in self._families.values():
+            name = family.sample_name
+            for labels, values, value in family.samples:
+                yield name, labels, values, value
 
     def __iter__(self) -> Iterator[Metric]:
         """The families as prometheus_client metrics (for a Collector)."""

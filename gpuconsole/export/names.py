@@ -110,6 +110,10 @@ NVLINK_RX = (f"{PREFIX}_nvlink_receive_bytes_total", "Bytes received on one NVLi
 MIG_INFO = (f"{PREFIX}_mig_instance_info", "A MIG instance carved out of a GPU.")
 TOPOLOGY = (f"{PREFIX}_gpu_topology_info", "How two GPUs are connected (nvidia-smi topo codes).")
 EVENTS = (f"{PREFIX}_events_total", "Events recorded, by kind and severity.")
+FABRIC_MANAGER = (
+    f"{PREFIX}_fabric_manager_running",
+    "1 when the NVIDIA Fabric Manager service runs (NVSwitch systems; absent elsewhere).",
+)
 NODE_SIMULATED = (f"{PREFIX}_node_simulated", "1 when the node's data comes from the simulator.")
 SNAPSHOT_AGE = (f"{PREFIX}_snapshot_timestamp_seconds", "When the exported snapshot was taken.")
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from gpuconsole.readings.alerts import ActiveAlert
 from gpuconsole.readings.base import Event, Health, Key, SourceStatus
 from gpuconsole.readings.bmc import BmcReading
 from gpuconsole.readings.fabric import FabricReading
@@ -128,6 +129,7 @@ class FleetSnapshot:
     events: tuple[Event, ...] = ()  # the most recent events, oldest first
     # every event since the process started, counted by (node, kind, severity)
     event_counts: tuple[tuple[str, str, str, int], ...] = ()
+    alerts: tuple[ActiveAlert, ...] = ()  # what this process's alert rules hold, worst first
 
     def node(self, name: str) -> NodeSnapshot | None:
         for node in self.nodes:

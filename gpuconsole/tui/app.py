@@ -55,6 +55,7 @@ class ConsoleApp(App[None]):
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("colon", "command_palette", "Jump", key_display=":"),
         Binding("e", "events", "Events"),
+        Binding("exclamation_mark", "alerts", "Alerts", key_display="!"),
         Binding("t", "cycle_theme", "Theme"),
         Binding("p", "propose", "Propose"),  # only for those who may act (check_action)
         Binding("escape", "back", "Back"),
@@ -270,6 +271,12 @@ class ConsoleApp(App[None]):
         node, bus = _about(screen)
         gpu = pick_gpu(bus, node, self.snapshot) if bus is not None else None
         self.push_screen(EventsScreen(node=node, gpu=gpu))
+
+    def action_alerts(self) -> None:
+        from gpuconsole.tui.screens.alerts import AlertsScreen
+
+        if not isinstance(self.screen, AlertsScreen):
+            self.push_screen(AlertsScreen())
 
     def action_propose(self) -> None:
         self.push_screen(ProposeScreen(_about(self.screen)[0]))

@@ -28,6 +28,7 @@ from gpuconsole.facts.ownership import OwnerKind, node_ownership
 from gpuconsole.facts.summaries import Metric, stale_sources
 from gpuconsole.hub import Hub
 from gpuconsole.paths import user_themes_dir
+from gpuconsole.readings.alerts import AlertState
 from gpuconsole.readings.base import Health, Severity
 from gpuconsole.readings.fabric import ERROR_RULES, port_deltas, port_problems, port_rates
 from gpuconsole.readings.nvml import GpuReading
@@ -110,8 +111,14 @@ def hottest_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
 
 
 def alerts_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
-    """GPUs that are not healthy, sources gone stale, and the latest warnings."""
+    """The alerts that fire, GPUs that are not healthy, sources gone stale, and the latest
+    warnings."""
     lines = Text()
+    for alert in [a for a in snapshot.alerts if a.state is AlertState.FIRING][:TOP]:
+        health = Health.CRITICAL if alert.severity is Severity.CRITICAL else Health.WARNING
+        quiet = f" [silenced: {alert.silenced_by}]" if alert.silenced_by else ""
+        lines.append(f"{HEALTH_GLYPH[health]} {alert.name} since {fmt.clock_time(alert.since)}: "
+                     f"{alert.summary}{quiet}\n", style=palette.health[health])  # fmt: skip
     bad = [(n, g, gpu_health(g)) for n, g in _gpus(snapshot)]
     bad = [b for b in bad if b[2] in (Health.CRITICAL, Health.WARNING)]
     bad.sort(key=lambda b: (b[2] is not Health.CRITICAL, b[0].node, b[1].index))

@@ -1,0 +1,251 @@
+"""A rule's condition: a small, strict subset of PromQL, so that the same text is evaluated
+here over the exporter's samples and printed for Prometheus unchanged.
+
+    condition := comparison ( "and" [ "on" "(" label, ... ")" ] comparison )*
+    comparison := metric [ "{" label ("=" | "!=" | "=~" | "!~") "string", ... "}" ] OP number
+    OP := ">" | ">=" | "<" | "<=" | "==" | "!="
+
+A comparison keeps the samples it holds for (their labels and value), as PromQL's filter
+comparison does; `and` keeps the left side's samples that have a match on the right (by
+every label but the metric name, or by the labels `on` names). Regular expressions are
+anchored at both ends, as PromQL's are.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs, the metric name left out
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One sample of one series: its metric name, its labels, its value."""
+
+    name: str
+    labels: Labels
+    value: float
+
+
+class ConditionError(ValueError):
+    """A condition outside the subset: says what was expected, and where."""
+
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+_MATCH_OPS = ("=~", "!~", "!=", "=")
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_ON = re.compile(r"on\s*\(")
+_KEYWORDS = frozenset({"and", "or", "unless", "on", "ignoring", "by", "without", "bool"})
+
+
+@dataclass(frozen=True, slots=True)
+class Matcher:
+    label: str
+    op: str  # = != =~ !~
+    value: str
+
+    def holds(self, value: str) -> bool:
+        if self.op == "=":
+            return value == self.value
+        if self.op == "!=":
+            return value != self.value
+        found = re.fullmatch(self.value, value) is not None
+        return found if self.op == "=~" else not found
+
+    def text(self) -> str:
+        escaped = self.value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'{self.label}{self.op}"{escaped}"'
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """`metric{matchers} OP threshold`."""
+
+    metric: str
+    matchers: tuple[Matcher, ...]
+    op: str
+    threshold: float
+
+    def selector(self) -> str:
+        if not self.matchers:
+            return self.metric
+        return self.metric + "{" + ", ".join(m.text() for m in self.matchers) + "}"
+
+    def text(self, threshold: float | None = None) -> str:
+        value = self.threshold if threshold is None else threshold
+        return f"{self.selector()} {self.op} {_number(value)}"
+
+    def select(self, samples: Iterable[Sample]) -> list[Sample]:
+        """The samples of this metric its matchers and comparison keep."""
+        compare, threshold = _OPS[self.op], self.threshold
+        found = []
+        for sample in samples:
+            labels = dict(sample.labels)
+            if all(m.holds(labels.get(m.label, "")) for m in self.matchers) and compare(
+                sample.value, threshold
+            ):
+                found.append(sample)
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """Comparisons joined by `and` (with the labels each `and` matches on; None: all)."""
+
+    first: Comparison
+    rest: tuple[tuple[tuple[str, ...] | None, Comparison], ...] = ()
+
+    def text(self, threshold: float | None = None) -> str:
+        """The condition as PromQL; `threshold` in place of the first comparison's."""
+        out = self.first.text(threshold)
+        for on, comparison in self.rest:
+            joined = "and" if on is None else f"and on({', '.join(on)})"
+            out += f" {joined} {comparison.text()}"
+        return out
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return (self.first.metric, *(c.metric for _, c in self.rest))
+
+    def evaluate(
+        self, by_name: Mapping[str, list[Sample]], threshold: float | None = None
+    ) -> list[Sample]:
+        """The samples for which the condition holds (`threshold` in place of the first
+        comparison's, for a rule's clear threshold)."""
+        first = self.first
+        if threshold is not None:
+            first = Comparison(first.metric, first.matchers, first.op, threshold)
+        kept = first.select(by_name.get(first.metric, ()))
+        for on, comparison in self.rest:
+            right = comparison.select(by_name.get(comparison.metric, ()))
+            keys = {_key(s.labels, on) for s in right}
+            kept = [s for s in kept if _key(s.labels, on) in keys]
+        return kept
+
+
+def _key(labels: Labels, on: tuple[str, ...] | None) -> Labels:
+    if on is None:
+        return labels
+    found = dict(labels)
+    return tuple((name, found.get(name, "")) for name in on)
+
+
+def _number(value: float) -> str:
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+class _Reader:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.at = 0
+
+    def fail(self, expected: str) -> ConditionError:
+        rest = self.text[self.at :]
+        found = repr(rest[:20]) if rest else "the end"
+        return ConditionError(f"at character {self.at + 1}: expected {expected}, found {found}")
+
+    def skip(self) -> None:
+        while self.at < len(self.text) and self.text[self.at] in " \t\n":
+            self.at += 1
+
+    def take(self, pattern: re.Pattern[str], expected: str) -> re.Match[str]:
+        self.skip()
+        found = pattern.match(self.text, self.at)
+        if found is None:
+            raise self.fail(expected)
+        self.at = found.end()
+        return found
+
+    def peek(self, literal: str) -> bool:
+        self.skip()
+        return self.text.startswith(literal, self.at)
+
+    def expect(self, literal: str) -> None:
+        if not self.peek(literal):
+            raise self.fail(repr(literal))
+        self.at += len(literal)
+
+    def done(self) -> bool:
+        self.skip()
+        return self.at >= len(self.text)
+
+
+def parse(text: str) -> Condition:
+    """A Condition from its text; ConditionError says what does not fit the subset."""
+    if not text.strip():
+        raise ConditionError("empty: write a comparison such as gpuconsole_gpu_lost == 1")
+    reader = _Reader(text)
+    first = _comparison(reader)
+    rest: list[tuple[tuple[str, ...] | None, Comparison]] = []
+    while not reader.done():
+        word = reader.take(_LABEL, "'and' or the end")
+        if word.group() != "and":
+            reader.at = word.start()
+            raise reader.fail("'and' (the only operator between comparisons) or the end")
+        on: tuple[str, ...] | None = None
+        reader.skip()
+        opening = _ON.match(text, reader.at)
+        if opening is not None:
+            reader.at = opening.end()
+            names = [reader.take(_LABEL, "a label name").group()]
+            while reader.peek(","):
+                reader.expect(",")
+                names.append(reader.take(_LABEL, "a label name").group())
+            reader.expect(")")
+            on = tuple(names)
+        rest.append((on, _comparison(reader)))
+    return Condition(first, tuple(rest))
+
+
+def _comparison(reader: _Reader) -> Comparison:
+    name = reader.take(_NAME, "a metric name").group()
+    if name in _KEYWORDS:
+        reader.at -= len(name)
+        raise reader.fail("a metric name")
+    matchers: list[Matcher] = []
+    if reader.peek("{"):
+        reader.expect("{")
+        while not reader.peek("}"):
+            label = reader.take(_LABEL, "a label name or '}'").group()
+            reader.skip()
+            op = next((o for o in _MATCH_OPS if reader.text.startswith(o, reader.at)), None)
+            if op is None:
+                raise reader.fail("=, !=, =~ or !~")
+            reader.at += len(op)
+            raw = reader.take(_STRING, 'a "quoted" value').group(1)
+            value = re.sub(r"\\(.)", r"\1", raw)
+            if op in ("=~", "!~"):
+                try:
+                    re.compile(value)
+                except re.error as exc:
+                    raise ConditionError(f"label {label}: bad regular expression: {exc}") from None
+            matchers.append(Matcher(label, op, value))
+            if not reader.peek("}"):
+                reader.expect(",")
+        reader.expect("}")
+    reader.skip()
+    op = next((o for o in (">=", "<=", "==", "!=", ">", "<") if reader.peek(o)), None)
+    if op is None:
+        raise reader.fail("a comparison (>, >=, <, <=, ==, !=) with a number")
+    reader.at += len(op)
+    number = reader.take(_NUMBER, "a number")
+    threshold = float(number.group())
+    if not math.isfinite(threshold):
+        raise ConditionError(f"{number.group()} is not a finite number")
+    return Comparison(name, tuple(matchers), op, threshold)

@@ -1,0 +1,387 @@
+"""The alert engine: a consumer of the hub's snapshots that evaluates the rules over the
+exporter's series, keeps each alert pending, firing or resolved, tells the receivers, and
+puts what fires back into the hub's snapshots for every console and wallboard to show."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import orjson
+
+from gpuconsole.alerts.condition import Sample
+from gpuconsole.alerts.delivery import ALERTMANAGER, Receiver
+from gpuconsole.alerts.rules import Rule, expand
+from gpuconsole.alerts.silences import Silence, parse_silences
+from gpuconsole.alerts.state import FIRING, PENDING, RESOLVED, Alert, Saved, StateFile, fingerprint
+from gpuconsole.hub import Hub
+from gpuconsole.readings.alerts import ActiveAlert, AlertState
+from gpuconsole.readings.base import Event, Severity, normal_bus_id, safe_text
+from gpuconsole.readings.snapshot import FleetSnapshot
+
+if TYPE_CHECKING:
+    import aiohttp
+
+log = logging.getLogger(__name__)
+
+SILENCES_EVERY_S = 30.0
+# Evaluations take at most this share of a core: a head of a thousand nodes builds their
+# series for each (a second of CPU), so it evaluates less often than interval_s asks.
+CPU_SHARE = 0.05
+_RANK = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """An alert that fired or resolved in one evaluation."""
+
+    alert: Alert
+    state: str  # firing or resolved
+
+
+def ready(snapshot: FleetSnapshot) -> bool:
+    """Whether every source of every node has been polled once: before that a series that
+    is absent says nothing, and a restored alert must not be resolved for it."""
+    return bool(snapshot.nodes) and all(
+        status.polls or status.failures or status.last_ok_at is not None
+        for node in snapshot.nodes
+        for status in node.statuses
+    )
+
+
+class AlertEngine:
+    """Evaluates `rules` on the latest snapshot every `interval_s` and delivers changes."""
+
+    def __init__(
+        self,
+        rules: Sequence[Rule],
+        receivers: Sequence[Receiver] = (),
+        *,
+        state_file: StateFile | None = None,
+        interval_s: float = 5.0,
+        timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.rules = tuple(rules)
+        self.receivers = list(receivers)
+        self.state_file = state_file
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.alerts: dict[str, Alert] = {}
+        self.silences: tuple[Silence, ...] = ()
+        self.problem: str | None = None  # what went wrong reading the state file
+        self._metrics = frozenset(m for r in self.rules for m in r.condition.metrics)
+        self._hub: Hub | None = None
+        self._latest: FleetSnapshot | None = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._silences_at = 0.0
+        self.last_cpu_s = 0.0  # what the last evaluation cost
+        self._nodes = 0
+        self._said_paced = False
+        self._restore()
+
+    # --- state --------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        if self.state_file is None:
+            return
+        saved, self.problem = self.state_file.load()
+        if self.problem:
+            log.warning("alerts: %s", self.problem)
+        self.alerts = saved.alerts
+        for receiver in self.receivers:
+            receiver.told = saved.told.get(receiver.name, {})
+
+    def save(self) -> None:
+        if self.state_file is None:
+            return
+        told = {r.name: dict(r.told) for r in self.receivers}
+        try:
+            self.state_file.save(Saved(dict(self.alerts), told))
+        except OSError as exc:
+            log.warning("alerts: cannot write %s: %s", self.state_file.path, exc.strerror)
+
+    # --- evaluation ---------------------------------------------------------------
+
+    def evaluate(self, snapshot: FleetSnapshot) -> list[Change]:
+        """One evaluation at the snapshot's time: each alert pending, firing or resolved."""
+        # here, not at the top: the exporter's builder (and prometheus_client) would cost
+        # every console's start, and only an evaluation needs it
+        from gpuconsole.alerts.series import samples_by_name
+
+        now = snapshot.at
+        by_name = samples_by_name(snapshot, self._metrics)
+        changes: list[Change] = []
+        seen: set[str] = set()
+        for rule in self.rules:
+            held = rule.condition.evaluate(by_name)
+            for sample in held:
+                alert = self._held(rule, sample, now, changes)
+                seen.add(alert.fingerprint)
+            kept = self._kept_by_hysteresis(rule, by_name, now, seen)
+            seen |= kept
+        for fp, alert in list(self.alerts.items()):
+            if fp in seen or alert.state == RESOLVED:
+                continue
+            if alert.state == PENDING:
+                del self.alerts[fp]
+                continue
+            alert.state, alert.resolved_at = RESOLVED, now
+            changes.append(Change(alert, RESOLVED))
+        self._drop_told_resolved()
+        return changes
+
+    def _held(self, rule: Rule, sample: Sample, now: float, changes: list[Change]) -> Alert:
+        labels = {**dict(sample.labels), **dict(rule.all_labels), "alertname": rule.name}
+        fp = fingerprint(labels)
+        alert = self.alerts.get(fp)
+        if alert is None or alert.state == RESOLVED:
+            alert = Alert(
+                rule=rule.name,
+                labels=labels,
+                annotations={},
+                severity=rule.severity,
+                state=PENDING,
+                active_at=now,
+                last_held_at=now,
+            )
+            self.alerts[fp] = alert
+        alert.last_held_at, alert.value = now, sample.value
+        alert.annotations = {k: expand(v, labels, sample.value) for k, v in rule.annotations}
+        if alert.state == PENDING and now - alert.active_at >= rule.for_s:
+            alert.state, alert.fired_at = FIRING, now
+            changes.append(Change(alert, FIRING))
+        return alert
+
+    def _kept_by_hysteresis(
+        self, rule: Rule, by_name: dict[str, list[Sample]], now: float, seen: set[str]
+    ) -> set[str]:
+        """The firing alerts of `rule` its hysteresis keeps firing though the condition no
+        longer holds: above the clear threshold, or within keep_firing_for_s."""
+        firing = {
+            fp: a
+            for fp, a in self.alerts.items()
+            if a.rule == rule.name and a.state == FIRING and fp not in seen
+        }
+        if not firing:
+            return set()
+        kept: set[str] = set()
+        if rule.clear is not None:
+            for sample in rule.condition.evaluate(by_name, rule.clear):
+                labels = {**dict(sample.labels), **dict(rule.all_labels), "alertname": rule.name}
+                fp = fingerprint(labels)
+                if fp in firing:
+                    firing[fp].value = sample.value
+                    kept.add(fp)
+        if rule.keep_firing_for_s:
+            kept |= {
+                fp for fp, a in firing.items() if now - a.last_held_at < rule.keep_firing_for_s
+            }
+        return kept
+
+    def _drop_told_resolved(self) -> None:
+        """Forget resolved alerts once no receiver still needs telling."""
+        for fp, alert in list(self.alerts.items()):
+            if alert.state != RESOLVED:
+                continue
+            if not any(r.due([alert], 0.0) for r in self.receivers):
+                del self.alerts[fp]
+        for receiver in self.receivers:
+            receiver.forget(self.alerts)
+
+    # --- what consoles see --------------------------------------------------------
+
+    def active(self) -> tuple[ActiveAlert, ...]:
+        """Pending and firing alerts, worst first, each with the silence that covers it."""
+        found = []
+        for alert in self.alerts.values():
+            if alert.state == RESOLVED:
+                continue
+            labels = alert.labels
+            silence = next((s for s in self.silences if s.covers(labels)), None)
+            found.append(
+                ActiveAlert(
+                    name=alert.rule,
+                    severity=alert.severity,
+                    state=AlertState.FIRING if alert.state == FIRING else AlertState.PENDING,
+                    labels=tuple((k, safe_text(v)) for k, v in sorted(labels.items())),
+                    summary=safe_text(alert.annotations.get("summary", "")),
+                    since=alert.fired_at if alert.fired_at is not None else alert.active_at,
+                    value=alert.value,
+                    node=labels.get("node") or labels.get("Hostname") or None,
+                    gpu_bus_id=_bus_id(labels),
+                    silenced_by=silence.said() if silence is not None else None,
+                )
+            )
+        found.sort(key=lambda a: (a.state != AlertState.FIRING, _RANK[a.severity], -a.since))
+        return tuple(found)
+
+    # --- delivery -----------------------------------------------------------------
+
+    async def deliver(self, session: aiohttp.ClientSession) -> bool:
+        """Tell each receiver that is not backing off what it must be told; True if any
+        receiver acknowledged something (the state file is then written)."""
+        now = self.clock()
+        took = False
+        for receiver in self.receivers:
+            if now < receiver.next_try_at:
+                continue
+            due = receiver.due(self.alerts.values(), now)
+            if due and await receiver.deliver(session, due, now):
+                took = True
+        if took:
+            self._drop_told_resolved()
+        return took
+
+    async def refresh_silences(self, session: aiohttp.ClientSession) -> None:
+        import aiohttp
+
+        am = next((r for r in self.receivers if r.kind == ALERTMANAGER), None)
+        now = self.clock()
+        if am is None or now - self._silences_at < SILENCES_EVERY_S:
+            return
+        self._silences_at = now
+        try:
+            async with session.get(f"{am.url}/api/v2/silences") as response:
+                if response.status != 200:
+                    return
+                data = orjson.loads(await response.read())
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return  # the receiver's own retry says it is down
+        self.silences = parse_silences(data)
+
+    # --- running on a hub ---------------------------------------------------------
+
+    def attach(self, hub: Hub) -> None:
+        """Run on `hub`'s loop once it publishes: evaluate its snapshots, post a hub event
+        per alert that fires or resolves, and put what fires into its snapshots."""
+        self._hub = hub
+        hub.subscribe(self._offer)
+
+    def _offer(self, snapshot: FleetSnapshot) -> None:
+        self._latest = snapshot
+        if self._task is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # subscribed before the hub runs: its first publish starts the engine
+            self._wake = asyncio.Event()
+            self._task = loop.create_task(self.run(), name="alert engine")
+        elif self._wake is not None:
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Evaluate and deliver until cancelled."""
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            if self._hub is not None:
+                self._hub.set_alerts(self.active())
+            if self.problem and self._hub is not None:
+                self._hub.post_event(
+                    Event(self.clock(), "", "alerts", "alert", Severity.WARNING, self.problem)
+                )
+            evaluated_seq = -1
+            next_eval = 0.0
+            while True:
+                snapshot = self._latest
+                now = time.monotonic()
+                if (
+                    snapshot is not None
+                    and snapshot.seq != evaluated_seq
+                    and now >= next_eval
+                    and ready(snapshot)
+                ):
+                    evaluated_seq = snapshot.seq
+                    try:
+                        await self.step(snapshot)
+                    except Exception:  # a rule that trips on odd data must not end alerting
+                        log.exception("alerts: evaluating the rules failed")
+                    next_eval = now + self.paced_interval()
+                await self.refresh_silences(session)
+                if await self.deliver(session):
+                    self.save()
+                if self._hub is not None:
+                    self._hub.set_alerts(self.active())
+                await asyncio.sleep(min(1.0, self.interval_s))
+
+    def paced_interval(self) -> float:
+        """Seconds until the next evaluation: interval_s, or longer where the last one cost
+        more than CPU_SHARE of a core over it (said once in the log)."""
+        paced = max(self.interval_s, self.last_cpu_s / CPU_SHARE)
+        if paced > self.interval_s and not self._said_paced:
+            self._said_paced = True
+            log.warning(
+                "alerts: an evaluation costs %.2f s of CPU (%d nodes); evaluating every "
+                "%.0f s instead of every %g s",
+                self.last_cpu_s,
+                self._nodes,
+                paced,
+                self.interval_s,
+            )
+        return paced
+
+    def _timed(self, snapshot: FleetSnapshot) -> list[Change]:
+        began = time.thread_time()
+        try:
+            return self.evaluate(snapshot)
+        finally:
+            self.last_cpu_s = time.thread_time() - began
+            self._nodes = len(snapshot.nodes)
+
+    async def step(self, snapshot: FleetSnapshot) -> list[Change]:
+        """One evaluation off the loop (building the series costs a large fleet some
+        time), its changes said as hub events and written to the state file."""
+        changes = await asyncio.to_thread(self._timed, snapshot)
+        if changes:
+            self.save()
+            for change in changes:
+                self._say(change)
+        return changes
+
+    def _say(self, change: Change) -> None:
+        alert = change.alert
+        summary = alert.annotations.get("summary", "")
+        line = f"alert {alert.rule} {change.state}" + (f": {summary}" if summary else "")
+        log.info("%s", safe_text(line))
+        if self._hub is None:
+            return
+        labels = alert.labels
+        self._hub.post_event(
+            Event(
+                at=self.clock(),
+                node=labels.get("node") or labels.get("Hostname") or "",
+                source="alerts",
+                kind="alert",
+                severity=alert.severity if change.state == FIRING else Severity.INFO,
+                message=line,
+                gpu_uuid=labels.get("uuid") or labels.get("UUID") or None,
+                gpu_bus_id=_bus_id(labels),
+            )
+        )
+
+    async def stop(self) -> None:
+        """Stop evaluating (the state file holds what fires)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _bus_id(labels: dict[str, str]) -> str | None:
+    """The GPU an alert is about, by bus id (sysfs form), where its series names one."""
+    for name in ("pci_bus_id", "gpu"):
+        value = labels.get(name, "")
+        if value.count(":") >= 1 and "." in value:
+            with contextlib.suppress(ValueError):
+                return normal_bus_id(value)
+    return None

@@ -1,0 +1,270 @@
+"""Alert rules: the default set every gpuconsole runs without a config, and [[alert]] tables
+of the config, which add rules or replace a default of the same name."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuconsole.alerts.condition import Condition, ConditionError, Labels, parse
+from gpuconsole.config import AlertRuleConfig, ConfigError, where
+from gpuconsole.facts.verdict import Action
+from gpuconsole.readings.base import Severity
+
+_ALERT_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# The two templates Prometheus and this engine both expand; any other {{ }} is refused.
+_TEMPLATE = re.compile(r"\{\{\s*(?:\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)|(\$value))\s*\}\}")
+_RESERVED = frozenset({"alertname", "alertstate"})
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """Fire while `condition` holds for a series, once it has held `for_s`.
+
+    Hysteresis: with `clear`, a firing alert clears only once the first comparison fails
+    with `clear` as its threshold (fire above 90, clear below 85); with
+    `keep_firing_for_s`, it keeps firing that long after the condition last held."""
+
+    name: str
+    condition: Condition
+    severity: Severity = Severity.WARNING
+    for_s: float = 0.0
+    clear: float | None = None
+    keep_firing_for_s: float = 0.0
+    labels: Labels = ()
+    annotations: Labels = ()
+
+    @property
+    def all_labels(self) -> Labels:
+        """The labels every alert of this rule carries (severity last given wins)."""
+        merged = {"severity": self.severity.value, **dict(self.labels)}
+        return tuple(sorted(merged.items()))
+
+
+def expand(text: str, labels: Mapping[str, str], value: float) -> str:
+    """An annotation with {{ $labels.NAME }} and {{ $value }} filled in, as Prometheus does."""
+
+    def fill(found: re.Match[str]) -> str:
+        if found.group(2):
+            return _value_text(value)
+        return labels.get(found.group(1), "")
+
+    return _TEMPLATE.sub(fill, text)
+
+
+def _value_text(value: float) -> str:
+    return str(int(value)) if value == int(value) and abs(value) < 1e15 else f"{value:g}"
+
+
+def _rule(
+    name: str,
+    condition: str,
+    severity: Severity,
+    summary: str,
+    *,
+    for_s: float = 0.0,
+    clear: float | None = None,
+    keep_firing_for_s: float = 0.0,
+    description: str = "",
+) -> Rule:
+    notes = {"summary": summary, **({"description": description} if description else {})}
+    return Rule(
+        name,
+        parse(condition),
+        severity,
+        for_s=for_s,
+        clear=clear,
+        keep_firing_for_s=keep_firing_for_s,
+        annotations=tuple(sorted(notes.items())),
+    )
+
+
+_DRAIN = Action.DRAIN.rank
+_CRIT, _WARN = Severity.CRITICAL, Severity.WARNING
+
+DEFAULT_RULES: tuple[Rule, ...] = (
+    _rule(
+        "GpuNotFitForWork",
+        f"gpuconsole_gpu_verdict >= {_DRAIN}",
+        _CRIT,
+        "GPU {{ $labels.gpu }} on {{ $labels.node }}: {{ $labels.action }}",
+        description="The GPU's verdict calls for drain or worse; its evidence is in the "
+        "console's GPU view.",
+    ),
+    _rule(
+        "NodeNotFitForWork",
+        f"gpuconsole_node_verdict >= {_DRAIN}",
+        _CRIT,
+        "Node {{ $labels.node }}: {{ $labels.action }}",
+    ),
+    _rule(
+        "GpuLost",
+        "gpuconsole_gpu_lost == 1",
+        _CRIT,
+        "GPU {{ $labels.uuid }} on {{ $labels.node }} fell off the bus or needs a reset",
+    ),
+    _rule(
+        "GpuUncorrectableEcc",
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL > 0",
+        _CRIT,
+        "GPU {{ $labels.pci_bus_id }} on {{ $labels.Hostname }}: {{ $value }} uncorrectable "
+        "ECC errors since its last reset",
+    ),
+    _rule(
+        "GpuRowRemapPending",
+        "DCGM_FI_DEV_ROW_REMAP_PENDING == 1",
+        _WARN,
+        "GPU {{ $labels.pci_bus_id }} on {{ $labels.Hostname }}: a row remap waits for a GPU reset",
+    ),
+    _rule(
+        "GpuRowRemapFailed",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE == 1",
+        _CRIT,
+        "GPU {{ $labels.pci_bus_id }} on {{ $labels.Hostname }}: row remapping failed; "
+        "return it for service",
+    ),
+    _rule(
+        "GpuOverheating",
+        "DCGM_FI_DEV_GPU_TEMP >= 87",
+        _WARN,
+        "GPU {{ $labels.pci_bus_id }} on {{ $labels.Hostname }} at {{ $value }} °C",
+        for_s=60.0,
+        clear=82.0,
+    ),
+    _rule(
+        "PowerSupplyFailed",
+        "gpuconsole_bmc_psus_failed > 0",
+        _CRIT,
+        "Node {{ $labels.node }}: {{ $value }} power supplies failed",
+    ),
+    _rule(
+        "FanFailed",
+        "gpuconsole_bmc_fans_failed > 0",
+        _CRIT,
+        "Node {{ $labels.node }}: {{ $value }} fans failed",
+    ),
+    _rule(
+        "FabricRailDown",
+        "node_infiniband_state_id != 4 and on(node, device, port) "
+        'gpuconsole_fabric_port_info{role="compute"} == 1',
+        _CRIT,
+        "Node {{ $labels.node }}: compute port {{ $labels.device }}/{{ $labels.port }} is "
+        "not active",
+        for_s=15.0,
+        keep_firing_for_s=300.0,
+        description="Kept firing 5 minutes after the port comes back, so that a flapping "
+        "rail pages once.",
+    ),
+    _rule(
+        "FabricManagerDown",
+        "gpuconsole_fabric_manager_running == 0",
+        _CRIT,
+        "Node {{ $labels.node }}: the NVIDIA Fabric Manager does not run; CUDA jobs will "
+        "not start on its NVSwitch GPUs",
+        for_s=60.0,
+    ),
+    _rule(
+        "SourceStale",
+        "gpuconsole_source_up == 0",
+        _WARN,
+        "Node {{ $labels.node }}: the {{ $labels.source }} source has been failing",
+        for_s=120.0,
+    ),
+)
+
+
+def build_rules(
+    entries: Sequence[AlertRuleConfig], *, defaults: bool = True, path: Path | None = None
+) -> tuple[Rule, ...]:
+    """The rules to evaluate: the defaults (unless `defaults` is false) with each [[alert]]
+    added, or put in place of the default of its name. ConfigError names every entry that
+    is wrong, its line in `path` (the config file), and why."""
+    problems: list[str] = []
+    configured: dict[str, Rule] = {}
+    named: set[str] = set()
+    for index, entry in enumerate(entries, start=1):
+        wrong: list[tuple[str, str]] = []
+        if entry.name in named:
+            wrong.append(("name", f"another [[alert]] is named {entry.name!r} already"))
+        else:
+            named.add(entry.name)
+            rule = _from_config(entry, wrong)
+            if rule is not None and not wrong:
+                configured[entry.name] = rule
+        problems.extend(f"{where(path, 'alert', key, index)}: {said}" for key, said in wrong)
+    if problems:
+        raise ConfigError(*problems)
+    base = [r for r in DEFAULT_RULES if r.name not in configured] if defaults else []
+    return (*base, *configured.values())
+
+
+def _from_config(entry: AlertRuleConfig, wrong: list[tuple[str, str]]) -> Rule | None:
+    """The rule an [[alert]] describes; what is wrong with it added to `wrong` as
+    (key, why)."""
+    if not _ALERT_NAME.fullmatch(entry.name):
+        wrong.append(
+            (
+                "name",
+                f"{entry.name!r} is not an alert name (letters, digits, _ and :, not led by "
+                "a digit)",
+            )
+        )
+    condition = None
+    if not entry.expr:
+        wrong.append(("expr", "required, e.g. expr = 'DCGM_FI_DEV_GPU_TEMP > 90'"))
+    else:
+        try:
+            condition = parse(entry.expr)
+        except ConditionError as exc:
+            wrong.append(("expr", f"{entry.expr!r}: {exc}"))
+    clear = None if math.isnan(entry.clear) else entry.clear
+    if clear is not None and condition is not None:
+        problem = _clear_problem(condition, clear)
+        if problem:
+            wrong.append(("clear", problem))
+    if clear is not None and entry.keep_firing_for_s:
+        wrong.append(("clear", "give clear or keep_firing_for_s, not both"))
+    for key, table in (("labels", entry.labels), ("annotations", entry.annotations)):
+        for name, text in table.items():
+            if not _LABEL_NAME.fullmatch(name) or name.startswith("__") or name in _RESERVED:
+                wrong.append((key, f"{name!r} is not a label name a rule may set"))
+            leftover = _TEMPLATE.sub("", text)
+            if "{{" in leftover or "}}" in leftover:
+                wrong.append(
+                    (
+                        key,
+                        f"{name}: only {{{{ $labels.NAME }}}} and {{{{ $value }}}} are "
+                        "expanded; other templates are not",
+                    )
+                )
+    if "severity" in entry.labels:
+        wrong.append(("labels", "severity is set by the severity key"))
+    if condition is None:
+        return None
+    return Rule(
+        entry.name,
+        condition,
+        Severity(entry.severity),
+        for_s=entry.for_s,
+        clear=clear,
+        keep_firing_for_s=entry.keep_firing_for_s,
+        labels=tuple(sorted(entry.labels.items())),
+        annotations=tuple(sorted(entry.annotations.items())),
+    )
+
+
+def _clear_problem(condition: Condition, clear: float) -> str | None:
+    first = condition.first
+    if first.op in (">", ">="):
+        if clear > first.threshold:
+            return f"{clear:g} is above the firing threshold {first.threshold:g}: it must not be"
+        return None
+    if first.op in ("<", "<="):
+        if clear < first.threshold:
+            return f"{clear:g} is below the firing threshold {first.threshold:g}: it must not be"
+        return None
+    return f"needs a condition led by >, >=, < or <= (this one uses {first.op})"

@@ -1,0 +1,433 @@
+"""Alert rules: the condition language, `for` and hysteresis, config errors, the state file,
+`gpuconsole rules` checked by the real promtool, and the engine on a running hub."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuconsole import config
+from gpuconsole.alerts.condition import ConditionError, Sample, parse
+from gpuconsole.alerts.engine import AlertEngine
+from gpuconsole.alerts.prometheus import duration, rules_file
+from gpuconsole.alerts.rules import DEFAULT_RULES, build_rules
+from gpuconsole.alerts.state import StateFile
+from gpuconsole.config import ConfigError
+from gpuconsole.readings.alerts import AlertState
+from gpuconsole.wiring import alert_rules, sim_hub, watch_alerts
+from tests.alert_fixtures import NODE, UUID, fleet
+from tests.peers import require_program
+
+
+def samples(name: str, *rows: tuple[dict[str, str], float]) -> dict[str, list[Sample]]:
+    return {name: [Sample(name, tuple(sorted(labels.items())), value) for labels, value in rows]}
+
+
+# --- the condition language ----------------------------------------------------------------
+
+
+def test_a_condition_keeps_the_series_its_matchers_and_comparison_hold_for() -> None:
+    cond = parse('DCGM_FI_DEV_GPU_TEMP{Hostname=~"dgx-0.*", gpu!="3"} >= 87')
+    found = cond.evaluate(
+        samples(
+            "DCGM_FI_DEV_GPU_TEMP",
+            ({"Hostname": "dgx-001", "gpu": "1"}, 90.0),
+            ({"Hostname": "dgx-001", "gpu": "3"}, 95.0),
+            ({"Hostname": "xdgx-001", "gpu": "2"}, 95.0),  # regexes are anchored, as PromQL's
+            ({"Hostname": "dgx-002", "gpu": "0"}, 86.9),
+        )
+    )
+    assert [dict(s.labels)["gpu"] for s in found] == ["1"]
+
+
+def test_and_on_keeps_the_left_series_that_match_on_the_named_labels() -> None:
+    cond = parse(
+        "node_infiniband_state_id != 4 and on(node, device, port) "
+        'gpuconsole_fabric_port_info{role="compute"} == 1'
+    )
+    port = {"node": "n", "device": "mlx5_0", "port": "1"}
+    storage = {"node": "n", "device": "mlx5_9", "port": "1"}
+    by_name = {
+        **samples("node_infiniband_state_id", (port, 1.0), (storage, 1.0)),
+        **samples(
+            "gpuconsole_fabric_port_info",
+            ({**port, "role": "compute"}, 1.0),
+            ({**storage, "role": "storage"}, 1.0),
+        ),
+    }
+    [down] = cond.evaluate(by_name)
+    assert dict(down.labels)["device"] == "mlx5_0" and down.value == 1.0
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("", "empty"),
+        ("rate(x[5m]) > 1", "a comparison"),
+        ("x > 1 or y > 2", "'and'"),
+        ("x{a=1} > 2", '"quoted"'),
+        ('x{a=~"("} > 2', "bad regular expression"),
+        ("x > y", "a number"),
+        ("x > 1e999", "finite"),
+        ("and > 1", "a metric name"),
+    ],
+)
+def test_a_condition_outside_the_subset_says_where_and_what_was_expected(
+    text: str, said: str
+) -> None:
+    with pytest.raises(ConditionError, match=said):
+        parse(text)
+
+
+def test_a_condition_prints_as_it_parses() -> None:
+    text = 'a{b="c\\"d", e!~"f.*"} > 2.5 and on(b) g <= 3'
+    assert parse(parse(text).text()) == parse(text)
+
+
+# --- rules in the config ----------------------------------------------------------------------
+
+
+def rules_from(toml: str) -> tuple[str, ...]:
+    return tuple(r.name for r in alert_rules(config.parse(toml)))
+
+
+def test_the_defaults_need_no_config_and_an_alert_table_adds_or_replaces() -> None:
+    names = rules_from("")
+    assert {"GpuNotFitForWork", "NodeNotFitForWork", "GpuLost", "GpuRowRemapPending",
+            "GpuUncorrectableEcc", "PowerSupplyFailed", "FanFailed", "FabricRailDown",
+            "SourceStale", "FabricManagerDown"} <= set(names)  # fmt: skip
+    toml = """
+[[alert]]
+name = "GpuLost"
+expr = "gpuconsole_gpu_lost == 1"
+for_s = 30
+severity = "warning"
+[[alert]]
+name = "HotInlet"
+expr = "gpuconsole_bmc_inlet_temperature_celsius > 35"
+"""
+    rules = {r.name: r for r in alert_rules(config.parse(toml))}
+    assert len(rules) == len(names) + 1
+    assert rules["GpuLost"].for_s == 30 and rules["GpuLost"].severity.value == "warning"
+    assert rules_from('[alerts]\ndefaults = false\n[[alert]]\nname = "X"\nexpr = "x > 1"\n') == (
+        "X",
+    )
+
+
+def test_a_bad_rule_gets_a_message_that_names_the_entry_its_line_and_what_is_wrong(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(
+        """\
+[[alert]]
+name = "Hot"
+expr = "DCGM_FI_DEV_GPU_TEMP >> 90"
+[[alert]]
+name = "Cool"
+expr = "DCGM_FI_DEV_GPU_TEMP > 90"
+clear = 95
+labels = { severity = "page" }
+annotations = { summary = "{{ range $labels }}x{{ end }}" }
+[[alert]]
+name = "Hot"
+expr = "x > 1"
+"""
+    )
+    with pytest.raises(ConfigError) as raised:
+        alert_rules(config.load(path))
+    assert sorted(raised.value.problems) == sorted(
+        [
+            f"{path}:3: [[alert]] #1 expr: 'DCGM_FI_DEV_GPU_TEMP >> 90': at character 23: "
+            "expected a number, found '> 90'",
+            f"{path}:7: [[alert]] #2 clear: 95 is above the firing threshold 90: it must not be",
+            f"{path}:8: [[alert]] #2 labels: severity is set by the severity key",
+            f"{path}:9: [[alert]] #2 annotations: summary: only {{{{ $labels.NAME }}}} and "
+            "{{ $value }} are expanded; other templates are not",
+            f"{path}:11: [[alert]] #3 name: another [[alert]] is named 'Hot' already",
+        ]
+    )
+
+
+def test_config_check_and_rules_say_a_bad_condition_without_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[[alert]]\nname = "Hot"\nexpr = "DCGM_FI_DEV_GPU_TEMP > hot"\n')
+    for args in (["config", "check"], ["rules"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "gpuconsole", *args, "-c", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, done
+        assert f"{path}:3: [[alert]] #1 expr:" in done.stderr
+        assert "expected a number" in done.stderr and "Traceback" not in done.stderr
+
+
+# --- for, hysteresis --------------------------------------------------------------------------
+
+
+def test_an_alert_waits_out_its_for_then_fires() -> None:
+    [rule] = build_rules(
+        [config.AlertRuleConfig(name="Lost", expr="gpuconsole_gpu_lost == 1", for_s=60)],
+        defaults=False,
+    )
+    engine = AlertEngine([rule])
+    assert engine.evaluate(fleet(1000.0, lost=True)) == []
+    assert [a.state for a in engine.active()] == [AlertState.PENDING]
+    assert engine.evaluate(fleet(1059.0, lost=True)) == []
+    [fired] = engine.evaluate(fleet(1060.0, lost=True))
+    assert fired.state == "firing" and fired.alert.labels["uuid"] == UUID
+    # a pending alert whose condition stops holding is dropped, never resolved
+    engine.evaluate(fleet(1061.0, lost=False))
+    assert engine.active() == ()
+
+
+def test_a_clear_threshold_keeps_an_alert_firing_until_the_reading_falls_below_it() -> None:
+    [rule] = build_rules(
+        [config.AlertRuleConfig(name="Hot", expr="DCGM_FI_DEV_GPU_TEMP > 90", clear=85)],
+        defaults=False,
+    )
+    engine = AlertEngine([rule])
+    assert [c.state for c in engine.evaluate(fleet(1.0, temp_c=91))] == ["firing"]
+    assert engine.evaluate(fleet(2.0, temp_c=88)) == []  # below 90, above 85: still firing
+    assert engine.evaluate(fleet(3.0, temp_c=89)) == []
+    assert [a.value for a in engine.active()] == [89.0]
+    assert [c.state for c in engine.evaluate(fleet(4.0, temp_c=84))] == ["resolved"]
+    # below 90 again after it cleared: nothing fires
+    assert engine.evaluate(fleet(5.0, temp_c=88)) == []
+
+
+def test_keep_firing_for_rides_out_a_flap() -> None:
+    [rule] = build_rules(
+        [
+            config.AlertRuleConfig(
+                name="Lost", expr="gpuconsole_gpu_lost == 1", keep_firing_for_s=30
+            )
+        ],
+        defaults=False,
+    )
+    engine = AlertEngine([rule])
+    assert [c.state for c in engine.evaluate(fleet(100.0, lost=True))] == ["firing"]
+    assert engine.evaluate(fleet(110.0)) == []
+    assert engine.evaluate(fleet(120.0, lost=True)) == []  # back within 30 s: one alert
+    assert engine.evaluate(fleet(149.0)) == []
+    assert [c.state for c in engine.evaluate(fleet(150.0))] == ["resolved"]
+
+
+def test_no_rule_fires_on_a_node_whose_sources_have_not_been_read() -> None:
+    from gpuconsole.alerts.engine import ready
+    from gpuconsole.readings.base import SourceStatus
+    from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+
+    waiting = NodeSnapshot(NODE, statuses=(SourceStatus(NODE, "nvml", False),))
+    assert not ready(FleetSnapshot(1, 1.0, (waiting,)))
+    assert ready(fleet(1.0))
+
+
+# --- the state file ---------------------------------------------------------------------------
+
+
+def test_a_corrupt_state_file_is_moved_aside_with_a_clear_message(tmp_path: Path) -> None:
+    path = tmp_path / "alerts-agent.json"
+    path.write_text('{"version": 1, "alerts": [{"rule": 5, "state": "firing"}], "told": {}}')
+    engine = AlertEngine(DEFAULT_RULES, state_file=StateFile(path))
+    assert engine.problem is not None
+    assert "is not a file gpuconsole wrote" in engine.problem
+    assert "alerts[0].rule must be a string" in engine.problem
+    assert (tmp_path / "alerts-agent.json.corrupt").exists() and not path.exists()
+    # and it goes on: the next change is written whole
+    engine.evaluate(fleet(1.0, lost=True))
+    engine.save()
+    again = AlertEngine(DEFAULT_RULES, state_file=StateFile(path))
+    assert again.problem is None
+    assert [a.name for a in again.active()] == ["GpuLost"]
+
+
+def test_a_state_file_that_is_not_json_at_all_is_said_too(tmp_path: Path) -> None:
+    path = tmp_path / "alerts.json"
+    path.write_bytes(b"\x00\xff not json")
+    engine = AlertEngine(DEFAULT_RULES, state_file=StateFile(path))
+    assert engine.problem is not None and str(path) in engine.problem
+
+
+# --- Prometheus -------------------------------------------------------------------------------
+
+
+def test_durations_are_written_as_prometheus_reads_them() -> None:
+    assert [duration(s) for s in (0.5, 15, 60, 90, 3600, 5400)] == [
+        "500ms", "15s", "1m", "1m30s", "1h", "1h30m"
+    ]  # fmt: skip
+
+
+def promtool_check(tmp_path: Path, text: str) -> str:
+    promtool = require_program("promtool", "apt-get install prometheus")
+    path = tmp_path / "rules.yml"
+    path.write_text(text)
+    done = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_promtool_accepts_the_default_rules_gpuconsole_rules_prints(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuconsole", "rules", "-c", str(tmp_path / "none.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "no such config file" in done.stderr
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuconsole", "rules", "-c", str(empty)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    said = promtool_check(tmp_path, done.stdout)
+    assert f"SUCCESS: {len(DEFAULT_RULES)} rules found" in said
+    assert "gpuconsole_gpu_verdict >= 2" in done.stdout
+    assert "keep_firing_for: 5m" in done.stdout
+
+
+def test_promtool_accepts_configured_rules_with_hysteresis_labels_and_odd_text(
+    tmp_path: Path,
+) -> None:
+    toml = """
+[[alert]]
+name = "Hot"
+expr = 'DCGM_FI_DEV_GPU_TEMP{Hostname=~"dgx-.*"} > 90'
+clear = 85
+for_s = 90
+severity = "critical"
+labels = { team = "infra" }
+annotations = { summary = "GPU {{ $labels.gpu }} at {{ $value }} °C: \\"hot\\"\\nnow" }
+"""
+    text = rules_file(alert_rules(config.parse(toml)))
+    said = promtool_check(tmp_path, text)
+    assert "SUCCESS" in said
+    assert (
+        '(DCGM_FI_DEV_GPU_TEMP{Hostname=~\\"dgx-.*\\"} > 90) or '
+        '(DCGM_FI_DEV_GPU_TEMP{Hostname=~\\"dgx-.*\\"} > 85 and '
+        "ignoring(alertname, alertstate, severity, team) "
+        'ALERTS{alertname=\\"Hot\\", alertstate=\\"firing\\"})'
+    ) in text
+
+
+def test_promtool_runs_the_hysteresis_as_the_engine_does(tmp_path: Path) -> None:
+    """The printed rule, run by promtool's rule tests over the same readings the engine
+    sees: fires above 90, holds at 88, clears at 84."""
+    promtool = require_program("promtool", "apt-get install prometheus")
+    toml = '[alerts]\ndefaults = false\n[[alert]]\nname = "Hot"\nexpr = "DCGM_FI_DEV_GPU_TEMP > 90"\nclear = 85\n'
+    rules = alert_rules(config.parse(toml))
+    (tmp_path / "rules.yml").write_text(rules_file(rules))
+    (tmp_path / "test.yml").write_text(
+        """\
+rule_files: [rules.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'DCGM_FI_DEV_GPU_TEMP{gpu="0"}'
+        values: '91 88 84 88'
+    alert_rule_test:
+      - {eval_time: 0m, alertname: Hot, exp_alerts: [{exp_labels: {gpu: "0", severity: warning}}]}
+      - {eval_time: 1m, alertname: Hot, exp_alerts: [{exp_labels: {gpu: "0", severity: warning}}]}
+      - {eval_time: 2m, alertname: Hot, exp_alerts: []}
+      - {eval_time: 3m, alertname: Hot, exp_alerts: []}
+"""
+    )
+    done = subprocess.run(
+        [promtool, "test", "rules", "test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [rule] = rules
+    engine = AlertEngine([rule])
+    fired = []
+    for minute, value in enumerate((91, 88, 84, 88)):
+        engine.evaluate(fleet(minute * 60.0, temp_c=value))
+        fired.append(bool(engine.active()))
+    assert fired == [True, True, False, False]
+
+
+# --- on a running hub ------------------------------------------------------------------------
+
+
+async def test_the_engine_on_a_demo_hub_puts_what_fires_in_its_snapshots() -> None:
+    cfg = config.parse("[alerts]\ninterval_s = 0.2\n")
+    hub = sim_hub(cfg, None, 0)
+    engine = watch_alerts(cfg, hub, "test", demo=True)
+    assert engine is not None and engine.receivers == [] and engine.state_file is None
+    await hub.start()
+    try:
+        for _ in range(200):
+            latest = hub.latest
+            if latest is not None and any(a.state is AlertState.FIRING for a in latest.alerts):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("nothing fired in 10 s on the demo cluster (a PSU has failed)")
+        # the demo cluster's failed power supply, from the BMC's series
+        psu = next(a for a in latest.alerts if a.name == "PowerSupplyFailed")
+        assert psu.severity.value == "critical" and psu.node and psu.node in psu.summary
+        await asyncio.sleep(0.1)
+        said = [e for e in hub.events() if e.kind == "alert"]
+        assert any(e.message.startswith("alert PowerSupplyFailed firing: ") for e in said)
+    finally:
+        await engine.stop()
+        await hub.stop()
+
+
+def test_the_series_rules_read_are_the_series_a_scrape_reads() -> None:
+    """Evaluations build only the families their rules name (and skip the work of the
+    rest): the samples of those families are the full body's, every one."""
+    from gpuconsole.alerts.series import samples_by_name
+    from gpuconsole.export.collector import build
+    from tests.export_fixtures import frozen_fleet as polled_fleet
+
+    snapshot = polled_fleet()
+    wanted = {m for r in DEFAULT_RULES for m in r.condition.metrics}
+    wanted |= {"node_infiniband_link_downed_total", "gpuconsole_fabric_port_severity"}
+    full: dict[str, list[Sample]] = {}
+    for name, labels, values, value in build(snapshot, snapshot.at).samples():
+        if name in wanted:
+            pairs = tuple(sorted(zip(labels, values, strict=True)))
+            full.setdefault(name, []).append(Sample(name, pairs, value))
+    assert samples_by_name(snapshot, wanted) == full
+    for name in ("node_infiniband_state_id", "gpuconsole_bmc_psus_failed", "gpuconsole_gpu_lost",
+                 "node_infiniband_link_downed_total", "gpuconsole_fabric_port_severity"):  # fmt: skip
+        assert full.get(name), name
+
+
+def test_the_verdict_rules_fire_for_drain_and_worse_and_not_for_watch() -> None:
+    from gpuconsole.facts.verdict import Action
+
+    rules = {r.name: r for r in DEFAULT_RULES}
+    gpu, node = rules["GpuNotFitForWork"], rules["NodeNotFitForWork"]
+    for action in Action:
+        labels = {"node": NODE, "gpu": "0000:c3:00.0", "uuid": UUID, "action": action.value}
+        held = gpu.condition.evaluate(samples("gpuconsole_gpu_verdict", (labels, action.rank)))
+        node_labels = {"node": NODE, "action": action.value}
+        on_node = node.condition.evaluate(
+            samples("gpuconsole_node_verdict", (node_labels, action.rank))
+        )
+        wanted = action.rank >= Action.DRAIN.rank
+        assert bool(held) == wanted and bool(on_node) == wanted, action
+    labels = {"node": NODE, "gpu": "0000:c3:00.0", "uuid": UUID, "action": "reset_gpu"}
+    [held] = gpu.condition.evaluate(samples("gpuconsole_gpu_verdict", (labels, 3.0)))
+    from gpuconsole.alerts.rules import expand
+
+    said = expand(dict(gpu.annotations)["summary"], dict(held.labels), held.value)
+    assert said == f"GPU 0000:c3:00.0 on {NODE}: reset_gpu"
