@@ -7,6 +7,8 @@
 #   doctor-user.json/.txt     doctor as an unprivileged user made for the run
 #   doctor-root-image-pynvml.txt  doctor as root with the image's own nvidia-ml-py, not the pin
 #   pytest-root.txt, pytest-user.txt   tests/test_nvml_real.py and the fake-library NVML tests
+#   guest.txt                 `agent --guest` on the real driver, asked as a host asks it (unix
+#                             socket and vsock), as root and as the unprivileged user
 #
 # Run from the repository root, as root, with python3 on PATH and the wheels in .whl/
 # (nvidia-ml-py, orjson and pytest-asyncio: see the download commands in the report):
@@ -20,7 +22,7 @@ LOG=$OUT/run.log
 ERR=/tmp/gpuconsole-check-step.stderr  # outside $OUT: only the eight files come back
 : >"$LOG"
 START=$(date +%s)
-DEADLINE=$((START + 270))
+DEADLINE=$((START + 320))
 PY=$(command -v python3)
 SITE=/tmp/gpuconsole-site
 ASYNCIO_SITE=/tmp/gpuconsole-site-asyncio
@@ -115,6 +117,69 @@ step "doctor json, $RUN_AS" 45 "$OUT/doctor-user.json" "${AS_USER[@]}" "${DOCTOR
 step "doctor text, $RUN_AS" 45 "$OUT/doctor-user.txt" "${AS_USER[@]}" "${DOCTOR[@]}"
 step "doctor text, root, image's nvidia-ml-py" 45 "$OUT/doctor-root-image-pynvml.txt" \
     "${AS_ROOT[@]}" "PYTHONPATH=$SRC" "${DOCTOR[@]}"
+
+# The guest agent on the real driver (this node is itself a VM with its GPU passed through):
+# asked over a unix socket as a host's TenancySource asks it, then listening on vsock.
+GUEST_ASK=$(cat <<'PYEOF'
+import asyncio, sys, time
+from gpuconsole.readings.tenancy import Guest
+from gpuconsole.sources.tenancy.guest_agent import GuestRefused, ask_guest
+sock = sys.argv[1]
+async def main():
+    end = time.monotonic() + 40
+    while True:
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock)
+            writer.write(b"GET gpuconsole/1\n"); await writer.drain()
+            raw = await reader.read(); writer.close()
+            if raw:
+                break
+        except OSError:
+            pass
+        if time.monotonic() > end:
+            print("no answer in 40 s"); return 1
+        await asyncio.sleep(0.5)
+    import json
+    body = json.loads(raw)
+    buses = [g["pci_bus_id"] for g in body["gpus"]]
+    print("protocol", body["protocol"], "driver", body["driver_version"], "shared", body["shared"])
+    from gpuconsole.readings.base import normal_bus_id
+    host = [(f"0000:f{k}:00.0", normal_bus_id(b)) for k, b in enumerate(buses)]
+    guest = Guest("probe", "running", tuple(h for h, _ in host), "libvirt", vsock_cid=3, addresses=tuple(host))
+    async def connect(_g):
+        return await asyncio.open_unix_connection(sock)
+    try:
+        gpus = await ask_guest(guest, connect, 10.0)
+    except GuestRefused as exc:
+        print("REFUSED:", exc); return 1
+    for g in gpus:
+        print(g.pci_bus_id, g.name, g.state, "util", g.util_gpu_pct, "mem", g.mem_used_bytes, "/", g.mem_total_bytes,
+              "temp", g.temp_gpu_c, "power", g.power_w, "xids", g.xids, "processes", g.processes, "denied", g.denied)
+    print(f"{len(raw)} bytes")
+    return 0
+sys.exit(asyncio.run(main()))
+PYEOF
+)
+guest_probe() {  # WHO: start the agent on a unix socket, ask it, stop it; then vsock for 6 s
+    local who=$1
+    shift
+    local sock=/tmp/gpuconsole-guest-$who.sock cfg=/tmp/gpuconsole-guest.toml
+    : >"$cfg" && chmod a+r "$cfg"
+    echo "== $who: agent --guest --unix $sock"
+    "$@" "$PY" -m gpuconsole agent --guest --unix "$sock" -c "$cfg" 2>&1 &
+    local pid=$!
+    timeout 50 "$@" "$PY" -c "$GUEST_ASK" "$sock" 2>&1
+    echo "ask exit $?"
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    echo "== $who: agent --guest on vsock (listens for 6 s; exit 124 = still listening)"
+    timeout 6 "$@" "$PY" -m gpuconsole agent --guest -c "$cfg" 2>&1 | tail -3
+    echo "vsock exit ${PIPESTATUS[0]}"
+}
+{
+    guest_probe root "${AS_ROOT[@]}"
+    guest_probe "$RUN_AS" "${AS_USER[@]}"
+} >"$OUT/guest.txt" 2>&1
+say "[guest agent] -> guest.txt"
 
 TESTS=(tests/test_nvml_real.py tests/test_doctor.py tests/test_nvml_source.py
     tests/test_nvml_source_pynvml.py tests/test_fakenvml.py)
