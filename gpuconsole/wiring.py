@@ -81,6 +81,7 @@ def node_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
                 inventory_every=cfg.nvml.inventory_every,
                 events=cfg.nvml.events,
                 one_shot=one_shot,
+                proc_root=cfg.host.proc_root,
             )
         )
     if cfg.fabric.enabled:

@@ -63,6 +63,8 @@ class FakeNvmlEnv(Protocol):
         profiling_admin_only: bool = True,
         open_errors: Mapping[int, int] | None = None,
         faults: Sequence[str] = (),
+        recovery_actions: Mapping[int, int] | None = None,
+        fabric_probes: Mapping[int, tuple[int, int]] | None = None,
     ) -> dict[str, str]: ...
 
 
@@ -107,6 +109,8 @@ def fake_nvml_env(tmp_path: Path, fake_nvml_libs: FakeNvmlLibs) -> FakeNvmlEnv:
         profiling_admin_only: bool = True,
         open_errors: Mapping[int, int] | None = None,
         faults: Sequence[str] = (),
+        recovery_actions: Mapping[int, int] | None = None,
+        fabric_probes: Mapping[int, tuple[int, int]] | None = None,
     ) -> dict[str, str]:
         node = get_profile(profile) if isinstance(profile, str) else profile
         plays = driver_of(node, driver)
@@ -121,6 +125,8 @@ def fake_nvml_env(tmp_path: Path, fake_nvml_libs: FakeNvmlLibs) -> FakeNvmlEnv:
             profiling_admin_only=profiling_admin_only,
             open_errors=open_errors,
             faults=faults,
+            recovery_actions=recovery_actions,
+            fabric_probes=fabric_probes,
         )
         library = fake_nvml_libs(plays)
         extra = environment(library.parent, path, counts, frozen_time=frozen_time)

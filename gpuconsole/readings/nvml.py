@@ -136,6 +136,10 @@ class MigInstance:
     gpm: GpmMetrics | None = None
 
 
+# How far back a GPU's XIDs count (GpuReading.xids): NVIDIA's catalog judges repeats within a day.
+XID_WINDOW_S = 24 * 3600.0
+
+
 @dataclass(frozen=True, slots=True)
 class XidCount:
     """One XID code as a GPU raised it within the health window, since its last reset."""

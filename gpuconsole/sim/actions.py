@@ -297,7 +297,15 @@ class SimWorld:
         await asyncio.to_thread(self.tree.refresh)
         hub = Hub()
         hub.add_node(self.name, simulated=True, profile=self.node.profile.name)
-        hub.add_source(NvmlSource(self.name, lib=SimNvml(self.node), events=False, simulated=True))
+        hub.add_source(
+            NvmlSource(
+                self.name,
+                lib=SimNvml(self.node),
+                events=False,
+                simulated=True,
+                fabric_manager=lambda: True,  # the simulated node runs its Fabric Manager
+            )
+        )
         tree = self.tree
         hub.add_source(
             TenancySource(

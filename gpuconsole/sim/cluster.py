@@ -107,6 +107,8 @@ class SimNvmlSource(NvmlSource):
     simulated kernel rebinds one (an assign in the demo), NVML is started again to see it."""
 
     def __init__(self, node: SimNode, **options: Any) -> None:
+        # a simulated NVSwitch node runs its Fabric Manager (this machine's /proc says nothing)
+        options.setdefault("fabric_manager", lambda: True)
         super().__init__(node.name, lib=SimNvml(node), simulated=True, **options)
         self.sim = node
         self._numbered = self._visible()

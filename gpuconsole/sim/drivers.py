@@ -14,6 +14,8 @@ nvidia-ml-py declares it per release (12.535.161, 12.550.89, 12.560.30, 12.570.8
   are its active preset profile, admin override TMP floor and ramp-up rate); from 580.82 the
   power-smoothing block starts at 251 (as on 570) and the counters are 269-271.
 - Fields 74 and 76 (power cap and sync boost time) are the same in every branch.
+- Field 230, the GPU recovery action (nvmlDeviceGpuRecoveryAction_t), exists from R565; the
+  branches before it do not know the id.
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ class DriverProfile:
     def pcie_byte_counters(self) -> bool:
         """Whether fields 197/198 (PCIe bytes, 32-bit) exist."""
         return self.branch >= 560
+
+    @property
+    def recovery_action(self) -> bool:
+        """Whether field 230 (the driver's GPU recovery action) exists."""
+        return self.branch >= 565
 
     def smoothing_field(self, offset: int) -> int | None:
         """The field id of one power-smoothing setting, None where the branch has none."""

@@ -9,7 +9,8 @@ is smaller and NVML's indices run over the GPUs it sees, in enumeration order.
 
 It plays one driver branch (gpuconsole.sim.drivers; by default the one the node profile names)
 as the fake C library does: nvmlDeviceGetTemperatureV only from 560, the PCIe byte counters
-only from 560 and 32 bits wide, the clock-event time counters at that branch's field ids. It
+only from 560 and 32 bits wide, the clock-event time counters at that branch's field ids, the
+GPU recovery action (field 230) from 565: none, or what `recovery_actions` says for a GPU. It
 has no power-smoothing fields and no idle PCIe link training: the fake library has both.
 
 Built with ``privileged=False`` it answers as the driver answers an unprivileged user:
@@ -125,6 +126,10 @@ class SimNvml:
         self._enumerate()
         self._samples: dict[int, _Sample] = {}
         self._delivered: set[tuple[str, int]] = set()
+        # nvmlDeviceGpuRecoveryAction_t the driver advises, by GPU index (0, none, elsewhere)
+        self.recovery_actions: dict[int, int] = {}
+        # (nvmlGpuFabricState_t, status) of a GPU's fabric probe (completed, success elsewhere)
+        self.fabric_probes: dict[int, tuple[int, int]] = {}
 
     def _enumerate(self) -> None:
         """Number the GPUs the host's driver holds, as NVML does when it starts."""
@@ -286,8 +291,7 @@ class SimNvml:
         if not self.node.profile.nvswitches:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         info = getattr(ref, "_obj", ref)
-        info.state = 3  # completed
-        info.status = 0
+        info.state, info.status = self.fabric_probes.get(h.index, (3, 0))  # completed, success
         return 0
 
     @_counted
@@ -407,7 +411,11 @@ class SimNvml:
             91: (1, node.model.nvlink_count),
             74: (3, 0),  # power cap, sync boost and power brake: never in the simulator
             76: (3, 0),
+            190: (1, node.model.tdp_w * 1000),
+            194: (1, int(node.model.temp_slowdown_c)),
         }
+        if driver.recovery_action:
+            scalar[230] = (1, self.recovery_actions.get(i, 0))
         if driver.pcie_byte_counters:
             scalar.update({197: (1, tx % 2**32), 198: (1, rx % 2**32)})
         if driver.throttle_counters_at:
@@ -423,6 +431,8 @@ class SimNvml:
             value: int
             if fid in (138, 139) and scope < node.model.nvlink_count:
                 kind, value = 3, node.nvlink_kib(i, scope)
+            elif fid == 166 and scope < node.model.nvlink_count:  # scoped by link
+                kind, value = 1, NVLINK_VERSION_ENUM[node.model.nvlink_gen]
             elif fid in scalar:
                 kind, value = scalar[fid]
             else:

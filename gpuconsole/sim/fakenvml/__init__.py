@@ -227,6 +227,8 @@ def write_profile(
     profiling_admin_only: bool = True,
     open_errors: Mapping[int, int] | None = None,
     faults: Sequence[str] = (),
+    recovery_actions: Mapping[int, int] | None = None,
+    fabric_probes: Mapping[int, tuple[int, int]] | None = None,
 ) -> Path:
     """Write the fake library's profile file for ``profile`` to ``path`` and return ``path``.
 
@@ -239,6 +241,10 @@ def write_profile(
     (GPM too, unless ``profiling_admin_only=False``: RmProfilingAdminOnly=0 on the node).
     ``open_errors`` maps a GPU index to the nvmlReturn_t its handle cannot be opened with.
     ``faults`` are ``"<gpu> <function> <code or nan> [<GPU instance id>]"`` (see fake_nvml.c).
+    ``recovery_actions`` maps a GPU index to the nvmlDeviceGpuRecoveryAction_t the driver
+    advises (field 230, which only a 565 or newer branch answers); ``fabric_probes`` a GPU
+    index to the (nvmlGpuFabricState_t, nvmlReturn_t status) of its fabric probe, on a node
+    with NVSwitches.
     """
     parsed = [parse_scenario(s) for s in scenarios]
     n = len(profile.gpus)
@@ -251,6 +257,10 @@ def write_profile(
     gpu_lines: dict[int, list[str]] = {}
     for index, code in (open_errors or {}).items():
         gpu_lines.setdefault(index, []).append(f"open_error {int(code)}")
+    for index, action in (recovery_actions or {}).items():
+        gpu_lines.setdefault(index, []).append(f"recovery_action {int(action)}")
+    for index, (state, status) in (fabric_probes or {}).items():
+        gpu_lines.setdefault(index, []).append(f"fabric_probe {int(state)} {int(status)}")
     for text in faults:
         number, _, rest = text.strip().partition(" ")
         if not number.isdigit() or len(rest.split()) not in (2, 3):
@@ -259,7 +269,8 @@ def write_profile(
     for index in gpu_lines:
         if index >= n:
             raise ValueError(
-                f"a fault or open error names GPU {index}; {profile.name} has {n} GPUs"
+                f"a fault, open error, recovery action or fabric probe names GPU {index}; "
+                f"{profile.name} has {n} GPUs"
             )
 
     model = profile.gpu_model

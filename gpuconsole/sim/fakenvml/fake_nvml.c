@@ -23,6 +23,7 @@
  *     575 and 580.0-580.81 (so there 269-271 are the active preset profile, the admin override
  *     TMP floor percent and the admin override ramp-up rate in mW/s).
  *   74 (power cap time) and 76 (sync boost time) in every branch.
+ *   230 (the GPU recovery action): from 565 (older branches do not know it: NOT_SUPPORTED).
  * gpuconsole.sim.drivers holds the same facts for the Python side; a test keeps them equal.
  *
  * Environment
@@ -66,6 +67,11 @@
  *     cpu_affinity_socket <hex word0> ...
  *     pcie_max <gen> <width> <gpu_gen>
  *     fans <n>   gpm <0|1>   fabric <0|1>   nvlink_version <nvmlNvlinkVersion_t>
+ *     fabric_probe <nvmlGpuFabricState_t> <nvmlReturn_t>   what nvmlDeviceGetGpuFabricInfo(V)
+ *                                      answers as state and status where fabric is 1
+ *                                      (default 3 0: completed, success)
+ *     recovery_action <nvmlDeviceGpuRecoveryAction_t>   NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+ *                                      (field 230, from 565 only; default 0, none)
  *     nvlink_bandwidth_gbs <GB/s, all links, both directions>
  *     nvlink <link> <remote bus id> <remote nvmlIntNvLinkDeviceType_t> <remote pci device id>
  *     board_part_number <text>  vbios_version <text>  inforom_image_version <text>
@@ -234,6 +240,7 @@ enum { /* field ids used below */
     NVML_FI_DEV_REMAPPED_FAILURE = 145,
     NVML_FI_DEV_NVSWITCH_CONNECTED_LINK_COUNT = 147,
     NVML_FI_DEV_NVLINK_GET_STATE = 165,
+    NVML_FI_DEV_NVLINK_GET_VERSION = 166,
     NVML_FI_DEV_POWER_AVERAGE = 185,
     NVML_FI_DEV_POWER_INSTANT = 186,
     NVML_FI_DEV_POWER_CURRENT_LIMIT = 190,
@@ -241,6 +248,7 @@ enum { /* field ids used below */
     NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT = 194,
     NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197,
     NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198,
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230,
 };
 /* Clock-event time counters and power-smoothing fields: offsets from where a branch keeps them
  * (see the top of this file). */
@@ -632,6 +640,9 @@ typedef struct {
     unsigned long long cpu_node[CPU_WORDS], cpu_socket[CPU_WORDS];
     unsigned pcie_gen_max, pcie_width_max, pcie_gpu_gen_max;
     unsigned fans, gpm, fabric, nvlink_version;
+    unsigned fabric_state;
+    nvmlReturn_t fabric_status;
+    unsigned recovery_action;
     double nvlink_bandwidth_gbs;
     int nlinks;
     nvlink_t links[NVML_NVLINK_MAX_LINKS];
@@ -930,6 +941,7 @@ static int parse_profile(FILE *f, profile_t *p, char *err, size_t errlen) {
                 goto bad;
             g = &p->gpus[p->ngpus++];
             g->index = idx;
+            g->fabric_state = NVML_GPU_FABRIC_STATE_COMPLETED;
         } else if (!g) {
             goto bad; /* every other key belongs to a GPU block */
         } else if (!strcmp(key, "name")) {
@@ -999,6 +1011,11 @@ static int parse_profile(FILE *f, profile_t *p, char *err, size_t errlen) {
             g->gpm = (unsigned)atoi(rest);
         } else if (!strcmp(key, "fabric")) {
             g->fabric = (unsigned)atoi(rest);
+        } else if (!strcmp(key, "fabric_probe")) {
+            got = sscanf(rest, "%u %u", &g->fabric_state, &g->fabric_status);
+            NEED(2);
+        } else if (!strcmp(key, "recovery_action")) {
+            g->recovery_action = (unsigned)atoi(rest);
         } else if (!strcmp(key, "nvlink_version")) {
             g->nvlink_version = (unsigned)atoi(rest);
         } else if (!strcmp(key, "nvlink_bandwidth_gbs")) {
@@ -2174,6 +2191,18 @@ static nvmlReturn_t field_value(const gpu_t *g, double t, nvmlFieldValue_t *v) {
             return NVML_ERROR_INVALID_ARGUMENT;
         v->value.uiVal = 1;
         return NVML_SUCCESS;
+    case NVML_FI_DEV_NVLINK_GET_VERSION: /* scoped by link, as nvmlDeviceGetNvLinkVersion */
+        if (!g->nlinks)
+            return NVML_ERROR_NOT_SUPPORTED;
+        if (v->scopeId >= (unsigned)g->nlinks)
+            return NVML_ERROR_INVALID_ARGUMENT;
+        v->value.uiVal = g->nvlink_version;
+        return NVML_SUCCESS;
+    case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+        if (driver_before(565, 0))
+            break; /* an id this branch does not know */
+        v->value.uiVal = g->recovery_action;
+        return NVML_SUCCESS;
     case NVML_FI_DEV_PCIE_REPLAY_COUNTER: v->value.uiVal = 0; return NVML_SUCCESS;
     case NVML_FI_DEV_REMAPPED_COR:
     case NVML_FI_DEV_REMAPPED_UNC:
@@ -2800,8 +2829,8 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t
     if (!g->fabric)
         return NVML_ERROR_NOT_SUPPORTED;
     memset(gpuFabricInfo, 0, sizeof(*gpuFabricInfo));
-    gpuFabricInfo->status = NVML_SUCCESS;
-    gpuFabricInfo->state = NVML_GPU_FABRIC_STATE_COMPLETED;
+    gpuFabricInfo->status = g->fabric_status;
+    gpuFabricInfo->state = g->fabric_state;
     return NVML_SUCCESS;
 }
 
@@ -2814,9 +2843,9 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV
     if (!g->fabric)
         return NVML_ERROR_NOT_SUPPORTED;
     memset(info->clusterUuid, 0, sizeof info->clusterUuid);
-    info->status = NVML_SUCCESS;
+    info->status = g->fabric_status;
     info->cliqueId = 0;
-    info->state = NVML_GPU_FABRIC_STATE_COMPLETED;
+    info->state = g->fabric_state;
     info->healthMask = 0;
     if (info->version == nvmlGpuFabricInfo_v3)
         info->healthSummary = NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY;

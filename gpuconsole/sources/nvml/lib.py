@@ -22,6 +22,7 @@ OK = 0
 NOT_SUPPORTED = 3
 NO_PERMISSION = 4
 NOT_FOUND = 6
+INSUFFICIENT_SIZE = 7
 INSUFFICIENT_POWER = 8
 DRIVER_NOT_LOADED = 9
 TIMEOUT = 10
@@ -66,9 +67,16 @@ FI_REMAPPED_PENDING = 144
 FI_REMAPPED_FAILURE = 145
 FI_NVSWITCH_LINK_COUNT = 147  # links that reach an NVSwitch
 FI_NVLINK_STATE = 165  # scoped by link: 1 active
+FI_NVLINK_VERSION = 166  # scoped by link: nvmlNvlinkVersion_t
 FI_POWER_INSTANT = 186
+FI_POWER_LIMIT = 190  # the limit the driver enforces now (mW), as nvmlDeviceGetEnforcedPowerLimit
+FI_TEMP_SLOWDOWN = 194  # as nvmlDeviceGetTemperatureThreshold(SLOWDOWN), from R535
 FI_PCIE_TX_BYTES = 197  # from R560; 32 bits wide: it wraps
 FI_PCIE_RX_BYTES = 198
+# nvmlDeviceGpuRecoveryAction_t, the driver's own advice after a fault: from R565 only (older
+# branches know no field 230, see `recovery_action_field`)
+FI_RECOVERY_ACTION = 230
+RECOVERY_ACTION_SINCE = (565, 0)
 # Clock-event reasons the driver also counts (nanoseconds held, since driver load): these two
 # in every branch; SW thermal, HW thermal and HW power brake (in this order) where
 # `throttle_counters` finds them.
@@ -92,6 +100,7 @@ BASE_FIELDS = (
     FI_PCIE_REPLAY,
     FI_PCIE_TX_BYTES,
     FI_PCIE_RX_BYTES,
+    FI_POWER_LIMIT,
 )
 
 # nvmlFieldValue_t: fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn, value
@@ -128,6 +137,7 @@ ARCHITECTURES = {
 }
 VIRTUALIZATION = {0: "none", 1: "passthrough", 2: "vgpu", 3: "host_vgpu", 4: "host_vsga"}
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+FABRIC_COMPLETED = 3  # nvmlGpuFabricState_t
 REMOTE_KINDS = {0: RemoteKind.GPU, 1: RemoteKind.IBMNPU, 2: RemoteKind.NVSWITCH}
 TOPO_CODES = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 PCIE_UTIL_TX, PCIE_UTIL_RX = 0, 1  # nvmlPcieUtilCounter_t
@@ -161,6 +171,13 @@ def throttle_counters(driver_version: str | None) -> tuple[tuple[int, str], ...]
     return STABLE_THROTTLE_COUNTERS + moved
 
 
+def recovery_action_field(driver_version: str | None) -> int | None:
+    """The field that holds the driver's recovery action, where its branch has one (R565 on):
+    asked of an older driver it would only be NotSupported, listed on every GPU."""
+    release = driver_release(driver_version)
+    return FI_RECOVERY_ACTION if release is not None and release >= RECOVERY_ACTION_SINCE else None
+
+
 def counter_bits(value_type: int) -> int:
     """Width of a field value's counter from its nvmlValueType_t: 32 for the (unsigned) int."""
     return {1: 32, 5: 32, 6: 16}.get(value_type, 64)
@@ -192,6 +209,34 @@ def system_pynvml() -> Any:
     except ImportError as exc:  # pragma: no cover - it is a dependency
         raise SourceUnavailable("nvidia-ml-py is not installed") from exc
     return pynvml
+
+
+# Processes one call has room for: most GPUs run a few, so one trip into the driver answers
+# (pynvml's wrapper asks the count first, then the list: two).
+PROCESS_SLOTS = 64
+NOT_AVAILABLE_U64 = 0xFFFFFFFFFFFFFFFF
+
+
+def running_processes(lib: Any, handle: Any) -> list[Any]:
+    """The compute processes on a GPU (or MIG device), in one NVML call where `lib` is pynvml;
+    a library shaped like it (the simulator) through its own call."""
+    pointer = getattr(lib, "_nvmlGetFunctionPointer", None)
+    info = getattr(lib, "c_nvmlProcessInfo_v3_t", None)
+    if pointer is None or info is None:
+        return list(lib.nvmlDeviceGetComputeRunningProcesses(handle))
+    fn = pointer("nvmlDeviceGetComputeRunningProcesses_v3")
+    slots = PROCESS_SLOTS
+    for _ in range(4):  # the list grew between two calls: ask again with more room
+        count = ctypes.c_uint(slots)
+        found = (info * slots)()
+        ret = fn(handle, ctypes.byref(count), found)
+        if ret == INSUFFICIENT_SIZE:
+            slots = count.value * 2 + 5
+            continue
+        if ret != OK:
+            raise lib.NVMLError(ret)
+        return list(found[: count.value])
+    raise lib.NVMLError(INSUFFICIENT_SIZE)
 
 
 def text(value: Any) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import logging
 import threading
 import time
@@ -46,6 +47,7 @@ from gpuconsole.readings.nvml import (
     PcieReading,
     ProcessReading,
     RemoteKind,
+    XidCount,
 )
 from gpuconsole.sources.base import EmitEvent, SourceUnavailable
 from gpuconsole.sources.nvml import mig_gpm
@@ -54,6 +56,7 @@ from gpuconsole.sources.nvml.lib import (
     ARCHITECTURES,
     BASE_FIELDS,
     DRIVER_NOT_LOADED,
+    FABRIC_COMPLETED,
     FABRIC_STATES,
     FI_ECC_DBE_AGG,
     FI_ECC_DBE_VOL,
@@ -64,15 +67,19 @@ from gpuconsole.sources.nvml.lib import (
     FI_NVLINK_RX,
     FI_NVLINK_STATE,
     FI_NVLINK_TX,
+    FI_NVLINK_VERSION,
     FI_NVSWITCH_LINK_COUNT,
     FI_PCIE_REPLAY,
     FI_PCIE_RX_BYTES,
     FI_PCIE_TX_BYTES,
     FI_POWER_INSTANT,
+    FI_POWER_LIMIT,
+    FI_RECOVERY_ACTION,
     FI_REMAPPED_COR,
     FI_REMAPPED_FAILURE,
     FI_REMAPPED_PENDING,
     FI_REMAPPED_UNC,
+    FI_TEMP_SLOWDOWN,
     FI_TOTAL_ENERGY,
     FIELD_VALUE,
     FUNCTION_NOT_FOUND,
@@ -96,11 +103,15 @@ from gpuconsole.sources.nvml.lib import (
     call,
     counter_bits,
     denied_readings,
+    recovery_action_field,
+    running_processes,
     system_pynvml,
     text,
     throttle_counters,
 )
 from gpuconsole.sources.nvml.state import GpuRecord, LinkRecord
+from gpuconsole.sources.nvml.xids import XidHistory
+from gpuconsole.sources.tenancy import procfs
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +130,16 @@ STAND_INS = {
     "temperature": "temperature_legacy",
     "field 197": "pcie_throughput",
     "field 198": "pcie_throughput",
+    f"field {FI_POWER_LIMIT}": "power_limit",
 }
+# /proc/PID/comm holds a name's first 15 bytes: nv-fabricmanager's is this
+FABRIC_MANAGER_COMM = "nv-fabricmanager"[:15]
+
+
+def fabric_manager_running(proc_root: str) -> bool:
+    """Whether an nv-fabricmanager process runs, by the process table under `proc_root` (a
+    container that watches its host reads the host's /proc mounted elsewhere)."""
+    return any(procfs.comm(proc_root, pid) == FABRIC_MANAGER_COMM for pid in procfs.pids(proc_root))
 
 
 def cpulist(words: Sequence[int]) -> str:
@@ -157,6 +177,8 @@ class NvmlSource:
         one_shot: bool = False,
         simulated: bool = False,
         clock: Callable[[], float] = time.time,
+        proc_root: str = "/proc",
+        fabric_manager: Callable[[], bool | None] | None = None,
     ) -> None:
         self.node = node
         self.interval_s = interval_s
@@ -181,6 +203,13 @@ class NvmlSource:
         self._event_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._rediscover = threading.Event()
+        self._xids = XidHistory()
+        self._recovery_field: int | None = None  # known once the driver says its version
+        # whether Fabric Manager runs: asked of the process table unless the caller knows
+        self._fabric_manager = fabric_manager or functools.partial(
+            fabric_manager_running, proc_root
+        )
+        self._fabric_manager_running: bool | None = None
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -272,6 +301,7 @@ class NvmlSource:
         cuda = f"{cuda_raw // 1000}.{cuda_raw % 1000 // 10}" if isinstance(cuda_raw, int) else None
         self._versions = (driver, nvml, cuda)
         self._throttle_counters = throttle_counters(driver)
+        self._recovery_field = recovery_action_field(driver)
         gpus: list[GpuRecord] = []
         unreadable: list[GpuRecord] = []
         for index in range(lib.nvmlDeviceGetCount()):
@@ -294,6 +324,13 @@ class NvmlSource:
                 _keep_identity(gpu, before)
             if gpu.lost_since is None:
                 self._mark_lost(gpu, gpu.errors[0])
+        # A GPU that comes back to NVML (lost before, or gone from its list) was reset by the
+        # driver on its way back: its XIDs are history.
+        seen = {_xid_key(g): g for g in self._gpus}
+        for gpu in gpus if seen else ():
+            old = seen.get(_xid_key(gpu))
+            if gpu.lost_since is None and (old is None or old.lost_since is not None):
+                self._xids.clear(_xid_key(gpu))
         # and a throttle told before is not news again: each GPU by bus id, not by number
         told = {g.bus_id: g.throttle for g in self._gpus if ":" in g.bus_id}
         for gpu in gpus:
@@ -339,17 +376,25 @@ class NvmlSource:
         gpu.module_id = call(lib, gpu, "module_id", lib.nvmlDeviceGetModuleId, h)
         arch = call(lib, gpu, "architecture", lib.nvmlDeviceGetArchitecture, h)
         gpu.architecture = ARCHITECTURES.get(arch, f"arch{arch}") if arch is not None else None
-        # NVML answers a full GPU's attributes only where it is a MIG device: else the datasheet.
-        attrs = call(lib, gpu, "attributes", lib.nvmlDeviceGetAttributes, h)
+        # NVML answers the attributes of a MIG device only (nvml.h): a full GPU's SMs are the
+        # datasheet's, asked of NVML only for a model the datasheets do not know.
         spec = model_spec(gpu.name)
-        if attrs is not None:
-            gpu.sm_count = int(attrs.multiprocessorCount)
-        elif spec is not None:
+        if spec is not None:
             gpu.sm_count = spec.sm_count
+        else:
+            attrs = call(lib, gpu, "attributes", lib.nvmlDeviceGetAttributes, h)
+            gpu.sm_count = int(attrs.multiprocessorCount) if attrs is not None else None
         gpu.sm_clock_max_mhz = call(lib, gpu, "max_clock_sm", lib.nvmlDeviceGetMaxClockInfo, h, 1)
         gpu.mem_clock_max_mhz = call(lib, gpu, "max_clock_mem", lib.nvmlDeviceGetMaxClockInfo, h, 2)
-        slowdown = call(lib, gpu, "temp_slowdown", lib.nvmlDeviceGetTemperatureThreshold, h, 1)
+        # the link count and the slowdown threshold in one batched call
+        fixed = self._field_batch(gpu, "identity_fields", [FI_NVLINK_LINK_COUNT, FI_TEMP_SLOWDOWN])
+        slowdown = fixed.get((FI_TEMP_SLOWDOWN, 0))
+        if slowdown is None:  # before Ada, or a driver without the field: the call
+            slowdown = call(lib, gpu, "temp_slowdown", lib.nvmlDeviceGetTemperatureThreshold, h, 1)
         gpu.temp_slowdown_c = float(slowdown) if slowdown is not None else None
+        count = fixed.get((FI_NVLINK_LINK_COUNT, 0))
+        if count is not None:
+            gpu.nvlink_count = int(count)
         gpu.numa_node = call(lib, gpu, "numa_node", lib.nvmlDeviceGetNumaNodeId, h)
         words = call(lib, gpu, "cpu_affinity", lib.nvmlDeviceGetCpuAffinity, h, 16)
         gpu.cpu_affinity = cpulist(list(words)) if words is not None else None
@@ -358,11 +403,6 @@ class NvmlSource:
         if not self._one_shot:  # GPM's rates need a second sample, a poll later
             support = call(lib, gpu, "gpm_support", lib.nvmlGpmQueryDeviceSupport, h)
             gpu.gpm_supported = bool(support is not None and support.isSupportedDevice)
-        fields = call(
-            lib, gpu, "fields_linkcount", lib.nvmlDeviceGetFieldValues, h, [FI_NVLINK_LINK_COUNT]
-        )
-        if fields is not None and fields[0].nvmlReturn == OK:
-            gpu.nvlink_count = int(fields[0].value.uiVal)
         gpu.fields = self._table_fields(gpu)
         gpu.errors.clear()
 
@@ -371,6 +411,8 @@ class NvmlSource:
         fields: list[int | tuple[int, int]] = [*BASE_FIELDS]
         if gpu.pcie_counter_bits is not None and not self._pcie_counters_hold(gpu):
             fields = [f for f in fields if f not in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES)]
+        if self._recovery_field is not None:
+            fields.append(self._recovery_field)
         return fields + [fid for fid, _reason in self._throttle_counters]
 
     def _pcie_counters_hold(self, gpu: GpuRecord) -> bool:
@@ -418,6 +460,7 @@ class NvmlSource:
         gpus = tuple(self._read_gpu(gpu, detail, inventory) for gpu in self._gpus)
         if inventory:
             self._gpu_topology = self._topology()
+            self._fabric_manager_running = self._fabric_manager_state(gpus)
         driver, nvml, cuda = self._versions
         return NvmlReading(
             at=self._clock(),
@@ -426,8 +469,20 @@ class NvmlSource:
             cuda_driver_version=cuda,
             gpus=gpus,
             gpu_topology=self._gpu_topology,
+            fabric_manager_running=self._fabric_manager_running,
             simulated=self.simulated,
         )
+
+    def _fabric_manager_state(self, gpus: Sequence[GpuReading]) -> bool | None:
+        """Whether Fabric Manager runs, where the GPUs need it: on an NVSwitch system (a GPU
+        that has a fabric state); None elsewhere."""
+        if not any(g.fabric_state not in (None, "not_supported") for g in gpus):
+            return None
+        try:
+            return self._fabric_manager()
+        except OSError as exc:
+            log.info("whether Fabric Manager runs is not known: %s", exc)
+            return None
 
     def _read_gpu(self, gpu: GpuRecord, detail: bool, inventory: bool) -> GpuReading:
         gpu.errors.clear()
@@ -457,6 +512,7 @@ class NvmlSource:
                 return False
         log.warning("GPU %d answers again", gpu.index)
         gpu.lost_since = None
+        self._xids.clear(_xid_key(gpu))  # a lost GPU answers again only after a reset
         self._post(
             Event(
                 self._clock(),
@@ -505,6 +561,7 @@ class NvmlSource:
             lost_since=gpu.lost_since,
             numa_node=gpu.numa_node,
             cpu_affinity=gpu.cpu_affinity,
+            xids=self._gpu_xids(gpu),
             error="GPU is lost: it fell off the bus or needs a reset",
         )
 
@@ -523,7 +580,14 @@ class NvmlSource:
         if inventory:
             gpu.reprobe = gpu.unsupported | gpu.denied
             self._read_inventory(gpu)
-        values = self._read_fields(gpu)
+            # every field, those once NotSupported too, and what the links need to be known,
+            # in the poll's one batched call; _read_fields marks what is still NotSupported
+            gpu.fields = self._table_fields(gpu)
+            gpu.unsupported.difference_update(f"field {f}" for f in gpu.fields)
+            values = self._read_fields(gpu, self._link_probe(gpu))
+            self._read_links(gpu, values)
+        else:
+            values = self._read_fields(gpu)
         util = call(lib, gpu, "utilization", lib.nvmlDeviceGetUtilizationRates, h)
         mem = call(lib, gpu, "memory_v2", lib.nvmlDeviceGetMemoryInfo, h, version=lib.nvmlMemory_v2)
         if mem is None and "memory_v2" in gpu.unsupported:
@@ -543,6 +607,12 @@ class NvmlSource:
         power_mw = field(FI_POWER_INSTANT)
         if power_mw is None and FI_POWER_INSTANT not in gpu.fields:
             power_mw = call(lib, gpu, "power_usage", lib.nvmlDeviceGetPowerUsage, h)
+        limit_mw = field(FI_POWER_LIMIT)
+        if limit_mw is None and inventory and FI_POWER_LIMIT not in gpu.fields:
+            limit_mw = call(lib, gpu, "power_limit", lib.nvmlDeviceGetEnforcedPowerLimit, h)
+        if limit_mw is not None:
+            gpu.power_limit_w = limit_mw / 1000.0
+        recovery = field(FI_RECOVERY_ACTION) if self._recovery_field is not None else None
         links = tuple(
             NvLinkReading(
                 link=link.link,
@@ -550,8 +620,8 @@ class NvmlSource:
                 version=link.version,
                 remote_kind=link.remote_kind,
                 remote_pci_bus_id=link.remote_pci_bus_id,
-                tx_kib_total=field(FI_NVLINK_TX, link.link),
-                rx_kib_total=field(FI_NVLINK_RX, link.link),
+                tx_kib_total=field(FI_NVLINK_TX, link.link) if link.active else None,
+                rx_kib_total=field(FI_NVLINK_RX, link.link) if link.active else None,
             )
             for link in gpu.links
         )
@@ -618,27 +688,36 @@ class NvmlSource:
             mig_instances=mig_gpm.mig_readings(gpu),
             virtualization_mode=gpu.virtualization,
             fabric_state=gpu.fabric_state,
+            fabric_status=gpu.fabric_status,
+            recovery_action=int(recovery) if recovery is not None else None,
+            xids=self._gpu_xids(gpu),
             gpm=gpu.gpm,
             unsupported=_unsupported(gpu),
             denied=denied_readings(gpu.denied),
         )
 
-    def _read_fields(self, gpu: GpuRecord) -> dict[tuple[int, int], Any]:
-        """The batched call: every field this GPU supports, in one trip."""
-        if not gpu.fields:
-            return {}
+    def _field_batch(
+        self, gpu: GpuRecord, key: str, asked: Sequence[int | tuple[int, int]]
+    ) -> dict[tuple[int, int], Any]:
+        """Fields in one batched call, by (field, scope): those the GPU answered."""
+        return self._field_values(gpu, key, asked)[0]
+
+    def _field_values(
+        self, gpu: GpuRecord, key: str, asked: Sequence[int | tuple[int, int]]
+    ) -> tuple[dict[tuple[int, int], Any], list[int | tuple[int, int]]]:
+        """One nvmlDeviceGetFieldValues: the values answered, and the fields NotSupported."""
+        if not asked:
+            return {}, []
         lib = self._lib
-        result = call(
-            lib, gpu, "field_values", lib.nvmlDeviceGetFieldValues, gpu.handle, gpu.fields
-        )
+        result = call(lib, gpu, key, lib.nvmlDeviceGetFieldValues, gpu.handle, list(asked))
         if result is None:
-            return {}
+            return {}, []
         values: dict[tuple[int, int], Any] = {}
         dropped: list[int | tuple[int, int]] = []
         # Unpacked from the array's bytes: pynvml's per-attribute wrapper costs more than
         # the trip into the driver.
         for requested, (fid, scope, kind, ret, raw) in zip(
-            gpu.fields, FIELD_VALUE.iter_unpack(bytes(result)), strict=False
+            asked, FIELD_VALUE.iter_unpack(bytes(result)), strict=False
         ):
             if ret == OK:
                 values[(fid, scope)] = VALUE_TYPES.get(kind, VALUE_TYPES[3]).unpack(raw)[0]
@@ -648,6 +727,14 @@ class NvmlSource:
                 raise GpuLostError("field values: GPU is lost")
             elif ret in UNSUPPORTED_CODES:
                 dropped.append(requested)
+        return values, dropped
+
+    def _read_fields(
+        self, gpu: GpuRecord, extra: Sequence[int | tuple[int, int]] = ()
+    ) -> dict[tuple[int, int], Any]:
+        """The batched call: every field this GPU supports (and `extra`, asked once), in one
+        trip. A field of the poll's own that is NotSupported is left out from then on."""
+        values, dropped = self._field_values(gpu, "field_values", [*gpu.fields, *extra])
         if (FI_PCIE_TX_BYTES, 0) in values and not self._pcie_counters_hold(gpu):
             log.info(
                 "GPU %d: its PCIe byte counters are %s bits wide and wrap faster than it is "
@@ -658,9 +745,10 @@ class NvmlSource:
             values.pop((FI_PCIE_TX_BYTES, 0), None)
             values.pop((FI_PCIE_RX_BYTES, 0), None)
             gpu.fields = [f for f in gpu.fields if f not in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES)]
-        if dropped:
-            gpu.fields = [f for f in gpu.fields if f not in dropped]
-            gpu.unsupported.update(f"field {f}" for f in dropped)
+        own = [f for f in dropped if f in gpu.fields]
+        if own:
+            gpu.fields = [f for f in gpu.fields if f not in own]
+            gpu.unsupported.update(f"field {f}" for f in own)
         return values
 
     def _read_detail(self, gpu: GpuRecord) -> None:
@@ -672,7 +760,7 @@ class NvmlSource:
         gpu.throttle_mask = (
             tuple(name for bit, name in THROTTLE_BITS if mask & bit) if mask is not None else ()
         )
-        procs = call(lib, gpu, "processes", lib.nvmlDeviceGetComputeRunningProcesses, h)
+        procs = call(lib, gpu, "processes", running_processes, lib, h)
         if procs is not None:
             gpu.processes = tuple(_process(p) for p in procs)
         elif "processes" in gpu.denied and gpu.migs:
@@ -680,17 +768,19 @@ class NvmlSource:
         mig_gpm.read_mig_memory(lib, gpu)
         if gpu.gpm_supported:
             mig_gpm.read_gpm(lib, gpu)
-        if FI_PCIE_TX_BYTES not in gpu.fields and not _pcie_from_gpm(gpu):
+        # the driver's rate samples 20 ms per call (21 ms on an H200): a one-shot leaves the rate
+        # out where the byte counters cannot give it, as they cannot from one sample
+        if FI_PCIE_TX_BYTES not in gpu.fields and not _pcie_from_gpm(gpu) and not self._one_shot:
             self._read_pcie_throughput(gpu)
 
     def _read_mig_processes(self, gpu: GpuRecord) -> None:
         """Only root may list a MIG-enabled GPU's processes; each MIG device lists its own
         to anyone."""
         lib = self._lib
-        fn = lib.nvmlDeviceGetComputeRunningProcesses
         found: list[ProcessReading] = []
         for mig in gpu.migs:
-            procs = call(lib, gpu, f"mig_processes {mig.gpu_instance_id}", fn, mig.handle)
+            key = f"mig_processes {mig.gpu_instance_id}"
+            procs = call(lib, gpu, key, running_processes, lib, mig.handle)
             for p in procs or ():
                 found.append(_process(p, mig.gpu_instance_id, mig.compute_instance_id))
         gpu.processes = tuple(found)
@@ -753,45 +843,56 @@ class NvmlSource:
 
     def _read_inventory(self, gpu: GpuRecord) -> None:
         lib, h = self._lib, gpu.handle
-        limit = call(lib, gpu, "power_limit", lib.nvmlDeviceGetEnforcedPowerLimit, h)
-        gpu.power_limit_w = limit / 1000.0 if limit is not None else None
         gpu.mem_clock_mhz = call(lib, gpu, "clock_mem", lib.nvmlDeviceGetClockInfo, h, 2)
         gpu.pcie_gen = call(lib, gpu, "pcie_gen", lib.nvmlDeviceGetCurrPcieLinkGeneration, h)
         gpu.pcie_width = call(lib, gpu, "pcie_width", lib.nvmlDeviceGetCurrPcieLinkWidth, h)
         mode = call(lib, gpu, "virtualization", lib.nvmlDeviceGetVirtualizationMode, h)
         gpu.virtualization = VIRTUALIZATION.get(mode, str(mode)) if mode is not None else None
-        gpu.fabric_state = self._fabric_state(gpu)
-        self._read_links(gpu)
+        self._read_fabric(gpu)
         mig_gpm.read_mig(lib, gpu)
 
-    def _fabric_state(self, gpu: GpuRecord) -> str | None:
+    def _read_fabric(self, gpu: GpuRecord) -> None:
+        """The GPU's NVSwitch fabric: its state, and once it completed, how (its status, an
+        nvmlReturn_t: not 0 where the GPU failed to join the fabric)."""
         lib = self._lib
         info_type = getattr(lib, "c_nvmlGpuFabricInfo_t", None)
+        gpu.fabric_state = gpu.fabric_status = None
         if info_type is None:
-            return None
+            return
         info = info_type()
-        if (
-            call(
-                lib,
-                gpu,
-                "fabric_info",
-                lib.nvmlDeviceGetGpuFabricInfo,
-                gpu.handle,
-                ctypes.byref(info),
-            )
-            is None
-            and "fabric_info" in gpu.unsupported
-        ):
-            return None
-        return FABRIC_STATES.get(int(info.state), str(info.state))
+        fn = lib.nvmlDeviceGetGpuFabricInfo
+        if call(lib, gpu, "fabric_info", fn, gpu.handle, ctypes.byref(info)) is None:
+            return  # no fabric (NotSupported), or not known this round
+        state = int(info.state)
+        gpu.fabric_state = FABRIC_STATES.get(state, str(state))
+        # the probe's result means something once the probe ended
+        gpu.fabric_status = int(info.status) if state == FABRIC_COMPLETED else None
 
-    def _read_links(self, gpu: GpuRecord) -> None:
+    def _link_probe(self, gpu: GpuRecord) -> list[int | tuple[int, int]]:
+        """What the inventory round asks of every link in the poll's batched call: its state,
+        its NVLink version, its byte counters, and how many links reach an NVSwitch."""
+        if not gpu.nvlink_count:
+            return []
+        asked: list[int | tuple[int, int]] = [FI_NVSWITCH_LINK_COUNT]
+        for n in range(gpu.nvlink_count):
+            asked += [(FI_NVLINK_STATE, n), (FI_NVLINK_VERSION, n)]
+            asked += [(FI_NVLINK_TX, n), (FI_NVLINK_RX, n)]
+        return asked
+
+    def _read_links(self, gpu: GpuRecord, values: dict[tuple[int, int], Any]) -> None:
+        """Each link from the batched call's answers (a link the driver did not answer there
+        is asked on its own); then the links' byte counters join the poll's fields."""
         lib, h = self._lib, gpu.handle
         known = {link.link: link for link in gpu.links}
-        # Every link of a GPU speaks one NVLink generation: asked once, of the first link up.
+        # Every link of a GPU speaks one NVLink generation.
         version = next((link.version for link in gpu.links if link.version is not None), None)
         links: list[LinkRecord] = []
-        states, to_switches = self._link_fields(gpu)
+        to_switches = values.get((FI_NVSWITCH_LINK_COUNT, 0))
+        states = {
+            n: bool(values[(FI_NVLINK_STATE, n)])
+            for n in range(gpu.nvlink_count)
+            if (FI_NVLINK_STATE, n) in values
+        }
         if to_switches is not None and to_switches != sum(states.values()):
             to_switches = None  # some links reach something else: each is asked what
         for n in range(gpu.nvlink_count):
@@ -802,11 +903,14 @@ class NvmlSource:
                 continue
             link = known.get(n) or LinkRecord(n, bool(state))
             link.active = bool(state)
-            if link.active and link.remote_pci_bus_id is None:
+            if link.active and link.version is None:
                 if version is None:
-                    raw = call(lib, gpu, "nvlink_version", lib.nvmlDeviceGetNvLinkVersion, h, n)
+                    raw = values.get((FI_NVLINK_VERSION, n))
+                    if raw is None:
+                        raw = call(lib, gpu, "nvlink_version", lib.nvmlDeviceGetNvLinkVersion, h, n)
                     version = NVLINK_GENERATIONS.get(raw) if raw is not None else None
                 link.version = version
+            if link.active and link.remote_kind is RemoteKind.UNKNOWN:
                 if to_switches:
                     link.remote_kind = RemoteKind.NVSWITCH
                 else:
@@ -819,49 +923,23 @@ class NvmlSource:
                         n,
                     )
                     link.remote_kind = REMOTE_KINDS.get(kind, RemoteKind.UNKNOWN)
+            # The far end's bus id, once per link (the wiring does not change while the node
+            # runs). A one-shot leaves it out for a link to an NVSwitch: the topology needs only
+            # the kind there, and the 18 calls of a Hopper GPU would be most of what it asks.
+            if (
+                link.active
+                and link.remote_pci_bus_id is None
+                and not (self._one_shot and link.remote_kind is RemoteKind.NVSWITCH)
+            ):
                 pci = call(
                     lib, gpu, "nvlink_remote_pci", lib.nvmlDeviceGetNvLinkRemotePciInfo, h, n
                 )
-                remote = normal_bus_id(text(pci.busId)) if pci is not None else None
-                link.remote_pci_bus_id = remote
+                link.remote_pci_bus_id = normal_bus_id(text(pci.busId)) if pci is not None else None
             links.append(link)
         gpu.links = links
-        # Every field, those once NotSupported too: asked again in the same batched call, and
-        # marked again by _read_fields where still NotSupported.
-        scoped = self._table_fields(gpu)
         for link in links:
             if link.active:
-                scoped += [(FI_NVLINK_TX, link.link), (FI_NVLINK_RX, link.link)]
-        gpu.fields = scoped
-        gpu.unsupported.difference_update(f"field {f}" for f in scoped)
-
-    def _link_fields(self, gpu: GpuRecord) -> tuple[dict[int, bool], int | None]:
-        """Each link's state and how many links reach an NVSwitch, in one batched call
-        instead of a call per link; links the driver does not answer there are left out
-        (and asked one by one), None where it does not count switch links."""
-        if not gpu.nvlink_count:
-            return {}, None
-        lib = self._lib
-        asked: list[int | tuple[int, int]] = [
-            *((FI_NVLINK_STATE, n) for n in range(gpu.nvlink_count)),
-            FI_NVSWITCH_LINK_COUNT,
-        ]
-        result = call(lib, gpu, "nvlink_fields", lib.nvmlDeviceGetFieldValues, gpu.handle, asked)
-        states: dict[int, bool] = {}
-        to_switches: int | None = None
-        if result is None:
-            return states, to_switches
-        for fid, scope, kind, ret, raw in FIELD_VALUE.iter_unpack(bytes(result)):
-            if ret == GPU_IS_LOST:
-                raise GpuLostError("field values: GPU is lost")
-            if ret != OK:
-                continue
-            value = int(VALUE_TYPES.get(kind, VALUE_TYPES[3]).unpack(raw)[0])
-            if fid == FI_NVLINK_STATE:
-                states[scope] = bool(value)
-            elif fid == FI_NVSWITCH_LINK_COUNT:
-                to_switches = value
-        return states, to_switches
+                gpu.fields += [(FI_NVLINK_TX, link.link), (FI_NVLINK_RX, link.link)]
 
     def _topology(self) -> tuple[tuple[str, ...], ...]:
         """PCI levels from NVML, with NV# where NVLinks join two GPUs (or both reach NVSwitch):
@@ -887,8 +965,16 @@ class NvmlSource:
             self._emit(event)
 
     def _post_nvml_event(self, data: Any, gpus: list[GpuRecord]) -> None:
-        """An event from NVML's event set (in the watcher's thread) to the hub."""
-        self._post(event_from(data, gpus, self._clock(), self.node, self.kind))
+        """An event from NVML's event set (in the watcher's thread) to the hub; an XID is
+        counted for its GPU too."""
+        event = event_from(data, gpus, self._clock(), self.node, self.kind)
+        gpu = event.gpu_bus_id or event.gpu_uuid
+        if event.kind == "xid" and event.code is not None and gpu:
+            self._xids.add(gpu, event.code, event.at)
+        self._post(event)
+
+    def _gpu_xids(self, gpu: GpuRecord) -> tuple[XidCount, ...]:
+        return self._xids.counts(_xid_key(gpu), self._clock())
 
 
 def _former_records(now: list[GpuRecord], before: list[GpuRecord]) -> dict[int, GpuRecord]:
@@ -945,6 +1031,11 @@ def _pcie_from_gpm(gpu: GpuRecord) -> bool:
     gpu.pcie_tx_bytes_per_s = gpm.pcie_tx_bytes_per_s
     gpu.pcie_rx_bytes_per_s = gpm.pcie_rx_bytes_per_s
     return True
+
+
+def _xid_key(gpu: GpuRecord) -> str:
+    """What a GPU's XIDs are kept by: its bus id, its UUID where NVML never said the bus id."""
+    return known_bus_id(gpu.bus_id) or gpu.uuid
 
 
 def _nvlinks_between(a: GpuRecord, b: GpuRecord) -> int:

@@ -92,3 +92,4 @@ class GpuRecord:
     mig_profile_names: dict[int, str] | None = None
     virtualization: str | None = None
     fabric_state: str | None = None
+    fabric_status: int | None = None  # nvmlReturn_t of the fabric probe, once it completed

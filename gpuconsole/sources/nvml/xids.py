@@ -1,0 +1,87 @@
+"""The XIDs each GPU raised within the health window, counted per code, until its next reset.
+
+Kept per GPU by its bus id (its UUID where NVML never told the bus id), never by NVML index.
+What clears a GPU's history is a reset seen by NVML: the GPU was lost (or left NVML's list) and
+answers again, in this NVML session or a new one. A GPU recovers from XID 79 or from a reset only
+that way, and `nvidia-smi --gpu-reset` cannot reset a GPU this process holds open, so the source
+sees the GPU go and come back around every reset. A reboot clears it too: the history lives in
+this process, which a reboot ends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from gpuconsole.readings.nvml import XID_WINDOW_S, XidCount
+
+# XIDs of one code that fall in the same minute share a bucket: a storm of thousands a second
+# costs a bucket per minute of the window, not an entry per event.
+BUCKET_S = 60.0
+
+
+@dataclass
+class _Bucket:
+    minute: int
+    count: int
+    first_at: float
+    last_at: float
+
+
+@dataclass
+class _Code:
+    buckets: deque[_Bucket] = field(default_factory=deque)
+
+
+class XidHistory:
+    """XIDs per GPU and code, within `window_s` of now (thread-safe: events arrive in the
+    event watcher's thread, readings are made in the poller's)."""
+
+    def __init__(self, window_s: float = XID_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        self._gpus: dict[str, dict[int, _Code]] = {}
+
+    def add(self, gpu: str, code: int, at: float) -> None:
+        """One XID `code` that GPU `gpu` (bus id or UUID) raised at `at`."""
+        minute = int(at // BUCKET_S)
+        with self._lock:
+            buckets = self._gpus.setdefault(gpu, {}).setdefault(code, _Code()).buckets
+            last = buckets[-1] if buckets else None
+            if last is not None and last.minute == minute:
+                last.count += 1
+                last.first_at = min(last.first_at, at)
+                last.last_at = max(last.last_at, at)
+            else:
+                buckets.append(_Bucket(minute, 1, at, at))
+
+    def counts(self, gpu: str, now: float) -> tuple[XidCount, ...]:
+        """Each code this GPU raised within the window before `now`, lowest code first."""
+        since = now - self.window_s
+        found: list[XidCount] = []
+        with self._lock:
+            codes = self._gpus.get(gpu)
+            if not codes:
+                return ()
+            for code in sorted(codes):
+                buckets = codes[code].buckets
+                while buckets and buckets[0].last_at < since:
+                    buckets.popleft()
+                if not buckets:
+                    del codes[code]
+                    continue
+                found.append(
+                    XidCount(
+                        code=code,
+                        count=sum(b.count for b in buckets),
+                        first_at=buckets[0].first_at,
+                        last_at=buckets[-1].last_at,
+                    )
+                )
+        return tuple(found)
+
+    def clear(self, gpu: str) -> None:
+        """Forget a GPU's XIDs: it was reset."""
+        with self._lock:
+            self._gpus.pop(gpu, None)
