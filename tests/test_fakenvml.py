@@ -944,7 +944,7 @@ def test_the_fake_plays_each_driver_branch(nvml_case: NvmlCase) -> None:
         f"""
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        ids = [74, 76, 142, 143, 144, 145, 197, 198, *range(251, 274)]
+        ids = [74, 76, 142, 143, 144, 145, 197, 198, 230, *range(251, 274)]
         fields = {{e.fieldId: [e.nvmlReturn, e.valueType, e.value.uiVal]
                   for e in pynvml.nvmlDeviceGetFieldValues(h, ids)}}
         links = []
@@ -985,6 +985,8 @@ def test_the_fake_plays_each_driver_branch(nvml_case: NvmlCase) -> None:
     assert all(fields[fid][:2] == [0, 3] for fid in (142, 143, 144, 145))
     pcie = [0, 1] if driver.pcie_byte_counters else [3, 1]  # 32 bits wide, from R560
     assert fields[197][:2] == fields[198][:2] == pcie
+    # the GPU recovery action (none here), from R565
+    assert fields[230] == ([0, 1, 0] if driver.recovery_action else [3, 1, 0])
     for fid in range(251, 274):
         assert tuple(fields[fid][:2]) == expected_field(driver, fid), fid
     preset = driver.smoothing_field(SMOOTHING_ACTIVE_PRESET_PROFILE)

@@ -104,7 +104,7 @@ _MODEL_EXTRAS: dict[str, tuple[int, str, str, str, int]] = {
     ),
 }
 
-_KIND = r"(thermal|ecc|notsupported|mig|smoothing|xid[1-9][0-9]*)"
+_KIND = r"(thermal|ecc|notsupported|mig|smoothing|reset|xid[1-9][0-9]*)"
 _AT = r"(\d+(?:\.\d+)?)"
 _SCENARIO_FORMS = (
     re.compile(_KIND + r" (\d+)(?: at " + _AT + ")?"),  # the profile file's "xid79 5 at 20"
@@ -125,8 +125,8 @@ def parse_scenario(text: str) -> tuple[str, int, float | None]:
             return kind, int(gpu), float(at) if at is not None else None
     raise ValueError(
         f"bad fake NVML scenario {text!r}: want '<kind> <gpu> [at <seconds>]' (or "
-        "'<kind>:<gpu>[@<seconds>]') with kind thermal, ecc, notsupported, mig, smoothing "
-        "or xid<N>"
+        "'<kind>:<gpu>[@<seconds>]') with kind thermal, ecc, notsupported, mig, smoothing, "
+        "reset or xid<N>"
     )
 
 
@@ -234,8 +234,8 @@ def write_profile(
 
     ``driver`` is the driver it plays (see `driver_of`); the library must be built for its
     branch. ``scenarios`` are strings such as ``"thermal 3"``, ``"xid79 5 at 20"``,
-    ``"ecc 2"``, ``"mig 7"``, ``"smoothing 0 at 5"`` or ``"notsupported 1"`` (kind, GPU index,
-    optional start in seconds). ``missing_fields`` are field ids the driver answers
+    ``"ecc 2"``, ``"mig 7"``, ``"smoothing 0 at 5"``, ``"notsupported 1"`` or ``"reset 5 at 30"``
+    (a GPU reset: one lost before answers again) (kind, GPU index, optional start in seconds). ``missing_fields`` are field ids the driver answers
     NOT_SUPPORTED, as an older one does.
     ``privileged=False`` reads as an unprivileged user: NO_PERMISSION where drivers answer it
     (GPM too, unless ``profiling_admin_only=False``: RmProfilingAdminOnly=0 on the node).

@@ -54,6 +54,8 @@
  *                                      on an older driver; repeat the key for several
  *     scenario <kind> <gpu> [at <seconds>]
  *        kind: thermal | ecc | notsupported | mig | smoothing | xid<N> (xid79 = fell off the bus)
+ *              | reset (the GPU is reset, as nvidia-smi --gpu-reset does: lost before, it answers
+ *                again)
  *   "gpu <index>" opens a GPU block (indexes 0..n-1, in order); these keys then apply to it:
  *     name <text>  uuid <text>  serial <text>  bus_id <domain:bus:device.function>
  *     pci_device_id <hex>  pci_subsystem_id <hex>  minor <n>  module_id <n>  arch <n>  brand <n>
@@ -112,7 +114,7 @@
  * administrator turns power smoothing on and sets a preset, a TMP floor and a ramp-up rate),
  * xid<N> (an XID event N is delivered to event sets; for 79 every later call on that GPU returns
  * GPU_IS_LOST, except nvmlDeviceGetUUID on a handle opened before, which the library answers from
- * its cache). "at <s>" delays thermal, ecc, smoothing and xid scenarios; mig and notsupported
+ * its cache, until a reset scenario later than it). "at <s>" delays thermal, ecc, smoothing and xid scenarios; mig and notsupported
  * hold from the start.
  *
  * An idle GPU (load under 2 %) trains its PCIe link down to generation 1, as real ones do
@@ -782,13 +784,19 @@ static int scenario_active(int gpu, const char *kind, double t) {
     return s && t >= s->at;
 }
 
+/* Lost from an XID 79 on, until a reset after it. */
 static int gpu_lost(int gpu, double t) {
+    double fell = -1.0, reset = -1.0;
     for (int i = 0; i < g_prof.nscenarios; i++) {
         const scenario_t *s = &g_prof.scenarios[i];
-        if (s->gpu == gpu && strcmp(s->kind, "xid") == 0 && s->xid == 79 && t >= s->at)
-            return 1;
+        if (s->gpu != gpu || t < s->at)
+            continue;
+        if (strcmp(s->kind, "xid") == 0 && s->xid == 79 && s->at > fell)
+            fell = s->at;
+        else if (strcmp(s->kind, "reset") == 0 && s->at > reset)
+            reset = s->at;
     }
-    return 0;
+    return fell >= 0.0 && reset < fell;
 }
 
 static int mig_enabled(const gpu_t *g) { return find_scenario(g->index, "mig") != NULL; }
@@ -929,7 +937,7 @@ static int parse_profile(FILE *f, profile_t *p, char *err, size_t errlen) {
                 strcpy(s->kind, "xid");
             } else if (!strcmp(kind, "thermal") || !strcmp(kind, "ecc") ||
                        !strcmp(kind, "notsupported") || !strcmp(kind, "mig") ||
-                       !strcmp(kind, "smoothing")) {
+                       !strcmp(kind, "smoothing") || !strcmp(kind, "reset")) {
                 strcpy(s->kind, kind);
             } else {
                 goto bad;

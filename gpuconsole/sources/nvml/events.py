@@ -8,7 +8,6 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpuconsole.facts.inventory import gpu_and_bus
 from gpuconsole.readings.base import Event, Severity, known_bus_id
 from gpuconsole.sources.nvml.lib import TIMEOUT
 from gpuconsole.sources.nvml.state import GpuRecord
@@ -74,7 +73,7 @@ def event_from(data: Any, gpus: list[GpuRecord], at: float, node: str, source: s
     index = gpu.index if gpu is not None else None
     uuid = gpu.uuid if gpu is not None else None
     bus = known_bus_id(gpu.bus_id) if gpu is not None else None
-    where = gpu_and_bus(index, bus)
+    where = gpu_words(index, bus)
     if data.eventType & EVENT_XID:
         xid = int(data.eventData)
         severity, meaning = describe_xid(xid)
@@ -85,6 +84,14 @@ def event_from(data: Any, gpus: list[GpuRecord], at: float, node: str, source: s
     else:
         severity, message = Severity.INFO, f"single-bit ECC error on {where}"
     return Event(at, node, source, "ecc", severity, message, index, uuid, gpu_bus_id=bus)
+
+
+def gpu_words(index: int | None, bus_id: str | None) -> str:
+    """How an event names a GPU (facts.inventory.gpu_and_bus), imported once an event is
+    told: a one-shot reading that tells none never loads the ownership facts beneath it."""
+    from gpuconsole.facts.inventory import gpu_and_bus
+
+    return gpu_and_bus(index, bus_id)
 
 
 def _address(handle: Any) -> int | None:

@@ -28,13 +28,13 @@ import asyncio
 import ctypes
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from gpuconsole.config import NvmlConfig
-from gpuconsole.facts.inventory import gpu_and_bus
 from gpuconsole.format import THROTTLE_WORDS
 from gpuconsole.hardware import model_spec
 from gpuconsole.readings.base import Event, Severity, known_bus_id, normal_bus_id
@@ -51,7 +51,7 @@ from gpuconsole.readings.nvml import (
 )
 from gpuconsole.sources.base import EmitEvent, SourceUnavailable
 from gpuconsole.sources.nvml import mig_gpm
-from gpuconsole.sources.nvml.events import event_from, watch_events
+from gpuconsole.sources.nvml.events import event_from, gpu_words, watch_events
 from gpuconsole.sources.nvml.lib import (
     ARCHITECTURES,
     BASE_FIELDS,
@@ -111,7 +111,6 @@ from gpuconsole.sources.nvml.lib import (
 )
 from gpuconsole.sources.nvml.state import GpuRecord, LinkRecord
 from gpuconsole.sources.nvml.xids import XidHistory
-from gpuconsole.sources.tenancy import procfs
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +137,23 @@ FABRIC_MANAGER_COMM = "nv-fabricmanager"[:15]
 
 def fabric_manager_running(proc_root: str) -> bool:
     """Whether an nv-fabricmanager process runs, by the process table under `proc_root` (a
-    container that watches its host reads the host's /proc mounted elsewhere)."""
-    return any(procfs.comm(proc_root, pid) == FABRIC_MANAGER_COMM for pid in procfs.pids(proc_root))
+    container that watches its host reads the host's /proc mounted elsewhere).
+
+    Read here rather than through sources.tenancy.procfs: importing that package loads the
+    kubelet's gRPC client, a tenth of a second a one-shot reading of NVML has no use for.
+    Raises OSError where `proc_root` cannot be listed.
+    """
+    for name in os.listdir(proc_root):
+        if not (name.isascii() and name.isdigit()):
+            continue
+        try:
+            with open(os.path.join(proc_root, name, "comm"), "rb") as f:
+                comm = f.read().decode("utf-8", "replace").strip()
+        except OSError:  # gone since the listing
+            continue
+        if comm == FABRIC_MANAGER_COMM:
+            return True
+    return False
 
 
 def cpulist(words: Sequence[int]) -> str:
@@ -520,7 +534,7 @@ class NvmlSource:
                 self.kind,
                 "gpu_recovered",
                 Severity.INFO,
-                f"{gpu_and_bus(gpu.index, gpu.bus_id)} answers again",
+                f"{gpu_words(gpu.index, gpu.bus_id)} answers again",
                 gpu.index,
                 gpu.uuid,
                 gpu_bus_id=known_bus_id(gpu.bus_id),
@@ -539,7 +553,7 @@ class NvmlSource:
                 self.kind,
                 "gpu_lost",
                 Severity.CRITICAL,
-                f"{gpu_and_bus(gpu.index, bus)} is lost ({why})",
+                f"{gpu_words(gpu.index, bus)} is lost ({why})",
                 gpu.index,
                 uuid,
                 79,
@@ -820,7 +834,7 @@ class NvmlSource:
         old, new = set(before) - BENIGN_THROTTLE, set(now) - BENIGN_THROTTLE
         if old == new:
             return
-        where = gpu_and_bus(gpu.index, gpu.bus_id)
+        where = gpu_words(gpu.index, gpu.bus_id)
         if new:
             words = ", ".join(THROTTLE_WORDS.get(r, r) for r in sorted(new))
             severity = Severity.WARNING if new & HOT_THROTTLE else Severity.INFO

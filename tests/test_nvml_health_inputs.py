@@ -1,0 +1,207 @@
+"""What the verdict reads from NVML, on the fake library: the driver's recovery action, the
+GPU's fabric probe, XIDs counted per code until a reset, and whether Fabric Manager runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuconsole.readings.base import normal_bus_id
+from gpuconsole.sim.node import SimNode
+from gpuconsole.sim.nvml import SimNvml
+from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_H100, NodeProfile
+from gpuconsole.sources.nvml.source import NvmlSource
+from gpuconsole.sources.nvml.xids import XidHistory
+from tests.fakenvml_fixtures import FakeNvmlEnv
+
+GPU_RESET, NODE_REBOOT = 1, 2  # nvmlDeviceGpuRecoveryAction_t
+FABRIC_COMPLETED, FABRIC_IN_PROGRESS = 3, 2  # nvmlGpuFabricState_t
+NVML_ERROR_UNKNOWN = 999
+
+
+def snapshot(
+    env: dict[str, str], tmp_path: Path, profile: NodeProfile, proc_root: Path | None = None
+) -> dict[str, Any]:
+    """`gpuconsole snapshot --json` of this node: its one node."""
+    host = f"[host]\nname = '{profile.name}'\n"
+    if proc_root is not None:
+        host += f"proc_root = '{proc_root}'\n"
+    config = tmp_path / "gpuconsole.toml"
+    config.write_text(host + "[fabric]\nenabled = false\n[tenancy]\nenabled = false\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuconsole", "snapshot", "--json", "-c", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    node: dict[str, Any] = json.loads(proc.stdout)["nodes"][0]
+    return node
+
+
+def proc_tree(root: Path, *names: str) -> Path:
+    """A process table with one process per name, as /proc/PID/comm holds it (15 bytes)."""
+    for pid, name in enumerate(names, start=1):
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "comm").write_text(name[:15] + "\n")
+    (root / "self").mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def test_the_driver_advises_a_reset_and_a_reboot_and_the_reading_says_which_gpu(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    env = fake_nvml_env(DGX_H100, driver="580.82", recovery_actions={3: GPU_RESET, 5: NODE_REBOOT})
+    gpus = snapshot(env, tmp_path, DGX_H100)["nvml"]["gpus"]
+    assert [g["recovery_action"] for g in gpus] == [0, 0, 0, GPU_RESET, 0, NODE_REBOOT, 0, 0]
+    assert not any("field 230" in g["unsupported"] for g in gpus)
+
+
+def test_a_driver_branch_without_the_recovery_action_says_it_is_unknown(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    """R550 has no field 230: the reading says nothing (None), not "none" (0), and lists no
+    NotSupported field on every GPU for asking it."""
+    env = fake_nvml_env(DGX_H100, driver="550", recovery_actions={3: GPU_RESET})
+    gpus = snapshot(env, tmp_path, DGX_H100)["nvml"]["gpus"]
+    assert [g["recovery_action"] for g in gpus] == [None] * 8
+    assert not any("field 230" in g["unsupported"] for g in gpus)
+    assert all(g["state"] == "ok" for g in gpus)
+
+
+def test_a_gpu_that_failed_to_join_the_fabric_says_so_beside_its_state(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    env = fake_nvml_env(
+        DGX_H100,
+        fabric_probes={2: (FABRIC_COMPLETED, NVML_ERROR_UNKNOWN), 4: (FABRIC_IN_PROGRESS, 0)},
+    )
+    gpus = snapshot(env, tmp_path, DGX_H100)["nvml"]["gpus"]
+    assert [g["fabric_state"] for g in gpus] == ["completed"] * 4 + ["in_progress"] + [
+        "completed"
+    ] * 3
+    # the probe's result once it ended: 0 joined, another nvmlReturn_t failed; none before
+    assert [g["fabric_status"] for g in gpus] == [0, 0, NVML_ERROR_UNKNOWN, 0, None, 0, 0, 0]
+
+
+def test_an_nvswitch_node_says_whether_fabric_manager_runs(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    env = fake_nvml_env(DGX_H100)
+    running = proc_tree(tmp_path / "up", "systemd", "nv-fabricmanager", "bash")
+    stopped = proc_tree(tmp_path / "down", "systemd", "nvidia-persistenced", "bash")
+    assert snapshot(env, tmp_path, DGX_H100, running)["nvml"]["fabric_manager_running"] is True
+    assert snapshot(env, tmp_path, DGX_H100, stopped)["nvml"]["fabric_manager_running"] is False
+
+
+def test_a_pcie_node_needs_no_fabric_manager(fake_nvml_env: FakeNvmlEnv, tmp_path: Path) -> None:
+    node = snapshot(fake_nvml_env(APOLLO_PCIE), tmp_path, APOLLO_PCIE, proc_tree(tmp_path / "p"))
+    assert node["nvml"]["fabric_manager_running"] is None
+    assert {g["fabric_state"] for g in node["nvml"]["gpus"]} == {None}
+    assert {g["fabric_status"] for g in node["nvml"]["gpus"]} == {None}
+
+
+XIDS = """
+import json, threading, time
+from gpuconsole.sources.nvml.source import NvmlSource
+source = NvmlSource("n", interval_s=0.1, inventory_every=1)
+events = []
+source._emit = events.append
+source._ensure_init()
+seen = []
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    reading = source.collect()
+    seen.append({{g.index: [g.state.value, [[x.code, x.count] for x in g.xids]]
+                 for g in reading.gpus}})
+    if {done}:
+        break
+    time.sleep(0.1)
+source._shutdown()
+print(json.dumps({{"polls": seen, "events": [[e.kind, e.gpu_bus_id, e.code] for e in events]}}))
+"""
+
+
+def run_xids(env: dict[str, str], done: str) -> dict[str, Any]:
+    """Polls of a long-running NVML source (its event thread on) until `done` holds of the
+    last poll's `reading`."""
+    proc = subprocess.run(
+        [sys.executable, "-c", XIDS.format(done=done)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_xids_are_counted_per_code_and_gpu_by_bus_id(fake_nvml_env: FakeNvmlEnv) -> None:
+    env = fake_nvml_env(
+        DGX_H100,
+        scenarios=["xid13 2 at 0.2", "xid13 2 at 0.4", "xid31 2 at 0.5", "xid48 6 at 0.3"],
+    )
+    done = "sum(x.count for g in reading.gpus for x in g.xids) >= 4"
+    result = run_xids(env, done)
+    last = result["polls"][-1]
+    assert last["2"][1] == [[13, 2], [31, 1]]
+    assert last["6"][1] == [[48, 1]]
+    assert all(last[str(i)][1] == [] for i in (0, 1, 3, 4, 5, 7))
+    # the events name the GPU by bus id, as the counts are kept
+    assert ["xid", normal_bus_id(DGX_H100.gpus[2].bus_id), 13] in result["events"]
+
+
+def test_a_reset_clears_the_xids_of_a_gpu_that_fell_off_the_bus(fake_nvml_env: FakeNvmlEnv) -> None:
+    env = fake_nvml_env(DGX_H100, scenarios=["xid13 5 at 0.2", "xid79 5 at 0.5", "reset 5 at 2"])
+    seen_lost = "any(p[5][0] == 'lost' for p in seen)"
+    result = run_xids(env, f"{seen_lost} and reading.gpus[5].state.value == 'ok'")
+    states = [p["5"] for p in result["polls"]]
+    lost = [xids for state, xids in states if state == "lost"]
+    assert lost and lost[-1] == [[13, 1], [79, 1]]  # the evidence stays while it is lost
+    assert states[-1] == ["ok", []]  # answering again after the reset: the XIDs are history
+    assert ["gpu_recovered", normal_bus_id(DGX_H100.gpus[5].bus_id), None] in result["events"]
+
+
+def test_xids_older_than_the_window_drop_out() -> None:
+    history = XidHistory(window_s=3600)
+    history.add("0000:18:00.0", 94, at=1000.0)
+    history.add("0000:18:00.0", 94, at=1500.0)
+    history.add("0000:18:00.0", 48, at=5000.0)
+    counts = history.counts("0000:18:00.0", now=5000.0)  # the window reaches back to 1400
+    assert [(x.code, x.count, x.first_at, x.last_at) for x in counts] == [
+        (48, 1, 5000.0, 5000.0),
+        (94, 1, 1500.0, 1500.0),
+    ]
+    later = history.counts("0000:18:00.0", now=5200.0)
+    assert [(x.code, x.count) for x in later] == [(48, 1)]
+    assert history.counts("0000:18:00.0", now=9000.0) == ()
+
+
+def test_the_simulator_fills_the_same_fields() -> None:
+    node = SimNode("sim", DGX_H100, scenarios=["xid79:5"])
+    lib = SimNvml(node, driver="580.82")
+    lib.recovery_actions[3] = GPU_RESET
+    lib.fabric_probes[2] = (FABRIC_COMPLETED, NVML_ERROR_UNKNOWN)
+    source = NvmlSource("sim", lib=lib, events=False, simulated=True, fabric_manager=lambda: False)
+    reading = source.collect()
+    assert [g.recovery_action for g in reading.gpus if g.state.value == "ok"] == [
+        0,
+        0,
+        0,
+        GPU_RESET,
+        0,
+        0,
+        0,
+    ]
+    assert reading.gpus[2].fabric_status == NVML_ERROR_UNKNOWN
+    assert reading.gpus[0].fabric_state == "completed" and reading.gpus[0].fabric_status == 0
+    assert reading.fabric_manager_running is False
+    older = NvmlSource("sim", lib=SimNvml(SimNode("sim", DGX_H100), driver="550"), events=False)
+    assert {g.recovery_action for g in older.collect().gpus} == {None}
