@@ -552,6 +552,10 @@ class RecordingLibrary:
         self._recorder = recorder
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_nvmlGetFunctionPointer":
+            # the source's one-call process list goes to a C entry point straight: without
+            # it the source takes pynvml's wrapper, a call recorded by its name like the rest
+            raise AttributeError(name)
         value = getattr(self._recorder.lib, name)
         if name.startswith("nvml") and callable(value) and not isinstance(value, type):
             recorder = self._recorder

@@ -87,6 +87,7 @@ from gpuconsole.sources.nvml.lib import (
     LIBRARY_NOT_FOUND,
     NA_ID,
     NO_PERMISSION,
+    NOT_AVAILABLE_U64,
     NOT_SUPPORTED,
     NVLINK_GENERATIONS,
     OK,
@@ -1090,7 +1091,8 @@ def _process(p: Any, mig_gi: int | None = None, mig_ci: int | None = None) -> Pr
     used = getattr(p, "usedGpuMemory", None)
     return ProcessReading(
         pid=int(p.pid),
-        used_mem_bytes=int(used) if used is not None else None,
+        # NVML's "not available" (WDDM) where the struct comes straight from the library
+        used_mem_bytes=int(used) if used not in (None, NOT_AVAILABLE_U64) else None,
         gpu_instance_id=mig_gi if gi in (None, NA_ID) else int(gi),
         compute_instance_id=mig_ci if ci in (None, NA_ID) else int(ci),
     )
