@@ -1,11 +1,11 @@
 """The XIDs each GPU raised within the health window, counted per code, until its next reset.
 
 Kept per GPU by its bus id (its UUID where NVML never told the bus id), never by NVML index.
-What clears a GPU's history is a reset seen by NVML: the GPU was lost (or left NVML's list) and
-answers again, in this NVML session or a new one. A GPU recovers from XID 79 or from a reset only
-that way, and `nvidia-smi --gpu-reset` cannot reset a GPU this process holds open, so the source
-sees the GPU go and come back around every reset. A reboot clears it too: the history lives in
-this process, which a reboot ends.
+What clears a GPU's history is a reset seen by NVML: the GPU was lost (or gone from NVML's list)
+and answers again, in this NVML session or a new one. A GPU comes back from XID 79 only through
+a reset or a reboot. A reset that NVML never showed as the GPU lost or gone (one between two
+polls that both read it) goes unseen: its XIDs age out of the window instead. A reboot clears them too: the history lives
+in this process, which a reboot ends. Counts are exact; the window's edge is kept to the minute.
 """
 
 from __future__ import annotations
