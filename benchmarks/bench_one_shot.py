@@ -2,7 +2,7 @@
 8-GPU DGX H100: NVML calls per GPU (counted by the library), wall and CPU of the child.
 
 The tools take turns, run after run, so that load from elsewhere on a shared machine falls on
-both; medians, and their ratio from this one run. nvitop is looked for beside this Python, then
+both; medians, and their ratio from this one run. Both run from compiled bytecode, as installed. nvitop is looked for beside this Python, then
 in the `make bench-compare` venv; without it only gpuconsole's figures are printed.
 """
 
@@ -46,8 +46,11 @@ def measure(folder: Path, runs: int = RUNS) -> dict[str, tuple[float, float, flo
     profile = write_profile(DGX_H100, folder / "dgx-h100.profile")
     config = folder / "gpuconsole.toml"
     config.write_text(CONFIG)
+    # An installed gpuconsole runs from bytecode pip compiled, as nvitop does: a shell that
+    # says PYTHONDONTWRITEBYTECODE would have every run compile gpuconsole from source
+    # (a tenth of a second and more of CPU). The untimed round writes it.
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
         **environment(library.parent, profile),
         "XDG_STATE_HOME": str(folder / "state"),
         "XDG_CONFIG_HOME": str(folder / "config"),
