@@ -94,3 +94,31 @@ def test_a_pcie_node_still_asks_the_pci_level_of_each_pair(
     n = len(APOLLO_PCIE.gpus)
     assert [tuple(r) for r in node["nvml"]["gpu_topology"]] == list(APOLLO_PCIE.gpu_topology())
     assert calls["nvmlDeviceGetTopologyCommonAncestor"] == n * (n - 1) // 2
+
+
+def test_a_long_running_reader_asks_each_links_far_end_once(fake_nvml_env: FakeNvmlEnv) -> None:
+    """What a one-shot leaves out (an NVSwitch's bus id) a long-running reader has, asked once
+    per link however many inventory rounds follow."""
+    body = """
+import json
+from gpuconsole.sim.fakenvml import call_counts
+from gpuconsole.sources.nvml.source import NvmlSource
+source = NvmlSource("n", events=False, inventory_every=1)
+for _ in range(3):
+    reading = source.collect()
+print(json.dumps({"asked": call_counts().get("nvmlDeviceGetNvLinkRemotePciInfo_v2", 0),
+                  "far": sorted({l.remote_pci_bus_id for g in reading.gpus for l in g.nvlinks
+                                 if l.remote_pci_bus_id})}))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", body],
+        env=fake_nvml_env(DGX_H100),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["asked"] == 8 * 18
+    assert len(result["far"]) == len(DGX_H100.nvswitches)
