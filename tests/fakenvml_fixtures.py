@@ -65,6 +65,7 @@ class FakeNvmlEnv(Protocol):
         faults: Sequence[str] = (),
         recovery_actions: Mapping[int, int] | None = None,
         fabric_probes: Mapping[int, tuple[int, int]] | None = None,
+        virtualization_mode: int = 0,
     ) -> dict[str, str]: ...
 
 
@@ -111,6 +112,7 @@ def fake_nvml_env(tmp_path: Path, fake_nvml_libs: FakeNvmlLibs) -> FakeNvmlEnv:
         faults: Sequence[str] = (),
         recovery_actions: Mapping[int, int] | None = None,
         fabric_probes: Mapping[int, tuple[int, int]] | None = None,
+        virtualization_mode: int = 0,
     ) -> dict[str, str]:
         node = get_profile(profile) if isinstance(profile, str) else profile
         plays = driver_of(node, driver)
@@ -127,6 +129,7 @@ def fake_nvml_env(tmp_path: Path, fake_nvml_libs: FakeNvmlLibs) -> FakeNvmlEnv:
             faults=faults,
             recovery_actions=recovery_actions,
             fabric_probes=fabric_probes,
+            virtualization_mode=virtualization_mode,
         )
         library = fake_nvml_libs(plays)
         extra = environment(library.parent, path, counts, frozen_time=frozen_time)

@@ -99,6 +99,17 @@ def test_an_nvswitch_node_says_whether_fabric_manager_runs(
     assert snapshot(env, tmp_path, DGX_H100, stopped)["nvml"]["fabric_manager_running"] is False
 
 
+def test_inside_a_guest_fabric_manager_is_not_known(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    """GPUs passed through to a VM: Fabric Manager runs on the host (or a service VM), not in
+    the guest's process table, so the guest says nothing rather than "not running"."""
+    env = fake_nvml_env(DGX_H100, virtualization_mode=1)
+    node = snapshot(env, tmp_path, DGX_H100, proc_tree(tmp_path / "guest", "systemd", "python3"))
+    assert {g["virtualization_mode"] for g in node["nvml"]["gpus"]} == {"passthrough"}
+    assert node["nvml"]["fabric_manager_running"] is None
+
+
 def test_a_pcie_node_needs_no_fabric_manager(fake_nvml_env: FakeNvmlEnv, tmp_path: Path) -> None:
     node = snapshot(fake_nvml_env(APOLLO_PCIE), tmp_path, APOLLO_PCIE, proc_tree(tmp_path / "p"))
     assert node["nvml"]["fabric_manager_running"] is None

@@ -229,6 +229,7 @@ def write_profile(
     faults: Sequence[str] = (),
     recovery_actions: Mapping[int, int] | None = None,
     fabric_probes: Mapping[int, tuple[int, int]] | None = None,
+    virtualization_mode: int = 0,
 ) -> Path:
     """Write the fake library's profile file for ``profile`` to ``path`` and return ``path``.
 
@@ -244,7 +245,8 @@ def write_profile(
     ``recovery_actions`` maps a GPU index to the nvmlDeviceGpuRecoveryAction_t the driver
     advises (field 230, which only a 565 or newer branch answers); ``fabric_probes`` a GPU
     index to the (nvmlGpuFabricState_t, nvmlReturn_t status) of its fabric probe, on a node
-    with NVSwitches.
+    with NVSwitches. ``virtualization_mode`` is the nvmlGpuVirtualizationMode_t every GPU
+    answers (1: passed through, as NVML says inside a guest).
     """
     parsed = [parse_scenario(s) for s in scenarios]
     n = len(profile.gpus)
@@ -290,7 +292,7 @@ def write_profile(
         f"driver_version {plays.version}",
         f"nvml_version {cuda_major}.{plays.version}",
         f"cuda_driver_version {plays.cuda_driver_version}",
-        "virtualization_mode 0",
+        f"virtualization_mode {int(virtualization_mode)}",
         f"privileged {int(privileged)}",
         f"profiling_admin_only {int(profiling_admin_only)}",
         *(f"missing_field {fid}" for fid in missing_fields),

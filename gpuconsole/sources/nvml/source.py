@@ -493,6 +493,8 @@ class NvmlSource:
         that has a fabric state); None elsewhere."""
         if not any(g.fabric_state not in (None, "not_supported") for g in gpus):
             return None
+        if any(g.virtualization_mode == "passthrough" for g in gpus):
+            return None  # a guest: Fabric Manager runs on the host or a service VM, unseen here
         try:
             return self._fabric_manager()
         except OSError as exc:
