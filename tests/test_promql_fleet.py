@@ -1,0 +1,141 @@
+"""A fleet's overview from a real Prometheus that holds it: every agent's series backfilled
+with promtool (benchmarks.promfleet), read by the console's PromQL source; drilling into a
+node still reads its own agent."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from benchmarks.promfleet import BackfilledPrometheus, identities, Member, members, targets_file, write_openmetrics
+from gpuconsole.config import FleetConfig
+from gpuconsole.export.agent import Agent, select
+from gpuconsole.facts.inventory import node_gpus
+from gpuconsole.hub import Hub, HubSettings
+from gpuconsole.readings.base import Health
+from gpuconsole.readings.snapshot import FleetSnapshot, gpu_health
+from gpuconsole.wiring import AgentSettings, fleet_hub
+from tests.export_fixtures import frozen_fleet
+from tests.peers import require_program
+from tests.waiting import until
+
+NODES = 200
+OPENED = "dgx-002"  # the member a user drills into: its agent runs here
+UNSCRAPED = "gpu-00150"  # a target Prometheus could not scrape
+
+
+class ServedHub(Hub):
+    """A hub that holds one snapshot, so what the agent over it serves stays put."""
+
+    def __init__(self, snapshot: FleetSnapshot) -> None:
+        super().__init__()
+        self._held = snapshot
+
+    @property
+    def latest(self) -> FleetSnapshot | None:
+        return self._held
+
+
+@dataclass
+class Fleet:
+    url: str
+    targets: Path
+    members: list[Member]
+
+
+@pytest.fixture
+async def agent() -> AsyncIterator[Agent]:
+    served = Agent(ServedHub(select(frozen_fleet(), OPENED, summary=False)), AgentSettings(port=0))
+    await served.start()
+    try:
+        yield served
+    finally:
+        await served.stop()
+
+
+@pytest.fixture
+def fleet(agent: Agent, tmp_path: Path) -> Iterator[Fleet]:
+    """200 nodes: the demo's GPU nodes under their own names (the first at its agent's
+    address), then copies of them named gpu-00007 on, one of which Prometheus never scraped."""
+    require_program("promtool", "apt-get install prometheus")
+    require_program("prometheus", "apt-get install prometheus")
+    templates = [n for n in frozen_fleet().nodes if n.gpus]
+    assert templates[0].node == OPENED
+    own = [Member(n.node, f"127.0.0.1:{19000 + i}", n) for i, n in enumerate(templates)]
+    own[0] = Member(OPENED, f"127.0.0.1:{agent.port}", templates[0])
+    copies = [
+        m if m.name != UNSCRAPED else Member(m.name, m.instance, m.node, up=False)
+        for m in members(templates, NODES, first_port=20000)
+    ][len(own) :]
+    fleet = own + copies
+    source = tmp_path / "fleet.om"
+    write_openmetrics(source, fleet, time.time() - 30)
+    targets = tmp_path / "targets.json"
+    targets_file(targets, fleet)
+    with BackfilledPrometheus(source) as prometheus:
+        yield Fleet(prometheus.url, targets, fleet)
+
+
+def head(fleet: Fleet) -> Hub:
+    cfg = FleetConfig(
+        targets_file=str(fleet.targets), prometheus=fleet.url, interval_s=1.0, timeout_s=10.0
+    )
+    return fleet_hub(cfg, HubSettings(publish_gap_s=0.1, max_backoff_s=2.0))
+
+
+def fresh(hub: Hub, node: str) -> bool:
+    found = hub.latest.node(node) if hub.latest is not None else None
+    status = found.status("remote") if found is not None else None
+    return status is not None and status.ok
+
+
+async def test_a_user_sees_every_node_of_a_backfilled_fleet_its_gpus_and_its_faults(
+    fleet: Fleet,
+) -> None:
+    hub = head(fleet)
+    assert len(hub.sources) == NODES
+    scraped = [m for m in fleet.members if m.up]
+    await hub.start()
+    try:
+        await until(lambda: all(fresh(hub, m.name) for m in scraped), timeout=60)
+        shot = hub.latest
+        assert shot is not None and len(shot.nodes) == NODES
+        for member in scraped:
+            node = shot.node(member.name)
+            assert node is not None
+            template = member.node
+            # every GPU, under the node's own identities, where the agent's node has it
+            own = set(identities(member.name, len(node_gpus(template))))
+            assert len({g.uuid for g in node.gpus} & own) == len(template.gpus), member.name
+            # (a GPU NVML lost before reading it: where sysfs has it, as the agent exports)
+            assert [r.bus_id for r in node_gpus(node) if r.reading] == [
+                r.bus_id for r in node_gpus(template) if r.reading
+            ]
+            assert [g.util_gpu_pct for g in node.gpus] == [g.util_gpu_pct for g in template.gpus]
+            assert [gpu_health(g) for g in node.gpus] == [gpu_health(g) for g in template.gpus]
+        # the demo's fault: dgx-003's GPU 5 fell off the bus, and so on every copy of it
+        lost = [m.name for m in scraped if m.node.node == "dgx-003"]
+        assert len(lost) >= NODES // 6 - 1
+        for name in lost:
+            node = shot.node(name)
+            assert node is not None
+            assert [g.index for g in node.gpus if gpu_health(g) is Health.CRITICAL] == [5], name
+        # the target Prometheus could not scrape says so, and nothing else is stale
+        gone = shot.node(UNSCRAPED)
+        status = gone.status("remote") if gone is not None else None
+        assert status is not None and not status.ok
+        assert "cannot scrape the agent at" in (status.error or "")
+        # drilling in reads the node's own agent: NVLink readings the overview leaves out
+        assert all(g.nvlinks == () for g in shot.node(OPENED).gpus)  # type: ignore[union-attr]
+        hub.focus(OPENED)
+        await until(lambda: bool(hub.latest.node(OPENED).gpus[0].nvlinks), timeout=15)  # type: ignore[union-attr]
+        assert [g.uuid for g in shot.node(OPENED).gpus] == [g.uuid for g in fleet.members[0].node.gpus]  # type: ignore[union-attr]
+        opened = hub.latest.node(OPENED)  # type: ignore[union-attr]
+        assert opened is not None
+        assert [g.nvlinks for g in opened.gpus] == [g.nvlinks for g in fleet.members[0].node.gpus]
+    finally:
+        await hub.stop()
