@@ -1,4 +1,4 @@
-"""Run every benchmark in turn and print its figures."""
+"""Run every benchmark in turn and print its figures, then the headline figures in one table."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import importlib
 import platform
 import sys
 from pathlib import Path
+
+from benchmarks.timing import FIGURES, summary
 
 BENCHES = sorted(f"benchmarks.{path.stem}" for path in Path(__file__).parent.glob("bench_*.py"))
 
@@ -23,6 +25,9 @@ def main() -> int:
             continue
         module.main()
         print()
+    # each benchmark keeps its headline figures with benchmarks.timing.record()
+    print("Summary (medians; ratios from peers measured in the same run)")
+    print(summary() if FIGURES else "  no benchmark recorded a headline figure")
     return 0
 
 

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from benchmarks.timing import record
 from gpuconsole.config import FleetConfig
 from gpuconsole.export.agent import Body, respond, snapshot_body
 from gpuconsole.hub import Hub, HubSettings
@@ -61,6 +62,7 @@ UPDATE_TARGET_MS = 100.0
 RSS_TARGET_MB = 500.0
 WIRE_TARGET_KIB = 10.0
 LIGHT_TARGET_CORES = 0.35  # a head that any codec could make: decoding alone cannot get there
+LIGHT_RSS_MB = 250.0
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -408,6 +410,11 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
                 f"{_verdict(f.publish_ms < UPDATE_TARGET_MS)}"
                 f"; RSS under {RSS_TARGET_MB:g} MB: {_verdict(f.rss_mb < RSS_TARGET_MB)}"
             )
+            if compress and parts:  # how a head and `gpuconsole agent` talk
+                record(f"head at {nodes:,} agents: CPU at 1 Hz", at_1hz, "cores",
+                       at_most=LIGHT_TARGET_CORES)  # fmt: skip
+                record(f"head at {nodes:,} agents: RSS", f.rss_mb, "MB", at_most=LIGHT_RSS_MB)
+                record("wire per node per second", f.wire_kib, "KiB", at_most=WIRE_TARGET_KIB)
             # what the head would take were its codec as fast as msgspec's, and were it free
             with_typed = at_1hz - (whole_ms - typed_ms) * nodes / 1000
             without = at_1hz - head_ms * nodes / 1000

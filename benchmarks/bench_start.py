@@ -30,6 +30,7 @@ from pathlib import Path
 
 from benchmarks.compare.fakenode import CONFIG
 from benchmarks.compare.procs import Run, run_once
+from benchmarks.timing import record
 from gpuconsole.sim.fakenvml import (
     COUNTS_ENV,
     build_library,
@@ -109,6 +110,7 @@ def _demo(tmp: Path) -> None:
     print(f"start: `gpuconsole demo` at {SIZE[0]}x{SIZE[1]}, median of {RUNS}")
     print(f"  layout drawn {layout:.2f} s; first reading drawn {data:.2f} s   "
           f"target <= {FIRST_FRAME_TARGET_S:g} s: {_verdict(data <= FIRST_FRAME_TARGET_S)}")  # fmt: skip
+    record("demo: first frame with data", data, "s", at_most=FIRST_FRAME_TARGET_S)
 
 
 def _nvitop() -> str | None:
@@ -156,6 +158,13 @@ def _one_shot(tmp: Path) -> None:
         f"  calls per GPU target <= {CALLS_TARGET:g}: "
         f"{_verdict(calls['gpuconsole snapshot --json'] <= CALLS_TARGET)}"
     )
+    theirs = medians.get("nvitop -1", (None, None))
+    peer = "nvitop -1" if nvitop is not None else ""
+    record("one-shot: wall", ours[0] * 1000, "ms", peer=peer, peer_value=_ms(theirs[0]))
+    record("one-shot: CPU", ours[1] * 1000, "ms", peer=peer, peer_value=_ms(theirs[1]))
+    ours_calls = calls["gpuconsole snapshot --json"]
+    record("one-shot: NVML calls per GPU", ours_calls, "calls", at_most=CALLS_TARGET, peer=peer,
+           peer_value=calls.get("nvitop -1"))  # fmt: skip
     if nvitop is None:
         print("  nvitop not installed (`make bench-compare` installs it): no ratio")
         return
@@ -165,6 +174,10 @@ def _one_shot(tmp: Path) -> None:
         f"  vs nvitop -1: wall {wall_x:.2f}x, CPU {cpu_x:.2f}x   target <= 1x: "
         f"{_verdict(wall_x <= 1 and cpu_x <= 1)}"
     )
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
 
 
 def _verdict(ok: bool) -> str:

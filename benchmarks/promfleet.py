@@ -145,22 +145,22 @@ def write_openmetrics(
         named.append(identities(member.name, one.gpus))
     families: dict[str, tuple[str, str]] = {}
     for one in rendered.values():
-        for name, kind in one.kinds.items():
-            families.setdefault(name, kind)
+        for name, described in one.kinds.items():
+            families.setdefault(name, described)
     samples = 0
     with path.open("w", encoding="utf-8") as out:
-        out.write(f"# TYPE up gauge\n# HELP up Whether Prometheus could scrape the target.\n")
+        out.write("# TYPE up gauge\n# HELP up Whether Prometheus could scrape the target.\n")
         for member in members:
             out.write(f'up{{instance="{member.instance}",job="{JOB}"}} {int(member.up)} {at:.3f}\n')
         samples += len(members)
-        for name, (kind, doc) in families.items():
-            out.write(f"# TYPE {name} {kind}\n# HELP {name} {_escape(doc)}\n")
+        for family, (kind, doc) in families.items():
+            out.write(f"# TYPE {family} {kind}\n# HELP {family} {_escape(doc)}\n")
             for member, mine in zip(members, named, strict=True):
                 if not member.up:
                     continue  # a target that was not scraped has no series but up
                 one = rendered[id(member.node)]
-                if name in one.pieces:
-                    text = one.family(name, member.instance, mine)
+                if family in one.pieces:
+                    text = one.family(family, member.instance, mine)
                     samples += text.count("\n")
                     out.write(text)
         out.write("# EOF\n")
@@ -194,7 +194,9 @@ class BackfilledPrometheus:
     """`prometheus` on 127.0.0.1 over a TSDB that promtool backfilled from an OpenMetrics
     file; everything it writes lives in a temporary folder removed on close."""
 
-    def __init__(self, source: Path, *, prometheus: str = "prometheus", promtool: str = "promtool") -> None:
+    def __init__(
+        self, source: Path, *, prometheus: str = "prometheus", promtool: str = "promtool"
+    ) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="gpuconsole-prom-"))
         self.tsdb = self.folder / "tsdb"
         self.log = self.folder / "prometheus.log"
@@ -205,13 +207,23 @@ class BackfilledPrometheus:
         try:
             began = time.perf_counter()
             done = subprocess.run(
-                [promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(source), str(self.tsdb)],
+                [
+                    promtool,
+                    "tsdb",
+                    "create-blocks-from",
+                    "openmetrics",
+                    "-q",
+                    str(source),
+                    str(self.tsdb),
+                ],
                 capture_output=True,
                 text=True,
                 check=False,
             )
             if done.returncode != 0:
-                raise RuntimeError(f"promtool could not backfill {source}: {(done.stderr or done.stdout)[-2000:]}")
+                raise RuntimeError(
+                    f"promtool could not backfill {source}: {(done.stderr or done.stdout)[-2000:]}"
+                )
             self.backfill_s = time.perf_counter() - began
             self._start(prometheus)
         except BaseException:

@@ -11,16 +11,25 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.promfleet import BackfilledPrometheus, identities, Member, members, targets_file, write_openmetrics
+from benchmarks.promfleet import (
+    BackfilledPrometheus,
+    Member,
+    identities,
+    members,
+    targets_file,
+    write_openmetrics,
+)
 from gpuconsole.config import FleetConfig
 from gpuconsole.export.agent import Agent, select
 from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.base import Health
 from gpuconsole.readings.snapshot import FleetSnapshot, gpu_health
+from gpuconsole.sources.promql import PrometheusReader
 from gpuconsole.wiring import AgentSettings, fleet_hub
 from tests.export_fixtures import frozen_fleet
 from tests.peers import require_program
+from tests.test_promql import node_view
 from tests.waiting import until
 
 NODES = 200
@@ -102,9 +111,20 @@ async def test_a_user_sees_every_node_of_a_backfilled_fleet_its_gpus_and_its_fau
     await hub.start()
     try:
         await until(lambda: all(fresh(hub, m.name) for m in scraped), timeout=60)
+        # the first round read every series; later ones read part of them each: once
+        # every part came round, the user sees what the whole round showed
+        reader = hub.sources[0].reader  # type: ignore[attr-defined]
+        assert isinstance(reader, PrometheusReader)
+        whole = hub.latest
+        assert whole is not None
+        await until(lambda: reader.rounds >= len(reader.parts) + 2, timeout=60)
+        await until(lambda: hub.latest is not None and hub.latest.seq > whole.seq + 1)
         shot = hub.latest
         assert shot is not None and len(shot.nodes) == NODES
         for member in scraped:
+            now, then = shot.node(member.name), whole.node(member.name)
+            assert now is not None and then is not None
+            assert node_view(now) == node_view(then), member.name
             node = shot.node(member.name)
             assert node is not None
             template = member.node
@@ -130,10 +150,11 @@ async def test_a_user_sees_every_node_of_a_backfilled_fleet_its_gpus_and_its_fau
         assert status is not None and not status.ok
         assert "cannot scrape the agent at" in (status.error or "")
         # drilling in reads the node's own agent: NVLink readings the overview leaves out
-        assert all(g.nvlinks == () for g in shot.node(OPENED).gpus)  # type: ignore[union-attr]
+        overview = shot.node(OPENED)
+        assert overview is not None and all(g.nvlinks == () for g in overview.gpus)
+        assert [g.uuid for g in overview.gpus] == [g.uuid for g in fleet.members[0].node.gpus]
         hub.focus(OPENED)
         await until(lambda: bool(hub.latest.node(OPENED).gpus[0].nvlinks), timeout=15)  # type: ignore[union-attr]
-        assert [g.uuid for g in shot.node(OPENED).gpus] == [g.uuid for g in fleet.members[0].node.gpus]  # type: ignore[union-attr]
         opened = hub.latest.node(OPENED)  # type: ignore[union-attr]
         assert opened is not None
         assert [g.nvlinks for g in opened.gpus] == [g.nvlinks for g in fleet.members[0].node.gpus]

@@ -18,7 +18,7 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import urlencode
@@ -104,6 +104,26 @@ _PORT = (names.IB_STATE, names.IB_PHYSICAL_STATE, names.IB_RATE, names.FABRIC_PO
 _NETDEV = (names.FABRIC_NETDEV_UP, names.FABRIC_NETDEV_CARRIER)
 _INFO = (names.GPU_INFO, names.MIG_INFO, names.FABRIC_PORT_INFO, names.BMC_INFO)
 UP = "up"
+# What every round asks of each GPU: what the fleet view draws and sorts by (memory's share
+# is used over used + free + reserved, so free comes with used).
+_EVERY_ROUND = (
+    names.DCGM_GPU_UTIL,
+    names.DCGM_FB_USED,
+    names.DCGM_FB_FREE,
+    names.DCGM_GPU_TEMP,
+    names.DCGM_POWER_USAGE,
+)
+# And where raised (above 0), each GPU's health flags: a few GPUs of a fleet, not all.
+_RAISED = (
+    names.GPU_LOST,
+    names.DCGM_XID,
+    names.DCGM_ECC_DBE_VOL,
+    names.DCGM_REMAP_FAILURE,
+    names.DCGM_REMAP_PENDING,
+    names.DCGM_THROTTLE,
+)
+_PER_PART = 3  # the other per-GPU series: this many metrics each round, in turn
+NEW_PER_ROUND = 200  # targets new to the rounds read whole in one round, at most
 
 _KIND: dict[str, str] = {
     UP: "up",
@@ -132,16 +152,57 @@ _IB_PHYS = {
 _SLICES = re.compile(r"^(\d+)g\.")
 
 
-def overview_queries(selector: str = "") -> tuple[str, str]:
-    """The two instant queries of a round: placed values, and the info series."""
-    extra = f", {selector.strip()}" if selector.strip() else ""
-    values = "|".join(_KIND)
-    info = "|".join(spec[0] for spec in _INFO)
+def _selector(extra: str) -> str:
+    return f", {extra.strip()}" if extra.strip() else ""
+
+
+def _values_query(metrics: Collection[str], extra: str, raised: bool = False) -> str:
     by = ", ".join((*_PLACE, *_PLACE_PORT))
     # MIG instances' DCGM series carry GPU_I_ID; the GPU's own do not
-    return (
-        f'max by ({by}) ({{__name__=~"{values}", GPU_I_ID=""{extra}}})',
-        f'{{__name__=~"{info}"{extra}}}',
+    selected = f'{{__name__=~"{"|".join(metrics)}", GPU_I_ID=""{_selector(extra)}}}'
+    return f"max by ({by}) ({selected}{' > 0' if raised else ''})"
+
+
+def _info_query(extra: str) -> str:
+    info = "|".join(spec[0] for spec in _INFO)
+    return f'{{__name__=~"{info}"{_selector(extra)}}}'
+
+
+def overview_queries(selector: str = "") -> tuple[str, str]:
+    """The two instant queries of a whole round: every placed value, and the info series."""
+    return _values_query(_KIND, selector), _info_query(selector)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One instant query of a round and what its answer replaces: the metrics it covers
+    (absent from the answer: gone), or the info series."""
+
+    query: str
+    metrics: frozenset[str] = frozenset()
+    raised: frozenset[str] = frozenset()  # of `metrics`, those sent only above 0
+    info: bool = False
+
+
+def round_plan(selector: str = "") -> tuple[tuple[Ask, ...], tuple[Ask, ...]]:
+    """What every round asks (up and the GPU gauges the fleet view draws; the health flags
+    where raised), and the parts of the rest, one of which each round adds in turn."""
+    gauges = (UP, *(s[0] for s in _EVERY_ROUND))
+    flags = frozenset(s[0] for s in _RAISED)
+    # two queries, not one joined with `or`: that drops the flags of a GPU whose gauges it
+    # holds (set operators match series on their labels without the name)
+    every = (
+        Ask(_values_query(gauges, selector), frozenset(gauges)),
+        Ask(_values_query(sorted(flags), selector, raised=True), flags, flags),
+    )
+    asked = {m for ask in every for m in ask.metrics}
+    rest = [m for m in _KIND if m not in asked]
+    per_gpu = [m for m in rest if _KIND[m] == "gpu"]
+    parts = [per_gpu[i : i + _PER_PART] for i in range(0, len(per_gpu), _PER_PART)]
+    parts.append([m for m in rest if _KIND[m] != "gpu"])  # per node: small
+    return every, (
+        *(Ask(_values_query(part, selector), frozenset(part)) for part in parts),
+        Ask(_info_query(selector), info=True),
     )
 
 
@@ -210,22 +271,66 @@ def _safe_labels(labels: Mapping[str, Any]) -> Mapping[str, Any]:
     return {k: safe_text(v) if type(v) is str else v for k, v in labels.items()}
 
 
-def parse_overview(values: list[Any], info: list[Any]) -> Overview:
-    """An Overview from the two queries' vectors; ValueError on a malformed answer."""
-    at = time.time()
-    up: dict[str, float] = {}
-    nodes: dict[str, dict[str, NodeSeries]] = {}
+class FleetSeries:
+    """Every node's series as the rounds left them: each answer replaces the metrics it
+    was asked for (those it no longer holds are gone) or the info series."""
 
-    def series_of(labels: Mapping[str, str]) -> NodeSeries | None:
+    def __init__(self) -> None:
+        self.at = time.time()
+        self.up: dict[str, float] = {}
+        self.nodes: dict[str, dict[str, NodeSeries]] = {}
+        self.read_whole: set[str] = set()  # targets whose every series was asked for
+
+    def _series_of(self, labels: Mapping[str, str]) -> NodeSeries | None:
         name = labels.get("exported_node") or labels.get("Hostname") or labels.get("node")
         instance = labels.get("instance")
         if not name or instance is None:
             return None
-        return nodes.setdefault(instance, {}).setdefault(name, NodeSeries())
+        return self.nodes.setdefault(instance, {}).setdefault(name, NodeSeries())
 
-    try:
-        if values:  # when Prometheus evaluated the queries
-            at = float(values[0]["value"][0])
+    def _forget(self, metrics: frozenset[str], raised: frozenset[str]) -> None:
+        """Drop `metrics` everywhere; of those `raised`, a series held is 0 until the
+        answer says it is raised (one never exported stays unknown)."""
+        for served in self.nodes.values():
+            for found in served.values():
+                for held in (
+                    *found.gpus.values(),
+                    *found.sources.values(),
+                    found.values,
+                    *found.ports.values(),
+                    *(stats for _, stats in found.netdevs.values()),
+                ):
+                    for metric in metrics.intersection(held):
+                        if metric in raised:
+                            held[metric] = 0.0
+                        else:
+                            del held[metric]
+
+    def take_values(
+        self,
+        values: list[Any],
+        metrics: frozenset[str] | None = None,
+        raised: frozenset[str] = frozenset(),
+    ) -> None:
+        """An answer covering `metrics` (None: every placed value), of which `raised` are
+        sent only above 0; ValueError when it does not fit."""
+        try:
+            if values:  # when Prometheus evaluated the query
+                self.at = float(values[0]["value"][0])
+            if metrics is None or UP in metrics:
+                self.up = {}
+            if metrics is None:
+                self.nodes = {}
+            else:
+                self._forget(metrics, raised)
+            self._place(values)
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
+            raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
+        if metrics is None:
+            self.read_whole = {i for i, up in self.up.items() if up >= 1}
+
+    def _place(self, values: list[Any]) -> None:
+        up = self.up
         for sample in values:
             labels = sample["metric"]
             metric = labels.get("__name__", "")
@@ -233,7 +338,7 @@ def parse_overview(values: list[Any], info: list[Any]) -> Overview:
             if kind == "up":
                 up[labels.get("instance", "")] = _value(sample)
                 continue
-            found = series_of(labels)
+            found = self._series_of(labels)
             if found is None or kind is None:
                 continue
             if kind == "gpu" and "gpu" in labels:
@@ -251,23 +356,57 @@ def parse_overview(values: list[Any], info: list[Any]) -> Overview:
                     ifname, stats = found.netdevs.get(place, (netdev, {}))
                     stats[metric] = _value(sample)
                     found.netdevs[place] = (ifname, stats)
-        for sample in info:
-            labels = _safe_labels(sample["metric"])  # these name GPUs, MIGs, ports, the BMC
-            metric = labels.get("__name__", "")
-            found = series_of(sample["metric"])  # as the values above found it
-            if found is None:
-                continue
-            if metric == names.GPU_INFO[0]:
-                found.gpu_info[int(labels["gpu"])] = labels
-            elif metric == names.MIG_INFO[0]:
-                found.migs.setdefault(int(labels["gpu"]), []).append(labels)
-            elif metric == names.FABRIC_PORT_INFO[0]:
-                found.port_info[(labels["device"], int(labels["port"]))] = labels
-            elif metric == names.BMC_INFO[0]:
-                found.bmc = labels.get("bmc", "")
-    except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
-        raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
-    return Overview(at, up, nodes)
+
+    def take_info(self, info: list[Any], instances: Collection[str] | None = None) -> None:
+        """The info series (GPUs, MIG instances, ports, the BMC), replacing the last (of
+        the targets at `instances`, when given)."""
+        try:
+            for instance in self.nodes if instances is None else instances:
+                for held in self.nodes.get(instance, {}).values():
+                    held.gpu_info, held.migs, held.port_info = {}, {}, {}
+                    held.bmc = None
+            for sample in info:
+                labels = _safe_labels(sample["metric"])  # these name GPUs, MIGs, ports, the BMC
+                metric = labels.get("__name__", "")
+                found = self._series_of(sample["metric"])  # as the values found it
+                if found is None:
+                    continue
+                if metric == names.GPU_INFO[0]:
+                    found.gpu_info[int(labels["gpu"])] = labels
+                elif metric == names.MIG_INFO[0]:
+                    found.migs.setdefault(int(labels["gpu"]), []).append(labels)
+                elif metric == names.FABRIC_PORT_INFO[0]:
+                    found.port_info[(labels["device"], int(labels["port"]))] = labels
+                elif metric == names.BMC_INFO[0]:
+                    found.bmc = labels.get("bmc", "")
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
+            raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
+
+    def take_whole(self, values: list[Any], info: list[Any], instances: Collection[str]) -> None:
+        """Every series of the targets at `instances`, in place of what was held of them."""
+        for instance in instances:
+            self.nodes.pop(instance, None)
+        try:
+            self._place([s for s in values if s["metric"].get("__name__") != UP])
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
+            raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
+        self.take_info(info, instances)
+        self.read_whole.update(instances)
+
+    def unheld(self) -> list[str]:
+        """Targets Prometheus scrapes that no whole read has covered yet (new to the rounds)."""
+        return [i for i, up in self.up.items() if up >= 1 and i not in self.read_whole]
+
+    def overview(self) -> Overview:
+        return Overview(self.at, self.up, self.nodes)
+
+
+def parse_overview(values: list[Any], info: list[Any]) -> Overview:
+    """An Overview from a whole round's two vectors; ValueError on a malformed answer."""
+    series = FleetSeries()
+    series.take_values(values)
+    series.take_info(info)
+    return series.overview()
 
 
 def _mig(labels: Mapping[str, str]) -> MigInstance:
@@ -471,7 +610,13 @@ def build_node(node: str, found: NodeSeries, at: float) -> NodeSnapshot:
 
 class PrometheusReader:
     """One Prometheus server read for the whole fleet: one round per interval, shared by
-    every node's source (the first to ask starts it, the rest wait for it)."""
+    every node's source (the first to ask starts it, the rest wait for it).
+
+    The first round asks for every series. Later rounds ask each time for what moves and
+    what a fleet view draws (up, each GPU's gauges, health flags that are raised) and for
+    one part of the rest, the parts in turn: a round of 10,000 nodes then carries a fifth
+    of the series a whole one does, and every series is refreshed within a few rounds.
+    """
 
     def __init__(
         self,
@@ -488,6 +633,10 @@ class PrometheusReader:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.queries = overview_queries(selector)
+        self.every, self.parts = round_plan(selector)
+        self._series: FleetSeries | None = None  # none until a whole round landed
+        self._turn = 0
+        self.rounds = 0  # rounds that landed
         self._client = client
         self._monotonic = monotonic
         self._round: asyncio.Future[Overview] | None = None
@@ -519,8 +668,40 @@ class PrometheusReader:
         return vector
 
     async def _read(self) -> Overview:
-        values, info = await asyncio.gather(*(self.query(q) for q in self.queries))
-        return parse_overview(values, info)
+        series = self._series
+        if series is None:
+            values, info = await asyncio.gather(*(self.query(q) for q in self.queries))
+            series = FleetSeries()
+            series.take_values(values)
+            series.take_info(info)
+            self._series = series
+            self.rounds += 1
+            return series.overview()
+        part = self.parts[self._turn % len(self.parts)]
+        self._turn += 1
+        asks = (*self.every, part)
+        answers = await asyncio.gather(*(self.query(a.query) for a in asks))
+        for ask, answer in zip(asks, answers, strict=True):
+            if ask.info:
+                series.take_info(answer)
+            else:
+                series.take_values(answer, ask.metrics, ask.raised)
+        # targets Prometheus began to scrape since: every series of theirs, by instance
+        new = series.unheld()[:NEW_PER_ROUND]
+        if new:
+            values, info = await asyncio.gather(
+                *(self.query(q) for q in overview_queries(_instances(new, self.selector)))
+            )
+            series.take_whole(values, info, new)
+        self.rounds += 1
+        return series.overview()
+
+
+def _instances(instances: Collection[str], selector: str) -> str:
+    """A selector for the targets at `instances` (within `selector`)."""
+    alternatives = "|".join(re.escape(i) for i in instances)
+    quoted = alternatives.replace("\\", "\\\\").replace('"', '\\"')
+    return f'instance=~"{quoted}"' + (f", {selector.strip()}" if selector.strip() else "")
 
 
 def _retrieve(future: asyncio.Future[Overview]) -> None:
@@ -547,7 +728,7 @@ class PromQLSource:
         self.interval_s = reader.interval_s
         self.timeout_s = reader.timeout_s
         self.agent = agent
-        self._reader = reader
+        self.reader = reader
         self._clock = clock
         self._emit: EmitEvent | None = None
         self._xids: dict[str, int] | None = None
@@ -570,11 +751,11 @@ class PromQLSource:
     async def poll(self) -> AgentReading:
         if self.detail:
             return await self.agent.poll()
-        overview = await self._reader.overview()
+        overview = await self.reader.overview()
         _name, found = overview.pick(self.instance, self.node)
         node = build_node(self.node, found, overview.at)
         self._post_xids(node)
-        return AgentReading(self._clock(), self._reader.url, node, summary=True)
+        return AgentReading(self._clock(), self.reader.url, node, summary=True)
 
     def _post_xids(self, node: NodeSnapshot) -> None:
         """An XID that changed since the last round becomes an event, as the agent's would."""
