@@ -184,9 +184,20 @@ class Ask:
     info: bool = False
 
 
-def round_plan(selector: str = "") -> tuple[tuple[Ask, ...], tuple[Ask, ...]]:
+@dataclass(frozen=True)
+class RoundPlan:
+    """What the rounds ask: `every` each round, one of `parts` in turn, and at first
+    `whole`, one query after another (every series: the flags' too, raised or not)."""
+
+    every: tuple[Ask, ...]
+    parts: tuple[Ask, ...]
+    whole: tuple[Ask, ...]
+
+
+def round_plan(selector: str = "") -> RoundPlan:
     """What every round asks (up and the GPU gauges the fleet view draws; the health flags
-    where raised), and the parts of the rest, one of which each round adds in turn."""
+    where raised), the parts of the rest, one of which each round adds in turn, and the
+    parts of a whole round."""
     gauges = (UP, *(s[0] for s in _EVERY_ROUND))
     flags = frozenset(s[0] for s in _RAISED)
     # two queries, not one joined with `or`: that drops the flags of a GPU whose gauges it
@@ -200,10 +211,12 @@ def round_plan(selector: str = "") -> tuple[tuple[Ask, ...], tuple[Ask, ...]]:
     per_gpu = [m for m in rest if _KIND[m] == "gpu"]
     parts = [per_gpu[i : i + _PER_PART] for i in range(0, len(per_gpu), _PER_PART)]
     parts.append([m for m in rest if _KIND[m] != "gpu"])  # per node: small
-    return every, (
+    rounds = (
         *(Ask(_values_query(part, selector), frozenset(part)) for part in parts),
         Ask(_info_query(selector), info=True),
     )
+    all_flags = Ask(_values_query(sorted(flags), selector), flags)
+    return RoundPlan(every, rounds, (every[0], all_flags, *rounds))
 
 
 @dataclass
@@ -612,10 +625,10 @@ class PrometheusReader:
     """One Prometheus server read for the whole fleet: one round per interval, shared by
     every node's source (the first to ask starts it, the rest wait for it).
 
-    The first round asks for every series. Later rounds ask each time for what moves and
-    what a fleet view draws (up, each GPU's gauges, health flags that are raised) and for
-    one part of the rest, the parts in turn: a round of 10,000 nodes then carries a fifth
-    of the series a whole one does, and every series is refreshed within a few rounds.
+    The first round asks for every series, a part at a time. Later rounds ask each time for
+    what moves and what a fleet view draws (up, each GPU's gauges, health flags that are
+    raised) and for one part of the rest, the parts in turn: a round then carries under a
+    quarter of the series a whole one does, and every series is fresh within eight rounds.
     """
 
     def __init__(
@@ -633,7 +646,8 @@ class PrometheusReader:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.queries = overview_queries(selector)
-        self.every, self.parts = round_plan(selector)
+        plan = round_plan(selector)
+        self.every, self.parts, self.whole = plan.every, plan.parts, plan.whole
         self._series: FleetSeries | None = None  # none until a whole round landed
         self._turn = 0
         self.rounds = 0  # rounds that landed
@@ -670,10 +684,16 @@ class PrometheusReader:
     async def _read(self) -> Overview:
         series = self._series
         if series is None:
-            values, info = await asyncio.gather(*(self.query(q) for q in self.queries))
+            # every series once, a part at a time: one query for all of a large fleet's
+            # would outlast any timeout (and hold its whole answer in memory at once)
             series = FleetSeries()
-            series.take_values(values)
-            series.take_info(info)
+            for ask in self.whole:
+                answer = await self.query(ask.query)
+                if ask.info:
+                    series.take_info(answer)
+                else:
+                    series.take_values(answer, ask.metrics, ask.raised)
+            series.read_whole = {i for i, up in series.up.items() if up >= 1}
             self._series = series
             self.rounds += 1
             return series.overview()
