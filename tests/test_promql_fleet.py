@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.base import Health
 from gpuconsole.readings.snapshot import FleetSnapshot, gpu_health
-from gpuconsole.sources.promql import PrometheusReader
+from gpuconsole.sources.promql import FleetSeries, PrometheusReader, round_plan
 from gpuconsole.wiring import AgentSettings, fleet_hub
 from tests.export_fixtures import frozen_fleet
 from tests.peers import require_program
@@ -160,3 +161,30 @@ async def test_a_user_sees_every_node_of_a_backfilled_fleet_its_gpus_and_its_fau
         assert [g.nvlinks for g in opened.gpus] == [g.nvlinks for g in fleet.members[0].node.gpus]
     finally:
         await hub.stop()
+
+
+def _sample(name: str, value: float, **labels: str) -> dict[str, Any]:
+    metric = {"__name__": name, "instance": "n1:9400", "node": "n1", **labels}
+    return {"metric": metric, "value": [1796000000.5, str(value)]}
+
+
+def test_a_round_replaces_what_it_asked_for_and_a_flag_no_longer_raised_reads_zero() -> None:
+    plan = round_plan()
+    gauges, flags = plan.every
+    util, lost, dbe = "DCGM_FI_DEV_GPU_UTIL", "gpuconsole_gpu_lost", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
+    assert util in gauges.metrics and {lost, dbe} <= flags.raised
+    sm = "DCGM_FI_DEV_SM_CLOCK"
+    part = next(p for p in plan.parts if sm in p.metrics)
+    series = FleetSeries()
+    series.take_values(
+        [_sample("up", 1), _sample(util, 40, gpu="0"), _sample(lost, 1, gpu="0"),
+         _sample(dbe, 0, gpu="0"), _sample(sm, 1980, gpu="0")]
+    )  # fmt: skip
+    # the next round: the GPU came back, its utilization moved, the SM clock was not asked
+    series.take_values([_sample("up", 1), _sample(util, 55, gpu="0")], gauges.metrics)
+    series.take_values([], flags.metrics, flags.raised)
+    gpu = series.overview().nodes["n1:9400"]["n1"].gpus[0]
+    assert gpu == {util: 55.0, lost: 0.0, dbe: 0.0, sm: 1980.0}
+    # the part that holds the SM clock comes round without it: the series is gone
+    series.take_values([], part.metrics)
+    assert sm not in series.overview().nodes["n1:9400"]["n1"].gpus[0]
