@@ -1,10 +1,12 @@
 """The fleet overview read from Prometheus with PromQL, for fleets past what one head polls.
 
-Prometheus scrapes every agent; a round of two instant queries asks it for the series the
+Prometheus scrapes every agent; a round of instant queries asks it for the series the
 agents export (dcgm-exporter's DCGM_*, gpuconsole_*, ipmi_*, node_infiniband_*) for the
-whole fleet at once, and every node's source builds its overview from that one round. Each
-node stays its own source for the hub, so an agent Prometheus cannot scrape goes stale
-alone. Drilling into a node (`detail`) reads that node's agent directly, for everything.
+whole fleet at once, and every node's source builds its overview from that one round: the
+first round every series, later ones what moves and a part of the rest in turn (see
+PrometheusReader). Each node stays its own source for the hub, so an agent Prometheus
+cannot scrape goes stale alone. Drilling into a node (`detail`) reads that node's agent
+directly, for everything.
 
 A node's series are found by the scrape target (`instance`, host:port of its agent, as
 Prometheus names file_sd and static targets) and, within it, by the node name the agent
@@ -304,20 +306,26 @@ class FleetSeries:
     def _forget(self, metrics: frozenset[str], raised: frozenset[str]) -> None:
         """Drop `metrics` everywhere; of those `raised`, a series held is 0 until the
         answer says it is raised (one never exported stays unknown)."""
+        kinds = {_KIND.get(m) for m in metrics}
         for served in self.nodes.values():
             for found in served.values():
-                for held in (
-                    *found.gpus.values(),
-                    *found.sources.values(),
-                    found.values,
-                    *found.ports.values(),
-                    *(stats for _, stats in found.netdevs.values()),
-                ):
-                    for metric in metrics.intersection(held):
+                held: list[dict[str, float]] = []
+                if "gpu" in kinds:
+                    held += found.gpus.values()
+                if "source" in kinds:
+                    held += found.sources.values()
+                if "node" in kinds:
+                    held.append(found.values)
+                if "port" in kinds:
+                    held += found.ports.values()
+                if "netdev" in kinds:
+                    held += (stats for _, stats in found.netdevs.values())
+                for values in held:
+                    for metric in metrics.intersection(values):
                         if metric in raised:
-                            held[metric] = 0.0
+                            values[metric] = 0.0
                         else:
-                            del held[metric]
+                            del values[metric]
 
     def take_values(
         self,
