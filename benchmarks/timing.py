@@ -30,6 +30,7 @@ class Figure:
     at_most: float | None = None  # the target, where there is one (lower is better)
     peer: str = ""  # what it was measured beside in the same run ("nvitop -1")
     peer_value: float | None = None
+    ratio_at_most: float | None = None  # the target as ours over the peer's
 
     @property
     def ratio(self) -> float | None:
@@ -40,7 +41,12 @@ class Figure:
 
     @property
     def met(self) -> bool | None:
-        return None if self.at_most is None else self.value <= self.at_most
+        checks = []
+        if self.at_most is not None:
+            checks.append(self.value <= self.at_most)
+        if self.ratio_at_most is not None and self.ratio is not None:
+            checks.append(self.ratio <= self.ratio_at_most)
+        return all(checks) if checks else None
 
 
 FIGURES: list[Figure] = []
@@ -54,9 +60,10 @@ def record(
     at_most: float | None = None,
     peer: str = "",
     peer_value: float | None = None,
+    ratio_at_most: float | None = None,
 ) -> Figure:
     """Keep a headline figure (a median) for the summary table; returns it."""
-    figure = Figure(what, value, unit, at_most, peer, peer_value)
+    figure = Figure(what, value, unit, at_most, peer, peer_value, ratio_at_most)
     FIGURES.append(figure)
     return figure
 
@@ -65,6 +72,13 @@ def _number(value: float | None) -> str:
     if value is None or math.isnan(value):
         return "-"
     return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+
+
+def _target(f: Figure) -> str:
+    said = [] if f.at_most is None else [f"≤ {_number(f.at_most)}"]
+    if f.ratio_at_most is not None:
+        said.append(f"≤ {f.ratio_at_most:g}x {f.peer or 'peer'}")
+    return ", ".join(said)
 
 
 def summary(figures: list[Figure] | None = None) -> str:
@@ -76,7 +90,7 @@ def summary(figures: list[Figure] | None = None) -> str:
                 f.what,
                 _number(f.value),
                 f.unit,
-                "" if f.at_most is None else f"≤ {_number(f.at_most)}",
+                _target(f),
                 "" if f.met is None else ("met" if f.met else "MISSED"),
                 f.peer,
                 "" if f.peer_value is None else _number(f.peer_value),
