@@ -26,7 +26,7 @@ from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.base import Health
 from gpuconsole.readings.snapshot import FleetSnapshot, gpu_health
-from gpuconsole.sources.promql import FleetSeries, PrometheusReader, round_plan
+from gpuconsole.sources.promql import FleetSeries, PrometheusReader, parse_overview, round_plan
 from gpuconsole.wiring import AgentSettings, fleet_hub
 from tests.export_fixtures import frozen_fleet
 from tests.peers import require_program
@@ -188,3 +188,17 @@ def test_a_round_replaces_what_it_asked_for_and_a_flag_no_longer_raised_reads_ze
     # the part that holds the SM clock comes round without it: the series is gone
     series.take_values([], part.metrics)
     assert sm not in series.overview().nodes["n1:9400"]["n1"].gpus[0]
+
+
+def test_a_gpu_labelled_by_its_bus_id_leaves_the_round_to_the_others() -> None:
+    """A host exports a GPU it reads from its guest under its bus id (the host's NVML does
+    not number it): the overview skips that GPU, and every other series still lands."""
+    util = "DCGM_FI_DEV_GPU_UTIL"
+    overview = parse_overview(
+        [_sample("up", 1), _sample(util, 30, gpu="0"), _sample(util, 70, gpu="0000:52:00.0"),
+         _sample(util, 10, gpu="²")],
+        [{"metric": {"__name__": "gpuconsole_gpu_info", "instance": "n1:9400", "node": "n1",
+                     "gpu": "0000:52:00.0", "uuid": "GPU-guest"}, "value": [1796000000.5, "1"]}],
+    )  # fmt: skip
+    assert overview.nodes["n1:9400"]["n1"].gpus == {0: {util: 30.0}}
+    assert overview.nodes["n1:9400"]["n1"].gpu_info == {}

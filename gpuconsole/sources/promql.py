@@ -279,6 +279,15 @@ def _flag(values: Mapping[str, float], spec: tuple[str, str]) -> bool | None:
     return None if value is None else value >= 1
 
 
+def _index(label: Any) -> int | None:
+    """A GPU's NVML index or a port's number from its label; None for any other value: a
+    GPU the host reads from its guest is labelled by its bus id, and is left, as is one
+    agent's odd label, to the drill-down rather than failing every node's round."""
+    if type(label) is str and label.isascii() and label.isdigit() and len(label) < 6:
+        return int(label)
+    return None
+
+
 def _safe_labels(labels: Mapping[str, Any]) -> Mapping[str, Any]:
     """A series' labels with `safe_text` applied to each value."""
     if all(type(v) is not str or v.isprintable() for v in labels.values()):
@@ -362,14 +371,16 @@ class FleetSeries:
             found = self._series_of(labels)
             if found is None or kind is None:
                 continue
-            if kind == "gpu" and "gpu" in labels:
-                found.gpus.setdefault(int(labels["gpu"]), {})[metric] = _value(sample)
+            if kind == "gpu" and (index := _index(labels.get("gpu"))) is not None:
+                found.gpus.setdefault(index, {})[metric] = _value(sample)
             elif kind == "source" and "source" in labels:
                 found.sources.setdefault(safe_text(labels["source"]), {})[metric] = _value(sample)
             elif kind == "node":
                 found.values[metric] = _value(sample)
-            elif kind in ("port", "netdev") and "device" in labels and "port" in labels:
-                place = (safe_text(labels["device"]), int(labels["port"]))
+            elif kind in ("port", "netdev") and "device" in labels:
+                if (port := _index(labels.get("port"))) is None:
+                    continue
+                place = (safe_text(labels["device"]), port)
                 if kind == "port":
                     found.ports.setdefault(place, {})[metric] = _value(sample)
                 else:
@@ -392,12 +403,14 @@ class FleetSeries:
                 found = self._series_of(sample["metric"])  # as the values found it
                 if found is None:
                     continue
-                if metric == names.GPU_INFO[0]:
-                    found.gpu_info[int(labels["gpu"])] = labels
-                elif metric == names.MIG_INFO[0]:
-                    found.migs.setdefault(int(labels["gpu"]), []).append(labels)
+                index = _index(labels.get("gpu"))
+                if metric == names.GPU_INFO[0] and index is not None:
+                    found.gpu_info[index] = labels
+                elif metric == names.MIG_INFO[0] and index is not None:
+                    found.migs.setdefault(index, []).append(labels)
                 elif metric == names.FABRIC_PORT_INFO[0]:
-                    found.port_info[(labels["device"], int(labels["port"]))] = labels
+                    if (port := _index(labels.get("port"))) is not None:
+                        found.port_info[(labels["device"], port)] = labels
                 elif metric == names.BMC_INFO[0]:
                     found.bmc = labels.get("bmc", "")
         except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
