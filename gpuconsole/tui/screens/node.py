@@ -22,6 +22,7 @@ from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.tui.screens.base import BaseView, update_text
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import HEALTH_GLYPH, health_light, spark
+from gpuconsole.tui.widgets.panel import Panel
 from gpuconsole.tui.widgets.rich_lines import RichLines
 from gpuconsole.tui.widgets.row_table import Cell, RowTable
 
@@ -212,10 +213,12 @@ class NodeScreen(BaseView):
 
     def compose_body(self) -> ComposeResult:
         yield RichLines(id="node-info", classes="summary")
-        yield RowTable(COLUMNS, id="gpu-table")
+        # below NARROW_BELOW the trend goes (the GPU view has it), the cells sit closer and
+        # throttle and owner give way, so that every reading and the owner stay in view
+        yield RowTable(COLUMNS, give_way={"throttle": 8, "owner": 14}, id="gpu-table")
         with Horizontal(id="node-panels"):
             for panel_id, title in (("bmc", "BMC"), ("fabric", "fabric"), ("owners", "owners")):
-                panel = Static(id=f"panel-{panel_id}", classes="panel")
+                panel = Panel(id=f"panel-{panel_id}", classes="panel")
                 panel.border_title = title
                 yield panel
 
@@ -235,13 +238,15 @@ class NodeScreen(BaseView):
         palette, now = self.palette, self.console.clock()
         info.update(node_info(node, palette, now))
         if force or node is not self._shown_node:
+            narrow = self.has_class("-narrow")
+            self.table.show_columns(hide=("trend",) if narrow else (), compact=narrow)
             self._update_table(node, palette, force)
             self._shown_node = node
-        bmc = self.query_one("#panel-bmc", Static)
-        update_text(bmc, summaries.bmc_panel(node))
+        bmc = self.query_one("#panel-bmc", Panel)
+        bmc.update(summaries.bmc_panel(node))
         bmc.border_subtitle = summaries.bmc_schema(node.bmc)
-        update_text(self.query_one("#panel-fabric", Static), summaries.fabric_panel(node))
-        update_text(self.query_one("#panel-owners", Static), owners_text(node, palette))
+        self.query_one("#panel-fabric", Panel).update(summaries.fabric_panel(node))
+        self.query_one("#panel-owners", Panel).update(owners_text(node, palette))
 
     def _update_table(self, node: NodeSnapshot, palette: Palette, force: bool) -> None:
         """Every GPU's cells; the table draws again only the rows whose cells changed."""

@@ -9,11 +9,19 @@ ever showed (20 per visit to the Events view and back, a few MiB an hour in the 
 
 from __future__ import annotations
 
-from textual import widgets
+from textual import events, widgets
+
+# Below this width the keys sit closer together, so that the last (q Quit) stays in view.
+COMPACT_BELOW = 120
 
 
 class Footer(widgets.Footer):
-    """Textual's footer, letting go of the keys a recompose removed."""
+    """Textual's footer, letting go of the keys a recompose removed; compact when narrow."""
+
+    def on_resize(self, event: events.Resize) -> None:
+        compact = event.size.width < COMPACT_BELOW
+        if compact != self.compact:
+            self.compact = compact
 
     async def recompose(self) -> None:
         await super().recompose()
