@@ -36,6 +36,7 @@ from gpuconsole.actions.plan import Plan, Target
 from gpuconsole.actions.roles import ActionRefused
 from gpuconsole.config import ConfigError
 from gpuconsole.facts.inventory import node_gpus
+from gpuconsole.facts.summaries import PASSTHROUGH_GLYPH, UNSEEN_GLYPH
 from gpuconsole.readings.base import Health
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.tui.widgets.footer import Footer
@@ -98,6 +99,24 @@ class StepChanged(Message):
         self.update = update
 
 
+class GpuMarks(SelectionList[str]):
+    """The GPUs to move: space marks one; Enter goes on to the targets, never marks (a GPU
+    in use marked by a stray Enter would be planned for)."""
+
+    BINDINGS: ClassVar = [Binding("enter", "to_targets", "Targets", show=False)]
+
+    def action_to_targets(self) -> None:
+        self.screen.query_one("#assign-targets", OptionList).focus()
+
+
+class Targets(OptionList):
+    """Where the marked GPUs go; the cursor is on one whenever the list has the keyboard."""
+
+    def on_focus(self) -> None:
+        if self.highlighted is None and self.option_count:
+            self.highlighted = 0
+
+
 class AssignScreen(ModalScreen[None]):
     """Move GPUs of one node to a target: choose, plan, confirm by typing, watch the steps."""
 
@@ -150,10 +169,10 @@ class AssignScreen(ModalScreen[None]):
             box.border_title = f"move GPUs of {self.node_name}"
             yield Static(id="assign-news")
             with Horizontal(id="assign-choose"):
-                gpus: SelectionList[str] = SelectionList(id="assign-gpus")
+                gpus = GpuMarks(id="assign-gpus")
                 gpus.border_title = "GPUs (space marks)"
                 yield gpus
-                targets = OptionList(id="assign-targets")
+                targets = Targets(id="assign-targets")
                 targets.border_title = "to (Enter plans)"
                 yield targets
             with VerticalScroll(id="assign-plan-box"):
@@ -184,8 +203,15 @@ class AssignScreen(ModalScreen[None]):
         targets = self.query_one("#assign-targets", OptionList)
         if node is None:
             return
+        palette = self.console.palette
         for row in node_gpus(node):
-            prompt = Text(f"{row.name:<8} ")
+            # a GPU NVML cannot see has no number: its bus id, once, is its name
+            if row.index is not None:
+                prompt = Text(f"{row.name:<8} ")
+            else:
+                word = f"{PASSTHROUGH_GLYPH} vfio" if row.passthrough else f"{UNSEEN_GLYPH} other"
+                prompt = Text(f"{word:<8} ",
+                              style=palette.passthrough_fg if row.passthrough else palette.dim)  # fmt: skip
             prompt.append(f"{row.short_bus:<9} ", style=self.console.palette.dim)
             prompt.append(row.label)
             gpus.add_option((prompt, row.bus_id, row.bus_id in self.marked))
@@ -298,7 +324,13 @@ class AssignScreen(ModalScreen[None]):
         if self.target is not None:
             await self._make_plan(self.target)
         else:
-            self.query_one("#assign-targets", OptionList).focus()
+            self._focus_choice()
+
+    def _focus_choice(self) -> None:
+        """The targets when GPUs are marked (the node view marks the one under its cursor),
+        else the GPUs to mark first."""
+        marked = self.query_one("#assign-gpus", SelectionList).selected
+        self.query_one("#assign-targets" if marked else "#assign-gpus").focus()
 
     def _said_recovered(self, recovered: list[Outcome]) -> None:
         for outcome in recovered:
@@ -406,7 +438,7 @@ class AssignScreen(ModalScreen[None]):
             self.plan, self.progress, self._refusal = None, {}, ""
             self.stage = Stage.CHOOSE
             self._show()
-            self.query_one("#assign-targets", OptionList).focus()
+            self._focus_choice()
         elif self.stage is not Stage.PLANNING:
             self.dismiss()
 
