@@ -468,6 +468,7 @@ class ProposeScreen(ModalScreen[None]):
         self.node_name = node
         self.placement: Placement | None = None
         self.target: Target | None = None
+        self._asked: tuple[str, str, str] | None = None  # the fields the proposals are for
 
     @property
     def console(self) -> ConsoleApp:
@@ -504,8 +505,22 @@ class ProposeScreen(ModalScreen[None]):
             field.cursor_blink = blink
         self.query_one("#propose-count", Input).focus()
 
+    def _ask(self) -> tuple[str, str, str]:
+        count, model, target = (
+            self.query_one(f"#propose-{k}", Input).value.strip()
+            for k in ("count", "model", "target")
+        )
+        return count, model, target
+
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        """Propose; for the same request again, back to its proposals rather than a run
+        that would change nothing on screen."""
         event.stop()
+        proposals = self.query_one("#propose-list", OptionList)
+        if self._ask() == self._asked and proposals.option_count:
+            proposals.focus()
+            self.notify("the same request: Enter on a proposal plans it", timeout=3)
+            return
         self.run_worker(self._propose(), group="propose", exclusive=True)
 
     async def _propose(self) -> None:
@@ -539,6 +554,13 @@ class ProposeScreen(ModalScreen[None]):
         # pure but not cheap over a big fleet: off the event loop
         self.placement = await asyncio.to_thread(placements, nodes, count, model, target, contexts)
         self.target = target
+        self._asked = (count_text, model or "", wanted)
+        found = len(self.placement.proposals)
+        if found:
+            asked = f"{count} {model or 'GPU'}{'s' if count > 1 and not model else ''}"
+            note.append("\n" if note.plain else "")
+            note.append(f"{found} proposal{'s' if found > 1 else ''} for {asked}"
+                        f"{f' for {target}' if target else ''}: Enter on one plans it")  # fmt: skip
         self._show_placement(note)
 
     def _show_placement(self, note: Text) -> None:

@@ -193,7 +193,7 @@ class EventsScreen(BaseView):
     """The hub's recent events, newest first."""
 
     BINDINGS = [
-        Binding("slash", "filter", "Filter", key_display="/"),
+        FilterBar.KEY,
         Binding("v", "severity", "Severity"),
         Binding("n", "all_nodes", "All nodes"),
         Binding("escape", "back_or_clear", "Back", show=False),
@@ -323,6 +323,11 @@ class EventsScreen(BaseView):
             self.console.open_gpu(happened.node, gpu.index, bus_id=known_bus_id(gpu.bus_id))
         else:  # none, or one that is gone: NVML's number then may be another GPU's now
             self.console.open_node(happened.node)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "filter" and self.is_mounted and self.query_one(FilterBar).typing:
+            return False
+        return super().check_action(action, parameters)
 
     def action_filter(self) -> None:
         self.query_one(FilterBar).open()

@@ -111,7 +111,7 @@ class FleetScreen(BaseView):
 
     BINDINGS = [
         Binding("enter", "open", "Node"),
-        Binding("slash", "filter", "Filter", key_display="/"),
+        FilterBar.KEY,
         Binding("m", "metric", "Colour by"),
         Binding("s", "sort", "Sort"),
         Binding("o", "topology", "Topology"),
@@ -240,6 +240,11 @@ class FleetScreen(BaseView):
     def action_sort(self) -> None:
         self.sort = self.sort.next()
         self.render_latest(force=True)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "filter" and self.is_mounted and self.query_one(FilterBar).typing:
+            return False
+        return super().check_action(action, parameters)
 
     def action_filter(self) -> None:
         self.query_one(FilterBar).open(self.query_text)
