@@ -118,6 +118,16 @@ class FleetScreen(BaseView):
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
     HELP_EXTRA = (("↑ ↓ PgUp PgDn", "move between nodes"), ("click", "select a node"))
+    HELP_LEGEND = (
+        ("GPUs", "a cell per GPU, coloured by what m chooses (util %, temp, power, memory)"),
+        ("m", "in a cell: the GPU is in MIG mode (its instances are in its SM map)"),
+        ("\u2716 in a cell", "the GPU is lost (fell off the bus)"),
+        ("GBFT", "a light per source: GPU (NVML), BMC, Fabric, Tenancy (owners)"),
+        ("free", "GPUs nobody holds, of the node's GPUs"),
+        ("power", "the node's GPUs' power draw"),
+        ("hot", "the node's hottest GPU"),
+        ("seen", "how long ago its least fresh source answered"),
+    )
 
     def __init__(self) -> None:
         super().__init__()

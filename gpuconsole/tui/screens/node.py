@@ -200,6 +200,16 @@ class NodeScreen(BaseView):
         Binding("a", "assign", "Assign"),  # only for those who may act (check_action)
     ]
     HELP_EXTRA = (("↑ ↓", "move between GPUs"),)
+    HELP_LEGEND = (
+        ("GPU", "NVML's number (only a label: a GPU is its bus id); \u25c6 52:00: a guest's"),
+        ("history", "utilization over the last minutes (wide terminals)"),
+        ("mem GiB", "used / total"),
+        ("power", "draw / limit, in W"),
+        ("throttle", "why the SM clock is held down, when it is"),
+        ("ECC", "volatile uncorrected/corrected; pend: a row remap waits for a reset"),
+        ("owner", "who holds the GPU: pod, guest (vm), free, drained"),
+        ("\u2026 +N more", "a panel has N more lines than it can show: widen or heighten"),
+    )
     node_name: str
 
     def __init__(self, node_name: str) -> None:
