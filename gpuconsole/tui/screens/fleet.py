@@ -170,7 +170,8 @@ class FleetScreen(BaseView):
         elif keys != list(table.row_keys):
             table.reorder(keys)
         self._fill_visible()
-        self._show_summary(facts)
+        # the counts of the rows shown: a filtered fleet counts what it lists
+        self._show_summary({n.node: facts[n.node] for n in nodes}, len(facts))
 
     def _update_facts(self, nodes: tuple[NodeSnapshot, ...]) -> dict[str, summaries.NodeFacts]:
         """Health and counts of every node, worked out once per reading of that node."""
@@ -201,13 +202,15 @@ class FleetScreen(BaseView):
             table.update_row(name, row_cells(node, facts, metric, palette, now))
             self._shown[name] = node
 
-    def _show_summary(self, facts: dict[str, summaries.NodeFacts]) -> None:
-        # every node, not only the rows in view: counts, not rows, keep 1,000 nodes cheap
+    def _show_summary(self, facts: dict[str, summaries.NodeFacts], of: int) -> None:
+        """Counts over the nodes `facts` holds (those the filter lets through) of `of`."""
+        # every node listed, not only the rows in view: counts, not rows, keep 1,000 cheap
         counts = summaries.GpuCounts.add_up(f.counts for f in facts.values())
         lost, guests = counts.lost, counts.passthrough
         bad = sum(1 for f in facts.values() if f.health in _NEEDS_A_LOOK)
         text = Text(no_wrap=True, overflow="ellipsis")
-        text.append(f"{len(facts)} nodes · {counts.total} GPUs · {counts.in_use} in use · "
+        listed = f"{len(facts)} of {of}" if len(facts) != of else f"{of}"
+        text.append(f"{listed} nodes · {counts.total} GPUs · {counts.in_use} in use · "
                     f"{counts.free} free")  # fmt: skip
         if guests:
             text.append(f" · {guests} ")
