@@ -41,6 +41,7 @@ from gpuconsole.readings.base import Health
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.tui.widgets.footer import Footer
 from gpuconsole.tui.widgets.plan_view import (
+    hanging,
     plan_text,
     proposal_line,
     proposal_text,
@@ -286,7 +287,7 @@ class AssignScreen(ModalScreen[None]):
         if self.plan is not None:
             confirm.placeholder = f"type {self.plan.confirmation_words()} to confirm"
             self.query_one("#assign-plan", Static).update(
-                plan_text(self.plan, self.console.palette, self.progress)
+                hanging(plan_text(self.plan, self.console.palette, self.progress))
             )
 
     # --- the flow ------------------------------------------------------------------
@@ -591,7 +592,7 @@ class ProposeScreen(ModalScreen[None]):
         if self.placement.refusals:
             text.append("\n\nnot on:\n", style=palette.dim)
             text.append_text(refusals_text(self.placement, palette))
-        self.query_one("#propose-detail", Static).update(text)
+        self.query_one("#propose-detail", Static).update(hanging(text))
 
     def _chosen(self, option_id: str | None) -> Proposal | None:
         if self.placement is None or option_id is None:
