@@ -17,11 +17,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, cast
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
+from textual.suggester import SuggestFromList
 from textual.widgets import Input, OptionList, SelectionList, Static
 from textual.widgets.option_list import Option
 
@@ -37,6 +39,7 @@ from gpuconsole.actions.roles import ActionRefused
 from gpuconsole.config import ConfigError
 from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.facts.summaries import PASSTHROUGH_GLYPH, UNSEEN_GLYPH
+from gpuconsole.hardware import short_model
 from gpuconsole.readings.base import Health
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.tui.widgets.footer import Footer
@@ -111,11 +114,27 @@ class GpuMarks(SelectionList[str]):
 
 
 class Targets(OptionList):
-    """Where the marked GPUs go; the cursor is on one whenever the list has the keyboard."""
+    """Where the marked GPUs go; the cursor is on one whenever the list has the keyboard.
+    A letter goes to the targets that start with it: the only one is planned at once
+    (`d` drains), else the cursor goes to the first (`v`: the first guest)."""
 
     def on_focus(self) -> None:
         if self.highlighted is None and self.option_count:
             self.highlighted = 0
+
+    def on_key(self, event: events.Key) -> None:
+        char = event.character
+        if not (event.is_printable and char and char.isalpha()):
+            return
+        found = [
+            k for k in range(self.option_count) if (self.get_option_at_index(k).id or "")[:1] == char
+        ]
+        if not found:
+            return
+        event.stop()
+        self.highlighted = found[0]
+        if len(found) == 1:
+            self.action_select()
 
 
 class AssignScreen(ModalScreen[None]):
@@ -482,14 +501,19 @@ class ProposeScreen(ModalScreen[None]):
         with Vertical(id="propose-box") as box:
             box.border_title = f"propose GPUs on {self.node_name or 'every node'}"
             box.border_subtitle = "Enter proposes · Enter on a proposal plans it · Esc closes"
+            models, targets = self._choices()
             with Horizontal(id="propose-ask"):
                 count = Input("1", type="integer", id="propose-count")
                 count.border_title = "GPUs"
                 yield count
-                model = Input(placeholder="H100, A100… or any", id="propose-model")
+                # a letter or two and → completes a model or a target from the fleet's own
+                model = Input(placeholder="H100, A100… or any (→ completes)", id="propose-model",
+                              suggester=SuggestFromList(models, case_sensitive=False))  # fmt: skip
                 model.border_title = "model"
                 yield model
-                target = Input(placeholder="free, k8s, drained, vm:NAME", id="propose-target")
+                target = Input(placeholder="free, k8s, drained, vm:NAME (→ completes)",
+                               id="propose-target",
+                               suggester=SuggestFromList(targets, case_sensitive=False))  # fmt: skip
                 target.border_title = "for"
                 yield target
             yield Static(id="propose-news")
@@ -499,6 +523,14 @@ class ProposeScreen(ModalScreen[None]):
             with VerticalScroll(id="propose-detail-box"):
                 yield Static(id="propose-detail")
         yield Footer()
+
+    def _choices(self) -> tuple[list[str], list[str]]:
+        """The GPU models of the nodes proposed on, and the targets (the guests by name)."""
+        snapshot = self.console.snapshot
+        nodes = [n for n in snapshot.nodes if self.node_name in (None, n.node)] if snapshot else []
+        models = sorted({short_model(g.name) for n in nodes for g in n.gpus if g.name})
+        guests = sorted({g.name for n in nodes if n.tenancy for g in n.tenancy.guests})
+        return models, [w for w, _ in TARGETS] + [f"vm:{g}" for g in guests]
 
     def on_mount(self) -> None:
         blink = self.console.cursor_blink

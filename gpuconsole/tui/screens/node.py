@@ -190,6 +190,15 @@ def owners_text(node: NodeSnapshot, palette: Palette) -> Text:
     return text
 
 
+def worst_row(rows: list[GpuRow]) -> GpuRow | None:
+    """The first critical GPU, else the first with a warning; None if all are fine."""
+    for health in (Health.CRITICAL, Health.WARNING):
+        found = next((r for r in rows if summaries.row_health(r) is health), None)
+        if found is not None:
+            return found
+    return None
+
+
 class NodeScreen(BaseView):
     """One node: its GPUs and what its other sources say."""
 
@@ -265,7 +274,12 @@ class NodeScreen(BaseView):
         self._rows = {row.bus_id: row for row in rows}
         cells = [(row.bus_id, gpu_row(node, row, palette)) for row in rows]
         if force or list(self._rows) != list(table.row_keys):
+            first = not table.row_count
             table.set_rows(cells)
+            if first:  # the view opens on the GPU that needs a look, if one does
+                worst = worst_row(rows)
+                if worst is not None:
+                    table.move_cursor(worst.bus_id)
             return
         table.update_rows(cells)
 
