@@ -520,7 +520,8 @@ class ProposeScreen(ModalScreen[None]):
             proposals = OptionList(id="propose-list")
             proposals.border_title = "proposals, best first"
             yield proposals
-            with VerticalScroll(id="propose-detail-box"):
+            # not in the Tab order: Tab from the proposals goes back to the request
+            with VerticalScroll(id="propose-detail-box", can_focus=False):
                 yield Static(id="propose-detail")
         yield Footer()
 
