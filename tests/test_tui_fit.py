@@ -260,7 +260,8 @@ async def test_the_selected_row_keeps_its_health_colour(console_app: Any) -> Non
         app.jump("node", "dgx-003")
         await pilot.pause()
         table = app.screen.query_one("#gpu-table", RowTable)
-        assert table.cursor_key == "0000:c3:00.0"  # it opened on the lost GPU
+        table.move_cursor("0000:c3:00.0")  # GPU 5, lost
+        await pilot.pause()
         line = table.render_line(table.cursor_row + 1)
         lost = next(s for s in line if "✖" in s.text)
         critical = app.palette.health[Health.CRITICAL].color

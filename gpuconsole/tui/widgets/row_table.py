@@ -60,7 +60,8 @@ class RowTable(ScrollView, can_focus=True):
         "row-table--cursor",
         "row-table--hover",
     }
-    # DataTable's look, so that a view moving to this table does not change colour.
+    # DataTable's look, but for the cursor: a tint under the row, not a block of colour, so
+    # that its cells' own colours (health lights, heat) still read on the selected row.
     DEFAULT_CSS = """
     RowTable {
         background: $surface;
@@ -68,9 +69,9 @@ class RowTable(ScrollView, can_focus=True):
         &:focus {
             background-tint: $foreground 5%;
             & > .row-table--cursor {
-                background: $block-cursor-background;
-                color: $block-cursor-foreground;
-                text-style: $block-cursor-text-style;
+                background: $primary 25%;
+                color: $foreground;
+                text-style: bold;
             }
             & > .row-table--header {
                 background-tint: $foreground 5%;
@@ -86,9 +87,12 @@ class RowTable(ScrollView, can_focus=True):
             color: ansi_default;
         }
         & > .row-table--cursor {
-            background: $block-cursor-blurred-background;
-            color: $block-cursor-blurred-foreground;
-            text-style: $block-cursor-blurred-text-style;
+            background: $primary 12%;
+            color: $foreground;
+        }
+        &:ansi > .row-table--cursor {
+            background: ansi_default;
+            text-style: reverse;
         }
         & > .row-table--hover {
             background: $block-hover-background;
