@@ -38,6 +38,7 @@ from gpuconsole.actions.plan import Plan, Target
 from gpuconsole.actions.roles import ActionRefused
 from gpuconsole.config import ConfigError
 from gpuconsole.facts.inventory import node_gpus
+from gpuconsole.facts import summaries
 from gpuconsole.facts.summaries import PASSTHROUGH_GLYPH, UNSEEN_GLYPH
 from gpuconsole.hardware import short_model
 from gpuconsole.readings.base import Health
@@ -530,7 +531,15 @@ class ProposeScreen(ModalScreen[None]):
         snapshot = self.console.snapshot
         nodes = [n for n in snapshot.nodes if self.node_name in (None, n.node)] if snapshot else []
         models = sorted({short_model(g.name) for n in nodes for g in n.gpus if g.name})
-        guests = sorted({g.name for n in nodes if n.tenancy for g in n.tenancy.guests})
+        # a guest that holds no GPU yet (waiting for one) first, then by its node's free GPUs
+        ranked: dict[str, tuple[bool, int, str]] = {}
+        for node in nodes:
+            buses = {row.bus_id for row in node_gpus(node)}
+            free = summaries.gpu_counts(node).free
+            for guest in node.tenancy.guests if node.tenancy is not None else ():
+                key = (bool(buses.intersection(guest.bus_ids)), -free, guest.name)
+                ranked[guest.name] = min(key, ranked.get(guest.name, key))
+        guests = sorted(ranked, key=ranked.__getitem__)
         return models, [w for w, _ in TARGETS] + [f"vm:{g}" for g in guests]
 
     def on_mount(self) -> None:
