@@ -18,9 +18,9 @@ from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.app import ConsoleApp
 from gpuconsole.tui.screens.assign import AssignScreen, ProposeScreen, Stage
 from gpuconsole.tui.screens.help import HelpScreen
-from gpuconsole.tui.screens.node import NodeScreen
 from gpuconsole.tui.wallboard import WallboardApp
 from gpuconsole.tui.widgets.filter_bar import FilterBar
+from gpuconsole.tui.widgets.panel import Panel
 from gpuconsole.tui.widgets.row_table import RowTable
 from tests.conftest_tui import FIXED, frozen_fleet
 from tests.test_tui_assign import OPERATOR, FrozenAccess
@@ -61,9 +61,9 @@ async def test_the_owners_panel_says_how_many_owners_it_could_not_show(console_a
         async with app.run_test(size=size) as pilot:
             app.jump("node", "dgx-003")
             await pilot.pause()
-            owners = app.screen.query_one("#panel-owners")
-            lines = [line.plain for line in owners.shown_lines()]  # type: ignore[attr-defined]
-            text = owners.text.plain  # type: ignore[attr-defined]
+            owners = app.screen.query_one("#panel-owners", Panel)
+            lines = [line.plain for line in owners.shown_lines()]
+            text = owners.text.plain
             every = text.count("\n") + 1  # a problem line, free, and three owners
             assert every == 5
             if hidden:
@@ -113,7 +113,9 @@ async def test_the_assign_dialog_names_a_guests_gpu_once(console_app: Any, tmp_p
         app.jump("node", "dgx-004")
         await pilot.pause()
         await pilot.press("a")
-        await until(lambda: isinstance(app.screen, AssignScreen) and app.screen.stage is Stage.CHOOSE)
+        await until(
+            lambda: isinstance(app.screen, AssignScreen) and app.screen.stage is Stage.CHOOSE
+        )
         await pilot.pause()
         shown = screen_text(app)
         assert "52:00.0 52:00.0" not in shown
@@ -188,7 +190,9 @@ async def test_the_assign_dialog_starts_on_a_visible_cursor_and_enter_never_mark
         app.jump("node", "dgx-003")
         await pilot.pause()
         await pilot.press("a")
-        await until(lambda: isinstance(app.screen, AssignScreen) and app.screen.stage is Stage.CHOOSE)
+        await until(
+            lambda: isinstance(app.screen, AssignScreen) and app.screen.stage is Stage.CHOOSE
+        )
         await pilot.pause()
         targets = app.screen.query_one("#assign-targets", OptionList)
         assert app.focused is targets and targets.highlighted == 0
@@ -200,8 +204,8 @@ async def test_the_assign_dialog_starts_on_a_visible_cursor_and_enter_never_mark
 
 
 async def test_the_same_proposal_asked_again_goes_back_to_its_list(console_app: Any) -> None:
-    from gpuconsole.tui.actions import DemoAccess
     from gpuconsole.sim.cluster import demo_hub
+    from gpuconsole.tui.actions import DemoAccess
 
     hub = demo_hub(events=False)
     app = console_app(actor=OPERATOR, actions=DemoAccess(hub))

@@ -559,7 +559,9 @@ async def test_new_events_are_added_as_keyed_rows_not_a_rebuild(
         assert added == ["XID 94 on GPU 3"] and len(removed) == 1  # the one that aged out
         assert table.row_count == before
         assert _plain(table.get_row_at(0)[-1]) == "XID 94 on GPU 3"  # newest first
-        assert oldest.message not in [_plain(table.get_row_at(i)[-1]) for i in range(table.row_count)]
+        assert oldest.message not in [
+            _plain(table.get_row_at(i)[-1]) for i in range(table.row_count)
+        ]
         added.clear()
         app.post_message(SnapshotArrived(dataclasses.replace(newer, seq=newer.seq + 1)))
         await pilot.pause()

@@ -19,6 +19,7 @@ from gpuconsole.tui.screens.assign import AssignScreen, ProposeScreen, Stage
 from gpuconsole.tui.screens.gpu import GpuScreen
 from gpuconsole.tui.screens.node import NodeScreen
 from gpuconsole.tui.wallboard import PAGES, WallboardApp
+from gpuconsole.tui.widgets.panel import Panel
 from tests.conftest_tui import frozen_fleet
 from tests.waiting import until
 
@@ -53,9 +54,11 @@ async def cluster() -> AsyncIterator[Hub]:
                    start=time.time() - 120, fabric_interval_s=0.5, tenancy_interval_s=0.2)  # fmt: skip
     await hub.start()
     await until(
-        lambda: (s := hub.latest) is not None
-        and all(n.tenancy is not None for n in s.nodes)
-        and len(s.nodes) == 4,
+        lambda: (
+            (s := hub.latest) is not None
+            and all(n.tenancy is not None for n in s.nodes)
+            and len(s.nodes) == 4
+        ),
         timeout=15,
     )
     try:
@@ -83,10 +86,12 @@ async def test_story_1_the_3am_page_in_7_keys(cluster: Hub) -> None:
         assert node.table.cursor_key == LOST  # it opens on the GPU that needs a look
         shown = screen_text(app)
         assert "✖ 5" in shown and "LOST since" in shown
-        owners = node.query_one("#panel-owners").text.plain  # type: ignore[attr-defined]
+        owners = node.query_one("#panel-owners", Panel).text.plain
         assert "pod team-nlp/train-llm-7b-0 holds GPU 5 (0000:c3:00.0)" in owners
         await keys("a")
-        await until(lambda: isinstance(app.screen, AssignScreen) and app.screen.stage is Stage.CHOOSE)
+        await until(
+            lambda: isinstance(app.screen, AssignScreen) and app.screen.stage is Stage.CHOOSE
+        )
         dialog = app.screen
         assert isinstance(dialog, AssignScreen)
         await keys("d")  # the drained target, planned at once

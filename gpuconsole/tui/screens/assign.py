@@ -37,8 +37,8 @@ from gpuconsole.actions.placement import Placement, Proposal, placements
 from gpuconsole.actions.plan import Plan, Target
 from gpuconsole.actions.roles import ActionRefused
 from gpuconsole.config import ConfigError
-from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.facts import summaries
+from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.facts.summaries import PASSTHROUGH_GLYPH, UNSEEN_GLYPH
 from gpuconsole.hardware import short_model
 from gpuconsole.readings.base import Health
@@ -128,7 +128,9 @@ class Targets(OptionList):
         if not (event.is_printable and char and char.isalpha()):
             return
         found = [
-            k for k in range(self.option_count) if (self.get_option_at_index(k).id or "")[:1] == char
+            k
+            for k in range(self.option_count)
+            if (self.get_option_at_index(k).id or "")[:1] == char
         ]
         if not found:
             return

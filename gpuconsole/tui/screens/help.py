@@ -13,7 +13,10 @@ from textual.widgets import Static
 
 # What the console's own marks mean, wherever they show.
 SYMBOLS = (
-    ("\u25cf \u25b2 \u2716", "health: ok, warning, critical (a shape each, so it reads without colour)"),
+    (
+        "\u25cf \u25b2 \u2716",
+        "health: ok, warning, critical (a shape each, so it reads without colour)",
+    ),
     ("\u25cc", "stale: a source stopped answering; its last readings are shown"),
     ("?", "unknown: nothing has said yet"),
     ("\u25c6", "a GPU a guest holds through vfio-pci: NVML on the host cannot read it"),

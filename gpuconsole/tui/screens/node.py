@@ -6,11 +6,12 @@ vfio-pci, which NVML on the host cannot read (their readings show "-", never a g
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import Static
 
 from gpuconsole import format as fmt
 from gpuconsole.facts import summaries
@@ -19,7 +20,7 @@ from gpuconsole.hardware import product_name, short_model
 from gpuconsole.readings.base import Health, Severity, known_bus_id
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
-from gpuconsole.tui.screens.base import BaseView, update_text
+from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import HEALTH_GLYPH, health_light, spark
 from gpuconsole.tui.widgets.panel import Panel
@@ -190,7 +191,7 @@ def owners_text(node: NodeSnapshot, palette: Palette) -> Text:
     return text
 
 
-def worst_row(rows: list[GpuRow]) -> GpuRow | None:
+def worst_row(rows: Sequence[GpuRow]) -> GpuRow | None:
     """The first critical GPU, else the first with a warning; None if all are fine."""
     for health in (Health.CRITICAL, Health.WARNING):
         found = next((r for r in rows if summaries.row_health(r) is health), None)

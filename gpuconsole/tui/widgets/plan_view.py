@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -34,7 +34,7 @@ _LEAD = re.compile(r"^ *(?:[^\w\s(\[]{1,2} )?")
 
 def hanging(text: Text) -> Group:
     """`text` line by line, each wrapping under its own words rather than at column 0."""
-    rows = []
+    rows: list[RenderableType] = []
     for line in text.split("\n", allow_blank=True):
         found = _LEAD.match(line.plain)
         lead = found.end() if found else 0

@@ -69,7 +69,7 @@ class RowTable(ScrollView, can_focus=True):
         &:focus {
             background-tint: $foreground 5%;
             & > .row-table--cursor {
-                background: $primary 25%;
+                background: $primary 18%;
                 color: $foreground;
                 text-style: bold;
             }

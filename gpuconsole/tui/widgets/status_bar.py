@@ -75,9 +75,7 @@ class StatusBar(Widget):
         read_only: bool = False,
         actor: Actor | None = None,
     ) -> None:
-        left, right = status_text(
-            crumbs, snapshot, now, palette, read_only=read_only, actor=actor
-        )
+        left, right = status_text(crumbs, snapshot, now, palette, read_only=read_only, actor=actor)
         if left != self._left or right != self._right:
             self._left, self._right = left, right
             self.refresh()
