@@ -96,6 +96,23 @@ async def test_at_80x24_the_node_table_shows_ecc_and_owner_and_every_footer_keep
                 assert "pod team-vision/…" in shown or "pod team-vision/infer-0 +1" in shown
 
 
+async def test_an_operators_longer_footer_keeps_its_actions_help_and_quit_at_80_columns(
+    console_app: Any, tmp_path: Path
+) -> None:
+    app = console_app(actor=OPERATOR, actions=FrozenAccess(tmp_path))
+    async with app.run_test(size=SMALL) as pilot:
+        app.jump("node", "dgx-004")
+        await pilot.pause()
+        await pilot.pause()
+        footer = screen_text(app).splitlines()[-1]
+        assert footer.rstrip().endswith("q Quit")
+        assert "a Assign" in footer and "p Propose" in footer and "? Help" in footer
+        await pilot.press("question_mark")  # what the footer left out, help lists
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        assert {"t", "e", ":"} <= dict(app.screen._keys).keys()
+
+
 async def test_event_messages_cut_at_the_edge_end_in_an_ellipsis(console_app: Any) -> None:
     app = console_app()
     async with app.run_test(size=SMALL) as pilot:
