@@ -264,7 +264,9 @@ class NodeScreen(BaseView):
             self._shown_node = node
         bmc = self.query_one("#panel-bmc", Panel)
         bmc.update(summaries.bmc_panel(node))
-        bmc.border_subtitle = summaries.bmc_schema(node.bmc)
+        schema = summaries.bmc_schema(node.bmc)
+        if bmc.border_subtitle != schema:  # setting it repaints the whole panel, same or not
+            bmc.border_subtitle = schema
         self.query_one("#panel-fabric", Panel).update(summaries.fabric_panel(node))
         self.query_one("#panel-owners", Panel).update(owners_text(node, palette))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.text import Text
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -65,8 +65,25 @@ class Panel(Widget):
         if looks_same(self._text, text):
             return
         lines_before = self._text.plain.count("\n")
+        shown, laid_out = self._lines, self._laid_out
         self._text, self._laid_out = text, None
-        self.refresh(layout=text.plain.count("\n") != lines_before)
+        if text.plain.count("\n") != lines_before or laid_out is None or not self.is_mounted:
+            self.refresh(layout=True)
+            return
+        # only the lines that changed: a panel repainted whole each second (a power reading)
+        # costs an ssh session its blank lines too
+        fresh = self.shown_lines()
+        if len(fresh) != len(shown):
+            self.refresh()
+            return
+        gutter, width = self.styles.gutter, self.content_size.width
+        changed = [
+            Region(gutter.left, gutter.top + y, width, 1)
+            for y, (old, new) in enumerate(zip(shown, fresh, strict=True))
+            if not looks_same(old, new)
+        ]
+        if changed:
+            self.refresh(*changed)
 
     def shown_lines(self) -> list[Text]:
         """The lines drawn at the panel's size now."""
