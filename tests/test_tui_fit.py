@@ -255,9 +255,10 @@ async def test_a_filter_typed_in_one_burst_keeps_every_key_and_esc_leaves_it(
         burst(app, "escape")
         await pilot.pause()
         assert not isinstance(app.focused, Input)
-        # the next / opens the filter again (rather than being typed into it)
-        burst(app, "slash", "a", "1")
-        await until(lambda: bar.input.value == "a1", timeout=2)
+        # the next / opens the filter again (rather than being typed into it), and a / in
+        # the filter is typed into it
+        burst(app, "slash", "a", "1", "slash", "x")
+        await until(lambda: bar.input.value == "a1/x", timeout=2)
 
 
 async def test_help_explains_the_consoles_marks_and_leaves_out_textuals_keys(
