@@ -124,10 +124,13 @@ def fleet_snapshot() -> FleetSnapshot:
 @pytest.fixture
 def console_app(utc: None) -> Callable[..., Any]:
     """Build a ConsoleApp over frozen data: no hub started, clock at FIXED, no blink."""
+    from gpuconsole.actions.roles import Actor, Role
     from gpuconsole.tui.app import ConsoleApp
 
     def build(snapshot: FleetSnapshot | None = None, **kwargs: Any) -> ConsoleApp:
         kwargs.setdefault("theme_dirs", [])
+        # the same name on every machine (the status bar shows who is at the console)
+        kwargs.setdefault("actor", Actor("alice", Role.VIEWER))
         return ConsoleApp(
             None,
             start_hub=False,

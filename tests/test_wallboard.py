@@ -9,6 +9,7 @@ import pytest
 from rich.console import Console
 from textual.widgets import Digits, Static
 
+from gpuconsole.facts.summaries import gpu_count
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.themes import load_themes
 from gpuconsole.tui.wallboard import (
@@ -45,7 +46,7 @@ async def test_it_opens_on_the_heat_grid_in_high_contrast_with_big_digits(
         assert app.theme == WALLBOARD_THEME
         title = str(app.query_one("#wallboard-title", Static).render())
         assert "Fleet heat" in title and "page 1/5" in title and "SIMULATED" in title
-        gpus = sum(len(n.gpus) for n in fleet_snapshot.nodes)
+        gpus = sum(gpu_count(n) for n in fleet_snapshot.nodes)  # a guest's GPUs too
         assert str(gpus) in [d.value for d in app.query(Digits)]
         for node in fleet_snapshot.nodes:
             assert node.node in body_text(app)
@@ -93,7 +94,7 @@ def test_every_page_has_a_title_figures_and_a_body(fleet_snapshot: FleetSnapshot
     temps = [g.temp_gpu_c for n in fleet_snapshot.nodes for g in n.gpus if g.temp_gpu_c]
     assert hottest.figures[0] == ("hottest °C", f"{max(temps):.0f}")
     heat = heat_page(fleet_snapshot, colours, fleet_snapshot.at)
-    assert heat.figures[0][1] == str(sum(len(n.gpus) for n in fleet_snapshot.nodes))
+    assert heat.figures[0][1] == str(sum(gpu_count(n) for n in fleet_snapshot.nodes))
     alerts = alerts_page(fleet_snapshot, colours, fleet_snapshot.at)
     assert "LOST" in str(alerts.body) or alerts.figures[0][1] == "0"
     owners = owners_page(fleet_snapshot, colours, fleet_snapshot.at)

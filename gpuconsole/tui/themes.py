@@ -59,6 +59,13 @@ def theme_from_toml(text: str, origin: str) -> Theme:
     for i, value in enumerate(scale):
         variables[f"scale-{i}"] = str(value)
     variables["scale-steps"] = str(len(scale))
+    # the scale as text colours (sparklines, bars): its own list where the cell colours are
+    # too pale or dark to read as text on the theme's ground
+    ink = data["scale"].get("foreground", scale)
+    if not isinstance(ink, list) or len(ink) != len(scale):
+        raise ThemeError(f"{origin}: key 'scale.foreground' needs one colour per scale colour")
+    for i, value in enumerate(ink):
+        variables[f"scale-fg-{i}"] = str(value)
     variables["scale-text"] = str(data["scale"].get("text", colors.get("foreground", "black")))
     variables["scale-text-cool"] = str(data["scale"].get("text-on-cool", variables["scale-text"]))
     for i, value in enumerate(data.get("instances", {}).get("colors", scale)):
@@ -146,6 +153,7 @@ class Palette:
     simulated: Style
     dim: Style
     passthrough: Style  # a cell for a GPU a guest holds through vfio-pci
+    ink: tuple[Style, ...] = ()  # the scale as text colours (heat_fg); empty: the scale's own
 
     @classmethod
     def from_variables(cls, variables: dict[str, str]) -> Palette:
@@ -170,7 +178,12 @@ class Palette:
         dim = Style(color=color("health-unknown"))
         mark = color("passthrough" if "passthrough" in variables else "simulated")
         passthrough = Style(color=text, bgcolor=mark)
-        return cls(scale, instances, health, simulated, dim, passthrough)
+        ink = tuple(
+            Style(color=color(f"scale-fg-{i}"))
+            for i in range(steps)
+            if f"scale-fg-{i}" in variables
+        )
+        return cls(scale, instances, health, simulated, dim, passthrough, ink)
 
     @property
     def passthrough_fg(self) -> Style:
@@ -186,5 +199,7 @@ class Palette:
 
     def heat_fg(self, fraction: float | None) -> Style:
         """Like `heat`, as a foreground colour (for sparklines and bars)."""
+        if fraction is not None and len(self.ink) == len(self.scale):
+            return self.ink[int(max(0.0, min(1.0, fraction)) * (len(self.ink) - 1) + 0.5)]
         style = self.heat(fraction)
         return Style(color=style.bgcolor) if style.bgcolor is not None else style

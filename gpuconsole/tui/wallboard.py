@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from rich.console import Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 from textual.app import App, ComposeResult
@@ -24,6 +25,7 @@ from textual.css.query import NoMatches
 from textual.widgets import Digits, Static
 
 from gpuconsole import format as fmt
+from gpuconsole.facts import summaries
 from gpuconsole.facts.ownership import OwnerKind, node_ownership
 from gpuconsole.facts.summaries import Metric, stale_sources
 from gpuconsole.hub import Hub
@@ -36,7 +38,7 @@ from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
 from gpuconsole.tui.feed import HubFeed, SnapshotFeed
 from gpuconsole.tui.messages import SnapshotArrived
 from gpuconsole.tui.themes import Palette, load_themes, resolve_theme_name
-from gpuconsole.tui.widgets.cells import HEALTH_GLYPH, heat_cells
+from gpuconsole.tui.widgets.cells import HEALTH_GLYPH
 
 WALLBOARD_THEME = "gpuconsole-high-contrast"
 TOP = 10
@@ -49,7 +51,7 @@ class Page:
 
     title: str
     figures: tuple[tuple[str, str], ...]
-    body: Text | Table | Group
+    body: Text | Table | Group | HeatGrid
 
 
 PageBuilder = Callable[[FleetSnapshot, Palette, float], Page]
@@ -61,21 +63,74 @@ def _gpus(snapshot: FleetSnapshot) -> Iterator[tuple[NodeSnapshot, GpuReading]]:
             yield node, gpu
 
 
+@dataclass(frozen=True, slots=True)
+class HeatGrid:
+    """Every node a row, every GPU a cell (those a guest holds or nobody binds too, with
+    their mark), sized at draw time to fill the room it is given: a NOC screen read from
+    across the room gets tall rows and wide cells, an 80x24 terminal one line a node."""
+
+    rows: tuple[tuple[Text, tuple[tuple[str, Style], ...], Text], ...]
+
+    MAX_ROW_LINES: ClassVar[int] = 5
+    MAX_CELL: ClassVar[int] = 9
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        height = options.height or len(self.rows)
+        name_w = max((r[0].cell_len for r in self.rows), default=0)
+        word_w = max((r[2].cell_len for r in self.rows), default=0)
+        gpus = max((len(r[1]) for r in self.rows), default=0)
+        room = width - name_w - word_w - 4
+        cell = max(3, min(self.MAX_CELL, room // max(1, gpus) - 1)) if gpus else 3
+        # a blank line between rows once they are tall enough to need one
+        lines = max(1, min(self.MAX_ROW_LINES, (height + 1) // max(1, len(self.rows)) - 1))
+        gap = 1 if lines > 1 else 0
+        for k, (name, cells, word) in enumerate(self.rows):
+            for line in range(lines):
+                middle = line == lines // 2
+                out = Text(no_wrap=True, overflow="crop")
+                out.append_text(name if middle else Text(" " * name.cell_len))
+                out.append(" " * (name_w - name.cell_len + 2))
+                for value, style in cells:
+                    out.append(value.strip().center(cell) if middle else " " * cell, style=style)
+                    out.append(" ")
+                out.append(" ")
+                out.append_text(word if middle else Text(""))
+                yield out
+            if gap and k < len(self.rows) - 1:
+                yield Text("")
+
+
 def heat_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
-    """Every node on a row, every GPU a cell coloured by temperature."""
-    gpus = list(_gpus(snapshot))
-    busy = sum(1 for _, g in gpus if (g.util_gpu_pct or 0) >= 50)
-    critical = sum(1 for _, g in gpus if gpu_health(g) is Health.CRITICAL)
-    table = Table.grid(padding=(0, 2))
-    table.add_column(no_wrap=True)
-    table.add_column(no_wrap=True)
-    table.add_column(no_wrap=True)
+    """Every node on a row, every GPU a cell coloured by temperature: every GPU the console
+    counts, a guest's (◆) and an unbound one (·) included."""
+    rows = []
+    counts = []
+    busy = critical = 0
     for node in snapshot.nodes:
+        gpu_rows = summaries.gpu_rows(node)
+        counts.append(summaries.gpu_counts(node))
+        cells = []
+        for row in gpu_rows:
+            health = summaries.row_health(row)
+            critical += health is Health.CRITICAL
+            gpu = row.reading
+            if gpu is None:
+                style = palette.passthrough if row.passthrough else palette.dim
+                cells.append((summaries.row_cell_text(row, Metric.TEMP), style))
+                continue
+            busy += (gpu.util_gpu_pct or 0) >= 50
+            if gpu.lost:
+                cells.append(("\u2716", palette.health[Health.CRITICAL] + Style(reverse=True)))
+                continue
+            _, fraction = summaries.metric_value(gpu, Metric.TEMP)
+            cells.append((summaries.cell_text(gpu, Metric.TEMP), palette.heat(fraction)))
         health = node.health
         name = Text(f"{HEALTH_GLYPH[health]} {node.node}", style=palette.health[health])
-        table.add_row(name, heat_cells(node.gpus, Metric.TEMP, palette), Text(health.value))
-    figures = (("GPUs", str(len(gpus))), ("busy", str(busy)), ("critical", str(critical)))
-    return Page("Fleet heat (GPU temperature, °C)", figures, table)
+        rows.append((name, tuple(cells), Text(health.value)))
+    total = summaries.GpuCounts.add_up(counts).total
+    figures = (("GPUs", str(total)), ("busy", str(busy)), ("critical", str(critical)))
+    return Page("Fleet heat (GPU temperature, °C)", figures, HeatGrid(tuple(rows)))
 
 
 def hottest_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:

@@ -17,11 +17,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, cast
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
+from textual.suggester import SuggestFromList
 from textual.widgets import Input, OptionList, SelectionList, Static
 from textual.widgets.option_list import Option
 
@@ -35,11 +37,15 @@ from gpuconsole.actions.placement import Placement, Proposal, placements
 from gpuconsole.actions.plan import Plan, Target
 from gpuconsole.actions.roles import ActionRefused
 from gpuconsole.config import ConfigError
+from gpuconsole.facts import summaries
 from gpuconsole.facts.inventory import node_gpus
+from gpuconsole.facts.summaries import PASSTHROUGH_GLYPH, UNSEEN_GLYPH
+from gpuconsole.hardware import short_model
 from gpuconsole.readings.base import Health
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.tui.widgets.footer import Footer
 from gpuconsole.tui.widgets.plan_view import (
+    hanging,
     plan_text,
     proposal_line,
     proposal_text,
@@ -98,6 +104,42 @@ class StepChanged(Message):
         self.update = update
 
 
+class GpuMarks(SelectionList[str]):
+    """The GPUs to move: space marks one; Enter goes on to the targets, never marks (a GPU
+    in use marked by a stray Enter would be planned for)."""
+
+    BINDINGS: ClassVar = [Binding("enter", "to_targets", "Targets", show=False)]
+
+    def action_to_targets(self) -> None:
+        self.screen.query_one("#assign-targets", OptionList).focus()
+
+
+class Targets(OptionList):
+    """Where the marked GPUs go; the cursor is on one whenever the list has the keyboard.
+    A letter goes to the targets that start with it: the only one is planned at once
+    (`d` drains), else the cursor goes to the first (`v`: the first guest)."""
+
+    def on_focus(self) -> None:
+        if self.highlighted is None and self.option_count:
+            self.highlighted = 0
+
+    def on_key(self, event: events.Key) -> None:
+        char = event.character
+        if not (event.is_printable and char and char.isalpha()):
+            return
+        found = [
+            k
+            for k in range(self.option_count)
+            if (self.get_option_at_index(k).id or "")[:1] == char
+        ]
+        if not found:
+            return
+        event.stop()
+        self.highlighted = found[0]
+        if len(found) == 1:
+            self.action_select()
+
+
 class AssignScreen(ModalScreen[None]):
     """Move GPUs of one node to a target: choose, plan, confirm by typing, watch the steps."""
 
@@ -150,10 +192,10 @@ class AssignScreen(ModalScreen[None]):
             box.border_title = f"move GPUs of {self.node_name}"
             yield Static(id="assign-news")
             with Horizontal(id="assign-choose"):
-                gpus: SelectionList[str] = SelectionList(id="assign-gpus")
+                gpus = GpuMarks(id="assign-gpus")
                 gpus.border_title = "GPUs (space marks)"
                 yield gpus
-                targets = OptionList(id="assign-targets")
+                targets = Targets(id="assign-targets")
                 targets.border_title = "to (Enter plans)"
                 yield targets
             with VerticalScroll(id="assign-plan-box"):
@@ -184,8 +226,15 @@ class AssignScreen(ModalScreen[None]):
         targets = self.query_one("#assign-targets", OptionList)
         if node is None:
             return
+        palette = self.console.palette
         for row in node_gpus(node):
-            prompt = Text(f"{row.name:<8} ")
+            # a GPU NVML cannot see has no number: its bus id, once, is its name
+            if row.index is not None:
+                prompt = Text(f"{row.name:<8} ")
+            else:
+                word = f"{PASSTHROUGH_GLYPH} vfio" if row.passthrough else f"{UNSEEN_GLYPH} other"
+                prompt = Text(f"{word:<8} ",
+                              style=palette.passthrough_fg if row.passthrough else palette.dim)  # fmt: skip
             prompt.append(f"{row.short_bus:<9} ", style=self.console.palette.dim)
             prompt.append(row.label)
             gpus.add_option((prompt, row.bus_id, row.bus_id in self.marked))
@@ -260,7 +309,7 @@ class AssignScreen(ModalScreen[None]):
         if self.plan is not None:
             confirm.placeholder = f"type {self.plan.confirmation_words()} to confirm"
             self.query_one("#assign-plan", Static).update(
-                plan_text(self.plan, self.console.palette, self.progress)
+                hanging(plan_text(self.plan, self.console.palette, self.progress))
             )
 
     # --- the flow ------------------------------------------------------------------
@@ -298,7 +347,13 @@ class AssignScreen(ModalScreen[None]):
         if self.target is not None:
             await self._make_plan(self.target)
         else:
-            self.query_one("#assign-targets", OptionList).focus()
+            self._focus_choice()
+
+    def _focus_choice(self) -> None:
+        """The targets when GPUs are marked (the node view marks the one under its cursor),
+        else the GPUs to mark first."""
+        marked = self.query_one("#assign-gpus", SelectionList).selected
+        self.query_one("#assign-targets" if marked else "#assign-gpus").focus()
 
     def _said_recovered(self, recovered: list[Outcome]) -> None:
         for outcome in recovered:
@@ -406,7 +461,7 @@ class AssignScreen(ModalScreen[None]):
             self.plan, self.progress, self._refusal = None, {}, ""
             self.stage = Stage.CHOOSE
             self._show()
-            self.query_one("#assign-targets", OptionList).focus()
+            self._focus_choice()
         elif self.stage is not Stage.PLANNING:
             self.dismiss()
 
@@ -436,6 +491,7 @@ class ProposeScreen(ModalScreen[None]):
         self.node_name = node
         self.placement: Placement | None = None
         self.target: Target | None = None
+        self._asked: tuple[str, str, str] | None = None  # the fields the proposals are for
 
     @property
     def console(self) -> ConsoleApp:
@@ -448,23 +504,45 @@ class ProposeScreen(ModalScreen[None]):
         with Vertical(id="propose-box") as box:
             box.border_title = f"propose GPUs on {self.node_name or 'every node'}"
             box.border_subtitle = "Enter proposes · Enter on a proposal plans it · Esc closes"
+            models, targets = self._choices()
             with Horizontal(id="propose-ask"):
                 count = Input("1", type="integer", id="propose-count")
                 count.border_title = "GPUs"
                 yield count
-                model = Input(placeholder="H100, A100… or any", id="propose-model")
+                # a letter or two and → completes a model or a target from the fleet's own
+                model = Input(placeholder="H100, A100… or any (→ completes)", id="propose-model",
+                              suggester=SuggestFromList(models, case_sensitive=False))  # fmt: skip
                 model.border_title = "model"
                 yield model
-                target = Input(placeholder="free, k8s, drained, vm:NAME", id="propose-target")
+                target = Input(placeholder="free, k8s, drained, vm:NAME (→ completes)",
+                               id="propose-target",
+                               suggester=SuggestFromList(targets, case_sensitive=False))  # fmt: skip
                 target.border_title = "for"
                 yield target
             yield Static(id="propose-news")
             proposals = OptionList(id="propose-list")
             proposals.border_title = "proposals, best first"
             yield proposals
-            with VerticalScroll(id="propose-detail-box"):
+            # not in the Tab order: Tab from the proposals goes back to the request
+            with VerticalScroll(id="propose-detail-box", can_focus=False):
                 yield Static(id="propose-detail")
         yield Footer()
+
+    def _choices(self) -> tuple[list[str], list[str]]:
+        """The GPU models of the nodes proposed on, and the targets (the guests by name)."""
+        snapshot = self.console.snapshot
+        nodes = [n for n in snapshot.nodes if self.node_name in (None, n.node)] if snapshot else []
+        models = sorted({short_model(g.name) for n in nodes for g in n.gpus if g.name})
+        # a guest that holds no GPU yet (waiting for one) first, then by its node's free GPUs
+        ranked: dict[str, tuple[bool, int, str]] = {}
+        for node in nodes:
+            buses = {row.bus_id for row in node_gpus(node)}
+            free = summaries.gpu_counts(node).free
+            for guest in node.tenancy.guests if node.tenancy is not None else ():
+                key = (bool(buses.intersection(guest.bus_ids)), -free, guest.name)
+                ranked[guest.name] = min(key, ranked.get(guest.name, key))
+        guests = sorted(ranked, key=ranked.__getitem__)
+        return models, [w for w, _ in TARGETS] + [f"vm:{g}" for g in guests]
 
     def on_mount(self) -> None:
         blink = self.console.cursor_blink
@@ -472,8 +550,22 @@ class ProposeScreen(ModalScreen[None]):
             field.cursor_blink = blink
         self.query_one("#propose-count", Input).focus()
 
+    def _ask(self) -> tuple[str, str, str]:
+        count, model, target = (
+            self.query_one(f"#propose-{k}", Input).value.strip()
+            for k in ("count", "model", "target")
+        )
+        return count, model, target
+
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        """Propose; for the same request again, back to its proposals rather than a run
+        that would change nothing on screen."""
         event.stop()
+        proposals = self.query_one("#propose-list", OptionList)
+        if self._ask() == self._asked and proposals.option_count:
+            proposals.focus()
+            self.notify("the same request: Enter on a proposal plans it", timeout=3)
+            return
         self.run_worker(self._propose(), group="propose", exclusive=True)
 
     async def _propose(self) -> None:
@@ -507,6 +599,13 @@ class ProposeScreen(ModalScreen[None]):
         # pure but not cheap over a big fleet: off the event loop
         self.placement = await asyncio.to_thread(placements, nodes, count, model, target, contexts)
         self.target = target
+        self._asked = (count_text, model or "", wanted)
+        found = len(self.placement.proposals)
+        if found:
+            asked = f"{count} {model or 'GPU'}{'s' if count > 1 and not model else ''}"
+            note.append("\n" if note.plain else "")
+            note.append(f"{found} proposal{'s' if found > 1 else ''} for {asked}"
+                        f"{f' for {target}' if target else ''}: Enter on one plans it")  # fmt: skip
         self._show_placement(note)
 
     def _show_placement(self, note: Text) -> None:
@@ -537,7 +636,7 @@ class ProposeScreen(ModalScreen[None]):
         if self.placement.refusals:
             text.append("\n\nnot on:\n", style=palette.dim)
             text.append_text(refusals_text(self.placement, palette))
-        self.query_one("#propose-detail", Static).update(text)
+        self.query_one("#propose-detail", Static).update(hanging(text))
 
     def _chosen(self, option_id: str | None) -> Proposal | None:
         if self.placement is None or option_id is None:

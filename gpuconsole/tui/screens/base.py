@@ -118,6 +118,7 @@ class BaseView(Screen[None]):
             self.console.clock(),
             self.palette,
             read_only=self.console.read_only,
+            actor=self.console.actor,
         )
 
 

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.events import Resize
 from textual.widgets import DataTable, Static
+from textual.widgets.data_table import ColumnKey
 
 from gpuconsole import format as fmt
 from gpuconsole.facts.inventory import GpuRow, event_gpu, gpu_and_bus, node_gpus, short_bus_id
@@ -17,6 +19,7 @@ from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.widgets.filter_bar import FilterBar
 
+MESSAGE_LEAST = 20  # the message column's width where the view leaves it less
 _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 _SEVERITY_HEALTH = {Severity.INFO: Health.OK, Severity.WARNING: Health.WARNING,
                     Severity.CRITICAL: Health.CRITICAL}  # fmt: skip
@@ -190,7 +193,7 @@ class EventsScreen(BaseView):
     """The hub's recent events, newest first."""
 
     BINDINGS = [
-        Binding("slash", "filter", "Filter", key_display="/"),
+        FilterBar.KEY,
         Binding("v", "severity", "Severity"),
         Binding("n", "all_nodes", "All nodes"),
         Binding("escape", "back_or_clear", "Back", show=False),
@@ -261,8 +264,31 @@ class EventsScreen(BaseView):
             event.node,
             _gpu_cell(event, snapshot),
             event.kind,
-            event.message,
+            # one line: the message column is as wide as the view leaves (see on_resize),
+            # and a longer message ends in an ellipsis rather than at the edge
+            Text(event.message, no_wrap=True, overflow="ellipsis"),
         )
+
+    def on_resize(self, event: Resize) -> None:
+        super().on_resize(event)
+        self.call_after_refresh(self._fit_message)
+
+    def _fit_message(self) -> None:
+        """Give the message column the width the other columns leave in the view."""
+        if not self.is_mounted:
+            return
+        table = self.table
+        column = table.columns.get(ColumnKey("message"))
+        if column is None:
+            return
+        others = sum(c.get_render_width(table) for c in table.columns.values() if c is not column)
+        view = table.scrollable_content_region.width
+        width = max(MESSAGE_LEAST, view - others - 2 * table.cell_padding)
+        if column.auto_width or column.width != width:
+            column.auto_width, column.width = False, width
+            table._require_update_dimensions = True  # textual's own: the widths changed
+            table._clear_caches()  # and the rows drawn at the old width
+            table.refresh()
 
     def _sort(self, table: DataTable[Text | str]) -> None:
         """New rows were appended below: newest first again, the cursor on the same event."""
@@ -297,6 +323,11 @@ class EventsScreen(BaseView):
             self.console.open_gpu(happened.node, gpu.index, bus_id=known_bus_id(gpu.bus_id))
         else:  # none, or one that is gone: NVML's number then may be another GPU's now
             self.console.open_node(happened.node)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "filter" and self.is_mounted and self.query_one(FilterBar).typing:
+            return False
+        return super().check_action(action, parameters)
 
     def action_filter(self) -> None:
         self.query_one(FilterBar).open()

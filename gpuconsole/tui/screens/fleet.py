@@ -111,13 +111,23 @@ class FleetScreen(BaseView):
 
     BINDINGS = [
         Binding("enter", "open", "Node"),
-        Binding("slash", "filter", "Filter", key_display="/"),
+        FilterBar.KEY,
         Binding("m", "metric", "Colour by"),
         Binding("s", "sort", "Sort"),
         Binding("o", "topology", "Topology"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
     HELP_EXTRA = (("↑ ↓ PgUp PgDn", "move between nodes"), ("click", "select a node"))
+    HELP_LEGEND = (
+        ("GPUs", "a cell per GPU, coloured by what m chooses (util %, temp, power, memory)"),
+        ("m", "in a cell: the GPU is in MIG mode (its instances are in its SM map)"),
+        ("\u2716 in a cell", "the GPU is lost (fell off the bus)"),
+        ("GBFT", "a light per source: GPU (NVML), BMC, Fabric, Tenancy (owners)"),
+        ("free", "GPUs nobody holds, of the node's GPUs"),
+        ("power", "the node's GPUs' power draw"),
+        ("hot", "the node's hottest GPU"),
+        ("seen", "how long ago its least fresh source answered"),
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -160,7 +170,8 @@ class FleetScreen(BaseView):
         elif keys != list(table.row_keys):
             table.reorder(keys)
         self._fill_visible()
-        self._show_summary(facts)
+        # the counts of the rows shown: a filtered fleet counts what it lists
+        self._show_summary({n.node: facts[n.node] for n in nodes}, len(facts))
 
     def _update_facts(self, nodes: tuple[NodeSnapshot, ...]) -> dict[str, summaries.NodeFacts]:
         """Health and counts of every node, worked out once per reading of that node."""
@@ -191,13 +202,15 @@ class FleetScreen(BaseView):
             table.update_row(name, row_cells(node, facts, metric, palette, now))
             self._shown[name] = node
 
-    def _show_summary(self, facts: dict[str, summaries.NodeFacts]) -> None:
-        # every node, not only the rows in view: counts, not rows, keep 1,000 nodes cheap
+    def _show_summary(self, facts: dict[str, summaries.NodeFacts], of: int) -> None:
+        """Counts over the nodes `facts` holds (those the filter lets through) of `of`."""
+        # every node listed, not only the rows in view: counts, not rows, keep 1,000 cheap
         counts = summaries.GpuCounts.add_up(f.counts for f in facts.values())
         lost, guests = counts.lost, counts.passthrough
         bad = sum(1 for f in facts.values() if f.health in _NEEDS_A_LOOK)
         text = Text(no_wrap=True, overflow="ellipsis")
-        text.append(f"{len(facts)} nodes · {counts.total} GPUs · {counts.in_use} in use · "
+        listed = f"{len(facts)} of {of}" if len(facts) != of else f"{of}"
+        text.append(f"{listed} nodes · {counts.total} GPUs · {counts.in_use} in use · "
                     f"{counts.free} free")  # fmt: skip
         if guests:
             text.append(f" · {guests} ")
@@ -240,6 +253,11 @@ class FleetScreen(BaseView):
     def action_sort(self) -> None:
         self.sort = self.sort.next()
         self.render_latest(force=True)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "filter" and self.is_mounted and self.query_one(FilterBar).typing:
+            return False
+        return super().check_action(action, parameters)
 
     def action_filter(self) -> None:
         self.query_one(FilterBar).open(self.query_text)

@@ -6,11 +6,12 @@ vfio-pci, which NVML on the host cannot read (their readings show "-", never a g
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import Static
 
 from gpuconsole import format as fmt
 from gpuconsole.facts import summaries
@@ -19,9 +20,10 @@ from gpuconsole.hardware import product_name, short_model
 from gpuconsole.readings.base import Health, Severity, known_bus_id
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
-from gpuconsole.tui.screens.base import BaseView, update_text
+from gpuconsole.tui.screens.base import BaseView
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import HEALTH_GLYPH, health_light, spark
+from gpuconsole.tui.widgets.panel import Panel
 from gpuconsole.tui.widgets.rich_lines import RichLines
 from gpuconsole.tui.widgets.row_table import Cell, RowTable
 
@@ -189,6 +191,15 @@ def owners_text(node: NodeSnapshot, palette: Palette) -> Text:
     return text
 
 
+def worst_row(rows: Sequence[GpuRow]) -> GpuRow | None:
+    """The first critical GPU, else the first with a warning; None if all are fine."""
+    for health in (Health.CRITICAL, Health.WARNING):
+        found = next((r for r in rows if summaries.row_health(r) is health), None)
+        if found is not None:
+            return found
+    return None
+
+
 class NodeScreen(BaseView):
     """One node: its GPUs and what its other sources say."""
 
@@ -199,6 +210,16 @@ class NodeScreen(BaseView):
         Binding("a", "assign", "Assign"),  # only for those who may act (check_action)
     ]
     HELP_EXTRA = (("↑ ↓", "move between GPUs"),)
+    HELP_LEGEND = (
+        ("GPU", "NVML's number (only a label: a GPU is its bus id); \u25c6 52:00: a guest's"),
+        ("history", "utilization over the last minutes (wide terminals)"),
+        ("mem GiB", "used / total"),
+        ("power", "draw / limit, in W"),
+        ("throttle", "why the SM clock is held down, when it is"),
+        ("ECC", "volatile uncorrected/corrected; pend: a row remap waits for a reset"),
+        ("owner", "who holds the GPU: pod, guest (vm), free, drained"),
+        ("\u2026 +N more", "a panel has N more lines than it can show: widen or heighten"),
+    )
     node_name: str
 
     def __init__(self, node_name: str) -> None:
@@ -212,10 +233,12 @@ class NodeScreen(BaseView):
 
     def compose_body(self) -> ComposeResult:
         yield RichLines(id="node-info", classes="summary")
-        yield RowTable(COLUMNS, id="gpu-table")
+        # below NARROW_BELOW the trend goes (the GPU view has it), the cells sit closer and
+        # throttle and owner give way, so that every reading and the owner stay in view
+        yield RowTable(COLUMNS, give_way={"throttle": 8, "owner": 14}, id="gpu-table")
         with Horizontal(id="node-panels"):
             for panel_id, title in (("bmc", "BMC"), ("fabric", "fabric"), ("owners", "owners")):
-                panel = Static(id=f"panel-{panel_id}", classes="panel")
+                panel = Panel(id=f"panel-{panel_id}", classes="panel")
                 panel.border_title = title
                 yield panel
 
@@ -235,13 +258,17 @@ class NodeScreen(BaseView):
         palette, now = self.palette, self.console.clock()
         info.update(node_info(node, palette, now))
         if force or node is not self._shown_node:
+            narrow = self.has_class("-narrow")
+            self.table.show_columns(hide=("trend",) if narrow else (), compact=narrow)
             self._update_table(node, palette, force)
             self._shown_node = node
-        bmc = self.query_one("#panel-bmc", Static)
-        update_text(bmc, summaries.bmc_panel(node))
-        bmc.border_subtitle = summaries.bmc_schema(node.bmc)
-        update_text(self.query_one("#panel-fabric", Static), summaries.fabric_panel(node))
-        update_text(self.query_one("#panel-owners", Static), owners_text(node, palette))
+        bmc = self.query_one("#panel-bmc", Panel)
+        bmc.update(summaries.bmc_panel(node))
+        schema = summaries.bmc_schema(node.bmc)
+        if bmc.border_subtitle != schema:  # setting it repaints the whole panel, same or not
+            bmc.border_subtitle = schema
+        self.query_one("#panel-fabric", Panel).update(summaries.fabric_panel(node))
+        self.query_one("#panel-owners", Panel).update(owners_text(node, palette))
 
     def _update_table(self, node: NodeSnapshot, palette: Palette, force: bool) -> None:
         """Every GPU's cells; the table draws again only the rows whose cells changed."""
@@ -250,7 +277,12 @@ class NodeScreen(BaseView):
         self._rows = {row.bus_id: row for row in rows}
         cells = [(row.bus_id, gpu_row(node, row, palette)) for row in rows]
         if force or list(self._rows) != list(table.row_keys):
+            first = not table.row_count
             table.set_rows(cells)
+            if first:  # the view opens on the GPU that needs a look, if one does
+                worst = worst_row(rows)
+                if worst is not None:
+                    table.move_cursor(worst.bus_id)
             return
         table.update_rows(cells)
 

@@ -388,13 +388,14 @@ def nvswitch_box(node: NodeSnapshot) -> RenderableType:
         return Text("GPU-to-GPU NVLink bridges" if direct else "no NVSwitch fabric", style="dim")
     table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
     table.add_column("NVSwitch", no_wrap=True)
-    for gpu in node.gpus:
-        table.add_column(str(gpu.index), justify="right")
+    for gpu in node.gpus:  # GPUs across, named as topo -m names them: not switch numbers
+        table.add_column(f"GPU{gpu.index}", justify="right")
     for k, (bus, per) in enumerate(sorted(switches.items())):
         table.add_row(
             f"{k} {nvml_bus_id(bus)[-10:-5]}", *(str(per.get(g.index, 0)) for g in node.gpus)
         )
-    return Group(Text("active links, GPU → switch", style="dim"), table)
+    return Group(Text("active NVLinks from each GPU (across) to each NVSwitch (down)",
+                      style="dim"), table)  # fmt: skip
 
 
 def rails_line(fabric: FabricReading, palette: Palette) -> Text:

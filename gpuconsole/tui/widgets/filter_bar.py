@@ -45,12 +45,25 @@ class FilterBar(Horizontal):
     def input(self) -> Input:
         return self.query_one(Input)
 
+    # For the view's `/` binding: priority, so that the line opens before the keys that came
+    # in the same burst (a fast typist over ssh, a paste) go on to the widget that had the
+    # keyboard; and not while the line has it, so that a `/` is typed into it.
+    KEY = Binding("slash", "filter", "Filter", key_display="/", priority=True)
+
+    @property
+    def typing(self) -> bool:
+        """Whether the line has the keyboard."""
+        return self.screen.focused is self.input
+
     def open(self, value: str = "") -> None:
+        """Show the line with the keyboard in it at once (Widget.focus() waits a turn)."""
         self.add_class("-open")
         self.input.value = value
-        self.input.focus()
+        self.screen.set_focus(self.input)
 
     def close(self, *, clear: bool) -> None:
+        if self.typing:  # at once too: the next key is the view's again
+            self.screen.set_focus(None)
         if clear and self.input.value:
             self.input.value = ""  # posts Input.Changed, which becomes our Changed("")
             self.post_message(self.Changed(""))

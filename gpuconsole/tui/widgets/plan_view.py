@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
+from rich.console import Group, RenderableType
+from rich.table import Table
 from rich.text import Text
 
 from gpuconsole.actions.journal import StepProgress
@@ -22,6 +25,28 @@ STEP_MARKS: dict[str, tuple[str, Health | None]] = {
     StepProgress.UNDOING: ("↶", Health.WARNING),
     StepProgress.UNDONE: ("↶", Health.WARNING),
 }
+
+
+# A line's indent and its mark ("  ✓ ", "    → ", "  • "): a wrapped line goes on under
+# the words after them.
+_LEAD = re.compile(r"^ *(?:[^\w\s(\[]{1,2} )?")
+
+
+def hanging(text: Text) -> Group:
+    """`text` line by line, each wrapping under its own words rather than at column 0."""
+    rows: list[RenderableType] = []
+    for line in text.split("\n", allow_blank=True):
+        found = _LEAD.match(line.plain)
+        lead = found.end() if found else 0
+        if not lead:
+            rows.append(line)
+            continue
+        grid = Table.grid()
+        grid.add_column(no_wrap=True, width=lead)
+        grid.add_column(ratio=1)
+        grid.add_row(line[:lead], line[lead:])
+        rows.append(grid)
+    return Group(*rows)
 
 
 def _heading(text: Text, title: str) -> None:

@@ -42,6 +42,13 @@ class Column:
     label: Text
     width: int
     mark: Style  # meta naming the column: two cells of one style stay two runs
+    least: int | None = None  # it may give way to the view down to this width; None: never
+    room: int | None = None  # the width it has while the view is too narrow for it
+    hidden: bool = False
+
+    @property
+    def shown_width(self) -> int:
+        return self.width if self.room is None else min(self.width, self.room)
 
 
 class RowTable(ScrollView, can_focus=True):
@@ -53,7 +60,8 @@ class RowTable(ScrollView, can_focus=True):
         "row-table--cursor",
         "row-table--hover",
     }
-    # DataTable's look, so that a view moving to this table does not change colour.
+    # DataTable's look, but for the cursor: a tint under the row, not a block of colour, so
+    # that its cells' own colours (health lights, heat) still read on the selected row.
     DEFAULT_CSS = """
     RowTable {
         background: $surface;
@@ -61,9 +69,9 @@ class RowTable(ScrollView, can_focus=True):
         &:focus {
             background-tint: $foreground 5%;
             & > .row-table--cursor {
-                background: $block-cursor-background;
-                color: $block-cursor-foreground;
-                text-style: $block-cursor-text-style;
+                background: $primary 18%;
+                color: $foreground;
+                text-style: bold;
             }
             & > .row-table--header {
                 background-tint: $foreground 5%;
@@ -79,9 +87,12 @@ class RowTable(ScrollView, can_focus=True):
             color: ansi_default;
         }
         & > .row-table--cursor {
-            background: $block-cursor-blurred-background;
-            color: $block-cursor-blurred-foreground;
-            text-style: $block-cursor-blurred-text-style;
+            background: $primary 12%;
+            color: $foreground;
+        }
+        &:ansi > .row-table--cursor {
+            background: ansi_default;
+            text-style: reverse;
         }
         & > .row-table--hover {
             background: $block-hover-background;
@@ -120,15 +131,21 @@ class RowTable(ScrollView, can_focus=True):
         columns: Sequence[tuple[str, Cell]],
         *,
         on_view_change: Callable[[], None] | None = None,
+        give_way: dict[str, int] | None = None,
         id: str | None = None,
         classes: str | None = None,
     ) -> None:
+        """`give_way`: columns that narrow (down to the width given, in that order) when the
+        view cannot show the whole table; their cut cells end in an ellipsis."""
         super().__init__(id=id, classes=classes)
+        give_way = give_way or {}
         self._columns = [
             Column(key, Text(label) if isinstance(label, str) else label, 0,
-                   Style.from_meta({"column": i}))
+                   Style.from_meta({"column": i}), give_way.get(key))
             for i, (key, label) in enumerate(columns)
         ]  # fmt: skip
+        self._give_way = [k for k in give_way if k in {c.key for c in self._columns}]
+        self._compact = False  # one space between cells instead of two
         self._column_index = {c.key: i for i, c in enumerate(self._columns)}
         self._on_view_change = on_view_change
         self._keys: list[str] = []
@@ -271,8 +288,44 @@ class RowTable(ScrollView, can_focus=True):
         return grew
 
     def _sized(self) -> None:
-        self._table_width = sum(c.width + 2 for c in self._columns)
+        self._give_room()
+        self._table_width = self._width_of(self._columns)
         self.virtual_size = Size(self._table_width, len(self._keys) + 1)
+
+    def _width_of(self, columns: Iterable[Column]) -> int:
+        pad = 1 if self._compact else 2
+        return sum(c.shown_width + pad for c in columns if not c.hidden)
+
+    def _give_room(self) -> None:
+        """Narrow the columns that give way, in order, until the table fits the view."""
+        for column in self._columns:
+            column.room = None
+        view = self.scrollable_content_region.width if self.is_mounted else 0
+        if not view or not self._give_way:
+            return
+        over = self._width_of(self._columns) - view
+        for key in self._give_way:
+            if over <= 0:
+                break
+            column = self._columns[self._column_index[key]]
+            least = column.least if column.least is not None else column.width
+            cut = min(over, max(0, column.width - least))
+            column.room = column.width - cut
+            over -= cut
+
+    def show_columns(self, *, hide: Iterable[str] = (), compact: bool = False) -> None:
+        """Leave columns out, or put them back, and set the space between cells."""
+        hidden = set(hide)
+        if compact == self._compact and hidden == {c.key for c in self._columns if c.hidden}:
+            return
+        for column in self._columns:
+            column.hidden = column.key in hidden
+        self._compact = compact
+        self._header = None
+        self._segments.clear()
+        self._drawn_cells.clear()
+        self._sized()
+        self.refresh()
 
     # --- drawing -------------------------------------------------------------------
 
@@ -282,6 +335,8 @@ class RowTable(ScrollView, can_focus=True):
         memo = self._drawn_cells
         out: list[Segment] = []
         for i, (column, cell) in enumerate(zip(self._columns, cells, strict=False)):
+            if column.hidden:
+                continue
             key = (
                 (i, cell.plain, cell.style, tuple(cell.spans))
                 if isinstance(cell, Text)
@@ -297,6 +352,10 @@ class RowTable(ScrollView, can_focus=True):
 
     def _render_cell(self, column: Column, cell: Cell) -> list[Segment]:
         console = self.app.console
+        width = column.shown_width
+        if _width(cell) > width:  # a cut cell says so
+            cell = cell.copy() if isinstance(cell, Text) else Text(cell)
+            cell.truncate(width, overflow="ellipsis")
         if not isinstance(cell, Text):
             line = [Segment(cell)] if cell else []
         elif cell.spans:
@@ -304,7 +363,8 @@ class RowTable(ScrollView, can_focus=True):
         else:  # Text.render leaves a Text without spans unstyled
             line = [Segment(cell.plain, console.get_style(cell.style) if cell.style else None)]
         # padded unstyled, as Rich pads a cell: the row's style shows there, not the cell's
-        padded = [_PAD, *Segment.adjust_line_length(line, column.width), _PAD]
+        body = Segment.adjust_line_length(line, width)
+        padded = [_PAD, *body] if self._compact else [_PAD, *body, _PAD]
         # one run per style within a cell, and cells kept apart by their column's mark, as
         # DataTable draws them: a screenshot of the view comes out the same
         return list(Segment.apply_style(Segment.simplify(padded), post_style=column.mark))
@@ -335,9 +395,9 @@ class RowTable(ScrollView, can_focus=True):
             over = self.get_component_rich_style("row-table--hover")
         else:
             return self._line(segments, base, None, scroll_x, width, base)
-        # the cursor's or hover's foreground wins over the cells' (DataTable's "css"
-        # priority); a heat cell's background still shows through
-        return self._line(segments, base + over, Style(color=over.color), scroll_x, width, base)
+        # a cell's own colour (a health light, a heat cell) shows on the cursor's row too:
+        # the cursor's foreground only where the cell has none
+        return self._line(segments, base + over, None, scroll_x, width, base)
 
     def _line(
         self,
@@ -481,5 +541,11 @@ class RowTable(ScrollView, can_focus=True):
             self._on_view_change()
 
     def on_resize(self) -> None:
+        if self._give_way:
+            self._header = None
+            self._segments.clear()
+            self._drawn_cells.clear()
+            self._sized()
+            self.refresh()
         if self._on_view_change is not None:
             self._on_view_change()

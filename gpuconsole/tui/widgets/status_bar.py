@@ -7,11 +7,13 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from gpuconsole import format as fmt
-from gpuconsole.readings.base import Health
+from gpuconsole.actions.roles import Actor
+from gpuconsole.readings.base import Health, safe_text
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.rich_lines import text_strip
 
+_NAME = " gpuconsole \u203a"
 # Older than this many seconds and the whole view is marked stale.
 STALE_AFTER_S = 5.0
 
@@ -23,13 +25,19 @@ def status_text(
     palette: Palette,
     *,
     read_only: bool = False,
+    actor: Actor | None = None,
 ) -> tuple[Text, Text]:
-    """The bar's content: breadcrumbs left; SIMULATED, read-only and data age right."""
+    """The bar's content: breadcrumbs left; SIMULATED, who is at the console with their
+    role, read-only and data age right."""
     left = Text(" gpuconsole", style="bold")
     for crumb in crumbs:
         left.append(" \u203a ")
         left.append(crumb, style="bold")
+
     right = Text()
+    if actor is not None:
+        right.append(safe_text(actor.user), style="bold")
+        right.append(f" {actor.role.value}  ", style=palette.dim)
     if snapshot is None:
         right.append("waiting for data ", style=palette.health[Health.STALE])
     else:
@@ -65,16 +73,20 @@ class StatusBar(Widget):
         palette: Palette,
         *,
         read_only: bool = False,
+        actor: Actor | None = None,
     ) -> None:
-        left, right = status_text(crumbs, snapshot, now, palette, read_only=read_only)
+        left, right = status_text(crumbs, snapshot, now, palette, read_only=read_only, actor=actor)
         if left != self._left or right != self._right:
             self._left, self._right = left, right
             self.refresh()
 
     def line(self, width: int) -> Text:
-        """Breadcrumbs left and the rest right, in `width` cells; the crumbs give way."""
+        """Breadcrumbs left and the rest right, in `width` cells; the crumbs give way, the
+        app's name first."""
         left, right = self._left.copy(), self._right
         room = width - right.cell_len
+        if left.cell_len > room and left.plain.startswith(_NAME):
+            left = left[len(_NAME) :]  # the app's name goes first: the crumbs say where
         if left.cell_len > room:
             left.truncate(max(0, room - 1), overflow="ellipsis")
         return Text.assemble(left, " " * max(0, room - left.cell_len), right, no_wrap=True)
