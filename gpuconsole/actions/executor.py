@@ -20,6 +20,7 @@ once there is space; any process's recovery then finishes or rolls back the plan
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import time
@@ -40,7 +41,15 @@ from gpuconsole.actions.journal import (
 )
 from gpuconsole.actions.locks import GpuBusy, lock_and_start
 from gpuconsole.actions.plan import Plan, PlanContext, Step, StepKind, Target, make_plan
+from gpuconsole.actions.remediation import (
+    busy_owners,
+    escalation,
+    make_remediation_plan,
+    remedy_words,
+    verdict_action,
+)
 from gpuconsole.actions.roles import ActionRefused, Actor, Role
+from gpuconsole.facts.verdict import Action
 from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.base import EmitEvent
@@ -95,7 +104,7 @@ def step_message(
     bad = state in (StepProgress.FAILED, StepProgress.UNDONE)
     severity = Severity.WARNING if bad else Severity.INFO
     title = plan.steps[seq].title if seq < len(plan.steps) else f"step {seq + 1}"
-    text = f"assign {plan.target} (plan {plan_id}) step {seq + 1}/{len(plan.steps)} "
+    text = f"{plan.action} (plan {plan_id}) step {seq + 1}/{len(plan.steps)} "
     return severity, text + f"{state}: {title}" + (f": {detail}" if detail else "")
 
 
@@ -201,7 +210,12 @@ class Executor:
         emit: EmitEvent | None = None,
         on_step: Callable[[StepUpdate], None] | None = None,
         clock: Callable[[], float] = time.time,
+        idle_timeout_s: float = 600.0,
+        settle_s: float = 300.0,
+        poll_s: float = 2.0,
     ) -> None:
+        """`idle_timeout_s`: how long a remediation waits for a GPU's owners to go;
+        `settle_s`: for a reset or power-cycled GPU to answer again; `poll_s`: between reads."""
         self.node = node
         self.drivers = drivers
         self.journal = journal
@@ -210,6 +224,11 @@ class Executor:
         self.emit = emit
         self.on_step = on_step
         self.clock = clock
+        self.idle_timeout_s = idle_timeout_s
+        self.settle_s = settle_s
+        self.poll_s = poll_s
+        self._actors: dict[str, Actor] = {}  # who runs each plan: a remediation audits each step
+        self._since: dict[str, float] = {}  # when each plan began: XIDs after it count against it
 
     async def close(self) -> None:
         self.journal.close()
@@ -217,10 +236,33 @@ class Executor:
     # --- planning --------------------------------------------------------------------
 
     async def context(self) -> PlanContext:
-        kube = self.drivers.kubernetes
-        if kube is None:
-            return PlanContext()
-        return PlanContext(kubernetes=True, cordoned=await kube.cordoned())
+        drivers = self.drivers
+        kube = drivers.kubernetes
+        cordoned = await kube.cordoned() if kube is not None else frozenset()
+        return PlanContext(
+            kubernetes=kube is not None,
+            cordoned=cordoned,
+            slurm=drivers.slurm is not None,
+            gpu_reset=drivers.gpu is not None,
+            bmc=drivers.bmc is not None,
+        )
+
+    async def plan_remedy(self, key: str, action: Action | None = None) -> Plan:
+        """A remediation plan for one GPU from a fresh reading: `action`, or the one its
+        verdict now calls for."""
+        if self.reader is None:
+            raise RuntimeError("this executor has no reader to plan from")
+        node = await self.reader()
+        if action is None:
+            action = verdict_action(node, key)
+        return make_remediation_plan(node, key, action, await self.context())
+
+    async def _replan(self, plan: Plan) -> Plan:
+        assert self.reader is not None
+        node, ctx = await self.reader(), await self.context()
+        if plan.remedy:
+            return make_remediation_plan(node, plan.gpus[0], Action(plan.remedy), ctx)
+        return make_plan(node, plan.gpus, plan.target, ctx)
 
     async def plan(self, keys: Sequence[str], target: Target) -> Plan:
         """A plan from a fresh reading of the node."""
@@ -238,7 +280,7 @@ class Executor:
                 at=self.clock(),
                 user=actor.user,
                 role=actor.role.value,
-                action=f"assign {plan.target}",
+                action=plan.action,
                 target=f"{plan.node}: {', '.join(plan.labels) or ', '.join(plan.gpus)}",
                 outcome=outcome,
                 detail=detail,
@@ -248,6 +290,7 @@ class Executor:
                     "gpus": list(plan.gpus),
                     "uuids": list(plan.uuids),
                     "target": str(plan.target),
+                    **({"remedy": plan.remedy} if plan.remedy else {}),
                     **actor.audit_args(),
                     "steps": [s.title for s in plan.steps],
                     "preconditions": [str(p) for p in plan.preconditions],
@@ -277,6 +320,12 @@ class Executor:
             return  # its outcome follows; one event per step is enough in the Events view
         severity, text = step_message(plan, plan_id, seq, state, detail)
         self._event(plan, severity, text, STEP_EVENT)
+        actor = self._actors.get(plan_id)
+        if plan.remedy and actor is not None:
+            # a repair is looked back on step by step: each in the audit log, with the GPU's
+            # bus id and UUID (its args)
+            title = f"step {seq + 1}/{len(plan.steps)} {state}: {step.title}"
+            self._audit_after(plan, actor, f"step {state}", f"{title}: {detail}", plan_id)
 
     def _audit_after(
         self, plan: Plan, actor: Actor, outcome: str, detail: str, plan_id: str
@@ -285,7 +334,7 @@ class Executor:
         try:
             self._audit(plan, actor, outcome, detail, plan_id)
         except OSError as exc:
-            log.error("assign %s (plan %s) %s, not audited: %s", plan.target, plan_id, outcome, exc)
+            log.error("%s (plan %s) %s, not audited: %s", plan.action, plan_id, outcome, exc)
             return f" (not audited: {self.audit.cannot_write(exc)}; the journal holds it)"
         return ""
 
@@ -295,8 +344,8 @@ class Executor:
             try:
                 self._audit(plan, actor, "refused", why)
             except OSError as exc:  # the refusal stands, unaudited
-                log.error("assign %s refused (%s), not audited: %s", plan.target, why, exc)
-        self._event(plan, Severity.WARNING, f"{actor.who} was refused assign {plan.target}: {why}")
+                log.error("%s refused (%s), not audited: %s", plan.action, why, exc)
+        self._event(plan, Severity.WARNING, f"{actor.who} was refused {plan.action}: {why}")
         return ActionRefused(why)
 
     def _release(self, plan_id: str, why: str) -> str:
@@ -339,9 +388,9 @@ class Executor:
         """Hand a plan the journal failed half-way over to recovery, and say so."""
         marked = self.journal.hand_over(plan_id)
         message = self._stop_message(plan_id, plan, stop, marked)
-        log.error("assign %s (plan %s) stopped: %s", plan.target, plan_id, stop)
+        log.error("%s (plan %s) stopped: %s", plan.action, plan_id, stop)
         message += self._audit_after(plan, actor, "stopped", message, plan_id)
-        self._event(plan, Severity.CRITICAL, f"assign {plan.target} (plan {plan_id}) {message}")
+        self._event(plan, Severity.CRITICAL, f"{plan.action} (plan {plan_id}) {message}")
         return Outcome(plan_id, PlanState.STOPPED, message, recovered)
 
     def _stop_message(self, plan_id: str, plan: Plan, stop: _Unjournaled, marked: bool) -> str:
@@ -416,11 +465,11 @@ class Executor:
         except GpuBusy as exc:
             raise self._refuse(plan, actor, str(exc)) from None
         except sqlite3.Error as exc:  # the transaction rolled back: no plan, no lock
-            why = f"{self.journal.cannot_write(exc)}, so assign {plan.target} was not started"
+            why = f"{self.journal.cannot_write(exc)}, so {plan.action} was not started"
             raise self._refuse(plan, actor, why) from None
         if self.reader is not None:
             # under the lock: the node may have changed since the plan was shown
-            fresh = make_plan(await self.reader(), plan.gpus, plan.target, await self.context())
+            fresh = await self._replan(plan)
             if fresh.blocked or fresh.steps != plan.steps:
                 why = "; ".join(str(p) for p in fresh.failed) or "the steps it needs changed"
                 kept = self._release(plan_id, why)
@@ -428,10 +477,11 @@ class Executor:
         try:  # nothing acts unaudited
             self._audit(plan, actor, "started", "", plan_id)
         except OSError as exc:
-            why = f"{self.audit.cannot_write(exc)}, so assign {plan.target} was not started"
+            why = f"{self.audit.cannot_write(exc)}, so {plan.action} was not started"
             why += self._release(plan_id, why)
             raise self._refuse(plan, actor, why, audit=False) from None
-        self._event(plan, Severity.INFO, f"{actor.who} started assign {plan.target}: {plan_id}")
+        self._event(plan, Severity.INFO, f"{actor.who} started {plan.action}: {plan_id}")
+        self._actors[plan_id], self._since[plan_id] = actor, self.clock()
         try:
             state, message = await self._run(plan_id, plan, frozenset())
             self._finish(plan_id, state, message)
@@ -440,18 +490,91 @@ class Executor:
         except Exception:
             self.journal.hand_over(plan_id)  # not running here any more: recovery's to end
             raise
+        finally:
+            self._actors.pop(plan_id, None)
+            self._since.pop(plan_id, None)
         outcome = "ok" if state is PlanState.DONE else "failed"
         message += self._audit_after(plan, actor, outcome, message, plan_id)
         self._event(
-            plan, outcome_severity(state), f"assign {plan.target} by {actor.user}: {message}"
+            plan, outcome_severity(state), f"{plan.action} by {actor.user}: {message}"
         )
         return Outcome(plan_id, state, message)
 
-    async def _do(self, step: Step) -> str:
+    async def _do(self, plan_id: str, plan: Plan, step: Step) -> str:
         if step.kind is StepKind.VERIFY:
+            if plan.remedy:
+                return await self._verify_remedy(plan, step, self._since.get(plan_id, 0.0))
             return await self._verify(step)
+        if step.kind is StepKind.WAIT_IDLE:
+            return await self._wait_idle(step)
+        if step.kind in (StepKind.NOTIFY, StepKind.MARK_SERVICE):
+            return self._tell(plan, step)
         assert step.layer is not None
         return await self.drivers.for_layer(step.layer).run(step)
+
+    def _tell(self, plan: Plan, step: Step) -> str:
+        """A step that is a message: to a guest's tenant, or that a GPU goes for service.
+        gpuconsole has no channel into a guest: the Events view and the audit log carry it."""
+        self._event(plan, Severity.WARNING, f"{plan.action}: {step.title}")
+        if step.kind is StepKind.NOTIFY:
+            return f"told in the Events view and the audit log (guest {step.guest})"
+        return "marked in the Events view and the audit log"
+
+    async def _wait_idle(self, step: Step) -> str:
+        """Until the GPUs have no busy owner left and the NVLink peers of their workload
+        none of it; StepFailed after idle_timeout_s, the drains kept."""
+        assert self.reader is not None
+        from gpuconsole.actions.plan import owners_of
+
+        deadline = time.monotonic() + self.idle_timeout_s
+        while True:
+            ownership = owners_of(await self.reader())
+            left = []
+            for bus in step.gpus:
+                gpu = ownership.gpu(bus)
+                if gpu is not None:
+                    left += [f"{o.label} on {bus}" for o in busy_owners(gpu)]
+            for bus in step.functions:
+                peer = ownership.gpu(bus)
+                if peer is not None:
+                    left += [
+                        f"{o.label} on NVLink peer {bus}"
+                        for o in busy_owners(peer)
+                        if o.label in step.owners
+                    ]
+            if not left:
+                return "idle: " + (f"{', '.join(step.owners)} gone" if step.owners else "nothing ran")
+            if time.monotonic() >= deadline:
+                raise StepFailed(
+                    f"still busy after {self.idle_timeout_s:g} s: {', '.join(left)}; the drains "
+                    "stay, so nothing new starts: ask again once it is idle"
+                )
+            await asyncio.sleep(self.poll_s)
+
+    async def _verify_remedy(self, plan: Plan, step: Step, since: float) -> str:
+        """A fresh reading: the GPU answers NVML and its verdict is fit (or watch); for a
+        GPU taken out of work, that it is unbound and nothing may bind it. Readings are
+        retried for settle_s: a reset or power-cycled GPU takes a while to come back."""
+        if step.driver is None:
+            return await self.drivers.pci.run(step)
+        assert self.reader is not None
+        bus = step.gpus[0]
+        if step.driver != "nvidia":  # a guest's GPU: only the guest's driver can read it
+            return await self.drivers.pci.run(step)
+        deadline = time.monotonic() + self.settle_s
+        while True:
+            try:
+                node = await self.reader()
+                problem = _unfit(node, bus, since)
+            except Exception as exc:  # a node still booting answers nothing
+                problem = f"no reading yet ({exc})"
+            if problem is None:
+                return f"{bus} answers NVML: no XID since, no recovery action, no remap pending"
+            if time.monotonic() >= deadline:
+                after = escalation(Action(plan.remedy))
+                then = f"; next: {after.value} ({remedy_words(after)})" if after else ""
+                raise StepFailed(f"{problem}{then}")
+            await asyncio.sleep(self.poll_s)
 
     async def _verify(self, step: Step) -> str:
         words = [await self.drivers.pci.run(step)]
@@ -481,17 +604,34 @@ class Executor:
             raise StepFailed("; ".join(problems))
         return "; ".join([*words, "NVML sees every UUID, fabric complete, no new XID"])
 
-    async def _run(self, plan_id: str, plan: Plan, done: frozenset[int]) -> tuple[PlanState, str]:
+    async def _run(
+        self,
+        plan_id: str,
+        plan: Plan,
+        done: frozenset[int],
+        attempted: frozenset[int] = frozenset(),
+    ) -> tuple[PlanState, str]:
+        notes = []
         for seq, step in enumerate(plan.steps):
             if seq in done:
+                continue
+            if seq in attempted and not step.kind.repeatable:
+                # it may have gone through before the crash: never twice
+                notes.append(
+                    f"step {seq + 1} ({step.title}) was under way when the process stopped "
+                    "and is not sent again: check that it happened"
+                )
+                self._notify(plan, plan_id, seq, step, StepProgress.DONE, notes[-1])
                 continue
             self._notify(plan, plan_id, seq, step, StepProgress.RUNNING)
             row = self._intent(plan_id, seq, step)
             try:
-                detail = await self._do(step)
+                detail = await self._do(plan_id, plan, step)
             except StepFailed as exc:
                 self._result(row, seq, Phase.DO, StepState.FAILED, str(exc))
                 self._notify(plan, plan_id, seq, step, StepProgress.FAILED, str(exc))
+                if plan.remedy:
+                    return PlanState.FAILED, _remedy_failed(plan, seq, step, str(exc))
                 if step.kind is StepKind.VERIFY:
                     return PlanState.FAILED, (
                         f"the GPUs moved but the final check failed: {exc}; look at them "
@@ -501,7 +641,11 @@ class Executor:
                 return PlanState.FAILED, f"step {seq + 1} ({step.title}) failed: {exc}; {rolled}"
             self._result(row, seq, Phase.DO, StepState.DONE, detail)
             self._notify(plan, plan_id, seq, step, StepProgress.DONE, detail)
-        return PlanState.DONE, f"{', '.join(plan.labels)} now {plan.target}"
+        if plan.remedy:
+            text = f"{', '.join(plan.labels)}: {remedy_words(Action(plan.remedy))}: done"
+        else:
+            text = f"{', '.join(plan.labels)} now {plan.target}"
+        return PlanState.DONE, "; ".join([text, *notes])
 
     async def _rollback(self, plan_id: str, plan: Plan, upto: int) -> str:
         kept, failed = [], []
@@ -509,7 +653,7 @@ class Executor:
             step = plan.steps[seq]
             if not step.kind.mutates:
                 continue
-            if not step.kind.reversible:
+            if not step.kind.reversible or plan.remedy:
                 kept.append(step.title)
                 continue
             assert step.layer is not None
@@ -556,6 +700,8 @@ class Executor:
             else "before its first step"
         )
         actor = Actor(record.user, Role(record.role), record.fingerprint)
+        attempted = frozenset(s.seq for s in record.steps if s.phase is Phase.DO) - done
+        self._actors[record.id], self._since[record.id] = actor, record.created_at
         try:
             if back:
                 text = (
@@ -566,7 +712,7 @@ class Executor:
                 state = PlanState.ROLLED_BACK
                 message = f"recovered: the process stopped {where}; {text}"
             else:
-                state, text = await self._run(record.id, plan, done)
+                state, text = await self._run(record.id, plan, done, attempted)
                 verb = "finished" if state is PlanState.DONE else "could not finish"
                 message = f"recovered: the process stopped {where}; {verb}: {text}"
             self._finish(record.id, state, message)
@@ -575,8 +721,47 @@ class Executor:
         except Exception:
             self.journal.hand_over(record.id)
             raise
+        finally:
+            self._actors.pop(record.id, None)
+            self._since.pop(record.id, None)
         message += self._audit_after(plan, actor, "recovered", message, record.id)
         # a crash is worth a look even when recovery finished the plan
         severity = Severity.WARNING if state is PlanState.DONE else outcome_severity(state)
-        self._event(plan, severity, f"assign {plan.target} (plan {record.id}) {message}")
+        self._event(plan, severity, f"{plan.action} (plan {record.id}) {message}")
         return Outcome(record.id, state, message, recovered=True)
+
+
+def _unfit(node: NodeSnapshot, bus: str, since: float) -> str | None:
+    """Why a GPU a remediation acted on is not fit in `node`'s reading; None when it is.
+    XIDs from before the plan began are what it repaired: only later ones count."""
+    from gpuconsole.actions.plan import owners_of
+
+    gpu = owners_of(node).gpu(bus)
+    reading = node.nvml.gpu(gpu.index) if gpu and gpu.index is not None and node.nvml else None
+    if reading is None:
+        return f"{bus} is not visible to NVML"
+    if reading.lost:
+        return f"{bus} is still lost (XID 79: it fell off the bus)"
+    problems = [f"XID {x.code} since" for x in reading.xids if x.last_at >= since]
+    if reading.recovery_action:
+        problems.append(f"the driver still asks for recovery action {reading.recovery_action}")
+    if reading.ecc.remap_pending:
+        problems.append("a row remap is pending")
+    if reading.ecc.remap_failure:
+        problems.append("row remapping failed")
+    if reading.fabric_state not in (None, "completed", "not_supported"):
+        problems.append(f"fabric state {reading.fabric_state}, not completed")
+    return f"{bus}: {', '.join(problems)}" if problems else None
+
+
+def _remedy_failed(plan: Plan, seq: int, step: Step, why: str) -> str:
+    """A remediation that stopped: what stays (drains are never undone on a GPU under
+    repair), and what comes next."""
+    kept = [s.title for s in plan.steps[:seq] if s.kind.mutates]
+    text = f"step {seq + 1} ({step.title}) failed: {why}"
+    if kept:
+        text += f"; kept: {'; '.join(kept)}"
+    after = escalation(Action(plan.remedy))
+    if after is not None and "next:" not in why:
+        text += f"; next: {after.value} ({remedy_words(after)})"
+    return text

@@ -129,6 +129,9 @@ class Layer(enum.StrEnum):
     PCI = "pci"  # sysfs: driver_override, unbind, drivers_probe, reset (vfio driver)
     GUESTS = "guests"  # libvirt: the domain's <hostdev>
     KUBERNETES = "kubernetes"  # the API server: cordon, evict
+    GPU = "gpu"  # the nvidia driver: a GPU reset (nvidia-smi -r)
+    SLURM = "slurm"  # the Slurm controller: drain the node
+    BMC = "bmc"  # the node's BMC: power
 
 
 class StepKind(enum.StrEnum):
@@ -145,15 +148,35 @@ class StepKind(enum.StrEnum):
     ATTACH = "attach"  # add the <hostdev>s to the guest; hotplug or restart a running one
     UNCORDON = "uncordon"  # back into Kubernetes scheduling
     VERIFY = "verify"  # UUID visible or vfio-bound, fabric complete, no new XID, no remap
+    # remediation's own (gpuconsole.actions.remediation), in the order it writes them
+    SLURM_DRAIN = "slurm_drain"  # scontrol update state=drain: no new job starts there
+    NOTIFY = "notify"  # tell a guest's tenant its GPU is being drained
+    WAIT_IDLE = "wait_idle"  # until no owner, process or NVLink peer of its workload is left
+    GPU_RESET = "gpu_reset"  # nvidia-smi -r -i BUS: all of the GPU's state cleared
+    POWER_CYCLE = "power_cycle"  # through the node's BMC
+    MARK_SERVICE = "mark_service"  # it goes back to the vendor (or to be reseated)
 
     @property
     def mutates(self) -> bool:
-        return self not in (StepKind.CHECK_IDLE, StepKind.VERIFY)
+        return self not in (StepKind.CHECK_IDLE, StepKind.VERIFY, StepKind.WAIT_IDLE)
 
     @property
     def reversible(self) -> bool:
-        """An evicted pod cannot be un-evicted; everything else can be put back."""
-        return self is not StepKind.EVICT
+        """An evicted pod cannot be un-evicted, a told tenant untold, a reset or power cycle
+        unmade; everything else can be put back."""
+        return self not in (
+            StepKind.EVICT,
+            StepKind.NOTIFY,
+            StepKind.GPU_RESET,
+            StepKind.POWER_CYCLE,
+            StepKind.MARK_SERVICE,
+        )
+
+    @property
+    def repeatable(self) -> bool:
+        """Whether recovery may run it again when a crash left it unrecorded: a power cycle
+        may have gone through, and a second one would take the node down again."""
+        return self is not StepKind.POWER_CYCLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +196,7 @@ class Step:
     guest: str | None = None
     pod: str | None = None  # namespace/name
     xids: tuple[int, ...] = ()  # last XID per GPU at plan time (-1: none), for VERIFY
+    owners: tuple[str, ...] = ()  # WAIT_IDLE: the workloads (owner labels) that must end
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -186,6 +210,7 @@ class Step:
             values[name] = tuple(values.get(name, ()))
         values["before_overrides"] = tuple(values.get("before_overrides", ()))
         values["xids"] = tuple(values.get("xids", ()))
+        values["owners"] = tuple(values.get("owners", ()))
         return cls(**values)
 
 
@@ -222,6 +247,14 @@ class Plan:
     # NVML does not number every GPU of the node (some left its driver): its numbers are
     # not the ones it gave before, nor those it will give once they return
     renumbered: bool = False
+    # a remediation's: the verdict's action it carries out (facts.verdict.Action's value);
+    # "" for a reassignment
+    remedy: str = ""
+
+    @property
+    def action(self) -> str:
+        """What the plan does, as events, refusals and the audit log name it."""
+        return f"remediate {self.remedy}" if self.remedy else f"assign {self.target}"
 
     @property
     def blocked(self) -> bool:
@@ -248,7 +281,7 @@ class Plan:
 
     def describe(self) -> str:
         """The plan as text: what moves where, preconditions, notes, numbered steps."""
-        head = f"{self.node}: {', '.join(self.labels)} -> {self.target}"
+        head = f"{self.node}: {', '.join(self.labels)} -> {self.remedy or self.target}"
         lines = [head + ("  (simulated)" if self.simulated else "")]
         for gpu, owner in zip(self.labels, self.owners, strict=True):
             lines.append(f"  {gpu} now: {owner}")
@@ -275,6 +308,7 @@ class Plan:
             "simulated": self.simulated,
             "uuids": list(self.uuids),
             "renumbered": self.renumbered,
+            "remedy": self.remedy,
         }
 
     @classmethod
@@ -292,6 +326,7 @@ class Plan:
             simulated=bool(data.get("simulated", False)),
             uuids=tuple(data.get("uuids", ())),
             renumbered=bool(data.get("renumbered", False)),
+            remedy=str(data.get("remedy", "")),
         )
 
 
@@ -301,6 +336,9 @@ class PlanContext:
 
     kubernetes: bool = False
     cordoned: frozenset[str] = frozenset()  # GPU UUIDs out of Kubernetes scheduling
+    slurm: bool = False  # a Slurm controller to drain the node through
+    gpu_reset: bool = False  # a way to reset a GPU (nvidia-smi -r)
+    bmc: bool = False  # a BMC to power the node through
 
 
 # --- finding GPUs ---------------------------------------------------------------------

@@ -531,9 +531,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_snapshot)
 
-    p = sub.add_parser("power", help="power a node on, off, soft off or reset through its BMC")
+    p = sub.add_parser(
+        "power", help="power a node on, off, soft off, reset or power-cycle it through its BMC"
+    )
     p.add_argument("node", help="the node, as [[bmc]] node names it")
-    p.add_argument("state", choices=["on", "off", "soft", "reset"])
+    p.add_argument("state", choices=["on", "off", "soft", "reset", "cycle"])
     p.add_argument("--confirm", metavar="NODE", help="the node name again, to confirm")
     p.add_argument("--demo", action="store_true", help="a node of the simulated cluster")
     _common(p)

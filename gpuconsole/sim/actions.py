@@ -176,9 +176,17 @@ class SimWorld:
         if not fresh:
             plan = _plan_from(data["plan"])
         self.tree = SimTenancyTree(self.node, str(root), plan)
+        self.slurm_drained = False
         if not fresh:
             self.tree.cordoned = set(data.get("cordoned", []))
             self.tree.switches = dict(data.get("switches", {}))
+            self.slurm_drained = bool(data.get("slurm_drained", False))
+            repairs = data.get("repairs", {})
+            node.restore_repairs(
+                [(str(k), int(g)) for k, g in repairs.get("cleared", [])],
+                {int(g): int(n) for g, n in repairs.get("resets", {}).items()},
+                int(repairs.get("power_cycles", 0)),
+            )
             # the tree is on disk already: its processes must not be written twice
             self.tree._pids = {int(n) for n in os.listdir(self.tree.proc_root) if n.isdigit()}
         if fresh:
@@ -232,6 +240,8 @@ class SimWorld:
                 "plan": _plan_json(self.plan),
                 "cordoned": sorted(self.cordoned),
                 "switches": self.switches,
+                "slurm_drained": self.slurm_drained,
+                "repairs": self.node.repairs(),
             }
         )
         tmp = self.state_file.with_suffix(".tmp")
@@ -436,12 +446,78 @@ class SimKubernetesDriver:
         return "nothing to undo" if step.kind is not StepKind.EVICT else "pod stays evicted"
 
 
+class SimGpuDriver:
+    """`nvidia-smi -r -i BUS` on the world's node: refused while a tenant or process holds
+    the GPU, as the driver refuses; a fault a reset cannot clear leaves it lost."""
+
+    def __init__(self, world: SimWorld) -> None:
+        self.world = world
+
+    async def run(self, step: Step) -> str:
+        done = []
+        for bus in step.gpus:
+            index = self.world.index_of(bus)
+            if index is None:
+                raise StepFailed(f"nvidia-smi -r -i {bus}: no such GPU")
+            if index in self.world.plan.busy_gpus:
+                held = ", ".join(self.world.owners(index))
+                raise StepFailed(f"nvidia-smi -r -i {bus}: the GPU is in use ({held})")
+            back = self.world.node.reset_gpu(index)
+            self.world.save()
+            if not back:
+                raise StepFailed(
+                    f"nvidia-smi -r -i {bus}: unable to reset the GPU: it is still lost "
+                    "(it fell off the bus)"
+                )
+            done.append(bus)
+        return f"reset {', '.join(done)} (nvidia-smi -r)"
+
+    async def undo(self, step: Step) -> str:
+        return "a reset cannot be undone"
+
+
+class SimSlurmDriver:
+    """The world's Slurm node: drained (no new job starts) or not; running jobs go on."""
+
+    def __init__(self, world: SimWorld) -> None:
+        self.world = world
+
+    def _set(self, drained: bool) -> str:
+        self.world.slurm_drained = drained
+        self.world.save()
+        return f"Slurm node {self.world.name} {'draining' if drained else 'resumed'}"
+
+    async def run(self, step: Step) -> str:
+        return self._set(True)
+
+    async def undo(self, step: Step) -> str:
+        return self._set(False)
+
+
+class SimBmcDriver:
+    """The world's BMC: a power cycle brings back what a reset would, on every GPU."""
+
+    def __init__(self, world: SimWorld) -> None:
+        self.world = world
+
+    async def run(self, step: Step) -> str:
+        self.world.node.power_cycle()
+        self.world.save()
+        return f"power cycle requested through the simulated BMC of {self.world.name}"
+
+    async def undo(self, step: Step) -> str:
+        return "a power cycle cannot be undone"
+
+
 def sim_drivers(world: SimWorld) -> Drivers:
     """Every layer of a simulated node."""
     return Drivers(
         pci=SimPciDriver(world),
         guests=SimGuestsDriver(world),
         kubernetes=SimKubernetesDriver(world),
+        gpu=SimGpuDriver(world),
+        slurm=SimSlurmDriver(world),
+        bmc=SimBmcDriver(world),
     )
 
 
@@ -462,6 +538,7 @@ class LiveWorld(SimWorld):
         self.state_file = self.root / "world.json"
         self.node = node
         self.tree = tree
+        self.slurm_drained = False
 
     def save(self) -> None:
         """Nothing to keep on disk: the hub's node follows its tenants instead."""

@@ -166,7 +166,10 @@ class SimIpmiSession:
             self.powered = True
         elif powerstate in ("off", "softoff", "shutdown"):
             self.powered = False
-        elif powerstate != "reset":
+        elif powerstate in ("cycle", "reset"):
+            self.powered = True
+            self.node.power_cycle()
+        else:
             raise ValueError(f"unknown power state {powerstate!r}")
         return {"pendingpowerstate": powerstate}
 

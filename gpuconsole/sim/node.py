@@ -17,7 +17,19 @@ from gpuconsole.hardware import GpuModel, MigProfile
 from gpuconsole.sim.identity import gpu_serial, gpu_uuid, mig_uuid
 from gpuconsole.sim.profiles import NodeProfile
 
-SCENARIO_KINDS = ("thermal", "xid79", "ecc", "mig", "notsupported", "psu", "fan", "bmcsilent")
+SCENARIO_KINDS = (
+    "thermal",
+    "xid79",
+    "xid79hard",  # falls off the bus for good: neither a reset nor a power cycle helps
+    "ecc",
+    "mig",
+    "notsupported",
+    "psu",
+    "fan",
+    "bmcsilent",
+)
+# What a GPU reset clears on that GPU, and a power cycle on every GPU
+RESET_CLEARS = ("xid79",)
 # Node-level kinds: their number is a PSU or fan (1-based), not a GPU (gpuconsole.sim.bmc).
 NODE_SCENARIO_KINDS = ("psu", "fan", "bmcsilent")
 
@@ -178,6 +190,9 @@ class SimNode:
         self.uuids = tuple(gpu_uuid(name, seed, g.index) for g in profile.gpus)
         self.serials = tuple(gpu_serial(name, seed, g.index) for g in profile.gpus)
         self.migs = {s.gpu: self._mig_slices(s.gpu) for s in self.scenarios if s.kind == "mig"}
+        self._cleared: set[tuple[str, int]] = set()  # (kind, GPU) a reset or power cycle ended
+        self.resets: dict[int, int] = {}  # GPU -> how many times it was reset
+        self.power_cycles = 0
 
     def _follow_idle(self, idle: frozenset[int]) -> None:
         """Idle GPUs run nothing; one the seed left idle that a tenant now uses runs bursts."""
@@ -204,12 +219,40 @@ class SimNode:
         """The scenario of this kind on this GPU, if it has started."""
         t = self.elapsed()
         for s in self.scenarios:
-            if s.kind == kind and s.gpu == gpu and t >= s.at_s:
+            if s.kind == kind and s.gpu == gpu and t >= s.at_s and (kind, gpu) not in self._cleared:
                 return s
         return None
 
     def lost(self, gpu: int) -> bool:
-        return self.active("xid79", gpu) is not None
+        return self.active("xid79", gpu) is not None or self.active("xid79hard", gpu) is not None
+
+    def reset_gpu(self, gpu: int) -> bool:
+        """`nvidia-smi -r` on GPU `gpu`: what a reset repairs is gone from now on (a fault
+        that has not happened yet never will). False: it is still lost."""
+        self.resets[gpu] = self.resets.get(gpu, 0) + 1
+        self._cleared.update((kind, gpu) for kind in RESET_CLEARS)
+        return not self.lost(gpu)
+
+    def repairs(self) -> dict[str, object]:
+        """What resets and power cycles did, to be kept across processes (SimWorld)."""
+        return {
+            "cleared": sorted(self._cleared),
+            "resets": {str(g): n for g, n in self.resets.items()},
+            "power_cycles": self.power_cycles,
+        }
+
+    def restore_repairs(
+        self, cleared: list[tuple[str, int]], resets: dict[int, int], power_cycles: int
+    ) -> None:
+        self._cleared = set(cleared)
+        self.resets = dict(resets)
+        self.power_cycles = power_cycles
+
+    def power_cycle(self) -> None:
+        """The node's BMC cycled its power: every GPU comes back as a reset would bring it."""
+        self.power_cycles += 1
+        for gpu in range(len(self.profile.gpus)):
+            self._cleared.update((kind, gpu) for kind in RESET_CLEARS)
 
     @property
     def model(self) -> GpuModel:

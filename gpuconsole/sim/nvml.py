@@ -638,7 +638,9 @@ class SimNvml:
     def _due_event(self, event_set: Any) -> Any:
         for s in self.node.scenarios:
             # as the fake library does: XID 79 is an XID, an ECC scenario a corrected error
-            kind, data = {"xid79": (0x8, 79), "ecc": (0x1, 0)}.get(s.kind, (0, 0))
+            kind, data = {"xid79": (0x8, 79), "xid79hard": (0x8, 79), "ecc": (0x1, 0)}.get(
+                s.kind, (0, 0)
+            )
             if not kind or (s.kind, s.gpu) in self._delivered:
                 continue
             if self.node.active(s.kind, s.gpu) is None:

@@ -1,5 +1,6 @@
 """The drivers that carry steps out, one per layer: PCI (vfio through sysfs), guests
-(libvirt), Kubernetes (the API server), and the simulator's, which does all three."""
+(libvirt), Kubernetes (the API server), the GPU (nvidia-smi's reset), Slurm (scontrol), the
+BMC (power), and the simulator's, which does them all."""
 
 from __future__ import annotations
 
@@ -40,12 +41,18 @@ class Drivers:
     pci: StepDriver
     guests: StepDriver | None = None
     kubernetes: ClusterDriver | None = None
+    gpu: StepDriver | None = None
+    slurm: StepDriver | None = None
+    bmc: StepDriver | None = None
 
     def for_layer(self, layer: Layer) -> StepDriver:
         driver = {
             Layer.PCI: self.pci,
             Layer.GUESTS: self.guests,
             Layer.KUBERNETES: self.kubernetes,
+            Layer.GPU: self.gpu,
+            Layer.SLURM: self.slurm,
+            Layer.BMC: self.bmc,
         }[layer]
         if driver is None:
             raise StepFailed(f"no {layer.value} driver is configured for this node")

@@ -133,7 +133,7 @@ class VfioDriver:
                     f"(modprobe {step.driver})? dmesg says why"
                 )
             return f"bound {', '.join(step.functions)} to {step.driver}"
-        if step.kind is StepKind.RESET:
+        if step.kind in (StepKind.RESET, StepKind.GPU_RESET):  # the latter: a guest's GPU
             return self.reset(step.gpus or step.functions)
         if step.kind is StepKind.VERIFY:
             return self.verify(step)

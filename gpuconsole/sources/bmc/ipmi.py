@@ -46,7 +46,9 @@ PYGHMI_POWER = {
     PowerAction.OFF: "off",
     PowerAction.SOFT: "softoff",
     PowerAction.RESET: "reset",
+    PowerAction.CYCLE: "cycle",  # not pyghmi's: the session sends chassis control 2 itself
 }
+_CHASSIS_POWER_CYCLE = 0x02
 # Threshold mask bits and reading offsets of Get Sensor Thresholds (IPMI 2.0, 35.9)
 _THRESHOLD_FIELDS = (
     (0x01, "lower_non_critical"),
@@ -250,6 +252,9 @@ class PyghmiSession:
     def set_power(self, powerstate: str, wait: bool = False) -> Mapping[str, Any]:
         # pyghmi reads the power state first as well, but drops the completion code
         self.get_power()
+        if powerstate == "cycle":  # pyghmi's set_power has no power cycle
+            self._command("Chassis Control", 0x00, 0x02, data=[_CHASSIS_POWER_CYCLE])
+            return {"pendingpowerstate": "cycle"}
         with self._answered("Chassis Control"):
             return dict(self._cmd.set_power(powerstate, wait=wait))
 

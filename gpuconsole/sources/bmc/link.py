@@ -16,12 +16,13 @@ from gpuconsole.sources.bmc.sensors import UnitStatus
 
 
 class PowerAction(enum.StrEnum):
-    """The power controls offered (IPMI power cycle is not: pyghmi does not send it)."""
+    """The power controls offered."""
 
     ON = "on"
     OFF = "off"
     SOFT = "soft"  # ask the OS to shut down (ACPI soft off)
     RESET = "reset"
+    CYCLE = "cycle"  # off, then on again (IPMI chassis control 2, Redfish PowerCycle)
 
 
 class BmcError(Exception):

@@ -321,6 +321,7 @@ _RESET_TYPE = {
     PowerAction.OFF: "ForceOff",
     PowerAction.SOFT: "GracefulShutdown",
     PowerAction.RESET: "ForceRestart",
+    PowerAction.CYCLE: "PowerCycle",
 }
 
 

@@ -1,0 +1,98 @@
+"""The drivers a remediation adds: the GPU's reset (nvidia-smi), the Slurm node's drain
+(scontrol) and the node's power cycle (its BMC). Each runs the real tool; a missing one is a
+StepFailed that says what to run by hand."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+from gpuconsole.actions.drivers import StepFailed
+from gpuconsole.actions.plan import Step, StepKind
+from gpuconsole.actions.power import PowerControl
+from gpuconsole.readings.base import safe_text
+from gpuconsole.sources.bmc.link import BmcError, PowerAction
+
+__all__ = ["BmcPowerDriver", "NvidiaSmiDriver", "SlurmDriver", "run_tool"]
+
+TOOL_TIMEOUT_S = 120.0
+
+
+async def run_tool(argv: list[str], timeout_s: float = TOOL_TIMEOUT_S) -> str:
+    """Run a command; its output as text, or StepFailed with what it said."""
+    if shutil.which(argv[0]) is None:
+        raise StepFailed(f"{argv[0]} not found: run `{' '.join(argv)}` on the node yourself")
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise StepFailed(f"`{' '.join(argv)}` did not finish within {timeout_s:g} s") from None
+    text = safe_text(out.decode("utf-8", "replace")).strip()
+    if proc.returncode != 0:
+        raise StepFailed(f"`{' '.join(argv)}` failed ({proc.returncode}): {text or 'no output'}")
+    return text
+
+
+class NvidiaSmiDriver:
+    """Resets a GPU by bus id: `nvidia-smi -r -i BUS` (root; the driver refuses while any
+    process holds it)."""
+
+    def __init__(self, command: str = "nvidia-smi") -> None:
+        self.command = command
+
+    async def run(self, step: Step) -> str:
+        if step.kind is not StepKind.GPU_RESET:
+            raise StepFailed(f"the GPU driver does not do {step.kind.value}")
+        done = [await run_tool([self.command, "-r", "-i", bus]) for bus in step.gpus]
+        return "; ".join(t for t in done if t) or f"reset {', '.join(step.gpus)}"
+
+    async def undo(self, step: Step) -> str:
+        return "a reset cannot be undone"
+
+
+class SlurmDriver:
+    """Drains the Slurm node (no new job starts; running ones end by themselves); undo
+    resumes it."""
+
+    def __init__(self, slurm_node: str, command: str = "scontrol") -> None:
+        self.slurm_node = slurm_node
+        self.command = command
+
+    async def run(self, step: Step) -> str:
+        if step.kind is not StepKind.SLURM_DRAIN:
+            raise StepFailed(f"the Slurm driver does not do {step.kind.value}")
+        reason = f"reason=gpuconsole remediation of {', '.join(step.gpus)}"
+        argv = [self.command, "update", f"nodename={self.slurm_node}", "state=drain", reason]
+        await run_tool(argv)
+        return f"Slurm node {self.slurm_node} draining"
+
+    async def undo(self, step: Step) -> str:
+        argv = [self.command, "update", f"nodename={self.slurm_node}", "state=resume"]
+        await run_tool(argv)
+        return f"Slurm node {self.slurm_node} resumed"
+
+
+class BmcPowerDriver:
+    """Power-cycles the node through its BMC (the power action's own path: a BmcSource)."""
+
+    def __init__(self, control: PowerControl) -> None:
+        self.control = control
+
+    async def run(self, step: Step) -> str:
+        if step.kind is not StepKind.POWER_CYCLE:
+            raise StepFailed(f"the BMC driver does not do {step.kind.value}")
+        try:
+            answer = await self.control.set_power(PowerAction.CYCLE)
+        except BmcError as exc:
+            raise StepFailed(str(exc)) from None
+        return f"power cycle requested through {self.control.label} ({answer})"
+
+    async def undo(self, step: Step) -> str:
+        return "a power cycle cannot be undone"

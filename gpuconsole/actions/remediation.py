@@ -1,0 +1,519 @@
+"""Remediation, planned: from a GPU's verdict (NVIDIA's recommended action) to the steps it takes.
+
+`make_remediation_plan` is pure, like `make_plan`, and returns the same `Plan`, so the same
+executor checks who asks, the typed confirmation, the preconditions and the GPU locks,
+journals each step before it runs, recovers after a crash and audits it all. What it plans:
+
+- drain: the GPU's owners drained (cordoned out of Kubernetes and its pods evicted, the Slurm
+  node drained, a guest's tenant told), until it is idle; then nothing may bind it.
+- reset_gpu: drained and idle, then `nvidia-smi -r -i BUS` (all its processes gone and, on an
+  NVSwitch baseboard, no NVLink peer busy with it), then a fresh reading must find it fit.
+- reboot_node: every GPU of the node drained and idle, then a power cycle through the BMC,
+  then a fresh reading must find the GPU fit.
+- reseat, service: drained, idle, nothing may bind it, marked for service.
+
+A remediation puts nothing back when a step fails: a GPU under repair stays out of work. A
+reset that does not bring the GPU back is followed by the node's power cycle, and that by
+service (`escalation`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+
+from gpuconsole.actions.plan import (
+    HOST_DRIVER,
+    VFIO_DRIVER,
+    Layer,
+    Plan,
+    PlanContext,
+    Precondition,
+    Step,
+    StepKind,
+    Target,
+    TargetKind,
+    _label,
+    _pci_steps,
+    find_gpu,
+    nvswitch_board,
+    owners_of,
+)
+from gpuconsole.facts.inventory import short_bus_id
+from gpuconsole.facts.ownership import GpuOwner, Owner, Ownership
+from gpuconsole.facts.verdict import Action
+from gpuconsole.readings.nvml import GpuReading
+from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.readings.tenancy import ACTIVE_GUEST_STATES, OwnerKind
+
+__all__ = [
+    "REMEDIES",
+    "busy_owners",
+    "escalation",
+    "make_remediation_plan",
+    "remedy_words",
+    "verdict_action",
+]
+
+# The actions a plan carries out; fit and watch need none.
+REMEDIES = (Action.DRAIN, Action.RESET_GPU, Action.REBOOT_NODE, Action.RESEAT, Action.SERVICE)
+
+_WORDS = {
+    Action.FIT: "fit for work",
+    Action.WATCH: "watch it",
+    Action.DRAIN: "drain it",
+    Action.RESET_GPU: "drain it, reset the GPU, then verify",
+    Action.REBOOT_NODE: "drain the node, power-cycle it through its BMC, then verify",
+    Action.RESEAT: "drain it and reseat it (check the mechanicals)",
+    Action.SERVICE: "drain it and return it for service",
+}
+
+# The driver's own advice (nvmlDeviceGpuRecoveryAction_t) as an action.
+_RECOVERY = {
+    1: Action.RESET_GPU,  # GPU reset
+    2: Action.REBOOT_NODE,  # node reboot
+    3: Action.DRAIN,  # drain P2P
+    4: Action.RESET_GPU,  # drain and reset
+    6: Action.RESET_GPU,  # bus reset
+    7: Action.REBOOT_NODE,  # system reboot
+}
+# XIDs whose resolution bucket is a GPU reset (ECC double-bit, row remap, contained errors)
+_RESET_XIDS = frozenset({48, 63, 64, 79, 94, 95, 119, 120})
+
+
+def remedy_words(action: Action) -> str:
+    """What the action asks for, in words: 'drain it, reset the GPU, then verify'."""
+    return _WORDS[action]
+
+
+def escalation(action: Action) -> Action | None:
+    """What follows a remediation that did not make the GPU fit: a reset, the node's power
+    cycle; a power cycle, service; None after service."""
+    return {
+        Action.DRAIN: Action.RESET_GPU,
+        Action.RESET_GPU: Action.REBOOT_NODE,
+        Action.REBOOT_NODE: Action.SERVICE,
+    }.get(action)
+
+
+def _reading(node: NodeSnapshot, key: str) -> GpuReading | None:
+    gpu = find_gpu(node, key)
+    if gpu is None or gpu.index is None or node.nvml is None:
+        return None
+    return node.nvml.gpu(gpu.index)
+
+
+def verdict_action(node: NodeSnapshot, key: str) -> Action:
+    """The verdict's action for one GPU: facts.verdict.gpu_verdict's where it exists.
+
+    ADAPTER, until gpu_verdict is on main: where it is missing, the action is derived here
+    from the driver's recovery action, a lost GPU, row remapping and the XIDs whose bucket
+    is a reset. Delete the fallback once gpu_verdict lands.
+    """
+    reading = _reading(node, key)
+    if reading is None:
+        return Action.FIT
+    verdict = getattr(importlib.import_module("gpuconsole.facts.verdict"), "gpu_verdict", None)
+    if verdict is not None:
+        return Action(verdict(node, reading).action)
+    actions = [Action.FIT]
+    if reading.recovery_action in _RECOVERY:
+        actions.append(_RECOVERY[reading.recovery_action])
+    if reading.lost or reading.ecc.remap_pending:
+        actions.append(Action.RESET_GPU)
+    if reading.ecc.remap_failure:
+        actions.append(Action.SERVICE)
+    if any(x.code in _RESET_XIDS for x in reading.xids):
+        actions.append(Action.RESET_GPU)
+    return max(actions, key=lambda a: a.rank)
+
+
+# --- who holds what ----------------------------------------------------------------------
+
+
+def _busy(owner: Owner) -> bool:
+    """A holder that keeps the GPU busy: a shut-off guest's definition does not."""
+    if owner.kind is OwnerKind.VM:
+        return owner.state in ACTIVE_GUEST_STATES
+    return owner.holds
+
+
+def busy_owners(gpu: GpuOwner) -> tuple[Owner, ...]:
+    """What keeps a GPU busy: its owners and its MIG instances' (a shut-off guest does not)."""
+    found = [o for o in gpu.owners if _busy(o)]
+    found += [o for m in gpu.migs for o in m.owners if _busy(o) and o not in found]
+    return tuple(found)
+
+
+def _peers(node: NodeSnapshot, ownership: Ownership, gpu: GpuOwner) -> list[GpuOwner]:
+    """The GPUs an NVSwitch baseboard joins this one to over NVLink; none elsewhere."""
+    arch, _switches = nvswitch_board(node)
+    if arch is None:
+        return []
+    return [g for g in ownership.gpus if g.bus_id != gpu.bus_id]
+
+
+# --- the plan ------------------------------------------------------------------------------
+
+
+class _Draft:
+    """The parts of a remediation plan as its rules add them."""
+
+    def __init__(self) -> None:
+        self.conds: list[Precondition] = []
+        self.steps: list[Step] = []
+        self.notes: list[str] = []
+
+
+def make_remediation_plan(
+    node: NodeSnapshot, key: str, action: Action, context: PlanContext | None = None
+) -> Plan:
+    """The plan that carries out `action` for the GPU `key` names (bus id, UUID or number)."""
+    ctx = context or PlanContext()
+    ownership = owners_of(node)
+    gpu = find_gpu(node, key, ownership)
+    draft = _Draft()
+    if gpu is None:
+        draft.conds.append(
+            Precondition("GPU exists", False, f"no GPU {key!r} on {node.node}", "name it by bus id")
+        )
+        return _plan(node, action, (), draft, Target(TargetKind.DRAINED))
+    draft.conds.append(_remedy_needed(action))
+    if node.tenancy is None:
+        draft.conds.append(
+            Precondition(
+                "ownership known",
+                False,
+                f"the tenancy source has not read {node.node}",
+                "enable [tenancy] and wait for its first reading",
+            )
+        )
+    whole = action is Action.REBOOT_NODE
+    drained = list(ownership.gpus) if whole else [gpu]
+    _drain(node, ownership, gpu, drained, ctx, draft)
+    target = _target(gpu, action)
+    if action is Action.RESET_GPU:
+        _reset(node, ownership, gpu, ctx, draft)
+    elif whole:
+        _power_cycle(node, gpu, drained, ctx, draft)
+    elif action in (Action.DRAIN, Action.RESEAT, Action.SERVICE):
+        _out_of_work(node, gpu, action, draft)
+    draft.steps.append(_verify(node, gpu, action, target))
+    return _plan(node, action, (gpu,), draft, target)
+
+
+def _plan(
+    node: NodeSnapshot,
+    action: Action,
+    gpus: Sequence[GpuOwner],
+    draft: _Draft,
+    target: Target,
+) -> Plan:
+    return Plan(
+        node=node.node,
+        target=target,
+        gpus=tuple(g.bus_id for g in gpus),
+        labels=tuple(_label(g) for g in gpus),
+        indexes=tuple(g.index for g in gpus),
+        owners=tuple(g.label for g in gpus),
+        preconditions=tuple(draft.conds),
+        steps=tuple(draft.steps),
+        notes=tuple(dict.fromkeys(draft.notes)),
+        simulated=node.simulated,
+        uuids=tuple(g.uuid or "" for g in gpus),
+        remedy=action.value,
+    )
+
+
+def _target(gpu: GpuOwner, action: Action) -> Target:
+    """Where the GPU ends: back on its driver after a reset or power cycle (a guest's GPU
+    stays its guest's), else unbound with nothing allowed to bind it."""
+    if action in (Action.RESET_GPU, Action.REBOOT_NODE):
+        guest = next((o.name for o in gpu.owners if o.kind is OwnerKind.VM), None)
+        if gpu.driver == VFIO_DRIVER and guest is not None:
+            return Target(TargetKind.VM, guest)
+        return Target(TargetKind.FREE)
+    return Target(TargetKind.DRAINED)
+
+
+def _remedy_needed(action: Action) -> Precondition:
+    if action in REMEDIES:
+        return Precondition("the verdict asks for it", True, f"{action.value}: {_WORDS[action]}")
+    return Precondition(
+        "the verdict asks for it",
+        False,
+        f"the verdict is {action.value} ({_WORDS[action]}): there is nothing to remediate",
+        "assign moves a GPU that is fit (a)",
+    )
+
+
+def _drain(
+    node: NodeSnapshot,
+    ownership: Ownership,
+    gpu: GpuOwner,
+    drained: Sequence[GpuOwner],
+    ctx: PlanContext,
+    draft: _Draft,
+) -> None:
+    """Each drained GPU's owners go: cordoned and evicted (Kubernetes), the Slurm node
+    drained, guests' tenants told; then the wait until they are idle. Processes outside
+    any of those stop the plan: nothing here would end them."""
+    owners = {o.label: o for g in drained for o in busy_owners(g)}
+    pods = [o for o in owners.values() if o.kind is OwnerKind.POD]
+    jobs = [o for o in owners.values() if o.kind is OwnerKind.JOB]
+    guests = [o for o in owners.values() if o.kind is OwnerKind.VM]
+    processes = [o for o in owners.values() if o.kind is OwnerKind.PROCESS]
+    where = "the node" if len(drained) > 1 else _label(gpu)
+    draft.conds.append(
+        Precondition(
+            f"no processes remain on {where}",
+            not processes,
+            "processes: " + ", ".join(_process_words(o) for o in processes)
+            if processes
+            else "none outside a pod, job or guest",
+            "stop them (" + "; ".join(_process_words(o) for o in processes) + "), then ask again",
+        )
+    )
+    if pods and not ctx.kubernetes:
+        draft.conds.append(
+            Precondition(
+                "Kubernetes reachable",
+                False,
+                "pods to evict: " + ", ".join(p.name for p in pods),
+                "no Kubernetes API is configured: drain the pods yourself, then ask again",
+            )
+        )
+    if jobs and not ctx.slurm:
+        draft.conds.append(
+            Precondition(
+                "Slurm reachable",
+                False,
+                "Slurm jobs: " + ", ".join(j.job or j.name for j in jobs),
+                f"no Slurm control here: scontrol update nodename={node.node} state=drain "
+                f'reason="gpuconsole remediation", wait for the jobs to end, then ask again',
+            )
+        )
+    for target in drained:
+        uuids = (target.uuid,) if target.uuid else ()
+        if ctx.kubernetes and target.uuid and target.uuid not in ctx.cordoned:
+            draft.steps.append(
+                Step(
+                    StepKind.CORDON,
+                    Layer.KUBERNETES,
+                    f"cordon {_label(target)} out of Kubernetes scheduling",
+                    gpus=(target.bus_id,),
+                    uuids=uuids,
+                )
+            )
+    for pod in pods:
+        held = [g for g in drained if pod in busy_owners(g)]
+        first = held[0] if held else gpu
+        draft.steps.append(
+            Step(
+                StepKind.EVICT,
+                Layer.KUBERNETES,
+                f"evict pod {pod.name} from {_label(first)} and wait until it is gone",
+                gpus=tuple(g.bus_id for g in held) or (gpu.bus_id,),
+                uuids=tuple(g.uuid for g in held if g.uuid),
+                pod=pod.name,
+            )
+        )
+    if jobs:
+        names = ", ".join(j.job or j.name for j in jobs)
+        draft.steps.append(
+            Step(
+                StepKind.SLURM_DRAIN,
+                Layer.SLURM,
+                f"drain Slurm node {node.node} (scontrol update state=drain): "
+                f"no new job starts there; job {names} runs to its end",
+                gpus=(gpu.bus_id,),
+                uuids=(gpu.uuid,) if gpu.uuid else (),
+            )
+        )
+        draft.notes.append(
+            f"Slurm drains the whole of {node.node}: no new job starts on any of its GPUs"
+        )
+    for guest in guests:
+        tenant = f"tenant {guest.tenant}" if guest.tenant else "the tenant"
+        draft.steps.append(
+            Step(
+                StepKind.NOTIFY,
+                None,
+                f"tell {tenant} of guest {guest.name} that {where} is drained for repair, "
+                "and ask them to shut the guest down",
+                gpus=(gpu.bus_id,),
+                uuids=(gpu.uuid,) if gpu.uuid else (),
+                guest=guest.name,
+            )
+        )
+    if guests and len(drained) > 1:
+        draft.notes.append(
+            "the node runs guests ("
+            + ", ".join(g.name for g in guests)
+            + "): it is power-cycled only once they have shut down"
+        )
+    workload = {o.label for o in owners.values()}
+    peers = [p for p in _peers(node, ownership, gpu) if p not in drained]
+    shared = tuple(p.bus_id for p in peers if {o.label for o in busy_owners(p)} & workload)
+    draft.steps.append(
+        Step(
+            StepKind.WAIT_IDLE,
+            None,
+            f"wait until {where} is idle"
+            + (
+                f" ({', '.join(sorted(workload))} gone"
+                + (f", also from NVLink peers {', '.join(map(short_bus_id, shared))}" if shared else "")
+                + ")"
+                if workload
+                else ""
+            ),
+            gpus=tuple(g.bus_id for g in drained),
+            uuids=tuple(g.uuid for g in drained if g.uuid),
+            functions=shared,
+            owners=tuple(sorted(workload)),
+        )
+    )
+
+
+def _process_words(owner: Owner) -> str:
+    pids = " ".join(str(p) for p in owner.pids)
+    return f"{owner.label} (pids {pids})" if pids else owner.label
+
+
+def _reset(
+    node: NodeSnapshot, ownership: Ownership, gpu: GpuOwner, ctx: PlanContext, draft: _Draft
+) -> None:
+    """nvidia-smi --gpu-reset's rules: nothing may run on the GPU, nor, on an NVSwitch
+    baseboard, on an NVLink peer with it outside what the plan drains."""
+    mine = {o.label for o in busy_owners(gpu)}
+    busy = []
+    for peer in _peers(node, ownership, gpu):
+        # a process outside any pod, job or guest the plan drains may use the peer's
+        # NVLinks to this GPU (P2P), and no step of the plan ends it
+        stays = [
+            o for o in busy_owners(peer) if o.kind is OwnerKind.PROCESS and o.label not in mine
+        ]
+        if stays:
+            busy.append(f"{_label(peer)}: {', '.join(_process_words(o) for o in stays)}")
+    if _peers(node, ownership, gpu):
+        draft.conds.append(
+            Precondition(
+                "no NVLink peer busy",
+                not busy,
+                "; ".join(busy) or "no peer on the NVSwitch baseboard runs work with it",
+                "stop the work on those peers (a reset on an NVSwitch system needs its NVLink "
+                "peers idle), then ask again",
+            )
+        )
+    fm = node.nvml.fabric_manager_running if node.nvml is not None else None
+    arch, _switches = nvswitch_board(node)
+    if arch == "ampere" and fm is False:
+        draft.conds.append(
+            Precondition(
+                "Fabric Manager running",
+                False,
+                "Fabric Manager is not running: an Ampere NVSwitch system resets a GPU through it",
+                "start it (systemctl start nvidia-fabricmanager), then ask again",
+            )
+        )
+    if gpu.driver == HOST_DRIVER and not ctx.gpu_reset:
+        draft.conds.append(
+            Precondition(
+                "GPU reset available",
+                False,
+                "no way to reset a GPU on this node (nvidia-smi not found)",
+                f"reset it on {node.node}: nvidia-smi -r -i {gpu.bus_id}",
+            )
+        )
+    how = (
+        f"nvidia-smi -r -i {gpu.bus_id}"
+        if gpu.driver == HOST_DRIVER
+        else "a PCI function reset (vfio-pci holds it)"
+    )
+    draft.steps.append(
+        Step(
+            StepKind.GPU_RESET,
+            Layer.GPU if gpu.driver == HOST_DRIVER else Layer.PCI,
+            f"reset {_label(gpu)} ({how})",
+            gpus=(gpu.bus_id,),
+            uuids=(gpu.uuid,) if gpu.uuid else (),
+            functions=(gpu.bus_id,),
+            driver=gpu.driver,
+        )
+    )
+
+
+def _power_cycle(
+    node: NodeSnapshot,
+    gpu: GpuOwner,
+    drained: Sequence[GpuOwner],
+    ctx: PlanContext,
+    draft: _Draft,
+) -> None:
+    if not ctx.bmc:
+        draft.conds.append(
+            Precondition(
+                "BMC reachable",
+                False,
+                f"no BMC is configured for {node.node}",
+                f"add a [[bmc]] for {node.node}, or power-cycle it yourself",
+            )
+        )
+    running = [o.label for g in drained for o in busy_owners(g)]
+    if running:
+        draft.notes.append(
+            f"{node.node} runs {', '.join(dict.fromkeys(running))}: the power cycle waits "
+            "until they are drained, and stops the node for every GPU"
+        )
+    draft.steps.append(
+        Step(
+            StepKind.POWER_CYCLE,
+            Layer.BMC,
+            f"power-cycle {node.node} through its BMC",
+            gpus=(gpu.bus_id,),
+            uuids=(gpu.uuid,) if gpu.uuid else (),
+        )
+    )
+
+
+def _out_of_work(node: NodeSnapshot, gpu: GpuOwner, action: Action, draft: _Draft) -> None:
+    """Unbound with driver_override none (nothing binds it), and for reseat or service the
+    mark that says why."""
+    reading = node.nvml.gpu(gpu.index) if node.nvml and gpu.index is not None else None
+    lost = reading is not None and reading.lost
+    if gpu.driver is not None:
+        draft.steps += _pci_steps(
+            node, (gpu.bus_id,), None, _label(gpu), gpu_bus=(gpu.bus_id,), reset=not lost
+        )
+    if action is Action.DRAIN:
+        return
+    why = "reseat it and check the mechanicals" if action is Action.RESEAT else "return it (RMA)"
+    draft.steps.append(
+        Step(
+            StepKind.MARK_SERVICE,
+            None,
+            f"mark {_label(gpu)} for service: {why}",
+            gpus=(gpu.bus_id,),
+            uuids=(gpu.uuid,) if gpu.uuid else (),
+        )
+    )
+
+
+def _verify(node: NodeSnapshot, gpu: GpuOwner, action: Action, target: Target) -> Step:
+    fit = action in (Action.RESET_GPU, Action.REBOOT_NODE)
+    what = (
+        "a fresh reading finds it fit (answers NVML, no XID since, no recovery action, "
+        "no remap pending, fabric complete)"
+        if fit
+        else "idle, unbound, nothing may bind it"
+    )
+    return Step(
+        StepKind.VERIFY,
+        None,
+        f"final check: {what}",
+        gpus=(gpu.bus_id,),
+        uuids=(gpu.uuid,) if gpu.uuid else (),
+        driver=gpu.driver if fit else None,
+        guest=target.guest,
+        xids=(node.last_xid.get(gpu.uuid, -1) if gpu.uuid else -1,),
+    )
