@@ -495,9 +495,7 @@ class Executor:
             self._since.pop(plan_id, None)
         outcome = "ok" if state is PlanState.DONE else "failed"
         message += self._audit_after(plan, actor, outcome, message, plan_id)
-        self._event(
-            plan, outcome_severity(state), f"{plan.action} by {actor.user}: {message}"
-        )
+        self._event(plan, outcome_severity(state), f"{plan.action} by {actor.user}: {message}")
         return Outcome(plan_id, state, message)
 
     async def _do(self, plan_id: str, plan: Plan, step: Step) -> str:
@@ -543,7 +541,9 @@ class Executor:
                         if o.label in step.owners
                     ]
             if not left:
-                return "idle: " + (f"{', '.join(step.owners)} gone" if step.owners else "nothing ran")
+                return "idle: " + (
+                    f"{', '.join(step.owners)} gone" if step.owners else "nothing ran"
+                )
             if time.monotonic() >= deadline:
                 raise StepFailed(
                     f"still busy after {self.idle_timeout_s:g} s: {', '.join(left)}; the drains "

@@ -362,7 +362,11 @@ def _drain(
             f"wait until {where} is idle"
             + (
                 f" ({', '.join(sorted(workload))} gone"
-                + (f", also from NVLink peers {', '.join(map(short_bus_id, shared))}" if shared else "")
+                + (
+                    f", also from NVLink peers {', '.join(map(short_bus_id, shared))}"
+                    if shared
+                    else ""
+                )
                 + ")"
                 if workload
                 else ""

@@ -150,6 +150,7 @@ def _plan_from(data: dict[str, Any]) -> SimPlan:
         guests=build(SimGuest, data.get("guests", [])),
         pods=build(SimPod, data.get("pods", [])),
         jobs=build(SimJob, data.get("jobs", [])),
+        loose=tuple(int(g) for g in data.get("loose", [])),
     )
 
 

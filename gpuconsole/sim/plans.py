@@ -62,6 +62,8 @@ class SimPlan:
     guests: tuple[SimGuest, ...] = ()
     pods: tuple[SimPod, ...] = ()
     jobs: tuple[SimJob, ...] = ()
+    # GPUs a user's process runs on outside any scheduler (alice's notebook, started by hand)
+    loose: tuple[int, ...] = ()
 
     @property
     def vfio_gpus(self) -> frozenset[int]:
@@ -74,7 +76,7 @@ class SimPlan:
         held = {g for pod in self.pods for g in pod.gpus}
         held |= {g for pod in self.pods for g, _ in pod.mig + pod.replicas}
         held |= {g for job in self.jobs for g in job.gpus}
-        return frozenset(held)
+        return frozenset(held | set(self.loose))
 
     @property
     def guest_load_gpus(self) -> frozenset[int]:
@@ -94,6 +96,7 @@ class SimPlan:
             frozenset(pod.gpus) | {g for g, _ in pod.mig + pod.replicas} for pod in self.pods
         ]
         groups += [frozenset(job.gpus) for job in self.jobs]
+        groups += [frozenset((g,)) for g in self.loose]
         return tuple(groups)
 
     @property

@@ -1,0 +1,351 @@
+"""Remediation from a verdict's action: the plan each action implies, the preconditions that
+refuse one (processes left, a busy NVLink peer, a viewer), and the simulated node going from
+XID 79 to drained to reset to fit, or on to a power cycle and service when the fault stays."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuconsole.actions.drivers import StepDriver
+from gpuconsole.actions.executor import Executor
+from gpuconsole.actions.journal import Journal, PlanState
+from gpuconsole.actions.locks import holders
+from gpuconsole.actions.plan import Layer, Plan, PlanContext, Step, StepKind
+from gpuconsole.actions.remediation import make_remediation_plan, verdict_action
+from gpuconsole.actions.roles import ActionRefused, Actor, Role
+from gpuconsole.facts.verdict import Action
+from gpuconsole.sim.actions import SimWorld, sim_drivers
+from gpuconsole.sim.node import Scenario
+from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_H100
+from gpuconsole.sim.tenancy import SimGuest, SimJob, SimPlan, SimPod
+from tests.assign_fixtures import executor_for
+
+OPS = Actor("ops", Role.OPERATOR)
+# dgx-003 as story 1 has it: a pod on GPUs 4-7, another on 0-1, GPU 5 fell off the bus
+STORY_1 = SimPlan(
+    pods=(
+        SimPod("team-nlp", "train-llm-7b-0", "trainer", gpus=(4, 5, 6, 7)),
+        SimPod("team-vision", "resnet-ft-1", "train", gpus=(0, 1)),
+    ),
+    jobs=(SimJob("4711", "physics", 1001, (3,)),),
+)
+PODS_ONLY = SimPlan(pods=STORY_1.pods)
+
+
+def h100(root: Path, plan: SimPlan = STORY_1, scenario: str = "xid79:5") -> SimWorld:
+    return SimWorld("dgx-003", DGX_H100, root, plan, (Scenario.parse(scenario),))
+
+
+def quick(world: SimWorld, state: Path, drivers: Any = None) -> Executor:
+    """An executor that waits seconds, not minutes, for idle GPUs and returning ones."""
+    executor = executor_for(world, state, drivers=drivers)
+    executor.idle_timeout_s, executor.settle_s, executor.poll_s = 3.0, 1.5, 0.1
+    return executor
+
+
+def kinds(plan: Plan) -> list[StepKind]:
+    return [s.kind for s in plan.steps]
+
+
+def audit(state: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (state / "audit.jsonl").read_text().splitlines()]
+
+
+def bus_of(world: SimWorld, index: int) -> str:
+    return world.node.profile.gpus[index].bus_id.lower().replace("00000000:", "0000:")
+
+
+# --- the plan each action implies ---------------------------------------------------------
+
+
+async def test_a_lost_gpu_s_verdict_asks_for_a_reset_and_its_plan_drains_resets_and_verifies(
+    tmp_path: Path,
+) -> None:
+    world = h100(tmp_path / "w")
+    executor = quick(world, tmp_path / "s")
+    node = await world.snapshot()
+    assert verdict_action(node, "5") is Action.RESET_GPU
+    plan = await executor.plan_remedy("5")
+    bus = bus_of(world, 5)
+    assert plan.remedy == "reset_gpu" and plan.gpus == (bus,) and not plan.blocked
+    assert kinds(plan) == [
+        StepKind.CORDON,
+        StepKind.EVICT,
+        StepKind.WAIT_IDLE,
+        StepKind.GPU_RESET,
+        StepKind.VERIFY,
+    ]
+    reset = plan.steps[3]
+    assert reset.layer is Layer.GPU and f"nvidia-smi -r -i {bus}" in reset.title
+    assert reset.uuids == (world.node.uuids[5],)
+    wait = plan.steps[2]
+    # the pod's other GPUs are GPU 5's NVLink peers: its work must be gone from them too
+    assert set(wait.functions) == {bus_of(world, i) for i in (4, 6, 7)}
+    assert wait.owners == ("pod team-nlp/train-llm-7b-0",)
+    assert "no NVLink peer busy" in [p.name for p in plan.preconditions]
+
+
+async def test_drain_stops_the_slurm_node_and_leaves_the_gpu_unbound(tmp_path: Path) -> None:
+    world = h100(tmp_path / "w")
+    plan = await quick(world, tmp_path / "s").plan_remedy("3", Action.DRAIN)
+    assert kinds(plan) == [
+        StepKind.CORDON,
+        StepKind.SLURM_DRAIN,
+        StepKind.WAIT_IDLE,
+        StepKind.OVERRIDE,
+        StepKind.UNBIND,
+        StepKind.VERIFY,
+    ]
+    assert "scontrol update state=drain" in plan.steps[1].title
+    assert "job 4711 runs to its end" in plan.steps[1].title
+    assert any("Slurm drains the whole of dgx-003" in n for n in plan.notes)
+    assert plan.steps[-1].driver is None  # unbound, nothing may bind it
+
+
+async def test_a_slurm_job_keeps_the_node_from_its_power_cycle_until_it_ends(
+    tmp_path: Path,
+) -> None:
+    world = h100(tmp_path / "w")
+    executor = quick(world, tmp_path / "s")
+    outcome = await executor.execute(
+        await executor.plan_remedy("5", Action.REBOOT_NODE), OPS, "dgx-003"
+    )
+    assert outcome.state is PlanState.FAILED
+    assert "still busy after 3 s: job 4711 on" in outcome.message
+    assert world.node.power_cycles == 0 and world.slurm_drained  # drained, not powered
+
+
+async def test_reboot_node_drains_every_gpu_then_power_cycles_and_says_who_runs_there(
+    tmp_path: Path,
+) -> None:
+    world = h100(tmp_path / "w")
+    plan = await quick(world, tmp_path / "s").plan_remedy("5", Action.REBOOT_NODE)
+    assert kinds(plan).count(StepKind.CORDON) == 8
+    evicted = {s.pod for s in plan.steps if s.kind is StepKind.EVICT}
+    assert evicted == {"team-nlp/train-llm-7b-0", "team-vision/resnet-ft-1"}
+    assert kinds(plan)[-3:] == [StepKind.WAIT_IDLE, StepKind.POWER_CYCLE, StepKind.VERIFY]
+    assert len(plan.steps[-3].gpus) == 8  # the whole node idle before its power goes
+    (note,) = [n for n in plan.notes if "power cycle" in n]
+    assert "pod team-nlp/train-llm-7b-0" in note and "job 4711" in note
+
+
+async def test_service_and_reseat_take_the_gpu_out_of_work_and_mark_it(tmp_path: Path) -> None:
+    world = h100(tmp_path / "w")
+    executor = quick(world, tmp_path / "s")
+    for action, words in ((Action.SERVICE, "return it (RMA)"), (Action.RESEAT, "reseat it")):
+        plan = await executor.plan_remedy("5", action)
+        assert kinds(plan)[-2:] == [StepKind.MARK_SERVICE, StepKind.VERIFY]
+        assert words in plan.steps[-2].title
+        assert StepKind.UNBIND in kinds(plan)
+        # a lost GPU is not function-reset on its way out
+        assert StepKind.RESET not in kinds(plan)
+
+
+async def test_a_fit_gpu_has_nothing_to_remediate(tmp_path: Path) -> None:
+    world = h100(tmp_path / "w")
+    executor = quick(world, tmp_path / "s")
+    assert verdict_action(await world.snapshot(), "2") is Action.FIT
+    plan = await executor.plan_remedy("2")
+    assert plan.blocked
+    assert "nothing to remediate" in plan.failed[0].detail
+    with pytest.raises(ActionRefused, match="nothing to remediate"):
+        await executor.execute(plan, OPS, "dgx-003")
+
+
+async def test_a_guest_s_gpu_tells_its_tenant_and_resets_through_vfio(tmp_path: Path) -> None:
+    plan_ = SimPlan(guests=(SimGuest("tenant-b-vm1", (1,), tenant="acme"),))
+    world = SimWorld("sim-01", APOLLO_PCIE, tmp_path / "w", plan_)
+    node = await world.snapshot()
+    plan = make_remediation_plan(node, bus_of(world, 1), Action.RESET_GPU)
+    assert kinds(plan) == [StepKind.NOTIFY, StepKind.WAIT_IDLE, StepKind.GPU_RESET, StepKind.VERIFY]
+    assert "tenant acme of guest tenant-b-vm1" in plan.steps[0].title
+    assert plan.steps[2].layer is Layer.PCI  # NVML cannot see it: a PCI function reset
+    assert str(plan.target) == "vm:tenant-b-vm1"
+
+
+# --- preconditions that refuse --------------------------------------------------------------
+
+
+async def test_processes_left_on_the_gpu_refuse_the_reset_and_nothing_changes(
+    tmp_path: Path,
+) -> None:
+    world = h100(tmp_path / "w", SimPlan(loose=(5,)), scenario="ecc:5")
+    executor = quick(world, tmp_path / "s")
+    plan = await executor.plan_remedy("5", Action.RESET_GPU)
+    (failed,) = plan.failed
+    assert failed.name.startswith("no processes remain")
+    assert "process alice" in failed.detail and "pids" in failed.detail
+    with pytest.raises(ActionRefused, match="no processes remain"):
+        await executor.execute(plan, OPS, "dgx-003")
+    assert world.node.resets == {} and world.cordoned == set()
+    assert [r["outcome"] for r in audit(tmp_path / "s")] == ["refused"]
+
+
+async def test_a_busy_nvlink_peer_refuses_the_reset(tmp_path: Path) -> None:
+    world = h100(tmp_path / "w", SimPlan(loose=(4,)))
+    plan = await quick(world, tmp_path / "s").plan_remedy("5", Action.RESET_GPU)
+    (failed,) = plan.failed
+    assert failed.name == "no NVLink peer busy"
+    assert f"GPU 4 ({bus_of(world, 4)}): process alice" in failed.detail
+    # on a server without NVSwitches the same process does not stand in the way
+    pcie = SimWorld("sim-01", APOLLO_PCIE, tmp_path / "p", SimPlan(loose=(0,)))
+    node = await pcie.snapshot()
+    plan = make_remediation_plan(node, "1", Action.RESET_GPU, PlanContext(gpu_reset=True))
+    assert not plan.blocked, plan.describe()
+    # and without a way to reset a GPU, the plan says how to do it by hand
+    (failed,) = make_remediation_plan(node, "1", Action.RESET_GPU).failed
+    assert failed.remedy == "reset it on sim-01: nvidia-smi -r -i 0000:25:00.0"
+
+
+async def test_a_viewer_is_refused_and_the_refusal_is_audited(tmp_path: Path) -> None:
+    world = h100(tmp_path / "w")
+    executor = quick(world, tmp_path / "s")
+    plan = await executor.plan_remedy("5")
+    with pytest.raises(ActionRefused, match="role viewer may not act"):
+        await executor.execute(plan, Actor("eve", Role.VIEWER), "dgx-003")
+    (record,) = audit(tmp_path / "s")
+    assert record["action"] == "remediate reset_gpu" and record["outcome"] == "refused"
+    assert record["user"] == "eve" and world.cordoned == set()
+
+
+# --- carried out in the simulator -------------------------------------------------------------
+
+
+async def test_xid79_drained_reset_and_fit_with_every_step_audited_by_bus_id_and_uuid(
+    tmp_path: Path,
+) -> None:
+    world = h100(tmp_path / "w")
+    executor = quick(world, tmp_path / "s")
+    gpu5 = next(g for g in (await world.snapshot()).gpus if g.index == 5)
+    assert gpu5.lost
+    plan = await executor.plan_remedy("5")
+    outcome = await executor.execute(plan, OPS, "5")
+    assert outcome.ok, outcome.message
+    after = next(g for g in (await world.snapshot()).gpus if g.index == 5)
+    assert not after.lost and world.node.resets == {5: 1}
+    assert verdict_action(await world.snapshot(), "5") is Action.FIT
+    assert world.node.uuids[5] in world.cordoned  # drained from Kubernetes until given back
+    records = audit(tmp_path / "s")
+    steps = [r for r in records if r["outcome"] == "step done"]
+    assert len(steps) == len(plan.steps)
+    for record in records:
+        assert record["args"]["gpus"] == [bus_of(world, 5)]
+        assert record["args"]["uuids"] == [world.node.uuids[5]]
+        assert record["action"] == "remediate reset_gpu"
+    assert records[-1]["outcome"] == "ok"
+
+
+async def test_a_fault_that_stays_goes_on_to_a_power_cycle_and_then_to_service(
+    tmp_path: Path,
+) -> None:
+    world = h100(tmp_path / "w", PODS_ONLY, scenario="xid79hard:5")
+    executor = quick(world, tmp_path / "s")
+    reset = await executor.execute(await executor.plan_remedy("5"), OPS, "dgx-003")
+    assert reset.state is PlanState.FAILED
+    assert "unable to reset" in reset.message and "next: reboot_node" in reset.message
+    # the drain is kept: a GPU under repair never goes back to work by itself
+    assert world.node.uuids[5] in world.cordoned
+    assert "kept: cordon" in reset.message
+
+    cycle = await executor.execute(
+        await executor.plan_remedy("5", Action.REBOOT_NODE), OPS, "dgx-003"
+    )
+    assert world.node.power_cycles == 1, cycle.message
+    assert cycle.state is PlanState.FAILED and "still lost" in cycle.message
+    assert "next: service" in cycle.message
+
+    service = await executor.execute(
+        await executor.plan_remedy("5", Action.SERVICE), OPS, "dgx-003"
+    )
+    assert service.ok, service.message
+    assert world.owners(5) == ["drained"]
+    assert holders(Journal(tmp_path / "s" / "actions.db")) == []
+
+
+# --- crash recovery ------------------------------------------------------------------------------
+
+
+class _DieAt:
+    """Passes steps to the simulated driver and SIGKILLs the process at a step kind, before
+    or after the driver ran it (the result never journaled)."""
+
+    def __init__(self, inner: StepDriver, kind: StepKind, after: bool) -> None:
+        self.inner, self.kind, self.after = inner, kind, after
+
+    async def run(self, step: Step) -> str:
+        if step.kind is self.kind and not self.after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        detail = await self.inner.run(step)
+        if step.kind is self.kind:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return detail
+
+    async def undo(self, step: Step) -> str:
+        return await self.inner.undo(step)
+
+
+def _doomed(root: Path, action: str, kind: str, after: bool) -> None:
+    async def go() -> None:
+        world = h100(root / "w", PODS_ONLY)
+        drivers = sim_drivers(world)
+        assert drivers.gpu is not None and drivers.bmc is not None
+        drivers.gpu = _DieAt(drivers.gpu, StepKind(kind), after)
+        drivers.bmc = _DieAt(drivers.bmc, StepKind(kind), after)
+        executor = quick(world, root / "s", drivers)
+        plan = await executor.plan_remedy("5", Action(action))
+        await executor.execute(plan, OPS, "dgx-003")
+
+    asyncio.run(go())
+
+
+def _killed_then_recovered(root: Path, action: Action, kind: StepKind, after: bool) -> Any:
+    h100(root / "w", PODS_ONLY)
+    child = multiprocessing.get_context("fork").Process(
+        target=_doomed, args=(root, action.value, kind.value, after)
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+
+    async def restart() -> Any:
+        world = h100(root / "w", PODS_ONLY)
+        return world, await quick(world, root / "s").recover()
+
+    return asyncio.run(restart())
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before-reset", "after-reset"])
+def test_a_remediation_killed_at_its_reset_is_finished_by_recovery(
+    tmp_path: Path, after: bool
+) -> None:
+    world, (outcome,) = _killed_then_recovered(
+        tmp_path, Action.RESET_GPU, StepKind.GPU_RESET, after
+    )
+    assert outcome.recovered and outcome.ok, outcome.message
+    assert "stopped at step 4" in outcome.message
+    gpu5 = next(g for g in asyncio.run(world.snapshot()).gpus if g.index == 5)
+    assert not gpu5.lost
+    # a reset is repeatable: run once more when the crash left it unrecorded
+    assert world.node.resets == {5: 2 if after else 1}
+    record = Journal(tmp_path / "s" / "actions.db").plans()[0]
+    assert record.recovered and record.state is PlanState.DONE
+    assert holders(Journal(tmp_path / "s" / "actions.db")) == []
+    outcomes = [r["outcome"] for r in audit(tmp_path / "s")]
+    assert outcomes[-1] == "recovered"
+
+
+def test_a_power_cycle_the_crash_left_unrecorded_is_never_sent_twice(tmp_path: Path) -> None:
+    world, (outcome,) = _killed_then_recovered(
+        tmp_path, Action.REBOOT_NODE, StepKind.POWER_CYCLE, after=True
+    )
+    assert world.node.power_cycles == 1
+    assert "is not sent again: check that it happened" in outcome.message
+    assert outcome.ok, outcome.message
