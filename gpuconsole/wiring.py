@@ -34,6 +34,7 @@ from gpuconsole.config import (
 from gpuconsole.hub import Hub, HubSettings
 
 if TYPE_CHECKING:
+    from gpuconsole.actions.audit import AuditLog
     from gpuconsole.actions.executor import Executor, Outcome, StepUpdate
     from gpuconsole.actions.over_ssh import RemoteExecutor, SshTarget
     from gpuconsole.actions.placement import Placement
@@ -528,6 +529,7 @@ def node_executor(
         pci=VfioDriver(cfg.actions.sysfs_root or cfg.host.sysfs_root, cfg.host.proc_root),
         guests=guests,
         kubernetes=kube,
+        **_repair_drivers(cfg),
     )
 
     async def read() -> NodeSnapshot:
@@ -543,6 +545,25 @@ def node_executor(
         emit=emit,
         on_step=on_step,
     )
+
+
+def _repair_drivers(cfg: Config) -> dict[str, Any]:
+    """The drivers a remediation needs beyond reassigning, where this machine has them:
+    nvidia-smi for a GPU reset, scontrol for the Slurm node, its [[bmc]] for a power cycle."""
+    import shutil
+
+    from gpuconsole.actions.drivers.repair import BmcPowerDriver, NvidiaSmiDriver, SlurmDriver
+
+    node = cfg.host.node_name
+    found: dict[str, Any] = {}
+    if shutil.which("nvidia-smi"):
+        found["gpu"] = NvidiaSmiDriver()
+    if shutil.which("scontrol"):
+        found["slurm"] = SlurmDriver(node)
+    if any((entry.node or node) == node for entry in cfg.bmc):
+        bmc = next(s for s in bmc_sources(cfg) if s.node == node)
+        found["bmc"] = BmcPowerDriver(bmc, started=False)
+    return found
 
 
 def demo_executor(
@@ -671,6 +692,18 @@ def live_demo_executor(
     from gpuconsole.sim.actions import live_executor
 
     return live_executor(hub, node, hub.post_event, on_step)
+
+
+def live_demo_audit(hub: Hub, node: str) -> AuditLog:
+    """The audit log of a simulated node of a running demo hub (beside its journal)."""
+    from gpuconsole.actions.audit import AuditLog
+    from gpuconsole.actions.store import AUDIT_FILE
+    from gpuconsole.sim.actions import live_world
+
+    world = live_world(hub, node)
+    if world is None:
+        raise ValueError(f"{node}: the demo simulates no actions there")
+    return AuditLog(world.root / "actions" / AUDIT_FILE)
 
 
 def live_demo_contexts(hub: Hub, nodes: Sequence[str]) -> dict[str, PlanContext]:

@@ -135,6 +135,8 @@ async def test_an_operator_gives_a_guest_a_free_gpu_and_every_console_sees_it(hu
         # every step ticked, in order, as the executor reported it
         assert [dialog.progress[k][0] for k in range(len(plan.steps))] == ["done"] * len(plan.steps)
         assert f"done: GPU 3 ({GPU3}) now {GUEST}" in screen_text(app)
+        # and the plan's own line says the new owner, not the one it was planned from
+        assert f"GPU 3 ({GPU3}) now: vm tenant-b-vm8 (was: free)" in screen_text(app)
         await pilot.press("escape")
         assert app.screen is node_view
         await until(lambda: node_view.table.get_cell(GPU3, "owner") == "vm tenant-b-vm8")
@@ -160,11 +162,15 @@ async def test_a_viewer_is_offered_nothing_and_is_refused_where_the_plan_runs(hu
     app = console(hub, VIEWER)
     async with app.run_test(size=SIZE) as pilot:
         node_view = await open_node(app, pilot, GPU3)
-        keys = {b.binding.key for b in node_view.active_bindings.values()}
-        assert "a" not in keys and "p" not in keys
+        # the keys only say why they do nothing: none is offered in the footer
+        offered = {k: b.binding for k, b in node_view.active_bindings.items()}
+        assert offered["a"].action == "refuse('assign')" and not offered["a"].show
+        assert offered["p"].action == "refuse('propose')" and not offered["p"].show
         await pilot.press("a", "p")
         await pilot.pause()
         assert app.screen is node_view
+        said = [n.message for n in app._notifications]
+        assert any(m.startswith("viewers cannot assign") for m in said)
         await pilot.press("question_mark")
         await until(lambda: "move between GPUs" in screen_text(app))
         assert "Assign" not in screen_text(app) and "Propose" not in screen_text(app)

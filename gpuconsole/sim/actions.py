@@ -593,4 +593,8 @@ def live_executor(
         reader=world.snapshot,
         emit=emit,
         on_step=on_step,
+        # the demo's tenants go at once, and its GPUs come back at once or never
+        idle_timeout_s=30.0,
+        settle_s=8.0,
+        poll_s=0.5,
     )

@@ -8,8 +8,10 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
+from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.executor import Executor, PlanExecutor, StepUpdate
 from gpuconsole.actions.plan import PlanContext
+from gpuconsole.actions.power import PowerControl
 from gpuconsole.config import Config, ConfigError
 from gpuconsole.hub import Hub
 from gpuconsole.sources.base import EmitEvent
@@ -42,6 +44,31 @@ class ActionAccess(abc.ABC):
     def executed(self, node: str) -> None:  # noqa: B027 - most consoles need nothing here
         """A plan ran on `node` (done or not): GPUs may have changed drivers."""
 
+    def power(self, node: str) -> tuple[PowerControl, AuditLog]:
+        """The BMC that powers `node` (as this console's hub reads it) and the audit log its
+        requests go to; ValueError says why this console cannot power it."""
+        raise ValueError(f"this console cannot power {node}")
+
+
+def _hub_bmc(hub: Hub | None, node: str) -> PowerControl:
+    """The BMC source a hub reads for `node`: the one power requests go through."""
+    from gpuconsole.sources.bmc import BmcSource
+
+    for source in hub.sources if hub is not None else ():
+        if isinstance(source, BmcSource) and source.node == node:
+            return source
+    raise ValueError(f"no BMC is configured for {node}: add a [[bmc]] for it")
+
+
+def _rediscover(hub: Hub | None, node: str) -> None:
+    # NVML numbers GPUs when it starts: one bound to or from nvidia (or reset) shows only
+    # after the node's NVML source looks again.
+    from gpuconsole.sources.nvml.source import NvmlSource
+
+    for source in hub.sources if hub is not None else ():
+        if isinstance(source, NvmlSource) and source.node == node:
+            source.rediscover()
+
 
 class MachineAccess(ActionAccess):
     """This machine's GPUs, with the drivers and the shared state folder the config names.
@@ -61,13 +88,12 @@ class MachineAccess(ActionAccess):
         self.remote = remote
 
     def executed(self, node: str) -> None:
-        # NVML numbers GPUs when it starts: one bound to or from nvidia shows only after
-        # the node's NVML source restarts.
-        from gpuconsole.sources.nvml.source import NvmlSource
+        _rediscover(self.hub, node)
 
-        for source in self.hub.sources if self.hub is not None else ():
-            if isinstance(source, NvmlSource) and source.node == node:
-                source.rediscover()
+    def power(self, node: str) -> tuple[PowerControl, AuditLog]:
+        from gpuconsole.actions.store import action_store
+
+        return _hub_bmc(self.hub, node), action_store(self.cfg.actions).audit()
 
     def executor(self, node: str, on_step: OnStep) -> PlanExecutor:
         from gpuconsole.wiring import console_executor, remote_executor
@@ -120,6 +146,14 @@ class DemoAccess(ActionAccess):
         from gpuconsole.wiring import live_demo_contexts
 
         return live_demo_contexts(self.hub, nodes)
+
+    def executed(self, node: str) -> None:
+        _rediscover(self.hub, node)
+
+    def power(self, node: str) -> tuple[PowerControl, AuditLog]:
+        from gpuconsole.wiring import live_demo_audit
+
+        return _hub_bmc(self.hub, node), live_demo_audit(self.hub, node)
 
 
 def demo_access(hub: Hub | None) -> DemoAccess | None:

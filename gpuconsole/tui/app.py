@@ -58,6 +58,7 @@ class ConsoleApp(App[None]):
         Binding("exclamation_mark", "alerts", "Alerts", key_display="!"),
         Binding("t", "cycle_theme", "Theme"),
         Binding("p", "propose", "Propose"),  # only for those who may act (check_action)
+        Binding("p", "refuse('propose')", "", show=False),  # why not, to the others
         Binding("escape", "back", "Back"),
         Binding("q", "quit", "Quit"),
     ]
@@ -185,7 +186,20 @@ class ConsoleApp(App[None]):
             return False
         if action == "propose":  # absent, not greyed, where it may not be used
             return self.may_act and isinstance(self.screen, BaseView)
+        if action == "refuse":
+            return not self.may_act and isinstance(self.screen, BaseView)
         return True
+
+    def refusal(self, what: str) -> str:
+        """Why this console does not `what` (assign, remediate, power, propose)."""
+        if not self.actor.role.may_act:
+            return f"viewers cannot {what}: {self.actor.user} is a {self.actor.role.value}"
+        if self.read_only:
+            return f"this console is read-only: it cannot {what}"
+        return f"this console cannot {what}: it has no way to act here (a replay?)"
+
+    def action_refuse(self, what: str) -> None:
+        self.notify(self.refusal(what), severity="warning")
 
     @property
     def may_act(self) -> bool:

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from typing import Protocol
 
 from gpuconsole.actions.drivers import StepFailed
 from gpuconsole.actions.plan import Step, StepKind
 from gpuconsole.actions.power import PowerControl
 from gpuconsole.readings.base import safe_text
+from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.bmc.link import BmcError, PowerAction
 
-__all__ = ["BmcPowerDriver", "NvidiaSmiDriver", "SlurmDriver", "run_tool"]
+__all__ = ["BmcControl", "BmcPowerDriver", "NvidiaSmiDriver", "SlurmDriver", "run_tool"]
 
 TOOL_TIMEOUT_S = 120.0
 
@@ -79,17 +81,33 @@ class SlurmDriver:
         return f"Slurm node {self.slurm_node} resumed"
 
 
-class BmcPowerDriver:
-    """Power-cycles the node through its BMC (the power action's own path: a BmcSource)."""
+class BmcControl(PowerControl, Protocol):
+    """A BMC source: started before its first request, closed after."""
 
-    def __init__(self, control: PowerControl) -> None:
+    async def start(self, emit: EmitEvent) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class BmcPowerDriver:
+    """Power-cycles the node through its BMC (the power action's own path: a BmcSource),
+    started for the request where nothing else has started it."""
+
+    def __init__(self, control: BmcControl, *, started: bool = True) -> None:
         self.control = control
+        self.started = started
 
     async def run(self, step: Step) -> str:
         if step.kind is not StepKind.POWER_CYCLE:
             raise StepFailed(f"the BMC driver does not do {step.kind.value}")
         try:
-            answer = await self.control.set_power(PowerAction.CYCLE)
+            if not self.started:
+                await self.control.start(lambda _event: None)
+            try:
+                answer = await self.control.set_power(PowerAction.CYCLE)
+            finally:
+                if not self.started:
+                    await self.control.close()
         except BmcError as exc:
             raise StepFailed(str(exc)) from None
         return f"power cycle requested through {self.control.label} ({answer})"

@@ -174,6 +174,7 @@ class AssignScreen(ModalScreen[None]):
         self.plan: Plan | None = None
         self.outcome: Outcome | None = None
         self.progress: dict[int, tuple[str, str]] = {}
+        self.now: dict[str, str] = {}  # each GPU's owner once the plan ran, by bus id
         self._news: list[tuple[str, Health | None]] = []
         self._refusal = ""
 
@@ -309,7 +310,7 @@ class AssignScreen(ModalScreen[None]):
         if self.plan is not None:
             confirm.placeholder = f"type {self.plan.confirmation_words()} to confirm"
             self.query_one("#assign-plan", Static).update(
-                hanging(plan_text(self.plan, self.console.palette, self.progress))
+                hanging(plan_text(self.plan, self.console.palette, self.progress, self.now))
             )
 
     # --- the flow ------------------------------------------------------------------
@@ -342,6 +343,10 @@ class AssignScreen(ModalScreen[None]):
             self.stage = Stage.CLOSED
             self.say(f"{self.node_name} is not in the latest snapshot", Health.WARNING)
             return
+        await self._opened()
+
+    async def _opened(self) -> None:
+        """The executor is ready: choose, or plan for the target given at once."""
         self.stage = Stage.CHOOSE
         self._show()
         if self.target is not None:
@@ -377,25 +382,36 @@ class AssignScreen(ModalScreen[None]):
         event.stop()
         self.run_worker(self._make_plan(Target.parse(event.option.id)), group="assign")
 
-    async def _make_plan(self, target: Target) -> None:
+    async def _ask_plan(self, target: Target) -> Plan | None:
+        """The plan for the marked GPUs; None (said why) when there is none to ask for."""
         assert self.executor is not None
         keys = list(self.query_one("#assign-gpus", SelectionList).selected)
         if not keys:
             self.notify("mark the GPUs to move first (space)", severity="warning")
-            return
+            return None
+        return await self.executor.plan(keys, target)
+
+    async def _make_plan(self, target: Target) -> None:
+        assert self.executor is not None
+        stage = self.stage
         self.stage = Stage.PLANNING
         self._refusal = ""
         self._show()
         try:
-            plan = await self.executor.plan(keys, target)
+            asked = await self._ask_plan(target)
         except Exception as exc:  # a reading that failed: say so, let them try again
             log.exception("planning %s on %s", target, self.node_name)
             self.stage = Stage.CHOOSE
             self.say(f"could not plan: {exc}", Health.CRITICAL)
             return
+        if asked is None:
+            self.stage = stage
+            self._show()
+            return
+        plan = asked
         if not isinstance(self.executor, Executor):  # another node recovers as it plans
             self._said_recovered(await self.executor.recover())
-        self.plan, self.progress = plan, {}
+        self.plan, self.progress, self.now, self.outcome = plan, {}, {}, None
         self.stage = Stage.PLAN
         self._show()
         if not plan.blocked:
@@ -446,9 +462,29 @@ class AssignScreen(ModalScreen[None]):
             self.stage = Stage.DONE
         if self.stage is Stage.DONE and self.console.actions is not None:
             self.console.actions.executed(self.node_name)  # it ran, so drivers may differ
+        if self.stage is Stage.DONE:
+            self.now = await self._owners_now(plan)
         self._show()
         if self.stage is Stage.PLAN:
             self.query_one("#assign-confirm", Input).focus()
+
+    async def _owners_now(self, plan: Plan) -> dict[str, str]:
+        """Each GPU's owner after the run, by bus id: from a fresh reading of the node where
+        the executor reads it, else from the console's latest snapshot."""
+        from gpuconsole.actions.plan import owners_of
+
+        node = None
+        reader = getattr(self.executor, "reader", None)
+        if reader is not None:
+            try:
+                node = await reader()
+            except Exception as exc:  # the run is over either way: the snapshot then
+                log.warning("reading %s after the plan: %s", self.node_name, exc)
+        node = node or self._node()
+        if node is None:
+            return {}
+        ownership = owners_of(node)
+        return {bus: gpu.label for bus in plan.gpus if (gpu := ownership.gpu(bus)) is not None}
 
     def action_scroll_plan(self, pages: int) -> None:
         box = self.query_one("#assign-plan-box", VerticalScroll)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, cast
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Static
 
@@ -23,6 +24,18 @@ if TYPE_CHECKING:
 
 
 NARROW_BELOW = 110
+# Actions only those who may act are offered; each key also binds `refuse('WORD')`, hidden,
+# which tells anyone else why the key does nothing.
+ACTING = ("assign", "remediate", "power")
+
+
+def acting_keys(key: str, action: str, description: str) -> list[Binding]:
+    """The binding of an acting key, and its stand-in for those who may not act."""
+    return [
+        Binding(key, action, description),
+        # no description: neither help nor the footer offers what it refuses
+        Binding(key, f"refuse('{action}')", "", show=False),
+    ]
 
 
 def update_text(static: Static, content: Text | str) -> None:
@@ -104,9 +117,15 @@ class BaseView(Screen[None]):
         self.update_status()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "assign":  # absent, not greyed, for viewers and read-only consoles
+        if action in ACTING:  # absent, not greyed, for viewers and read-only consoles
             return self.console.may_act
+        if action == "refuse":  # its stand-in there: says why, where a key did nothing
+            return not self.console.may_act
         return True
+
+    def action_refuse(self, what: str) -> None:
+        """An operator's key pressed where it may not act: say why, not nothing."""
+        self.notify(self.console.refusal(what), severity="warning")
 
     def apply(self, snapshot: FleetSnapshot, *, force: bool = False) -> None:
         """Show `snapshot`; `force` means the palette or a view setting changed."""

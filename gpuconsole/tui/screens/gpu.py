@@ -23,7 +23,7 @@ from gpuconsole.hardware import model_spec
 from gpuconsole.readings.base import Health, Severity, nvml_bus_id
 from gpuconsole.readings.nvml import GpuReading, RemoteKind
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
-from gpuconsole.tui.screens.base import GpuView
+from gpuconsole.tui.screens.base import GpuView, acting_keys
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import health_light, spark
 
@@ -363,7 +363,9 @@ class GpuScreen(GpuView):
         Binding("enter", "sm_map", "SM map", show=False, key_display="Enter"),
         Binding("m", "sm_map", "SM map"),
         Binding("o", "topology", "Topology"),
-        Binding("a", "assign", "Assign"),  # only for those who may act (check_action)
+        # only for those who may act (check_action); others are told why
+        *acting_keys("a", "assign", "Assign"),
+        *acting_keys("r", "remediate", "Repair"),
     ]
     HELP_EXTRA = (("↑ ↓ PgUp PgDn", "scroll"),)
 
@@ -441,3 +443,12 @@ class GpuScreen(GpuView):
 
         marked = [self.bus_id] if self.bus_id is not None else []
         self.app.push_screen(AssignScreen(self.node_name, marked))
+
+    def action_remediate(self) -> None:
+        """The plan this GPU's verdict asks for (drain, reset, power cycle, service)."""
+        from gpuconsole.tui.screens.remediate import RemediateScreen
+
+        if self.bus_id is None or ":" not in self.bus_id:
+            self.notify("this GPU's bus id is not known yet: a plan acts on it by bus id")
+            return
+        self.app.push_screen(RemediateScreen(self.node_name, self.bus_id))

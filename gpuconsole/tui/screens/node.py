@@ -20,7 +20,7 @@ from gpuconsole.hardware import product_name, short_model
 from gpuconsole.readings.base import Health, Severity, known_bus_id
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
-from gpuconsole.tui.screens.base import BaseView
+from gpuconsole.tui.screens.base import BaseView, acting_keys
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import HEALTH_GLYPH, health_light, spark
 from gpuconsole.tui.widgets.panel import Panel
@@ -207,7 +207,10 @@ class NodeScreen(BaseView):
         Binding("enter", "open", "GPU"),
         Binding("m", "sm_map", "SM map"),
         Binding("o", "topology", "Topology"),
-        Binding("a", "assign", "Assign"),  # only for those who may act (check_action)
+        # only for those who may act (check_action); others are told why
+        *acting_keys("a", "assign", "Assign"),
+        *acting_keys("r", "remediate", "Repair"),
+        *acting_keys("P", "power", "Power"),
     ]
     HELP_EXTRA = (("↑ ↓", "move between GPUs"),)
     HELP_LEGEND = (
@@ -318,3 +321,18 @@ class NodeScreen(BaseView):
 
         row = self.selected_row()
         self.app.push_screen(AssignScreen(self.node_name, [row.bus_id] if row else []))
+
+    def action_remediate(self) -> None:
+        """The plan the selected GPU's verdict asks for."""
+        from gpuconsole.tui.screens.remediate import RemediateScreen
+
+        row = self.selected_row()
+        if row is None or ":" not in row.bus_id:
+            self.notify("choose a GPU whose bus id is known: a plan acts on it by bus id")
+            return
+        self.app.push_screen(RemediateScreen(self.node_name, row.bus_id))
+
+    def action_power(self) -> None:
+        from gpuconsole.tui.screens.power import PowerScreen
+
+        self.app.push_screen(PowerScreen(self.node_name))

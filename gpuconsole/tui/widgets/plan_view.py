@@ -57,18 +57,26 @@ def plan_text(
     plan: Plan,
     palette: Palette,
     progress: Mapping[int, tuple[str, str]] | None = None,
+    now: Mapping[str, str] | None = None,
 ) -> Text:
     """What moves where, what each GPU is now, the preconditions (a failed one in red with
     what to do), notes, and the numbered steps, each marked with its progress:
-    `progress` maps a step's number (from 0) to (state, what the driver said)."""
+    `progress` maps a step's number (from 0) to (state, what the driver said); `now`, once
+    the plan ran, each GPU's owner by bus id (what it was is said beside it)."""
     progress = progress or {}
+    now = now or {}
     text = Text()
-    text.append(f"{plan.node}: {', '.join(plan.labels)} → {plan.target}", style="bold")
+    goal = plan.remedy.replace("_", " ") if plan.remedy else str(plan.target)
+    text.append(f"{plan.node}: {', '.join(plan.labels)} → {goal}", style="bold")
     if plan.simulated:
         text.append("  ")
         text.append(" SIMULATED ", style=palette.simulated)
-    for label, owner in zip(plan.labels, plan.owners, strict=True):
-        text.append(f"\n  {label} now: {owner}")
+    for bus, label, owner in zip(plan.gpus, plan.labels, plan.owners, strict=True):
+        if bus in now:
+            text.append(f"\n  {label} now: {now[bus]}", style="bold")
+            text.append(f" (was: {owner})", style=palette.dim)
+        else:
+            text.append(f"\n  {label} now: {owner}")
     _heading(text, "preconditions")
     for check in plan.preconditions:
         if check.ok:

@@ -1,0 +1,226 @@
+"""Repair and power from the console: story 1 carried on (GPU 5 of dgx-003 fell off the bus;
+its verdict says reset it, then verify; `r` runs that and it ends fit), the next action
+offered when a fault stays, the power dialog (plan, type-to-confirm, audit), and viewers
+told why an operator's key does nothing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from textual.widgets import OptionList
+
+from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.actions.store import AUDIT_FILE
+from gpuconsole.hub import Hub
+from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.sim.actions import live_world
+from gpuconsole.sim.cluster import (
+    SimNodeSpec,
+    add_sim_bmc_sources,
+    add_sim_sources,
+    build_sim_nodes,
+)
+from gpuconsole.sim.fabric import add_sim_fabric_sources
+from gpuconsole.sim.node import Scenario
+from gpuconsole.sim.tenancy import add_sim_tenancy_sources
+from gpuconsole.tui.app import ConsoleApp
+from gpuconsole.tui.screens.assign import Stage
+from gpuconsole.tui.screens.gpu import GpuScreen
+from gpuconsole.tui.screens.node import NodeScreen
+from gpuconsole.tui.screens.power import PowerScreen
+from gpuconsole.tui.screens.remediate import RemediateScreen
+from gpuconsole.tui.wallboard import WallboardApp
+from tests.waiting import until
+
+SIZE = (120, 40)
+NODE = "dgx-003"
+GPU5 = "0000:c3:00.0"
+OPERATOR = Actor("ops", Role.OPERATOR, "SHA256:ops", "ssh")
+VIEWER = Actor("val", Role.VIEWER, "SHA256:val", "ssh")
+
+
+async def _hub(scenario: str) -> Hub:
+    sims = build_sim_nodes([SimNodeSpec(NODE, "dgx-h100", (Scenario.parse(scenario),))])
+    running = Hub()
+    add_sim_sources(running, sims, interval_s=0.2, events=False)
+    add_sim_fabric_sources(running, sims, interval_s=0.5)
+    add_sim_tenancy_sources(running, sims, interval_s=0.2)
+    add_sim_bmc_sources(running, sims, interval_s=0.5)
+    await running.start()
+    await until(lambda: (node := _node(running)) is not None and node.tenancy is not None)
+    return running
+
+
+@pytest.fixture
+async def hub() -> AsyncIterator[Hub]:
+    """dgx-003 as story 1 finds it: GPU 5 fell off the bus (XID 79), its pod still on it."""
+    running = await _hub("xid79:5")
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+@pytest.fixture
+async def stuck_hub() -> AsyncIterator[Hub]:
+    """The same, with a fault that neither a reset nor a power cycle clears."""
+    running = await _hub("xid79hard:5")
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+def _node(hub: Hub) -> NodeSnapshot | None:
+    latest = hub.latest
+    return latest.node(NODE) if latest is not None else None
+
+
+def _gpu5_lost(hub: Hub) -> bool | None:
+    node = _node(hub)
+    found = next((g for g in node.gpus if g.index == 5), None) if node is not None else None
+    return None if found is None else found.lost
+
+
+def console(hub: Hub, actor: Actor) -> ConsoleApp:
+    return ConsoleApp(hub, start_hub=False, actor=actor, theme_dirs=[], cursor_blink=False)
+
+
+def screen_text(app: Any) -> str:
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+def notes(app: ConsoleApp) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+def audit(hub: Hub) -> list[dict[str, Any]]:
+    world = live_world(hub, NODE)
+    assert world is not None
+    path = world.root / "actions" / AUDIT_FILE
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def node_view(app: ConsoleApp, pilot: Any, bus_id: str = GPU5) -> NodeScreen:
+    await until(lambda: app.snapshot is not None and app.snapshot.node(NODE) is not None)
+    app.jump("node", NODE)
+    await until(lambda: isinstance(app.screen, NodeScreen) and app.screen.is_mounted)
+    screen = app.screen
+    assert isinstance(screen, NodeScreen)
+    await until(lambda: bus_id in screen.table.row_keys)
+    screen.table.move_cursor(bus_id)
+    await pilot.pause()
+    return screen
+
+
+async def test_story_1_the_verdict_says_reset_gpu_5_then_verify_and_r_makes_it_fit(
+    hub: Hub,
+) -> None:
+    """Keys from the node view: Enter (GPU 5), r, 5, Enter: four."""
+    assert _gpu5_lost(hub)
+    app = console(hub, OPERATOR)
+    async with app.run_test(size=SIZE) as pilot:
+        await node_view(app, pilot)
+        await pilot.press("enter")
+        await until(lambda: isinstance(app.screen, GpuScreen))
+        assert "r Repair" in screen_text(app)
+        await pilot.press("r")
+        await until(lambda: isinstance(app.screen, RemediateScreen))
+        dialog = app.screen
+        assert isinstance(dialog, RemediateScreen)
+        await until(lambda: dialog.stage is Stage.PLAN)
+        plan = dialog.plan
+        assert plan is not None and plan.remedy == "reset_gpu" and not plan.blocked
+        text = screen_text(app)
+        assert f"GPU 5 ({GPU5}) → reset gpu" in text
+        assert f"reset GPU 5 ({GPU5}) (nvidia-smi -r -i {GPU5})" in text
+        assert "evict pod team-nlp/train-llm-7b-0" in text
+        await pilot.press("5", "enter")
+        await until(lambda: dialog.stage is Stage.DONE, timeout=30)
+        assert dialog.outcome is not None and dialog.outcome.ok, dialog.outcome
+        assert [dialog.progress[k][0] for k in range(len(plan.steps))] == ["done"] * len(plan.steps)
+        # the dialog says what the GPU is now, beside what it was
+        assert f"GPU 5 ({GPU5}) now: free (was: pod team-nlp/train-llm-7b-0" in screen_text(app)
+        # every console on the hub sees it answer again
+        await until(lambda: _gpu5_lost(hub) is False, timeout=15)
+    records = audit(hub)
+    assert {r["outcome"] for r in records} >= {"started", "step done", "ok"}
+    assert all(r["args"]["gpus"] == [GPU5] for r in records)
+
+
+async def test_a_fault_that_stays_offers_the_power_cycle_next(stuck_hub: Hub) -> None:
+    app = console(stuck_hub, OPERATOR)
+    async with app.run_test(size=SIZE) as pilot:
+        await node_view(app, pilot)
+        await pilot.press("r")
+        await until(lambda: isinstance(app.screen, RemediateScreen))
+        dialog = app.screen
+        assert isinstance(dialog, RemediateScreen)
+        await until(lambda: dialog.stage is Stage.PLAN)
+        await pilot.press(*NODE, "enter")
+        await until(lambda: dialog.stage is Stage.DONE, timeout=30)
+        assert dialog.outcome is not None and not dialog.outcome.ok
+        assert "unable to reset" in screen_text(app)
+        assert "n plans the next: reboot_node" in screen_text(app)
+        await pilot.press("n")
+        await until(lambda: dialog.stage is Stage.PLAN and dialog.plan is not None)
+        assert dialog.plan is not None and dialog.plan.remedy == "reboot_node"
+        assert f"power-cycle {NODE} through its BMC" in screen_text(app)
+
+
+async def test_viewers_are_told_why_an_operator_key_does_nothing(hub: Hub) -> None:
+    app = console(hub, VIEWER)
+    async with app.run_test(size=SIZE) as pilot:
+        view = await node_view(app, pilot)
+        await pilot.press("a", "r", "P", "p")
+        await pilot.pause()
+        assert app.screen is view
+        said = notes(app)
+        for what in ("assign", "remediate", "power", "propose"):
+            assert any(f"viewers cannot {what}: val is a viewer" in n for n in said), said
+        assert not any(w in screen_text(app) for w in ("Assign", "Repair", "Power", "Propose"))
+    assert audit(hub) == []
+
+
+async def test_the_wallboard_offers_no_power(hub: Hub) -> None:
+    app = WallboardApp(hub, start_hub=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("P", "r", "a")
+        await pilot.pause()
+        assert not any(isinstance(s, PowerScreen | RemediateScreen) for s in app.screen_stack)
+    assert audit(hub) == []
+
+
+async def test_an_operator_power_cycles_a_node_after_reading_the_plan_and_typing_its_name(
+    hub: Hub,
+) -> None:
+    app = console(hub, OPERATOR)
+    async with app.run_test(size=SIZE) as pilot:
+        await node_view(app, pilot)
+        assert "P Power" in screen_text(app)
+        await pilot.press("P")
+        await until(lambda: isinstance(app.screen, PowerScreen))
+        dialog = app.screen
+        assert isinstance(dialog, PowerScreen)
+        choices = dialog.query_one("#power-choices", OptionList)
+        choices.highlighted = choices.get_option_index("cycle")
+        await pilot.press("enter")
+        await until(lambda: f"power cycle {NODE}" in screen_text(app))
+        text = screen_text(app)
+        assert "through its BMC" in text and "power now: on" in text
+        assert "it stops what runs there: pod team-vision/resnet-ft-1" in text
+        assert f"type {NODE} to confirm" in text
+        await pilot.press(*"dgx-004", "enter")
+        await until(lambda: "refused, nothing sent" in screen_text(app))
+        assert "does not match the node name" in screen_text(app)
+        await pilot.press(*NODE, "enter")
+        await until(lambda: "requested: power cycle sent" in screen_text(app))
+    records = audit(hub)
+    assert [r["outcome"] for r in records] == ["refused", "started", "ok"]
+    assert all(r["action"] == "power cycle" and r["user"] == "ops" for r in records)
+    assert records[-1]["args"]["via"] == "ssh"
+    world = live_world(hub, NODE)
+    assert world is not None and world.node.power_cycles == 1
