@@ -349,3 +349,31 @@ def test_a_power_cycle_the_crash_left_unrecorded_is_never_sent_twice(tmp_path: P
     assert world.node.power_cycles == 1
     assert "is not sent again: check that it happened" in outcome.message
     assert outcome.ok, outcome.message
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+def test_gpuconsole_remediate_resets_a_simulated_gpu_and_a_dry_run_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    base = [sys.executable, "-m", "gpuconsole", "remediate", "5", "--demo", "--node", "dgx-003"]
+    base += ["--action", "reset_gpu"]
+    dry = subprocess.run([*base, "--dry-run"], capture_output=True, text=True, env=env, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    assert "4. reset GPU 5 (0000:c3:00.0) (nvidia-smi -r -i 0000:c3:00.0)" in dry.stdout
+    assert "done:" not in dry.stdout
+    wrong = subprocess.run(
+        [*base, "--confirm", "dgx-004"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert wrong.returncode == 3 and "does not match" in wrong.stderr
+    ran = subprocess.run(
+        [*base, "--confirm", "dgx-003"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "4. done: reset GPU 5" in ran.stdout
+    assert "done: GPU 5 (0000:c3:00.0): drain it, reset the GPU, then verify: done" in ran.stdout

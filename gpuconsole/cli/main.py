@@ -355,6 +355,27 @@ def cmd_power(args: argparse.Namespace) -> int:
     return run_power(_config(args), args.node, args.state, args.confirm, demo=args.demo)
 
 
+def cmd_remediate(args: argparse.Namespace) -> int:
+    """Repair one GPU as its verdict (or --action) asks: planned, confirmed, journaled."""
+    import os
+
+    from gpuconsole.actions.roles import local_actor
+    from gpuconsole.actions.ssh_caller import over_ssh
+    from gpuconsole.cli.remediate import run_remediate
+
+    actor = over_ssh(local_actor(), os.environ)
+    return run_remediate(
+        _config(args),
+        actor.for_demo() if args.demo else actor,
+        args.gpu,
+        args.action,
+        node=args.node,
+        confirm=args.confirm,
+        dry_run=args.dry_run,
+        demo=args.demo,
+    )
+
+
 def cmd_assign(args: argparse.Namespace) -> int:
     """Move GPUs to free, drained, k8s or vm:NAME: planned, confirmed, journaled, audited;
     or propose free GPUs for a request (--propose N), and with --to move them."""
@@ -540,6 +561,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--demo", action="store_true", help="a node of the simulated cluster")
     _common(p)
     p.set_defaults(func=cmd_power)
+
+    p = sub.add_parser(
+        "remediate", help="repair a GPU as its verdict asks: drain, reset, power cycle, service"
+    )
+    p.add_argument("gpu", metavar="GPU", help="bus id, UUID or index")
+    p.add_argument(
+        "--action",
+        choices=["drain", "reset_gpu", "reboot_node", "reseat", "service"],
+        help="this action instead of the verdict's",
+    )
+    p.add_argument("--node", metavar="NAME", help="with --demo: the simulated node")
+    p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
+    p.add_argument("--confirm", metavar="WORD", help="the node name (or GPU index), to confirm")
+    p.add_argument("--demo", action="store_true", help="a node of the simulated cluster")
+    _common(p)
+    p.set_defaults(func=cmd_remediate)
 
     p = sub.add_parser("assign", help="move GPUs to free, drained, k8s or vm:NAME")
     p.add_argument("gpus", nargs="*", metavar="GPU", help="index, bus id or UUID")

@@ -63,7 +63,8 @@ class RemediateScreen(AssignScreen):
     async def _ask_plan(self, target: Target) -> Plan | None:
         if not isinstance(self.executor, Executor):
             raise ValueError(
-                f"a repair runs on {self.node_name} itself: ssh there and run gpuconsole"
+                f"a repair of {self.node_name} runs there: ssh {self.node_name} gpuconsole "
+                f"remediate {self.bus_id}"
             )
         return await self.executor.plan_remedy(self.bus_id, self.action)
 
