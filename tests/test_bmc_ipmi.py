@@ -172,6 +172,26 @@ def test_power_off_and_on_reach_the_bmc(bmc: IpmiSim) -> None:
     assert "Chassis Power is on" in bmc.ipmitool("chassis", "power", "status")
 
 
+def test_a_power_cycle_reaches_the_bmc_as_chassis_control(bmc: IpmiSim) -> None:
+    async def cycle() -> tuple[str, list[PowerState]]:
+        src = BmcSource("dgx-017", open_link(target(bmc)))
+        await src.start(lambda _e: None)
+        answer = await src.set_power(PowerAction.CYCLE)
+        seen = [(await src.poll()).power_state]
+        for _ in range(50):  # the BMC powers it on again after a pause of its own
+            if seen[-1] is PowerState.ON:
+                break
+            await asyncio.sleep(0.2)
+            seen.append((await src.poll()).power_state)
+        await src.close()
+        return answer, seen
+
+    answer, seen = asyncio.run(cycle())
+    assert answer == "cycle"
+    # the BMC took it (a refused one raises): off, then on again
+    assert seen[0] is PowerState.OFF and seen[-1] is PowerState.ON
+
+
 def test_a_wrong_password_is_a_clear_error_that_never_shows_the_password(
     bmc: IpmiSim, caplog: pytest.LogCaptureFixture
 ) -> None:

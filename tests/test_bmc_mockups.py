@@ -220,6 +220,12 @@ def test_the_configured_system_is_the_one_power_reads_and_acts_on(served: Server
     posted = server.log.read_text()
     assert f"POST {BLADES[2]}/Actions/ComputerSystem.Reset" in posted
     assert '"ResetType": "GracefulShutdown"' in posted
+    link = open_link(target(server, system=BLADES[2]))
+    try:
+        assert link.set_power(PowerAction.CYCLE) == "cycle"
+    finally:
+        link.close()
+    assert '"ResetType": "PowerCycle"' in server.log.read_text()
     wrong = reading(server, system="/redfish/v1/Systems/nonesuch")
     assert wrong.unread[0].detail.startswith(
         "system /redfish/v1/Systems/nonesuch is not on this BMC; it has /redfish/v1/Systems/"
