@@ -5,6 +5,7 @@ XID 79 to drained to reset to fit, or on to a power cycle and service when the f
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -24,7 +25,7 @@ from gpuconsole.actions.roles import ActionRefused, Actor, Role
 from gpuconsole.facts.verdict import Action
 from gpuconsole.sim.actions import SimWorld, sim_drivers
 from gpuconsole.sim.node import Scenario
-from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_H100
+from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100
 from gpuconsole.sim.tenancy import SimGuest, SimJob, SimPlan, SimPod
 from tests.assign_fixtures import executor_for
 
@@ -203,6 +204,22 @@ async def test_a_busy_nvlink_peer_refuses_the_reset(tmp_path: Path) -> None:
     # and without a way to reset a GPU, the plan says how to do it by hand
     (failed,) = make_remediation_plan(node, "1", Action.RESET_GPU).failed
     assert failed.remedy == "reset it on sim-01: nvidia-smi -r -i 0000:25:00.0"
+
+
+async def test_an_ampere_nvswitch_node_without_fabric_manager_cannot_reset_a_gpu(
+    tmp_path: Path,
+) -> None:
+    world = SimWorld("dgxa-009", DGX_A100, tmp_path / "w", SimPlan())
+    node = await world.snapshot()
+    assert node.nvml is not None
+    ctx = PlanContext(gpu_reset=True)
+    assert not make_remediation_plan(node, "2", Action.RESET_GPU, ctx).blocked
+    down = dataclasses.replace(
+        node, nvml=dataclasses.replace(node.nvml, fabric_manager_running=False)
+    )
+    (failed,) = make_remediation_plan(down, "2", Action.RESET_GPU, ctx).failed
+    assert failed.name == "Fabric Manager running"
+    assert failed.remedy.startswith("start it (systemctl start nvidia-fabricmanager)")
 
 
 async def test_a_viewer_is_refused_and_the_refusal_is_audited(tmp_path: Path) -> None:

@@ -9,7 +9,9 @@ Recovery is deterministic. A plan left running by a dead process is rolled back 
 step that changes anything had completed (or when it was already rolling back, or a step
 before the final check had failed, so that it was about to), and finished otherwise: every step is idempotent, so the interrupted one simply runs again.
 A step that fails puts back what the plan changed, in reverse, except an evicted pod; a
-failed final check leaves the GPUs where they are and says what to look at.
+failed final check leaves the GPUs where they are and says what to look at. A remediation
+(gpuconsole.actions.remediation) puts nothing back, so a GPU under repair stays drained,
+audits each step, and says what to do next; recovery never sends a power cycle twice.
 
 Nothing runs unjournaled. A journal write that fails half-way (a full disk) stops the plan
 there, as a crash would: no rollback, which recovery could not tell from the journal, and
@@ -40,7 +42,15 @@ from gpuconsole.actions.journal import (
     StepState,
 )
 from gpuconsole.actions.locks import GpuBusy, lock_and_start
-from gpuconsole.actions.plan import Plan, PlanContext, Step, StepKind, Target, make_plan
+from gpuconsole.actions.plan import (
+    Plan,
+    PlanContext,
+    Step,
+    StepKind,
+    Target,
+    make_plan,
+    owners_of,
+)
 from gpuconsole.actions.remediation import (
     busy_owners,
     escalation,
@@ -522,8 +532,6 @@ class Executor:
         """Until the GPUs have no busy owner left and the NVLink peers of their workload
         none of it; StepFailed after idle_timeout_s, the drains kept."""
         assert self.reader is not None
-        from gpuconsole.actions.plan import owners_of
-
         deadline = time.monotonic() + self.idle_timeout_s
         while True:
             ownership = owners_of(await self.reader())
@@ -552,9 +560,9 @@ class Executor:
             await asyncio.sleep(self.poll_s)
 
     async def _verify_remedy(self, plan: Plan, step: Step, since: float) -> str:
-        """A fresh reading: the GPU answers NVML and its verdict is fit (or watch); for a
-        GPU taken out of work, that it is unbound and nothing may bind it. Readings are
-        retried for settle_s: a reset or power-cycled GPU takes a while to come back."""
+        """A fresh reading: the GPU answers NVML with nothing against it since the plan
+        began (`_unfit`); for a GPU taken out of work, that it is unbound and nothing may
+        bind it. Read again for settle_s: a reset or power-cycled GPU takes a while."""
         if step.driver is None:
             return await self.drivers.pci.run(step)
         assert self.reader is not None
@@ -734,8 +742,6 @@ class Executor:
 def _unfit(node: NodeSnapshot, bus: str, since: float) -> str | None:
     """Why a GPU a remediation acted on is not fit in `node`'s reading; None when it is.
     XIDs from before the plan began are what it repaired: only later ones count."""
-    from gpuconsole.actions.plan import owners_of
-
     gpu = owners_of(node).gpu(bus)
     reading = node.nvml.gpu(gpu.index) if gpu and gpu.index is not None and node.nvml else None
     if reading is None:
