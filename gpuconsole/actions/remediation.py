@@ -42,7 +42,6 @@ from gpuconsole.actions.plan import (
 from gpuconsole.facts.inventory import short_bus_id
 from gpuconsole.facts.ownership import GpuOwner, Owner, Ownership
 from gpuconsole.facts.verdict import Action
-from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import ACTIVE_GUEST_STATES, OwnerKind
 
@@ -96,26 +95,23 @@ def escalation(action: Action) -> Action | None:
     }.get(action)
 
 
-def _reading(node: NodeSnapshot, key: str) -> GpuReading | None:
-    gpu = find_gpu(node, key)
-    if gpu is None or gpu.index is None or node.nvml is None:
-        return None
-    return node.nvml.gpu(gpu.index)
-
-
 def verdict_action(node: NodeSnapshot, key: str) -> Action:
-    """The verdict's action for one GPU: facts.verdict.gpu_verdict's where it exists.
+    """The verdict's action for one GPU (bus id, UUID or number): facts.verdict.gpu_verdict's
+    where it exists.
 
     ADAPTER, until gpu_verdict is on main: where it is missing, the action is derived here
     from the driver's recovery action, a lost GPU, row remapping and the XIDs whose bucket
     is a reset. Delete the fallback once gpu_verdict lands.
     """
-    reading = _reading(node, key)
-    if reading is None:
+    gpu = find_gpu(node, key)
+    if gpu is None:
         return Action.FIT
     verdict = getattr(importlib.import_module("gpuconsole.facts.verdict"), "gpu_verdict", None)
     if verdict is not None:
-        return Action(verdict(node, reading).action)
+        return Action(verdict(node, gpu.bus_id).action)
+    reading = node.nvml.gpu(gpu.index) if node.nvml and gpu.index is not None else None
+    if reading is None:
+        return Action.FIT
     actions = [Action.FIT]
     if reading.recovery_action in _RECOVERY:
         actions.append(_RECOVERY[reading.recovery_action])

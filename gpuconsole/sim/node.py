@@ -28,8 +28,9 @@ SCENARIO_KINDS = (
     "fan",
     "bmcsilent",
 )
-# What a GPU reset clears on that GPU, and a power cycle on every GPU
-RESET_CLEARS = ("xid79",)
+# What a GPU reset clears on that GPU, and a power cycle on every GPU: the lost GPU answers
+# again; a pending row remap is applied and the volatile ECC counts start over
+RESET_CLEARS = ("xid79", "ecc")
 # Node-level kinds: their number is a PSU or fan (1-based), not a GPU (gpuconsole.sim.bmc).
 NODE_SCENARIO_KINDS = ("psu", "fan", "bmcsilent")
 
