@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from textual.widgets import OptionList
 
-from gpuconsole.actions.remediation import verdict_action
+from gpuconsole.actions.remediation import escalation, verdict_action
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.actions.store import AUDIT_FILE
 from gpuconsole.facts.verdict import Action
@@ -149,12 +149,12 @@ async def test_story_1_the_lost_gpu_5_is_repaired_as_its_verdict_says_and_answer
         dialog = await repaired(app, pilot, "5")
         plan = dialog.plan
         assert plan is not None and plan.remedy == asked.value
-        text = screen_text(app)
-        assert "evict pod team-nlp/train-llm-7b-0" in text
+        titles = [s.title for s in plan.steps]
+        assert "evict pod team-nlp/train-llm-7b-0 from GPU " in "\n".join(titles)
         if asked is Action.RESET_GPU:
-            assert f"reset GPU 5 ({GPU5}) (nvidia-smi -r -i {GPU5})" in text
+            assert f"reset GPU 5 ({GPU5}) (nvidia-smi -r -i {GPU5})" in titles
         else:
-            assert f"power-cycle {NODE} through its BMC" in text
+            assert f"power-cycle {NODE} through its BMC" in titles
         assert dialog.outcome is not None and dialog.outcome.ok, dialog.outcome
         assert [dialog.progress[k][0] for k in range(len(plan.steps))] == ["done"] * len(plan.steps)
         # the dialog says what the GPU is now, beside what it was
@@ -197,7 +197,12 @@ async def test_the_verdict_says_reset_the_gpu_then_verify_and_r_makes_it_fit() -
         await running.stop()
 
 
-async def test_a_fault_that_stays_offers_the_power_cycle_next(stuck_hub: Hub) -> None:
+async def test_a_fault_that_stays_offers_the_next_action_until_service(stuck_hub: Hub) -> None:
+    """Neither a reset nor a power cycle brings the GPU back: each outcome offers the next
+    action (n), down to returning it for service."""
+    node = _node(stuck_hub)
+    assert node is not None
+    asked: Action | None = verdict_action(node, GPU5)
     app = console(stuck_hub, OPERATOR)
     async with app.run_test(size=SIZE) as pilot:
         await node_view(app, pilot)
@@ -205,16 +210,27 @@ async def test_a_fault_that_stays_offers_the_power_cycle_next(stuck_hub: Hub) ->
         await until(lambda: isinstance(app.screen, RemediateScreen))
         dialog = app.screen
         assert isinstance(dialog, RemediateScreen)
-        await until(lambda: dialog.stage is Stage.PLAN)
-        await pilot.press(*NODE, "enter")
-        await until(lambda: dialog.stage is Stage.DONE, timeout=30)
-        assert dialog.outcome is not None and not dialog.outcome.ok
-        assert "unable to reset" in screen_text(app)
-        assert "n plans the next: reboot_node" in screen_text(app)
-        await pilot.press("n")
-        await until(lambda: dialog.stage is Stage.PLAN and dialog.plan is not None)
-        assert dialog.plan is not None and dialog.plan.remedy == "reboot_node"
-        assert f"power-cycle {NODE} through its BMC" in screen_text(app)
+        seen = []
+        while asked is not None:
+            await until(lambda: dialog.stage is Stage.PLAN and dialog.plan is not None)
+            assert dialog.plan is not None and dialog.plan.remedy == asked.value
+            seen.append(asked)
+            await pilot.press(*NODE, "enter")
+            await until(lambda: dialog.stage is Stage.DONE, timeout=30)
+            assert dialog.outcome is not None
+            asked = escalation(asked)
+            if asked is None:
+                break
+            assert not dialog.outcome.ok
+            assert f"next: {asked.value}" in dialog.outcome.message
+            assert f"n plans the next: {asked.value}" in screen_text(app)
+            await pilot.press("n")
+        assert seen[-2:] == [Action.REBOOT_NODE, Action.SERVICE]
+        assert dialog.outcome.ok, dialog.outcome.message
+        assert dialog.now == {GPU5: "unavailable (no driver bound)"}, screen_text(app)
+    world = live_world(stuck_hub, NODE)
+    assert world is not None and world.node.power_cycles == 1
+    assert world.owners(5) == ["drained"]
 
 
 async def test_viewers_are_told_why_an_operator_key_does_nothing(hub: Hub) -> None:
