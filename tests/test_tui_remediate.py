@@ -244,7 +244,19 @@ async def test_viewers_are_told_why_an_operator_key_does_nothing(hub: Hub) -> No
         for what in ("assign", "remediate", "power", "propose"):
             assert any(f"viewers cannot {what}: val is a viewer" in n for n in said), said
         assert not any(w in screen_text(app) for w in ("Assign", "Repair", "Power", "Propose"))
-    assert audit(hub) == []
+        assert audit(hub) == []
+        # forced past the UI: the power action refuses where it executes, and audits it
+        app.push_screen(PowerScreen(NODE))
+        await until(lambda: isinstance(app.screen, PowerScreen) and app.screen.is_mounted)
+        await pilot.pause()
+        choices = app.screen.query_one("#power-choices", OptionList)
+        choices.highlighted = choices.get_option_index("off")
+        await pilot.press("enter", *NODE, "enter")
+        await until(lambda: "refused, nothing sent: role viewer may not act" in screen_text(app))
+    (record,) = audit(hub)
+    assert (record["action"], record["outcome"], record["user"]) == ("power off", "refused", "val")
+    world = live_world(hub, NODE)
+    assert world is not None and world.node.power_cycles == 0
 
 
 async def test_the_wallboard_offers_no_power(hub: Hub) -> None:
