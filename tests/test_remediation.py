@@ -397,3 +397,51 @@ def test_gpuconsole_remediate_resets_a_simulated_gpu_and_a_dry_run_changes_nothi
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "4. done: reset GPU 5" in ran.stdout
     assert "done: GPU 5 (0000:c3:00.0): drain it, reset the GPU, then verify: done" in ran.stdout
+
+
+# --- seen by consoles of other processes -------------------------------------------------------
+
+
+def _remediate_elsewhere(root: Path) -> None:
+    """`gpuconsole remediate` in a process of its own: it knows nothing of the hub."""
+
+    async def go() -> None:
+        world = h100(root / "w", PODS_ONLY)
+        executor = quick(world, root / "s")
+        plan = await executor.plan_remedy("5", Action.RESET_GPU)
+        assert (await executor.execute(plan, OPS, "dgx-003")).ok
+
+    asyncio.run(go())
+
+
+async def test_a_remediation_run_elsewhere_is_told_in_a_running_hubs_events_as_one(
+    tmp_path: Path,
+) -> None:
+    from gpuconsole.actions.journal_events import JournalEvents
+    from gpuconsole.hub import Hub
+    from tests.waiting import until
+
+    h100(tmp_path / "w", PODS_ONLY)
+    hub = Hub()
+    hub.add_source(JournalEvents("dgx-003", tmp_path / "s" / "actions.db", interval_s=0.1))
+    await hub.start()
+    try:
+        await until(lambda: bool(hub.latest and any(s.ok for s in hub.latest.nodes[0].statuses)))
+        child = multiprocessing.get_context("fork").Process(
+            target=_remediate_elsewhere, args=(tmp_path,)
+        )
+        child.start()
+        await until(lambda: child.exitcode is not None, timeout=60)
+        child.join()
+        assert child.exitcode == 0
+
+        def told() -> list[str]:
+            latest = hub.latest
+            return [e.message for e in latest.events if e.source == "actions"] if latest else []
+
+        await until(lambda: any(m.startswith("remediate reset_gpu by ops") for m in told()))
+    finally:
+        await hub.stop()
+    messages = told()
+    assert messages[0] == f"ops (operator) started remediate reset_gpu: {messages[0][-12:]}"
+    assert not any("assign" in m for m in messages)

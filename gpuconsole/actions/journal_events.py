@@ -160,7 +160,7 @@ class JournalEvents:
             plan = Plan.from_json(json.loads(str(body)))
             fp = None if fingerprint is None else str(fingerprint)
             who = Actor(str(user), Role(str(role)), fp, "ssh" if fp else "local").who
-            text = f"{who} started assign {plan.target}: {plan_id}"
+            text = f"{who} started {plan.action}: {plan_id}"
             events.append(action_event(plan, float(created), Severity.INFO, text))
         return events
 
@@ -213,10 +213,10 @@ class JournalEvents:
             plan = Plan.from_json(json.loads(str(body)))
             ended = PlanState(str(state))
             if recovered:
-                text = f"assign {plan.target} (plan {plan_id}) {outcome}"
+                text = f"{plan.action} (plan {plan_id}) {outcome}"
                 severity = Severity.WARNING if ended is PlanState.DONE else outcome_severity(ended)
             else:
-                text = f"assign {plan.target} by {user}: {outcome}"
+                text = f"{plan.action} by {user}: {outcome}"
                 severity = outcome_severity(ended)
             events.append(action_event(plan, float(finished), severity, text, ACTION_EVENT))
         return events
