@@ -448,3 +448,19 @@ async def test_a_remediation_run_elsewhere_is_told_in_a_running_hubs_events_as_o
     steps = [m for m in messages if " step " in m]
     assert len(steps) == 5 and all(m.startswith("remediate reset_gpu (plan ") for m in steps)
     assert not any("assign" in m for m in messages)
+
+
+async def test_a_power_cycle_step_goes_through_the_node_s_bmc_source() -> None:
+    """The driver a real node gets ([[bmc]]): the BMC source is started for the request and
+    closed after it; here over the simulator's IPMI session."""
+    from gpuconsole.actions.drivers.repair import BmcPowerDriver
+    from gpuconsole.sim.bmc import sim_link
+    from gpuconsole.sim.node import SimNode
+    from gpuconsole.sources.bmc import BmcSource
+
+    node = SimNode("dgx-003", DGX_H100, scenarios=("xid79:5",))
+    assert node.lost(5)
+    driver = BmcPowerDriver(BmcSource("dgx-003", sim_link(node)), started=False)
+    said = await driver.run(Step(StepKind.POWER_CYCLE, Layer.BMC, "power-cycle dgx-003"))
+    assert said.startswith("power cycle requested through ") and said.endswith("(cycle)")
+    assert node.power_cycles == 1 and not node.lost(5)

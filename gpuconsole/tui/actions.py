@@ -6,15 +6,17 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.executor import Executor, PlanExecutor, StepUpdate
 from gpuconsole.actions.plan import PlanContext
-from gpuconsole.actions.power import PowerControl
 from gpuconsole.config import Config, ConfigError
 from gpuconsole.hub import Hub
 from gpuconsole.sources.base import EmitEvent
+
+if TYPE_CHECKING:  # the BMC's modules load when a power dialog opens, not with the console
+    from gpuconsole.actions.audit import AuditLog
+    from gpuconsole.actions.power import PowerControl
 
 __all__ = ["ActionAccess", "DemoAccess", "MachineAccess", "OnStep", "demo_access"]
 

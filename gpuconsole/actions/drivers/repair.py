@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpuconsole.actions.drivers import StepFailed
 from gpuconsole.actions.plan import Step, StepKind
-from gpuconsole.actions.power import PowerControl
 from gpuconsole.readings.base import safe_text
 from gpuconsole.sources.base import EmitEvent
-from gpuconsole.sources.bmc.link import BmcError, PowerAction
+
+if TYPE_CHECKING:  # the BMC's modules load for a power cycle, not for every executor
+    from gpuconsole.sources.bmc.link import PowerAction
 
 __all__ = ["BmcControl", "BmcPowerDriver", "NvidiaSmiDriver", "SlurmDriver", "run_tool"]
 
@@ -81,8 +82,14 @@ class SlurmDriver:
         return f"Slurm node {self.slurm_node} resumed"
 
 
-class BmcControl(PowerControl, Protocol):
-    """A BMC source: started before its first request, closed after."""
+class BmcControl(Protocol):
+    """A BMC source (as actions.power's PowerControl, which it is too): started before its
+    first request, closed after."""
+
+    @property
+    def label(self) -> str: ...
+
+    async def set_power(self, action: PowerAction) -> str: ...
 
     async def start(self, emit: EmitEvent) -> None: ...
 
@@ -98,6 +105,8 @@ class BmcPowerDriver:
         self.started = started
 
     async def run(self, step: Step) -> str:
+        from gpuconsole.sources.bmc.link import BmcError, PowerAction
+
         if step.kind is not StepKind.POWER_CYCLE:
             raise StepFailed(f"the BMC driver does not do {step.kind.value}")
         try:
