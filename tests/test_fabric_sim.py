@@ -224,18 +224,42 @@ async def test_an_agents_error_deltas_reach_the_head_through_its_json() -> None:
 
 def test_trees_left_by_killed_demo_processes_are_swept() -> None:
     import os
+    import shutil
     import subprocess
     import tempfile
 
     from gpuconsole.sim.fabric import TREE_PREFIX
-    from gpuconsole.sim.trees import sweep_orphan_trees
+    from gpuconsole.sim.trees import sweep_orphan_trees, tree_base
 
     gone_pid = subprocess.Popen(["true"])
     gone_pid.wait()
-    orphan = tempfile.mkdtemp(prefix=f"{TREE_PREFIX}{gone_pid.pid}-dgx-009-")
-    mine = tempfile.mkdtemp(prefix=f"{TREE_PREFIX}{os.getpid()}-dgx-010-")
+    # where trees go now, and the temporary folder, where they went before
+    orphans = [
+        tempfile.mkdtemp(prefix=f"{TREE_PREFIX}{gone_pid.pid}-dgx-009-", dir=base)
+        for base in (tree_base(), tempfile.gettempdir())
+    ]
+    mine = tempfile.mkdtemp(prefix=f"{TREE_PREFIX}{os.getpid()}-dgx-010-", dir=tree_base())
     try:
         sweep_orphan_trees(TREE_PREFIX)
-        assert not os.path.exists(orphan) and os.path.isdir(mine)
+        assert not any(os.path.exists(orphan) for orphan in orphans) and os.path.isdir(mine)
     finally:
         os.rmdir(mine)
+        for orphan in orphans:
+            shutil.rmtree(orphan, ignore_errors=True)
+
+
+def test_simulated_trees_are_laid_out_in_memory_where_there_is_room() -> None:
+    import os
+
+    from gpuconsole.sim.fabric import TREE_PREFIX
+    from gpuconsole.sim.trees import MIN_FREE_BYTES, new_tree, tree_base
+
+    root = new_tree(TREE_PREFIX, "dgx-011")
+    try:
+        assert os.path.dirname(root) == tree_base()
+        if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+            room = os.statvfs("/dev/shm")
+            if room.f_bavail * room.f_frsize >= MIN_FREE_BYTES:
+                assert tree_base() in ("/dev/shm", os.environ.get("XDG_RUNTIME_DIR"))
+    finally:
+        os.rmdir(root)
