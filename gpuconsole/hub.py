@@ -140,14 +140,22 @@ class Hub:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._running = True
-        for node in self._nodes.values():
-            for state in node.sources:
-                await self._start_source(state)
-                state.task = asyncio.create_task(
-                    self._poll_loop(node, state), name=f"poll {node.name}/{state.source.kind}"
-                )
+        # The publisher first and the sources side by side, each polled once it has started:
+        # a reading is published as it lands, not after the slowest source has started
+        # (a simulated node's sysfs tree, a BMC's session, a kubelet's socket).
         self._publisher = asyncio.create_task(self._publish_loop(), name="hub publisher")
-        self._wake.set()
+        await asyncio.gather(
+            *(self._start_and_poll(node, state) for node in self._nodes.values()
+              for state in node.sources)
+        )  # fmt: skip
+        self._wake.set()  # a hub of no sources publishes once too
+
+    async def _start_and_poll(self, node: _NodeState, state: _SourceState) -> None:
+        await self._start_source(state)
+        if self._running:  # not stopped while it started
+            state.task = asyncio.create_task(
+                self._poll_loop(node, state), name=f"poll {node.name}/{state.source.kind}"
+            )
 
     async def stop(self) -> None:
         """Stop polling and close every source."""

@@ -244,3 +244,31 @@ async def test_poll_once_reads_every_source_once(mode: str) -> None:
     assert [s.polls for s in sources] == [1, 1, 1]
     assert [n.statuses[0].ok for n in snapshot.nodes] == [mode == "ok"] * 3
     assert all(s.closed for s in sources)
+
+
+async def test_sources_start_side_by_side_and_a_slow_start_holds_up_no_other_reading() -> None:
+    class SlowToStart(ScriptedSource):
+        """A start that waits (a BMC's session, a simulated node's sysfs tree)."""
+
+        async def start(self, emit: EmitEvent) -> None:
+            await self.release.wait()
+
+    hub = fast_hub()
+    slow = SlowToStart("n1")
+    hub.add_source(slow)
+    quick = ScriptedSource("n2")
+    hub.add_source(quick)
+    starting = asyncio.create_task(hub.start())
+    try:
+        await until(lambda: hub.latest is not None and hub.latest.node("n2") is not None)
+        assert hub.latest is not None
+        n2 = hub.latest.node("n2")
+        assert n2 is not None and n2.statuses[0].ok  # read and published while n1 starts
+        assert not starting.done() and slow.polls == 0
+        slow.release.set()
+        await asyncio.wait_for(starting, 5)
+        await until(lambda: slow.polls > 0)
+    finally:
+        slow.release.set()
+        await hub.stop()
+    assert slow.closed and quick.closed
