@@ -10,6 +10,8 @@ SimNode's GPU activity. The netdevs named there do not exist: netlink says so pe
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import hashlib
 import os
 import shutil
@@ -367,6 +369,7 @@ class SimFabricTree:
 
 
 TREE_PREFIX = "gpuconsole-fabric-"
+_TREE_WRITER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sim fabric tree")
 
 
 class SimFabricSource(FabricSource):
@@ -417,7 +420,11 @@ class SimFabricSource(FabricSource):
             self._prepare = tree.refresh
 
     async def start(self, emit: EmitEvent) -> None:
-        self._ensure_tree()
+        # Off the loop, which draws a console's frames and polls the other sources: a
+        # tree is ~800 files, one tree at a time in a thread of their own, so that a
+        # whole cluster's trees neither queue before the polls in the shared pool nor
+        # take every core.
+        await asyncio.get_running_loop().run_in_executor(_TREE_WRITER, self._ensure_tree)
         await super().start(emit)
 
     async def poll(self) -> FabricReading:

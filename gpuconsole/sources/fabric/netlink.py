@@ -8,6 +8,7 @@ hub's loop: nothing is polled for it. Both can look into a named network namespa
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 from collections.abc import Callable
@@ -26,6 +27,23 @@ LinkChange = Callable[[str, str | None, str], None]
 
 class NetlinkUnavailable(Exception):
     """rtnetlink cannot be opened here (no such namespace, no permission, no pyroute2)."""
+
+
+# pyroute2 imports ipdb and ndb with it: a few hundred ms of CPU that, on the hub's loop,
+# would hold a console's first frame. Imported once, in a thread of its own (a caller
+# that comes meanwhile waits there, not in the pool that polls the other sources).
+_IMPORTER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pyroute2 import")
+
+
+def _import_pyroute2() -> None:
+    import pyroute2  # noqa: F401 - imported here, off the loop
+
+
+async def _open_async(netns: str | None, groups: int | None = None) -> Any:
+    """_open, with pyroute2 imported off the loop first."""
+    with contextlib.suppress(ImportError):  # _open says so
+        await asyncio.get_running_loop().run_in_executor(_IMPORTER, _import_pyroute2)
+    return _open(netns, groups)
 
 
 def _open(netns: str | None, groups: int | None = None) -> Any:
@@ -89,7 +107,7 @@ class NetdevReader:
     async def read(self) -> dict[str, NetdevStats]:
         """Every netdev's statistics now; NetlinkUnavailable says why not."""
         if self._ipr is None:
-            self._ipr = _open(self.netns)
+            self._ipr = await _open_async(self.netns)
         out: dict[str, NetdevStats] = {}
         try:
             async for msg in await self._ipr.link("dump"):
@@ -127,7 +145,7 @@ class LinkWatcher:
 
     async def start(self) -> None:
         """Subscribe; NetlinkUnavailable when that cannot be done here."""
-        ipr = _open(self.netns, RTMGRP_LINK)
+        ipr = await _open_async(self.netns, RTMGRP_LINK)
         try:
             await ipr.bind()
         except OSError as exc:
