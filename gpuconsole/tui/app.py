@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import time
@@ -13,6 +14,7 @@ from textual.app import App
 from textual.await_complete import AwaitComplete
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
+from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from gpuconsole.actions.roles import Actor, local_actor
 from gpuconsole.hub import Hub
@@ -101,9 +103,11 @@ class ConsoleApp(App[None]):
         self.snapshot: FleetSnapshot | None = snapshot
         self._snapshot_shown: FleetSnapshot | None = None  # the latest drawn
         self._snapshot_shown_at = 0.0  # time.monotonic() of that drawing
+        self._heard_all = False  # whether a snapshot has come with every source heard from
         self._freeze_heap = freeze_heap
         self._heap_frozen = False
         self._feed = HubFeed(hub, feed=feed, start=start_hub)
+        self._attaching: Worker[None] | None = None
         self._drilled: str | None = None  # the node this console drilled into (a fleet's)
         dirs = [user_themes_dir()] if theme_dirs is None else theme_dirs
         self._loaded_themes = load_themes(dirs)
@@ -122,10 +126,12 @@ class ConsoleApp(App[None]):
     def get_default_screen(self) -> Screen[None]:
         return FleetScreen()
 
-    async def on_mount(self) -> None:
+    def on_mount(self) -> None:
         self.theme_changed_signal.subscribe(self, self._theme_changed)
         self.screen_change_signal.subscribe(self, self._screen_changed)
-        await self._feed.attach(self)
+        # The hub starts beside the first frame, not before it: the layout is drawn at once,
+        # and each source's readings show as they land, whatever the slowest start takes.
+        self._attaching = self.run_worker(self._feed.attach(self), name="hub start")
         self.set_interval(TICK_S, self._tick)
         if self._freeze_heap:
             self.call_after_refresh(self._freeze_start_heap)
@@ -135,15 +141,24 @@ class ConsoleApp(App[None]):
         if self._heap_frozen:
             gc.unfreeze()
         self._drill_into(None)
+        if self._attaching is not None and not self._attaching.is_finished:
+            self._attaching.cancel()  # the console ends while its hub still starts
+            with contextlib.suppress(WorkerCancelled, WorkerFailed):
+                await self._attaching.wait()
         await self._feed.detach()
 
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
         # Sources on timers of their own publish apart (NVML, then the actions journal a
         # fraction of a second later): drawing each would draw twice a second. One that comes
-        # within TICK_S of the last drawn waits for the tick, which draws the newest.
-        self.snapshot = message.snapshot
-        if time.monotonic() - self._snapshot_shown_at >= TICK_S:
-            self.show_snapshot(message.snapshot)
+        # within TICK_S of the last drawn waits for the tick, which draws the newest. Until
+        # every source has been heard from once, each is drawn as it comes: the first
+        # readings of a console that has just started show the moment they land.
+        snapshot = self.snapshot = message.snapshot
+        if not self._heard_all:
+            self._heard_all = all(s.polls for n in snapshot.nodes for s in n.statuses)
+            self.show_snapshot(snapshot)
+        elif time.monotonic() - self._snapshot_shown_at >= TICK_S:
+            self.show_snapshot(snapshot)
 
     def show_snapshot(self, snapshot: FleetSnapshot) -> None:
         """Make `snapshot` the latest and render it in the visible view only."""

@@ -44,8 +44,8 @@ class HubFeed:
 
         self._unsubscribe = self.feed.subscribe(deliver)
         if self._start and self.hub is not None:
+            self._started = True  # first: a console that ends while it starts stops it
             await self.hub.start()
-            self._started = True
 
     async def detach(self) -> None:
         if self._unsubscribe is not None:
