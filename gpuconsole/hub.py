@@ -41,6 +41,8 @@ class _SourceState:
     status: SourceStatus
     task: asyncio.Task[None] | None = None
     inflight: asyncio.Task[Reading] | None = None
+    waiter: asyncio.Future[None] | None = None  # its poll loop's pause, cut short by focus()
+    wanted_now: bool = False  # focus() wants it read without its pause (a viewer waits)
 
 
 @dataclass
@@ -129,9 +131,16 @@ class Hub:
         else:
             self._focused[id(viewer)] = node
         wanted = set(self._focused.values())
-        for source in self.sources:
-            if isinstance(source, Focusable):
-                source.detail = source.node in wanted
+        for node_state in self._nodes.values():
+            for state in node_state.sources:
+                source = state.source
+                if isinstance(source, Focusable):
+                    opened = source.node in wanted and not source.detail
+                    source.detail = source.node in wanted
+                    if opened:  # read now, not at its next turn: a viewer waits
+                        state.wanted_now = True
+                        if state.waiter is not None:
+                            _done(state.waiter)
 
     # --- running -------------------------------------------------------------------
 
@@ -222,7 +231,24 @@ class Hub:
             delay = source.interval_s * (2 ** min(failures, 10)) if failures else source.interval_s
             delay = min(delay, max(self.settings.max_backoff_s, source.interval_s))
             elapsed = self._monotonic() - began
-            await asyncio.sleep(max(0.0, delay - elapsed))
+            await self._pause(state, max(0.0, delay - elapsed))
+
+    @staticmethod
+    async def _pause(state: _SourceState, seconds: float) -> None:
+        """Wait `seconds` before the next poll, or less where focus() wants it now."""
+        if seconds <= 0 or state.wanted_now:
+            state.wanted_now = False
+            await asyncio.sleep(0)
+            return
+        loop = asyncio.get_running_loop()
+        waiter = state.waiter = loop.create_future()
+        timer = loop.call_later(seconds, _done, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            state.waiter = None
+            state.wanted_now = False
 
     async def _poll(self, node: _NodeState, state: _SourceState) -> bool:
         """One poll with a timeout; True when a fresh reading landed."""
@@ -480,6 +506,11 @@ class Hub:
             history=node.history.view(),
             **fields,
         )
+
+
+def _done(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _retrieve(task: asyncio.Future[Reading]) -> None:

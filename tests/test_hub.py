@@ -272,3 +272,23 @@ async def test_sources_start_side_by_side_and_a_slow_start_holds_up_no_other_rea
         slow.release.set()
         await hub.stop()
     assert slow.closed and quick.closed
+
+
+async def test_a_node_a_viewer_opens_is_read_at_once_not_at_its_next_turn() -> None:
+    class Overview(ScriptedSource):
+        """A source that reads an overview until a viewer drills into its node (Focusable)."""
+
+        detail = False
+
+    hub = fast_hub()
+    opened, other = Overview("n1", interval_s=60.0), Overview("n2", interval_s=60.0)
+    hub.add_source(opened)
+    hub.add_source(other)
+    await hub.start()
+    try:
+        await until(lambda: opened.polls == 1 and other.polls == 1)
+        hub.focus("n1", viewer="console")
+        await until(lambda: opened.polls == 2, timeout=5.0)  # not a minute later
+        assert opened.detail and not other.detail and other.polls == 1
+    finally:
+        await hub.stop()
