@@ -317,9 +317,21 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
 _detailed: OrderedDict[str, Hub] = OrderedDict()
 
 
+def _preload() -> None:
+    """Import what simulating a node in full imports (its BMC, fabric and tenancy, netlink's
+    pyroute2): now, while nobody waits, not when an operator opens the first node."""
+    import pyroute2  # noqa: F401
+
+    import gpuconsole.sim.bmc
+    import gpuconsole.sim.fabric
+    import gpuconsole.sim.tenancy
+    import gpuconsole.sources.bmc  # noqa: F401
+
+
 def _serve(seed: int, started: float) -> None:
     """Answer each request line on stdin (a node to simulate in full) with "SEQ LENGTH" and
     that node's full snapshot body, until stdin closes."""
+    _preload()
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, name="sim nodes", daemon=True).start()
     out = sys.stdout.buffer
