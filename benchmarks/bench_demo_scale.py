@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 
+from benchmarks.bench_start import child_env
 from benchmarks.timing import record
 
 NODES = 1000
@@ -82,7 +83,7 @@ async def _child(nodes: int, began: float) -> dict[str, float]:
 
 def _run(nodes: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as state:
-        env = {**os.environ, "XDG_STATE_HOME": state, "XDG_CONFIG_HOME": state}
+        env = child_env(XDG_STATE_HOME=state, XDG_CONFIG_HOME=state)
         command = [sys.executable, "-m", "benchmarks.bench_demo_scale", "--child"]
         command += ["--nodes", str(nodes), "--began", repr(time.time())]
         out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
