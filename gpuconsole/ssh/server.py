@@ -621,6 +621,9 @@ def console_factory(
     session's actor (read-only for viewers). The hub is the server's: apps never start it;
     each reads it through a feed paced to `refresh_s`. With `actions` (this machine's)
     operators' sessions can move this machine's GPUs, each as its own key's actor."""
+    # Imported with the server, not by its first session: a login waits for nothing more
+    # than its own app.
+    from gpuconsole.tui.app import ConsoleApp
 
     def make(info: SessionInfo) -> App[None]:
         feed = PacedFeed(hub, refresh_s)
@@ -637,8 +640,6 @@ def console_factory(
             )
             board.animation_level = "none"
             return board
-        from gpuconsole.tui.app import ConsoleApp
-
         app = ConsoleApp(
             hub,
             feed=feed,
