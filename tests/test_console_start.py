@@ -4,6 +4,7 @@ side by side beside that first frame, and one slow to start holds up no other re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from gpuconsole.sim.bmc import sim_link
@@ -11,8 +12,11 @@ from gpuconsole.sim.cluster import build_sim_nodes, demo_cluster, demo_hub
 from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.bmc import BmcSource
 from gpuconsole.tui.app import ConsoleApp
+from gpuconsole.tui.messages import SnapshotArrived
 from gpuconsole.tui.screens.fleet import FleetScreen
+from gpuconsole.tui.screens.node import NodeScreen
 from gpuconsole.tui.widgets.row_table import RowTable
+from tests.conftest_tui import frozen_fleet
 from tests.waiting import until
 
 SIZE = (120, 40)
@@ -82,3 +86,21 @@ async def test_a_console_that_ends_while_its_hub_still_starts_stops_the_hub(utc:
     assert hub._running is False
     assert all(t.done() for t in asyncio.all_tasks() if t.get_name().startswith("poll "))
     assert slow.closed
+
+
+async def test_a_node_just_opened_draws_each_reading_as_it_lands_not_at_the_tick(
+    utc: None,
+) -> None:
+    hub = demo_hub(nodes=2, events=False, bmc=False, fabric=False, tenancy=False)
+    app = ConsoleApp(hub, start_hub=False, theme_dirs=[], cursor_blink=False)
+    fleet = frozen_fleet()
+    async with asyncio.timeout(SANITY_S), app.run_test(size=SIZE) as pilot:
+        app.on_snapshot_arrived(SnapshotArrived(fleet))
+        await pilot.pause()
+        app.open_node("dgx-002")
+        await until(lambda: isinstance(app.screen, NodeScreen))
+        await pilot.pause()
+        # the node's next reading (a fleet's: its agent's every detail) within the second
+        fuller = dataclasses.replace(fleet, seq=fleet.seq + 1)
+        app.on_snapshot_arrived(SnapshotArrived(fuller))
+        assert app._snapshot_shown is fuller  # drawn now, not at the next tick

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 MIN_WIDTH, MIN_HEIGHT = 80, 24
 # Once a tick the view draws the newest snapshot, or else moves the status bar's data age on.
 TICK_S = 1.0
+# For this long after a node is opened each snapshot is drawn as it lands: what the view
+# opened comes with its sources' next reads (a fleet's node: its agent's every detail).
+OPENING_S = 2.0
 
 
 def _about(screen: Screen[object]) -> tuple[str | None, str | None]:
@@ -109,6 +112,7 @@ class ConsoleApp(App[None]):
         self._feed = HubFeed(hub, feed=feed, start=start_hub)
         self._attaching: Worker[None] | None = None
         self._drilled: str | None = None  # the node this console drilled into (a fleet's)
+        self._drilled_at = 0.0  # time.monotonic() of that
         dirs = [user_themes_dir()] if theme_dirs is None else theme_dirs
         self._loaded_themes = load_themes(dirs)
         for loaded in self._loaded_themes.values():
@@ -154,10 +158,11 @@ class ConsoleApp(App[None]):
         # every source has been heard from once, each is drawn as it comes: the first
         # readings of a console that has just started show the moment they land.
         snapshot = self.snapshot = message.snapshot
+        now = time.monotonic()
         if not self._heard_all:
             self._heard_all = all(s.polls for n in snapshot.nodes for s in n.statuses)
             self.show_snapshot(snapshot)
-        elif time.monotonic() - self._snapshot_shown_at >= TICK_S:
+        elif now - self._snapshot_shown_at >= TICK_S or now - self._drilled_at < OPENING_S:
             self.show_snapshot(snapshot)
 
     def show_snapshot(self, snapshot: FleetSnapshot) -> None:
@@ -262,6 +267,7 @@ class ConsoleApp(App[None]):
         """A fleet's hub reads this node's agent in full while this console shows it."""
         if self.hub is not None and node != self._drilled:
             self._drilled = node
+            self._drilled_at = time.monotonic() if node is not None else 0.0
             self.hub.focus(node, viewer=self)
 
     def _to_fleet(self) -> None:
