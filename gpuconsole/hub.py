@@ -201,8 +201,7 @@ class Hub:
         self._loop = asyncio.get_running_loop()
         self._say_stale = say_stale
         states = [(n, s) for n in self._nodes.values() for s in n.sources]
-        for _node, state in states:
-            await self._start_source(state)
+        await asyncio.gather(*(self._start_source(state) for _node, state in states))
         try:
             for round_ in range(rounds):
                 if round_ and between is not None:

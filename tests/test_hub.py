@@ -292,3 +292,24 @@ async def test_a_node_a_viewer_opens_is_read_at_once_not_at_its_next_turn() -> N
         assert opened.detail and not other.detail and other.polls == 1
     finally:
         await hub.stop()
+
+
+async def test_a_one_shot_read_starts_its_sources_side_by_side() -> None:
+    class WaitsForTheOther(ScriptedSource):
+        """A start that finishes only once the other source has begun to start."""
+
+        def __init__(self, node: str, other_began: asyncio.Event, began: asyncio.Event) -> None:
+            super().__init__(node)
+            self.other_began, self.began = other_began, began
+
+        async def start(self, emit: EmitEvent) -> None:
+            self.began.set()
+            await asyncio.wait_for(self.other_began.wait(), 5)
+
+    a_began, b_began = asyncio.Event(), asyncio.Event()
+    hub = fast_hub()
+    hub.add_source(WaitsForTheOther("n1", b_began, a_began))
+    hub.add_source(WaitsForTheOther("n2", a_began, b_began))
+    snapshot = await hub.poll_once()
+    assert not [e.message for e in hub.events() if "start failed" in (e.message or "")]
+    assert all(s.ok for n in snapshot.nodes for s in n.statuses)
