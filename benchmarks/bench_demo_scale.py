@@ -60,6 +60,7 @@ async def _child(nodes: int, began: float) -> dict[str, float]:
                 break
             await asyncio.sleep(0.05)
         figures["frame_s"] = time.time() - began
+        figures["frame_cpu_s"] = time.process_time()  # this process's, from its start
         await asyncio.sleep(2.0)  # every node answered once more, from its own moment
         cpu, wall = time.process_time(), time.perf_counter()
         await asyncio.sleep(WINDOW_S)
@@ -104,11 +105,13 @@ def main(nodes: int = NODES, runs: int = RUNS) -> None:
     )
     results = [_run(nodes) for _ in range(runs)]
     frame = statistics.median(r["frame_s"] for r in results)
+    frame_cpu = statistics.median(r["frame_cpu_s"] for r in results)
     cores = statistics.median(r["cores"] for r in results)
     detail = statistics.median(r["detail_s"] for r in results)
     print(
-        f"  first full frame ({nodes:,} nodes, {8 * nodes:,} GPUs) {frame:.2f} s from start, "
-        f"under {FRAME_TARGET_S:g} s: {_verdict(frame < FRAME_TARGET_S)}"
+        f"  first full frame ({nodes:,} nodes, {8 * nodes:,} GPUs) {frame:.2f} s from start "
+        f"({frame_cpu:.2f} s of CPU), under {FRAME_TARGET_S:g} s: "
+        f"{_verdict(frame < FRAME_TARGET_S)}"
     )
     print(
         f"  live at 1 Hz: {cores:.2f} cores, under {CPU_TARGET_CORES:g}: "
