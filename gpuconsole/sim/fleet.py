@@ -146,14 +146,29 @@ class _Template:
         return "".join(out).encode()
 
 
-def _identities(name: str, seed: int, gpus: int) -> list[str]:
+_Identity = tuple[str, int, int]  # what names a node: ("name"|"uuid"|"serial"|"mig", GPU, slot)
+
+
+def _identities(gpus: int) -> list[_Identity]:
     """Everything in a node's body that names it: its name, and its GPUs' UUIDs, serials and
     MIG devices' UUIDs (the same GPU index of another node is another GPU)."""
-    found = [name]
+    found: list[_Identity] = [("name", 0, 0)]
     for index in range(gpus):
-        found += [gpu_uuid(name, seed, index), gpu_serial(name, seed, index)]
-        found += [mig_uuid(name, seed, index, slot) for slot in range(7)]
+        found += [("uuid", index, 0), ("serial", index, 0)]
+        found += [("mig", index, slot) for slot in range(7)]
     return found
+
+
+def _identity(which: _Identity, name: str, seed: int) -> str:
+    """That identity of the node `name`."""
+    kind, index, slot = which
+    if kind == "name":
+        return name
+    if kind == "uuid":
+        return gpu_uuid(name, seed, index)
+    if kind == "serial":
+        return gpu_serial(name, seed, index)
+    return mig_uuid(name, seed, index, slot)
 
 
 def _template_spec(specs: Sequence[SimNodeSpec], profile: str) -> SimNodeSpec:
@@ -183,7 +198,8 @@ class FleetSim:
         self.started = clock()
         self._order = {name: i for i, name in enumerate(self.specs)}
         self._phase = {name: (i * 13) % 60 for i, name in enumerate(self.specs)}
-        self._templates: dict[str, tuple[_Template, list[str]]] = {}
+        # per profile: the template, and the identities it shows with how each is made
+        self._templates: dict[str, tuple[_Template, list[tuple[str, _Identity]]]] = {}
         self._names: dict[str, dict[str, str]] = {}  # per node: the template's names -> its own
         self._preparing: asyncio.Task[None] | None = None
         self._worker: asyncio.Future[asyncio.subprocess.Process] | None = None
@@ -208,12 +224,13 @@ class FleetSim:
             found = shot.node(spec.name)
             assert found is not None
             body = FleetSnapshot(shot.seq, shot.at, (summarize(found),), (), ())
-            gpus = len(get_profile(spec.profile).gpus)
-            names = _identities(spec.name, self.seed, gpus)
-            self._templates[spec.profile] = (
-                _Template(snapshot_json(body, sparse=True), names),
-                names,
-            )
+            which = _identities(len(get_profile(spec.profile).gpus))
+            names = [_identity(w, spec.name, self.seed) for w in which]
+            template = _Template(snapshot_json(body, sparse=True), names)
+            # each node then hashes only the identities its body shows (no MIG UUIDs where
+            # the template has no MIG device): a thousand nodes' first answers wait on them
+            shown = [(n, w) for n, w in zip(names, which, strict=True) if n in template.present]
+            self._templates[spec.profile] = (template, shown)
 
     def phase(self, node: str) -> float:
         """Where in each second (0 to 1) `node` answers, spread evenly over the fleet."""
@@ -222,15 +239,10 @@ class FleetSim:
     def summary(self, node: str, now: float) -> bytes:
         """The summary body `node`'s agent would serve at `now` (after prepare())."""
         spec = self.specs[node]
-        template, names = self._templates[spec.profile]
+        template, shown = self._templates[spec.profile]
         own = self._names.get(node)
         if own is None:  # hashed once per node, not once a second
-            mine = _identities(node, self.seed, len(get_profile(spec.profile).gpus))
-            own = self._names[node] = {
-                theirs: ours
-                for theirs, ours in zip(names, mine, strict=True)
-                if theirs in template.present
-            }
+            own = self._names[node] = {n: _identity(w, node, self.seed) for n, w in shown}
         return template.render(own, now, self._phase[node])
 
     def warm(self) -> None:
