@@ -59,6 +59,8 @@ _GAUGES: dict[str, tuple[float, float, float]] = {  # field: (swing, lowest, hig
 _WAVE = tuple(math.sin(2 * math.pi * k / 60) for k in range(60))
 # Nodes simulated in full at once: those open in some console, and a few just left.
 DETAILED_NODES = 4
+# How often a node simulated in full publishes at most (a console's hub: 0.2 s)
+DETAIL_PUBLISH_GAP_S = 0.02
 # How long the first answers may wait for the templates on a busy machine.
 FIRST_ANSWER_S = 10.0
 # Nodes a head refreshes each second in the simulated fleet; a larger one refreshes slower.
@@ -379,7 +381,9 @@ async def _full_snapshot(
     it has after `timeout_s`."""
     hub = _detailed.get(spec.name)
     if hub is None:
-        hub = demo_hub(specs=[spec], seed=seed, start=started)
+        # published as soon as each source lands: the head waits on this one node alone
+        settings = HubSettings(publish_gap_s=DETAIL_PUBLISH_GAP_S)
+        hub = demo_hub(specs=[spec], seed=seed, start=started, settings=settings)
         await hub.start()
         _detailed[spec.name] = hub
         while len(_detailed) > DETAILED_NODES:
