@@ -315,3 +315,32 @@ def test_an_opened_node_whose_simulation_died_is_simulated_again() -> None:
             await hub.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_node_opened_and_read_at_once_is_asked_of_its_simulation_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpuconsole.sim.cluster import demo_cluster
+    from gpuconsole.sim.fleet import FleetSim
+
+    asked: list[str] = []
+    ask = FleetSim._ask
+
+    async def counted(self: FleetSim, node: str, timeout_s: float) -> tuple[int, bytes]:
+        asked.append(node)
+        return await ask(self, node, timeout_s)
+
+    monkeypatch.setattr(FleetSim, "_ask", counted)
+
+    async def scenario() -> None:
+        fleet = FleetSim(demo_cluster(30))
+        try:  # a console opens the node, and its source reads it: one body comes back
+            opened, read = await asyncio.gather(
+                fleet.detail("dgx-002", SANITY_S), fleet.detail("dgx-002", SANITY_S)
+            )
+        finally:
+            await fleet.close()
+        assert opened == read and b'"dgx-002"' in read[1]
+        assert asked == ["dgx-002"]
+
+    asyncio.run(scenario())

@@ -11,7 +11,9 @@ decodes, merges and draws those bodies with its own code. Only a node a viewer o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import fcntl
 import json
 import math
 import re
@@ -61,6 +63,8 @@ _WAVE = tuple(math.sin(2 * math.pi * k / 60) for k in range(60))
 DETAILED_NODES = 4
 # How often a node simulated in full publishes at most (a console's hub: 0.2 s)
 DETAIL_PUBLISH_GAP_S = 0.02
+# The pipe its bodies come back over: room for a whole body
+PIPE_BYTES = 1 << 20
 # How long the first answers may wait for the templates on a busy machine.
 FIRST_ANSWER_S = 10.0
 # Nodes a head refreshes each second in the simulated fleet; a larger one refreshes slower.
@@ -206,6 +210,7 @@ class FleetSim:
         self._preparing: asyncio.Task[None] | None = None
         self._worker: asyncio.Future[asyncio.subprocess.Process] | None = None
         self._asking = asyncio.Lock()
+        self._answering: dict[str, asyncio.Future[tuple[int, bytes]]] = {}
 
     async def prepare(self) -> None:
         """Simulate one node of each profile once, for the templates (once, however many
@@ -277,7 +282,20 @@ class FleetSim:
     async def detail(self, node: str, timeout_s: float) -> tuple[int, bytes]:
         """`node`'s full snapshot body and its number, simulated in full (from the first
         asking) in a process of its own, as its own agent would: the head's loop, busy with
-        a thousand summaries, never waits on the simulator's threads and files."""
+        a thousand summaries, never waits on the simulator's threads and files. Who asks
+        while the node is being asked for gets that answer (a node opened, then read)."""
+        asking = self._answering.get(node)
+        if asking is None:
+            asking = self._answering[node] = asyncio.ensure_future(self._ask(node, timeout_s))
+            asking.add_done_callback(_retrieve)
+            asking.add_done_callback(lambda done: self._answered_by(node, done))
+        return await asyncio.shield(asking)
+
+    def _answered_by(self, node: str, done: asyncio.Future[tuple[int, bytes]]) -> None:
+        if self._answering.get(node) is done:
+            del self._answering[node]
+
+    async def _ask(self, node: str, timeout_s: float) -> tuple[int, bytes]:
         spec = self.specs[node]
         request = {"name": spec.name, "profile": spec.profile, "timeout_s": timeout_s}
         request["scenarios"] = [[s.kind, s.gpu, s.at_s] for s in spec.scenarios]
@@ -346,6 +364,10 @@ def _serve(seed: int, started: float) -> None:
     """Answer each request line on stdin (a node to simulate in full) with "SEQ LENGTH" and
     that node's full snapshot body, until stdin closes."""
     _preload()
+    # A node's body (~150 KB) in the pipe at once: the head's loop, a batch of a thousand
+    # summaries per turn, reads what the pipe holds once a turn (64 KB by default).
+    with contextlib.suppress(AttributeError, OSError):  # Linux's; elsewhere 64 KB turns
+        fcntl.fcntl(sys.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, name="sim nodes", daemon=True).start()
     out = sys.stdout.buffer
