@@ -368,8 +368,11 @@ class Hub:
         self._event_seq += 1
         self._event_counts[(event.node, event.kind, event.severity.value)] += 1
         node = self._nodes.get(event.node)
-        if node is not None and event.kind == "xid" and event.gpu_uuid and event.code is not None:
-            node.last_xid[event.gpu_uuid] = event.code
+        if node is not None and event.kind == "xid" and event.code is not None:
+            if event.gpu_uuid:
+                node.last_xid[event.gpu_uuid] = event.code
+            if event.gpu_bus_id:
+                node.last_xid[event.gpu_bus_id] = event.code
         if event.node in self._nodes:
             self._mark_dirty(event.node)
         elif self._wake is not None:

@@ -16,6 +16,7 @@ from aiohttp import web
 from gpuconsole import codec
 from gpuconsole.export.agent import Agent, Body, accepts_gzip, respond, select, snapshot_body
 from gpuconsole.facts import summaries
+from gpuconsole.facts.verdict import node_verdict
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.fabric import port_deltas, port_problems, port_rates
@@ -211,14 +212,14 @@ def fleet_row(node: NodeSnapshot) -> tuple[object, ...]:
     ports = node.fabric.ports if node.fabric is not None else ()
     return (
         summaries.gpu_counts(node),
-        node.health,
+        node_verdict(node),
         summaries.facets(node),
         summaries.node_power_w(node),
         summaries.node_hottest_c(node),
         summaries.node_model(node),
         summaries.filter_text(node),
         [summaries.row_cell_text(row, metric) for row in rows for metric in summaries.Metric],
-        [summaries.row_health(row) for row in rows],
+        [summaries.row_health(node, row) for row in rows],
         [summaries.gpu_owner(node, gpu) for gpu in node.gpus],
         summaries.bmc_panel(node),
         summaries.fabric_panel(node),

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
+from gpuconsole.facts.verdict import reading_verdict
 from gpuconsole.hub import Hub
 from gpuconsole.readings.base import Event, Health, Severity, normal_bus_id
 from gpuconsole.readings.nvml import GpuReading, GpuState, PcieReading, RemoteKind
-from gpuconsole.readings.snapshot import gpu_health
 from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100, NodeProfile
@@ -370,8 +370,8 @@ def test_a_link_below_its_generation_is_downtrained_only_while_the_gpu_works() -
     assert replace(idle, busy=True).downtrained
     assert replace(idle, gen_current=5, width_current=8).downtrained  # narrower: always
     gpu = GpuReading(index=0, uuid="GPU-x", name="NVIDIA H100 80GB HBM3", pci_bus_id="x")
-    assert gpu_health(replace(gpu, pcie=idle)) is Health.OK
-    assert gpu_health(replace(gpu, pcie=replace(idle, busy=True))) is Health.WARNING
+    assert reading_verdict(replace(gpu, pcie=idle)).health is Health.OK
+    assert reading_verdict(replace(gpu, pcie=replace(idle, busy=True))).health is Health.WARNING
 
 
 def test_the_simulator_plays_the_driver_its_node_names() -> None:

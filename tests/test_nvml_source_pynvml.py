@@ -263,7 +263,7 @@ HOT = {"hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
 TWO_POLLS = """
 import json, os
 from gpuconsole.sources.nvml.source import NvmlSource
-from gpuconsole.readings.snapshot import gpu_health
+from gpuconsole.facts.verdict import reading_verdict
 events = []
 source = NvmlSource("n", events=False, detail_every=1000, inventory_every=1000)
 source._emit = events.append
@@ -356,7 +356,7 @@ h = pynvml.nvmlDeviceGetHandleByIndex(3)
 held = pynvml.nvmlDeviceGetFieldValues(h, [FIELD])[0].value.ullVal
 print(json.dumps({"held_ns": held, "gpu0": second.gpus[0].throttle_reasons,
                   "gpu3": second.gpus[3].throttle_reasons,
-                  "health0": gpu_health(second.gpus[0]).value,
+                  "health0": reading_verdict(second.gpus[0]).health.value,
                   "events": [[e.kind, e.gpu_index, e.severity.value] for e in events]}))
 """.replace("FIELD", str(counter))
     result = run_child(env, TWO_POLLS + body)
@@ -478,7 +478,7 @@ def test_an_idle_gpu_whose_link_trained_down_is_not_downtrained(fake_nvml_env: F
     body = """
 import json, os
 import pynvml
-from gpuconsole.readings.snapshot import gpu_health
+from gpuconsole.facts.verdict import reading_verdict
 from gpuconsole.sources.nvml.source import NvmlSource
 pynvml.nvmlInit()
 hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
@@ -490,7 +490,7 @@ while True:  # an instant at which one GPU idles and another works
         break
     t += 1
 gpus = NvmlSource("n", events=False).collect().gpus
-print(json.dumps([[g.pcie.gen_current, g.pcie.downtrained, gpu_health(g).value, g.util_gpu_pct]
+print(json.dumps([[g.pcie.gen_current, g.pcie.downtrained, reading_verdict(g).health.value, g.util_gpu_pct]
                   for g in gpus]))
 """
     result = run_child(env, body)

@@ -17,9 +17,10 @@ import pytest
 from gpuconsole.config import FleetConfig
 from gpuconsole.export.agent import Agent, select
 from gpuconsole.facts.inventory import node_gpus
+from gpuconsole.facts.verdict import reading_verdict
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.nvml import GpuReading
-from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.promql import Overview, parse_overview
 from gpuconsole.wiring import AgentSettings, fleet_hub
 from tests.bmc_fixtures import free_port
@@ -176,7 +177,7 @@ def gpu_view(node: NodeSnapshot, g: GpuReading) -> tuple[Any, ...]:
         (pcie.gen_current, pcie.gen_max, pcie.width_current, pcie.width_max, pcie.replay_count),
         sorted(m.profile_name for m in g.mig_instances),
         sm,
-        gpu_health(g),
+        reading_verdict(g).health,
     )
 
 

@@ -96,7 +96,7 @@ def test_every_page_has_a_title_figures_and_a_body(fleet_snapshot: FleetSnapshot
     heat = heat_page(fleet_snapshot, colours, fleet_snapshot.at)
     assert heat.figures[0][1] == str(sum(gpu_count(n) for n in fleet_snapshot.nodes))
     alerts = alerts_page(fleet_snapshot, colours, fleet_snapshot.at)
-    assert "LOST" in str(alerts.body) or alerts.figures[0][1] == "0"
+    assert "fell off the bus (XID 79)" in str(alerts.body) or alerts.figures[0][1] == "0"
     owners = owners_page(fleet_snapshot, colours, fleet_snapshot.at)
     assert int(owners.figures[0][1]) + int(owners.figures[1][1]) > 0
 

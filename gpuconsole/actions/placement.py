@@ -32,7 +32,8 @@ from gpuconsole.actions.plan import (
 )
 from gpuconsole.facts.ownership import Ownership
 from gpuconsole.facts.pairing import GpuNic, gpu_nics
-from gpuconsole.facts.summaries import critical_problems
+from gpuconsole.facts.verdict import node_verdict
+from gpuconsole.readings.base import Severity
 from gpuconsole.readings.fabric import LEVELS, FabricReading, PortRole
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import OwnerKind
@@ -278,7 +279,9 @@ def _propose(
         return f"no {count} free {what} form a guest partition{with_held} ({arch}: {shape})"
     options.sort(key=_rank)
     best = options[0]
-    problems = critical_problems(node)
+    problems = tuple(
+        f.message for f in node_verdict(node).findings if f.severity is Severity.CRITICAL
+    )
     notes = []
     if guest is not None and arch is not None:
         if best.switches:

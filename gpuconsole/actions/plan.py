@@ -31,7 +31,7 @@ from gpuconsole.facts.ownership import (
     node_ownership,
     resolve_owners,
 )
-from gpuconsole.facts.summaries import gpu_trouble
+from gpuconsole.facts.verdict import gpu_verdict
 from gpuconsole.hardware import (
     A100_BOARD_GPUS,
     A100_BOARD_SWITCHES,
@@ -40,6 +40,7 @@ from gpuconsole.hardware import (
     H100_PARTITIONS,
     H100_SWITCHES,
 )
+from gpuconsole.readings.base import Severity
 from gpuconsole.readings.nvml import GpuReading, RemoteKind
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import Guest, OwnerKind, PciGpu
@@ -1110,7 +1111,7 @@ def _gpu_part(node: NodeSnapshot, gpu: GpuOwner, target: Target, ctx: PlanContex
     return _Part(
         (_not_lost(move, target), _quiesced(move, ctx), *_iommu_group(move)),
         _gpu_steps(node, move, target, ctx),
-        _trouble(move),
+        _trouble(node, move),
         attach=move.functions if target.kind is TargetKind.VM else (),
     )
 
@@ -1145,13 +1146,15 @@ def _not_lost(move: _Move, target: Target) -> Precondition:
     )
 
 
-def _trouble(move: _Move) -> tuple[str, ...]:
-    """A note for a GPU in critical health that a plan still moves (a lost one drained)."""
-    trouble = gpu_trouble(move.reading) if move.reading is not None else None
-    if trouble is None:
+def _trouble(node: NodeSnapshot, move: _Move) -> tuple[str, ...]:
+    """A note for each critical finding of the GPU's verdict that a plan still moves it
+    despite (a lost one drained)."""
+    if move.reading is None:
         return ()
-    after = "; reset it or reboot the node to bring it back" if move.lost else ""
-    return (f"{move.label} is {trouble}{after}",)
+    verdict = gpu_verdict(node, move.reading)
+    return tuple(
+        f"{move.label}: {f.text}" for f in verdict.findings if f.severity is Severity.CRITICAL
+    )
 
 
 def _quiesced(move: _Move, ctx: PlanContext) -> Precondition:

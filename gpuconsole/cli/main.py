@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -308,9 +309,12 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     # the counted summary said below stands for the hub's line per stale source and node
     snapshot = asyncio.run(hub.poll_once(say_stale=False))
     if args.json:
-        from gpuconsole.codec import dumps
+        from gpuconsole.codec import snapshot_json
+        from gpuconsole.facts.verdict import verdicts_json
 
-        print(dumps(snapshot, indent=2 if args.pretty else None))
+        # what every view derives, beside the readings: `jq` need not judge them again
+        document = {**snapshot_json(snapshot), "verdicts": verdicts_json(snapshot)}
+        print(json.dumps(document, indent=2 if args.pretty else None, allow_nan=False))
     else:
         from gpuconsole.cli.table import render_table
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 from gpuconsole import format as fmt
 from gpuconsole.hardware import product_name
 from gpuconsole.readings.bmc import BmcReading
-from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.readings.tenancy import PciGpu
 
 
 def _node_table(node: NodeSnapshot) -> list[str]:
     from gpuconsole.facts.inventory import node_gpus
     from gpuconsole.facts.summaries import bmc_unread
+    from gpuconsole.facts.verdict import gpu_verdict, node_verdict
 
     nvml = node.nvml
     product = product_name(node.profile) or ""
@@ -26,6 +27,9 @@ def _node_table(node: NodeSnapshot) -> list[str]:
         state = "ok" if status.ok else f"STALE: {status.error}"
         head.append(f"{status.source}: {state}")
     lines = ["  ".join(head)]
+    verdict = node_verdict(node)
+    lines.append(f"  verdict: {verdict.health.value}, {verdict.action.words}")
+    lines.extend(f"    {f.severity.value}: {f.message}" for f in verdict.problems)
     if node.bmc is not None:
         lines.append(_bmc_line(node.bmc))
         lines.extend(f"    not read: {p.part}: {p.detail}" for p in bmc_unread(node.bmc))
@@ -61,7 +65,7 @@ def _node_table(node: NodeSnapshot) -> list[str]:
                     gpu.pci_bus_id if gpu is not None else row.bus_id,
                     state,
                     *([fmt.NA] * 7),
-                    "critical" if gpu is not None else fmt.NA,
+                    gpu_verdict(node, row).health.value,
                     row.label,
                 )
             )
@@ -87,7 +91,7 @@ def _node_table(node: NodeSnapshot) -> list[str]:
                 fmt.mhz(gpu.sm_clock_mhz),
                 fmt.throttle_words(gpu.throttle_reasons),
                 ecc,
-                gpu_health(gpu).value,
+                gpu_verdict(node, row).health.value,
                 row.label,
             )
         )

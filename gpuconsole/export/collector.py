@@ -23,8 +23,9 @@ from gpuconsole.export.fabric import fabric_metrics
 from gpuconsole.export.families import Families
 from gpuconsole.export.gpu import gpu_metrics, topology_metrics
 from gpuconsole.export.ownership import PodLabels, ownership_metrics, pod_labels
-from gpuconsole.facts.inventory import short_bus_id
+from gpuconsole.facts.inventory import node_gpus, short_bus_id
 from gpuconsole.facts.ownership import Ownership, node_ownership
+from gpuconsole.facts.verdict import gpu_verdict, node_verdict
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 
 
@@ -79,6 +80,26 @@ def guest_metrics(
         )
 
 
+def verdict_metrics(out: Families, node: NodeSnapshot) -> None:
+    """The verdict of the node and of each of its GPUs (NVML's and those only sysfs sees),
+    and each GPU's XIDs counted over the health window: what alert rules fire on."""
+    verdict = node_verdict(node)
+    out.gauge(names.NODE_VERDICT, ("node", "action"), (node.node, verdict.action.value),
+              float(verdict.action.rank))  # fmt: skip
+    for row in node_gpus(node):
+        judged = gpu_verdict(node, row)
+        uuid = row.uuid or ""
+        out.gauge(names.GPU_VERDICT, names.VERDICT_LABELS,
+                  (node.node, row.bus_id, uuid, judged.action.value),
+                  float(judged.action.rank))  # fmt: skip
+        reading = row.reading
+        if reading is None:
+            continue
+        for xid in reading.xids:
+            out.gauge(names.GPU_XID_WINDOW, names.XID_WINDOW_LABELS,
+                      (node.node, row.bus_id, uuid, str(xid.code)), float(xid.count))  # fmt: skip
+
+
 def node_metrics(out: Families, node: NodeSnapshot, now: float) -> None:
     """Every series of one node."""
     _source_metrics(out, node, now)
@@ -88,6 +109,7 @@ def node_metrics(out: Families, node: NodeSnapshot, now: float) -> None:
         gpu_metrics(out, node, gpu, pods, ownership)
     guest_metrics(out, node, ownership, now)
     topology_metrics(out, node)
+    verdict_metrics(out, node)
     bmc_metrics(out, node)
     fabric_metrics(out, node)
     if ownership is not None:

@@ -6,9 +6,10 @@ from gpuconsole.export import names
 from gpuconsole.export.families import Families, Labels, Spec
 from gpuconsole.export.ownership import PodLabels
 from gpuconsole.facts.ownership import Ownership
+from gpuconsole.facts.verdict import gpu_verdict, reading_verdict
 from gpuconsole.readings.base import nvml_bus_id
 from gpuconsole.readings.nvml import GpmMetrics, GpuReading
-from gpuconsole.readings.snapshot import NodeSnapshot, gpu_health
+from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.nvml.lib import THROTTLE_BITS
 
 MIB = 1024 * 1024
@@ -67,7 +68,9 @@ def gpu_metrics(
     labels = names.DCGM_LABELS if pod is None else (*names.DCGM_LABELS, *pod[0])
     values = base if pod is None else (*base, *pod[1])
     own, own_values = names.OWN_LABELS, (node.node, number, uuid)
-    health = gpu_health(gpu).value
+    # a guest's GPU (its agent's reading) is judged by its reading; the host's by its verdict
+    verdict = gpu_verdict(node, gpu) if index is None else reading_verdict(gpu, node)
+    health = verdict.health.value
     for state in HEALTH_STATES:
         out.gauge(names.GPU_HEALTH, (*own, "state"), (*own_values, state), float(state == health))
     out.gauge(names.GPU_LOST, own, own_values, float(gpu.lost))

@@ -97,6 +97,22 @@ SOURCE_POLL = (f"{PREFIX}_source_poll_duration_seconds", "Duration of the source
 GPU_INFO = (f"{PREFIX}_gpu_info", "Identity and placement of a GPU.")
 GPU_LOST = (f"{PREFIX}_gpu_lost", "1 when the GPU fell off the bus or needs a reset.")
 GPU_HEALTH = (f"{PREFIX}_gpu_health", "GPU health at a glance: 1 for the current state.")
+GPU_VERDICT = (
+    f"{PREFIX}_gpu_verdict",
+    "What to do with the GPU (label action); the value is the action's rank: 0 fit, 1 watch, "
+    "2 drain, 3 reset_gpu, 4 reboot_node, 5 reseat, 6 service.",
+)
+NODE_VERDICT = (
+    f"{PREFIX}_node_verdict",
+    "What to do with the node (label action), its GPUs' and every source's evidence "
+    "together; the value is the action's rank, as for gpuconsole_gpu_verdict.",
+)
+GPU_XID_WINDOW = (
+    f"{PREFIX}_gpu_xid_window",
+    "Times the GPU raised this XID within the health window, since its last reset or reboot.",
+)
+VERDICT_LABELS = ("node", "gpu", "uuid", "action")  # gpu: the PCI bus id, sysfs form
+XID_WINDOW_LABELS = ("node", "gpu", "uuid", "xid")
 GPU_THROTTLE = (f"{PREFIX}_gpu_throttle_reason", "1 for each active clock throttle reason.")
 GPU_NVLINK_ACTIVE = (f"{PREFIX}_gpu_nvlink_active_links", "NVLinks up on this GPU.")
 GPU_PCIE_MAX_GEN = (f"{PREFIX}_gpu_pcie_max_link_generation", "PCIe generation the GPU supports.")

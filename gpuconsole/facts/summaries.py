@@ -16,11 +16,12 @@ from typing import NamedTuple
 from gpuconsole import format as fmt
 from gpuconsole.facts.inventory import GpuRow, node_gpus, ownership_problems
 from gpuconsole.facts.ownership import GpuOwner, Owner, OwnerKind, Ownership, node_ownership
+from gpuconsole.facts.verdict import gpu_verdict, node_verdict
 from gpuconsole.hardware import model_for_pci_device
 from gpuconsole.readings.base import Health, PartStatus, Severity
-from gpuconsole.readings.bmc import BmcReading, SensorHealth
+from gpuconsole.readings.bmc import BmcReading
 from gpuconsole.readings.nvml import GpuReading, GpuState
-from gpuconsole.readings.snapshot import NodeSnapshot, gpu_health, gpus_health
+from gpuconsole.readings.snapshot import NodeSnapshot
 
 gpu_rows = node_gpus  # every GPU of a node, NVML's or not, with its owner
 PASSTHROUGH_GLYPH = "◆"  # a GPU a guest holds through vfio-pci: no NVML reading to colour
@@ -97,19 +98,10 @@ def row_cell_text(row: GpuRow, metric: Metric) -> str:
     return f" {PASSTHROUGH_GLYPH if row.passthrough else UNSEEN_GLYPH} "
 
 
-def row_health(row: GpuRow) -> Health:
-    """A GPU's light: NVML's verdict; a guest's GPU is fine unless ownership says otherwise."""
-    if row.reading is not None:
-        return gpu_health(row.reading)
-    problems = row.owner.all_problems if row.owner is not None else ()
-    guest = row.guest.reading if row.guest is not None else None
-    if guest is not None:  # its guest's agent read it: judged as NVML's reading would be
-        levels = (_worst(problems), gpu_health(guest))
-        for level in (Health.CRITICAL, Health.WARNING):
-            if level in levels:
-                return level
-        return levels[1]
-    return _worst(problems) or (Health.OK if row.passthrough else Health.UNKNOWN)
+def row_health(node: NodeSnapshot, row: GpuRow) -> Health:
+    """A GPU's light: its verdict's health (a guest's GPU by what its guest's agent read of
+    it, and its ownership)."""
+    return gpu_verdict(node, row).health
 
 
 def row_model(row: GpuRow) -> str | None:
@@ -336,9 +328,9 @@ class NodeFacts(NamedTuple):
 
 
 def node_facts(node: NodeSnapshot) -> NodeFacts:
-    """A node's health and GPU counts: worked out once per reading, then shared by the
-    fleet's summary, its sort and the node's row."""
-    return NodeFacts(node.health, gpu_counts(node))
+    """A node's health (its verdict's) and GPU counts: worked out once per reading, then
+    shared by the fleet's summary, its sort and the node's row."""
+    return NodeFacts(node_verdict(node).health, gpu_counts(node))
 
 
 def gpu_count(node: NodeSnapshot) -> int:
@@ -351,22 +343,12 @@ def in_use_count(node: NodeSnapshot) -> int:
     return gpu_counts(node).in_use
 
 
-def _worst(problems: Iterable[object]) -> Health | None:
-    levels = {getattr(p, "severity", None) for p in problems}
-    if Severity.CRITICAL in levels:
-        return Health.CRITICAL
-    return Health.WARNING if levels else None
-
-
 def tenancy_facet(node: NodeSnapshot) -> tuple[Health | None, str]:
     """The tenancy light: the source's freshness, or the worst ownership inconsistency."""
-    health = source_health(node, "tenancy")
+    health = source_facet(node, "tenancy")
     if health is None:
         return None, PENDING_SOURCES["tenancy"][1]
     problems = ownership_problems(node)
-    worst = _worst(problems)
-    if worst is not None and health is Health.OK:
-        health = worst
     detail = f"tenancy: {len(problems)} ownership problem(s)" if problems else "tenancy"
     return health, detail
 
@@ -381,18 +363,25 @@ class Facet:
     detail: str
 
 
-def source_health(node: NodeSnapshot, source: str) -> Health | None:
+def source_facet(node: NodeSnapshot, source: str) -> Health | None:
+    """One source's light on a node: stale while it is, else the worst of the node's verdict
+    findings that source gave (critical wins over stale); None when it is not configured."""
     status = node.status(source)
     if status is None:
         return None
-    return Health.OK if status.ok else Health.STALE
+    worst = Health.STALE if status.stale else Health.OK
+    for finding in node_verdict(node).findings:
+        if finding.source != source:
+            continue
+        if finding.severity is Severity.CRITICAL:
+            return Health.CRITICAL
+        if finding.severity is Severity.WARNING and worst is Health.OK:
+            worst = Health.WARNING
+    return worst
 
 
 def gpu_facet_health(node: NodeSnapshot) -> Health:
-    status = node.status("nvml")
-    if status is None:
-        return Health.UNKNOWN
-    return gpus_health(node.gpus, Health.OK if status.ok else Health.STALE)
+    return source_facet(node, "nvml") or Health.UNKNOWN
 
 
 def facets(node: NodeSnapshot) -> tuple[Facet, ...]:
@@ -401,7 +390,7 @@ def facets(node: NodeSnapshot) -> tuple[Facet, ...]:
         if source == "tenancy":
             health, detail = tenancy_facet(node)
         else:
-            health = source_health(node, source)
+            health = source_facet(node, source)
             detail = how if health is None else name
         out.append(Facet(name[0].upper(), name, health, detail))
     return tuple(out)
@@ -484,7 +473,7 @@ def gpu_state_words(gpu: GpuReading) -> str:
 
 def filter_text(node: NodeSnapshot) -> str:
     """What `/` matches a node against: name, model, owners, health, profile."""
-    parts = [node.node, node.health.value, node.profile or ""]
+    parts = [node.node, node_verdict(node).health.value, node.profile or ""]
     model = node_model(node)
     if model:
         parts += [model, model.replace("NVIDIA ", "")]
@@ -565,16 +554,22 @@ def bmc_schema(reading: BmcReading | None) -> str:
 
 
 def fabric_panel(node: NodeSnapshot) -> str:
-    """The fabric panel: ports up against ports present, and GPUDirect's kernel module."""
+    """The fabric panel: ports up against ports present, those trained below their rate,
+    and GPUDirect's kernel module."""
     pending = pending_panel(node, "fabric")
     reading = getattr(node, "fabric", None)
     if pending is not None or reading is None:
         return pending or fmt.NA
     ports = tuple(getattr(reading, "ports", ()))
     down = [p for p in ports if getattr(p, "state", "") != "ACTIVE"]
-    lines = [f"{len(ports) - len(down)}/{len(ports)} ports active"]
+    slow = [p for p in ports if p.downtrained]
+    lines = [f"{len(ports) - len(down)}/{len(ports)} ports active"
+             + (f", {len(slow)} downtrained" if slow else "")]  # fmt: skip
     for port in down[:2]:
         lines.append(f"{port.device}/{port.port} {port.state} ({port.phys_state})")
+    for port in slow[:2]:
+        lines.append(f"{port.name} at {port.rate_text or fmt.NA}, expected "
+                     f"{port.expected_rate_gbps:g} Gb/s")  # fmt: skip
     peermem = getattr(reading, "peermem_loaded", None)
     if peermem is not None:
         lines.append(f"nvidia-peermem {'loaded' if peermem else 'NOT loaded'}")
@@ -582,40 +577,3 @@ def fabric_panel(node: NodeSnapshot) -> str:
     if status is not None and status.stale:
         lines.insert(0, f"stale since {fmt.clock_time(status.stale_since)}: {status.error or '?'}")
     return "\n".join(lines)
-
-
-def gpu_trouble(gpu: GpuReading) -> str | None:
-    """Why `gpu_health` calls a GPU critical, in words; None when it does not."""
-    if gpu_health(gpu) is not Health.CRITICAL:
-        return None
-    if gpu.state is GpuState.LOST:
-        return "lost: it fell off the bus (XID 79)"
-    if gpu.ecc.remap_failure:
-        return "failing: a row remap failed"
-    return f"failing: {gpu.ecc.volatile_uncorrected} uncorrectable ECC error(s)"
-
-
-def critical_problems(node: NodeSnapshot) -> tuple[str, ...]:
-    """What is critical on a node, in words: GPUs lost or failing, PSUs or fans failed (or
-    a BMC sensor past its critical limit), ownership that does not add up critically."""
-    problems = [
-        f"{row.name} ({row.bus_id}) {trouble}"
-        for row in node_gpus(node)
-        if row.reading is not None and (trouble := gpu_trouble(row.reading)) is not None
-    ]
-    bmc = node.bmc
-    if bmc is not None and bmc.health is Health.CRITICAL:
-        counted: set[str] = set()
-        if bmc.psus_failed:
-            problems.append(f"{bmc.psus_failed} of {bmc.psus_present} PSUs failed")
-            counted.add("psu")
-        if bmc.fans_failed:
-            problems.append(f"{bmc.fans_failed} of {bmc.fans_present} fans failed")
-            counted.add("fan")
-        problems += [
-            f"BMC sensor {s.name}: {s.health}"
-            for s in bmc.sensors
-            if s.health in (SensorHealth.CRITICAL, SensorHealth.FAILED) and s.context not in counted
-        ]
-    problems += [p.message for p in ownership_problems(node) if p.severity is Severity.CRITICAL]
-    return tuple(problems)

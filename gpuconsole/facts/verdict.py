@@ -2,11 +2,46 @@
 
 The one place that judges health from every source; every view, `snapshot` and the exporter
 ask it. (Shared contract: the `Action` values are what plans, alerts and series carry.)
+
+Evidence, each a `Finding` with the source that showed it:
+- nvml: a GPU lost or unreadable; XIDs counted over the health window, judged by NVIDIA's
+  XID catalog (`facts.xids`); the driver's own recovery action; row remapping pending or
+  failed and uncorrectable ECC errors; NVLinks down; the PCIe link trained down or
+  replaying; the GPU outside the NVLink fabric or the Fabric Manager not running; clocks
+  held down by heat or power;
+- bmc: critical event log entries, failed PSUs and fans, sensors past their critical limit
+  (the inlet among them);
+- fabric: rails down or trained below their rate, error counters climbing, links that
+  went down;
+- tenancy: ownership that does not add up, and GPUs out of service (drained) with the XID
+  that put them there.
+A verdict's action is its worst finding's (the most severe, then the strongest action); its
+health is that finding's severity.
 """
 
 from __future__ import annotations
 
 import enum
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuconsole import format as fmt
+from gpuconsole.facts.inventory import GpuRow, short_bus_id
+from gpuconsole.facts.ownership import node_ownership
+from gpuconsole.facts.xids import Bucket, xid_entry
+from gpuconsole.readings.base import Health, Severity, known_bus_id
+from gpuconsole.readings.bmc import BmcReading, SensorHealth, SensorKind
+from gpuconsole.readings.fabric import (
+    ERROR_RULES,
+    FabricReading,
+    PortRole,
+    port_deltas,
+    port_problems,
+    port_rates,
+)
+from gpuconsole.readings.nvml import GpuReading, GpuState, NvmlReading
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 
 
 class Action(enum.StrEnum):
@@ -25,5 +60,608 @@ class Action(enum.StrEnum):
         """0 for fit up to 6 for return to service: the value of the verdict series."""
         return _RANKS[self]
 
+    @property
+    def words(self) -> str:
+        """What to do, as an operator reads it: 'reset the GPU'."""
+        return ACTION_WORDS[self]
+
 
 _RANKS = {action: rank for rank, action in enumerate(Action)}
+ACTION_WORDS = {
+    Action.FIT: "fit for work",
+    Action.WATCH: "keep watching it",
+    Action.DRAIN: "drain it",
+    Action.RESET_GPU: "reset the GPU, then verify",
+    Action.REBOOT_NODE: "reboot the node, then verify",
+    Action.RESEAT: "reseat it / check cables and power",
+    Action.SERVICE: "return it for service",
+}
+SOURCES = ("nvml", "bmc", "fabric", "tenancy")
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One piece of evidence: a machine code, the words an operator reads, how bad, who saw
+    it, what it calls for, and the GPU it is about (its bus id; None for the node)."""
+
+    code: str  # machine name: "xid", "remap_pending", "psu_failed", "rail_down", ...
+    text: str  # human words, without the subject: "a row remap is pending (ECC)"
+    severity: Severity
+    source: str  # "nvml", "bmc", "fabric" or "tenancy"
+    action: Action
+    bus_id: str | None = None
+    subject: str = ""  # what it is about, as views name it: "GPU 2 (52:00.0)", "mlx5_7/1"
+
+    @property
+    def message(self) -> str:
+        """'GPU 2 (52:00.0): a row remap is pending': what a list of problems shows."""
+        return f"{self.subject}: {self.text}" if self.subject else self.text
+
+
+_SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
+
+
+def _worst_first(finding: Finding) -> tuple[int, int]:
+    return -_SEVERITY_RANK[finding.severity], -finding.action.rank
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What to do with a GPU or a node, its health at a glance, and the evidence, worst
+    first."""
+
+    action: Action
+    health: Health
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def fit(self) -> bool:
+        return self.action is Action.FIT
+
+    @property
+    def problems(self) -> tuple[Finding, ...]:
+        """The findings worth an operator's look (warnings and worse)."""
+        return tuple(f for f in self.findings if f.severity is not Severity.INFO)
+
+    @property
+    def summary(self) -> str:
+        """One line: 'reset the GPU, then verify: a row remap is pending (ECC)'."""
+        worst = self.problems
+        if not worst:
+            return self.action.words
+        more = f" (+{len(worst) - 1} more)" if len(worst) > 1 else ""
+        return f"{self.action.words}: {worst[0].message}{more}"
+
+
+def _verdict(findings: list[Finding], calm: Health = Health.OK) -> Verdict:
+    """The verdict of some findings: the worst action; critical health over `calm` (stale
+    or unknown), which wins over a warning, as a stale source cannot vouch for the rest."""
+    if not findings:
+        return _FIT if calm is Health.OK else Verdict(Action.FIT, calm)
+    findings.sort(key=_worst_first)
+    action = findings[0].action  # the worst finding's: a lost GPU's reboot before a cable
+    severity = findings[0].severity
+    if severity is Severity.CRITICAL:
+        health = Health.CRITICAL
+    elif calm is not Health.OK:
+        health = calm
+    elif severity is Severity.WARNING:
+        health = Health.WARNING
+    else:
+        health = Health.OK
+    return Verdict(action, health, tuple(findings))
+
+
+_FIT = Verdict(Action.FIT, Health.OK)
+
+
+# --- NVML ---------------------------------------------------------------------------
+
+# Clocks held down by heat or power, not by the GPU's own choice (idle, app clocks).
+_SLOWDOWNS = frozenset(
+    {"hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown", "hw_slowdown"}
+)
+_BUCKET_ACTIONS = {
+    Bucket.IGNORE: Action.FIT,
+    Bucket.RESTART_APP: Action.FIT,
+    Bucket.RESET_GPU: Action.RESET_GPU,
+    Bucket.RESTART_BM: Action.REBOOT_NODE,
+    Bucket.RESTART_VM: Action.REBOOT_NODE,
+    Bucket.CONTACT_SUPPORT: Action.SERVICE,
+    Bucket.CHECK_MECHANICALS: Action.RESEAT,
+    Bucket.UPDATE_SWFW: Action.WATCH,
+    Bucket.CHECK_UVM: Action.WATCH,
+    Bucket.WORKFLOW_XID_45: Action.WATCH,
+    Bucket.WORKFLOW_XID_48: Action.RESET_GPU,
+    Bucket.WORKFLOW_NVLINK_ERR: Action.RESET_GPU,
+    Bucket.WORKFLOW_NVLINK5_ERR: Action.RESET_GPU,
+    Bucket.XID_154: Action.WATCH,  # the recovery action it announces is judged on its own
+}
+_BUCKET_WORDS = {
+    Bucket.IGNORE: "no action needed",
+    Bucket.RESTART_APP: "restart the application",
+    Bucket.RESET_GPU: "reset the GPU",
+    Bucket.RESTART_BM: "reboot the node",
+    Bucket.RESTART_VM: "restart the VM",
+    Bucket.CONTACT_SUPPORT: "contact NVIDIA support",
+    Bucket.CHECK_MECHANICALS: "check the mechanicals",
+    Bucket.UPDATE_SWFW: "update the driver and firmware",
+    Bucket.CHECK_UVM: "check the unified memory driver",
+    Bucket.WORKFLOW_XID_45: "follow the XID before it (alone: restart Fabric Manager)",
+    Bucket.WORKFLOW_XID_48: "reset the GPU (drain first if a remap came with it)",
+    Bucket.WORKFLOW_NVLINK_ERR: "reset the GPU or reboot; decode the link's error",
+    Bucket.WORKFLOW_NVLINK5_ERR: "reset the GPU; decode the link's error",
+    Bucket.XID_154: "follow the driver's recovery action",
+}
+# An application fault seen this often in the window on one GPU points at the GPU:
+# NVIDIA's XID 13/31 workflows call for diagnostics on repeats.
+APP_FAULT_REPEATS = 3
+# nvmlDeviceGpuRecoveryAction_t -> (action, words)
+_RECOVERY = {
+    1: (Action.RESET_GPU, "the driver asks for a GPU reset"),
+    2: (Action.REBOOT_NODE, "the driver asks for a node reboot"),
+    3: (Action.DRAIN, "the driver asks to drain peer-to-peer traffic"),
+    4: (Action.RESET_GPU, "the driver asks to drain it and reset the GPU"),
+    5: (Action.DRAIN, "the driver asks to recover its IMEX domain"),
+    6: (Action.RESET_GPU, "the driver asks for a bus reset"),
+    7: (Action.REBOOT_NODE, "the driver asks for a system reboot"),
+}
+PCIE_REPLAYS_PER_MIN = 8.0  # dcgm's PCIe health watch default
+_Add = Callable[[str, str, Severity, Action], None]
+
+
+def _gpu_subject(gpu: GpuReading) -> str:
+    bus = known_bus_id(gpu.pci_bus_id)
+    return f"GPU {gpu.index}" + (f" ({short_bus_id(bus)})" if bus else "")
+
+
+def _xid_finding(gpu: GpuReading, code: int, count: int, bus: str | None) -> Finding | None:
+    entry = xid_entry(code)
+    times = f" ({count} times)" if count > 1 else ""
+    if entry is None:
+        return Finding("xid", f"XID {code}{times}: not in the catalog carried here",
+                       Severity.WARNING, "nvml", Action.WATCH, bus, _gpu_subject(gpu))  # fmt: skip
+    action = _BUCKET_ACTIONS[entry.immediate]
+    severity = entry.severity
+    advice = _BUCKET_WORDS[entry.immediate]
+    if entry.immediate is Bucket.RESTART_APP:
+        if count >= APP_FAULT_REPEATS:
+            action, severity = Action.WATCH, Severity.WARNING
+            advice = "repeats on this GPU: run diagnostics"
+        else:
+            severity = Severity.INFO  # the application's fault, kept as evidence
+    return Finding("xid", f"XID {code} {entry.words}{times}: {advice}", severity, "nvml",
+                   action, bus, _gpu_subject(gpu))  # fmt: skip
+
+
+def gpu_findings(
+    node: NodeSnapshot, gpu: GpuReading, fabric_manager: bool | None = None
+) -> list[Finding]:
+    """The evidence NVML gives about one GPU; [] for a healthy one (the common case, which
+    a fleet of 8,000 GPUs asks every second: a few attribute reads)."""
+    state = gpu.state
+    ecc = gpu.ecc
+    throttled = not _SLOWDOWNS.isdisjoint(gpu.throttle_reasons)
+    recovery = gpu.recovery_action
+    pcie = gpu.pcie
+    if (
+        state is GpuState.OK
+        and not gpu.xids
+        and not recovery
+        and not ecc.remap_pending
+        and not ecc.remap_failure
+        and not ecc.volatile_uncorrected
+        and not throttled
+        and (gpu.fabric_status is None or gpu.fabric_status == 0)
+        and gpu.fabric_state in _FABRIC_FINE
+        and fabric_manager is not False
+        and not pcie.replay_count
+        and not pcie.downtrained
+        and not _links_down(gpu)
+    ):
+        return []
+    found: list[Finding] = []
+    bus = known_bus_id(gpu.pci_bus_id)
+    subject = _gpu_subject(gpu)
+
+    def add(code: str, text: str, severity: Severity, action: Action) -> None:
+        found.append(Finding(code, text, severity, "nvml", action, bus, subject))
+
+    if state is GpuState.LOST:
+        since = f" since {fmt.clock_time(gpu.lost_since)}" if gpu.lost_since else ""
+        add("gpu_lost", f"fell off the bus (XID 79){since}: reboot the node",
+            Severity.CRITICAL, Action.REBOOT_NODE)  # fmt: skip
+    elif state is GpuState.UNREADABLE:
+        why = (gpu.error or "").lower()
+        if "power" in why:
+            add("gpu_unreadable", f"NVML cannot open it: {gpu.error} (check its power cables)",
+                Severity.CRITICAL, Action.RESEAT)  # fmt: skip
+        elif "irq" in why or "interrupt" in why:
+            add("gpu_unreadable", f"NVML cannot open it: {gpu.error}", Severity.CRITICAL,
+                Action.REBOOT_NODE)  # fmt: skip
+        else:
+            add("gpu_unreadable", f"NVML cannot open it: {gpu.error or 'unknown'}",
+                Severity.WARNING, Action.WATCH)  # fmt: skip
+    elif state is GpuState.ERROR:
+        add("gpu_error", f"some readings failed: {gpu.error or 'unknown'}", Severity.WARNING,
+            Action.WATCH)  # fmt: skip
+    for xid in gpu.xids:
+        if state is GpuState.LOST and xid.code == 79:
+            continue  # said above
+        finding = _xid_finding(gpu, xid.code, xid.count, bus)
+        if finding is not None:
+            found.append(finding)
+    if recovery and recovery in _RECOVERY:
+        action, words = _RECOVERY[recovery]
+        add("driver_recovery_action", words, Severity.CRITICAL, action)
+    if ecc.remap_failure:
+        add("remap_failed", "a row remap failed: no spare rows left", Severity.CRITICAL,
+            Action.SERVICE)  # fmt: skip
+    elif ecc.remap_pending:
+        add("remap_pending", "ECC error with a row remap pending: a GPU reset puts the spare "
+            "row in", Severity.WARNING, Action.RESET_GPU)  # fmt: skip
+    if ecc.volatile_uncorrected:
+        add("ecc_uncorrectable", f"{ecc.volatile_uncorrected} uncorrectable ECC error(s) since "
+            "the driver loaded", Severity.CRITICAL, Action.RESET_GPU)  # fmt: skip
+    if state is GpuState.OK:
+        _fabric_and_links(gpu, fabric_manager, add)
+        _pcie(node, gpu, add)
+        if throttled:
+            words = fmt.throttle_words(tuple(r for r in gpu.throttle_reasons if r in _SLOWDOWNS))
+            add("slowdown", f"clocks held down: {words}", Severity.WARNING, Action.WATCH)
+    return found
+
+
+_FABRIC_FINE = frozenset({None, "completed", "not_supported"})
+
+
+def _links_down(gpu: GpuReading) -> bool:
+    links = gpu.nvlinks
+    if not links:
+        return False
+    for link in links:
+        if not link.active:
+            return True
+    return False
+
+
+def _fabric_and_links(gpu: GpuReading, fabric_manager: bool | None, add: _Add) -> None:
+    if gpu.fabric_status:
+        add("fabric_join_failed", f"did not join the NVLink fabric (NVML status "
+            f"{gpu.fabric_status}): CUDA jobs will not start", Severity.CRITICAL,
+            Action.RESET_GPU)  # fmt: skip
+    elif gpu.fabric_state not in _FABRIC_FINE:
+        words = (gpu.fabric_state or "").replace("_", " ")
+        add("fabric_not_joined", f"NVLink fabric {words}: CUDA jobs will not start until it "
+            "joins", Severity.WARNING, Action.DRAIN)  # fmt: skip
+    if fabric_manager is False and gpu.fabric_state is not None:
+        add("fabric_manager_down", "the Fabric Manager service is not running: CUDA jobs "
+            "will not start", Severity.CRITICAL, Action.DRAIN)  # fmt: skip
+    links = gpu.nvlinks
+    if links:
+        down = sum(1 for link in links if not link.active)
+        if down:
+            severity = Severity.CRITICAL if down == len(links) else Severity.WARNING
+            add("nvlink_down", f"{down} of {len(links)} NVLinks down", severity,
+                Action.RESET_GPU)  # fmt: skip
+
+
+def _pcie(node: NodeSnapshot, gpu: GpuReading, add: _Add) -> None:
+    pcie = gpu.pcie
+    if pcie.downtrained:
+        narrow = (pcie.width_current or 0) < (pcie.width_max or 0)
+        if narrow:
+            add("pcie_narrow", f"PCIe link x{pcie.width_current} of x{pcie.width_max}",
+                Severity.WARNING, Action.RESEAT)  # fmt: skip
+        else:
+            add("pcie_downtrained", f"PCIe link Gen{pcie.gen_current} of Gen{pcie.gen_max} "
+                "while it works", Severity.WARNING, Action.WATCH)  # fmt: skip
+    if pcie.replay_count:
+        per_s = node.rate("gpu", gpu.uuid, "pcie_replays")
+        if per_s is not None and per_s * 60.0 > PCIE_REPLAYS_PER_MIN:
+            add("pcie_replays", f"PCIe replays climbing: {per_s * 60.0:.0f}/min",
+                Severity.WARNING, Action.WATCH)  # fmt: skip
+
+
+# --- BMC ----------------------------------------------------------------------------
+
+# A critical SEL entry older than this (by the BMC's clock) is history, not news.
+SEL_WINDOW_S = 24 * 3600.0
+_SEL_ACTIONS = {
+    "power supply": Action.SERVICE,
+    "fan": Action.SERVICE,
+    "memory": Action.SERVICE,
+    "processor": Action.SERVICE,
+    "temperature": Action.WATCH,
+    "critical interrupt": Action.REBOOT_NODE,
+}
+
+
+def bmc_findings(bmc: BmcReading) -> list[Finding]:
+    """The evidence the BMC gives about the node: critical SEL entries, failed PSUs and
+    fans, sensors past their critical limit."""
+    found: list[Finding] = []
+
+    def add(code: str, text: str, severity: Severity, action: Action, subject: str) -> None:
+        found.append(Finding(code, text, severity, "bmc", action, None, subject))
+
+    if bmc.psus_failed:
+        add("psu_failed", f"{bmc.psus_failed} of {bmc.psus_present} PSUs failed",
+            Severity.CRITICAL, Action.SERVICE, "")  # fmt: skip
+    if bmc.fans_failed:
+        add("fan_failed", f"{bmc.fans_failed} of {bmc.fans_present} fans failed",
+            Severity.CRITICAL, Action.SERVICE, "")  # fmt: skip
+    for sensor in bmc.sensors:
+        health = sensor.health
+        if health is SensorHealth.OK:
+            continue
+        kind = sensor.kind
+        if kind is SensorKind.FAN and bmc.fans_failed:
+            continue  # counted above
+        if sensor.context == "psu" and bmc.psus_failed:
+            continue
+        value = "" if sensor.value is None else f" at {sensor.value:g} {sensor.unit}".rstrip()
+        bad = health in (SensorHealth.CRITICAL, SensorHealth.FAILED)
+        if kind is SensorKind.TEMPERATURE:
+            where = "inlet" if sensor.context == "intake" else "temperature"
+            code = "inlet_hot" if sensor.context == "intake" else "temperature_high"
+            action = Action.DRAIN if bad else Action.WATCH
+            text = f"{where}{value} past its {'critical' if bad else 'warning'} limit"
+        else:
+            code = "sensor_" + health.value
+            action = Action.SERVICE if bad and kind is not SensorKind.OTHER else Action.WATCH
+            text = f"{health.value}{value}"
+        add(code, text, Severity.CRITICAL if bad else Severity.WARNING, action,
+            f"BMC sensor {sensor.name}")  # fmt: skip
+    newest = bmc.at
+    cleared = {e.sensor for e in bmc.sel_recent if e.deassertion}
+    for entry in bmc.sel_recent:
+        if entry.severity is not Severity.CRITICAL or entry.deassertion:
+            continue
+        if entry.sensor in cleared:
+            continue  # a later record deasserted it
+        if entry.at is not None and newest - entry.at > SEL_WINDOW_S:
+            continue
+        when = f" at {fmt.clock_time(entry.at)}" if entry.at is not None else ""
+        action = _SEL_ACTIONS.get(entry.sensor_type.lower(), Action.SERVICE)
+        add("sel_critical", f"BMC event log{when}: {entry.message}", Severity.CRITICAL, action,
+            "")  # fmt: skip
+    return found
+
+
+# --- fabric -------------------------------------------------------------------------
+
+_ERROR_COUNTERS = frozenset(rule.counter for rule in ERROR_RULES)
+# Counters that say the physical link is failing: cable, transceiver or port.
+_PHYSICAL = frozenset(
+    {"link_downed", "symbol_error", "link_error_recovery", "local_link_integrity_errors"}
+)
+
+
+def fabric_findings(node: NodeSnapshot, fabric: FabricReading) -> list[Finding]:
+    """The evidence the fabric gives: rails down or downtrained, error counters climbing
+    over the last interval, links that went down (flaps). Congestion is traffic, not
+    health: the fabric panel shows it."""
+    moved = {
+        (key[1], key[2])
+        for key, delta in node.deltas.items()
+        if delta and key[0] == "fabric" and (key[-1] in _ERROR_COUNTERS or
+                                             f"netdev.{key[-1]}" in _ERROR_COUNTERS)
+    }  # fmt: skip
+    found: list[Finding] = []
+    for device in fabric.devices:
+        for port in device.ports:
+            if port.active and not port.downtrained and (device.name, str(port.port)) not in moved:
+                continue
+            rate = port_rates(node.rate, port)
+            delta = port_deltas(node.delta, port)
+            for problem in port_problems(port, rate, delta):
+                if problem.what.startswith("congestion"):
+                    continue
+                code, action = _port_code(port.role, problem.what, problem.counter)
+                found.append(Finding(code, problem.what, problem.severity, "fabric", action,
+                                     None, f"{port.name} ({port.role})"))  # fmt: skip
+    if fabric.peermem_loaded is False and any(p.role is PortRole.COMPUTE for p in fabric.ports):
+        found.append(Finding("peermem_missing", "nvidia-peermem not loaded: no GPUDirect RDMA",
+                             Severity.WARNING, "fabric", Action.WATCH))  # fmt: skip
+    return found
+
+
+def _port_code(role: PortRole, what: str, counter: str | None) -> tuple[str, Action]:
+    if counter is None:
+        if what.startswith("downtrained"):
+            return "rail_downtrained", Action.RESEAT
+        if what.startswith("link"):
+            if role is PortRole.MANAGEMENT:
+                return "port_down", Action.WATCH
+            return "rail_down", Action.RESEAT
+        return "netdev_down", Action.WATCH
+    if counter == "link_downed":
+        return "link_flap", Action.RESEAT
+    if counter in _PHYSICAL:
+        return "link_errors", Action.WATCH
+    return "port_errors", Action.WATCH
+
+
+# --- tenancy ------------------------------------------------------------------------
+
+
+def tenancy_findings(node: NodeSnapshot) -> list[Finding]:
+    """Ownership that does not add up, and GPUs sysfs lists that no driver holds (drained):
+    out of service, with the XID that put them there when the hub saw it."""
+    ownership = node_ownership(node)
+    if ownership is None:
+        return []
+    found = [
+        Finding("ownership", p.message, p.severity, "tenancy",
+                Action.DRAIN if p.severity is Severity.CRITICAL else Action.WATCH)
+        for p in ownership.problems
+    ]  # fmt: skip
+    for owner in ownership.gpus:
+        subject = f"GPU {owner.index}" if owner.index is not None else "GPU"
+        subject += f" ({short_bus_id(owner.bus_id)})"
+        for p in owner.all_problems:
+            action = Action.DRAIN if p.severity is Severity.CRITICAL else Action.WATCH
+            found.append(Finding("ownership", p.message, p.severity, "tenancy", action,
+                                 owner.bus_id, subject))  # fmt: skip
+        if owner.index is None and owner.driver is None:
+            code = node.last_xid.get(owner.bus_id)
+            entry = xid_entry(code) if code is not None else None
+            if entry is not None and entry.severity is Severity.CRITICAL:
+                action = _BUCKET_ACTIONS[entry.immediate]
+                found.append(Finding("drained_after_xid", f"drained after XID {code} "
+                                     f"{entry.words}: {_BUCKET_WORDS[entry.immediate]} before "
+                                     "it serves again", Severity.CRITICAL, "tenancy", action,
+                                     owner.bus_id, subject))  # fmt: skip
+            else:
+                found.append(Finding("drained", "no driver holds it: out of service until it "
+                                     "is given back", Severity.WARNING, "tenancy",
+                                     Action.WATCH, owner.bus_id, subject))  # fmt: skip
+    return found
+
+
+# --- the verdicts -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Judged:
+    node: NodeSnapshot
+    verdict: Verdict
+    gpus: dict[str, Verdict]  # by bus id (or "#index" for a GPU NVML could not read)
+
+
+_JUDGED: OrderedDict[str, _Judged] = OrderedDict()
+_JUDGED_NODES = 16384
+
+
+def _gpu_key(bus_id: str | None, index: int | None) -> str:
+    return bus_id if bus_id else f"#{index}"
+
+
+def _judge(node: NodeSnapshot) -> _Judged:
+    """Every finding of a node, judged once per snapshot of it: the fleet, the wallboard
+    and the exporter of one process ask about the same snapshot."""
+    seen = _JUDGED.get(node.node)
+    if seen is not None and seen.node is node:
+        return seen
+    findings: list[Finding] = []
+    nvml = node.nvml
+    if nvml is not None:
+        findings += _nvml_findings(node, nvml)
+    if node.bmc is not None:
+        findings += bmc_findings(node.bmc)
+    if node.fabric is not None:
+        findings += fabric_findings(node, node.fabric)
+    if node.tenancy is not None:
+        findings += tenancy_findings(node)
+    per_gpu: dict[str, list[Finding]] = {}
+    for finding in findings:
+        if finding.bus_id is not None:
+            per_gpu.setdefault(finding.bus_id, []).append(finding)
+    gpus = {bus: _verdict(list(found)) for bus, found in per_gpu.items()}
+    if not node.statuses:
+        calm = Health.UNKNOWN
+    elif any(s.stale for s in node.statuses):
+        calm = Health.STALE
+    else:
+        calm = Health.OK
+    judged = _Judged(node, _verdict(findings, calm), gpus)
+    _JUDGED[node.node] = judged
+    _JUDGED.move_to_end(node.node)
+    while len(_JUDGED) > _JUDGED_NODES:
+        _JUDGED.popitem(last=False)
+    return judged
+
+
+def _nvml_findings(node: NodeSnapshot, nvml: NvmlReading) -> list[Finding]:
+    fm = nvml.fabric_manager_running
+    if fm is False:
+        found = [Finding("fabric_manager_down", "the NVIDIA Fabric Manager service is not "
+                         "running: CUDA jobs will not start on its GPUs", Severity.CRITICAL,
+                         "nvml", Action.DRAIN)]  # fmt: skip
+    else:
+        found = []
+    for gpu in nvml.gpus:
+        # the node says Fabric Manager is down once, not on every GPU
+        got = gpu_findings(node, gpu, None)
+        if got:
+            found += got
+    return found
+
+
+def node_verdict(node: NodeSnapshot) -> Verdict:
+    """The node's verdict: every source's evidence about it and its GPUs, worst first.
+    Health is unknown before any source answered, stale while a source is stale and nothing
+    is critical."""
+    return _judge(node).verdict
+
+
+def gpu_verdict(node: NodeSnapshot, gpu: GpuReading | GpuRow | str) -> Verdict:
+    """One GPU's verdict (a reading, a row, or its bus id): the evidence about it alone;
+    what is wrong with the node around it is the node's verdict."""
+    judged = _judge(node)
+    if isinstance(gpu, str):
+        key = gpu
+    elif isinstance(gpu, GpuRow):
+        key = gpu.bus_id if gpu.reading is None else _gpu_key(
+            known_bus_id(gpu.reading.pci_bus_id), gpu.reading.index)  # fmt: skip
+    else:
+        key = _gpu_key(known_bus_id(gpu.pci_bus_id), gpu.index)
+    found = judged.gpus.get(key)
+    if found is not None:
+        return found
+    if isinstance(gpu, GpuReading) and known_bus_id(gpu.pci_bus_id) is None:
+        own = [f for f in judged.verdict.findings if f.bus_id is None and
+               f.subject == _gpu_subject(gpu)]  # fmt: skip
+        if own:
+            return _verdict(own)
+    return _FIT
+
+
+def reading_verdict(gpu: GpuReading, node: NodeSnapshot | None = None) -> Verdict:
+    """A GPU's verdict from its NVML reading alone (and its node's rates, where given): for
+    a caller with a reading and no snapshot around it."""
+    return _verdict(gpu_findings(node or _NO_NODE, gpu))
+
+
+_NO_NODE = NodeSnapshot("")
+
+
+def gpu_health(node: NodeSnapshot, gpu: GpuReading | GpuRow | str) -> Health:
+    """A GPU's light: its verdict's health."""
+    return gpu_verdict(node, gpu).health
+
+
+def node_health(node: NodeSnapshot) -> Health:
+    """A node's light: its verdict's health."""
+    return node_verdict(node).health
+
+
+def finding_json(finding: Finding) -> dict[str, str | None]:
+    """A finding as `snapshot --json` writes it."""
+    return {
+        "code": finding.code,
+        "text": finding.text,
+        "subject": finding.subject,
+        "severity": finding.severity.value,
+        "source": finding.source,
+        "action": finding.action.value,
+        "bus_id": finding.bus_id,
+    }
+
+
+def verdicts_json(snapshot: FleetSnapshot) -> dict[str, object]:
+    """Every node's verdict and each judged GPU's, by node name and bus id."""
+    out: dict[str, object] = {}
+    for node in snapshot.nodes:
+        judged = _judge(node)
+        out[node.node] = {
+            "action": judged.verdict.action.value,
+            "health": judged.verdict.health.value,
+            "findings": [finding_json(f) for f in judged.verdict.findings],
+            "gpus": {
+                bus: {"action": v.action.value, "health": v.health.value}
+                for bus, v in judged.gpus.items()
+            },
+        }
+    return out

@@ -1,21 +1,22 @@
 """A node's merged readings and the whole fleet's, as consumers receive them.
 
 The hub merges the sources' partial readings (one per source kind) into a NodeSnapshot per
-node and a FleetSnapshot for the whole process.
+node and a FleetSnapshot for the whole process. Whether a node is healthy is a fact derived
+from all of them: `facts.verdict`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from gpuconsole.readings.alerts import ActiveAlert
-from gpuconsole.readings.base import Event, Health, Key, SourceStatus
+from gpuconsole.readings.base import Event, Key, SourceStatus
 from gpuconsole.readings.bmc import BmcReading
 from gpuconsole.readings.fabric import FabricReading
-from gpuconsole.readings.nvml import GpuReading, GpuState, NvmlReading
+from gpuconsole.readings.nvml import GpuReading, NvmlReading
 from gpuconsole.readings.tenancy import TenancyReading
 
 if TYPE_CHECKING:
@@ -44,7 +45,9 @@ class NodeSnapshot:
     # how far each counter read with `delta` moved over its source's last interval; only
     # the counters that moved are here
     deltas: Mapping[Key, int] = field(default_factory=lambda: _EMPTY_DELTAS)
-    last_xid: Mapping[str, int] = field(default_factory=lambda: _EMPTY_XIDS)  # by GPU UUID
+    # each GPU's latest XID the hub saw, by UUID and by bus id (a drained GPU has no UUID
+    # NVML reads, and keeps its XID)
+    last_xid: Mapping[str, int] = field(default_factory=lambda: _EMPTY_XIDS)
     history: HistoryView | None = None
 
     def status(self, source: str) -> SourceStatus | None:
@@ -77,46 +80,6 @@ class NodeSnapshot:
     @property
     def gpus(self) -> tuple[GpuReading, ...]:
         return self.nvml.gpus if self.nvml is not None else ()
-
-    @property
-    def health(self) -> Health:
-        if not self.statuses:
-            return Health.UNKNOWN
-        stale = any(s.stale for s in self.statuses)
-        return gpus_health(self.gpus, Health.STALE if stale else Health.OK)
-
-
-def gpus_health(gpus: Iterable[GpuReading], start: Health = Health.OK) -> Health:
-    """The worst of some GPUs: critical wins; a warning shows only over an otherwise ok state."""
-    worst = start
-    for gpu in gpus:
-        level = gpu_health(gpu)
-        if level is Health.CRITICAL:
-            return Health.CRITICAL
-        if level is Health.WARNING and worst is Health.OK:
-            worst = Health.WARNING
-    return worst
-
-
-# Throttle reasons that mean the GPU is held back by heat or power, not by its own choice.
-_SLOWDOWNS = frozenset(
-    {"hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown", "hw_slowdown"}
-)
-
-
-def gpu_health(gpu: GpuReading) -> Health:
-    """One GPU at a glance: lost or failing is critical, throttled or erring is a warning."""
-    # A fleet view judges every GPU of a thousand nodes each second: no set built per call.
-    ecc = gpu.ecc
-    if gpu.state is GpuState.LOST or ecc.remap_failure or (ecc.volatile_uncorrected or 0) > 0:
-        return Health.CRITICAL
-    if ecc.remap_pending or gpu.pcie.downtrained or not _SLOWDOWNS.isdisjoint(gpu.throttle_reasons):
-        return Health.WARNING
-    if gpu.state is GpuState.ERROR:
-        return Health.WARNING
-    if gpu.state is GpuState.UNREADABLE:
-        return Health.UNKNOWN
-    return Health.OK
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from urllib.parse import urlencode
 
 from gpuconsole.export import names
 from gpuconsole.facts.inventory import gpu_and_bus
+from gpuconsole.facts.xids import describe_xid
 from gpuconsole.readings.agents import AgentReading
 from gpuconsole.readings.base import Event, SourceStatus, known_bus_id, normal_bus_id, safe_text
 from gpuconsole.readings.bmc import BmcReading, PowerState
@@ -50,7 +51,6 @@ from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.agents import AgentClient, AgentSource
 from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.nvml.lib import THROTTLE_BITS
-from gpuconsole.sources.xid import describe_xid
 
 MIB = 1024 * 1024
 BYTES_PER_S_PER_GBPS = 125_000_000  # how the exporter writes a port's rate (procfs does so)

@@ -28,13 +28,14 @@ from gpuconsole import format as fmt
 from gpuconsole.facts import summaries
 from gpuconsole.facts.ownership import OwnerKind, node_ownership
 from gpuconsole.facts.summaries import Metric, stale_sources
+from gpuconsole.facts.verdict import Finding, node_verdict
 from gpuconsole.hub import Hub
 from gpuconsole.paths import user_themes_dir
 from gpuconsole.readings.alerts import AlertState
 from gpuconsole.readings.base import Health, Severity
 from gpuconsole.readings.fabric import ERROR_RULES, port_deltas, port_problems, port_rates
 from gpuconsole.readings.nvml import GpuReading
-from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.tui.feed import HubFeed, SnapshotFeed
 from gpuconsole.tui.messages import SnapshotArrived
 from gpuconsole.tui.themes import Palette, load_themes, resolve_theme_name
@@ -112,7 +113,7 @@ def heat_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
         counts.append(summaries.gpu_counts(node))
         cells = []
         for row in gpu_rows:
-            health = summaries.row_health(row)
+            health = summaries.row_health(node, row)
             critical += health is Health.CRITICAL
             gpu = row.reading
             if gpu is None:
@@ -125,7 +126,7 @@ def heat_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
                 continue
             _, fraction = summaries.metric_value(gpu, Metric.TEMP)
             cells.append((summaries.cell_text(gpu, Metric.TEMP), palette.heat(fraction)))
-        health = node.health
+        health = node_verdict(node).health
         name = Text(f"{HEALTH_GLYPH[health]} {node.node}", style=palette.health[health])
         rows.append((name, tuple(cells), Text(health.value)))
     total = summaries.GpuCounts.add_up(counts).total
@@ -166,20 +167,30 @@ def hottest_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
 
 
 def alerts_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
-    """The alerts that fire, GPUs that are not healthy, sources gone stale, and the latest
-    warnings."""
+    """The alerts that fire, what the verdicts found (worst first), sources gone stale, and
+    the latest warnings."""
     lines = Text()
     for alert in [a for a in snapshot.alerts if a.state is AlertState.FIRING][:TOP]:
         health = Health.CRITICAL if alert.severity is Severity.CRITICAL else Health.WARNING
         quiet = f" [silenced: {alert.silenced_by}]" if alert.silenced_by else ""
         lines.append(f"{HEALTH_GLYPH[health]} {alert.name} since {fmt.clock_time(alert.since)}: "
                      f"{alert.summary}{quiet}\n", style=palette.health[health])  # fmt: skip
-    bad = [(n, g, gpu_health(g)) for n, g in _gpus(snapshot)]
-    bad = [b for b in bad if b[2] in (Health.CRITICAL, Health.WARNING)]
-    bad.sort(key=lambda b: (b[2] is not Health.CRITICAL, b[0].node, b[1].index))
-    for node, gpu, health in bad[:TOP]:
-        why = "LOST" if gpu.lost else ", ".join(gpu.throttle_reasons) or gpu.state.value
-        lines.append(f"{HEALTH_GLYPH[health]} {node.node} GPU {gpu.index}: {why}\n",
+    judged = [(node, node_verdict(node)) for node in snapshot.nodes]
+    # each troubled node's worst finding first, so that every one is on the board; then
+    # the rest of their evidence, as room allows
+    first: list[tuple[NodeSnapshot, Finding]] = []
+    rest: list[tuple[NodeSnapshot, Finding]] = []
+    for node, verdict in judged:
+        problems = verdict.problems
+        if problems:
+            first.append((node, problems[0]))
+            rest += [(node, f) for f in problems[1:]]
+    for found in (first, rest):
+        found.sort(key=lambda b: (b[1].severity is not Severity.CRITICAL, -b[1].action.rank,
+                                  b[0].node))  # fmt: skip
+    for node, finding in (first + rest)[:TOP]:
+        health = Health.CRITICAL if finding.severity is Severity.CRITICAL else Health.WARNING
+        lines.append(f"{HEALTH_GLYPH[health]} {node.node} {finding.message}\n",
                      style=palette.health[health])  # fmt: skip
     stale = [(n, s) for n in snapshot.nodes for s in n.statuses if s.stale]
     for node, status in stale[:TOP]:
@@ -194,8 +205,9 @@ def alerts_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
     if not lines.plain:
         lines.append("No alerts. Every source is fresh.", style=palette.health[Health.OK])
     stale_count = sum(len(stale_sources(n)) for n in snapshot.nodes)
-    critical = sum(1 for b in bad if b[2] is Health.CRITICAL)
-    figures = (("critical", str(critical)), ("warning", str(len(bad) - critical)),
+    critical = sum(1 for _, v in judged if v.health is Health.CRITICAL)
+    warning = sum(1 for _, v in judged if v.health is Health.WARNING)
+    figures = (("critical nodes", str(critical)), ("warning", str(warning)),
                ("stale", str(stale_count)))  # fmt: skip
     return Page("Alerts and stale sources", figures, lines)
 

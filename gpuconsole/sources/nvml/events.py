@@ -8,10 +8,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gpuconsole.facts.xids import describe_xid
 from gpuconsole.readings.base import Event, Severity, known_bus_id
 from gpuconsole.sources.nvml.lib import TIMEOUT
 from gpuconsole.sources.nvml.state import GpuRecord
-from gpuconsole.sources.xid import describe_xid
 
 log = logging.getLogger(__name__)
 

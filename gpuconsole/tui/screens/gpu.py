@@ -19,16 +19,18 @@ from gpuconsole import format as fmt
 from gpuconsole.facts import summaries
 from gpuconsole.facts.inventory import GpuRow
 from gpuconsole.facts.ownership import GpuOwner
+from gpuconsole.facts.verdict import gpu_verdict, node_verdict
 from gpuconsole.hardware import model_spec
 from gpuconsole.readings.base import Health, Severity, nvml_bus_id
 from gpuconsole.readings.nvml import GpuReading, RemoteKind
-from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, gpu_health
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.tui.screens.base import GpuView, acting_keys
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import health_light, spark
 
 # In grid order, two to a row; the tables wide enough to need it span both columns.
 BOXES: tuple[tuple[str, str], ...] = (
+    ("verdict", "verdict"),
     ("readings", "readings"),
     ("owner", "owner"),
     ("history", "history"),
@@ -39,7 +41,8 @@ BOXES: tuple[tuple[str, str], ...] = (
     ("processes", "processes"),
     ("mig", "MIG"),
 )
-WIDE = frozenset({"nvlink", "processes", "mig"})
+WIDE = frozenset({"verdict", "nvlink", "processes", "mig"})
+SOURCE_WORDS = {"nvml": "NVML", "bmc": "BMC", "fabric": "fabric", "tenancy": "tenancy"}
 
 
 def kv(rows: list[tuple[str, RenderableType]]) -> Table:
@@ -79,10 +82,39 @@ def owner_rows(
     return rows
 
 
+def verdict_box(node: NodeSnapshot, row: GpuRow, palette: Palette) -> RenderableType:
+    """What to do with this GPU and why, in words: its verdict's action, then each piece of
+    evidence with the source that showed it; then what troubles the node around it."""
+    verdict = gpu_verdict(node, row)
+    text = health_light(verdict.health, palette, word=False)
+    text.append(f" {verdict.action.words}", style="bold")
+    for finding in verdict.findings:
+        health = _finding_health(finding.severity)
+        text.append(f"\n  • {finding.text}", style=palette.health[health])
+        text.append(f"  ({SOURCE_WORDS.get(finding.source, finding.source)})", style=palette.dim)
+    around = [f for f in node_verdict(node).problems if f.bus_id is None]
+    if around:
+        text.append(f"\nthe node: {node_verdict(node).action.words}", style="bold")
+        for finding in around[:3]:
+            health = _finding_health(finding.severity)
+            text.append(f"\n  • {finding.message}", style=palette.health[health])
+            text.append(f"  ({SOURCE_WORDS.get(finding.source, finding.source)})",
+                        style=palette.dim)  # fmt: skip
+        if len(around) > 3:
+            text.append(f"\n  +{len(around) - 3} more", style=palette.dim)
+    return text
+
+
+def _finding_health(severity: Severity) -> Health:
+    if severity is Severity.CRITICAL:
+        return Health.CRITICAL
+    return Health.WARNING if severity is Severity.WARNING else Health.OK
+
+
 def readings_box(
     node: NodeSnapshot, row: GpuRow, gpu: GpuReading, palette: Palette
 ) -> RenderableType:
-    state = health_light(gpu_health(gpu), palette)
+    state = health_light(gpu_verdict(node, row).health, palette)
     state.append(f" {summaries.gpu_state_words(gpu)}")
     if gpu.unreadable:  # nothing else is known: say why instead of a column of dashes
         bus = f"{row.bus_id} (sysfs)" if ":" in row.bus_id else fmt.NA
@@ -401,6 +433,7 @@ class GpuScreen(GpuView):
         width = max(8, min(40, self.size.width // 2 - 22))
         owners = owner_rows(node, row.owner, palette, self.console.clock())
         boxes: dict[str, RenderableType] = {
+            "verdict": verdict_box(node, row, palette),
             "readings": readings_box(node, row, gpu, palette),
             "owner": kv(owners),
             "history": history_box(node, gpu, palette, width),
@@ -421,8 +454,9 @@ class GpuScreen(GpuView):
         readings.update(unseen_box(row, palette, now))
         owners = owner_rows(node, row.owner, palette, now)
         self.query_one("#box-owner", Static).update(kv(owners))
+        self.query_one("#box-verdict", Static).update(verdict_box(node, row, palette))
         spec = model_spec(summaries.row_model(row))
-        for box_id, _title in BOXES[2:]:
+        for box_id, _title in BOXES[3:]:
             if box_id == "spec" and spec is not None:
                 content: RenderableType = spec_box(spec.name)
             else:

@@ -16,6 +16,7 @@ from textual.containers import Horizontal
 from gpuconsole import format as fmt
 from gpuconsole.facts import summaries
 from gpuconsole.facts.inventory import GpuRow, ownership_problems
+from gpuconsole.facts.verdict import node_verdict
 from gpuconsole.hardware import product_name, short_model
 from gpuconsole.readings.base import Health, Severity, known_bus_id
 from gpuconsole.readings.nvml import GpuReading
@@ -60,22 +61,27 @@ def ecc_text(gpu: GpuReading, palette: Palette) -> Text:
     return text
 
 
-def gpu_label(row: GpuRow, palette: Palette) -> Text:
-    """'● 3' for a GPU NVML numbers; '◆ 52:00.0' (its bus id) for one a guest holds."""
+def gpu_label(node: NodeSnapshot, row: GpuRow, palette: Palette) -> Text:
+    """'● 3' for a GPU NVML numbers; '◆ 52:00.0' (its bus id) for one a guest holds; the
+    light or the mark in its verdict's colour."""
     if row.index is not None:
-        label = health_light(summaries.row_health(row), palette)
+        label = health_light(summaries.row_health(node, row), palette)
         label.append(f" {row.index}")
         return label
     glyph = summaries.PASSTHROUGH_GLYPH if row.passthrough else summaries.UNSEEN_GLYPH
+    health = summaries.row_health(node, row)
+    style = palette.passthrough_fg if row.passthrough else palette.dim
+    if health in (Health.CRITICAL, Health.WARNING):
+        style = palette.health[health]
     label = Text()
-    label.append(glyph, style=palette.passthrough_fg if row.passthrough else palette.dim)
+    label.append(glyph, style=style)
     label.append(f" {row.short_bus[:5]}")
     return label
 
 
 def gpu_row(node: NodeSnapshot, row: GpuRow, palette: Palette) -> tuple[Cell, ...]:
     """The cells of one GPU's row, in COLUMNS order."""
-    label = gpu_label(row, palette)
+    label = gpu_label(node, row, palette)
     gpu = row.reading
     if gpu is None and row.guest is not None and row.guest.reading is not None:
         return _guest_row(label, row, row.guest.reading, palette)
@@ -143,7 +149,10 @@ def node_info(node: NodeSnapshot, palette: Palette, now: float) -> Text:
     nvml = node.nvml
     rows = summaries.gpu_rows(node)
     text = Text(no_wrap=True, overflow="ellipsis")
-    text.append_text(health_light(node.health, palette, word=True))
+    verdict = node_verdict(node)
+    text.append_text(health_light(verdict.health, palette, word=True))
+    if not verdict.fit:
+        text.append(f": {verdict.action.words}", style=palette.health[verdict.health])
     product = product_name(node.profile) or short_model(summaries.node_model(node))
     text.append(f"  {product} · {len(rows)}\u00d7 {short_model(summaries.node_model(node))}")
     guests = sum(1 for r in rows if r.passthrough)
