@@ -187,7 +187,7 @@ async def test_a_lost_gpu_can_only_be_drained(tmp_path: Path) -> None:
     # what holds is ticked, and "healthy" does not: the plan says the GPU is lost
     assert not any("healthy" in p.name for p in drained.preconditions if p.ok)
     assert any(p.ok and "lost" in p.name for p in drained.preconditions)
-    assert any("GPU 5 (0000:c3:00.0) is lost" in n for n in drained.notes)
+    assert any("GPU 5 (0000:c3:00.0): fell off the bus (XID 79)" in n for n in drained.notes)
     # NVML never read its UUID: Kubernetes is told the one the nvidia driver knows it by
     (cordon,) = [s for s in drained.steps if s.kind is StepKind.CORDON]
     assert cordon.uuids == drained.uuids == (lost.node.uuids[5],)

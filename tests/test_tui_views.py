@@ -373,7 +373,9 @@ def test_fleet_filter_matches_name_model_and_state() -> None:
     fleet = frozen_fleet()
     names = lambda q: [n.node for n in fleet.nodes if summaries.matches(n, q)]  # noqa: E731
     assert names("dgxa") == ["dgxa-001", "dgxa-002"]
-    assert names("h100 warning") == ["dgx-002", "dgx-004"]
+    assert names("h100 warning") == ["dgx-004"]  # a row remap pending
+    # a failed fan (dgx-002), a lost GPU (dgx-003), a failed PSU (dgxa-001)
+    assert names("critical") == ["dgx-002", "dgx-003", "dgxa-001"]
     assert names("lost") == ["dgx-003"]
 
 

@@ -210,17 +210,17 @@ PCIE_REPLAYS_PER_MIN = 8.0  # dcgm's PCIe health watch default
 _Add = Callable[[str, str, Severity, Action], None]
 
 
-def _gpu_subject(gpu: GpuReading) -> str:
-    bus = known_bus_id(gpu.pci_bus_id)
+def _gpu_subject(gpu: GpuReading, bus: str | None = None) -> str:
+    bus = bus or known_bus_id(gpu.pci_bus_id)
     return f"GPU {gpu.index}" + (f" ({short_bus_id(bus)})" if bus else "")
 
 
-def _xid_finding(gpu: GpuReading, code: int, count: int, bus: str | None) -> Finding | None:
+def _xid_finding(gpu: GpuReading, code: int, count: int, bus: str | None) -> Finding:
     entry = xid_entry(code)
     times = f" ({count} times)" if count > 1 else ""
     if entry is None:
         return Finding("xid", f"XID {code}{times}: not in the catalog carried here",
-                       Severity.WARNING, "nvml", Action.WATCH, bus, _gpu_subject(gpu))  # fmt: skip
+                       Severity.WARNING, "nvml", Action.WATCH, bus, _gpu_subject(gpu, bus))  # fmt: skip
     action = _BUCKET_ACTIONS[entry.immediate]
     severity = entry.severity
     advice = _BUCKET_WORDS[entry.immediate]
@@ -231,14 +231,15 @@ def _xid_finding(gpu: GpuReading, code: int, count: int, bus: str | None) -> Fin
         else:
             severity = Severity.INFO  # the application's fault, kept as evidence
     return Finding("xid", f"XID {code} {entry.words}{times}: {advice}", severity, "nvml",
-                   action, bus, _gpu_subject(gpu))  # fmt: skip
+                   action, bus, _gpu_subject(gpu, bus))  # fmt: skip
 
 
 def gpu_findings(
-    node: NodeSnapshot, gpu: GpuReading, fabric_manager: bool | None = None
+    node: NodeSnapshot, gpu: GpuReading, fabric_manager: bool | None = None, bus: str | None = None
 ) -> list[Finding]:
     """The evidence NVML gives about one GPU; [] for a healthy one (the common case, which
-    a fleet of 8,000 GPUs asks every second: a few attribute reads)."""
+    a fleet of 8,000 GPUs asks every second: a few attribute reads). `bus` names a GPU that
+    NVML lost before it read its bus id (sysfs knows it)."""
     state = gpu.state
     ecc = gpu.ecc
     throttled = not _SLOWDOWNS.isdisjoint(gpu.throttle_reasons)
@@ -261,8 +262,8 @@ def gpu_findings(
     ):
         return []
     found: list[Finding] = []
-    bus = known_bus_id(gpu.pci_bus_id)
-    subject = _gpu_subject(gpu)
+    bus = known_bus_id(gpu.pci_bus_id) or bus
+    subject = _gpu_subject(gpu, bus)
 
     def add(code: str, text: str, severity: Severity, action: Action) -> None:
         found.append(Finding(code, text, severity, "nvml", action, bus, subject))
@@ -288,9 +289,7 @@ def gpu_findings(
     for xid in gpu.xids:
         if state is GpuState.LOST and xid.code == 79:
             continue  # said above
-        finding = _xid_finding(gpu, xid.code, xid.count, bus)
-        if finding is not None:
-            found.append(finding)
+        found.append(_xid_finding(gpu, xid.code, xid.count, bus))
     if recovery and recovery in _RECOVERY:
         action, words = _RECOVERY[recovery]
         add("driver_recovery_action", words, Severity.CRITICAL, action)
@@ -523,6 +522,13 @@ def tenancy_findings(node: NodeSnapshot) -> list[Finding]:
 # --- the verdicts -------------------------------------------------------------------
 
 
+def _gpu_verdict(findings: list[Finding]) -> Verdict:
+    """A GPU's verdict: unknown health for one NVML cannot open (nothing else is known of
+    it), unless what is known is critical."""
+    unread = any(f.code == "gpu_unreadable" for f in findings)
+    return _verdict(list(findings), Health.UNKNOWN if unread else Health.OK)
+
+
 @dataclass(frozen=True, slots=True)
 class _Judged:
     node: NodeSnapshot
@@ -558,7 +564,7 @@ def _judge(node: NodeSnapshot) -> _Judged:
     for finding in findings:
         if finding.bus_id is not None:
             per_gpu.setdefault(finding.bus_id, []).append(finding)
-    gpus = {bus: _verdict(list(found)) for bus, found in per_gpu.items()}
+    gpus = {bus: _gpu_verdict(found) for bus, found in per_gpu.items()}
     if not node.statuses:
         calm = Health.UNKNOWN
     elif any(s.stale for s in node.statuses):
@@ -581,12 +587,25 @@ def _nvml_findings(node: NodeSnapshot, nvml: NvmlReading) -> list[Finding]:
                          "nvml", Action.DRAIN)]  # fmt: skip
     else:
         found = []
+    unnamed: dict[int, str] | None = None
     for gpu in nvml.gpus:
         # the node says Fabric Manager is down once, not on every GPU
         got = gpu_findings(node, gpu, None)
         if got:
+            if known_bus_id(gpu.pci_bus_id) is None:  # lost before NVML read it: by sysfs
+                if unnamed is None:
+                    unnamed = _sysfs_buses(node)
+                got = gpu_findings(node, gpu, None, unnamed.get(gpu.index))
             found += got
     return found
+
+
+def _sysfs_buses(node: NodeSnapshot) -> dict[int, str]:
+    """NVML's index -> bus id as ownership joined them (sysfs and the nvidia driver)."""
+    ownership = node_ownership(node)
+    if ownership is None:
+        return {}
+    return {g.index: g.bus_id for g in ownership.gpus if g.index is not None and ":" in g.bus_id}
 
 
 def node_verdict(node: NodeSnapshot) -> Verdict:
@@ -603,10 +622,11 @@ def gpu_verdict(node: NodeSnapshot, gpu: GpuReading | GpuRow | str) -> Verdict:
     if isinstance(gpu, str):
         key = gpu
     elif isinstance(gpu, GpuRow):
-        key = gpu.bus_id if gpu.reading is None else _gpu_key(
-            known_bus_id(gpu.reading.pci_bus_id), gpu.reading.index)  # fmt: skip
+        key = gpu.bus_id if ":" in gpu.bus_id else f"#{gpu.index}"
     else:
         key = _gpu_key(known_bus_id(gpu.pci_bus_id), gpu.index)
+    if key.startswith("#"):
+        key = _sysfs_buses(node).get(int(key[1:]), key)
     found = judged.gpus.get(key)
     if found is not None:
         return found
@@ -614,14 +634,14 @@ def gpu_verdict(node: NodeSnapshot, gpu: GpuReading | GpuRow | str) -> Verdict:
         own = [f for f in judged.verdict.findings if f.bus_id is None and
                f.subject == _gpu_subject(gpu)]  # fmt: skip
         if own:
-            return _verdict(own)
+            return _gpu_verdict(own)
     return _FIT
 
 
 def reading_verdict(gpu: GpuReading, node: NodeSnapshot | None = None) -> Verdict:
     """A GPU's verdict from its NVML reading alone (and its node's rates, where given): for
     a caller with a reading and no snapshot around it."""
-    return _verdict(gpu_findings(node or _NO_NODE, gpu))
+    return _gpu_verdict(gpu_findings(node or _NO_NODE, gpu))
 
 
 _NO_NODE = NodeSnapshot("")
