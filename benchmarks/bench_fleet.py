@@ -19,7 +19,8 @@ answered once. The child shares the machine, so on a small box the head competes
 thousand agents' worth of serving; compare figures from one run.
 
 Targets: the head under one core, under 100 ms per fleet update, under 500 MB
-resident. For comparison, all-smi documents 256 nodes at a 6 s interval.
+resident; judging every node of each published snapshot (facts.verdict) under 5 % of the
+publish. For comparison, all-smi documents 256 nodes at a 6 s interval.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from aiohttp import web
 from benchmarks.timing import record
 from gpuconsole.config import FleetConfig
 from gpuconsole.export.agent import Body, respond, snapshot_body
+from gpuconsole.facts.verdict import forget_verdicts, node_verdict
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.agents import STEADY_PARTS, held_parts, part_version
 from gpuconsole.readings.snapshot import FleetSnapshot
@@ -61,6 +63,7 @@ CPU_TARGET_CORES = 1.0
 UPDATE_TARGET_MS = 100.0
 RSS_TARGET_MB = 500.0
 WIRE_TARGET_KIB = 10.0
+VERDICT_SHARE = 0.05  # judging every node of a snapshot, against publishing it
 LIGHT_TARGET_CORES = 0.35  # a head that any codec could make: decoding alone cannot get there
 LIGHT_RSS_MB = 250.0
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -189,6 +192,10 @@ class Figures:
     poll_ms: float
     rss_mb: float
     gc_cores: float  # of `cores`, in the cyclic garbage collector
+    # judging every node of each published snapshot, as a console does (a node the publish
+    # did not change is remembered), and judging all of them afresh
+    verdict_ms: float = float("nan")
+    verdict_cold_ms: float = float("nan")
     unchanged: float = float("nan")  # share of polls the agent answered 304
     wire_kib: float = float("nan")  # bytes the agents sent per poll: per node per second
 
@@ -223,14 +230,32 @@ def _landed(hub: Hub) -> tuple[int, int]:
     return fresh, landed
 
 
-def _timed(fn: Callable[[], FleetSnapshot], into: list[float]) -> Callable[[], FleetSnapshot]:
+def _timed(
+    fn: Callable[[], FleetSnapshot], into: list[float], judged: list[float]
+) -> Callable[[], FleetSnapshot]:
     def publish() -> FleetSnapshot:
         began = time.process_time()
         snapshot = fn()
-        into.append((time.process_time() - began) * 1000)
+        published = time.process_time()
+        into.append((published - began) * 1000)
+        for node in snapshot.nodes:
+            node_verdict(node)
+        judged.append((time.process_time() - published) * 1000)
         return snapshot
 
     return publish
+
+
+def _judged_afresh_ms(snapshot: FleetSnapshot) -> float:
+    """Every node of a snapshot judged with nothing remembered: the median of 5 rounds."""
+    spent = []
+    for _ in range(5):
+        forget_verdicts()
+        began = time.process_time()
+        for node in snapshot.nodes:
+            node_verdict(node)
+        spent.append((time.process_time() - began) * 1000)
+    return statistics.median(spent)
 
 
 async def _head(ports: list[int], seconds: int) -> Figures:
@@ -238,7 +263,8 @@ async def _head(ports: list[int], seconds: int) -> Figures:
     cfg = FleetConfig(agents=agents, interval_s=1.0, timeout_s=5.0, max_connections=CONNECTIONS)
     hub = fleet_hub(cfg, HubSettings(publish_gap_s=0.2, max_backoff_s=5.0))
     publishes: list[float] = []
-    hub.publish = _timed(hub.publish, publishes)  # type: ignore[method-assign]
+    judged: list[float] = []
+    hub.publish = _timed(hub.publish, publishes, judged)  # type: ignore[method-assign]
     began = time.perf_counter()
     collector = _GcClock()
     gc.callbacks.append(collector)
@@ -249,6 +275,7 @@ async def _head(ports: list[int], seconds: int) -> Figures:
             await asyncio.sleep(0.05)
         sweep = time.perf_counter() - began if _landed(hub)[0] == len(ports) else None
         publishes.clear()
+        judged.clear()
         cores, per_update, rates, rss, collecting = [], [], [], [], []
         _, landed = _landed(hub)
         cpu, wall, in_gc = time.process_time(), time.perf_counter(), collector.spent
@@ -270,6 +297,7 @@ async def _head(ports: list[int], seconds: int) -> Figures:
             for s in n.statuses
             if s.source == "remote" and s.last_poll_s is not None
         ]
+        cold = _judged_afresh_ms(hub.latest) if hub.latest is not None else float("nan")
     finally:
         gc.callbacks.remove(collector)
         await hub.stop()
@@ -283,6 +311,8 @@ async def _head(ports: list[int], seconds: int) -> Figures:
         poll_ms=statistics.median(polls) if polls else float("nan"),
         rss_mb=statistics.median(rss),
         gc_cores=statistics.median(collecting),
+        verdict_ms=statistics.median(judged) if judged else float("nan"),
+        verdict_cold_ms=cold,
     )
 
 
@@ -409,6 +439,13 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
                 f"; publish under {UPDATE_TARGET_MS:g} ms: "
                 f"{_verdict(f.publish_ms < UPDATE_TARGET_MS)}"
                 f"; RSS under {RSS_TARGET_MB:g} MB: {_verdict(f.rss_mb < RSS_TARGET_MB)}"
+            )
+            share = f.verdict_ms / f.publish_ms
+            print(
+                f"         verdicts of every node per publish {f.verdict_ms:.2f} ms, "
+                f"{share:.1%} of the publish, under {VERDICT_SHARE:.0%}: "
+                f"{_verdict(share <= VERDICT_SHARE)}; all {nodes:,} judged afresh "
+                f"{f.verdict_cold_ms:.1f} ms ({f.verdict_cold_ms / f.publish_ms:.0%} of a publish)"
             )
             if compress and parts:  # how a head and `gpuconsole agent` talk
                 record(f"head at {nodes:,} agents: CPU at 1 Hz", at_1hz, "cores",

@@ -131,7 +131,8 @@ async def test_slash_filters_by_model_and_escape_clears(console_app: Any) -> Non
         assert row_names(app) == ["dgxa-001", "dgxa-002", "apollo-01"]
         await pilot.press("slash", "backspace", "backspace", "backspace", "backspace",
                           *"critical", "enter")  # fmt: skip
-        assert row_names(app) == ["dgx-003"]
+        # a failed fan, a lost GPU, a failed PSU
+        assert row_names(app) == ["dgx-002", "dgx-003", "dgxa-001"]
         await pilot.press("escape")
         assert len(row_names(app)) == 7
 
@@ -141,8 +142,9 @@ async def test_sort_by_health_puts_the_worst_first(console_app: Any) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("s")
         names = row_names(app)
-        assert names[0] == "dgx-003"
-        assert set(names[1:3]) == {"dgx-002", "dgx-004"}
+        # critical: a failed fan, a lost GPU, a failed PSU; then a remap pending, no peermem
+        assert names[:3] == ["dgx-002", "dgx-003", "dgxa-001"]
+        assert set(names[3:5]) == {"dgx-004", "apollo-01"}
 
 
 async def test_m_switches_what_the_cells_show(console_app: Any) -> None:
@@ -261,11 +263,11 @@ async def test_paging_through_a_big_fleet_fills_the_rows_it_reaches(console_app:
 async def test_the_cursor_stays_on_its_node_when_the_order_changes(console_app: Any) -> None:
     app = console_app()
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("down", "down")  # dgx-003, the worst node
-        assert fleet_table(app).cursor_key == "dgx-003"
-        await pilot.press("s")  # by health: dgx-003 moves to the top, the cursor with it
-        assert row_names(app)[0] == "dgx-003"
-        assert fleet_table(app).cursor_row == 0 and fleet_table(app).cursor_key == "dgx-003"
+        await pilot.press("down", "down", "down", "down")  # dgxa-001: its PSU failed
+        assert fleet_table(app).cursor_key == "dgxa-001"
+        await pilot.press("s")  # by health: dgxa-001 moves up to third, the cursor with it
+        assert row_names(app)[2] == "dgxa-001"
+        assert fleet_table(app).cursor_row == 2 and fleet_table(app).cursor_key == "dgxa-001"
 
 
 async def test_new_readings_that_reorder_the_rows_keep_the_cursor_on_its_node(

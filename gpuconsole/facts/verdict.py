@@ -22,13 +22,14 @@ health is that finding's severity.
 from __future__ import annotations
 
 import enum
+import operator
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuconsole import format as fmt
 from gpuconsole.facts.inventory import GpuRow, short_bus_id
-from gpuconsole.facts.ownership import node_ownership
+from gpuconsole.facts.ownership import Ownership, node_ownership
 from gpuconsole.facts.xids import Bucket, xid_entry
 from gpuconsole.readings.base import Health, Severity, known_bus_id
 from gpuconsole.readings.bmc import BmcReading, SensorHealth, SensorKind
@@ -240,27 +241,12 @@ def gpu_findings(
     """The evidence NVML gives about one GPU; [] for a healthy one (the common case, which
     a fleet of 8,000 GPUs asks every second: a few attribute reads). `bus` names a GPU that
     NVML lost before it read its bus id (sysfs knows it)."""
+    if fabric_manager is not False and _healthy(gpu):
+        return []
     state = gpu.state
     ecc = gpu.ecc
     throttled = not _SLOWDOWNS.isdisjoint(gpu.throttle_reasons)
     recovery = gpu.recovery_action
-    pcie = gpu.pcie
-    if (
-        state is GpuState.OK
-        and not gpu.xids
-        and not recovery
-        and not ecc.remap_pending
-        and not ecc.remap_failure
-        and not ecc.volatile_uncorrected
-        and not throttled
-        and (gpu.fabric_status is None or gpu.fabric_status == 0)
-        and gpu.fabric_state in _FABRIC_FINE
-        and fabric_manager is not False
-        and not pcie.replay_count
-        and not pcie.downtrained
-        and not _links_down(gpu)
-    ):
-        return []
     found: list[Finding] = []
     bus = known_bus_id(gpu.pci_bus_id) or bus
     subject = _gpu_subject(gpu, bus)
@@ -312,16 +298,27 @@ def gpu_findings(
 
 
 _FABRIC_FINE = frozenset({None, "completed", "not_supported"})
+_ACTIVE = operator.attrgetter("active")
 
 
-def _links_down(gpu: GpuReading) -> bool:
-    links = gpu.nvlinks
-    if not links:
+def _healthy(gpu: GpuReading) -> bool:
+    """Nothing NVML says of this GPU is worth a finding: the test 8,000 GPUs pass each
+    second, cheapest and likeliest failures first."""
+    if gpu.state is not GpuState.OK or gpu.xids or gpu.recovery_action:
         return False
-    for link in links:
-        if not link.active:
-            return True
-    return False
+    ecc = gpu.ecc
+    if ecc.remap_pending or ecc.remap_failure or ecc.volatile_uncorrected:
+        return False
+    if gpu.throttle_reasons and not _SLOWDOWNS.isdisjoint(gpu.throttle_reasons):
+        return False
+    if gpu.fabric_status or gpu.fabric_state not in _FABRIC_FINE:
+        return False
+    pcie = gpu.pcie
+    if pcie.replay_count or (
+        (pcie.width_current != pcie.width_max or pcie.busy) and (pcie.downtrained)
+    ):
+        return False
+    return all(map(_ACTIVE, gpu.nvlinks))
 
 
 def _fabric_and_links(gpu: GpuReading, fabric_manager: bool | None, add: _Add) -> None:
@@ -437,16 +434,32 @@ _PHYSICAL = frozenset(
 )
 
 
-def fabric_findings(node: NodeSnapshot, fabric: FabricReading) -> list[Finding]:
+def _moved_ports(node: NodeSnapshot) -> frozenset[tuple[str, str]]:
+    """(device, port) of each port whose error counters moved over the last interval."""
+    deltas = node.deltas
+    if not deltas:
+        return _NONE_MOVED
+    moved = {
+        (key[1], key[2])
+        for key, delta in deltas.items()
+        if delta and key[0] == "fabric" and key[-1] in _ERROR_NAMES
+    }
+    return frozenset(moved) if moved else _NONE_MOVED
+
+
+_NONE_MOVED: frozenset[tuple[str, str]] = frozenset()
+# an error counter's last key element: the sysfs name, or the netdev statistic's
+_ERROR_NAMES = frozenset(name.removeprefix("netdev.") for name in _ERROR_COUNTERS)
+
+
+def fabric_findings(
+    node: NodeSnapshot, fabric: FabricReading, moved: frozenset[tuple[str, str]] | None = None
+) -> list[Finding]:
     """The evidence the fabric gives: rails down or downtrained, error counters climbing
     over the last interval, links that went down (flaps). Congestion is traffic, not
     health: the fabric panel shows it."""
-    moved = {
-        (key[1], key[2])
-        for key, delta in node.deltas.items()
-        if delta and key[0] == "fabric" and (key[-1] in _ERROR_COUNTERS or
-                                             f"netdev.{key[-1]}" in _ERROR_COUNTERS)
-    }  # fmt: skip
+    if moved is None:
+        moved = _moved_ports(node)
     found: list[Finding] = []
     for device in fabric.devices:
         for port in device.ports:
@@ -529,15 +542,28 @@ def _gpu_verdict(findings: list[Finding]) -> Verdict:
     return _verdict(list(findings), Health.UNKNOWN if unread else Health.OK)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Judged:
     node: NodeSnapshot
     verdict: Verdict
     gpus: dict[str, Verdict]  # by bus id (or "#index" for a GPU NVML could not read)
+    # each source's findings with the reading they came from: the BMC, fabric and tenancy
+    # readings of a node stand for several of its NVML polls, and are judged once
+    bmc: object = None
+    bmc_found: tuple[Finding, ...] = ()
+    fabric: object = None
+    fabric_found: tuple[Finding, ...] = ()
+    tenancy: object = None
+    tenancy_found: tuple[Finding, ...] = ()
 
 
 _JUDGED: OrderedDict[str, _Judged] = OrderedDict()
 _JUDGED_NODES = 16384
+
+
+def forget_verdicts() -> None:
+    """Forget every node judged so far (a benchmark judging afresh)."""
+    _JUDGED.clear()
 
 
 def _gpu_key(bus_id: str | None, index: int | None) -> str:
@@ -554,29 +580,65 @@ def _judge(node: NodeSnapshot) -> _Judged:
     nvml = node.nvml
     if nvml is not None:
         findings += _nvml_findings(node, nvml)
-    if node.bmc is not None:
-        findings += bmc_findings(node.bmc)
-    if node.fabric is not None:
-        findings += fabric_findings(node, node.fabric)
+    judged = _Judged(node, _FIT, {})
+    bmc = node.bmc
+    if bmc is not None:
+        if seen is not None and seen.bmc is bmc:
+            judged.bmc_found = seen.bmc_found
+        else:
+            judged.bmc_found = tuple(bmc_findings(bmc))
+        judged.bmc = bmc
+        findings += judged.bmc_found
+    fabric = node.fabric
+    if fabric is not None:
+        # the same reading judges alike unless an error counter moved meanwhile
+        moved = _moved_ports(node)
+        if seen is not None and seen.fabric is fabric and not moved:
+            judged.fabric_found = seen.fabric_found
+        else:
+            judged.fabric_found = tuple(fabric_findings(node, fabric, moved))
+        judged.fabric = fabric if not moved else None
+        findings += judged.fabric_found
     if node.tenancy is not None:
-        findings += tenancy_findings(node)
-    per_gpu: dict[str, list[Finding]] = {}
-    for finding in findings:
-        if finding.bus_id is not None:
-            per_gpu.setdefault(finding.bus_id, []).append(finding)
-    gpus = {bus: _gpu_verdict(found) for bus, found in per_gpu.items()}
+        ownership = node_ownership(node)
+        key = (ownership, _drained_xids(node, ownership))
+        if seen is not None and seen.tenancy == key:
+            judged.tenancy_found = seen.tenancy_found
+        else:
+            judged.tenancy_found = tuple(tenancy_findings(node))
+        judged.tenancy = key
+        findings += judged.tenancy_found
+    if findings:
+        per_gpu: dict[str, list[Finding]] = {}
+        for finding in findings:
+            if finding.bus_id is not None:
+                per_gpu.setdefault(finding.bus_id, []).append(finding)
+        judged.gpus = {bus: _gpu_verdict(found) for bus, found in per_gpu.items()}
     if not node.statuses:
         calm = Health.UNKNOWN
-    elif any(s.stale for s in node.statuses):
-        calm = Health.STALE
     else:
         calm = Health.OK
-    judged = _Judged(node, _verdict(findings, calm), gpus)
+        for status in node.statuses:
+            if not status.ok:
+                calm = Health.STALE
+                break
+    judged.verdict = _verdict(findings, calm)
     _JUDGED[node.node] = judged
-    _JUDGED.move_to_end(node.node)
-    while len(_JUDGED) > _JUDGED_NODES:
-        _JUDGED.popitem(last=False)
+    if seen is None:
+        while len(_JUDGED) > _JUDGED_NODES:
+            _JUDGED.popitem(last=False)
     return judged
+
+
+def _drained_xids(node: NodeSnapshot, ownership: Ownership | None) -> tuple[int | None, ...]:
+    """The XID the hub saw last on each GPU no driver holds: what the tenancy findings read
+    besides the owners."""
+    if ownership is None:
+        return ()
+    xids = node.last_xid
+    if not xids:
+        return ()
+    return tuple(xids.get(g.bus_id) for g in ownership.gpus if g.index is None and g.driver is None)
 
 
 def _nvml_findings(node: NodeSnapshot, nvml: NvmlReading) -> list[Finding]:
