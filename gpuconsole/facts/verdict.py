@@ -591,13 +591,13 @@ def _judge(node: NodeSnapshot) -> _Judged:
         findings += judged.bmc_found
     fabric = node.fabric
     if fabric is not None:
-        # the same reading judges alike unless an error counter moved meanwhile
-        moved = _moved_ports(node)
-        if seen is not None and seen.fabric is fabric and not moved:
+        # the hub moves a port's rates and deltas only when the fabric source reads again,
+        # which is a new reading: the same reading judges alike
+        if seen is not None and seen.fabric is fabric:
             judged.fabric_found = seen.fabric_found
         else:
-            judged.fabric_found = tuple(fabric_findings(node, fabric, moved))
-        judged.fabric = fabric if not moved else None
+            judged.fabric_found = tuple(fabric_findings(node, fabric))
+        judged.fabric = fabric
         findings += judged.fabric_found
     if node.tenancy is not None:
         ownership = node_ownership(node)
