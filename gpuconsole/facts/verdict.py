@@ -510,13 +510,17 @@ def tenancy_findings(node: NodeSnapshot) -> list[Finding]:
         for p in ownership.problems
     ]  # fmt: skip
     for owner in ownership.gpus:
+        drained = owner.index is None and owner.driver is None
+        problems = owner.problems or owner.migs
+        if not problems and not drained:
+            continue  # the common case, a GPU whose ownership adds up
         subject = f"GPU {owner.index}" if owner.index is not None else "GPU"
         subject += f" ({short_bus_id(owner.bus_id)})"
         for p in owner.all_problems:
             action = Action.DRAIN if p.severity is Severity.CRITICAL else Action.WATCH
             found.append(Finding("ownership", p.message, p.severity, "tenancy", action,
                                  owner.bus_id, subject))  # fmt: skip
-        if owner.index is None and owner.driver is None:
+        if drained:
             code = node.last_xid.get(owner.bus_id)
             entry = xid_entry(code) if code is not None else None
             if entry is not None and entry.severity is Severity.CRITICAL:
