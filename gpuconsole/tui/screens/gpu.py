@@ -30,7 +30,6 @@ from gpuconsole.tui.widgets.cells import health_light, spark
 
 # In grid order, two to a row; the tables wide enough to need it span both columns.
 BOXES: tuple[tuple[str, str], ...] = (
-    ("verdict", "verdict"),
     ("readings", "readings"),
     ("owner", "owner"),
     ("history", "history"),
@@ -41,7 +40,7 @@ BOXES: tuple[tuple[str, str], ...] = (
     ("processes", "processes"),
     ("mig", "MIG"),
 )
-WIDE = frozenset({"verdict", "nvlink", "processes", "mig"})
+WIDE = frozenset({"nvlink", "processes", "mig"})
 SOURCE_WORDS = {"nvml": "NVML", "bmc": "BMC", "fabric": "fabric", "tenancy": "tenancy"}
 
 
@@ -94,7 +93,7 @@ def verdict_box(node: NodeSnapshot, row: GpuRow, palette: Palette) -> Renderable
         text.append(f"  ({SOURCE_WORDS.get(finding.source, finding.source)})", style=palette.dim)
     around = [f for f in node_verdict(node).problems if f.bus_id is None]
     if around:
-        text.append(f"\nthe node: {node_verdict(node).action.words}", style="bold")
+        text.append("\non its node:", style="bold")
         for finding in around[:3]:
             health = _finding_health(finding.severity)
             text.append(f"\n  • {finding.message}", style=palette.health[health])
@@ -407,6 +406,10 @@ class GpuScreen(GpuView):
     def compose_body(self) -> ComposeResult:
         with VerticalScroll(classes="scroll-body", id="gpu-body"):
             yield Static(id="gpu-missing", classes="summary")
+            # above the grid, the width of the screen: what to do comes first
+            verdict = Static(id="box-verdict", classes="box")
+            verdict.border_title = "verdict"
+            yield verdict
             with Container(classes="grid-2"):
                 for box_id, title in BOXES:
                     box = Static(id=f"box-{box_id}", classes="box span-2" if box_id in WIDE
@@ -432,8 +435,8 @@ class GpuScreen(GpuView):
         self.query_one("#box-readings", Static).border_title = "readings"
         width = max(8, min(40, self.size.width // 2 - 22))
         owners = owner_rows(node, row.owner, palette, self.console.clock())
+        self.query_one("#box-verdict", Static).update(verdict_box(node, row, palette))
         boxes: dict[str, RenderableType] = {
-            "verdict": verdict_box(node, row, palette),
             "readings": readings_box(node, row, gpu, palette),
             "owner": kv(owners),
             "history": history_box(node, gpu, palette, width),
@@ -456,7 +459,7 @@ class GpuScreen(GpuView):
         self.query_one("#box-owner", Static).update(kv(owners))
         self.query_one("#box-verdict", Static).update(verdict_box(node, row, palette))
         spec = model_spec(summaries.row_model(row))
-        for box_id, _title in BOXES[3:]:
+        for box_id, _title in BOXES[2:]:
             if box_id == "spec" and spec is not None:
                 content: RenderableType = spec_box(spec.name)
             else:
