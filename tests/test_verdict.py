@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuconsole.facts import summaries
 from gpuconsole.readings.base import Health
 from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.wallboard import WallboardApp, alerts_page, heat_page
 from tests.conftest_tui import FIXED, frozen_fleet
 
@@ -23,7 +24,7 @@ def _node(name: str) -> NodeSnapshot:
     return node
 
 
-def _palette():  # type: ignore[no-untyped-def]
+def _palette() -> Palette:
     return WallboardApp(None, theme_dirs=[]).palette
 
 
