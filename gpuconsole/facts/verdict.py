@@ -35,9 +35,9 @@ from gpuconsole.readings.base import Health, Severity, known_bus_id
 from gpuconsole.readings.bmc import BmcReading, SensorHealth, SensorKind
 from gpuconsole.readings.fabric import (
     ERROR_RULES,
+    FabricPort,
     FabricReading,
     PortRole,
-    port_deltas,
     port_problems,
     port_rates,
 )
@@ -434,26 +434,33 @@ _PHYSICAL = frozenset(
 )
 
 
-def _moved_ports(node: NodeSnapshot) -> frozenset[tuple[str, str]]:
-    """(device, port) of each port whose error counters moved over the last interval."""
+def _moved_ports(node: NodeSnapshot) -> dict[tuple[str, str], dict[str, int]]:
+    """(device, port) -> the error counters that moved over the last interval, by the name
+    the rules give them ("symbol_error", "netdev.rx_errors"), and how far."""
     deltas = node.deltas
     if not deltas:
         return _NONE_MOVED
-    moved = {
-        (key[1], key[2])
-        for key, delta in deltas.items()
-        if delta and key[0] == "fabric" and key[-1] in _ERROR_NAMES
-    }
-    return frozenset(moved) if moved else _NONE_MOVED
+    moved: dict[tuple[str, str], dict[str, int]] = {}
+    for key, delta in deltas.items():
+        if not delta or key[0] != "fabric":
+            continue
+        name = key[-1] if len(key) == 4 else f"netdev.{key[-1]}"
+        if name in _ERROR_COUNTERS:
+            moved.setdefault((key[1], key[2]), {})[name] = delta
+    return moved or _NONE_MOVED
 
 
-_NONE_MOVED: frozenset[tuple[str, str]] = frozenset()
-# an error counter's last key element: the sysfs name, or the netdev statistic's
-_ERROR_NAMES = frozenset(name.removeprefix("netdev.") for name in _ERROR_COUNTERS)
+_NONE_MOVED: dict[tuple[str, str], dict[str, int]] = {}
+
+
+def _no_rate(name: str) -> float | None:
+    return None
 
 
 def fabric_findings(
-    node: NodeSnapshot, fabric: FabricReading, moved: frozenset[tuple[str, str]] | None = None
+    node: NodeSnapshot,
+    fabric: FabricReading,
+    moved: dict[tuple[str, str], dict[str, int]] | None = None,
 ) -> list[Finding]:
     """The evidence the fabric gives: rails down or downtrained, error counters climbing
     over the last interval, links that went down (flaps). Congestion is traffic, not
@@ -463,11 +470,12 @@ def fabric_findings(
     found: list[Finding] = []
     for device in fabric.devices:
         for port in device.ports:
-            if port.active and not port.downtrained and (device.name, str(port.port)) not in moved:
+            climbed = moved.get((device.name, str(port.port))) if moved else None
+            if not climbed and port.active and not port.downtrained:
                 continue
-            rate = port_rates(node.rate, port)
-            delta = port_deltas(node.delta, port)
-            for problem in port_problems(port, rate, delta):
+            # only the counters that moved can be erring: the rest are not looked up
+            rate = _moved_rates(node, port, climbed) if climbed else _no_rate
+            for problem in port_problems(port, rate, (climbed or _NONE_COUNTED).get):
                 if problem.what.startswith("congestion"):
                     continue
                 code, action = _port_code(port.role, problem.what, problem.counter)
@@ -477,6 +485,16 @@ def fabric_findings(
         found.append(Finding("peermem_missing", "nvidia-peermem not loaded: no GPUDirect RDMA",
                              Severity.WARNING, "fabric", Action.WATCH))  # fmt: skip
     return found
+
+
+_NONE_COUNTED: dict[str, int] = {}
+
+
+def _moved_rates(
+    node: NodeSnapshot, port: FabricPort, climbed: dict[str, int]
+) -> Callable[[str], float | None]:
+    rates = port_rates(node.rate, port)
+    return lambda name: rates(name) if name in climbed else None
 
 
 def _port_code(role: PortRole, what: str, counter: str | None) -> tuple[str, Action]:
