@@ -21,6 +21,7 @@ health is that finding's severity.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import operator
 from collections import OrderedDict
@@ -517,8 +518,9 @@ def _port_code(role: PortRole, what: str, counter: str | None) -> tuple[str, Act
 
 
 def tenancy_findings(node: NodeSnapshot) -> list[Finding]:
-    """Ownership that does not add up, and GPUs sysfs lists that no driver holds (drained):
-    out of service, with the XID that put them there when the hub saw it."""
+    """Ownership that does not add up; passthrough GPUs as their guests' agents read them;
+    GPUs sysfs lists that no driver holds (drained): out of service, with the XID that put
+    them there when the hub saw it."""
     ownership = node_ownership(node)
     if ownership is None:
         return []
@@ -527,6 +529,14 @@ def tenancy_findings(node: NodeSnapshot) -> list[Finding]:
                 Action.DRAIN if p.severity is Severity.CRITICAL else Action.WATCH)
         for p in ownership.problems
     ]  # fmt: skip
+    for guest in node.tenancy.guest_gpus if node.tenancy is not None else ():
+        # a passthrough GPU as its guest's agent reads it: judged as NVML's reading would be
+        if guest.reading is not None and guest.error is None:
+            subject = f"GPU {short_bus_id(guest.bus_id)} (in {guest.guest})"
+            found += [
+                dataclasses.replace(f, bus_id=guest.bus_id, subject=subject)
+                for f in gpu_findings(node, guest.reading, None, guest.bus_id)
+            ]
     for owner in ownership.gpus:
         drained = owner.index is None and owner.driver is None
         problems = owner.problems or owner.migs
