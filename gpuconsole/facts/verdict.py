@@ -237,11 +237,17 @@ def _xid_finding(gpu: GpuReading, code: int, count: int, bus: str | None) -> Fin
 
 
 def gpu_findings(
-    node: NodeSnapshot, gpu: GpuReading, fabric_manager: bool | None = None, bus: str | None = None
+    node: NodeSnapshot,
+    gpu: GpuReading,
+    fabric_manager: bool | None = None,
+    bus: str | None = None,
+    *,
+    guest: bool = False,
 ) -> list[Finding]:
     """The evidence NVML gives about one GPU; [] for a healthy one (the common case, which
     a fleet of 8,000 GPUs asks every second: a few attribute reads). `bus` names a GPU that
-    NVML lost before it read its bus id (sysfs knows it)."""
+    NVML lost before it read its bus id (sysfs knows it). A `guest`'s reading (its agent's,
+    inside the VM) says nothing of the NVLinks: a guest may run with them off by design."""
     if fabric_manager is not False and _healthy(gpu):
         return []
     state = gpu.state
@@ -290,7 +296,7 @@ def gpu_findings(
         add("ecc_uncorrectable", f"{ecc.volatile_uncorrected} uncorrectable ECC error(s) since "
             "the driver loaded", Severity.CRITICAL, Action.RESET_GPU)  # fmt: skip
     if state is GpuState.OK:
-        _fabric_and_links(gpu, fabric_manager, add)
+        _fabric_and_links(gpu, fabric_manager, add, links=not guest)
         _pcie(node, gpu, add)
         if throttled:
             words = fmt.throttle_words(tuple(r for r in gpu.throttle_reasons if r in _SLOWDOWNS))
@@ -319,10 +325,14 @@ def _healthy(gpu: GpuReading) -> bool:
         (pcie.width_current != pcie.width_max or pcie.busy) and (pcie.downtrained)
     ):
         return False
-    return all(map(_ACTIVE, gpu.nvlinks))
+    # a GPU read inside a guest may run with its NVLinks off by design (single-GPU
+    # passthrough on an NVSwitch system)
+    return all(map(_ACTIVE, gpu.nvlinks)) or gpu.virtualization_mode == "passthrough"
 
 
-def _fabric_and_links(gpu: GpuReading, fabric_manager: bool | None, add: _Add) -> None:
+def _fabric_and_links(
+    gpu: GpuReading, fabric_manager: bool | None, add: _Add, *, links: bool = True
+) -> None:
     if gpu.fabric_status:
         add("fabric_join_failed", f"did not join the NVLink fabric (NVML status "
             f"{gpu.fabric_status}): CUDA jobs will not start", Severity.CRITICAL,
@@ -334,12 +344,12 @@ def _fabric_and_links(gpu: GpuReading, fabric_manager: bool | None, add: _Add) -
     if fabric_manager is False and gpu.fabric_state is not None:
         add("fabric_manager_down", "the Fabric Manager service is not running: CUDA jobs "
             "will not start", Severity.CRITICAL, Action.DRAIN)  # fmt: skip
-    links = gpu.nvlinks
-    if links:
-        down = sum(1 for link in links if not link.active)
+    nvlinks = gpu.nvlinks
+    if links and nvlinks and gpu.virtualization_mode != "passthrough":
+        down = sum(1 for link in nvlinks if not link.active)
         if down:
-            severity = Severity.CRITICAL if down == len(links) else Severity.WARNING
-            add("nvlink_down", f"{down} of {len(links)} NVLinks down", severity,
+            severity = Severity.CRITICAL if down == len(nvlinks) else Severity.WARNING
+            add("nvlink_down", f"{down} of {len(nvlinks)} NVLinks down", severity,
                 Action.RESET_GPU)  # fmt: skip
 
 
@@ -535,7 +545,7 @@ def tenancy_findings(node: NodeSnapshot) -> list[Finding]:
             subject = f"GPU {short_bus_id(guest.bus_id)} (in {guest.guest})"
             found += [
                 dataclasses.replace(f, bus_id=guest.bus_id, subject=subject)
-                for f in gpu_findings(node, guest.reading, None, guest.bus_id)
+                for f in gpu_findings(node, guest.reading, None, guest.bus_id, guest=True)
             ]
     for owner in ownership.gpus:
         drained = owner.index is None and owner.driver is None
