@@ -200,10 +200,10 @@ def owners_text(node: NodeSnapshot, palette: Palette) -> Text:
     return text
 
 
-def worst_row(rows: Sequence[GpuRow]) -> GpuRow | None:
+def worst_row(node: NodeSnapshot, rows: Sequence[GpuRow]) -> GpuRow | None:
     """The first critical GPU, else the first with a warning; None if all are fine."""
     for health in (Health.CRITICAL, Health.WARNING):
-        found = next((r for r in rows if summaries.row_health(r) is health), None)
+        found = next((r for r in rows if summaries.row_health(node, r) is health), None)
         if found is not None:
             return found
     return None
@@ -292,7 +292,7 @@ class NodeScreen(BaseView):
             first = not table.row_count
             table.set_rows(cells)
             if first:  # the view opens on the GPU that needs a look, if one does
-                worst = worst_row(rows)
+                worst = worst_row(node, rows)
                 if worst is not None:
                     table.move_cursor(worst.bus_id)
             return
