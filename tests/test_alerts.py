@@ -245,7 +245,8 @@ def test_a_corrupt_state_file_is_moved_aside_with_a_clear_message(tmp_path: Path
     engine.save()
     again = AlertEngine(DEFAULT_RULES, state_file=StateFile(path))
     assert again.problem is None
-    assert [a.name for a in again.active()] == ["GpuLost"]
+    # the lost GPU, and its verdict and its node's (reboot the node)
+    assert {a.name for a in again.active()} == {"GpuLost", "GpuNotFitForWork", "NodeNotFitForWork"}
 
 
 def test_a_state_file_that_is_not_json_at_all_is_said_too(tmp_path: Path) -> None:
