@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from gpuconsole.readings.snapshot import NodeSnapshot
     from gpuconsole.sources.base import EmitEvent
     from gpuconsole.sources.bmc import BmcSource
+    from gpuconsole.sources.nvml.source import NvmlSource
     from gpuconsole.sources.targets import FleetMember
     from gpuconsole.sources.tenancy import TenancySource
 
@@ -66,25 +67,11 @@ def hub_settings(cfg: Config) -> HubSettings:
 def node_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
     """The hub for this machine's own sources, as the config says; `one_shot` for a single
     reading (nothing to watch for: no actions of other processes)."""
-    from gpuconsole.sources.nvml.source import NvmlSource
-
     hub = Hub(hub_settings(cfg))
     node = cfg.host.node_name
     hub.add_node(node)
     if cfg.nvml.enabled:
-        hub.add_source(
-            NvmlSource(
-                node,
-                lib=nvml_library(cfg),
-                interval_s=cfg.nvml.interval_s,
-                timeout_s=cfg.nvml.timeout_s,
-                detail_every=cfg.nvml.detail_every,
-                inventory_every=cfg.nvml.inventory_every,
-                events=cfg.nvml.events,
-                one_shot=one_shot,
-                proc_root=cfg.host.proc_root,
-            )
-        )
+        hub.add_source(nvml_source(cfg, one_shot=one_shot))
     if cfg.fabric.enabled:
         from gpuconsole.sources.fabric import FabricSource
 
@@ -115,23 +102,27 @@ def node_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
 def guest_hub(cfg: Config) -> Hub:
     """A guest agent's hub: NVML alone (a guest has no BMC, fabric or tenants to tell its
     host of), and no journal: nothing acts inside the guest."""
+    hub = Hub(hub_settings(cfg))
+    hub.add_node(cfg.host.node_name)
+    hub.add_source(nvml_source(cfg))
+    return hub
+
+
+def nvml_source(cfg: Config, *, one_shot: bool = False) -> NvmlSource:
+    """This machine's NVML source, as [nvml] says."""
     from gpuconsole.sources.nvml.source import NvmlSource
 
-    hub = Hub(hub_settings(cfg))
-    node = cfg.host.node_name
-    hub.add_node(node)
-    hub.add_source(
-        NvmlSource(
-            node,
-            lib=nvml_library(cfg),
-            interval_s=cfg.nvml.interval_s,
-            timeout_s=cfg.nvml.timeout_s,
-            detail_every=cfg.nvml.detail_every,
-            inventory_every=cfg.nvml.inventory_every,
-            events=cfg.nvml.events,
-        )
+    return NvmlSource(
+        cfg.host.node_name,
+        lib=nvml_library(cfg),
+        interval_s=cfg.nvml.interval_s,
+        timeout_s=cfg.nvml.timeout_s,
+        detail_every=cfg.nvml.detail_every,
+        inventory_every=cfg.nvml.inventory_every,
+        events=cfg.nvml.events,
+        one_shot=one_shot,
+        proc_root=cfg.host.proc_root,
     )
-    return hub
 
 
 def nvml_library(cfg: Config) -> Any:
