@@ -493,9 +493,11 @@ def node_executor(
     *,
     emit: EmitEvent | None = None,
     store: ActionStore | None = None,
+    dry_run: bool = False,
 ) -> Executor:
     """The executor for this machine's GPUs, with the drivers the config enables, journaling
-    and auditing in the machine's shared store."""
+    and auditing in the machine's shared store (`dry_run`: it only plans, and its journal is
+    an empty one in memory)."""
     from gpuconsole.actions.drivers import Drivers
     from gpuconsole.actions.drivers.vfio import VfioDriver
     from gpuconsole.actions.executor import Executor
@@ -530,7 +532,7 @@ def node_executor(
     return Executor(
         node,
         drivers,
-        where.journal(),
+        where.journal(dry_run=dry_run),
         where.audit(),
         reader=read,
         emit=emit,
@@ -562,9 +564,10 @@ def demo_executor(
     on_step: Callable[[StepUpdate], None] | None = None,
     *,
     emit: EmitEvent | None = None,
+    dry_run: bool = False,
 ) -> Executor:
     """The executor for a node of the simulated demo cluster (its world, journal and audit
-    log under the user's own state folder)."""
+    log under the user's own state folder; `dry_run`: the journal in memory, as above)."""
     from gpuconsole.actions.executor import Executor, Reader
     from gpuconsole.actions.store import demo_store
     from gpuconsole.sim.actions import SimWorld, sim_drivers
@@ -575,7 +578,7 @@ def demo_executor(
     return Executor(
         node,
         sim_drivers(world),
-        store.journal(),
+        store.journal(dry_run=dry_run),
         store.audit(),
         reader=reader,
         emit=emit,

@@ -179,11 +179,12 @@ def test_assign_with_a_full_journal_disk_says_so_in_one_line_and_goes_on(
         disk.fill()
         demo = ["assign", "--demo", "--node", "dgx-003"]
         # the plan is still shown: recovery's failure is one line, not a traceback
-        assert main([*demo, "2", "--to", "drained", "--dry-run"]) == 0
+        assert main([*demo, "2", "--to", "drained"]) == 3
         out, err = capsys.readouterr()
         (line,) = [x for x in (out + err).splitlines() if "could not recover" in x]
         assert "cannot be written (database or disk is full)" in line
-        assert "Dry run: nothing was changed." in out and "Traceback" not in out + err
+        assert "Steps:" in out and "Not confirmed: no terminal to ask on" in out
+        assert "Traceback" not in out + err
         assert main([*demo, "--recover"]) == 1
         out, err = capsys.readouterr()
         assert len((out + err).strip().splitlines()) == 1, out + err

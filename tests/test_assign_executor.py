@@ -271,3 +271,23 @@ def test_two_processes_asking_for_one_gpu_exactly_one_runs(tmp_path: Path) -> No
     assert [code for code, _ in answers] == [0, 3], answers
     assert "is held by ops" in answers[1][1] and "(operator)" in answers[1][1]
     assert world(tmp_path / "world").owners(1) == ["drained"]
+
+
+def test_a_dry_run_shows_the_plan_and_writes_no_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    demo = ["assign", "--demo", "--node", "dgx-003", "3", "--to", "vm:tenant-b-vm8"]
+    assert main([*demo, "--dry-run"]) == 0
+    assert "Dry run: nothing was changed." in capsys.readouterr().out
+    assert not (tmp_path / "state" / "gpuconsole" / "demo" / "actions.db").exists()
+    # this machine's store too: the folder [actions] names gets no journal
+    config = tmp_path / "node.toml"
+    machine = tmp_path / "var"
+    config.write_text(f'[actions]\nstate_dir = "{machine}"\n[host]\nsysfs_root = "{tmp_path}"\n')
+    main(["assign", "-c", str(config), "0", "--to", "drained", "--dry-run"])
+    capsys.readouterr()
+    assert not list(machine.glob("actions.db*"))
+    # recovering writes the journal: it has no dry run
+    assert main(["assign", "--demo", "--node", "dgx-003", "--recover", "--dry-run"]) == 2
+    assert "--recover has no dry run" in capsys.readouterr().err

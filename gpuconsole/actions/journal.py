@@ -219,19 +219,28 @@ class Journal:
     """The journal database at `path`, created with `mode` on first use (0660 where the
     operators of a machine share it: SQLite gives its -wal and -shm files the same mode)."""
 
-    def __init__(self, path: Path, *, timeout_s: float = 10.0, mode: int = 0o600) -> None:
+    def __init__(
+        self, path: Path, *, timeout_s: float = 10.0, mode: int = 0o600, in_memory: bool = False
+    ) -> None:
+        """`in_memory`: an empty journal that never touches the disk (a dry run's: it plans
+        and shows, and writes nothing); `path` is still the one a real run would write."""
         self.path = path
         self.mode = mode
         self.reserve = path.with_name(path.name + "-reserve")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        paths.create_file(self.path, mode)
+        if not in_memory:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            paths.create_file(self.path, mode)
         self._db = sqlite3.connect(
-            self.path, timeout=timeout_s, isolation_level=None, check_same_thread=False
+            ":memory:" if in_memory else self.path,
+            timeout=timeout_s,
+            isolation_level=None,
+            check_same_thread=False,
         )
         try:
-            self._enable_wal(timeout_s)
-            # an intent is on disk before its step runs
-            self._db.execute("PRAGMA synchronous=FULL")
+            if not in_memory:
+                self._enable_wal(timeout_s)
+                # an intent is on disk before its step runs
+                self._db.execute("PRAGMA synchronous=FULL")
             with self.transaction():
                 for statement in SCHEMA.split(";"):
                     if statement.strip():
@@ -241,7 +250,8 @@ class Journal:
             raise sqlite3.OperationalError(
                 f"the action journal {self.path} cannot be opened ({exc})"
             ) from exc
-        self._keep_reserve()
+        if not in_memory:
+            self._keep_reserve()
 
     def _keep_reserve(self) -> None:
         """Make the reserve file where it is missing; none where the disk has no room."""

@@ -47,8 +47,9 @@ class ActionStore:
     def file_mode(self) -> int:
         return SHARED_FILE_MODE if self.shared else PRIVATE_FILE_MODE
 
-    def journal(self) -> Journal:
-        return Journal(self.journal_path, mode=self.file_mode)
+    def journal(self, *, dry_run: bool = False) -> Journal:
+        """The journal; for a dry run an empty one in memory, so that nothing is written."""
+        return Journal(self.journal_path, mode=self.file_mode, in_memory=dry_run)
 
     def audit(self) -> AuditLog:
         return AuditLog(self.audit_path, shared=self.shared)

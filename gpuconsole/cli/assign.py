@@ -152,6 +152,8 @@ def _usage(request: AssignRequest) -> str | None:
     if request.recover:
         if request.gpus or request.target or request.propose is not None:
             return "--recover takes no GPUs, --to or --propose: it ends what is unfinished"
+        if request.dry_run:
+            return "--recover has no dry run: it writes the journal as it ends each plan"
         return None
     if request.propose is not None:
         if request.gpus:
@@ -210,12 +212,14 @@ async def _here(
             raise UsageError(f"no simulated node {request.node!r} (known: {', '.join(names)})")
     # this machine's executor is built once: proposing reads through it too
     try:
-        executor = None if request.demo else node_executor(cfg, report.step)
+        executor = (
+            None if request.demo else node_executor(cfg, report.step, dry_run=request.dry_run)
+        )
     except sqlite3.Error as exc:  # its journal cannot be opened: nothing was done
         raise ActionRefused(f"{exc}; nothing was changed") from None
     try:
         if request.recover:
-            executor = executor or _demo_node_executor(node, "--demo --recover", report)
+            executor = executor or _demo_node_executor(node, "--demo --recover", report, False)
             return await _recover_only(executor, report)
         if request.propose is not None:
             chosen = await _proposal(request, target, executor, report)
@@ -225,7 +229,7 @@ async def _here(
                 return True  # asked only where: nothing to plan
             node, keys = chosen
         assert target is not None
-        executor = executor or _demo_node_executor(node, "--demo", report)
+        executor = executor or _demo_node_executor(node, "--demo", report, request.dry_run)
         ask = None if request.json_progress else ask  # a head asks its own operator
         return await _run(executor, request, keys, target, actor, ask, report)
     finally:
@@ -233,7 +237,9 @@ async def _here(
             await executor.close()
 
 
-def _demo_node_executor(node: str | None, flags: str, report: Report) -> Executor:
+def _demo_node_executor(
+    node: str | None, flags: str, report: Report, dry_run: bool
+) -> Executor:
     """The executor of simulated `node`; UsageError when none is named."""
     if node is None:
         from gpuconsole.sim.cluster import demo_cluster
@@ -241,7 +247,7 @@ def _demo_node_executor(node: str | None, flags: str, report: Report) -> Executo
         known = ", ".join(s.name for s in demo_cluster())
         raise UsageError(f"name a node with --node ({known})", f"gpuconsole assign {flags}")
     try:
-        return demo_executor(node, report.step)
+        return demo_executor(node, report.step, dry_run=dry_run)
     except sqlite3.Error as exc:
         raise ActionRefused(f"{exc}; nothing was changed") from None
 
@@ -273,9 +279,10 @@ async def _run(
     ask: Ask | None,
     report: Report,
 ) -> bool:
-    """Recover what a crash left, plan, and carry the plan out."""
+    """Recover what a crash left, plan, and carry the plan out (a dry run only plans:
+    recovering would write the journal)."""
     try:
-        recovered = await executor.recover()
+        recovered = [] if request.dry_run else await executor.recover()
     except CannotRecover as exc:  # its GPUs stay locked; the rest may go on (or be refused)
         report.note(f"journal: {exc}")
         recovered = []
