@@ -570,3 +570,54 @@ async def test_parts_the_head_holds_are_not_sent_again() -> None:
     finally:
         await source.close()
         await agent.stop()
+
+
+async def test_an_agent_answers_404_for_a_node_it_does_not_serve_naming_those_it_does() -> None:
+    hub = HeldHub(frozen_fleet())
+    agent = Agent(hub, AgentSettings(port=0))
+    await agent.start()
+    base = f"http://127.0.0.1:{agent.port}/api/v1/snapshot"
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{base}?node=nope") as response:
+                assert response.status == 404
+                said = await response.json()
+            async with session.get(base) as response:
+                every = await response.json()
+        assert said["nodes"] == [n.node for n in hub.held.nodes] and "nope" in said["error"]
+        assert [n["node"] for n in every["nodes"]] == said["nodes"]
+    finally:
+        await agent.stop()
+
+
+async def test_a_head_that_names_a_lone_node_otherwise_still_reads_it() -> None:
+    """The head's config says `gpu-a=http://...`, the agent calls its node dgx-002: the
+    head learns the agent's name once from its 404 and reads the node under its own name."""
+    hub = HeldHub(select(frozen_fleet(), "dgx-002", summary=False))
+    agent = Agent(hub, AgentSettings(port=0))
+    await agent.start()
+    source = AgentSource("gpu-a", f"http://127.0.0.1:{agent.port}", AgentClient())
+    served = codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
+    try:
+        reading = await source.poll()
+        assert reading.node.gpus == served.gpus and served.gpus
+        assert {s.node for s in reading.node.statuses} == {"gpu-a"}
+        assert source.asks == "dgx-002"
+        hub.held = with_power(hub.held, 123.0)
+        assert (await source.poll()).node.gpus[0].power_w == 123.0
+    finally:
+        await source.close()
+        await agent.stop()
+
+
+async def test_a_head_asking_a_fleet_agent_for_a_node_it_lacks_is_told_which_it_has() -> None:
+    hub = HeldHub(frozen_fleet())
+    agent = Agent(hub, AgentSettings(port=0))
+    await agent.start()
+    source = AgentSource("gpu-a", f"http://127.0.0.1:{agent.port}", AgentClient())
+    try:
+        with pytest.raises(ValueError, match="does not serve node gpu-a .dgx-001, dgx-002"):
+            await source.poll()
+    finally:
+        await source.close()
+        await agent.stop()

@@ -52,6 +52,14 @@ clients_log = quiet_logger(f"{__name__}.clients")
 KEEPALIVE_S = 20.0
 
 
+def not_served(node: str, snapshot: FleetSnapshot) -> web.Response:
+    """404 for a node this agent does not serve, naming those it does: a head that calls
+    the node otherwise learns the agent's name from it (sources.agents)."""
+    served = [n.node for n in snapshot.nodes]
+    body = {"error": f"no node {node!r} here", "nodes": served}
+    return web.Response(status=404, text=json.dumps(body) + "\n", content_type="application/json")
+
+
 def select(snapshot: FleetSnapshot, node: str | None, *, summary: bool) -> FleetSnapshot:
     """The snapshot cut to one node (when it is served here) and, for fleets, summarized."""
     nodes = snapshot.nodes
@@ -306,7 +314,7 @@ class Agent:
             return web.Response(status=400, text="view must be full or summary\n")
         node = request.query.get("node")
         if node is not None and snapshot.node(node) is None:
-            node = None  # served as the whole snapshot, as select() does
+            return not_served(node, snapshot)
         if self._bodies_seq != snapshot.seq:
             self._bodies.clear()
             self._bodies_seq = snapshot.seq

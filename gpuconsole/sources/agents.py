@@ -110,6 +110,9 @@ class AgentClient:
                 async with session.get(url, headers=headers) as response:
                     if response.status == 304 and etag:
                         return Answer(None, etag)
+                    if response.status == 404:
+                        reason = (await response.text())[:200].strip()
+                        raise NotFound(f"{peer} answered HTTP 404: {reason}")
                     if response.status != 200:
                         reason = (await response.text())[:200].strip()
                         raise ConnectionError(f"{peer} answered HTTP {response.status}: {reason}")
@@ -131,6 +134,10 @@ class AgentClient:
         answer = await self.get(url, timeout_s, peer=peer, limit=limit)
         assert answer.body is not None  # asked without an etag
         return _json(answer.body, peer)
+
+
+class NotFound(ConnectionError):
+    """The peer answered 404: it has no such thing (an agent: no such node)."""
 
 
 def _json(body: bytes, peer: str) -> Any:
@@ -168,6 +175,9 @@ class AgentSource:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.node = node
+        # the name the agent calls the node by, where this head calls it otherwise (its
+        # config named it so): learnt from the agent's answer to the head's own name
+        self.asks = node
         self.url = url.rstrip("/")
         self.interval_s = interval_s
         self.timeout_s = timeout_s
@@ -203,16 +213,35 @@ class AgentSource:
             if len(self._urls) > 64:  # versions come and go: keep only the latest few
                 self._urls.clear()
             url = self._urls[(view, have)] = URL(
-                f"{self.url}/api/v1/snapshot?view={view}&node={quote(self.node)}"
+                f"{self.url}/api/v1/snapshot?view={view}&node={quote(self.asks)}"
                 f"&have={quote(have, safe=':,')}"
             )
         return url
 
     async def poll(self) -> AgentReading:
+        started = time.monotonic()
+        try:
+            return await self._poll(self.timeout_s * 0.9)
+        except NotFound:
+            await self._learn_name(self.timeout_s * 0.45)
+            left = self.timeout_s * 0.9 - (time.monotonic() - started)
+            return await self._poll(max(left, 0.01))
+
+    async def _learn_name(self, timeout_s: float) -> None:
+        """The agent serves no node by the head's name: where it serves one node, ask for
+        that one by the agent's own name from now on; ValueError where it serves several."""
+        served = await served_nodes(self._client, self.url, timeout_s)
+        if len(served) != 1:
+            listed = ", ".join(safe_text(n) for n in served[:8]) or "none"
+            raise ValueError(f"agent at {self.url} does not serve node {self.node} ({listed})")
+        self.asks = served[0]
+        self._urls.clear()
+
+    async def _poll(self, timeout_s: float) -> AgentReading:
         url, held, view = self._request_url(), self._held, self._view()
         etag = held[1] if held is not None and held[0] == view else None
         # the whole poll (connect, transfer, decode) must fit the hub's timeout
-        answer = await self._client.get(url, self.timeout_s * 0.9, etag=etag)
+        answer = await self._client.get(url, timeout_s, etag=etag)
         if answer.body is None and held is not None:  # the agent has published nothing new
             return dataclasses.replace(held[2], at=self._clock())
         assert answer.body is not None
@@ -233,7 +262,8 @@ class AgentSource:
         if not isinstance(nodes, list) or not nodes:
             raise ValueError("agent sent no node")
         chosen = next(
-            (n for n in nodes if isinstance(n, dict) and n.get("node") == self.node), None
+            (n for n in nodes if isinstance(n, dict) and n.get("node") in (self.node, self.asks)),
+            None,
         )
         if chosen is None:
             if len(nodes) != 1:
