@@ -104,6 +104,11 @@ def clock_time(at: float | None) -> str:
     return NA if at is None else time.strftime("%H:%M:%S", time.localtime(at))
 
 
+def date_time(at: float | None) -> str:
+    """Local date and time, YYYY-MM-DD HH:MM:SS: an instant that may be days away."""
+    return NA if at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
 def count(n: int | None) -> str:
     return NA if n is None else f"{n:,}"
 

@@ -284,6 +284,37 @@ def test_a_capture_replays(tmp_path: Path) -> None:
         read_capture(capture)
 
 
+async def test_a_replay_says_replay_and_when_it_was_captured_and_ages_as_of_then(
+    tmp_path: Path, utc: None
+) -> None:
+    """`demo --replay FILE` an hour after the capture: REPLAY and the capture's date and
+    time, not STALE; each node's "seen" is its age when the capture was made."""
+    from gpuconsole import format as fmt
+    from gpuconsole.codec import dumps
+    from gpuconsole.facts import summaries
+    from gpuconsole.tui.app import ConsoleApp
+    from gpuconsole.tui.widgets.row_table import RowTable
+    from gpuconsole.tui.widgets.status_bar import StatusBar
+    from tests.conftest_tui import frozen_fleet
+
+    capture = tmp_path / "capture.json"
+    capture.write_text(dumps(frozen_fleet()))
+    snapshot = read_capture(capture)
+    app = ConsoleApp(
+        None, start_hub=False, snapshot=snapshot, theme_dirs=[], cursor_blink=False, replay=True
+    )
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause()
+        bar = str(app.screen.query_one(StatusBar).render())
+        table = app.screen.query_one("#fleet-table", RowTable)
+        seen = [str(table.get_row_at(i)[-1]) for i in range(table.row_count)]
+    assert "REPLAY" in bar and "SIMULATED" in bar
+    assert f"captured {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(snapshot.at))}" in bar
+    assert "STALE" not in bar and "ago" not in bar
+    expected = [fmt.age(summaries.oldest_ok(n), snapshot.at) for n in snapshot.nodes]
+    assert seen and seen == expected
+
+
 def test_agents_are_asked_their_names_once_and_an_action_goes_by_the_same(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -150,7 +150,9 @@ def _run_console(
         return 1
     _log_to_file()
     if snapshot is not None:
-        ConsoleApp(None, theme=theme, start_hub=False, snapshot=snapshot, freeze_heap=True).run()
+        ConsoleApp(
+            None, theme=theme, start_hub=False, snapshot=snapshot, freeze_heap=True, replay=True
+        ).run()
     elif hub is not None:
         actions = (
             MachineAccess(acting, hub.post_event, hub, remote=True) if acting is not None else None

@@ -77,15 +77,19 @@ class ConsoleApp(App[None]):
         read_only: bool = False,
         start_hub: bool = True,
         snapshot: FleetSnapshot | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         theme_dirs: list[Path] | None = None,
         cursor_blink: bool = True,
         actor: Actor | None = None,
         actions: ActionAccess | None = None,
         freeze_heap: bool = False,
+        replay: bool = False,
     ) -> None:
-        """`hub`: the hub this console reads (None: a replay of `snapshot`), its snapshots
+        """`hub`: the hub this console reads (None: only `snapshot`), its snapshots
         through `feed` where given (an ssh session's, paced), else from the hub itself.
+
+        `replay`: `snapshot` is a capture (`snapshot --json`), shown as of its time: marked
+        REPLAY with the time it was made, its ages at `clock`, the capture's time unless given.
 
         `freeze_heap`: the process is this console's alone (not an ssh server's, whose
         sessions come and go): what it built to start is left out of the collector's full
@@ -102,7 +106,11 @@ class ConsoleApp(App[None]):
         self.cursor_blink = cursor_blink
         self.hub = hub
         self.read_only = read_only
-        self.clock = clock
+        self.replay = replay and snapshot is not None
+        if clock is None:
+            captured = snapshot.at if snapshot is not None and self.replay else None
+            clock = time.time if captured is None else (lambda: captured)
+        self.clock: Callable[[], float] = clock
         self.snapshot: FleetSnapshot | None = snapshot
         self._snapshot_shown: FleetSnapshot | None = None  # the latest drawn
         self._snapshot_shown_at = 0.0  # time.monotonic() of that drawing

@@ -138,6 +138,7 @@ class BaseView(Screen[None]):
             self.palette,
             read_only=self.console.read_only,
             actor=self.console.actor,
+            replay=self.console.replay,
         )
 
 

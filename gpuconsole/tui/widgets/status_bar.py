@@ -26,9 +26,11 @@ def status_text(
     *,
     read_only: bool = False,
     actor: Actor | None = None,
+    replay: bool = False,
 ) -> tuple[Text, Text]:
     """The bar's content: breadcrumbs left; SIMULATED, who is at the console with their
-    role, read-only and data age right."""
+    role, read-only and data age right; for a `replay`, REPLAY and when the capture was
+    made (its age is no news)."""
     left = Text(" gpuconsole", style="bold")
     for crumb in crumbs:
         left.append(" \u203a ")
@@ -41,11 +43,17 @@ def status_text(
     if snapshot is None:
         right.append("waiting for data ", style=palette.health[Health.STALE])
     else:
+        if replay:
+            right.append(" REPLAY ", style=palette.simulated)
+            right.append(" ")
         if snapshot.simulated:
             right.append(" SIMULATED ", style=palette.simulated)
             right.append(" ")
         if read_only:
             right.append("read-only ", style=palette.health[Health.UNKNOWN])
+        if replay:
+            right.append(f"captured {fmt.date_time(snapshot.at)} ")
+            return left, right
         age_s = now - snapshot.at
         if age_s > STALE_AFTER_S:
             right.append(f"STALE {fmt.age(snapshot.at, now)} ", style=palette.health[Health.STALE])
@@ -74,8 +82,11 @@ class StatusBar(Widget):
         *,
         read_only: bool = False,
         actor: Actor | None = None,
+        replay: bool = False,
     ) -> None:
-        left, right = status_text(crumbs, snapshot, now, palette, read_only=read_only, actor=actor)
+        left, right = status_text(
+            crumbs, snapshot, now, palette, read_only=read_only, actor=actor, replay=replay
+        )
         if left != self._left or right != self._right:
             self._left, self._right = left, right
             self.refresh()
