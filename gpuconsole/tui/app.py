@@ -182,6 +182,14 @@ class ConsoleApp(App[None]):
         if screen is not None:
             screen.render_latest()
 
+    def action_help_quit(self) -> None:
+        """Ctrl+C: ends a console still starting (nothing drawn yet, so no key to read); once
+        it shows data, says which key quits, as Textual does (in a text field it copies)."""
+        if self.snapshot is None:
+            self.exit()
+            return
+        super().action_help_quit()
+
     def _top_view(self) -> BaseView | None:
         """The visible view; None under a dialog, or once the console is ending and its
         screens are gone (a tick or a snapshot may still come then)."""
