@@ -104,6 +104,8 @@ class _Load:
         self.phase = [rng.uniform(0, 2 * math.pi) for _ in range(3)]
         self.period = [rng.uniform(25, 45), rng.uniform(5, 9), rng.uniform(240, 360)]
         self.level = rng.uniform(0.9, 1.0)
+        # the share of HBM the job holds while it computes: a model's size, not the clock's
+        self.memory = rng.uniform(0.55, 0.88)
 
     def util(self, second: int) -> float:
         t = float(second)
@@ -300,7 +302,8 @@ class SimNode:
             clock = 1410 if m.sm_clock_max_mhz > 1410 else int(m.sm_clock_max_mhz * 0.75)
             power = min(power, 0.8 * m.tdp_w)
             mask = 0x40 | 0x20  # HW and SW thermal slowdown
-        frac = 0.82 + 0.1 * math.sin(index + 0.1 * t / 60.0) if busy else 0.004
+        wobble = 0.05 * math.sin(1.7 * index + load.phase[0] + 0.1 * t / 60.0)
+        frac = load.memory + wobble if busy else 0.004
         if load.pattern == "bursty":
             frac = 0.35 + 0.2 * util / 100.0
         used = int(m.mem_bytes * frac)
@@ -350,13 +353,17 @@ class SimNode:
         gbps = self._pcie_share()
         return busy * gbps * 0.4, busy * gbps
 
-    def nvlink_kib(self, index: int, link: int) -> int:
-        """NVLink data counter of one link, in KiB (both directions move alike)."""
+    def nvlink_kib(self, index: int, link: int, *, rx: bool = False) -> int:
+        """NVLink data counter of one link and direction (sent, or `rx` received), in KiB:
+        a ring's links carry about as much each way, never exactly as much."""
         if not self.model.nvlink_count:
             return 0
         per_link = self.model.nvlink_gbytes_per_s * 1e9 / 2 / self.model.nvlink_count
         a = self._activity(index, self.elapsed())
-        return int(a * per_link * 0.35 * (1 + 0.02 * (link % 3)) / 1024)
+        share = 0.35 * (1 + 0.02 * (link % 3))
+        if rx:
+            share *= 0.86 + 0.03 * ((index + 2 * link) % 5)
+        return int(a * per_link * share / 1024)
 
     def visible(self, index: int) -> bool:
         """Whether the host's nvidia driver (and so NVML) sees this GPU: not when vfio-pci

@@ -430,7 +430,7 @@ class SimNvml:
             entry.timestamp = int(node.clock() * 1e6)
             value: int
             if fid in (138, 139) and scope < node.model.nvlink_count:
-                kind, value = 3, node.nvlink_kib(i, scope)
+                kind, value = 3, node.nvlink_kib(i, scope, rx=fid == 139)
             elif fid == 166 and scope < node.model.nvlink_count:  # scoped by link
                 kind, value = 1, NVLINK_VERSION_ENUM[node.model.nvlink_gen]
             elif fid in scalar:
@@ -589,8 +589,9 @@ class SimNvml:
             return request
         busy = max(0.0, min(1.0, (second[1] - first[1]) / (second[0] - first[0])))
         gi = second[3]
-        if gi is not None:  # one MIG instance: its share of the GPU's activity
-            busy = min(1.0, busy * (1.1 if gi % 2 else 0.6))
+        if gi is not None:  # one MIG instance: its share of the GPU's work, none when free
+            running = {g for _pid, _used, g in self.node.processes(second[2].index)}
+            busy = min(1.0, busy * (1.1 if gi % 2 else 0.6)) if gi in running else 0.0
         m = self.node.model
         pcie = {5: 64e9, 4: 32e9}.get(m.pcie_gen_max, 16e9) * 0.12 / 2**20
         nvlink = m.nvlink_gbytes_per_s * 1e9 / 2 * 0.35 / 2**20
@@ -609,7 +610,7 @@ class SimNvml:
             13: 100 * busy * 0.09,
             20: busy * pcie * 0.4,
             21: busy * pcie,
-            60: busy * nvlink,
+            60: busy * nvlink * 0.93,  # received: a little less than sent
             61: busy * nvlink,
         }
         for k in range(request.numMetrics):

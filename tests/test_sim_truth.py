@@ -1,0 +1,81 @@
+"""The demo's data as a GPU expert reads it: what differs on real hardware differs here."""
+
+from __future__ import annotations
+
+from gpuconsole.readings.nvml import NvmlReading
+from gpuconsole.sim.cluster import DEMO_CLUSTER, build_sim_nodes
+from gpuconsole.sim.node import SimNode
+from gpuconsole.sim.nvml import SimNvml
+from gpuconsole.sources.nvml.source import NvmlSource
+
+T0 = 1000.0
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def demo_nodes(clock: Clock) -> dict[str, SimNode]:
+    return {n.name: n for n in build_sim_nodes(DEMO_CLUSTER, clock=clock, start=T0)}
+
+
+async def read_twice(node: SimNode, clock: Clock) -> NvmlReading:
+    """What the NVML source reads of `node` on its second poll, a second after its first
+    (GPM and rates need two samples)."""
+    source = NvmlSource(node.name, lib=SimNvml(node), events=False, clock=clock)
+    await source.start(lambda _e: None)
+    try:
+        await source.poll()
+        clock.now += 1.0
+        return await source.poll()
+    finally:
+        await source.close()
+
+
+async def test_free_mig_instances_are_idle_and_the_held_ones_work() -> None:
+    """dgx-004's GPU 7 (NVML's 6): pods hold MIG instances 1 and 2; 3 and 4 are free."""
+    clock = Clock(T0 + 90.0)
+    reading = await read_twice(demo_nodes(clock)["dgx-004"], clock)
+    instances = {m.gpu_instance_id: m for m in reading.gpu(6).mig_instances}
+    assert sorted(instances) == [1, 2, 3, 4]
+    for gi, mig in instances.items():
+        assert mig.gpm is not None and mig.gpm.sm_util_pct is not None
+        if gi in (1, 2):
+            assert mig.gpm.sm_util_pct > 10 and (mig.mem_used_bytes or 0) > 0, gi
+        else:
+            assert mig.gpm.sm_util_pct == 0 and mig.mem_used_bytes == 0, gi
+            assert mig.gpm.tensor_util_pct == 0 and mig.gpm.dram_bw_util_pct == 0, gi
+
+
+async def test_memory_in_use_differs_from_node_to_node() -> None:
+    """dgx-002's Slurm job and dgx-003's pods are other programs: their GPUs hold other
+    amounts of memory, not the same figures GPU by GPU."""
+    clock = Clock(T0 + 90.0)
+    nodes = demo_nodes(clock)
+    a = await read_twice(nodes["dgx-002"], clock)
+    b = await read_twice(nodes["dgx-003"], clock)
+    busy = [
+        (x.mem_used_bytes, y.mem_used_bytes)
+        for x, y in zip(a.gpus, b.gpus, strict=True)
+        if (x.util_gpu_pct or 0) > 50 and (y.util_gpu_pct or 0) > 50
+    ]
+    assert len(busy) >= 4
+    assert all(x != y for x, y in busy)
+    assert all(abs(x - y) > 2**30 for x, y in busy[:1])  # by gigabytes, not a rounding
+
+
+async def test_nvlink_carries_about_as_much_each_way_but_never_exactly() -> None:
+    clock = Clock(T0 + 90.0)
+    reading = await read_twice(demo_nodes(clock)["dgx-002"], clock)
+    links = [link for gpu in reading.gpus for link in gpu.nvlinks if link.tx_kib_total]
+    assert len(links) == 8 * 18
+    ratios = [link.rx_kib_total / link.tx_kib_total for link in links if link.rx_kib_total]
+    assert len(ratios) == len(links)
+    assert all(0.8 < r < 1.0 for r in ratios) and len({round(r, 3) for r in ratios}) > 1
+    gpm = reading.gpus[0].gpm
+    assert gpm is not None and gpm.nvlink_tx_bytes_per_s and gpm.nvlink_rx_bytes_per_s
+    assert gpm.nvlink_rx_bytes_per_s != gpm.nvlink_tx_bytes_per_s
