@@ -109,3 +109,24 @@ def test_a_node_level_scenario_names_a_fan_or_psu_the_server_has() -> None:
     assert Scenario.parse("bmcsilent:0@60") == Scenario("bmcsilent", 0, 60.0)
     with pytest.raises(ValueError, match="no FAN 13"):
         sim_link(node("fan:13"))
+
+
+def test_the_lost_gpu_of_story_one_has_its_pcie_error_in_the_sel_at_the_same_time() -> None:
+    """dgx-003's GPU 5 (bus c3) falls off the bus 45 s in: NVML calls it lost, and the BMC
+    logs a fatal PCIe bus error at its slot in the same second."""
+    hub = demo_hub(clock=lambda: T0 + 45.5, start=T0, events=False, bmc=True)
+    snapshot = asyncio.run(hub.poll_once())
+    node = snapshot.node("dgx-003")
+    assert node is not None and node.bmc is not None and node.nvml is not None
+    (lost,) = [g for g in node.nvml.gpus if g.lost_since is not None]
+    assert lost.index == 5 and get_profile("dgx-h100").gpus[5].bus_id.endswith("C3:00.0")
+    (entry,) = [e for e in node.bmc.sel_recent if e.sensor_type == "Critical Interrupt"]
+    assert entry.severity.value == "critical" and "Bus Fatal Error (bus c3 dev 00 fn 0)" in (
+        entry.event
+    )
+    assert entry.sensor == "PCIe SXM5" and entry.at is not None
+    assert abs(entry.at - lost.lost_since) <= 1.0
+    quiet = asyncio.run(demo_hub(clock=lambda: T0 + 30, start=T0, events=False).poll_once())
+    calm = quiet.node("dgx-003")
+    assert calm is not None and calm.bmc is not None
+    assert not [e for e in calm.bmc.sel_recent if e.severity.value == "critical"]

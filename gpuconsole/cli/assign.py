@@ -237,9 +237,7 @@ async def _here(
             await executor.close()
 
 
-def _demo_node_executor(
-    node: str | None, flags: str, report: Report, dry_run: bool
-) -> Executor:
+def _demo_node_executor(node: str | None, flags: str, report: Report, dry_run: bool) -> Executor:
     """The executor of simulated `node`; UsageError when none is named."""
     if node is None:
         from gpuconsole.sim.cluster import demo_cluster

@@ -19,6 +19,7 @@ from typing import Any
 
 from gpuconsole.readings.bmc import Thresholds
 from gpuconsole.sim.node import SimNode
+from gpuconsole.sim.profiles import GpuSlot
 from gpuconsole.sources.bmc.ipmi import IpmiLink, IpmiSensorData
 
 OK, WARNING, CRITICAL, FAILED = 0, 1, 2, 4  # pyghmi.constants.Health
@@ -202,6 +203,8 @@ class SimIpmiSession:
             elif s.kind == "psu":
                 psu = f"PSU{s.gpu} Status"
                 records.append(_record(number, at, psu, "Power Supply", "Failure", CRITICAL))
+            elif s.kind == "xid79":
+                records.append(_pcie_fatal(number, at, node.profile.gpus[s.gpu]))
         return records
 
     def logout(self) -> None:
@@ -223,6 +226,21 @@ def _health(value: float | None, th: Thresholds | None) -> int:
         if limit is not None and (value <= limit if below else value >= limit):
             return mask
     return OK
+
+
+def _pcie_fatal(record_id: int, at: float, slot: GpuSlot) -> dict[str, Any]:
+    """What the BMC logs as a GPU falls off the bus (XID 79): a fatal PCIe error at the
+    GPU's slot, its bus, device and function in the event data as the BIOS reports them."""
+    _domain, bus, place = slot.bus_id.lower().split(":")
+    device, _, function = place.partition(".")
+    return _record(
+        record_id,
+        at,
+        f"PCIe SXM{slot.module_id}",
+        "Critical Interrupt",
+        f"Bus Fatal Error (bus {bus} dev {device} fn {function})",
+        CRITICAL,
+    )
 
 
 def _record(
