@@ -21,7 +21,7 @@ from gpuconsole.cli.main import main
 from gpuconsole.codec import dumps
 from gpuconsole.config import Config, DemoConfig
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
-from gpuconsole.sources.agents import AgentSource
+from gpuconsole.sources.agents import AgentClient, AgentSource
 from gpuconsole.wiring import sim_hub
 
 # Generous: a shared two-core machine; the figures are benchmarks/bench_demo_scale.py's.
@@ -344,3 +344,35 @@ def test_a_node_opened_and_read_at_once_is_asked_of_its_simulation_once(
         assert asked == ["dgx-002"]
 
     asyncio.run(scenario())
+
+
+def test_an_owners_since_is_the_same_in_the_fleets_summary_and_in_the_full_node() -> None:
+    """A head's fleet shows dgx-002's Slurm job held since the moment the node, simulated
+    in full when opened, says it began; and a minute later still that moment."""
+    from gpuconsole.facts.ownership import resolve_owners
+    from gpuconsole.sim.cluster import demo_cluster, demo_hub
+    from gpuconsole.sim.fleet import FleetSim
+
+    async def both() -> tuple[list[float | None], list[float | None], list[float | None]]:
+        fleet = FleetSim(demo_cluster(20))
+        await fleet.prepare()
+        spec = next(s for s in demo_cluster(20) if s.name == "dgx-002")
+        full = await demo_hub(specs=[spec], start=fleet.started).poll_once(say_stale=False)
+        ages = []
+        for at in (fleet.started + 5.0, fleet.started + 65.0):
+            body = AgentSource("dgx-002", "http://sim", AgentClient()).parse(
+                json.loads(fleet.summary("dgx-002", at))
+            )
+            ages.append(sinces(body.node))
+        return ages[0], ages[1], sinces(full.nodes[0])
+
+    def sinces(node: NodeSnapshot) -> list[float | None]:
+        owners = resolve_owners(node.nvml, node.tenancy)
+        return [o.since for g in owners.gpus for o in g.owners]
+
+    first, later, full = asyncio.run(both())
+    assert first and all(s is not None for s in first)
+    assert first == later  # the job began when it began, however late one looks
+    # /proc/stat's btime is whole seconds: a process's start is known to the second
+    assert len(first) == len(full)
+    assert all(abs((a or 0) - (b or 0)) <= 1.0 for a, b in zip(first, full, strict=True))

@@ -50,6 +50,13 @@ from gpuconsole.sources.agents import (
 # from every other number and moved to the node's own clock when a body is rendered.
 _BASE = 4_000_000_000.0
 _NEAR_BASE = 10_000_000.0
+# The templates are read this long after their simulation starts, as a head meets nodes
+# that have been running: a node's instants (a process's start, a guest's since, a SEL
+# record) lie this far further back from the reading than from the simulation's start.
+_LEAD_S = 120.0
+# The times in a body that say when it was read: they move with each rendering. Every other
+# time is an instant of the node's own (a start, a since, a record's time), fixed once.
+_READ_TIMES = frozenset({"at", "last_ok_at"})
 # The GPU gauges that move from one second to the next, and how far around the template's.
 _GAUGES: dict[str, tuple[float, float, float]] = {  # field: (swing, lowest, highest)
     "util_gpu_pct": (0.25, 1.0, 100.0),
@@ -81,7 +88,9 @@ def refresh_s(nodes: int, interval_s: float = 1.0) -> float:
 class _Slot:
     """A place in a template body that each rendering fills: a time, a gauge or a name."""
 
-    kind: str  # "time" (offset from the body's clock), "gauge", or "name" (per node)
+    # "time" (offset from the body's clock), "instant" (offset from the simulation's start),
+    # "gauge", or "name" (per node)
+    kind: str
     offset: float = 0.0
     field: str = ""
     gpu: int = 0
@@ -107,13 +116,14 @@ class _Template:
                 if isinstance(value, int | float) and value > 0:
                     gpu[key] = mark(_Slot("gauge", field=key, gpu=position, value=float(value)))
 
-        def timestamps(value: Any) -> Any:
+        def timestamps(value: Any, key: str = "", record: bool = False) -> Any:
             if isinstance(value, float) and abs(value - _BASE) < _NEAR_BASE:
-                return mark(_Slot("time", offset=value - _BASE))
+                read = key in _READ_TIMES and not record
+                return mark(_Slot("time" if read else "instant", offset=value - _BASE))
             if isinstance(value, dict):
-                return {k: timestamps(v) for k, v in value.items()}
-            if isinstance(value, list):
-                return [timestamps(v) for v in value]
+                return {k: timestamps(v, k, record) for k, v in value.items()}
+            if isinstance(value, list):  # a SEL record's "at" is when it happened
+                return [timestamps(v, key, record or key == "sel_recent") for v in value]
             return value
 
         text = json.dumps(timestamps(data), separators=(",", ":"), allow_nan=False)
@@ -133,14 +143,17 @@ class _Template:
             )
         self.gpus = len(gpus)
 
-    def render(self, names: dict[str, str], now: float, phase: int) -> bytes:
+    def render(self, names: dict[str, str], now: float, phase: int, started: float) -> bytes:
         """The body for the node whose identities `names` maps from the template's, at `now`,
-        its gauges moved along the node's own `phase`."""
+        its gauges moved along the node's own `phase`, its instants those of a node simulated
+        from `started` (as the node is when a viewer opens it), none after `now`."""
         second = int(now)
         out = [self.literals[0]]
         for hole, literal in zip(self.holes, self.literals[1:], strict=True):
             if hole.kind == "time":
                 out.append(f"{now + hole.offset:.3f}")
+            elif hole.kind == "instant":
+                out.append(f"{min(now, started + _LEAD_S + hole.offset):.3f}")
             elif hole.kind == "gauge":
                 swing, low, high = _GAUGES[hole.field]
                 wave = _WAVE[(second + phase + 7 * hole.gpu) % 60]
@@ -224,7 +237,7 @@ class FleetSim:
         chosen = [_template_spec(list(self.specs.values()), p) for p in profiles]
         now = [_BASE]
         hub = demo_hub(
-            specs=chosen, seed=self.seed, clock=lambda: now[0], start=_BASE - 120, events=False
+            specs=chosen, seed=self.seed, clock=lambda: now[0], start=_BASE - _LEAD_S, events=False
         )
         shot = await hub.poll_once()
         for spec in chosen:
@@ -250,7 +263,7 @@ class FleetSim:
         own = self._names.get(node)
         if own is None:  # hashed once per node, not once a second
             own = self._names[node] = {n: _identity(w, node, self.seed) for n, w in shown}
-        return template.render(own, now, self._phase[node])
+        return template.render(own, now, self._phase[node], self.started)
 
     def warm(self) -> None:
         """Start the process that simulates opened nodes in full, before one is opened."""
