@@ -115,3 +115,38 @@ def test_the_snapshot_table_writes_every_bus_id_one_way(capsys: pytest.CaptureFi
     ids = re.findall(r"\b[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d\b", table)
     assert ids and "vfio-pci" in table  # both kinds of row are there
     assert all(re.fullmatch(r"0000:[0-9a-f]{2}:[0-9a-f]{2}\.\d", i) for i in ids), set(ids)
+
+
+def test_snapshot_json_says_who_owns_each_gpu_beside_the_readings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`jq '.nodes[] | select(.node=="dgx-003") | .derived["0000:9d:00.0"].owner'` answers
+    as the console does, and the readings still read back as a capture."""
+    from gpuconsole.codec import loads
+
+    assert main(["snapshot", "--demo", "--json"]) == 0
+    text = capsys.readouterr().out
+    nodes = {n["node"]: n for n in json.loads(text)["nodes"]}
+    dgx003 = nodes["dgx-003"]["derived"]
+    gpu = dgx003["0000:9d:00.0"]
+    assert gpu["owner"] == "pod team-nlp/train-llm-7b-0" and gpu["index"] == 4
+    (owner,) = gpu["owners"]
+    assert (owner["kind"], owner["namespace"], owner["tenant"]) == ("pod", "team-nlp", "nlp")
+    assert (gpu["health"], gpu["action"], gpu["findings"], gpu["problems"]) == ("ok", "fit", [], [])
+    assert gpu["nic"]["level"] == "PIX" and not gpu["nic"]["falls_back"]
+    assert [p["owner"] for p in gpu["processes"]] == ["pod team-nlp/train-llm-7b-0"]
+    # a guest's GPU, which NVML cannot see, is there by its bus id too
+    guest = nodes["dgx-004"]["derived"]["0000:52:00.0"]
+    assert guest["owner"] == "vm tenant-b-vm7" and guest["index"] is None
+    # MIG instances: who holds each, and that two are free
+    mig = nodes["dgx-004"]["derived"]["0000:df:00.0"]["migs"]
+    assert [m["owner"] for m in mig] == ["pod team-vision/infer-0", "pod team-nlp/embed-1",
+                                         "free", "free"]  # fmt: skip
+    # the readings read back as a capture (for --replay), and the console derives the same
+    from gpuconsole.facts.pairing import gpu_nics
+
+    captured = loads(text)
+    assert [n.node for n in captured.nodes] == list(nodes)
+    fabric = captured.node("dgx-003").fabric  # type: ignore[union-attr]
+    assert fabric is not None
+    assert gpu["nic"]["nic"] == gpu_nics(fabric)["0000:9d:00.0"].nic

@@ -311,11 +311,11 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     # the counted summary said below stands for the hub's line per stale source and node
     snapshot = asyncio.run(hub.poll_once(say_stale=False))
     if args.json:
-        from gpuconsole.codec import snapshot_json
+        from gpuconsole.cli.derived import snapshot_document
         from gpuconsole.facts.verdict import verdicts_json
 
-        # what every view derives, beside the readings: `jq` need not judge them again
-        document = {**snapshot_json(snapshot), "verdicts": verdicts_json(snapshot)}
+        # what every view derives, beside the readings: `jq` need not derive it again
+        document = {**snapshot_document(snapshot), "verdicts": verdicts_json(snapshot)}
         print(json.dumps(document, indent=2 if args.pretty else None, allow_nan=False))
     else:
         from gpuconsole.cli.table import render_table
