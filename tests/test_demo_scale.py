@@ -376,3 +376,28 @@ def test_an_owners_since_is_the_same_in_the_fleets_summary_and_in_the_full_node(
     # /proc/stat's btime is whole seconds: a process's start is known to the second
     assert len(first) == len(full)
     assert all(abs((a or 0) - (b or 0)) <= 1.0 for a, b in zip(first, full, strict=True))
+
+
+def test_the_fleets_nodes_hold_their_own_memory_steadily() -> None:
+    """Nodes of one profile come from one template: each still holds its own memory, the
+    same from one second to the next, never more than its GPUs have."""
+    from gpuconsole.sim.cluster import demo_cluster
+    from gpuconsole.sim.fleet import FleetSim
+
+    async def used() -> dict[tuple[str, float], list[tuple[int, int]]]:
+        fleet = FleetSim(demo_cluster(20))
+        await fleet.prepare()
+        out = {}
+        for name in ("dgx-002", "dgx-003", "dgx-004"):
+            for at in (fleet.started + 5.0, fleet.started + 6.0):
+                gpus = json.loads(fleet.summary(name, at))["nodes"][0]["nvml"]["gpus"]
+                out[name, at - fleet.started] = [
+                    (g["mem_used_bytes"], g["mem_total_bytes"]) for g in gpus
+                ]
+        return out
+
+    seen = asyncio.run(used())
+    for name in ("dgx-002", "dgx-003", "dgx-004"):
+        assert seen[name, 5.0] == seen[name, 6.0]
+        assert all(0 < u <= total for u, total in seen[name, 5.0])
+    assert seen["dgx-002", 5.0] != seen["dgx-003", 5.0] != seen["dgx-004", 5.0]

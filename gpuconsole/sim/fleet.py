@@ -89,7 +89,7 @@ class _Slot:
     """A place in a template body that each rendering fills: a time, a gauge or a name."""
 
     # "time" (offset from the body's clock), "instant" (offset from the simulation's start),
-    # "gauge", or "name" (per node)
+    # "gauge", "memory" (a GPU's memory in use) or "name" (per node)
     kind: str
     offset: float = 0.0
     field: str = ""
@@ -115,6 +115,9 @@ class _Template:
                 value = gpu.get(key)
                 if isinstance(value, int | float) and value > 0:
                     gpu[key] = mark(_Slot("gauge", field=key, gpu=position, value=float(value)))
+            used = gpu.get("mem_used_bytes")
+            if isinstance(used, int) and used > 0:
+                gpu["mem_used_bytes"] = mark(_Slot("memory", gpu=position, value=float(used)))
 
         def timestamps(value: Any, key: str = "", record: bool = False) -> Any:
             if isinstance(value, float) and abs(value - _BASE) < _NEAR_BASE:
@@ -154,6 +157,10 @@ class _Template:
                 out.append(f"{now + hole.offset:.3f}")
             elif hole.kind == "instant":
                 out.append(f"{min(now, started + _LEAD_S + hole.offset):.3f}")
+            elif hole.kind == "memory":  # each node's jobs hold their own share, steadily
+                out.append(
+                    str(int(hole.value * (0.85 + 0.15 * _WAVE[(7 * phase + 13 * hole.gpu) % 60])))
+                )
             elif hole.kind == "gauge":
                 swing, low, high = _GAUGES[hole.field]
                 wave = _WAVE[(second + phase + 7 * hole.gpu) % 60]
