@@ -401,3 +401,22 @@ def test_the_fleets_nodes_hold_their_own_memory_steadily() -> None:
         assert seen[name, 5.0] == seen[name, 6.0]
         assert all(0 < u <= total for u, total in seen[name, 5.0])
     assert seen["dgx-002", 5.0] != seen["dgx-003", 5.0] != seen["dgx-004", 5.0]
+
+
+def test_what_a_fleets_node_was_first_seen_doing_dates_from_the_heads_start() -> None:
+    """A free GPU's driver was bound before anyone looked: the head says "first seen" when it
+    started, not a moment that moves along with each reading."""
+    from gpuconsole.sim.cluster import demo_cluster
+    from gpuconsole.sim.fleet import FleetSim
+
+    async def bound() -> tuple[float, list[float]]:
+        fleet = FleetSim(demo_cluster(20))
+        await fleet.prepare()
+        out = []
+        for at in (fleet.started + 5.0, fleet.started + 300.0):
+            body = json.loads(fleet.summary("dgx-002", at))["nodes"][0]
+            out += [g["bound_since"] for g in body["tenancy"]["gpus"]]
+        return fleet.started, out
+
+    started, seen = asyncio.run(bound())
+    assert len(seen) == 16 and all(abs(s - started) < 0.01 for s in seen)

@@ -156,7 +156,10 @@ class _Template:
             if hole.kind == "time":
                 out.append(f"{now + hole.offset:.3f}")
             elif hole.kind == "instant":
-                out.append(f"{min(now, started + _LEAD_S + hole.offset):.3f}")
+                # what the template's sources first saw as they read it (a driver bound, an
+                # allocation) a head first sees as it starts
+                at = started if hole.offset >= 0 else started + _LEAD_S + hole.offset
+                out.append(f"{min(now, at):.3f}")
             elif hole.kind == "memory":  # each node's jobs hold their own share, steadily
                 out.append(
                     str(int(hole.value * (0.85 + 0.15 * _WAVE[(7 * phase + 13 * hole.gpu) % 60])))
