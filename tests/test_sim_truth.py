@@ -79,3 +79,23 @@ async def test_nvlink_carries_about_as_much_each_way_but_never_exactly() -> None
     gpm = reading.gpus[0].gpm
     assert gpm is not None and gpm.nvlink_tx_bytes_per_s and gpm.nvlink_rx_bytes_per_s
     assert gpm.nvlink_rx_bytes_per_s != gpm.nvlink_tx_bytes_per_s
+
+
+async def test_every_process_works_for_one_of_its_gpus_owners() -> None:
+    """dgxa-002's GPU 0 is time-sliced among pods: each process there is one of theirs,
+    named, not a bare pod UID; no process anywhere belongs to someone its GPU does not."""
+    from gpuconsole.facts.ownership import node_ownership
+    from gpuconsole.sim.cluster import demo_hub
+
+    hub = demo_hub(clock=lambda: T0 + 30.0, start=T0, events=False, bmc=False, fabric=False)
+    snapshot = await hub.poll_once(say_stale=False)
+    checked = 0
+    for node in snapshot.nodes:
+        ownership = node_ownership(node)
+        assert ownership is not None, node.node
+        for gpu in ownership.gpus:
+            held = {o.label for o in gpu.owners} | {o.label for m in gpu.migs for o in m.owners}
+            for process in gpu.processes:
+                assert process.owner.label in held, (node.node, gpu.bus_id, process)
+                checked += 1
+    assert checked >= 20
