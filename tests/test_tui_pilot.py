@@ -418,7 +418,7 @@ async def test_events_filter_by_node_and_severity(console_app: Any) -> None:
         table = app.screen.query_one("#events-table", DataTable)
         assert table.row_count == len(fleet.events)
         await pilot.press("v", "v")  # info → warning → critical
-        assert table.row_count == len(critical) == 3  # lost GPU, FAN 3, PSU 2
+        assert table.row_count == len(critical) == 4  # lost GPU, its PCIe error, FAN 3, PSU 2
         await pilot.press("v", "slash", *"node:dgx-002", "enter")
         assert table.row_count == len(on_dgx_002)
         await pilot.press("escape")
