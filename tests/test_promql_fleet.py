@@ -23,9 +23,10 @@ from benchmarks.promfleet import (
 from gpuconsole.config import FleetConfig
 from gpuconsole.export.agent import Agent, select
 from gpuconsole.facts.inventory import node_gpus
+from gpuconsole.facts.verdict import reading_verdict
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.base import Health
-from gpuconsole.readings.snapshot import FleetSnapshot, gpu_health
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sources.promql import FleetSeries, PrometheusReader, parse_overview, round_plan
 from gpuconsole.wiring import AgentSettings, fleet_hub
 from tests.export_fixtures import frozen_fleet
@@ -137,14 +138,17 @@ async def test_a_user_sees_every_node_of_a_backfilled_fleet_its_gpus_and_its_fau
                 r.bus_id for r in node_gpus(template) if r.reading
             ]
             assert [g.util_gpu_pct for g in node.gpus] == [g.util_gpu_pct for g in template.gpus]
-            assert [gpu_health(g) for g in node.gpus] == [gpu_health(g) for g in template.gpus]
+            assert [reading_verdict(g).health for g in node.gpus] == [
+                reading_verdict(g).health for g in template.gpus
+            ]
         # the demo's fault: dgx-003's GPU 5 fell off the bus, and so on every copy of it
         lost = [m.name for m in scraped if m.node.node == "dgx-003"]
         assert len(lost) >= NODES // 6 - 1
         for name in lost:
             node = shot.node(name)
             assert node is not None
-            assert [g.index for g in node.gpus if gpu_health(g) is Health.CRITICAL] == [5], name
+            critical = [g.index for g in node.gpus if reading_verdict(g).health is Health.CRITICAL]
+            assert critical == [5], name
         # the target Prometheus could not scrape says so, and nothing else is stale
         gone = shot.node(UNSCRAPED)
         status = gone.status("remote") if gone is not None else None
