@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.samples import Sample
-from textual.widgets import Static
 
 from gpuconsole import config
 from gpuconsole import format as fmt
@@ -32,6 +31,7 @@ from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.bmc import BmcError, BmcSource, BmcTarget, PowerAction, open_link
 from gpuconsole.tui.app import ConsoleApp
 from gpuconsole.tui.screens.node import NodeScreen
+from gpuconsole.tui.widgets.panel import Panel
 from gpuconsole.wiring import console_hub
 from tests.bmc_fixtures import Sushy, running_sushy
 from tests.export_fixtures import one, parse, pick, render
@@ -394,8 +394,8 @@ async def test_the_panel_the_snapshot_and_the_metrics_agree(
         await pilot.press("enter")  # the node: its BMC panel
         await pilot.pause()
         assert isinstance(app.screen, NodeScreen)
-        widget = app.screen.query_one("#panel-bmc", Static)
-        panel, subtitle = str(widget.content), str(widget.border_subtitle or "")
+        widget = app.screen.query_one("#panel-bmc", Panel)
+        panel, subtitle = str(widget.text), str(widget.border_subtitle or "")
         screen = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
     body = render(snapshot)
     assert promtool_problems(body) == []  # the same linter Prometheus users run
