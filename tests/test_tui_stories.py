@@ -88,6 +88,10 @@ async def test_story_1_the_3am_page_in_7_keys(cluster: Hub) -> None:
         assert "✖ 5" in shown and "LOST since" in shown
         owners = node.query_one("#panel-owners", Panel).text.plain
         assert "pod team-nlp/train-llm-7b-0 holds GPU 5 (0000:c3:00.0)" in owners
+        # the BMC's side of it, as the story promises: a PCIe bus error on GPU 5's bus
+        await until(
+            lambda: "Bus Fatal Error (bus c3" in node.query_one("#panel-bmc", Panel).text.plain
+        )
         await keys("a")
         await until(
             lambda: isinstance(app.screen, AssignScreen) and app.screen.stage is Stage.CHOOSE
