@@ -19,7 +19,6 @@ service (`escalation`).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 
 from gpuconsole.actions.plan import (
@@ -41,7 +40,7 @@ from gpuconsole.actions.plan import (
 )
 from gpuconsole.facts.inventory import short_bus_id
 from gpuconsole.facts.ownership import GpuOwner, Owner, Ownership
-from gpuconsole.facts.verdict import Action
+from gpuconsole.facts.verdict import Action, gpu_verdict
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import ACTIVE_GUEST_STATES, OwnerKind
 
@@ -67,18 +66,6 @@ _WORDS = {
     Action.SERVICE: "drain it and return it for service",
 }
 
-# The driver's own advice (nvmlDeviceGpuRecoveryAction_t) as an action.
-_RECOVERY = {
-    1: Action.RESET_GPU,  # GPU reset
-    2: Action.REBOOT_NODE,  # node reboot
-    3: Action.DRAIN,  # drain P2P
-    4: Action.RESET_GPU,  # drain and reset
-    6: Action.RESET_GPU,  # bus reset
-    7: Action.REBOOT_NODE,  # system reboot
-}
-# XIDs whose resolution bucket is a GPU reset (ECC double-bit, row remap, contained errors)
-_RESET_XIDS = frozenset({48, 63, 64, 79, 94, 95, 119, 120})
-
 
 def remedy_words(action: Action) -> str:
     """What the action asks for, in words: 'drain it, reset the GPU, then verify'."""
@@ -96,32 +83,9 @@ def escalation(action: Action) -> Action | None:
 
 
 def verdict_action(node: NodeSnapshot, key: str) -> Action:
-    """The verdict's action for one GPU (bus id, UUID or number): facts.verdict.gpu_verdict's
-    where it exists.
-
-    ADAPTER, until gpu_verdict is on main: where it is missing, the action is derived here
-    from the driver's recovery action, a lost GPU, row remapping and the XIDs whose bucket
-    is a reset. Delete the fallback once gpu_verdict lands.
-    """
+    """The verdict's action for one GPU (bus id, UUID or number); fit for one not found."""
     gpu = find_gpu(node, key)
-    if gpu is None:
-        return Action.FIT
-    verdict = getattr(importlib.import_module("gpuconsole.facts.verdict"), "gpu_verdict", None)
-    if verdict is not None:
-        return Action(verdict(node, gpu.bus_id).action)
-    reading = node.nvml.gpu(gpu.index) if node.nvml and gpu.index is not None else None
-    if reading is None:
-        return Action.FIT
-    actions = [Action.FIT]
-    if reading.recovery_action in _RECOVERY:
-        actions.append(_RECOVERY[reading.recovery_action])
-    if reading.lost or reading.ecc.remap_pending:
-        actions.append(Action.RESET_GPU)
-    if reading.ecc.remap_failure:
-        actions.append(Action.SERVICE)
-    if any(x.code in _RESET_XIDS for x in reading.xids):
-        actions.append(Action.RESET_GPU)
-    return max(actions, key=lambda a: a.rank)
+    return gpu_verdict(node, gpu.bus_id).action if gpu is not None else Action.FIT
 
 
 # --- who holds what ----------------------------------------------------------------------
