@@ -390,12 +390,14 @@ def test_gpuconsole_remediate_resets_a_simulated_gpu_and_a_dry_run_changes_nothi
     wrong = subprocess.run(
         [*base, "--confirm", "dgx-004"], capture_output=True, text=True, env=env, timeout=120
     )
-    assert wrong.returncode == 3 and "does not match" in wrong.stderr
+    # as `assign` says it: the plan, a line per step as it ticks, the outcome
+    assert wrong.returncode == 3
+    assert "Refused: confirmation 'dgx-004' does not match 'dgx-003', '5' or" in wrong.stdout
     ran = subprocess.run(
         [*base, "--confirm", "dgx-003"], capture_output=True, text=True, env=env, timeout=120
     )
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    assert "4. done: reset GPU 5" in ran.stdout
+    assert "  [4/5] ok reset GPU 5 (0000:c3:00.0)" in ran.stdout
     assert "done: GPU 5 (0000:c3:00.0): drain it, reset the GPU, then verify: done" in ran.stdout
 
 

@@ -199,6 +199,10 @@ class PlanExecutor(Protocol):
     async def plan(self, keys: Sequence[str], target: Target) -> Plan:
         """A plan from a fresh reading of the node; nothing changes."""
 
+    async def plan_remedy(self, key: str, action: Action | None = None) -> Plan:
+        """A remediation plan for one GPU from a fresh reading: `action`, or the one the
+        node's verdict calls for; nothing changes."""
+
     async def execute(self, plan: Plan, actor: Actor, confirm: str) -> Outcome:
         """Run `plan` for `actor`, who typed `confirm`; ActionRefused when nothing ran."""
 

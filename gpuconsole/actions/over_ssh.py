@@ -1,5 +1,6 @@
-"""Moving GPUs of another node of the fleet: that node's own `gpuconsole assign`, run over
-ssh as the operator's own ssh identity, its progress read back as JSON lines.
+"""Acting on GPUs of another node of the fleet: that node's own `gpuconsole assign` or
+`gpuconsole remediate`, run over ssh as the operator's own ssh identity, its progress read
+back as JSON lines.
 
 Keys, authorization and audit ride on ssh: the node's sshd decides who logs in, the
 node's executor checks that user's role and writes the journal and the audit log; the head
@@ -8,7 +9,7 @@ refused. The head never changes a GPU itself, so a plan whose connection drops i
 the node (done or rolled back, journaled), and the head says it lost contact.
 
 `RemoteExecutor` is a PlanExecutor, as the local `Executor` is: the console and the command
-line (gpuconsole.cli.assign) run one flow on either.
+line (gpuconsole.cli.assign, gpuconsole.cli.remediate) run one flow on either.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ from gpuconsole.actions.progress import (
 )
 from gpuconsole.actions.roles import ActionRefused, Actor
 from gpuconsole.config import RemoteConfig
-from gpuconsole.readings.base import Event, Severity
+from gpuconsole.facts.verdict import Action
+from gpuconsole.readings.base import Event, Severity, safe_text
 from gpuconsole.sources.base import EmitEvent
 
 __all__ = [
@@ -75,6 +77,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 STDERR_LINES = 20  # of the node's stderr, kept to explain a failure
+ASSIGN, REMEDIATE = "assign", "remediate"  # the node's commands a head runs
 EXIT_NOT_FOUND = 127  # the login shell found no such command
 
 
@@ -218,7 +221,8 @@ async def connect(target: SshTarget) -> asyncssh.SSHClientConnection:
     except asyncssh.KeyExchangeFailed as exc:
         if known.is_file() and _known_entries(target, known):
             raise RemoteError(_host_key_refused(target, witness.offered, known)) from None
-        raise RemoteError(f"{where}: the ssh key exchange failed: {exc.reason}") from None
+        why = safe_text(str(exc.reason))
+        raise RemoteError(f"{where}: the ssh key exchange failed: {why}") from None
     except asyncssh.PermissionDenied:
         user = target.user or getpass.getuser()
         offered = ", ".join(str(k) for k in keys) or "~/.ssh/id_* and the ssh agent's"
@@ -227,7 +231,7 @@ async def connect(target: SshTarget) -> asyncssh.SSHClientConnection:
             "is authorized there"
         ) from None
     except asyncssh.DisconnectError as exc:
-        raise RemoteError(f"{where} closed the ssh connection: {exc.reason}") from None
+        raise RemoteError(f"{where} closed the ssh connection: {safe_text(str(exc.reason))}") from None
     except TimeoutError:
         raise RemoteError(
             f"cannot reach {where}: no ssh answer in {target.connect_timeout_s:g} s"
@@ -261,10 +265,11 @@ class _Told:
 
 
 class RemoteExecutor:
-    """Plans and runs assigns on one other node, through its own gpuconsole over ssh.
+    """Plans and runs assigns and remediations on one other node, through its own gpuconsole
+    over ssh.
 
-    A PlanExecutor, as the local Executor is: `plan` shows the node's plan (nothing changes),
-    and `execute` runs it there once confirmed, calling `on_step` with a StepUpdate as each
+    A PlanExecutor, as the local Executor is: `plan` and `plan_remedy` show the node's plan
+    (nothing changes), and `execute` runs it there once confirmed, calling `on_step` with a StepUpdate as each
     step ticks and posting the executor's events to `emit`. What the node recovers first
     goes to `on_recovered` as it comes, or waits for `recover`. One connection serves all;
     `close` (or `async with`) ends it.
@@ -335,8 +340,23 @@ class RemoteExecutor:
         changes. A blocked plan is returned too: its preconditions say why."""
         args = self._gpu_args(keys, propose, model)
         told = await self._command([*args, "--to", str(target), "--dry-run"], executing=False)
+        return self._planned(told, ASSIGN)
+
+    async def plan_remedy(self, key: str, action: Action | None = None) -> Plan:
+        """The node's remediation plan for one GPU from its fresh reading: `action`, or the
+        one the node's verdict calls for; nothing changes."""
+        args = ["--node", self.node, key, *(["--action", action.value] if action else [])]
+        told = await self._command([*args, "--dry-run"], executing=False, command=REMEDIATE)
+        return self._planned(told, REMEDIATE)
+
+    def _planned(self, told: _Told, command: str) -> Plan:
         if told.plan is None:
-            raise RemoteError(self._failure(told, "did not show a plan"))
+            raise RemoteError(self._failure(told, "did not show a plan", command))
+        if told.plan.node != self.node:
+            raise RemoteError(
+                f"{self.node} answered with a plan for {told.plan.node}: it is not the node "
+                "this head asked (check [remote] destinations)"
+            )
         self._shown = (told.plan, told.digest)
         return told.plan
 
@@ -360,9 +380,16 @@ class RemoteExecutor:
         unseen) or RemoteError (nothing started)."""
         digest = self._shown[1] if self._shown and self._shown[0] is plan else plan_digest(plan)
         self._audit(plan, actor, "asked", "", digest=digest, required=True)
-        args = [*self._gpu_args(plan.gpus, None, None), "--to", str(plan.target)]
+        if plan.remedy:
+            # the action the plan shown carries out, whatever the verdict says by now: the
+            # digest refuses anything else
+            command, args = REMEDIATE, ["--node", self.node, plan.gpus[0]]
+            args += ["--action", plan.remedy]
+        else:
+            command = ASSIGN
+            args = [*self._gpu_args(plan.gpus, None, None), "--to", str(plan.target)]
         args += ["--confirm", confirm, "--expect-plan", digest]
-        return await self._execute(args, actor, (plan, digest), None)
+        return await self._execute(args, actor, (plan, digest), None, command=command)
 
     async def run(
         self,
@@ -391,6 +418,7 @@ class RemoteExecutor:
         on_plan: Callable[[Plan], None] | None,
         *,
         audited: bool = False,
+        command: str = ASSIGN,
     ) -> Outcome:
         """Run the command that executes a plan, with the head's events and audit records."""
         planned: list[tuple[Plan, str]] = [shown] if shown is not None else []
@@ -409,7 +437,7 @@ class RemoteExecutor:
                 self._event(
                     plan,
                     Severity.INFO,
-                    f"{actor.who} started assign {plan.target} on {self.node} over ssh: "
+                    f"{actor.who} started {plan.action} on {self.node} over ssh: "
                     f"{update.plan_id}",
                 )
             if not update.state.started:
@@ -419,10 +447,15 @@ class RemoteExecutor:
                 self._event(plan, severity, text, STEP_EVENT)
 
         try:
-            told = await self._command(args, executing=True, tick=tick, saw=saw)
+            told = await self._command(
+                args, executing=True, tick=tick, saw=saw, command=command
+            )
         except ContactLost as exc:
             plan, digest = planned[0] if planned else (None, "")
-            self._audit(plan, actor, "unknown", str(exc), exc.plan_id or "", digest, args=args)
+            self._audit(
+                plan, actor, "unknown", str(exc), exc.plan_id or "", digest, args=args,
+                command=command,
+            )
             self._event(plan, Severity.WARNING, str(exc))
             raise
         plan, digest = planned[0] if planned else (told.plan, told.digest)
@@ -433,19 +466,21 @@ class RemoteExecutor:
             self._event(
                 plan,
                 outcome_severity(outcome.state),
-                f"assign {plan.target} by {actor.user}: {outcome.message}",
+                f"{plan.action} by {actor.user}: {outcome.message}",
             )
             return outcome
         if told.refused is not None:
-            self._audit(plan, actor, "refused", told.refused, digest=digest, args=args)
+            self._audit(
+                plan, actor, "refused", told.refused, digest=digest, args=args, command=command
+            )
             self._event(
                 plan,
                 Severity.WARNING,
-                f"{actor.who} was refused assign on {self.node}: {told.refused}",
+                f"{actor.who} was refused {command} on {self.node}: {told.refused}",
             )
             raise ActionRefused(told.refused)
-        why = self._failure(told, "ended without an outcome")
-        self._audit(plan, actor, "failed", why, digest=digest, args=args)
+        why = self._failure(told, "ended without an outcome", command)
+        self._audit(plan, actor, "failed", why, digest=digest, args=args, command=command)
         raise RemoteError(why)
 
     # --- plumbing ---------------------------------------------------------------------
@@ -471,17 +506,19 @@ class RemoteExecutor:
         executing: bool,
         tick: Callable[[StepUpdate, Plan], None] | None = None,
         saw: Callable[[Plan, str], None] | None = None,
+        command: str = ASSIGN,
     ) -> _Told:
-        """Run `gpuconsole assign --json-progress ARGS` on the node, following what it says."""
+        """Run `gpuconsole COMMAND --json-progress ARGS` on the node (assign or remediate),
+        following what it says."""
         conn = await self._connection()
-        line = f"{self.target.command} assign --json-progress {shlex.join(args)}"
+        line = f"{self.target.command} {command} --json-progress {shlex.join(args)}"
         told = _Told()
         try:
             process = await conn.create_process(line, encoding="utf-8")
         except (asyncssh.Error, OSError) as exc:
             self._conn = None
             raise RemoteError(
-                f"{self.node}: could not start {self.target.command}: {exc}"
+                f"{self.node}: could not start {self.target.command}: {safe_text(str(exc))}"
             ) from None
         process.stdin.write_eof()
         errors = asyncio.create_task(self._stderr(process, told))
@@ -511,7 +548,8 @@ class RemoteExecutor:
             # asked to run already: the node goes on without us
             told.lost = f"its progress is unreadable here: {exc}; upgrade the head"
         except (asyncssh.Error, OSError) as exc:
-            told.lost = str(getattr(exc, "reason", "") or exc) or type(exc).__name__
+            why = str(getattr(exc, "reason", "") or exc) or type(exc).__name__
+            told.lost = safe_text(why)  # a reason the node's sshd may have given
             self._conn = None  # dead: the next command reconnects
         finally:
             with contextlib.suppress(Exception):
@@ -524,7 +562,7 @@ class RemoteExecutor:
     async def _stderr(self, process: asyncssh.SSHClientProcess[str], told: _Told) -> None:
         with contextlib.suppress(asyncssh.Error, OSError):
             async for raw in process.stderr:
-                told.stderr.append(raw.rstrip("\n"))
+                told.stderr.append(safe_text(raw.rstrip("\n")))
 
     def _follow(
         self,
@@ -589,7 +627,7 @@ class RemoteExecutor:
             plan_id,
         )
 
-    def _failure(self, told: _Told, what: str) -> str:
+    def _failure(self, told: _Told, what: str, command: str = ASSIGN) -> str:
         """Why a command said nothing useful: missing, too old, refused usage, or failing."""
         status, errors = told.exit_status, list(told.stderr)
         text = "; ".join(e for e in errors[-3:] if e.strip())
@@ -607,7 +645,7 @@ class RemoteExecutor:
         if status == EXIT_USAGE:
             return f"{self.node} refused the request: {text or 'usage error'}"
         said = text or (told.notes[-1] if told.notes else "no message")
-        return f"{self.node}: `{self.target.command} assign` {what} (exit {status}): {said}"
+        return f"{self.node}: `{self.target.command} {command}` {what} (exit {status}): {said}"
 
     def _event(
         self, plan: Plan | None, severity: Severity, message: str, kind: str = ACTION_EVENT
@@ -630,6 +668,7 @@ class RemoteExecutor:
         *,
         args: Sequence[str] = (),
         required: bool = False,
+        command: str = ASSIGN,
     ) -> None:
         """The head's own record: who asked which node for what, over ssh, and what came
         back ("asked", then ok, failed, refused, or unknown when contact was lost).
@@ -640,7 +679,7 @@ class RemoteExecutor:
         if self.audit is None:
             return
         try:
-            self._append(plan, actor, outcome, detail, plan_id, digest, args)
+            self._append(plan, actor, outcome, detail, plan_id, digest, args, command)
         except OSError as exc:
             why = self.audit.cannot_write(exc)
             if required:
@@ -656,17 +695,19 @@ class RemoteExecutor:
         plan_id: str,
         digest: str,
         args: Sequence[str],
+        command: str,
     ) -> None:
         assert self.audit is not None
         if plan is None:  # refused or lost before the node showed a plan: what was asked
-            what, target, body = "assign", f"{self.node}: {shlex.join(args)}", {}
+            what, target, body = command, f"{self.node}: {shlex.join(args)}", {}
         else:
-            what = f"assign {plan.target}"
+            what = plan.action
             target = f"{plan.node}: {', '.join(plan.labels) or ', '.join(plan.gpus)}"
             body = {
                 "gpus": list(plan.gpus),
                 "uuids": list(plan.uuids),
                 "target": str(plan.target),
+                **({"remedy": plan.remedy} if plan.remedy else {}),
                 "steps": [s.title for s in plan.steps],
             }
         self.audit.append(

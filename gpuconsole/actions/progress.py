@@ -1,5 +1,5 @@
-"""How a run of `gpuconsole assign` tells its progress: as text for a person, or, with
-`--json-progress`, as one JSON object a line for a head that ran it over ssh.
+"""How a run of `gpuconsole assign` or `gpuconsole remediate` tells its progress: as text for
+a person, or, with `--json-progress`, as one JSON object a line for a head that ran it over ssh.
 
 The lines (every one carries "v", the format version, and "event"):
 
@@ -11,7 +11,9 @@ The lines (every one carries "v", the format version, and "event"):
     {"event": "step", "plan_id", "seq", "state", "detail"} running, done, failed, undoing, undone
     {"event": "outcome", "plan_id", "state", "message"}    how the plan ended
 
-`read_event` turns a line back into a typed event; `plan_digest` names a plan's content,
+`read_event` turns a line back into a typed event, its text made safe to show (the node's
+word is untrusted: a hostile or broken node may send escape sequences or nonsense, which
+the head writes out or refuses, never obeys); `plan_digest` names a plan's content,
 so that a node can refuse to run anything but the plan its operator was shown. The command's
 exit statuses are here too: the node's travels back over ssh, and the head reads it.
 """
@@ -28,6 +30,8 @@ from typing import Any, Protocol, TextIO
 from gpuconsole.actions.executor import Outcome, StepUpdate
 from gpuconsole.actions.journal import PlanState, StepProgress
 from gpuconsole.actions.plan import Plan, Precondition
+from gpuconsole.facts.verdict import Action
+from gpuconsole.readings.base import safe_strings, safe_text
 
 __all__ = [
     "EXIT_FAILED",
@@ -60,7 +64,7 @@ EXIT_UNKNOWN = 4  # a remote plan lost its ssh connection: the node ends it, uns
 
 
 class Report(Protocol):
-    """Where a run of assign tells what happens."""
+    """Where a run of assign or remediate tells what happens."""
 
     def note(self, text: str) -> None: ...
     def recovered(self, outcome: Outcome) -> None: ...
@@ -250,7 +254,16 @@ def _plan(body: dict[str, Any]) -> Plan:
         for p in body.get("preconditions", ())
     )
     # from_json drops preconditions (the journal keeps only what ran): put them back
-    return dataclasses.replace(plan, preconditions=conditions)
+    plan = dataclasses.replace(plan, preconditions=conditions)
+    per_gpu = (plan.labels, plan.indexes, plan.owners)
+    if any(len(values) != len(plan.gpus) for values in per_gpu) or len(plan.uuids) not in (
+        0,
+        len(plan.gpus),
+    ):
+        raise ValueError("a plan whose GPUs, labels, numbers and owners do not pair up")
+    if plan.remedy:
+        Action(plan.remedy)  # ValueError for an action this version does not know
+    return plan
 
 
 def read_event(line: str) -> ProgressEvent | None:
@@ -263,16 +276,21 @@ def read_event(line: str) -> ProgressEvent | None:
     try:
         body = json.loads(text)
     except json.JSONDecodeError:
-        return Note(text)
+        return Note(safe_text(text))
+    except RecursionError:  # nested past what the decoder follows: no event is
+        raise ProgressError("a line nested too deep to read") from None
     if not isinstance(body, dict) or "event" not in body:
-        return Note(text)
+        return Note(safe_text(text))
     version = body.get("v")
     if not isinstance(version, int) or version > FORMAT:
-        raise ProgressError(f"progress format {version!r}; this gpuconsole reads {FORMAT}")
+        shown = safe_text(repr(version)[:40])
+        raise ProgressError(f"progress format {shown}; this gpuconsole reads {FORMAT}")
     try:
-        return _event(body)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProgressError(f"malformed {body.get('event')!r} event: {exc!r}") from None
+        event = _event(body)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        what = safe_text(repr(body.get("event"))[:40])
+        raise ProgressError(f"malformed {what} event: {safe_text(repr(exc)[:200])}") from None
+    return safe_strings(event)
 
 
 def _event(body: dict[str, Any]) -> ProgressEvent | None:

@@ -4,17 +4,18 @@ confirmation, and print each step as it ticks.
 
 On a head, `--node` naming another node of the fleet runs the command there, over ssh
 (gpuconsole.actions.over_ssh); the node runs it with `--json-progress` and reports in JSON.
-Either way one flow (`_carry_out`) shows the plan, confirms and executes it; what stops it
-is raised (ActionRefused, UsageError, ...) and only `run_assign` makes it an exit status.
+Either way one flow (`carry_out`) shows the plan, confirms and executes it; what stops it
+is raised (ActionRefused, UsageError, ...) and only `reported` makes it an exit status.
+`gpuconsole remediate` (gpuconsole.cli.remediate) runs the same flow, here or over ssh.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 from gpuconsole.actions.executor import CannotRecover, Executor, PlanExecutor
 from gpuconsole.actions.locks import holders
@@ -43,9 +44,35 @@ from gpuconsole.wiring import (
 if TYPE_CHECKING:
     from gpuconsole.actions.over_ssh import RemoteExecutor
 
-__all__ = ["AssignRequest", "NotConfirmed", "UsageError", "gpu_args", "run_assign"]
+__all__ = [
+    "AssignRequest",
+    "Confirming",
+    "NotConfirmed",
+    "UsageError",
+    "carry_out",
+    "gpu_args",
+    "on_other_node",
+    "reported",
+    "run_assign",
+]
 
 Ask = Callable[[str], str]
+
+
+class Confirming(Protocol):
+    """What a command line said about running a plan: GPUs named, a dry run, a confirmation
+    given before the plan was seen, and (from a head) the digest of the plan shown."""
+
+    @property
+    def gpus(self) -> tuple[str, ...]: ...
+    @property
+    def dry_run(self) -> bool: ...
+    @property
+    def yes(self) -> bool: ...
+    @property
+    def confirm(self) -> str | None: ...
+    @property
+    def expect_plan(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +130,13 @@ async def run_assign(
     on another node, 4: contact lost, outcome unknown)."""
     out = out or sys.stdout  # looked up now: a test's capture replaces it after import
     report: Report = JsonReport(out) if request.json_progress else TextReport(out)
+    return await reported(_assign(cfg, request, actor, ask, report), report)
+
+
+async def reported(work: Awaitable[bool], report: Report, command: str = "gpuconsole assign") -> int:
+    """Run a command's work and make what it did, or what stopped it, its exit status."""
     try:
-        done = await _assign(cfg, request, actor, ask, report)
+        done = await work
     except UsageError as exc:
         print(f"{exc.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -115,10 +147,10 @@ async def run_assign(
         report.refused(str(exc))
         return EXIT_REFUSED
     except NotAsked as exc:
-        print(f"gpuconsole assign: {exc}", file=sys.stderr)
+        print(f"{command}: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except Unseen as exc:
-        print(f"gpuconsole assign: {exc}", file=sys.stderr)
+        print(f"{command}: {exc}", file=sys.stderr)
         return EXIT_UNKNOWN
     return EXIT_OK if done else EXIT_FAILED
 
@@ -286,7 +318,7 @@ async def _run(
         recovered = []
     for outcome in recovered:
         report.recovered(outcome)
-    return await _carry_out(
+    return await carry_out(
         executor, await executor.plan(keys, target), request, actor, ask, report
     )
 
@@ -294,10 +326,10 @@ async def _run(
 # --- the one flow, from a plan on ---------------------------------------------------------
 
 
-async def _carry_out(
+async def carry_out(
     executor: PlanExecutor,
     plan: Plan,
-    request: AssignRequest,
+    request: Confirming,
     actor: Actor,
     ask: Ask | None,
     report: Report,
@@ -326,7 +358,7 @@ async def _carry_out(
     return outcome.ok
 
 
-def _not_blind_by_number(request: AssignRequest, plan: Plan) -> None:
+def _not_blind_by_number(request: Confirming, plan: Plan) -> None:
     """ActionRefused for a GPU named by a number and confirmed before its plan was seen, on a
     node whose GPUs NVML has numbered again: the number may be another GPU's now."""
     numbers = [k for k in request.gpus if k.strip().isdigit()]
@@ -339,7 +371,7 @@ def _not_blind_by_number(request: AssignRequest, plan: Plan) -> None:
         )
 
 
-def _given(request: AssignRequest, node: str) -> str | None:
+def _given(request: Confirming, node: str) -> str | None:
     """The confirmation the command line gave (--confirm, or --yes: the node's name)."""
     if request.confirm is not None:
         return request.confirm
@@ -367,22 +399,34 @@ async def _over_ssh(
 ) -> bool:
     """`--node` names another node of the fleet: its own gpuconsole plans and runs there, the
     plan shown and the confirmation typed here."""
+    assert request.node is not None
+
+    async def work(remote: RemoteExecutor) -> bool:
+        return await _on_node(remote, request, target, actor, ask, report)
+
+    return await on_other_node(cfg, request.node, report, work)
+
+
+async def on_other_node(
+    cfg: Config,
+    node: str,
+    report: Report,
+    work: Callable[[RemoteExecutor], Awaitable[bool]],
+    command: str = "gpuconsole assign",
+) -> bool:
+    """`work` on another node of the fleet through its own gpuconsole over ssh, the node's
+    progress told to `report`; what stops it raised as the command says it."""
     from gpuconsole.actions.over_ssh import ContactLost, RemoteError
 
-    assert request.node is not None
     try:
         remote = remote_executor(
-            cfg,
-            request.node,
-            on_step=report.step,
-            on_note=report.note,
-            on_recovered=report.recovered,
+            cfg, node, on_step=report.step, on_note=report.note, on_recovered=report.recovered
         )
     except RemoteError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(str(exc), command) from None
     try:
         async with remote:
-            return await _on_node(remote, request, target, actor, ask, report)
+            return await work(remote)
     except ContactLost as exc:
         raise Unseen(str(exc)) from None
     except RemoteError as exc:
@@ -416,7 +460,7 @@ async def _on_node(
         report.outcome(outcome)
         return outcome.ok
     plan = await remote.plan(request.gpus, target, propose=request.propose, model=request.model)
-    return await _carry_out(remote, plan, request, actor, ask, report)
+    return await carry_out(remote, plan, request, actor, ask, report)
 
 
 def gpu_args(values: Sequence[str]) -> tuple[str, ...]:

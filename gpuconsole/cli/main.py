@@ -362,23 +362,34 @@ def cmd_power(args: argparse.Namespace) -> int:
 
 
 def cmd_remediate(args: argparse.Namespace) -> int:
-    """Repair one GPU as its verdict (or --action) asks: planned, confirmed, journaled."""
+    """Repair one GPU as its verdict (or --action) asks: planned, confirmed, journaled; on a
+    head, a GPU of another node of the fleet over ssh (--node NODE, or NODE:GPU)."""
     import os
+    import signal
 
     from gpuconsole.actions.roles import local_actor
     from gpuconsole.actions.ssh_caller import over_ssh
-    from gpuconsole.cli.remediate import run_remediate
+    from gpuconsole.cli.remediate import RemediateRequest, run_remediate
 
     actor = over_ssh(local_actor(), os.environ)
-    return run_remediate(
-        _config(args),
-        actor.for_demo() if args.demo else actor,
-        args.gpu,
-        args.action,
+    if args.json_progress:
+        # A head runs this over ssh: if its connection drops, the plan must still end here
+        # (done, or stopped where the journal says) rather than die half-way with the session.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    request = RemediateRequest(
+        gpu=args.gpu,
+        action=args.action,
         node=args.node,
-        confirm=args.confirm,
         dry_run=args.dry_run,
         demo=args.demo,
+        confirm=args.confirm,
+        json_progress=args.json_progress,
+        expect_plan=args.expect_plan,
+    )
+    ask = input if sys.stdin.isatty() else None
+    cfg = _config(args)
+    return asyncio.run(
+        run_remediate(cfg, request, actor.for_demo() if args.demo else actor, ask=ask)
     )
 
 
@@ -571,16 +582,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "remediate", help="repair a GPU as its verdict asks: drain, reset, power cycle, service"
     )
-    p.add_argument("gpu", metavar="GPU", help="bus id, UUID or index")
+    p.add_argument(
+        "gpu",
+        metavar="GPU",
+        help="bus id, UUID or index; NODE:GPU for a GPU of another node (dgx-003:0000:c3:00.0)",
+    )
     p.add_argument(
         "--action",
         choices=["drain", "reset_gpu", "reboot_node", "reseat", "service"],
         help="this action instead of the verdict's",
     )
-    p.add_argument("--node", metavar="NAME", help="with --demo: the simulated node")
+    p.add_argument(
+        "--node",
+        metavar="NAME",
+        help="the node: this one, another of [fleet] (over ssh), or with --demo a simulated one",
+    )
     p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
     p.add_argument("--confirm", metavar="WORD", help="the node name (or GPU index), to confirm")
     p.add_argument("--demo", action="store_true", help="a node of the simulated cluster")
+    p.add_argument(
+        "--json-progress",
+        action="store_true",
+        help="report as JSON lines (what a head reads when it runs this over ssh)",
+    )
+    p.add_argument(
+        "--expect-plan",
+        metavar="DIGEST",
+        help="refuse unless the plan is still the one shown (its digest, from --json-progress)",
+    )
     _common(p)
     p.set_defaults(func=cmd_remediate)
 

@@ -182,6 +182,9 @@ class SimWorld:
             self.tree.cordoned = set(data.get("cordoned", []))
             self.tree.switches = dict(data.get("switches", {}))
             self.slurm_drained = bool(data.get("slurm_drained", False))
+            # one timeline for every process that acts on the world: a scenario due 45 s
+            # after the world began has happened for the next command too
+            node.t0 = float(data.get("started", node.t0))
             repairs = data.get("repairs", {})
             node.restore_repairs(
                 [(str(k), int(g)) for k, g in repairs.get("cleared", [])],
@@ -243,6 +246,7 @@ class SimWorld:
                 "switches": self.switches,
                 "slurm_drained": self.slurm_drained,
                 "repairs": self.node.repairs(),
+                "started": self.node.t0,
             }
         )
         tmp = self.state_file.with_suffix(".tmp")

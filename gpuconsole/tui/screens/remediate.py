@@ -1,6 +1,8 @@
 """Repairing a GPU from the console: the plan its verdict's action implies (drain, reset,
 power cycle, service), confirmed by typing, run by the same executor as a reassignment,
-each step ticking; and when it did not make the GPU fit, the next action offered (`n`)."""
+each step ticking; and when it did not make the GPU fit, the next action offered (`n`).
+On a head, a GPU of another node is planned and repaired by that node's own gpuconsole
+over ssh, as a reassignment there is (gpuconsole.actions.over_ssh)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ from typing import ClassVar
 
 from textual.binding import Binding
 
-from gpuconsole.actions.executor import Executor
 from gpuconsole.actions.plan import Plan, Target, TargetKind
 from gpuconsole.actions.remediation import escalation
 from gpuconsole.facts.inventory import short_bus_id
@@ -61,11 +62,8 @@ class RemediateScreen(AssignScreen):
         await self._make_plan(Target(TargetKind.FREE))  # the plan says where it ends
 
     async def _ask_plan(self, target: Target) -> Plan | None:
-        if not isinstance(self.executor, Executor):
-            raise ValueError(
-                f"a repair of {self.node_name} runs there: ssh {self.node_name} gpuconsole "
-                f"remediate {self.bus_id}"
-            )
+        """This machine's plan, or another node's from its own verdict (over ssh)."""
+        assert self.executor is not None
         return await self.executor.plan_remedy(self.bus_id, self.action)
 
     def _next(self) -> Action | None:
