@@ -1,0 +1,296 @@
+"""Remediation from a head: `r` on another node's GPU (or `gpuconsole remediate NODE:GPU`)
+runs that node's own `gpuconsole remediate` over ssh, as the operator's ssh key. The node
+plans from its own verdict, the operator confirms on the head, the node runs the plan with
+its journal, locks and audit, and each step ticks on the head as the node reports it.
+
+The node is a minimal sshd on 127.0.0.1 (tests.ssh_node) whose commands act on the demo's
+dgx-003, where GPU 5 fell off the bus (XID 79) while pod team-nlp/train-llm-7b-0 ran on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import pytest
+
+from gpuconsole.actions.audit import AuditLog
+from gpuconsole.actions.executor import StepUpdate
+from gpuconsole.actions.journal import Journal, PlanState
+from gpuconsole.actions.over_ssh import ContactLost, RemoteExecutor, SshTarget
+from gpuconsole.actions.plan import StepKind
+from gpuconsole.actions.remediation import verdict_action
+from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.cli.main import main
+from gpuconsole.cli.remediate import split_node
+from gpuconsole.config import load
+from gpuconsole.facts.verdict import Action, gpu_verdict
+from gpuconsole.readings.base import Event
+from gpuconsole.sim.actions import SimWorld
+from tests.ssh_node import (
+    NODE,
+    NODE_COMMAND,
+    ExecServer,
+    Keys,
+    head_config,
+    known_line,
+    make_keys,
+    serve_node,
+)
+from tests.waiting import until
+
+GPU5 = "0000:c3:00.0"
+OPS = Actor("ops", Role.OPERATOR)
+
+
+@pytest.fixture
+def keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Keys:
+    return make_keys(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def node(tmp_path: Path, keys: Keys) -> Iterator[ExecServer]:
+    """dgx-003 a minute after its world began: GPU 5 fell off the bus 45 s in."""
+    world = _world(tmp_path)
+    state = json.loads(world.state_file.read_text())
+    state["started"] -= 60
+    world.state_file.write_text(json.dumps(state))
+    assert _world(tmp_path).node.lost(5)
+    with serve_node(tmp_path, keys) as server:
+        yield server
+
+
+def _world(tmp_path: Path) -> SimWorld:
+    return SimWorld.demo(NODE, tmp_path / "state" / "gpuconsole" / "demo" / NODE)
+
+
+def _node_verdict(tmp_path: Path) -> Action:
+    """What the node's own reading says of GPU 5 now (what its agent would report)."""
+    node = asyncio.run(_world(tmp_path).snapshot())
+    return gpu_verdict(node, GPU5).action
+
+
+def _node_audit(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "state" / "gpuconsole" / "demo" / "audit.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _node_journal(tmp_path: Path) -> Journal:
+    return Journal(tmp_path / "state" / "gpuconsole" / "demo" / "actions.db")
+
+
+def _target(keys: Keys, port: int) -> SshTarget:
+    return SshTarget(
+        NODE,
+        "127.0.0.1",
+        port,
+        identity_files=(str(keys.client),),
+        known_hosts=str(keys.known_hosts),
+        command=NODE_COMMAND,
+        connect_timeout_s=5.0,
+    )
+
+
+# --- story 1, from a head ---------------------------------------------------------------
+
+
+async def test_story_1_from_a_head_r_on_gpu_5_of_dgx_003_runs_there_and_the_gpu_ends_fit(
+    tmp_path: Path, keys: Keys, node: ExecServer, console_app: Any
+) -> None:
+    """The 3 a.m. page on a head: the node view of dgx-003, Enter on GPU 5, r, the node's plan
+    from its own verdict, 5 and Enter typed on the head, each step ticking as the node runs it."""
+    from gpuconsole.tui.actions import MachineAccess
+    from gpuconsole.tui.screens.assign import Stage
+    from gpuconsole.tui.screens.gpu import GpuScreen
+    from gpuconsole.tui.screens.node import NodeScreen
+    from gpuconsole.tui.screens.remediate import RemediateScreen
+
+    asked = await asyncio.to_thread(_node_verdict, tmp_path)
+    assert asked in (Action.RESET_GPU, Action.REBOOT_NODE)  # whichever the verdict says
+    cfg = load(head_config(tmp_path, keys, node.port))
+    events: list[Event] = []
+    app = console_app(actor=OPS, actions=MachineAccess(cfg, events.append, None, remote=True))
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.jump("node", NODE)
+        await until(lambda: isinstance(app.screen, NodeScreen) and app.screen.is_mounted)
+        view = app.screen
+        assert isinstance(view, NodeScreen)
+        await until(lambda: GPU5 in view.table.row_keys)
+        view.table.move_cursor(GPU5)
+        await pilot.pause()
+        await pilot.press("enter")
+        await until(lambda: isinstance(app.screen, GpuScreen))
+        await pilot.press("r")
+        await until(lambda: isinstance(app.screen, RemediateScreen))
+        dialog = app.screen
+        assert isinstance(dialog, RemediateScreen)
+        await until(lambda: dialog.stage is Stage.PLAN, timeout=60)
+        plan = dialog.plan
+        assert plan is not None and plan.node == NODE and plan.gpus == (GPU5,)
+        assert plan.remedy == asked.value and not plan.blocked
+        kinds = [s.kind for s in plan.steps]
+        assert StepKind.EVICT in kinds and kinds[-1] is StepKind.VERIFY
+        if asked is Action.REBOOT_NODE:  # a running tenant is named before the power cycle
+            assert any("train-llm-7b-0" in n and "power cycle" in n for n in plan.notes)
+        assert _world(tmp_path).node.lost(5)  # the node planned; nothing changed
+        await pilot.press("5", "enter")
+        await until(lambda: dialog.stage is Stage.DONE, timeout=120)
+        assert dialog.outcome is not None and dialog.outcome.ok, dialog.outcome
+        # every step ticked on the head as the node ran it
+        assert [dialog.progress[k][0] for k in range(len(plan.steps))] == ["done"] * len(
+            plan.steps
+        )
+    # the node's own reading finds GPU 5 fit: what its agent reports to the fleet
+    assert not _world(tmp_path).node.lost(5)
+    assert await asyncio.to_thread(_node_verdict, tmp_path) is Action.FIT
+    # the node journaled and audited its plan by bus id; the head audited that it asked
+    (record,) = _node_journal(tmp_path).plans()
+    assert record.state is PlanState.DONE and record.id == dialog.outcome.plan_id
+    node_records = _node_audit(tmp_path)
+    assert {r["outcome"] for r in node_records} >= {"started", "ok"}
+    assert all(r["args"]["gpus"] == [GPU5] for r in node_records)
+    assert all(r["args"]["via"] == "ssh" for r in node_records)
+    head = AuditLog(tmp_path / "head" / "audit.jsonl").records()
+    assert [(r["action"], r["outcome"]) for r in head] == [
+        (f"remediate {asked.value}", "asked"),
+        (f"remediate {asked.value}", "ok"),
+    ]
+    assert head[-1]["args"]["gpus"] == [GPU5] and head[-1]["args"]["remedy"] == asked.value
+    assert events[-1].message.startswith(f"remediate {asked.value} by ops: ")
+
+
+# --- the command line on a head -----------------------------------------------------------
+
+
+def test_gpuconsole_remediate_on_a_head_takes_a_node_qualified_gpu_and_runs_it_there(
+    tmp_path: Path, keys: Keys, node: ExecServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = str(head_config(tmp_path, keys, node.port))
+    asked = _node_verdict(tmp_path)
+    assert main(["remediate", "-c", config, f"{NODE}:{GPU5}", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{NODE}: GPU 5 ({GPU5}) -> {asked.value}  (simulated)\n")
+    assert "Steps:" in out and out.rstrip().endswith("Dry run: nothing was changed.")
+    assert "--dry-run" in node.commands[0] and " remediate --json-progress " in node.commands[0]
+    # the same GPU named with --node, as `assign --node` names it
+    assert main(["remediate", "-c", config, "--node", NODE, "c3:00.0", "--dry-run"]) == 0
+    assert capsys.readouterr().out == out
+    assert _world(tmp_path).node.lost(5)
+
+    assert main(["remediate", "-c", config, f"{NODE}:{GPU5}", "--confirm", "5"]) == 0
+    out = capsys.readouterr().out
+    steps = out.count(" ok ")
+    assert steps >= 4 and f"  [{steps}/{steps}] ok final check: a fresh reading finds it fit" in out
+    assert f"done: GPU 5 ({GPU5}): " in out
+    # the node ran the action it showed, not one the head chose
+    assert f"--action {asked.value} --confirm 5 --expect-plan " in node.commands[-1]
+    assert _node_verdict(tmp_path) is Action.FIT
+
+
+def test_a_power_cycle_planned_from_a_head_says_who_runs_on_the_node(
+    tmp_path: Path, keys: Keys, node: ExecServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = str(head_config(tmp_path, keys, node.port))
+    args = ["remediate", "-c", config, f"{NODE}:5", "--action", "reboot_node", "--dry-run"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"  {NODE} runs pod team-vision/resnet-ft-1, " in out
+    assert "pod team-nlp/train-llm-7b-0: the power cycle waits until they are drained" in out
+    assert f"power-cycle {NODE} through its BMC" in out
+
+
+def test_node_qualified_gpus_are_told_from_bus_ids() -> None:
+    assert split_node("dgx-003:0000:c3:00.0") == ("dgx-003", "0000:c3:00.0")
+    assert split_node("dgx-003:c3:00.0") == ("dgx-003", "c3:00.0")
+    assert split_node("dgx-003:5") == ("dgx-003", "5")
+    assert split_node("0000:c3:00.0") == (None, "0000:c3:00.0")
+    assert split_node("00000000:C3:00.0") == (None, "00000000:C3:00.0")
+    assert split_node("c3:00.0") == (None, "c3:00.0")
+    assert split_node("GPU-e5f7441e-0fa6-bc3d-6341-e99117b964f4") == (
+        None,
+        "GPU-e5f7441e-0fa6-bc3d-6341-e99117b964f4",
+    )
+
+
+# --- refusals: each said plainly, nothing lost -------------------------------------------
+
+
+def _refused(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    status = main(["remediate", *args])
+    said = capsys.readouterr()
+    text = said.out + said.err
+    assert "Traceback" not in text and "\x1b" not in text
+    return status, text
+
+
+def test_an_unreachable_node_is_told_and_nothing_is_asked(
+    tmp_path: Path, keys: Keys, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    config = str(head_config(tmp_path, keys, port))
+    status, text = _refused(capsys, "-c", config, f"{NODE}:{GPU5}", "--confirm", "5")
+    assert status == 1
+    assert text == (
+        f"gpuconsole remediate: cannot reach {NODE} at 127.0.0.1:{port}: connection refused "
+        "(no ssh server listens there)\n"
+    )
+
+
+def test_a_changed_host_key_is_refused_before_the_node_is_asked(
+    tmp_path: Path, keys: Keys, node: ExecServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys.known_hosts.write_text(known_line(node.port, asyncssh.generate_private_key("ssh-ed25519")))
+    config = str(head_config(tmp_path, keys, node.port))
+    status, text = _refused(capsys, "-c", config, f"{NODE}:{GPU5}", "--confirm", "5")
+    assert status == 1 and "does not match the one in" in text and "ssh-keygen -R" in text
+    assert node.commands == [] and _world(tmp_path).node.lost(5)
+
+
+def test_a_node_without_gpuconsole_is_told(
+    tmp_path: Path, keys: Keys, node: ExecServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = "/nonexistent/gpuconsole"
+    config = str(head_config(tmp_path, keys, node.port, command=missing))
+    status, text = _refused(capsys, "-c", config, f"{NODE}:{GPU5}", "--dry-run")
+    assert status == 1
+    assert f"{NODE} has no `{missing}` for its ssh user's shell" in text
+    assert "set [remote] command to its path" in text
+
+
+def test_a_wrong_confirmation_typed_on_the_head_is_refused_by_the_node(
+    tmp_path: Path, keys: Keys, node: ExecServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = str(head_config(tmp_path, keys, node.port))
+    status, text = _refused(capsys, "-c", config, f"{NODE}:{GPU5}", "--confirm", "dgx-004")
+    assert status == 3
+    assert f"Refused: confirmation 'dgx-004' does not match '{NODE}', '5' or 'c3:00.0'" in text
+    assert _world(tmp_path).node.lost(5) and _node_journal(tmp_path).plans() == []
+    (refused,) = _node_audit(tmp_path)
+    assert refused["outcome"] == "refused" and refused["args"]["gpus"] == [GPU5]
+
+
+async def test_contact_lost_mid_repair_leaves_the_node_to_end_it_and_its_journal_says_how(
+    tmp_path: Path, keys: Keys, node: ExecServer
+) -> None:
+    node.drop_after_step = True
+    seen: list[StepUpdate] = []
+    async with RemoteExecutor(_target(keys, node.port), on_step=seen.append) as remote:
+        plan = await remote.plan_remedy(GPU5)
+        with pytest.raises(ContactLost) as lost:
+            await remote.execute(plan, OPS, NODE)
+    text = str(lost.value)
+    assert text.startswith(f"lost contact with {NODE} (")
+    assert f"last seen at step 1/{len(plan.steps)} ({plan.steps[0].title}: done)" in text
+    assert "The node ends the plan by itself" in text
+    # the node's command outlived the connection: its journal has the plan, ended
+    await asyncio.to_thread(node.wait_children, 120.0)
+    (record,) = _node_journal(tmp_path).plans()
+    assert record.id == lost.value.plan_id and record.state is PlanState.DONE
+    assert not _world(tmp_path).node.lost(5)
