@@ -540,13 +540,18 @@ class RemoteExecutor:
                 )
         except ProgressError as exc:
             process.close()
+            remedy = (
+                "upgrade the head"
+                if exc.newer
+                else f"check that [remote] command runs gpuconsole on {self.node}"
+            )
             if not executing:
                 raise RemoteError(
                     f"{self.node}: its gpuconsole reports in a way this head cannot read "
-                    f"({exc}): upgrade the head"
+                    f"({exc}): {remedy}"
                 ) from None
             # asked to run already: the node goes on without us
-            told.lost = f"its progress is unreadable here: {exc}; upgrade the head"
+            told.lost = f"its progress is unreadable here: {exc}; {remedy}"
         except (asyncssh.Error, OSError) as exc:
             why = str(getattr(exc, "reason", "") or exc) or type(exc).__name__
             told.lost = safe_text(why)  # a reason the node's sshd may have given

@@ -190,7 +190,11 @@ class JsonReport:
 
 
 class ProgressError(ValueError):
-    """A line the head cannot use: a newer format, or a malformed event."""
+    """A line the head cannot use: a newer format (`newer`), or a malformed event."""
+
+    def __init__(self, message: str, *, newer: bool = False) -> None:
+        super().__init__(message)
+        self.newer = newer
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +288,10 @@ def read_event(line: str) -> ProgressEvent | None:
     version = body.get("v")
     if not isinstance(version, int) or version > FORMAT:
         shown = safe_text(repr(version)[:40])
-        raise ProgressError(f"progress format {shown}; this gpuconsole reads {FORMAT}")
+        raise ProgressError(
+            f"progress format {shown}; this gpuconsole reads {FORMAT}",
+            newer=isinstance(version, int),
+        )
     try:
         event = _event(body)
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
