@@ -46,6 +46,10 @@ class ExecServer:
     host_key: asyncssh.SSHKey
     authorized: asyncssh.SSHKey
     drop_after_step: bool = False
+    # a node that is not the simulator: its command runs as it is (no --demo), after `wrap`
+    # (an environment, another user: what a login on a real node gets)
+    demo: bool = True
+    wrap: str = ""
     port: int = 0
     commands: list[str] = field(default_factory=list)
     children: list[asyncio.subprocess.Process] = field(default_factory=list)
@@ -112,7 +116,7 @@ class ExecServer:
         }
         read, write = os.pipe()
         child = await asyncio.create_subprocess_shell(
-            command + " --demo",
+            self.wrap + command + (" --demo" if self.demo else ""),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=write,
             stderr=asyncio.subprocess.PIPE,
@@ -171,9 +175,11 @@ def make_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Keys:
 
 
 @contextlib.contextmanager
-def serve_node(tmp_path: Path, keys: Keys) -> Iterator[ExecServer]:
+def serve_node(
+    tmp_path: Path, keys: Keys, *, demo: bool = True, wrap: str = ""
+) -> Iterator[ExecServer]:
     """The node, listening, its host key in the head's known_hosts."""
-    server = ExecServer(tmp_path / "state", keys.host_key, keys.client_key)
+    server = ExecServer(tmp_path / "state", keys.host_key, keys.client_key, demo=demo, wrap=wrap)
     server.start()
     keys.known_hosts.write_text(known_line(server.port, keys.host_key))
     try:

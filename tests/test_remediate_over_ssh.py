@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shlex
+import shutil
 import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,14 +28,16 @@ from gpuconsole.actions.executor import StepUpdate
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.over_ssh import ContactLost, RemoteExecutor, SshTarget
 from gpuconsole.actions.plan import StepKind
-from gpuconsole.actions.remediation import verdict_action
-from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.actions.roles import Actor, Role, local_actor
 from gpuconsole.cli.main import main
 from gpuconsole.cli.remediate import split_node
 from gpuconsole.config import load
 from gpuconsole.facts.verdict import Action, gpu_verdict
-from gpuconsole.readings.base import Event
+from gpuconsole.readings.base import Event, normal_bus_id
 from gpuconsole.sim.actions import SimWorld
+from gpuconsole.sim.fakenvml import _processes, driver_of, environment, write_profile
+from gpuconsole.sim.profiles import DGX_H100
+from tests.fakenvml_fixtures import FakeNvmlLibs
 from tests.ssh_node import (
     NODE,
     NODE_COMMAND,
@@ -42,6 +48,7 @@ from tests.ssh_node import (
     make_keys,
     serve_node,
 )
+from tests.tenancy_fixtures import FakeHost
 from tests.waiting import until
 
 GPU5 = "0000:c3:00.0"
@@ -142,9 +149,7 @@ async def test_story_1_from_a_head_r_on_gpu_5_of_dgx_003_runs_there_and_the_gpu_
         await until(lambda: dialog.stage is Stage.DONE, timeout=120)
         assert dialog.outcome is not None and dialog.outcome.ok, dialog.outcome
         # every step ticked on the head as the node ran it
-        assert [dialog.progress[k][0] for k in range(len(plan.steps))] == ["done"] * len(
-            plan.steps
-        )
+        assert [dialog.progress[k][0] for k in range(len(plan.steps))] == ["done"] * len(plan.steps)
     # the node's own reading finds GPU 5 fit: what its agent reports to the fleet
     assert not _world(tmp_path).node.lost(5)
     assert await asyncio.to_thread(_node_verdict, tmp_path) is Action.FIT
@@ -294,3 +299,95 @@ async def test_contact_lost_mid_repair_leaves_the_node_to_end_it_and_its_journal
     (record,) = _node_journal(tmp_path).plans()
     assert record.id == lost.value.plan_id and record.state is PlanState.DONE
     assert not _world(tmp_path).node.lost(5)
+
+
+@pytest.fixture
+def viewer_node(
+    tmp_path: Path, keys: Keys, fake_nvml_libs: FakeNvmlLibs
+) -> Iterator[tuple[ExecServer, Path]]:
+    """dgx-003 as a real node, not the simulator: NVML from the fake library, sysfs and /proc
+    a fake host's (GPU 3 runs Slurm job 4711), scontrol on its PATH; and the ssh login a
+    viewer there (nobody, when the tests run as root; else this user, in no gpuconsole group).
+    Its files in a folder of its own that the login can read; its state folder, where it
+    journals and audits."""
+    if os.geteuid() == 0:
+        become = "setpriv --reuid=65534 --regid=65534 --clear-groups "
+    elif local_actor().role.may_act:
+        pytest.skip("this user is an operator or admin here: no viewer to log in as")
+    else:
+        become = ""
+    root = Path(tempfile.mkdtemp(prefix="gpuconsole-viewer-node-"))
+    try:
+        root.chmod(0o755)
+        lib = root / "lib"
+        shutil.copytree(fake_nvml_libs(driver_of(DGX_H100)).parent, lib)
+        profile = write_profile(DGX_H100, root / "dgx-h100.profile", driver=driver_of(DGX_H100))
+        host = FakeHost(root / "host")
+        for k, gpu in enumerate(DGX_H100.gpus):
+            host.pci(normal_bus_id(gpu.bus_id), driver="nvidia", group=k)
+        for pid, _share, _gi in _processes(DGX_H100, 0, 3, []):
+            host.process(
+                pid,
+                cgroup="/system.slice/slurmstepd.scope/job_4711/step_0",
+                environ={"SLURM_JOB_ID": "4711", "SLURM_JOB_ACCOUNT": "physics"},
+                fds=("/dev/nvidiactl", "/dev/nvidia3"),
+            )
+        tools = root / "bin"
+        tools.mkdir()
+        # Slurm control the plan counts on; it must never run (the node refuses first)
+        (tools / "scontrol").write_text(f"#!/bin/sh\ntouch {root / 'scontrol-ran'}\n")
+        (tools / "scontrol").chmod(0o755)
+        (root / "state").mkdir(mode=0o777)
+        (root / "state").chmod(0o777)
+        (root / "config" / "gpuconsole").mkdir(parents=True)
+        (root / "config" / "gpuconsole" / "config.toml").write_text(
+            f"""
+[host]
+name = "{NODE}"
+sysfs_root = "{host.sysfs_root}"
+proc_root = "{host.proc_root}"
+[actions]
+state_dir = "{root / "state"}"
+"""
+        )
+        for path in root.rglob("*"):
+            if not path.is_symlink():  # readable by the login (and folders enterable)
+                path.chmod(path.stat().st_mode | 0o044 | (0o011 if path.is_dir() else 0))
+        env = {
+            **environment(lib, profile),
+            "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}",
+            "XDG_CONFIG_HOME": str(root / "config"),
+        }
+        wrap = "env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + become
+        with serve_node(tmp_path, keys, demo=False, wrap=wrap) as server:
+            yield server, root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_node_that_refuses_the_login_s_role_is_told_and_audits_it(
+    tmp_path: Path,
+    keys: Keys,
+    viewer_node: tuple[ExecServer, Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server, root = viewer_node
+    config = str(head_config(tmp_path, keys, server.port))
+    gpu3 = f"{NODE}:0000:61:00.0"
+    status, text = _refused(capsys, "-c", config, gpu3, "--action", "drain", "--confirm", "3")
+    assert status == 3, text
+    # the head showed the node's plan, then the node's own refusal
+    assert "  1. drain Slurm node dgx-003 (scontrol update state=drain)" in text
+    assert text.rstrip().endswith("Refused: role viewer may not act; operators and admins may")
+    assert not (root / "scontrol-ran").exists()  # nothing ran there
+    # audited in the node's state folder, in the login's own file where it is not root's
+    (audit,) = (root / "state").glob("audit*.jsonl")
+    (refused,) = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert (refused["outcome"], refused["role"], refused["action"]) == (
+        "refused",
+        "viewer",
+        "remediate drain",
+    )
+    assert refused["args"]["gpus"] == ["0000:61:00.0"] and refused["args"]["via"] == "ssh"
+    head = AuditLog(tmp_path / "head" / "audit.jsonl").records()
+    assert [r["outcome"] for r in head] == ["asked", "refused"]

@@ -231,7 +231,9 @@ async def connect(target: SshTarget) -> asyncssh.SSHClientConnection:
             "is authorized there"
         ) from None
     except asyncssh.DisconnectError as exc:
-        raise RemoteError(f"{where} closed the ssh connection: {safe_text(str(exc.reason))}") from None
+        raise RemoteError(
+            f"{where} closed the ssh connection: {safe_text(str(exc.reason))}"
+        ) from None
     except TimeoutError:
         raise RemoteError(
             f"cannot reach {where}: no ssh answer in {target.connect_timeout_s:g} s"
@@ -437,8 +439,7 @@ class RemoteExecutor:
                 self._event(
                     plan,
                     Severity.INFO,
-                    f"{actor.who} started {plan.action} on {self.node} over ssh: "
-                    f"{update.plan_id}",
+                    f"{actor.who} started {plan.action} on {self.node} over ssh: {update.plan_id}",
                 )
             if not update.state.started:
                 severity, text = step_message(
@@ -447,13 +448,17 @@ class RemoteExecutor:
                 self._event(plan, severity, text, STEP_EVENT)
 
         try:
-            told = await self._command(
-                args, executing=True, tick=tick, saw=saw, command=command
-            )
+            told = await self._command(args, executing=True, tick=tick, saw=saw, command=command)
         except ContactLost as exc:
             plan, digest = planned[0] if planned else (None, "")
             self._audit(
-                plan, actor, "unknown", str(exc), exc.plan_id or "", digest, args=args,
+                plan,
+                actor,
+                "unknown",
+                str(exc),
+                exc.plan_id or "",
+                digest,
+                args=args,
                 command=command,
             )
             self._event(plan, Severity.WARNING, str(exc))

@@ -133,7 +133,9 @@ async def run_assign(
     return await reported(_assign(cfg, request, actor, ask, report), report)
 
 
-async def reported(work: Awaitable[bool], report: Report, command: str = "gpuconsole assign") -> int:
+async def reported(
+    work: Awaitable[bool], report: Report, command: str = "gpuconsole assign"
+) -> int:
     """Run a command's work and make what it did, or what stopped it, its exit status."""
     try:
         done = await work
@@ -318,9 +320,7 @@ async def _run(
         recovered = []
     for outcome in recovered:
         report.recovered(outcome)
-    return await carry_out(
-        executor, await executor.plan(keys, target), request, actor, ask, report
-    )
+    return await carry_out(executor, await executor.plan(keys, target), request, actor, ask, report)
 
 
 # --- the one flow, from a plan on ---------------------------------------------------------
