@@ -10,6 +10,7 @@ dgx-003, where GPU 5 fell off the bus (XID 79) while pod team-nlp/train-llm-7b-0
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shlex
@@ -82,6 +83,10 @@ def _node_verdict(tmp_path: Path) -> Action:
     return gpu_verdict(node, GPU5).action
 
 
+def _text(app: Any) -> str:
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
 def _node_audit(tmp_path: Path) -> list[dict[str, Any]]:
     path = tmp_path / "state" / "gpuconsole" / "demo" / "audit.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -150,6 +155,19 @@ async def test_story_1_from_a_head_r_on_gpu_5_of_dgx_003_runs_there_and_the_gpu_
         assert dialog.outcome is not None and dialog.outcome.ok, dialog.outcome
         # every step ticked on the head as the node ran it
         assert [dialog.progress[k][0] for k in range(len(plan.steps))] == ["done"] * len(plan.steps)
+        # what the head read before the plan is not what GPU 5 is now: the dialog waits for
+        # the node's agent to report a reading taken after it, then says what it is
+        await pilot.pause()
+        assert dialog.now == {} and "now: unavailable" not in _text(app)
+        assert f"the GPUs show as {NODE}'s agent next reports them" in _text(app)
+        fresh = await _world(tmp_path).snapshot()
+        before = app.snapshot
+        app.snapshot = dataclasses.replace(
+            before, nodes=tuple(fresh if n.node == NODE else n for n in before.nodes)
+        )
+        await until(lambda: GPU5 in dialog.now, timeout=5)
+        await pilot.pause()
+        assert f"GPU 5 ({GPU5}) now: free (was: pod team-nlp/train-llm-7b-0" in _text(app)
     # the node's own reading finds GPU 5 fit: what its agent reports to the fleet
     assert not _world(tmp_path).node.lost(5)
     assert await asyncio.to_thread(_node_verdict, tmp_path) is Action.FIT

@@ -13,6 +13,7 @@ import asyncio
 import enum
 import logging
 import sqlite3
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, cast
 
@@ -24,6 +25,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
+from textual.timer import Timer
 from textual.widgets import Input, OptionList, SelectionList, Static
 from textual.widgets.option_list import Option
 
@@ -177,6 +179,8 @@ class AssignScreen(ModalScreen[None]):
         self.now: dict[str, str] = {}  # each GPU's owner once the plan ran, by bus id
         self._news: list[tuple[str, Health | None]] = []
         self._refusal = ""
+        self._ended_at = 0.0  # when another node's plan ended: its agent's readings after count
+        self._watching: Timer | None = None
 
     @property
     def console(self) -> ConsoleApp:
@@ -412,6 +416,9 @@ class AssignScreen(ModalScreen[None]):
         if not isinstance(self.executor, Executor):  # another node recovers as it plans
             self._said_recovered(await self.executor.recover())
         self.plan, self.progress, self.now, self.outcome = plan, {}, {}, None
+        if self._watching is not None:  # a new plan: the last one's report no longer matters
+            self._watching.stop()
+            self._watching = None
         self.stage = Stage.PLAN
         self._show()
         if not plan.blocked:
@@ -470,9 +477,17 @@ class AssignScreen(ModalScreen[None]):
 
     async def _owners_now(self, plan: Plan) -> dict[str, str]:
         """Each GPU's owner after the run, by bus id: from a fresh reading of the node where
-        the executor reads it, else from the console's latest snapshot."""
+        the executor reads it, else from the console's latest snapshot; for another node's
+        plan, once its agent reports a reading taken after the plan ended (watched for until
+        then: what the console had before is what the plan changed)."""
         from gpuconsole.actions.plan import owners_of
 
+        if not isinstance(self.executor, Executor):
+            self._ended_at = time.time()  # the node's clock, as its readings carry it
+            if self._watching is None:
+                self._watching = self.set_interval(1.0, self._watch_report)
+            self.say(f"the GPUs show as {self.node_name}'s agent next reports them", None)
+            return {}
         node = None
         reader = getattr(self.executor, "reader", None)
         if reader is not None:
@@ -485,6 +500,25 @@ class AssignScreen(ModalScreen[None]):
             return {}
         ownership = owners_of(node)
         return {bus: gpu.label for bus in plan.gpus if (gpu := ownership.gpu(bus)) is not None}
+
+    def _watch_report(self) -> None:
+        """Another node's plan ended: show its GPUs' owners from the first reading its agent
+        took after that."""
+        from gpuconsole.actions.plan import owners_of
+
+        node = self._node()
+        if self.plan is None or node is None or node.nvml is None:
+            return
+        if node.nvml.at < self._ended_at:
+            return
+        if self._watching is not None:
+            self._watching.stop()
+            self._watching = None
+        ownership = owners_of(node)
+        self.now = {
+            bus: gpu.label for bus in self.plan.gpus if (gpu := ownership.gpu(bus)) is not None
+        }
+        self._show()
 
     def action_scroll_plan(self, pages: int) -> None:
         box = self.query_one("#assign-plan-box", VerticalScroll)
