@@ -605,7 +605,7 @@ def console_executor(
     if node != cfg.host.node_name:
         raise ValueError(
             f"{node} is not this machine ({cfg.host.node_name}): run the plan there "
-            f"(ssh {node} gpuconsole assign ...)"
+            f"(ssh {node} gpuconsole assign ..., or gpuconsole remediate ...)"
         )
     return node_executor(cfg, on_step, emit=emit)
 
