@@ -29,7 +29,7 @@ from gpuconsole.actions.executor import StepUpdate
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.over_ssh import ContactLost, RemoteExecutor, SshTarget
 from gpuconsole.actions.plan import StepKind
-from gpuconsole.actions.roles import Actor, Role, local_actor
+from gpuconsole.actions.roles import ActionRefused, Actor, Role, local_actor
 from gpuconsole.cli.main import main
 from gpuconsole.cli.remediate import split_node
 from gpuconsole.config import load
@@ -311,7 +311,8 @@ async def test_contact_lost_mid_repair_leaves_the_node_to_end_it_and_its_journal
     text = str(lost.value)
     assert text.startswith(f"lost contact with {NODE} (")
     assert f"last seen at step 1/{len(plan.steps)} ({plan.steps[0].title}: done)" in text
-    assert "The node ends the plan by itself" in text
+    assert "The node ends the plan by itself, done, or stopped at a step (its journal says" in text
+    assert "the next `gpuconsole remediate` there recovers it" in text
     # the node's command outlived the connection: its journal has the plan, ended
     await asyncio.to_thread(node.wait_children, 120.0)
     (record,) = _node_journal(tmp_path).plans()
@@ -409,3 +410,17 @@ def test_a_node_that_refuses_the_login_s_role_is_told_and_audits_it(
     assert refused["args"]["gpus"] == ["0000:61:00.0"] and refused["args"]["via"] == "ssh"
     head = AuditLog(tmp_path / "head" / "audit.jsonl").records()
     assert [r["outcome"] for r in head] == ["asked", "refused"]
+
+
+async def test_a_fit_gpu_s_plan_is_shown_blocked_and_the_node_is_not_asked_to_run_it(
+    tmp_path: Path, keys: Keys, node: ExecServer
+) -> None:
+    async with RemoteExecutor(_target(keys, node.port)) as remote:
+        plan = await remote.plan_remedy("0000:61:00.0")  # GPU 3: fit
+        assert plan.blocked and plan.remedy == "fit"
+        assert "the verdict is fit (fit for work): there is nothing to remediate" in str(
+            plan.failed[0]
+        )
+        with pytest.raises(ActionRefused, match="there is nothing to remediate"):
+            await remote.execute(plan, OPS, NODE)
+    assert len(node.commands) == 1 and "--dry-run" in node.commands[0]

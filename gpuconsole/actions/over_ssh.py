@@ -381,6 +381,8 @@ class RemoteExecutor:
         shown. Raises ActionRefused (nothing changed), ContactLost (the node ends the plan
         unseen) or RemoteError (nothing started)."""
         digest = self._shown[1] if self._shown and self._shown[0] is plan else plan_digest(plan)
+        if plan.blocked:  # the node would refuse it: nothing to ask
+            raise ActionRefused("; ".join(str(p) for p in plan.failed))
         self._audit(plan, actor, "asked", "", digest=digest, required=True)
         if plan.remedy:
             # the action the plan shown carries out, whatever the verdict says by now: the
@@ -566,7 +568,7 @@ class RemoteExecutor:
                 await asyncio.wait_for(errors, 1.0)
         said_all = told.outcome is not None or told.refused is not None or told.dry_run
         if told.lost is not None and not said_all:
-            raise self._lost(told, executing)
+            raise self._lost(told, executing, command)
         return told
 
     async def _stderr(self, process: asyncssh.SSHClientProcess[str], told: _Told) -> None:
@@ -613,7 +615,7 @@ class RemoteExecutor:
             if self.on_step is not None:
                 self.on_step(update)
 
-    def _lost(self, told: _Told, executing: bool) -> RemoteError:
+    def _lost(self, told: _Told, executing: bool, command: str) -> RemoteError:
         why = told.lost or "the connection dropped"
         if not executing:
             return RemoteError(
@@ -629,10 +631,12 @@ class RemoteExecutor:
             )
         else:
             seen = "before the plan's first step was seen; it may have started"
+        # a repair puts nothing back when a step fails: the GPU stays out of work
+        ends = "done or rolled back" if command == ASSIGN else "done, or stopped at a step"
         return ContactLost(
             f"lost contact with {self.node} ({why}) {seen}. The node ends the plan by itself, "
-            f"done or rolled back (its journal; if its gpuconsole died too, the next "
-            f"`gpuconsole assign` there recovers it). See how it ended in {self.node}'s "
+            f"{ends} (its journal says where; if its gpuconsole died too, the next "
+            f"`gpuconsole {command}` there recovers it). See how it ended in {self.node}'s "
             f"events in the console, or its audit log (audit*.jsonl in its [actions] state_dir)",
             plan_id,
         )
