@@ -424,3 +424,17 @@ async def test_a_fit_gpu_s_plan_is_shown_blocked_and_the_node_is_not_asked_to_ru
         with pytest.raises(ActionRefused, match="there is nothing to remediate"):
             await remote.execute(plan, OPS, NODE)
     assert len(node.commands) == 1 and "--dry-run" in node.commands[0]
+
+
+def test_a_node_asked_about_another_node_refuses_instead_of_passing_it_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gpuconsole.config import Config
+
+    here = Config().host.node_name
+    assert main(["remediate", "--json-progress", "--node", "elsewhere", GPU5]) == 2
+    assert f"gpuconsole remediate: this is {here}, not elsewhere" in capsys.readouterr().err
+    assert main(["remediate", "elsewhere:5", "--dry-run"]) == 2
+    assert "elsewhere is not in [fleet]" in capsys.readouterr().err
+    assert main(["remediate", "--node", "dgx-004", f"{NODE}:5", "--dry-run"]) == 2
+    assert f"{NODE}:5 is of {NODE}, not --node dgx-004" in capsys.readouterr().err
