@@ -6,7 +6,8 @@ Keys, authorization and audit ride on ssh: the node's sshd decides who logs in, 
 node's executor checks that user's role and writes the journal and the audit log; the head
 audits that it asked. Host keys must be in known_hosts: an unknown or changed one is
 refused. The head never changes a GPU itself, so a plan whose connection drops is ended by
-the node (done or rolled back, journaled), and the head says it lost contact.
+the node (done, rolled back or, for a repair, stopped at a step; journaled), and the head
+says it lost contact.
 
 `RemoteExecutor` is a PlanExecutor, as the local `Executor` is: the console and the command
 line (gpuconsole.cli.assign, gpuconsole.cli.remediate) run one flow on either.
@@ -271,8 +272,8 @@ class RemoteExecutor:
     over ssh.
 
     A PlanExecutor, as the local Executor is: `plan` and `plan_remedy` show the node's plan
-    (nothing changes), and `execute` runs it there once confirmed, calling `on_step` with a StepUpdate as each
-    step ticks and posting the executor's events to `emit`. What the node recovers first
+    (nothing changes), and `execute` runs it there once confirmed, calling `on_step` with a
+    StepUpdate as each step ticks and posting the executor's events to `emit`. What the node recovers first
     goes to `on_recovered` as it comes, or waits for `recover`. One connection serves all;
     `close` (or `async with`) ends it.
 
