@@ -86,13 +86,15 @@ async def test_a_drained_lost_gpu_keeps_its_node_from_looking_ok(tmp_path: Path)
     assert summaries.node_facts(node).health is not Health.OK
     drained = [r for r in summaries.gpu_rows(node) if r.bus_id == "0000:c3:00.0"]
     assert summaries.row_health(node, drained[0]) is Health.WARNING
-    # the hub saw the GPU's XID 79 before it was drained: the node needs its reboot
+    # the hub saw the GPU's XID 79 before it was drained: a reset of it first, then the
+    # node's reboot if it does not come back
     from gpuconsole.facts.verdict import Action, node_verdict
 
     seen = dataclasses.replace(node, last_xid={"0000:c3:00.0": 79})
     verdict = node_verdict(seen)
-    assert (verdict.health, verdict.action) == (Health.CRITICAL, Action.REBOOT_NODE)
+    assert (verdict.health, verdict.action) == (Health.CRITICAL, Action.RESET_GPU)
     assert verdict.findings[0].message.startswith("GPU (c3:00.0): drained after XID 79")
+    assert "if it does not come back, reboot the node" in verdict.findings[0].text
 
 
 def test_every_finding_has_words_an_operator_reads_and_a_source() -> None:
@@ -126,7 +128,8 @@ def test_the_xid_catalog_decides_what_an_xid_calls_for() -> None:
     assert judged((63, 1)) == (Action.FIT, Health.OK)  # a remap recorded: no action
     assert judged((48, 1)) == (Action.RESET_GPU, Health.CRITICAL)
     assert judged((95, 1), (94, 2)) == (Action.RESET_GPU, Health.CRITICAL)  # uncontained
-    assert judged((79, 1)) == (Action.REBOOT_NODE, Health.CRITICAL)
+    # RESTART_BM for one GPU's fault: that GPU's reset first, the reboot if it stays lost
+    assert judged((79, 1)) == (Action.RESET_GPU, Health.CRITICAL)
     assert judged((54, 1)) == (Action.RESEAT, Health.CRITICAL)
     assert judged((999, 1)) == (Action.WATCH, Health.WARNING)  # not in the catalog
     recovery = reading_verdict(dataclasses.replace(gpu, recovery_action=2))

@@ -24,8 +24,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import operator
+import re
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpuconsole import format as fmt
@@ -126,13 +127,25 @@ class Verdict:
         return tuple(f for f in self.findings if f.severity is not Severity.INFO)
 
     @property
+    def advice(self) -> str:
+        """What to do, naming the GPU where the action is about one: 'reset GPU 5 (c3:00.0),
+        then verify'; else the action's words."""
+        if self.action is Action.RESET_GPU:
+            for finding in self.findings:
+                if finding.action is Action.RESET_GPU and finding.subject.startswith("GPU"):
+                    return f"reset {finding.subject}, then verify"
+        return self.action.words
+
+    @property
     def summary(self) -> str:
-        """One line: 'reset the GPU, then verify: a row remap is pending (ECC)'."""
+        """One line: 'reset GPU 2 (52:00.0), then verify: a row remap is pending (ECC)'."""
         worst = self.problems
         if not worst:
             return self.action.words
         more = f" (+{len(worst) - 1} more)" if len(worst) > 1 else ""
-        return f"{self.action.words}: {worst[0].message}{more}"
+        advice, head = self.advice, worst[0]
+        said = head.text if head.subject and head.subject in advice else head.message
+        return f"{advice}: {said}{more}"
 
 
 def _verdict(findings: list[Finding], calm: Health = Health.OK) -> Verdict:
@@ -195,6 +208,23 @@ _BUCKET_WORDS = {
     Bucket.WORKFLOW_NVLINK5_ERR: "reset the GPU; decode the link's error",
     Bucket.XID_154: "follow the driver's recovery action",
 }
+
+
+def _remedy(bucket: Bucket) -> tuple[Action, str]:
+    """What one GPU's fault calls for first, and the words for it: the least disruptive
+    action that can clear it, as NVIDIA Health Validation escalates (drain, reset the GPU,
+    then service). A bucket that reboots the node for a fault of one GPU is tried as a reset
+    of that GPU first, which clears what the reboot would on it without stopping its
+    neighbours; the words say the reboot follows if the GPU does not come back."""
+    return _milder_first(_BUCKET_ACTIONS[bucket], _BUCKET_WORDS[bucket])
+
+
+def _milder_first(action: Action, words: str) -> tuple[Action, str]:
+    if action is Action.REBOOT_NODE:
+        return Action.RESET_GPU, f"reset the GPU; if it does not come back, {words}"
+    return action, words
+
+
 # An application fault seen this often in the window on one GPU points at the GPU:
 # NVIDIA's XID 13/31 workflows call for diagnostics on repeats.
 APP_FAULT_REPEATS = 3
@@ -223,9 +253,8 @@ def _xid_finding(gpu: GpuReading, code: int, count: int, bus: str | None) -> Fin
     if entry is None:
         return Finding("xid", f"XID {code}{times}: not in the catalog carried here",
                        Severity.WARNING, "nvml", Action.WATCH, bus, _gpu_subject(gpu, bus))  # fmt: skip
-    action = _BUCKET_ACTIONS[entry.immediate]
+    action, advice = _remedy(entry.immediate)
     severity = entry.severity
-    advice = _BUCKET_WORDS[entry.immediate]
     if entry.immediate is Bucket.RESTART_APP:
         if count >= APP_FAULT_REPEATS:
             action, severity = Action.WATCH, Severity.WARNING
@@ -263,8 +292,9 @@ def gpu_findings(
 
     if state is GpuState.LOST:
         since = f" since {fmt.clock_time(gpu.lost_since)}" if gpu.lost_since else ""
-        add("gpu_lost", f"fell off the bus (XID 79){since}: reboot the node",
-            Severity.CRITICAL, Action.REBOOT_NODE)  # fmt: skip
+        lost = xid_entry(79)
+        action, advice = _remedy(lost.immediate) if lost else (Action.RESET_GPU, "reset it")
+        add("gpu_lost", f"fell off the bus (XID 79){since}: {advice}", Severity.CRITICAL, action)
     elif state is GpuState.UNREADABLE:
         why = (gpu.error or "").lower()
         if "power" in why:
@@ -279,13 +309,15 @@ def gpu_findings(
     elif state is GpuState.ERROR:
         add("gpu_error", f"some readings failed: {gpu.error or 'unknown'}", Severity.WARNING,
             Action.WATCH)  # fmt: skip
+    if recovery and recovery in _RECOVERY:
+        # the driver's own view, ahead of the catalog's: it leads a tie, and a node reboot
+        # it asks for is not tried as a reset first
+        action, words = _RECOVERY[recovery]
+        add("driver_recovery_action", words, Severity.CRITICAL, action)
     for xid in gpu.xids:
         if state is GpuState.LOST and xid.code == 79:
             continue  # said above
         found.append(_xid_finding(gpu, xid.code, xid.count, bus))
-    if recovery and recovery in _RECOVERY:
-        action, words = _RECOVERY[recovery]
-        add("driver_recovery_action", words, Severity.CRITICAL, action)
     if ecc.remap_failure:
         add("remap_failed", "a row remap failed: no spare rows left", Severity.CRITICAL,
             Action.SERVICE)  # fmt: skip
@@ -384,9 +416,18 @@ _SEL_ACTIONS = {
 }
 
 
-def bmc_findings(bmc: BmcReading) -> list[Finding]:
+# A SEL record that names a PCI bus ("Bus Fatal Error (bus c3 dev 00 fn 0)"): the BIOS's
+# event data for a PCIe error, which says which device it came from.
+_SEL_BUS = re.compile(r"\bbus ([0-9a-f]{2})\b", re.IGNORECASE)
+
+
+def bmc_findings(
+    bmc: BmcReading, gpus: Mapping[str, tuple[str, str]] | None = None
+) -> list[Finding]:
     """The evidence the BMC gives about the node: critical SEL entries, failed PSUs and
-    fans, sensors past their critical limit."""
+    fans, sensors past their critical limit. `gpus` (PCI bus number, as "c3" -> the GPU's
+    bus id and name) puts a SEL record that names a GPU's bus on that GPU: the BMC's side of
+    its fault, judged as the GPU's."""
     found: list[Finding] = []
 
     def add(code: str, text: str, severity: Severity, action: Action, subject: str) -> None:
@@ -431,9 +472,40 @@ def bmc_findings(bmc: BmcReading) -> list[Finding]:
             continue
         when = f" at {fmt.clock_time(entry.at)}" if entry.at is not None else ""
         action = _SEL_ACTIONS.get(entry.sensor_type.lower(), Action.SERVICE)
+        bus = _SEL_BUS.search(entry.event) if gpus else None
+        gpu = gpus.get(bus.group(1).lower()) if gpus and bus else None
+        if gpu is not None:
+            action, advice = _milder_first(action, _ACTION_ADVICE.get(action, action.words))
+            found.append(Finding("sel_critical", f"BMC event log{when}: {entry.message}: "
+                                 f"{advice}", Severity.CRITICAL, "bmc", action, gpu[0],
+                                 gpu[1]))  # fmt: skip
+            continue
         add("sel_critical", f"BMC event log{when}: {entry.message}", Severity.CRITICAL, action,
             "")  # fmt: skip
     return found
+
+
+_ACTION_ADVICE = {Action.REBOOT_NODE: "reboot the node", Action.SERVICE: "return it for service"}
+
+
+def _gpu_buses(node: NodeSnapshot) -> dict[str, tuple[str, str]]:
+    """The node's GPUs by PCI bus number ("c3"): their bus ids and names, those NVML lost
+    or no longer sees (drained) included."""
+    buses: dict[str, tuple[str, str]] = {}
+    ownership = node_ownership(node)
+    for owner in ownership.gpus if ownership is not None else ():
+        if ":" in owner.bus_id:
+            name = f"GPU {owner.index}" if owner.index is not None else "GPU"
+            buses[owner.bus_id.split(":")[-2].lower()] = (
+                owner.bus_id,
+                f"{name} ({short_bus_id(owner.bus_id)})",
+            )
+    nvml = node.nvml
+    for gpu in nvml.gpus if nvml is not None else ():
+        bus = known_bus_id(gpu.pci_bus_id)
+        if bus is not None:
+            buses[bus.split(":")[-2].lower()] = (bus, _gpu_subject(gpu, bus))
+    return buses
 
 
 # --- fabric -------------------------------------------------------------------------
@@ -562,11 +634,11 @@ def tenancy_findings(node: NodeSnapshot) -> list[Finding]:
             code = node.last_xid.get(owner.bus_id)
             entry = xid_entry(code) if code is not None else None
             if entry is not None and entry.severity is Severity.CRITICAL:
-                action = _BUCKET_ACTIONS[entry.immediate]
+                action, advice = _remedy(entry.immediate)
                 found.append(Finding("drained_after_xid", f"drained after XID {code} "
-                                     f"{entry.words}: {_BUCKET_WORDS[entry.immediate]} before "
-                                     "it serves again", Severity.CRITICAL, "tenancy", action,
-                                     owner.bus_id, subject))  # fmt: skip
+                                     f"{entry.words}: {advice} before it serves again",
+                                     Severity.CRITICAL, "tenancy", action, owner.bus_id,
+                                     subject))  # fmt: skip
             else:
                 found.append(Finding("drained", "no driver holds it: out of service until it "
                                      "is given back", Severity.WARNING, "tenancy",
@@ -628,7 +700,7 @@ def _judge(node: NodeSnapshot) -> _Judged:
         if seen is not None and seen.bmc is bmc:
             judged.bmc_found = seen.bmc_found
         else:
-            judged.bmc_found = tuple(bmc_findings(bmc))
+            judged.bmc_found = tuple(bmc_findings(bmc, _gpu_buses(node)))
         judged.bmc = bmc
         findings += judged.bmc_found
     fabric = node.fabric

@@ -86,7 +86,7 @@ def verdict_box(node: NodeSnapshot, row: GpuRow, palette: Palette) -> Renderable
     evidence with the source that showed it; then what troubles the node around it."""
     verdict = gpu_verdict(node, row)
     text = health_light(verdict.health, palette, word=False)
-    text.append(f" {verdict.action.words}", style="bold")
+    text.append(f" {verdict.advice}", style="bold")
     for finding in verdict.findings:
         health = _finding_health(finding.severity)
         text.append(f"\n  • {finding.text}", style=palette.health[health])
