@@ -142,8 +142,9 @@ async def test_sort_by_health_puts_the_worst_first(console_app: Any) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("s")
         names = row_names(app)
-        # critical: a failed fan, a lost GPU, a failed PSU; then a remap pending, no peermem
-        assert names[:3] == ["dgx-002", "dgx-003", "dgxa-001"]
+        # critical: a lost GPU (its job died), then a failed fan and a failed PSU (their
+        # GPUs work on) by name; then a remap pending, no peermem
+        assert names[:3] == ["dgx-003", "dgx-002", "dgxa-001"]
         assert set(names[3:5]) == {"dgx-004", "apollo-01"}
 
 

@@ -56,3 +56,20 @@ def test_the_driver_s_own_recovery_action_stays_first() -> None:
     reset = reading_verdict(dataclasses.replace(gpu, xids=xids, recovery_action=1))
     assert reset.action is Action.RESET_GPU
     assert reset.findings[0].code == "driver_recovery_action"
+
+
+def test_the_health_sort_puts_gpus_out_of_work_then_the_stronger_action_first() -> None:
+    from gpuconsole.facts import summaries
+    from gpuconsole.tui.screens.fleet import Sort, sort_key
+
+    fleet = frozen_fleet()
+    facts = {n.node: summaries.node_facts(n) for n in fleet.nodes}
+    assert facts["dgx-003"].unfit == 1 and facts["dgx-002"].unfit == 0
+    ordered = [n.node for n in sorted(fleet.nodes, key=sort_key(Sort.HEALTH, facts))]
+    assert ordered[:3] == ["dgx-003", "dgx-002", "dgxa-001"]
+    # two critical nodes with no GPU out of work: the one whose verdict asks more first
+    crit = facts["dgx-002"]
+    facts["dgx-002"] = crit._replace(action_rank=Action.DRAIN.rank)
+    facts["dgxa-001"] = crit._replace(action_rank=Action.SERVICE.rank)
+    ordered = [n.node for n in sorted(fleet.nodes, key=sort_key(Sort.HEALTH, facts))]
+    assert ordered[:3] == ["dgx-003", "dgxa-001", "dgx-002"]

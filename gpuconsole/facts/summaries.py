@@ -16,7 +16,7 @@ from typing import NamedTuple
 from gpuconsole import format as fmt
 from gpuconsole.facts.inventory import GpuRow, node_gpus, ownership_problems
 from gpuconsole.facts.ownership import GpuOwner, Owner, OwnerKind, Ownership, node_ownership
-from gpuconsole.facts.verdict import gpu_verdict, node_verdict
+from gpuconsole.facts.verdict import gpu_verdict, node_verdict, unfit_gpus
 from gpuconsole.hardware import model_for_pci_device
 from gpuconsole.readings.base import Health, PartStatus, Severity
 from gpuconsole.readings.bmc import BmcReading
@@ -325,12 +325,17 @@ class NodeFacts(NamedTuple):
 
     health: Health
     counts: GpuCounts
+    unfit: int = 0  # GPUs whose verdict is critical: out of work now
+    action_rank: int = 0  # the verdict's action, 0 fit up to 6 service
 
 
 def node_facts(node: NodeSnapshot) -> NodeFacts:
-    """A node's health (its verdict's) and GPU counts: worked out once per reading, then
-    shared by the fleet's summary, its sort and the node's row."""
-    return NodeFacts(node_verdict(node).health, gpu_counts(node))
+    """A node's health (its verdict's), GPU counts, GPUs out of work and what its verdict
+    asks for: worked out once per reading, then shared by the fleet's summary, its sort and
+    the node's row."""
+    verdict = node_verdict(node)
+    unfit = unfit_gpus(node) if verdict.health is Health.CRITICAL else 0
+    return NodeFacts(verdict.health, gpu_counts(node), unfit, verdict.action.rank)
 
 
 def gpu_count(node: NodeSnapshot) -> int:

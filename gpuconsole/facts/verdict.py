@@ -814,6 +814,12 @@ def gpu_verdict(node: NodeSnapshot, gpu: GpuReading | GpuRow | str) -> Verdict:
     return _FIT
 
 
+def unfit_gpus(node: NodeSnapshot) -> int:
+    """How many of the node's GPUs cannot take work now (their verdict is critical): what
+    puts one critical node ahead of another for whoever is paged."""
+    return sum(1 for v in _judge(node).gpus.values() if v.health is Health.CRITICAL)
+
+
 def reading_verdict(gpu: GpuReading, node: NodeSnapshot | None = None) -> Verdict:
     """A GPU's verdict from its NVML reading alone (and its node's rates, where given): for
     a caller with a reading and no snapshot around it."""

@@ -57,12 +57,14 @@ class Sort(enum.StrEnum):
 
 def sort_key(
     sort: Sort, facts: Mapping[str, summaries.NodeFacts]
-) -> Callable[[NodeSnapshot], tuple[float | str, str]]:
-    """Worst or busiest first, then by name."""
+) -> Callable[[NodeSnapshot], tuple[float | str, ...]]:
+    """Worst or busiest first, then by name. Among critical nodes, the one with more GPUs
+    out of work first (a lost GPU's job died; a failed fan's did not), then the stronger
+    action."""
     if sort is Sort.NAME:
         return lambda n: ("", n.node)
     if sort is Sort.HEALTH:
-        return lambda n: (_HEALTH_RANK[facts[n.node].health], n.node)
+        return lambda n: _health_order(facts[n.node], n.node)
     if sort is Sort.UTIL:
         return lambda n: (-(summaries.mean(g.util_gpu_pct for g in n.gpus) or -1.0), n.node)
     if sort is Sort.TEMP:
@@ -70,6 +72,10 @@ def sort_key(
     if sort is Sort.POWER:
         return lambda n: (-(summaries.node_power_w(n) or -1.0), n.node)
     return lambda n: (-facts[n.node].counts.free, n.node)
+
+
+def _health_order(facts: summaries.NodeFacts, name: str) -> tuple[float | str, ...]:
+    return _HEALTH_RANK[facts.health], -facts.unfit, -facts.action_rank, name
 
 
 def row_cells(
