@@ -188,7 +188,7 @@ def test_the_gpu_detail_says_what_to_do_and_why(utc: None) -> None:
     node = _node("dgx-004")
     row = next(r for r in summaries.gpu_rows(node) if r.reading and r.reading.ecc.remap_pending)
     text = verdict_box(node, row, _palette()).plain  # type: ignore[union-attr]
-    assert text.splitlines()[0] == "▲ reset the GPU, then verify"
+    assert text.splitlines()[0] == "▲ reset GPU 2 (61:00.0), then verify"  # by its bus id
     assert "row remap pending" in text and "(NVML)" in text
 
 

@@ -148,16 +148,28 @@ def gpu_metrics(
         put(names.DCGM_REMAP_FAILURE, float(ecc.remap_failure))
     if ecc.remap_pending is not None:
         put(names.DCGM_REMAP_PENDING, float(ecc.remap_pending))
+    put(names.DCGM_RETIRED_SBE, ecc.retired_sbe)
+    put(names.DCGM_RETIRED_DBE, ecc.retired_dbe)
+    if ecc.retired_pending is not None:
+        put(names.DCGM_RETIRED_PENDING, float(ecc.retired_pending))
     if gpu.nvlinks:
         own_put(names.GPU_NVLINK_ACTIVE, gpu.nvlinks_active)
         put(names.DCGM_NVLINK_TOTAL, _nvlink_kib_per_s(node, gpu, "tx_kib", "rx_kib"), 1 / 1024)
         link_labels = (*own, "link", "remote")
+        error_labels = (*own, "link", "counter")
         for link in gpu.nvlinks:
             lv = (node.node, number, uuid, str(link.link), link.remote_kind.value)
             if link.tx_kib_total is not None:
                 out.counter(names.NVLINK_TX, link_labels, lv, link.tx_kib_total * 1024.0)
             if link.rx_kib_total is not None:
                 out.counter(names.NVLINK_RX, link_labels, lv, link.rx_kib_total * 1024.0)
+            for counter, total in (
+                ("replay", link.replay_errors_total),
+                ("recovery", link.recovery_errors_total),
+                ("crc", link.crc_errors_total),
+            ):
+                if total is not None:
+                    out.counter(names.GPU_NVLINK_ERRORS, error_labels, (*lv[:4], counter), total)
     _profiling(out, labels, values, gpu.gpm, _counted_rates(node, gpu))
     for mig in gpu.mig_instances:
         mig_pod = pods.migs.get(mig.uuid)

@@ -61,6 +61,13 @@ DCGM_REMAP_UNC = (
 )
 DCGM_REMAP_FAILURE = ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed.")
 DCGM_REMAP_PENDING = ("DCGM_FI_DEV_ROW_REMAP_PENDING", "Whether a row remap awaits a GPU reset.")
+# dynamic page retirement, before Ampere (absent where the GPU remaps rows instead)
+DCGM_RETIRED_SBE = ("DCGM_FI_DEV_RETIRED_SBE", "Pages retired for single-bit errors.")
+DCGM_RETIRED_DBE = ("DCGM_FI_DEV_RETIRED_DBE", "Pages retired for double-bit errors.")
+DCGM_RETIRED_PENDING = (
+    "DCGM_FI_DEV_RETIRED_PENDING",
+    "Whether a page retirement awaits a GPU reset.",
+)
 # DCGM's field 449 is a rate, not the running total its name suggests: the NVLink data
 # counters of every link, both directions, differenced over time, in MiB/s.
 DCGM_NVLINK_TOTAL = (
@@ -123,6 +130,11 @@ GPU_PCIE_DOWNTRAINED = (
 )
 NVLINK_TX = (f"{PREFIX}_nvlink_transmit_bytes_total", "Bytes sent on one NVLink.")
 NVLINK_RX = (f"{PREFIX}_nvlink_receive_bytes_total", "Bytes received on one NVLink.")
+GPU_NVLINK_ERRORS = (
+    f"{PREFIX}_gpu_nvlink_errors_total",
+    "One NVLink's data link errors since the driver loaded, by counter: replay, recovery "
+    "(the link retrained) and crc.",
+)
 MIG_INFO = (f"{PREFIX}_mig_instance_info", "A MIG instance carved out of a GPU.")
 TOPOLOGY = (f"{PREFIX}_gpu_topology_info", "How two GPUs are connected (nvidia-smi topo codes).")
 EVENTS = (f"{PREFIX}_events_total", "Events recorded, by kind and severity.")

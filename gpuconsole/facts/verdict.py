@@ -25,6 +25,7 @@ import dataclasses
 import enum
 import operator
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -239,6 +240,14 @@ _RECOVERY = {
     7: (Action.REBOOT_NODE, "the driver asks for a system reboot"),
 }
 PCIE_REPLAYS_PER_MIN = 8.0  # dcgm's PCIe health watch default
+# A slowdown held this long is no passing spike: the GPU runs below its clocks for real.
+SLOWDOWN_PERSISTS_S = 60.0
+# Pages retired (single- and double-bit together) at which a GPU goes back for service:
+# dcgm's DCGM_LIMIT_MAX_RETIRED_PAGES.
+RETIRED_PAGES_SERVICE = 60
+# Recoveries (the link retrained, its traffic stopped) in the window at which a link is
+# drained rather than watched.
+NVLINK_RECOVERIES_DRAIN = 3
 _Add = Callable[[str, str, Severity, Action], None]
 
 
@@ -324,16 +333,68 @@ def gpu_findings(
     elif ecc.remap_pending:
         add("remap_pending", "ECC error with a row remap pending: a GPU reset puts the spare "
             "row in", Severity.WARNING, Action.RESET_GPU)  # fmt: skip
+    _retired_pages(gpu, add)
     if ecc.volatile_uncorrected:
         add("ecc_uncorrectable", f"{ecc.volatile_uncorrected} uncorrectable ECC error(s) since "
             "the driver loaded", Severity.CRITICAL, Action.RESET_GPU)  # fmt: skip
     if state is GpuState.OK:
         _fabric_and_links(gpu, fabric_manager, add, links=not guest)
+        if not guest:
+            _nvlink_errors(gpu, add)
         _pcie(node, gpu, add)
         if throttled:
-            words = fmt.throttle_words(tuple(r for r in gpu.throttle_reasons if r in _SLOWDOWNS))
-            add("slowdown", f"clocks held down: {words}", Severity.WARNING, Action.WATCH)
+            _slowdown(node, gpu, add)
     return found
+
+
+def _slowdown(node: NodeSnapshot, gpu: GpuReading, add: _Add) -> None:
+    """Clocks held down by heat or power, judged on how long: a passing spike is evidence,
+    one that lasts SLOWDOWN_PERSISTS_S or more is a GPU to watch."""
+    words = fmt.throttle_words(tuple(r for r in gpu.throttle_reasons if r in _SLOWDOWNS))
+    since = gpu.slowdown_since
+    if since is None:  # a reading that does not say since when (an older agent's)
+        add("slowdown", f"clocks held down: {words}", Severity.WARNING, Action.WATCH)
+        return
+    now = node.nvml.at if node.nvml is not None else time.time()
+    held = max(0.0, now - since)
+    if held < SLOWDOWN_PERSISTS_S:
+        add("slowdown_brief", f"clocks held down for {fmt.age(since, now)} so far: {words}",
+            Severity.INFO, Action.FIT)  # fmt: skip
+    else:
+        add("slowdown", f"clocks held down for {fmt.age(since, now)}: {words}",
+            Severity.WARNING, Action.WATCH)  # fmt: skip
+
+
+def _retired_pages(gpu: GpuReading, add: _Add) -> None:
+    """Dynamic page retirement (GPUs before Ampere; newer ones answer None): a retirement
+    waits for a GPU reset; too many pages retired sends the GPU back for service."""
+    ecc = gpu.ecc
+    retired = (ecc.retired_sbe or 0) + (ecc.retired_dbe or 0)
+    if retired >= RETIRED_PAGES_SERVICE:
+        add("retired_pages", f"{retired} memory pages retired ({ecc.retired_dbe or 0} for "
+            f"double-bit errors): at NVIDIA's limit of {RETIRED_PAGES_SERVICE}",
+            Severity.CRITICAL, Action.SERVICE)  # fmt: skip
+    if ecc.retired_pending:
+        add("retirement_pending", f"a memory page retirement is pending ({retired} retired): "
+            "a GPU reset retires it", Severity.WARNING, Action.RESET_GPU)  # fmt: skip
+
+
+def _nvlink_errors(gpu: GpuReading, add: _Add) -> None:
+    """NVLinks whose error counters climbed over the window: replays and CRC errors are
+    corrected by resending (watch, then drain and reseat if they keep on); recoveries stop
+    the link's traffic while it retrains (drain once they repeat)."""
+    for moved in gpu.nvlink_errors:
+        counts = [f"{n} {what}" for n, what in ((moved.replay, "replay"),
+                  (moved.recovery, "recovery"), (moved.crc, "CRC")) if n]  # fmt: skip
+        window = fmt.age(0.0, moved.window_s)
+        if moved.recovery >= NVLINK_RECOVERIES_DRAIN:
+            add("nvlink_errors", f"NVLink {moved.link}: {', '.join(counts)} errors in the last "
+                f"{window}, the link keeps retraining: drain it, then reseat",
+                Severity.WARNING, Action.DRAIN)  # fmt: skip
+        else:
+            add("nvlink_errors", f"NVLink {moved.link}: {', '.join(counts)} errors in the last "
+                f"{window}: watch it; drain and reseat if they keep climbing",
+                Severity.WARNING, Action.WATCH)  # fmt: skip
 
 
 _FABRIC_FINE = frozenset({None, "completed", "not_supported"})
@@ -347,6 +408,8 @@ def _healthy(gpu: GpuReading) -> bool:
         return False
     ecc = gpu.ecc
     if ecc.remap_pending or ecc.remap_failure or ecc.volatile_uncorrected:
+        return False
+    if ecc.retired_pending or ecc.retired_sbe or ecc.retired_dbe or gpu.nvlink_errors:
         return False
     if gpu.throttle_reasons and not _SLOWDOWNS.isdisjoint(gpu.throttle_reasons):
         return False

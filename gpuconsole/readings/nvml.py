@@ -36,6 +36,12 @@ class EccReading:
     remapped_uncorrected: int | None = None
     remap_pending: bool | None = None
     remap_failure: bool | None = None
+    # dynamic page retirement, before Ampere (row remapping replaces it; newer GPUs answer
+    # NotSupported: None): pages retired for single- and double-bit errors, and whether a
+    # retirement waits for the next GPU reset
+    retired_sbe: int | None = None
+    retired_dbe: int | None = None
+    retired_pending: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +96,27 @@ class NvLinkReading:
     remote_pci_bus_id: str | None = None
     tx_kib_total: int | None = None
     rx_kib_total: int | None = None
+    # the data link's error counters since the driver loaded (None: not read, as on a link
+    # that is down, or NotSupported, as on Blackwell): replays, recoveries (the link
+    # retrained) and CRC errors
+    replay_errors_total: int | None = None
+    recovery_errors_total: int | None = None
+    crc_errors_total: int | None = None
+
+
+# How far back an NVLink's error counters are watched climbing (GpuReading.nvlink_errors).
+NVLINK_ERROR_WINDOW_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkErrors:
+    """How far one NVLink's error counters climbed over the last `window_s` seconds."""
+
+    link: int
+    replay: int = 0
+    recovery: int = 0
+    crc: int = 0
+    window_s: float = NVLINK_ERROR_WINDOW_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,10 +212,15 @@ class GpuReading:
     # reasons that held the clocks down now or since the previous poll, e.g. "hw_thermal_slowdown"
     throttle_reasons: tuple[str, ...] = ()
     throttle_known: bool = True  # False: neither the bitmask nor a time counter answered
+    # since when heat or power has held the clocks down without a break (None: not held now);
+    # a slowdown first seen is dated back by the time the driver's counter says it was held
+    slowdown_since: float | None = None
 
     ecc: EccReading = field(default_factory=EccReading)
     pcie: PcieReading = field(default_factory=PcieReading)
     nvlinks: tuple[NvLinkReading, ...] = ()
+    # the links whose error counters climbed within NVLINK_ERROR_WINDOW_S (most GPUs: none)
+    nvlink_errors: tuple[NvLinkErrors, ...] = ()
 
     numa_node: int | None = None
     cpu_affinity: str | None = None  # "0-55,112-167"

@@ -22,6 +22,8 @@ SCENARIO_KINDS = (
     "xid79",
     "xid79hard",  # falls off the bus for good: neither a reset nor a power cycle helps
     "ecc",
+    "nvlinkerr",  # link 0's replay, recovery and CRC error counters climb
+    "retired",  # pages retired, one pending a reset (GPUs before Ampere only)
     "mig",
     "notsupported",
     "psu",
@@ -328,6 +330,23 @@ class SimNode:
             return 0, 0, 0, 0, False
         grown = int(self.elapsed() / 30)
         return 12 + grown, 0, 40 + grown, 1, True
+
+    def nvlink_errors(self, index: int, link: int) -> tuple[int, int, int]:
+        """Replays, recoveries and CRC errors of one link since the driver loaded: link 0 of
+        a GPU in the nvlinkerr scenario replays 3 and sees 10 CRC errors a second, and
+        retrains every 20 s, as the fake library plays it."""
+        s = self.active("nvlinkerr", index)
+        if s is None or link != 0:
+            return 0, 0, 0
+        since = self.elapsed() - s.at_s
+        return int(3 * since), int(since / 20), int(10 * since)
+
+    def retired_pages(self, index: int) -> tuple[int, int, bool]:
+        """Pages retired for single- and double-bit errors, and whether one waits for a reset
+        (the retired scenario: 2, 1 and pending)."""
+        if self.active("retired", index) is None:
+            return 0, 0, False
+        return 2, 1, True
 
     def thermal_slowdown_s(self, index: int) -> float:
         """Seconds this GPU has been held down by heat (the driver's violation counters)."""

@@ -10,7 +10,9 @@ is smaller and NVML's indices run over the GPUs it sees, in enumeration order.
 It plays one driver branch (gpuconsole.sim.drivers; by default the one the node profile names)
 as the fake C library does: nvmlDeviceGetTemperatureV only from 560, the PCIe byte counters
 only from 560 and 32 bits wide, the clock-event time counters at that branch's field ids, the
-GPU recovery action (field 230) from 565: none, or what `recovery_actions` says for a GPU. It
+GPU recovery action (field 230) from 565: none, or what `recovery_actions` says for a GPU; the
+NVLink error counters (161-163, per link; not on Blackwell) and, before Ampere, the retired
+pages (29-31), as the nvlinkerr and retired scenarios move them. It
 has no power-smoothing fields and no idle PCIe link training: the fake library has both.
 
 Built with ``privileged=False`` it answers as the driver answers an unprivileged user:
@@ -416,6 +418,11 @@ class SimNvml:
         }
         if driver.recovery_action:
             scalar[230] = (1, self.recovery_actions.get(i, 0))
+        arch = node.model.arch_code
+        if arch < 7:  # page retirement: before Ampere (row remapping from then on)
+            sbe, dbe, retired_pending = node.retired_pages(i)
+            scalar.update({29: (3, sbe), 30: (3, dbe), 31: (3, int(retired_pending))})
+        links = node.model.nvlink_count if arch < 10 else 0  # no DL error fields on Blackwell
         if driver.pcie_byte_counters:
             scalar.update({197: (1, tx % 2**32), 198: (1, rx % 2**32)})
         if driver.throttle_counters_at:
@@ -433,6 +440,9 @@ class SimNvml:
                 kind, value = 3, node.nvlink_kib(i, scope, rx=fid == 139)
             elif fid == 166 and scope < node.model.nvlink_count:  # scoped by link
                 kind, value = 1, NVLINK_VERSION_ENUM[node.model.nvlink_gen]
+            elif fid in (161, 162, 163) and scope < links:  # replay, recovery, CRC
+                replay, recovery, crc = node.nvlink_errors(i, scope)
+                kind, value = 3, (replay, recovery, crc)[fid - 161]
             elif fid in scalar:
                 kind, value = scalar[fid]
             else:

@@ -104,7 +104,7 @@ _MODEL_EXTRAS: dict[str, tuple[int, str, str, str, int]] = {
     ),
 }
 
-_KIND = r"(thermal|ecc|notsupported|mig|smoothing|reset|xid[1-9][0-9]*)"
+_KIND = r"(thermal|ecc|notsupported|mig|smoothing|reset|nvlinkerr|retired|xid[1-9][0-9]*)"
 _AT = r"(\d+(?:\.\d+)?)"
 _SCENARIO_FORMS = (
     re.compile(_KIND + r" (\d+)(?: at " + _AT + ")?"),  # the profile file's "xid79 5 at 20"
@@ -235,7 +235,9 @@ def write_profile(
 
     ``driver`` is the driver it plays (see `driver_of`); the library must be built for its
     branch. ``scenarios`` are strings such as ``"thermal 3"``, ``"xid79 5 at 20"``,
-    ``"ecc 2"``, ``"mig 7"``, ``"smoothing 0 at 5"``, ``"notsupported 1"`` or ``"reset 5 at 30"``
+    ``"ecc 2"``, ``"mig 7"``, ``"smoothing 0 at 5"``, ``"notsupported 1"``, ``"nvlinkerr 2"``
+    (link 0's error counters climb), ``"retired 0"`` (pre-Ampere page retirement) or
+    ``"reset 5 at 30"``
     (a GPU reset: one lost before answers again) (kind, GPU index, optional start in seconds). ``missing_fields`` are field ids the driver answers
     NOT_SUPPORTED, as an older one does.
     ``privileged=False`` reads as an unprivileged user: NO_PERMISSION where drivers answer it

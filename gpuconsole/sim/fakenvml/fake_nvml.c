@@ -53,7 +53,8 @@
  *     missing_field <field id>         a field this driver does not know (NOT_SUPPORTED), as
  *                                      on an older driver; repeat the key for several
  *     scenario <kind> <gpu> [at <seconds>]
- *        kind: thermal | ecc | notsupported | mig | smoothing | xid<N> (xid79 = fell off the bus)
+ *        kind: thermal | ecc | notsupported | mig | smoothing | nvlinkerr | retired
+ *              | xid<N> (xid79 = fell off the bus)
  *              | reset (the GPU is reset, as nvidia-smi --gpu-reset does: lost before, it answers
  *                again)
  *   "gpu <index>" opens a GPU block (indexes 0..n-1, in order); these keys then apply to it:
@@ -109,12 +110,14 @@
  * so that a value depends only on t, never on how often it was read.
  *
  * Scenarios: thermal (hot, SM clock throttled, HW thermal slowdown and its violation counter),
+ * nvlinkerr (link 0's replay, recovery and CRC error counters climb; fields 161-163), retired
+ * (before Ampere: pages retired, one pending; fields 29-31, NOT_SUPPORTED from Ampere on),
  * ecc (volatile corrected errors, a pending row remap), notsupported (every call but identity
  * returns NOT_SUPPORTED), mig (MIG mode on; instances from mig_instance lines), smoothing (an
  * administrator turns power smoothing on and sets a preset, a TMP floor and a ramp-up rate),
  * xid<N> (an XID event N is delivered to event sets; for 79 every later call on that GPU returns
  * GPU_IS_LOST, except nvmlDeviceGetUUID on a handle opened before, which the library answers from
- * its cache, until a reset scenario later than it). "at <s>" delays thermal, ecc, smoothing and xid scenarios; mig and notsupported
+ * its cache, until a reset scenario later than it). "at <s>" delays thermal, ecc, smoothing, nvlinkerr, retired and xid scenarios; mig and notsupported
  * hold from the start.
  *
  * An idle GPU (load under 2 %) trains its PCIe link down to generation 1, as real ones do
@@ -208,7 +211,7 @@ enum { NVML_P2P_CAPS_INDEX_NVLINK = 2, NVML_P2P_CAPS_INDEX_UNKNOWN = 5 };
 enum { NVML_P2P_STATUS_OK = 0, NVML_P2P_STATUS_NOT_SUPPORTED = 5 };
 enum { NVML_GPU_FABRIC_STATE_COMPLETED = 3 };
 enum { NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY = 1 };
-enum { NVML_DEVICE_ARCH_AMPERE = 7 };
+enum { NVML_DEVICE_ARCH_AMPERE = 7, NVML_DEVICE_ARCH_BLACKWELL = 10 };
 
 #define nvmlEventTypeSingleBitEccError 0x0000000000000001ULL
 #define nvmlEventTypeDoubleBitEccError 0x0000000000000002ULL
@@ -228,6 +231,9 @@ enum { /* field ids used below */
     NVML_FI_DEV_ECC_DBE_VOL_TOTAL = 4,
     NVML_FI_DEV_ECC_SBE_AGG_TOTAL = 5,
     NVML_FI_DEV_ECC_DBE_AGG_TOTAL = 6,
+    NVML_FI_DEV_RETIRED_SBE = 29,
+    NVML_FI_DEV_RETIRED_DBE = 30,
+    NVML_FI_DEV_RETIRED_PENDING = 31,
     NVML_FI_DEV_PERF_POLICY_POWER = 74,
     NVML_FI_DEV_PERF_POLICY_SYNC_BOOST = 76,
     NVML_FI_DEV_MEMORY_TEMP = 82,
@@ -241,6 +247,9 @@ enum { /* field ids used below */
     NVML_FI_DEV_REMAPPED_PENDING = 144,
     NVML_FI_DEV_REMAPPED_FAILURE = 145,
     NVML_FI_DEV_NVSWITCH_CONNECTED_LINK_COUNT = 147,
+    NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY = 161,
+    NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY = 162,
+    NVML_FI_DEV_NVLINK_ERROR_DL_CRC = 163,
     NVML_FI_DEV_NVLINK_GET_STATE = 165,
     NVML_FI_DEV_NVLINK_GET_VERSION = 166,
     NVML_FI_DEV_POWER_AVERAGE = 185,
@@ -663,7 +672,7 @@ typedef struct {
 } gpu_t;
 
 typedef struct {
-    char kind[16]; /* thermal, ecc, notsupported, mig, smoothing, xid */
+    char kind[16]; /* thermal, ecc, notsupported, mig, smoothing, xid, reset, nvlinkerr, retired */
     unsigned xid;
     int gpu;
     double at;
@@ -937,7 +946,8 @@ static int parse_profile(FILE *f, profile_t *p, char *err, size_t errlen) {
                 strcpy(s->kind, "xid");
             } else if (!strcmp(kind, "thermal") || !strcmp(kind, "ecc") ||
                        !strcmp(kind, "notsupported") || !strcmp(kind, "mig") ||
-                       !strcmp(kind, "smoothing") || !strcmp(kind, "reset")) {
+                       !strcmp(kind, "smoothing") || !strcmp(kind, "reset") ||
+                       !strcmp(kind, "nvlinkerr") || !strcmp(kind, "retired")) {
                 strcpy(s->kind, kind);
             } else {
                 goto bad;
@@ -2095,6 +2105,20 @@ static void ecc_at(const gpu_t *g, double t, ecc_t *e) {
     e->remap_pending = 1;
 }
 
+/* The nvlinkerr scenario: link 0's data link replays 3 and CRC errors 10 times a second from
+ * its start, and it retrains (a recovery) every 20 s; every other link stays clean. */
+static unsigned long long nvlink_errors(const gpu_t *g, double t, unsigned link, unsigned id) {
+    const scenario_t *s = find_scenario(g->index, "nvlinkerr");
+    if (!s || t < s->at || link != 0)
+        return 0;
+    double since = t - s->at;
+    switch (id) {
+    case NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: return (unsigned long long)(3.0 * since);
+    case NVML_FI_DEV_NVLINK_ERROR_DL_CRC: return (unsigned long long)(10.0 * since);
+    default: return (unsigned long long)(since / 20.0);
+    }
+}
+
 static unsigned long long violation_ns(double seconds) {
     return (unsigned long long)(seconds * 1e9);
 }
@@ -2212,6 +2236,31 @@ static nvmlReturn_t field_value(const gpu_t *g, double t, nvmlFieldValue_t *v) {
         v->value.uiVal = g->recovery_action;
         return NVML_SUCCESS;
     case NVML_FI_DEV_PCIE_REPLAY_COUNTER: v->value.uiVal = 0; return NVML_SUCCESS;
+    case NVML_FI_DEV_RETIRED_SBE:
+    case NVML_FI_DEV_RETIRED_DBE:
+    case NVML_FI_DEV_RETIRED_PENDING: {
+        /* dynamic page retirement: before Ampere only; the retired scenario retires two
+         * pages for single-bit and one for double-bit errors, the last waiting for a reset */
+        if (g->arch >= NVML_DEVICE_ARCH_AMPERE)
+            return NVML_ERROR_NOT_SUPPORTED;
+        int retired = scenario_active(g->index, "retired", t);
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        v->value.ullVal = !retired                         ? 0
+                          : id == NVML_FI_DEV_RETIRED_SBE ? 2
+                          : id == NVML_FI_DEV_RETIRED_DBE ? 1
+                                                          : 1;
+        return NVML_SUCCESS;
+    }
+    case NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY:
+    case NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY:
+    case NVML_FI_DEV_NVLINK_ERROR_DL_CRC: /* scoped by link; removed on Blackwell */
+        if (!g->nlinks || g->arch >= NVML_DEVICE_ARCH_BLACKWELL)
+            return NVML_ERROR_NOT_SUPPORTED;
+        if (v->scopeId >= (unsigned)g->nlinks)
+            return NVML_ERROR_INVALID_ARGUMENT;
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        v->value.ullVal = nvlink_errors(g, t, v->scopeId, id);
+        return NVML_SUCCESS;
     case NVML_FI_DEV_REMAPPED_COR:
     case NVML_FI_DEV_REMAPPED_UNC:
     case NVML_FI_DEV_REMAPPED_PENDING:

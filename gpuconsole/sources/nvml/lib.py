@@ -55,6 +55,15 @@ FI_ECC_SBE_AGG = 5
 FI_ECC_DBE_AGG = 6
 FI_PERF_POLICY_POWER = 74  # = NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP
 FI_PERF_POLICY_SYNC_BOOST = 76  # = NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST
+# dynamic page retirement (before Ampere): pages retired for single- and double-bit errors,
+# and 1 while a retirement waits for the next reset
+FI_RETIRED_SBE = 29
+FI_RETIRED_DBE = 30
+FI_RETIRED_PENDING = 31
+RETIRED_PAGE_FIELDS = (FI_RETIRED_SBE, FI_RETIRED_DBE, FI_RETIRED_PENDING)
+# the GPUs that retire pages; from Ampere on row remapping replaces it and NVML answers
+# NotSupported
+PAGE_RETIREMENT_ARCHITECTURES = frozenset({"kepler", "maxwell", "pascal", "volta", "turing"})
 FI_MEMORY_TEMP = 82
 FI_TOTAL_ENERGY = 83
 FI_NVLINK_LINK_COUNT = 91
@@ -66,6 +75,12 @@ FI_REMAPPED_UNC = 143
 FI_REMAPPED_PENDING = 144
 FI_REMAPPED_FAILURE = 145
 FI_NVSWITCH_LINK_COUNT = 147  # links that reach an NVSwitch
+# scoped by link: the data link's replay, recovery and CRC error counters since the driver
+# loaded (NVML_FI_DEV_NVLINK_ERROR_DL_*; NotSupported on Blackwell)
+FI_NVLINK_ERROR_REPLAY = 161
+FI_NVLINK_ERROR_RECOVERY = 162
+FI_NVLINK_ERROR_CRC = 163
+NVLINK_ERROR_FIELDS = (FI_NVLINK_ERROR_REPLAY, FI_NVLINK_ERROR_RECOVERY, FI_NVLINK_ERROR_CRC)
 FI_NVLINK_STATE = 165  # scoped by link: 1 active
 FI_NVLINK_VERSION = 166  # scoped by link: nvmlNvlinkVersion_t
 FI_POWER_INSTANT = 186

@@ -42,6 +42,7 @@ from gpuconsole.readings.nvml import (
     EccReading,
     GpuReading,
     GpuState,
+    NvLinkErrors,
     NvLinkReading,
     NvmlReading,
     PcieReading,
@@ -63,6 +64,9 @@ from gpuconsole.sources.nvml.lib import (
     FI_ECC_SBE_AGG,
     FI_ECC_SBE_VOL,
     FI_MEMORY_TEMP,
+    FI_NVLINK_ERROR_CRC,
+    FI_NVLINK_ERROR_RECOVERY,
+    FI_NVLINK_ERROR_REPLAY,
     FI_NVLINK_LINK_COUNT,
     FI_NVLINK_RX,
     FI_NVLINK_STATE,
@@ -79,6 +83,9 @@ from gpuconsole.sources.nvml.lib import (
     FI_REMAPPED_FAILURE,
     FI_REMAPPED_PENDING,
     FI_REMAPPED_UNC,
+    FI_RETIRED_DBE,
+    FI_RETIRED_PENDING,
+    FI_RETIRED_SBE,
     FI_TEMP_SLOWDOWN,
     FI_TOTAL_ENERGY,
     FIELD_VALUE,
@@ -89,12 +96,15 @@ from gpuconsole.sources.nvml.lib import (
     NO_PERMISSION,
     NOT_AVAILABLE_U64,
     NOT_SUPPORTED,
+    NVLINK_ERROR_FIELDS,
     NVLINK_GENERATIONS,
     OK,
     OPEN_ERRORS,
+    PAGE_RETIREMENT_ARCHITECTURES,
     PCIE_UTIL_RX,
     PCIE_UTIL_TX,
     REMOTE_KINDS,
+    RETIRED_PAGE_FIELDS,
     THROTTLE_BITS,
     TOPO_CODES,
     UNSUPPORTED_CODES,
@@ -155,6 +165,29 @@ def fabric_manager_running(proc_root: str) -> bool:
         if comm == FABRIC_MANAGER_COMM:
             return True
     return False
+
+
+def _climbed(
+    gpu: GpuRecord, links: Sequence[NvLinkReading], now: float
+) -> tuple[NvLinkErrors, ...]:
+    """The links whose error counters climbed over the window, from this poll's counters."""
+    window = gpu.link_errors
+    climbed = []
+    read = set()
+    for link in links:
+        if (
+            link.replay_errors_total is None
+            and link.recovery_errors_total is None
+            and (link.crc_errors_total is None)
+        ):
+            continue  # down, or counters NotSupported: nothing to say of it
+        read.add(link.link)
+        moved = window.add(now, link.link, link.replay_errors_total,
+                           link.recovery_errors_total, link.crc_errors_total)  # fmt: skip
+        if moved is not None:
+            climbed.append(moved)
+    window.forget(read)
+    return tuple(climbed)
 
 
 def cpulist(words: Sequence[int]) -> str:
@@ -428,6 +461,8 @@ class NvmlSource:
             fields = [f for f in fields if f not in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES)]
         if self._recovery_field is not None:
             fields.append(self._recovery_field)
+        if gpu.architecture is None or gpu.architecture in PAGE_RETIREMENT_ARCHITECTURES:
+            fields += RETIRED_PAGE_FIELDS  # from Ampere on, row remapping replaces it
         return fields + [fid for fid, _reason in self._throttle_counters]
 
     def _pcie_counters_hold(self, gpu: GpuRecord) -> bool:
@@ -639,10 +674,18 @@ class NvmlSource:
                 remote_pci_bus_id=link.remote_pci_bus_id,
                 tx_kib_total=field(FI_NVLINK_TX, link.link) if link.active else None,
                 rx_kib_total=field(FI_NVLINK_RX, link.link) if link.active else None,
+                replay_errors_total=field(FI_NVLINK_ERROR_REPLAY, link.link)
+                if link.active
+                else None,
+                recovery_errors_total=field(FI_NVLINK_ERROR_RECOVERY, link.link)
+                if link.active
+                else None,
+                crc_errors_total=field(FI_NVLINK_ERROR_CRC, link.link) if link.active else None,
             )
             for link in gpu.links
         )
         pending, failure = field(FI_REMAPPED_PENDING), field(FI_REMAPPED_FAILURE)
+        retired_pending = field(FI_RETIRED_PENDING)
         return GpuReading(
             index=gpu.index,
             uuid=gpu.uuid,
@@ -682,6 +725,9 @@ class NvmlSource:
                 remapped_uncorrected=field(FI_REMAPPED_UNC),
                 remap_pending=bool(pending) if pending is not None else None,
                 remap_failure=bool(failure) if failure is not None else None,
+                retired_sbe=field(FI_RETIRED_SBE),
+                retired_dbe=field(FI_RETIRED_DBE),
+                retired_pending=bool(retired_pending) if retired_pending is not None else None,
             ),
             pcie=PcieReading(
                 gen_current=gpu.pcie_gen,
@@ -697,6 +743,8 @@ class NvmlSource:
                 rx_bytes_per_s=gpu.pcie_rx_bytes_per_s,
             ),
             nvlinks=links,
+            nvlink_errors=_climbed(gpu, links, self._clock()),
+            slowdown_since=gpu.slowdown_since,
             numa_node=gpu.numa_node,
             cpu_affinity=gpu.cpu_affinity,
             processes=gpu.processes,
@@ -765,7 +813,7 @@ class NvmlSource:
         own = [f for f in dropped if f in gpu.fields]
         if own:
             gpu.fields = [f for f in gpu.fields if f not in own]
-            gpu.unsupported.update(f"field {f}" for f in own)
+            gpu.unsupported.update(f"field {f if isinstance(f, int) else f[0]}" for f in own)
         return values
 
     def _read_detail(self, gpu: GpuRecord) -> None:
@@ -817,6 +865,7 @@ class NvmlSource:
         bitmask reads shows at once; one that ends shows at the next bitmask read).
         """
         moved: set[str] = set()
+        first = not gpu.throttle_ns
         for fid, reason in self._throttle_counters:
             now = values.get((fid, 0))
             if now is None:
@@ -829,6 +878,17 @@ class NvmlSource:
         throttle = tuple(name for _bit, name in THROTTLE_BITS if name in reasons)
         self._throttle_changed(gpu, gpu.throttle, throttle)
         gpu.throttle = throttle
+        if HOT_THROTTLE.isdisjoint(throttle):
+            gpu.slowdown_since = None
+        elif gpu.slowdown_since is None:
+            # first seen held: where this is the first poll, the driver's counters say how
+            # long it was held before (the most any slowdown counter holds); else since now
+            held_ns = [
+                values.get((fid, 0)) or 0
+                for fid, reason in self._throttle_counters
+                if reason in HOT_THROTTLE and first
+            ]
+            gpu.slowdown_since = self._clock() - max(held_ns, default=0) / 1e9
 
     def _throttle_changed(
         self, gpu: GpuRecord, before: tuple[str, ...], now: tuple[str, ...]
@@ -894,6 +954,7 @@ class NvmlSource:
         for n in range(gpu.nvlink_count):
             asked += [(FI_NVLINK_STATE, n), (FI_NVLINK_VERSION, n)]
             asked += [(FI_NVLINK_TX, n), (FI_NVLINK_RX, n)]
+            asked += [(fid, n) for fid in NVLINK_ERROR_FIELDS]
         return asked
 
     def _read_links(self, gpu: GpuRecord, values: dict[tuple[int, int], Any]) -> None:
@@ -954,9 +1015,19 @@ class NvmlSource:
                 link.remote_pci_bus_id = normal_bus_id(text(pci.busId)) if pci is not None else None
             links.append(link)
         gpu.links = links
-        for link in links:
-            if link.active:
-                gpu.fields += [(FI_NVLINK_TX, link.link), (FI_NVLINK_RX, link.link)]
+        # the error counters this driver answers for an active link: asked every poll from
+        # now on; one NotSupported on every link (Blackwell) is not asked again until the
+        # next inventory round
+        active = [link.link for link in links if link.active]
+        errors = [f for f in NVLINK_ERROR_FIELDS if any((f, n) in values for n in active)]
+        for fid in NVLINK_ERROR_FIELDS:
+            if fid in errors:
+                gpu.unsupported.discard(f"field {fid}")
+            elif active:
+                gpu.unsupported.add(f"field {fid}")
+        for n in active:
+            gpu.fields += [(FI_NVLINK_TX, n), (FI_NVLINK_RX, n)]
+            gpu.fields += [(fid, n) for fid in errors]
 
     def _topology(self) -> tuple[tuple[str, ...], ...]:
         """PCI levels from NVML, with NV# where NVLinks join two GPUs (or both reach NVSwitch):

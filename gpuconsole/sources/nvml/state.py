@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuconsole.readings.nvml import GpmMetrics, ProcessReading, RemoteKind
+from gpuconsole.sources.nvml.linkerrors import LinkErrorWindow
 
 
 @dataclass
@@ -93,3 +94,6 @@ class GpuRecord:
     virtualization: str | None = None
     fabric_state: str | None = None
     fabric_status: int | None = None  # nvmlReturn_t of the fabric probe, once it completed
+    # since when heat or power has held the clocks down without a break
+    slowdown_since: float | None = None
+    link_errors: LinkErrorWindow = field(default_factory=LinkErrorWindow)
