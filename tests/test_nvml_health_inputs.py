@@ -1,8 +1,10 @@
 """What the verdict reads from NVML, on the fake library: the driver's recovery action, the
-GPU's fabric probe, XIDs counted per code until a reset, and whether Fabric Manager runs."""
+GPU's fabric probe, XIDs counted per code until a reset, whether Fabric Manager runs, the
+NVLink error counters, retired pages, and how long a slowdown has lasted."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuconsole.readings.base import normal_bus_id
+from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_H100, NodeProfile
@@ -216,3 +219,178 @@ def test_the_simulator_fills_the_same_fields() -> None:
     assert reading.fabric_manager_running is False
     older = NvmlSource("sim", lib=SimNvml(SimNode("sim", DGX_H100), driver="550"), events=False)
     assert {g.recovery_action for g in older.collect().gpus} == {None}
+
+
+# --- NVLink error counters, retired pages and slowdowns that last -------------------------
+
+POLLS = """
+import json, time
+from gpuconsole.facts.verdict import reading_verdict
+from gpuconsole.sources.nvml.source import NvmlSource
+source = NvmlSource("n", interval_s=0.1, events=False)
+source._ensure_init()
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    reading = source.collect()
+    if {done}:
+        break
+    time.sleep(0.2)
+source._shutdown()
+print(json.dumps([{{
+    "links": [[l.link, l.replay_errors_total, l.recovery_errors_total, l.crc_errors_total]
+              for l in g.nvlinks],
+    "climbed": [[e.link, e.replay, e.recovery, e.crc] for e in g.nvlink_errors],
+    "unsupported": list(g.unsupported),
+    "verdict": [reading_verdict(g).action.value, reading_verdict(g).summary],
+}} for g in reading.gpus]))
+"""
+
+
+def run_polls(env: dict[str, str], done: str) -> list[dict[str, Any]]:
+    """A long-running NVML source's last poll, each GPU with its verdict, once `done` holds
+    of `reading`."""
+    proc = subprocess.run(
+        [sys.executable, "-c", POLLS.format(done=done)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    gpus: list[dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return gpus
+
+
+def test_a_link_whose_error_counters_climb_is_watched(fake_nvml_env: FakeNvmlEnv) -> None:
+    env = fake_nvml_env(DGX_H100, scenarios=["nvlinkerr 2 at 0.5"])
+    gpus = run_polls(env, "any(e.replay for e in reading.gpus[2].nvlink_errors)")
+    link0 = gpus[2]["links"][0]
+    assert link0[0] == 0 and link0[1] > 0 and link0[3] > link0[1]  # CRC climbs fastest
+    assert all(link[1:] == [0, 0, 0] for link in gpus[2]["links"][1:])  # the rest: clean
+    assert [e[0] for e in gpus[2]["climbed"]] == [0]
+    action, summary = gpus[2]["verdict"]
+    assert action == "watch"
+    assert "NVLink 0:" in summary and "replay" in summary
+    assert "CRC errors in the last 10 min" in summary
+    assert "drain and reseat if they keep climbing" in summary
+    # the other GPUs' links read zero: no finding, and the counters are not NotSupported
+    assert all(
+        g["climbed"] == [] and g["verdict"][0] == "fit" for i, g in enumerate(gpus) if i != 2
+    )
+    assert not any("field 161" in g["unsupported"] for g in gpus)
+
+
+def test_a_driver_without_the_link_error_counters_says_nothing_of_them(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    """Blackwell drops fields 161-163 (NotSupported): no finding, no error, no counter."""
+    env = fake_nvml_env(DGX_H100, scenarios=["nvlinkerr 2"], missing_fields=[161, 162, 163])
+    gpus = run_polls(env, "True")
+    assert all(link[1:] == [None, None, None] for g in gpus for link in g["links"])
+    assert {g["verdict"][0] for g in gpus} == {"fit"}
+    assert all({"field 161", "field 162", "field 163"} <= set(g["unsupported"]) for g in gpus)
+
+
+def test_notsupported_link_counters_are_asked_once_per_gpu() -> None:
+    """Each poll's batched call asks the counters of every active link; NotSupported on a
+    GPU, they are not asked of it again until the next inventory round."""
+    asked: list[list[Any]] = []
+
+    class Blackwellish(SimNvml):
+        def nvmlDeviceGetFieldValues(self, h: Any, fields: list[Any]) -> Any:
+            asked.append(list(fields))
+            values = super().nvmlDeviceGetFieldValues(h, fields)
+            for entry in values:
+                if entry.fieldId in (161, 162, 163):
+                    entry.nvmlReturn = 3  # NOT_SUPPORTED
+            return values
+
+    source = NvmlSource("sim", lib=Blackwellish(SimNode("sim", DGX_H100)), events=False,
+                        inventory_every=1000)  # fmt: skip
+    source.collect()
+    asked.clear()
+    source.collect()
+    source.collect()
+    scoped = [f for call in asked for f in call if isinstance(f, tuple) and f[0] in (161, 162, 163)]
+    assert asked and scoped == []
+    healthy = NvmlSource("sim", lib=SimNvml(SimNode("sim", DGX_H100)), events=False)
+    reading = healthy.collect()
+    assert all(link.replay_errors_total == 0 for link in reading.gpus[0].nvlinks)
+
+
+def test_retired_pages_before_ampere_and_none_after(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    volta_model = dataclasses.replace(APOLLO_PCIE.gpu_model, architecture="volta", arch_code=5)
+    volta = dataclasses.replace(APOLLO_PCIE, gpu_model=volta_model)
+    data = snapshot_all(fake_nvml_env(volta, scenarios=["retired 1"]), tmp_path, volta)
+    ecc = [g["ecc"] for g in data["nodes"][0]["nvml"]["gpus"]]
+    assert (ecc[1]["retired_sbe"], ecc[1]["retired_dbe"], ecc[1]["retired_pending"]) == (2, 1, True)
+    assert (ecc[0]["retired_sbe"], ecc[0]["retired_pending"]) == (0, False)
+    bus = normal_bus_id(volta.gpus[1].bus_id)
+    verdict = data["verdicts"][volta.name]
+    assert verdict["gpus"][bus]["action"] == "reset_gpu"
+    assert any("page retirement is pending" in f["text"] for f in verdict["findings"])
+    # Ampere and newer remap rows instead: NVML answers NotSupported, which is no finding
+    # (and not asked at all, so not listed on every GPU)
+    data = snapshot_all(fake_nvml_env(APOLLO_PCIE, scenarios=["retired 1"]), tmp_path, APOLLO_PCIE)
+    gpus = data["nodes"][0]["nvml"]["gpus"]
+    assert {g["ecc"]["retired_pending"] for g in gpus} == {None}
+    assert not any("field 29" in g["unsupported"] for g in gpus)
+    assert data["verdicts"][APOLLO_PCIE.name]["gpus"] == {}
+
+
+def snapshot_all(env: dict[str, str], tmp_path: Path, profile: NodeProfile) -> dict[str, Any]:
+    """`gpuconsole snapshot --json` of this node, the verdicts with it."""
+    config = tmp_path / "gpuconsole.toml"
+    config.write_text(f"[host]\nname = '{profile.name}'\n[fabric]\nenabled = false\n"
+                      "[tenancy]\nenabled = false\n")  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuconsole", "snapshot", "--json", "-c", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data: dict[str, Any] = json.loads(proc.stdout)
+    return data
+
+
+def test_a_slowdown_is_judged_on_how_long_it_has_lasted(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    """The driver's clock-event counters (580.82) say how long GPU 3 has been held down when
+    the console first reads it: a few seconds is a spike (fit), five minutes is a GPU to
+    watch."""
+    bus = normal_bus_id(DGX_H100.gpus[3].bus_id)
+    for held_s, action in ((2.0, "fit"), (300.0, "watch")):
+        env = fake_nvml_env(DGX_H100, driver="580.82", scenarios=["thermal 3"], frozen_time=held_s)
+        data = snapshot_all(env, tmp_path, DGX_H100)
+        verdict = data["verdicts"][DGX_H100.name]
+        assert verdict["gpus"].get(bus, {"action": "fit"})["action"] == action, held_s
+        texts = [f["text"] for f in verdict["findings"]]
+        if action == "watch":
+            assert any(t.startswith("clocks held down for 5 min: ") for t in texts), texts
+
+
+def test_the_simulator_counts_a_slowdown_from_when_it_began() -> None:
+    """On a driver without the counters (550) the console dates a slowdown from its first
+    sight: one poll in, a spike; a minute of polls later, a GPU to watch."""
+    clock = [1000.0]
+    node = SimNode("sim", DGX_H100, scenarios=["thermal:3"], clock=lambda: clock[0], start=1000.0)
+    source = NvmlSource("sim", lib=SimNvml(node, driver="550"), events=False, simulated=True,
+                        clock=lambda: clock[0])  # fmt: skip
+    from gpuconsole.facts.verdict import Action, reading_verdict
+
+    first = source.collect().gpus[3]
+    assert first.slowdown_since == 1000.0
+    assert reading_verdict(first, NodeSnapshot("sim", nvml=source.collect())).action is Action.FIT
+    for step in range(1, 8):
+        clock[0] = 1000.0 + 10 * step
+        later = source.collect()
+    verdict = reading_verdict(later.gpus[3], NodeSnapshot("sim", nvml=later))
+    assert verdict.action is Action.WATCH
+    assert "clocks held down for 70 s" in verdict.summary

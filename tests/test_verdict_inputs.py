@@ -73,3 +73,65 @@ def test_the_health_sort_puts_gpus_out_of_work_then_the_stronger_action_first() 
     facts["dgxa-001"] = crit._replace(action_rank=Action.SERVICE.rank)
     ordered = [n.node for n in sorted(fleet.nodes, key=sort_key(Sort.HEALTH, facts))]
     assert ordered[:3] == ["dgx-003", "dgxa-001", "dgx-002"]
+
+
+def test_the_exporter_serves_each_link_s_error_counters_and_the_retired_pages() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuconsole.export.collector import build
+    from gpuconsole.readings.nvml import EccReading
+
+    fleet = frozen_fleet()
+    nodes = list(fleet.nodes)
+    i = next(i for i, n in enumerate(nodes) if n.node == "dgx-002")
+    nvml = nodes[i].nvml
+    assert nvml is not None
+    gpus = list(nvml.gpus)
+    links = list(gpus[0].nvlinks)
+    links[1] = dataclasses.replace(links[1], replay_errors_total=12, recovery_errors_total=0,
+                                   crc_errors_total=40)  # fmt: skip
+    ecc = EccReading(retired_sbe=3, retired_dbe=1, retired_pending=True)
+    gpus[0] = dataclasses.replace(gpus[0], nvlinks=tuple(links), ecc=ecc)
+    nodes[i] = dataclasses.replace(nodes[i], nvml=dataclasses.replace(nvml, gpus=tuple(gpus)))
+    text = build(dataclasses.replace(fleet, nodes=tuple(nodes))).text().decode()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    errors = {
+        s.labels["counter"]: s.value
+        for s in samples
+        if s.name == "gpuconsole_gpu_nvlink_errors_total"
+        and s.labels["node"] == "dgx-002"
+        and s.labels["link"] == "1"
+        and s.labels["uuid"] == gpus[0].uuid
+    }
+    assert errors == {"replay": 12.0, "recovery": 0.0, "crc": 40.0}
+    retired = {
+        s.name: s.value
+        for s in samples
+        if s.name.startswith("DCGM_FI_DEV_RETIRED") and s.labels.get("UUID") == gpus[0].uuid
+    }
+    assert retired == {
+        "DCGM_FI_DEV_RETIRED_SBE": 3.0,
+        "DCGM_FI_DEV_RETIRED_DBE": 1.0,
+        "DCGM_FI_DEV_RETIRED_PENDING": 1.0,
+    }
+    # links and GPUs that do not read them (Blackwell, Ampere and newer) have no series
+    assert not any(
+        s.name.startswith("DCGM_FI_DEV_RETIRED") and s.labels.get("UUID") == gpus[1].uuid
+        for s in samples
+    )
+
+
+def test_a_link_that_keeps_retraining_is_drained_and_too_many_retired_pages_go_to_service() -> None:
+    from gpuconsole.readings.nvml import EccReading, NvLinkErrors
+
+    gpu = _node("dgx-002").gpus[0]
+    flapping = (NvLinkErrors(4, replay=30, recovery=5, crc=0),)
+    verdict = reading_verdict(dataclasses.replace(gpu, nvlink_errors=flapping))
+    assert verdict.action is Action.DRAIN
+    assert "NVLink 4: 30 replay, 5 recovery errors in the last 10 min" in verdict.summary
+    worn = dataclasses.replace(gpu, ecc=EccReading(retired_sbe=50, retired_dbe=12))
+    verdict = reading_verdict(worn)
+    assert (verdict.action, verdict.health) == (Action.SERVICE, Health.CRITICAL)
+    assert "62 memory pages retired (12 for double-bit errors)" in verdict.summary
+    few = dataclasses.replace(gpu, ecc=EccReading(retired_sbe=2, retired_dbe=0))
+    assert reading_verdict(few).action is Action.FIT  # a few retired pages: what DPR is for
