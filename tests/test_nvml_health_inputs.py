@@ -377,20 +377,31 @@ def test_a_slowdown_is_judged_on_how_long_it_has_lasted(
 
 
 def test_the_simulator_counts_a_slowdown_from_when_it_began() -> None:
-    """On a driver without the counters (550) the console dates a slowdown from its first
-    sight: one poll in, a spike; a minute of polls later, a GPU to watch."""
-    clock = [1000.0]
-    node = SimNode("sim", DGX_H100, scenarios=["thermal:3"], clock=lambda: clock[0], start=1000.0)
-    source = NvmlSource("sim", lib=SimNvml(node, driver="550"), events=False, simulated=True,
-                        clock=lambda: clock[0])  # fmt: skip
+    """On a driver without the counters (550) the console dates a slowdown from when it saw
+    it begin: at first a spike, a minute of polls later a GPU to watch. One already on at
+    the first poll is of unknown length: judged as it looks (watch)."""
     from gpuconsole.facts.verdict import Action, reading_verdict
 
-    first = source.collect().gpus[3]
-    assert first.slowdown_since == 1000.0
-    assert reading_verdict(first, NodeSnapshot("sim", nvml=source.collect())).action is Action.FIT
+    clock = [1000.0]
+    node = SimNode("sim", DGX_H100, scenarios=["thermal:3@20", "thermal:5"],
+                   clock=lambda: clock[0], start=1000.0)  # fmt: skip
+    # the bitmask (what a 550 driver gives) read at every poll
+    source = NvmlSource("sim", lib=SimNvml(node, driver="550"), events=False, simulated=True,
+                        clock=lambda: clock[0], detail_every=1)  # fmt: skip
+
+    def judged(index: int) -> tuple[float | None, Action, str]:
+        reading = source.collect()
+        gpu = reading.gpus[index]
+        verdict = reading_verdict(gpu, NodeSnapshot("sim", nvml=reading))
+        return gpu.slowdown_since, verdict.action, verdict.summary
+
+    assert judged(3)[:2] == (None, Action.FIT)
+    assert judged(5)[:2] == (None, Action.WATCH)  # on from the start: how long, unknown
+    clock[0] = 1030.0
+    since, action, _ = judged(3)
+    assert (since, action) == (1030.0, Action.FIT)  # seen to begin: a spike so far
     for step in range(1, 8):
-        clock[0] = 1000.0 + 10 * step
-        later = source.collect()
-    verdict = reading_verdict(later.gpus[3], NodeSnapshot("sim", nvml=later))
-    assert verdict.action is Action.WATCH
-    assert "clocks held down for 70 s" in verdict.summary
+        clock[0] = 1030.0 + 10 * step
+        since, action, summary = judged(3)
+    assert (since, action) == (1030.0, Action.WATCH)
+    assert "clocks held down for 70 s" in summary

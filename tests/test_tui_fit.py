@@ -166,7 +166,7 @@ async def test_words_keep_their_spaces_where_styles_meet(console_app: Any) -> No
     async with app.run_test(size=(120, 40)) as pilot:
         app.jump("node", "dgx-004")
         await pilot.pause()
-        assert "▲ warning: reset the GPU, then verify  DGX H100" in screen_text(app)
+        assert "▲ warning: reset GPU 2, then verify  DGX H100" in screen_text(app)
         app.jump("topology", "dgx-003")
         await pilot.pause()
         shown = screen_text(app)

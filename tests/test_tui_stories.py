@@ -87,7 +87,7 @@ async def test_story_1_the_3am_page_in_7_keys(cluster: Hub) -> None:
         shown = screen_text(app)
         assert "✖ 5" in shown and "LOST since" in shown
         # the verdict: the least disruptive repair first, naming the GPU
-        assert "reset GPU 5 (c3:00.0), then verify" in shown
+        assert "critical: reset GPU 5, then verify" in shown
         owners = node.query_one("#panel-owners", Panel).text.plain
         assert "pod team-nlp/train-llm-7b-0 holds GPU 5 (0000:c3:00.0)" in owners
         # the BMC's side of it, as the story promises: a PCIe bus error on GPU 5's bus

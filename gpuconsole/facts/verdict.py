@@ -131,10 +131,20 @@ class Verdict:
     def advice(self) -> str:
         """What to do, naming the GPU where the action is about one: 'reset GPU 5 (c3:00.0),
         then verify'; else the action's words."""
+        return self._advice(bus=True)
+
+    @property
+    def short_advice(self) -> str:
+        """The advice where the GPU's bus id is on screen beside it: 'reset GPU 5, then
+        verify' (no longer than the action's words)."""
+        return self._advice(bus=False)
+
+    def _advice(self, *, bus: bool) -> str:
         if self.action is Action.RESET_GPU:
             for finding in self.findings:
                 if finding.action is Action.RESET_GPU and finding.subject.startswith("GPU"):
-                    return f"reset {finding.subject}, then verify"
+                    name = finding.subject if bus else finding.subject.split(" (")[0]
+                    return f"reset {name}, then verify"
         return self.action.words
 
     @property
@@ -352,7 +362,7 @@ def _slowdown(node: NodeSnapshot, gpu: GpuReading, add: _Add) -> None:
     one that lasts SLOWDOWN_PERSISTS_S or more is a GPU to watch."""
     words = fmt.throttle_words(tuple(r for r in gpu.throttle_reasons if r in _SLOWDOWNS))
     since = gpu.slowdown_since
-    if since is None:  # a reading that does not say since when (an older agent's)
+    if since is None:  # not known since when (or an older agent's reading): as it looks now
         add("slowdown", f"clocks held down: {words}", Severity.WARNING, Action.WATCH)
         return
     now = node.nvml.at if node.nvml is not None else time.time()

@@ -212,8 +212,9 @@ class GpuReading:
     # reasons that held the clocks down now or since the previous poll, e.g. "hw_thermal_slowdown"
     throttle_reasons: tuple[str, ...] = ()
     throttle_known: bool = True  # False: neither the bitmask nor a time counter answered
-    # since when heat or power has held the clocks down without a break (None: not held now);
-    # a slowdown first seen is dated back by the time the driver's counter says it was held
+    # since when heat or power has held the clocks down without a break (None: not held now,
+    # or not known: already held at the first poll, without the driver's slowdown counters to
+    # date it back by)
     slowdown_since: float | None = None
 
     ecc: EccReading = field(default_factory=EccReading)

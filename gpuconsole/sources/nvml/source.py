@@ -865,7 +865,6 @@ class NvmlSource:
         bitmask reads shows at once; one that ends shows at the next bitmask read).
         """
         moved: set[str] = set()
-        first = not gpu.throttle_ns
         for fid, reason in self._throttle_counters:
             now = values.get((fid, 0))
             if now is None:
@@ -878,17 +877,25 @@ class NvmlSource:
         throttle = tuple(name for _bit, name in THROTTLE_BITS if name in reasons)
         self._throttle_changed(gpu, gpu.throttle, throttle)
         gpu.throttle = throttle
+        first, gpu.throttle_seen = not gpu.throttle_seen, True
         if HOT_THROTTLE.isdisjoint(throttle):
-            gpu.slowdown_since = None
-        elif gpu.slowdown_since is None:
-            # first seen held: where this is the first poll, the driver's counters say how
-            # long it was held before (the most any slowdown counter holds); else since now
+            gpu.slowdown_since, gpu.slowdown_unknown = None, False
+        elif gpu.slowdown_since is None and not gpu.slowdown_unknown:
+            if not first:  # began between this poll and the last
+                gpu.slowdown_since = self._clock()
+                return
+            # already held at the first poll: the driver's counters (575 and later) say how
+            # long it was held (the most any slowdown counter holds); without them, since
+            # when is not known
             held_ns = [
-                values.get((fid, 0)) or 0
+                values[(fid, 0)]
                 for fid, reason in self._throttle_counters
-                if reason in HOT_THROTTLE and first
+                if reason in HOT_THROTTLE and (fid, 0) in values
             ]
-            gpu.slowdown_since = self._clock() - max(held_ns, default=0) / 1e9
+            if held_ns:
+                gpu.slowdown_since = self._clock() - max(held_ns) / 1e9
+            else:
+                gpu.slowdown_unknown = True
 
     def _throttle_changed(
         self, gpu: GpuRecord, before: tuple[str, ...], now: tuple[str, ...]

@@ -94,6 +94,9 @@ class GpuRecord:
     virtualization: str | None = None
     fabric_state: str | None = None
     fabric_status: int | None = None  # nvmlReturn_t of the fabric probe, once it completed
-    # since when heat or power has held the clocks down without a break
+    # since when heat or power has held the clocks down without a break; unknown for one
+    # already on at the first poll where the driver keeps no slowdown counters
     slowdown_since: float | None = None
+    slowdown_unknown: bool = False
+    throttle_seen: bool = False  # the reasons were worked out once already
     link_errors: LinkErrorWindow = field(default_factory=LinkErrorWindow)

@@ -152,7 +152,7 @@ def node_info(node: NodeSnapshot, palette: Palette, now: float) -> Text:
     verdict = node_verdict(node)
     text.append_text(health_light(verdict.health, palette, word=True))
     if not verdict.fit:
-        text.append(f": {verdict.advice}", style=palette.health[verdict.health])
+        text.append(f": {verdict.short_advice}", style=palette.health[verdict.health])
     product = product_name(node.profile) or short_model(summaries.node_model(node))
     text.append(f"  {product} · {len(rows)}\u00d7 {short_model(summaries.node_model(node))}")
     guests = sum(1 for r in rows if r.passthrough)
