@@ -6,17 +6,21 @@ ask it. (Shared contract: the `Action` values are what plans, alerts and series 
 Evidence, each a `Finding` with the source that showed it:
 - nvml: a GPU lost or unreadable; XIDs counted over the health window, judged by NVIDIA's
   XID catalog (`facts.xids`); the driver's own recovery action; row remapping pending or
-  failed and uncorrectable ECC errors; NVLinks down; the PCIe link trained down or
+  failed, pages retired or pending retirement (before Ampere) and uncorrectable ECC
+  errors; NVLinks down or their error counters climbing; the PCIe link trained down or
   replaying; the GPU outside the NVLink fabric or the Fabric Manager not running; clocks
-  held down by heat or power;
-- bmc: critical event log entries, failed PSUs and fans, sensors past their critical limit
-  (the inlet among them);
+  held down by heat or power, judged on how long;
+- bmc: critical event log entries (one that names a GPU's PCI bus is that GPU's), failed
+  PSUs and fans, sensors past their critical limit (the inlet among them);
 - fabric: rails down or trained below their rate, error counters climbing, links that
   went down;
 - tenancy: ownership that does not add up, and GPUs out of service (drained) with the XID
   that put them there.
 A verdict's action is its worst finding's (the most severe, then the strongest action); its
-health is that finding's severity.
+health is that finding's severity. A fault of one GPU asks for the least disruptive action
+that can clear it first: where NVIDIA's catalog reboots the node, the GPU's reset, with the
+reboot named as what follows if it stays lost; the driver's own recovery action is kept as
+it says.
 """
 
 from __future__ import annotations
@@ -561,10 +565,12 @@ def bmc_findings(
 _ACTION_ADVICE = {Action.REBOOT_NODE: "reboot the node", Action.SERVICE: "return it for service"}
 
 
-def _gpu_buses(node: NodeSnapshot) -> dict[str, tuple[str, str]]:
+def _gpu_buses(node: NodeSnapshot, bmc: BmcReading) -> dict[str, tuple[str, str]]:
     """The node's GPUs by PCI bus number ("c3"): their bus ids and names, those NVML lost
-    or no longer sees (drained) included."""
+    or no longer sees (drained) included; none where the BMC logged nothing critical."""
     buses: dict[str, tuple[str, str]] = {}
+    if not any(e.severity is Severity.CRITICAL for e in bmc.sel_recent):
+        return buses
     ownership = node_ownership(node)
     for owner in ownership.gpus if ownership is not None else ():
         if ":" in owner.bus_id:
@@ -773,7 +779,7 @@ def _judge(node: NodeSnapshot) -> _Judged:
         if seen is not None and seen.bmc is bmc:
             judged.bmc_found = seen.bmc_found
         else:
-            judged.bmc_found = tuple(bmc_findings(bmc, _gpu_buses(node)))
+            judged.bmc_found = tuple(bmc_findings(bmc, _gpu_buses(node, bmc)))
         judged.bmc = bmc
         findings += judged.bmc_found
     fabric = node.fabric
