@@ -42,7 +42,6 @@ from gpuconsole.readings.nvml import (
     EccReading,
     GpuReading,
     GpuState,
-    NvLinkErrors,
     NvLinkReading,
     NvmlReading,
     PcieReading,
@@ -165,29 +164,6 @@ def fabric_manager_running(proc_root: str) -> bool:
         if comm == FABRIC_MANAGER_COMM:
             return True
     return False
-
-
-def _climbed(
-    gpu: GpuRecord, links: Sequence[NvLinkReading], now: float
-) -> tuple[NvLinkErrors, ...]:
-    """The links whose error counters climbed over the window, from this poll's counters."""
-    window = gpu.link_errors
-    climbed = []
-    read = set()
-    for link in links:
-        if (
-            link.replay_errors_total is None
-            and link.recovery_errors_total is None
-            and (link.crc_errors_total is None)
-        ):
-            continue  # down, or counters NotSupported: nothing to say of it
-        read.add(link.link)
-        moved = window.add(now, link.link, link.replay_errors_total,
-                           link.recovery_errors_total, link.crc_errors_total)  # fmt: skip
-        if moved is not None:
-            climbed.append(moved)
-    window.forget(read)
-    return tuple(climbed)
 
 
 def cpulist(words: Sequence[int]) -> str:
@@ -674,13 +650,9 @@ class NvmlSource:
                 remote_pci_bus_id=link.remote_pci_bus_id,
                 tx_kib_total=field(FI_NVLINK_TX, link.link) if link.active else None,
                 rx_kib_total=field(FI_NVLINK_RX, link.link) if link.active else None,
-                replay_errors_total=field(FI_NVLINK_ERROR_REPLAY, link.link)
-                if link.active
-                else None,
-                recovery_errors_total=field(FI_NVLINK_ERROR_RECOVERY, link.link)
-                if link.active
-                else None,
-                crc_errors_total=field(FI_NVLINK_ERROR_CRC, link.link) if link.active else None,
+                replay_errors_total=link.errors[0] if link.active else None,
+                recovery_errors_total=link.errors[1] if link.active else None,
+                crc_errors_total=link.errors[2] if link.active else None,
             )
             for link in gpu.links
         )
@@ -743,7 +715,7 @@ class NvmlSource:
                 rx_bytes_per_s=gpu.pcie_rx_bytes_per_s,
             ),
             nvlinks=links,
-            nvlink_errors=_climbed(gpu, links, self._clock()),
+            nvlink_errors=gpu.nvlink_climbed,
             slowdown_since=gpu.slowdown_since,
             numa_node=gpu.numa_node,
             cpu_affinity=gpu.cpu_affinity,
@@ -1022,19 +994,36 @@ class NvmlSource:
                 link.remote_pci_bus_id = normal_bus_id(text(pci.busId)) if pci is not None else None
             links.append(link)
         gpu.links = links
-        # the error counters this driver answers for an active link: asked every poll from
-        # now on; one NotSupported on every link (Blackwell) is not asked again until the
-        # next inventory round
-        active = [link.link for link in links if link.active]
-        errors = [f for f in NVLINK_ERROR_FIELDS if any((f, n) in values for n in active)]
+        self._link_errors(gpu, values)
+        for link in links:
+            if link.active:
+                gpu.fields += [(FI_NVLINK_TX, link.link), (FI_NVLINK_RX, link.link)]
+
+    def _link_errors(self, gpu: GpuRecord, values: dict[tuple[int, int], Any]) -> None:
+        """The active links' error counters, as the inventory round's batched call answered
+        them (every 30 polls is often enough for a climb over ten minutes, and keeps 54
+        entries per Hopper GPU out of every other poll), and how far each climbed over the
+        window. A counter NotSupported on every link (Blackwell) is listed, not an error."""
+        window, now = gpu.link_errors, self._clock()
+        active = [link for link in gpu.links if link.active]
         for fid in NVLINK_ERROR_FIELDS:
-            if fid in errors:
+            if any((fid, link.link) in values for link in active):
                 gpu.unsupported.discard(f"field {fid}")
             elif active:
                 gpu.unsupported.add(f"field {fid}")
-        for n in active:
-            gpu.fields += [(FI_NVLINK_TX, n), (FI_NVLINK_RX, n)]
-            gpu.fields += [(fid, n) for fid in errors]
+        climbed = []
+        for link in active:
+            replay = values.get((FI_NVLINK_ERROR_REPLAY, link.link))
+            recovery = values.get((FI_NVLINK_ERROR_RECOVERY, link.link))
+            crc = values.get((FI_NVLINK_ERROR_CRC, link.link))
+            link.errors = (replay, recovery, crc)
+            if replay is None and recovery is None and crc is None:
+                continue
+            moved = window.add(now, link.link, replay, recovery, crc)
+            if moved is not None:
+                climbed.append(moved)
+        window.forget({link.link for link in active if link.errors != (None, None, None)})
+        gpu.nvlink_climbed = tuple(climbed)
 
     def _topology(self) -> tuple[tuple[str, ...], ...]:
         """PCI levels from NVML, with NV# where NVLinks join two GPUs (or both reach NVSwitch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuconsole.readings.nvml import GpmMetrics, ProcessReading, RemoteKind
+from gpuconsole.readings.nvml import GpmMetrics, NvLinkErrors, ProcessReading, RemoteKind
 from gpuconsole.sources.nvml.linkerrors import LinkErrorWindow
 
 
@@ -16,6 +16,8 @@ class LinkRecord:
     version: int | None = None  # the NVLink generation (4 on H100), not nvmlNvlinkVersion_t
     remote_kind: RemoteKind = RemoteKind.UNKNOWN
     remote_pci_bus_id: str | None = None  # sysfs form
+    # replays, recoveries and CRC errors since the driver loaded, at the last inventory round
+    errors: tuple[int | None, int | None, int | None] = (None, None, None)
 
 
 @dataclass
@@ -100,3 +102,4 @@ class GpuRecord:
     slowdown_unknown: bool = False
     throttle_seen: bool = False  # the reasons were worked out once already
     link_errors: LinkErrorWindow = field(default_factory=LinkErrorWindow)
+    nvlink_climbed: tuple[NvLinkErrors, ...] = ()  # the links that climbed in the window
