@@ -926,14 +926,16 @@ class NvmlSource:
 
     def _link_probe(self, gpu: GpuRecord) -> list[int | tuple[int, int]]:
         """What the inventory round asks of every link in the poll's batched call: its state,
-        its NVLink version, its byte counters, and how many links reach an NVSwitch."""
+        its NVLink version, its byte counters, how many links reach an NVSwitch, and (but in
+        a one-shot, which sees no counter climb) its error counters."""
         if not gpu.nvlink_count:
             return []
         asked: list[int | tuple[int, int]] = [FI_NVSWITCH_LINK_COUNT]
+        errors = () if self._one_shot else NVLINK_ERROR_FIELDS
         for n in range(gpu.nvlink_count):
             asked += [(FI_NVLINK_STATE, n), (FI_NVLINK_VERSION, n)]
             asked += [(FI_NVLINK_TX, n), (FI_NVLINK_RX, n)]
-            asked += [(fid, n) for fid in NVLINK_ERROR_FIELDS]
+            asked += [(fid, n) for fid in errors]
         return asked
 
     def _read_links(self, gpu: GpuRecord, values: dict[tuple[int, int], Any]) -> None:
@@ -1004,6 +1006,8 @@ class NvmlSource:
         them (every 30 polls is often enough for a climb over ten minutes, and keeps 54
         entries per Hopper GPU out of every other poll), and how far each climbed over the
         window. A counter NotSupported on every link (Blackwell) is listed, not an error."""
+        if self._one_shot:
+            return
         window, now = gpu.link_errors, self._clock()
         active = [link for link in gpu.links if link.active]
         for fid in NVLINK_ERROR_FIELDS:
