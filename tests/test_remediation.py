@@ -76,7 +76,7 @@ async def test_a_lost_gpu_s_verdict_asks_for_a_reset_and_its_plan_drains_resets_
     # NVIDIA's catalog puts XID 79 in RESTART_BM: the verdict asks for the GPU's reset first
     # (the node's reboot follows if it stays lost), and this plan is that reset
     assert verdict_action(node, "5") is Action.RESET_GPU
-    plan = await executor.plan_remedy("5", Action.RESET_GPU)
+    plan = await executor.plan_remedy("5")  # what the verdict calls for
     bus = bus_of(world, 5)
     assert plan.remedy == "reset_gpu" and plan.gpus == (bus,) and not plan.blocked
     assert kinds(plan) == [

@@ -399,7 +399,9 @@ def _nvlink_errors(gpu: GpuReading, add: _Add) -> None:
     the link's traffic while it retrains (drain once they repeat)."""
     for moved in gpu.nvlink_errors:
         counts = [f"{n} {what}" for n, what in ((moved.replay, "replay"),
-                  (moved.recovery, "recovery"), (moved.crc, "CRC")) if n]  # fmt: skip
+                  (moved.recovery, "recovery"), (moved.crc, "CRC")) if n > 0]  # fmt: skip
+        if not counts:
+            continue  # nothing climbed (a reading that says otherwise is not believed)
         window = fmt.age(0.0, moved.window_s)
         if moved.recovery >= NVLINK_RECOVERIES_DRAIN:
             add("nvlink_errors", f"NVLink {moved.link}: {', '.join(counts)} errors in the last "
