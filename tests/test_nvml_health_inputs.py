@@ -337,6 +337,17 @@ def test_retired_pages_before_ampere_and_none_after(
     ecc = [g["ecc"] for g in data["nodes"][0]["nvml"]["gpus"]]
     assert (ecc[1]["retired_sbe"], ecc[1]["retired_dbe"], ecc[1]["retired_pending"]) == (2, 1, True)
     assert (ecc[0]["retired_sbe"], ecc[0]["retired_pending"]) == (0, False)
+    # the calls nvidia-smi -q and DCGM use say the same as the fields
+    calls = subprocess.run(
+        [sys.executable, "-c", "import pynvml; pynvml.nvmlInit(); "
+         "h = pynvml.nvmlDeviceGetHandleByIndex(1); "
+         "print(len(pynvml.nvmlDeviceGetRetiredPages(h, 0)), "
+         "len(pynvml.nvmlDeviceGetRetiredPages(h, 1)), "
+         "pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h))"],
+        env=fake_nvml_env(volta, scenarios=["retired 1"]), capture_output=True, text=True,
+        timeout=60, check=True,
+    )  # fmt: skip
+    assert calls.stdout.split() == ["2", "1", "1"]
     bus = normal_bus_id(volta.gpus[1].bus_id)
     verdict = data["verdicts"][volta.name]
     assert verdict["gpus"][bus]["action"] == "reset_gpu"

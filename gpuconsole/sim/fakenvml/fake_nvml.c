@@ -532,6 +532,7 @@ typedef struct {
     X(nvmlDeviceGetEccMode)                                                                        \
     X(nvmlDeviceGetRemappedRows)                                                                   \
     X(nvmlDeviceGetRetiredPages)                                                                   \
+    X(nvmlDeviceGetRetiredPagesPendingStatus)                                                      \
     X(nvmlDeviceGetFanSpeed)                                                                       \
     X(nvmlDeviceGetFanSpeed_v2)                                                                    \
     X(nvmlDeviceGetNumFans)                                                                        \
@@ -2669,11 +2670,29 @@ nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, unsigned int cause,
     COUNT(nvmlDeviceGetRetiredPages);
     OUT(pageCount);
     DEVICE(device, 0);
-    (void)cause;
-    (void)addresses;
     if (g->arch >= NVML_DEVICE_ARCH_AMPERE)
         return NVML_ERROR_NOT_SUPPORTED; /* Ampere and newer remap rows instead */
-    *pageCount = 0;
+    /* the retired scenario, as fields 29 and 30 count it: cause 0 (multiple single-bit
+     * errors) two pages, cause 1 (a double-bit error) one */
+    unsigned count = 0;
+    if (scenario_active(g->index, "retired", sim_time()))
+        count = cause == 0 ? 2 : cause == 1 ? 1 : 0;
+    unsigned room = *pageCount;
+    *pageCount = count;
+    if (room < count)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    for (unsigned k = 0; k < count && addresses; k++)
+        addresses[k] = 0x1c0000ull + 0x1000ull * (cause * 8 + k); /* page addresses */
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, unsigned int *isPending) {
+    COUNT(nvmlDeviceGetRetiredPagesPendingStatus);
+    OUT(isPending);
+    DEVICE(device, 0);
+    if (g->arch >= NVML_DEVICE_ARCH_AMPERE)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *isPending = (unsigned)scenario_active(g->index, "retired", sim_time());
     return NVML_SUCCESS;
 }
 
