@@ -135,3 +135,21 @@ def test_a_link_that_keeps_retraining_is_drained_and_too_many_retired_pages_go_t
     assert "62 memory pages retired (12 for double-bit errors)" in verdict.summary
     few = dataclasses.replace(gpu, ecc=EccReading(retired_sbe=2, retired_dbe=0))
     assert reading_verdict(few).action is Action.FIT  # a few retired pages: what DPR is for
+
+
+def test_a_sel_record_names_a_gpu_by_its_bus_in_the_forms_bioses_write() -> None:
+    from gpuconsole.facts.verdict import bmc_findings
+    from gpuconsole.readings.base import Severity
+    from gpuconsole.readings.bmc import BmcReading, SelEntry
+
+    gpus = {"c3": (LOST, "GPU 5 (c3:00.0)")}
+    for event in ("Bus Fatal Error (bus c3 dev 00 fn 0)", "Bus Fatal Error, Bus 0xC3",
+                  "Bus Fatal Error at bus C3h device 0", "Bus Fatal Error, bus: c3"):  # fmt: skip
+        entry = SelEntry(1, FIXED, "PCIe SXM5", "Critical Interrupt", event, Severity.CRITICAL)
+        (found,) = bmc_findings(BmcReading(at=FIXED, sel_recent=(entry,)), gpus)
+        assert (found.bus_id, found.action) == (LOST, Action.RESET_GPU), event
+    # another bus, or none: the node's, as the catalog's action has it
+    for event in ("Bus Fatal Error (bus 3b dev 00 fn 0)", "Bus Fatal Error"):
+        entry = SelEntry(1, FIXED, "PCIe", "Critical Interrupt", event, Severity.CRITICAL)
+        (found,) = bmc_findings(BmcReading(at=FIXED, sel_recent=(entry,)), gpus)
+        assert (found.bus_id, found.action) == (None, Action.REBOOT_NODE), event

@@ -495,9 +495,10 @@ _SEL_ACTIONS = {
 }
 
 
-# A SEL record that names a PCI bus ("Bus Fatal Error (bus c3 dev 00 fn 0)"): the BIOS's
-# event data for a PCIe error, which says which device it came from.
-_SEL_BUS = re.compile(r"\bbus ([0-9a-f]{2})\b", re.IGNORECASE)
+# A SEL record that names a PCI bus in hex ("Bus Fatal Error (bus c3 dev 00 fn 0)", "Bus
+# 0xc3", "bus C3h"): the BIOS's event data for a PCIe error, which says which device it came
+# from. A bus written in decimal is not read as one: it would name the wrong GPU.
+_SEL_BUS = re.compile(r"\bbus[ :]*(?:0x)?([0-9a-f]{2})h?\b", re.IGNORECASE)
 
 
 def bmc_findings(
