@@ -1,21 +1,25 @@
 """Snapshots to versioned JSON and back: what `snapshot --json` prints and agents serve.
 
-Every string decoded passes `safe_text`: an agent's or a capture's text reaches no terminal
-with a control character in it.
+Decoding is msgspec's typed decoding, straight into the readings. Every string decoded
+passes `safe_text`: an agent's or a capture's text reaches no terminal with a control
+character in it. NVML's bus ids read back in sysfs's form, counter paths as keys, and a
+body that does not fit is a DecodeError that names the path that is wrong.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
-import sys
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import orjson
+import msgspec
 
 from gpuconsole.history import HistoryView
 from gpuconsole.readings.base import (
@@ -70,7 +74,7 @@ def encode(value: Any, *, sparse: bool = False) -> Any:
 
 
 _MISSING: Any = object()
-_FLOAT_MAX = sys.float_info.max  # a larger int does not fit a float: OverflowError
+_T = TypeVar("_T")
 _ENCODED: dict[type, tuple[tuple[str, Any], ...]] = {}
 
 
@@ -118,328 +122,337 @@ class DecodeError(ValueError):
     """A JSON snapshot that does not match the schema, with the path that is wrong."""
 
 
-class _Misfit(Exception):
-    """Raised inside the decoders; each level it passes adds its step to the path, so the
-    path is only spelled out for the value that does not fit."""
+# --- decoding ----------------------------------------------------------------------------
+#
+# msgspec reads the JSON straight into the readings' dataclasses and checks every type on
+# the way. Around it, driven by the same types: a wire type per dataclass that holds what
+# the JSON holds otherwise (a mapping keyed by counter path; no history), converted to the
+# reading after; NVML's bus ids put in sysfs's form; and strings made safe to show.
 
-    def __init__(self, reason: str, step: str = "") -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.steps = [step] if step else []  # innermost first
-
-    def at(self, where: str) -> DecodeError:
-        return DecodeError(f"{where}{''.join(reversed(self.steps))}: {self.reason}")
-
-
-Decoder = Callable[[Any], Any]
-_T = TypeVar("_T")
-_DECODERS: dict[Any, Decoder] = {}
+Convert = Callable[[Any], Any]
+Fix = Callable[[Any], None]
+_NONE = type(None)
 
 
-def _decoder(kind: Any) -> Decoder:
-    """A decoding function for a type, built once per type and cached."""
-    found = _DECODERS.get(kind)
+@dataclass(frozen=True)
+class _Wire:
+    kind: Any  # the type msgspec decodes
+    convert: Convert | None  # from what msgspec decoded to the reading; None: it is one
+
+
+_WIRES: dict[Any, _Wire] = {}
+
+
+def _wire(kind: Any) -> _Wire:
+    found = _WIRES.get(kind)
     if found is None:
-        found = _DECODERS[kind] = _build(kind)
+        found = _WIRES[kind] = _build_wire(kind)
     return found
 
 
-def _build(kind: Any) -> Decoder:
+def _build_wire(kind: Any) -> _Wire:
     origin = typing.get_origin(kind)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(kind) if a is not type(None)]
-        optional = len(args) < len(typing.get_args(kind))
-        choices = [_decoder(a) for a in args]
-
-        def union(data: Any) -> Any:
-            if data is None and optional:
-                return None
-            for choice in choices:
-                try:
-                    return choice(data)
-                except _Misfit:
-                    continue
-            raise _Misfit(f"{data!r} matches none of {kind}")
-
-        return union
+        args = typing.get_args(kind)
+        wires = [_wire(a) for a in args]
+        if all(w.convert is None for w in wires):
+            return _Wire(kind, None)
+        inner = [w for a, w in zip(args, wires, strict=True) if a is not _NONE]
+        if len(inner) != 1:
+            raise TypeError(f"cannot decode {kind}: a union of types read otherwise")
+        convert = inner[0].convert
+        assert convert is not None
+        return _Wire(inner[0].kind | None, lambda v: None if v is None else convert(v))
     if origin in (dict, Mapping):
-        key_type, value_type = typing.get_args(kind)
-        keys, values = _decoder(key_type), _decoder(value_type)
+        key, value = typing.get_args(kind)
+        item = _wire(value)
+        if key == Key:  # a counter path, joined with '/' in the JSON
 
-        def mapping(data: Any) -> Any:
-            if not isinstance(data, dict):
-                raise _Misfit("expected an object")
-            out = {}
-            for k, v in data.items():
-                try:
-                    out[keys(k)] = values(v)
-                except _Misfit as wrong:
-                    wrong.steps.append(f".{safe_text(k)}")
-                    raise
-            return out
+            def keyed(data: Any) -> Any:
+                if not data:  # the default, or none sent
+                    return data
+                if item.convert is None:
+                    return {_split(k): v for k, v in data.items()}
+                return {_split(k): item.convert(v) for k, v in data.items()}
 
-        return mapping
+            return _Wire(dict[str, item.kind], keyed)  # type: ignore[name-defined]
+        if item.convert is None:
+            return _Wire(dict[key, value], None)  # type: ignore[valid-type]
+        convert = item.convert
+        return _Wire(
+            dict[key, item.kind],  # type: ignore[name-defined]
+            lambda data: {k: convert(v) for k, v in data.items()},
+        )
     if origin is tuple:
-        parts = typing.get_args(kind)
-        if len(parts) == 2 and parts[1] is Ellipsis:
-            return _sequence(_decoder(parts[0]), parts[0])
-        items = [_decoder(a) for a in parts]
-
-        def fixed(data: Any) -> Any:
-            if not isinstance(data, list) or len(data) != len(items):
-                raise _Misfit(f"expected a list of {len(items)}")
-            out = []
-            for i, (f, v) in enumerate(zip(items, data, strict=True)):
-                try:
-                    out.append(f(v))
-                except _Misfit as wrong:
-                    wrong.steps.append(f"[{i}]")
-                    raise
-            return tuple(out)
-
-        return fixed
+        args = typing.get_args(kind)
+        if len(args) == 2 and args[1] is Ellipsis:
+            item = _wire(args[0])
+            if item.convert is None:
+                return _Wire(kind, None)
+            convert = item.convert
+            return _Wire(tuple[item.kind, ...], lambda data: tuple([convert(v) for v in data]))  # type: ignore[name-defined]
+        if any(_wire(a).convert is not None for a in args):
+            raise TypeError(f"cannot decode {kind}: a fixed tuple of types read otherwise")
+        return _Wire(kind, None)
     if dataclasses.is_dataclass(kind):
-        return _dataclass_decoder(kind)
-    if isinstance(kind, type) and issubclass(kind, enum.Enum):
-        return _enum_decoder(kind)
-    if kind is float:
-
-        def number(data: Any) -> Any:
-            if type(data) is float:
-                return data
-            if type(data) is int and -_FLOAT_MAX <= data <= _FLOAT_MAX:
-                return float(data)
-            raise _Misfit("expected a float")
-
-        return number
-    if kind is str:
-
-        def text(data: Any) -> Any:
-            if type(data) is str:
-                return data if data.isprintable() else safe_text(data)
-            raise _Misfit("expected str")
-
-        return text
-    if kind in (int, bool):
-
-        def scalar(data: Any) -> Any:
-            if type(data) is kind:
-                return data
-            raise _Misfit(f"expected {kind.__name__}")
-
-        return scalar
-    if kind is Any:
-        return lambda data: data
-    raise TypeError(f"cannot decode {kind}")
+        return _wire_dataclass(kind)
+    return _Wire(kind, None)
 
 
-def _sequence(item: Decoder, kind: Any) -> Decoder:
-    # A scalar item needs only its type checked (a string, that it is printable): the list
-    # is returned as json built it.
-    plain = kind if kind in (int, str, bool) else None
-
-    def sequence(data: Any) -> Any:
-        if type(data) is not list:
-            raise _Misfit("expected a list")
-        if plain is str:
-            if all(type(v) is str and v.isprintable() for v in data):
-                return tuple(data)
-        elif plain is not None and all(type(v) is plain for v in data):
-            return tuple(data)
-        for i, v in enumerate(data):
-            try:
-                item(v)
-            except _Misfit as wrong:
-                wrong.steps.append(f"[{i}]")
-                raise
-        return tuple([item(v) for v in data])
-
-    def checked(data: Any) -> Any:
-        if type(data) is not list:
-            raise _Misfit("expected a list")
-        try:
-            return tuple([item(v) for v in data])
-        except _Misfit:
-            pass
-        for i, v in enumerate(data):  # again, to say which item does not fit
-            try:
-                item(v)
-            except _Misfit as wrong:
-                wrong.steps.append(f"[{i}]")
-                raise
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    return sequence if plain is not None else checked
-
-
-def _enum_decoder(kind: Any) -> Decoder:
-    members = {m.value: m for m in kind}
-    # Look up by value only where every value is a string: a bool never passes for an int.
-    by_text = all(type(v) is str for v in members)
-
-    def enumeration(data: Any) -> Any:
-        if by_text and type(data) is str:
-            found = members.get(data)
-            if found is not None:
-                return found
-        try:
-            return kind(data)
-        except ValueError:
-            raise _Misfit(f"{data!r} is not a {kind.__name__}") from None
-
-    return enumeration
-
-
-# How a field of each of these types is checked inline, in the generated decoder.
-_INLINE = {
-    int: "type(v) is not int",
-    str: "type(v) is not str",
-    bool: "type(v) is not bool",
-}
-
-
-def _field_lines(name: str, kind: Any, ns: dict[str, Any]) -> list[str]:
-    """Lines that turn `v`, the JSON value of field `name`, into its decoded value."""
-    step = repr("." + name)
-    optional = False
-    if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(kind) if a is not type(None)]
-        if len(args) == 1 and len(args) < len(typing.get_args(kind)):
-            kind, optional = args[0], True
-    guard = "v is not None and " if optional else ""
-    if kind in _INLINE:
-        reason = repr(f"expected {kind.__name__}")
-        lines = [f"if {guard}{_INLINE[kind]}:", f"    raise _Misfit({reason}, {step})"]
-        if kind is str:  # made safe to show, as every string decoded
-            lines += [f"if {guard}not v.isprintable():", "    v = _safe_text(v)"]
-        return lines
-    if kind is float:
-        return [
-            f"if {guard}type(v) is not float:",
-            "    if type(v) is int and -_FLOAT_MAX <= v <= _FLOAT_MAX:",
-            "        v = float(v)",
-            "    else:",
-            f"        raise _Misfit('expected a float', {step})",
-        ]
-    if kind is Any:
-        return []
-    ns[f"_d_{name}"] = _KEYED_DECODERS[name] if name in _KEYED else _decoder(kind)
-    lines = ["try:", f"    v = _d_{name}(v)", "except _Misfit as wrong:"]
-    lines += [f"    wrong.steps.append({step})", "    raise"]
-    if optional:
-        lines = ["if v is not None:"] + ["    " + line for line in lines]
-    return lines
-
-
-def _slot_setters(kind: Any) -> dict[str, Any] | None:
-    """Each field's slot, to fill an instance made without __init__; None where the class
-    needs its __init__ (no slots, a __post_init__, a field without a default it skips)."""
-    if "__slots__" not in kind.__dict__ or hasattr(kind, "__post_init__"):
-        return None
-    setters = {}
-    for f in dataclasses.fields(kind):
-        slot = kind.__dict__.get(f.name)
-        if not isinstance(slot, types.MemberDescriptorType):
-            return None
-        unset = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if unset and (f.name in _SKIP or not f.init):
-            return None
-        setters[f.name] = slot.__set__
-    return setters
-
-
-def _dataclass_decoder(kind: Any) -> Decoder:
-    """A decoder written for this dataclass: one function that checks each field inline.
-
-    A frozen dataclass's __init__ sets each field through object.__setattr__; where the
-    class has slots the decoder fills them directly (three times as fast), as __init__
-    would have, since nothing but the fields' values is left to check.
-    """
+def _fields(kind: Any) -> list[tuple[dataclasses.Field[Any], Any]]:
+    """Each field the JSON carries, with its type."""
     hints = typing.get_type_hints(kind, localns={"HistoryView": HistoryView})
-    ns: dict[str, Any] = {
-        "_Misfit": _Misfit,
-        "_MISSING": _MISSING,
-        "_FLOAT_MAX": _FLOAT_MAX,
-        "_safe_text": safe_text,
-        "_made": kind,
-        "_new": object.__new__,
-    }
-    setters = _slot_setters(kind)
-    body = [
-        "def decode(data):",
-        "    if type(data) is not dict:",
-        "        raise _Misfit('expected an object')",
-        "    get = data.get",
+    return [
+        (f, hints[f.name]) for f in dataclasses.fields(kind) if f.init and f.name not in _SKIP
     ]
-    if setters is not None:
-        body.append("    o = _new(_made)")
-    args: list[str] = []
-    for f in dataclasses.fields(kind):
-        if f.default is not dataclasses.MISSING:
-            ns[f"_default_{f.name}"] = f.default
-            missing = [f"v = _default_{f.name}"]
-        elif f.default_factory is not dataclasses.MISSING:
-            ns[f"_factory_{f.name}"] = f.default_factory
-            missing = [f"v = _factory_{f.name}()"]
-        else:
-            missing = [f"raise _Misfit('missing {f.name}')"]
-        if setters is not None:
-            ns[f"_set_{f.name}"] = setters[f.name]
-        if f.name in _SKIP or not f.init:
-            if setters is not None:  # left to its default, as __init__ would
-                body += ["    " + line for line in missing]
-                body.append(f"    _set_{f.name}(o, v)")
-            continue
-        lines = _field_lines(f.name, hints[f.name], ns)
-        if f.name in _BUS_IDS.get(kind, ()):
-            ns["_normal_bus_id"] = normal_bus_id
-            lines += ["if v is not None:", "    v = _normal_bus_id(v)"]
-        body.append(f"    v = get({f.name!r}, _MISSING)")
-        body += ["    if v is _MISSING:"] + ["        " + line for line in missing]
-        if lines:
-            body += ["    else:"] + ["        " + line for line in lines]
-        if setters is not None:
-            body.append(f"    _set_{f.name}(o, v)")
-        else:
-            body.append(f"    f_{f.name} = v")
-            args.append(f"{f.name}=f_{f.name}" if f.kw_only else f"f_{f.name}")
-    body.append("    return o" if setters is not None else f"    return _made({', '.join(args)})")
-    exec("\n".join(body), ns)  # its source is made of field names, never of input
-    decode: Decoder = ns["decode"]
-    return decode
 
 
-def _rates(data: Any) -> dict[Key, float]:
-    if not isinstance(data, dict):
-        raise _Misfit("expected an object")
-    try:  # v * 1.0, not float(v), which also reads "nan" and "inf" from a string
-        return {_key(k): v * 1.0 for k, v in data.items()}
-    except (TypeError, OverflowError):
-        raise _Misfit("rates must be numbers") from None
+def _default(f: dataclasses.Field[Any]) -> Any:
+    """A dataclass field's default as a msgspec Struct field takes it; _MISSING: none."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return msgspec.field(default_factory=f.default_factory)
+    return _MISSING
 
 
-def _deltas(data: Any) -> dict[Key, int]:
-    if not isinstance(data, dict) or not all(type(v) is int for v in data.values()):
-        raise _Misfit("deltas must be an object of integers")
-    return {_key(k): v for k, v in data.items()}
+def _mirror(name: str, fields: list[tuple[str, Any, Any]]) -> Any:
+    """A msgspec Struct with `fields` (name, the type msgspec decodes, default or
+    _MISSING) for msgspec to decode into."""
+    spec = [(n, wire) if default is _MISSING else (n, wire, default) for n, wire, default in fields]
+    return msgspec.defstruct(name, spec, kw_only=True)
 
 
-def _key(joined: str) -> Key:
+def _wire_dataclass(kind: Any) -> _Wire:
+    fields = _fields(kind)
+    wires = [(f, _wire(hint)) for f, hint in fields]
+    skipped = len(fields) < len(dataclasses.fields(kind))
+    if not skipped and all(w.convert is None for _, w in wires):
+        return _Wire(kind, None)  # msgspec makes the reading itself
+    mirror = _mirror(f"Wire{kind.__name__}", [(f.name, w.kind, _default(f)) for f, w in wires])
+    steps = [(f.name, w.convert) for f, w in wires]
+
+    def convert(data: Any) -> Any:
+        return kind(
+            **{
+                name: getattr(data, name) if step is None else step(getattr(data, name))
+                for name, step in steps
+            }
+        )
+
+    return _Wire(mirror, convert)
+
+
+def _split(joined: str) -> Key:
     """A counter path from its JSON key, "gpu/GPU-1234/energy_mj"."""
-    return tuple((joined if joined.isprintable() else safe_text(joined)).split("/"))
+    return tuple(joined.split("/"))
 
 
-_KEYED_DECODERS: dict[str, Decoder] = {"rates": _rates, "deltas": _deltas}
+_FIXES: dict[Any, Fix | None] = {}
+_sysfs_bus_id = functools.lru_cache(maxsize=16384)(normal_bus_id)
+
+
+def _fix(kind: Any) -> Fix | None:
+    """What puts each NVML bus id in a freshly decoded `kind` in sysfs's form, in place;
+    None where `kind` holds none."""
+    if kind not in _FIXES:
+        _FIXES[kind] = None  # a type that holds itself is walked once
+        _FIXES[kind] = _build_fix(kind)
+    return _FIXES[kind]
+
+
+def _build_fix(kind: Any) -> Fix | None:
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        found = [(a, _fix(a)) for a in typing.get_args(kind) if a is not _NONE]
+        fixes = [(a, f) for a, f in found if f is not None]
+        if not fixes:
+            return None
+        if len(found) == 1:
+            only = fixes[0][1]
+            return lambda v: None if v is None else only(v)
+
+        def either(value: Any) -> None:
+            for each, fix in fixes:
+                if isinstance(value, typing.get_origin(each) or each):
+                    fix(value)
+                    return
+
+        return either
+    if origin in (tuple, dict, Mapping):
+        args = typing.get_args(kind)
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            positions = [(i, f) for i, a in enumerate(args) if (f := _fix(a)) is not None]
+            if not positions:
+                return None
+
+            def fixed(value: Any) -> None:
+                for i, fix in positions:
+                    fix(value[i])
+
+            return fixed
+        item = _fix(args[-1] if origin is not tuple else args[0])
+        if item is None:
+            return None
+        if origin is tuple:
+
+            def items(value: Any) -> None:
+                for v in value:
+                    item(v)
+
+            return items
+
+        def values(value: Any) -> None:
+            for v in value.values():
+                item(v)
+
+        return values
+    if not dataclasses.is_dataclass(kind):
+        return None
+    bus_ids = _BUS_IDS.get(kind, ())
+    inner = [(f.name, fix) for f, hint in _fields(kind) if (fix := _fix(hint)) is not None]
+    if not bus_ids and not inner:
+        return None
+    setters = {name: _setter(kind, name) for name in bus_ids}
+
+    def walk(value: Any) -> None:
+        for name, put in setters.items():
+            bus_id = getattr(value, name)
+            if bus_id is not None:
+                put(value, _sysfs_bus_id(bus_id))
+        for name, fix in inner:
+            part = getattr(value, name)
+            if part is not None:
+                fix(part)
+
+    return walk
+
+
+def _setter(kind: Any, name: str) -> Callable[[Any, Any], None]:
+    # frozen: the decoder's own new object, changed before anyone sees it
+    slot = kind.__dict__.get(name)
+    if isinstance(slot, types.MemberDescriptorType):
+        return slot.__set__
+    return lambda obj, value: object.__setattr__(obj, name, value)
+
+
+def _finish(kind: Any, decoded: Any) -> Any:
+    """What msgspec decoded as `kind`'s wire type, as the reading."""
+    convert = _wire(kind).convert
+    value = decoded if convert is None else convert(decoded)
+    fix = _fix(kind)
+    if fix is not None and value is not None:
+        fix(value)
+    return value
+
+
+# --- strings -----------------------------------------------------------------------------
+
+# In a body of printable ASCII whose escapes are only \" \\ and \/ (whitespace between
+# values aside: msgspec refuses a raw control character in a string), every string is
+# printable as it stands; any other body may hold one that is not.
+_ESCAPE = re.compile(rb'\\[^"\\/]')
+
+
+def _plain(body: bytes) -> bool:
+    return (
+        body.isascii()
+        and b"\x7f" not in body
+        and (b"\\" not in body or _ESCAPE.search(body) is None)
+    )
+
+
+def _clean(value: Any) -> Any:
+    kind = type(value)
+    if kind is str:
+        return value if value.isprintable() else safe_text(value)
+    if kind is list:
+        return [_clean(v) for v in value]
+    if kind is dict:
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    return value
+
+
+_PLAIN = msgspec.json.Decoder()
+
+
+def safe_body(body: bytes | str) -> bytes:
+    """A JSON body whose every string is safe to show: the body itself where it can hold no
+    other, else the same document with each string made safe; DecodeError where it is
+    not JSON a snapshot could be (a number out of float's range, NaN, nesting too deep)."""
+    if isinstance(body, str):
+        body = body.encode("utf-8", "surrogatepass")
+    if _plain(body):
+        return body
+    return msgspec.json.encode(_clean(_json(body, _PLAIN)))
+
+
+def _json(body: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
+    try:
+        return decoder.decode(body)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise refused(exc) from None
+
+
+def parse_json(text: str | bytes) -> Any:
+    """JSON text (or its UTF-8 bytes) to plain values, every string safe to show;
+    DecodeError also for what no snapshot holds: a number out of float's range, NaN,
+    Infinity, or nesting too deep."""
+    if isinstance(text, str):
+        text = text.encode("utf-8", "surrogatepass")
+    data = _json(text, _PLAIN)
+    return data if _plain(text) else _clean(data)
+
+
+# --- reading -----------------------------------------------------------------------------
+
+_DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
+
+
+def _decoder(kind: Any) -> msgspec.json.Decoder[Any]:
+    found = _DECODERS.get(kind)
+    if found is None:
+        found = _DECODERS[kind] = msgspec.json.Decoder(_wire(kind).kind)
+    return found
+
+
+def refused(exc: Exception, where: str = "$") -> DecodeError:
+    """Why msgspec refused a body, as a DecodeError: "not JSON: why" for what is not JSON
+    (or no snapshot holds: a number out of float's range, nesting too deep), else the path
+    and what is wrong there, msgspec's "Expected `int`, got `str` - at `$.gpus[0].index`"
+    as "WHERE.gpus[0].index: expected int, got str"."""
+    if isinstance(exc, RecursionError):
+        return DecodeError("not JSON: nested too deep")
+    if not isinstance(exc, msgspec.ValidationError) or str(exc).startswith("Number out of"):
+        return DecodeError(safe_text(f"not JSON: {exc}"))
+    reason, at, path = str(exc).rpartition(" - at `")
+    if not at:
+        reason, path = str(exc), "$`"
+    reason = reason.replace("`", "")
+    reason = reason[:1].lower() + reason[1:]
+    return DecodeError(safe_text(f"{where}{path[1:-1]}: {reason}"))
+
+
+def read(kind: type[_T], body: bytes, where: str = "$") -> _T:
+    """One `kind` (a snapshot's dataclass) from JSON whose strings are safe to show
+    (`safe_body`'s); DecodeError says where it does not fit."""
+    try:
+        decoded = _decoder(kind).decode(body)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise refused(exc, where) from None
+    value: _T = _finish(kind, decoded)
+    return value
 
 
 def decode(kind: type[_T], data: Any, where: str = "$") -> _T:
-    """One `kind` (a snapshot's dataclass) from its JSON form; DecodeError says where not."""
+    """One `kind` (a snapshot's dataclass) from its JSON form as plain values (a parsed
+    document's part); DecodeError says where it does not fit."""
     try:
-        result = _decoder(kind)(data)
-    except _Misfit as wrong:
-        raise wrong.at(where) from None
-    assert isinstance(result, kind)
-    return result
+        decoded = msgspec.convert(_clean(data), _wire(kind).kind)
+    except (msgspec.ValidationError, RecursionError) as exc:
+        raise refused(exc, where) from None
+    value: _T = _finish(kind, decoded)
+    return value
 
 
 def decode_node(data: Any, where: str = "$") -> NodeSnapshot:
@@ -447,40 +460,115 @@ def decode_node(data: Any, where: str = "$") -> NodeSnapshot:
     return decode(NodeSnapshot, data, where)
 
 
-def parse_json(text: str | bytes) -> Any:
-    """JSON text (or its UTF-8 bytes) to plain values; DecodeError also for what no
-    snapshot holds: a number out of float's range, NaN, Infinity, or nesting too deep."""
-    # orjson refuses each of those itself, and reads an agent's summary three times as fast
-    # as json (0.05 ms, not 0.16): a head reads a thousand a second.
-    try:
-        return orjson.loads(text)
-    except ValueError as exc:  # orjson.JSONDecodeError, for invalid UTF-8 too
-        raise DecodeError(f"not JSON: {exc}") from None
+@dataclass(frozen=True, slots=True)
+class _Version:
+    schema_version: Any = None
+
+
+_VERSION = msgspec.json.Decoder(_Version)
 
 
 def loads(text: str | bytes) -> FleetSnapshot:
     """A FleetSnapshot from `dumps` output; DecodeError says where it does not fit."""
-    data = parse_json(text)
-    if not isinstance(data, dict):
-        raise DecodeError("expected a JSON object")
-    version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise DecodeError(f"schema_version {version!r} is not {SCHEMA_VERSION}")
+    body = safe_body(text)
     try:
-        result = _decoder(FleetSnapshot)(data)
-    except _Misfit as wrong:
-        raise wrong.at("$") from None
-    assert isinstance(result, FleetSnapshot)
-    return result
+        version = _VERSION.decode(body).schema_version
+    except msgspec.ValidationError as exc:
+        if str(exc).startswith("Number out of"):
+            raise refused(exc) from None
+        raise DecodeError("expected a JSON object") from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise refused(exc) from None
+    if version != SCHEMA_VERSION:
+        raise DecodeError(f"schema_version {safe_text(repr(version))} is not {SCHEMA_VERSION}")
+    return read(FleetSnapshot, body)
+
+
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """A dataclass's fields as read from JSON, but those left as raw JSON: for a reader
+    that reuses what came exactly as before (a head: an agent's steady parts)."""
+
+    fields: dict[str, Any]  # each field the JSON carries but the raw ones, as the reading's
+    raw: dict[str, bytes]  # each raw field the JSON holds (not null), as JSON
+    extra: dict[str, Any]  # each extra field asked for, as plain values
+
+
+_Step = tuple[str, Convert | None, Fix | None]
+_PARTIALS: dict[tuple[Any, tuple[str, ...], tuple[str, ...]], tuple[Any, list[_Step]]] = {}
+_RAW_ABSENT = msgspec.Raw(b"null")
+
+
+def read_partial(
+    kind: Any,
+    body: bytes,
+    where: str = "$",
+    *,
+    raw: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
+) -> Partial:
+    """`kind`'s fields from JSON whose strings are safe to show (`safe_body`'s), but those
+    named in `raw`, kept as their JSON for `read_field`; with the `extra` fields the JSON
+    may carry beside them, as plain values. DecodeError says where it does not fit."""
+    key = (kind, raw, extra)
+    found = _PARTIALS.get(key)
+    if found is None:
+        fields = _fields(kind)
+        spec = [
+            (f.name, msgspec.Raw, _RAW_ABSENT)
+            if f.name in raw
+            else (f.name, _wire(hint).kind, _default(f))
+            for f, hint in fields
+        ]
+        mirror = _mirror(f"Partial{kind.__name__}", spec + [(n, Any, None) for n in extra])
+        steps = [
+            (f.name, _wire(hint).convert, _fix(hint)) for f, hint in fields if f.name not in raw
+        ]
+        found = _PARTIALS[key] = (msgspec.json.Decoder(mirror), steps)
+    decoder, steps = found
+    try:
+        decoded = decoder.decode(body)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise refused(exc, where) from None
+    values: dict[str, Any] = {}
+    for name, convert, fix in steps:
+        value = getattr(decoded, name)
+        if convert is not None:
+            value = convert(value)
+        if fix is not None and value is not None:
+            fix(value)
+        values[name] = value
+    held = {}
+    for name in raw:
+        part = getattr(decoded, name)
+        if part is not _RAW_ABSENT and bytes(part) != b"null":
+            held[name] = bytes(part)  # not the Raw: it holds the whole body
+    return Partial(values, held, {name: getattr(decoded, name) for name in extra})
+
+
+def read_field(kind: Any, name: str, body: bytes, where: str = "$") -> Any:
+    """Field `name` of `kind` from its JSON (a `Partial`'s raw field)."""
+    return read(_field_types(kind)[name], body, f"{where}.{name}")
+
+
+@functools.cache
+def _field_types(kind: Any) -> dict[str, Any]:
+    return {f.name: hint for f, hint in _fields(kind)}
 
 
 __all__ = [
     "DecodeError",
+    "Partial",
     "decode",
     "decode_node",
     "dumps",
     "encode",
     "loads",
     "parse_json",
+    "read",
+    "read_field",
+    "read_partial",
+    "refused",
+    "safe_body",
     "snapshot_json",
 ]

@@ -248,11 +248,11 @@ def test_parts_an_agent_sends_unchanged_are_kept_as_they_were() -> None:
     not change is not decoded again, and stays the same object (owners stay remembered)."""
     doc = codec.snapshot_json(select(frozen_fleet(), "dgx-002", summary=True))
     source = AgentSource("dgx-002", "http://127.0.0.1:1", AgentClient())
-    first = source.parse(json.loads(json.dumps(doc))).node
+    first = source.parse(json.dumps(doc).encode()).node
     moved = json.loads(json.dumps(doc))
     moved["nodes"][0]["nvml"]["gpus"][0]["power_w"] = 123.0
     moved["nodes"][0]["fabric"]["at"] += 2.0
-    second = source.parse(moved).node
+    second = source.parse(json.dumps(moved).encode()).node
     assert second.tenancy is first.tenancy and second.bmc is first.bmc
     assert first.fabric is not None and second.fabric is not first.fabric
     assert second.fabric == dataclasses.replace(first.fabric, at=first.fabric.at + 2.0)
@@ -263,7 +263,7 @@ def test_parts_an_agent_sends_unchanged_are_kept_as_they_were() -> None:
 def test_the_head_names_a_node_its_own_way_in_every_status() -> None:
     """A file_sd target 10.1.0.2:9400 is node 10.1.0.2 on the head, dgx-002 to its agent."""
     doc = codec.snapshot_json(select(frozen_fleet(), "dgx-002", summary=True))
-    node = AgentSource("10.1.0.2", "http://10.1.0.2:9400", AgentClient()).parse(doc).node
+    node = AgentSource("10.1.0.2", "http://10.1.0.2:9400", AgentClient()).parse(json.dumps(doc).encode()).node
     assert node.statuses and {s.node for s in node.statuses} == {"10.1.0.2"}
     theirs = codec.decode_node(doc["nodes"][0])
     assert [dataclasses.replace(s, node="dgx-002") for s in node.statuses] == list(theirs.statuses)

@@ -83,7 +83,7 @@ def test_the_remote_source_parses_a_changed_summary_or_says_what_is_wrong(doc: J
     assume(not (isinstance(nodes, list) and len(nodes) == 1 and not isinstance(nodes[0], dict)))
     source = AgentSource("dgx-001", "http://127.0.0.1:9", AgentClient())
     try:
-        reading = source.parse(doc)
+        reading = source.parse(json.dumps(doc).encode())
     except ValueError as exc:
         assert str(exc).startswith("agent"), exc
         return
@@ -112,7 +112,7 @@ def test_a_lone_node_that_is_not_an_object_is_said_not_to_fit(node: Json) -> Non
     doc["nodes"] = [node]
     source = AgentSource("dgx-001", "http://127.0.0.1:9", AgentClient())
     with pytest.raises(ValueError, match="agent sent"):
-        source.parse(doc)
+        source.parse(json.dumps(doc).encode())
 
 
 def test_a_document_without_nodes_is_a_reading_of_nothing() -> None:

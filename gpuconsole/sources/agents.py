@@ -19,7 +19,17 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
-from gpuconsole.codec import DecodeError, decode, decode_node, parse_json
+import msgspec
+
+from gpuconsole.codec import (
+    DecodeError,
+    decode,
+    parse_json,
+    read_field,
+    read_partial,
+    refused,
+    safe_body,
+)
 from gpuconsole.config import FleetConfig
 from gpuconsole.readings.agents import STEADY_PARTS, AgentReading, have_query, held_parts
 from gpuconsole.readings.base import SCHEMA_VERSION, Event, safe_text
@@ -188,7 +198,7 @@ class AgentSource:
         self._clock = clock
         self._emit: EmitEvent | None = None
         self._seen_events: float | None = None
-        self._last_parts: dict[str, tuple[Any, Any]] = {}  # part -> (its JSON, decoded)
+        self._last_parts: dict[str, tuple[bytes, Any]] = {}  # part -> (its JSON, decoded)
         # part -> (view, version, decoded): what the agent need not send again while current
         self._versions: dict[str, tuple[str, str, Any]] = {}
         self._urls: dict[tuple[str, str], URL] = {}  # by view and parts held, parsed once
@@ -245,72 +255,79 @@ class AgentSource:
         if answer.body is None and held is not None:  # the agent has published nothing new
             return dataclasses.replace(held[2], at=self._clock())
         assert answer.body is not None
-        data = _json(answer.body, "agent")
-        reading = self.parse(data)
-        self._repost_events(data)
+        reading = self.parse(answer.body)
         self._held = (view, answer.etag, reading) if answer.etag else None
         return reading
 
-    def parse(self, data: Any) -> AgentReading:
-        """The reading from an agent's document; ValueError says what does not fit."""
-        if not isinstance(data, dict):
-            raise ValueError("agent sent JSON that is not an object")
-        version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ValueError(f"agent speaks schema {version!r}, this console {SCHEMA_VERSION}")
-        nodes = data.get("nodes")
-        if not isinstance(nodes, list) or not nodes:
-            raise ValueError("agent sent no node")
-        chosen = next(
-            (n for n in nodes if isinstance(n, dict) and n.get("node") in (self.node, self.asks)),
-            None,
-        )
-        if chosen is None:
-            if len(nodes) != 1:
-                raise ValueError(f"agent at {self.url} does not serve node {self.node}")
-            chosen = nodes[0]
+    def parse(self, body: bytes) -> AgentReading:
+        """The reading from an agent's document (its JSON body), and the events it recorded
+        re-posted; ValueError says what does not fit."""
         try:
-            if not isinstance(chosen, dict):  # a lone node, served under any name
-                raise DecodeError(f"{self.url} $.nodes[0]: expected an object")
-            snapshot = self._decode(chosen)
+            body = safe_body(body)
+            document = _DOCUMENT.decode(body)
+        except (DecodeError, msgspec.DecodeError, RecursionError) as exc:
+            refusal = exc if isinstance(exc, DecodeError) else refused(exc)
+            if str(refusal).startswith("not JSON"):
+                raise ValueError(f"agent sent something that is {refusal}") from None
+            raise ValueError("agent sent JSON that is not an object") from None
+        version = document.schema_version
+        if version != SCHEMA_VERSION:
+            shown = safe_text(repr(version))[:40]
+            raise ValueError(f"agent speaks schema {shown}, this console {SCHEMA_VERSION}")
+        try:
+            nodes = _NODES.decode(document.nodes)
+        except msgspec.ValidationError:
+            nodes = []
+        if not nodes:
+            raise ValueError("agent sent no node")
+        at = 0
+        if len(nodes) > 1:  # the one this head asked for
+            names = [_name(n) for n in nodes]
+            at = next((i for i, n in enumerate(names) if n in (self.node, self.asks)), -1)
+            if at < 0:
+                raise ValueError(f"agent at {self.url} does not serve node {self.node}")
+        try:  # a lone node is read under any name
+            snapshot = self._decode(bytes(nodes[at]), f"{self.url} $.nodes[{at}]")
         except DecodeError as exc:
             raise ValueError(f"agent sent a snapshot that does not fit: {exc}") from None
+        if self._emit is not None and bytes(document.events) not in (b"null", b"[]"):
+            self._repost_events(document.events, len(nodes) > 1)
         return AgentReading(self._clock(), self.url, snapshot, self.summary and not self.detail)
 
-    def _decode(self, chosen: dict[str, Any]) -> NodeSnapshot:
-        """The node, reusing each part (BMC, fabric, tenancy) that came exactly as last time.
+    def _decode(self, body: bytes, where: str) -> NodeSnapshot:
+        """The node, reusing each part (BMC, fabric, tenancy) the agent left out as held, or
+        sent exactly as last time.
 
         Those sources poll every few seconds, the head every second: comparing their JSON
         costs far less than decoding it again, and a part kept as the same object keeps
         what is remembered per reading (the owners of a node's GPUs) remembered.
         """
-        reused: dict[str, Any] = {}
+        node = read_partial(NodeSnapshot, body, where, raw=STEADY_PARTS, extra=_EXTRA)
+        fields = node.fields
         view = self._view()
-        kept = chosen.get("kept")
+        kept = node.extra["kept"]
         for part in kept if isinstance(kept, list) else ():
             held = self._versions.get(part) if isinstance(part, str) else None
             if held is None or held[0] != view:
-                raise DecodeError(f"{self.url} $.nodes.kept: {safe_text(str(part))} is not held")
-            reused[part] = held[2]
-        for part in STEADY_PARTS:
-            raw, last = chosen.get(part), self._last_parts.get(part)
-            if raw is not None and last is not None and last[0] == raw:
-                reused[part] = last[1]
-        slim = {k: v for k, v in chosen.items() if k not in reused}
-        statuses = chosen.get("statuses")
-        if isinstance(statuses, list):
-            # named as the head names the node, which its config may do otherwise than the
-            # agent: a copy of each one's JSON costs a fifth of a copy of each decoded one
-            slim["statuses"] = [_named(status, self.node) for status in statuses]
-        snapshot = decode_node(slim, f"{self.url} $.nodes")
-        if reused:
-            snapshot = dataclasses.replace(snapshot, **reused)
-        self._last_parts = {
-            part: (chosen[part], getattr(snapshot, part))
-            for part in STEADY_PARTS
-            if chosen.get(part) is not None
-        }
-        versions = chosen.get("versions")
+                raise DecodeError(f"{where}.kept: {safe_text(str(part))} is not held")
+            fields[part] = held[2]
+        last_parts = {}
+        for part, raw in node.raw.items():
+            last = self._last_parts.get(part)
+            value = last[1] if last is not None and last[0] == raw else None
+            if value is None:
+                value = read_field(NodeSnapshot, part, raw, where)
+            fields[part] = value
+            if value is not None:
+                last_parts[part] = (raw, value)
+        self._last_parts = last_parts
+        # named as the head names the node, which its config may do otherwise than the agent
+        fields["statuses"] = tuple(
+            s if s.node == self.node else dataclasses.replace(s, node=self.node)
+            for s in fields["statuses"]
+        )
+        snapshot = NodeSnapshot(**fields)
+        versions = node.extra["versions"]
         sent = held_parts(
             ",".join(f"{p}:{v}" for p, v in versions.items() if isinstance(v, str))
             if isinstance(versions, dict)
@@ -323,34 +340,56 @@ class AgentSource:
         }
         return snapshot
 
-    def _repost_events(self, data: dict[str, Any]) -> None:
-        events = data.get("events")
-        if self._emit is None or not isinstance(events, list):
-            return
-        newest = self._seen_events
-        several = len(data.get("nodes", ())) > 1
+    def _repost_events(self, raw: msgspec.Raw, several: bool) -> None:
+        try:
+            events = _EVENTS.decode(raw)
+        except msgspec.ValidationError:
+            return  # the events are no list: the node's reading stands without them
+        assert self._emit is not None
+        newest = seen = self._seen_events
         for item in events:
             if not isinstance(item, dict):
                 continue
             if several and item.get("node") not in (None, self.node):
                 continue
+            at = item.get("at")
+            if seen is not None and type(at) in (int, float) and at <= seen:
+                continue  # re-posted already: not decoded again
             try:
                 event = decode(Event, {**item, "node": self.node}, "$.events[]")
             except DecodeError:
                 continue  # one odd event never costs the node its reading
-            at = event.at
-            if self._seen_events is not None and at <= self._seen_events:
+            if seen is not None and event.at <= seen:
                 continue
             self._emit(event)
-            newest = at if newest is None else max(newest, at)
+            newest = event.at if newest is None else max(newest, event.at)
         self._seen_events = newest
 
 
-def _named(status: Any, node: str) -> Any:
-    """A source status's JSON, naming `node` where it names another."""
-    if isinstance(status, dict) and isinstance(status.get("node"), str) and status["node"] != node:
-        return {**status, "node": node}
-    return status
+class _Document(msgspec.Struct):
+    """An agent's document as the head first reads it: each node is read on its own."""
+
+    schema_version: Any = None
+    nodes: msgspec.Raw = msgspec.Raw(b"null")
+    events: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class _Named(msgspec.Struct):
+    node: Any = None
+
+
+_DOCUMENT = msgspec.json.Decoder(_Document)
+_NODES = msgspec.json.Decoder(list[msgspec.Raw])
+_NAMED = msgspec.json.Decoder(_Named)
+_EVENTS = msgspec.json.Decoder(list[Any])
+_EXTRA = ("kept", "versions")  # what an agent's node carries beside the snapshot's fields
+
+
+def _name(node: msgspec.Raw) -> Any:
+    try:
+        return _NAMED.decode(node).node
+    except msgspec.ValidationError:
+        return None
 
 
 async def served_nodes(client: AgentClient, url: str, timeout_s: float) -> list[str]:
