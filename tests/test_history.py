@@ -28,3 +28,15 @@ def test_a_view_older_than_the_ring_loses_what_was_overwritten() -> None:
     view = store.view()
     store.record([(key, 3.0)])
     assert view.series(*key) == (2.0,)
+
+
+def test_a_thousand_nodes_of_history_fit_in_under_50_mb() -> None:
+    """A head at 1,000 agents keeps some forty series a node, 300 points each: 4 bytes a
+    point, and gauges read back as they were written to 7 digits."""
+    store = HistoryStore(capacity=300)
+    keys = [("gpu", f"GPU-{i}", "power_w") for i in range(40)]
+    store.record((key, 251.875) for key in keys)
+    store.record((key, 123.456) for key in keys)
+    assert store.nbytes * 1000 < 50e6
+    assert store.view().series(*keys[0])[0] == 251.875
+    assert abs(store.view().series(*keys[0])[1] - 123.456) < 123.456e-7
