@@ -172,8 +172,8 @@ def _build_wire(kind: Any) -> _Wire:
                 if not data:  # the default, or none sent
                     return data
                 if item.convert is None:
-                    return {_split(k): v for k, v in data.items()}
-                return {_split(k): item.convert(v) for k, v in data.items()}
+                    return {tuple(k.split("/")): v for k, v in data.items()}
+                return {tuple(k.split("/")): item.convert(v) for k, v in data.items()}
 
             return _Wire(dict[str, item.kind], keyed)  # type: ignore[name-defined]
         if item.convert is None:
@@ -241,11 +241,6 @@ def _wire_dataclass(kind: Any) -> _Wire:
         )
 
     return _Wire(mirror, convert)
-
-
-def _split(joined: str) -> Key:
-    """A counter path from its JSON key, "gpu/GPU-1234/energy_mj"."""
-    return tuple(joined.split("/"))
 
 
 _FIXES: dict[Any, Fix | None] = {}
