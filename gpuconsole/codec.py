@@ -13,6 +13,7 @@ import enum
 import functools
 import json
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -171,9 +172,12 @@ def _build_wire(kind: Any) -> _Wire:
             def keyed(data: Any) -> Any:
                 if not data:  # the default, or none sent
                     return data
+                if len(_KEYS) > _MOST_KEYS:
+                    _KEYS.clear()
+                known = _KEYS.get
                 if item.convert is None:
-                    return {tuple(k.split("/")): v for k, v in data.items()}
-                return {tuple(k.split("/")): item.convert(v) for k, v in data.items()}
+                    return {known(k) or _key(k): v for k, v in data.items()}
+                return {known(k) or _key(k): item.convert(v) for k, v in data.items()}
 
             return _Wire(dict[str, item.kind], keyed)  # type: ignore[name-defined]
         if item.convert is None:
@@ -241,6 +245,18 @@ def _wire_dataclass(kind: Any) -> _Wire:
         )
 
     return _Wire(mirror, convert)
+
+
+# Counter paths as keys, each made once: a head reads the same few hundred a second from
+# every agent. Bounded: an agent that sends new ones every time only empties it.
+_KEYS: dict[str, Key] = {}
+_MOST_KEYS = 200_000
+
+
+def _key(joined: str) -> Key:
+    """A counter path from its JSON key, "gpu/GPU-1234/energy_mj"."""
+    key = _KEYS[joined] = tuple(sys.intern(part) for part in joined.split("/"))
+    return key
 
 
 _FIXES: dict[Any, Fix | None] = {}

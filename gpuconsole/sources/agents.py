@@ -198,7 +198,8 @@ class AgentSource:
         self._clock = clock
         self._emit: EmitEvent | None = None
         self._seen_events: float | None = None
-        self._last_parts: dict[str, tuple[bytes, Any]] = {}  # part -> (its JSON, decoded)
+        # part -> (its JSON's length and hash, decoded)
+        self._last_parts: dict[str, tuple[tuple[int, int], Any]] = {}
         # part -> (view, version, decoded): what the agent need not send again while current
         self._versions: dict[str, tuple[str, str, Any]] = {}
         self._urls: dict[tuple[str, str], URL] = {}  # by view and parts held, parsed once
@@ -313,13 +314,14 @@ class AgentSource:
             fields[part] = held[2]
         last_parts = {}
         for part, raw in node.raw.items():
-            last = self._last_parts.get(part)
-            value = last[1] if last is not None and last[0] == raw else None
+            # by its length and hash: a thousand nodes' parts held whole would take 16 MB
+            seen, last = (len(raw), hash(raw)), self._last_parts.get(part)
+            value = last[1] if last is not None and last[0] == seen else None
             if value is None:
                 value = read_field(NodeSnapshot, part, raw, where)
             fields[part] = value
             if value is not None:
-                last_parts[part] = (raw, value)
+                last_parts[part] = (seen, value)
         self._last_parts = last_parts
         # named as the head names the node, which its config may do otherwise than the agent
         fields["statuses"] = tuple(
