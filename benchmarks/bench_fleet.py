@@ -119,6 +119,20 @@ def _part_frames(shots: list[FleetSnapshot]) -> list[list[Frame]]:
     return out
 
 
+def _write_frames(path: Path) -> None:
+    """The demo cluster's frames (_part_frames) as JSON text, to `path`."""
+    logging.getLogger("gpuconsole").setLevel(logging.ERROR)
+    stored = _part_frames(asyncio.run(_record(FRAMES)))
+    path.write_text(
+        json.dumps(
+            [
+                [[v, {k: b.decode() for k, b in bodies.items()}, p.decode()] for v, bodies, p in t]
+                for t in stored
+            ]
+        )
+    )
+
+
 # --- the child: a thousand agents ---------------------------------------------------------
 
 
@@ -391,39 +405,35 @@ def _verdict(met: bool) -> str:
 def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
     # a head that falls behind logs every stale node; the figures say it once
     logging.getLogger("gpuconsole").setLevel(logging.ERROR)
-    shots = asyncio.run(_record(FRAMES))
-    stored = _part_frames(shots)
-    frames = [[plain for _, _, plain in texts] for texts in stored]
-    bodies = [Body(b, "") for texts in frames for b in texts]
-    raw = statistics.median(len(b.raw) for b in bodies)
-    packed = statistics.median(len(b.packed()) for b in bodies)
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(
-        f"Head reading {nodes:,} agents at 1 Hz ({CONNECTIONS} connections, summaries that "
-        f"change every second; {os.cpu_count()} CPUs, load {load})"
-    )
-    print(
-        f"  summary per node: median {raw / 1024:.1f} KiB JSON, {packed / 1024:.1f} KiB gzip; "
-        f"{nodes:,} nodes at 1 Hz: {raw * nodes / 1e6:.0f} MB/s, gzip {packed * nodes / 1e6:.1f} MB/s"
-    )
-    head_ms, whole_ms = _codec_ms(frames)
-    print(
-        f"  codec per node update: as the head reads {head_ms:.3f} ms, the whole document "
-        f"{whole_ms:.3f} ms; {nodes:,} nodes at 1 Hz: {head_ms * nodes / 1000:.2f} cores"
-    )
     with tempfile.TemporaryDirectory() as folder:
+        # the demo cluster runs in a child of its own: the head's process holds the head
         frames_file = Path(folder) / "frames.json"
-        frames_file.write_text(
-            json.dumps(
-                [
-                    [
-                        [v, {k: b.decode() for k, b in bodies.items()}, p.decode()]
-                        for v, bodies, p in t
-                    ]
-                    for t in stored
-                ]
-            )
+        command = [sys.executable, "-m", "benchmarks.bench_fleet", "--record", str(frames_file)]
+        subprocess.run(command, check=True)
+        frames = [
+            [plain.encode() for _, _, plain in texts]
+            for texts in json.loads(frames_file.read_text())
+        ]
+        bodies = [Body(b, "") for texts in frames for b in texts]
+        raw = statistics.median(len(b.raw) for b in bodies)
+        packed = statistics.median(len(b.packed()) for b in bodies)
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(
+            f"Head reading {nodes:,} agents at 1 Hz ({CONNECTIONS} connections, summaries "
+            f"that change every second; {os.cpu_count()} CPUs, load {load})"
         )
+        print(
+            f"  summary per node: median {raw / 1024:.1f} KiB JSON, {packed / 1024:.1f} KiB "
+            f"gzip; {nodes:,} nodes at 1 Hz: {raw * nodes / 1e6:.0f} MB/s, gzip "
+            f"{packed * nodes / 1e6:.1f} MB/s"
+        )
+        head_ms, whole_ms = _codec_ms(frames)
+        print(
+            f"  codec per node update: as the head reads {head_ms:.3f} ms, the whole document "
+            f"{whole_ms:.3f} ms; {nodes:,} nodes at 1 Hz: {head_ms * nodes / 1000:.2f} cores"
+        )
+        del frames, bodies
+        gc.collect()
         runs = [(False, False), (False, True), (True, False), (True, True)]
         for compress, parts in runs:
             f = _run(frames_file, nodes, seconds, compress, parts)
@@ -483,6 +493,7 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--serve", metavar="FILE", help="serve the frames in FILE (the child)")
+    parser.add_argument("--record", metavar="FILE", help="write the frames to FILE (a child)")
     parser.add_argument("--nodes", type=int, default=NODES)
     parser.add_argument("--seconds", type=int, default=SECONDS)
     parser.add_argument("--gzip", action="store_true", help="the child sends gzip")
@@ -490,7 +501,9 @@ if __name__ == "__main__":
         "--whole", action="store_true", help="the child sends every part, as agents did before"
     )
     args = parser.parse_args()
-    if args.serve:
+    if args.record:
+        _write_frames(Path(args.record))
+    elif args.serve:
         asyncio.run(_serve_agents(Path(args.serve), args.nodes, args.gzip, not args.whole))
     else:
         main(args.nodes, args.seconds)

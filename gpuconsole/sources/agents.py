@@ -17,9 +17,8 @@ from typing import Any, ClassVar
 from urllib.parse import quote
 
 import aiohttp
-from yarl import URL
-
 import msgspec
+from yarl import URL
 
 from gpuconsole.codec import (
     DecodeError,
