@@ -161,12 +161,17 @@ def _build_wire(kind: Any) -> _Wire:
         inner = [w for a, w in zip(args, wires, strict=True) if a is not _NONE]
         if len(inner) != 1:
             raise TypeError(f"cannot decode {kind}: a union of types read otherwise")
-        convert = inner[0].convert
-        assert convert is not None
-        return _Wire(inner[0].kind | None, lambda v: None if v is None else convert(v))
+        present = inner[0].convert
+        assert present is not None
+
+        def optional(value: Any) -> Any:
+            return None if value is None else present(value)
+
+        return _Wire(inner[0].kind | None, optional)
     if origin in (dict, Mapping):
         key, value = typing.get_args(kind)
         item = _wire(value)
+        step = item.convert
         if key == Key:  # a counter path, joined with '/' in the JSON
 
             def keyed(data: Any) -> Any:
@@ -175,17 +180,16 @@ def _build_wire(kind: Any) -> _Wire:
                 if len(_KEYS) > _MOST_KEYS:
                     _KEYS.clear()
                 known = _KEYS.get
-                if item.convert is None:
+                if step is None:
                     return {known(k) or _key(k): v for k, v in data.items()}
-                return {known(k) or _key(k): item.convert(v) for k, v in data.items()}
+                return {known(k) or _key(k): step(v) for k, v in data.items()}
 
-            return _Wire(dict[str, item.kind], keyed)  # type: ignore[name-defined]
-        if item.convert is None:
-            return _Wire(dict[key, value], None)  # type: ignore[valid-type]
-        convert = item.convert
+            return _Wire(dict.__class_getitem__((str, item.kind)), keyed)
+        if step is None:
+            return _Wire(kind, None)
         return _Wire(
-            dict[key, item.kind],  # type: ignore[name-defined]
-            lambda data: {k: convert(v) for k, v in data.items()},
+            dict.__class_getitem__((key, item.kind)),
+            lambda data: {k: step(v) for k, v in data.items()},
         )
     if origin is tuple:
         args = typing.get_args(kind)
@@ -194,7 +198,10 @@ def _build_wire(kind: Any) -> _Wire:
             if item.convert is None:
                 return _Wire(kind, None)
             convert = item.convert
-            return _Wire(tuple[item.kind, ...], lambda data: tuple([convert(v) for v in data]))  # type: ignore[name-defined]
+            return _Wire(
+                tuple.__class_getitem__((item.kind, ...)),
+                lambda data: tuple([convert(v) for v in data]),
+            )
         if any(_wire(a).convert is not None for a in args):
             raise TypeError(f"cannot decode {kind}: a fixed tuple of types read otherwise")
         return _Wire(kind, None)
@@ -206,9 +213,7 @@ def _build_wire(kind: Any) -> _Wire:
 def _fields(kind: Any) -> list[tuple[dataclasses.Field[Any], Any]]:
     """Each field the JSON carries, with its type."""
     hints = typing.get_type_hints(kind, localns={"HistoryView": HistoryView})
-    return [
-        (f, hints[f.name]) for f in dataclasses.fields(kind) if f.init and f.name not in _SKIP
-    ]
+    return [(f, hints[f.name]) for f in dataclasses.fields(kind) if f.init and f.name not in _SKIP]
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:
@@ -320,7 +325,7 @@ def _build_fix(kind: Any) -> Fix | None:
         return values
     if not dataclasses.is_dataclass(kind):
         return None
-    bus_ids = _BUS_IDS.get(kind, ())
+    bus_ids = _BUS_IDS.get(typing.cast(type, kind), ())
     inner = [(f.name, fix) for f, hint in _fields(kind) if (fix := _fix(hint)) is not None]
     if not bus_ids and not inner:
         return None

@@ -263,7 +263,11 @@ def test_parts_an_agent_sends_unchanged_are_kept_as_they_were() -> None:
 def test_the_head_names_a_node_its_own_way_in_every_status() -> None:
     """A file_sd target 10.1.0.2:9400 is node 10.1.0.2 on the head, dgx-002 to its agent."""
     doc = codec.snapshot_json(select(frozen_fleet(), "dgx-002", summary=True))
-    node = AgentSource("10.1.0.2", "http://10.1.0.2:9400", AgentClient()).parse(json.dumps(doc).encode()).node
+    node = (
+        AgentSource("10.1.0.2", "http://10.1.0.2:9400", AgentClient())
+        .parse(json.dumps(doc).encode())
+        .node
+    )
     assert node.statuses and {s.node for s in node.statuses} == {"10.1.0.2"}
     theirs = codec.decode_node(doc["nodes"][0])
     assert [dataclasses.replace(s, node="dgx-002") for s in node.statuses] == list(theirs.statuses)

@@ -62,7 +62,8 @@ def test_a_wrong_field_deep_in_a_node_is_named_by_its_path() -> None:
         {**doc["nvml"]["gpus"][0], "ecc": {"remap_pending": 1}},
     ]  # type: ignore[index]
     with pytest.raises(
-        codec.DecodeError, match=r"^\$\.nvml\.gpus\[1\]\.ecc\.remap_pending: expected bool \| null, got int$"
+        codec.DecodeError,
+        match=r"^\$\.nvml\.gpus\[1\]\.ecc\.remap_pending: expected bool \| null, got int$",
     ):
         codec.decode_node(doc)
 

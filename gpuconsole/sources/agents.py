@@ -354,7 +354,7 @@ class AgentSource:
             if several and item.get("node") not in (None, self.node):
                 continue
             at = item.get("at")
-            if seen is not None and type(at) in (int, float) and at <= seen:
+            if seen is not None and isinstance(at, int | float) and at <= seen:
                 continue  # re-posted already: not decoded again
             try:
                 event = decode(Event, {**item, "node": self.node}, "$.events[]")
