@@ -361,7 +361,7 @@ def test_an_owners_since_is_the_same_in_the_fleets_summary_and_in_the_full_node(
         ages = []
         for at in (fleet.started + 5.0, fleet.started + 65.0):
             body = AgentSource("dgx-002", "http://sim", AgentClient()).parse(
-                json.loads(fleet.summary("dgx-002", at))
+                fleet.summary("dgx-002", at)
             )
             ages.append(sinces(body.node))
         return ages[0], ages[1], sinces(full.nodes[0])
