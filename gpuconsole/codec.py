@@ -411,13 +411,12 @@ def _json(body: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
 
 
 def parse_json(text: str | bytes) -> Any:
-    """JSON text (or its UTF-8 bytes) to plain values, every string safe to show;
-    DecodeError also for what no snapshot holds: a number out of float's range, NaN,
-    Infinity, or nesting too deep."""
+    """JSON text (or its UTF-8 bytes) to plain values, as they are (a caller that shows a
+    string makes it safe); DecodeError also for what no snapshot holds: a number out of
+    float's range, NaN, Infinity, or nesting too deep."""
     if isinstance(text, str):
         text = text.encode("utf-8", "surrogatepass")
-    data = _json(text, _PLAIN)
-    return data if _plain(text) else _clean(data)
+    return _json(text, _PLAIN)
 
 
 # --- reading -----------------------------------------------------------------------------
