@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Mapping
 
 import pytest
 
 from gpuconsole import codec
-from gpuconsole.readings.base import SCHEMA_VERSION
+from gpuconsole.readings.base import SCHEMA_VERSION, Key, Severity
 from gpuconsole.readings.nvml import GpuReading, NvLinkReading, NvmlReading, RemoteKind
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sim.cluster import demo_hub
@@ -105,3 +107,49 @@ async def test_every_string_of_a_body_reads_back_safe_and_the_rest_as_it_was() -
     source = AgentSource("dgx-002", "http://127.0.0.1:9", AgentClient())
     assert source.parse(poisoned).node == expected
     assert expected.rate("gpu", "GPU-\\x1b[2J", "energy_mj") == 1.5
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Judged:
+    severity: Severity
+    gpu: GpuReading | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Report:
+    judged: tuple[Judged, ...]
+    moved: Mapping[Key, int] = dataclasses.field(default_factory=dict)
+
+
+def test_a_reading_type_the_codec_has_not_seen_decodes_by_its_types_alone() -> None:
+    """The decoder is built from the dataclasses' types: a new reading (an enum, a nested
+    dataclass, a tuple, a mapping keyed by counter path) needs no edit here, and keeps every
+    rule: strings made safe, NVML bus ids in sysfs form, a path for what does not fit."""
+    body = json.dumps(
+        {
+            "judged": [
+                {
+                    "severity": "warning",
+                    "gpu": {
+                        "index": 0,
+                        "uuid": "GPU-a",
+                        "name": "H\x1b[2J",
+                        "pci_bus_id": "00000000:1B:00.0",
+                    },
+                    "notes": ["ok", "\u202e"],
+                }
+            ],
+            "moved": {"fabric/mlx5_0/1/symbol_error": 3},
+        }
+    ).encode()
+    report = codec.read(Report, codec.safe_body(body))
+    judged = report.judged[0]
+    assert judged.severity is Severity.WARNING and judged.notes == ("ok", "\\u202e")
+    assert judged.gpu is not None and judged.gpu.name == "H\\x1b[2J"
+    assert judged.gpu.pci_bus_id == "0000:1b:00.0"
+    assert report.moved == {("fabric", "mlx5_0", "1", "symbol_error"): 3}
+    with pytest.raises(
+        codec.DecodeError, match=r"^\$\.judged\[0\]\.severity: invalid enum value 'bad'$"
+    ):
+        codec.read(Report, b'{"judged": [{"severity": "bad"}]}')
