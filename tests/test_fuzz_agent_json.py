@@ -97,6 +97,22 @@ def test_deeply_nested_json_is_a_decode_error(raw: bytes) -> None:
         codec.loads(raw)
 
 
+@pytest.mark.parametrize("where", ["events", "node", "second node"])
+def test_deep_nesting_anywhere_in_an_agents_body_is_said_not_to_fit(where: str) -> None:
+    doc = json.loads(documents()[1])
+    deep = "[" * 100_000 + "]" * 100_000
+    if where == "events":
+        doc["events"] = "@@"
+    elif where == "node":
+        doc["nodes"][0]["profile"] = "@@"
+    else:
+        doc["nodes"].append({"node": "@@"})
+    body = json.dumps(doc).replace('"@@"', deep).encode()
+    source = AgentSource("dgx-001", "http://127.0.0.1:9", AgentClient())
+    with pytest.raises(ValueError, match=r"^agent sent"):
+        source.parse(body)
+
+
 @pytest.mark.parametrize("number", ["1e400", "Infinity", "NaN"])
 def test_a_non_finite_number_from_an_agent_is_refused(number: str) -> None:
     doc = json.loads(documents()[0])

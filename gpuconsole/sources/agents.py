@@ -276,7 +276,7 @@ class AgentSource:
             raise ValueError(f"agent speaks schema {shown}, this console {SCHEMA_VERSION}")
         try:
             nodes = _NODES.decode(document.nodes)
-        except msgspec.ValidationError:
+        except (msgspec.DecodeError, RecursionError):
             nodes = []
         if not nodes:
             raise ValueError("agent sent no node")
@@ -344,7 +344,7 @@ class AgentSource:
     def _repost_events(self, raw: msgspec.Raw, several: bool) -> None:
         try:
             events = _EVENTS.decode(raw)
-        except msgspec.ValidationError:
+        except (msgspec.DecodeError, RecursionError):
             return  # the events are no list: the node's reading stands without them
         assert self._emit is not None
         newest = seen = self._seen_events
@@ -389,7 +389,7 @@ _EXTRA = ("kept", "versions")  # what an agent's node carries beside the snapsho
 def _name(node: msgspec.Raw) -> Any:
     try:
         return _NAMED.decode(node).node
-    except msgspec.ValidationError:
+    except (msgspec.DecodeError, RecursionError):
         return None
 
 
