@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.compare.fakenode import CONFIG
+from benchmarks.compare.fakenode import BYTECODE_OFF, CONFIG
 from benchmarks.compare.procs import Run, ToolFailed, run_once
 from gpuconsole.sim.fakenvml import (
     COUNTS_ENV,
@@ -50,7 +50,7 @@ def measure(folder: Path, runs: int = RUNS) -> dict[str, tuple[float, float, flo
     # says PYTHONDONTWRITEBYTECODE would have every run compile gpuconsole from source
     # (a tenth of a second and more of CPU). The untimed round writes it.
     env = {
-        **{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+        **{k: v for k, v in os.environ.items() if k != BYTECODE_OFF},
         **environment(library.parent, profile),
         "XDG_STATE_HOME": str(folder / "state"),
         "XDG_CONFIG_HOME": str(folder / "config"),

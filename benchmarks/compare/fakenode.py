@@ -14,6 +14,7 @@ from gpuconsole.sim.fakenvml import build_library, driver_of, environment, write
 from gpuconsole.sim.profiles import DGX_H100
 
 NODE = "dgx-h100-fake"
+BYTECODE_OFF = "PYTHONDONTWRITEBYTECODE"
 INTERVAL_S = 1.0
 # gpuconsole reads NVML only, at its defaults (1 s, XID/ECC event thread on), as gpustat and
 # nvitop do: this node has no RDMA port, BMC or tenant for the other sources to read.
@@ -73,11 +74,16 @@ def prepare(tmp: Path, venv: Path) -> Setup:
         "XDG_CACHE_HOME": str(tmp / "cache"),
     }
     fake_env = {**environment(library.parent, profile), **state}
+    # Every tool runs from compiled bytecode, as installed: pip compiled the other tools' at
+    # install, and gpuconsole's is written by its first (untimed) run. A shell that says
+    # PYTHONDONTWRITEBYTECODE would have each gpuconsole start compile it from source again,
+    # a tenth of a second and more of CPU that no installed copy pays.
+    env = {k: v for k, v in os.environ.items() if k != BYTECODE_OFF}
     return Setup(
         tmp=tmp,
         library=library,
         gpus=len(DGX_H100.gpus),
-        env={**os.environ, **fake_env},
+        env={**env, **fake_env},
         fake_env=fake_env,
         gpuconsole=_gpuconsole(),
         config=config,

@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.compare.fakenode import INTERVAL_S, Setup
+from benchmarks.compare.fakenode import BYTECODE_OFF, INTERVAL_S, Setup
 from benchmarks.compare.measure import (
     AGENT,
     CONSOLE,
@@ -241,6 +241,12 @@ def results_md(
             "so wall times are noisy: one-shot figures are medians of "
             f"{runs} runs taken in turns, and steady-state figures are CPU time (not wall) "
             "over one window that all four long-running tools shared.",
+            "- Every tool ran from compiled bytecode, as an installed copy does: "
+            f"`{BYTECODE_OFF}`{' (set in this shell)' if BYTECODE_OFF in os.environ else ''} "
+            "was cleared for the tools' processes, so "
+            "gpuconsole's bytecode was written once, by the untimed one-shot round, and not "
+            "compiled again at each start (0.15-0.3 s of CPU that nvitop and gpustat, compiled "
+            "by pip at install, never pay).",
             "",
             "## What ran",
             "",
