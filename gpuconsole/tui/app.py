@@ -13,6 +13,7 @@ from typing import ClassVar
 from textual.app import App
 from textual.await_complete import AwaitComplete
 from textual.binding import Binding, BindingType
+from textual.driver import Driver
 from textual.screen import Screen
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
@@ -22,6 +23,7 @@ from gpuconsole.paths import user_themes_dir
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.actions import ActionAccess, demo_access
 from gpuconsole.tui.commands import ConsoleCommands, ConsolePalette, JumpCommands
+from gpuconsole.tui.driver import terminal_driver
 from gpuconsole.tui.feed import HubFeed, SnapshotFeed
 from gpuconsole.tui.messages import SnapshotArrived
 from gpuconsole.tui.screens.assign import AssignScreen, ProposeScreen
@@ -137,6 +139,9 @@ class ConsoleApp(App[None]):
 
     def get_default_screen(self) -> Screen[None]:
         return FleetScreen()
+
+    def get_driver_class(self) -> type[Driver]:
+        return terminal_driver(super().get_driver_class())
 
     def on_mount(self) -> None:
         self.theme_changed_signal.subscribe(self, self._theme_changed)

@@ -22,6 +22,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.driver import Driver
 from textual.widgets import Digits, Static
 
 from gpuconsole import format as fmt
@@ -36,6 +37,7 @@ from gpuconsole.readings.base import Health, Severity
 from gpuconsole.readings.fabric import ERROR_RULES, port_deltas, port_problems, port_rates
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.tui.driver import terminal_driver
 from gpuconsole.tui.feed import HubFeed, SnapshotFeed
 from gpuconsole.tui.messages import SnapshotArrived
 from gpuconsole.tui.themes import Palette, load_themes, resolve_theme_name
@@ -294,6 +296,9 @@ class WallboardApp(App[None]):
         Binding("p,space", "pause", "Pause"),
         Binding("q", "quit", "Quit"),
     ]
+
+    def get_driver_class(self) -> type[Driver]:
+        return terminal_driver(super().get_driver_class())
 
     def __init__(
         self,
