@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -45,14 +45,26 @@ class RichLines(Widget):
         self._lines: list[Text] = [Text()]
 
     def update(self, text: Text | str) -> None:
-        """Show `text`; nothing to do if it shows that already, and a layout only if its
-        count of lines changes."""
+        """Show `text`; nothing to do if it shows that already, a layout only if its count of
+        lines changes, and otherwise only the lines that changed are drawn again."""
         if looks_same(self._text, text):
             return
-        lines = (text if isinstance(text, Text) else Text(text)).split("\n", allow_blank=True)
-        layout = len(lines) != len(self._lines)
-        self._text, self._lines = text, list(lines)
-        self.refresh(layout=layout)
+        lines = list((text if isinstance(text, Text) else Text(text)).split("\n", allow_blank=True))
+        shown, self._text, self._lines = self._lines, text, lines
+        if len(lines) != len(shown):
+            self.refresh(layout=True)
+            return
+        gutter, width = self.styles.gutter, self.content_size.width
+        if not self.is_mounted or not width:  # not laid out yet: its first paint draws all
+            self.refresh()
+            return
+        changed = [
+            Region(gutter.left, gutter.top + y, width, 1)
+            for y, (old, new) in enumerate(zip(shown, lines, strict=True))
+            if not looks_same(old, new)
+        ]
+        if changed:
+            self.refresh(*changed)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return len(self._lines)
