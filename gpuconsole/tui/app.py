@@ -40,6 +40,9 @@ TICK_S = 1.0
 # For this long after a node is opened each snapshot is drawn as it lands: what the view
 # opened comes with its sources' next reads (a fleet's node: its agent's every detail).
 OPENING_S = 2.0
+# New objects (less those freed) before the collector's youngest pass, in a console whose
+# heap is its own (`freeze_heap`): a few frames' worth of the node view's.
+YOUNG_OBJECTS = 10_000
 
 
 def _about(screen: Screen[object]) -> tuple[str | None, str | None]:
@@ -119,6 +122,7 @@ class ConsoleApp(App[None]):
         self._heard_all = False  # whether a snapshot has come with every source heard from
         self._freeze_heap = freeze_heap
         self._heap_frozen = False
+        self._thresholds = gc.get_threshold()  # the collector's, as found: put back at the end
         self._feed = HubFeed(hub, feed=feed, start=start_hub)
         self._attaching: Worker[None] | None = None
         self._drilled: str | None = None  # the node this console drilled into (a fleet's)
@@ -157,6 +161,7 @@ class ConsoleApp(App[None]):
     async def on_unmount(self) -> None:
         if self._heap_frozen:
             gc.unfreeze()
+            gc.set_threshold(*self._thresholds)
         self._drill_into(None)
         if self._attaching is not None and not self._attaching.is_finished:
             self._attaching.cancel()  # the console ends while its hub still starts
@@ -214,8 +219,17 @@ class ConsoleApp(App[None]):
     def _freeze_start_heap(self) -> None:
         """Leave what the console built to start (modules, styles, the first view: nearly all
         its objects, kept for its whole life) out of the collector's full passes. Each walked
-        all of them, ~60 ms of CPU every half minute or so: more than drawing the node view."""
+        all of them, ~60 ms of CPU every half minute or so: more than drawing the node view.
+
+        And let the collector's youngest pass wait for more new objects than Python's 700.
+        A frame makes thousands that live until the next one replaces them (segments, strips
+        and their caches): at 700 the collector ran twenty times a second, and each time
+        moved the frame it caught alive into the older generations, whose growth then set
+        off a full pass (10-20 ms) every half minute or so. With room for a few frames those
+        die young, freed by their count as they always were."""
         gc.freeze()  # no collection first: on_unmount unfreezes, and then any garbage goes
+        self._thresholds = gc.get_threshold()
+        gc.set_threshold(YOUNG_OBJECTS, *self._thresholds[1:])
         self._heap_frozen = True
 
     # --- size ----------------------------------------------------------------------
