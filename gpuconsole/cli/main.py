@@ -3,43 +3,34 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuconsole import config as config_mod
 from gpuconsole import paths
-from gpuconsole.config import Config, ConfigError
-from gpuconsole.hub import Hub
-from gpuconsole.readings.base import safe_text
-from gpuconsole.readings.snapshot import FleetSnapshot
-from gpuconsole.wiring import (
-    agent_settings,
-    alert_rules,
-    bmc_sources,
-    console_hub,
-    members,
-    node_hub,
-    nvml_library,
-    sim_hub,
-    ssh_settings,
-    watch_alerts,
-)
+
+# Each command imports what it runs as it runs it: `--help`, `config` or `doctor` load no
+# hub or event loop, and a one-shot reading no ssh server, console or executor.
+if TYPE_CHECKING:
+    from gpuconsole.config import Config
+    from gpuconsole.hub import Hub
+    from gpuconsole.readings.snapshot import FleetSnapshot
 
 # --- subcommands ----------------------------------------------------------------------
 
 
 def _config(args: argparse.Namespace) -> Config:
+    from gpuconsole import config as config_mod
+
     return config_mod.load(Path(args.config) if args.config else None)
 
 
 def theme_named(name: str, where: str) -> str:
     """The theme `name` names, shipped or in the user's themes folder; ConfigError naming
     `where` (the key, or --theme) when there is none."""
+    from gpuconsole.config import ConfigError
     from gpuconsole.tui.themes import find_theme, load_themes
 
     known = load_themes([paths.user_themes_dir()])
@@ -51,6 +42,8 @@ def theme_named(name: str, where: str) -> str:
 
 def _theme_argument(name: str) -> str:
     """--theme, checked as argparse reads it: an unknown one is a usage error (exit 2)."""
+    from gpuconsole.config import ConfigError
+
     try:
         return theme_named(name, "--theme")
     except ConfigError as exc:
@@ -60,7 +53,16 @@ def _theme_argument(name: str) -> str:
 def problems(cfg: Config) -> list[str]:
     """Everything a command would refuse in `cfg` when it starts, found by the very checks
     the commands run, each one whatever the others find."""
+    from gpuconsole.config import ConfigError
     from gpuconsole.export.agent import tls_context
+    from gpuconsole.wiring import (
+        agent_settings,
+        alert_rules,
+        bmc_sources,
+        members,
+        nvml_library,
+        ssh_settings,
+    )
 
     checks = (
         lambda: tls_context(agent_settings(cfg, None)),
@@ -85,6 +87,7 @@ def problems(cfg: Config) -> list[str]:
 
 def _ssh_keys(cfg: Config) -> None:
     """[ssh] authorized_keys, where the config names it, read as the ssh server reads it."""
+    from gpuconsole.config import ConfigError
     from gpuconsole.ssh.keys import AuthorizedKeysFile, KeyFileError
 
     if cfg.ssh.authorized_keys:
@@ -96,6 +99,7 @@ def _ssh_keys(cfg: Config) -> None:
 
 def _ssh_passwords(cfg: Config) -> None:
     """[ssh] password_file, where the config names one, read as the ssh server reads it."""
+    from gpuconsole.config import ConfigError
     from gpuconsole.ssh.keys import KeyFileError, load_passwords
 
     if cfg.ssh.password_file:
@@ -114,10 +118,14 @@ class SafeFormatter(logging.Formatter):
     nothing a peer chose acts on a terminal that shows the log."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
+        from gpuconsole.readings.base import safe_text
+
         record.message = safe_text(record.message)
         return super().formatMessage(record)
 
     def formatException(self, ei: Any) -> str:
+        from gpuconsole.readings.base import safe_text
+
         return "\n".join(safe_text(line) for line in super().formatException(ei).splitlines())
 
 
@@ -164,6 +172,7 @@ def _run_console(
 def read_capture(path: Path) -> FleetSnapshot:
     """A snapshot captured with `gpuconsole snapshot --json`, for --replay."""
     from gpuconsole.codec import DecodeError, loads
+    from gpuconsole.config import ConfigError
 
     try:
         return loads(path.read_bytes())
@@ -174,6 +183,8 @@ def read_capture(path: Path) -> FleetSnapshot:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from gpuconsole.wiring import sim_hub, watch_alerts
+
     cfg = _config(args)
     theme = args.theme or theme_named(cfg.ui.theme, "[ui] theme")
     if args.replay:
@@ -184,6 +195,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_console(args: argparse.Namespace) -> int:
+    from gpuconsole.wiring import console_hub, watch_alerts
+
     cfg = _config(args)
     theme = args.theme or theme_named(cfg.ui.theme, "[ui] theme")
     hub = console_hub(cfg)
@@ -194,6 +207,8 @@ def cmd_console(args: argparse.Namespace) -> int:
 def cmd_wallboard(args: argparse.Namespace) -> int:
     """The read-only wallboard in this terminal: this node's, the fleet's ([fleet]) or the
     simulator's."""
+    from gpuconsole.wiring import console_hub, sim_hub, watch_alerts
+
     cfg = _config(args)
     try:
         from gpuconsole.tui.wallboard import WallboardApp
@@ -229,6 +244,10 @@ def cmd_ssh_server(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"gpuconsole: the ssh server cannot start: {exc}", file=sys.stderr)
         return 1
+    import asyncio
+
+    from gpuconsole.wiring import console_hub, sim_hub, ssh_settings, watch_alerts
+
     cfg = _config(args)
     settings = ssh_settings(cfg, args.listen, args.authorized_keys)
     hub = sim_hub(cfg, args.nodes, args.seed) if args.demo else console_hub(cfg)
@@ -260,6 +279,10 @@ def cmd_ssh_server(args: argparse.Namespace) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gpuconsole.wiring import agent_settings, node_hub, sim_hub, watch_alerts
+
     if args.guest:
         return _guest_agent(args)
     from gpuconsole.export.agent import serve
@@ -281,6 +304,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def _guest_agent(args: argparse.Namespace) -> int:
+    import asyncio
+
     from gpuconsole.export.guest import serve_guest
     from gpuconsole.wiring import guest_hub
 
@@ -300,6 +325,10 @@ def _guest_agent(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gpuconsole.wiring import console_hub, sim_hub
+
     cfg = _config(args)
     if args.demo:
         hub = sim_hub(cfg, args.nodes, args.seed, events=False)
@@ -311,6 +340,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     # the counted summary said below stands for the hub's line per stale source and node
     snapshot = asyncio.run(hub.poll_once(say_stale=False))
     if args.json:
+        import json
+
         from gpuconsole.cli.derived import snapshot_document
         from gpuconsole.facts.verdict import verdicts_json
 
@@ -396,6 +427,7 @@ def cmd_remediate(args: argparse.Namespace) -> int:
 def cmd_assign(args: argparse.Namespace) -> int:
     """Move GPUs to free, drained, k8s or vm:NAME: planned, confirmed, journaled, audited;
     or propose free GPUs for a request (--propose N), and with --to move them."""
+    import asyncio
     import os
     import signal
 
@@ -441,12 +473,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_rules(args: argparse.Namespace) -> int:
     """The alert rules this config runs, as a Prometheus alerting-rules file."""
     from gpuconsole.alerts.prometheus import rules_file
+    from gpuconsole.wiring import alert_rules
 
     print(rules_file(alert_rules(_config(args))), end="")
     return 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    from gpuconsole import config as config_mod
+
     if args.action == "example":
         print(config_mod.example())
         return 0
@@ -708,6 +743,8 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from gpuconsole.config import ConfigError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command not in ("demo", "console", "wallboard"):
