@@ -275,10 +275,11 @@ def results_md(
             table(all_rows),
             "",
             "Reading them: gpustat sleeps 0.1 s per GPU that has processes (to sample their CPU "
-            "%), so about 0.8 s of its one-shot wall here is sleep, not work. The fake library's "
-            "event wait wakes every 50 ms to check its scenarios, where the real one blocks: "
-            "gpuconsole's event thread wakes 20 times a second here and not on a GPU node. "
-            "Where gpuconsole loses, "
+            "%), so about 0.8 s of its one-shot wall here is sleep, not work. gpuconsole's "
+            "XID/ECC event thread asks NVML to wait 100 ms at a time (a closing source waits "
+            "for it no longer than that): ten wake-ups a second, on a GPU node as here (the "
+            "`nvmlEventSetWait_v2` calls below), about 1 ms of CPU a second of the console's "
+            "and the agent's. Where gpuconsole loses, "
             "`make bench-compare BENCH_COMPARE_ARGS='--profile DIR'` records py-spy profiles of "
             "its side.",
             "",
