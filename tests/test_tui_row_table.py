@@ -8,7 +8,7 @@ from typing import Any
 from rich.text import Text
 from textual.app import App, ComposeResult
 
-from gpuconsole.tui.widgets.row_table import RowTable
+from gpuconsole.tui.widgets.row_table import Cell, RowTable
 
 COLUMNS = (("name", "name"), ("wide", "wide"))
 
@@ -97,3 +97,22 @@ async def test_a_cell_that_only_changes_colour_is_drawn_again() -> None:
         assert table.update_row("a", ("a", Text("▅▆", style="red")))
         await pilot.pause()
         assert table.get_cell("a", "wide").style == "red"
+
+
+async def test_a_one_style_cell_is_drawn_the_way_any_cell_is() -> None:
+    """Cells of one style (numbers, sparklines: nearly all a new reading brings) take a
+    short way to their segments; they come out as the general way makes them."""
+    app = TableApp()
+    async with app.run_test(size=(40, 8)):
+        table = app.query_one(RowTable)
+        column = table._columns[1]
+        column.width = 8
+        cells: list[Cell] = ["", "12%", "12345678", Text("42°C"), Text("▅▆", style="green"),
+                             Text("", style="red"), Text("x", style="none"), Text("no", style="")]  # fmt: skip
+        for compact in (False, True):
+            table._compact = compact
+            short = [table._render_cell(column, cell) for cell in cells]
+            table._one_style_cell = lambda *_: None  # type: ignore[method-assign]
+            general = [table._render_cell(column, cell) for cell in cells]
+            del table._one_style_cell
+            assert short == general

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from rich.cells import cell_len
+from rich.console import Console
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -353,6 +354,10 @@ class RowTable(ScrollView, can_focus=True):
     def _render_cell(self, column: Column, cell: Cell) -> list[Segment]:
         console = self.app.console
         width = column.shown_width
+        room = width - _width(cell)
+        simple = self._one_style_cell(column, cell, room, console) if room >= 0 else None
+        if simple is not None:
+            return simple
         if _width(cell) > width:  # a cut cell says so
             cell = cell.copy() if isinstance(cell, Text) else Text(cell)
             cell.truncate(width, overflow="ellipsis")
@@ -368,6 +373,29 @@ class RowTable(ScrollView, can_focus=True):
         # one run per style within a cell, and cells kept apart by their column's mark, as
         # DataTable draws them: a screenshot of the view comes out the same
         return list(Segment.apply_style(Segment.simplify(padded), post_style=column.mark))
+
+    def _one_style_cell(
+        self, column: Column, cell: Cell, room: int, console: Console
+    ) -> list[Segment] | None:
+        """A cell of one style (or none) that fits its column, as nearly every cell a new
+        reading brings is (a number, a sparkline): the very segments the general way makes
+        of it (padding, one run per style, the column's mark), without Rich's passes over
+        them. None for another cell."""
+        mark = column.mark
+        tail = " " * room if self._compact else " " * (room + 1)
+        if isinstance(cell, str):
+            return [Segment(f" {cell}{tail}", mark)]
+        if cell.spans:
+            return None
+        style = console.get_style(cell.style) if cell.style else None
+        if style is None:
+            return [Segment(f" {cell.plain}{tail}", mark)]
+        if not cell.plain:
+            return None  # Rich keeps an empty run of the style: the general way does too
+        body = Segment(cell.plain, style + mark if style else mark)
+        return (
+            [Segment(" ", mark), body, Segment(tail, mark)] if tail else [Segment(" ", mark), body]
+        )
 
     def render_lines(self, crop: Region) -> list[Strip]:
         self._base_style = self.rich_style  # it walks the DOM: once, not once a line
