@@ -395,6 +395,7 @@ def cmd_power(args: argparse.Namespace) -> int:
 def cmd_remediate(args: argparse.Namespace) -> int:
     """Repair one GPU as its verdict (or --action) asks: planned, confirmed, journaled; on a
     head, a GPU of another node of the fleet over ssh (--node NODE, or NODE:GPU)."""
+    import asyncio
     import os
     import signal
 
