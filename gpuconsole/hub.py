@@ -483,6 +483,9 @@ class Hub:
         if isinstance(remote, AgentReading):
             # A node read through its agent: its parts, statuses and rates, as sent.
             far = remote.node
+            # the agent's verdict judged its parts: a part read here instead is judged here
+            if far.verdict is not None and all(fields.get(k) is None for k in REMOTE_PARTS):
+                fields["verdict"] = far.verdict
             for kind in REMOTE_PARTS:
                 if fields.get(kind) is None and getattr(far, kind) is not None:
                     fields[kind] = getattr(far, kind)

@@ -33,6 +33,7 @@ from gpuconsole.export.guard import (
     quiet_logger,
     quiet_loop_errors,
 )
+from gpuconsole.facts.verdict import carry_verdict
 from gpuconsole.hub import Hub
 from gpuconsole.readings.agents import STEADY_PARTS, held_parts, part_version, summarize
 from gpuconsole.readings.snapshot import FleetSnapshot
@@ -61,10 +62,13 @@ def not_served(node: str, snapshot: FleetSnapshot) -> web.Response:
 
 
 def select(snapshot: FleetSnapshot, node: str | None, *, summary: bool) -> FleetSnapshot:
-    """The snapshot cut to one node (when it is served here) and, for fleets, summarized."""
+    """The snapshot cut to one node (when it is served here) and, for fleets, summarized;
+    each node with its verdict, judged here where every detail is, so that a head reading
+    a thousand nodes need not judge them again from their summaries."""
     nodes = snapshot.nodes
     if node is not None and any(n.node == node for n in nodes):
         nodes = tuple(n for n in nodes if n.node == node)
+    nodes = tuple(carry_verdict(n) for n in nodes)
     if summary:
         nodes = tuple(summarize(n) for n in nodes)
     names = {n.node for n in nodes}

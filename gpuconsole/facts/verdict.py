@@ -26,7 +26,6 @@ it says.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import operator
 import re
 import time
@@ -38,7 +37,7 @@ from gpuconsole import format as fmt
 from gpuconsole.facts.inventory import GpuRow, short_bus_id
 from gpuconsole.facts.ownership import Ownership, node_ownership
 from gpuconsole.facts.xids import Bucket, xid_entry
-from gpuconsole.readings.base import Health, Severity, known_bus_id
+from gpuconsole.readings.base import Health, Severity, known_bus_id, safe_text
 from gpuconsole.readings.bmc import BmcReading, SensorHealth, SensorKind
 from gpuconsole.readings.fabric import (
     ERROR_RULES,
@@ -50,117 +49,18 @@ from gpuconsole.readings.fabric import (
 )
 from gpuconsole.readings.nvml import GpuReading, GpuState, NvmlReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
-
-
-class Action(enum.StrEnum):
-    """NVIDIA's recommended action, mildest first; a node or GPU takes its worst finding's."""
-
-    FIT = "fit"
-    WATCH = "watch"
-    DRAIN = "drain"
-    RESET_GPU = "reset_gpu"
-    REBOOT_NODE = "reboot_node"
-    RESEAT = "reseat"
-    SERVICE = "service"
-
-    @property
-    def rank(self) -> int:
-        """0 for fit up to 6 for return to service: the value of the verdict series."""
-        return _RANKS[self]
-
-    @property
-    def words(self) -> str:
-        """What to do, as an operator reads it: 'reset the GPU'."""
-        return ACTION_WORDS[self]
-
-
-_RANKS = {action: rank for rank, action in enumerate(Action)}
-ACTION_WORDS = {
-    Action.FIT: "fit for work",
-    Action.WATCH: "keep watching it",
-    Action.DRAIN: "drain it",
-    Action.RESET_GPU: "reset the GPU, then verify",
-    Action.REBOOT_NODE: "reboot the node, then verify",
-    Action.RESEAT: "reseat it / check cables and power",
-    Action.SERVICE: "return it for service",
-}
-SOURCES = ("nvml", "bmc", "fabric", "tenancy")
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One piece of evidence: a machine code, the words an operator reads, how bad, who saw
-    it, what it calls for, and the GPU it is about (its bus id; None for the node)."""
-
-    code: str  # machine name: "xid", "remap_pending", "psu_failed", "rail_down", ...
-    text: str  # human words, without the subject: "a row remap is pending (ECC)"
-    severity: Severity
-    source: str  # "nvml", "bmc", "fabric" or "tenancy"
-    action: Action
-    bus_id: str | None = None
-    subject: str = ""  # what it is about, as views name it: "GPU 2 (52:00.0)", "mlx5_7/1"
-
-    @property
-    def message(self) -> str:
-        """'GPU 2 (52:00.0): a row remap is pending': what a list of problems shows."""
-        return f"{self.subject}: {self.text}" if self.subject else self.text
-
+from gpuconsole.readings.verdict import ACTION_WORDS as ACTION_WORDS
+from gpuconsole.readings.verdict import SOURCES as SOURCES
+from gpuconsole.readings.verdict import Action as Action
+from gpuconsole.readings.verdict import CarriedVerdict, JudgedGpu
+from gpuconsole.readings.verdict import Finding as Finding
+from gpuconsole.readings.verdict import Verdict as Verdict
 
 _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 
 
 def _worst_first(finding: Finding) -> tuple[int, int]:
     return -_SEVERITY_RANK[finding.severity], -finding.action.rank
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What to do with a GPU or a node, its health at a glance, and the evidence, worst
-    first."""
-
-    action: Action
-    health: Health
-    findings: tuple[Finding, ...] = ()
-
-    @property
-    def fit(self) -> bool:
-        return self.action is Action.FIT
-
-    @property
-    def problems(self) -> tuple[Finding, ...]:
-        """The findings worth an operator's look (warnings and worse)."""
-        return tuple(f for f in self.findings if f.severity is not Severity.INFO)
-
-    @property
-    def advice(self) -> str:
-        """What to do, naming the GPU where the action is about one: 'reset GPU 5 (c3:00.0),
-        then verify'; else the action's words."""
-        return self._advice(bus=True)
-
-    @property
-    def short_advice(self) -> str:
-        """The advice where the GPU's bus id is on screen beside it: 'reset GPU 5, then
-        verify' (no longer than the action's words)."""
-        return self._advice(bus=False)
-
-    def _advice(self, *, bus: bool) -> str:
-        if self.action is Action.RESET_GPU:
-            for finding in self.findings:
-                if finding.action is Action.RESET_GPU and finding.subject.startswith("GPU"):
-                    name = finding.subject if bus else finding.subject.split(" (")[0]
-                    return f"reset {name}, then verify"
-        return self.action.words
-
-    @property
-    def summary(self) -> str:
-        """One line: 'reset GPU 2 (52:00.0), then verify: a row remap is pending (ECC)'."""
-        worst = self.problems
-        if not worst:
-            return self.action.words
-        more = f" (+{len(worst) - 1} more)" if len(worst) > 1 else ""
-        advice, head = self.advice, worst[0]
-        said = head.text if head.subject and head.subject in advice else head.message
-        return f"{advice}: {said}{more}"
 
 
 def _verdict(findings: list[Finding], calm: Health = Health.OK) -> Verdict:
@@ -751,6 +651,8 @@ class _Judged:
     fabric_found: tuple[Finding, ...] = ()
     tenancy: object = None
     tenancy_found: tuple[Finding, ...] = ()
+    # the verdict its agent sent, where it was taken as the node's with nothing added here
+    carried: CarriedVerdict | None = None
 
 
 _JUDGED: OrderedDict[str, _Judged] = OrderedDict()
@@ -768,10 +670,30 @@ def _gpu_key(bus_id: str | None, index: int | None) -> str:
 
 def _judge(node: NodeSnapshot) -> _Judged:
     """Every finding of a node, judged once per snapshot of it: the fleet, the wallboard
-    and the exporter of one process ask about the same snapshot."""
+    and the exporter of one process ask about the same snapshot. A node read through its
+    agent comes with the verdict the agent judged, where every detail is: checked, it is
+    taken as it is, and a head need not judge a thousand nodes a second."""
     seen = _JUDGED.get(node.node)
     if seen is not None and seen.node is node:
         return seen
+    carried = node.verdict
+    if carried is not None and seen is not None and seen.carried is carried:
+        # the agent's verdict as it was (its source keeps what came unchanged): taken again
+        # where this process still adds nothing
+        if _calm(node) is Health.OK:
+            seen.node = node
+            return seen
+    taken = _carried(node, carried) if carried is not None else None
+    judged = taken if isinstance(taken, _Judged) else _judged_here(node, seen, taken)
+    _JUDGED[node.node] = judged
+    if seen is None:
+        while len(_JUDGED) > _JUDGED_NODES:
+            _JUDGED.popitem(last=False)
+    return judged
+
+
+def _judged_here(node: NodeSnapshot, seen: _Judged | None, refused: str | None) -> _Judged:
+    """The node judged from its readings (the verdict its agent sent `refused`, if so)."""
     findings: list[Finding] = []
     nvml = node.nvml
     if nvml is not None:
@@ -810,20 +732,163 @@ def _judge(node: NodeSnapshot) -> _Judged:
             if finding.bus_id is not None:
                 per_gpu.setdefault(finding.bus_id, []).append(finding)
         judged.gpus = {bus: _gpu_verdict(found) for bus, found in per_gpu.items()}
-    if not node.statuses:
-        calm = Health.UNKNOWN
-    else:
-        calm = Health.OK
-        for status in node.statuses:
-            if not status.ok:
-                calm = Health.STALE
-                break
+    calm = _calm(node)
+    if calm is not Health.OK or refused is not None:
+        findings += _head_findings(node, refused)
     judged.verdict = _verdict(findings, calm)
-    _JUDGED[node.node] = judged
-    if seen is None:
-        while len(_JUDGED) > _JUDGED_NODES:
-            _JUDGED.popitem(last=False)
     return judged
+
+
+def _calm(node: NodeSnapshot) -> Health:
+    """The health of a node with nothing found: unknown before any source answered, stale
+    while one is."""
+    if not node.statuses:
+        return Health.UNKNOWN
+    for status in node.statuses:
+        if not status.ok:
+            return Health.STALE
+    return Health.OK
+
+
+def _head_findings(node: NodeSnapshot, refused: str | None) -> list[Finding]:
+    """What this process alone knows of a node it reads through an agent: the agent
+    silent (its last reading and verdict shown, stale), the verdict it sent refused."""
+    found = []
+    status = node.status("remote")
+    if status is not None and not status.ok:
+        since = f" since {fmt.clock_time(status.stale_since)}" if status.stale_since else ""
+        why = f" ({status.error})" if status.error else ""
+        shown = ": the last it sent is shown" if status.last_ok_at is not None else ""
+        found.append(Finding("agent_silent", f"no answer from its agent{since}{why}{shown}",
+                             Severity.INFO, "agent", Action.FIT))  # fmt: skip
+    if refused is not None:
+        found.append(Finding("verdict_refused", f"the verdict its agent sent is refused "
+                             f"({refused}): judged here from its readings", Severity.WARNING,
+                             "agent", Action.WATCH))  # fmt: skip
+    return found
+
+
+# What a head takes of a verdict an agent sends: far more than a node has, never more.
+CARRIED_FINDINGS = 1024
+CARRIED_GPUS = 64
+_CODE_CHARS, _TEXT_CHARS, _SUBJECT_CHARS = 64, 1000, 200
+
+
+def _carried(node: NodeSnapshot, carried: CarriedVerdict) -> _Judged | str:
+    """The node's verdict as its agent judged it, checked against what its findings say
+    and merged with what this process alone knows; or why it is refused."""
+    if carried.refused:
+        return safe_text(carried.refused[:_TEXT_CHARS])
+    if len(carried.findings) > CARRIED_FINDINGS:
+        return f"{len(carried.findings)} findings, more than {CARRIED_FINDINGS}"
+    if len(carried.gpus) > CARRIED_GPUS:
+        return f"{len(carried.gpus)} GPUs judged, more than {CARRIED_GPUS}"
+    findings: list[Finding] = []
+    per_gpu: dict[str, list[Finding]] = {}
+    buses: frozenset[str] | None = None
+    for i, finding in enumerate(carried.findings):
+        wrong = _unfit(finding)
+        if wrong:
+            return f"finding {i}: {wrong}"
+        if not _printable(finding):
+            finding = _safe_finding(finding)
+        bus = finding.bus_id
+        if bus is not None:
+            if buses is None:
+                buses = _node_buses(node)
+            if bus not in buses:
+                return f"finding {i} is about GPU {_shown(bus)}, which the node does not have"
+            per_gpu.setdefault(bus, []).append(finding)
+        findings.append(finding)
+    gpus = {bus: _gpu_verdict(found) for bus, found in per_gpu.items()}
+    said: set[str] = set()
+    for line in carried.gpus:
+        bus = line.bus_id
+        expected = gpus.get(bus)
+        if bus in said:
+            return f"GPU {_shown(bus)} is judged twice"
+        said.add(bus)
+        if expected is None:
+            return f"GPU {_shown(bus)} is judged {line.action} with no finding about it"
+        if line.action is not expected.action or line.health is not expected.health:
+            return (f"GPU {_shown(bus)} is said {line.action} ({line.health}), its findings say "
+                    f"{expected.action} ({expected.health})")  # fmt: skip
+    if len(said) != len(gpus):
+        unsaid = sorted(gpus.keys() - said)[0]
+        return f"GPU {unsaid} has findings and no verdict"
+    worst = min(findings, key=_worst_first).action if findings else Action.FIT
+    if carried.action is not worst:
+        return f"the node is said {carried.action}, its findings say {worst}"
+    calm = _calm(node)
+    if calm is not Health.OK:
+        findings += _head_findings(node, None)
+        return _Judged(node, _verdict(findings, calm), gpus)
+    return _Judged(node, _verdict(findings), gpus, carried=carried)
+
+
+def _unfit(finding: Finding) -> str | None:
+    """What is wrong with a finding an agent sent, beyond its types (the codec's): None
+    where nothing is."""
+    code = finding.code
+    if not 0 < len(code) <= _CODE_CHARS or not code.replace("_", "").isalnum():
+        return f"code {_shown(code)} is not a machine name"
+    if not code.isascii():
+        return f"code {_shown(code)} is not a machine name"
+    if len(finding.text) > _TEXT_CHARS:
+        return f"its text is longer than {_TEXT_CHARS} characters"
+    if len(finding.subject) > _SUBJECT_CHARS:
+        return f"its subject is longer than {_SUBJECT_CHARS} characters"
+    if finding.source not in SOURCES:
+        return f"source {_shown(finding.source)} is none of {', '.join(SOURCES)}"
+    return None
+
+
+def _shown(text: str) -> str:
+    """A piece of what an agent sent, short and safe to show in a reason."""
+    cut = text[:40] + ("…" if len(text) > 40 else "")
+    return repr(safe_text(cut))
+
+
+def _printable(finding: Finding) -> bool:
+    return (
+        finding.text.isprintable()
+        and finding.subject.isprintable()
+        and finding.code.isprintable()
+        and (finding.bus_id is None or finding.bus_id.isprintable())
+    )
+
+
+def _safe_finding(finding: Finding) -> Finding:
+    bus = finding.bus_id
+    return dataclasses.replace(
+        finding,
+        code=safe_text(finding.code),
+        text=safe_text(finding.text),
+        subject=safe_text(finding.subject),
+        bus_id=safe_text(bus) if bus is not None else None,
+    )
+
+
+def _node_buses(node: NodeSnapshot) -> frozenset[str]:
+    """Every GPU a node has, by bus id: what NVML reads, what sysfs lists (a GPU NVML lost,
+    or one no driver holds) and what its guests' agents read."""
+    buses = {g.pci_bus_id for g in node.gpus}
+    tenancy = node.tenancy
+    if tenancy is not None:
+        buses.update(g.bus_id for g in tenancy.gpus)
+        buses.update(g.bus_id for g in tenancy.guest_gpus)
+    return frozenset(buses)
+
+
+def carry_verdict(node: NodeSnapshot) -> NodeSnapshot:
+    """The node with its verdict, judged here where every detail is, as its agent sends it
+    to a head."""
+    judged = _judge(node)
+    verdict = judged.verdict
+    lines = tuple(JudgedGpu(bus, v.action, v.health) for bus, v in judged.gpus.items())
+    return dataclasses.replace(
+        node, verdict=CarriedVerdict(verdict.action, verdict.findings, lines)
+    )
 
 
 def _drained_xids(node: NodeSnapshot, ownership: Ownership | None) -> tuple[int | None, ...]:

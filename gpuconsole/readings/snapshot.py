@@ -2,7 +2,7 @@
 
 The hub merges the sources' partial readings (one per source kind) into a NodeSnapshot per
 node and a FleetSnapshot for the whole process. Whether a node is healthy is a fact derived
-from all of them: `facts.verdict`.
+from all of them: `facts.verdict` (on a head, from the verdict the node's agent sends).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from gpuconsole.readings.bmc import BmcReading
 from gpuconsole.readings.fabric import FabricReading
 from gpuconsole.readings.nvml import GpuReading, NvmlReading
 from gpuconsole.readings.tenancy import TenancyReading
+from gpuconsole.readings.verdict import CarriedVerdict
 
 if TYPE_CHECKING:
     from gpuconsole.history import HistoryView
@@ -48,6 +49,9 @@ class NodeSnapshot:
     # each GPU's latest XID the hub saw, by UUID and by bus id (a drained GPU has no UUID
     # NVML reads, and keeps its XID)
     last_xid: Mapping[str, int] = field(default_factory=lambda: _EMPTY_XIDS)
+    # the node's verdict as its agent judged it, where it read everything; None where this
+    # process judges the node (its own, or one whose agent sends none)
+    verdict: CarriedVerdict | None = None
     history: HistoryView | None = None
 
     def status(self, source: str) -> SourceStatus | None:

@@ -29,6 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 from yarl import URL
 
 from gpuconsole.codec import dumps, snapshot_json
+from gpuconsole.facts.verdict import carry_verdict
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.agents import summarize
 from gpuconsole.readings.base import Event, Severity
@@ -253,7 +254,8 @@ class FleetSim:
         for spec in chosen:
             found = shot.node(spec.name)
             assert found is not None
-            body = FleetSnapshot(shot.seq, shot.at, (summarize(found),), (), ())
+            # with its verdict, as an agent sends it
+            body = FleetSnapshot(shot.seq, shot.at, (summarize(carry_verdict(found)),), (), ())
             which = _identities(len(get_profile(spec.profile).gpus))
             names = [_identity(w, spec.name, self.seed) for w in which]
             template = _Template(snapshot_json(body, sparse=True), names)
@@ -409,7 +411,7 @@ def _serve(seed: int, started: float) -> None:
             out.write(f"error {type(exc).__name__}: {exc}".replace("\n", " ").encode() + b"\n")
             out.flush()
             continue
-        cut = tuple(n for n in shot.nodes if n.node == spec.name)
+        cut = tuple(carry_verdict(n) for n in shot.nodes if n.node == spec.name)
         events = tuple(e for e in shot.events if e.node == spec.name)
         shot = dataclasses.replace(shot, nodes=cut, events=events, event_counts=())
         body = dumps(shot).encode()
