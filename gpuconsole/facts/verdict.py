@@ -846,7 +846,7 @@ def _unfit(finding: Finding) -> str | None:
 def _shown(text: str) -> str:
     """A piece of what an agent sent, short and safe to show in a reason."""
     cut = text[:40] + ("…" if len(text) > 40 else "")
-    return repr(safe_text(cut))
+    return f"'{safe_text(cut)}'"
 
 
 def _printable(finding: Finding) -> bool:

@@ -1,0 +1,137 @@
+"""A verdict an agent sends is untrusted: a head checks it against its own findings, its
+types, its sizes and the node's GPUs, shows its text only made safe, and refuses one that
+lies or babbles with the reason, on that node alone, judging the node itself instead."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gpuconsole import codec
+from gpuconsole.export.agent import Agent, select
+from gpuconsole.facts.verdict import Action, gpu_verdict, node_verdict
+from gpuconsole.wiring import AgentSettings
+from tests.export_fixtures import frozen_fleet
+from tests.test_agents_source import HeldHub, serve
+from tests.test_verdict_agents import head_of, with_links_down
+
+Verdict = dict[str, Any]
+
+
+def _set(key: str, value: Any) -> Callable[[Verdict], Any]:
+    def change(verdict: Verdict) -> Verdict:
+        verdict[key] = value
+        return verdict
+
+    return change
+
+
+def _finding(key: str, value: Any, times: int = 1) -> Callable[[Verdict], Any]:
+    def change(verdict: Verdict) -> Verdict:
+        verdict["findings"][0][key] = value
+        verdict["findings"] = verdict["findings"] * times
+        return verdict
+
+    return change
+
+
+def _gpu(key: str, value: Any) -> Callable[[Verdict], Any]:
+    def change(verdict: Verdict) -> Verdict:
+        verdict["gpus"][0][key] = value
+        return verdict
+
+    return change
+
+
+def _elsewhere(verdict: Verdict) -> Verdict:
+    """A consistent verdict about a GPU the node does not have."""
+    verdict["findings"][0]["bus_id"] = verdict["gpus"][0]["bus_id"] = "0000:99:00.0"
+    return verdict
+
+
+LIES: list[tuple[str, Callable[[Verdict], Any], str]] = [
+    ("an action that is none", _set("action", "explode"), "'explode' is not a Action"),
+    ("not an object", lambda v: "trust me, reset everything", "expected an object"),
+    ("findings not a list", _set("findings", {"a": 1}), "findings: expected a list"),
+    ("fit despite its findings", _set("action", "fit"),
+     "the node is said fit, its findings say reset_gpu"),
+    ("a GPU's health that its findings do not give", _gpu("health", "ok"),
+     "GPU '0000:61:00.0' is said reset_gpu (ok), its findings say reset_gpu (warning)"),
+    ("a GPU with findings and no verdict", _set("gpus", []),
+     "GPU 0000:61:00.0 has findings and no verdict"),
+    ("a GPU judged twice", lambda v: {**v, "gpus": v["gpus"] * 2}, "is judged twice"),
+    ("a GPU the node does not have", _elsewhere,
+     "finding 0 is about GPU '0000:99:00.0', which the node does not have"),
+    ("too many findings", _finding("text", "x", 2000), "6000 findings, more than 1024"),
+    ("a text too long", _finding("text", "x" * 5000), "longer than 1000 characters"),
+    ("an escape for a code", _finding("code", "\x1b]52;c;cm0gLXJmIC8K\x07"),
+     r"code '\x1b]52;c;cm0gLXJmIC8K\x07' is not a machine name"),
+    ("a source there is none of", _finding("source", "kernel"), "source 'kernel' is none of"),
+    ("a refusal of its own", _set("refused", "nothing to see"), "only a head says"),
+]  # fmt: skip
+
+
+def _served(change: Callable[[Verdict], Any]) -> dict[str, Any]:
+    """dgx-004's summary as its agent serves it (a row remap pending on GPU 2), its verdict
+    changed."""
+    body = codec.snapshot_json(select(frozen_fleet(), "dgx-004", summary=True), sparse=True)
+    body = copy.deepcopy(body)
+    node = body["nodes"][0]
+    node["verdict"] = change(node["verdict"])
+    return body
+
+
+async def _head_reads(body: dict[str, Any]) -> tuple[Any, Any]:
+    """dgx-004 from an agent that serves `body`, beside dgx-002 from a real agent with two
+    NVLinks of GPU 2 down (which only its agent's verdict says); both as the head has them."""
+
+    async def liar(request: web.Request) -> web.Response:
+        return web.json_response(body)
+
+    runner, port = await serve(liar)
+    sick = with_links_down(frozen_fleet(), "dgx-002", 2, 2)
+    neighbour = Agent(HeldHub(sick), AgentSettings(port=0))
+    await neighbour.start()
+    try:
+        snapshot = await head_of(
+            ("dgx-004", f"http://127.0.0.1:{port}"),
+            ("dgx-002", f"http://127.0.0.1:{neighbour.port}"),
+        ).poll_once()
+    finally:
+        await neighbour.stop()
+        await runner.cleanup()
+    return snapshot.node("dgx-004"), snapshot.node("dgx-002")
+
+
+@pytest.mark.parametrize(("change", "reason"), [(c, r) for _, c, r in LIES],
+                         ids=[name for name, _, _ in LIES])  # fmt: skip
+async def test_a_lying_or_garbage_verdict_is_refused_with_its_reason(
+    change: Callable[[Verdict], Any], reason: str
+) -> None:
+    node, neighbour = await _head_reads(_served(change))
+    assert node is not None and node.status("remote").ok  # its readings are kept
+    verdict = node_verdict(node)
+    refused = [f for f in verdict.findings if f.code == "verdict_refused"]
+    assert len(refused) == 1, verdict.findings
+    assert reason in refused[0].text and "judged here from its readings" in refused[0].text
+    assert all("\x1b" not in f.message and "\x07" not in f.message for f in verdict.findings)
+    # judged here, from what the summary holds: the pending row remap on GPU 2
+    assert verdict.action is Action.RESET_GPU
+    assert gpu_verdict(node, node.gpus[2]).action is Action.RESET_GPU
+    # the neighbour keeps the verdict its own agent sent
+    assert neighbour is not None
+    assert gpu_verdict(neighbour, neighbour.gpus[2]).action is Action.RESET_GPU
+    assert "verdict_refused" not in [f.code for f in node_verdict(neighbour).findings]
+
+
+async def test_escapes_in_a_verdict_that_holds_together_are_shown_written_out() -> None:
+    node, _ = await _head_reads(_served(_finding("text", "\x1b[2J\x1b]0;owned\x07row remap")))
+    assert node is not None
+    verdict = node_verdict(node)
+    assert "verdict_refused" not in [f.code for f in verdict.findings]
+    shown = [f.text for f in verdict.findings if f.code == "remap_pending"]
+    assert shown == [r"\x1b[2J\x1b]0;owned\x07row remap"]

@@ -1,0 +1,137 @@
+"""A node is judged on its agent, where every detail is, and a head shows that verdict:
+real agents on loopback, read by a head's agent sources."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from gpuconsole import codec
+from gpuconsole.cli.table import render_table
+from gpuconsole.export.agent import Agent, select
+from gpuconsole.facts import summaries
+from gpuconsole.facts.verdict import Action, gpu_verdict, node_verdict, verdicts_json
+from gpuconsole.hub import Hub, HubSettings
+from gpuconsole.readings.base import Health
+from gpuconsole.readings.snapshot import FleetSnapshot
+from gpuconsole.sources.agents import AgentClient, AgentSource
+from gpuconsole.tui.wallboard import WallboardApp, alerts_page
+from gpuconsole.wiring import AgentSettings
+from tests.export_fixtures import frozen_fleet, one, parse, render
+from tests.test_agents_source import HeldHub, serve
+from tests.waiting import until
+
+NODE = "dgx-002"
+
+
+def with_links_down(fleet: FleetSnapshot, node: str, gpu: int, down: int) -> FleetSnapshot:
+    """The fleet cut to `node`, `down` of its GPU `gpu`'s NVLinks down: what only the agent
+    sees, since a summary leaves NVLink readings to the drill-down."""
+    found = fleet.node(node)
+    assert found is not None and found.nvml is not None
+    sick = found.gpus[gpu]
+    links = tuple(dataclasses.replace(link, active=False) for link in sick.nvlinks[:down])
+    sick = dataclasses.replace(sick, nvlinks=links + sick.nvlinks[down:])
+    gpus = tuple(sick if g.index == gpu else g for g in found.gpus)
+    found = dataclasses.replace(found, nvml=dataclasses.replace(found.nvml, gpus=gpus))
+    return dataclasses.replace(fleet, nodes=(found,), events=(), event_counts=())
+
+
+@pytest.fixture
+async def sick_agent() -> AsyncIterator[Agent]:
+    """A real agent serving dgx-002 (a fan failed) with two NVLinks of GPU 2 down."""
+    agent = Agent(HeldHub(with_links_down(frozen_fleet(), NODE, 2, 2)), AgentSettings(port=0))
+    await agent.start()
+    try:
+        yield agent
+    finally:
+        await agent.stop()
+
+
+def head_of(*urls: tuple[str, str]) -> Hub:
+    head = Hub(HubSettings(publish_gap_s=0.05, max_backoff_s=0.5))
+    client = AgentClient(max_connections=4)
+    for node, url in urls:
+        head.add_source(AgentSource(node, url, client, interval_s=0.2, timeout_s=2.0))
+    return head
+
+
+async def test_an_agents_verdict_reaches_the_heads_fleet_view(sick_agent: Agent) -> None:
+    """The summary carries no NVLink readings, yet the head's fleet row, wallboard,
+    `snapshot` and exporter say what the agent judged: reset GPU 2, two NVLinks down."""
+    snapshot = await head_of((NODE, f"http://127.0.0.1:{sick_agent.port}")).poll_once()
+    node = snapshot.node(NODE)
+    assert node is not None and node.status("remote").ok  # type: ignore[union-attr]
+    assert all(g.nvlinks == () for g in node.gpus)  # the summary, as the head reads it
+    sick = node.gpus[2]
+    verdict = gpu_verdict(node, sick)
+    assert verdict.action is Action.RESET_GPU and verdict.health is Health.WARNING
+    assert [(f.code, f.text) for f in verdict.findings] == [("nvlink_down", "2 of 18 NVLinks down")]
+    assert gpu_verdict(node, node.gpus[0]).fit
+    assert "nvlink_down" in [f.code for f in node_verdict(node).problems]
+    assert node_verdict(node).action is Action.SERVICE  # its failed fan comes first
+    # the fleet's GPU light, the wallboard, `snapshot` and the exporter of the head
+    assert summaries.facets(node)[0].health is Health.WARNING
+    board = alerts_page(snapshot, WallboardApp(None, theme_dirs=[]).palette, snapshot.at).body
+    assert f"{NODE} GPU 2 (52:00.0): 2 of 18 NVLinks down" in board.plain  # type: ignore[union-attr]
+    judged = verdicts_json(snapshot)[NODE]
+    assert judged["gpus"][sick.pci_bus_id]["action"] == "reset_gpu"  # type: ignore[index]
+    assert "2 of 18 NVLinks down" in render_table(snapshot)
+    series = parse(render(snapshot))["gpuconsole_gpu_verdict"]
+    assert one(series, node=NODE, uuid=sick.uuid).labels["action"] == "reset_gpu"
+
+
+async def test_a_stale_agent_shows_stale_with_the_verdict_it_last_sent() -> None:
+    """dgx-004 (a row remap pending) with two NVLinks of GPU 0 down: its agent stops, and
+    the head shows the node stale, still with what the agent last judged."""
+    held = with_links_down(frozen_fleet(), "dgx-004", 0, 2)
+    agent = Agent(HeldHub(held), AgentSettings(port=0))
+    await agent.start()
+    head = head_of(("dgx-004", f"http://127.0.0.1:{agent.port}"))
+    await head.start()
+    try:
+        await until(lambda: head.latest is not None and head.latest.node("dgx-004") is not None
+                    and head.latest.node("dgx-004").status("remote").ok)  # type: ignore[union-attr]  # fmt: skip
+        await agent.stop()
+        await until(lambda: not head.latest.node("dgx-004").status("remote").ok)  # type: ignore[union-attr]
+        node = head.latest.node("dgx-004")  # type: ignore[union-attr]
+        assert node is not None
+        verdict = node_verdict(node)
+        assert verdict.health is Health.STALE  # a warning, from a node that does not answer
+        assert verdict.action is Action.RESET_GPU
+        assert gpu_verdict(node, node.gpus[0]).action is Action.RESET_GPU  # as last sent
+        silent = [f for f in verdict.findings if f.code == "agent_silent"]
+        assert silent and "no answer from its agent since" in silent[0].text
+        assert "the last it sent is shown" in silent[0].text
+        assert summaries.source_facet(node, "remote") is Health.STALE
+    finally:
+        await head.stop()
+        await agent.stop()
+
+
+async def test_an_agent_that_sends_no_verdict_is_judged_by_the_head() -> None:
+    """An agent of an earlier version sends the summary alone: the head judges it, as it
+    always has (dgx-004's pending row remap is in the summary)."""
+    fleet = frozen_fleet()
+    body = codec.snapshot_json(select(fleet, "dgx-004", summary=True), sparse=True)
+    for node in body["nodes"]:
+        node.pop("verdict")
+
+    async def older_agent(request: web.Request) -> web.Response:
+        return web.json_response(body)
+
+    runner, port = await serve(older_agent)
+    try:
+        snapshot = await head_of(("dgx-004", f"http://127.0.0.1:{port}")).poll_once()
+    finally:
+        await runner.cleanup()
+    node = snapshot.node("dgx-004")
+    assert node is not None and node.verdict is None
+    here = fleet.node("dgx-004")
+    assert here is not None
+    verdict = node_verdict(node)
+    assert verdict.action is Action.RESET_GPU
+    assert [f.message for f in verdict.problems] == [f.message for f in node_verdict(here).problems]
