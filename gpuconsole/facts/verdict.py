@@ -21,6 +21,12 @@ health is that finding's severity. A fault of one GPU asks for the least disrupt
 that can clear it first: where NVIDIA's catalog reboots the node, the GPU's reset, with the
 reboot named as what follows if it stays lost; the driver's own recovery action is kept as
 it says.
+
+A node's agent judges it, where every detail is, and sends the verdict in its snapshot
+(`carry_verdict`); a head checks that verdict against its findings, its sizes and the node's
+GPUs, and shows it with what only the head knows (the agent silent). A verdict it refuses,
+or one an older agent never sent, the head judges from the readings it has. The data
+classes live in `readings.verdict`, where the codec decodes them.
 """
 
 from __future__ import annotations
