@@ -11,7 +11,8 @@ head is this process, with the hub `gpuconsole console` builds on a head: a Agen
 per agent, one client capped at 64 connections, every node read once a second. Run with
 agents that send plain JSON and with agents that gzip (as `gpuconsole agent` does for a
 client that asks, as the head does); each both as agents of the previous version (every
-part every time) and as agents that leave out the parts the head says it holds. The wire
+part every time, and no verdict: the head judges each node) and as agents that leave out
+the parts the head says it holds and send the node's verdict. The wire
 figure is what the agents sent, per poll: per node per second at 1 Hz.
 
 Figures are medians over two-second windows of the steady state, after every node has
@@ -138,6 +139,14 @@ def _write_frames(path: Path) -> None:
 # --- the child: a thousand agents ---------------------------------------------------------
 
 
+def _without_verdicts(body: str) -> str:
+    """A body as an agent of the previous version serves it: no verdict, the head judges."""
+    document = json.loads(body)
+    for node in document["nodes"]:
+        node.pop("verdict", None)
+    return json.dumps(document, allow_nan=False)
+
+
 async def _serve_agents(frames_file: Path, nodes: int, compress: bool, parts: bool) -> None:
     # per node and second: its parts' versions, its bodies by the parts a head holds,
     # and the body of an agent of the previous version
@@ -146,7 +155,7 @@ async def _serve_agents(frames_file: Path, nodes: int, compress: bool, parts: bo
             (
                 versions,
                 {held: Body(raw.encode(), f'W/"{n}-{f}"') for held, raw in bodies.items()},
-                Body(plain.encode(), f'W/"{n}-{f}"'),
+                Body((plain if parts else _without_verdicts(plain)).encode(), f'W/"{n}-{f}"'),
             )
             for f, (versions, bodies, plain) in enumerate(texts)
         ]
@@ -445,7 +454,9 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
         runs = [(False, False), (False, True), (True, False), (True, True)]
         for compress, parts in runs:
             f = _run(frames_file, nodes, seconds, compress, parts)
-            label = ("gzip" if compress else "json") + (", parts" if parts else ", whole")
+            label = ("gzip" if compress else "json") + (
+                ", parts" if parts else ", whole, judged here"
+            )
             label += f"; load {os.getloadavg()[0]:.1f}"
             sweep = (
                 f"{f.sweep_s:.2f} s"
@@ -507,7 +518,9 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=int, default=SECONDS)
     parser.add_argument("--gzip", action="store_true", help="the child sends gzip")
     parser.add_argument(
-        "--whole", action="store_true", help="the child sends every part, as agents did before"
+        "--whole",
+        action="store_true",
+        help="the child sends every part and no verdict, as agents did before",
     )
     args = parser.parse_args()
     if args.record:
