@@ -73,7 +73,9 @@ async def test_an_agents_verdict_reaches_the_heads_fleet_view(sick_agent: Agent)
     assert gpu_verdict(node, node.gpus[0]).fit
     assert "nvlink_down" in [f.code for f in node_verdict(node).problems]
     assert node_verdict(node).action is Action.SERVICE  # its failed fan comes first
-    # the fleet's GPU light, the wallboard, `snapshot` and the exporter of the head
+    # the fleet's GPU lights, the wallboard, `snapshot` and the exporter of the head
+    lights = {row.bus_id: summaries.row_health(node, row) for row in summaries.gpu_rows(node)}
+    assert lights[sick.pci_bus_id] is Health.WARNING
     assert summaries.facets(node)[0].health is Health.WARNING
     board = alerts_page(snapshot, WallboardApp(None, theme_dirs=[]).palette, snapshot.at).body
     assert f"{NODE} GPU 2 (52:00.0): 2 of 18 NVLinks down" in board.plain  # type: ignore[union-attr]
