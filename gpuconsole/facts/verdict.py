@@ -836,9 +836,7 @@ def _unfit(finding: Finding) -> str | None:
     """What is wrong with a finding an agent sent, beyond its types (the codec's): None
     where nothing is."""
     code = finding.code
-    if not 0 < len(code) <= _CODE_CHARS or not code.replace("_", "").isalnum():
-        return f"code {_shown(code)} is not a machine name"
-    if not code.isascii():
+    if not (0 < len(code) <= _CODE_CHARS and code.isascii() and code.replace("_", "").isalnum()):
         return f"code {_shown(code)} is not a machine name"
     if len(finding.text) > _TEXT_CHARS:
         return f"its text is longer than {_TEXT_CHARS} characters"
