@@ -684,8 +684,8 @@ def _judge(node: NodeSnapshot) -> _Judged:
         return seen
     carried = node.verdict
     if carried is not None and seen is not None and seen.carried is carried:
-        # the agent's verdict as it was (its source keeps what came unchanged): taken again
-        # where this process still adds nothing
+        # the agent's verdict checked as its source read it (or as it last came, unchanged):
+        # taken where this process still adds nothing
         if _calm(node) is Health.OK:
             seen.node = node
             return seen
@@ -882,6 +882,22 @@ def _node_buses(node: NodeSnapshot) -> frozenset[str]:
         buses.update(g.bus_id for g in tenancy.gpus)
         buses.update(g.bus_id for g in tenancy.guest_gpus)
     return frozenset(buses)
+
+
+def check_carried(name: str, node: NodeSnapshot) -> None:
+    """Check the verdict node `name`'s agent sent, as a head reads the node (its agent
+    source, once per verdict received): the head's views then find it checked, a look-up
+    each. One that is refused, or comes with something this process adds, is judged as the
+    views ask."""
+    carried = node.verdict
+    if carried is None:
+        return
+    taken = _carried(node, carried)
+    if isinstance(taken, _Judged) and taken.carried is carried:
+        _JUDGED[name] = taken
+        _JUDGED.move_to_end(name)
+        while len(_JUDGED) > _JUDGED_NODES:
+            _JUDGED.popitem(last=False)
 
 
 def carry_verdict(node: NodeSnapshot) -> NodeSnapshot:
