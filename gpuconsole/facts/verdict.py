@@ -35,6 +35,7 @@ import dataclasses
 import operator
 import re
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -646,7 +647,7 @@ def _gpu_verdict(findings: list[Finding]) -> Verdict:
 
 @dataclass(slots=True)
 class _Judged:
-    node: NodeSnapshot
+    node: weakref.ref[NodeSnapshot]  # the snapshot judged; a hub frees the ones it replaces
     verdict: Verdict
     gpus: dict[str, Verdict]  # by bus id (or "#index" for a GPU NVML could not read)
     # each source's findings with the reading they came from: the BMC, fabric and tenancy
@@ -657,8 +658,10 @@ class _Judged:
     fabric_found: tuple[Finding, ...] = ()
     tenancy: object = None
     tenancy_found: tuple[Finding, ...] = ()
-    # the verdict its agent sent, where it was taken as the node's with nothing added here
+    # the verdict its agent sent, where it was taken as the node's with nothing added here,
+    # and the health it was taken at where nothing was found (stale while a source is)
     carried: CarriedVerdict | None = None
+    calm: Health = Health.OK
 
 
 _JUDGED: OrderedDict[str, _Judged] = OrderedDict()
@@ -680,14 +683,15 @@ def _judge(node: NodeSnapshot) -> _Judged:
     agent comes with the verdict the agent judged, where every detail is: checked, it is
     taken as it is, and a head need not judge a thousand nodes a second."""
     seen = _JUDGED.get(node.node)
-    if seen is not None and seen.node is node:
+    if seen is not None and seen.node() is node:
         return seen
     carried = node.verdict
     if carried is not None and seen is not None and seen.carried is carried:
         # the agent's verdict checked as its source read it (or as it last came, unchanged):
-        # taken where this process still adds nothing
-        if _calm(node) is Health.OK:
-            seen.node = node
+        # taken where this process still adds nothing (its agent answers)
+        calm = _calm(node)
+        if calm is seen.calm and (calm is Health.OK or _answers(node)):
+            seen.node = weakref.ref(node)
             return seen
     taken = _carried(node, carried) if carried is not None else None
     judged = taken if isinstance(taken, _Judged) else _judged_here(node, seen, taken)
@@ -704,7 +708,7 @@ def _judged_here(node: NodeSnapshot, seen: _Judged | None, refused: str | None) 
     nvml = node.nvml
     if nvml is not None:
         findings += _nvml_findings(node, nvml)
-    judged = _Judged(node, _FIT, {})
+    judged = _Judged(weakref.ref(node), _FIT, {})
     bmc = node.bmc
     if bmc is not None:
         if seen is not None and seen.bmc is bmc:
@@ -743,6 +747,12 @@ def _judged_here(node: NodeSnapshot, seen: _Judged | None, refused: str | None) 
         findings += _head_findings(node, refused)
     judged.verdict = _verdict(findings, calm)
     return judged
+
+
+def _answers(node: NodeSnapshot) -> bool:
+    """Whether the node's agent answers (or it has none): else this process says so."""
+    status = node.status("remote")
+    return status is None or status.ok
 
 
 def _calm(node: NodeSnapshot) -> Health:
@@ -826,10 +836,10 @@ def _carried(node: NodeSnapshot, carried: CarriedVerdict) -> _Judged | str:
     if carried.action is not worst:
         return f"the node is said {carried.action}, its findings say {worst}"
     calm = _calm(node)
-    if calm is not Health.OK:
+    if calm is not Health.OK and not _answers(node):
         findings += _head_findings(node, None)
-        return _Judged(node, _verdict(findings, calm), gpus)
-    return _Judged(node, _verdict(findings), gpus, carried=carried)
+        return _Judged(weakref.ref(node), _verdict(findings, calm), gpus)
+    return _Judged(weakref.ref(node), _verdict(findings, calm), gpus, carried=carried, calm=calm)
 
 
 def _unfit(finding: Finding) -> str | None:
@@ -955,6 +965,9 @@ def node_verdict(node: NodeSnapshot) -> Verdict:
     """The node's verdict: every source's evidence about it and its GPUs, worst first.
     Health is unknown before any source answered, stale while a source is stale and nothing
     is critical."""
+    seen = _JUDGED.get(node.node)  # _judge's first look, here: a console asks every node
+    if seen is not None and seen.node() is node:
+        return seen.verdict
     return _judge(node).verdict
 
 

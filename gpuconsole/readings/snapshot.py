@@ -30,7 +30,9 @@ _EMPTY_DELTAS: Mapping[Key, int] = MappingProxyType({})
 _EMPTY_XIDS: Mapping[str, int] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
+# weakly referenced where facts are remembered per snapshot: the snapshot a hub replaces is
+# freed as it replaces it, not later by whoever asks about the next one
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class NodeSnapshot:
     """The latest readings of one node, merged from its sources, with derived rates."""
 
