@@ -44,7 +44,7 @@ from gpuconsole import format as fmt
 from gpuconsole.facts.inventory import GpuRow, short_bus_id
 from gpuconsole.facts.ownership import Ownership, node_ownership
 from gpuconsole.facts.xids import Bucket, xid_entry
-from gpuconsole.readings.base import Health, Severity, known_bus_id, safe_text
+from gpuconsole.readings.base import Health, Severity, SourceStatus, known_bus_id, safe_text
 from gpuconsole.readings.bmc import BmcReading, SensorHealth, SensorKind
 from gpuconsole.readings.fabric import (
     ERROR_RULES,
@@ -658,41 +658,52 @@ class _Judged:
     fabric_found: tuple[Finding, ...] = ()
     tenancy: object = None
     tenancy_found: tuple[Finding, ...] = ()
-    # the verdict its agent sent, where it was taken as the node's with nothing added here,
-    # and the health it was taken at where nothing was found (stale while a source is)
+    # the verdict its agent sent, taken as the node's, and what this process added to it:
+    # the health where nothing was found (stale while a source is), its agent silent
     carried: CarriedVerdict | None = None
     calm: Health = Health.OK
+    silence: SourceStatus | None = None  # its agent's status where it did not answer
 
 
 _JUDGED: OrderedDict[str, _Judged] = OrderedDict()
+# by node: its agent's latest verdict, checked as its source read it (the snapshot that
+# carries it may not be published yet: views still ask about the one before)
+_CHECKED: OrderedDict[str, _Judged] = OrderedDict()
 _JUDGED_NODES = 16384
 
 
 def forget_verdicts() -> None:
     """Forget every node judged so far (a benchmark judging afresh)."""
     _JUDGED.clear()
+    _CHECKED.clear()
 
 
 def _gpu_key(bus_id: str | None, index: int | None) -> str:
     return bus_id if bus_id else f"#{index}"
 
 
-def _judge(node: NodeSnapshot) -> _Judged:
+def _judge(node: NodeSnapshot, seen: _Judged | None = None) -> _Judged:
     """Every finding of a node, judged once per snapshot of it: the fleet, the wallboard
     and the exporter of one process ask about the same snapshot. A node read through its
     agent comes with the verdict the agent judged, where every detail is: checked, it is
-    taken as it is, and a head need not judge a thousand nodes a second."""
-    seen = _JUDGED.get(node.node)
-    if seen is not None and seen.node() is node:
-        return seen
-    carried = node.verdict
-    if carried is not None and seen is not None and seen.carried is carried:
-        # the agent's verdict checked as its source read it (or as it last came, unchanged):
-        # taken where this process still adds nothing (its agent answers)
-        calm = _calm(node)
-        if calm is seen.calm and (calm is Health.OK or _answers(node)):
-            seen.node = weakref.ref(node)
+    taken as it is, and a head need not judge a thousand nodes a second. (`seen`: what the
+    caller found remembered of the node, another snapshot of it.)"""
+    if seen is None:
+        seen = _JUDGED.get(node.node)
+        if seen is not None and seen.node() is node:
             return seen
+    carried = node.verdict
+    if carried is not None:
+        # the agent's verdict as it last came (unchanged), or as its source checked it when
+        # it read it: taken again while what this process adds to it stays as it was
+        checked = seen if seen is not None and seen.carried is carried else _CHECKED.get(node.node)
+        if checked is not None and checked.carried is carried:
+            calm = _calm(node)
+            if calm is checked.calm and (calm is Health.OK or _silence(node) is checked.silence):
+                checked.node = weakref.ref(node)
+                if checked is not seen:
+                    _JUDGED[node.node] = checked
+                return checked
     taken = _carried(node, carried) if carried is not None else None
     judged = taken if isinstance(taken, _Judged) else _judged_here(node, seen, taken)
     _JUDGED[node.node] = judged
@@ -749,10 +760,10 @@ def _judged_here(node: NodeSnapshot, seen: _Judged | None, refused: str | None) 
     return judged
 
 
-def _answers(node: NodeSnapshot) -> bool:
-    """Whether the node's agent answers (or it has none): else this process says so."""
+def _silence(node: NodeSnapshot) -> SourceStatus | None:
+    """The status of the node's agent where it does not answer (this process says so)."""
     status = node.status("remote")
-    return status is None or status.ok
+    return None if status is None or status.ok else status
 
 
 def _calm(node: NodeSnapshot) -> Health:
@@ -836,10 +847,12 @@ def _carried(node: NodeSnapshot, carried: CarriedVerdict) -> _Judged | str:
     if carried.action is not worst:
         return f"the node is said {carried.action}, its findings say {worst}"
     calm = _calm(node)
-    if calm is not Health.OK and not _answers(node):
+    silence = _silence(node) if calm is not Health.OK else None
+    if silence is not None:
         findings += _head_findings(node, None)
-        return _Judged(weakref.ref(node), _verdict(findings, calm), gpus)
-    return _Judged(weakref.ref(node), _verdict(findings, calm), gpus, carried=carried, calm=calm)
+    judged = _Judged(weakref.ref(node), _verdict(findings, calm), gpus, carried=carried)
+    judged.calm, judged.silence = calm, silence
+    return judged
 
 
 def _unfit(finding: Finding) -> str | None:
@@ -903,11 +916,11 @@ def check_carried(name: str, node: NodeSnapshot) -> None:
     if carried is None:
         return
     taken = _carried(node, carried)
-    if isinstance(taken, _Judged) and taken.carried is carried:
-        _JUDGED[name] = taken
-        _JUDGED.move_to_end(name)
-        while len(_JUDGED) > _JUDGED_NODES:
-            _JUDGED.popitem(last=False)
+    if isinstance(taken, _Judged):
+        _CHECKED[name] = taken
+        _CHECKED.move_to_end(name)
+        while len(_CHECKED) > _JUDGED_NODES:
+            _CHECKED.popitem(last=False)
 
 
 def carry_verdict(node: NodeSnapshot) -> NodeSnapshot:
@@ -968,7 +981,7 @@ def node_verdict(node: NodeSnapshot) -> Verdict:
     seen = _JUDGED.get(node.node)  # _judge's first look, here: a console asks every node
     if seen is not None and seen.node() is node:
         return seen.verdict
-    return _judge(node).verdict
+    return _judge(node, seen).verdict
 
 
 def gpu_verdict(node: NodeSnapshot, gpu: GpuReading | GpuRow | str) -> Verdict:
