@@ -229,7 +229,8 @@ def fleet_row(node: NodeSnapshot) -> tuple[object, ...]:
 
 def test_the_summary_carries_the_fleet_view_in_under_a_third_of_the_bytes() -> None:
     """Every node of the demo cluster (all four sources): the head computes the same fleet
-    row from the summary as from everything, and an 8-GPU node fits in 40 KB."""
+    row from the summary as from everything, and an 8-GPU node, with its verdict, fits in
+    42 KB."""
     fleet = frozen_fleet()
     full_bytes = small_bytes = 0
     for node in fleet.nodes:
@@ -238,7 +239,7 @@ def test_the_summary_carries_the_fleet_view_in_under_a_third_of_the_bytes() -> N
         full_bytes, small_bytes = full_bytes + len(full_text), small_bytes + len(small_text)
         full, small = codec.loads(full_text).nodes[0], codec.loads(small_text).nodes[0]
         assert fleet_row(small) == fleet_row(full), node.node
-        assert len(small_text) < 40_000, node.node
+        assert len(small_text) < 42_000, node.node
         assert all(g.nvlinks == () for g in small.gpus)  # left to the drill-down
     assert small_bytes * 3 < full_bytes
 
