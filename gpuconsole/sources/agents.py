@@ -30,9 +30,11 @@ from gpuconsole.codec import (
     safe_body,
 )
 from gpuconsole.config import FleetConfig
+from gpuconsole.facts.verdict import check_carried
 from gpuconsole.readings.agents import STEADY_PARTS, AgentReading, have_query, held_parts
 from gpuconsole.readings.base import SCHEMA_VERSION, Event, safe_text
 from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.readings.verdict import Action, CarriedVerdict
 from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.targets import FleetMember
 
@@ -198,6 +200,7 @@ class AgentSource:
         self._emit: EmitEvent | None = None
         self._seen_events: float | None = None
         # part -> (its JSON's length and hash, decoded)
+        self._last_verdict: tuple[tuple[int, int], CarriedVerdict | None] | None = None
         self._last_parts: dict[str, tuple[tuple[int, int], Any]] = {}
         # part -> (view, version, decoded): what the agent need not send again while current
         self._versions: dict[str, tuple[str, str, Any]] = {}
@@ -302,8 +305,10 @@ class AgentSource:
         costs far less than decoding it again, and a part kept as the same object keeps
         what is remembered per reading (the owners of a node's GPUs) remembered.
         """
-        node = read_partial(NodeSnapshot, body, where, raw=STEADY_PARTS, extra=_EXTRA)
+        node = read_partial(NodeSnapshot, body, where, raw=_RAW, extra=_EXTRA)
         fields = node.fields
+        verdict, fresh = self._verdict(node.raw.pop("verdict", None), where)
+        fields["verdict"] = verdict
         view = self._view()
         kept = node.extra["kept"]
         for part in kept if isinstance(kept, list) else ():
@@ -328,6 +333,8 @@ class AgentSource:
             for s in fields["statuses"]
         )
         snapshot = NodeSnapshot(**fields)
+        if fresh and verdict is not None:
+            check_carried(self.node, snapshot)  # once per verdict, as it is read
         versions = node.extra["versions"]
         sent = held_parts(
             ",".join(f"{p}:{v}" for p, v in versions.items() if isinstance(v, str))
@@ -340,6 +347,27 @@ class AgentSource:
             if getattr(snapshot, part) is not None
         }
         return snapshot
+
+    def _verdict(self, raw: bytes | None, where: str) -> tuple[CarriedVerdict | None, bool]:
+        """The verdict the agent sent, and whether it is new: decoded apart from its node,
+        so that one that does not fit costs the node that verdict alone (the head judges
+        the node itself), never its readings; one sent as last time is the same object."""
+        if raw is None:
+            self._last_verdict = None
+            return None, False
+        seen = (len(raw), hash(raw))
+        if self._last_verdict is not None and self._last_verdict[0] == seen:
+            return self._last_verdict[1], False
+        try:
+            verdict = read_field(NodeSnapshot, "verdict", raw, where)
+        except DecodeError as exc:
+            verdict = CarriedVerdict(Action.FIT, refused=f"it does not fit: {exc}")
+        else:
+            if verdict is not None and verdict.refused:
+                refused = "it says it was refused, which only a head says"
+                verdict = CarriedVerdict(Action.FIT, refused=refused)
+        self._last_verdict = (seen, verdict)
+        return verdict, True
 
     def _repost_events(self, raw: msgspec.Raw, several: bool) -> None:
         try:
@@ -383,7 +411,11 @@ _DOCUMENT = msgspec.json.Decoder(_Document)
 _NODES = msgspec.json.Decoder(list[msgspec.Raw])
 _NAMED = msgspec.json.Decoder(_Named)
 _EVENTS = msgspec.json.Decoder(list[Any])
-_EXTRA = ("kept", "versions")  # what an agent's node carries beside the snapshot's fields
+_EXTRA = ("kept", "versions")
+_RAW = (
+    *STEADY_PARTS,
+    "verdict",
+)  # read apart: parts sent as before are not read again  # what an agent's node carries beside the snapshot's fields
 
 
 def _name(node: msgspec.Raw) -> Any:

@@ -54,9 +54,9 @@ def _elsewhere(verdict: Verdict) -> Verdict:
 
 
 LIES: list[tuple[str, Callable[[Verdict], Any], str]] = [
-    ("an action that is none", _set("action", "explode"), "'explode' is not a Action"),
-    ("not an object", lambda v: "trust me, reset everything", "expected an object"),
-    ("findings not a list", _set("findings", {"a": 1}), "findings: expected a list"),
+    ("an action that is none", _set("action", "explode"), "verdict.action: invalid enum value 'explode'"),
+    ("not an object", lambda v: "trust me, reset everything", "verdict: expected object"),
+    ("findings not a list", _set("findings", {"a": 1}), "verdict.findings: expected array"),
     ("fit despite its findings", _set("action", "fit"),
      "the node is said fit, its findings say reset_gpu"),
     ("a GPU's health that its findings do not give", _gpu("health", "ok"),
