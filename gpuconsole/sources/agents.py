@@ -411,11 +411,9 @@ _DOCUMENT = msgspec.json.Decoder(_Document)
 _NODES = msgspec.json.Decoder(list[msgspec.Raw])
 _NAMED = msgspec.json.Decoder(_Named)
 _EVENTS = msgspec.json.Decoder(list[Any])
-_EXTRA = ("kept", "versions")
-_RAW = (
-    *STEADY_PARTS,
-    "verdict",
-)  # read apart: parts sent as before are not read again  # what an agent's node carries beside the snapshot's fields
+_EXTRA = ("kept", "versions")  # what an agent's node carries beside the snapshot's fields
+# read apart, as raw JSON: a part or verdict sent as before is not decoded again
+_RAW = (*STEADY_PARTS, "verdict")
 
 
 def _name(node: msgspec.Raw) -> Any:
