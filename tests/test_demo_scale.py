@@ -60,6 +60,25 @@ def test_a_fleet_of_ten_thousand_refreshes_slower_and_says_so() -> None:
     assert {s.node for s in hub.sources if s.interval_s == 1.0} == {"dgx-002"}
 
 
+def test_a_fleet_past_one_heads_second_is_drawn_as_its_agents_come_up() -> None:
+    nodes = 1500
+    hub = sim_hub(Config(), nodes, None)
+    with_gpus: list[int] = []  # per snapshot published: the nodes it shows with their GPUs
+    hub.subscribe(lambda shot: with_gpus.append(sum(1 for n in shot.nodes if n.gpus)))
+
+    async def run() -> None:
+        await hub.start()
+        try:
+            await _until(lambda: bool(with_gpus) and with_gpus[-1] == nodes, SANITY_S)
+        finally:
+            await hub.stop()
+
+    asyncio.run(run())
+    # the first rows come before the last agent's first answer, not after every one
+    first = next(count for count in with_gpus if count)
+    assert 0 < first < nodes, with_gpus
+
+
 async def _until(check: Callable[[], bool], limit_s: float) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:

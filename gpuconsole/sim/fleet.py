@@ -46,6 +46,7 @@ from gpuconsole.sources.agents import (
     Answer,
     quiet_collector,
 )
+from gpuconsole.sources.base import EmitEvent
 
 # The templates' clock: far from any real time, so that their timestamps are told apart
 # from every other number and moved to the node's own clock when a body is rendered.
@@ -77,6 +78,11 @@ PIPE_BYTES = 1 << 20
 FIRST_ANSWER_S = 10.0
 # Nodes a head refreshes each second in the simulated fleet; a larger one refreshes slower.
 UPDATES_PER_S = 1000
+# A fleet larger than UPDATES_PER_S has its agents start this many at a time, each batch
+# this long after the one before (or once the head's loop is free again), so that its rows
+# are drawn as they arrive; a smaller one starts at once.
+START_BATCH = 500
+START_GAP_S = 0.1
 
 
 def refresh_s(nodes: int, interval_s: float = 1.0) -> float:
@@ -235,6 +241,8 @@ class FleetSim:
         self._worker: asyncio.Future[asyncio.subprocess.Process] | None = None
         self._asking = asyncio.Lock()
         self._answering: dict[str, asyncio.Future[tuple[int, bytes]]] = {}
+        self._batches: list[asyncio.Future[None]] = []
+        self._releasing: asyncio.Task[None] | None = None
 
     async def prepare(self) -> None:
         """Simulate one node of each profile once, for the templates (once, however many
@@ -263,6 +271,30 @@ class FleetSim:
             # the template has no MIG device): a thousand nodes' first answers wait on them
             shown = [(n, w) for n, w in zip(names, which, strict=True) if n in template.present]
             self._templates[spec.profile] = (template, shown)
+
+    async def start_turn(self, node: str) -> None:
+        """Wait until `node`'s agent is up: in a fleet past UPDATES_PER_S, the first
+        START_BATCH nodes at once and the rest a batch at a time after the templates, as a
+        fleet that comes up over a few seconds. All at once, a head handles ten thousand
+        first answers before it draws any."""
+        batch = self._order[node] // START_BATCH
+        if batch == 0 or len(self._order) <= UPDATES_PER_S:
+            return
+        if self._releasing is None:
+            loop = asyncio.get_running_loop()
+            count = (len(self._order) - 1) // START_BATCH
+            self._batches = [loop.create_future() for _ in range(count)]
+            self._releasing = asyncio.ensure_future(self._release())
+            self._releasing.add_done_callback(_retrieve)
+        await asyncio.shield(self._batches[batch - 1])
+
+    async def _release(self) -> None:
+        await self.prepare()
+        for batch in self._batches:
+            # a timer, not a loop turn: the batch before has been handled and drawn first
+            await asyncio.sleep(START_GAP_S)
+            if not batch.done():
+                batch.set_result(None)
 
     def phase(self, node: str) -> float:
         """Where in each second (0 to 1) `node` answers, spread evenly over the fleet."""
@@ -361,6 +393,11 @@ class FleetSim:
             await worker.wait()
 
     async def close(self) -> None:
+        if self._releasing is not None:
+            self._releasing.cancel()
+        for batch in self._batches:  # whoever still waits to start is told to go on (and stops)
+            if not batch.done():
+                batch.set_result(None)
         await self._stop_worker()
 
 
@@ -509,6 +546,11 @@ class SimAgentSource(AgentSource):
     @property
     def interval_s(self) -> float:
         return min(self._interval_s, self.OPENED_INTERVAL_S) if self._detail else self._interval_s
+
+    async def start(self, emit: EmitEvent) -> None:
+        await super().start(emit)
+        if isinstance(self._client, SimAgentClient):
+            await self._client.fleet.start_turn(self.node)
 
     @interval_s.setter
     def interval_s(self, value: float) -> None:
