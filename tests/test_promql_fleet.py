@@ -26,8 +26,14 @@ from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.facts.verdict import reading_verdict
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.base import Health
-from gpuconsole.readings.snapshot import FleetSnapshot
-from gpuconsole.sources.promql import FleetSeries, PrometheusReader, parse_overview, round_plan
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.sources.promql import (
+    FleetSeries,
+    NodeBuilder,
+    PrometheusReader,
+    parse_overview,
+    round_plan,
+)
 from gpuconsole.wiring import AgentSettings, fleet_hub
 from tests.export_fixtures import frozen_fleet
 from tests.peers import require_program
@@ -174,23 +180,28 @@ def _sample(name: str, value: float, **labels: str) -> dict[str, Any]:
 
 def test_a_round_replaces_what_it_asked_for_and_a_flag_no_longer_raised_reads_zero() -> None:
     plan = round_plan()
-    gauges, flags = plan.every
     util, lost, dbe = "DCGM_FI_DEV_GPU_UTIL", "gpuconsole_gpu_lost", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
-    assert util in gauges.metrics and {lost, dbe} <= flags.raised
+    asked_util = next(a for a in plan.every if a.named == util)
+    flags = [a for a in plan.every if a.raised]  # each asked for only where raised
+    assert {lost, dbe} <= {m for a in flags for m in a.raised}
     sm = "DCGM_FI_DEV_SM_CLOCK"
-    part = next(p for p in plan.parts if sm in p.metrics)
+    part = next(a for p in plan.parts for a in p if sm in a.metrics)
     series = FleetSeries()
     series.take_values(
         [_sample("up", 1), _sample(util, 40, gpu="0"), _sample(lost, 1, gpu="0"),
          _sample(dbe, 0, gpu="0"), _sample(sm, 1980, gpu="0")]
     )  # fmt: skip
-    # the next round: the GPU came back, its utilization moved, the SM clock was not asked
-    series.take_values([_sample("up", 1), _sample(util, 55, gpu="0")], gauges.metrics)
-    series.take_values([], flags.metrics, flags.raised)
+    # the next round: the GPU came back, its utilization moved, the SM clock was not asked;
+    # a metric asked alone comes without its name
+    unnamed = _sample(util, 55, gpu="0")
+    del unnamed["metric"]["__name__"]
+    series.take_values([unnamed], asked_util.metrics, named=util)
+    for flag in flags:
+        series.take_values([], flag.metrics, flag.raised, flag.named)
     gpu = series.overview().nodes["n1:9400"]["n1"].gpus[0]
     assert gpu == {util: 55.0, lost: 0.0, dbe: 0.0, sm: 1980.0}
     # the part that holds the SM clock comes round without it: the series is gone
-    series.take_values([], part.metrics)
+    series.take_values([], part.metrics, named=part.named)
     assert sm not in series.overview().nodes["n1:9400"]["n1"].gpus[0]
 
 
@@ -206,3 +217,56 @@ def test_a_gpu_labelled_by_its_bus_id_leaves_the_round_to_the_others() -> None:
     )  # fmt: skip
     assert overview.nodes["n1:9400"]["n1"].gpus == {0: {util: 30.0}}
     assert overview.nodes["n1:9400"]["n1"].gpu_info == {}
+
+
+def test_a_node_is_built_again_as_far_as_its_series_changed() -> None:
+    """Between rounds the overview shows every value that moved: a gauge (its GPU redrawn
+    from what the rest made), a flag raised, a series read in its part; unchanged, it is
+    the node the last round built."""
+    util, lost, sm = "DCGM_FI_DEV_GPU_UTIL", "gpuconsole_gpu_lost", "DCGM_FI_DEV_SM_CLOCK"
+    info = [
+        {"metric": {"__name__": "gpuconsole_gpu_info", "instance": "n1:9400", "node": "n1",
+                    "gpu": str(i), "uuid": f"GPU-{i}", "pci_bus_id": f"0000:{i + 1:02x}:00.0"},
+         "value": [1796000000.5, "1"]}
+        for i in range(2)
+    ]  # fmt: skip
+    series = FleetSeries()
+    series.take_values(
+        [_sample("up", 1), _sample(util, 10, gpu="0"), _sample(util, 20, gpu="1"),
+         _sample(lost, 0, gpu="0"), _sample(lost, 0, gpu="1"), _sample(sm, 1500, gpu="1")]
+    )  # fmt: skip
+    series.take_info(info)
+    builder = NodeBuilder("n1")
+
+    def build() -> NodeSnapshot:
+        return builder.build(series.overview().nodes["n1:9400"]["n1"], series.at)
+
+    first = build()
+    assert [(g.util_gpu_pct, g.lost, g.sm_clock_mhz) for g in first.gpus] == [
+        (10.0, False, None),
+        (20.0, False, 1500),
+    ]
+    assert build() is first  # nothing moved
+
+    def unnamed(name: str, value: float, gpu: str) -> dict[str, Any]:
+        sample = _sample(name, value, gpu=gpu)
+        del sample["metric"]["__name__"]
+        return sample
+
+    series.take_values(
+        [unnamed(util, 10, "0"), unnamed(util, 55, "1")], frozenset({util}), named=util
+    )
+    moved = build()
+    assert [(g.util_gpu_pct, g.sm_clock_mhz, g.pci_bus_id) for g in moved.gpus] == [
+        (10.0, None, "0000:01:00.0"),
+        (55.0, 1500, "0000:02:00.0"),
+    ]
+    flags = frozenset({lost})
+    series.take_values([unnamed(lost, 1, "0")], flags, flags, named=lost)
+    assert [g.lost for g in build().gpus] == [True, False]
+    series.take_values([unnamed(sm, 1980, "1")], frozenset({sm}), named=sm)
+    series.take_values([], flags, flags, named=lost)  # the GPU came back
+    assert [(g.lost, g.sm_clock_mhz, g.util_gpu_pct) for g in build().gpus] == [
+        (False, None, 10.0),
+        (False, 1980, 55.0),
+    ]

@@ -17,6 +17,7 @@ displaced it).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import re
 import time
@@ -115,6 +116,8 @@ _EVERY_ROUND = (
     names.DCGM_GPU_TEMP,
     names.DCGM_POWER_USAGE,
 )
+_DRAWN = tuple(spec[0] for spec in _EVERY_ROUND)
+_DRAWN_SET = frozenset(_DRAWN)
 # And where raised (above 0), each GPU's health flags: a few GPUs of a fleet, not all.
 _RAISED = (
     names.GPU_LOST,
@@ -124,8 +127,10 @@ _RAISED = (
     names.DCGM_REMAP_PENDING,
     names.DCGM_THROTTLE,
 )
-_PER_PART = 3  # the other per-GPU series: this many metrics each round, in turn
+_PER_PART = 4  # the other per-GPU series: this many metrics each round, in turn
+_PER_NODE_PART = 7  # and the per-node ones (sources, BMC, fabric ports)
 NEW_PER_ROUND = 200  # targets new to the rounds read whole in one round, at most
+WHOLE_AT_ONCE = 4  # the first round's queries asked side by side
 
 _KIND: dict[str, str] = {
     UP: "up",
@@ -165,6 +170,13 @@ def _values_query(metrics: Collection[str], extra: str, raised: bool = False) ->
     return f"max by ({by}) ({selected}{' > 0' if raised else ''})"
 
 
+def _metric_query(metric: str, extra: str, raised: bool = False) -> str:
+    """One metric's values, without its name on every sample (a third of a GPU gauge's
+    answer): Prometheus evaluates these side by side, and the head parses less."""
+    by = ", ".join(label for label in (*_PLACE, *_PLACE_PORT) if label != "__name__")
+    return f'max by ({by}) ({metric}{{GPU_I_ID=""{_selector(extra)}}}{" > 0" if raised else ""})'
+
+
 def _info_query(extra: str) -> str:
     info = "|".join(spec[0] for spec in _INFO)
     return f'{{__name__=~"{info}"{_selector(extra)}}}'
@@ -184,15 +196,22 @@ class Ask:
     metrics: frozenset[str] = frozenset()
     raised: frozenset[str] = frozenset()  # of `metrics`, those sent only above 0
     info: bool = False
+    named: str = ""  # the one metric asked, whose samples then come without its name
+
+
+def _metric_ask(metric: str, extra: str, raised: bool = False) -> Ask:
+    asked = frozenset({metric})
+    query = _metric_query(metric, extra, raised)
+    return Ask(query, asked, raised=asked if raised else frozenset(), named=metric)
 
 
 @dataclass(frozen=True)
 class RoundPlan:
     """What the rounds ask: `every` each round, one of `parts` in turn, and at first
-    `whole`, one query after another (every series: the flags' too, raised or not)."""
+    `whole` (every series: the flags' too, raised or not)."""
 
     every: tuple[Ask, ...]
-    parts: tuple[Ask, ...]
+    parts: tuple[tuple[Ask, ...], ...]
     whole: tuple[Ask, ...]
 
 
@@ -200,25 +219,34 @@ def round_plan(selector: str = "") -> RoundPlan:
     """What every round asks (up and the GPU gauges the fleet view draws; the health flags
     where raised), the parts of the rest, one of which each round adds in turn, and the
     parts of a whole round."""
-    gauges = (UP, *(s[0] for s in _EVERY_ROUND))
-    flags = frozenset(s[0] for s in _RAISED)
-    # two queries, not one joined with `or`: that drops the flags of a GPU whose gauges it
-    # holds (set operators match series on their labels without the name)
+    flags = [s[0] for s in _RAISED]
+    # each metric its own query, side by side (one joined with `or` would drop the flags
+    # of a GPU whose gauges it holds: set operators match series on labels without names)
     every = (
-        Ask(_values_query(gauges, selector), frozenset(gauges)),
-        Ask(_values_query(sorted(flags), selector, raised=True), flags, flags),
+        *(_metric_ask(m, selector) for m in (UP, *_DRAWN)),
+        *(_metric_ask(m, selector, raised=True) for m in flags),
     )
     asked = {m for ask in every for m in ask.metrics}
     rest = [m for m in _KIND if m not in asked]
     per_gpu = [m for m in rest if _KIND[m] == "gpu"]
-    parts = [per_gpu[i : i + _PER_PART] for i in range(0, len(per_gpu), _PER_PART)]
-    parts.append([m for m in rest if _KIND[m] != "gpu"])  # per node: small
-    rounds = (
-        *(Ask(_values_query(part, selector), frozenset(part)) for part in parts),
-        Ask(_info_query(selector), info=True),
+    per_node = [m for m in rest if _KIND[m] != "gpu"]  # a few series a node each
+    parts = (
+        *(
+            tuple(_metric_ask(m, selector) for m in per_gpu[i : i + _PER_PART])
+            for i in range(0, len(per_gpu), _PER_PART)
+        ),
+        *(
+            tuple(_metric_ask(m, selector) for m in per_node[i : i + _PER_NODE_PART])
+            for i in range(0, len(per_node), _PER_NODE_PART)
+        ),
+        (Ask(_info_query(selector), info=True),),
     )
-    all_flags = Ask(_values_query(sorted(flags), selector), flags)
-    return RoundPlan(every, rounds, (every[0], all_flags, *rounds))
+    whole = (
+        *every[: 1 + len(_DRAWN)],
+        *(_metric_ask(m, selector) for m in flags),  # raised or not
+        *(ask for part in parts for ask in part),
+    )
+    return RoundPlan(every, parts, whole)
 
 
 @dataclass
@@ -234,6 +262,10 @@ class NodeSeries:
     ports: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)
     port_info: dict[tuple[str, int], Mapping[str, str]] = field(default_factory=dict)
     netdevs: dict[tuple[str, int], tuple[str, dict[str, float]]] = field(default_factory=dict)
+    # what changed since a build: `version` counts changes to anything but the GPU gauges
+    # every round asks (the fleet view's figures), `drawn` changes to those
+    version: int = 0
+    drawn: int = 0
 
 
 @dataclass(frozen=True)
@@ -279,12 +311,19 @@ def _flag(values: Mapping[str, float], spec: tuple[str, str]) -> bool | None:
     return None if value is None else value >= 1
 
 
+_INDEXES = {str(i): i for i in range(256)}
+
+
 def _index(label: Any) -> int | None:
     """A GPU's NVML index or a port's number from its label; None for any other value: a
     GPU the host reads from its guest is labelled by its bus id, and is left, as is one
     agent's odd label, to the drill-down rather than failing every node's round."""
-    if type(label) is str and label.isascii() and label.isdigit() and len(label) < 6:
-        return int(label)
+    if type(label) is str:
+        index = _INDEXES.get(label)
+        if index is not None:
+            return index
+        if label.isascii() and label.isdigit() and len(label) < 6:
+            return int(label)
     return None
 
 
@@ -310,11 +349,20 @@ class FleetSeries:
         instance = labels.get("instance")
         if not name or instance is None:
             return None
-        return self.nodes.setdefault(instance, {}).setdefault(name, NodeSeries())
+        served = self.nodes.get(instance)
+        if served is None:
+            served = self.nodes[instance] = {}
+        found = served.get(name)
+        if found is None:
+            found = served[name] = NodeSeries()
+        return found
 
-    def _forget(self, metrics: frozenset[str], raised: frozenset[str]) -> None:
-        """Drop `metrics` everywhere; of those `raised`, a series held is 0 until the
-        answer says it is raised (one never exported stays unknown)."""
+    def _sweep(
+        self, metrics: frozenset[str], raised: frozenset[str], placed: set[tuple[int, str]]
+    ) -> None:
+        """Of `metrics`, drop those the answer did not hold (`placed`: each value's dict
+        and metric); of those `raised`, a series held is 0 unless the answer says it is
+        raised (one never exported stays unknown)."""
         kinds = {_KIND.get(m) for m in metrics}
         for served in self.nodes.values():
             for found in served.values():
@@ -330,20 +378,30 @@ class FleetSeries:
                 if "netdev" in kinds:
                     held += (stats for _, stats in found.netdevs.values())
                 for values in held:
-                    for metric in metrics.intersection(values):
+                    for metric in metrics.intersection(values) if len(metrics) > 1 else metrics:
+                        if metric not in values or (id(values), metric) in placed:
+                            continue
                         if metric in raised:
+                            if values[metric] == 0.0:
+                                continue
                             values[metric] = 0.0
                         else:
                             del values[metric]
+                        if metric in _DRAWN_SET:
+                            found.drawn += 1
+                        else:
+                            found.version += 1
 
     def take_values(
         self,
         values: list[Any],
         metrics: frozenset[str] | None = None,
         raised: frozenset[str] = frozenset(),
+        named: str = "",
     ) -> None:
         """An answer covering `metrics` (None: every placed value), of which `raised` are
-        sent only above 0; ValueError when it does not fit."""
+        sent only above 0, its samples without their name where it asked for `named`
+        alone; ValueError when it does not fit."""
         try:
             if values:  # when Prometheus evaluated the query
                 self.at = float(values[0]["value"][0])
@@ -351,19 +409,20 @@ class FleetSeries:
                 self.up = {}
             if metrics is None:
                 self.nodes = {}
-            else:
-                self._forget(metrics, raised)
-            self._place(values)
+            placed: set[tuple[int, str]] = set()
+            self._place(values, named, placed)
+            if metrics is not None:
+                self._sweep(metrics, raised, placed)
         except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
             raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
         if metrics is None:
             self.read_whole = {i for i, up in self.up.items() if up >= 1}
 
-    def _place(self, values: list[Any]) -> None:
+    def _place(self, values: list[Any], named: str, placed: set[tuple[int, str]]) -> None:
         up = self.up
         for sample in values:
             labels = sample["metric"]
-            metric = labels.get("__name__", "")
+            metric = named or labels.get("__name__", "")
             kind = _KIND.get(metric)
             if kind == "up":
                 up[labels.get("instance", "")] = _value(sample)
@@ -371,30 +430,45 @@ class FleetSeries:
             found = self._series_of(labels)
             if found is None or kind is None:
                 continue
-            if kind == "gpu" and (index := _index(labels.get("gpu"))) is not None:
-                found.gpus.setdefault(index, {})[metric] = _value(sample)
+            held: dict[str, float] | None = None
+            if kind == "gpu":
+                if (index := _index(labels.get("gpu"))) is not None:
+                    held = found.gpus.get(index)
+                    if held is None:
+                        held = found.gpus[index] = {}
             elif kind == "source" and "source" in labels:
-                found.sources.setdefault(safe_text(labels["source"]), {})[metric] = _value(sample)
+                held = found.sources.setdefault(safe_text(labels["source"]), {})
             elif kind == "node":
-                found.values[metric] = _value(sample)
+                held = found.values
             elif kind in ("port", "netdev") and "device" in labels:
                 if (port := _index(labels.get("port"))) is None:
                     continue
                 place = (safe_text(labels["device"]), port)
                 if kind == "port":
-                    found.ports.setdefault(place, {})[metric] = _value(sample)
+                    held = found.ports.setdefault(place, {})
                 else:
                     netdev = safe_text(labels.get("netdev", ""))
-                    ifname, stats = found.netdevs.get(place, (netdev, {}))
-                    stats[metric] = _value(sample)
-                    found.netdevs[place] = (ifname, stats)
+                    ifname, held = found.netdevs.get(place, (netdev, {}))
+                    found.netdevs[place] = (ifname, held)
+            if held is None:
+                continue
+            value = _value(sample)
+            placed.add((id(held), metric))
+            if held.get(metric) != value:  # NaN too: it is never equal to itself
+                held[metric] = value
+                if metric in _DRAWN_SET:
+                    found.drawn += 1
+                else:
+                    found.version += 1
 
     def take_info(self, info: list[Any], instances: Collection[str] | None = None) -> None:
         """The info series (GPUs, MIG instances, ports, the BMC), replacing the last (of
         the targets at `instances`, when given)."""
         try:
+            before = []
             for instance in self.nodes if instances is None else instances:
                 for held in self.nodes.get(instance, {}).values():
+                    before.append((held, held.gpu_info, held.migs, held.port_info, held.bmc))
                     held.gpu_info, held.migs, held.port_info = {}, {}, {}
                     held.bmc = None
             for sample in info:
@@ -413,6 +487,14 @@ class FleetSeries:
                         found.port_info[(labels["device"], port)] = labels
                 elif metric == names.BMC_INFO[0]:
                     found.bmc = labels.get("bmc", "")
+            for held, gpu_info, migs, port_info, bmc in before:
+                if (held.gpu_info, held.migs, held.port_info, held.bmc) != (
+                    gpu_info,
+                    migs,
+                    port_info,
+                    bmc,
+                ):
+                    held.version += 1
         except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
             raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
 
@@ -421,7 +503,7 @@ class FleetSeries:
         for instance in instances:
             self.nodes.pop(instance, None)
         try:
-            self._place([s for s in values if s["metric"].get("__name__") != UP])
+            self._place([s for s in values if s["metric"].get("__name__") != UP], "", set())
         except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
             raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
         self.take_info(info, instances)
@@ -456,18 +538,30 @@ def _mig(labels: Mapping[str, str]) -> MigInstance:
     )
 
 
-def _gpu(
-    index: int, info: Mapping[str, str], v: Mapping[str, float], migs: list[MigInstance]
-) -> GpuReading:
+def _drawn(v: Mapping[str, float]) -> dict[str, Any]:
+    """A GPU reading's fields from the gauges every round asks."""
     used, free = _gauge(v, names.DCGM_FB_USED), _gauge(v, names.DCGM_FB_FREE)
-    reserved = _gauge(v, names.DCGM_FB_RESERVED)
     total = None
     if used is not None and free is not None:
-        total = round((used + free + (reserved or 0.0)) * MIB)
+        total = round((used + free + (_gauge(v, names.DCGM_FB_RESERVED) or 0.0)) * MIB)
+    return {
+        "util_gpu_pct": _gauge(v, names.DCGM_GPU_UTIL),
+        "mem_total_bytes": total,
+        "mem_used_bytes": None if used is None else round(used * MIB),
+        "temp_gpu_c": _gauge(v, names.DCGM_GPU_TEMP),
+        "power_w": _gauge(v, names.DCGM_POWER_USAGE),
+    }
+
+
+def _steady(
+    index: int, info: Mapping[str, str], v: Mapping[str, float], migs: list[MigInstance]
+) -> dict[str, Any]:
+    """A GPU reading's other fields: its info, health flags and the series read in parts."""
+    reserved = _gauge(v, names.DCGM_FB_RESERVED)
     mask = _int(_gauge(v, names.DCGM_THROTTLE))
     sm_active = _gauge(v, names.PROF_SM_ACTIVE)
     lost = bool(_flag(v, names.GPU_LOST))
-    return GpuReading(
+    return dict(
         index=index,
         uuid=info.get("uuid", ""),
         name=info.get("model", ""),
@@ -476,14 +570,9 @@ def _gpu(
         serial=info.get("serial") or None,
         module_id=_int(float(info["module_id"])) if info.get("module_id") else None,
         architecture=info.get("architecture") or None,
-        util_gpu_pct=_gauge(v, names.DCGM_GPU_UTIL),
         util_mem_pct=_gauge(v, names.DCGM_MEM_COPY_UTIL),
-        mem_total_bytes=total,
-        mem_used_bytes=None if used is None else round(used * MIB),
         mem_reserved_bytes=None if reserved is None else round(reserved * MIB),
-        temp_gpu_c=_gauge(v, names.DCGM_GPU_TEMP),
         temp_hbm_c=_gauge(v, names.DCGM_MEMORY_TEMP),
-        power_w=_gauge(v, names.DCGM_POWER_USAGE),
         power_limit_w=_gauge(v, names.DCGM_POWER_LIMIT),
         sm_clock_mhz=_int(_gauge(v, names.DCGM_SM_CLOCK)),
         mem_clock_mhz=_int(_gauge(v, names.DCGM_MEM_CLOCK)),
@@ -615,31 +704,77 @@ def _fabric(found: NodeSeries, at: float, simulated: bool) -> FabricReading | No
     )
 
 
+class NodeBuilder:
+    """One node's overview from its series, built again only as far as they changed: the
+    GPU gauges alone (the fleet view's figures, which move every round) redraw its GPUs
+    from what the rest of their series made last time."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self._found: NodeSeries | None = None
+        self._version = -1
+        self._drawn = -1
+        self._built: NodeSnapshot | None = None
+        self._steady: dict[int, dict[str, Any]] = {}
+
+    def build(self, found: NodeSeries, at: float) -> NodeSnapshot:
+        built = self._built
+        if built is None or found is not self._found or found.version != self._version:
+            built = self._whole(found, at)
+        elif found.drawn != self._drawn:
+            built = self._redrawn(built, found, at)
+        self._found, self._version, self._drawn, self._built = (
+            found,
+            found.version,
+            found.drawn,
+            built,
+        )
+        return built
+
+    def _gpus(self, found: NodeSeries) -> tuple[GpuReading, ...]:
+        steady, gpus = self._steady, found.gpus
+        return tuple(
+            GpuReading(**fields, **_drawn(gpus.get(index, {})))
+            for index, fields in sorted(steady.items())
+        )
+
+    def _redrawn(self, built: NodeSnapshot, found: NodeSeries, at: float) -> NodeSnapshot:
+        if built.nvml is None:
+            return built  # gauges of GPUs the node has no info of: not drawn
+        gpus = self._gpus(found)
+        nvml = NvmlReading(at, None, None, None, gpus, simulated=built.simulated)
+        return dataclasses.replace(built, nvml=nvml)
+
+    def _whole(self, found: NodeSeries, at: float) -> NodeSnapshot:
+        simulated = bool(_flag(found.values, names.NODE_SIMULATED))
+        migs = {g: [_mig(labels) for labels in found.migs.get(g, [])] for g in found.gpu_info}
+        self._steady = {
+            index: _steady(index, info, found.gpus.get(index, {}), migs[index])
+            for index, info in found.gpu_info.items()
+        }
+        gpus = self._gpus(found)
+        xids = {
+            g.uuid: code
+            for g in gpus
+            if (code := _int(_gauge(found.gpus.get(g.index, {}), names.DCGM_XID)))
+        }
+        nvml = None
+        if gpus or "nvml" in found.sources:
+            nvml = NvmlReading(at, None, None, None, gpus, simulated=simulated)
+        return NodeSnapshot(
+            node=self.node,
+            simulated=simulated,
+            nvml=nvml,
+            bmc=_bmc(found, at, simulated),
+            fabric=_fabric(found, at, simulated),
+            statuses=_statuses(self.node, found, at),
+            last_xid=xids,
+        )
+
+
 def build_node(node: str, found: NodeSeries, at: float) -> NodeSnapshot:
     """The overview of one node from its series: what the fleet view reads of it."""
-    simulated = bool(_flag(found.values, names.NODE_SIMULATED))
-    migs = {g: [_mig(labels) for labels in found.migs.get(g, [])] for g in found.gpu_info}
-    gpus = tuple(
-        _gpu(index, info, found.gpus.get(index, {}), migs[index])
-        for index, info in sorted(found.gpu_info.items())
-    )
-    xids = {
-        g.uuid: code
-        for g in gpus
-        if (code := _int(_gauge(found.gpus.get(g.index, {}), names.DCGM_XID)))
-    }
-    nvml = None
-    if gpus or "nvml" in found.sources:
-        nvml = NvmlReading(at, None, None, None, gpus, simulated=simulated)
-    return NodeSnapshot(
-        node=node,
-        simulated=simulated,
-        nvml=nvml,
-        bmc=_bmc(found, at, simulated),
-        fabric=_fabric(found, at, simulated),
-        statuses=_statuses(node, found, at),
-        last_xid=xids,
-    )
+    return NodeBuilder(node).build(found, at)
 
 
 class PrometheusReader:
@@ -661,8 +796,12 @@ class PrometheusReader:
         interval_s: float = 1.0,
         timeout_s: float = 3.0,
         monotonic: Callable[[], float] = time.monotonic,
+        evaluate_at: Callable[[], float] | None = None,
     ) -> None:
+        """`evaluate_at`: the time each query asks about (a replay's, a benchmark's);
+        None: Prometheus' now."""
         self.url = url.rstrip("/")
+        self.evaluate_at = evaluate_at
         self.selector = selector
         self.interval_s = interval_s
         self.timeout_s = timeout_s
@@ -689,7 +828,10 @@ class PrometheusReader:
 
     async def query(self, promql: str) -> list[Any]:
         """An instant query's vector; errors name Prometheus and what it said."""
-        url = f"{self.url}/api/v1/query?{urlencode({'query': promql})}"
+        asked = {"query": promql}
+        if self.evaluate_at is not None:
+            asked["time"] = repr(self.evaluate_at())
+        url = f"{self.url}/api/v1/query?{urlencode(asked)}"
         data = await self._client.get_json(
             url, self.timeout_s * 0.9, peer="Prometheus", limit=MAX_ANSWER_BYTES
         )
@@ -702,31 +844,34 @@ class PrometheusReader:
         vector: list[Any] = result["result"]
         return vector
 
+    async def _take(self, series: FleetSeries, asks: Collection[Ask]) -> None:
+        """Ask side by side (Prometheus evaluates each on a core of its own) and take each
+        answer as it lands, while the others are still being evaluated."""
+
+        async def one(ask: Ask) -> None:
+            answer = await self.query(ask.query)
+            if ask.info:
+                series.take_info(answer)
+            else:
+                series.take_values(answer, ask.metrics, ask.raised, ask.named)
+
+        await asyncio.gather(*(one(ask) for ask in asks))
+
     async def _read(self) -> Overview:
         series = self._series
         if series is None:
-            # every series once, a part at a time: one query for all of a large fleet's
-            # would outlast any timeout (and hold its whole answer in memory at once)
+            # every series once, a few queries at a time: all at once for a large fleet
+            # would outlast any timeout (and hold every answer in memory at once)
             series = FleetSeries()
-            for ask in self.whole:
-                answer = await self.query(ask.query)
-                if ask.info:
-                    series.take_info(answer)
-                else:
-                    series.take_values(answer, ask.metrics, ask.raised)
+            for at in range(0, len(self.whole), WHOLE_AT_ONCE):
+                await self._take(series, self.whole[at : at + WHOLE_AT_ONCE])
             series.read_whole = {i for i, up in series.up.items() if up >= 1}
             self._series = series
             self.rounds += 1
             return series.overview()
         part = self.parts[self._turn % len(self.parts)]
         self._turn += 1
-        asks = (*self.every, part)
-        answers = await asyncio.gather(*(self.query(a.query) for a in asks))
-        for ask, answer in zip(asks, answers, strict=True):
-            if ask.info:
-                series.take_info(answer)
-            else:
-                series.take_values(answer, ask.metrics, ask.raised)
+        await self._take(series, (*self.every, *part))
         # targets Prometheus began to scrape since: every series of theirs, by instance
         new = series.unheld()[:NEW_PER_ROUND]
         if new:
@@ -773,6 +918,7 @@ class PromQLSource:
         self._clock = clock
         self._emit: EmitEvent | None = None
         self._xids: dict[str, int] | None = None
+        self._builder = NodeBuilder(node)
 
     @property
     def detail(self) -> bool:
@@ -794,7 +940,7 @@ class PromQLSource:
             return await self.agent.poll()
         overview = await self.reader.overview()
         _name, found = overview.pick(self.instance, self.node)
-        node = build_node(self.node, found, overview.at)
+        node = self._builder.build(found, overview.at)
         self._post_xids(node)
         return AgentReading(self._clock(), self.reader.url, node, summary=True)
 
