@@ -4,9 +4,11 @@ The demo cluster's GPU nodes, polled twice, are the templates; 10,000 members co
 turn under their own names and GPU identities (benchmarks.promfleet). Their series, as the
 exporter writes them, are backfilled with promtool into a TSDB that `prometheus` serves on
 127.0.0.1; only the families the overview selects are written (the rest would only grow
-Prometheus' index, not the answer). The sample times are those of the backfill and the
-server runs with a lookback delta of an hour, so the console's instant queries, which ask
-"now", find every series.
+Prometheus' index, not the answer). The server runs with a lookback delta of an hour, so
+every series is found. The GPU gauges the fleet view draws (utilization, memory, temperature,
+power) have STEPS samples more, each value moved, and each round asks about the next step in
+turn (the queries' `time`): every gauge of every GPU moves every round, as on a busy fleet,
+so the head builds every node's GPUs each round.
 
 The head is this process: the hub `gpuconsole console` builds for `[fleet] prometheus` and
 `targets_file`, a PromQLSource per node sharing one PrometheusReader, every node read each
@@ -43,11 +45,13 @@ from benchmarks.timing import record
 from gpuconsole.config import FleetConfig
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.sources.promql import drawn_gauges
 from gpuconsole.wiring import fleet_hub
 
 NODES = 10_000
 INTERVAL_S = 5.0
 ROUNDS = 6
+STEPS = 3  # the gauges' later samples, STEP_S apart
 TIMEOUT_S = 120.0  # a round that takes longer than the interval is measured, not cut off
 CORES_TARGET = 1.0
 TICK = os.sysconf("SC_CLK_TCK")
@@ -80,12 +84,16 @@ def _fresh(hub: Hub) -> int:
     return sum(1 for n in shot.nodes if (s := n.status("remote")) is not None and s.ok)
 
 
-async def _head(url: str, targets: Path, nodes: int, rounds: int, prom_pid: int) -> dict[str, Any]:
+async def _head(
+    url: str, targets: Path, nodes: int, rounds: int, prom_pid: int, steps: list[float]
+) -> dict[str, Any]:
     cfg = FleetConfig(
         targets_file=str(targets), prometheus=url, interval_s=INTERVAL_S, timeout_s=TIMEOUT_S
     )
     hub = fleet_hub(cfg, HubSettings(publish_gap_s=0.5, max_backoff_s=INTERVAL_S))
     reader = hub.sources[0].reader  # type: ignore[attr-defined]  # the one every node shares
+    # each round asks about the step after the last round's: every gauge has moved
+    reader.evaluate_at = lambda: steps[reader.rounds % len(steps)] + 0.001
     took: list[float] = []
     read: Callable[[], Awaitable[Any]] = reader._read  # timed from outside: a benchmark's view
 
@@ -144,7 +152,11 @@ def main(nodes: int = NODES, rounds: int = ROUNDS) -> None:
     with tempfile.TemporaryDirectory(prefix="gpuconsole-bench-prom-") as folder:
         source = Path(folder) / "fleet.om"
         began = time.perf_counter()
-        samples = write_openmetrics(source, fleet, time.time(), keep)
+        at = time.time() - 60.0
+        steps = [at + INTERVAL_S * k for k in range(1, STEPS + 1)]
+        samples = write_openmetrics(
+            source, fleet, at, keep, moving=frozenset(drawn_gauges()), steps=steps
+        )
         written = time.perf_counter() - began
         targets = Path(folder) / "targets.json"
         targets_file(targets, fleet)
@@ -157,7 +169,9 @@ def main(nodes: int = NODES, rounds: int = ROUNDS) -> None:
                 f"{prometheus.backfill_s:.1f} s, prometheus ready in {prometheus.start_s:.1f} s"
             )
             assert prometheus.pid is not None
-            f = asyncio.run(_head(prometheus.url, targets, nodes, rounds, prometheus.pid))
+            f = asyncio.run(
+                _head(prometheus.url, targets, nodes, rounds, prometheus.pid, [at, *steps])
+            )
     first = f"{f['first_s']:.1f} s" if f["first_s"] is not None else "never within the limit"
     met = f["cores"] <= CORES_TARGET and f["round_s"] <= INTERVAL_S
     print(
@@ -165,7 +179,8 @@ def main(nodes: int = NODES, rounds: int = ROUNDS) -> None:
         f"{f['whole_s']:.1f} s); {f['fresh']:,} of {nodes:,} fresh at the end"
     )
     print(
-        f"  a round (up and the GPU gauges, raised flags, a part of the rest; parsed) "
+        f"  a round (up and the GPU gauges, every one moved; raised flags; a part of the "
+        f"rest; parsed) "
         f"{f['round_s']:.2f} s median of {f['rounds']}; CPU per round over the "
         f"{INTERVAL_S:g} s it must fit in: head {f['cores']:.2f} cores (RSS {f['rss_mb']:.0f} MB), "
         f"Prometheus {f['prom_cores']:.2f} cores (RSS {f['prom_rss_mb']:.0f} MB)"

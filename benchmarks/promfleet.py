@@ -131,11 +131,28 @@ class _Rendered:
         return "".join(out)
 
 
+_SAMPLE_END = re.compile(r" (\S+) (\S+)\n")
+
+
+def _moved(text: str, by: float, at: float) -> str:
+    """A family's lines with every value `by` more, at time `at`."""
+    return _SAMPLE_END.sub(lambda m: f" {_value(float(m[1]) + by)} {at:.3f}\n", text)
+
+
 def write_openmetrics(
-    path: Path, members: Sequence[Member], at: float, keep: Collection[str] | None = None
+    path: Path,
+    members: Sequence[Member],
+    at: float,
+    keep: Collection[str] | None = None,
+    *,
+    moving: Collection[str] = (),
+    steps: Sequence[float] = (),
 ) -> int:
     """Every member's series (only the families named in `keep`, when given) and `up`, at
-    time `at`, as one OpenMetrics file that promtool backfills; the number of samples."""
+    time `at`, as one OpenMetrics file that promtool backfills; the number of samples.
+    The families in `moving` have a sample more at each of `steps` (times after `at`),
+    each value 1 more than at the step before: a query at one step finds every one of
+    them moved since the step before."""
     rendered: dict[int, _Rendered] = {}
     named: list[list[str]] = []
     for member in members:
@@ -163,6 +180,13 @@ def write_openmetrics(
                     text = one.family(family, member.instance, mine)
                     samples += text.count("\n")
                     out.write(text)
+            for by, later in enumerate(steps if family in moving else (), start=1):
+                for member, mine in zip(members, named, strict=True):
+                    one = rendered[id(member.node)]
+                    if member.up and family in one.pieces:
+                        text = _moved(one.family(family, member.instance, mine), by, later)
+                        samples += text.count("\n")
+                        out.write(text)
         out.write("# EOF\n")
     return samples
 

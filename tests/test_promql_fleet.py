@@ -270,3 +270,22 @@ def test_a_node_is_built_again_as_far_as_its_series_changed() -> None:
         (False, None, 10.0),
         (False, 1980, 55.0),
     ]
+
+
+def test_the_readme_says_which_queries_the_console_sends() -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    scale = readme[readme.index("## Scale") : readme.index("## How it is built")]
+    plan = round_plan()
+    by = "instance, Hostname, node, exported_node, gpu, source, device, port, netdev"
+    assert f"`(…)` below is `{by}`" in scale
+    for ask in plan.every:
+        # each as the README writes it, with the labels it aggregates by shortened to (…)
+        shown = ask.query.replace(by, "…")
+        if ask.named != "up":
+            assert f"`{ask.named}`" in scale
+            shown = shown.replace(ask.named, "METRIC")
+        assert f"`{shown}`" in scale
+    info = next(a for part in plan.parts for a in part if a.info)
+    assert f"`{info.query}`" in scale
+    rounds = {8: "eight", 9: "nine", 10: "ten"}[len(plan.parts)]
+    assert f"fresh within {rounds} rounds" in scale

@@ -182,6 +182,11 @@ def _info_query(extra: str) -> str:
     return f'{{__name__=~"{info}"{_selector(extra)}}}'
 
 
+def drawn_gauges() -> tuple[str, ...]:
+    """The GPU gauges every round asks for: what the fleet view draws."""
+    return _DRAWN
+
+
 def overview_queries(selector: str = "") -> tuple[str, str]:
     """The two instant queries of a whole round: every placed value, and the info series."""
     return _values_query(_KIND, selector), _info_query(selector)
