@@ -289,3 +289,28 @@ def test_the_readme_says_which_queries_the_console_sends() -> None:
     assert f"`{info.query}`" in scale
     rounds = {8: "eight", 9: "nine", 10: "ten"}[len(plan.parts)]
     assert f"fresh within {rounds} rounds" in scale
+
+
+def test_a_series_gone_from_an_answer_is_gone_though_as_many_others_came() -> None:
+    util, lost = "DCGM_FI_DEV_GPU_UTIL", "gpuconsole_gpu_lost"
+    series = FleetSeries()
+    series.take_values(
+        [_sample("up", 1), _sample(util, 1, gpu="0"), _sample(util, 2, gpu="1"),
+         _sample(lost, 1, gpu="0"), _sample(lost, 0, gpu="1")]
+    )  # fmt: skip
+
+    def unnamed(name: str, value: float, gpu: str) -> dict[str, Any]:
+        sample = _sample(name, value, gpu=gpu)
+        del sample["metric"]["__name__"]
+        return sample
+
+    # as many values as before, one of them a GPU new to the rounds
+    series.take_values(
+        [unnamed(util, 3, "0"), unnamed(util, 4, "2")], frozenset({util}), named=util
+    )
+    # GPU 0 came back as GPU 1 fell off: one flag raised, as before
+    flags = frozenset({lost})
+    series.take_values([unnamed(lost, 1, "1")], flags, flags, named=lost)
+    gpus = series.overview().nodes["n1:9400"]["n1"].gpus
+    assert {g: v.get(util) for g, v in gpus.items()} == {0: 3.0, 1: None, 2: 4.0}
+    assert {g: v.get(lost) for g, v in gpus.items()} == {0: 0.0, 1: 1.0, 2: None}

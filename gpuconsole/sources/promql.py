@@ -17,11 +17,13 @@ displaced it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import gc
 import math
 import re
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import urlencode
@@ -348,6 +350,10 @@ class FleetSeries:
         self.up: dict[str, float] = {}
         self.nodes: dict[str, dict[str, NodeSeries]] = {}
         self.read_whole: set[str] = set()  # targets whose every series was asked for
+        # per metric: the values held, and those held above 0 (none left out of an answer
+        # that placed as many: nothing to sweep)
+        self._held: dict[str, int] = {}
+        self._nonzero: dict[str, int] = {}
 
     def _series_of(self, labels: Mapping[str, str]) -> NodeSeries | None:
         name = labels.get("exported_node") or labels.get("Hostname") or labels.get("node")
@@ -369,6 +375,9 @@ class FleetSeries:
         and metric); of those `raised`, a series held is 0 unless the answer says it is
         raised (one never exported stays unknown)."""
         kinds = {_KIND.get(m) for m in metrics}
+        counts, nonzero = self._held, self._nonzero  # counted again
+        for metric in metrics:
+            counts[metric] = nonzero[metric] = 0
         for served in self.nodes.values():
             for found in served.values():
                 held: list[dict[str, float]] = []
@@ -384,18 +393,25 @@ class FleetSeries:
                     held += (stats for _, stats in found.netdevs.values())
                 for values in held:
                     for metric in metrics.intersection(values) if len(metrics) > 1 else metrics:
-                        if metric not in values or (id(values), metric) in placed:
+                        value = values.get(metric)
+                        if value is None:
                             continue
-                        if metric in raised:
-                            if values[metric] == 0.0:
+                        if (id(values), metric) not in placed:
+                            if metric in raised:
+                                if value == 0.0:
+                                    continue
+                                values[metric] = value = 0.0
+                            else:
+                                del values[metric]
+                            if metric in _DRAWN_SET:
+                                found.drawn += 1
+                            else:
+                                found.version += 1
+                            if value is None or metric not in values:
                                 continue
-                            values[metric] = 0.0
-                        else:
-                            del values[metric]
-                        if metric in _DRAWN_SET:
-                            found.drawn += 1
-                        else:
-                            found.version += 1
+                        counts[metric] = counts.get(metric, 0) + 1
+                        if value != 0.0:
+                            nonzero[metric] = nonzero.get(metric, 0) + 1
 
     def take_values(
         self,
@@ -413,10 +429,12 @@ class FleetSeries:
             if metrics is None or UP in metrics:
                 self.up = {}
             if metrics is None:
-                self.nodes = {}
+                self.nodes, self._held, self._nonzero = {}, {}, {}
             placed: set[tuple[int, str]] = set()
             self._place(values, named, placed)
-            if metrics is not None:
+            # a metric asked alone, placed in as many values as hold it: none to sweep
+            holding = (self._nonzero if raised else self._held).get(named, -1)
+            if metrics is not None and not (named and len(placed) == holding):
                 self._sweep(metrics, raised, placed)
         except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
             raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
@@ -459,12 +477,18 @@ class FleetSeries:
                 continue
             value = _value(sample)
             placed.add((id(held), metric))
-            if held.get(metric) != value:  # NaN too: it is never equal to itself
+            old = held.get(metric)
+            if old != value:  # NaN too: it is never equal to itself
                 held[metric] = value
                 if metric in _DRAWN_SET:
                     found.drawn += 1
                 else:
                     found.version += 1
+                if old is None:
+                    self._held[metric] = self._held.get(metric, 0) + 1
+                if (old is not None and old != 0.0) != (value != 0.0):
+                    step = 1 if value != 0.0 else -1
+                    self._nonzero[metric] = self._nonzero.get(metric, 0) + step
 
     def take_info(self, info: list[Any], instances: Collection[str] | None = None) -> None:
         """The info series (GPUs, MIG instances, ports, the BMC), replacing the last (of
@@ -855,10 +879,11 @@ class PrometheusReader:
 
         async def one(ask: Ask) -> None:
             answer = await self.query(ask.query)
-            if ask.info:
-                series.take_info(answer)
-            else:
-                series.take_values(answer, ask.metrics, ask.raised, ask.named)
+            with _collector_paused():
+                if ask.info:
+                    series.take_info(answer)
+                else:
+                    series.take_values(answer, ask.metrics, ask.raised, ask.named)
 
         await asyncio.gather(*(one(ask) for ask in asks))
 
@@ -893,6 +918,22 @@ def _instances(instances: Collection[str], selector: str) -> str:
     alternatives = "|".join(re.escape(i) for i in instances)
     quoted = alternatives.replace("\\", "\\\\").replace('"', '\\"')
     return f'instance=~"{quoted}"' + (f", {selector.strip()}" if selector.strip() else "")
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic collector held off while an answer is taken (nothing else runs then): a
+    large fleet's answer is hundreds of thousands of short-lived, acyclic objects, each
+    thousand of which would have the collector walk the young objects, and now and then
+    the whole heap (every node's series), again."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _retrieve(future: asyncio.Future[Overview]) -> None:
