@@ -164,7 +164,8 @@ def main(nodes: int = NODES, rounds: int = ROUNDS) -> None:
         with BackfilledPrometheus(source) as prometheus:
             source.unlink()
             print(
-                f"  backfill: {samples:,} series ({samples / nodes:.0f} per node, "
+                f"  backfill: {samples:,} samples ({samples / nodes:.0f} per node, "
+                f"the drawn gauges' {STEPS + 1} each; "
                 f"{size / 1e6:.0f} MB OpenMetrics written in {written:.1f} s), promtool "
                 f"{prometheus.backfill_s:.1f} s, prometheus ready in {prometheus.start_s:.1f} s"
             )

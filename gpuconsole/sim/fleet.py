@@ -547,14 +547,14 @@ class SimAgentSource(AgentSource):
     def interval_s(self) -> float:
         return min(self._interval_s, self.OPENED_INTERVAL_S) if self._detail else self._interval_s
 
+    @interval_s.setter
+    def interval_s(self, value: float) -> None:
+        self._interval_s = value
+
     async def start(self, emit: EmitEvent) -> None:
         await super().start(emit)
         if isinstance(self._client, SimAgentClient):
             await self._client.fleet.start_turn(self.node)
-
-    @interval_s.setter
-    def interval_s(self, value: float) -> None:
-        self._interval_s = value
 
     @property
     def detail(self) -> bool:
