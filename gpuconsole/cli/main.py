@@ -505,6 +505,29 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", metavar="FILE", help="config file (default: XDG location)")
 
 
+def _plan_options(p: argparse.ArgumentParser) -> None:
+    """What every command that runs a plan on a node takes (assign, remediate): where, how
+    it is confirmed, and how a head that runs it over ssh reads its progress."""
+    p.add_argument(
+        "--node",
+        metavar="NAME",
+        help="the node: this one, another of [fleet] (over ssh), or with --demo a simulated one",
+    )
+    p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
+    p.add_argument("--confirm", metavar="WORD", help="the node name (or GPU index), to confirm")
+    p.add_argument("--demo", action="store_true", help="a node of the simulated cluster")
+    p.add_argument(
+        "--json-progress",
+        action="store_true",
+        help="report as JSON lines (what a head reads when it runs this over ssh)",
+    )
+    p.add_argument(
+        "--expect-plan",
+        metavar="DIGEST",
+        help="refuse unless the plan is still the one shown (its digest, from --json-progress)",
+    )
+
+
 def _seconds(text: str) -> float:
     """A positive number of seconds, as argparse reads it: anything else is a usage error."""
     try:
@@ -628,24 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["drain", "reset_gpu", "reboot_node", "reseat", "service"],
         help="this action instead of the verdict's",
     )
-    p.add_argument(
-        "--node",
-        metavar="NAME",
-        help="the node: this one, another of [fleet] (over ssh), or with --demo a simulated one",
-    )
-    p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
-    p.add_argument("--confirm", metavar="WORD", help="the node name (or GPU index), to confirm")
-    p.add_argument("--demo", action="store_true", help="a node of the simulated cluster")
-    p.add_argument(
-        "--json-progress",
-        action="store_true",
-        help="report as JSON lines (what a head reads when it runs this over ssh)",
-    )
-    p.add_argument(
-        "--expect-plan",
-        metavar="DIGEST",
-        help="refuse unless the plan is still the one shown (its digest, from --json-progress)",
-    )
+    _plan_options(p)
     _common(p)
     p.set_defaults(func=cmd_remediate)
 
@@ -660,29 +666,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", metavar="NAME", help="with --propose: GPUs named so (H100)")
     p.add_argument(
-        "--node",
-        help="the node: this one, another of [fleet] (over ssh), or with --demo a simulated one",
-    )
-    p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
-    p.add_argument(
         "--recover",
         action="store_true",
         help="finish or roll back unfinished plans (a crash's, or one a full journal "
         "stopped), then list the GPU locks left",
     )
     p.add_argument("--yes", action="store_true", help="confirm without asking")
-    p.add_argument("--confirm", metavar="WORD", help="the node name (or GPU index), to confirm")
-    p.add_argument("--demo", action="store_true", help="a node of the simulated cluster")
-    p.add_argument(
-        "--json-progress",
-        action="store_true",
-        help="report as JSON lines (what a head reads when it runs this over ssh)",
-    )
-    p.add_argument(
-        "--expect-plan",
-        metavar="DIGEST",
-        help="refuse unless the plan is still the one shown (its digest, from --json-progress)",
-    )
+    _plan_options(p)
     _common(p)
     p.set_defaults(func=cmd_assign)
 
