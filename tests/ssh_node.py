@@ -21,6 +21,8 @@ from pathlib import Path
 import asyncssh
 import pytest
 
+from gpuconsole.actions.over_ssh import SshTarget
+
 __all__ = [
     "NODE",
     "NODE_COMMAND",
@@ -29,6 +31,7 @@ __all__ = [
     "head_config",
     "known_line",
     "make_keys",
+    "node_target",
     "serve_node",
 ]
 
@@ -212,3 +215,16 @@ connect_timeout_s = 5
 """
     )
     return path
+
+
+def node_target(keys: Keys, port: int, command: str = NODE_COMMAND) -> SshTarget:
+    """The node served on 127.0.0.1:`port`, as a head's config would name it."""
+    return SshTarget(
+        NODE,
+        "127.0.0.1",
+        port,
+        identity_files=(str(keys.client),),
+        known_hosts=str(keys.known_hosts),
+        command=command,
+        connect_timeout_s=5.0,
+    )

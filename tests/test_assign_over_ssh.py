@@ -49,12 +49,12 @@ from gpuconsole.sim.actions import SimWorld
 from gpuconsole.wiring import ssh_target
 from tests.ssh_node import (
     NODE,
-    NODE_COMMAND,
     ExecServer,
     Keys,
     head_config,
     known_line,
     make_keys,
+    node_target,
     serve_node,
 )
 from tests.waiting import until as wait_for
@@ -73,18 +73,6 @@ def keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Keys:
 def node(tmp_path: Path, keys: Keys) -> Iterator[ExecServer]:
     with serve_node(tmp_path, keys) as server:
         yield server
-
-
-def _target(keys: Keys, port: int, command: str = NODE_COMMAND) -> SshTarget:
-    return SshTarget(
-        NODE,
-        "127.0.0.1",
-        port,
-        identity_files=(str(keys.client),),
-        known_hosts=str(keys.known_hosts),
-        command=command,
-        connect_timeout_s=5.0,
-    )
 
 
 async def _plan_on(target: SshTarget) -> Plan:
@@ -111,7 +99,7 @@ async def test_a_remote_plan_moves_the_gpu_on_the_node_and_the_head_ticks_each_s
     events: list[Event] = []
     head_audit = AuditLog(tmp_path / "head" / "audit.jsonl")
     remote = RemoteExecutor(
-        _target(keys, node.port), on_step=updates.append, emit=events.append, audit=head_audit
+        node_target(keys, node.port), on_step=updates.append, emit=events.append, audit=head_audit
     )
     async with remote:
         plan = await remote.plan([GPU], Target.parse("drained"))
@@ -159,7 +147,7 @@ async def test_a_head_that_cannot_audit_asks_the_node_nothing(
 ) -> None:
     (tmp_path / "full").write_text("")  # its audit log cannot be created: an OSError
     audit = AuditLog(tmp_path / "full" / "audit.jsonl")
-    async with RemoteExecutor(_target(keys, node.port), audit=audit) as remote:
+    async with RemoteExecutor(node_target(keys, node.port), audit=audit) as remote:
         plan = await remote.plan([GPU], Target.parse("drained"))
         with pytest.raises(ActionRefused, match=r"cannot be written .*nothing was asked of"):
             await remote.execute(plan, OPS, GPU)
@@ -217,7 +205,7 @@ async def test_contact_lost_mid_plan_is_said_and_the_node_ends_the_plan_by_itsel
 ) -> None:
     node.drop_after_step = True
     shown: list[Plan] = []
-    async with RemoteExecutor(_target(keys, node.port)) as remote:
+    async with RemoteExecutor(node_target(keys, node.port)) as remote:
         with pytest.raises(ContactLost) as lost:
             await remote.run([GPU], Target.parse("drained"), OPS, NODE, on_plan=shown.append)
     text = str(lost.value)
@@ -239,7 +227,7 @@ async def test_an_unknown_host_key_is_refused_before_anything_runs(
 ) -> None:
     keys.known_hosts.write_text("")
     with pytest.raises(RemoteError) as refused:
-        await _plan_on(_target(keys, node.port))
+        await _plan_on(node_target(keys, node.port))
     fingerprint = keys.host_key.get_fingerprint("sha256")
     assert f"the host key of {NODE} ([127.0.0.1]:{node.port}) ({fingerprint}) is unknown" in str(
         refused.value
@@ -252,7 +240,7 @@ async def test_a_changed_host_key_is_refused_as_a_mismatch(keys: Keys, node: Exe
     other = asyncssh.generate_private_key("ssh-ed25519")
     keys.known_hosts.write_text(_known_line(node.port, other))
     with pytest.raises(RemoteError, match=r"does not match the one in .*: refused") as refused:
-        await _plan_on(_target(keys, node.port))
+        await _plan_on(node_target(keys, node.port))
     assert "ssh-keygen -R" in str(refused.value) and node.commands == []
 
 
@@ -276,7 +264,7 @@ async def test_an_unreachable_node_fails_fast_and_says_so(keys: Keys) -> None:
         port = s.getsockname()[1]  # closed again: nothing listens there
     began = time.monotonic()
     with pytest.raises(RemoteError) as unreachable:
-        await _plan_on(_target(keys, port))
+        await _plan_on(node_target(keys, port))
     assert time.monotonic() - began < 5.0  # refused at once, not the connect timeout
     assert str(unreachable.value) == (
         f"cannot reach {NODE} at 127.0.0.1:{port}: connection refused (no ssh server listens there)"
@@ -286,7 +274,7 @@ async def test_an_unreachable_node_fails_fast_and_says_so(keys: Keys) -> None:
 async def test_a_node_without_gpuconsole_is_told(keys: Keys, node: ExecServer) -> None:
     missing = "/nonexistent/gpuconsole"
     with pytest.raises(RemoteError) as failed:
-        await _plan_on(_target(keys, node.port, missing))
+        await _plan_on(node_target(keys, node.port, missing))
     assert str(failed.value).startswith(f"{NODE} has no `{missing}` for its ssh user's shell")
     assert "set [remote] command to its path" in str(failed.value)
 

@@ -27,7 +27,7 @@ import pytest
 from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.executor import StepUpdate
 from gpuconsole.actions.journal import Journal, PlanState
-from gpuconsole.actions.over_ssh import ContactLost, RemoteExecutor, SshTarget
+from gpuconsole.actions.over_ssh import ContactLost, RemoteExecutor
 from gpuconsole.actions.plan import StepKind
 from gpuconsole.actions.roles import ActionRefused, Actor, Role, local_actor
 from gpuconsole.cli.main import main
@@ -41,12 +41,12 @@ from gpuconsole.sim.profiles import DGX_H100
 from tests.fakenvml_fixtures import FakeNvmlLibs
 from tests.ssh_node import (
     NODE,
-    NODE_COMMAND,
     ExecServer,
     Keys,
     head_config,
     known_line,
     make_keys,
+    node_target,
     serve_node,
 )
 from tests.tenancy_fixtures import FakeHost
@@ -94,18 +94,6 @@ def _node_audit(tmp_path: Path) -> list[dict[str, Any]]:
 
 def _node_journal(tmp_path: Path) -> Journal:
     return Journal(tmp_path / "state" / "gpuconsole" / "demo" / "actions.db")
-
-
-def _target(keys: Keys, port: int) -> SshTarget:
-    return SshTarget(
-        NODE,
-        "127.0.0.1",
-        port,
-        identity_files=(str(keys.client),),
-        known_hosts=str(keys.known_hosts),
-        command=NODE_COMMAND,
-        connect_timeout_s=5.0,
-    )
 
 
 # --- story 1, from a head ---------------------------------------------------------------
@@ -304,7 +292,7 @@ async def test_contact_lost_mid_repair_leaves_the_node_to_end_it_and_its_journal
 ) -> None:
     node.drop_after_step = True
     seen: list[StepUpdate] = []
-    async with RemoteExecutor(_target(keys, node.port), on_step=seen.append) as remote:
+    async with RemoteExecutor(node_target(keys, node.port), on_step=seen.append) as remote:
         plan = await remote.plan_remedy(GPU5)
         with pytest.raises(ContactLost) as lost:
             await remote.execute(plan, OPS, NODE)
@@ -415,7 +403,7 @@ def test_a_node_that_refuses_the_login_s_role_is_told_and_audits_it(
 async def test_a_fit_gpu_s_plan_is_shown_blocked_and_the_node_is_not_asked_to_run_it(
     tmp_path: Path, keys: Keys, node: ExecServer
 ) -> None:
-    async with RemoteExecutor(_target(keys, node.port)) as remote:
+    async with RemoteExecutor(node_target(keys, node.port)) as remote:
         plan = await remote.plan_remedy("0000:61:00.0")  # GPU 3: fit
         assert plan.blocked and plan.remedy == "fit"
         assert "the verdict is fit (fit for work): there is nothing to remediate" in str(
