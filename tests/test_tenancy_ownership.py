@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from gpuconsole.facts.ownership import OwnerKind, ProblemKind, node_ownership, resolve_owners
 from gpuconsole.readings.base import Severity
 from gpuconsole.readings.nvml import GpuReading, GpuState, MigInstance, NvmlReading, ProcessReading
@@ -411,6 +413,33 @@ def test_ownership_is_resolved_again_only_when_owner_facts_change() -> None:
     changed = node_ownership(moved)
     assert changed is not node_ownership(first)
     assert changed is not None and [g.label for g in changed.gpus] == ["free", "job 1"]
+
+
+def test_a_node_left_as_it_was_is_answered_without_reading_its_nvml_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpuconsole.facts import ownership
+
+    tenancy = TenancyReading(at=0.0, gpus=(pci(0),))
+    node = NodeSnapshot("same-node", nvml=nvml(nvml_gpu(0)), tenancy=tenancy)
+    first = node_ownership(node)
+    keyed: list[object] = []
+    real = ownership._nvml_key
+    monkeypatch.setattr(ownership, "_nvml_key", lambda n: keyed.append(n) or real(n))
+    # every consumer of every publish asks again about the nodes that did not change
+    for _ in range(5):
+        assert node_ownership(node) is first
+    assert keyed == []
+    # a new NVML reading with the same owner facts is read once, and answered alike
+    polled = dataclasses.replace(node, nvml=nvml(nvml_gpu(0, util_gpu_pct=50.0)))
+    assert node_ownership(polled) is first
+    assert node_ownership(polled) is first
+    assert len(keyed) == 1
+    # a new tenancy reading is resolved again
+    moved = dataclasses.replace(polled, tenancy=TenancyReading(at=1.0, gpus=(pci(0, "vfio-pci"),)))
+    changed = node_ownership(moved)
+    assert changed is not None and changed is not first
+    assert [g.label for g in changed.gpus] == ["free (vfio-pci)"]
 
 
 def _claimed(device: str, minor: int | None, placement: tuple[int, int] | None = None) -> PodDevice:

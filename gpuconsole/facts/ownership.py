@@ -770,7 +770,21 @@ def _same_pod(claims: list[_Claim], pods: list[int], pod_uid: str | None) -> int
 _PER_NODE = 2
 _MAX_NODES = 8192
 _NvmlKey = tuple[object, ...]
-_cache: OrderedDict[str, list[tuple[_NvmlKey, TenancyReading, Ownership]]] = OrderedDict()
+
+
+@dataclass(slots=True)
+class _Answer:
+    key: _NvmlKey
+    tenancy: TenancyReading
+    ownership: Ownership
+    # the NVML reading last asked about with this answer, while it is the node's newest
+    # answer: the same reading again is answered without reading it (a publish hands every
+    # consumer the nodes that did not change as the very same objects). Only the newest
+    # holds one, and it is the reading the node's snapshot holds anyway.
+    nvml: NvmlReading | None = None
+
+
+_cache: OrderedDict[str, list[_Answer]] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
@@ -798,22 +812,34 @@ def node_ownership(node: NodeSnapshot) -> Ownership | None:
 
     Snapshots are immutable and shared by every viewer, so the answer is remembered per
     node, tenancy reading and what ownership reads of NVML's: ten consoles, and a node whose
-    load moves every second, resolve it once per change of owner-relevant facts. Only the
-    last two answers of a node are kept, so old readings do not pile up on a big fleet.
+    load moves every second, resolve it once per change of owner-relevant facts; the same
+    readings asked again (a node the last publish left as it was) are not even looked at.
+    Only the last two answers of a node are kept, so old readings do not pile up on a big
+    fleet.
     """
     tenancy = node.tenancy
     if tenancy is None:
         return None
-    key = _nvml_key(node.nvml)
+    nvml = node.nvml
     with _cache_lock:
-        for seen_key, seen_tenancy, found in _cache.get(node.node, ()):
-            if seen_tenancy is tenancy and seen_key == key:
+        entries = _cache.get(node.node)
+        if entries and entries[0].tenancy is tenancy and entries[0].nvml is nvml is not None:
+            return entries[0].ownership
+    key = _nvml_key(nvml)
+    with _cache_lock:
+        entries = _cache.get(node.node) or []
+        for at, seen in enumerate(entries):
+            if seen.tenancy is tenancy and seen.key == key:
+                if at == 0:
+                    seen.nvml = nvml
                 _cache.move_to_end(node.node)
-                return found
-    result = resolve_owners(node.nvml, tenancy)
+                return seen.ownership
+    result = resolve_owners(nvml, tenancy)
     with _cache_lock:
         entries = _cache.setdefault(node.node, [])
-        entries.insert(0, (key, tenancy, result))
+        for seen in entries:
+            seen.nvml = None
+        entries.insert(0, _Answer(key, tenancy, result, nvml))
         del entries[_PER_NODE:]
         _cache.move_to_end(node.node)
         while len(_cache) > _MAX_NODES:
