@@ -22,6 +22,7 @@ from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.fabric import port_deltas, port_problems, port_rates
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sim.cluster import add_sim_sources, build_sim_nodes, demo_cluster
+from gpuconsole.sources import agents as agents_source
 from gpuconsole.sources.agents import AgentClient, AgentSource
 from gpuconsole.wiring import AgentSettings
 from tests.export_fixtures import frozen_fleet
@@ -543,7 +544,8 @@ async def test_parts_the_head_holds_are_not_sent_again() -> None:
     await agent.start()
     sizes: list[int] = []
     client = AgentClient()
-    source = AgentSource("dgx-002", f"http://127.0.0.1:{agent.port}", client)
+    # polled, as a head reads an agent that does not stream
+    source = AgentSource("dgx-002", f"http://127.0.0.1:{agent.port}", client, watch=False)
     get = client.get
 
     async def counted(url: Any, timeout_s: float, **kw: Any) -> Any:
@@ -575,6 +577,105 @@ async def test_parts_the_head_holds_are_not_sent_again() -> None:
     finally:
         await source.close()
         await agent.stop()
+
+
+async def test_a_streaming_agent_is_read_through_one_watch_that_sends_only_changed_parts() -> None:
+    """One request, held open: each change arrives as a frame, figure for figure what the
+    agent serves, parts the head holds left out; while nothing changes, beats keep it fresh."""
+    hub = HeldHub(select(frozen_fleet(), "dgx-002", summary=False))
+    agent = Agent(hub, AgentSettings(port=0))
+    await agent.start()
+    client = AgentClient()
+    source = AgentSource(
+        "dgx-002", f"http://127.0.0.1:{agent.port}", client, interval_s=0.2, timeout_s=3.0
+    )
+    requests: list[str] = []
+    watch, get = client.watch, client.get
+
+    async def watched(url: Any, timeout_s: float, **kw: Any) -> Any:
+        requests.append(f"watch {url}")
+        return await watch(url, timeout_s, **kw)
+
+    async def polled(url: Any, timeout_s: float, **kw: Any) -> Any:
+        requests.append(f"get {url}")
+        return await get(url, timeout_s, **kw)
+
+    client.watch, client.get = watched, polled  # type: ignore[method-assign]
+    sizes: list[int] = []
+    take = agents_source._take_frame
+
+    def measured(frames: bytearray) -> tuple[bytes, bytes] | None:
+        got = take(frames)
+        if got is not None and got[1]:
+            sizes.append(len(got[1]))
+        return got
+
+    agents_source._take_frame = measured  # type: ignore[assignment]
+    try:
+        first = await source.poll()
+        assert first.node == codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
+        still = await source.poll()  # nothing new: a beat
+        assert still.node is first.node and still.at > first.at
+        hub.held = with_power(hub.held, 123.0)
+        second = await source.poll()
+        if second.node.gpus[0].power_w != 123.0:  # the beat of the second before
+            second = await source.poll()
+        assert second.node == codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
+        assert second.node.fabric is first.node.fabric  # kept, not sent
+        hub.held = with_bmc_at(hub.held, 1_796_000_099.0)
+        third = await source.poll()
+        if third.node.bmc is None or third.node.bmc.at != 1_796_000_099.0:
+            third = await source.poll()
+        assert third.node == codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
+        assert len(requests) == 1 and "watch=0.2" in requests[0], requests
+        assert len(sizes) == 3 and sizes[0] > sizes[2] > sizes[1], sizes
+    finally:
+        agents_source._take_frame = take  # type: ignore[assignment]
+        await source.close()
+        await agent.stop()
+
+
+async def test_an_agent_that_does_not_stream_is_polled() -> None:
+    """An agent of the previous version answers the watch as a poll: the head takes that
+    answer, then polls it as it always did (asking whether its copy is current)."""
+    raw = snapshot_body(frozen_fleet(), "dgx-002", summary=True)
+    asked: list[tuple[bool, str | None]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        asked.append(("watch" in request.query, request.headers.get("If-None-Match")))
+        return respond(Body(raw, 'W/"1"'), request)
+
+    runner, port = await serve(handler)
+    source = AgentSource("dgx-002", f"http://127.0.0.1:{port}", AgentClient())
+    try:
+        first = await source.poll()
+        second = await source.poll()
+    finally:
+        await source.close()
+        await runner.cleanup()
+    assert first.node == codec.loads(raw).nodes[0] and second.node is first.node
+    assert asked == [(True, None), (False, 'W/"1"')]
+
+
+async def test_an_agent_that_restarts_is_watched_again_without_going_stale(
+    agents: list[NodeAgent],
+) -> None:
+    head, _ = head_for(agents[:1])
+    await head.start()
+    node = agents[0]
+    try:
+        await until(lambda: ok(head.latest, node.name, "nvml"))
+        await node.agent.stop()  # its watches end; the node's hub goes on
+        node.agent = Agent(node.hub, AgentSettings(port=node.port))
+        await node.agent.start()
+        before = head.latest.node(node.name).status("remote").polls  # type: ignore[union-attr]
+        await until(
+            lambda: head.latest.node(node.name).status("remote").polls > before + 3  # type: ignore[union-attr]
+        )
+        status = head.latest.node(node.name).status("remote")  # type: ignore[union-attr]
+        assert status is not None and status.ok and status.failures == 0, status
+    finally:
+        await head.stop()
 
 
 async def test_an_agent_answers_404_for_a_node_it_does_not_serve_naming_those_it_does() -> None:

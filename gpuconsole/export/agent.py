@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import gzip
 import hmac
@@ -35,7 +36,17 @@ from gpuconsole.export.guard import (
 )
 from gpuconsole.facts.verdict import carry_verdict
 from gpuconsole.hub import Hub
-from gpuconsole.readings.agents import STEADY_PARTS, held_parts, part_version, summarize
+from gpuconsole.readings.agents import (
+    BEAT,
+    STEADY_PARTS,
+    WATCH_MAX_S,
+    WATCH_MIN_S,
+    WATCH_TYPE,
+    frame,
+    held_parts,
+    part_version,
+    summarize,
+)
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.wiring import AgentSettings
 
@@ -250,6 +261,11 @@ class Agent:
         self._boot = secrets.token_hex(4)
         self._renders = itertools.count()
         self._ahead: dict[str, asyncio.TimerHandle] = {}  # by peer: a render before its scrape
+        # watches wait on these: the next publish, and the agent stopping
+        self._published = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._closing = False
+        self._unsubscribe = hub.subscribe(self._on_publish)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._track, self._auth])
@@ -308,8 +324,9 @@ class Agent:
         delay = max(0.0, at - self.metrics.clock())
         self._ahead[peer] = asyncio.get_running_loop().call_later(delay, fire)
 
-    async def _snapshot(self, request: web.Request) -> web.Response:
-        """The JSON snapshot; ?view=summary for the fleet view, ?node=NAME for one node."""
+    async def _snapshot(self, request: web.Request) -> web.StreamResponse:
+        """The JSON snapshot; ?view=summary for the fleet view, ?node=NAME for one node;
+        ?watch=SECONDS streams it (readings.agents.WATCH_TYPE)."""
         snapshot = self.hub.latest
         if snapshot is None:
             return web.Response(status=503, text="no snapshot yet\n")
@@ -319,13 +336,48 @@ class Agent:
         node = request.query.get("node")
         if node is not None and snapshot.node(node) is None:
             return not_served(node, snapshot)
+        have = request.query.get("have")
+        held = held_parts(have) if have is not None and node is not None else None
+        watch = request.query.get("watch")
+        if watch is not None:
+            try:
+                period = float(watch)
+            except ValueError:
+                period = float("nan")
+            if not WATCH_MIN_S <= period <= WATCH_MAX_S:
+                return web.Response(
+                    status=400,
+                    text=f"watch must be seconds from {WATCH_MIN_S:g} to {WATCH_MAX_S:g}\n",
+                )
+            return await self._watch(request, view, node, held, period)
+        asked = request.headers.get("If-None-Match")
+        if asked and held is not None:
+            # a head that holds any rendering of this snapshot's node holds what is current,
+            # whichever parts it said it had when it read it
+            self._current_bodies(snapshot)
+            current = next(
+                (
+                    b
+                    for k, b in self._bodies.items()
+                    if k[:2] == (view, node) and holds(asked, b.etag)
+                ),
+                None,
+            )
+            if current is not None:
+                return respond(current, request)
+        return respond(self._body(snapshot, view, node, held), request)
+
+    def _current_bodies(self, snapshot: FleetSnapshot) -> None:
         if self._bodies_seq != snapshot.seq:
             self._bodies.clear()
             self._bodies_seq = snapshot.seq
-        have = request.query.get("have")
-        held = held_parts(have) if have is not None and node is not None else None
-        # by what the head holds as it is, not by its versions: heads holding the same parts
-        # share a rendering
+
+    def _body(
+        self, snapshot: FleetSnapshot, view: str, node: str | None, held: dict[str, str] | None
+    ) -> Body:
+        """The rendering of `snapshot` for a head holding `held`: by what it holds as it is,
+        not by its versions, so heads holding the same parts share a rendering."""
+        self._current_bodies(snapshot)
         kept = None
         if held is not None:
             served = snapshot.node(node) if node is not None else None
@@ -337,22 +389,72 @@ class Agent:
                 and held.get(part) == part_version(getattr(served, part))
             )
         key = (view, node, kept)
-        asked = request.headers.get("If-None-Match")
-        if asked and held is not None:
-            # a head that holds any rendering of this snapshot's node holds what is current,
-            # whichever parts it said it had when it read it
-            current = next(
-                (b for k, b in self._bodies.items() if k[:2] == key[:2] and holds(asked, b.etag)),
-                None,
-            )
-            if current is not None:
-                return respond(current, request)
         body = self._bodies.get(key)
         if body is None:
             raw = snapshot_body(snapshot, node, summary=view == "summary", have=held)
             etag = f'W/"{self._boot}-{next(self._renders)}"'
             body = self._bodies[key] = Body(raw, etag)
-        return respond(body, request)
+        return body
+
+    async def _watch(
+        self,
+        request: web.Request,
+        view: str,
+        node: str | None,
+        held: dict[str, str] | None,
+        period: float,
+    ) -> web.StreamResponse:
+        """Stream the snapshot: a frame when it changes (at most one in `period`), a beat
+        when it has not for half a period more. What the head holds is what this
+        connection sent it last; a node no longer served ends the stream."""
+        packed = accepts_gzip(request.headers.get("Accept-Encoding", ""))
+        response = web.StreamResponse(
+            headers={"Content-Type": WATCH_TYPE, "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        sent: int | None = None
+        try:
+            while not self._closing:
+                snapshot = self.hub.latest
+                if snapshot is None or (node is not None and snapshot.node(node) is None):
+                    break
+                if snapshot.seq == sent:
+                    await response.write(BEAT)
+                else:
+                    body = self._body(snapshot, view, node, held)
+                    payload = body.packed() if packed else body.raw
+                    await response.write(frame(payload, packed=packed))
+                    sent = snapshot.seq
+                    served = snapshot.node(node) if node is not None else None
+                    if held is not None and served is not None:
+                        held = {
+                            part: part_version(getattr(served, part))
+                            for part in STEADY_PARTS
+                            if getattr(served, part) is not None
+                        }
+                await self._news(period)
+                latest = self.hub.latest
+                if latest is not None and latest.seq == sent:
+                    await self._news(period / 2, published=True)
+        except ConnectionError:  # the head went away
+            return response
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return response
+
+    async def _news(self, seconds: float, *, published: bool = False) -> None:
+        """Wait `seconds`; with `published`, only until the hub publishes. Either ends when
+        the agent stops."""
+        wake = self._published if published else self._stopping
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), seconds)
+
+    def _on_publish(self, snapshot: FleetSnapshot) -> None:
+        # every watcher waiting for news wakes; the next wait is on a fresh event
+        woken, self._published = self._published, asyncio.Event()
+        woken.set()
+        if self._closing:
+            self._published.set()
 
     async def _healthy(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -399,6 +501,10 @@ class Agent:
         )  # fmt: skip
 
     async def stop(self) -> None:
+        self._closing = True  # every watch ends, so the server's shutdown waits for none
+        self._unsubscribe()
+        self._stopping.set()
+        self._published.set()
         for handle in self._ahead.values():
             handle.cancel()
         self._ahead.clear()

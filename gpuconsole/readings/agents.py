@@ -47,6 +47,25 @@ def have_query(held: dict[str, str]) -> str:
     return ",".join(f"{part}:{version}" for part, version in held.items())
 
 
+# A watch: a head asks `?watch=SECONDS` and an agent that streams answers with this type,
+# then writes a frame each time what it serves changes (at most once in SECONDS, and a beat
+# at least every 1.5 x SECONDS while nothing does), as a Kubernetes watch streams its
+# objects. A frame is a header line, `json LENGTH` or `gzip LENGTH`, then LENGTH bytes: the
+# summary, with the parts logic of a poll (the agent remembers what it sent on this
+# connection). LENGTH 0 is a beat: what was sent last still stands. An agent that does not
+# stream answers the same request as a poll.
+WATCH_TYPE = "application/x-gpuconsole-frames"
+FRAME_HEADER_MAX = 32  # bytes of a header line, its newline included
+WATCH_MIN_S = 0.1
+WATCH_MAX_S = 60.0
+BEAT = b"json 0\n"
+
+
+def frame(payload: bytes, *, packed: bool) -> bytes:
+    """One frame of a watch: `payload` (gzip when `packed`) behind its header."""
+    return b"%s %d\n%s" % (b"gzip" if packed else b"json", len(payload), payload)
+
+
 # Port counters whose movement the fleet's views judge (fabric problems on the wallboard).
 _JUDGED = frozenset(r.counter.removeprefix("netdev.") for r in ERROR_RULES) | frozenset(
     r.counter for r in CONGESTION_RULES

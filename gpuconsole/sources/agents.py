@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import gc
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -31,7 +32,16 @@ from gpuconsole.codec import (
 )
 from gpuconsole.config import FleetConfig
 from gpuconsole.facts.verdict import check_carried
-from gpuconsole.readings.agents import STEADY_PARTS, AgentReading, have_query, held_parts
+from gpuconsole.readings.agents import (
+    FRAME_HEADER_MAX,
+    STEADY_PARTS,
+    WATCH_MAX_S,
+    WATCH_MIN_S,
+    WATCH_TYPE,
+    AgentReading,
+    have_query,
+    held_parts,
+)
 from gpuconsole.readings.base import SCHEMA_VERSION, Event, safe_text
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.verdict import Action, CarriedVerdict
@@ -78,6 +88,7 @@ class AgentClient:
         self.max_connections = max_connections
         self._auth = aiohttp.BasicAuth(*auth) if auth else None
         self._session: aiohttp.ClientSession | None = None
+        self._watches: aiohttp.ClientSession | None = None  # one connection per watch
         # Requests wait for a connection here, in order: aiohttp's connector would shuffle
         # every waiting host on each connection released (a thousand, on a busy head).
         self._slots = asyncio.Semaphore(max_connections)
@@ -88,9 +99,11 @@ class AgentClient:
 
     async def release(self) -> None:
         self._users -= 1
-        if self._users <= 0 and self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._users <= 0:
+            for session in (self._session, self._watches):
+                if session is not None:
+                    await session.close()
+            self._session = self._watches = None
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -119,23 +132,48 @@ class AgentClient:
         try:
             async with asyncio.timeout(timeout_s), self._slots:
                 async with session.get(url, headers=headers) as response:
-                    if response.status == 304 and etag:
-                        return Answer(None, etag)
-                    if response.status == 404:
-                        reason = (await response.text())[:200].strip()
-                        raise NotFound(f"{peer} answered HTTP 404: {reason}")
-                    if response.status != 200:
-                        reason = (await response.text())[:200].strip()
-                        raise ConnectionError(f"{peer} answered HTTP {response.status}: {reason}")
-                    body = await _read_body(response, limit + 1)
-                    tag = response.headers.get("ETag")
+                    return await _answer(response, peer, limit, etag)
         except aiohttp.ClientConnectorError as exc:
             raise ConnectionError(f"{peer} unreachable: {exc.os_error or exc}") from None
         except aiohttp.ClientError as exc:
             raise ConnectionError(f"{peer} connection failed: {exc}") from None
-        if len(body) > limit:
-            raise ValueError(f"{peer} sent more than {limit} bytes")
-        return Answer(body, tag)
+
+    async def watch(
+        self, url: str | URL, timeout_s: float, *, peer: str = "agent", limit: int = MAX_BODY_BYTES
+    ) -> aiohttp.ClientResponse | Answer:
+        """Ask `url` (with its `watch`) to stream: the open response where the peer streams
+        frames (the caller reads them, and closes it), else the peer's plain answer, as
+        get() gives it (a peer that does not stream). A stream holds a connection of its
+        own, beyond the cap on connections that polls share; it waits for a slot only to
+        connect."""
+        session = self._watch_client()
+        response: aiohttp.ClientResponse | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self._slots:
+                    response = await session.get(url)
+                if response.status == 200 and response.content_type == WATCH_TYPE:
+                    return response
+                try:
+                    return await _answer(response, peer, limit, None)
+                finally:
+                    response.release()
+        except aiohttp.ClientConnectorError as exc:
+            raise ConnectionError(f"{peer} unreachable: {exc.os_error or exc}") from None
+        except aiohttp.ClientError as exc:
+            raise ConnectionError(f"{peer} connection failed: {exc}") from None
+        except BaseException:
+            if response is not None:
+                response.close()
+            raise
+
+    def _watch_client(self) -> aiohttp.ClientSession:
+        if self._watches is None or self._watches.closed:
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+            self._watches = aiohttp.ClientSession(
+                connector=connector, auth=self._auth, timeout=aiohttp.ClientTimeout()
+            )
+        return self._watches
 
     async def get_json(
         self, url: str | URL, timeout_s: float, *, peer: str = "agent", limit: int = MAX_BODY_BYTES
@@ -149,6 +187,25 @@ class AgentClient:
 
 class NotFound(ConnectionError):
     """The peer answered 404: it has no such thing (an agent: no such node)."""
+
+
+async def _answer(
+    response: aiohttp.ClientResponse, peer: str, limit: int, etag: str | None
+) -> Answer:
+    """A response read as get() answers: its body, None for a copy still current, errors
+    saying in a line what went wrong."""
+    if response.status == 304 and etag:
+        return Answer(None, etag)
+    if response.status == 404:
+        reason = (await response.text())[:200].strip()
+        raise NotFound(f"{peer} answered HTTP 404: {reason}")
+    if response.status != 200:
+        reason = (await response.text())[:200].strip()
+        raise ConnectionError(f"{peer} answered HTTP {response.status}: {reason}")
+    body = await _read_body(response, limit + 1)
+    if len(body) > limit:
+        raise ValueError(f"{peer} sent more than {limit} bytes")
+    return Answer(body, response.headers.get("ETag"))
 
 
 def _json(body: bytes, peer: str) -> Any:
@@ -183,6 +240,7 @@ class AgentSource:
         interval_s: float = FleetConfig.interval_s,
         timeout_s: float = FleetConfig.timeout_s,
         summary: bool = True,
+        watch: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.node = node
@@ -207,12 +265,20 @@ class AgentSource:
         self._urls: dict[tuple[str, str], URL] = {}  # by view and parts held, parsed once
         # what the agent last sent, to ask whether it is still current: (view, ETag, reading)
         self._held: tuple[str, str, AgentReading] | None = None
+        # Read the summary through a watch where the agent streams one: a frame read costs
+        # the head a fraction of a request and its answer. False once the agent answers
+        # the watch as a poll (an agent of the previous version): it is polled from then.
+        self.watch = watch
+        self._stream: aiohttp.ClientResponse | None = None
+        self._frames = bytearray()  # what the stream sent beyond its last whole frame
+        self._watched: AgentReading | None = None  # the last reading it sent: a beat renews it
         client.acquire()
 
     async def start(self, emit: EmitEvent) -> None:
         self._emit = emit
 
     async def close(self) -> None:
+        self._end_watch()
         await self._client.release()
 
     def _view(self) -> str:
@@ -234,11 +300,88 @@ class AgentSource:
     async def poll(self) -> AgentReading:
         started = time.monotonic()
         try:
-            return await self._poll(self.timeout_s * 0.9)
+            return await self._read(self.timeout_s * 0.9)
         except NotFound:
             await self._learn_name(self.timeout_s * 0.45)
             left = self.timeout_s * 0.9 - (time.monotonic() - started)
-            return await self._poll(max(left, 0.01))
+            return await self._read(max(left, 0.01))
+
+    async def _read(self, timeout_s: float) -> AgentReading:
+        if self.watch and self._view() == "summary":
+            return await self._next_watched(timeout_s)
+        self._end_watch()  # drilling in: the whole node, polled
+        return await self._poll(timeout_s)
+
+    async def _next_watched(self, timeout_s: float) -> AgentReading:
+        """The newest reading the watch has sent (waiting for the next where none came
+        since the last poll); the watch is opened first where none is, and again at once
+        where one that has served before ended (an agent restarted). Whatever else goes
+        wrong ends the watch, and a later poll opens another."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    fresh = self._stream is None
+                    if self._stream is None:
+                        every = min(max(self.interval_s, WATCH_MIN_S), WATCH_MAX_S)
+                        url = URL(f"{self._request_url()}&watch={every:g}")
+                        opened = await self._client.watch(url, timeout_s)
+                        if isinstance(opened, Answer):  # it does not stream: polled from now on
+                            self.watch = False
+                            assert opened.body is not None  # asked without an etag
+                            return self._took(opened.body, opened.etag)
+                        self._stream = opened
+                    try:
+                        kind, payload = await self._next_frame(self._stream)
+                        break
+                    except (ConnectionError, aiohttp.ClientError) as exc:
+                        self._end_watch()
+                        if fresh:
+                            raise ConnectionError(f"agent's watch broke off: {exc}") from None
+        except TimeoutError:
+            streaming = self._stream is not None
+            self._end_watch()
+            if streaming:
+                raise ConnectionError(
+                    f"agent's watch stalled: no whole frame within {timeout_s:g} s"
+                ) from None
+            raise
+        except BaseException:
+            self._end_watch()
+            raise
+        if not payload:  # a beat: what it sent last stands
+            assert self._watched is not None
+            return dataclasses.replace(self._watched, at=self._clock())
+        try:
+            body = _inflate(payload) if kind == b"gzip" else payload
+            self._watched = self.parse(body)
+        except ValueError:
+            self._end_watch()
+            raise
+        return self._watched
+
+    async def _next_frame(self, stream: aiohttp.ClientResponse) -> tuple[bytes, bytes]:
+        """The newest whole frame that has arrived (older ones are passed over unread),
+        else the next to arrive; a beat only where a reading has come before it."""
+        content, frames = stream.content, self._frames
+        newest: tuple[bytes, bytes] | None = None
+        while True:
+            frames += content.read_nowait(-1)
+            while (got := _take_frame(frames)) is not None:
+                if got[1] or newest is None:
+                    newest = got
+            if newest is not None and (newest[1] or self._watched is not None):
+                return newest
+            chunk = await content.readany()
+            if not chunk:
+                raise ConnectionError("it ended")
+            frames += chunk
+
+    def _end_watch(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        self._frames.clear()
+        self._watched = None
 
     async def _learn_name(self, timeout_s: float) -> None:
         """The agent serves no node by the head's name: where it serves one node, ask for
@@ -258,8 +401,12 @@ class AgentSource:
         if answer.body is None and held is not None:  # the agent has published nothing new
             return dataclasses.replace(held[2], at=self._clock())
         assert answer.body is not None
-        reading = self.parse(answer.body)
-        self._held = (view, answer.etag, reading) if answer.etag else None
+        return self._took(answer.body, answer.etag)
+
+    def _took(self, body: bytes, etag: str | None) -> AgentReading:
+        """The reading of a polled body, held by its ETag to ask whether it is current."""
+        reading = self.parse(body)
+        self._held = (self._view(), etag, reading) if etag else None
         return reading
 
     def parse(self, body: bytes) -> AgentReading:
@@ -393,6 +540,48 @@ class AgentSource:
             self._emit(event)
             newest = event.at if newest is None else max(newest, event.at)
         self._seen_events = newest
+
+
+def _take_frame(frames: bytearray) -> tuple[bytes, bytes] | None:
+    """The first whole frame of a watch's bytes, taken off them: (its kind, its payload;
+    empty for a beat); None until one has arrived whole. ValueError for what is no frame,
+    or one larger than a body may be."""
+    end = frames.find(b"\n", 0, FRAME_HEADER_MAX)
+    if end < 0:
+        if len(frames) >= FRAME_HEADER_MAX:
+            raise ValueError("agent's watch sent something that is not a frame")
+        return None
+    kind, _, length = bytes(frames[:end]).partition(b" ")
+    if kind not in (b"json", b"gzip") or not (length.isdigit() and length.isascii()):
+        raise ValueError("agent's watch sent something that is not a frame")
+    size = int(length)
+    if size > MAX_BODY_BYTES:
+        raise ValueError(
+            f"agent's watch sent a frame of {size} bytes, more than the {MAX_BODY_BYTES} "
+            "a body may have"
+        )
+    if len(frames) < end + 1 + size:
+        return None
+    payload = bytes(frames[end + 1 : end + 1 + size])
+    del frames[: end + 1 + size]
+    return kind, payload
+
+
+def _inflate(payload: bytes) -> bytes:
+    """A gzip frame's JSON, no more than a body may have; ValueError for what does not
+    inflate whole."""
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        body = inflater.decompress(payload, MAX_BODY_BYTES + 1)
+    except zlib.error:
+        raise ValueError("agent's watch sent a gzip frame that does not inflate") from None
+    if len(body) > MAX_BODY_BYTES or inflater.unconsumed_tail:
+        raise ValueError(
+            f"agent's watch sent a frame that inflates to more than {MAX_BODY_BYTES} bytes"
+        )
+    if not inflater.eof:
+        raise ValueError("agent's watch sent a gzip frame cut short")
+    return body
 
 
 class _Document(msgspec.Struct):
