@@ -50,11 +50,18 @@ from aiohttp import web
 
 from benchmarks.timing import record
 from gpuconsole.config import FleetConfig
-from gpuconsole.export.agent import Body, respond, snapshot_body
+from gpuconsole.export.agent import Body, accepts_gzip, respond, snapshot_body
 from gpuconsole.facts.ownership import node_ownership
 from gpuconsole.facts.verdict import forget_verdicts, node_verdict
 from gpuconsole.hub import Hub, HubSettings
-from gpuconsole.readings.agents import STEADY_PARTS, held_parts, part_version
+from gpuconsole.readings.agents import (
+    BEAT,
+    STEADY_PARTS,
+    WATCH_TYPE,
+    frame,
+    held_parts,
+    part_version,
+)
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.wiring import fleet_hub
 
@@ -147,7 +154,9 @@ def _without_verdicts(body: str) -> str:
     return json.dumps(document, allow_nan=False)
 
 
-async def _serve_agents(frames_file: Path, nodes: int, compress: bool, parts: bool) -> None:
+async def _serve_agents(
+    frames_file: Path, nodes: int, compress: bool, parts: bool, watch: bool = False
+) -> None:
     # per node and second: its parts' versions, its bodies by the parts a head holds,
     # and the body of an agent of the previous version
     frames = [
@@ -161,16 +170,49 @@ async def _serve_agents(frames_file: Path, nodes: int, compress: bool, parts: bo
         ]
         for n, texts in enumerate(json.loads(frames_file.read_text()))
     ]
-    for _, bodies, plain in (frame for texts in frames for frame in texts):
+    for _, bodies, plain in (one for texts in frames for one in texts):
         for body in (*bodies.values(), plain):
             body.packed()  # each agent gzips on its own machine: not this process's work
     index: dict[int, int] = {}
     answers: dict[int, int] = {}
     sent = [0]
 
-    async def snapshot(request: web.Request) -> web.Response:
+    async def stream(request: web.Request, i: int) -> web.StreamResponse:
+        # as the agent's watch: a frame each second (the second its frames change, at this
+        # agent's own moment in it), parts the head holds on this connection left out
+        period = float(request.query["watch"])
+        packed = compress and accepts_gzip(request.headers.get("Accept-Encoding", ""))
+        held = held_parts(request.query.get("have", "")) if parts else None
+        response = web.StreamResponse(headers={"Content-Type": WATCH_TYPE})
+        await response.prepare(request)
+        texts, last = frames[i % len(frames)], None
+        try:
+            while True:
+                f = (int(time.time()) + i) % len(texts)
+                versions, bodies, plain = texts[f]
+                out, status = BEAT, 304
+                if f != last:
+                    body = plain
+                    if held is not None:
+                        body = bodies[",".join(p for p in versions if held.get(p) == versions[p])]
+                        held = dict(versions)
+                    out, status, last = (
+                        frame(body.packed() if packed else body.raw, packed=packed),
+                        200,
+                        f,
+                    )
+                answers[status] = answers.get(status, 0) + 1
+                sent[0] += len(out)
+                await response.write(out)
+                await asyncio.sleep(period - time.time() % period + (i % 1000) / 1000 * period)
+        except ConnectionError:
+            return response
+
+    async def snapshot(request: web.Request) -> web.StreamResponse:
         port = request.transport.get_extra_info("sockname")[1] if request.transport else 0
         i = index.get(port, 0)
+        if watch and "watch" in request.query:
+            return await stream(request, i)
         texts = frames[i % len(frames)]
         versions, bodies, plain = texts[(int(time.time()) + i) % len(texts)]
         asked = request.query.get("have")
@@ -362,10 +404,12 @@ async def _head(ports: list[int], seconds: int) -> Figures:
     )
 
 
-def _run(frames_file: Path, nodes: int, seconds: int, compress: bool, parts: bool) -> Figures:
+def _run(
+    frames_file: Path, nodes: int, seconds: int, compress: bool, parts: bool, watch: bool
+) -> Figures:
     command = [sys.executable, "-m", "benchmarks.bench_fleet", "--serve", str(frames_file)]
     command += ["--nodes", str(nodes)] + (["--gzip"] if compress else [])
-    command += [] if parts else ["--whole"]
+    command += ([] if parts else ["--whole"]) + (["--watch"] if watch else [])
     child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None and child.stdin is not None
     try:
@@ -451,12 +495,15 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
         )
         del frames, bodies
         gc.collect()
-        runs = [(False, False), (False, True), (True, False), (True, True)]
-        for compress, parts in runs:
-            f = _run(frames_file, nodes, seconds, compress, parts)
+        # agents that do not stream answer the head's watch as a poll: it polls them
+        runs = [(False, False, False), (False, True, False), (True, False, False)]
+        runs += [(True, True, False), (True, True, True)]
+        for compress, parts, watch in runs:
+            f = _run(frames_file, nodes, seconds, compress, parts, watch)
             label = ("gzip" if compress else "json") + (
                 ", parts" if parts else ", whole, judged here"
             )
+            label += ", watched" if watch else ", polled"
             label += f"; load {os.getloadavg()[0]:.1f}"
             sweep = (
                 f"{f.sweep_s:.2f} s"
@@ -489,7 +536,10 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
                 f"{f.verdict_of_head:.1%} of the head's CPU (decode, merge, publish); all "
                 f"{nodes:,} judged afresh {f.verdict_cold_ms:.1f} ms"
             )
-            if compress and parts:  # how a head and `gpuconsole agent` talk
+            if compress and parts and not watch:  # the same agents, polled: as before the watch
+                record(f"head at {nodes:,} agents polled: CPU at 1 Hz", at_1hz, "cores")
+                record(f"head at {nodes:,} agents polled: RSS", f.rss_mb, "MB")
+            if compress and parts and watch:  # how a head and `gpuconsole agent` talk
                 record(f"head at {nodes:,} agents: CPU at 1 Hz", at_1hz, "cores",
                        at_most=LIGHT_TARGET_CORES)  # fmt: skip
                 record(f"head at {nodes:,} agents: RSS", f.rss_mb, "MB", at_most=LIGHT_RSS_MB)
@@ -522,10 +572,13 @@ if __name__ == "__main__":
         action="store_true",
         help="the child sends every part and no verdict, as agents did before",
     )
+    parser.add_argument("--watch", action="store_true", help="the child streams a watch")
     args = parser.parse_args()
     if args.record:
         _write_frames(Path(args.record))
     elif args.serve:
-        asyncio.run(_serve_agents(Path(args.serve), args.nodes, args.gzip, not args.whole))
+        asyncio.run(
+            _serve_agents(Path(args.serve), args.nodes, args.gzip, not args.whole, args.watch)
+        )
     else:
         main(args.nodes, args.seconds)
