@@ -593,6 +593,7 @@ def fleet_hub(
                 interval_s=every,
                 # the first answers wait for the templates, simulated once at start
                 timeout_s=max(timeout_s, every, FIRST_ANSWER_S),
+                watch=False,  # the simulated fleet answers reads, as an agent that polls
                 clock=clock,
             )
         )
