@@ -657,6 +657,30 @@ async def test_an_agent_that_does_not_stream_is_polled() -> None:
     assert asked == [(True, None), (False, 'W/"1"')]
 
 
+async def test_an_agent_behind_a_proxy_that_holds_its_watch_back_is_polled_in_time() -> None:
+    """A proxy that sends an answer only whole never answers a watch: the head polls in
+    the same read, and from then on."""
+    raw = snapshot_body(frozen_fleet(), "dgx-002", summary=True)
+    asked: list[bool] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        asked.append("watch" in request.query)
+        if "watch" in request.query:
+            await asyncio.sleep(5)  # the stream, held back
+        return respond(Body(raw, 'W/"1"'), request)
+
+    runner, port = await serve(handler)
+    source = AgentSource("dgx-002", f"http://127.0.0.1:{port}", AgentClient(), timeout_s=1.0)
+    try:
+        first = await asyncio.wait_for(source.poll(), 1.0)
+        second = await asyncio.wait_for(source.poll(), 1.0)
+    finally:
+        await source.close()
+        await runner.cleanup()
+    assert first.node == codec.loads(raw).nodes[0] and second.node is first.node
+    assert asked == [True, False, False]
+
+
 async def test_an_agent_that_restarts_is_watched_again_without_going_stale(
     agents: list[NodeAgent],
 ) -> None:

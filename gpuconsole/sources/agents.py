@@ -308,9 +308,13 @@ class AgentSource:
 
     async def _read(self, timeout_s: float) -> AgentReading:
         if self.watch and self._view() == "summary":
-            return await self._next_watched(timeout_s)
+            started = time.monotonic()
+            try:
+                return await self._next_watched(timeout_s)
+            except _Unanswered:
+                timeout_s -= time.monotonic() - started
         self._end_watch()  # drilling in: the whole node, polled
-        return await self._poll(timeout_s)
+        return await self._poll(max(timeout_s, 0.01))
 
     async def _next_watched(self, timeout_s: float) -> AgentReading:
         """The newest reading the watch has sent (waiting for the next where none came
@@ -324,7 +328,14 @@ class AgentSource:
                     if self._stream is None:
                         every = min(max(self.interval_s, WATCH_MIN_S), WATCH_MAX_S)
                         url = URL(f"{self._request_url()}&watch={every:g}")
-                        opened = await self._client.watch(url, timeout_s)
+                        try:
+                            opened = await self._client.watch(url, timeout_s / 2)
+                        except TimeoutError:
+                            # unanswered: a proxy before the agent may hold the stream back
+                            # to send it whole. Polled from now on, as agents that do not
+                            # stream.
+                            self.watch = False
+                            raise _Unanswered from None
                         if isinstance(opened, Answer):  # it does not stream: polled from now on
                             self.watch = False
                             assert opened.body is not None  # asked without an etag
@@ -540,6 +551,10 @@ class AgentSource:
             self._emit(event)
             newest = event.at if newest is None else max(newest, event.at)
         self._seen_events = newest
+
+
+class _Unanswered(Exception):
+    """The agent did not answer a watch."""
 
 
 def _take_frame(frames: bytearray) -> tuple[bytes, bytes] | None:
