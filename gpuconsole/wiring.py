@@ -283,6 +283,41 @@ def named_members(cfg: FleetConfig) -> list[FleetMember]:
 
 _NAMED: dict[str, list[FleetMember]] = {}  # the members as their agents named them, by config
 
+SPARE_FILES = 256  # descriptors kept beside the watches: ssh sessions, ptys, logs, other sources
+
+
+def watch_slots(agents: int, connections: int) -> int:
+    """How many of `agents` a head may read through a watch, each holding a connection
+    open besides the client's `connections`: the soft limit on open files is raised toward
+    the hard one as far as that needs (many systems start processes at 1,024); where the
+    hard limit is short, the rest are polled through the bounded client, and the log says
+    so once."""
+    import resource  # here: POSIX only, and only a head with agents needs it
+
+    wanted = agents + connections + SPARE_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if raised > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+                soft = raised
+            except (OSError, ValueError) as exc:
+                log.warning("open-file limit not raised to %d: %s", raised, exc)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return agents
+    slots = max(0, soft - connections - SPARE_FILES)
+    log.warning(
+        "this process may open %d files (ulimit -n; hard limit %s): %d of %d agents are "
+        "read through a watch, the rest polled; raise the limit (LimitNOFILE= in its unit) "
+        "to watch them all",
+        soft,
+        "unlimited" if hard == resource.RLIM_INFINITY else hard,
+        slots,
+        agents,
+    )
+    return slots
+
 
 def fleet_hub(cfg: FleetConfig, settings: HubSettings | None = None) -> Hub:
     """A hub that reads every member through its agent, with one bounded client; with
@@ -305,9 +340,16 @@ def fleet_hub(cfg: FleetConfig, settings: HubSettings | None = None) -> Hub:
             interval_s=cfg.interval_s,
             timeout_s=cfg.timeout_s,
         )
-    for member in listed:
+    # without Prometheus each agent's summary comes through a watch, a connection held open
+    watched = watch_slots(len(listed), cfg.max_connections) if reader is None else 0
+    for i, member in enumerate(listed):
         agent = AgentSource(
-            member.node, member.url, client, interval_s=cfg.interval_s, timeout_s=cfg.timeout_s
+            member.node,
+            member.url,
+            client,
+            interval_s=cfg.interval_s,
+            timeout_s=cfg.timeout_s,
+            watch=i < watched,
         )
         if reader is None:
             hub.add_source(agent)
