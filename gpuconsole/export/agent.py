@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import dataclasses
 import gzip
@@ -62,6 +63,9 @@ clients_log = quiet_logger(f"{__name__}.clients")
 # reads) to reuse their connection; slower scrapers connect again, which costs less than
 # a stalled client's descriptor. Under pressure the guard closes idle ones sooner.
 KEEPALIVE_S = 20.0
+# Watches one peer may hold open: a head holds one per agent (a second while it reopens
+# one), several heads behind one NAT a few more.
+WATCHES_PER_PEER = 4
 
 
 def not_served(node: str, snapshot: FleetSnapshot) -> web.Response:
@@ -266,6 +270,10 @@ class Agent:
         self._stopping = asyncio.Event()
         self._closing = False
         self._unsubscribe = hub.subscribe(self._on_publish)
+        # open watches by peer: each holds a connection for as long as its head runs, so a
+        # peer past its share, or all of them past half the connections, is answered as a
+        # poll (a head then polls), and scrapes and other heads keep their connections
+        self._watching: collections.Counter[str] = collections.Counter()
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._track, self._auth])
@@ -349,7 +357,18 @@ class Agent:
                     status=400,
                     text=f"watch must be seconds from {WATCH_MIN_S:g} to {WATCH_MAX_S:g}\n",
                 )
-            return await self._watch(request, view, node, held, period)
+            peer = request.remote or ""
+            if (
+                self._watching[peer] < WATCHES_PER_PEER
+                and self._watching.total() < self.guard.limit // 2
+            ):
+                self._watching[peer] += 1
+                try:
+                    return await self._watch(request, view, node, held, period)
+                finally:
+                    self._watching[peer] -= 1
+                    if not self._watching[peer]:
+                        del self._watching[peer]
         asked = request.headers.get("If-None-Match")
         if asked and held is not None:
             # a head that holds any rendering of this snapshot's node holds what is current,

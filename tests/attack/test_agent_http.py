@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 
 from gpuconsole.config import ConfigError
-from gpuconsole.export.agent import Agent
+from gpuconsole.export.agent import WATCHES_PER_PEER, Agent
 from gpuconsole.hub import Hub
+from gpuconsole.readings.agents import WATCH_TYPE
 from gpuconsole.wiring import AgentSettings
 from tests.bmc_fixtures import free_port
 from tests.peers import require_program
@@ -302,3 +303,31 @@ def test_every_server_unit_raises_the_descriptor_limit() -> None:
         text = unit.read_text()
         limits = [line for line in text.splitlines() if line.startswith("LimitNOFILE=")]
         assert limits and int(limits[0].partition("=")[2]) >= 8192, unit.name
+
+
+async def test_a_peer_past_its_share_of_watches_is_answered_as_a_poll_and_scrapes_still_answer(
+    guarded_agent: Agent,
+) -> None:
+    """A watch holds its connection as long as its head runs: a peer that opens more than
+    its share gets plain answers (a head then polls), and the agent's connections stay
+    free for scrapes and other heads."""
+    port = guarded_agent.port
+    assert port is not None
+    auth = authorization("prom:pässwörd".encode())
+    held: list[asyncio.StreamWriter] = []
+    kinds: list[bytes] = []
+    try:
+        for _ in range(WATCHES_PER_PEER + 2):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            held.append(writer)
+            writer.write(get("/api/v1/snapshot?view=summary&watch=1", auth))
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            kinds.append(next(line for line in head.split(b"\r\n") if b"Content-Type" in line))
+        assert kinds[:WATCHES_PER_PEER] == [b"Content-Type: " + WATCH_TYPE.encode()] * 4
+        assert all(b"application/json" in kind for kind in kinds[WATCHES_PER_PEER:]), kinds
+        status, _ = await asyncio.to_thread(scrape, f"http://127.0.0.1:{port}/-/healthy", 5)
+        assert status == 200
+    finally:
+        for writer in held:
+            writer.close()
