@@ -8,5 +8,13 @@ from tests.fakenvml_fixtures import (
     fake_nvml_libs,
     nvml_case,
 )
+from tests.logging_fixtures import logging_as_it_was
 
-__all__ = ["FakeNvmlEnv", "fake_nvml_env", "fake_nvml_lib", "fake_nvml_libs", "nvml_case"]
+__all__ = [
+    "FakeNvmlEnv",
+    "fake_nvml_env",
+    "fake_nvml_lib",
+    "fake_nvml_libs",
+    "logging_as_it_was",
+    "nvml_case",
+]
