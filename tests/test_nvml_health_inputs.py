@@ -425,3 +425,50 @@ def test_the_simulator_counts_a_slowdown_from_when_it_began() -> None:
         since, action, summary = judged(3)
     assert (since, action) == (1030.0, Action.WATCH)
     assert "clocks held down for 70 s" in summary
+
+
+AGAIN = """
+import json, time
+from gpuconsole.facts.verdict import gpu_verdict
+from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.sources.nvml.source import NvmlSource
+source = NvmlSource("n", interval_s=0.1, inventory_every=1)
+source._emit = lambda event: None
+source._ensure_init()
+seen = []
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    reading = source.collect()
+    gpu = reading.gpus[5]
+    verdict = gpu_verdict(NodeSnapshot("n", nvml=reading), gpu)
+    seen.append([gpu.state.value, gpu.reset_at is not None, verdict.action.value,
+                 [f.text for f in verdict.findings]])
+    if len([1 for a, b in zip(seen, seen[1:]) if a[0] != b[0]]) >= 2 and seen[-1][0] == "lost":
+        break
+    time.sleep(0.1)
+source._shutdown()
+print(json.dumps(seen))
+"""
+
+
+def test_a_gpu_that_falls_off_the_bus_again_after_its_reset_asks_for_the_node_reboot(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    """The first fall asks for the GPU's reset (the catalog's node reboot follows if it does
+    not come back); a second after a reset NVML saw asks for the reboot itself."""
+    env = fake_nvml_env(DGX_H100, scenarios=["xid79 5 at 0.3", "reset 5 at 1.5", "xid79 5 at 3"])
+    proc = subprocess.run(
+        [sys.executable, "-c", AGAIN], env=env, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    polls = json.loads(proc.stdout.strip().splitlines()[-1])
+    states = [p[0] for p in polls]
+    first = polls[states.index("lost")]
+    assert first[1:3] == [False, "reset_gpu"]
+    assert "reset the GPU; if it does not come back, reboot the node" in first[3][0]
+    back = polls[states.index("ok", states.index("lost"))]
+    assert back[1:3] == [True, "fit"]  # reset and healthy: fit, the reset remembered
+    again = polls[-1]
+    assert again[:3] == ["lost", True, "reboot_node"]
+    assert "reboot the node: its reset at" in again[3][0] and "did not hold" in again[3][0]

@@ -19,8 +19,9 @@ Evidence, each a `Finding` with the source that showed it:
 A verdict's action is its worst finding's (the most severe, then the strongest action); its
 health is that finding's severity. A fault of one GPU asks for the least disruptive action
 that can clear it first: where NVIDIA's catalog reboots the node, the GPU's reset, with the
-reboot named as what follows if it stays lost; the driver's own recovery action is kept as
-it says.
+reboot named as what follows if it stays lost, and the reboot itself once the fault comes
+again after a reset NVML saw (within the XID window); the driver's own recovery action is
+kept as it says.
 
 A node's agent judges it, where every detail is, and sends the verdict in its snapshot
 (`carry_verdict`); a head checks that verdict against its findings, its sizes and the node's
@@ -132,17 +133,21 @@ _BUCKET_WORDS = {
 }
 
 
-def _remedy(bucket: Bucket) -> tuple[Action, str]:
+def _remedy(bucket: Bucket, reset_at: float | None = None) -> tuple[Action, str]:
     """What one GPU's fault calls for first, and the words for it: the least disruptive
     action that can clear it, as NVIDIA Health Validation escalates (drain, reset the GPU,
     then service). A bucket that reboots the node for a fault of one GPU is tried as a reset
     of that GPU first, which clears what the reboot would on it without stopping its
-    neighbours; the words say the reboot follows if the GPU does not come back."""
-    return _milder_first(_BUCKET_ACTIONS[bucket], _BUCKET_WORDS[bucket])
+    neighbours; the words say the reboot follows if the GPU does not come back. Where the
+    fault came again after a reset NVML saw (`reset_at`), the reset did not hold: the
+    bucket's own action, as the escalation goes."""
+    return _milder_first(_BUCKET_ACTIONS[bucket], _BUCKET_WORDS[bucket], reset_at)
 
 
-def _milder_first(action: Action, words: str) -> tuple[Action, str]:
+def _milder_first(action: Action, words: str, reset_at: float | None = None) -> tuple[Action, str]:
     if action is Action.REBOOT_NODE:
+        if reset_at is not None:
+            return action, f"{words}: its reset at {fmt.clock_time(reset_at)} did not hold"
         return Action.RESET_GPU, f"reset the GPU; if it does not come back, {words}"
     return action, words
 
@@ -183,7 +188,8 @@ def _xid_finding(gpu: GpuReading, code: int, count: int, bus: str | None) -> Fin
     if entry is None:
         return Finding("xid", f"XID {code}{times}: not in the catalog carried here",
                        Severity.WARNING, "nvml", Action.WATCH, bus, _gpu_subject(gpu, bus))  # fmt: skip
-    action, advice = _remedy(entry.immediate)
+    # its XIDs are counted since its last reset: one listed came after that reset
+    action, advice = _remedy(entry.immediate, gpu.reset_at)
     severity = entry.severity
     if entry.immediate is Bucket.RESTART_APP:
         if count >= APP_FAULT_REPEATS:
@@ -223,7 +229,9 @@ def gpu_findings(
     if state is GpuState.LOST:
         since = f" since {fmt.clock_time(gpu.lost_since)}" if gpu.lost_since else ""
         lost = xid_entry(79)
-        action, advice = _remedy(lost.immediate) if lost else (Action.RESET_GPU, "reset it")
+        action, advice = (
+            _remedy(lost.immediate, gpu.reset_at) if lost else (Action.RESET_GPU, "reset it")
+        )
         add("gpu_lost", f"fell off the bus (XID 79){since}: {advice}", Severity.CRITICAL, action)
     elif state is GpuState.UNREADABLE:
         why = (gpu.error or "").lower()

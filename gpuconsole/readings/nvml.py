@@ -239,6 +239,9 @@ class GpuReading:
     recovery_action: int | None = None
     # XIDs counted per code over the health window, cleared by a GPU reset or a reboot
     xids: tuple[XidCount, ...] = ()
+    # when NVML last saw this GPU come back from a reset, within the health window: a fault
+    # the reset should have cleared that is raised again since asks for what follows a reset
+    reset_at: float | None = None
     gpm: GpmMetrics | None = None
     unsupported: tuple[str, ...] = ()  # NVML calls this GPU answered NotSupported
     # readings NVML refuses this user (NO_PERMISSION): "memory", "processes", "mig_placement",

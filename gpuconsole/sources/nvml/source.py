@@ -354,7 +354,7 @@ class NvmlSource:
         for gpu in gpus if seen else ():
             old = seen.get(_xid_key(gpu))
             if gpu.lost_since is None and (old is None or old.lost_since is not None):
-                self._xids.clear(_xid_key(gpu))
+                self._xids.clear(_xid_key(gpu), self._clock())
         # and a throttle told before is not news again: each GPU by bus id, not by number
         told = {g.bus_id: g.throttle for g in self._gpus if ":" in g.bus_id}
         for gpu in gpus:
@@ -540,7 +540,8 @@ class NvmlSource:
                 return False
         log.warning("GPU %d answers again", gpu.index)
         gpu.lost_since = None
-        self._xids.clear(_xid_key(gpu))  # a lost GPU answers again only after a reset
+        # a lost GPU answers again only after a reset
+        self._xids.clear(_xid_key(gpu), self._clock())
         self._post(
             Event(
                 self._clock(),
@@ -590,6 +591,7 @@ class NvmlSource:
             numa_node=gpu.numa_node,
             cpu_affinity=gpu.cpu_affinity,
             xids=self._gpu_xids(gpu),
+            reset_at=self._xids.reset_at(_xid_key(gpu), self._clock()),
             error="GPU is lost: it fell off the bus or needs a reset",
         )
 
@@ -728,6 +730,7 @@ class NvmlSource:
             fabric_status=gpu.fabric_status,
             recovery_action=int(recovery) if recovery is not None else None,
             xids=self._gpu_xids(gpu),
+            reset_at=self._xids.reset_at(_xid_key(gpu), self._clock()),
             gpm=gpu.gpm,
             unsupported=_unsupported(gpu),
             denied=denied_readings(gpu.denied),

@@ -42,6 +42,7 @@ class XidHistory:
         self.window_s = window_s
         self._lock = threading.Lock()
         self._gpus: dict[str, dict[int, _Code]] = {}
+        self._resets: dict[str, float] = {}  # by GPU: when NVML last saw it come back
 
     def add(self, gpu: str, code: int, at: float) -> None:
         """One XID `code` that GPU `gpu` (bus id or UUID) raised at `at`."""
@@ -81,7 +82,18 @@ class XidHistory:
                 )
         return tuple(found)
 
-    def clear(self, gpu: str) -> None:
-        """Forget a GPU's XIDs: it was reset."""
+    def clear(self, gpu: str, at: float) -> None:
+        """Forget a GPU's XIDs: it was reset (NVML saw it come back at `at`)."""
         with self._lock:
             self._gpus.pop(gpu, None)
+            self._resets[gpu] = at
+
+    def reset_at(self, gpu: str, now: float) -> float | None:
+        """When NVML last saw this GPU come back from a reset, within the window before
+        `now`; None if not since this process began, or longer ago."""
+        with self._lock:
+            at = self._resets.get(gpu)
+            if at is not None and at < now - self.window_s:
+                del self._resets[gpu]
+                return None
+            return at
