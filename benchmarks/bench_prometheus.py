@@ -6,7 +6,7 @@ exporter writes them, are backfilled with promtool into a TSDB that `prometheus`
 127.0.0.1; only the families the overview selects are written (the rest would only grow
 Prometheus' index, not the answer). The server runs with a lookback delta of an hour, so
 every series is found. The GPU gauges the fleet view draws (utilization, memory, temperature,
-power) have STEPS samples more, each value moved, and each round asks about the next step in
+power) and free memory have STEPS samples more, each value moved, and each round asks about the next step in
 turn (the queries' `time`): every gauge of every GPU moves every round, as on a busy fleet,
 so the head builds every node's GPUs each round.
 
@@ -43,6 +43,7 @@ from benchmarks.promfleet import (
 )
 from benchmarks.timing import record
 from gpuconsole.config import FleetConfig
+from gpuconsole.export import names
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.promql import drawn_gauges
@@ -52,6 +53,8 @@ NODES = 10_000
 INTERVAL_S = 5.0
 ROUNDS = 6
 STEPS = 3  # the gauges' later samples, STEP_S apart
+# free memory moves with used on a busy fleet, though the console asks it only in its part
+MOVING = frozenset((*drawn_gauges(), names.DCGM_FB_FREE[0]))
 TIMEOUT_S = 120.0  # a round that takes longer than the interval is measured, not cut off
 CORES_TARGET = 1.0
 TICK = os.sysconf("SC_CLK_TCK")
@@ -154,9 +157,7 @@ def main(nodes: int = NODES, rounds: int = ROUNDS) -> None:
         began = time.perf_counter()
         at = time.time() - 60.0
         steps = [at + INTERVAL_S * k for k in range(1, STEPS + 1)]
-        samples = write_openmetrics(
-            source, fleet, at, keep, moving=frozenset(drawn_gauges()), steps=steps
-        )
+        samples = write_openmetrics(source, fleet, at, keep, moving=MOVING, steps=steps)
         written = time.perf_counter() - began
         targets = Path(folder) / "targets.json"
         targets_file(targets, fleet)

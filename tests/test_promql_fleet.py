@@ -144,6 +144,9 @@ async def test_a_user_sees_every_node_of_a_backfilled_fleet_its_gpus_and_its_fau
                 r.bus_id for r in node_gpus(template) if r.reading
             ]
             assert [g.util_gpu_pct for g in node.gpus] == [g.util_gpu_pct for g in template.gpus]
+            assert [(g.mem_used_bytes, g.mem_total_bytes) for g in node.gpus] == [
+                (g.mem_used_bytes, g.mem_total_bytes) for g in template.gpus
+            ], member.name
             assert [reading_verdict(g).health for g in node.gpus] == [
                 reading_verdict(g).health for g in template.gpus
             ]
@@ -203,6 +206,48 @@ def test_a_round_replaces_what_it_asked_for_and_a_flag_no_longer_raised_reads_ze
     # the part that holds the SM clock comes round without it: the series is gone
     series.take_values([], part.metrics, named=part.named)
     assert sm not in series.overview().nodes["n1:9400"]["n1"].gpus[0]
+
+
+def test_memory_in_use_moves_every_round_over_a_total_read_beside_it_in_its_part() -> None:
+    """Free memory is asked only in its part, as total memory does not move: the share a
+    user sees is used over the total taken when free was read beside used, not over a
+    free that is rounds old."""
+    plan = round_plan()
+    used, free = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"
+    assert [a.named for a in plan.every if a.named in (used, free)] == [used]
+    part = next(p for p in plan.parts if any(a.named == free for a in p))
+    info = [{"metric": {"__name__": "gpuconsole_gpu_info", "instance": "n1:9400", "node": "n1",
+                        "gpu": "0", "uuid": "GPU-0", "pci_bus_id": "0000:01:00.0"},
+             "value": [1796000000.5, "1"]}]  # fmt: skip
+    series = FleetSeries()
+    series.take_values(
+        [_sample("up", 1), _sample(used, 1000, gpu="0"), _sample(free, 7000, gpu="0")]
+    )
+    series.take_info(info)
+    builder = NodeBuilder("n1")
+
+    def memory() -> tuple[float | None, float | None]:
+        gpu = builder.build(series.overview().nodes["n1:9400"]["n1"], series.at).gpus[0]
+        return gpu.mem_used_pct, gpu.mem_total_bytes
+
+    gib8 = 8000 * 1024 * 1024
+    assert memory() == (12.5, gib8)
+
+    def unnamed(name: str, value: float) -> dict[str, Any]:
+        sample = _sample(name, value, gpu="0")
+        del sample["metric"]["__name__"]
+        return sample
+
+    # a job took 3000 MiB more: used moved, free was not asked
+    series.take_values([unnamed(used, 4000)], frozenset({used}), named=used)
+    assert memory() == (50.0, gib8)
+    # free's part comes round, read beside used: the same total
+    series.take_values([unnamed(used, 6000)], frozenset({used}), named=used)
+    for ask in part:
+        sample = [unnamed(free, 2000)] if ask.named == free else []
+        series.take_values(sample, ask.metrics, named=ask.named)
+    series.settle_totals()
+    assert memory() == (75.0, gib8)
 
 
 def test_a_gpu_labelled_by_its_bus_id_leaves_the_round_to_the_others() -> None:

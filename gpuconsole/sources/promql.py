@@ -109,15 +109,17 @@ _PORT = (names.IB_STATE, names.IB_PHYSICAL_STATE, names.IB_RATE, names.FABRIC_PO
 _NETDEV = (names.FABRIC_NETDEV_UP, names.FABRIC_NETDEV_CARRIER)
 _INFO = (names.GPU_INFO, names.MIG_INFO, names.FABRIC_PORT_INFO, names.BMC_INFO)
 UP = "up"
-# What every round asks of each GPU: what the fleet view draws and sorts by (memory's share
-# is used over used + free + reserved, so free comes with used).
+# What every round asks of each GPU: what the fleet view draws and sorts by. Memory's share
+# is used over the GPU's total, which does not move: free is read with the parts, and the
+# total (used + free + reserved) kept from the round that read it beside used.
 _EVERY_ROUND = (
     names.DCGM_GPU_UTIL,
     names.DCGM_FB_USED,
-    names.DCGM_FB_FREE,
     names.DCGM_GPU_TEMP,
     names.DCGM_POWER_USAGE,
 )
+_FREE = names.DCGM_FB_FREE[0]
+_TOTAL = "total MiB"  # kept in a GPU's values beside its series, under no metric's name
 _DRAWN = tuple(spec[0] for spec in _EVERY_ROUND)
 _DRAWN_SET = frozenset(_DRAWN)
 # And where raised (above 0), each GPU's health flags: a few GPUs of a fleet, not all.
@@ -248,10 +250,13 @@ def round_plan(selector: str = "") -> RoundPlan:
         ),
         (Ask(_info_query(selector), info=True),),
     )
+    # free beside used, so that the first total is taken from one moment
     whole = (
-        *every[: 1 + len(_DRAWN)],
+        *every[:2],
+        _metric_ask(_FREE, selector),
+        *every[2 : 1 + len(_DRAWN)],
         *(_metric_ask(m, selector) for m in flags),  # raised or not
-        *(ask for part in parts for ask in part),
+        *(ask for part in parts for ask in part if ask.named != _FREE),
     )
     return RoundPlan(every, parts, whole)
 
@@ -405,7 +410,7 @@ class FleetSeries:
                                 del values[metric]
                             if metric in _DRAWN_SET:
                                 found.drawn += 1
-                            else:
+                            elif metric != _FREE:
                                 found.version += 1
                             if value is None or metric not in values:
                                 continue
@@ -440,6 +445,25 @@ class FleetSeries:
             raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
         if metrics is None:
             self.read_whole = {i for i, up in self.up.items() if up >= 1}
+            self.settle_totals()
+
+    def settle_totals(self, instances: Collection[str] | None = None) -> None:
+        """Each GPU's total memory from its used, free and reserved as held now: after a
+        round that read free beside used (of the targets at `instances`, when given)."""
+        used_name = names.DCGM_FB_USED[0]
+        for instance in self.nodes if instances is None else instances:
+            for found in self.nodes.get(instance, {}).values():
+                for values in found.gpus.values():
+                    used, free = values.get(used_name), values.get(_FREE)
+                    total = None
+                    if used is not None and free is not None:
+                        total = used + free + (_gauge(values, names.DCGM_FB_RESERVED) or 0.0)
+                    if total is None or math.isnan(total):
+                        if values.pop(_TOTAL, None) is not None:
+                            found.version += 1
+                    elif values.get(_TOTAL) != total:
+                        values[_TOTAL] = total
+                        found.version += 1
 
     def _place(self, values: list[Any], named: str, placed: set[tuple[int, str]]) -> None:
         up = self.up
@@ -482,7 +506,7 @@ class FleetSeries:
                 held[metric] = value
                 if metric in _DRAWN_SET:
                     found.drawn += 1
-                else:
+                elif metric != _FREE:  # only through the total it makes (settle_totals)
                     found.version += 1
                 if old is None:
                     self._held[metric] = self._held.get(metric, 0) + 1
@@ -536,6 +560,7 @@ class FleetSeries:
         except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
             raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
         self.take_info(info, instances)
+        self.settle_totals(instances)
         self.read_whole.update(instances)
 
     def unheld(self) -> list[str]:
@@ -569,13 +594,9 @@ def _mig(labels: Mapping[str, str]) -> MigInstance:
 
 def _drawn(v: Mapping[str, float]) -> dict[str, Any]:
     """A GPU reading's fields from the gauges every round asks."""
-    used, free = _gauge(v, names.DCGM_FB_USED), _gauge(v, names.DCGM_FB_FREE)
-    total = None
-    if used is not None and free is not None:
-        total = round((used + free + (_gauge(v, names.DCGM_FB_RESERVED) or 0.0)) * MIB)
+    used = _gauge(v, names.DCGM_FB_USED)
     return {
         "util_gpu_pct": _gauge(v, names.DCGM_GPU_UTIL),
-        "mem_total_bytes": total,
         "mem_used_bytes": None if used is None else round(used * MIB),
         "temp_gpu_c": _gauge(v, names.DCGM_GPU_TEMP),
         "power_w": _gauge(v, names.DCGM_POWER_USAGE),
@@ -587,6 +608,7 @@ def _steady(
 ) -> dict[str, Any]:
     """A GPU reading's other fields: its info, health flags and the series read in parts."""
     reserved = _gauge(v, names.DCGM_FB_RESERVED)
+    total = v.get(_TOTAL)
     mask = _int(_gauge(v, names.DCGM_THROTTLE))
     sm_active = _gauge(v, names.PROF_SM_ACTIVE)
     lost = bool(_flag(v, names.GPU_LOST))
@@ -600,6 +622,7 @@ def _steady(
         module_id=_int(float(info["module_id"])) if info.get("module_id") else None,
         architecture=info.get("architecture") or None,
         util_mem_pct=_gauge(v, names.DCGM_MEM_COPY_UTIL),
+        mem_total_bytes=None if total is None else round(total * MIB),
         mem_reserved_bytes=None if reserved is None else round(reserved * MIB),
         temp_hbm_c=_gauge(v, names.DCGM_MEMORY_TEMP),
         power_limit_w=_gauge(v, names.DCGM_POWER_LIMIT),
@@ -895,6 +918,7 @@ class PrometheusReader:
             series = FleetSeries()
             for at in range(0, len(self.whole), WHOLE_AT_ONCE):
                 await self._take(series, self.whole[at : at + WHOLE_AT_ONCE])
+            series.settle_totals()
             series.read_whole = {i for i, up in series.up.items() if up >= 1}
             self._series = series
             self.rounds += 1
@@ -902,6 +926,8 @@ class PrometheusReader:
         part = self.parts[self._turn % len(self.parts)]
         self._turn += 1
         await self._take(series, (*self.every, *part))
+        if any(ask.named == _FREE for ask in part):
+            series.settle_totals()
         # targets Prometheus began to scrape since: every series of theirs, by instance
         new = series.unheld()[:NEW_PER_ROUND]
         if new:
