@@ -460,10 +460,10 @@ class FleetSeries:
                         total = used + free + (_gauge(values, names.DCGM_FB_RESERVED) or 0.0)
                     if total is None or math.isnan(total):
                         if values.pop(_TOTAL, None) is not None:
-                            found.version += 1
+                            found.drawn += 1
                     elif values.get(_TOTAL) != total:
                         values[_TOTAL] = total
-                        found.version += 1
+                        found.drawn += 1
 
     def _place(self, values: list[Any], named: str, placed: set[tuple[int, str]]) -> None:
         up = self.up
@@ -594,9 +594,10 @@ def _mig(labels: Mapping[str, str]) -> MigInstance:
 
 def _drawn(v: Mapping[str, float]) -> dict[str, Any]:
     """A GPU reading's fields from the gauges every round asks."""
-    used = _gauge(v, names.DCGM_FB_USED)
+    used, total = _gauge(v, names.DCGM_FB_USED), v.get(_TOTAL)
     return {
         "util_gpu_pct": _gauge(v, names.DCGM_GPU_UTIL),
+        "mem_total_bytes": None if total is None else round(total * MIB),
         "mem_used_bytes": None if used is None else round(used * MIB),
         "temp_gpu_c": _gauge(v, names.DCGM_GPU_TEMP),
         "power_w": _gauge(v, names.DCGM_POWER_USAGE),
@@ -608,7 +609,6 @@ def _steady(
 ) -> dict[str, Any]:
     """A GPU reading's other fields: its info, health flags and the series read in parts."""
     reserved = _gauge(v, names.DCGM_FB_RESERVED)
-    total = v.get(_TOTAL)
     mask = _int(_gauge(v, names.DCGM_THROTTLE))
     sm_active = _gauge(v, names.PROF_SM_ACTIVE)
     lost = bool(_flag(v, names.GPU_LOST))
@@ -622,7 +622,6 @@ def _steady(
         module_id=_int(float(info["module_id"])) if info.get("module_id") else None,
         architecture=info.get("architecture") or None,
         util_mem_pct=_gauge(v, names.DCGM_MEM_COPY_UTIL),
-        mem_total_bytes=None if total is None else round(total * MIB),
         mem_reserved_bytes=None if reserved is None else round(reserved * MIB),
         temp_hbm_c=_gauge(v, names.DCGM_MEMORY_TEMP),
         power_limit_w=_gauge(v, names.DCGM_POWER_LIMIT),
