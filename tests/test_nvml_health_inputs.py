@@ -25,6 +25,15 @@ FABRIC_COMPLETED, FABRIC_IN_PROGRESS = 3, 2  # nvmlGpuFabricState_t
 NVML_ERROR_UNKNOWN = 999
 
 
+def python_out(env: dict[str, str], *args: str) -> str:
+    """What `python ARGS` prints, run with `env` (the fake library's); it must succeed."""
+    proc = subprocess.run(
+        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
 def snapshot(
     env: dict[str, str], tmp_path: Path, profile: NodeProfile, proc_root: Path | None = None
 ) -> dict[str, Any]:
@@ -34,16 +43,8 @@ def snapshot(
         host += f"proc_root = '{proc_root}'\n"
     config = tmp_path / "gpuconsole.toml"
     config.write_text(host + "[fabric]\nenabled = false\n[tenancy]\nenabled = false\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpuconsole", "snapshot", "--json", "-c", str(config)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    node: dict[str, Any] = json.loads(proc.stdout)["nodes"][0]
+    stdout = python_out(env, "-m", "gpuconsole", "snapshot", "--json", "-c", str(config))
+    node: dict[str, Any] = json.loads(stdout)["nodes"][0]
     return node
 
 
@@ -144,16 +145,8 @@ print(json.dumps({{"polls": seen, "events": [[e.kind, e.gpu_bus_id, e.code] for 
 def run_xids(env: dict[str, str], done: str) -> dict[str, Any]:
     """Polls of a long-running NVML source (its event thread on) until `done` holds of the
     last poll's `reading`."""
-    proc = subprocess.run(
-        [sys.executable, "-c", XIDS.format(done=done)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    stdout = python_out(env, "-c", XIDS.format(done=done))
+    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
     return result
 
 
@@ -249,16 +242,8 @@ print(json.dumps([{{
 def run_polls(env: dict[str, str], done: str) -> list[dict[str, Any]]:
     """A long-running NVML source's last poll, each GPU with its verdict, once `done` holds
     of `reading`."""
-    proc = subprocess.run(
-        [sys.executable, "-c", POLLS.format(done=done)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    gpus: list[dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    stdout = python_out(env, "-c", POLLS.format(done=done))
+    gpus: list[dict[str, Any]] = json.loads(stdout.strip().splitlines()[-1])
     return gpus
 
 
@@ -366,16 +351,8 @@ def snapshot_all(env: dict[str, str], tmp_path: Path, profile: NodeProfile) -> d
     config = tmp_path / "gpuconsole.toml"
     config.write_text(f"[host]\nname = '{profile.name}'\n[fabric]\nenabled = false\n"
                       "[tenancy]\nenabled = false\n")  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpuconsole", "snapshot", "--json", "-c", str(config)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    data: dict[str, Any] = json.loads(proc.stdout)
+    stdout = python_out(env, "-m", "gpuconsole", "snapshot", "--json", "-c", str(config))
+    data: dict[str, Any] = json.loads(stdout)
     return data
 
 
@@ -457,12 +434,7 @@ def test_a_gpu_that_falls_off_the_bus_again_after_its_reset_asks_for_the_node_re
     """The first fall asks for the GPU's reset (the catalog's node reboot follows if it does
     not come back); a second after a reset NVML saw asks for the reboot itself."""
     env = fake_nvml_env(DGX_H100, scenarios=["xid79 5 at 0.3", "reset 5 at 1.5", "xid79 5 at 3"])
-    proc = subprocess.run(
-        [sys.executable, "-c", AGAIN], env=env, capture_output=True, text=True, timeout=60,
-        check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    polls = json.loads(proc.stdout.strip().splitlines()[-1])
+    polls = json.loads(python_out(env, "-c", AGAIN).strip().splitlines()[-1])
     states = [p[0] for p in polls]
     first = polls[states.index("lost")]
     assert first[1:3] == [False, "reset_gpu"]
