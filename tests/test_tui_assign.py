@@ -289,10 +289,12 @@ async def test_after_nvml_renumbers_the_operator_drains_the_gpu_on_screen_and_no
         assert dialog.progress[cordon][1] == f"cordoned {first.uuid}"
     assert world.owners(5) == ["drained"] and world.owners(6) != ["drained"]
     assert VfioDriver(world.tree.sysfs_root).driver(beside) == "nvidia"
-    # still the GPU lost at the first poll that saw it, one event, its UUID kept
+    # still the GPU lost at the first poll that saw it, one event, its UUID kept; NVML lists
+    # it until its first poll after the unbind (drained: no driver holds it), which may
+    # already have come
     again = _reading(hub, lost_bus)
-    assert again is not None and again.lost_since == first.lost_since
-    assert again.uuid == first.uuid
+    if again is not None:
+        assert again.lost_since == first.lost_since and again.uuid == first.uuid
     lost_events = [e for e in hub.events() if e.kind == "gpu_lost"]
     assert [e.gpu_uuid for e in lost_events] == [first.uuid]
     audit = AuditLog(world.root / "actions" / "audit.jsonl").records()
