@@ -1319,3 +1319,45 @@ async def test_a_power_action_that_cannot_be_audited_never_reaches_the_bmc(
         assert (await bmc.poll()).power_state is PowerState.ON
     finally:
         await bmc.close()
+
+
+# A BMC library call that never returns, as pyghmi does when a BMC stops answering in the
+# middle of a login (its session lock is never released: seen in this suite once, with
+# ipmi_sim stalled). The link is the layer under the source; ipmi_sim cannot be made to
+# leave pyghmi in that state on purpose.
+_STUCK_BMC = """
+import asyncio, threading
+from gpuconsole.sources.bmc.link import BmcError
+from gpuconsole.sources.bmc.source import BmcSource
+
+class Stuck:
+    label = "ipmi://127.0.0.1:623"
+    def read(self, *, sel): threading.Event().wait()
+    def set_power(self, action): threading.Event().wait()
+    def close(self): threading.Event().wait()
+
+async def main():
+    source = BmcSource("dgx-017", Stuck(), timeout_s=0.3)
+    await source.start(lambda event: None)
+    try:
+        await source.poll()
+    except BmcError as exc:
+        print("poll:", exc)
+    await source.close()
+
+asyncio.run(main())
+print("done")
+"""
+
+
+def test_a_bmc_call_that_never_returns_does_not_hold_the_process_at_exit() -> None:
+    """Quitting the console (or stopping the agent) ends the process though a BMC call is
+    still blocked: its thread is let go, not waited for."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _STUCK_BMC], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "poll: ipmi://127.0.0.1:623: no answer within 0.3 s",
+        "done",
+    ]

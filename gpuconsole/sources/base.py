@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable, Iterator
-from typing import ClassVar, Protocol, runtime_checkable
+from concurrent.futures import Executor, Future
+from typing import Any, ClassVar, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 from gpuconsole.readings.base import Event, Key, RawCounter
 
@@ -52,3 +55,49 @@ class Focusable(Protocol):
 
 class SourceUnavailable(Exception):
     """The thing a source reads is absent (no driver, no socket): a clear, final message."""
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class DaemonThread(Executor):
+    """One daemon thread that runs calls in turn, for a library that can block for ever: a
+    BMC that stops answering in the middle of a login leaves pyghmi waiting on a lock that
+    nothing releases. A ThreadPoolExecutor's threads are joined when the interpreter exits,
+    so one such call would hold the process (a console's quit, a service's stop) for ever;
+    a daemon thread is let go with it."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        future: Future[T] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new calls after shutdown")
+            self._calls.put((future, lambda: fn(*args, **kwargs)))
+        return future
+
+    def _run(self) -> None:
+        while (call := self._calls.get()) is not None:
+            future, fn = call
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # the caller's to see, as an executor hands it
+                future.set_exception(exc)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            self._calls.put(None)  # after every call already queued
+        if wait:
+            self._thread.join()

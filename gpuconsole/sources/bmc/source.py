@@ -15,7 +15,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -23,7 +22,7 @@ from typing import Any, ClassVar, TypeVar
 from gpuconsole.config import BmcConfig
 from gpuconsole.readings.base import Event, PartStatus, Severity, safe_strings
 from gpuconsole.readings.bmc import BmcReading, PowerState
-from gpuconsole.sources.base import EmitEvent
+from gpuconsole.sources.base import DaemonThread, EmitEvent
 from gpuconsole.sources.bmc.link import BmcError, BmcLink, PowerAction
 from gpuconsole.sources.bmc.sel import SelCursor
 from gpuconsole.sources.bmc.sensors import summarise
@@ -143,7 +142,7 @@ class BmcSource:
         self._sel_recent = sel_recent
         self._clock = clock
         self._emit: EmitEvent | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: DaemonThread | None = None
         self._power: PowerState | None = None
         self._failing: dict[str, str] = {}  # part -> why, as of the last reading
         self._attempt: asyncio.Task[BmcReading] | None = None  # queue for a slot, then read
@@ -160,10 +159,9 @@ class BmcSource:
         self._emit = emit
         self._worker()
 
-    def _worker(self) -> ThreadPoolExecutor:
+    def _worker(self) -> DaemonThread:
         if self._executor is None:
-            name = f"bmc-{self.node}"
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+            self._executor = DaemonThread(f"bmc-{self.node}")
         return self._executor
 
     async def poll(self) -> BmcReading:
