@@ -1361,3 +1361,18 @@ def test_a_bmc_call_that_never_returns_does_not_hold_the_process_at_exit() -> No
         "poll: ipmi://127.0.0.1:623: no answer within 0.3 s",
         "done",
     ]
+
+
+def test_the_bmc_thread_runs_calls_in_turn_and_lets_go_of_those_not_begun_at_shutdown() -> None:
+    from gpuconsole.sources.base import DaemonThread
+
+    worker = DaemonThread("bmc-test")
+    gate = threading.Event()
+    first, second = worker.submit(gate.wait, 5.0), worker.submit(lambda: "second")
+    time.sleep(0.05)  # the first has begun: the second waits its turn behind it
+    assert not second.done()
+    worker.shutdown(wait=False, cancel_futures=True)
+    gate.set()
+    assert first.result(timeout=5) is True and second.cancelled()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        worker.submit(lambda: None)

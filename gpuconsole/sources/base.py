@@ -98,6 +98,14 @@ class DaemonThread(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
             self._closed = True
-            self._calls.put(None)  # after every call already queued
+            if cancel_futures:  # the calls not begun yet are let go
+                while True:
+                    try:
+                        call = self._calls.get_nowait()
+                    except queue.Empty:
+                        break
+                    if call is not None:
+                        call[0].cancel()
+            self._calls.put(None)  # after every call still queued
         if wait:
             self._thread.join()
