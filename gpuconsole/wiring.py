@@ -522,8 +522,14 @@ def demo_root(node: str) -> Path:
     return paths.state_dir() / "demo" / node
 
 
-async def _read_here(cfg: Config) -> NodeSnapshot:
-    fleet = await node_hub(cfg, one_shot=True).poll_once()
+async def _read_here(cfg: Config, journal: Path) -> NodeSnapshot:
+    """This node as a plan starts from it: one poll of its sources, and its action journal
+    (how its GPUs' last repairs went is part of their verdict)."""
+    from gpuconsole.actions.journal_events import JournalEvents
+
+    hub = node_hub(cfg, one_shot=True)
+    hub.add_source(JournalEvents(cfg.host.node_name, journal))
+    fleet = await hub.poll_once()
     found = fleet.node(cfg.host.node_name)
     assert found is not None
     return found
@@ -567,10 +573,11 @@ def node_executor(
         **_repair_drivers(cfg),
     )
 
-    async def read() -> NodeSnapshot:
-        return await _read_here(cfg)
-
     where = store or action_store(cfg.actions)
+
+    async def read() -> NodeSnapshot:
+        return await _read_here(cfg, where.journal_path)
+
     return Executor(
         node,
         drivers,
@@ -617,6 +624,7 @@ def demo_executor(
     world = SimWorld.demo(node, demo_root(node))
     reader: Reader = world.snapshot
     store = demo_store()
+    world.journal = store.journal_path
     return Executor(
         node,
         sim_drivers(world),

@@ -57,10 +57,11 @@ def executor_for(
     emit: EmitEvent | None = None,
 ) -> Executor:
     """An executor over the world, journaling and auditing under `state`."""
+    world_.journal = state / "actions.db"
     return Executor(
         world_.name,
         drivers or sim_drivers(world_),
-        Journal(state / "actions.db"),
+        Journal(world_.journal),
         AuditLog(state / "audit.jsonl"),
         reader=world_.snapshot,
         emit=emit,

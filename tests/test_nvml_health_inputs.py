@@ -8,6 +8,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -444,3 +445,70 @@ def test_a_gpu_that_falls_off_the_bus_again_after_its_reset_asks_for_the_node_re
     again = polls[-1]
     assert again[:3] == ["lost", True, "reboot_node"]
     assert "reboot the node: its reset at" in again[3][0] and "did not hold" in again[3][0]
+
+
+FAILED_RESET = """
+import json, sys, time
+from pathlib import Path
+from gpuconsole.actions.journal import Journal, PlanState, StepState
+from gpuconsole.actions.journal_events import JournalEvents
+from gpuconsole.actions.plan import StepKind
+from gpuconsole.actions.remediation import make_remediation_plan
+from gpuconsole.facts.verdict import Action, gpu_verdict
+from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.sources.nvml.source import NvmlSource
+path = Path(sys.argv[1])
+journal = Journal(path)
+source = NvmlSource("n", interval_s=0.1, inventory_every=1)
+source._emit = lambda event: None
+source._ensure_init()
+events = JournalEvents("n", path)
+seen, tried = [], None
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    reading = source.collect()
+    gpu = reading.gpus[5]
+    node = NodeSnapshot("n", nvml=reading, actions=events._read())
+    verdict = gpu_verdict(node, gpu)
+    seen.append([gpu.state.value, tried, verdict.action.value, [f.text for f in verdict.findings]])
+    if gpu.state.value == "lost" and tried is None:
+        # the remediation's reset, as the executor journals one that fails
+        plan = make_remediation_plan(node, "5", Action.RESET_GPU)
+        seq = next(k for k, s in enumerate(plan.steps) if s.kind is StepKind.GPU_RESET)
+        with journal.transaction() as db:
+            plan_id = journal.start_plan(db, plan, "ops", "operator", None)
+        row = journal.intent(plan_id, seq, StepKind.GPU_RESET.value)
+        journal.result(row, StepState.FAILED, "nvidia-smi -r: unable to reset the GPU")
+        journal.finish_plan(plan_id, PlanState.FAILED, "the reset failed")
+        tried = journal.plan(plan_id).steps[0].started_at
+    if len([1 for a, b in zip(seen, seen[1:]) if a[0] != b[0]]) >= 2 and seen[-1][0] == "lost":
+        break
+    time.sleep(0.1)
+source._shutdown()
+print(json.dumps(seen))
+"""
+
+
+def test_a_reset_that_failed_asks_for_the_node_reboot_until_nvml_sees_the_gpu_come_back(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    """The node's journal says GPU 5's reset failed: its verdict asks for the node's power
+    cycle, by its bus id and the time of the reset. Once NVML saw it come back (a later reset
+    that worked), that failure no longer counts: a second fall is judged on that reset."""
+    env = fake_nvml_env(DGX_H100, scenarios=["xid79 5 at 0.3", "reset 5 at 2", "xid79 5 at 3.5"])
+    polls = json.loads(
+        python_out(env, "-c", FAILED_RESET, str(tmp_path / "actions.db")).splitlines()[-1]
+    )
+    bus = normal_bus_id(DGX_H100.gpus[5].bus_id)
+    states = [p[0] for p in polls]
+    first = polls[states.index("lost")]
+    assert first[2] == "reset_gpu"  # nothing tried yet
+    failed = polls[states.index("lost") + 1]
+    assert failed[0] == "lost" and failed[2] == "reboot_node"
+    at = time.strftime("%H:%M:%S", time.localtime(failed[1]))
+    assert failed[3][0].endswith(f"reboot the node: the reset of GPU 5 ({bus[5:]}) at {at} failed")
+    back = polls[states.index("ok", states.index("lost"))]
+    assert back[2] == "fit"
+    again = polls[-1]
+    assert again[0] == "lost" and again[2] == "reboot_node"
+    assert "did not hold" in again[3][0] and "failed" not in again[3][0]

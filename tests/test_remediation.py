@@ -10,19 +10,22 @@ import json
 import multiprocessing
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuconsole.actions.drivers import StepDriver
+from gpuconsole import format as fmt
 from gpuconsole.actions.executor import Executor
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.locks import holders
 from gpuconsole.actions.plan import Layer, Plan, PlanContext, Step, StepKind
 from gpuconsole.actions.remediation import make_remediation_plan, verdict_action
 from gpuconsole.actions.roles import ActionRefused, Actor, Role
-from gpuconsole.facts.verdict import Action
+from gpuconsole.facts.inventory import short_bus_id
+from gpuconsole.facts.verdict import Action, gpu_verdict
 from gpuconsole.sim.actions import SimWorld, sim_drivers
 from gpuconsole.sim.node import Scenario
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100
@@ -288,6 +291,64 @@ async def test_a_fault_that_stays_goes_on_to_a_power_cycle_and_then_to_service(
     assert service.ok, service.message
     assert world.owners(5) == ["drained"]
     assert holders(Journal(tmp_path / "s" / "actions.db")) == []
+
+
+async def test_a_reset_that_fails_asks_for_the_node_reboot_and_a_power_cycle_that_fails_service(
+    tmp_path: Path,
+) -> None:
+    """The verdict knows from the node's journal that GPU 5's reset was tried and failed:
+    it asks for the power cycle (and plans it), in words that name the GPU and the time,
+    then for service once the power cycle did not bring it back either."""
+    world = h100(tmp_path / "w", PODS_ONLY, scenario="xid79hard:5")
+    executor = quick(world, tmp_path / "s")
+    bus = bus_of(world, 5)
+    assert gpu_verdict(await world.snapshot(), bus).action is Action.RESET_GPU
+    reset = await executor.execute(await executor.plan_remedy("5"), OPS, "dgx-003")
+    assert reset.state is PlanState.FAILED, reset.message
+    tried = next(r for r in Journal(tmp_path / "s" / "actions.db").plans()[0].steps
+                 if r.kind == "gpu_reset")  # fmt: skip
+
+    verdict = gpu_verdict(await world.snapshot(), bus)
+    assert verdict.action is Action.REBOOT_NODE
+    lost = verdict.findings[0]
+    assert lost.bus_id == bus and lost.action is Action.REBOOT_NODE
+    assert lost.text.endswith(
+        f"reboot the node: the reset of GPU 5 ({short_bus_id(bus)}) at "
+        f"{fmt.clock_time(tried.started_at)} failed"
+    )
+    await _a_head_reads_it_from_the_agent(world, bus, lost.text)
+    cycle_plan = await executor.plan_remedy("5")  # what the verdict now asks for
+    assert cycle_plan.remedy == "reboot_node" and StepKind.POWER_CYCLE in kinds(cycle_plan)
+
+    cycle = await executor.execute(cycle_plan, OPS, "dgx-003")
+    assert cycle.state is PlanState.FAILED and world.node.power_cycles == 1
+    verdict = gpu_verdict(await world.snapshot(), bus)
+    assert verdict.action is Action.SERVICE
+    assert "return it for service: the node's power cycle at" in verdict.findings[0].text
+    assert (await executor.plan_remedy("5")).remedy == "service"
+
+
+async def _a_head_reads_it_from_the_agent(world: SimWorld, bus: str, words: str) -> None:
+    """A head reading the node through its agent (real, on loopback) shows the verdict the
+    node judged from its journal; the journal itself stays on the node."""
+    from gpuconsole.export.agent import Agent
+    from gpuconsole.readings.snapshot import FleetSnapshot
+    from gpuconsole.wiring import AgentSettings
+    from tests.test_agents_source import HeldHub
+    from tests.test_verdict_agents import head_of
+
+    node = await world.snapshot()
+    assert node.actions is not None and node.actions.repair(bus) is not None
+    agent = Agent(HeldHub(FleetSnapshot(1, time.time(), (node,))), AgentSettings(port=0))
+    await agent.start()
+    try:
+        fleet = await head_of((node.node, f"http://127.0.0.1:{agent.port}")).poll_once()
+    finally:
+        await agent.stop()
+    far = fleet.node(node.node)
+    assert far is not None and far.verdict is not None and far.actions is None
+    verdict = gpu_verdict(far, bus)
+    assert verdict.action is Action.REBOOT_NODE and verdict.findings[0].text == words
 
 
 # --- crash recovery ------------------------------------------------------------------------------

@@ -27,7 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuconsole import paths
-from gpuconsole.actions.plan import Plan
+from gpuconsole.actions.plan import Plan, StepKind
+from gpuconsole.readings.actions import RepairAttempt
+from gpuconsole.readings.base import normal_bus_id
+from gpuconsole.readings.verdict import Action
 
 __all__ = [
     "Journal",
@@ -40,6 +43,7 @@ __all__ = [
     "let_go",
     "process_alive",
     "process_tag",
+    "repairs",
 ]
 
 # The process tag of a plan its process stopped half-way and left to recovery (hand_over).
@@ -213,6 +217,29 @@ class PlanRecord:
     finished_at: float | None
     recovered: bool
     steps: tuple[StepRecord, ...] = ()
+
+
+_REPAIRS = {StepKind.GPU_RESET.value: Action.RESET_GPU, StepKind.POWER_CYCLE.value: Action.REBOOT_NODE}
+
+
+def repairs(db: sqlite3.Connection, since: float) -> tuple[RepairAttempt, ...]:
+    """Each GPU's last repair since `since`: the reset or power cycle step of a remediation
+    that has finished, ok where the plan made the GPU fit (its final check passed), failed
+    where the plan failed at that step or after it. A plan still running has no outcome yet;
+    one that stopped before the step did not try it."""
+    rows = db.execute(
+        "SELECT s.kind, s.started_at, p.gpus, p.state FROM steps s JOIN plans p ON"
+        " p.id = s.plan_id WHERE s.phase = ? AND s.kind IN (?, ?) AND s.started_at >= ?"
+        " AND p.state IN (?, ?) ORDER BY s.started_at, s.rowid",
+        (Phase.DO, *_REPAIRS, since, PlanState.DONE, PlanState.FAILED),
+    ).fetchall()
+    last: dict[str, RepairAttempt] = {}
+    for kind, started, gpus, state in rows:
+        for bus in json.loads(str(gpus)):
+            bus_id = normal_bus_id(str(bus))
+            ok = state == PlanState.DONE
+            last[bus_id] = RepairAttempt(bus_id, _REPAIRS[str(kind)], float(started), ok)
+    return tuple(last.values())
 
 
 class Journal:

@@ -4,7 +4,8 @@ An executor posts its own events to the hub of its process. A plan run anywhere 
 (`gpuconsole assign` in a shell, or over ssh from a head console, or another console)
 writes only the journal; this source reads what was added since it started and posts the
 same events, so that the agent's Events view, and through it the head's, show every
-action on the node. Rows of plans this very process runs are skipped: its executor has
+action on the node. Its reading says each GPU's last repair (a remediation's reset or power
+cycle, and how it went), which the verdict escalates from. Rows of plans this very process runs are skipped: its executor has
 posted them already. The journal is opened read-only and never created here. A node's
 hub adds one: `hub.add_source(JournalEvents(node, store.journal_path(cfg.actions)))`.
 """
@@ -18,7 +19,7 @@ import os
 import socket
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -30,27 +31,15 @@ from gpuconsole.actions.executor import (
     outcome_severity,
     step_message,
 )
-from gpuconsole.actions.journal import Phase, PlanState, StepProgress, StepState
+from gpuconsole.actions.journal import Phase, PlanState, StepProgress, StepState, repairs
 from gpuconsole.actions.plan import Plan
 from gpuconsole.actions.roles import Actor, Role
-from gpuconsole.readings.base import Event, Key, RawCounter, Severity
+from gpuconsole.readings.actions import JournalReading
+from gpuconsole.readings.base import Event, Severity
+from gpuconsole.readings.nvml import XID_WINDOW_S
 from gpuconsole.sources.base import EmitEvent
 
 __all__ = ["JournalEvents", "JournalReading"]
-
-
-@dataclass(frozen=True, slots=True)
-class JournalReading:
-    """How the journal stood at the last read: plans running now, on any node."""
-
-    at: float
-    running: int = 0
-
-    def counters(self) -> Iterator[RawCounter]:
-        return iter(())
-
-    def series(self) -> Iterator[tuple[Key, float]]:
-        return iter(())
 
 
 @dataclass
@@ -127,6 +116,7 @@ class JournalEvents:
             if "no such table" in str(exc):
                 return JournalReading(now)  # created a moment ago, its schema not yet
             raise
+        tried = repairs(db, now - XID_WINDOW_S)
         if self._marks is None:
             # what happened before this process started is history, not news
             plan_rowid, finished = db.execute(
@@ -136,11 +126,11 @@ class JournalEvents:
             last = db.execute("SELECT id FROM plans WHERE finished_at = ?", (finished,))
             told = {str(r[0]) for r in last}
             self._marks = _Marks(int(plan_rowid), int(step_rowid), float(finished), set(), told)
-            return JournalReading(now, running)
+            return JournalReading(now, running, tried)
         for event in [*self._started(db), *self._steps(db), *self._finished(db)]:
             if self._emit is not None:
                 self._emit(event)
-        return JournalReading(now, running)
+        return JournalReading(now, running, tried)
 
     def _mine(self, host: object, pid: object) -> bool:
         return (str(host), int(str(pid))) == self._me

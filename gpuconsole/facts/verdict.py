@@ -21,7 +21,9 @@ health is that finding's severity. A fault of one GPU asks for the least disrupt
 that can clear it first: where NVIDIA's catalog reboots the node, the GPU's reset, with the
 reboot named as what follows if it stays lost, and the reboot itself once the fault comes
 again after a reset NVML saw (within the XID window); the driver's own recovery action is
-kept as it says.
+kept as it says. Once the node's journal says the GPU's last repair failed (and NVML has not
+seen it come back since), what a reset would clear asks for what follows: the node's power
+cycle after a reset, service after a power cycle.
 
 A node's agent judges it, where every detail is, and sends the verdict in its snapshot
 (`carry_verdict`); a head checks that verdict against its findings, its sizes and the node's
@@ -45,6 +47,7 @@ from gpuconsole import format as fmt
 from gpuconsole.facts.inventory import GpuRow, short_bus_id
 from gpuconsole.facts.ownership import Ownership, node_ownership
 from gpuconsole.facts.xids import Bucket, xid_entry
+from gpuconsole.readings.actions import RepairAttempt
 from gpuconsole.readings.base import Health, Severity, SourceStatus, known_bus_id, safe_text
 from gpuconsole.readings.bmc import BmcReading, SensorHealth, SensorKind
 from gpuconsole.readings.fabric import (
@@ -133,23 +136,60 @@ _BUCKET_WORDS = {
 }
 
 
-def _remedy(bucket: Bucket, reset_at: float | None = None) -> tuple[Action, str]:
+def _remedy(
+    bucket: Bucket, reset_at: float | None = None, failed: tuple[Action, str] | None = None
+) -> tuple[Action, str]:
     """What one GPU's fault calls for first, and the words for it: the least disruptive
     action that can clear it, as NVIDIA Health Validation escalates (drain, reset the GPU,
     then service). A bucket that reboots the node for a fault of one GPU is tried as a reset
     of that GPU first, which clears what the reboot would on it without stopping its
     neighbours; the words say the reboot follows if the GPU does not come back. Where the
     fault came again after a reset NVML saw (`reset_at`), the reset did not hold: the
-    bucket's own action, as the escalation goes."""
-    return _milder_first(_BUCKET_ACTIONS[bucket], _BUCKET_WORDS[bucket], reset_at)
+    bucket's own action, as the escalation goes. Where the GPU's last repair failed, what
+    follows it (`failed`: `_after`'s answer)."""
+    return _milder_first(_BUCKET_ACTIONS[bucket], _BUCKET_WORDS[bucket], reset_at, failed)
 
 
-def _milder_first(action: Action, words: str, reset_at: float | None = None) -> tuple[Action, str]:
+def _milder_first(
+    action: Action,
+    words: str,
+    reset_at: float | None = None,
+    failed: tuple[Action, str] | None = None,
+) -> tuple[Action, str]:
+    if failed is not None and action in _REPAIRS:
+        return failed
     if action is Action.REBOOT_NODE:
         if reset_at is not None:
             return action, f"{words}: its reset at {fmt.clock_time(reset_at)} did not hold"
         return Action.RESET_GPU, f"reset the GPU; if it does not come back, {words}"
     return action, words
+
+
+# What a GPU's reset or its node's power cycle repairs; a repair that failed asks for more.
+_REPAIRS = (Action.RESET_GPU, Action.REBOOT_NODE)
+
+
+def _failed_repair(node: NodeSnapshot, gpu: GpuReading, bus: str | None) -> RepairAttempt | None:
+    """The GPU's last repair (its reset, or its node's power cycle), where the node's journal
+    says it failed and NVML has not seen the GPU come back since; else None."""
+    journal = node.actions
+    if journal is None or bus is None or not journal.repairs:
+        return None
+    tried = journal.repair(bus)
+    if tried is None or tried.ok or (gpu.reset_at is not None and gpu.reset_at >= tried.at):
+        return None
+    return tried
+
+
+def _after(failed: RepairAttempt, subject: str) -> tuple[Action, str]:
+    """What follows a repair of GPU `subject` that failed, in words that say which and when:
+    the node's power cycle after its reset, service after the power cycle."""
+    at = fmt.clock_time(failed.at)
+    if failed.action is Action.RESET_GPU:
+        return Action.REBOOT_NODE, f"reboot the node: the reset of {subject} at {at} failed"
+    return Action.SERVICE, (
+        f"return it for service: the node's power cycle at {at} did not bring {subject} back"
+    )
 
 
 # An application fault seen this often in the window on one GPU points at the GPU:
@@ -182,14 +222,20 @@ def _gpu_subject(gpu: GpuReading, bus: str | None = None) -> str:
     return f"GPU {gpu.index}" + (f" ({short_bus_id(bus)})" if bus else "")
 
 
-def _xid_finding(gpu: GpuReading, code: int, count: int, bus: str | None) -> Finding:
+def _xid_finding(
+    gpu: GpuReading,
+    code: int,
+    count: int,
+    bus: str | None,
+    failed: tuple[Action, str] | None = None,
+) -> Finding:
     entry = xid_entry(code)
     times = f" ({count} times)" if count > 1 else ""
     if entry is None:
         return Finding("xid", f"XID {code}{times}: not in the catalog carried here",
                        Severity.WARNING, "nvml", Action.WATCH, bus, _gpu_subject(gpu, bus))  # fmt: skip
     # its XIDs are counted since its last reset: one listed came after that reset
-    action, advice = _remedy(entry.immediate, gpu.reset_at)
+    action, advice = _remedy(entry.immediate, gpu.reset_at, failed)
     severity = entry.severity
     if entry.immediate is Bucket.RESTART_APP:
         if count >= APP_FAULT_REPEATS:
@@ -223,14 +269,22 @@ def gpu_findings(
     bus = known_bus_id(gpu.pci_bus_id) or bus
     subject = _gpu_subject(gpu, bus)
 
+    repair = _failed_repair(node, gpu, bus)
+    failed = _after(repair, subject) if repair is not None else None
+
     def add(code: str, text: str, severity: Severity, action: Action) -> None:
+        if failed is not None and action in _REPAIRS and action.rank < failed[0].rank:
+            # what a reset (or power cycle) would clear, on a GPU where one failed
+            action, text = failed[0], f"{text}; {failed[1]}"
         found.append(Finding(code, text, severity, "nvml", action, bus, subject))
 
     if state is GpuState.LOST:
         since = f" since {fmt.clock_time(gpu.lost_since)}" if gpu.lost_since else ""
         lost = xid_entry(79)
         action, advice = (
-            _remedy(lost.immediate, gpu.reset_at) if lost else (Action.RESET_GPU, "reset it")
+            _remedy(lost.immediate, gpu.reset_at, failed)
+            if lost
+            else (Action.RESET_GPU, "reset it")
         )
         add("gpu_lost", f"fell off the bus (XID 79){since}: {advice}", Severity.CRITICAL, action)
     elif state is GpuState.UNREADABLE:
@@ -255,7 +309,7 @@ def gpu_findings(
     for xid in gpu.xids:
         if state is GpuState.LOST and xid.code == 79:
             continue  # said above
-        found.append(_xid_finding(gpu, xid.code, xid.count, bus))
+        found.append(_xid_finding(gpu, xid.code, xid.count, bus, failed))
     if ecc.remap_failure:
         add("remap_failed", "a row remap failed: no spare rows left", Severity.CRITICAL,
             Action.SERVICE)  # fmt: skip

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from gpuconsole.readings.actions import JournalReading
 from gpuconsole.readings.alerts import ActiveAlert
 from gpuconsole.readings.base import Event, Key, SourceStatus
 from gpuconsole.readings.bmc import BmcReading
@@ -54,6 +55,8 @@ class NodeSnapshot:
     # the node's verdict as its agent judged it, where it read everything; None where this
     # process judges the node (its own, or one whose agent sends none)
     verdict: CarriedVerdict | None = None
+    # the node's action journal, read on the node (its verdict carries what it says)
+    actions: JournalReading | None = None
     history: HistoryView | None = None
 
     def status(self, source: str) -> SourceStatus | None:

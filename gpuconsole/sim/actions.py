@@ -167,6 +167,9 @@ class SimWorld:
     ) -> None:
         self.root = root
         self.state_file = root / "world.json"
+        # the journal its executor writes, read with the node as a real node's hub reads its
+        # own: how its GPUs' last repairs went is part of their verdict
+        self.journal: Path | None = None
         node = _WorldNode(name, profile, seed=0, scenarios=scenarios)
         node.world = self
         self.node: SimNode = node
@@ -340,6 +343,10 @@ class SimWorld:
             from gpuconsole.sim.fabric import SimFabricSource
 
             hub.add_source(SimFabricSource(self.node, netlink=False))
+        if self.journal is not None:
+            from gpuconsole.actions.journal_events import JournalEvents
+
+            hub.add_source(JournalEvents(self.name, self.journal))
         fleet = await hub.poll_once()
         found = fleet.node(self.name)
         assert found is not None
@@ -541,6 +548,7 @@ class LiveWorld(SimWorld):
         # not SimWorld.__init__, which opens or lays out a world of its own under a folder
         self.root = Path(tree.root)
         self.state_file = self.root / "world.json"
+        self.journal = None
         self.node = node
         self.tree = tree
         self.slurm_drained = False
@@ -589,10 +597,11 @@ def live_executor(
     if not os.path.isdir(world.tree.sysfs_root):
         raise ValueError(f"{node}: the demo has not laid out its tenants yet; try again")
     state = world.root / "actions"
+    world.journal = state / JOURNAL_FILE
     return Executor(
         node,
         sim_drivers(world),
-        Journal(state / JOURNAL_FILE),
+        Journal(world.journal),
         AuditLog(state / AUDIT_FILE),
         reader=world.snapshot,
         emit=emit,
