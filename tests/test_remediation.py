@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from gpuconsole.actions.drivers import StepDriver
 from gpuconsole import format as fmt
+from gpuconsole.actions.drivers import StepDriver
 from gpuconsole.actions.executor import Executor
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.locks import holders

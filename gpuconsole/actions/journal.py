@@ -219,7 +219,10 @@ class PlanRecord:
     steps: tuple[StepRecord, ...] = ()
 
 
-_REPAIRS = {StepKind.GPU_RESET.value: Action.RESET_GPU, StepKind.POWER_CYCLE.value: Action.REBOOT_NODE}
+_REPAIRS = {
+    StepKind.GPU_RESET.value: Action.RESET_GPU,
+    StepKind.POWER_CYCLE.value: Action.REBOOT_NODE,
+}
 
 
 def repairs(db: sqlite3.Connection, since: float) -> tuple[RepairAttempt, ...]:
