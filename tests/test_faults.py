@@ -1376,3 +1376,39 @@ def test_the_bmc_thread_runs_calls_in_turn_and_lets_go_of_those_not_begun_at_shu
     assert first.result(timeout=5) is True and second.cancelled()
     with pytest.raises(RuntimeError, match="after shutdown"):
         worker.submit(lambda: None)
+
+
+# An NVML call that never returns, as a GPU gone bad can leave one in the kernel driver: the
+# fake library's `hang` fault, on the memory reading every poll makes.
+_STUCK_NVML = """
+import asyncio
+from gpuconsole.sources.nvml.source import NvmlSource
+
+async def main():
+    source = NvmlSource("dgx-017", timeout_s=0.3)
+    await source.start(lambda event: None)
+    try:
+        await asyncio.wait_for(source.poll(), 1.0)  # as the hub waits for a poll
+    except TimeoutError:
+        print("poll: no answer")
+    await source.close()
+
+asyncio.run(main())
+print("done")
+"""
+
+
+def test_an_nvml_call_that_never_returns_does_not_hold_the_process_at_exit(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    """Quitting the console (or stopping the agent) ends the process though an NVML call is
+    blocked in the driver: the close waits for it only so long, and its thread is let go."""
+    env = fake_nvml_env("dgx-h100", faults=["3 nvmlDeviceGetMemoryInfo_v2 hang"])
+    began = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", _STUCK_NVML], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["poll: no answer", "done"]
+    assert "NVML did not close" in proc.stderr
+    assert time.monotonic() - began < 30

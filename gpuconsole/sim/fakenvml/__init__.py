@@ -243,7 +243,8 @@ def write_profile(
     ``privileged=False`` reads as an unprivileged user: NO_PERMISSION where drivers answer it
     (GPM too, unless ``profiling_admin_only=False``: RmProfilingAdminOnly=0 on the node).
     ``open_errors`` maps a GPU index to the nvmlReturn_t its handle cannot be opened with.
-    ``faults`` are ``"<gpu> <function> <code or nan> [<GPU instance id>]"`` (see fake_nvml.c).
+    ``faults`` are ``"<gpu> <function> <code, nan or hang> [<GPU instance id>]"`` (see
+    fake_nvml.c; hang: the call never returns).
     ``recovery_actions`` maps a GPU index to the nvmlDeviceGpuRecoveryAction_t the driver
     advises (field 230, which only a 565 or newer branch answers); ``fabric_probes`` a GPU
     index to the (nvmlGpuFabricState_t, nvmlReturn_t status) of its fabric probe, on a node

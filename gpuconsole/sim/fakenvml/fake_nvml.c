@@ -85,9 +85,11 @@
  *     open_error <nvmlReturn_t>        the GPU is counted but cannot be opened: every
  *                                      nvmlDeviceGetHandleBy* answers this code (NO_PERMISSION,
  *                                      INSUFFICIENT_POWER and IRQ_ISSUE are what drivers give)
- *     fault <function> <nvmlReturn_t|nan> [<GPU instance id>]
+ *     fault <function> <nvmlReturn_t|nan|hang> [<GPU instance id>]
  *                                      <function> answers this code for this GPU (or for its MIG
- *                                      instance with that GPU instance id). Honoured by
+ *                                      instance with that GPU instance id); hang: it never
+ *                                      returns, as a GPU gone bad can leave a call in the
+ *                                      kernel driver. Honoured by
  *                                      nvmlDeviceGetUUID, nvmlDeviceGetGpuInstanceId,
  *                                      nvmlDeviceGetMemoryInfo_v2 (the GPU itself),
  *                                      nvmlGpmMigSampleGet, nvmlGpmMetricsGet (nan: every metric
@@ -630,11 +632,12 @@ typedef struct {
 } nvlink_t;
 
 #define FAULT_NAN 0xFFFFFFFEu /* a fault "code": the call succeeds with NaN values */
+#define FAULT_HANG 0xFFFFFFFDu /* a fault "code": the call never returns */
 #define MAX_FAULTS 8
 
 typedef struct {
     int fn;            /* FN_* of the function */
-    nvmlReturn_t code; /* or FAULT_NAN */
+    nvmlReturn_t code; /* or FAULT_NAN, FAULT_HANG */
     int gi_id;         /* -1: the GPU itself */
 } fault_t;
 
@@ -815,8 +818,11 @@ static int mig_enabled(const gpu_t *g) { return find_scenario(g->index, "mig") !
  * NVML_SUCCESS where there is none. */
 static nvmlReturn_t fault(const gpu_t *g, int fn, int gi_id) {
     for (int i = 0; i < g->nfaults; i++)
-        if (g->faults[i].fn == fn && g->faults[i].gi_id == gi_id)
+        if (g->faults[i].fn == fn && g->faults[i].gi_id == gi_id) {
+            while (g->faults[i].code == FAULT_HANG)
+                pause(); /* a signal wakes it: the call goes on not returning */
             return g->faults[i].code;
+        }
     return NVML_SUCCESS;
 }
 
@@ -1109,7 +1115,9 @@ static int parse_profile(FILE *f, profile_t *p, char *err, size_t errlen) {
                     ft->fn = i;
             if (ft->fn < 0)
                 goto bad;
-            ft->code = !strcmp(code, "nan") ? FAULT_NAN : (nvmlReturn_t)strtoul(code, NULL, 10);
+            ft->code = !strcmp(code, "nan")    ? FAULT_NAN
+                       : !strcmp(code, "hang") ? FAULT_HANG
+                                               : (nvmlReturn_t)strtoul(code, NULL, 10);
             if (ft->code == NVML_SUCCESS)
                 goto bad;
             ft->gi_id = gi;

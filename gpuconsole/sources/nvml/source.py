@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from gpuconsole.config import NvmlConfig
 from gpuconsole.format import THROTTLE_WORDS
@@ -49,7 +49,7 @@ from gpuconsole.readings.nvml import (
     RemoteKind,
     XidCount,
 )
-from gpuconsole.sources.base import EmitEvent, SourceUnavailable
+from gpuconsole.sources.base import DaemonThread, EmitEvent, SourceUnavailable
 from gpuconsole.sources.nvml import mig_gpm
 from gpuconsole.sources.nvml.events import event_from, gpu_words, watch_events
 from gpuconsole.sources.nvml.lib import (
@@ -123,6 +123,10 @@ from gpuconsole.sources.nvml.state import GpuRecord, LinkRecord
 from gpuconsole.sources.nvml.xids import XidHistory
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# How long a close waits for the event watch to stop (it wakes every EVENT_WAIT_MS).
+EVENT_STOP_S = 5.0
 
 # Reasons that are not a slowdown worth an event, and the ones that mean heat or power trouble.
 BENIGN_THROTTLE = frozenset({"gpu_idle", "applications_clocks_setting", "display_clock_setting"})
@@ -223,6 +227,10 @@ class NvmlSource:
         self._throttle_counters = throttle_counters(None)  # known once the driver says its version
         self._round = 0
         self._emit: EmitEvent | None = None
+        # every call into NVML but the event watch, in turn on one daemon thread: a call a
+        # bad GPU leaves in the kernel never holds the process at exit, and NVML is never
+        # shut down under a poll still using its handles
+        self._thread: DaemonThread | None = None
         self._stop = threading.Event()
         self._event_thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -239,13 +247,33 @@ class NvmlSource:
 
     async def start(self, emit: EmitEvent) -> None:
         self._emit = emit
-        await asyncio.to_thread(self._ensure_init)
+        await self._call(self._ensure_init)
 
     async def poll(self) -> NvmlReading:
-        return await asyncio.to_thread(self.collect)
+        return await self._call(self.collect)
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._shutdown)
+        thread, self._thread = self._thread or self._new_thread(), None
+        self._stop.set()  # the event watch ends even if the shutdown below cannot run
+        # The shutdown queues behind a poll that may be stuck in the driver: wait for both
+        # no longer than a poll may take and the event watch's stop, then let the thread go.
+        future = asyncio.get_running_loop().run_in_executor(thread, self._shutdown)
+        try:
+            await asyncio.wait_for(asyncio.shield(future), self.timeout_s + EVENT_STOP_S)
+        except TimeoutError:
+            log.warning(
+                "%s: NVML did not close within %g s: a call is still blocked in the driver; "
+                "leaving it", self.node, self.timeout_s + EVENT_STOP_S,
+            )  # fmt: skip
+        thread.shutdown(wait=False, cancel_futures=True)
+
+    def _call(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        if self._thread is None:
+            self._thread = self._new_thread()
+        return asyncio.get_running_loop().run_in_executor(self._thread, fn)
+
+    def _new_thread(self) -> DaemonThread:
+        return DaemonThread(f"nvml-{self.node}")
 
     def rediscover(self) -> None:
         """Enumerate the GPUs again before the next poll. NVML numbers the GPUs the nvidia
@@ -257,7 +285,7 @@ class NvmlSource:
         self._stop.set()
         thread = self._event_thread
         if thread is not None:
-            thread.join(5.0)
+            thread.join(EVENT_STOP_S)
             self._event_thread = None
         # A later start() discovers afresh: tiers count from the first poll again.
         self._round = 0
