@@ -328,6 +328,21 @@ async def test_a_reset_that_fails_asks_for_the_node_reboot_and_a_power_cycle_tha
     assert (await executor.plan_remedy("5")).remedy == "service"
 
 
+async def test_a_reset_plan_that_stopped_before_its_reset_is_no_failed_reset(
+    tmp_path: Path,
+) -> None:
+    """GPU 3 (a row remap pending) runs a Slurm job to its end, so its reset plan fails
+    waiting for it: the reset was never tried, and the verdict still asks for it, not for
+    the node's power cycle."""
+    world = h100(tmp_path / "w", scenario="ecc:3")
+    executor = quick(world, tmp_path / "s")
+    outcome = await executor.execute(await executor.plan_remedy("3"), OPS, "dgx-003")
+    assert outcome.state is PlanState.FAILED and "still busy" in outcome.message
+    node = await world.snapshot()
+    assert node.actions is not None and node.actions.repairs == ()
+    assert gpu_verdict(node, bus_of(world, 3)).action is Action.RESET_GPU
+
+
 async def _a_head_reads_it_from_the_agent(world: SimWorld, bus: str, words: str) -> None:
     """A head reading the node through its agent (real, on loopback) shows the verdict the
     node judged from its journal; the journal itself stays on the node."""
