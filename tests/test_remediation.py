@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpuconsole import format as fmt
-from gpuconsole.actions.drivers import StepDriver
+from gpuconsole.actions.drivers import StepDriver, StepFailed
 from gpuconsole.actions.executor import Executor
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.locks import holders
@@ -341,6 +341,37 @@ async def test_a_reset_plan_that_stopped_before_its_reset_is_no_failed_reset(
     node = await world.snapshot()
     assert node.actions is not None and node.actions.repairs == ()
     assert gpu_verdict(node, bus_of(world, 3)).action is Action.RESET_GPU
+
+
+class _ResetFails:
+    """nvidia-smi -r that fails, the GPU left as it was."""
+
+    async def run(self, step: Step) -> str:
+        raise StepFailed(f"nvidia-smi -r -i {step.gpus[0]}: timed out")
+
+    async def undo(self, step: Step) -> str:
+        return "nothing to undo"
+
+
+async def test_what_a_reset_would_clear_asks_for_the_power_cycle_once_the_reset_failed(
+    tmp_path: Path,
+) -> None:
+    """A row remap pending asks for GPU 5's reset; once that reset failed, for the node's
+    power cycle, its words saying so."""
+    world = h100(tmp_path / "w", PODS_ONLY, scenario="ecc:5")
+    drivers = sim_drivers(world)
+    drivers.gpu = _ResetFails()
+    executor = quick(world, tmp_path / "s", drivers)
+    bus = bus_of(world, 5)
+    before = gpu_verdict(await world.snapshot(), bus)
+    assert before.action is Action.RESET_GPU
+    outcome = await executor.execute(await executor.plan_remedy("5"), OPS, "dgx-003")
+    assert outcome.state is PlanState.FAILED and "timed out" in outcome.message
+    after = gpu_verdict(await world.snapshot(), bus)
+    assert after.action is Action.REBOOT_NODE
+    remap = next(f for f in after.findings if f.code == "remap_pending")
+    assert remap.action is Action.REBOOT_NODE
+    assert f"; reboot the node: the reset of GPU 5 ({short_bus_id(bus)}) at " in remap.text
 
 
 async def _a_head_reads_it_from_the_agent(world: SimWorld, bus: str, words: str) -> None:
