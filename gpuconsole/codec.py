@@ -8,7 +8,6 @@ body that does not fit is a DecodeError that names the path that is wrong.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import functools
 import json
@@ -17,18 +16,22 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
 from gpuconsole.history import HistoryView
 from gpuconsole.readings.base import (
+    NO_DEFAULT,
     SCHEMA_VERSION,
     Event,
+    Field,
     Key,
+    is_record,
+    is_record_class,
     normal_bus_id,
     nvml_bus_id,
+    record_fields,
     safe_text,
 )
 from gpuconsole.readings.nvml import GpuReading, NvLinkReading
@@ -53,7 +56,7 @@ def encode(value: Any, *, sparse: bool = False) -> Any:
 
     Sparse leaves out each field that holds its default: the decoder puts it back.
     """
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    if is_record(value):
         out: dict[str, Any] = {}
         for name, default in _encoded_fields(type(value)):
             item = getattr(value, name)
@@ -76,26 +79,17 @@ def encode(value: Any, *, sparse: bool = False) -> Any:
     return value
 
 
-_MISSING: Any = object()
+_MISSING: Any = NO_DEFAULT
 _T = TypeVar("_T")
 _ENCODED: dict[type, tuple[tuple[str, Any], ...]] = {}
 
 
 def _encoded_fields(kind: type) -> tuple[tuple[str, Any], ...]:
-    """Each field a dataclass is encoded with, and its default (_MISSING where none)."""
+    """Each field a reading is encoded with, and its default (_MISSING where none)."""
     found = _ENCODED.get(kind)
     if found is None:
         found = _ENCODED[kind] = tuple(
-            (
-                f.name,
-                f.default
-                if f.default is not dataclasses.MISSING
-                else f.default_factory()
-                if f.default_factory is not dataclasses.MISSING
-                else _MISSING,
-            )
-            for f in dataclasses.fields(kind)
-            if f.name not in _SKIP
+            (f.name, f.initial()) for f in record_fields(kind) if f.name not in _SKIP
         )
     return found
 
@@ -127,8 +121,8 @@ class DecodeError(ValueError):
 
 # --- decoding ----------------------------------------------------------------------------
 #
-# msgspec reads the JSON straight into the readings' dataclasses and checks every type on
-# the way. Around it, driven by the same types: a wire type per dataclass that holds what
+# msgspec reads the JSON straight into the readings' Structs and checks every type on
+# the way. Around it, driven by the same types: a wire type per reading that holds what
 # the JSON holds otherwise (a mapping keyed by counter path; no history), converted to the
 # reading after; NVML's bus ids put in sysfs's form; and strings made safe to show.
 
@@ -137,8 +131,7 @@ Fix = Callable[[Any], None]
 _NONE = type(None)
 
 
-@dataclass(frozen=True)
-class _Wire:
+class _Wire(NamedTuple):
     kind: Any  # the type msgspec decodes
     convert: Convert | None  # from what msgspec decoded to the reading; None: it is one
 
@@ -207,24 +200,22 @@ def _build_wire(kind: Any) -> _Wire:
         if any(_wire(a).convert is not None for a in args):
             raise TypeError(f"cannot decode {kind}: a fixed tuple of types read otherwise")
         return _Wire(kind, None)
-    if dataclasses.is_dataclass(kind):
-        return _wire_dataclass(kind)
+    if is_record_class(kind):
+        return _wire_record(kind)
     return _Wire(kind, None)
 
 
-def _fields(kind: Any) -> list[tuple[dataclasses.Field[Any], Any]]:
+def _fields(kind: Any) -> list[tuple[Field, Any]]:
     """Each field the JSON carries, with its type."""
     hints = typing.get_type_hints(kind, localns={"HistoryView": HistoryView})
-    return [(f, hints[f.name]) for f in dataclasses.fields(kind) if f.init and f.name not in _SKIP]
+    return [(f, hints[f.name]) for f in record_fields(kind) if f.name not in _SKIP]
 
 
-def _default(f: dataclasses.Field[Any]) -> Any:
-    """A dataclass field's default as a msgspec Struct field takes it; _MISSING: none."""
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return msgspec.field(default_factory=f.default_factory)
-    return _MISSING
+def _default(f: Field) -> Any:
+    """A field's default as a msgspec Struct field takes it; _MISSING: none."""
+    if f.factory is not None:
+        return msgspec.field(default_factory=f.factory)
+    return f.default
 
 
 def _mirror(name: str, fields: list[tuple[str, Any, Any]]) -> Any:
@@ -234,10 +225,10 @@ def _mirror(name: str, fields: list[tuple[str, Any, Any]]) -> Any:
     return msgspec.defstruct(name, spec, kw_only=True)
 
 
-def _wire_dataclass(kind: Any) -> _Wire:
+def _wire_record(kind: Any) -> _Wire:
     fields = _fields(kind)
     wires = [(f, _wire(hint)) for f, hint in fields]
-    skipped = len(fields) < len(dataclasses.fields(kind))
+    skipped = len(fields) < len(record_fields(kind))
     if not skipped and all(w.convert is None for _, w in wires):
         return _Wire(kind, None)  # msgspec makes the reading itself
     mirror = _mirror(f"Wire{kind.__name__}", [(f.name, w.kind, _default(f)) for f, w in wires])
@@ -325,7 +316,7 @@ def _build_fix(kind: Any) -> Fix | None:
                 item(v)
 
         return values
-    if not dataclasses.is_dataclass(kind):
+    if not is_record_class(kind):
         return None
     bus_ids = _BUS_IDS.get(typing.cast(type, kind), ())
     inner = [(f.name, fix) for f, hint in _fields(kind) if (fix := _fix(hint)) is not None]
@@ -451,7 +442,7 @@ def refused(exc: Exception, where: str = "$") -> DecodeError:
 
 
 def read(kind: type[_T], body: bytes, where: str = "$") -> _T:
-    """One `kind` (a snapshot's dataclass) from JSON whose strings are safe to show
+    """One `kind` (a snapshot's reading class) from JSON whose strings are safe to show
     (`safe_body`'s); DecodeError says where it does not fit."""
     try:
         decoded = _decoder(kind).decode(body)
@@ -462,7 +453,7 @@ def read(kind: type[_T], body: bytes, where: str = "$") -> _T:
 
 
 def decode(kind: type[_T], data: Any, where: str = "$") -> _T:
-    """One `kind` (a snapshot's dataclass) from its JSON form as plain values (a parsed
+    """One `kind` (a snapshot's reading class) from its JSON form as plain values (a parsed
     document's part); DecodeError says where it does not fit."""
     try:
         decoded = msgspec.convert(_clean(data), _wire(kind).kind)
@@ -477,8 +468,7 @@ def decode_node(data: Any, where: str = "$") -> NodeSnapshot:
     return decode(NodeSnapshot, data, where)
 
 
-@dataclass(frozen=True, slots=True)
-class _Version:
+class _Version(msgspec.Struct, frozen=True):
     schema_version: Any = None
 
 
@@ -501,9 +491,8 @@ def loads(text: str | bytes) -> FleetSnapshot:
     return read(FleetSnapshot, body)
 
 
-@dataclass(frozen=True, slots=True)
-class Partial:
-    """A dataclass's fields as read from JSON, but those left as raw JSON: for a reader
+class Partial(msgspec.Struct, frozen=True):
+    """A reading's fields as read from JSON, but those left as raw JSON: for a reader
     that reuses what came exactly as before (a head: an agent's steady parts)."""
 
     fields: dict[str, Any]  # each field the JSON carries but the raw ones, as the reading's

@@ -26,13 +26,22 @@ from gpuconsole.counters import RateTracker
 from gpuconsole.history import HistoryStore
 from gpuconsole.readings.agents import REMOTE_PARTS, AgentReading
 from gpuconsole.readings.alerts import ActiveAlert
-from gpuconsole.readings.base import Event, Key, Severity, SourceStatus, safe_strings, safe_text
+from gpuconsole.readings.base import (
+    Event,
+    Key,
+    Severity,
+    SourceStatus,
+    record_fields,
+    safe_strings,
+    safe_text,
+)
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.base import Focusable, Reading, Source
 
 log = logging.getLogger(__name__)
 
 Subscriber = Callable[[FleetSnapshot], None]
+_NODE_FIELDS = frozenset(f.name for f in record_fields(NodeSnapshot))
 
 
 @dataclass
@@ -469,11 +478,7 @@ class Hub:
         deltas: dict[Key, int] = {}
         for moved in node.deltas.values():
             deltas.update(moved)
-        fields = {
-            kind: reading
-            for kind, reading in node.readings.items()
-            if kind in NodeSnapshot.__dataclass_fields__
-        }
+        fields = {kind: reading for kind, reading in node.readings.items() if kind in _NODE_FIELDS}
         simulated = node.simulated or any(
             getattr(reading, "simulated", False) for reading in node.readings.values()
         )

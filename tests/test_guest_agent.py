@@ -24,7 +24,7 @@ from gpuconsole.codec import encode
 from gpuconsole.config import GUEST_SHAREABLE
 from gpuconsole.export.collector import build
 from gpuconsole.facts.inventory import node_gpus
-from gpuconsole.readings.base import SourceStatus
+from gpuconsole.readings.base import SourceStatus, record_fields
 from gpuconsole.readings.nvml import GpuReading, NvmlReading, ProcessReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.readings.tenancy import Guest
@@ -57,7 +57,7 @@ def short_dir() -> Iterator[Path]:
 def test_every_word_a_guest_config_takes_stands_for_reading_fields() -> None:
     assert set(SHAREABLE) == set(GUEST_SHAREABLE)
     fields = {f for names in SHAREABLE.values() for f in names}
-    assert fields <= set(GpuReading.__dataclass_fields__)
+    assert fields <= {f.name for f in record_fields(GpuReading)}
 
 
 def test_libvirt_says_where_the_guest_sees_each_hostdev() -> None:

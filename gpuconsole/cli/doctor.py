@@ -11,10 +11,9 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import fields, is_dataclass
 from typing import Any, TextIO
 
-from gpuconsole.readings.base import safe_text
+from gpuconsole.readings.base import is_record, record_fields, safe_text
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.sources.base import SourceUnavailable
 from gpuconsole.sources.nvml.doctor import (
@@ -164,7 +163,7 @@ def _gpu_lines(gpu: GpuReading) -> Iterator[str]:
     for name, value in _flat(gpu, ""):
         if name in ("index", "pci_bus_id", "name", "state"):
             continue
-        if isinstance(value, tuple) and value and is_dataclass(value[0]):
+        if isinstance(value, tuple) and value and is_record(value[0]):
             for i, item in enumerate(value):
                 inner = " ".join(f"{k}={_scalar(v)}" for k, v in _flat(item, "") if v is not None)
                 rows.append(f"    {name}[{i}]: {inner}")
@@ -182,9 +181,9 @@ def _gpu_lines(gpu: GpuReading) -> Iterator[str]:
 
 
 def _flat(value: Any, prefix: str) -> Iterator[tuple[str, Any]]:
-    for f in fields(value):
+    for f in record_fields(type(value)):
         item = getattr(value, f.name)
-        if is_dataclass(item) and not isinstance(item, type):
+        if is_record(item):
             yield from _flat(item, f"{prefix}{f.name}.")
         else:
             yield f"{prefix}{f.name}", item

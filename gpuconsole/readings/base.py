@@ -7,9 +7,11 @@ import dataclasses
 import enum
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
+
+import msgspec
 
 SCHEMA_VERSION = 1
 
@@ -167,6 +169,87 @@ def safe_text(text: str) -> str:
 
 
 _T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+class Field(NamedTuple):
+    """One field of a record class (a reading's msgspec Struct, or a dataclass)."""
+
+    name: str
+    default: Any  # NO_DEFAULT where it has none, or where `factory` makes it
+    factory: Callable[[], Any] | None = None
+
+    def initial(self) -> Any:
+        """The value the field takes where none is given; NO_DEFAULT where it must be."""
+        return self.factory() if self.factory is not None else self.default
+
+
+NO_DEFAULT: Any = msgspec.NODEFAULT
+
+
+class _Probe(msgspec.Struct):
+    made: list[int] = msgspec.field(default_factory=list)
+
+
+# How a Struct class holds a default_factory among its defaults.
+_FACTORY = type(_Probe.__struct_defaults__[0])
+
+
+def is_record(value: object) -> bool:
+    """Whether `value` is a record (a reading, or a dataclass) rather than a plain value."""
+    if isinstance(value, msgspec.Struct):
+        return True
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def is_record_class(kind: object) -> bool:
+    """Whether `kind` is a record class (a reading's Struct, or a dataclass)."""
+    return isinstance(kind, type) and (
+        issubclass(kind, msgspec.Struct) or dataclasses.is_dataclass(kind)
+    )
+
+
+_RECORD_FIELDS: dict[type, tuple[Field, ...]] = {}
+
+
+def record_fields(kind: type) -> tuple[Field, ...]:
+    """Each field a record class is built with, in order, with its default: the one place
+    that reads a record's fields (readings are msgspec Structs; other records dataclasses)."""
+    found = _RECORD_FIELDS.get(kind)
+    if found is None:
+        found = _RECORD_FIELDS[kind] = _record_fields(kind)
+    return found
+
+
+def _record_fields(kind: type) -> tuple[Field, ...]:
+    if issubclass(kind, msgspec.Struct):
+        names: tuple[str, ...] = kind.__struct_fields__
+        defaults: tuple[Any, ...] = kind.__struct_defaults__  # the last fields'
+        given = (NO_DEFAULT,) * (len(names) - len(defaults)) + defaults
+        return tuple(
+            Field(name, NO_DEFAULT, default.factory)
+            if type(default) is _FACTORY
+            else Field(name, default)
+            for name, default in zip(names, given, strict=True)
+        )
+    return tuple(
+        Field(
+            f.name,
+            NO_DEFAULT if f.default is dataclasses.MISSING else f.default,
+            None if f.default_factory is dataclasses.MISSING else f.default_factory,
+        )
+        for f in dataclasses.fields(kind)  # type: ignore[arg-type]
+        if f.init
+    )
+
+
+def _replace(record: _R, /, **changes: Any) -> _R:
+    """A copy of a record with `changes`: for code that holds either kind of record."""
+    if isinstance(record, msgspec.Struct):
+        return msgspec.structs.replace(record, **changes)
+    return dataclasses.replace(record, **changes)  # type: ignore[type-var]
+
+
 # Types that hold no text (enums join when first met); each dataclass's field names.
 _LEAVES: set[type] = {int, float, bool, type(None)}
 _FIELDS: dict[type, tuple[str, ...]] = {}
@@ -189,11 +272,11 @@ def safe_strings(value: _T) -> _T:
         return dict(pairs)  # type: ignore[return-value]
     names = _FIELDS.get(kind)
     if names is None:
-        if not dataclasses.is_dataclass(kind):
+        if not is_record(value):
             if issubclass(kind, enum.Enum):
                 _LEAVES.add(kind)  # its values are the program's own
             return value
-        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind))
+        names = _FIELDS[kind] = tuple(f.name for f in record_fields(kind))
     changed: dict[str, Any] = {}
     for name in names:
         item = getattr(value, name)
@@ -202,7 +285,7 @@ def safe_strings(value: _T) -> _T:
         cleaned = safe_strings(item)
         if cleaned is not item:
             changed[name] = cleaned
-    return dataclasses.replace(value, **changed) if changed else value  # type: ignore[type-var]
+    return _replace(value, **changed) if changed else value
 
 
 def _safe_items(items: tuple[Any, ...]) -> tuple[Any, ...]:

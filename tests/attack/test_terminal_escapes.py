@@ -29,7 +29,7 @@ from gpuconsole.cli.main import read_capture
 from gpuconsole.cli.table import render_table
 from gpuconsole.export import names
 from gpuconsole.hub import Hub, HubSettings
-from gpuconsole.readings.base import Event
+from gpuconsole.readings.base import Event, is_record, record_fields
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sim.bmc import SimIpmiSession
 from gpuconsole.sim.fakenvml import PROFILE_ENV
@@ -77,8 +77,8 @@ def strings_in(value: Any) -> Iterator[str]:
     """Every string in a reading, a snapshot or an event, keys of mappings included."""
     if isinstance(value, str):
         yield value
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for f in dataclasses.fields(value):
+    elif is_record(value):
+        for f in record_fields(type(value)):
             if f.name != "history":
                 yield from strings_in(getattr(value, f.name))
     elif isinstance(value, Mapping):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import dataclasses
 import enum
 import logging
 import math
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuconsole.readings.base import Event, normal_bus_id
+from gpuconsole.readings.base import Event, is_record, normal_bus_id, record_fields
 from gpuconsole.readings.nvml import GpuReading, NvmlReading
 from gpuconsole.sources.base import SourceUnavailable
 from gpuconsole.sources.nvml.lib import (
@@ -872,8 +871,8 @@ def _type_name(value: Any) -> str:
 
 def as_plain(value: Any) -> Any:
     """A report (or any part of it) as plain JSON types; NaN and infinities as text."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: as_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if is_record(value):
+        return {f.name: as_plain(getattr(value, f.name)) for f in record_fields(type(value))}
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, dict):
