@@ -10,9 +10,10 @@ under new names up to 1,000. Target: a 1,000-node head still evaluates every 15 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import statistics
 import time
+
+import msgspec
 
 from benchmarks.timing import cpu_us
 from gpuconsole.alerts.engine import CPU_SHARE, AlertEngine
@@ -30,10 +31,10 @@ TARGET_INTERVAL_S = 15.0
 def fleet_of(nodes: int) -> FleetSnapshot:
     demo = asyncio.run(demo_hub(events=False).poll_once(rounds=2, between=lambda: time.sleep(0.2)))
     many = tuple(
-        dataclasses.replace(demo.nodes[i % len(demo.nodes)], node=f"node-{i:04d}")
+        msgspec.structs.replace(demo.nodes[i % len(demo.nodes)], node=f"node-{i:04d}")
         for i in range(nodes)
     )
-    return dataclasses.replace(demo, nodes=many)
+    return msgspec.structs.replace(demo, nodes=many)
 
 
 def main() -> None:

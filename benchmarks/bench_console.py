@@ -15,13 +15,14 @@ run.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import msgspec
 
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.readings.tenancy import TenancyReading
@@ -55,15 +56,15 @@ def _fleet(base: FleetSnapshot, nodes: int, step: int) -> FleetSnapshot:
         nvml = node.nvml
         assert nvml is not None
         gpus = tuple(
-            dataclasses.replace(g, util_gpu_pct=float((i + g.index * 7 + step * 13) % 101))
+            msgspec.structs.replace(g, util_gpu_pct=float((i + g.index * 7 + step * 13) % 101))
             if g.util_gpu_pct is not None else g
             for g in nvml.gpus
         )  # fmt: skip
         out.append(
-            dataclasses.replace(
+            msgspec.structs.replace(
                 node,
                 node=f"node-{i:04d}",
-                nvml=dataclasses.replace(nvml, gpus=gpus),
+                nvml=msgspec.structs.replace(nvml, gpus=gpus),
                 tenancy=_tenancy_of(node, i),
             )
         )
@@ -78,7 +79,7 @@ def _tenancy_of(node: NodeSnapshot, i: int) -> TenancyReading | None:
     if node.tenancy is None:
         return None
     if i not in _TENANCY:
-        _TENANCY[i] = dataclasses.replace(node.tenancy)
+        _TENANCY[i] = msgspec.structs.replace(node.tenancy)
     return _TENANCY[i]
 
 

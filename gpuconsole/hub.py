@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import logging
 import time
@@ -20,6 +19,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+
+import msgspec
 
 from gpuconsole.config import HubConfig
 from gpuconsole.counters import RateTracker
@@ -312,7 +313,7 @@ class Hub:
                     f"{kind} recovered after {now - old.stale_since:.0f} s",
                 )
             )
-        state.status = dataclasses.replace(
+        state.status = msgspec.structs.replace(
             old,
             ok=True,
             last_ok_at=now,
@@ -328,7 +329,7 @@ class Hub:
         now = self._clock()
         old = state.status
         was_ok = old.ok or (old.polls == 0 and old.failures == 0)
-        state.status = dataclasses.replace(
+        state.status = msgspec.structs.replace(
             old,
             ok=False,
             stale_since=old.stale_since if old.stale_since is not None else now,
@@ -496,7 +497,7 @@ class Hub:
                     fields[kind] = getattr(far, kind)
             # renamed only where the head's config names the node otherwise than its agent
             statuses += tuple(
-                s if s.node == node.name else dataclasses.replace(s, node=node.name)
+                s if s.node == node.name else msgspec.structs.replace(s, node=node.name)
                 for s in far.statuses
             )
             rates.update(far.rates)

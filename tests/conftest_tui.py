@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from gpuconsole.readings.fabric import FabricReading
@@ -99,10 +99,10 @@ def fleet_with_rail_down(node_name: str = "dgx-002", nic: str = "mlx5_9") -> Fle
             reading = pool.submit(asyncio.run, _rail_down_reading(node_name, nic)).result()
         fleet = frozen_fleet()
         nodes = tuple(
-            dataclasses.replace(n, fabric=reading) if n.node == node_name else n
+            msgspec.structs.replace(n, fabric=reading) if n.node == node_name else n
             for n in fleet.nodes
         )
-        _RAIL_DOWN[key] = dataclasses.replace(fleet, nodes=nodes)
+        _RAIL_DOWN[key] = msgspec.structs.replace(fleet, nodes=nodes)
     return _RAIL_DOWN[key]
 
 

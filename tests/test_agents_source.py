@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -257,7 +257,7 @@ def test_parts_an_agent_sends_unchanged_are_kept_as_they_were() -> None:
     second = source.parse(json.dumps(moved).encode()).node
     assert second.tenancy is first.tenancy and second.bmc is first.bmc
     assert first.fabric is not None and second.fabric is not first.fabric
-    assert second.fabric == dataclasses.replace(first.fabric, at=first.fabric.at + 2.0)
+    assert second.fabric == msgspec.structs.replace(first.fabric, at=first.fabric.at + 2.0)
     assert second.gpus[0].power_w == 123.0
     assert second == codec.decode_node(moved["nodes"][0])
 
@@ -272,8 +272,10 @@ def test_the_head_names_a_node_its_own_way_in_every_status() -> None:
     )
     assert node.statuses and {s.node for s in node.statuses} == {"10.1.0.2"}
     theirs = codec.decode_node(doc["nodes"][0])
-    assert [dataclasses.replace(s, node="dgx-002") for s in node.statuses] == list(theirs.statuses)
-    assert dataclasses.replace(node, statuses=theirs.statuses) == theirs
+    assert [msgspec.structs.replace(s, node="dgx-002") for s in node.statuses] == list(
+        theirs.statuses
+    )
+    assert msgspec.structs.replace(node, statuses=theirs.statuses) == theirs
 
 
 class HeldHub(Hub):
@@ -292,9 +294,9 @@ def with_power(fleet: FleetSnapshot, power_w: float) -> FleetSnapshot:
     """The next snapshot, where the first GPU of the first node draws `power_w`."""
     node = fleet.nodes[0]
     assert node.nvml is not None
-    gpus = (dataclasses.replace(node.gpus[0], power_w=power_w), *node.gpus[1:])
-    node = dataclasses.replace(node, nvml=dataclasses.replace(node.nvml, gpus=gpus))
-    return dataclasses.replace(fleet, seq=fleet.seq + 1, nodes=(node, *fleet.nodes[1:]))
+    gpus = (msgspec.structs.replace(node.gpus[0], power_w=power_w), *node.gpus[1:])
+    node = msgspec.structs.replace(node, nvml=msgspec.structs.replace(node.nvml, gpus=gpus))
+    return msgspec.structs.replace(fleet, seq=fleet.seq + 1, nodes=(node, *fleet.nodes[1:]))
 
 
 async def test_a_node_its_agent_has_not_republished_is_not_read_again() -> None:
@@ -532,8 +534,8 @@ def with_bmc_at(fleet: FleetSnapshot, at: float) -> FleetSnapshot:
     """The next snapshot, where the first node's BMC was read again at `at`."""
     node = fleet.nodes[0]
     assert node.bmc is not None
-    node = dataclasses.replace(node, bmc=dataclasses.replace(node.bmc, at=at))
-    return dataclasses.replace(fleet, seq=fleet.seq + 1, nodes=(node, *fleet.nodes[1:]))
+    node = msgspec.structs.replace(node, bmc=msgspec.structs.replace(node.bmc, at=at))
+    return msgspec.structs.replace(fleet, seq=fleet.seq + 1, nodes=(node, *fleet.nodes[1:]))
 
 
 async def test_parts_the_head_holds_are_not_sent_again() -> None:

@@ -3,9 +3,9 @@ baseboard) and the NIC rails the fabric source pairs them with; and `assign --pr
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gpuconsole.actions.placement import placements, propose
@@ -25,12 +25,14 @@ def _rails_down(node: NodeSnapshot, *devices: str) -> NodeSnapshot:
     fabric = node.fabric
     assert fabric is not None
     down = tuple(
-        dataclasses.replace(d, ports=tuple(dataclasses.replace(p, state="DOWN") for p in d.ports))
+        msgspec.structs.replace(
+            d, ports=tuple(msgspec.structs.replace(p, state="DOWN") for p in d.ports)
+        )
         if d.name in devices
         else d
         for d in fabric.devices
     )
-    return dataclasses.replace(node, fabric=dataclasses.replace(fabric, devices=down))
+    return msgspec.structs.replace(node, fabric=msgspec.structs.replace(fabric, devices=down))
 
 
 async def test_a_guest_on_an_a100_board_is_offered_a_free_pair_partition_and_its_rails(
@@ -146,7 +148,7 @@ async def test_a_node_with_a_critical_problem_is_proposed_last_and_says_what_it_
     lost = SimWorld("sim-02", DGX_H100, tmp_path / "lost", SimPlan(), (Scenario("xid79", 5),))
     with_lost_gpu = await lost.snapshot(fabric=True)
     failed_psu = BmcReading(at=0.0, psus_present=2, psus_failed=1, simulated=True)
-    with_failed_psu = dataclasses.replace(clean, node="sim-03", bmc=failed_psu)
+    with_failed_psu = msgspec.structs.replace(clean, node="sim-03", bmc=failed_psu)
     found = placements([with_lost_gpu, with_failed_psu, clean], 1, "H100")
     assert [p.node for p in found.proposals] == ["sim-01", "sim-02", "sim-03"]
     assert not found.proposals[0].problems

@@ -3,9 +3,9 @@ and what it leaves when refused."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gpuconsole.actions.audit import AuditLog
@@ -117,7 +117,7 @@ async def test_the_idle_check_looks_at_the_gpus_own_device_not_nvmls_number(
     nvml = NvmlReading(
         at=0.0, driver_version=None, nvml_version=None, cuda_driver_version=None, gpus=(gpu,)
     )
-    plan = make_plan(dataclasses.replace(node, nvml=nvml), [GPU], Target.parse("drained"))
+    plan = make_plan(msgspec.structs.replace(node, nvml=nvml), [GPU], Target.parse("drained"))
     check = next(s for s in plan.steps if s.kind is StepKind.CHECK_IDLE)
     driver = VfioDriver(host.sysfs_root, host.proc_root)
     with pytest.raises(StepFailed, match="cannot tell which /dev/nvidiaN"):

@@ -4,8 +4,9 @@ side by side beside that first frame, and one slow to start holds up no other re
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import Any
+
+import msgspec
 
 from gpuconsole.sim.bmc import sim_link
 from gpuconsole.sim.cluster import build_sim_nodes, demo_cluster, demo_hub
@@ -101,6 +102,6 @@ async def test_a_node_just_opened_draws_each_reading_as_it_lands_not_at_the_tick
         await until(lambda: isinstance(app.screen, NodeScreen))
         await pilot.pause()
         # the node's next reading (a fleet's: its agent's every detail) within the second
-        fuller = dataclasses.replace(fleet, seq=fleet.seq + 1)
+        fuller = msgspec.structs.replace(fleet, seq=fleet.seq + 1)
         app.on_snapshot_arrived(SnapshotArrived(fuller))
         assert app._snapshot_shown is fuller  # drawn now, not at the next tick

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import ctypes.util
-from dataclasses import replace
 
+import msgspec
 import pytest
 
 from gpuconsole.facts.verdict import reading_verdict
@@ -366,12 +366,21 @@ def test_a_gpu_lost_before_nvml_first_read_it_stays_lost_since_then_when_nvml_re
 def test_a_link_below_its_generation_is_downtrained_only_while_the_gpu_works() -> None:
     idle = PcieReading(gen_current=1, gen_max=5, width_current=16, width_max=16, busy=False)
     assert not idle.downtrained  # an idle GPU trains its link down: power saving
-    assert not replace(idle, busy=None).downtrained  # load unknown (MIG mode): no alarm
-    assert replace(idle, busy=True).downtrained
-    assert replace(idle, gen_current=5, width_current=8).downtrained  # narrower: always
+    assert not msgspec.structs.replace(
+        idle, busy=None
+    ).downtrained  # load unknown (MIG mode): no alarm
+    assert msgspec.structs.replace(idle, busy=True).downtrained
+    assert msgspec.structs.replace(
+        idle, gen_current=5, width_current=8
+    ).downtrained  # narrower: always
     gpu = GpuReading(index=0, uuid="GPU-x", name="NVIDIA H100 80GB HBM3", pci_bus_id="x")
-    assert reading_verdict(replace(gpu, pcie=idle)).health is Health.OK
-    assert reading_verdict(replace(gpu, pcie=replace(idle, busy=True))).health is Health.WARNING
+    assert reading_verdict(msgspec.structs.replace(gpu, pcie=idle)).health is Health.OK
+    assert (
+        reading_verdict(
+            msgspec.structs.replace(gpu, pcie=msgspec.structs.replace(idle, busy=True))
+        ).health
+        is Health.WARNING
+    )
 
 
 def test_the_simulator_plays_the_driver_its_node_names() -> None:

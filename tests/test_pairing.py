@@ -4,8 +4,9 @@ fallback included."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
+
+import msgspec
 
 from gpuconsole.actions.placement import placements
 from gpuconsole.facts.pairing import gpu_nics, nic_order
@@ -26,7 +27,7 @@ async def _free_node_with_rail_down(tmp_path: Path, nic: str) -> NodeSnapshot:
     node = await world(tmp_path, SimPlan(), "h100").snapshot(fabric=True)
     down = fleet_with_rail_down("dgx-002", nic).node("dgx-002")
     assert down is not None and down.fabric is not None
-    return dataclasses.replace(node, fabric=down.fabric)
+    return msgspec.structs.replace(node, fabric=down.fabric)
 
 
 async def test_a_gpu_whose_rail_is_down_falls_back_to_the_same_nic_everywhere(
@@ -61,12 +62,14 @@ async def test_a_gpu_whose_rail_is_down_falls_back_to_the_same_nic_everywhere(
 
 def _ports_down(fabric: FabricReading, *devices: str) -> FabricReading:
     down = tuple(
-        dataclasses.replace(d, ports=tuple(dataclasses.replace(p, state="DOWN") for p in d.ports))
+        msgspec.structs.replace(
+            d, ports=tuple(msgspec.structs.replace(p, state="DOWN") for p in d.ports)
+        )
         if d.name in devices
         else d
         for d in fabric.devices
     )
-    return dataclasses.replace(fabric, devices=down)
+    return msgspec.structs.replace(fabric, devices=down)
 
 
 async def test_gpus_falling_back_spread_over_the_nearest_rails_still_up(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ dgx-003, where GPU 5 fell off the bus (XID 79) while pod team-nlp/train-llm-7b-0
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import shlex
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncssh
+import msgspec
 import pytest
 
 from gpuconsole.actions.audit import AuditLog
@@ -150,7 +150,7 @@ async def test_story_1_from_a_head_r_on_gpu_5_of_dgx_003_runs_there_and_the_gpu_
         assert f"the GPUs show as {NODE}'s agent next reports them" in _text(app)
         fresh = await _world(tmp_path).snapshot()
         before = app.snapshot
-        app.snapshot = dataclasses.replace(
+        app.snapshot = msgspec.structs.replace(
             before, nodes=tuple(fresh if n.node == NODE else n for n in before.nodes)
         )
         await until(lambda: GPU5 in dialog.now, timeout=5)

@@ -5,7 +5,6 @@ XID 79 to drained to reset to fit, or on to a power cycle and service when the f
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import multiprocessing
 import os
@@ -14,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from gpuconsole import format as fmt
@@ -219,8 +219,8 @@ async def test_an_ampere_nvswitch_node_without_fabric_manager_cannot_reset_a_gpu
     assert node.nvml is not None
     ctx = PlanContext(gpu_reset=True)
     assert not make_remediation_plan(node, "2", Action.RESET_GPU, ctx).blocked
-    down = dataclasses.replace(
-        node, nvml=dataclasses.replace(node.nvml, fabric_manager_running=False)
+    down = msgspec.structs.replace(
+        node, nvml=msgspec.structs.replace(node.nvml, fabric_manager_running=False)
     )
     (failed,) = make_remediation_plan(down, "2", Action.RESET_GPU, ctx).failed
     assert failed.name == "Fabric Manager running"

@@ -3,8 +3,9 @@ what a node no longer has once its next reading comes."""
 
 from __future__ import annotations
 
-import dataclasses
 import gc
+
+import msgspec
 
 from gpuconsole.facts import summaries
 from gpuconsole.facts.ownership import Ownership
@@ -22,7 +23,7 @@ def test_the_fleet_counts_keep_no_owners_a_node_no_longer_has() -> None:
     counts = summaries.gpu_counts(node)
     before = ownerships()
     for n in range(50):  # each tenancy poll a new reading: owners resolved afresh
-        later = dataclasses.replace(node, tenancy=dataclasses.replace(node.tenancy, at=n))
+        later = msgspec.structs.replace(node, tenancy=msgspec.structs.replace(node.tenancy, at=n))
         assert summaries.gpu_counts(later) == counts
     # node_ownership answers with a node's last two Ownerships; older ones are never asked
     # about again, so counts kept for them (say 4,096 by id(), whatever the fleet's size)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-
+import msgspec
 import pytest
 
 from gpuconsole.facts.ownership import OwnerKind, ProblemKind, node_ownership, resolve_owners
@@ -289,7 +288,7 @@ def test_an_index_named_pod_is_not_moved_to_another_gpu_when_nvml_renumbers() ->
     """The device plugin's index strategy names a GPU by NVML's number when the container
     started. GPU 0 then left for vfio-pci and NVML numbered the others again: index 1 is
     now 52:00.0, not the pod's 43:00.0. No GPU is said to be the pod's by that number."""
-    device = dataclasses.replace(pod("ns", "p", "1", None), index=1, since=100.0)
+    device = msgspec.structs.replace(pod("ns", "p", "1", None), index=1, since=100.0)
     tenancy = TenancyReading(
         at=300.0,
         gpus=(
@@ -310,7 +309,9 @@ def test_an_index_named_pod_is_not_moved_to_another_gpu_when_nvml_renumbers() ->
     assert problem.kind is ProblemKind.RENUMBERED_DEVICE and problem.severity is Severity.WARNING
     assert "pod ns/p" in problem.message and BUS[0] in problem.message
     # with no driver change since the pod was first seen, its index is NVML's number now
-    steady = dataclasses.replace(tenancy, gpus=(pci(1, bound_since=50.0), pci(2, bound_since=50.0)))
+    steady = msgspec.structs.replace(
+        tenancy, gpus=(pci(1, bound_since=50.0), pci(2, bound_since=50.0))
+    )
     assert [g.label for g in resolve_owners(renumbered, steady).gpus] == ["free", "pod ns/p"]
 
 
@@ -407,9 +408,9 @@ def test_ownership_is_resolved_again_only_when_owner_facts_change() -> None:
     first = NodeSnapshot("n", nvml=nvml(nvml_gpu(0, pids=(10,)), nvml_gpu(1)), tenancy=tenancy)
     # a new poll: the load moved, the owners did not
     busy = nvml(nvml_gpu(0, pids=(10,), util_gpu_pct=97.0), nvml_gpu(1, temp_gpu_c=70.0))
-    again = dataclasses.replace(first, nvml=busy)
+    again = msgspec.structs.replace(first, nvml=busy)
     assert node_ownership(again) is node_ownership(first)
-    moved = dataclasses.replace(first, nvml=nvml(nvml_gpu(0), nvml_gpu(1, pids=(10,))))
+    moved = msgspec.structs.replace(first, nvml=nvml(nvml_gpu(0), nvml_gpu(1, pids=(10,))))
     changed = node_ownership(moved)
     assert changed is not node_ownership(first)
     assert changed is not None and [g.label for g in changed.gpus] == ["free", "job 1"]
@@ -431,12 +432,14 @@ def test_a_node_left_as_it_was_is_answered_without_reading_its_nvml_again(
         assert node_ownership(node) is first
     assert keyed == []
     # a new NVML reading with the same owner facts is read once, and answered alike
-    polled = dataclasses.replace(node, nvml=nvml(nvml_gpu(0, util_gpu_pct=50.0)))
+    polled = msgspec.structs.replace(node, nvml=nvml(nvml_gpu(0, util_gpu_pct=50.0)))
     assert node_ownership(polled) is first
     assert node_ownership(polled) is first
     assert len(keyed) == 1
     # a new tenancy reading is resolved again
-    moved = dataclasses.replace(polled, tenancy=TenancyReading(at=1.0, gpus=(pci(0, "vfio-pci"),)))
+    moved = msgspec.structs.replace(
+        polled, tenancy=TenancyReading(at=1.0, gpus=(pci(0, "vfio-pci"),))
+    )
     changed = node_ownership(moved)
     assert changed is not None and changed is not first
     assert [g.label for g in changed.gpus] == ["free (vfio-pci)"]

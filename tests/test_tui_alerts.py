@@ -3,9 +3,9 @@ when, how bad, who silenced it."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
+import msgspec
 from textual.widgets import DataTable, Static
 
 from gpuconsole.alerts.engine import AlertEngine
@@ -43,7 +43,7 @@ def with_alerts() -> FleetSnapshot:
     fired = engine.active()
     assert {a.name for a in fired} == {"GpuLost", "GpuNotFitForWork", "NodeNotFitForWork"}
     alerts = tuple(a for a in fired if a.name == "GpuLost")
-    return dataclasses.replace(frozen_fleet(), alerts=alerts)
+    return msgspec.structs.replace(frozen_fleet(), alerts=alerts)
 
 
 def table_rows(screen: Any) -> list[list[str]]:

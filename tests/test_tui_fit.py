@@ -3,12 +3,12 @@ what they show, help that explains the console's own marks, and who is at the co
 
 from __future__ import annotations
 
-import dataclasses
 import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from rich.color import Color
 from textual import events
 from textual.widgets import Input, OptionList, SelectionList, Static
@@ -44,12 +44,12 @@ def without_fabric(node_name: str) -> FleetSnapshot:
     """The frozen fleet with one node's fabric source not configured."""
     fleet = frozen_fleet()
     nodes = tuple(
-        dataclasses.replace(n, fabric=None,
+        msgspec.structs.replace(n, fabric=None,
                             statuses=tuple(s for s in n.statuses if s.source != "fabric"))
         if n.node == node_name else n
         for n in fleet.nodes
     )  # fmt: skip
-    return dataclasses.replace(fleet, nodes=nodes)
+    return msgspec.structs.replace(fleet, nodes=nodes)
 
 
 # --- nothing cut off without a hint ------------------------------------------------------

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 from typing import Any
 
+import msgspec
 from textual.widgets._footer import FooterKey
 
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
@@ -40,14 +40,14 @@ def moving(snapshot: FleetSnapshot, frame: int) -> FleetSnapshot:
         if n.nvml is None:
             return n
         gpus = tuple(
-            dataclasses.replace(g, util_gpu_pct=float((frame * 7 + k * 13) % 100),
+            msgspec.structs.replace(g, util_gpu_pct=float((frame * 7 + k * 13) % 100),
                                 power_w=100.0 + frame + k)
             for k, g in enumerate(n.nvml.gpus)
         )  # fmt: skip
-        return dataclasses.replace(n, nvml=dataclasses.replace(n.nvml, gpus=gpus))
+        return msgspec.structs.replace(n, nvml=msgspec.structs.replace(n.nvml, gpus=gpus))
 
     nodes = tuple(node(n) for n in snapshot.nodes)
-    return dataclasses.replace(snapshot, seq=snapshot.seq + frame, nodes=nodes)
+    return msgspec.structs.replace(snapshot, seq=snapshot.seq + frame, nodes=nodes)
 
 
 async def test_a_console_drawing_every_second_leaves_its_frames_to_die_young(

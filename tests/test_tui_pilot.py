@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 from rich.style import Style
 from rich.text import Text
@@ -184,12 +184,12 @@ def with_util(old: FleetSnapshot, node_name: str, util: float, seq: int) -> Flee
     """`old` with GPU 0 of one node at `util` %: a new reading of that node only."""
     node = next(n for n in old.nodes if n.node == node_name)
     assert node.nvml is not None
-    gpu0 = dataclasses.replace(node.gpus[0], util_gpu_pct=util)
-    changed = dataclasses.replace(
-        node, nvml=dataclasses.replace(node.nvml, gpus=(gpu0, *node.gpus[1:]))
+    gpu0 = msgspec.structs.replace(node.gpus[0], util_gpu_pct=util)
+    changed = msgspec.structs.replace(
+        node, nvml=msgspec.structs.replace(node.nvml, gpus=(gpu0, *node.gpus[1:]))
     )
     nodes = tuple(changed if n.node == node_name else n for n in old.nodes)
-    return dataclasses.replace(old, seq=seq, nodes=nodes)
+    return msgspec.structs.replace(old, seq=seq, nodes=nodes)
 
 
 async def test_a_new_reading_redraws_only_the_node_views_gpu_rows_that_changed(
@@ -233,10 +233,10 @@ def big_fleet(nodes: int) -> FleetSnapshot:
     """`nodes` copies of the frozen fleet's nodes, named node-0000 on."""
     frozen = frozen_fleet()
     copies = tuple(
-        dataclasses.replace(frozen.nodes[i % len(frozen.nodes)], node=f"node-{i:04d}")
+        msgspec.structs.replace(frozen.nodes[i % len(frozen.nodes)], node=f"node-{i:04d}")
         for i in range(nodes)
     )
-    return dataclasses.replace(frozen, nodes=copies)
+    return msgspec.structs.replace(frozen, nodes=copies)
 
 
 async def test_paging_through_a_big_fleet_fills_the_rows_it_reaches(console_app: Any) -> None:
@@ -284,12 +284,14 @@ async def test_new_readings_that_reorder_the_rows_keep_the_cursor_on_its_node(
         old = frozen_fleet()
         node = next(n for n in old.nodes if n.node == last)
         assert node.nvml is not None and node.gpus  # an idle node NVML reads
-        busy = tuple(dataclasses.replace(g, util_gpu_pct=100.0) for g in node.gpus)
-        moved = dataclasses.replace(node, nvml=dataclasses.replace(node.nvml, gpus=busy))
+        busy = tuple(msgspec.structs.replace(g, util_gpu_pct=100.0) for g in node.gpus)
+        moved = msgspec.structs.replace(node, nvml=msgspec.structs.replace(node.nvml, gpus=busy))
         nodes = tuple(moved if n.node == last else n for n in old.nodes)
         rebuilt: list[bool] = []
         table.set_rows = lambda *a, **k: rebuilt.append(True)  # type: ignore[method-assign]
-        app.post_message(SnapshotArrived(dataclasses.replace(old, seq=old.seq + 1, nodes=nodes)))
+        app.post_message(
+            SnapshotArrived(msgspec.structs.replace(old, seq=old.seq + 1, nodes=nodes))
+        )
         await pilot.pause()
         assert not rebuilt and row_names(app)[0] == last  # moved, not rebuilt
         assert (table.cursor_row, table.cursor_key) == (0, last)
@@ -307,8 +309,8 @@ async def test_each_nodes_health_and_counts_are_worked_out_once_per_reading(
         assert sorted(judged) == sorted(n.node for n in frozen_fleet().nodes)
         judged.clear()
         old = frozen_fleet()
-        changed = dataclasses.replace(old.nodes[2], profile="moved")
-        new = dataclasses.replace(old, seq=old.seq + 1, nodes=(*old.nodes[:2], changed,
+        changed = msgspec.structs.replace(old.nodes[2], profile="moved")
+        new = msgspec.structs.replace(old, seq=old.seq + 1, nodes=(*old.nodes[:2], changed,
                                                                 *old.nodes[3:]))  # fmt: skip
         app.post_message(SnapshotArrived(new))
         await pilot.pause()
@@ -555,7 +557,7 @@ async def test_new_events_are_added_as_keyed_rows_not_a_rebuild(
         removed = spy(monkeypatch, table, "remove_row", lambda key: key)
         oldest, *rest = fleet.events
         news = Event(FIXED + 1, "dgx-002", "nvml", "xid", Severity.WARNING, "XID 94 on GPU 3", 3)
-        newer = dataclasses.replace(fleet, seq=fleet.seq + 1, events=(*rest, news))
+        newer = msgspec.structs.replace(fleet, seq=fleet.seq + 1, events=(*rest, news))
         app.post_message(SnapshotArrived(newer))
         await pilot.pause()
         assert not cleared
@@ -566,7 +568,7 @@ async def test_new_events_are_added_as_keyed_rows_not_a_rebuild(
             _plain(table.get_row_at(i)[-1]) for i in range(table.row_count)
         ]
         added.clear()
-        app.post_message(SnapshotArrived(dataclasses.replace(newer, seq=newer.seq + 1)))
+        app.post_message(SnapshotArrived(msgspec.structs.replace(newer, seq=newer.seq + 1)))
         await pilot.pause()
         assert added == [] and not cleared  # the same events: nothing to do
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
+import msgspec
 import pytest
 from rich.text import Text
 
@@ -81,14 +81,14 @@ def test_a_pairing_across_the_socket_link_is_critical() -> None:
     node = frozen_fleet().node("dgx-002")
     assert node is not None and node.fabric is not None
     far = tuple(
-        dataclasses.replace(
+        msgspec.structs.replace(
             a, best_device="mlx5_0", best_level="SYS", flags=(AffinityFlag.CROSS_SOCKET,)
         )
         if a.pci_bus_id == "0000:c3:00.0"
         else a
         for a in node.fabric.gpus
     )
-    moved = dataclasses.replace(node, fabric=dataclasses.replace(node.fabric, gpus=far))
+    moved = msgspec.structs.replace(node, fabric=msgspec.structs.replace(node.fabric, gpus=far))
     five = {p.row.index: p for p in pairings(moved)}[5]
     assert five.crosses_sockets and five.health is Health.CRITICAL
     assert five.words() == ["crosses the socket link"]
@@ -355,7 +355,7 @@ def test_every_shipped_theme_has_a_passthrough_colour_of_its_own() -> None:
 def test_without_tenancy_or_bmc_the_views_say_what_to_configure() -> None:
     node = frozen_fleet().node("dgx-004")
     assert node is not None
-    bare = dataclasses.replace(
+    bare = msgspec.structs.replace(
         node,
         tenancy=None,
         bmc=None,
@@ -412,13 +412,13 @@ def test_a_stale_fabric_source_says_so_over_its_last_pairings() -> None:
     node = frozen_fleet().node("dgx-002")
     assert node is not None
     stale = tuple(
-        dataclasses.replace(s, ok=False, stale_since=FIXED - 30, error="timeout")
+        msgspec.structs.replace(s, ok=False, stale_since=FIXED - 30, error="timeout")
         if s.source == "fabric"
         else s
         for s in node.statuses
     )
     palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
-    text = gpudirect_box(dataclasses.replace(node, statuses=stale), palette)
+    text = gpudirect_box(msgspec.structs.replace(node, statuses=stale), palette)
     assert isinstance(text, Text)
     first = text.plain.splitlines()[0]
     assert first.startswith("fabric stale since ") and "(timeout): last reading shown" in first
@@ -428,7 +428,7 @@ def test_a_stale_fabric_source_says_so_over_its_last_pairings() -> None:
 def test_without_tenancy_the_counts_come_from_nvml_processes() -> None:
     node = frozen_fleet().node("dgx-002")
     assert node is not None
-    bare = dataclasses.replace(node, tenancy=None)
+    bare = msgspec.structs.replace(node, tenancy=None)
     assert summaries.gpu_counts(bare) == summaries.GpuCounts(
         total=8, in_use=8, free=0, lost=0, passthrough=0
     )

@@ -7,6 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -90,7 +91,7 @@ async def test_a_drained_lost_gpu_keeps_its_node_from_looking_ok(tmp_path: Path)
     # node's reboot if it does not come back
     from gpuconsole.facts.verdict import Action, node_verdict
 
-    seen = dataclasses.replace(node, last_xid={"0000:c3:00.0": 79})
+    seen = msgspec.structs.replace(node, last_xid={"0000:c3:00.0": 79})
     verdict = node_verdict(seen)
     assert (verdict.health, verdict.action) == (Health.CRITICAL, Action.RESET_GPU)
     assert verdict.findings[0].message.startswith("GPU (c3:00.0): drained after XID 79")
@@ -119,7 +120,7 @@ def test_the_xid_catalog_decides_what_an_xid_calls_for() -> None:
 
     def judged(*counts: tuple[int, int]) -> tuple[Action, Health]:
         xids = tuple(XidCount(code, n, FIXED - 60, FIXED) for code, n in counts)
-        verdict = reading_verdict(dataclasses.replace(gpu, xids=xids))
+        verdict = reading_verdict(msgspec.structs.replace(gpu, xids=xids))
         return verdict.action, verdict.health
 
     assert judged() == (Action.FIT, Health.OK)
@@ -132,7 +133,7 @@ def test_the_xid_catalog_decides_what_an_xid_calls_for() -> None:
     assert judged((79, 1)) == (Action.RESET_GPU, Health.CRITICAL)
     assert judged((54, 1)) == (Action.RESEAT, Health.CRITICAL)
     assert judged((999, 1)) == (Action.WATCH, Health.WARNING)  # not in the catalog
-    recovery = reading_verdict(dataclasses.replace(gpu, recovery_action=2))
+    recovery = reading_verdict(msgspec.structs.replace(gpu, recovery_action=2))
     assert recovery.action is Action.REBOOT_NODE
     assert "the driver asks for a node reboot" in recovery.summary
 
@@ -142,8 +143,8 @@ def test_fabric_manager_down_drains_an_nvswitch_node() -> None:
 
     node = _node("dgx-002")
     assert node.nvml is not None
-    nvml = dataclasses.replace(node.nvml, fabric_manager_running=False)
-    verdict = node_verdict(dataclasses.replace(node, nvml=nvml))
+    nvml = msgspec.structs.replace(node.nvml, fabric_manager_running=False)
+    verdict = node_verdict(msgspec.structs.replace(node, nvml=nvml))
     assert any(f.code == "fabric_manager_down" for f in verdict.findings)
     assert verdict.health is Health.CRITICAL and verdict.action.rank >= Action.DRAIN.rank
 
@@ -158,9 +159,11 @@ def test_the_exporter_serves_each_verdict_with_its_action() -> None:
     nvml = nodes[i].nvml
     assert nvml is not None
     gpus = list(nvml.gpus)
-    gpus[0] = dataclasses.replace(gpus[0], xids=(XidCount(13, 2, FIXED - 9, FIXED - 1),))
-    nodes[i] = dataclasses.replace(nodes[i], nvml=dataclasses.replace(nvml, gpus=tuple(gpus)))
-    text = build(dataclasses.replace(fleet, nodes=tuple(nodes))).text().decode()
+    gpus[0] = msgspec.structs.replace(gpus[0], xids=(XidCount(13, 2, FIXED - 9, FIXED - 1),))
+    nodes[i] = msgspec.structs.replace(
+        nodes[i], nvml=msgspec.structs.replace(nvml, gpus=tuple(gpus))
+    )
+    text = build(msgspec.structs.replace(fleet, nodes=tuple(nodes))).text().decode()
     series = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(text)

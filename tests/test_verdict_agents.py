@@ -3,9 +3,9 @@ real agents on loopback, read by a head's agent sources."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -33,11 +33,11 @@ def with_links_down(fleet: FleetSnapshot, node: str, gpu: int, down: int) -> Fle
     found = fleet.node(node)
     assert found is not None and found.nvml is not None
     sick = found.gpus[gpu]
-    links = tuple(dataclasses.replace(link, active=False) for link in sick.nvlinks[:down])
-    sick = dataclasses.replace(sick, nvlinks=links + sick.nvlinks[down:])
+    links = tuple(msgspec.structs.replace(link, active=False) for link in sick.nvlinks[:down])
+    sick = msgspec.structs.replace(sick, nvlinks=links + sick.nvlinks[down:])
     gpus = tuple(sick if g.index == gpu else g for g in found.gpus)
-    found = dataclasses.replace(found, nvml=dataclasses.replace(found.nvml, gpus=gpus))
-    return dataclasses.replace(fleet, nodes=(found,), events=(), event_counts=())
+    found = msgspec.structs.replace(found, nvml=msgspec.structs.replace(found.nvml, gpus=gpus))
+    return msgspec.structs.replace(fleet, nodes=(found,), events=(), event_counts=())
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ the same fault as evidence beside NVML's."""
 
 from __future__ import annotations
 
-import dataclasses
+import msgspec
 
 from gpuconsole.facts.verdict import Action, gpu_verdict, node_verdict, reading_verdict
 from gpuconsole.readings.base import Health
@@ -42,7 +42,7 @@ def test_a_catalog_reboot_for_one_gpu_is_tried_as_its_reset_first() -> None:
     gpu = _node("dgx-002").gpus[0]
     for code in (79, 160):  # fell off the bus; channel retirement: both RESTART_BM
         xids = (XidCount(code, 1, FIXED - 60, FIXED),)
-        verdict = reading_verdict(dataclasses.replace(gpu, xids=xids))
+        verdict = reading_verdict(msgspec.structs.replace(gpu, xids=xids))
         assert verdict.action is Action.RESET_GPU, code
         assert "if it does not come back, reboot the node" in verdict.findings[0].text
 
@@ -50,10 +50,10 @@ def test_a_catalog_reboot_for_one_gpu_is_tried_as_its_reset_first() -> None:
 def test_the_driver_s_own_recovery_action_stays_first() -> None:
     gpu = _node("dgx-002").gpus[0]
     xids = (XidCount(79, 1, FIXED - 60, FIXED),)
-    reboot = reading_verdict(dataclasses.replace(gpu, xids=xids, recovery_action=2))
+    reboot = reading_verdict(msgspec.structs.replace(gpu, xids=xids, recovery_action=2))
     assert reboot.action is Action.REBOOT_NODE
     assert reboot.findings[0].text == "the driver asks for a node reboot"
-    reset = reading_verdict(dataclasses.replace(gpu, xids=xids, recovery_action=1))
+    reset = reading_verdict(msgspec.structs.replace(gpu, xids=xids, recovery_action=1))
     assert reset.action is Action.RESET_GPU
     assert reset.findings[0].code == "driver_recovery_action"
 
@@ -88,12 +88,14 @@ def test_the_exporter_serves_each_link_s_error_counters_and_the_retired_pages() 
     assert nvml is not None
     gpus = list(nvml.gpus)
     links = list(gpus[0].nvlinks)
-    links[1] = dataclasses.replace(links[1], replay_errors_total=12, recovery_errors_total=0,
+    links[1] = msgspec.structs.replace(links[1], replay_errors_total=12, recovery_errors_total=0,
                                    crc_errors_total=40)  # fmt: skip
     ecc = EccReading(retired_sbe=3, retired_dbe=1, retired_pending=True)
-    gpus[0] = dataclasses.replace(gpus[0], nvlinks=tuple(links), ecc=ecc)
-    nodes[i] = dataclasses.replace(nodes[i], nvml=dataclasses.replace(nvml, gpus=tuple(gpus)))
-    text = build(dataclasses.replace(fleet, nodes=tuple(nodes))).text().decode()
+    gpus[0] = msgspec.structs.replace(gpus[0], nvlinks=tuple(links), ecc=ecc)
+    nodes[i] = msgspec.structs.replace(
+        nodes[i], nvml=msgspec.structs.replace(nvml, gpus=tuple(gpus))
+    )
+    text = build(msgspec.structs.replace(fleet, nodes=tuple(nodes))).text().decode()
     samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
     errors = {
         s.labels["counter"]: s.value
@@ -126,14 +128,14 @@ def test_a_link_that_keeps_retraining_is_drained_and_too_many_retired_pages_go_t
 
     gpu = _node("dgx-002").gpus[0]
     flapping = (NvLinkErrors(4, replay=30, recovery=5, crc=0),)
-    verdict = reading_verdict(dataclasses.replace(gpu, nvlink_errors=flapping))
+    verdict = reading_verdict(msgspec.structs.replace(gpu, nvlink_errors=flapping))
     assert verdict.action is Action.DRAIN
     assert "NVLink 4: 30 replay, 5 recovery errors in the last 10 min" in verdict.summary
-    worn = dataclasses.replace(gpu, ecc=EccReading(retired_sbe=50, retired_dbe=12))
+    worn = msgspec.structs.replace(gpu, ecc=EccReading(retired_sbe=50, retired_dbe=12))
     verdict = reading_verdict(worn)
     assert (verdict.action, verdict.health) == (Action.SERVICE, Health.CRITICAL)
     assert "62 memory pages retired (12 for double-bit errors)" in verdict.summary
-    few = dataclasses.replace(gpu, ecc=EccReading(retired_sbe=2, retired_dbe=0))
+    few = msgspec.structs.replace(gpu, ecc=EccReading(retired_sbe=2, retired_dbe=0))
     assert reading_verdict(few).action is Action.FIT  # a few retired pages: what DPR is for
 
 

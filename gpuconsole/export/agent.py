@@ -11,7 +11,6 @@ import asyncio
 import base64
 import collections
 import contextlib
-import dataclasses
 import gzip
 import hmac
 import itertools
@@ -23,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from gpuconsole.codec import dumps, snapshot_json
@@ -89,7 +89,7 @@ def select(snapshot: FleetSnapshot, node: str | None, *, summary: bool) -> Fleet
     names = {n.node for n in nodes}
     events = tuple(e for e in snapshot.events if e.node in names)
     counts = tuple(c for c in snapshot.event_counts if c[0] in names)
-    return dataclasses.replace(snapshot, nodes=nodes, events=events, event_counts=counts)
+    return msgspec.structs.replace(snapshot, nodes=nodes, events=events, event_counts=counts)
 
 
 def snapshot_body(

@@ -34,7 +34,6 @@ classes live in `readings.verdict`, where the codec decodes them.
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 import re
 import time
@@ -42,6 +41,8 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+import msgspec
 
 from gpuconsole import format as fmt
 from gpuconsole.facts.inventory import GpuRow, short_bus_id
@@ -667,7 +668,7 @@ def tenancy_findings(node: NodeSnapshot) -> list[Finding]:
         if guest.reading is not None and guest.error is None:
             subject = f"GPU {short_bus_id(guest.bus_id)} (in {guest.guest})"
             found += [
-                dataclasses.replace(f, bus_id=guest.bus_id, subject=subject)
+                msgspec.structs.replace(f, bus_id=guest.bus_id, subject=subject)
                 for f in gpu_findings(node, guest.reading, None, guest.bus_id, guest=True)
             ]
     for owner in ownership.gpus:
@@ -949,7 +950,7 @@ def _printable(finding: Finding) -> bool:
 
 def _safe_finding(finding: Finding) -> Finding:
     bus = finding.bus_id
-    return dataclasses.replace(
+    return msgspec.structs.replace(
         finding,
         code=safe_text(finding.code),
         text=safe_text(finding.text),
@@ -991,7 +992,7 @@ def carry_verdict(node: NodeSnapshot) -> NodeSnapshot:
     judged = _judge(node)
     verdict = judged.verdict
     lines = tuple(JudgedGpu(bus, v.action, v.health) for bus, v in judged.gpus.items())
-    return dataclasses.replace(
+    return msgspec.structs.replace(
         node, verdict=CarriedVerdict(verdict.action, verdict.findings, lines)
     )
 

@@ -8,7 +8,8 @@ follows a power cycle that did not bring the GPU back is service.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+
+import msgspec
 
 from gpuconsole.readings.base import Key, RawCounter
 from gpuconsole.readings.verdict import Action
@@ -16,8 +17,7 @@ from gpuconsole.readings.verdict import Action
 __all__ = ["JournalReading", "RepairAttempt"]
 
 
-@dataclass(frozen=True, slots=True)
-class RepairAttempt:
+class RepairAttempt(msgspec.Struct, frozen=True):
     """A GPU's last repair in the journal: its reset (`Action.RESET_GPU`) or its node's power
     cycle (`Action.REBOOT_NODE`), when the step began, and whether the plan made it fit."""
 
@@ -27,8 +27,7 @@ class RepairAttempt:
     ok: bool
 
 
-@dataclass(frozen=True, slots=True)
-class JournalReading:
+class JournalReading(msgspec.Struct, frozen=True):
     """How the journal stood at the last read: plans running now, on any node, and the last
     repair of each GPU that a finished plan tried within the health window."""
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass
+
+import msgspec
 
 from gpuconsole.readings.base import CounterSample, Key
 from gpuconsole.readings.bmc import BmcReading, SensorHealth
@@ -72,8 +72,7 @@ _JUDGED = frozenset(r.counter.removeprefix("netdev.") for r in ERROR_RULES) | fr
 )
 
 
-@dataclass(frozen=True, slots=True)
-class AgentReading:
+class AgentReading(msgspec.Struct, frozen=True):
     """What the agent source returns: the node as its agent (or Prometheus) sees it.
 
     Rates come computed by the agent (it saw every counter); the head only keeps history.
@@ -99,19 +98,19 @@ def _summary_gpu(gpu: GpuReading) -> GpuReading:
     gpm = None
     if gpu.gpm is not None and gpu.gpm.sm_util_pct is not None:
         gpm = GpmMetrics(sm_util_pct=gpu.gpm.sm_util_pct)
-    return dataclasses.replace(
+    return msgspec.structs.replace(
         gpu,
         nvlinks=(),
         unsupported=(),
         gpm=gpm,
-        mig_instances=tuple(dataclasses.replace(m, gpm=None) for m in gpu.mig_instances),
+        mig_instances=tuple(msgspec.structs.replace(m, gpm=None) for m in gpu.mig_instances),
     )
 
 
 def _summary_bmc(bmc: BmcReading) -> BmcReading:
     # Sensors that are not nominal keep the BMC's health what it is; the newest SEL record
     # is what a panel shows.
-    return dataclasses.replace(
+    return msgspec.structs.replace(
         bmc,
         sensors=tuple(s for s in bmc.sensors if s.health is not SensorHealth.OK),
         sel_recent=bmc.sel_recent[-1:],
@@ -122,17 +121,17 @@ def _summary_port(port: FabricPort) -> FabricPort:
     stats = port.netdev_stats
     if stats is not None:  # its state, not its counters
         stats = NetdevStats(stats.ifname, stats.operstate, stats.carrier, stats.mtu)
-    return dataclasses.replace(
+    return msgspec.structs.replace(
         port, counters=(), hw_counters=(), counters_ext=(), netdev_stats=stats
     )
 
 
 def _summary_fabric(fabric: FabricReading) -> FabricReading:
     devices = tuple(
-        dataclasses.replace(d, ports=tuple(_summary_port(p) for p in d.ports), levels=())
+        msgspec.structs.replace(d, ports=tuple(_summary_port(p) for p in d.ports), levels=())
         for d in fabric.devices
     )
-    return dataclasses.replace(fabric, devices=devices, gpus=())
+    return msgspec.structs.replace(fabric, devices=devices, gpus=())
 
 
 def _judged(key: Key) -> bool:
@@ -151,13 +150,13 @@ def summarize(node: NodeSnapshot) -> NodeSnapshot:
     """
     nvml = node.nvml
     if nvml is not None:
-        nvml = dataclasses.replace(
+        nvml = msgspec.structs.replace(
             nvml, gpus=tuple(_summary_gpu(g) for g in nvml.gpus), gpu_topology=()
         )
     bmc = _summary_bmc(node.bmc) if node.bmc is not None else None
     fabric = _summary_fabric(node.fabric) if node.fabric is not None else None
     deltas = {k: v for k, v in node.deltas.items() if v and _judged(k)}
     rates = {k: v for k, v in node.rates.items() if _judged(k) and (v or k in deltas)}
-    return dataclasses.replace(
+    return msgspec.structs.replace(
         node, nvml=nvml, bmc=bmc, fabric=fabric, rates=rates, deltas=deltas, history=None
     )

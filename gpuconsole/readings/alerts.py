@@ -4,7 +4,8 @@ when, how bad, and whether an Alertmanager silence covers it."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+
+import msgspec
 
 from gpuconsole.readings.base import Severity
 
@@ -16,8 +17,7 @@ class AlertState(enum.StrEnum):
     FIRING = "firing"
 
 
-@dataclass(frozen=True, slots=True)
-class ActiveAlert:
+class ActiveAlert(msgspec.Struct, frozen=True):
     """One alert of one series: a rule's name and the labels that tell it from the others."""
 
     name: str

@@ -8,7 +8,6 @@ import enum
 import functools
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 import msgspec
@@ -57,8 +56,7 @@ class CounterSample(NamedTuple):
 RawCounter = tuple[Key, int, int, bool, bool]
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(msgspec.Struct, frozen=True):
     """Something that happened: an XID, a source going stale, an action.
 
     A GPU's event names it by bus id (sysfs form): NVML's index is only the label the GPU
@@ -76,8 +74,7 @@ class Event:
     gpu_bus_id: str | None = None  # sysfs form; None for no GPU, or an agent that said none
 
 
-@dataclass(frozen=True, slots=True)
-class SourceStatus:
+class SourceStatus(msgspec.Struct, frozen=True):
     """Whether a source's latest reading is fresh, and if not since when and why."""
 
     node: str
@@ -95,8 +92,7 @@ class SourceStatus:
         return not self.ok
 
 
-@dataclass(frozen=True, slots=True)
-class PartStatus:
+class PartStatus(msgspec.Struct, frozen=True):
     """One part of a source (tenancy's libvirt or kubelet, a BMC's Redfish resource) and
     how it went: a source whose parts fail apart keeps what the others read.
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
-from dataclasses import dataclass
+
+import msgspec
 
 from gpuconsole.readings.base import CounterSample, Health, Key, PartStatus, Severity
 
@@ -44,8 +45,7 @@ class PowerState(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
-@dataclass(frozen=True, slots=True)
-class Thresholds:
+class Thresholds(msgspec.Struct, frozen=True):
     """The limits a BMC gives for a sensor, in the sensor's unit (None: not given)."""
 
     lower_non_recoverable: float | None = None
@@ -56,8 +56,7 @@ class Thresholds:
     upper_non_recoverable: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class BmcSensor:
+class BmcSensor(msgspec.Struct, frozen=True):
     """One sensor, normalised.
 
     `sensor_id` is the IPMI sensor number, or for Redfish the Chassis Id and the sensor's
@@ -85,8 +84,7 @@ class BmcSensor:
         return self.value is not None
 
 
-@dataclass(frozen=True, slots=True)
-class SelEntry:
+class SelEntry(msgspec.Struct, frozen=True):
     """One system event log record."""
 
     record_id: int
@@ -110,8 +108,7 @@ class SelEntry:
         return text + (" (deasserted)" if self.deassertion else "")
 
 
-@dataclass(frozen=True, slots=True)
-class BmcReading:
+class BmcReading(msgspec.Struct, frozen=True):
     """The bmc source's partial reading of one node."""
 
     at: float

@@ -12,8 +12,9 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import NamedTuple
+
+import msgspec
 
 from gpuconsole.readings.base import CounterSample, Event, Key, Severity, normal_bus_id
 
@@ -34,8 +35,7 @@ class PortRole(enum.StrEnum):
     MANAGEMENT = "management"
 
 
-@dataclass(frozen=True, slots=True)
-class NetdevStats:
+class NetdevStats(msgspec.Struct, frozen=True):
     """A netdev's link state and 64-bit kernel statistics, as rtnetlink reports them."""
 
     ifname: str
@@ -66,8 +66,7 @@ NETDEV_COUNTERS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class FabricPort:
+class FabricPort(msgspec.Struct, frozen=True):
     """One port of an RDMA device: link, rate, role and raw counters."""
 
     device: str  # mlx5_0
@@ -131,8 +130,7 @@ class FabricPort:
         return None if data is None else data * DATA_OCTETS_PER_UNIT
 
 
-@dataclass(frozen=True, slots=True)
-class FabricDevice:
+class FabricDevice(msgspec.Struct, frozen=True):
     """One RDMA device (an HCA or one function of a dual-port card) and its ports."""
 
     name: str
@@ -147,8 +145,7 @@ class FabricDevice:
     levels: tuple[NicLevel, ...] = ()  # to every RDMA device of the node, itself ("X") too
 
 
-@dataclass(frozen=True, slots=True)
-class NicLevel:
+class NicLevel(msgspec.Struct, frozen=True):
     """How far a GPU, or another RDMA device, is from one RDMA device over PCIe."""
 
     device: str
@@ -165,8 +162,7 @@ class AffinityFlag(enum.StrEnum):
     NO_PEERMEM = "nvidia-peermem not loaded"
 
 
-@dataclass(frozen=True, slots=True)
-class GpuAffinity:
+class GpuAffinity(msgspec.Struct, frozen=True):
     """One GPU's place on PCIe and the NIC it should use for GPUDirect RDMA."""
 
     pci_bus_id: str
@@ -178,8 +174,7 @@ class GpuAffinity:
     flags: tuple[AffinityFlag, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class FabricReading:
+class FabricReading(msgspec.Struct, frozen=True):
     """The fabric source's partial reading of one node."""
 
     at: float
@@ -332,8 +327,7 @@ def port_traffic(port: FabricPort, rate: RateLookup) -> tuple[float | None, floa
     return rate("netdev.tx_bytes"), rate("netdev.rx_bytes")
 
 
-@dataclass(frozen=True, slots=True)
-class PortProblem:
+class PortProblem(msgspec.Struct, frozen=True):
     """One thing wrong with a port, in the words an operator reads."""
 
     severity: Severity

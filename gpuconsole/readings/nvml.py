@@ -9,7 +9,8 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+
+import msgspec
 
 from gpuconsole.readings.base import Key, RawCounter
 
@@ -24,8 +25,7 @@ class GpuState(enum.StrEnum):
     UNREADABLE = "unreadable"
 
 
-@dataclass(frozen=True, slots=True)
-class EccReading:
+class EccReading(msgspec.Struct, frozen=True):
     """ECC error counts and the row remapper's state."""
 
     volatile_corrected: int | None = None
@@ -44,8 +44,7 @@ class EccReading:
     retired_pending: bool | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class PcieReading:
+class PcieReading(msgspec.Struct, frozen=True):
     """The GPU's host link: negotiated against maximum, and its counters."""
 
     gen_current: int | None = None
@@ -85,8 +84,7 @@ class RemoteKind(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
-@dataclass(frozen=True, slots=True)
-class NvLinkReading:
+class NvLinkReading(msgspec.Struct, frozen=True):
     """One NVLink: state, far end and raw data counters (KiB)."""
 
     link: int
@@ -108,8 +106,7 @@ class NvLinkReading:
 NVLINK_ERROR_WINDOW_S = 600.0
 
 
-@dataclass(frozen=True, slots=True)
-class NvLinkErrors:
+class NvLinkErrors(msgspec.Struct, frozen=True):
     """How far one NVLink's error counters climbed over the last `window_s` seconds."""
 
     link: int
@@ -119,8 +116,7 @@ class NvLinkErrors:
     window_s: float = NVLINK_ERROR_WINDOW_S
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessReading:
+class ProcessReading(msgspec.Struct, frozen=True):
     """A compute process on a GPU (PID in the host namespace)."""
 
     pid: int
@@ -129,8 +125,7 @@ class ProcessReading:
     compute_instance_id: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class GpmMetrics:
+class GpmMetrics(msgspec.Struct, frozen=True):
     """Hopper+ GPU performance monitoring, over the last sample interval."""
 
     graphics_util_pct: float | None = None
@@ -147,8 +142,7 @@ class GpmMetrics:
     nvlink_rx_bytes_per_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class MigInstance:
+class MigInstance(msgspec.Struct, frozen=True):
     """A MIG GPU instance (with its first compute instance) carved out of a GPU."""
 
     gpu_instance_id: int
@@ -167,8 +161,7 @@ class MigInstance:
 XID_WINDOW_S = 24 * 3600.0
 
 
-@dataclass(frozen=True, slots=True)
-class XidCount:
+class XidCount(msgspec.Struct, frozen=True):
     """One XID code as a GPU raised it within the health window, since its last reset."""
 
     code: int
@@ -177,8 +170,7 @@ class XidCount:
     last_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class GpuReading:
+class GpuReading(msgspec.Struct, frozen=True):
     """Everything NVML told us about one GPU in one poll."""
 
     index: int
@@ -217,8 +209,8 @@ class GpuReading:
     # date it back by)
     slowdown_since: float | None = None
 
-    ecc: EccReading = field(default_factory=EccReading)
-    pcie: PcieReading = field(default_factory=PcieReading)
+    ecc: EccReading = msgspec.field(default_factory=EccReading)
+    pcie: PcieReading = msgspec.field(default_factory=PcieReading)
     nvlinks: tuple[NvLinkReading, ...] = ()
     # the links whose error counters climbed within NVLINK_ERROR_WINDOW_S (most GPUs: none)
     nvlink_errors: tuple[NvLinkErrors, ...] = ()
@@ -268,8 +260,7 @@ class GpuReading:
         return sum(1 for link in self.nvlinks if link.active)
 
 
-@dataclass(frozen=True, slots=True)
-class NvmlReading:
+class NvmlReading(msgspec.Struct, frozen=True):
     """The NVML source's partial reading of one node."""
 
     at: float

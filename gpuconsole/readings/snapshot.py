@@ -8,9 +8,10 @@ from all of them: `facts.verdict` (on a head, from the verdict the node's agent 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from gpuconsole.readings.actions import JournalReading
 from gpuconsole.readings.alerts import ActiveAlert
@@ -33,8 +34,7 @@ _EMPTY_XIDS: Mapping[str, int] = MappingProxyType({})
 
 # weakly referenced where facts are remembered per snapshot: the snapshot a hub replaces is
 # freed as it replaces it, not later by whoever asks about the next one
-@dataclass(frozen=True, slots=True, weakref_slot=True)
-class NodeSnapshot:
+class NodeSnapshot(msgspec.Struct, frozen=True, weakref=True):
     """The latest readings of one node, merged from its sources, with derived rates."""
 
     node: str
@@ -45,13 +45,13 @@ class NodeSnapshot:
     fabric: FabricReading | None = None
     tenancy: TenancyReading | None = None
     statuses: tuple[SourceStatus, ...] = ()
-    rates: Mapping[Key, float] = field(default_factory=lambda: _EMPTY_RATES)
+    rates: Mapping[Key, float] = msgspec.field(default_factory=lambda: _EMPTY_RATES)
     # how far each counter read with `delta` moved over its source's last interval; only
     # the counters that moved are here
-    deltas: Mapping[Key, int] = field(default_factory=lambda: _EMPTY_DELTAS)
+    deltas: Mapping[Key, int] = msgspec.field(default_factory=lambda: _EMPTY_DELTAS)
     # each GPU's latest XID the hub saw, by UUID and by bus id (a drained GPU has no UUID
     # NVML reads, and keeps its XID)
-    last_xid: Mapping[str, int] = field(default_factory=lambda: _EMPTY_XIDS)
+    last_xid: Mapping[str, int] = msgspec.field(default_factory=lambda: _EMPTY_XIDS)
     # the node's verdict as its agent judged it, where it read everything; None where this
     # process judges the node (its own, or one whose agent sends none)
     verdict: CarriedVerdict | None = None
@@ -91,8 +91,7 @@ class NodeSnapshot:
         return self.nvml.gpus if self.nvml is not None else ()
 
 
-@dataclass(frozen=True, slots=True)
-class FleetSnapshot:
+class FleetSnapshot(msgspec.Struct, frozen=True):
     """Every node this process knows, as of one moment; what consumers receive."""
 
     seq: int

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
-from dataclasses import dataclass
+
+import msgspec
 
 from gpuconsole.readings.base import CounterSample, Key, PartStatus
 from gpuconsole.readings.nvml import GpuReading
@@ -40,8 +41,7 @@ class OwnerKind(enum.StrEnum):
     UNAVAILABLE = "unavailable"  # nobody can use it: lost, unbound, or bound elsewhere
 
 
-@dataclass(frozen=True, slots=True)
-class IommuPeer:
+class IommuPeer(msgspec.Struct, frozen=True):
     """Another PCI function in a GPU's IOMMU group, and the driver holding it."""
 
     bus_id: str
@@ -54,8 +54,7 @@ class IommuPeer:
         return self.pci_class is not None and self.pci_class >> 8 == 0x0604
 
 
-@dataclass(frozen=True, slots=True)
-class PciGpu:
+class PciGpu(msgspec.Struct, frozen=True):
     """A GPU as sysfs shows it, whichever driver holds it (NVML cannot see vfio-pci ones)."""
 
     bus_id: str  # sysfs form, 0000:1b:00.0
@@ -76,8 +75,7 @@ class PciGpu:
 ACTIVE_GUEST_STATES = frozenset({"running", "paused", "blocked", "in shutdown", "pmsuspended"})
 
 
-@dataclass(frozen=True, slots=True)
-class Guest:
+class Guest(msgspec.Struct, frozen=True):
     """A KVM guest and the PCI functions it holds, from libvirt or a QEMU command line."""
 
     name: str
@@ -102,8 +100,7 @@ class Guest:
         return self.state in ACTIVE_GUEST_STATES
 
 
-@dataclass(frozen=True, slots=True)
-class DraDevice:
+class DraDevice(msgspec.Struct, frozen=True):
     """A device a ResourceClaim gave a container (Kubernetes DRA), as the kubelet names it:
     dcgm-exporter's dra_claim_name, dra_claim_namespace, dra_driver_name, dra_pool_name and
     dra_device_name labels."""
@@ -119,8 +116,7 @@ class DraDevice:
         return f"{self.claim_namespace}/{self.claim_name}"
 
 
-@dataclass(frozen=True, slots=True)
-class PodDevice:
+class PodDevice(msgspec.Struct, frozen=True):
     """One device the kubelet allocated to a container, as its pod-resources API says."""
 
     namespace: str
@@ -145,8 +141,7 @@ class PodDevice:
     since: float | None = None  # when gpuconsole first saw the allocation
 
 
-@dataclass(frozen=True, slots=True)
-class ShareLimits:
+class ShareLimits(msgspec.Struct, frozen=True):
     """What one sharer of a GPU may use of it, from its process's environment; None where
     nothing limits it."""
 
@@ -155,8 +150,7 @@ class ShareLimits:
     by: str | None = None  # "hami" (vGPU quotas) or "mps" (an MPS client's limits)
 
 
-@dataclass(frozen=True, slots=True)
-class HostProcess:
+class HostProcess(msgspec.Struct, frozen=True):
     """A process with an NVIDIA device open, and what its cgroup says it belongs to."""
 
     pid: int
@@ -175,8 +169,7 @@ class HostProcess:
     limits: ShareLimits | None = None  # a GPU sharer's quota (HAMi, MPS), where it has one
 
 
-@dataclass(frozen=True, slots=True)
-class GuestGpu:
+class GuestGpu(msgspec.Struct, frozen=True):
     """A passthrough GPU as its guest's agent reads it with NVML inside the guest: what the
     host's NVML cannot see. Only readings are taken from a guest, never names of the host's."""
 
@@ -189,8 +182,7 @@ class GuestGpu:
     tenant: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TenancyReading:
+class TenancyReading(msgspec.Struct, frozen=True):
     """The tenancy source's partial reading of one node."""
 
     at: float

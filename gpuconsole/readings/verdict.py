@@ -8,7 +8,8 @@ agent's snapshot, can decode the verdict it carries.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+
+import msgspec
 
 from gpuconsole.readings.base import Health, Severity
 
@@ -50,8 +51,7 @@ ACTION_WORDS = {
 SOURCES = ("nvml", "bmc", "fabric", "tenancy", "agent")
 
 
-@dataclass(frozen=True, slots=True)
-class Finding:
+class Finding(msgspec.Struct, frozen=True):
     """One piece of evidence: a machine code, the words an operator reads, how bad, who saw
     it, what it calls for, and the GPU it is about (its bus id; None for the node)."""
 
@@ -69,8 +69,7 @@ class Finding:
         return f"{self.subject}: {self.text}" if self.subject else self.text
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(msgspec.Struct, frozen=True):
     """What to do with a GPU or a node, its health at a glance, and the evidence, worst
     first."""
 
@@ -119,8 +118,7 @@ class Verdict:
         return f"{advice}: {said}{more}"
 
 
-@dataclass(frozen=True, slots=True)
-class JudgedGpu:
+class JudgedGpu(msgspec.Struct, frozen=True):
     """One GPU's verdict in a carried node verdict: its findings are the node's that name
     its bus id."""
 
@@ -129,8 +127,7 @@ class JudgedGpu:
     health: Health
 
 
-@dataclass(frozen=True, slots=True)
-class CarriedVerdict:
+class CarriedVerdict(msgspec.Struct, frozen=True):
     """A node's verdict as its agent judged it, where every detail is: the node's action,
     every finding (worst first; a GPU's names its bus id) and each judged GPU's action and
     health. A head shows it, checked, instead of judging the node's summary again.

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import fcntl
 import json
 import math
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import msgspec
 from yarl import URL
 
 from gpuconsole.codec import dumps, snapshot_json
@@ -450,7 +450,7 @@ def _serve(seed: int, started: float) -> None:
             continue
         cut = tuple(carry_verdict(n) for n in shot.nodes if n.node == spec.name)
         events = tuple(e for e in shot.events if e.node == spec.name)
-        shot = dataclasses.replace(shot, nodes=cut, events=events, event_counts=())
+        shot = msgspec.structs.replace(shot, nodes=cut, events=events, event_counts=())
         body = dumps(shot).encode()
         out.write(f"{shot.seq} {len(body)}\n".encode() + body)
         out.flush()

@@ -361,7 +361,7 @@ class AgentSource:
             raise
         if not payload:  # a beat: what it sent last stands
             assert self._watched is not None
-            return dataclasses.replace(self._watched, at=self._clock())
+            return msgspec.structs.replace(self._watched, at=self._clock())
         try:
             body = _inflate(payload) if kind == b"gzip" else payload
             self._watched = self.parse(body)
@@ -410,7 +410,7 @@ class AgentSource:
         # the whole poll (connect, transfer, decode) must fit the hub's timeout
         answer = await self._client.get(url, timeout_s, etag=etag)
         if answer.body is None and held is not None:  # the agent has published nothing new
-            return dataclasses.replace(held[2], at=self._clock())
+            return msgspec.structs.replace(held[2], at=self._clock())
         assert answer.body is not None
         return self._took(answer.body, answer.etag)
 
@@ -487,7 +487,7 @@ class AgentSource:
         self._last_parts = last_parts
         # named as the head names the node, which its config may do otherwise than the agent
         fields["statuses"] = tuple(
-            s if s.node == self.node else dataclasses.replace(s, node=self.node)
+            s if s.node == self.node else msgspec.structs.replace(s, node=self.node)
             for s in fields["statuses"]
         )
         snapshot = NodeSnapshot(**fields)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import gc
 import math
 import re
@@ -27,6 +26,8 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import urlencode
+
+import msgspec
 
 from gpuconsole.export import names
 from gpuconsole.facts.inventory import gpu_and_bus
@@ -794,7 +795,7 @@ class NodeBuilder:
             return built  # gauges of GPUs the node has no info of: not drawn
         gpus = self._gpus(found)
         nvml = NvmlReading(at, None, None, None, gpus, simulated=built.simulated)
-        return dataclasses.replace(built, nvml=nvml)
+        return msgspec.structs.replace(built, nvml=nvml)
 
     def _whole(self, found: NodeSeries, at: float) -> NodeSnapshot:
         simulated = bool(_flag(found.values, names.NODE_SIMULATED))

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -137,7 +138,7 @@ async def test_silences_that_are_not_json_or_odd_shapes_never_break_the_engine(
 
 def test_labels_with_terminal_escapes_reach_consoles_escaped() -> None:
     snapshot = fleet(1.0, lost=True)
-    node = dataclasses.replace(snapshot.nodes[0], node="dgx\x1b]0;owned\x07-7")
+    node = msgspec.structs.replace(snapshot.nodes[0], node="dgx\x1b]0;owned\x07-7")
     engine = AlertEngine(LOST)
     engine.evaluate(FleetSnapshot(1, 1.0, (node,)))
     [alert] = engine.active()

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -159,7 +160,7 @@ def hostile_document() -> dict[str, Any]:
     node = fleet.node("dgx-003")
     assert node is not None
     events = tuple(e for e in fleet.events if e.node == node.node)
-    doc = poison(codec.snapshot_json(dataclasses.replace(fleet, nodes=(node,), events=events)))
+    doc = poison(codec.snapshot_json(msgspec.structs.replace(fleet, nodes=(node,), events=events)))
     part = doc["nodes"][0]
     gpu = part["nvml"]["gpus"][0]
     gpu["throttle_reasons"] = [*gpu["throttle_reasons"], HOSTILE]  # a list of strings

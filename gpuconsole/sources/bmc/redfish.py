@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+import msgspec
+
 from gpuconsole.readings.base import PartStatus, Severity, safe_text
 from gpuconsole.readings.bmc import (
     BmcSensor,
@@ -1086,9 +1088,7 @@ def _environment_sensors(doc: Json, chassis: _Chassis, known: set[str]) -> list[
 
 
 def _with_context(sensor: BmcSensor, context: str) -> BmcSensor:
-    from dataclasses import replace
-
-    return replace(sensor, context=context)
+    return msgspec.structs.replace(sensor, context=context)
 
 
 def _unit(doc: Json) -> UnitStatus:

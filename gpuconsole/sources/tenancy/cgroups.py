@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+import msgspec
 
 from gpuconsole.readings.tenancy import HostProcess
 from gpuconsole.sources.tenancy import procfs
@@ -136,7 +138,7 @@ class ProcessScanner:
                 process = self._describe(pid, started)
                 if process is None:
                     continue
-            process = replace(process, gpu_minors=minors)
+            process = msgspec.structs.replace(process, gpu_minors=minors)
             known[(pid, started)] = process
             found.append(process)
         self._known = known

@@ -20,11 +20,12 @@ alone. Each GPU is named on the host by the host's bus id, found through the dom
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
+
+import msgspec
 
 from gpuconsole.codec import DecodeError, decode, encode
 from gpuconsole.config import GuestConfig
@@ -104,7 +105,7 @@ def _shared_only(gpu: GpuReading, share: frozenset[str]) -> GpuReading:
         if word not in share
         for name in names
     }
-    return dataclasses.replace(gpu, **hidden) if hidden else gpu
+    return msgspec.structs.replace(gpu, **hidden) if hidden else gpu
 
 
 def guest_answer(reading: NvmlReading, share: Iterable[str] = DEFAULT_SHARE) -> bytes:
@@ -156,7 +157,7 @@ def read_answer(data: bytes, guest: Guest) -> tuple[GpuReading, ...]:
             )
         if any(normal_bus_id(o.pci_bus_id) == host for o in out):
             raise GuestRefused(f"reports the GPU at {at} twice")
-        out.append(safe_strings(dataclasses.replace(gpu, pci_bus_id=host)))
+        out.append(safe_strings(msgspec.structs.replace(gpu, pci_bus_id=host)))
     return tuple(out)
 
 

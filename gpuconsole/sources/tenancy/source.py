@@ -11,11 +11,12 @@ consumer (and every remote reader of the JSON) sees the same.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import time
 from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
+
+import msgspec
 
 from gpuconsole.config import HostConfig, TenancyConfig
 from gpuconsole.readings.base import Event, Severity, normal_bus_id, safe_strings
@@ -265,7 +266,7 @@ class TenancySource:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             return devices, f"device checkpoint {path}: {why}"
         return tuple(
-            dataclasses.replace(d, pod_uid=uid)
+            msgspec.structs.replace(d, pod_uid=uid)
             if (uid := uids.get((d.resource, d.device_id))) is not None
             else d
             for d in devices
@@ -325,7 +326,7 @@ class TenancySource:
 
     def _bound_since(self, gpu: PciGpu, now: float, seen: set[Hashable]) -> PciGpu:
         since = self._seen(("driver", gpu.bus_id, gpu.driver), now, seen)
-        return dataclasses.replace(gpu, bound_since=since)
+        return msgspec.structs.replace(gpu, bound_since=since)
 
     def _merge_guests(
         self,
@@ -341,24 +342,26 @@ class TenancySource:
         for guest in libvirt_guests:
             process = by_name.pop(guest.name, None) if guest.active else None
             if process is not None and process.since is not None:
-                guest = dataclasses.replace(
+                guest = msgspec.structs.replace(
                     guest, pid=process.pid, since=process.since, since_observed=False
                 )
             else:
                 since = self._seen(("guest", guest.name, guest.state), now, seen)
-                guest = dataclasses.replace(guest, since=since, since_observed=True)
+                guest = msgspec.structs.replace(guest, since=since, since_observed=True)
             out.append(guest)
         for guest in by_name.values():
             if guest.since is None:
                 since = self._seen(("guest", guest.name, guest.state), now, seen)
-                guest = dataclasses.replace(guest, since=since)
+                guest = msgspec.structs.replace(guest, since=since)
             out.append(guest)
-        return tuple(dataclasses.replace(g, tenant=self.rules.guest(g.name, g.tenant)) for g in out)
+        return tuple(
+            msgspec.structs.replace(g, tenant=self.rules.guest(g.name, g.tenant)) for g in out
+        )
 
     def _pod_since(self, device: PodDevice, now: float, seen: set[Hashable]) -> PodDevice:
         claim = device.dra.claim if device.dra is not None else ""
         key = ("pod", device.namespace, device.pod, device.container, device.device_id, claim)
-        return dataclasses.replace(
+        return msgspec.structs.replace(
             device,
             since=self._seen(key, now, seen),
             tenant=self.rules.namespace(device.namespace),
@@ -366,7 +369,7 @@ class TenancySource:
 
     def _process_tenant(self, process: HostProcess) -> HostProcess:
         tenant = self.rules.process(process.user, process.slurm_account)
-        return dataclasses.replace(process, tenant=tenant) if tenant else process
+        return msgspec.structs.replace(process, tenant=tenant) if tenant else process
 
     # --- events ------------------------------------------------------------------------
 
