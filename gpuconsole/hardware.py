@@ -8,7 +8,7 @@ here, never from the simulator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 GIB = 1024**3
 MIB = 1024**2
@@ -17,8 +17,7 @@ MIB = 1024**2
 TOPO_LEVEL = {"X": 0, "PIX": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50}
 
 
-@dataclass(frozen=True, slots=True)
-class MigProfile:
+class MigProfile(msgspec.Struct, frozen=True):
     """A GPU instance profile as `nvidia-smi mig -lgip` lists it."""
 
     name: str  # "3g.40gb"
@@ -30,8 +29,7 @@ class MigProfile:
     max_instances: int
 
 
-@dataclass(frozen=True, slots=True)
-class GpuModel:
+class GpuModel(msgspec.Struct, frozen=True):
     """What does not change between two GPUs of one model."""
 
     name: str  # as nvmlDeviceGetName returns it

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from gpuconsole.readings.base import normal_bus_id
@@ -188,7 +189,7 @@ def test_doctor_loads_the_library_it_is_given(
 
 def test_a_gpu_name_never_reaches_the_terminal_raw(fake_nvml_env: FakeNvmlEnv) -> None:
     hostile = "H100\x1b]52;c;cm0gLXJmIH4K\x07\x1b[2J"
-    model = dataclasses.replace(DGX_H100.gpu_model, name=hostile)
+    model = msgspec.structs.replace(DGX_H100.gpu_model, name=hostile)
     env = fake_nvml_env(dataclasses.replace(DGX_H100, gpu_model=model))
     proc = doctor(env)
     assert proc.returncode == 0, proc.stderr

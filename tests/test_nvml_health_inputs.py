@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sim.node import SimNode
@@ -317,7 +319,7 @@ def test_link_counters_are_read_in_the_inventory_round_only() -> None:
 def test_retired_pages_before_ampere_and_none_after(
     fake_nvml_env: FakeNvmlEnv, tmp_path: Path
 ) -> None:
-    volta_model = dataclasses.replace(APOLLO_PCIE.gpu_model, architecture="volta", arch_code=5)
+    volta_model = msgspec.structs.replace(APOLLO_PCIE.gpu_model, architecture="volta", arch_code=5)
     volta = dataclasses.replace(APOLLO_PCIE, gpu_model=volta_model)
     data = snapshot_all(fake_nvml_env(volta, scenarios=["retired 1"]), tmp_path, volta)
     ecc = [g["ecc"] for g in data["nodes"][0]["nvml"]["gpus"]]

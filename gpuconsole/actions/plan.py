@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
+
+import msgspec
 
 from gpuconsole.facts.inventory import gpu_name, short_bus_id
 from gpuconsole.facts.ownership import (
@@ -353,7 +355,7 @@ def owners_of(node: NodeSnapshot) -> Ownership:
     lost = [g for g in owners.gpus if g.index is not None and ":" not in g.bus_id]
     unseen = [g for g in owners.gpus if g.index is None and g.driver == "nvidia"]
     if len(lost) == 1 and len(unseen) == 1:
-        merged = replace(unseen[0], index=lost[0].index, owners=lost[0].owners)
+        merged = msgspec.structs.replace(unseen[0], index=lost[0].index, owners=lost[0].owners)
         rest = [g for g in owners.gpus if g is not lost[0] and g is not unseen[0]]
         owners = Ownership(tuple(sorted([*rest, merged], key=lambda g: g.bus_id)), owners.problems)
     # NVML's UUID for such a GPU is only a placeholder: the nvidia driver's is the one
@@ -362,7 +364,9 @@ def owners_of(node: NodeSnapshot) -> Ownership:
     unread = {g.index for g in node.gpus if ":" not in g.pci_bus_id}
     if any(g.index in unread and g.bus_id in driver for g in owners.gpus):
         named = tuple(
-            replace(g, uuid=driver[g.bus_id]) if g.index in unread and g.bus_id in driver else g
+            msgspec.structs.replace(g, uuid=driver[g.bus_id])
+            if g.index in unread and g.bus_id in driver
+            else g
             for g in owners.gpus
         )
         owners = Ownership(named, owners.problems, owners.parts)

@@ -7,7 +7,7 @@ passed-through GPU keeps its row, its owner and its driver, with no NVML reading
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from gpuconsole.facts.ownership import GpuOwner, Inconsistency, OwnerKind, node_ownership
 from gpuconsole.readings.base import Event
@@ -47,8 +47,7 @@ def gpu_and_bus(index: int | None, bus_id: str | None) -> str:
     return f"{name} ({short_bus_id(bus_id)})" if index is not None else name
 
 
-@dataclass(frozen=True, slots=True)
-class GpuRow:
+class GpuRow(msgspec.Struct, frozen=True):
     """One GPU of a node: NVML's reading (None when NVML cannot see it), its owners and what
     sysfs says of it (both None until the tenancy source has read the node)."""
 

@@ -13,7 +13,9 @@ import enum
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+
+import msgspec
 
 from gpuconsole import format as fmt
 from gpuconsole.readings.base import Severity, normal_bus_id
@@ -71,8 +73,7 @@ class ProblemKind(enum.StrEnum):
     OVERSUBSCRIBED = "oversubscribed"  # sharers' quotas add up to more than the GPU has
 
 
-@dataclass(frozen=True, slots=True)
-class Inconsistency:
+class Inconsistency(msgspec.Struct, frozen=True):
     """Something about ownership that does not add up, and how much it matters."""
 
     kind: ProblemKind
@@ -80,8 +81,7 @@ class Inconsistency:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
-class Owner:
+class Owner(msgspec.Struct, frozen=True):
     """One holder of a GPU or MIG instance: its kind, tenant, name, identifiers and since."""
 
     kind: OwnerKind
@@ -125,8 +125,7 @@ class Owner:
         return self.label
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessOwner:
+class ProcessOwner(msgspec.Struct, frozen=True):
     """Whom one NVML compute process works for: its cgroup's job, pod or container, else its
     user; a process in the only pod on its GPU or MIG instance is that pod's."""
 
@@ -135,8 +134,7 @@ class ProcessOwner:
     owner: Owner
 
 
-@dataclass(frozen=True, slots=True)
-class MigOwner:
+class MigOwner(msgspec.Struct, frozen=True):
     """The owners of one MIG instance."""
 
     gpu_instance_id: int
@@ -150,8 +148,7 @@ class MigOwner:
         return self.owners[0]
 
 
-@dataclass(frozen=True, slots=True)
-class GpuOwner:
+class GpuOwner(msgspec.Struct, frozen=True):
     """Who owns one GPU (and each of its MIG instances), and what does not add up."""
 
     bus_id: str  # sysfs form
@@ -241,21 +238,19 @@ class Ownership:
 # --- the merge ------------------------------------------------------------------------
 
 
-@dataclass
-class _Claim:
+class _Claim(msgspec.Struct):
     owner: Owner
     exclusive: bool  # False: time-sliced replicas, shut-off guests
 
 
-@dataclass
-class _Gpu:
+class _Gpu(msgspec.Struct):
     bus_id: str
     pci: PciGpu | None = None
     nvml: GpuReading | None = None
-    claims: list[_Claim] = field(default_factory=list)
-    mig_claims: dict[int, list[_Claim]] = field(default_factory=dict)
-    problems: list[Inconsistency] = field(default_factory=list)
-    mig_problems: dict[int, list[Inconsistency]] = field(default_factory=dict)
+    claims: list[_Claim] = msgspec.field(default_factory=list)
+    mig_claims: dict[int, list[_Claim]] = msgspec.field(default_factory=dict)
+    problems: list[Inconsistency] = msgspec.field(default_factory=list)
+    mig_problems: dict[int, list[Inconsistency]] = msgspec.field(default_factory=dict)
 
     @property
     def named_by_nvml(self) -> bool:
@@ -738,7 +733,7 @@ def _add_processes(
                 # processes' start bounds when the pod took the GPU; their memory and
                 # quota are the pod's.
                 held = claims[k]
-                found = replace(
+                found = msgspec.structs.replace(
                     held.owner,
                     limits=owner.limits or held.owner.limits,
                     mem_used_bytes=owner.mem_used_bytes,
@@ -747,7 +742,7 @@ def _add_processes(
                 if owner.since is not None and (
                     held.owner.since is None or owner.since < held.owner.since
                 ):
-                    found = replace(found, since=owner.since, since_observed=False)
+                    found = msgspec.structs.replace(found, since=owner.since, since_observed=False)
                 held = claims[k] = _Claim(found, held.exclusive)
                 mapped = held.owner
         elif claim:
@@ -772,8 +767,7 @@ _MAX_NODES = 8192
 _NvmlKey = tuple[object, ...]
 
 
-@dataclass(slots=True)
-class _Answer:
+class _Answer(msgspec.Struct):
     key: _NvmlKey
     tenancy: TenancyReading
     ownership: Ownership

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+
+import msgspec
 
 from gpuconsole.readings.fabric import LEVELS, FabricDevice, FabricReading, PortRole
 
@@ -45,8 +46,7 @@ def compute_up(device: FabricDevice) -> bool:
     return any(p.active and p.role is PortRole.COMPUTE for p in device.ports)
 
 
-@dataclass(frozen=True, slots=True)
-class GpuNic:
+class GpuNic(msgspec.Struct, frozen=True):
     """The NIC one GPU uses for GPUDirect RDMA, and the rail the fabric source paired it with."""
 
     gpu: str  # bus id, sysfs form

@@ -10,8 +10,9 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
 from typing import NamedTuple
+
+import msgspec
 
 from gpuconsole import format as fmt
 from gpuconsole.facts.inventory import GpuRow, node_gpus, ownership_problems
@@ -205,8 +206,7 @@ def owner_ids(owner: Owner) -> str:
     return " · ".join(parts)
 
 
-@dataclass(frozen=True, slots=True)
-class GpuCounts:
+class GpuCounts(msgspec.Struct, frozen=True):
     """How many of a node's GPUs are in each state: what the fleet view sums every second."""
 
     total: int = 0
@@ -237,8 +237,7 @@ class GpuCounts:
         return cls(total, in_use, free, lost, passthrough)
 
 
-@dataclass(frozen=True, slots=True)
-class _OwnedCounts:
+class _OwnedCounts(msgspec.Struct, frozen=True):
     counts: GpuCounts  # with none lost: what most nodes come to, built once
     indexes: frozenset[int]  # NVML indexes the owners list
 
@@ -309,7 +308,7 @@ def gpu_counts(node: NodeSnapshot) -> GpuCounts:
         if g.index not in listed:
             extra.append(g)
     if not extra:
-        return base if not lost else replace(base, lost=lost)
+        return base if not lost else msgspec.structs.replace(base, lost=lost)
     # judged by their processes, as `gpu_rows` judges them
     return GpuCounts(
         base.total + len(extra),
@@ -358,8 +357,7 @@ def tenancy_facet(node: NodeSnapshot) -> tuple[Health | None, str]:
     return health, detail
 
 
-@dataclass(frozen=True, slots=True)
-class Facet:
+class Facet(msgspec.Struct, frozen=True):
     """One health light on a fleet row: GPU, BMC, fabric or tenancy."""
 
     letter: str

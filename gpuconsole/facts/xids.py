@@ -12,7 +12,8 @@ shown by number and judged "watch". An empty investigatory column was not record
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+
+import msgspec
 
 from gpuconsole.readings.base import Severity
 
@@ -41,8 +42,7 @@ HOPPER_AND_AMPERE = ("A100", "H100")
 BLACKWELL = ("B100", "GB200")
 
 
-@dataclass(frozen=True, slots=True)
-class XidEntry:
+class XidEntry(msgspec.Struct, frozen=True):
     """One row of the catalog."""
 
     code: int

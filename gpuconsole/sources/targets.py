@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import msgspec
+
 from gpuconsole.config import ConfigError, http_url_problem
 
 
@@ -34,8 +36,7 @@ class FleetMember:
         return _address_of(self.url)
 
 
-@dataclass(frozen=True, slots=True)
-class Found:
+class Found(msgspec.Struct, frozen=True):
     """A member as an entry or a targets file gives it, before names are made distinct."""
 
     member: FleetMember

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from gpuconsole.readings.nvml import GpmMetrics, NvLinkErrors, ProcessReading, RemoteKind
 from gpuconsole.sources.nvml.linkerrors import LinkErrorWindow
 
 
-@dataclass
-class LinkRecord:
+class LinkRecord(msgspec.Struct):
     link: int
     active: bool
     version: int | None = None  # the NVLink generation (4 on H100), not nvmlNvlinkVersion_t
@@ -20,8 +20,7 @@ class LinkRecord:
     errors: tuple[int | None, int | None, int | None] = (None, None, None)
 
 
-@dataclass
-class MigRecord:
+class MigRecord(msgspec.Struct):
     handle: Any
     gpu_instance_id: int
     compute_instance_id: int | None
@@ -37,8 +36,7 @@ class MigRecord:
     gpm_spare: Any = None
 
 
-@dataclass
-class GpuRecord:
+class GpuRecord(msgspec.Struct):
     """What the source keeps between polls for one GPU."""
 
     index: int
@@ -59,15 +57,15 @@ class GpuRecord:
     pcie_width_max: int | None = None
     gpm_supported: bool = False
     nvlink_count: int = 0
-    unsupported: set[str] = field(default_factory=set)
-    denied: set[str] = field(default_factory=set)  # calls NVML refused this user
+    unsupported: set[str] = msgspec.field(default_factory=set)
+    denied: set[str] = msgspec.field(default_factory=set)  # calls NVML refused this user
     # NotSupported is not forever (a fault can pass): each inventory round asks every such
     # call (and every refused one) once more, when it next comes up
-    reprobe: set[str] = field(default_factory=set)
-    fields: list[int | tuple[int, int]] = field(default_factory=list)
+    reprobe: set[str] = msgspec.field(default_factory=set)
+    fields: list[int | tuple[int, int]] = msgspec.field(default_factory=list)
     lost_since: float | None = None
     unopened: str | None = None  # why NVML counts this GPU but cannot open it
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = msgspec.field(default_factory=list)
     # detail tier
     sm_clock_mhz: int | None = None
     mem_clock_mhz: int | None = None
@@ -75,7 +73,7 @@ class GpuRecord:
     throttle: tuple[str, ...] = ()
     throttle_mask: tuple[str, ...] = ()  # as the bitmask said at the last detail poll
     throttle_mask_read: bool = False  # the bitmask answered at the last detail poll
-    throttle_ns: dict[int, int] = field(default_factory=dict)  # counters at the last poll
+    throttle_ns: dict[int, int] = msgspec.field(default_factory=dict)  # counters at the last poll
     pcie_tx_bytes_per_s: float | None = None  # sampled, where the byte counters are missing
     pcie_rx_bytes_per_s: float | None = None
     pcie_counter_bits: int | None = None  # width of the PCIe byte counters, once read
@@ -88,10 +86,10 @@ class GpuRecord:
     pcie_gen: int | None = None
     pcie_width: int | None = None
     pcie_busy: bool | None = None  # whether the GPU was at work when pcie_gen was read
-    links: list[LinkRecord] = field(default_factory=list)
+    links: list[LinkRecord] = msgspec.field(default_factory=list)
     mig_enabled: bool | None = None
     mig_pending: bool | None = None
-    migs: list[MigRecord] = field(default_factory=list)
+    migs: list[MigRecord] = msgspec.field(default_factory=list)
     mig_profile_names: dict[int, str] | None = None
     virtualization: str | None = None
     fabric_state: str | None = None
@@ -101,5 +99,5 @@ class GpuRecord:
     slowdown_since: float | None = None
     slowdown_unknown: bool = False
     throttle_seen: bool = False  # the reasons were worked out once already
-    link_errors: LinkErrorWindow = field(default_factory=LinkErrorWindow)
+    link_errors: LinkErrorWindow = msgspec.field(default_factory=LinkErrorWindow)
     nvlink_climbed: tuple[NvLinkErrors, ...] = ()  # the links that climbed in the window

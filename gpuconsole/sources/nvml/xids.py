@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+
+import msgspec
 
 from gpuconsole.readings.nvml import XID_WINDOW_S, XidCount
 
@@ -21,17 +22,15 @@ from gpuconsole.readings.nvml import XID_WINDOW_S, XidCount
 BUCKET_S = 60.0
 
 
-@dataclass
-class _Bucket:
+class _Bucket(msgspec.Struct):
     minute: int
     count: int
     first_at: float
     last_at: float
 
 
-@dataclass
-class _Code:
-    buckets: deque[_Bucket] = field(default_factory=deque)
+class _Code(msgspec.Struct):
+    buckets: deque[_Bucket] = msgspec.field(default_factory=deque)
 
 
 class XidHistory:
