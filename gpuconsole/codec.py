@@ -56,13 +56,17 @@ def encode(value: Any, *, sparse: bool = False) -> Any:
 
     Sparse leaves out each field that holds its default: the decoder puts it back.
     """
+    if type(value) in _SCALARS:  # most of a reading
+        return value
     if is_record(value):
         out: dict[str, Any] = {}
         for name, default in _encoded_fields(type(value)):
             item = getattr(value, name)
             if sparse and default is not _MISSING and _is_default(item, default):
                 continue
-            if name in _KEYED:
+            if type(item) in _SCALARS:
+                out[name] = item
+            elif name in _KEYED:
                 out[name] = {"/".join(k): v for k, v in item.items()}
             else:
                 out[name] = encode(item, sparse=sparse)
@@ -80,6 +84,7 @@ def encode(value: Any, *, sparse: bool = False) -> Any:
 
 
 _MISSING: Any = NO_DEFAULT
+_SCALARS = frozenset((str, int, float, bool, type(None)))
 _T = TypeVar("_T")
 _ENCODED: dict[type, tuple[tuple[str, Any], ...]] = {}
 

@@ -145,9 +145,8 @@ def _is_hex(text: str) -> bool:
 # What a terminal would act on rather than show: C0 controls (ESC starts every escape
 # sequence), DEL, C1 controls (0x9b alone is a CSI), the bidi controls that reorder what is
 # shown around them, and lone surrogates, which no UTF-8 output can encode.
-_UNSAFE = re.compile(
-    r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
-)
+# Compiled when first needed: most processes never meet such text, and each start pays.
+_UNSAFE = r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
 
 
 def _shown(match: re.Match[str]) -> str:
@@ -161,7 +160,7 @@ def safe_text(text: str) -> str:
     there. A second pass changes nothing."""
     if text.isprintable():  # each character above is unprintable: most text stops here
         return text
-    return _UNSAFE.sub(_shown, text)
+    return re.sub(_UNSAFE, _shown, text)
 
 
 _T = TypeVar("_T")
