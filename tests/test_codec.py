@@ -6,10 +6,11 @@ import dataclasses
 import json
 from collections.abc import Mapping
 
+import msgspec
 import pytest
 
 from gpuconsole import codec
-from gpuconsole.readings.base import SCHEMA_VERSION, Key, Severity
+from gpuconsole.readings.base import NO_DEFAULT, SCHEMA_VERSION, Key, Severity, record_fields
 from gpuconsole.readings.nvml import GpuReading, NvLinkReading, NvmlReading, RemoteKind
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sim.cluster import demo_hub
@@ -109,22 +110,20 @@ async def test_every_string_of_a_body_reads_back_safe_and_the_rest_as_it_was() -
     assert expected.rate("gpu", "GPU-\\x1b[2J", "energy_mj") == 1.5
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Judged:
+class Judged(msgspec.Struct, frozen=True):
     severity: Severity
     gpu: GpuReading | None = None
     notes: tuple[str, ...] = ()
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Report:
+class Report(msgspec.Struct, frozen=True):
     judged: tuple[Judged, ...]
-    moved: Mapping[Key, int] = dataclasses.field(default_factory=dict)
+    moved: Mapping[Key, int] = msgspec.field(default_factory=dict)
 
 
 def test_a_reading_type_the_codec_has_not_seen_decodes_by_its_types_alone() -> None:
-    """The decoder is built from the dataclasses' types: a new reading (an enum, a nested
-    dataclass, a tuple, a mapping keyed by counter path) needs no edit here, and keeps every
+    """The decoder is built from the readings' types: a new reading (an enum, a nested
+    reading, a tuple, a mapping keyed by counter path) needs no edit here, and keeps every
     rule: strings made safe, NVML bus ids in sysfs form, a path for what does not fit."""
     body = json.dumps(
         {
@@ -153,3 +152,28 @@ def test_a_reading_type_the_codec_has_not_seen_decodes_by_its_types_alone() -> N
         codec.DecodeError, match=r"^\$\.judged\[0\]\.severity: invalid enum value 'bad'$"
     ):
         codec.read(Report, b'{"judged": [{"severity": "bad"}]}')
+
+
+@dataclasses.dataclass(frozen=True)
+class _Noted:
+    judged: tuple[Judged, ...]
+    moved: Mapping[Key, int] = dataclasses.field(default_factory=dict)
+    note: str = "none"
+
+
+def test_a_records_fields_read_alike_from_a_struct_and_from_a_dataclass() -> None:
+    """One place reads fields: a reading's Struct and any other record's dataclass give the
+    same names, defaults and factories, so encoding (sparse too) treats them alike."""
+    struct = [(f.name, f.default, f.factory) for f in record_fields(Report)]
+    plain = [(f.name, f.default, f.factory) for f in record_fields(_Noted)]
+    assert struct == [("judged", NO_DEFAULT, None), ("moved", NO_DEFAULT, dict)]
+    assert plain == [*struct, ("note", "none", None)]
+    judged = (Judged(Severity.INFO, notes=("a",)),)
+    assert codec.encode(Report(judged), sparse=True) == {
+        "judged": [{"severity": "info", "notes": ["a"]}]
+    }
+    assert codec.encode(_Noted(judged, note="x"), sparse=True) == {
+        "judged": [{"severity": "info", "notes": ["a"]}],
+        "note": "x",
+    }
+    assert codec.read(Report, b'{"judged": []}').moved == {}
