@@ -449,11 +449,35 @@ def refused(exc: Exception, where: str = "$") -> DecodeError:
 def read(kind: type[_T], body: bytes, where: str = "$") -> _T:
     """One `kind` (a snapshot's reading class) from JSON whose strings are safe to show
     (`safe_body`'s); DecodeError says where it does not fit."""
+    value: _T = _read(_reader(kind), body, where)
+    return value
+
+
+# What reads one type: its decoder, what makes the reading of what it decoded, and what
+# puts its bus ids in sysfs's form. Held by type, and by (class, field) for a field's type:
+# hashing a union such as `BmcReading | None` costs more than the lookups it saves.
+_Reader = tuple[msgspec.json.Decoder[Any], Convert | None, Fix | None]
+_READERS: dict[Any, _Reader] = {}
+_FIELD_READERS: dict[tuple[Any, str], _Reader] = {}
+
+
+def _reader(kind: Any) -> _Reader:
+    found = _READERS.get(kind)
+    if found is None:
+        found = _READERS[kind] = (_decoder(kind), _wire(kind).convert, _fix(kind))
+    return found
+
+
+def _read(reader: _Reader, body: bytes, where: str) -> Any:
+    decoder, convert, fix = reader
     try:
-        decoded = _decoder(kind).decode(body)
+        value = decoder.decode(body)
     except (msgspec.DecodeError, RecursionError) as exc:
         raise refused(exc, where) from None
-    value: _T = _finish(kind, decoded)
+    if convert is not None:
+        value = convert(value)
+    if fix is not None and value is not None:
+        fix(value)
     return value
 
 
@@ -559,7 +583,10 @@ def read_partial(
 
 def read_field(kind: Any, name: str, body: bytes, where: str = "$") -> Any:
     """Field `name` of `kind` from its JSON (a `Partial`'s raw field)."""
-    return read(_field_types(kind)[name], body, f"{where}.{name}")
+    reader = _FIELD_READERS.get((kind, name))
+    if reader is None:
+        reader = _FIELD_READERS[(kind, name)] = _reader(_field_types(kind)[name])
+    return _read(reader, body, f"{where}.{name}")
 
 
 @functools.cache
