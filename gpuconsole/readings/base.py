@@ -218,6 +218,8 @@ def record_fields(kind: type) -> tuple[Field, ...]:
 
 def _record_fields(kind: type) -> tuple[Field, ...]:
     if issubclass(kind, msgspec.Struct):
+        # Not msgspec.structs.fields: it resolves every annotation, and a reading may name
+        # a type only imported for type checking (NodeSnapshot.history).
         names: tuple[str, ...] = kind.__struct_fields__
         defaults: tuple[Any, ...] = kind.__struct_defaults__  # the last fields'
         given = (NO_DEFAULT,) * (len(names) - len(defaults)) + defaults
@@ -245,13 +247,13 @@ def _replace(record: _R, /, **changes: Any) -> _R:
     return dataclasses.replace(record, **changes)  # type: ignore[type-var]
 
 
-# Types that hold no text (enums join when first met); each dataclass's field names.
+# Types that hold no text (enums join when first met); each record class's field names.
 _LEAVES: set[type] = {int, float, bool, type(None)}
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def safe_strings(value: _T) -> _T:
-    """A reading (a dataclass and everything in it) with `safe_text` applied to each of its
+    """A reading (a Struct and everything in it) with `safe_text` applied to each of its
     strings; the same objects where nothing needed it."""
     kind = type(value)
     if kind is str:
