@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from gpuconsole.readings.base import SourceStatus
-from gpuconsole.readings.nvml import GpuReading, GpuState, NvmlReading
+from gpuconsole.readings.nvml import (
+    EccReading,
+    GpuReading,
+    GpuState,
+    NvLinkReading,
+    NvmlReading,
+    RemoteKind,
+)
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from tests.peers import require_program
 
@@ -32,8 +39,26 @@ def fleet(
     temp_c: float = 45.0,
     fabric_manager: bool | None = None,
     seq: int | None = None,
+    link_errors: tuple[int, int, int] | None = None,
+    ecc: EccReading | None = None,
+    throttle: tuple[str, ...] = (),
 ) -> FleetSnapshot:
-    """dgx-007 at `at`, its one GPU lost or not, at `temp_c`."""
+    """dgx-007 at `at`, its one GPU lost or not, at `temp_c`; with `link_errors` its NVLink 0
+    has counted that many replays, recoveries and CRC errors; `ecc` and `throttle` as
+    given."""
+    links: tuple[NvLinkReading, ...] = ()
+    if link_errors is not None:
+        replay, recovery, crc = link_errors
+        link = NvLinkReading(
+            link=0,
+            active=True,
+            version=4,
+            remote_kind=RemoteKind.NVSWITCH,
+            replay_errors_total=replay,
+            recovery_errors_total=recovery,
+            crc_errors_total=crc,
+        )
+        links = (link,)
     gpu = GpuReading(
         5,
         UUID,
@@ -41,6 +66,9 @@ def fleet(
         BUS,
         state=GpuState.LOST if lost else GpuState.OK,
         temp_gpu_c=None if lost else temp_c,
+        nvlinks=links,
+        ecc=ecc if ecc is not None else EccReading(),
+        throttle_reasons=throttle,
     )
     nvml = NvmlReading(at, "550.54.15", "12.550", "12.4", (gpu,), (), fabric_manager)
     status = SourceStatus(NODE, "nvml", True, last_ok_at=at, polls=1)

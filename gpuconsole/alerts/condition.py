@@ -2,13 +2,18 @@
 here over the exporter's samples and printed for Prometheus unchanged.
 
     condition := comparison ( "and" [ "on" "(" label, ... ")" ] comparison )*
-    comparison := metric [ "{" label ("=" | "!=" | "=~" | "!~") "string", ... "}" ] OP number
+    comparison := term ( "+" term )* OP number
+    term := selector | "increase" "(" selector "[" duration "]" ")"
+    selector := metric [ "{" label ("=" | "!=" | "=~" | "!~") "string", ... "}" ]
     OP := ">" | ">=" | "<" | "<=" | "==" | "!="
 
 A comparison keeps the samples it holds for (their labels and value), as PromQL's filter
 comparison does; `and` keeps the left side's samples that have a match on the right (by
-every label but the metric name, or by the labels `on` names). Regular expressions are
-anchored at both ends, as PromQL's are.
+every label but the metric name, or by the labels `on` names). `+` adds the samples of its
+terms that carry the same labels, as PromQL's one-to-one matching does. `increase` is a
+counter's growth over the window, reckoned as Prometheus reckons it (resets added back,
+extrapolated to the window's edges) from the samples the evaluator kept
+(gpuconsole.alerts.window). Regular expressions are anchored at both ends, as PromQL's are.
 """
 
 from __future__ import annotations
@@ -71,35 +76,86 @@ class Matcher:
         return f'{self.label}{self.op}"{escaped}"'
 
 
+def duration(seconds: float) -> str:
+    """Seconds as a Prometheus duration: 90 -> 1m30s, 0.5 -> 500ms."""
+    millis = round(seconds * 1000)
+    if millis % 1000:
+        return f"{millis}ms"
+    whole = millis // 1000
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    out = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    return out + (f"{secs}s" if secs or not out else "")
+
+
 @dataclass(frozen=True, slots=True)
-class Comparison:
-    """`metric{matchers} OP threshold`."""
+class Term:
+    """`metric{matchers}`, or with `range_s` its `increase(metric{matchers}[range])`."""
 
     metric: str
-    matchers: tuple[Matcher, ...]
-    op: str
-    threshold: float
+    matchers: tuple[Matcher, ...] = ()
+    range_s: float | None = None
 
-    def selector(self) -> str:
-        if not self.matchers:
-            return self.metric
-        return self.metric + "{" + ", ".join(m.text() for m in self.matchers) + "}"
+    @property
+    def key(self) -> str:
+        """Where an evaluation finds this term's samples: the metric's name, or for an
+        increase the name gpuconsole.alerts.window files the metric's increases under."""
+        return self.metric if self.range_s is None else increase_key(self.metric, self.range_s)
 
-    def text(self, threshold: float | None = None) -> str:
-        value = self.threshold if threshold is None else threshold
-        return f"{self.selector()} {self.op} {_number(value)}"
+    def text(self) -> str:
+        selector = self.metric
+        if self.matchers:
+            selector += "{" + ", ".join(m.text() for m in self.matchers) + "}"
+        if self.range_s is None:
+            return selector
+        return f"increase({selector}[{duration(self.range_s)}])"
 
     def select(self, samples: Iterable[Sample]) -> list[Sample]:
-        """The samples of this metric its matchers and comparison keep."""
-        compare, threshold = _OPS[self.op], self.threshold
+        """The samples its matchers keep."""
+        if not self.matchers:
+            return list(samples)
         found = []
         for sample in samples:
             labels = dict(sample.labels)
-            if all(m.holds(labels.get(m.label, "")) for m in self.matchers) and compare(
-                sample.value, threshold
-            ):
+            if all(m.holds(labels.get(m.label, "")) for m in self.matchers):
                 found.append(sample)
         return found
+
+
+def increase_key(metric: str, range_s: float) -> str:
+    return f"increase({metric}[{duration(range_s)}])"
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """`term + term ... OP threshold`."""
+
+    terms: tuple[Term, ...]
+    op: str
+    threshold: float
+
+    @property
+    def metric(self) -> str:
+        return self.terms[0].metric
+
+    def text(self, threshold: float | None = None) -> str:
+        value = self.threshold if threshold is None else threshold
+        return f"{' + '.join(t.text() for t in self.terms)} {self.op} {_number(value)}"
+
+    def select(self, by_name: Mapping[str, list[Sample]]) -> list[Sample]:
+        """The samples (of the first term, with the terms' sum as value) its comparison
+        keeps."""
+        first, *others = self.terms
+        found = first.select(by_name.get(first.key, ()))
+        for term in others:
+            values = {s.labels: s.value for s in term.select(by_name.get(term.key, ()))}
+            found = [
+                Sample(s.name, s.labels, s.value + values[s.labels])
+                for s in found
+                if s.labels in values
+            ]
+        compare, threshold = _OPS[self.op], self.threshold
+        return [s for s in found if compare(s.value, threshold)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +174,18 @@ class Condition:
         return out
 
     @property
+    def comparisons(self) -> tuple[Comparison, ...]:
+        return (self.first, *(c for _, c in self.rest))
+
+    @property
     def metrics(self) -> tuple[str, ...]:
-        return (self.first.metric, *(c.metric for _, c in self.rest))
+        """The metrics its terms read (an increase's too: its samples are kept over time)."""
+        return tuple(t.metric for c in self.comparisons for t in c.terms)
+
+    @property
+    def ranges(self) -> tuple[tuple[str, float], ...]:
+        """(metric, window) of each increase: what an evaluator keeps samples of."""
+        return tuple((t.metric, t.range_s) for c in self.comparisons for t in c.terms if t.range_s)
 
     def evaluate(
         self, by_name: Mapping[str, list[Sample]], threshold: float | None = None
@@ -128,10 +194,10 @@ class Condition:
         comparison's, for a rule's clear threshold)."""
         first = self.first
         if threshold is not None:
-            first = Comparison(first.metric, first.matchers, first.op, threshold)
-        kept = first.select(by_name.get(first.metric, ()))
+            first = Comparison(first.terms, first.op, threshold)
+        kept = first.select(by_name)
         for on, comparison in self.rest:
-            right = comparison.select(by_name.get(comparison.metric, ()))
+            right = comparison.select(by_name)
             keys = {_key(s.labels, on) for s in right}
             kept = [s for s in kept if _key(s.labels, on) in keys]
         return kept
@@ -213,7 +279,51 @@ def parse(text: str) -> Condition:
     return Condition(first, tuple(rest))
 
 
+_DURATION = re.compile(r"(?:\d+(?:ms|[smhdwy]))+")
+_DURATION_PART = re.compile(r"(\d+)(ms|[smhdwy])")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+_FUNCTION = re.compile(r"increase\s*\(")
+
+
 def _comparison(reader: _Reader) -> Comparison:
+    terms = [_term(reader)]
+    while reader.peek("+"):
+        reader.expect("+")
+        terms.append(_term(reader))
+    reader.skip()
+    op = next((o for o in (">=", "<=", "==", "!=", ">", "<") if reader.peek(o)), None)
+    if op is None:
+        raise reader.fail("a comparison (>, >=, <, <=, ==, !=) with a number")
+    reader.at += len(op)
+    number = reader.take(_NUMBER, "a number")
+    threshold = float(number.group())
+    if not math.isfinite(threshold):
+        raise ConditionError(f"{number.group()} is not a finite number")
+    return Comparison(tuple(terms), op, threshold)
+
+
+def _term(reader: _Reader) -> Term:
+    reader.skip()
+    opening = _FUNCTION.match(reader.text, reader.at)
+    if opening is None:
+        return _selector(reader)
+    reader.at = opening.end()
+    selector = _selector(reader)
+    reader.expect("[")
+    reader.skip()
+    found = _DURATION.match(reader.text, reader.at)
+    if found is None:
+        raise reader.fail("a duration such as 10m")
+    reader.at = found.end()
+    range_s = sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(found.group()))
+    if range_s <= 0:
+        raise ConditionError(f"{found.group()} is not a window: give one longer than 0")
+    reader.expect("]")
+    reader.expect(")")
+    return Term(selector.metric, selector.matchers, float(range_s))
+
+
+def _selector(reader: _Reader) -> Term:
     name = reader.take(_NAME, "a metric name").group()
     if name in _KEYWORDS:
         reader.at -= len(name)
@@ -239,13 +349,4 @@ def _comparison(reader: _Reader) -> Comparison:
             if not reader.peek("}"):
                 reader.expect(",")
         reader.expect("}")
-    reader.skip()
-    op = next((o for o in (">=", "<=", "==", "!=", ">", "<") if reader.peek(o)), None)
-    if op is None:
-        raise reader.fail("a comparison (>, >=, <, <=, ==, !=) with a number")
-    reader.at += len(op)
-    number = reader.take(_NUMBER, "a number")
-    threshold = float(number.group())
-    if not math.isfinite(threshold):
-        raise ConditionError(f"{number.group()} is not a finite number")
-    return Comparison(name, tuple(matchers), op, threshold)
+    return Term(name, tuple(matchers))

@@ -19,6 +19,7 @@ from gpuconsole.alerts.delivery import ALERTMANAGER, Receiver
 from gpuconsole.alerts.rules import Rule, expand
 from gpuconsole.alerts.silences import Silence, parse_silences
 from gpuconsole.alerts.state import FIRING, PENDING, RESOLVED, Alert, Saved, StateFile, fingerprint
+from gpuconsole.alerts.window import Windows
 from gpuconsole.hub import Hub
 from gpuconsole.readings.alerts import ActiveAlert, AlertState
 from gpuconsole.readings.base import Event, Severity, normal_bus_id, safe_text
@@ -77,6 +78,7 @@ class AlertEngine:
         self.silences: tuple[Silence, ...] = ()
         self.problem: str | None = None  # what went wrong reading the state file
         self._metrics = frozenset(m for r in self.rules for m in r.condition.metrics)
+        self._windows = Windows(rng for r in self.rules for rng in r.condition.ranges)
         self._hub: Hub | None = None
         self._latest: FleetSnapshot | None = None
         self._wake: asyncio.Event | None = None
@@ -118,6 +120,7 @@ class AlertEngine:
 
         now = snapshot.at
         by_name = samples_by_name(snapshot, self._metrics)
+        self._windows.observe(by_name, now)
         changes: list[Change] = []
         seen: set[str] = set()
         for rule in self.rules:

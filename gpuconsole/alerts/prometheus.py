@@ -6,21 +6,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
+from gpuconsole.alerts.condition import duration
 from gpuconsole.alerts.rules import Rule
 
+__all__ = ["GROUP", "duration", "expression", "rules_file"]
+
 GROUP = "gpuconsole"
-
-
-def duration(seconds: float) -> str:
-    """Seconds as a Prometheus duration: 90 -> 1m30s, 0.5 -> 500ms."""
-    millis = round(seconds * 1000)
-    if millis % 1000:
-        return f"{millis}ms"
-    whole = millis // 1000
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    out = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
-    return out + (f"{secs}s" if secs or not out else "")
 
 
 def expression(rule: Rule) -> str:

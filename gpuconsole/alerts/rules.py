@@ -9,10 +9,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuconsole.alerts.condition import Condition, ConditionError, Labels, parse
+from gpuconsole import format as fmt
+from gpuconsole.alerts.condition import Condition, ConditionError, Labels, duration, parse
 from gpuconsole.config import AlertRuleConfig, ConfigError, where
-from gpuconsole.facts.verdict import Action
+from gpuconsole.facts.verdict import (
+    NVLINK_RECOVERIES_DRAIN,
+    RETIRED_PAGES_SERVICE,
+    SLOWDOWN_PERSISTS_S,
+    Action,
+)
 from gpuconsole.readings.base import Severity
+from gpuconsole.readings.nvml import NVLINK_ERROR_WINDOW_S
 
 _ALERT_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -85,6 +92,15 @@ def _rule(
 
 _DRAIN = Action.DRAIN.rank
 _CRIT, _WARN = Severity.CRITICAL, Severity.WARNING
+# The window the verdict watches NVLink error counters over, as a PromQL range.
+_LINK_WINDOW = duration(NVLINK_ERROR_WINDOW_S)
+# The throttle reasons that slow a GPU below its clocks (not idling, not a cap set on purpose).
+SLOWDOWN_REASONS = (
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "sw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+)
 
 DEFAULT_RULES: tuple[Rule, ...] = (
     _rule(
@@ -126,6 +142,48 @@ DEFAULT_RULES: tuple[Rule, ...] = (
         _CRIT,
         "GPU {{ $labels.pci_bus_id }} on {{ $labels.Hostname }}: row remapping failed; "
         "return it for service",
+    ),
+    _rule(
+        "GpuRetirementPending",
+        "DCGM_FI_DEV_RETIRED_PENDING == 1",
+        _WARN,
+        "GPU {{ $labels.pci_bus_id }} on {{ $labels.Hostname }}: a memory page retirement "
+        "waits for a GPU reset",
+    ),
+    _rule(
+        "GpuRetiredPagesAtLimit",
+        f"DCGM_FI_DEV_RETIRED_SBE + DCGM_FI_DEV_RETIRED_DBE >= {RETIRED_PAGES_SERVICE}",
+        _CRIT,
+        "GPU {{ $labels.pci_bus_id }} on {{ $labels.Hostname }}: {{ $value }} memory pages "
+        f"retired, at NVIDIA's limit of {RETIRED_PAGES_SERVICE}; return it for service",
+    ),
+    _rule(
+        "GpuNvLinkErrorsClimbing",
+        f"increase(gpuconsole_gpu_nvlink_errors_total[{_LINK_WINDOW}]) > 0",
+        _WARN,
+        "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.node }}: NVLink "
+        "{{ $labels.link }} {{ $labels.counter }} errors climbing: about {{ $value }} in "
+        f"{fmt.age(0.0, NVLINK_ERROR_WINDOW_S)}",
+        description="Replays and CRC errors are resent and cost bandwidth; recoveries stop "
+        "the link while it retrains. Drain and reseat if they keep climbing.",
+    ),
+    _rule(
+        "GpuNvLinkRetraining",
+        f'increase(gpuconsole_gpu_nvlink_errors_total{{counter="recovery"}}[{_LINK_WINDOW}]) '
+        f">= {NVLINK_RECOVERIES_DRAIN}",
+        _CRIT,
+        "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.node }}: NVLink "
+        f"{{{{ $labels.link }}}} retrained about {{{{ $value }}}} times in "
+        f"{fmt.age(0.0, NVLINK_ERROR_WINDOW_S)}; "
+        "drain it, then reseat",
+    ),
+    _rule(
+        "GpuClocksHeldDown",
+        f'gpuconsole_gpu_throttle_reason{{reason=~"{"|".join(SLOWDOWN_REASONS)}"}} == 1',
+        _WARN,
+        "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.node }}: clocks held down "
+        f"({{{{ $labels.reason }}}}) for {fmt.age(0.0, SLOWDOWN_PERSISTS_S)} or more",
+        for_s=SLOWDOWN_PERSISTS_S,
     ),
     _rule(
         "GpuOverheating",

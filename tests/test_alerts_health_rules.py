@@ -1,0 +1,235 @@
+"""The default rules over the NVML health inputs (NVLink error counters, retired pages,
+slowdowns that last): the condition language's `increase` and `+`, and the real promtool
+firing the printed rules at the same minutes, with the same labels and words, as the
+engine fires them over the same readings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuconsole.alerts.condition import ConditionError, Sample, parse
+from gpuconsole.alerts.engine import AlertEngine
+from gpuconsole.alerts.prometheus import rules_file
+from gpuconsole.alerts.rules import DEFAULT_RULES, SLOWDOWN_REASONS
+from gpuconsole.alerts.series import samples_by_name
+from gpuconsole.alerts.state import FIRING
+from gpuconsole.alerts.window import Windows, increase
+from gpuconsole.readings.nvml import EccReading
+from gpuconsole.readings.snapshot import FleetSnapshot
+from tests.alert_fixtures import NODE, UUID, fleet
+from tests.peers import require_program
+
+NEW_RULES = (
+    "GpuNvLinkErrorsClimbing",
+    "GpuNvLinkRetraining",
+    "GpuRetirementPending",
+    "GpuRetiredPagesAtLimit",
+    "GpuClocksHeldDown",
+)
+
+
+def test_increase_and_plus_parse_print_and_say_what_is_wrong() -> None:
+    for text in (
+        'increase(gpuconsole_gpu_nvlink_errors_total{counter="recovery"}[10m]) >= 3',
+        "DCGM_FI_DEV_RETIRED_SBE + DCGM_FI_DEV_RETIRED_DBE >= 60",
+        "increase(x[1h30m]) + y > 0 and on(node) z == 1",
+    ):
+        cond = parse(text)
+        assert cond.text() == text and parse(cond.text()) == cond
+    assert parse("increase(x[90s]) > 0").text() == "increase(x[1m30s]) > 0"
+    assert parse("increase(x[10m]) + increase(y[1h]) > 0").ranges == (("x", 600.0), ("y", 3600.0))
+    for bad, said in (
+        ("increase(x) > 0", "expected '['"),
+        ("increase(x[10]) > 0", "expected a duration such as 10m"),
+        ("increase(x[0s]) > 0", "0s is not a window"),
+        ("increase(x[5m] > 0", "expected ')'"),
+        ("x + > 1", "expected a metric name"),
+    ):
+        with pytest.raises(ConditionError) as raised:
+            parse(bad)
+        assert said in str(raised.value), bad
+
+
+def test_plus_adds_the_samples_with_the_same_labels() -> None:
+    one = (("gpu", "0"),)
+    two = (("gpu", "1"),)
+    by_name = {
+        "a": [Sample("a", one, 50.0), Sample("a", two, 10.0)],
+        "b": [Sample("b", one, 10.0)],  # GPU 1 has no b: no sum, as in PromQL
+    }
+    [held] = parse("a + b >= 60").evaluate(by_name)
+    assert (held.labels, held.value) == (one, 60.0)
+
+
+def test_increase_is_reckoned_as_prometheus_reckons_it() -> None:
+    # a window full of samples, one reset: the growth before the reset is added back
+    assert increase([(0, 5.0), (60, 9.0), (120, 2.0), (180, 4.0)], 0, 180) == (9 - 5) + 2 + (4 - 2)
+    # samples in the middle of the window: stretched half an interval at each edge
+    assert increase([(200, 100.0), (260, 110.0)], 0, 600) == pytest.approx(10.0 * 120 / 60)
+    # a counter from zero is not stretched back past zero
+    assert increase([(300, 0.0), (360, 6.0), (420, 12.0)], 0, 420) == 12.0
+    assert increase([(0, 1.0)], 0, 600) is None
+
+
+def test_promtool_reckons_an_increase_as_the_window_does(tmp_path: Path) -> None:
+    """Extrapolated, with gaps and a reset: the same numbers from promtool's PromQL."""
+    promtool = require_program("promtool", "apt-get install prometheus")
+    values = [None, None, 10.0, 20.0, None, 25.0, 3.0, 7.0, 7.0, None, 9.0, None, None, 12.0]
+    windows = Windows([("x", 300.0)])
+    tests = []
+    for minute, value in enumerate(values):
+        by_name = {"x": [] if value is None else [Sample("x", (("job", "a"),), value)]}
+        windows.observe(by_name, minute * 60.0)
+        found = by_name["increase(x[5m])"]
+        tests.append(
+            {
+                "expr": "increase(x[5m])",
+                "eval_time": f"{minute}m",
+                "exp_samples": [{"labels": '{job="a"}', "value": s.value} for s in found],
+            }
+        )
+    assert any(t["exp_samples"] and t["exp_samples"][0]["value"] % 1 for t in tests)  # type: ignore[index]
+    text = " ".join("_" if v is None else repr(v) for v in values)
+    spec = {
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": 'x{job="a"}', "values": text}],
+                "promql_expr_test": tests,
+            }
+        ]
+    }
+    (tmp_path / "test.yml").write_text(json.dumps(spec))
+    done = subprocess.run(
+        [promtool, "test", "rules", "test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+def test_a_window_forgets_what_falls_out_of_it() -> None:
+    windows = Windows([("m", 600.0)])
+    labels = (("link", "0"),)
+    for minute, value in enumerate((0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3)):
+        by_name = {"m": [Sample("m", labels, float(value))]}
+        windows.observe(by_name, minute * 60.0)
+        if minute:  # one point is no increase yet
+            [grown] = by_name["increase(m[10m])"]
+            assert grown.value == (3.0 if minute <= 10 else 0.0), minute
+    assert len(windows.points[("m", labels)]) == 11  # ten minutes of them, both ends kept
+
+
+def test_the_slowdown_rule_reads_the_reasons_the_verdict_calls_slowdowns() -> None:
+    from gpuconsole.facts.verdict import _SLOWDOWNS
+
+    assert set(SLOWDOWN_REASONS) == _SLOWDOWNS
+
+
+# What one H100 (GPU 5 of dgx-007) reads minute by minute: NVLink 0's replay, recovery and
+# CRC counters; its retired pages (single-bit, double-bit, pending); its throttle reasons.
+MINUTES = 24
+_LINK = [(0, 0, 0)] * 2 + [(30 * m, m // 2, 100 * m) for m in range(1, 7)] + [(180, 3, 600)] * 16
+_PAGES = [(0, 0, False)] * 4 + [(2, 1, True)] * 2 + [(58, 1, False)] * 2 + [(59, 1, False)] * 16
+_HOT = [()] * 10 + [("hw_thermal_slowdown", "sw_thermal_slowdown")] * 3 + [()] * 11
+
+
+def _minute(m: int) -> FleetSnapshot:
+    sbe, dbe, pending = _PAGES[m]
+    ecc = EccReading(retired_sbe=sbe, retired_dbe=dbe, retired_pending=pending)
+    return fleet(m * 60.0, link_errors=_LINK[m], ecc=ecc, throttle=_HOT[m])
+
+
+def _engine_firing(engine: AlertEngine) -> dict[str, list[dict[str, object]]]:
+    """What fires now, by rule, as promtool's exp_alerts writes it."""
+    out: dict[str, list[dict[str, object]]] = {name: [] for name in NEW_RULES}
+    for alert in engine.alerts.values():
+        if alert.state == FIRING:
+            labels = {k: v for k, v in alert.labels.items() if k != "alertname"}
+            out[alert.rule].append({"exp_labels": labels, "exp_annotations": alert.annotations})
+    for found in out.values():
+        found.sort(key=lambda a: json.dumps(a, sort_keys=True))
+    return out
+
+
+def test_promtool_fires_the_new_rules_as_the_engine_does(tmp_path: Path) -> None:
+    """The engine runs the default rules over the exporter's series a minute apart; promtool
+    runs the printed rules over the same series (built by the same builder) and must find
+    exactly the alerts the engine fires at each minute, labels and summaries included."""
+    promtool = require_program("promtool", "apt-get install prometheus")
+    rules = [r for r in DEFAULT_RULES if r.name in NEW_RULES]
+    engine = AlertEngine(rules)
+    wanted = {m for r in rules for m in r.condition.metrics}
+    series: dict[tuple[str, tuple[tuple[str, str], ...]], list[str]] = {}
+    by_minute: list[dict[str, list[dict[str, object]]]] = []
+    for m in range(MINUTES):
+        snapshot = _minute(m)
+        for name, found in samples_by_name(snapshot, wanted).items():
+            for sample in found:
+                values = series.setdefault((name, sample.labels), ["_"] * MINUTES)
+                values[m] = repr(sample.value)
+        engine.evaluate(snapshot)
+        by_minute.append(_engine_firing(engine))
+    names = {m: {n for n, found in fired.items() if found} for m, fired in enumerate(by_minute)}
+    # the engine, as an operator reads it: the link climbs from minute 2, retrains a third
+    # time at minute 7 (and has retrained fewer than 3 times in the ten minutes up to 13),
+    # and is quiet ten minutes after its last error (minute 7 -> 17)
+    climbing = [m for m in names if "GpuNvLinkErrorsClimbing" in names[m]]
+    assert climbing == list(range(2, 17)), climbing
+    assert [m for m in names if "GpuNvLinkRetraining" in names[m]] == list(range(7, 13))
+    assert [m for m in names if "GpuRetirementPending" in names[m]] == [4, 5]
+    assert [m for m in names if "GpuRetiredPagesAtLimit" in names[m]] == list(range(8, MINUTES))
+    assert [m for m in names if "GpuClocksHeldDown" in names[m]] == [11, 12]  # after 60 s
+    [retrained] = by_minute[7]["GpuNvLinkRetraining"]
+    assert retrained["exp_annotations"]["summary"] == (  # type: ignore[index]
+        f"GPU 5 ({UUID}) on {NODE}: NVLink 0 retrained about 3 times in 10 min; drain it, "
+        "then reseat"
+    )
+    [limit] = by_minute[8]["GpuRetiredPagesAtLimit"]
+    assert "59 memory pages retired, at NVIDIA's limit of 60" not in str(limit)
+    assert "60 memory pages retired, at NVIDIA's limit of 60" in str(limit)
+    # promtool over the same series, minute by minute
+    inputs = [
+        {"series": _series_text(name, labels), "values": " ".join(_scraped(values))}
+        for (name, labels), values in sorted(series.items())
+    ]
+    tests = [
+        {"eval_time": f"{m}m", "alertname": n, "exp_alerts": by_minute[m][n]}
+        for m in range(MINUTES)
+        for n in NEW_RULES
+    ]
+    (tmp_path / "rules.yml").write_text(rules_file(rules))
+    spec = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": inputs, "alert_rule_test": tests}],
+    }
+    (tmp_path / "test.yml").write_text(json.dumps(spec))  # JSON is YAML
+    done = subprocess.run(
+        [promtool, "test", "rules", "test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+def _scraped(values: list[str]) -> list[str]:
+    """A series gone from a scrape is marked stale, as Prometheus marks it (else an instant
+    query would find its last value for five more minutes)."""
+    return [
+        "stale" if v == "_" and k and values[k - 1] not in ("_", "stale") else v
+        for k, v in enumerate(values)
+    ]
+
+
+def _series_text(name: str, labels: tuple[tuple[str, str], ...]) -> str:
+    inner = ", ".join(f"{k}={json.dumps(v)}" for k, v in labels)
+    return f"{name}{{{inner}}}"
