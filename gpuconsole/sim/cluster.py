@@ -32,12 +32,19 @@ class SimNodeSpec:
 # which NVML numbers 2 there, and its MIG GPU 7 is NVML's 6).
 # BMC trouble: dgx-002's FAN 3 stops (its GPU 3 runs hot), dgxa-001 loses PSU 2,
 # dgxa-002's BMC stops answering 60 s in.
+# NVLink trouble: from 20 s in, NVLink 0 of dgxa-001's GPU 6 (in Slurm job 4712) replays and
+# sees CRC errors and retrains every 20 s. The NVML source reads the counters every 30 polls:
+# about 30 s in the GPU is "watch", from about 90 s (3 retrains) "drain, then reseat".
 DEMO_CLUSTER: tuple[SimNodeSpec, ...] = (
     SimNodeSpec("dgx-001", "dgx-h100"),
     SimNodeSpec("dgx-002", "dgx-h100", (Scenario("thermal", 3), Scenario("fan", 3))),
     SimNodeSpec("dgx-003", "dgx-h100", (Scenario("xid79", 5, 45.0),)),
     SimNodeSpec("dgx-004", "dgx-h100", (Scenario("mig", 7), Scenario("ecc", 3))),
-    SimNodeSpec("dgxa-001", "dgx-a100", (Scenario("mig", 0), Scenario("psu", 2))),
+    SimNodeSpec(
+        "dgxa-001",
+        "dgx-a100",
+        (Scenario("mig", 0), Scenario("psu", 2), Scenario("nvlinkerr", 6, 20.0)),
+    ),
     SimNodeSpec("dgxa-002", "dgx-a100", (Scenario("bmcsilent", 0, 60.0),)),
     SimNodeSpec("apollo-01", "apollo-pcie"),
 )
