@@ -123,7 +123,7 @@ def test_a_window_forgets_what_falls_out_of_it() -> None:
         if minute:  # one point is no increase yet
             [grown] = by_name["increase(m[10m])"]
             assert grown.value == (3.0 if minute <= 10 else 0.0), minute
-    assert len(windows.points[("m", labels)]) == 11  # ten minutes of them, both ends kept
+    assert len(windows.points("m", labels)) == 11  # ten minutes of them, both ends kept
 
 
 def test_the_slowdown_rule_reads_the_reasons_the_verdict_calls_slowdowns() -> None:

@@ -71,10 +71,11 @@ def test_the_demo_s_flaky_nvlink_goes_from_fit_to_watch_to_drain_and_alerts() ->
     assert set(actions[:watch]) == {Action.FIT}
     assert set(actions[watch:drain]) == {Action.WATCH}
     assert set(actions[drain:]) == {Action.DRAIN}
-    assert "NVLink 0:" in seen[watch][1] and "drain and reseat if they keep climbing" in seen[watch][1]
+    assert (
+        "NVLink 0:" in seen[watch][1] and "drain and reseat if they keep climbing" in seen[watch][1]
+    )
     assert "3 recovery" in seen[drain][1] and "the link keeps retraining" in seen[drain][1]
     firing = [names for _a, _s, names in seen]
     assert "GpuNvLinkErrorsClimbing" in firing[watch] and not firing[watch - 1]
     assert "GpuNvLinkRetraining" not in firing[drain - 1]
     assert {"GpuNvLinkRetraining", "GpuNotFitForWork"} <= firing[drain]
-

@@ -4,32 +4,44 @@ the increase reckoned from them as Prometheus reckons it."""
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable
+import math
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
 
 from gpuconsole.alerts.condition import Labels, Sample, increase_key
 
 
-def increase(points: Iterable[tuple[float, float]], start: float, end: float) -> float | None:
+def increase(points: Sequence[tuple[float, float]], start: float, end: float) -> float | None:
     """A counter's growth over [start, end] from its (time, value) points in that range:
     Prometheus's extrapolatedRate (a drop is a reset, its value added back; the growth is
     stretched to the window's edges where the points come near them). None with fewer
     than two points."""
-    kept = list(points)
-    if len(kept) < 2:
+    if len(points) < 2:
         return None
-    (first_t, first_v), (last_t, last_v) = kept[0], kept[-1]
-    grown = last_v - first_v
+    grown = points[-1][1] - points[0][1]
     previous = 0.0
-    for _t, value in kept:
+    for _t, value in points:
         if value < previous:
             grown += previous
         previous = value
-    to_start, to_end = first_t - start, end - last_t
+    return _stretched(points[0], points[-1], len(points), grown, start, end)
+
+
+def _stretched(
+    first: tuple[float, float],
+    last: tuple[float, float],
+    count: int,
+    grown: float,
+    start: float,
+    end: float,
+) -> float | None:
+    (first_t, first_v), (last_t, _last_v) = first, last
     sampled = last_t - first_t
     if sampled <= 0:
         return None
-    average = sampled / (len(kept) - 1)
+    to_start, to_end = first_t - start, end - last_t
+    average = sampled / (count - 1)
     if grown > 0 and first_v >= 0:
         # a counter does not run below zero: stretch back no further than to where it was 0
         to_start = min(to_start, sampled * (first_v / grown))
@@ -40,6 +52,40 @@ def increase(points: Iterable[tuple[float, float]], start: float, end: float) ->
     return grown * (stretched / sampled)
 
 
+class _Series:
+    """One series' points (times and values in two arrays: 16 bytes a point)."""
+
+    __slots__ = ("reset_at", "times", "values")
+
+    def __init__(self) -> None:
+        self.times = array("d")
+        self.values = array("d")
+        self.reset_at = -math.inf  # the last time the value fell (a counter reset)
+
+    def add(self, at: float, value: float) -> None:
+        if self.values and value < self.values[-1]:
+            self.reset_at = at
+        self.times.append(at)
+        self.values.append(value)
+
+    def forget_before(self, start: float) -> None:
+        cut = bisect_left(self.times, start)
+        if cut:
+            del self.times[:cut]
+            del self.values[:cut]
+
+    def increase(self, start: float, end: float) -> float | None:
+        times, values = self.times, self.values
+        first = bisect_left(times, start)
+        count = len(times) - first
+        if count < 2:
+            return None
+        if self.reset_at < start:  # no reset in the window: no point needs a look
+            grown = values[-1] - values[first]
+            return _stretched((times[first], values[first]), (times[-1], values[-1]), count, grown, start, end)  # fmt: skip
+        return increase(list(zip(times[first:], values[first:], strict=True)), start, end)
+
+
 class Windows:
     """The points of every series an increase term reads, each kept for its window."""
 
@@ -48,28 +94,33 @@ class Windows:
         self.longest: dict[str, float] = {}  # metric -> its longest window
         for metric, range_s in self.ranges:
             self.longest[metric] = max(range_s, self.longest.get(metric, 0.0))
-        self.points: dict[tuple[str, Labels], deque[tuple[float, float]]] = {}
+        self.series: dict[str, dict[Labels, _Series]] = {m: {} for m in self.longest}
+
+    def points(self, metric: str, labels: Labels) -> list[tuple[float, float]]:
+        """The points kept of one series, oldest first."""
+        found = self.series[metric].get(labels)
+        return [] if found is None else list(zip(found.times, found.values, strict=True))
 
     def observe(self, by_name: dict[str, list[Sample]], now: float) -> None:
         """Keep `now`'s samples of the metrics increases read, forget what fell out of
         their windows, and file each increase in `by_name` under its term's key."""
-        for metric in self.longest:
+        for metric, longest in self.longest.items():
+            kept = self.series[metric]
             for sample in by_name.get(metric, ()):
-                points = self.points.setdefault((metric, sample.labels), deque())
-                if points and points[-1][0] >= now:
+                series = kept.get(sample.labels)
+                if series is None:
+                    series = kept[sample.labels] = _Series()
+                elif series.times and series.times[-1] >= now:
                     continue  # an evaluation at this instant kept it already
-                points.append((now, sample.value))
-        for key, points in list(self.points.items()):
-            while points and points[0][0] < now - self.longest[key[0]]:
-                points.popleft()
-            if not points:
-                del self.points[key]
+                series.add(now, sample.value)
+            for labels, series in list(kept.items()):
+                series.forget_before(now - longest)
+                if not series.times:
+                    del kept[labels]
         for metric, range_s in self.ranges:
             found = []
-            for (name, labels), points in self.points.items():
-                if name == metric:
-                    inside = [p for p in points if p[0] >= now - range_s]
-                    grown = increase(inside, now - range_s, now)
-                    if grown is not None:
-                        found.append(Sample(metric, labels, grown))
+            for labels, series in self.series[metric].items():
+                grown = series.increase(now - range_s, now)
+                if grown is not None:
+                    found.append(Sample(metric, labels, grown))
             by_name[increase_key(metric, range_s)] = found
