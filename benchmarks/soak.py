@@ -386,7 +386,7 @@ def run(minutes: float, history_points: int = HISTORY_POINTS, trace: bool = Fals
         print(f"soak: not available ({exc})")
         return 1
     print(
-        f"soak: the demo fleet (7 nodes, NVML/BMC/fabric/tenancy) with a fault starting or "
+        f"soak: the demo fleet (8 nodes, NVML/BMC/fabric/tenancy) with a fault starting or "
         f"ending every {CHAOS_S:g} s, one ssh session opening the events view every "
         f"{KEYSTROKE_S:g} s, /metrics scraped every {SCRAPE_S:g} s; {minutes:g} minutes; "
         f"history rings of {history_points} points (full after about {history_points} s).\n"

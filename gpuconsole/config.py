@@ -313,7 +313,7 @@ class DemoConfig:
     """[demo]: the simulated cluster."""
 
     nodes: int = field(
-        default=0, metadata=_doc("Simulated nodes; 0: the 7-node demo cluster", minimum=0)
+        default=0, metadata=_doc("Simulated nodes; 0: the 8-node demo cluster", minimum=0)
     )
     seed: int = field(default=0, metadata=_doc("Same seed, same cluster"))
 

@@ -218,12 +218,47 @@ A100_PCIE_40GB = GpuModel(
     mig_profiles=A100_40_MIG,
 )
 
+# SXM2 V100 of the DGX-1 (Volta): dynamic page retirement instead of row remapping, no MIG,
+# no GPM, six NVLink 2 links joined GPU to GPU (no NVSwitch). From NVIDIA's V100 datasheet and
+# whitepaper (80 SMs over 6 GPCs, 40 of the die's 42 TPCs), the PCI id from pci.ids.
+V100_SXM2_32GB = GpuModel(
+    name="Tesla V100-SXM2-32GB",
+    short="V100",
+    architecture="volta",
+    arch_code=5,
+    pci_device_id=(0x1DB5 << 16) | 0x10DE,
+    sm_count=80,
+    gpc_count=6,
+    tpc_per_gpc=(7, 7, 7, 7, 6, 6),
+    fp32_cores_per_sm=64,
+    tensor_cores_per_sm=8,
+    l2_bytes=6 * MIB,
+    mem_bytes=32 * GIB,
+    mem_kind="HBM2",
+    mem_bandwidth_bytes_per_s=900_000_000_000,
+    tdp_w=300,
+    power_min_w=150,
+    sm_clock_max_mhz=1530,
+    sm_clock_idle_mhz=135,
+    mem_clock_mhz=877,
+    temp_slowdown_c=87,
+    temp_shutdown_c=90,
+    nvlink_gen=2,
+    nvlink_count=6,
+    nvlink_gbytes_per_s=300,
+    pcie_gen_max=3,
+    pcie_width_max=16,
+    gpm=False,
+    mig_profiles=(),
+)
+
 
 # Server products by the profile name a simulated node carries (NodeSnapshot.profile).
 PRODUCTS = {
     "dgx-h100": "DGX H100",
     "dgx-a100": "DGX A100",
     "apollo-pcie": "Apollo 6500 Gen10 Plus (XL675d, PCIe GPUs)",
+    "dgx-1v": "DGX-1 (V100)",
 }
 
 
@@ -241,7 +276,13 @@ A100_PARTITIONS = frozenset(A100_SWITCHES)
 A100_BOARD_GPUS, A100_BOARD_SWITCHES = 8, 6
 
 
-MODELS: tuple[GpuModel, ...] = (H100_SXM5, H200_SXM, A100_SXM4_40GB, A100_PCIE_40GB)
+MODELS: tuple[GpuModel, ...] = (
+    H100_SXM5,
+    H200_SXM,
+    A100_SXM4_40GB,
+    A100_PCIE_40GB,
+    V100_SXM2_32GB,
+)
 _MODELS = {model.name: model for model in MODELS}
 
 
@@ -267,5 +308,6 @@ def short_model(gpu_name: str | None) -> str:
         return spec.short
     if not gpu_name or gpu_name == "unknown":
         return "-"
-    words = [w for w in gpu_name.replace("NVIDIA", "").split() if w]
+    # NVML names data-centre GPUs before Ampere "Tesla V100-…", later ones "NVIDIA A100-…"
+    words = [w for w in gpu_name.replace("NVIDIA", "").replace("Tesla", "").split() if w]
     return words[0][:6] if words else "-"

@@ -21,6 +21,7 @@ from gpuconsole.cli.main import main
 from gpuconsole.codec import dumps
 from gpuconsole.config import Config, DemoConfig
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.sim.cluster import DEMO_CLUSTER
 from gpuconsole.sources.agents import AgentClient, AgentSource
 from gpuconsole.wiring import sim_hub
 
@@ -262,7 +263,7 @@ def test_wait_takes_only_a_positive_number_of_seconds(
 
 
 def test_an_agent_reading_of_the_simulated_fleet_is_marked_simulated() -> None:
-    hub = sim_hub(Config(), 8, None)
+    hub = sim_hub(Config(), len(DEMO_CLUSTER) + 1, None)  # past the demo: through agents
     fleet = asyncio.run(hub.poll_once())
     assert all(n.simulated for n in fleet.nodes)
     source = hub.sources[0]

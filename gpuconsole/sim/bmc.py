@@ -43,6 +43,8 @@ LAYOUTS = {
     "dgx-h100": BmcLayout(12, 6, 3300.0, 2500.0, 10200.0, 5200.0, 15500.0, True),
     "dgx-a100": BmcLayout(12, 6, 3000.0, 2000.0, 6500.0, 4800.0, 14000.0, True),
     "apollo-pcie": BmcLayout(14, 4, 3000.0, 1300.0, 6000.0, 4000.0, 13000.0, False),
+    # DGX-1: four 1,600 W supplies (3+1), 3,500 W at most, four fan modules
+    "dgx-1v": BmcLayout(4, 4, 1600.0, 800.0, 3500.0, 4500.0, 12000.0, True),
 }
 DEFAULT_LAYOUT = LAYOUTS["dgx-h100"]
 INLET_C = 24.0

@@ -35,6 +35,9 @@ class SimNodeSpec:
 # NVLink trouble: from 20 s in, NVLink 0 of dgxa-001's GPU 6 (in Slurm job 4712) replays and
 # sees CRC errors and retrains every 20 s. The NVML source reads the counters every 30 polls:
 # about 30 s in the GPU is "watch", from about 90 s (3 retrains) "drain, then reseat".
+# An older DGX-1 (V100, before Ampere: pages are retired, not rows remapped): its GPU 2 has
+# retired two pages for single-bit errors and one for a double-bit error, and a retirement
+# waits for a GPU reset.
 DEMO_CLUSTER: tuple[SimNodeSpec, ...] = (
     SimNodeSpec("dgx-001", "dgx-h100"),
     SimNodeSpec("dgx-002", "dgx-h100", (Scenario("thermal", 3), Scenario("fan", 3))),
@@ -47,6 +50,7 @@ DEMO_CLUSTER: tuple[SimNodeSpec, ...] = (
     ),
     SimNodeSpec("dgxa-002", "dgx-a100", (Scenario("bmcsilent", 0, 60.0),)),
     SimNodeSpec("apollo-01", "apollo-pcie"),
+    SimNodeSpec("dgx1-001", "dgx-1v", (Scenario("retired", 2),)),
 )
 
 

@@ -31,8 +31,9 @@ SCENARIO_KINDS = (
     "bmcsilent",
 )
 # What a GPU reset clears on that GPU, and a power cycle on every GPU: the lost GPU answers
-# again; a pending row remap is applied and the volatile ECC counts start over
-RESET_CLEARS = ("xid79", "ecc")
+# again; a pending row remap or page retirement is applied and the volatile ECC counts start
+# over
+RESET_CLEARS = ("xid79", "ecc", "retired")
 # Node-level kinds: their number is a PSU or fan (1-based), not a GPU (gpuconsole.sim.bmc).
 NODE_SCENARIO_KINDS = ("psu", "fan", "bmcsilent")
 
@@ -343,10 +344,12 @@ class SimNode:
 
     def retired_pages(self, index: int) -> tuple[int, int, bool]:
         """Pages retired for single- and double-bit errors, and whether one waits for a reset
-        (the retired scenario: 2, 1 and pending)."""
-        if self.active("retired", index) is None:
+        (the retired scenario: 2, 1 and pending; once the GPU is reset, still 2 and 1, none
+        pending: the reset retired the page)."""
+        t = self.elapsed()
+        if not any(s.kind == "retired" and s.gpu == index and t >= s.at_s for s in self.scenarios):
             return 0, 0, False
-        return 2, 1, True
+        return 2, 1, ("retired", index) not in self._cleared
 
     def thermal_slowdown_s(self, index: int) -> float:
         """Seconds this GPU has been held down by heat (the driver's violation counters)."""

@@ -459,19 +459,22 @@ class SimNvml:
 
     # --- NVLink ----------------------------------------------------------------------
 
-    def _link_switch(self, index: int, link: int) -> Any:
+    def _link_remote(self, index: int, link: int) -> str | None:
+        """The bus id at the far end of a link: its NVSwitch, or the GPU it joins."""
+        profile = self.node.profile
         n = 0
-        for switch in self.node.profile.nvswitches:
+        for switch in profile.nvswitches:
             n += switch.links_per_gpu[index]
             if link < n:
-                return switch
-        return None
+                return switch.bus_id
+        peers = profile.link_peers(index)
+        return profile.gpus[peers[link]].bus_id if link < len(peers) else None
 
     @_counted
     def nvmlDeviceGetNvLinkState(self, h: SimDevice, link: int) -> int:
         if link >= self.node.model.nvlink_count:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return 1 if self._link_switch(h.index, link) is not None else 0
+        return 1 if self._link_remote(h.index, link) is not None else 0
 
     @_counted
     def nvmlDeviceGetNvLinkVersion(self, h: SimDevice, link: int) -> int:
@@ -479,14 +482,14 @@ class SimNvml:
 
     @_counted
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: SimDevice, link: int) -> int:
-        return 2  # NVSwitch
+        return 2 if self.node.profile.nvswitches else 0  # NVSwitch, or a GPU
 
     @_counted
     def nvmlDeviceGetNvLinkRemotePciInfo(self, h: SimDevice, link: int) -> Any:
-        switch = self._link_switch(h.index, link)
-        if switch is None:
+        remote = self._link_remote(h.index, link)
+        if remote is None:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return SimpleNamespace(busId=switch.bus_id)
+        return SimpleNamespace(busId=remote)
 
     # --- MIG -------------------------------------------------------------------------
 

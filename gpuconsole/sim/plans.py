@@ -151,6 +151,7 @@ _DEMO_PLANS: dict[str, SimPlan] = {
         ),
     ),
     "apollo-01": SimPlan(pods=(SimPod("team-vision", "label-svc", "app", gpus=(0,)),)),
+    "dgx1-001": SimPlan(jobs=(SimJob("4690", "bio", 1000, tuple(range(8)), started_h=7.0),)),
 }
 
 

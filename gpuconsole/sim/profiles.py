@@ -16,6 +16,7 @@ from gpuconsole.hardware import (
     A100_SXM4_40GB,
     H100_SXM5,
     PRODUCTS,
+    V100_SXM2_32GB,
     GpuModel,
 )
 
@@ -75,12 +76,26 @@ class NodeProfile:
     # own PCIe switch, even on the same socket; profiles that follow them set this.
     cross_switch_level: str | None = None
     notes: str = ""
+    # NVLinks joining two GPUs directly (no NVSwitch): (GPU, GPU, links) for each pair
+    gpu_nvlinks: tuple[tuple[int, int, int], ...] = ()
 
     def nvlinks_between(self, a: int, b: int) -> int:
-        """Bonded NVLinks between two GPUs as `topo -m` counts them (through NVSwitch)."""
-        if not self.nvswitches or a == b:
+        """Bonded NVLinks between two GPUs as `topo -m` counts them (through NVSwitch, or
+        joined directly)."""
+        if a == b:
             return 0
-        return sum(sw.links_per_gpu[a] for sw in self.nvswitches)
+        if self.nvswitches:
+            return sum(sw.links_per_gpu[a] for sw in self.nvswitches)
+        return sum(n for x, y, n in self.gpu_nvlinks if {x, y} == {a, b})
+
+    def link_peers(self, gpu: int) -> tuple[int, ...]:
+        """The GPU at the far end of each of `gpu`'s NVLinks (by link number), where links
+        join GPUs directly: links to the lower-numbered peer first."""
+        peers: list[int] = []
+        for x, y, n in sorted(self.gpu_nvlinks, key=lambda p: p[1] if p[0] == gpu else p[0]):
+            if gpu in (x, y):
+                peers += [y if x == gpu else x] * n
+        return tuple(peers)
 
     def pci_level(self, path_a: tuple[str, ...], path_b: tuple[str, ...]) -> str:
         """PIX/PXB/PHB/NODE/SYS between two PCI devices, from their paths.
@@ -296,11 +311,65 @@ def _apollo_pcie() -> NodeProfile:
     )
 
 
+def _dgx_1v() -> NodeProfile:
+    # Published `nvidia-smi topo -m` of a DGX-1 with V100: a hybrid cube mesh of NVLink 2 (NV1
+    # and NV2 between neighbours, SYS across the two quads without a link), two GPUs and one
+    # EDR NIC under each PCIe switch (PIX). Each switch has a root port of its own: the
+    # socket's other switch is NODE here (older published outputs, from before nvidia-smi
+    # told NODE from PHB, say PHB). The NICs' bus ids are assumed (the GPUs' are as
+    # nvidia-smi lists them).
+    quads = [
+        (0, "0-19,40-59", ((0x06, 0x07, 0x05, "mlx5_0"), (0x0A, 0x0B, 0x0C, "mlx5_1"))),
+        (1, "20-39,60-79", ((0x85, 0x86, 0x84, "mlx5_2"), (0x89, 0x8A, 0x8B, "mlx5_3"))),
+    ]
+    gpus: list[GpuSlot] = []
+    nics: list[NicSlot] = []
+    for socket, cpus, switches in quads:
+        for k, (gbus_a, gbus_b, nbus, rdma) in enumerate(switches):
+            path = (f"socket{socket}", f"numa{socket}", f"rp{socket}{k}", f"sw{socket}{k}")
+            for gbus in (gbus_a, gbus_b):
+                i = len(gpus)
+                gpus.append(GpuSlot(i, _bus(gbus), i + 1, socket, cpus, (*path, f"gpu{i}")))
+            nics.append(
+                NicSlot(
+                    rdma,
+                    f"ibp{nbus}s0",
+                    _bus(nbus),
+                    socket,
+                    "compute",
+                    100,
+                    "InfiniBand",
+                    (*path, rdma),
+                )
+            )
+    mesh = (
+        (0, 1, 1), (0, 2, 1), (0, 3, 2), (0, 4, 2), (1, 2, 2), (1, 3, 1), (1, 5, 2), (2, 3, 2),
+        (2, 6, 1), (3, 7, 1), (4, 5, 1), (4, 6, 1), (4, 7, 2), (5, 6, 2), (5, 7, 1), (6, 7, 2),
+    )  # fmt: skip
+    return NodeProfile(
+        name="dgx-1v",
+        product=PRODUCTS["dgx-1v"],
+        gpu_model=V100_SXM2_32GB,
+        gpus=tuple(gpus),
+        nics=tuple(nics),
+        nvswitches=(),
+        cpu_model="Intel Xeon E5-2698 v4",
+        sockets=2,
+        cores_per_socket=20,
+        numa_nodes=2,
+        driver_version="535.183.01",
+        cuda_driver_version=12020,
+        gpu_nvlinks=mesh,
+        notes="NIC bus ids assumed; NVLink numbering within a GPU assumed (peers in order).",
+    )
+
+
 DGX_H100 = _dgx_h100()
 DGX_A100 = _dgx_a100()
 APOLLO_PCIE = _apollo_pcie()
+DGX_1V = _dgx_1v()
 
-PROFILES: dict[str, NodeProfile] = {p.name: p for p in (DGX_H100, DGX_A100, APOLLO_PCIE)}
+PROFILES: dict[str, NodeProfile] = {p.name: p for p in (DGX_H100, DGX_A100, APOLLO_PCIE, DGX_1V)}
 
 
 def guest_bus_id(k: int) -> str:

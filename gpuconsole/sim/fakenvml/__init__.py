@@ -64,6 +64,7 @@ TIME_ENV = "GPUCONSOLE_FAKE_NVML_TIME"
 GCC_FLAGS = ("-shared", "-fPIC", "-O2", f"-Wl,-soname,{LIBRARY_NAME}")
 
 NVML_BRAND_NVIDIA = 14
+NVML_NVLINK_DEVICE_TYPE_GPU = 0
 NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
 # Memory slices a GPU instance of n compute slices occupies (its placement size).
 PLACEMENT_SIZE = {1: 1, 2: 2, 3: 4, 4: 4, 7: 8}
@@ -347,6 +348,12 @@ def write_profile(
                     f"nvlink {link} {sw.bus_id} {NVML_NVLINK_DEVICE_TYPE_SWITCH} 0x{switch_id:08X}"
                 )
                 link += 1
+        for peer in profile.link_peers(i):  # GPUs joined directly (DGX-1)
+            lines.append(
+                f"nvlink {link} {profile.gpus[peer].bus_id} {NVML_NVLINK_DEVICE_TYPE_GPU} "
+                f"0x{model.pci_device_id:08X}"
+            )
+            link += 1
         lines += _mig_lines(model)
         gi_ids: list[int] = []
         if i in mig_gpus:

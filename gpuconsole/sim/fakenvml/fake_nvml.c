@@ -1815,7 +1815,8 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
     COUNT(nvmlDeviceGetCudaComputeCapability);
     OUT(major && minor);
     DEVICE(device, IDENTITY | ALLOW_MIG);
-    *major = g->arch >= 9 ? 9 : 8; /* Hopper 9.0, Ampere GA100 8.0 */
+    /* Hopper 9.0, Ampere GA100 8.0, Volta 7.0 */
+    *major = g->arch >= 9 ? 9 : g->arch >= NVML_DEVICE_ARCH_AMPERE ? 8 : 7;
     *minor = 0;
     return NVML_SUCCESS;
 }
