@@ -88,6 +88,9 @@ _GPU = (
     names.DCGM_REMAP_UNC,
     names.DCGM_REMAP_FAILURE,
     names.DCGM_REMAP_PENDING,
+    names.DCGM_RETIRED_SBE,
+    names.DCGM_RETIRED_DBE,
+    names.DCGM_RETIRED_PENDING,
     names.PROF_SM_ACTIVE,
     names.GPU_LOST,
     names.GPU_PCIE_MAX_GEN,
@@ -130,6 +133,10 @@ _RAISED = (
     names.DCGM_ECC_DBE_VOL,
     names.DCGM_REMAP_FAILURE,
     names.DCGM_REMAP_PENDING,
+    # GPUs before Ampere only (none on a newer fleet): asked here, not in the parts
+    names.DCGM_RETIRED_SBE,
+    names.DCGM_RETIRED_DBE,
+    names.DCGM_RETIRED_PENDING,
     names.DCGM_THROTTLE,
 )
 _PER_PART = 4  # the other per-GPU series: this many metrics each round, in turn
@@ -639,6 +646,9 @@ def _steady(
             remapped_uncorrected=_int(_gauge(v, names.DCGM_REMAP_UNC)),
             remap_pending=_flag(v, names.DCGM_REMAP_PENDING),
             remap_failure=_flag(v, names.DCGM_REMAP_FAILURE),
+            retired_sbe=_int(_gauge(v, names.DCGM_RETIRED_SBE)),
+            retired_dbe=_int(_gauge(v, names.DCGM_RETIRED_DBE)),
+            retired_pending=_flag(v, names.DCGM_RETIRED_PENDING),
         ),
         pcie=PcieReading(
             gen_current=_int(_gauge(v, names.DCGM_PCIE_GEN)),
