@@ -134,7 +134,7 @@ async def test_slash_filters_by_model_and_escape_clears(console_app: Any) -> Non
         # a failed fan, a lost GPU, a failed PSU
         assert row_names(app) == ["dgx-002", "dgx-003", "dgxa-001"]
         await pilot.press("escape")
-        assert len(row_names(app)) == 7
+        assert len(row_names(app)) == 8
 
 
 async def test_sort_by_health_puts_the_worst_first(console_app: Any) -> None:
@@ -143,9 +143,9 @@ async def test_sort_by_health_puts_the_worst_first(console_app: Any) -> None:
         await pilot.press("s")
         names = row_names(app)
         # critical: a lost GPU (its job died), then a failed fan and a failed PSU (their
-        # GPUs work on) by name; then a remap pending, no peermem
+        # GPUs work on) by name; then a remap and a page retirement pending, no peermem
         assert names[:3] == ["dgx-003", "dgx-002", "dgxa-001"]
-        assert set(names[3:5]) == {"dgx-004", "apollo-01"}
+        assert set(names[3:6]) == {"dgx-004", "dgx1-001", "apollo-01"}
 
 
 async def test_m_switches_what_the_cells_show(console_app: Any) -> None:
