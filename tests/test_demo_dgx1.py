@@ -73,12 +73,19 @@ def test_the_demo_shows_the_dgx1_s_pending_retirement_and_alerts_on_it() -> None
     assert pending.labels["pci_bus_id"].lower().endswith("0a:00.0")
 
 
-def test_a_reset_retires_the_pending_page() -> None:
+def test_a_reset_retires_the_pending_page(fake_nvml_env: FakeNvmlEnv, tmp_path: Path) -> None:
+    """In the simulator and in the fake library alike: the pages stay retired, none waits,
+    and the GPU is fit again (3 pages retired is what dynamic page retirement is for)."""
     node = SimNode("dgx1-001", DGX_1V, scenarios=[Scenario("retired", 2)])
     assert node.retired_pages(2) == (2, 1, True)
     assert node.reset_gpu(2)
     assert node.retired_pages(2) == (2, 1, False)  # retired now, none waiting
     assert node.retired_pages(3) == (0, 0, False)
+    env = fake_nvml_env(DGX_1V, scenarios=["retired 2", "reset 2 at 0.5"], frozen_time=1.0)
+    [data] = snapshot_all(env, tmp_path, DGX_1V)["nodes"]
+    gpu = data["nvml"]["gpus"][2]
+    ecc = gpu["ecc"]
+    assert (ecc["retired_sbe"], ecc["retired_dbe"], ecc["retired_pending"]) == (2, 1, False)
 
 
 def test_a_tesla_is_named_by_its_model_in_narrow_columns() -> None:

@@ -113,7 +113,8 @@
  *
  * Scenarios: thermal (hot, SM clock throttled, HW thermal slowdown and its violation counter),
  * nvlinkerr (link 0's replay, recovery and CRC error counters climb; fields 161-163), retired
- * (before Ampere: pages retired, one pending; fields 29-31, NOT_SUPPORTED from Ampere on),
+ * (before Ampere: pages retired, one pending until a reset; fields 29-31, NOT_SUPPORTED from
+ * Ampere on),
  * ecc (volatile corrected errors, a pending row remap), notsupported (every call but identity
  * returns NOT_SUPPORTED), mig (MIG mode on; instances from mig_instance lines), smoothing (an
  * administrator turns power smoothing on and sets a preset, a TMP floor and a ramp-up rate),
@@ -795,6 +796,20 @@ static const scenario_t *find_scenario(int gpu, const char *kind) {
 static int scenario_active(int gpu, const char *kind, double t) {
     const scenario_t *s = find_scenario(gpu, kind);
     return s && t >= s->at;
+}
+
+/* A page retirement (the retired scenario) waits for a reset: pending from its start until a
+ * reset scenario at or after it; the pages stay retired. */
+static int retirement_pending(int gpu, double t) {
+    const scenario_t *r = find_scenario(gpu, "retired");
+    if (!r || t < r->at)
+        return 0;
+    for (int i = 0; i < g_prof.nscenarios; i++) {
+        const scenario_t *s = &g_prof.scenarios[i];
+        if (s->gpu == gpu && strcmp(s->kind, "reset") == 0 && s->at >= r->at && t >= s->at)
+            return 0;
+    }
+    return 1;
 }
 
 /* Lost from an XID 79 on, until a reset after it. */
@@ -2258,7 +2273,7 @@ static nvmlReturn_t field_value(const gpu_t *g, double t, nvmlFieldValue_t *v) {
         v->value.ullVal = !retired                         ? 0
                           : id == NVML_FI_DEV_RETIRED_SBE ? 2
                           : id == NVML_FI_DEV_RETIRED_DBE ? 1
-                                                          : 1;
+                                                          : retirement_pending(g->index, t);
         return NVML_SUCCESS;
     }
     case NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY:
@@ -2701,7 +2716,7 @@ nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, unsigne
     DEVICE(device, 0);
     if (g->arch >= NVML_DEVICE_ARCH_AMPERE)
         return NVML_ERROR_NOT_SUPPORTED;
-    *isPending = (unsigned)scenario_active(g->index, "retired", sim_time());
+    *isPending = (unsigned)retirement_pending(g->index, sim_time());
     return NVML_SUCCESS;
 }
 
