@@ -316,7 +316,7 @@ async def test_a_reset_that_fails_asks_for_the_node_reboot_and_a_power_cycle_tha
         f"reboot the node: the reset of GPU 5 ({short_bus_id(bus)}) at "
         f"{fmt.clock_time(tried.started_at)} failed"
     )
-    await _a_head_reads_it_from_the_agent(world, bus, lost.text)
+    await _a_head_reads_it_from_the_agent(world, bus)
     cycle_plan = await executor.plan_remedy("5")  # what the verdict now asks for
     assert cycle_plan.remedy == "reboot_node" and StepKind.POWER_CYCLE in kinds(cycle_plan)
 
@@ -374,9 +374,11 @@ async def test_what_a_reset_would_clear_asks_for_the_power_cycle_once_the_reset_
     assert f"; reboot the node: the reset of GPU 5 ({short_bus_id(bus)}) at " in remap.text
 
 
-async def _a_head_reads_it_from_the_agent(world: SimWorld, bus: str, words: str) -> None:
+async def _a_head_reads_it_from_the_agent(world: SimWorld, bus: str) -> None:
     """A head reading the node through its agent (real, on loopback) shows the verdict the
-    node judged from its journal; the journal itself stays on the node."""
+    node judged from its journal; the journal itself stays on the node. (Each of the world's
+    snapshots is a fresh poll, which dates the lost GPU from itself: the words are compared
+    with the snapshot the agent serves.)"""
     from gpuconsole.export.agent import Agent
     from gpuconsole.readings.snapshot import FleetSnapshot
     from gpuconsole.wiring import AgentSettings
@@ -385,6 +387,8 @@ async def _a_head_reads_it_from_the_agent(world: SimWorld, bus: str, words: str)
 
     node = await world.snapshot()
     assert node.actions is not None and node.actions.repair(bus) is not None
+    words = gpu_verdict(node, bus).findings[0].text
+    assert "failed" in words
     agent = Agent(HeldHub(FleetSnapshot(1, time.time(), (node,))), AgentSettings(port=0))
     await agent.start()
     try:
