@@ -15,7 +15,7 @@ import itertools
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -37,7 +37,7 @@ from gpuconsole.readings.base import (
     safe_text,
 )
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
-from gpuconsole.sources.base import Focusable, Reading, Source
+from gpuconsole.sources.base import Focusable, Reading, Source, Viewable
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,7 @@ class Hub:
         self._latest: FleetSnapshot | None = None
         self._running = False
         self._focused: dict[int, str] = {}  # viewer (a console) -> the node it drilled into
+        self._in_view: dict[int, frozenset[str]] = {}  # viewer -> the rows on its screen
         self._alerts: tuple[ActiveAlert, ...] = ()
 
     # --- setup ---------------------------------------------------------------------
@@ -140,10 +141,44 @@ class Hub:
             self._focused.pop(id(viewer), None)
         else:
             self._focused[id(viewer)] = node
+        self._tell_sources()
+
+    def show(self, rows: Collection[str] | None, viewer: object = None) -> None:
+        """The nodes `viewer` (a console) has in view, its fleet's rows; None: it says no
+        more (it left). A source that reads some of a node only for viewers (Prometheus)
+        reads it for every viewer's rows and opened nodes; while no viewer says, for all."""
+        before = self._seen()
+        if rows is None:
+            self._in_view.pop(id(viewer), None)
+        else:
+            self._in_view[id(viewer)] = frozenset(rows)
+        after = self._seen()
+        # a scroll tells the nodes that came into view or left it, not every source
+        self._tell_sources(None if before is None or after is None else before ^ after)
+
+    def _seen(self) -> set[str] | None:
+        """The nodes some viewer sees: in view or opened; None while no viewer says."""
+        if not self._in_view:
+            return None
+        return set(self._focused.values()).union(*self._in_view.values())
+
+    def _tell_sources(self, nodes: Collection[str] | None = None) -> None:
+        """The sources of `nodes` (None: of all) what the viewers want of their node:
+        every detail, or to see it."""
         wanted = set(self._focused.values())
-        for node_state in self._nodes.values():
+        seen = self._seen()
+        told = (
+            self._nodes.values()
+            if nodes is None
+            else [self._nodes[n] for n in nodes if n in self._nodes]
+        )
+        for node_state in told:
             for state in node_state.sources:
                 source = state.source
+                if isinstance(source, Viewable):
+                    shown = seen is None or source.node in seen
+                    if source.in_view != shown:
+                        source.in_view = shown
                 if isinstance(source, Focusable):
                     opened = source.node in wanted and not source.detail
                     source.detail = source.node in wanted

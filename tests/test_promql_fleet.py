@@ -4,6 +4,7 @@ node still reads its own agent."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from benchmarks.promfleet import (
     write_openmetrics,
 )
 from gpuconsole.config import FleetConfig
+from gpuconsole.export import names
 from gpuconsole.export.agent import Agent, select
 from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.facts.verdict import reading_verdict
@@ -31,9 +33,13 @@ from gpuconsole.sources.promql import (
     FleetSeries,
     NodeBuilder,
     PrometheusReader,
+    PromQLSource,
+    drawn_gauges,
     parse_overview,
     round_plan,
 )
+from gpuconsole.tui.app import ConsoleApp
+from gpuconsole.tui.screens.fleet import FleetScreen, Sort
 from gpuconsole.wiring import AgentSettings, fleet_hub
 from tests.export_fixtures import frozen_fleet
 from tests.peers import require_program
@@ -360,3 +366,141 @@ def test_a_series_gone_from_an_answer_is_gone_though_as_many_others_came() -> No
     gpus = series.overview().nodes["n1:9400"]["n1"].gpus
     assert {g: v.get(util) for g, v in gpus.items()} == {0: 3.0, 1: None, 2: 4.0}
     assert {g: v.get(lost) for g, v in gpus.items()} == {0: 0.0, 1: 1.0, 2: None}
+
+
+@dataclass
+class MovingFleet(Fleet):
+    steps: list[float]  # the times whose samples hold the gauges moved 1 more each
+
+
+@pytest.fixture
+def moving_fleet(tmp_path: Path) -> Iterator[MovingFleet]:
+    """200 copies of the demo's GPU nodes whose drawn gauges and lost flags move 1 at each
+    step: at the first step after the backfill every GPU of every node is lost."""
+    require_program("promtool", "apt-get install prometheus")
+    require_program("prometheus", "apt-get install prometheus")
+    templates = [n for n in frozen_fleet().nodes if n.gpus]
+    fleet = list(members(templates, NODES))
+    at = time.time() - 60
+    steps = [at + 5.0 * k for k in range(3)]
+    source = tmp_path / "fleet.om"
+    moving = (*drawn_gauges(), names.GPU_LOST[0])
+    write_openmetrics(source, fleet, at, moving=moving, steps=steps[1:])
+    targets = tmp_path / "targets.json"
+    targets_file(targets, fleet)
+    with BackfilledPrometheus(source) as prometheus:
+        yield MovingFleet(prometheus.url, targets, fleet, steps)
+
+
+def _rows_in_view(app: ConsoleApp) -> set[str]:
+    screen = app.screen
+    assert isinstance(screen, FleetScreen)
+    keys = screen.table.row_keys
+    return {keys[i] for i in screen.table.visible_rows()}
+
+
+async def test_the_rows_on_screen_have_their_gpus_read_each_round_the_rest_their_health(
+    moving_fleet: MovingFleet,
+) -> None:
+    """Two consoles on one head (two ssh sessions): Prometheus is asked each round for the
+    GPU gauges of the rows either shows, and for every node's health; a row scrolled into
+    view has its GPUs read by the next round, and every row sorts by its figures."""
+    fleet = moving_fleet
+    hub = head(fleet)
+    sources = [s for s in hub.sources if isinstance(s, PromQLSource)]
+    reader = sources[0].reader
+    step = 0
+    reader.evaluate_at = lambda: fleet.steps[step] + 0.001
+    reader.out_of_view_s = 3600.0  # rows out of view: their gauges as the first round read
+    sent: list[str] = []
+    query = reader.query
+
+    async def recorded(promql: str) -> list[Any]:
+        sent.append(promql)
+        return await query(promql)
+
+    reader.query = recorded  # type: ignore[method-assign]  # what it sends, still sent
+    by_name = {m.name: m for m in fleet.members}
+
+    def utils(name: str) -> list[float | None]:
+        node = hub.latest.node(name) if hub.latest is not None else None
+        assert node is not None
+        return [g.util_gpu_pct for g in node.gpus]
+
+    def moved(name: str, by: int) -> list[float | None]:
+        return [
+            None if u is None else u + by for u in (g.util_gpu_pct for g in by_name[name].node.gpus)
+        ]
+
+    def all_lost(name: str) -> bool:
+        node = hub.latest.node(name) if hub.latest is not None else None
+        return node is not None and all(g.lost for g in node.gpus)
+
+    one = ConsoleApp(hub, start_hub=False, theme_dirs=[])
+    two = ConsoleApp(hub, start_hub=False, theme_dirs=[])
+    await hub.start()
+    try:
+        await until(lambda: all(fresh(hub, m.name) for m in fleet.members), timeout=60)
+        async with one.run_test(size=(120, 30)) as first, two.run_test(size=(120, 30)) as second:
+            await second.press("pagedown", "pagedown", "pagedown")
+            await first.pause()
+            await second.pause()
+            shown = _rows_in_view(one) | _rows_in_view(two)
+            assert {s.node for s in sources if s.in_view} == shown
+            assert 20 < len(shown) < NODES // 2
+            hidden = [m.name for m in fleet.members if m.name not in shown]
+            # the gauges move: the rows in view show it within a round; the rest, whose
+            # health is asked each round, show every GPU lost, their gauges as read before
+            sent.clear()
+            step, began = 1, reader.rounds
+            await until(lambda: all(utils(n) == moved(n, 1) for n in shown), timeout=30)
+            await until(lambda: all(all_lost(n) for n in hidden), timeout=30)
+            assert reader.rounds <= began + 3
+            assert all(utils(n) == moved(n, 0) for n in hidden)
+            instances = {by_name[n].instance for n in shown}
+            for gauge in drawn_gauges():
+                asked = [q for q in sent if f"({gauge}{{" in q]
+                assert asked and all(_matched(q) == instances for q in asked), gauge
+            flag = [q for q in sent if f"({names.GPU_LOST[0]}{{" in q]
+            assert flag and all("instance" not in q.split("(", 2)[2] for q in flag)
+            # scrolled into view: the next round asks its GPUs, and the user sees them
+            await second.press("ctrl+end")
+            await second.pause()
+            bottom = fleet.members[-1].name
+            assert bottom in hidden and bottom in _rows_in_view(two)
+            sent.clear()
+            began = reader.rounds
+            await until(lambda: utils(bottom) == moved(bottom, 1), timeout=30)
+            assert reader.rounds <= began + 3
+            first_drawn = next(q for q in sent if f"({drawn_gauges()[0]}{{" in q)
+            assert by_name[bottom].instance in _matched(first_drawn)
+            # every row's gauges at the slower rate: sorted by utilization, each row in
+            # its place though most were never in view
+            reader.out_of_view_s = 0.0
+            began = reader.rounds
+            await until(lambda: all(utils(n) == moved(n, 1) for n in hidden), timeout=30)
+            assert reader.rounds <= began + 3
+            screen = one.screen
+            assert isinstance(screen, FleetScreen)
+            while screen.sort is not Sort.UTIL:
+                await first.press("s")
+            await first.pause(1.2)
+            mean = {m.name: _mean(moved(m.name, 1)) for m in fleet.members}
+            expected = sorted(mean, key=lambda n: (-mean[n], n))
+            assert list(screen.table.row_keys) == expected
+        # both consoles gone: every node's gauges each round again, as with no console
+        assert all(s.in_view for s in sources)
+    finally:
+        await hub.stop()
+
+
+def _matched(promql: str) -> set[str]:
+    """The instances a query's `instance=~"…"` matcher names."""
+    found = re.search(r'instance=~"([^"]*)"', promql)
+    assert found is not None, promql
+    return {part.replace("\\\\", "") for part in found.group(1).split("|")}
+
+
+def _mean(values: list[float | None]) -> float:
+    got = [v for v in values if v is not None]
+    return sum(got) / len(got) if got else -1.0

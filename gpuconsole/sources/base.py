@@ -53,6 +53,15 @@ class Focusable(Protocol):
     detail: bool
 
 
+@runtime_checkable
+class Viewable(Protocol):
+    """A source that reads some of its node (Prometheus: its GPU gauges) every round only
+    while a viewer sees the node; `in_view` says so."""
+
+    node: str
+    in_view: bool
+
+
 class SourceUnavailable(Exception):
     """The thing a source reads is absent (no driver, no socket): a clear, final message."""
 

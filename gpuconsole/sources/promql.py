@@ -22,7 +22,7 @@ import gc
 import math
 import re
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import urlencode
@@ -142,6 +142,9 @@ _RAISED = (
 _PER_PART = 4  # the other per-GPU series: this many metrics each round, in turn
 _PER_NODE_PART = 7  # and the per-node ones (sources, BMC, fabric ports)
 NEW_PER_ROUND = 200  # targets new to the rounds read whole in one round, at most
+# While viewers say which rows they see, the GPU gauges of the rest are asked this often
+# (every node's, so that rows out of view still sort by them).
+OUT_OF_VIEW_S = 30.0
 WHOLE_AT_ONCE = 4  # the first round's queries asked side by side
 
 _KIND: dict[str, str] = {
@@ -214,12 +217,21 @@ class Ask:
     raised: frozenset[str] = frozenset()  # of `metrics`, those sent only above 0
     info: bool = False
     named: str = ""  # the one metric asked, whose samples then come without its name
+    within: frozenset[str] | None = None  # the targets asked about (instances); None: all
 
 
-def _metric_ask(metric: str, extra: str, raised: bool = False) -> Ask:
+def _metric_ask(
+    metric: str, extra: str, raised: bool = False, within: frozenset[str] | None = None
+) -> Ask:
     asked = frozenset({metric})
-    query = _metric_query(metric, extra, raised)
-    return Ask(query, asked, raised=asked if raised else frozenset(), named=metric)
+    selector = extra if within is None else _instances(sorted(within), extra)
+    query = _metric_query(metric, selector, raised)
+    return Ask(query, asked, raised=asked if raised else frozenset(), named=metric, within=within)
+
+
+def drawn_asks(selector: str = "", within: frozenset[str] | None = None) -> tuple[Ask, ...]:
+    """The GPU gauges the fleet view draws, of the targets at `within` (None: of all)."""
+    return tuple(_metric_ask(m, selector, within=within) for m in _DRAWN)
 
 
 @dataclass(frozen=True)
@@ -354,6 +366,22 @@ def _safe_labels(labels: Mapping[str, Any]) -> Mapping[str, Any]:
     return {k: safe_text(v) if type(v) is str else v for k, v in labels.items()}
 
 
+def _holding(found: NodeSeries, kinds: Collection[str | None]) -> list[dict[str, float]]:
+    """A node's dicts of values of the metrics of `kinds`."""
+    held: list[dict[str, float]] = []
+    if "gpu" in kinds:
+        held += found.gpus.values()
+    if "source" in kinds:
+        held += found.sources.values()
+    if "node" in kinds:
+        held.append(found.values)
+    if "port" in kinds:
+        held += found.ports.values()
+    if "netdev" in kinds:
+        held += (stats for _, stats in found.netdevs.values())
+    return held
+
+
 class FleetSeries:
     """Every node's series as the rounds left them: each answer replaces the metrics it
     was asked for (those it no longer holds are gone) or the info series."""
@@ -382,29 +410,34 @@ class FleetSeries:
         return found
 
     def _sweep(
-        self, metrics: frozenset[str], raised: frozenset[str], placed: set[tuple[int, str]]
+        self,
+        metrics: frozenset[str],
+        raised: frozenset[str],
+        placed: set[tuple[int, str]],
+        within: frozenset[str] | None = None,
     ) -> None:
         """Of `metrics`, drop those the answer did not hold (`placed`: each value's dict
         and metric); of those `raised`, a series held is 0 unless the answer says it is
-        raised (one never exported stays unknown)."""
+        raised (one never exported stays unknown). An answer about the targets at `within`
+        says nothing of the others: theirs stay, and so do their counts."""
         kinds = {_KIND.get(m) for m in metrics}
         counts, nonzero = self._held, self._nonzero  # counted again
-        for metric in metrics:
-            counts[metric] = nonzero[metric] = 0
-        for served in self.nodes.values():
+        if within is None:
+            for metric in metrics:
+                counts[metric] = nonzero[metric] = 0
+            swept: Iterable[dict[str, NodeSeries]] = self.nodes.values()
+        else:
+            swept = [self.nodes[i] for i in within if i in self.nodes]
+            for served in swept:  # counted again, as far as within
+                for found in served.values():
+                    for values in _holding(found, kinds):
+                        for metric in metrics.intersection(values):
+                            counts[metric] = counts.get(metric, 0) - 1
+                            if values[metric] != 0.0:
+                                nonzero[metric] = nonzero.get(metric, 0) - 1
+        for served in swept:
             for found in served.values():
-                held: list[dict[str, float]] = []
-                if "gpu" in kinds:
-                    held += found.gpus.values()
-                if "source" in kinds:
-                    held += found.sources.values()
-                if "node" in kinds:
-                    held.append(found.values)
-                if "port" in kinds:
-                    held += found.ports.values()
-                if "netdev" in kinds:
-                    held += (stats for _, stats in found.netdevs.values())
-                for values in held:
+                for values in _holding(found, kinds):
                     for metric in metrics.intersection(values) if len(metrics) > 1 else metrics:
                         value = values.get(metric)
                         if value is None:
@@ -432,10 +465,12 @@ class FleetSeries:
         metrics: frozenset[str] | None = None,
         raised: frozenset[str] = frozenset(),
         named: str = "",
+        within: frozenset[str] | None = None,
     ) -> None:
-        """An answer covering `metrics` (None: every placed value), of which `raised` are
-        sent only above 0, its samples without their name where it asked for `named`
-        alone; ValueError when it does not fit."""
+        """An answer covering `metrics` (None: every placed value) of the targets at
+        `within` (None: of all), of which `raised` are sent only above 0, its samples
+        without their name where it asked for `named` alone; ValueError when it does not
+        fit."""
         try:
             if values:  # when Prometheus evaluated the query
                 self.at = float(values[0]["value"][0])
@@ -447,8 +482,8 @@ class FleetSeries:
             self._place(values, named, placed)
             # a metric asked alone, placed in as many values as hold it: none to sweep
             holding = (self._nonzero if raised else self._held).get(named, -1)
-            if metrics is not None and not (named and len(placed) == holding):
-                self._sweep(metrics, raised, placed)
+            if metrics is not None and not (named and within is None and len(placed) == holding):
+                self._sweep(metrics, raised, placed, within)
         except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
             raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
         if metrics is None:
@@ -846,7 +881,13 @@ class PrometheusReader:
     The first round asks for every series, a part at a time. Later rounds ask each time for
     what moves and what a fleet view draws (up, each GPU's gauges, health flags that are
     raised) and for one part of the rest, the parts in turn: a round then carries under a
-    quarter of the series a whole one does, and every series is fresh within eight rounds.
+    quarter of the series a whole one does, and every series is fresh within nine rounds.
+
+    Where viewers say which nodes they see (`view`: the rows on their screens, the nodes
+    they opened), a round asks the GPU gauges of those nodes only, and every node's once
+    each `out_of_view_s`; up, the health flags and the parts stay the whole fleet's, so a
+    row out of view still has its health, its GPUs and figures to sort by. With no viewer
+    (an exporter, a wallboard, a one-shot read) every node counts as seen.
     """
 
     def __init__(
@@ -859,6 +900,7 @@ class PrometheusReader:
         timeout_s: float = 3.0,
         monotonic: Callable[[], float] = time.monotonic,
         evaluate_at: Callable[[], float] | None = None,
+        out_of_view_s: float = OUT_OF_VIEW_S,
     ) -> None:
         """`evaluate_at`: the time each query asks about (a replay's, a benchmark's);
         None: Prometheus' now."""
@@ -877,6 +919,30 @@ class PrometheusReader:
         self._monotonic = monotonic
         self._round: asyncio.Future[Overview] | None = None
         self._began = -math.inf
+        self.out_of_view_s = out_of_view_s
+        self._seen: dict[tuple[str, str], bool] = {}  # (instance, node) -> a viewer sees it
+        self._unseen = 0  # of those, how many no viewer sees
+        self._all_drawn_at = -math.inf  # when a round last asked every node's gauges
+
+    def view(self, instance: str, node: str, seen: bool) -> None:
+        """Whether a viewer sees the node `node` read at `instance` (in view, opened)."""
+        before = self._seen.get((instance, node))
+        self._seen[(instance, node)] = seen
+        self._unseen += (not seen) - (before is False)
+
+    def seen(self, instance: str, node: str) -> bool:
+        return self._seen.get((instance, node), True)
+
+    def _drawn_asks(self) -> tuple[tuple[Ask, ...], frozenset[str] | None]:
+        """This round's asks of the GPU gauges and the targets they cover (None: all)."""
+        now = self._monotonic()
+        if not self._unseen or now - self._all_drawn_at >= self.out_of_view_s:
+            self._all_drawn_at = now
+            return drawn_asks(self.selector), None
+        shown = frozenset(i for (i, _), seen in self._seen.items() if seen)
+        if 2 * len(shown) > len({i for i, _ in self._seen}):
+            return drawn_asks(self.selector), None  # most of the fleet: cheaper unmatched
+        return (drawn_asks(self.selector, shown) if shown else ()), shown
 
     async def overview(self) -> Overview:
         """The latest round, or a new one when the latest is half an interval old."""
@@ -916,7 +982,7 @@ class PrometheusReader:
                 if ask.info:
                     series.take_info(answer)
                 else:
-                    series.take_values(answer, ask.metrics, ask.raised, ask.named)
+                    series.take_values(answer, ask.metrics, ask.raised, ask.named, ask.within)
 
         await asyncio.gather(*(one(ask) for ask in asks))
 
@@ -931,13 +997,17 @@ class PrometheusReader:
             series.settle_totals()
             series.read_whole = {i for i, up in series.up.items() if up >= 1}
             self._series = series
+            self._all_drawn_at = self._monotonic()
             self.rounds += 1
             return series.overview()
         part = self.parts[self._turn % len(self.parts)]
         self._turn += 1
-        await self._take(series, (*self.every, *part))
+        drawn, within = self._drawn_asks()
+        every = (*(a for a in self.every if a.named not in _DRAWN_SET), *drawn)
+        await self._take(series, (*every, *part))
         if any(ask.named == _FREE for ask in part):
-            series.settle_totals()
+            # the total of those whose used was read this round, beside free
+            series.settle_totals(within)
         # targets Prometheus began to scrape since: every series of theirs, by instance
         new = series.unheld()[:NEW_PER_ROUND]
         if new:
@@ -1001,6 +1071,7 @@ class PromQLSource:
         self._emit: EmitEvent | None = None
         self._xids: dict[str, int] | None = None
         self._builder = NodeBuilder(node)
+        reader.view(instance, node, True)
 
     @property
     def detail(self) -> bool:
@@ -1009,6 +1080,15 @@ class PromQLSource:
     @detail.setter
     def detail(self, value: bool) -> None:
         self.agent.detail = value
+
+    @property
+    def in_view(self) -> bool:
+        """Whether a viewer sees this node: its GPU gauges are then asked every round."""
+        return self.reader.seen(self.instance, self.node)
+
+    @in_view.setter
+    def in_view(self, value: bool) -> None:
+        self.reader.view(self.instance, self.node, value)
 
     async def start(self, emit: EmitEvent) -> None:
         self._emit = emit

@@ -6,7 +6,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import ClassVar
 
@@ -163,6 +163,7 @@ class ConsoleApp(App[None]):
             gc.unfreeze()
             gc.set_threshold(*self._thresholds)
         self._drill_into(None)
+        self.show_rows(None)
         if self._attaching is not None and not self._attaching.is_finished:
             self._attaching.cancel()  # the console ends while its hub still starts
             with contextlib.suppress(WorkerCancelled, WorkerFailed):
@@ -304,6 +305,12 @@ class ConsoleApp(App[None]):
             self._drilled = node
             self._drilled_at = time.monotonic() if node is not None else 0.0
             self.hub.focus(node, viewer=self)
+
+    def show_rows(self, rows: Collection[str] | None) -> None:
+        """A fleet's hub reads these nodes' GPUs each round while this console shows their
+        rows (a Prometheus overview: the rest less often); None: this console shows none."""
+        if self.hub is not None:
+            self.hub.show(rows, viewer=self)
 
     def _to_fleet(self) -> None:
         while len(self.screen_stack) > 1 and not isinstance(self.screen, FleetScreen):

@@ -145,6 +145,7 @@ class FleetScreen(BaseView):
         # every node's health and counts, with the reading they were worked out from
         self._facts: dict[str, tuple[NodeSnapshot, summaries.NodeFacts]] = {}
         self._summary: Text | None = None  # the summary line on screen
+        self._told: frozenset[str] | None = None  # the rows in view, as the hub was told
 
     def crumbs(self) -> list[str]:
         return ["Fleet"]
@@ -199,7 +200,8 @@ class FleetScreen(BaseView):
         table = self.table
         palette, now, metric = self.palette, self.console.clock(), self.metric
         order = table.row_keys
-        for index in table.visible_rows():
+        visible = table.visible_rows()
+        for index in visible:
             name = order[index]
             node = self._latest.get(name)
             if node is None or self._shown.get(name) is node:
@@ -207,6 +209,10 @@ class FleetScreen(BaseView):
             facts = self._facts[name][1]
             table.update_row(name, row_cells(node, facts, metric, palette, now))
             self._shown[name] = node
+        in_view = frozenset(order[index] for index in visible)
+        if in_view != self._told:  # the hub reads these rows' GPUs each round
+            self._told = in_view
+            self.console.show_rows(in_view)
 
     def _show_summary(self, facts: dict[str, summaries.NodeFacts], of: int) -> None:
         """Counts over the nodes `facts` holds (those the filter lets through) of `of`."""
