@@ -40,6 +40,7 @@ from gpuconsole.sources.promql import (
 )
 from gpuconsole.tui.app import ConsoleApp
 from gpuconsole.tui.screens.fleet import FleetScreen, Sort
+from gpuconsole.tui.wallboard import WallboardApp
 from gpuconsole.wiring import AgentSettings, fleet_hub
 from tests.export_fixtures import frozen_fleet
 from tests.peers import require_program
@@ -488,6 +489,13 @@ async def test_the_rows_on_screen_have_their_gpus_read_each_round_the_rest_their
             mean = {m.name: _mean(moved(m.name, 1)) for m in fleet.members}
             expected = sorted(mean, key=lambda n: (-mean[n], n))
             assert list(screen.table.row_keys) == expected
+            # a wallboard joins: its heat grid is the whole fleet's, so every node is seen
+            board = WallboardApp(hub, start_hub=False, theme_dirs=[])
+            async with board.run_test(size=(120, 40)):
+                assert all(s.in_view for s in sources)
+            assert {s.node for s in sources if s.in_view} == (
+                _rows_in_view(one) | _rows_in_view(two)
+            )
         # both consoles gone: every node's gauges each round again, as with no console
         assert all(s.in_view for s in sources)
     finally:

@@ -338,12 +338,16 @@ class WallboardApp(App[None]):
         yield Static("", id="wallboard-body")
 
     async def on_mount(self) -> None:
+        if self.hub is not None:  # its heat grid and hottest GPUs are the whole fleet's
+            self.hub.show({source.node for source in self.hub.sources}, viewer=self)
         await self._feed.attach(self)
         self._rotation = self.set_interval(self.page_s, self.next_page)
         self.set_interval(1.0, self._show_title)
         self.render_page()
 
     async def on_unmount(self) -> None:
+        if self.hub is not None:
+            self.hub.show(None, viewer=self)
         await self._feed.detach()
 
     def on_snapshot_arrived(self, message: SnapshotArrived) -> None:
