@@ -30,10 +30,12 @@ from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.base import Health
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.promql import (
+    OUT_OF_VIEW_S,
     FleetSeries,
     NodeBuilder,
     PrometheusReader,
     PromQLSource,
+    drawn_asks,
     drawn_gauges,
     parse_overview,
     round_plan,
@@ -331,15 +333,24 @@ def test_the_readme_says_which_queries_the_console_sends() -> None:
     plan = round_plan()
     by = "instance, Hostname, node, exported_node, gpu, source, device, port, netdev"
     assert f"`(…)` below is `{by}`" in scale
-    for ask in plan.every:
+    seen = drawn_asks(within=frozenset({"10.0.0.1:9400", "10.0.0.2:9400"}))
+    assert {a.named for a in seen} == {a.named for a in plan.every} - {"up"} - {
+        m for a in plan.every for m in a.raised
+    }
+    for ask in (*plan.every, *seen):
         # each as the README writes it, with the labels it aggregates by shortened to (…)
-        shown = ask.query.replace(by, "…")
+        # and the targets a console sees to "…"
+        shown = re.sub(r'instance=~"[^"]*"', 'instance=~"…"', ask.query.replace(by, "…"))
         if ask.named != "up":
             assert f"`{ask.named}`" in scale
             shown = shown.replace(ask.named, "METRIC")
         assert f"`{shown}`" in scale
     info = next(a for part in plan.parts for a in part if a.info)
     assert f"`{info.query}`" in scale
+    assert (
+        f'of every node, `max by (…) (METRIC{{GPU_I_ID=""}})`, once every {OUT_OF_VIEW_S:g} s'
+        in " ".join(scale.split())
+    )
     rounds = {8: "eight", 9: "nine", 10: "ten"}[len(plan.parts)]
     assert f"fresh within {rounds} rounds" in scale
 
@@ -442,6 +453,9 @@ async def test_the_rows_on_screen_have_their_gpus_read_each_round_the_rest_their
     await hub.start()
     try:
         await until(lambda: all(fresh(hub, m.name) for m in fleet.members), timeout=60)
+        # the event log says how often what is read, as a large demo says its refresh
+        said = [e.message for e in hub.events() if e.kind == "refresh"]
+        assert len(said) == 1 and "every node's GPUs every 3600 s" in said[0]
         async with one.run_test(size=(120, 30)) as first, two.run_test(size=(120, 30)) as second:
             await second.press("pagedown", "pagedown", "pagedown")
             await first.pause()

@@ -33,7 +33,14 @@ from gpuconsole.export import names
 from gpuconsole.facts.inventory import gpu_and_bus
 from gpuconsole.facts.xids import describe_xid
 from gpuconsole.readings.agents import AgentReading
-from gpuconsole.readings.base import Event, SourceStatus, known_bus_id, normal_bus_id, safe_text
+from gpuconsole.readings.base import (
+    Event,
+    Severity,
+    SourceStatus,
+    known_bus_id,
+    normal_bus_id,
+    safe_text,
+)
 from gpuconsole.readings.bmc import BmcReading, PowerState
 from gpuconsole.readings.fabric import (
     FabricDevice,
@@ -923,6 +930,15 @@ class PrometheusReader:
         self._seen: dict[tuple[str, str], bool] = {}  # (instance, node) -> a viewer sees it
         self._unseen = 0  # of those, how many no viewer sees
         self._all_drawn_at = -math.inf  # when a round last asked every node's gauges
+        self.said = False  # whether a node's source told the event log how it reads
+
+    def refresh_words(self) -> str:
+        """How often the overview reads what, for the event log."""
+        return (
+            f"Prometheus overview: every {self.interval_s:g} s each node's health and the "
+            f"GPUs of the rows consoles show and the nodes they open; every node's GPUs "
+            f"every {self.out_of_view_s:g} s while a console shows only some"
+        )
 
     def view(self, instance: str, node: str, seen: bool) -> None:
         """Whether a viewer sees the node `node` read at `instance` (in view, opened)."""
@@ -1092,6 +1108,10 @@ class PromQLSource:
 
     async def start(self, emit: EmitEvent) -> None:
         self._emit = emit
+        if not self.reader.said:  # once for the fleet, as a demo says its refresh
+            self.reader.said = True
+            words = self.reader.refresh_words()
+            emit(Event(self._clock(), self.node, "remote", "refresh", Severity.INFO, words))
         await self.agent.start(emit)
 
     async def close(self) -> None:
