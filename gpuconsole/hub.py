@@ -18,7 +18,7 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -175,13 +175,16 @@ class Hub:
         for node_state in told:
             for state in node_state.sources:
                 source = state.source
-                if isinstance(source, Viewable):
-                    shown = seen is None or source.node in seen
-                    if source.in_view != shown:
-                        source.in_view = shown
-                if isinstance(source, Focusable):
-                    opened = source.node in wanted and not source.detail
-                    source.detail = source.node in wanted
+                viewable, focusable = _roles(source)
+                if viewable:
+                    viewed = cast("Viewable", source)
+                    shown = seen is None or viewed.node in seen
+                    if viewed.in_view != shown:
+                        viewed.in_view = shown
+                if focusable:
+                    focused = cast("Focusable", source)
+                    opened = focused.node in wanted and not focused.detail
+                    focused.detail = focused.node in wanted
                     if opened:  # read now, not at its next turn: a viewer waits
                         state.wanted_now = True
                         if state.waiter is not None:
@@ -552,6 +555,19 @@ class Hub:
             history=node.history.view(),
             **fields,
         )
+
+
+_ROLES: dict[type, tuple[bool, bool]] = {}
+
+
+def _roles(source: Source) -> tuple[bool, bool]:
+    """Whether a source is Viewable and Focusable, found once per class: a protocol's
+    isinstance costs about 10 µs, and a fleet's viewers tell 10,000 sources at a time."""
+    kind = type(source)
+    roles = _ROLES.get(kind)
+    if roles is None:
+        roles = _ROLES[kind] = (isinstance(source, Viewable), isinstance(source, Focusable))
+    return roles
 
 
 def _done(waiter: asyncio.Future[None]) -> None:
