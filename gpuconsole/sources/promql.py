@@ -894,7 +894,8 @@ class PrometheusReader:
     they opened), a round asks the GPU gauges of those nodes only, and every node's once
     each `out_of_view_s`; up, the health flags and the parts stay the whole fleet's, so a
     row out of view still has its health, its GPUs and figures to sort by. With no viewer
-    (an exporter, a wallboard, a one-shot read) every node counts as seen.
+    (an exporter, a one-shot read) every node counts as seen, as for one that sees every
+    node (a wallboard).
     """
 
     def __init__(
