@@ -294,6 +294,39 @@ async def test_a_node_a_viewer_opens_is_read_at_once_not_at_its_next_turn() -> N
         await hub.stop()
 
 
+def test_the_nodes_viewers_see_are_the_union_of_their_rows_and_opened_nodes() -> None:
+    """Two consoles (ssh sessions) each tell the rows they show and the node they opened;
+    a source that reads some of a node only for viewers is told whether any sees it, and
+    once every console has left, every node counts as seen again (as with none at all)."""
+
+    class Overview(ScriptedSource):
+        """A source that reads some of its node only while a viewer sees it (Viewable)."""
+
+        in_view = True
+
+    hub = fast_hub()
+    nodes = {name: Overview(name) for name in ("n1", "n2", "n3", "n4", "n5")}
+    for source in nodes.values():
+        hub.add_source(source)
+
+    def seen() -> set[str]:
+        return {name for name, source in nodes.items() if source.in_view}
+
+    one, two = object(), object()
+    hub.show(["n1", "n2"], viewer=one)
+    assert seen() == {"n1", "n2"}
+    hub.show(["n4"], viewer=two)
+    hub.focus("n5", viewer=two)  # opened from its row, which then scrolled away
+    assert seen() == {"n1", "n2", "n4", "n5"}
+    hub.show(["n2", "n3"], viewer=one)  # the first one scrolled
+    assert seen() == {"n2", "n3", "n4", "n5"}
+    hub.show(None, viewer=one)
+    assert seen() == {"n4", "n5"}
+    hub.focus(None, viewer=two)
+    hub.show(None, viewer=two)
+    assert seen() == set(nodes)
+
+
 async def test_a_one_shot_read_starts_its_sources_side_by_side() -> None:
     class WaitsForTheOther(ScriptedSource):
         """A start that finishes only once the other source has begun to start."""
