@@ -286,6 +286,11 @@ MODELS: tuple[GpuModel, ...] = (
 _MODELS = {model.name: model for model in MODELS}
 
 
+# Architectures before Ampere (NVML's names): nvidia-smi resets one of these only in one
+# command with every GPU NVLink joins it to; from Ampere on, one GPU at a time.
+BEFORE_AMPERE = frozenset({"kepler", "maxwell", "pascal", "volta", "turing"})
+
+
 def model_spec(gpu_name: str | None) -> GpuModel | None:
     """The datasheet of a GPU model by the name NVML reports, if known."""
     return None if gpu_name is None else _MODELS.get(gpu_name)

@@ -8,6 +8,8 @@ journals each step before it runs, recovers after a crash and audits it all. Wha
   node drained, a guest's tenant told), until it is idle; then nothing may bind it.
 - reset_gpu: drained and idle, then `nvidia-smi -r -i BUS` (all its processes gone and, on an
   NVSwitch baseboard, no NVLink peer busy with it), then a fresh reading must find it fit.
+  Before Ampere nvidia-smi resets a GPU only in one command with every GPU NVLink joins it to
+  (and theirs in turn): all of that set is drained, waited for and reset together.
 - reboot_node: every GPU of the node drained and idle, then a power cycle through the BMC,
   then a fresh reading must find the GPU fit.
 - reseat, service: drained, idle, nothing may bind it, marked for service.
@@ -41,6 +43,9 @@ from gpuconsole.actions.plan import (
 from gpuconsole.facts.inventory import short_bus_id
 from gpuconsole.facts.ownership import GpuOwner, Owner, Ownership
 from gpuconsole.facts.verdict import Action, gpu_verdict
+from gpuconsole.hardware import BEFORE_AMPERE, model_spec, short_model
+from gpuconsole.readings.base import normal_bus_id
+from gpuconsole.readings.nvml import GpuReading, RemoteKind
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import ACTIVE_GUEST_STATES, OwnerKind
 
@@ -50,6 +55,7 @@ __all__ = [
     "escalation",
     "make_remediation_plan",
     "remedy_words",
+    "reset_set",
     "verdict_action",
 ]
 
@@ -113,6 +119,76 @@ def _peers(node: NodeSnapshot, ownership: Ownership, gpu: GpuOwner) -> list[GpuO
     return [g for g in ownership.gpus if g.bus_id != gpu.bus_id]
 
 
+def _nvlink_graph(node: NodeSnapshot) -> dict[str, set[str]]:
+    """Bus id -> the GPUs NVLink joins it to, as NVML reads each GPU's links: the GPU at the
+    far end of a GPU-to-GPU link, and every other GPU on the NVSwitches it reaches. Links go
+    both ways, so a GPU NVML cannot see (vfio-pci) still has the links of those it can."""
+    switched = {
+        normal_bus_id(g.pci_bus_id)
+        for g in node.gpus
+        if any(link.remote_kind is RemoteKind.NVSWITCH for link in g.nvlinks)
+    }
+    graph: dict[str, set[str]] = {}
+    for gpu in node.gpus:
+        bus = normal_bus_id(gpu.pci_bus_id)
+        peers = {
+            normal_bus_id(link.remote_pci_bus_id)
+            for link in gpu.nvlinks
+            if link.remote_kind is RemoteKind.GPU and link.remote_pci_bus_id
+        }
+        if bus in switched:
+            peers |= switched
+        peers.discard(bus)
+        graph.setdefault(bus, set()).update(peers)
+        for peer in peers:
+            graph.setdefault(peer, set()).add(bus)
+    return graph
+
+
+def _reading(node: NodeSnapshot, gpu: GpuOwner) -> GpuReading | None:
+    bus = normal_bus_id(gpu.bus_id)
+    return next((g for g in node.gpus if normal_bus_id(g.pci_bus_id) == bus), None)
+
+
+def _architecture(node: NodeSnapshot, gpu: GpuOwner) -> str | None:
+    """What NVML says the GPU's architecture is, else its model's datasheet; None unknown."""
+    reading = _reading(node, gpu)
+    if reading is not None and reading.architecture:
+        return reading.architecture
+    spec = model_spec(reading.name if reading is not None else gpu.model)
+    return spec.architecture if spec is not None else None
+
+
+def reset_set(node: NodeSnapshot, key: str) -> tuple[str, ...]:
+    """The bus ids `nvidia-smi -r` resets in one command with the GPU `key` names: that GPU
+    first, then (before Ampere, or where its architecture is unknown) every GPU NVLink
+    reaches from it, link after link; () for a GPU not found."""
+    ownership = owners_of(node)
+    gpu = find_gpu(node, key, ownership)
+    if gpu is None:
+        return ()
+    return tuple(_reset_buses(node, gpu))
+
+
+def _reset_buses(node: NodeSnapshot, gpu: GpuOwner) -> list[str]:
+    first = normal_bus_id(gpu.bus_id)
+    graph = _nvlink_graph(node)
+    if not graph.get(first):
+        return [gpu.bus_id]
+    arch = _architecture(node, gpu)
+    if arch is not None and arch not in BEFORE_AMPERE:
+        return [gpu.bus_id]  # Ampere and newer: each GPU alone
+    # man nvidia-smi (-r): any GPU NVLink joins to a GPU being reset is reset in the same
+    # command; the set is closed under that rule, so it is the whole NVLink-connected part
+    found, todo = [first], [first]
+    while todo:
+        for peer in sorted(graph.get(todo.pop(), ())):
+            if peer not in found:
+                found.append(peer)
+                todo.append(peer)
+    return [gpu.bus_id, *sorted(found[1:])]
+
+
 # --- the plan ------------------------------------------------------------------------------
 
 
@@ -149,17 +225,60 @@ def make_remediation_plan(
             )
         )
     whole = action is Action.REBOOT_NODE
-    drained = list(ownership.gpus) if whole else [gpu]
-    _drain(node, ownership, gpu, drained, ctx, draft)
+    together = _together(node, ownership, gpu, draft) if action is Action.RESET_GPU else [gpu]
+    drained = list(ownership.gpus) if whole else together
+    _drain(node, ownership, gpu, drained, ctx, draft, whole)
     target = _target(gpu, action)
     if action is Action.RESET_GPU:
-        _reset(node, ownership, gpu, ctx, draft)
+        _reset(node, ownership, gpu, together, ctx, draft)
     elif whole:
         _power_cycle(node, gpu, drained, ctx, draft)
     elif action in (Action.DRAIN, Action.RESEAT, Action.SERVICE):
         _out_of_work(node, gpu, action, draft)
     draft.steps.append(_verify(node, gpu, action, target))
-    return _plan(node, action, (gpu,), draft, target)
+    return _plan(node, action, together, draft, target)
+
+
+def _together(
+    node: NodeSnapshot, ownership: Ownership, gpu: GpuOwner, draft: _Draft
+) -> list[GpuOwner]:
+    """The GPUs reset with `gpu` (it first): itself alone, or before Ampere its NVLink set,
+    which the plan drains and resets as one; a note says which and why, and a GPU of the
+    set that nvidia-smi cannot reset (not on the nvidia driver, not found) refuses the plan."""
+    buses = _reset_buses(node, gpu)
+    if len(buses) == 1:
+        return [gpu]
+    found = [ownership.gpu(b) for b in buses]
+    together = [g for g in found if g is not None]
+    reading = _reading(node, gpu)
+    model = short_model(reading.name if reading is not None else gpu.model)
+    known = _architecture(node, gpu) is not None and model != "-"
+    kind = f"{model} GPUs" if known else "GPUs of an architecture not known"
+    others = ", ".join(_label(g) for g in together[1:])
+    draft.notes.append(
+        f"{kind} linked by NVLink reset together: nvidia-smi resets {_label(gpu)} only in "
+        f"one command with every GPU NVLink joins it to, and theirs in turn ({others}); "
+        "before Ampere a GPU is never reset alone, so all of them are drained and reset"
+    )
+    missing = [b for b, g in zip(buses, found, strict=True) if g is None]
+    elsewhere = [
+        f"{_label(g)} is on {g.driver or 'no driver'}"
+        + (f" ({', '.join(o.label for o in g.owners)})" if g.driver else "")
+        for g in together
+        if g.driver != HOST_DRIVER
+    ]
+    problems = [f"{b} is not found on {node.node}" for b in missing] + elsewhere
+    draft.conds.append(
+        Precondition(
+            "every GPU of the NVLink set on the nvidia driver",
+            not problems,
+            "; ".join(problems)
+            or f"{len(together)} GPUs, each on the nvidia driver: one nvidia-smi -r resets them",
+            "give those GPUs back to the host (assign them free), then ask again: nvidia-smi "
+            "resets only GPUs its driver holds, and this one only with all of them",
+        )
+    )
+    return together
 
 
 def _plan(
@@ -214,21 +333,31 @@ def _drain(
     drained: Sequence[GpuOwner],
     ctx: PlanContext,
     draft: _Draft,
+    whole: bool = False,
 ) -> None:
     """Each drained GPU's owners go: cordoned and evicted (Kubernetes), the Slurm node
     drained, guests' tenants told; then the wait until they are idle. Processes outside
-    any of those stop the plan: nothing here would end them."""
+    any of those stop the plan: nothing here would end them. `whole`: every GPU of the
+    node is drained (else more than one is the NVLink set reset with `gpu`)."""
     owners = {o.label: o for g in drained for o in busy_owners(g)}
     pods = [o for o in owners.values() if o.kind is OwnerKind.POD]
     jobs = [o for o in owners.values() if o.kind is OwnerKind.JOB]
     guests = [o for o in owners.values() if o.kind is OwnerKind.VM]
     processes = [o for o in owners.values() if o.kind is OwnerKind.PROCESS]
-    where = "the node" if len(drained) > 1 else _label(gpu)
+    # which GPU each holds, where more than one is drained
+    held_by = {o.label: _label(g) for g in drained for o in busy_owners(g) if len(drained) > 1}
+    if whole:
+        where = "the node"
+    elif len(drained) > 1:
+        where = f"the NVLink set of {_label(gpu)}"
+    else:
+        where = _label(gpu)
+    members = f": {', '.join(_label(g) for g in drained)}" if len(drained) > 1 and not whole else ""
     draft.conds.append(
         Precondition(
             f"no processes remain on {where}",
             not processes,
-            "processes: " + ", ".join(_process_words(o) for o in processes)
+            "processes: " + ", ".join(_process_words(o, held_by) for o in processes)
             if processes
             else "none outside a pod, job or guest",
             "stop them (" + "; ".join(_process_words(o) for o in processes) + "), then ask again",
@@ -319,7 +448,7 @@ def _drain(
         Step(
             StepKind.WAIT_IDLE,
             None,
-            f"wait until {where} is idle"
+            f"wait until {where} is idle{members}"
             + (
                 f" ({', '.join(sorted(workload))} gone"
                 + (
@@ -339,19 +468,27 @@ def _drain(
     )
 
 
-def _process_words(owner: Owner) -> str:
+def _process_words(owner: Owner, held_by: dict[str, str] | None = None) -> str:
     pids = " ".join(str(p) for p in owner.pids)
-    return f"{owner.label} (pids {pids})" if pids else owner.label
+    where = f" on {held_by[owner.label]}" if held_by and owner.label in held_by else ""
+    return (f"{owner.label} (pids {pids})" if pids else owner.label) + where
 
 
 def _reset(
-    node: NodeSnapshot, ownership: Ownership, gpu: GpuOwner, ctx: PlanContext, draft: _Draft
+    node: NodeSnapshot,
+    ownership: Ownership,
+    gpu: GpuOwner,
+    together: Sequence[GpuOwner],
+    ctx: PlanContext,
+    draft: _Draft,
 ) -> None:
-    """nvidia-smi --gpu-reset's rules: nothing may run on the GPU, nor, on an NVSwitch
-    baseboard, on an NVLink peer with it outside what the plan drains."""
-    mine = {o.label for o in busy_owners(gpu)}
+    """nvidia-smi --gpu-reset's rules: nothing may run on the GPUs reset (`gpu` and those
+    reset with it in the one command), nor, on an NVSwitch baseboard, on an NVLink peer
+    with them outside what the plan drains."""
+    mine = {o.label for g in together for o in busy_owners(g)}
     busy = []
-    for peer in _peers(node, ownership, gpu):
+    peers = [p for p in _peers(node, ownership, gpu) if p not in together]
+    for peer in peers:
         # a process outside any pod, job or guest the plan drains may use the peer's
         # NVLinks to this GPU (P2P), and no step of the plan ends it
         stays = [
@@ -359,7 +496,7 @@ def _reset(
         ]
         if stays:
             busy.append(f"{_label(peer)}: {', '.join(_process_words(o) for o in stays)}")
-    if _peers(node, ownership, gpu):
+    if peers:
         draft.conds.append(
             Precondition(
                 "no NVLink peer busy",
@@ -380,28 +517,31 @@ def _reset(
                 "start it (systemctl start nvidia-fabricmanager), then ask again",
             )
         )
+    # one command for the whole set: -i takes a comma-separated list
+    command = "nvidia-smi -r -i " + ",".join(g.bus_id for g in together)
     if gpu.driver == HOST_DRIVER and not ctx.gpu_reset:
         draft.conds.append(
             Precondition(
                 "GPU reset available",
                 False,
                 "no way to reset a GPU on this node (nvidia-smi not found)",
-                f"reset it on {node.node}: nvidia-smi -r -i {gpu.bus_id}",
+                f"reset {'them' if len(together) > 1 else 'it'} on {node.node}: {command}",
             )
         )
-    how = (
-        f"nvidia-smi -r -i {gpu.bus_id}"
-        if gpu.driver == HOST_DRIVER
-        else "a PCI function reset (vfio-pci holds it)"
+    how = command if gpu.driver == HOST_DRIVER else "a PCI function reset (vfio-pci holds it)"
+    what = (
+        f"{', '.join(_label(g) for g in together)} together, in one command"
+        if len(together) > 1
+        else _label(gpu)
     )
     draft.steps.append(
         Step(
             StepKind.GPU_RESET,
             Layer.GPU if gpu.driver == HOST_DRIVER else Layer.PCI,
-            f"reset {_label(gpu)} ({how})",
-            gpus=(gpu.bus_id,),
-            uuids=(gpu.uuid,) if gpu.uuid else (),
-            functions=(gpu.bus_id,),
+            f"reset {what} ({how})",
+            gpus=tuple(g.bus_id for g in together),
+            uuids=tuple(g.uuid for g in together if g.uuid),
+            functions=tuple(g.bus_id for g in together),
             driver=gpu.driver,
         )
     )

@@ -29,6 +29,7 @@ from gpuconsole.actions.executor import Executor, StepUpdate
 from gpuconsole.actions.journal import Journal
 from gpuconsole.actions.plan import Step, StepKind
 from gpuconsole.actions.store import AUDIT_FILE, JOURNAL_FILE
+from gpuconsole.hardware import BEFORE_AMPERE
 from gpuconsole.hub import Hub
 from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.readings.snapshot import NodeSnapshot
@@ -459,30 +460,60 @@ class SimKubernetesDriver:
 
 
 class SimGpuDriver:
-    """`nvidia-smi -r -i BUS` on the world's node: refused while a tenant or process holds
-    the GPU, as the driver refuses; a fault a reset cannot clear leaves it lost."""
+    """`nvidia-smi -r -i BUS[,BUS...]` on the world's node, one command for the step's GPUs:
+    refused while a tenant or process holds one of them, as the driver refuses, and before
+    Ampere unless every GPU NVLink joins to one being reset is in the command too (nvidia-smi
+    names those missing and resets none); a fault a reset cannot clear leaves it lost."""
 
     def __init__(self, world: SimWorld) -> None:
         self.world = world
 
+    def _linked_set(self, indexes: set[int]) -> set[int]:
+        """The GPUs a reset of `indexes` must take with it: before Ampere every GPU NVLink
+        joins to one being reset, link after link; from Ampere on, none."""
+        profile = self.world.node.profile
+        if profile.gpu_model.architecture not in BEFORE_AMPERE:
+            return set(indexes)
+        found, todo = set(indexes), list(indexes)
+        while todo:
+            gpu = todo.pop()
+            for peer in profile.gpus:
+                if peer.index not in found and profile.nvlinks_between(gpu, peer.index):
+                    found.add(peer.index)
+                    todo.append(peer.index)
+        return found
+
     async def run(self, step: Step) -> str:
-        done = []
+        command = f"nvidia-smi -r -i {','.join(step.gpus)}"
+        indexes: dict[int, str] = {}
         for bus in step.gpus:
             index = self.world.index_of(bus)
             if index is None:
-                raise StepFailed(f"nvidia-smi -r -i {bus}: no such GPU")
+                raise StepFailed(f"{command}: no such GPU {bus}")
+            indexes[index] = bus
+        gpus = self.world.node.profile.gpus
+        missing = sorted(self._linked_set(set(indexes)) - set(indexes))
+        if missing:
+            names = ", ".join(normal_bus_id(gpus[i].bus_id) for i in missing)
+            raise StepFailed(
+                f"{command}: unable to reset: GPUs with NVLink connections to a GPU being "
+                f"reset must be reset in the same command; add {names} to -i, or omit -i "
+                "to reset every GPU"
+            )
+        for index, bus in indexes.items():
             if index in self.world.plan.busy_gpus:
                 held = ", ".join(self.world.owners(index))
-                raise StepFailed(f"nvidia-smi -r -i {bus}: the GPU is in use ({held})")
-            back = self.world.node.reset_gpu(index)
-            self.world.save()
-            if not back:
-                raise StepFailed(
-                    f"nvidia-smi -r -i {bus}: unable to reset the GPU: it is still lost "
-                    "(it fell off the bus)"
-                )
-            done.append(bus)
-        return f"reset {', '.join(done)} (nvidia-smi -r)"
+                raise StepFailed(f"{command}: the GPU {bus} is in use ({held})")
+        lost = []
+        for index, bus in indexes.items():
+            if not self.world.node.reset_gpu(index):
+                lost.append(bus)
+        self.world.save()
+        if lost:
+            raise StepFailed(
+                f"{command}: unable to reset {', '.join(lost)}: still lost (fell off the bus)"
+            )
+        return f"reset {', '.join(step.gpus)} (nvidia-smi -r)"
 
     async def undo(self, step: Step) -> str:
         return "a reset cannot be undone"

@@ -44,8 +44,9 @@ async def run_tool(argv: list[str], timeout_s: float = TOOL_TIMEOUT_S) -> str:
 
 
 class NvidiaSmiDriver:
-    """Resets a GPU by bus id: `nvidia-smi -r -i BUS` (root; the driver refuses while any
-    process holds it)."""
+    """Resets GPUs by bus id: `nvidia-smi -r -i BUS[,BUS...]` (root; the driver refuses
+    while any process holds one). The step's GPUs go in one command: before Ampere,
+    nvidia-smi resets NVLink-connected GPUs only together, and names those missing."""
 
     def __init__(self, command: str = "nvidia-smi") -> None:
         self.command = command
@@ -53,8 +54,8 @@ class NvidiaSmiDriver:
     async def run(self, step: Step) -> str:
         if step.kind is not StepKind.GPU_RESET:
             raise StepFailed(f"the GPU driver does not do {step.kind.value}")
-        done = [await run_tool([self.command, "-r", "-i", bus]) for bus in step.gpus]
-        return "; ".join(t for t in done if t) or f"reset {', '.join(step.gpus)}"
+        said = await run_tool([self.command, "-r", "-i", ",".join(step.gpus)])
+        return said or f"reset {', '.join(step.gpus)}"
 
     async def undo(self, step: Step) -> str:
         return "a reset cannot be undone"

@@ -1,0 +1,205 @@
+"""Before Ampere, nvidia-smi resets a GPU only in one command with every GPU NVLink joins it
+to (man nvidia-smi, -r/--gpu-reset): the demo's DGX-1 (V100, hybrid cube mesh) resets GPU 2
+with its whole NVLink set, drained and idle, in one `nvidia-smi -r -i` of all their bus ids;
+a plan that cannot make one of them idle is refused, and the simulator, like the real tool,
+refuses a reset that leaves one out."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuconsole.actions.drivers import StepFailed
+from gpuconsole.actions.drivers.repair import NvidiaSmiDriver
+from gpuconsole.actions.journal import Journal, PlanState
+from gpuconsole.actions.locks import holders
+from gpuconsole.actions.plan import Layer, Step, StepKind
+from gpuconsole.actions.remediation import reset_set
+from gpuconsole.facts.verdict import Action, gpu_verdict
+from gpuconsole.sim.actions import SimGpuDriver, SimWorld, sim_drivers
+from gpuconsole.sim.node import Scenario
+from gpuconsole.sim.profiles import DGX_1V, DGX_H100
+from gpuconsole.sim.tenancy import SimGuest, SimJob, SimPlan
+from tests.test_remediation import OPS, _DieAt, audit, kinds, quick
+
+JOB = SimPlan(jobs=(SimJob("4690", "bio", 1000, tuple(range(8))),))  # the demo's 8-GPU job
+
+
+def dgx1(root: Path, plan: SimPlan = JOB) -> SimWorld:
+    """The demo's DGX-1: GPU 2 waits for a page retirement (its verdict: reset GPU 2)."""
+    return SimWorld("dgx1-001", DGX_1V, root, plan, (Scenario("retired", 2),))
+
+
+def bus(index: int) -> str:
+    return DGX_1V.gpus[index].bus_id.lower().replace("00000000:", "0000:")
+
+
+# GPU 2 first, then every GPU the hybrid cube mesh reaches from it (all of them), by bus id
+SET = (bus(2), *sorted(bus(i) for i in (0, 1, 3, 4, 5, 6, 7)))
+
+
+async def _end_the_job_once_drained(world: SimWorld) -> None:
+    """Slurm lets a drained node's job run to its end: here it ends once the node drains."""
+    while not world.slurm_drained:
+        await asyncio.sleep(0.05)
+    world.plan = dataclasses.replace(world.plan, jobs=())
+
+
+async def test_the_demo_dgx1_resets_gpu_2_with_its_whole_nvlink_set_in_one_command(
+    tmp_path: Path,
+) -> None:
+    world = SimWorld.demo("dgx1-001", tmp_path / "w")
+    executor = quick(world, tmp_path / "s")
+    node = await world.snapshot()
+    assert gpu_verdict(node, bus(2)).advice == "reset GPU 2 (0a:00.0), then verify"
+    plan = await executor.plan_remedy("2")
+    assert plan.remedy == "reset_gpu" and not plan.blocked, plan.describe()
+    assert plan.gpus == SET  # locked, journaled and audited by bus id, GPU 2 first
+    assert kinds(plan) == [StepKind.CORDON] * 8 + [
+        StepKind.SLURM_DRAIN,
+        StepKind.WAIT_IDLE,
+        StepKind.GPU_RESET,
+        StepKind.VERIFY,
+    ]
+    # each GPU of the set kept from Kubernetes, the Slurm node drained
+    assert tuple(s.gpus[0] for s in plan.steps[:8]) == SET
+    drain, wait, reset, verify = plan.steps[8:]
+    assert "job 4690 runs to its end" in drain.title
+    assert set(wait.gpus) == set(SET) and wait.owners == ("job 4690",)
+    (one,) = [s for s in plan.steps if s.kind is StepKind.GPU_RESET]
+    assert one.gpus == SET and one.layer is Layer.GPU
+    assert f"(nvidia-smi -r -i {','.join(SET)})" in reset.title
+    assert verify.gpus == (bus(2),)
+    (note,) = [n for n in plan.notes if "NVLink" in n]
+    assert note.startswith("V100 GPUs linked by NVLink reset together: nvidia-smi resets GPU 2")
+    for index in (0, 1, 3, 4, 5, 6, 7):
+        assert f"GPU {index} ({bus(index)})" in note
+    assert reset_set(node, "2") == SET
+
+
+async def test_the_reset_drains_waits_for_and_resets_every_gpu_of_the_set_then_gpu_2_is_fit(
+    tmp_path: Path,
+) -> None:
+    world = dgx1(tmp_path / "w")
+    executor = quick(world, tmp_path / "s")
+    plan = await executor.plan_remedy("2", Action.RESET_GPU)
+    ending = asyncio.create_task(_end_the_job_once_drained(world))
+    outcome = await executor.execute(plan, OPS, "dgx1-001")
+    await ending
+    assert outcome.ok, outcome.message
+    assert world.node.resets == dict.fromkeys(range(8), 1)  # one command, every GPU once
+    assert world.node.retired_pages(2) == (2, 1, False)  # the page is retired, none waits
+    records = audit(tmp_path / "s")
+    assert {tuple(r["args"]["gpus"]) for r in records} == {SET}
+    assert records[-1]["outcome"] == "ok"
+    assert holders(Journal(tmp_path / "s" / "actions.db")) == []
+
+
+async def test_a_process_on_one_gpu_of_the_set_refuses_the_reset_and_names_that_gpu(
+    tmp_path: Path,
+) -> None:
+    world = dgx1(tmp_path / "w", SimPlan(loose=(5,)))
+    executor = quick(world, tmp_path / "s")
+    plan = await executor.plan_remedy("2", Action.RESET_GPU)
+    (failed,) = plan.failed
+    assert failed.name == f"no processes remain on the NVLink set of GPU 2 ({bus(2)})"
+    assert f"on GPU 5 ({bus(5)})" in failed.detail and "pids" in failed.detail
+    assert world.node.resets == {}
+
+
+async def test_a_gpu_of_the_set_on_vfio_pci_refuses_the_reset(tmp_path: Path) -> None:
+    world = dgx1(tmp_path / "w", SimPlan(guests=(SimGuest("tenant-b-vm1", (7,), state=5),)))
+    plan = await quick(world, tmp_path / "s").plan_remedy("2", Action.RESET_GPU)
+    (failed,) = plan.failed
+    assert failed.name == "every GPU of the NVLink set on the nvidia driver"
+    # NVML no longer numbers a GPU on vfio-pci: its bus id names it
+    assert f"GPU {bus(7)} is on vfio-pci (vm tenant-b-vm1 (shut off))" in failed.detail
+    assert "give those GPUs back to the host" in failed.remedy
+
+
+async def test_the_simulator_refuses_a_reset_that_leaves_out_a_linked_v100(
+    tmp_path: Path,
+) -> None:
+    """As nvidia-smi does: an error that names the GPUs to add, and no GPU reset."""
+    world = dgx1(tmp_path / "w", SimPlan())
+    driver = SimGpuDriver(world)
+    alone = Step(StepKind.GPU_RESET, Layer.GPU, "reset GPU 2", gpus=(bus(2),))
+    with pytest.raises(StepFailed) as refused:
+        await driver.run(alone)
+    text = str(refused.value)
+    assert text.startswith(f"nvidia-smi -r -i {bus(2)}: unable to reset: GPUs with NVLink")
+    assert f"add {', '.join(bus(i) for i in (0, 1, 3, 4, 5, 6, 7))} to -i" in text
+    assert world.node.resets == {} and world.node.retired_pages(2) == (2, 1, True)
+    # GPU 2's direct peers alone are not enough: theirs must come too
+    direct = Step(StepKind.GPU_RESET, Layer.GPU, "r", gpus=tuple(bus(i) for i in (2, 0, 1, 3, 6)))
+    with pytest.raises(StepFailed, match=f"add {bus(4)}, {bus(5)}, {bus(7)} to -i"):
+        await driver.run(direct)
+    assert await driver.run(Step(StepKind.GPU_RESET, Layer.GPU, "r", gpus=SET))
+    assert world.node.resets == dict.fromkeys(range(8), 1)
+    # a Hopper GPU behind NVSwitches is reset on its own
+    h100 = SimWorld("dgx-003", DGX_H100, tmp_path / "h", SimPlan())
+    one = DGX_H100.gpus[5].bus_id.lower().replace("00000000:", "0000:")
+    await SimGpuDriver(h100).run(Step(StepKind.GPU_RESET, Layer.GPU, "r", gpus=(one,)))
+    assert h100.node.resets == {5: 1}
+
+
+async def test_nvidia_smi_is_run_once_with_every_gpu_of_the_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    said = tmp_path / "argv"
+    tool = folder / "nvidia-smi"
+    tool.write_text(f'#!/bin/sh\necho "$@" >> {said}\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    await NvidiaSmiDriver().run(Step(StepKind.GPU_RESET, Layer.GPU, "reset", gpus=SET))
+    assert said.read_text().splitlines() == [f"-r -i {','.join(SET)}"]
+
+
+# --- crash recovery --------------------------------------------------------------------------
+
+
+def _doomed(root: Path, after: bool) -> None:
+    async def go() -> None:
+        world = dgx1(root / "w", SimPlan())
+        drivers = sim_drivers(world)
+        assert drivers.gpu is not None
+        drivers.gpu = _DieAt(drivers.gpu, StepKind.GPU_RESET, after)
+        executor = quick(world, root / "s", drivers)
+        await executor.execute(await executor.plan_remedy("2"), OPS, "dgx1-001")
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before-reset", "after-reset"])
+def test_a_set_reset_killed_at_its_reset_is_finished_by_recovery(
+    tmp_path: Path, after: bool
+) -> None:
+    import multiprocessing
+
+    dgx1(tmp_path / "w", SimPlan())
+    child = multiprocessing.get_context("fork").Process(target=_doomed, args=(tmp_path, after))
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+
+    async def restart() -> Any:
+        world = dgx1(tmp_path / "w", SimPlan())
+        return world, await quick(world, tmp_path / "s").recover()
+
+    world, (outcome,) = asyncio.run(restart())
+    assert outcome.recovered and outcome.ok, outcome.message
+    # a reset is repeatable: the whole set once more where the crash left it unrecorded
+    assert world.node.resets == dict.fromkeys(range(8), 2 if after else 1)
+    assert world.node.retired_pages(2) == (2, 1, False)
+    record = Journal(tmp_path / "s" / "actions.db").plans()[0]
+    assert record.state is PlanState.DONE and record.gpus == SET
+    assert holders(Journal(tmp_path / "s" / "actions.db")) == []
