@@ -81,7 +81,9 @@ def test_a_reset_retires_the_pending_page(fake_nvml_env: FakeNvmlEnv, tmp_path: 
     assert node.reset_gpu(2)
     assert node.retired_pages(2) == (2, 1, False)  # retired now, none waiting
     assert node.retired_pages(3) == (0, 0, False)
-    env = fake_nvml_env(DGX_1V, scenarios=["retired 2", "reset 2 at 0.5"], frozen_time=1.0)
+    # before Ampere nvidia-smi resets GPU 2 only with the GPUs NVLink joins it to: all eight
+    resets = [f"reset {i} at 0.5" for i in range(8)]
+    env = fake_nvml_env(DGX_1V, scenarios=["retired 2", *resets], frozen_time=1.0)
     [data] = snapshot_all(env, tmp_path, DGX_1V)["nodes"]
     gpu = data["nvml"]["gpus"][2]
     ecc = gpu["ecc"]

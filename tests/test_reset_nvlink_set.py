@@ -24,6 +24,7 @@ from gpuconsole.actions.plan import Layer, Step, StepKind
 from gpuconsole.actions.remediation import reset_set
 from gpuconsole.facts.verdict import Action, gpu_verdict
 from gpuconsole.sim.actions import SimGpuDriver, SimWorld, sim_drivers
+from gpuconsole.sim.fakenvml import write_profile
 from gpuconsole.sim.node import Scenario
 from gpuconsole.sim.profiles import DGX_1V, DGX_H100
 from gpuconsole.sim.tenancy import SimGuest, SimJob, SimPlan
@@ -148,6 +149,22 @@ async def test_the_simulator_refuses_a_reset_that_leaves_out_a_linked_v100(
     one = DGX_H100.gpus[5].bus_id.lower().replace("00000000:", "0000:")
     await SimGpuDriver(h100).run(Step(StepKind.GPU_RESET, Layer.GPU, "r", gpus=(one,)))
     assert h100.node.resets == {5: 1}
+
+
+def test_the_fake_library_refuses_a_reset_scenario_that_leaves_out_a_linked_v100(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ValueError) as refused:
+        write_profile(DGX_1V, tmp_path / "p", scenarios=["retired 2", "reset 2 at 0.5"])
+    assert str(refused.value) == (
+        "scenario reset at 0.5: GPUs with NVLink connections to a GPU being reset must be "
+        "reset in the same command on Tesla V100-SXM2-32GB: add reset scenarios for GPUs "
+        "0, 1, 3, 4, 5, 6, 7 at 0.5"
+    )
+    assert not (tmp_path / "p").exists()
+    # the whole set at once is what a reset there is; a Hopper GPU resets alone
+    write_profile(DGX_1V, tmp_path / "p", scenarios=[f"reset {i} at 0.5" for i in range(8)])
+    write_profile(DGX_H100, tmp_path / "h", scenarios=["xid79 5", "reset 5 at 1"])
 
 
 async def test_nvidia_smi_is_run_once_with_every_gpu_of_the_set(

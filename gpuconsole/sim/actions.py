@@ -29,7 +29,6 @@ from gpuconsole.actions.executor import Executor, StepUpdate
 from gpuconsole.actions.journal import Journal
 from gpuconsole.actions.plan import Step, StepKind
 from gpuconsole.actions.store import AUDIT_FILE, JOURNAL_FILE
-from gpuconsole.hardware import BEFORE_AMPERE
 from gpuconsole.hub import Hub
 from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.readings.snapshot import NodeSnapshot
@@ -468,21 +467,6 @@ class SimGpuDriver:
     def __init__(self, world: SimWorld) -> None:
         self.world = world
 
-    def _linked_set(self, indexes: set[int]) -> set[int]:
-        """The GPUs a reset of `indexes` must take with it: before Ampere every GPU NVLink
-        joins to one being reset, link after link; from Ampere on, none."""
-        profile = self.world.node.profile
-        if profile.gpu_model.architecture not in BEFORE_AMPERE:
-            return set(indexes)
-        found, todo = set(indexes), list(indexes)
-        while todo:
-            gpu = todo.pop()
-            for peer in profile.gpus:
-                if peer.index not in found and profile.nvlinks_between(gpu, peer.index):
-                    found.add(peer.index)
-                    todo.append(peer.index)
-        return found
-
     async def run(self, step: Step) -> str:
         command = f"nvidia-smi -r -i {','.join(step.gpus)}"
         indexes: dict[int, str] = {}
@@ -492,7 +476,7 @@ class SimGpuDriver:
                 raise StepFailed(f"{command}: no such GPU {bus}")
             indexes[index] = bus
         gpus = self.world.node.profile.gpus
-        missing = sorted(self._linked_set(set(indexes)) - set(indexes))
+        missing = sorted(self.world.node.profile.reset_together(indexes) - set(indexes))
         if missing:
             names = ", ".join(normal_bus_id(gpus[i].bus_id) for i in missing)
             raise StepFailed(

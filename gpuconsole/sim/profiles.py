@@ -8,12 +8,13 @@ PCIe switches) the profile says so.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gpuconsole.hardware import (
     A100_PCIE_40GB,
     A100_SXM4_40GB,
+    BEFORE_AMPERE,
     H100_SXM5,
     PRODUCTS,
     V100_SXM2_32GB,
@@ -87,6 +88,22 @@ class NodeProfile:
         if self.nvswitches:
             return sum(sw.links_per_gpu[a] for sw in self.nvswitches)
         return sum(n for x, y, n in self.gpu_nvlinks if {x, y} == {a, b})
+
+    def reset_together(self, gpus: Iterable[int]) -> frozenset[int]:
+        """The GPUs `nvidia-smi -r` must reset in the one command that resets `gpus`: before
+        Ampere every GPU NVLink joins to one being reset, and theirs in turn (man
+        nvidia-smi, -r); from Ampere on, just those."""
+        found = set(gpus)
+        if self.gpu_model.architecture not in BEFORE_AMPERE:
+            return frozenset(found)
+        todo = list(found)
+        while todo:
+            gpu = todo.pop()
+            for peer in self.gpus:
+                if peer.index not in found and self.nvlinks_between(gpu, peer.index):
+                    found.add(peer.index)
+                    todo.append(peer.index)
+        return frozenset(found)
 
     def link_peers(self, gpu: int) -> tuple[int, ...]:
         """The GPU at the far end of each of `gpu`'s NVLinks (by link number), where links

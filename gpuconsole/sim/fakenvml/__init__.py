@@ -239,7 +239,9 @@ def write_profile(
     ``"ecc 2"``, ``"mig 7"``, ``"smoothing 0 at 5"``, ``"notsupported 1"``, ``"nvlinkerr 2"``
     (link 0's error counters climb), ``"retired 0"`` (pre-Ampere page retirement) or
     ``"reset 5 at 30"``
-    (a GPU reset: one lost before answers again) (kind, GPU index, optional start in seconds). ``missing_fields`` are field ids the driver answers
+    (a GPU reset: one lost before answers again; before Ampere, every GPU NVLink joins to
+    it is reset at the same time, else ValueError as nvidia-smi refuses) (kind, GPU index,
+    optional start in seconds). ``missing_fields`` are field ids the driver answers
     NOT_SUPPORTED, as an older one does.
     ``privileged=False`` reads as an unprivileged user: NO_PERMISSION where drivers answer it
     (GPM too, unless ``profiling_admin_only=False``: RmProfilingAdminOnly=0 on the node).
@@ -259,6 +261,20 @@ def write_profile(
             raise ValueError(f"scenario {kind} names GPU {gpu}; {profile.name} has {n} GPUs")
         if kind == "mig" and not profile.gpu_model.mig_profiles:
             raise ValueError(f"scenario mig: {profile.gpu_model.name} has no MIG profiles")
+    resets: dict[float | None, set[int]] = {}
+    for kind, gpu, at in parsed:
+        if kind == "reset":
+            resets.setdefault(at, set()).add(gpu)
+    for at, together in resets.items():
+        # as nvidia-smi refuses a reset that leaves out a GPU NVLink joins to one it resets
+        missing = sorted(profile.reset_together(together) - together)
+        if missing:
+            when = f" at {at:g}" if at is not None else ""
+            raise ValueError(
+                f"scenario reset{when}: GPUs with NVLink connections to a GPU being reset "
+                f"must be reset in the same command on {profile.gpu_model.name}: add reset "
+                f"scenarios for GPUs {', '.join(map(str, missing))}{when}"
+            )
     mig_gpus = {gpu for kind, gpu, _ in parsed if kind == "mig"}
     gpu_lines: dict[int, list[str]] = {}
     for index, code in (open_errors or {}).items():
