@@ -151,6 +151,34 @@ async def test_the_simulator_refuses_a_reset_that_leaves_out_a_linked_v100(
     assert h100.node.resets == {5: 1}
 
 
+# A DGX-1 whose mesh is cut in two halves of four GPUs (the links between the halves gone)
+HALVES = dataclasses.replace(
+    DGX_1V,
+    gpu_nvlinks=tuple(p for p in DGX_1V.gpu_nvlinks if (p[0] < 4) == (p[1] < 4)),
+)
+
+
+async def test_the_set_is_what_nvlink_reaches_and_no_other_gpu_may_compute_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """man nvidia-smi: no compute application may run on any other GPU of the system where
+    a GPU cannot be reset individually; the plan refuses and names it, as the driver does."""
+    world = SimWorld("dgx1-002", HALVES, tmp_path / "w", SimPlan(loose=(5,)))
+    plan = await quick(world, tmp_path / "s").plan_remedy("2", Action.RESET_GPU)
+    assert plan.gpus == (bus(2), bus(0), bus(1), bus(3))  # its half, not GPU 5's
+    (failed,) = plan.failed
+    assert failed.name == "no compute work on the node's other GPUs"
+    assert failed.detail.startswith(f"GPU 5 ({bus(5)}): process alice")
+    half = Step(StepKind.GPU_RESET, Layer.GPU, "r", gpus=plan.gpus)
+    with pytest.raises(StepFailed, match=f"compute applications run on other GPUs \\({bus(5)}"):
+        await SimGpuDriver(world).run(half)
+    assert world.node.resets == {}
+    world.plan = SimPlan()
+    assert not (await quick(world, tmp_path / "s").plan_remedy("2", Action.RESET_GPU)).blocked
+    await SimGpuDriver(world).run(half)
+    assert world.node.resets == dict.fromkeys((0, 1, 2, 3), 1)
+
+
 def test_the_fake_library_refuses_a_reset_scenario_that_leaves_out_a_linked_v100(
     tmp_path: Path,
 ) -> None:

@@ -260,6 +260,21 @@ def _together(
         f"one command with every GPU NVLink joins it to, and theirs in turn ({others}); "
         "before Ampere a GPU is never reset alone, so all of them are drained and reset"
     )
+    # nor may any other GPU of the node compute while GPUs are reset that cannot be alone
+    elsewhere_busy = [
+        f"{_label(g)}: {', '.join(o.label for o in busy_owners(g))}"
+        for g in ownership.gpus
+        if g not in together and g.driver == HOST_DRIVER and busy_owners(g)
+    ]
+    draft.conds.append(
+        Precondition(
+            "no compute work on the node's other GPUs",
+            not elsewhere_busy,
+            "; ".join(elsewhere_busy) or "none runs outside the NVLink set",
+            "drain or stop that work too, then ask again: nvidia-smi resets GPUs that "
+            "cannot be reset one by one only while no other GPU of the node computes",
+        )
+    )
     missing = [b for b, g in zip(buses, found, strict=True) if g is None]
     elsewhere = [
         f"{_label(g)} is on {g.driver or 'no driver'}"

@@ -488,6 +488,18 @@ class SimGpuDriver:
             if index in self.world.plan.busy_gpus:
                 held = ", ".join(self.world.owners(index))
                 raise StepFailed(f"{command}: the GPU {bus} is in use ({held})")
+        if any(self.world.node.profile.reset_together([i]) != {i} for i in indexes):
+            # GPUs that cannot be reset one by one: no other GPU may compute meanwhile
+            others = [
+                f"{normal_bus_id(g.bus_id)} ({', '.join(self.world.owners(g.index))})"
+                for g in gpus
+                if g.index not in indexes and g.index in self.world.plan.busy_gpus
+            ]
+            if others:
+                raise StepFailed(
+                    f"{command}: unable to reset: compute applications run on other GPUs "
+                    f"({', '.join(others)})"
+                )
         lost = []
         for index, bus in indexes.items():
             if not self.world.node.reset_gpu(index):
