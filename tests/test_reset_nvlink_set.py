@@ -14,6 +14,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from gpuconsole.actions.drivers import StepFailed
@@ -23,6 +24,7 @@ from gpuconsole.actions.locks import holders
 from gpuconsole.actions.plan import Layer, Step, StepKind
 from gpuconsole.actions.remediation import reset_set
 from gpuconsole.facts.verdict import Action, gpu_verdict
+from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sim.actions import SimGpuDriver, SimWorld, sim_drivers
 from gpuconsole.sim.fakenvml import write_profile
 from gpuconsole.sim.node import Scenario
@@ -77,7 +79,7 @@ async def test_the_demo_dgx1_resets_gpu_2_with_its_whole_nvlink_set_in_one_comma
     (one,) = [s for s in plan.steps if s.kind is StepKind.GPU_RESET]
     assert one.gpus == SET and one.layer is Layer.GPU
     assert f"(nvidia-smi -r -i {','.join(SET)})" in reset.title
-    assert verify.gpus == (bus(2),)
+    assert verify.gpus == SET  # each GPU reset is checked before further use
     (note,) = [n for n in plan.notes if "NVLink" in n]
     assert note.startswith("V100 GPUs linked by NVLink reset together: nvidia-smi resets GPU 2")
     for index in (0, 1, 3, 4, 5, 6, 7):
@@ -101,6 +103,46 @@ async def test_the_reset_drains_waits_for_and_resets_every_gpu_of_the_set_then_g
     assert {tuple(r["args"]["gpus"]) for r in records} == {SET}
     assert records[-1]["outcome"] == "ok"
     assert holders(Journal(tmp_path / "s" / "actions.db")) == []
+
+
+def _gpu_reads(node: NodeSnapshot, index: int, **ecc: Any) -> NodeSnapshot:
+    """`node` with GPU `index`'s ECC reading changed, as a later reading could find it."""
+    assert node.nvml is not None
+    gpus = tuple(
+        msgspec.structs.replace(g, ecc=msgspec.structs.replace(g.ecc, **ecc))
+        if g.index == index
+        else g
+        for g in node.nvml.gpus
+    )
+    return msgspec.structs.replace(node, nvml=msgspec.structs.replace(node.nvml, gpus=gpus))
+
+
+@pytest.mark.parametrize(
+    ("index", "ecc", "words"),
+    [
+        (2, {"retired_pending": True}, "a page retirement is still pending"),
+        (5, {"remap_failure": True}, "row remapping failed"),
+    ],
+    ids=["gpu-2-retirement-still-pending", "a-peer-unfit"],
+)
+async def test_the_final_check_fails_while_a_gpu_of_the_set_is_not_fit(
+    tmp_path: Path, index: int, ecc: dict[str, Any], words: str
+) -> None:
+    """The reset ran, but a fresh reading after it finds GPU 2's page retirement still
+    pending, or another GPU of the set not fit: the plan fails there and asks for more."""
+    world = dgx1(tmp_path / "w", SimPlan())
+    executor = quick(world, tmp_path / "s")
+    executor.settle_s = 0.3
+
+    async def reader() -> NodeSnapshot:
+        node = await world.snapshot()
+        return _gpu_reads(node, index, **ecc) if world.node.resets else node
+
+    executor.reader = reader
+    outcome = await executor.execute(await executor.plan_remedy("2"), OPS, "dgx1-001")
+    assert outcome.state is PlanState.FAILED
+    assert f"{bus(index)}: {words}; next: reboot_node" in outcome.message
+    assert world.node.resets == dict.fromkeys(range(8), 1)
 
 
 async def test_a_process_on_one_gpu_of_the_set_refuses_the_reset_and_names_that_gpu(

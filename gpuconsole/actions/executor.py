@@ -570,18 +570,24 @@ class Executor:
         if step.driver is None:
             return await self.drivers.pci.run(step)
         assert self.reader is not None
-        bus = step.gpus[0]
         if step.driver != "nvidia":  # a guest's GPU: only the guest's driver can read it
             return await self.drivers.pci.run(step)
         deadline = time.monotonic() + self.settle_s
         while True:
             try:
                 node = await self.reader()
-                problem = _unfit(node, bus, since)
+                # every GPU the step names: those reset in one command with it too
+                problem = next(
+                    (p for bus in step.gpus if (p := _unfit(node, bus, since)) is not None), None
+                )
             except Exception as exc:  # a node still booting answers nothing
                 problem = f"no reading yet ({exc})"
             if problem is None:
-                return f"{bus} answers NVML: no XID since, no recovery action, no remap pending"
+                verb = "answers" if len(step.gpus) == 1 else "answer"
+                return (
+                    f"{', '.join(step.gpus)} {verb} NVML: no XID since, no recovery action, "
+                    "no remap pending"
+                )
             if time.monotonic() >= deadline:
                 after = escalation(Action(plan.remedy))
                 then = f"; next: {after.value} ({remedy_words(after)})" if after else ""
@@ -759,6 +765,8 @@ def _unfit(node: NodeSnapshot, bus: str, since: float) -> str | None:
         problems.append("a row remap is pending")
     if reading.ecc.remap_failure:
         problems.append("row remapping failed")
+    if reading.ecc.retired_pending:
+        problems.append("a page retirement is still pending")
     if reading.fabric_state not in (None, "completed", "not_supported"):
         problems.append(f"fabric state {reading.fabric_state}, not completed")
     return f"{bus}: {', '.join(problems)}" if problems else None

@@ -235,7 +235,7 @@ def make_remediation_plan(
         _power_cycle(node, gpu, drained, ctx, draft)
     elif action in (Action.DRAIN, Action.RESEAT, Action.SERVICE):
         _out_of_work(node, gpu, action, draft)
-    draft.steps.append(_verify(node, gpu, action, target))
+    draft.steps.append(_verify(node, together, action, target))
     return _plan(node, action, together, draft, target)
 
 
@@ -618,11 +618,15 @@ def _out_of_work(node: NodeSnapshot, gpu: GpuOwner, action: Action, draft: _Draf
     )
 
 
-def _verify(node: NodeSnapshot, gpu: GpuOwner, action: Action, target: Target) -> Step:
+def _verify(node: NodeSnapshot, gpus: Sequence[GpuOwner], action: Action, target: Target) -> Step:
+    """The final check of the GPU (first) and of every GPU reset with it: nvidia-smi asks
+    for each reset GPU's health to be verified before further use."""
+    gpu = gpus[0]
     fit = action in (Action.RESET_GPU, Action.REBOOT_NODE)
     what = (
-        "a fresh reading finds it fit (answers NVML, no XID since, no recovery action, "
-        "no remap pending, fabric complete)"
+        f"a fresh reading finds {'it' if len(gpus) == 1 else 'each'} fit (answers NVML, "
+        "no XID since, no recovery action, no remap or page retirement pending, "
+        "fabric complete)"
         if fit
         else "idle, unbound, nothing may bind it"
     )
@@ -630,9 +634,9 @@ def _verify(node: NodeSnapshot, gpu: GpuOwner, action: Action, target: Target) -
         StepKind.VERIFY,
         None,
         f"final check: {what}",
-        gpus=(gpu.bus_id,),
-        uuids=(gpu.uuid,) if gpu.uuid else (),
+        gpus=tuple(g.bus_id for g in gpus),
+        uuids=tuple(g.uuid for g in gpus if g.uuid),
         driver=gpu.driver if fit else None,
         guest=target.guest,
-        xids=(node.last_xid.get(gpu.uuid, -1) if gpu.uuid else -1,),
+        xids=tuple(node.last_xid.get(g.uuid, -1) if g.uuid else -1 for g in gpus),
     )
