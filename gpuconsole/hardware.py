@@ -287,7 +287,8 @@ _MODELS = {model.name: model for model in MODELS}
 
 
 # Architectures before Ampere (NVML's names): nvidia-smi resets one of these only in one
-# command with every GPU NVLink joins it to; from Ampere on, one GPU at a time.
+# command with every GPU NVLink joins it to, and they retire pages; from Ampere on, one GPU
+# resets at a time and row remapping replaces page retirement (NVML answers NotSupported).
 BEFORE_AMPERE = frozenset({"kepler", "maxwell", "pascal", "volta", "turing"})
 
 

@@ -61,9 +61,6 @@ FI_RETIRED_SBE = 29
 FI_RETIRED_DBE = 30
 FI_RETIRED_PENDING = 31
 RETIRED_PAGE_FIELDS = (FI_RETIRED_SBE, FI_RETIRED_DBE, FI_RETIRED_PENDING)
-# the GPUs that retire pages; from Ampere on row remapping replaces it and NVML answers
-# NotSupported
-PAGE_RETIREMENT_ARCHITECTURES = frozenset({"kepler", "maxwell", "pascal", "volta", "turing"})
 FI_MEMORY_TEMP = 82
 FI_TOTAL_ENERGY = 83
 FI_NVLINK_LINK_COUNT = 91

@@ -36,7 +36,7 @@ from typing import Any, ClassVar, TypeVar
 
 from gpuconsole.config import NvmlConfig
 from gpuconsole.format import THROTTLE_WORDS
-from gpuconsole.hardware import model_spec
+from gpuconsole.hardware import BEFORE_AMPERE, model_spec
 from gpuconsole.readings.base import Event, Severity, known_bus_id, normal_bus_id
 from gpuconsole.readings.nvml import (
     EccReading,
@@ -99,7 +99,6 @@ from gpuconsole.sources.nvml.lib import (
     NVLINK_GENERATIONS,
     OK,
     OPEN_ERRORS,
-    PAGE_RETIREMENT_ARCHITECTURES,
     PCIE_UTIL_RX,
     PCIE_UTIL_TX,
     REMOTE_KINDS,
@@ -465,7 +464,7 @@ class NvmlSource:
             fields = [f for f in fields if f not in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES)]
         if self._recovery_field is not None:
             fields.append(self._recovery_field)
-        if gpu.architecture is None or gpu.architecture in PAGE_RETIREMENT_ARCHITECTURES:
+        if gpu.architecture is None or gpu.architecture in BEFORE_AMPERE:
             fields += RETIRED_PAGE_FIELDS  # from Ampere on, row remapping replaces it
         return fields + [fid for fid, _reason in self._throttle_counters]
 
