@@ -13,10 +13,19 @@ from gpuconsole import codec
 from gpuconsole.cli.table import render_table
 from gpuconsole.export.agent import Agent, select
 from gpuconsole.facts import summaries
-from gpuconsole.facts.verdict import Action, gpu_verdict, node_verdict, verdicts_json
+from gpuconsole.facts.verdict import (
+    Action,
+    carry_verdict,
+    forget_verdicts,
+    gpu_verdict,
+    judge_fleet,
+    node_verdict,
+    unfit_gpus,
+    verdicts_json,
+)
 from gpuconsole.hub import Hub, HubSettings
-from gpuconsole.readings.base import Health
-from gpuconsole.readings.snapshot import FleetSnapshot
+from gpuconsole.readings.base import Health, SourceStatus
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.agents import AgentClient, AgentSource
 from gpuconsole.tui.wallboard import WallboardApp, alerts_page
 from gpuconsole.wiring import AgentSettings
@@ -137,3 +146,62 @@ async def test_an_agent_that_sends_no_verdict_is_judged_by_the_head() -> None:
     verdict = node_verdict(node)
     assert verdict.action is Action.RESET_GPU
     assert [f.message for f in verdict.problems] == [f.message for f in node_verdict(here).problems]
+
+
+def test_a_fleet_judged_as_it_changes_reads_as_one_judged_afresh() -> None:
+    """judge_fleet judges only the nodes a snapshot changed: snapshot after snapshot, every
+    node's verdict, and a critical node's GPUs out of work, are what judging it with
+    nothing remembered gives. Nodes read through agents that send their verdict, as a head
+    has them: verdicts sent again, one that changed, a source gone stale, an agent gone
+    silent, a verdict refused, a node added and the order changed."""
+    fleet = frozen_fleet()
+    heard = SourceStatus("", "remote", True, last_ok_at=fleet.at, polls=1)
+
+    def read(node: NodeSnapshot, ok: bool = True, stale_since: float | None = None) -> NodeSnapshot:
+        """The node as a head has it: its agent's status first, answering or not."""
+        remote = dataclasses.replace(heard, node=node.node, ok=ok, stale_since=stale_since)
+        kept = tuple(s for s in node.statuses if s.source != "remote")
+        return dataclasses.replace(node, statuses=(remote, *kept))
+
+    carried = [read(carry_verdict(n)) for n in fleet.nodes if n.nvml is not None]
+    first = carried[:-1]
+    at = next(i for i, n in enumerate(first) if n.node == NODE)  # a fan failed: service
+    sick = read(carry_verdict(with_links_down(fleet, NODE, 2, 2).nodes[0]))
+    said = first[at].verdict
+    assert said is not None and said.action is Action.SERVICE
+    liar = dataclasses.replace(first[at], verdict=dataclasses.replace(said, action=Action.FIT))
+
+    def again(node: NodeSnapshot) -> NodeSnapshot:
+        """The node read again: its agent's verdict as before (the same object)."""
+        return dataclasses.replace(node, statuses=(*node.statuses,))
+
+    def bmc_stale(node: NodeSnapshot) -> NodeSnapshot:
+        return dataclasses.replace(node, statuses=tuple(
+            dataclasses.replace(s, ok=False) if s.source == "bmc" else s for s in node.statuses
+        ))  # fmt: skip
+
+    def put(nodes: list[NodeSnapshot], i: int, node: NodeSnapshot) -> list[NodeSnapshot]:
+        return [*nodes[:i], node, *nodes[i + 1 :]]
+
+    rounds = [first, [again(n) for n in first], put(first, at, sick)]
+    fit = next(i for i, n in enumerate(first) if node_verdict(n).fit)
+    other = next(i for i in range(len(first)) if i not in (at, fit))
+    rounds.append(put(rounds[-1], other, read(first[other], ok=False, stale_since=fleet.at)))
+    rounds.append(put(rounds[-1], fit, bmc_stale(first[fit])))
+    rounds.append(put(rounds[-1], other, bmc_stale(first[other])))  # it answers again
+    rounds.append([*put(rounds[-1], at, liar), carried[-1]])  # a node added
+    rounds.append(put(rounds[-1], at, again(liar)))  # the same lie, read again
+    rounds.append(list(reversed(carried)))
+    snapshots = [dataclasses.replace(fleet, nodes=tuple(nodes)) for nodes in rounds]
+    afresh = []
+    for snapshot in snapshots:
+        forget_verdicts()
+        afresh.append([(node_verdict(n), unfit_gpus(n)) for n in snapshot.nodes])
+    forget_verdicts()
+    for snapshot, expected in zip(snapshots, afresh, strict=True):
+        judge_fleet(snapshot)
+        assert [(node_verdict(n), unfit_gpus(n)) for n in snapshot.nodes] == expected
+    assert afresh[3][fit][0].health is Health.OK and afresh[4][fit][0].health is Health.STALE
+    assert any(unfit for _, unfit in afresh[0])  # a critical node's GPUs out of work
+    codes = {f.code for judged in afresh for v, _ in judged for f in v.findings}
+    assert {"verdict_refused", "agent_silent", "nvlink_down"} <= codes

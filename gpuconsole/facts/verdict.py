@@ -34,6 +34,7 @@ classes live in `readings.verdict`, where the codec decodes them.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import re
 import time
@@ -713,6 +714,12 @@ class _Judged:
     node: weakref.ref[NodeSnapshot]  # the snapshot judged; a hub frees the ones it replaces
     verdict: Verdict
     gpus: dict[str, Verdict]  # by bus id (or "#index" for a GPU NVML could not read)
+    # the verdict its agent sent, taken as the node's, and what this process added to it:
+    # the health where nothing was found (stale while a source is), its agent silent (next
+    # to `node`: what a node that changed is taken again by)
+    carried: CarriedVerdict | None = None
+    calm: Health = Health.OK
+    silence: SourceStatus | None = None  # its agent's status where it did not answer
     # each source's findings with the reading they came from: the BMC, fabric and tenancy
     # readings of a node stand for several of its NVML polls, and are judged once
     bmc: object = None
@@ -721,17 +728,23 @@ class _Judged:
     fabric_found: tuple[Finding, ...] = ()
     tenancy: object = None
     tenancy_found: tuple[Finding, ...] = ()
-    # the verdict its agent sent, taken as the node's, and what this process added to it:
-    # the health where nothing was found (stale while a source is), its agent silent
-    carried: CarriedVerdict | None = None
-    calm: Health = Health.OK
-    silence: SourceStatus | None = None  # its agent's status where it did not answer
+    # the verdict its agent sent where it was refused, and why: the node is judged here
+    # from its readings, and the same verdict received again is not checked again
+    refusal: _Refusal | None = None
+    unfit: int = -1  # GPUs whose verdict is critical; -1 until asked
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    carried: CarriedVerdict
+    reason: str
 
 
 _JUDGED: OrderedDict[str, _Judged] = OrderedDict()
 # by node: its agent's latest verdict, checked as its source read it (the snapshot that
-# carries it may not be published yet: views still ask about the one before)
-_CHECKED: OrderedDict[str, _Judged] = OrderedDict()
+# carries it may not be published yet: views still ask about the one before), or why it
+# was refused
+_CHECKED: OrderedDict[str, _Judged | _Refusal] = OrderedDict()
 _JUDGED_NODES = 16384
 
 
@@ -739,6 +752,73 @@ def forget_verdicts() -> None:
     """Forget every node judged so far (a benchmark judging afresh)."""
     _JUDGED.clear()
     _CHECKED.clear()
+    _FLEET.clear()
+
+
+class _Fleet:
+    """The nodes of the last fleet snapshot judged, by position: each held weakly, its name
+    and what was judged of it. Which nodes a snapshot changed is found without a call per
+    node, and a changed node is judged without a look-up by its name."""
+
+    __slots__ = ("judged", "names", "refs")
+
+    def __init__(self) -> None:
+        self.refs: list[weakref.ref[NodeSnapshot] | Callable[[], None]] = []
+        self.names: list[str] = []
+        self.judged: list[_Judged | None] = []
+
+    def clear(self, size: int = 0) -> None:
+        self.refs = [_gone] * size
+        self.names = [""] * size
+        self.judged = [None] * size
+
+
+_FLEET = _Fleet()
+
+
+def _gone() -> None:
+    return None
+
+
+def judge_fleet(snapshot: FleetSnapshot) -> None:
+    """Judge every node of a fleet snapshot as far as it changed since the last one judged:
+    a view then finds each node's verdict, and a critical node's GPUs out of work (what the
+    fleet's sort reads), with a look-up. A hub publishes a few times a second and replaces
+    the nodes that changed; a node its agent judged, whose verdict came as last time and
+    whose sources are all fresh, as they were, is taken again as it is."""
+    nodes, fleet = snapshot.nodes, _FLEET
+    if len(fleet.refs) != len(nodes):
+        fleet.clear(len(nodes))
+    refs, names, judged_at = fleet.refs, fleet.names, fleet.judged
+    # the positions whose node is not the one judged there last (all in C: no call per node)
+    changed = itertools.compress(
+        range(len(nodes)), map(operator.is_not, nodes, map(operator.call, refs))
+    )
+    ok, stale, unknown, critical = Health.OK, Health.STALE, Health.UNKNOWN, Health.CRITICAL
+    for i in changed:
+        node = nodes[i]
+        seen = judged_at[i]
+        if seen is None or names[i] is not node.node:
+            seen = _JUDGED.get(node.node)
+            names[i] = node.node
+        elif seen.carried is node.verdict and seen.carried is not None:
+            # _judge's test, inline, for what most changed nodes are: the verdict its agent
+            # sent as before, and its sources as fresh as they were (its agent answering)
+            statuses = node.statuses
+            calm: Health | None = ok if statuses else unknown
+            for status in statuses:
+                if not status.ok:
+                    calm = stale
+                    if status.source == "remote":
+                        calm = None
+                        break
+            if calm is seen.calm and (calm is ok or seen.silence is None):
+                refs[i] = seen.node = weakref.ref(node)
+                continue
+        judged = seen if seen is not None and seen.node() is node else _judge(node, seen)
+        if judged.unfit < 0 and judged.verdict.health is critical:
+            _out_of_work(judged)
+        refs[i], judged_at[i] = judged.node, judged
 
 
 def _gpu_key(bus_id: str | None, index: int | None) -> str:
@@ -756,19 +836,42 @@ def _judge(node: NodeSnapshot, seen: _Judged | None = None) -> _Judged:
         if seen is not None and seen.node() is node:
             return seen
     carried = node.verdict
+    refused: _Refusal | None = None
     if carried is not None:
         # the agent's verdict as it last came (unchanged), or as its source checked it when
-        # it read it: taken again while what this process adds to it stays as it was
-        checked = seen if seen is not None and seen.carried is carried else _CHECKED.get(node.node)
-        if checked is not None and checked.carried is carried:
-            calm = _calm(node)
+        # it read it: taken again while what this process adds to it stays as it was (the
+        # same verdict object, and its sources' freshness), which is all a snapshot of a
+        # node that sends its verdict changes of it
+        checked: _Judged | _Refusal | None = None
+        if seen is not None:
+            if seen.carried is carried:
+                checked = seen
+            elif seen.refusal is not None and seen.refusal.carried is carried:
+                checked = seen.refusal
+        if checked is None:
+            checked = _CHECKED.get(node.node)
+        if isinstance(checked, _Judged) and checked.carried is carried:
+            statuses = node.statuses
+            calm = Health.OK if statuses else Health.UNKNOWN
+            for status in statuses:
+                if not status.ok:
+                    calm = Health.STALE
+                    break
             if calm is checked.calm and (calm is Health.OK or _silence(node) is checked.silence):
                 checked.node = weakref.ref(node)
                 if checked is not seen:
                     _JUDGED[node.node] = checked
                 return checked
-    taken = _carried(node, carried) if carried is not None else None
-    judged = taken if isinstance(taken, _Judged) else _judged_here(node, seen, taken)
+        elif isinstance(checked, _Refusal) and checked.carried is carried:
+            refused = checked
+    taken = _carried(node, carried) if carried is not None and refused is None else None
+    if isinstance(taken, _Judged):
+        judged = taken
+    else:
+        if taken is not None:
+            assert carried is not None
+            refused = _Refusal(carried, taken)
+        judged = _judged_here(node, seen, refused)
     _JUDGED[node.node] = judged
     if seen is None:
         while len(_JUDGED) > _JUDGED_NODES:
@@ -776,7 +879,7 @@ def _judge(node: NodeSnapshot, seen: _Judged | None = None) -> _Judged:
     return judged
 
 
-def _judged_here(node: NodeSnapshot, seen: _Judged | None, refused: str | None) -> _Judged:
+def _judged_here(node: NodeSnapshot, seen: _Judged | None, refused: _Refusal | None) -> _Judged:
     """The node judged from its readings (the verdict its agent sent `refused`, if so)."""
     findings: list[Finding] = []
     nvml = node.nvml
@@ -818,8 +921,9 @@ def _judged_here(node: NodeSnapshot, seen: _Judged | None, refused: str | None) 
         judged.gpus = {bus: _gpu_verdict(found) for bus, found in per_gpu.items()}
     calm = _calm(node)
     if calm is not Health.OK or refused is not None:
-        findings += _head_findings(node, refused)
+        findings += _head_findings(node, refused.reason if refused is not None else None)
     judged.verdict = _verdict(findings, calm)
+    judged.refusal = refused
     return judged
 
 
@@ -973,17 +1077,16 @@ def _node_buses(node: NodeSnapshot) -> frozenset[str]:
 def check_carried(name: str, node: NodeSnapshot) -> None:
     """Check the verdict node `name`'s agent sent, as a head reads the node (its agent
     source, once per verdict received): the head's views then find it checked, a look-up
-    each. One that is refused, or comes with something this process adds, is judged as the
-    views ask."""
+    each. One that comes with something this process adds is judged as the views ask; one
+    that is refused is remembered with why, and the node judged from its readings."""
     carried = node.verdict
     if carried is None:
         return
     taken = _carried(node, carried)
-    if isinstance(taken, _Judged):
-        _CHECKED[name] = taken
-        _CHECKED.move_to_end(name)
-        while len(_CHECKED) > _JUDGED_NODES:
-            _CHECKED.popitem(last=False)
+    _CHECKED[name] = taken if isinstance(taken, _Judged) else _Refusal(carried, taken)
+    _CHECKED.move_to_end(name)
+    while len(_CHECKED) > _JUDGED_NODES:
+        _CHECKED.popitem(last=False)
 
 
 def carry_verdict(node: NodeSnapshot) -> NodeSnapshot:
@@ -1073,7 +1176,13 @@ def gpu_verdict(node: NodeSnapshot, gpu: GpuReading | GpuRow | str) -> Verdict:
 def unfit_gpus(node: NodeSnapshot) -> int:
     """How many of the node's GPUs cannot take work now (their verdict is critical): what
     puts one critical node ahead of another for whoever is paged."""
-    return sum(1 for v in _judge(node).gpus.values() if v.health is Health.CRITICAL)
+    return _out_of_work(_judge(node))
+
+
+def _out_of_work(judged: _Judged) -> int:
+    if judged.unfit < 0:
+        judged.unfit = sum(1 for v in judged.gpus.values() if v.health is Health.CRITICAL)
+    return judged.unfit
 
 
 def reading_verdict(gpu: GpuReading, node: NodeSnapshot | None = None) -> Verdict:

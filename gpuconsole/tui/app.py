@@ -18,6 +18,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from gpuconsole.actions.roles import Actor, local_actor
+from gpuconsole.facts.verdict import judge_fleet
 from gpuconsole.hub import Hub
 from gpuconsole.paths import user_themes_dir
 from gpuconsole.readings.snapshot import FleetSnapshot
@@ -186,6 +187,7 @@ class ConsoleApp(App[None]):
 
     def show_snapshot(self, snapshot: FleetSnapshot) -> None:
         """Make `snapshot` the latest and render it in the visible view only."""
+        judge_fleet(snapshot)  # once, as far as it changed: each view then looks verdicts up
         self.snapshot = snapshot
         self._snapshot_shown = snapshot
         self._snapshot_shown_at = time.monotonic()

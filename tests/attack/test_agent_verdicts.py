@@ -13,11 +13,16 @@ from aiohttp import web
 
 from gpuconsole import codec
 from gpuconsole.export.agent import Agent, select
+from gpuconsole.facts import verdict as verdict_facts
 from gpuconsole.facts.verdict import Action, gpu_verdict, node_verdict
+from gpuconsole.hub import Hub
+from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.readings.verdict import CarriedVerdict
 from gpuconsole.wiring import AgentSettings
 from tests.export_fixtures import frozen_fleet
 from tests.test_agents_source import HeldHub, serve
 from tests.test_verdict_agents import head_of, with_links_down
+from tests.waiting import until
 
 Verdict = dict[str, Any]
 
@@ -135,3 +140,48 @@ async def test_escapes_in_a_verdict_that_holds_together_are_shown_written_out() 
     assert "verdict_refused" not in [f.code for f in verdict.findings]
     shown = [f.text for f in verdict.findings if f.code == "remap_pending"]
     assert shown == [r"\x1b[2J\x1b]0;owned\x07row remap"]
+
+
+async def test_a_refused_verdict_sent_again_and_again_is_checked_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An agent that lies the same way at every poll costs the head one check of what it
+    sent, not one per poll: each snapshot still says why its verdict is refused."""
+    checked: list[object] = []
+    check = verdict_facts._carried
+
+    def counted(node: NodeSnapshot, carried: CarriedVerdict) -> object:
+        checked.append(carried)
+        return check(node, carried)
+
+    monkeypatch.setattr(verdict_facts, "_carried", counted)
+    body = _served(_set("action", "fit"))
+
+    async def liar(request: web.Request) -> web.Response:
+        return web.json_response(body)
+
+    runner, port = await serve(liar)
+    head = head_of(("dgx-004", f"http://127.0.0.1:{port}"))
+    await head.start()
+    try:
+        polls: set[int] = set()
+        while len(polls) < 4:  # snapshots of four polls, judged as each is published
+            await until(lambda: _polls(head) not in polls | {0})
+            node = head.latest.node("dgx-004")  # type: ignore[union-attr]
+            assert node is not None
+            polls.add(_polls(head))
+            refused = [f for f in node_verdict(node).findings if f.code == "verdict_refused"]
+            assert len(refused) == 1
+            assert "the node is said fit, its findings say reset_gpu" in refused[0].text
+            assert node_verdict(node).action is Action.RESET_GPU  # judged here instead
+    finally:
+        await head.stop()
+        await runner.cleanup()
+    assert len(checked) == 1, f"checked {len(checked)} times over {len(polls)} polls"
+
+
+def _polls(head: Hub) -> int:
+    """How often the head has read dgx-004 so far (0 before it published it)."""
+    node = head.latest.node("dgx-004") if head.latest is not None else None
+    status = node.status("remote") if node is not None else None
+    return status.polls if status is not None else 0
