@@ -24,8 +24,8 @@ resident; the verdicts of every node of each published snapshot (facts.verdict.j
 as a console takes each snapshot: the nodes it changed judged, with what the fleet's health
 and sort read of them, after which a view finds any node's verdict with a look-up) under 5 %
 of that publish's own time (hub.publish(), which merges the nodes that changed): the agents
-judge their nodes and send the verdict, the head checks and shows it. Their share of all the head's CPU is printed too. For comparison, all-smi documents
-256 nodes at a 6 s interval.
+judge their nodes and send the verdict, the head checks and shows it. Their share of all the
+head's CPU is printed too. For comparison, all-smi documents 256 nodes at a 6 s interval.
 """
 
 from __future__ import annotations
