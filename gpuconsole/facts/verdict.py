@@ -27,9 +27,11 @@ cycle after a reset, service after a power cycle.
 
 A node's agent judges it, where every detail is, and sends the verdict in its snapshot
 (`carry_verdict`); a head checks that verdict against its findings, its sizes and the node's
-GPUs, and shows it with what only the head knows (the agent silent). A verdict it refuses,
-or one an older agent never sent, the head judges from the readings it has. The data
-classes live in `readings.verdict`, where the codec decodes them.
+GPUs, and shows it with what only the head knows (the agent silent). A verdict it refuses
+(remembered with why, so that the same verdict sent again is not checked again), or one an
+older agent never sent, the head judges from the readings it has. A console judges each
+fleet snapshot it shows as far as the snapshot changed (`judge_fleet`); its views then look
+each verdict up. The data classes live in `readings.verdict`, where the codec decodes them.
 """
 
 from __future__ import annotations
