@@ -4,6 +4,7 @@ real agents on loopback, read by a head's agent sources."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 import pytest
@@ -13,6 +14,7 @@ from gpuconsole import codec
 from gpuconsole.cli.table import render_table
 from gpuconsole.export.agent import Agent, select
 from gpuconsole.facts import summaries
+from gpuconsole.facts import verdict as verdict_facts
 from gpuconsole.facts.verdict import (
     Action,
     carry_verdict,
@@ -148,7 +150,9 @@ async def test_an_agent_that_sends_no_verdict_is_judged_by_the_head() -> None:
     assert [f.message for f in verdict.problems] == [f.message for f in node_verdict(here).problems]
 
 
-def test_a_fleet_judged_as_it_changes_reads_as_one_judged_afresh() -> None:
+def test_a_fleet_judged_as_it_changes_reads_as_one_judged_afresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """judge_fleet judges only the nodes a snapshot changed: snapshot after snapshot, every
     node's verdict, and a critical node's GPUs out of work, are what judging it with
     nothing remembered gives. Nodes read through agents that send their verdict, as a head
@@ -198,9 +202,20 @@ def test_a_fleet_judged_as_it_changes_reads_as_one_judged_afresh() -> None:
         forget_verdicts()
         afresh.append([(node_verdict(n), unfit_gpus(n)) for n in snapshot.nodes])
     forget_verdicts()
+    judged: list[str] = []
+    judge = verdict_facts._judge
+
+    def counted(node: NodeSnapshot, seen: Any = None) -> Any:
+        judged.append(node.node)
+        return judge(node, seen)
+
+    monkeypatch.setattr(verdict_facts, "_judge", counted)
     for snapshot, expected in zip(snapshots, afresh, strict=True):
         judge_fleet(snapshot)
-        assert [(node_verdict(n), unfit_gpus(n)) for n in snapshot.nodes] == expected
+        judged.clear()
+        assert [node_verdict(n) for n in snapshot.nodes] == [v for v, _ in expected]
+        assert judged == []  # every verdict a look-up, none judged as a view asks
+        assert [unfit_gpus(n) for n in snapshot.nodes] == [unfit for _, unfit in expected]
     assert afresh[3][fit][0].health is Health.OK and afresh[4][fit][0].health is Health.STALE
     assert any(unfit for _, unfit in afresh[0])  # a critical node's GPUs out of work
     codes = {f.code for judged in afresh for v, _ in judged for f in v.findings}

@@ -41,6 +41,7 @@ import operator
 import re
 import time
 import weakref
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -758,28 +759,22 @@ def forget_verdicts() -> None:
 
 
 class _Fleet:
-    """The nodes of the last fleet snapshot judged, by position: each held weakly, its name
-    and what was judged of it. Which nodes a snapshot changed is found without a call per
-    node, and a changed node is judged without a look-up by its name."""
+    """The nodes of the last fleet snapshot judged, by position: where each was in memory,
+    its name and what was judged of it. Which nodes a snapshot changed is found without a
+    call per node, and a changed node is judged without a look-up by its name."""
 
-    __slots__ = ("judged", "names", "refs")
+    __slots__ = ("judged", "names", "where")
 
     def __init__(self) -> None:
-        self.refs: list[weakref.ref[NodeSnapshot] | Callable[[], None]] = []
-        self.names: list[str] = []
-        self.judged: list[_Judged | None] = []
+        self.clear()
 
     def clear(self, size: int = 0) -> None:
-        self.refs = [_gone] * size
+        self.where = array("Q", bytes(8 * size))  # id(): 0 is no object's
         self.names = [""] * size
-        self.judged = [None] * size
+        self.judged: list[_Judged | None] = [None] * size
 
 
 _FLEET = _Fleet()
-
-
-def _gone() -> None:
-    return None
 
 
 def judge_fleet(snapshot: FleetSnapshot) -> None:
@@ -789,16 +784,18 @@ def judge_fleet(snapshot: FleetSnapshot) -> None:
     the nodes that changed; a node its agent judged, whose verdict came as last time and
     whose sources are all fresh, as they were, is taken again as it is."""
     nodes, fleet = snapshot.nodes, _FLEET
-    if len(fleet.refs) != len(nodes):
+    if len(fleet.where) != len(nodes):
         fleet.clear(len(nodes))
-    refs, names, judged_at = fleet.refs, fleet.names, fleet.judged
-    # the positions whose node is not the one judged there last (all in C: no call per node)
-    changed = itertools.compress(
-        range(len(nodes)), map(operator.is_not, nodes, map(operator.call, refs))
-    )
+    where, names, judged_at = fleet.where, fleet.names, fleet.judged
+    # The positions whose node is not where the one judged there was, all in C: no call
+    # per node, and none of the thousand nodes' remembered verdicts read. A node that is new
+    # where a freed one was is left to the look-up, which holds the node it judged weakly
+    # and so is never wrong; this only judges ahead of it.
+    changed = itertools.compress(range(len(nodes)), map(operator.ne, map(id, nodes), where))
     ok, stale, unknown, critical = Health.OK, Health.STALE, Health.UNKNOWN, Health.CRITICAL
     for i in changed:
         node = nodes[i]
+        where[i] = id(node)
         seen = judged_at[i]
         if seen is None or names[i] is not node.node:
             seen = _JUDGED.get(node.node)
@@ -815,12 +812,12 @@ def judge_fleet(snapshot: FleetSnapshot) -> None:
                         calm = None
                         break
             if calm is seen.calm and (calm is ok or seen.silence is None):
-                refs[i] = seen.node = weakref.ref(node)
+                seen.node = weakref.ref(node)
                 continue
         judged = seen if seen is not None and seen.node() is node else _judge(node, seen)
         if judged.unfit < 0 and judged.verdict.health is critical:
             _out_of_work(judged)
-        refs[i], judged_at[i] = judged.node, judged
+        judged_at[i] = judged
 
 
 def _gpu_key(bus_id: str | None, index: int | None) -> str:
