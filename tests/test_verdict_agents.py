@@ -163,9 +163,9 @@ def test_a_fleet_judged_as_it_changes_reads_as_one_judged_afresh(
 
     def read(node: NodeSnapshot, ok: bool = True, stale_since: float | None = None) -> NodeSnapshot:
         """The node as a head has it: its agent's status first, answering or not."""
-        remote = dataclasses.replace(heard, node=node.node, ok=ok, stale_since=stale_since)
+        remote = msgspec.structs.replace(heard, node=node.node, ok=ok, stale_since=stale_since)
         kept = tuple(s for s in node.statuses if s.source != "remote")
-        return dataclasses.replace(node, statuses=(remote, *kept))
+        return msgspec.structs.replace(node, statuses=(remote, *kept))
 
     carried = [read(carry_verdict(n)) for n in fleet.nodes if n.nvml is not None]
     first = carried[:-1]
@@ -173,15 +173,17 @@ def test_a_fleet_judged_as_it_changes_reads_as_one_judged_afresh(
     sick = read(carry_verdict(with_links_down(fleet, NODE, 2, 2).nodes[0]))
     said = first[at].verdict
     assert said is not None and said.action is Action.SERVICE
-    liar = dataclasses.replace(first[at], verdict=dataclasses.replace(said, action=Action.FIT))
+    liar = msgspec.structs.replace(
+        first[at], verdict=msgspec.structs.replace(said, action=Action.FIT)
+    )
 
     def again(node: NodeSnapshot) -> NodeSnapshot:
         """The node read again: its agent's verdict as before (the same object)."""
-        return dataclasses.replace(node, statuses=(*node.statuses,))
+        return msgspec.structs.replace(node, statuses=(*node.statuses,))
 
     def bmc_stale(node: NodeSnapshot) -> NodeSnapshot:
-        return dataclasses.replace(node, statuses=tuple(
-            dataclasses.replace(s, ok=False) if s.source == "bmc" else s for s in node.statuses
+        return msgspec.structs.replace(node, statuses=tuple(
+            msgspec.structs.replace(s, ok=False) if s.source == "bmc" else s for s in node.statuses
         ))  # fmt: skip
 
     def put(nodes: list[NodeSnapshot], i: int, node: NodeSnapshot) -> list[NodeSnapshot]:
@@ -196,7 +198,7 @@ def test_a_fleet_judged_as_it_changes_reads_as_one_judged_afresh(
     rounds.append([*put(rounds[-1], at, liar), carried[-1]])  # a node added
     rounds.append(put(rounds[-1], at, again(liar)))  # the same lie, read again
     rounds.append(list(reversed(carried)))
-    snapshots = [dataclasses.replace(fleet, nodes=tuple(nodes)) for nodes in rounds]
+    snapshots = [msgspec.structs.replace(fleet, nodes=tuple(nodes)) for nodes in rounds]
     afresh = []
     for snapshot in snapshots:
         forget_verdicts()
