@@ -265,6 +265,7 @@ class Figures:
     # judging every node of each published snapshot, as a console does (a node the publish
     # did not change is remembered), and judging all of them afresh
     verdict_ms: float = float("nan")
+    verdict_nodes: float = float("nan")  # nodes a publish changed, judged
     verdict_cold_ms: float = float("nan")
     verdict_of_head: float = float("nan")  # judging, as a share of all the head's CPU
     verdict_of_publish: float = float("nan")  # median over publishes: verdicts / publish
@@ -303,7 +304,7 @@ def _landed(hub: Hub) -> tuple[int, int]:
 
 
 def _timed(
-    fn: Callable[[], FleetSnapshot], into: list[float], judged: list[float]
+    fn: Callable[[], FleetSnapshot], into: list[float], judged: list[float], changed: list[int]
 ) -> Callable[[], FleetSnapshot]:
     # this thread's CPU: the head decodes in worker threads meanwhile
     def publish() -> FleetSnapshot:
@@ -316,8 +317,9 @@ def _timed(
         for node in snapshot.nodes:
             node_ownership(node)
         resolved = time.thread_time()
-        judge_fleet(snapshot)  # as a console takes each snapshot, before any view asks
+        looked = judge_fleet(snapshot)  # as a console takes each snapshot, before any view asks
         judged.append((time.thread_time() - resolved) * 1000)
+        changed.append(looked)
         return snapshot
 
     return publish
@@ -342,7 +344,8 @@ async def _head(ports: list[int], seconds: int) -> Figures:
     hub = fleet_hub(cfg, HubSettings(publish_gap_s=0.2, max_backoff_s=5.0))
     publishes: list[float] = []
     judged: list[float] = []
-    hub.publish = _timed(hub.publish, publishes, judged)  # type: ignore[method-assign]
+    changed: list[int] = []
+    hub.publish = _timed(hub.publish, publishes, judged, changed)  # type: ignore[method-assign]
     began = time.perf_counter()
     collector = _GcClock()
     gc.callbacks.append(collector)
@@ -354,6 +357,7 @@ async def _head(ports: list[int], seconds: int) -> Figures:
         sweep = time.perf_counter() - began if _landed(hub)[0] == len(ports) else None
         publishes.clear()
         judged.clear()
+        changed.clear()
         cores, per_update, rates, rss, collecting = [], [], [], [], []
         _, landed = _landed(hub)
         head_cpu = time.process_time()
@@ -393,6 +397,7 @@ async def _head(ports: list[int], seconds: int) -> Figures:
         rss_mb=statistics.median(rss),
         gc_cores=statistics.median(collecting),
         verdict_ms=statistics.median(judged) if judged else float("nan"),
+        verdict_nodes=statistics.median(changed) if changed else float("nan"),
         verdict_cold_ms=cold,
         verdict_of_head=of_head,
         verdict_of_publish=statistics.median(
@@ -529,7 +534,8 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
                 f"; RSS under {RSS_TARGET_MB:g} MB: {_verdict(f.rss_mb < RSS_TARGET_MB)}"
             )
             print(
-                f"         verdicts of every node per publish {f.verdict_ms:.2f} ms, "
+                f"         verdicts of every node per publish {f.verdict_ms:.2f} ms (the "
+                f"{f.verdict_nodes:.0f} nodes it changed judged), "
                 f"{f.verdict_of_publish:.1%} of the publish's time ({f.publish_ms:.1f} ms), "
                 f"under {VERDICT_SHARE:.0%}: {_verdict(f.verdict_of_publish <= VERDICT_SHARE)}; "
                 f"{f.verdict_of_head:.1%} of the head's CPU (decode, merge, publish); all "

@@ -212,8 +212,14 @@ def test_a_fleet_judged_as_it_changes_reads_as_one_judged_afresh(
         return judge(node, seen)
 
     monkeypatch.setattr(verdict_facts, "_judge", counted)
+    last: tuple[NodeSnapshot, ...] = ()
     for snapshot, expected in zip(snapshots, afresh, strict=True):
-        judge_fleet(snapshot)
+        # the nodes not where they were, all where the fleet grew
+        moved = sum(n is not b for n, b in zip(snapshot.nodes, last, strict=False))
+        grown = len(snapshot.nodes) != len(last)
+        assert judge_fleet(snapshot) == (len(snapshot.nodes) if grown else moved)
+        assert judge_fleet(snapshot) == 0  # the same snapshot again: nothing to judge
+        last = snapshot.nodes
         judged.clear()
         assert [node_verdict(n) for n in snapshot.nodes] == [v for v, _ in expected]
         assert judged == []  # every verdict a look-up, none judged as a view asks

@@ -777,12 +777,13 @@ class _Fleet:
 _FLEET = _Fleet()
 
 
-def judge_fleet(snapshot: FleetSnapshot) -> None:
+def judge_fleet(snapshot: FleetSnapshot) -> int:
     """Judge every node of a fleet snapshot as far as it changed since the last one judged:
     a view then finds each node's verdict, and a critical node's GPUs out of work (what the
     fleet's sort reads), with a look-up. A hub publishes a few times a second and replaces
     the nodes that changed; a node its agent judged, whose verdict came as last time and
-    whose sources are all fresh, as they were, is taken again as it is."""
+    whose sources are all fresh, as they were, is taken again as it is. Returns how many
+    nodes it looked at: those the snapshot changed."""
     nodes, fleet = snapshot.nodes, _FLEET
     if len(fleet.where) != len(nodes):
         fleet.clear(len(nodes))
@@ -793,7 +794,9 @@ def judge_fleet(snapshot: FleetSnapshot) -> None:
     # and so is never wrong; this only judges ahead of it.
     changed = itertools.compress(range(len(nodes)), map(operator.ne, map(id, nodes), where))
     ok, stale, unknown, critical = Health.OK, Health.STALE, Health.UNKNOWN, Health.CRITICAL
+    looked = 0
     for i in changed:
+        looked += 1
         node = nodes[i]
         where[i] = id(node)
         seen = judged_at[i]
@@ -818,6 +821,7 @@ def judge_fleet(snapshot: FleetSnapshot) -> None:
         if judged.unfit < 0 and judged.verdict.health is critical:
             _out_of_work(judged)
         judged_at[i] = judged
+    return looked
 
 
 def _gpu_key(bus_id: str | None, index: int | None) -> str:
