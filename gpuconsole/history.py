@@ -8,55 +8,55 @@ from collections.abc import Iterable
 from gpuconsole.readings.base import Key
 
 
-class Ring:
-    """A fixed-capacity ring of floats that counts every value ever written.
+class HistoryStore:
+    """One node's rings, keyed by series: a fixed-capacity ring of floats per series, and
+    the count of every value ever written to it. Written by the hub only.
 
     Each value is kept as a 32-bit float: a head keeps some forty series of 300 points for
     each of a thousand nodes, and a gauge's sparkline needs no more than its 7 digits (an
     integer reads back exactly, and so do the halves and quarters of one).
+
+    A head records a thousand nodes' forty series a second and views each node it
+    publishes: the counts sit in one dict beside the rings, so that a view copies that dict
+    whole and a record writes a point with no call per series.
     """
 
-    __slots__ = ("_data", "capacity", "written")
+    __slots__ = ("_rings", "_written", "capacity")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._data = array("f", bytes(4 * capacity))
-        self.written = 0
-
-    def append(self, value: float) -> None:
-        self._data[self.written % self.capacity] = value
-        self.written += 1
-
-    def values(self, upto: int | None = None) -> tuple[float, ...]:
-        """The values written before `upto` (default: all) that the ring still holds."""
-        end = self.written if upto is None else min(upto, self.written)
-        start = max(0, end - self.capacity, self.written - self.capacity)
-        cap, data = self.capacity, self._data
-        return tuple(data[i % cap] for i in range(start, end))
-
-
-class HistoryStore:
-    """One node's rings, keyed by series. Written by the hub only."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._rings: dict[Key, Ring] = {}
+        self._rings: dict[Key, array[float]] = {}
+        self._written: dict[Key, int] = {}
 
     def record(self, samples: Iterable[tuple[Key, float]]) -> None:
-        rings = self._rings
+        rings, written, capacity = self._rings, self._written, self.capacity
+        count = written.get
         for key, value in samples:
-            ring = rings.get(key)
-            if ring is None:
-                ring = rings[key] = Ring(self.capacity)
-            ring.append(value)
+            n = count(key)
+            if n is None:
+                n = 0
+                rings[key] = array("f", bytes(4 * capacity))
+            rings[key][n % capacity] = value
+            written[key] = n + 1
 
     @property
     def nbytes(self) -> int:
         """The bytes its rings' points take."""
-        return sum(ring._data.itemsize * ring.capacity for ring in self._rings.values())
+        return sum(ring.itemsize * len(ring) for ring in self._rings.values())
+
+    def values(self, key: Key, upto: int | None = None) -> tuple[float, ...]:
+        """The values of `key` written before its `upto`th (default: all) that its ring
+        still holds."""
+        ring, written = self._rings.get(key), self._written.get(key, 0)
+        if ring is None:
+            return ()
+        end = written if upto is None else min(upto, written)
+        capacity = self.capacity
+        start = max(0, end - capacity, written - capacity)
+        return tuple(ring[i % capacity] for i in range(start, end))
 
     def view(self) -> HistoryView:
-        return HistoryView(self, {key: ring.written for key, ring in self._rings.items()})
+        return HistoryView(self, self._written.copy())
 
 
 class HistoryView:
@@ -70,10 +70,9 @@ class HistoryView:
 
     def series(self, *key: str) -> tuple[float, ...]:
         mark = self._marks.get(key)
-        ring = self._store._rings.get(key)
-        if mark is None or ring is None:
+        if mark is None:
             return ()
-        return ring.values(mark)
+        return self._store.values(key, mark)
 
     def keys(self) -> list[Key]:
         return list(self._marks)

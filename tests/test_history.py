@@ -1,13 +1,13 @@
 """History rings are bounded, and a snapshot's view does not move afterwards."""
 
-from gpuconsole.history import HistoryStore, Ring
+from gpuconsole.history import HistoryStore
 
 
 def test_a_ring_keeps_only_its_capacity() -> None:
-    ring = Ring(3)
-    for value in range(10):
-        ring.append(float(value))
-    assert ring.values() == (7.0, 8.0, 9.0)
+    store = HistoryStore(capacity=3)
+    store.record((("k",), float(value)) for value in range(10))
+    assert store.values(("k",)) == (7.0, 8.0, 9.0)
+    assert store.view().series("k") == (7.0, 8.0, 9.0)
 
 
 def test_a_view_shows_history_as_of_its_snapshot() -> None:
