@@ -425,7 +425,7 @@ class AgentSource:
         re-posted; ValueError says what does not fit."""
         try:
             body = safe_body(body)
-            document = _DOCUMENT.decode(body)
+            document, nodes = _document(body)
         except (DecodeError, msgspec.DecodeError, RecursionError) as exc:
             refusal = exc if isinstance(exc, DecodeError) else refused(exc)
             if str(refusal).startswith("not JSON"):
@@ -435,10 +435,6 @@ class AgentSource:
         if version != SCHEMA_VERSION:
             shown = safe_text(repr(version))[:40]
             raise ValueError(f"agent speaks schema {shown}, this console {SCHEMA_VERSION}")
-        try:
-            nodes = _NODES.decode(document.nodes)
-        except (msgspec.DecodeError, RecursionError):
-            nodes = []
         if not nodes:
             raise ValueError("agent sent no node")
         at = 0
@@ -611,8 +607,31 @@ class _Named(msgspec.Struct):
     node: Any = None
 
 
+class _Nodes(msgspec.Struct):
+    """An agent's document whose nodes are a list, as every agent sends it: read in one pass."""
+
+    schema_version: Any = None
+    nodes: list[msgspec.Raw] = []
+    events: msgspec.Raw = msgspec.Raw(b"null")
+
+
 _DOCUMENT = msgspec.json.Decoder(_Document)
 _NODES = msgspec.json.Decoder(list[msgspec.Raw])
+_LISTED = msgspec.json.Decoder(_Nodes)
+
+
+def _document(body: bytes) -> tuple[_Document | _Nodes, list[msgspec.Raw]]:
+    """An agent's document and its nodes, each still raw; no nodes where they are no list.
+    msgspec's errors for a body that is no JSON object."""
+    try:
+        listed = _LISTED.decode(body)
+    except msgspec.ValidationError:  # its nodes are no list, or it is no object: read apart
+        document = _DOCUMENT.decode(body)
+        try:
+            return document, _NODES.decode(document.nodes)
+        except (msgspec.DecodeError, RecursionError):
+            return document, []
+    return listed, listed.nodes
 _NAMED = msgspec.json.Decoder(_Named)
 _EVENTS = msgspec.json.Decoder(list[Any])
 _EXTRA = ("kept", "versions")  # what an agent's node carries beside the snapshot's fields
