@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
+import math
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Collection
@@ -43,6 +45,11 @@ log = logging.getLogger(__name__)
 
 Subscriber = Callable[[FleetSnapshot], None]
 _NODE_FIELDS = frozenset(f.name for f in record_fields(NodeSnapshot))
+
+# Polls are paused and timed out to a tick of the hub's own: a head polling a thousand
+# sources would otherwise keep two loop timers per poll, each pushed onto and popped off
+# the loop's heap at a dozen comparisons in Python.
+TICK_S = 0.02
 
 
 @dataclass
@@ -112,6 +119,7 @@ class Hub:
         self._focused: dict[int, str] = {}  # viewer (a console) -> the node it drilled into
         self._in_view: dict[int, frozenset[str]] = {}  # viewer -> the rows on its screen
         self._alerts: tuple[ActiveAlert, ...] = ()
+        self._alarms: _Alarms | None = None
 
     # --- setup ---------------------------------------------------------------------
 
@@ -195,6 +203,7 @@ class Hub:
     async def start(self) -> None:
         """Start every source and its poll loop, and the publisher."""
         self._loop = asyncio.get_running_loop()
+        self._alarms = _Alarms(self._loop)
         self._wake = asyncio.Event()
         self._running = True
         # The publisher first and the sources side by side, each polled once it has started:
@@ -247,6 +256,7 @@ class Hub:
         source and node would bury that report on a large fleet).
         """
         self._loop = asyncio.get_running_loop()
+        self._alarms = _Alarms(self._loop)
         self._say_stale = say_stale
         states = [(n, s) for n in self._nodes.values() for s in n.sources]
         await asyncio.gather(*(self._start_source(state) for _node, state in states))
@@ -280,20 +290,18 @@ class Hub:
             elapsed = self._monotonic() - began
             await self._pause(state, max(0.0, delay - elapsed))
 
-    @staticmethod
-    async def _pause(state: _SourceState, seconds: float) -> None:
-        """Wait `seconds` before the next poll, or less where focus() wants it now."""
+    async def _pause(self, state: _SourceState, seconds: float) -> None:
+        """Wait `seconds` (to the nearest tick) before the next poll, or less where focus()
+        wants it now."""
         if seconds <= 0 or state.wanted_now:
             state.wanted_now = False
             await asyncio.sleep(0)
             return
-        loop = asyncio.get_running_loop()
-        waiter = state.waiter = loop.create_future()
-        timer = loop.call_later(seconds, _done, waiter)
+        assert self._alarms is not None
+        waiter = state.waiter = self._alarms.future(seconds, nearest=True)
         try:
             await waiter
         finally:
-            timer.cancel()
             state.waiter = None
             state.wanted_now = False
 
@@ -301,13 +309,25 @@ class Hub:
         """One poll with a timeout; True when a fresh reading landed."""
         source = state.source
         began = self._monotonic()
-        if state.inflight is None or state.inflight.done():
-            state.inflight = asyncio.ensure_future(source.poll())
+        inflight = state.inflight
+        if inflight is None or inflight.done():
+            inflight = state.inflight = asyncio.ensure_future(source.poll())
             # A poll that outlives its timeout may fail later, unawaited: collect its error.
-            state.inflight.add_done_callback(_retrieve)
+            inflight.add_done_callback(_retrieve)
+        if not inflight.done():  # wait for it, up to its timeout; it goes on after that
+            assert self._alarms is not None
+            waiter = self._alarms.future(source.timeout_s)
+            landed = functools.partial(_landed, waiter)
+            inflight.add_done_callback(landed)
+            try:
+                await waiter
+            finally:
+                inflight.remove_done_callback(landed)
         try:
-            reading = await asyncio.wait_for(asyncio.shield(state.inflight), source.timeout_s)
-        except TimeoutError:
+            if not inflight.done():
+                raise TimeoutError
+            reading = inflight.result()
+        except TimeoutError:  # the hub's, or a source's own within it
             self._mark_failed(state, f"timeout after {source.timeout_s:g} s")
             return False
         except asyncio.CancelledError:
@@ -326,7 +346,9 @@ class Hub:
         kind = state.source.kind
         now = self._clock()
         node.readings[kind] = reading
-        tracker = node.trackers.setdefault(kind, RateTracker())
+        tracker = node.trackers.get(kind)
+        if tracker is None:
+            tracker = node.trackers[kind] = RateTracker()
         rates = tracker.update(reading.counters(), self._monotonic())
         node.rates[kind] = rates
         deltas, before = tracker.deltas, node.deltas.get(kind, {})
@@ -570,9 +592,39 @@ def _roles(source: Source) -> tuple[bool, bool]:
     return roles
 
 
+class _Alarms:
+    """Futures done at their deadline, rounded to a tick (TICK_S): one loop timer a tick
+    for all of them. A future done before its deadline is passed over then."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._due: dict[int, list[asyncio.Future[None]]] = {}
+
+    def future(self, seconds: float, *, nearest: bool = False) -> asyncio.Future[None]:
+        """A future done after `seconds`: never before where not `nearest`, else at the
+        tick nearest to then (a pause: over many polls, as long as asked)."""
+        at = (self._loop.time() + seconds) / TICK_S
+        tick = round(at) if nearest else math.ceil(at)
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        due = self._due.get(tick)
+        if due is None:
+            due = self._due[tick] = []
+            self._loop.call_at(tick * TICK_S, self._ring, tick)
+        due.append(waiter)
+        return waiter
+
+    def _ring(self, tick: int) -> None:
+        for waiter in self._due.pop(tick, ()):
+            _done(waiter)
+
+
 def _done(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+def _landed(waiter: asyncio.Future[None], _poll: asyncio.Future[Reading]) -> None:
+    _done(waiter)
 
 
 def _retrieve(task: asyncio.Future[Reading]) -> None:
