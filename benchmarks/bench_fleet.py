@@ -7,8 +7,9 @@ tenancy, 6 to 8 GPUs) as `gpuconsole agent` serves it, with its ETag, its gzip w
 and 304 when the head holds it already. What each serves changes every second: the
 demo cluster runs for FRAMES seconds first (NVML every second, fabric every 2 s, BMC and
 tenancy every 5 s) and each agent serves those seconds in turn, from its own offset. The
-head is this process, with the hub `gpuconsole console` builds on a head: a AgentSource
-per agent, one client capped at 64 connections, every node read once a second. Run with
+head is a child of its own (its resident memory is a head's alone), with the hub
+`gpuconsole console` builds on a head: a AgentSource per agent, one client capped at 64
+connections, every node read once a second. Run with
 agents that send plain JSON and with agents that gzip (as `gpuconsole agent` does for a
 client that asks, as the head does); each both as agents of the previous version (every
 part every time, and no verdict: the head judges each node) and as agents that leave out
@@ -16,7 +17,7 @@ the parts the head says it holds and send the node's verdict. The wire
 figure is what the agents sent, per poll: per node per second at 1 Hz.
 
 Figures are medians over two-second windows of the steady state, after every node has
-answered once. The child shares the machine, so on a small box the head competes with a
+answered once. Of the head's CPU, decoding is what AgentSource.parse took in it. The child shares the machine, so on a small box the head competes with a
 thousand agents' worth of serving; compare figures from one run.
 
 Targets: the head under one core, under 100 ms per fleet update, under 500 MB
@@ -275,6 +276,7 @@ class Figures:
     unchanged: float = float("nan")  # share of polls the agent answered 304
     # of `cores`, reading agents' JSON into readings (AgentSource.parse) as the head runs
     decode_cores: float = float("nan")
+    peak_rss_mb: float = float("nan")  # the head's process, over its run
     wire_kib: float = float("nan")  # bytes the agents sent per poll: per node per second
 
 
@@ -369,7 +371,7 @@ async def _head(ports: list[int], seconds: int) -> Figures:
     decoding = [0.0]
     for source in hub.sources:
         if isinstance(source, AgentSource):
-            source.parse = _clocked(source.parse, decoding)  # type: ignore[method-assign]
+            source.parse = _clocked(source.parse, decoding)  # type: ignore[method-assign,assignment]
     began = time.perf_counter()
     collector = _GcClock()
     gc.callbacks.append(collector)
@@ -424,6 +426,7 @@ async def _head(ports: list[int], seconds: int) -> Figures:
         rss_mb=statistics.median(rss),
         gc_cores=statistics.median(collecting),
         decode_cores=statistics.median(decoded),
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         verdict_ms=statistics.median(judged) if judged else float("nan"),
         verdict_nodes=statistics.median(changed) if changed else float("nan"),
         verdict_cold_ms=cold,
@@ -445,9 +448,13 @@ def _run(
     child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None and child.stdin is not None
     try:
-        ports = json.loads(child.stdout.readline())
-        figures = asyncio.run(_head(ports, seconds))
-        gc.collect()  # the head just stopped: the next run starts from none of it
+        ports = child.stdout.readline()
+        # the head in a process of its own: its resident memory is a head's alone, not what
+        # this process read before (the frames, the codec's timing, the runs before it)
+        head = [sys.executable, "-m", "benchmarks.bench_fleet", "--head", "-"]
+        head += ["--seconds", str(seconds)]
+        measured = subprocess.run(head, input=ports, capture_output=True, text=True, check=True)
+        figures = Figures(**json.loads(measured.stdout.splitlines()[-1]))
         child.stdin.close()
         answers = {int(k): v for k, v in json.loads(child.stdout.readline() or "{}").items()}
         sent = answers.pop(-1, 0)
@@ -530,8 +537,10 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
         # agents that do not stream answer the head's watch as a poll: it polls them
         runs = [(False, False, False), (False, True, False), (True, False, False)]
         runs += [(True, True, False), (True, True, True)]
+        peaks: list[float] = []
         for compress, parts, watch in runs:
             f = _run(frames_file, nodes, seconds, compress, parts, watch)
+            peaks.append(f.peak_rss_mb)
             label = ("gzip" if compress else "json") + (
                 ", parts" if parts else ", whole, judged here"
             )
@@ -593,8 +602,7 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
             if compress and parts and watch:
                 record(f"head at {nodes:,} agents: CPU apart from decoding",
                        at_1hz - decoding, "cores")  # fmt: skip
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"  peak RSS of this process over every run: {peak:.0f} MB")
+    print(f"  peak RSS of a head over every run: {max(peaks):.0f} MB")
 
 
 if __name__ == "__main__":
@@ -610,9 +618,16 @@ if __name__ == "__main__":
         help="the child sends every part and no verdict, as agents did before",
     )
     parser.add_argument("--watch", action="store_true", help="the child streams a watch")
+    parser.add_argument(
+        "--head", metavar="-", help="be the head (a child): read the agents' ports on stdin"
+    )
     args = parser.parse_args()
     if args.record:
         _write_frames(Path(args.record))
+    elif args.head:
+        logging.getLogger("gpuconsole").setLevel(logging.ERROR)
+        read = asyncio.run(_head(json.loads(sys.stdin.readline()), args.seconds))
+        print(json.dumps(dataclasses.asdict(read)))
     elif args.serve:
         asyncio.run(
             _serve_agents(Path(args.serve), args.nodes, args.gzip, not args.whole, args.watch)
