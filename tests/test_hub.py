@@ -346,3 +346,26 @@ async def test_a_one_shot_read_starts_its_sources_side_by_side() -> None:
     snapshot = await hub.poll_once()
     assert not [e.message for e in hub.events() if "start failed" in (e.message or "")]
     assert all(s.ok for n in snapshot.nodes for s in n.statuses)
+
+
+async def test_a_thousand_sources_share_the_hubs_timers() -> None:
+    """Each source waits out its interval and its poll's timeout; a head of a thousand nodes
+    keeps those as a timer per tick, not thousands of loop timers (each one a push onto the
+    loop's heap and a pop off it, at a dozen comparisons in Python)."""
+    hub = fast_hub()
+    sources = [ScriptedSource(f"n{i}", interval_s=1.0, timeout_s=5.0) for i in range(1000)]
+    for source in sources:
+        source.mode = "hang"  # every poll waits out its timeout, as a node that stalls
+        hub.add_source(source)
+    await hub.start()
+    try:
+        await until(lambda: all(s.polls for s in sources))
+        timers = asyncio.get_running_loop()._scheduled  # type: ignore[attr-defined]
+        assert len(timers) < 100
+        for source in sources:  # they answer: each waits out its interval now
+            source.mode = "ok"
+            source.release.set()
+        await until(lambda: all(s.value for s in sources))
+        assert len(timers) < 100
+    finally:
+        await hub.stop()

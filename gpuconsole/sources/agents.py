@@ -632,6 +632,8 @@ def _document(body: bytes) -> tuple[_Document | _Nodes, list[msgspec.Raw]]:
         except (msgspec.DecodeError, RecursionError):
             return document, []
     return listed, listed.nodes
+
+
 _NAMED = msgspec.json.Decoder(_Named)
 _EVENTS = msgspec.json.Decoder(list[Any])
 _EXTRA = ("kept", "versions")  # what an agent's node carries beside the snapshot's fields
