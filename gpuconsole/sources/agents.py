@@ -618,6 +618,11 @@ class _Nodes(msgspec.Struct):
 _DOCUMENT = msgspec.json.Decoder(_Document)
 _NODES = msgspec.json.Decoder(list[msgspec.Raw])
 _LISTED = msgspec.json.Decoder(_Nodes)
+_NAMED = msgspec.json.Decoder(_Named)
+_EVENTS = msgspec.json.Decoder(list[Any])
+_EXTRA = ("kept", "versions")  # what an agent's node carries beside the snapshot's fields
+# read apart, as raw JSON: a part or verdict sent as before is not decoded again
+_RAW = (*STEADY_PARTS, "verdict")
 
 
 def _document(body: bytes) -> tuple[_Document | _Nodes, list[msgspec.Raw]]:
@@ -632,13 +637,6 @@ def _document(body: bytes) -> tuple[_Document | _Nodes, list[msgspec.Raw]]:
         except (msgspec.DecodeError, RecursionError):
             return document, []
     return listed, listed.nodes
-
-
-_NAMED = msgspec.json.Decoder(_Named)
-_EVENTS = msgspec.json.Decoder(list[Any])
-_EXTRA = ("kept", "versions")  # what an agent's node carries beside the snapshot's fields
-# read apart, as raw JSON: a part or verdict sent as before is not decoded again
-_RAW = (*STEADY_PARTS, "verdict")
 
 
 def _name(node: msgspec.Raw) -> Any:
