@@ -309,6 +309,8 @@ class Hub:
         """One poll with a timeout; True when a fresh reading landed."""
         source = state.source
         began = self._monotonic()
+        if getattr(source, "cancellable", False):
+            return await self._poll_here(node, state, began)
         inflight = state.inflight
         if inflight is None or inflight.done():
             inflight = state.inflight = asyncio.ensure_future(source.poll())
@@ -337,6 +339,44 @@ class Hub:
             self._mark_failed(state, _describe(exc))
             return False
         state.inflight = None
+        self._accept(node, state, reading, self._monotonic() - began)
+        return True
+
+    async def _poll_here(self, node: _NodeState, state: _SourceState, began: float) -> bool:
+        """_poll for a source whose poll may be cancelled (it holds no thread): awaited in
+        the poll loop's own task, and cancelled at its timeout, where a task of its own
+        would cost a thousand sources a task and its wake-ups per poll."""
+        source = state.source
+        task = asyncio.current_task()
+        assert self._alarms is not None and task is not None
+        cancelling, polling, expired = task.cancelling(), True, False
+
+        def expire(_alarm: asyncio.Future[None]) -> None:
+            nonlocal expired
+            if polling:  # not where the poll ended as the alarm rang
+                expired = True
+                task.cancel()
+
+        alarm = self._alarms.future(source.timeout_s)
+        alarm.add_done_callback(expire)
+        try:
+            reading = await source.poll()
+        except asyncio.CancelledError:
+            if not expired or task.uncancel() > cancelling:
+                raise  # cancelled from outside as well: the hub stops
+            self._mark_failed(state, f"timeout after {source.timeout_s:g} s")
+            return False
+        except TimeoutError:
+            self._mark_failed(state, f"timeout after {source.timeout_s:g} s")
+            return False
+        except Exception as exc:
+            self._mark_failed(state, _describe(exc))
+            return False
+        finally:
+            polling = False
+            alarm.remove_done_callback(expire)
+        if expired:  # the source took the cancel as an answer: it is taken back
+            task.uncancel()
         self._accept(node, state, reading, self._monotonic() - began)
         return True
 

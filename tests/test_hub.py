@@ -369,3 +369,39 @@ async def test_a_thousand_sources_share_the_hubs_timers() -> None:
         assert len(timers) < 100
     finally:
         await hub.stop()
+
+
+class CancellableSource(ScriptedSource):
+    """A source that holds no thread (an agent read over HTTP): its poll may be cancelled."""
+
+    cancellable: ClassVar[bool] = True
+
+    def __init__(self, node: str) -> None:
+        super().__init__(node, interval_s=0.02, timeout_s=0.05)
+        self.cancelled = 0
+
+    async def poll(self) -> CountReading:
+        try:
+            return await super().poll()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+async def test_a_poll_that_may_be_cancelled_is_cancelled_at_its_timeout_and_polled_again() -> None:
+    hub = fast_hub()
+    source = CancellableSource("n1")
+    source.mode = "hang"
+    hub.add_source(source)
+    await hub.start()
+    try:
+        # each poll hangs past its timeout: cancelled there, stale, and the next one begun
+        await until(lambda: source.cancelled >= 2)
+        assert source.max_concurrent == 1
+        status = hub.publish().nodes[0].statuses[0]
+        assert not status.ok and status.error == "timeout after 0.05 s"
+        source.mode = "ok"
+        await until(lambda: hub.publish().nodes[0].statuses[0].ok)
+    finally:
+        await hub.stop()
+    assert source.concurrent == 0  # stopping cancelled the poll under way, if one was

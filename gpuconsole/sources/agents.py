@@ -230,6 +230,8 @@ class AgentSource:
     """One node, read from its agent (`gpuconsole agent`) at `url`."""
 
     kind: ClassVar[str] = "remote"  # the name statuses, stale marks and metrics show
+    # it holds no thread: the hub may cancel a poll at its timeout, and awaits it in place
+    cancellable: ClassVar[bool] = True
 
     def __init__(
         self,
