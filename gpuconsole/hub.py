@@ -203,7 +203,6 @@ class Hub:
     async def start(self) -> None:
         """Start every source and its poll loop, and the publisher."""
         self._loop = asyncio.get_running_loop()
-        self._alarms = _Alarms(self._loop)
         self._wake = asyncio.Event()
         self._running = True
         # The publisher first and the sources side by side, each polled once it has started:
@@ -256,7 +255,6 @@ class Hub:
         source and node would bury that report on a large fleet).
         """
         self._loop = asyncio.get_running_loop()
-        self._alarms = _Alarms(self._loop)
         self._say_stale = say_stale
         states = [(n, s) for n in self._nodes.values() for s in n.sources]
         await asyncio.gather(*(self._start_source(state) for _node, state in states))
@@ -297,8 +295,7 @@ class Hub:
             state.wanted_now = False
             await asyncio.sleep(0)
             return
-        assert self._alarms is not None
-        waiter = state.waiter = self._alarms.future(seconds, nearest=True)
+        waiter = state.waiter = self._timers().future(seconds, nearest=True)
         try:
             await waiter
         finally:
@@ -317,8 +314,7 @@ class Hub:
             # A poll that outlives its timeout may fail later, unawaited: collect its error.
             inflight.add_done_callback(_retrieve)
         if not inflight.done():  # wait for it, up to its timeout; it goes on after that
-            assert self._alarms is not None
-            waiter = self._alarms.future(source.timeout_s)
+            waiter = self._timers().future(source.timeout_s)
             landed = functools.partial(_landed, waiter)
             inflight.add_done_callback(landed)
             try:
@@ -342,13 +338,20 @@ class Hub:
         self._accept(node, state, reading, self._monotonic() - began)
         return True
 
+    def _timers(self) -> _Alarms:
+        """The alarms of the running loop (a hub may be run again on another)."""
+        loop = asyncio.get_running_loop()
+        if self._alarms is None or self._alarms.loop is not loop:
+            self._alarms = _Alarms(loop)
+        return self._alarms
+
     async def _poll_here(self, node: _NodeState, state: _SourceState, began: float) -> bool:
         """_poll for a source whose poll may be cancelled (it holds no thread): awaited in
         the poll loop's own task, and cancelled at its timeout, where a task of its own
         would cost a thousand sources a task and its wake-ups per poll."""
         source = state.source
         task = asyncio.current_task()
-        assert self._alarms is not None and task is not None
+        assert task is not None
         cancelling, polling, expired = task.cancelling(), True, False
 
         def expire(_alarm: asyncio.Future[None]) -> None:
@@ -357,7 +360,7 @@ class Hub:
                 expired = True
                 task.cancel()
 
-        alarm = self._alarms.future(source.timeout_s)
+        alarm = self._timers().future(source.timeout_s)
         alarm.add_done_callback(expire)
         try:
             reading = await source.poll()
@@ -637,19 +640,19 @@ class _Alarms:
     for all of them. A future done before its deadline is passed over then."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.loop = loop
         self._due: dict[int, list[asyncio.Future[None]]] = {}
 
     def future(self, seconds: float, *, nearest: bool = False) -> asyncio.Future[None]:
         """A future done after `seconds`: never before where not `nearest`, else at the
         tick nearest to then (a pause: over many polls, as long as asked)."""
-        at = (self._loop.time() + seconds) / TICK_S
+        at = (self.loop.time() + seconds) / TICK_S
         tick = round(at) if nearest else math.ceil(at)
-        waiter: asyncio.Future[None] = self._loop.create_future()
+        waiter: asyncio.Future[None] = self.loop.create_future()
         due = self._due.get(tick)
         if due is None:
             due = self._due[tick] = []
-            self._loop.call_at(tick * TICK_S, self._ring, tick)
+            self.loop.call_at(tick * TICK_S, self._ring, tick)
         due.append(waiter)
         return waiter
 
