@@ -134,8 +134,8 @@ async def main():
     hub = Hub()
     hub.add_source(NvmlSource("n", interval_s=0.2))
     await hub.start()
-    for _ in range(50):
-        if any(e.kind == "xid" for e in hub.events()):
+    for _ in range(50):  # the event set says XID 79, and a poll after it finds the GPU lost
+        if {"xid", "gpu_lost"} <= {e.kind for e in hub.events()}:
             break
         await asyncio.sleep(0.1)
     await hub.stop()
