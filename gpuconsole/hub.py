@@ -1,7 +1,8 @@
 """The one data loop: polls sources, keeps the latest good readings, fans snapshots out.
 
 Each source runs on its own interval with a timeout and exponential backoff. A poll that
-overruns its timeout is never started twice: the hub waits for the stuck one instead.
+overruns its timeout is never started twice: the hub waits for the stuck one instead (a
+source that holds no thread, `cancellable`, has it cancelled there).
 Readings are merged into one immutable NodeSnapshot per node; counters become rates
 here (32-bit wrap and resets handled once), and so do per-interval deltas of the
 counters a reading marks; gauges go into bounded history rings.
