@@ -64,9 +64,10 @@ def hub_settings(cfg: Config) -> HubSettings:
     )
 
 
-def node_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
+def node_hub(cfg: Config, *, one_shot: bool = False, journal: Path | None = None) -> Hub:
     """The hub for this machine's own sources, as the config says; `one_shot` for a single
-    reading (nothing to watch for: no actions of other processes)."""
+    reading (no actions of other processes to watch for: the journal read once, if any).
+    `journal`: the one the node's plans write, where not the one [actions] names."""
     hub = Hub(hub_settings(cfg))
     node = cfg.host.node_name
     hub.add_node(node)
@@ -90,12 +91,17 @@ def node_hub(cfg: Config, *, one_shot: bool = False) -> Hub:
         hub.add_source(source)
     if cfg.tenancy.enabled:
         hub.add_source(tenancy_source(cfg))
-    if not one_shot:
-        # Plans other processes run (a shell, an ssh session from a head) as hub events.
-        from gpuconsole.actions.journal_events import JournalEvents
+    if journal is None:
         from gpuconsole.actions.store import journal_path
 
-        hub.add_source(JournalEvents(node, journal_path(cfg.actions)))
+        journal = journal_path(cfg.actions)
+    # Plans other processes run (a shell, an ssh session from a head) as hub events, and
+    # how each GPU's last repair went, which its verdict escalates from. A single reading
+    # opens the journal only where one exists: a node that never acted pays one stat.
+    if not one_shot or journal.exists():
+        from gpuconsole.actions.journal_events import JournalEvents
+
+        hub.add_source(JournalEvents(node, journal))
     return hub
 
 
@@ -525,10 +531,7 @@ def demo_root(node: str) -> Path:
 async def _read_here(cfg: Config, journal: Path) -> NodeSnapshot:
     """This node as a plan starts from it: one poll of its sources, and its action journal
     (how its GPUs' last repairs went is part of their verdict)."""
-    from gpuconsole.actions.journal_events import JournalEvents
-
-    hub = node_hub(cfg, one_shot=True)
-    hub.add_source(JournalEvents(cfg.host.node_name, journal))
+    hub = node_hub(cfg, one_shot=True, journal=journal)
     fleet = await hub.poll_once()
     found = fleet.node(cfg.host.node_name)
     assert found is not None
@@ -742,12 +745,12 @@ def live_demo_audit(hub: Hub, node: str) -> AuditLog:
     """The audit log of a simulated node of a running demo hub (beside its journal)."""
     from gpuconsole.actions.audit import AuditLog
     from gpuconsole.actions.store import AUDIT_FILE
-    from gpuconsole.sim.actions import live_world
+    from gpuconsole.sim.actions import live_actions, live_world
 
     world = live_world(hub, node)
     if world is None:
         raise ValueError(f"{node}: the demo simulates no actions there")
-    return AuditLog(world.root / "actions" / AUDIT_FILE)
+    return AuditLog(live_actions(world.tree) / AUDIT_FILE)
 
 
 def live_demo_contexts(hub: Hub, nodes: Sequence[str]) -> dict[str, PlanContext]:

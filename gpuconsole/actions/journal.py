@@ -225,16 +225,17 @@ _REPAIRS = {
 }
 
 
-def repairs(db: sqlite3.Connection, since: float) -> tuple[RepairAttempt, ...]:
-    """Each GPU's last repair since `since`: the reset or power cycle step of a remediation
-    that has finished, ok where the plan made the GPU fit (its final check passed), failed
-    where the plan failed at that step or after it. A plan still running has no outcome yet;
-    one that stopped before the step did not try it."""
+def repairs(db: sqlite3.Connection, since: float, node: str) -> tuple[RepairAttempt, ...]:
+    """Each GPU's last repair on `node` since `since`: the reset or power cycle step of a
+    remediation that has finished, ok where the plan made the GPU fit (its final check
+    passed), failed where the plan failed at that step or after it. A plan still running has
+    no outcome yet; one that stopped before the step did not try it. Only `node`'s plans
+    count: the simulated cluster's nodes share one journal, and their GPUs the same bus ids."""
     rows = db.execute(
         "SELECT s.kind, s.started_at, p.gpus, p.state FROM steps s JOIN plans p ON"
         " p.id = s.plan_id WHERE s.phase = ? AND s.kind IN (?, ?) AND s.started_at >= ?"
-        " AND p.state IN (?, ?) ORDER BY s.started_at, s.rowid",
-        (Phase.DO, *_REPAIRS, since, PlanState.DONE, PlanState.FAILED),
+        " AND p.state IN (?, ?) AND p.node = ? ORDER BY s.started_at, s.rowid",
+        (Phase.DO, *_REPAIRS, since, PlanState.DONE, PlanState.FAILED, node),
     ).fetchall()
     last: dict[str, RepairAttempt] = {}
     for kind, started, gpus, state in rows:

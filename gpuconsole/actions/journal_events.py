@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+import msgspec
+
 from gpuconsole.actions.executor import (
     ACTION_EVENT,
     STEP_EVENT,
@@ -53,8 +55,34 @@ class _Marks:
     told_plans: set[str]  # finished at exactly finished_at, already told
 
 
+# A file's (mtime ns, size, inode), or None where it is absent.
+_FileStamp = tuple[int, int, int] | None
+# The journal's and its write-ahead log's: SQLite in WAL mode writes each commit to the log.
+_Stamp = tuple[_FileStamp, _FileStamp]
+# Seconds within which a file's mtime may not yet tell a later write apart (coarse
+# timestamps: some file systems keep a second or two).
+_RACY_S = 2.0
+
+
+def _file_stamp(path: Path) -> _FileStamp:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def _stamp(path: Path) -> _Stamp:
+    return _file_stamp(path), _file_stamp(path.with_name(path.name + "-wal"))
+
+
+def _recent(stamp: _Stamp, now: float) -> bool:
+    return any(f is not None and f[0] / 1e9 > now - _RACY_S for f in stamp)
+
+
 class JournalEvents:
-    """Reads the journal at `path` every `interval_s` and posts what others did."""
+    """Looks at the journal at `path` every `interval_s` and, when it changed, reads it and
+    posts what others did: a node that never acts, or not since, costs two stat calls."""
 
     kind: ClassVar[str] = "actions"
 
@@ -76,12 +104,28 @@ class JournalEvents:
         self._db: sqlite3.Connection | None = None
         self._marks: _Marks | None = None
         self._me = (socket.gethostname(), os.getpid())
+        # the files' stamps at the last read, and what it found: nothing is read again
+        # (no thread, no query) until a plan writes to the journal
+        self._stamp: _Stamp | None = None
+        self._last: JournalReading | None = None
 
     async def start(self, emit: EmitEvent) -> None:
         self._emit = emit
 
     async def poll(self) -> JournalReading:
-        return await asyncio.to_thread(self._read)
+        stamp = _stamp(self.path)
+        last = self._last
+        if last is not None and stamp == self._stamp:
+            now = self.clock()
+            since = now - XID_WINDOW_S
+            kept = tuple(r for r in last.repairs if r.at >= since)
+            return msgspec.structs.replace(last, at=now, repairs=kept)
+        reading = await asyncio.to_thread(self._read)
+        # A write within the file system's timestamp granularity of the stamp may leave
+        # it unchanged: a stamp that recent is not trusted, and the next poll reads again.
+        self._stamp = None if _recent(stamp, time.time()) else stamp
+        self._last = reading
+        return reading
 
     async def close(self) -> None:
         if self._db is not None:
@@ -116,7 +160,7 @@ class JournalEvents:
             if "no such table" in str(exc):
                 return JournalReading(now)  # created a moment ago, its schema not yet
             raise
-        tried = repairs(db, now - XID_WINDOW_S)
+        tried = repairs(db, now - XID_WINDOW_S, self.node)
         if self._marks is None:
             # what happened before this process started is history, not news
             plan_rowid, finished = db.execute(

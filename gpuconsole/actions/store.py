@@ -15,12 +15,15 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuconsole import paths
-from gpuconsole.actions.audit import AuditLog
-from gpuconsole.actions.journal import Journal
 from gpuconsole.actions.roles import OPERATOR_GROUP, login_name
 from gpuconsole.config import ActionsConfig, ConfigError
+
+if TYPE_CHECKING:  # opened where used: a one-shot asks only where the journal is
+    from gpuconsole.actions.audit import AuditLog
+    from gpuconsole.actions.journal import Journal
 
 __all__ = ["ActionStore", "action_store", "demo_store", "journal_path"]
 
@@ -49,9 +52,13 @@ class ActionStore:
 
     def journal(self, *, dry_run: bool = False) -> Journal:
         """The journal; for a dry run an empty one in memory, so that nothing is written."""
+        from gpuconsole.actions.journal import Journal
+
         return Journal(self.journal_path, mode=self.file_mode, in_memory=dry_run)
 
     def audit(self) -> AuditLog:
+        from gpuconsole.actions.audit import AuditLog
+
         return AuditLog(self.audit_path, shared=self.shared)
 
 

@@ -45,7 +45,15 @@ from gpuconsole.sim.tenancy import (
 )
 from gpuconsole.sources.base import EmitEvent
 
-__all__ = ["LiveWorld", "SimWorld", "SysfsKernel", "live_executor", "live_world", "sim_drivers"]
+__all__ = [
+    "LiveWorld",
+    "SimWorld",
+    "SysfsKernel",
+    "live_actions",
+    "live_executor",
+    "live_world",
+    "sim_drivers",
+]
 
 # Drivers a fake kernel binds by PCI class when driver_override is empty.
 _DEFAULT_DRIVERS = {0x03: "nvidia", 0x04: "snd_hda_intel", 0x06: "nvidia"}
@@ -599,6 +607,12 @@ class LiveWorld(SimWorld):
         self.node.retenant(passthrough=hidden, idle=self.plan.idle_gpus(len(gpus)))
 
 
+def live_actions(tree: SimTenancyTree) -> Path:
+    """Where a node of a running demo hub keeps its journal and audit log: in its tenancy
+    tree, for as long as the hub runs."""
+    return Path(tree.root) / "actions"
+
+
 def live_world(hub: Hub, node: str) -> LiveWorld | None:
     """The world of a simulated node whose tenants `hub` reads; None when it reads none there
     (a real node, or one past the simulator's limit on tenancy trees)."""
@@ -623,7 +637,7 @@ def live_executor(
         raise ValueError(f"{node}: the demo simulates no tenants there, so nothing can move")
     if not os.path.isdir(world.tree.sysfs_root):
         raise ValueError(f"{node}: the demo has not laid out its tenants yet; try again")
-    state = world.root / "actions"
+    state = live_actions(world.tree)
     world.journal = state / JOURNAL_FILE
     return Executor(
         node,

@@ -588,7 +588,16 @@ def add_sim_tenancy_sources(
     interval_s: float = 5.0,
     clock: Callable[[], float] = time.time,
 ) -> None:
-    """Give the hub a tenancy source per simulated node (the first SIM_TENANCY_MAX_NODES)."""
+    """Give the hub a tenancy source per simulated node (the first SIM_TENANCY_MAX_NODES),
+    and a reader of the journal that plans on the node write (how its GPUs' last repairs
+    went is part of their verdict, on every console of the hub)."""
+    from gpuconsole.actions.journal_events import JournalEvents
+    from gpuconsole.actions.store import JOURNAL_FILE
+    from gpuconsole.sim.actions import live_actions
+
     for node in nodes[:SIM_TENANCY_MAX_NODES]:
         hub.add_node(node.name, simulated=True, profile=node.profile.name)
-        hub.add_source(SimTenancySource(node, interval_s=interval_s, clock=clock))
+        source = SimTenancySource(node, interval_s=interval_s, clock=clock)
+        hub.add_source(source)
+        journal = live_actions(source.tree) / JOURNAL_FILE
+        hub.add_source(JournalEvents(node.name, journal, clock=clock))

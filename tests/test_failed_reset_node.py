@@ -1,0 +1,144 @@
+"""A node whose journal says GPU 5's reset failed (its driver asks for one): `gpuconsole snapshot --json` and the
+agent's exporter ask for the node's power cycle, as its console does. A node that never
+acted has no journal, and a one-shot reading creates none."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from gpuconsole.actions.journal import Journal, PlanState, StepState
+from gpuconsole.actions.journal_events import JournalEvents
+from gpuconsole.actions.plan import Layer, Plan, Step, StepKind, Target, TargetKind
+from gpuconsole.facts.verdict import Action
+from gpuconsole.readings.base import normal_bus_id
+from gpuconsole.readings.nvml import XID_WINDOW_S
+from gpuconsole.sim.profiles import DGX_H100
+from tests.alert_fixtures import free_port
+from tests.export_fixtures import one, parse
+from tests.fakenvml_fixtures import FakeNvmlEnv
+from tests.test_nvml_health_inputs import GPU_RESET, python_out
+
+NODE = "dgx-e2e"
+GPU5 = normal_bus_id(DGX_H100.gpus[5].bus_id)
+
+
+def failed_reset(journal: Path, node: str = NODE) -> None:
+    """Journal a remediation of GPU 5 on `node` whose reset failed, as the executor does."""
+    plan = Plan(
+        node,
+        Target(TargetKind.DRAINED),
+        (GPU5,),
+        (f"GPU 5 ({GPU5})",),
+        (5,),
+        ("free",),
+        (),
+        (Step(StepKind.GPU_RESET, Layer.GPU, f"reset GPU 5 ({GPU5})"),),
+        remedy="reset_gpu",
+    )
+    store = Journal(journal)
+    with store.transaction() as db:
+        plan_id = store.start_plan(db, plan, "ops", "operator", None)
+    row = store.intent(plan_id, 0, StepKind.GPU_RESET.value)
+    store.result(row, StepState.FAILED, "nvidia-smi -r: unable to reset the GPU")
+    store.finish_plan(plan_id, PlanState.FAILED, "the reset failed")
+    store.close()
+
+
+def config(tmp_path: Path, journal: Path, extra: str = "") -> Path:
+    path = tmp_path / "gpuconsole.toml"
+    path.write_text(
+        f"[host]\nname = '{NODE}'\n[nvml]\ninterval_s = 0.2\nevents = false\n"
+        f"[fabric]\nenabled = false\n[tenancy]\nenabled = false\n"
+        f"[actions]\nstate_dir = '{tmp_path / 'state'}'\njournal = '{journal}'\n{extra}"
+    )
+    return path
+
+
+def gpu5_verdict(env: dict[str, str], cfg: Path) -> str:
+    stdout = python_out(env, "-m", "gpuconsole", "snapshot", "--json", "-c", str(cfg))
+    verdicts = json.loads(stdout)["verdicts"]
+    return str(verdicts[NODE]["gpus"][GPU5]["action"])
+
+
+def test_snapshot_json_asks_for_the_power_cycle_once_the_journal_says_the_reset_failed(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    env = fake_nvml_env(DGX_H100, driver="580.82", recovery_actions={5: GPU_RESET})
+    journal = tmp_path / "actions.db"
+    cfg = config(tmp_path, journal)
+    assert gpu5_verdict(env, cfg) == "reset_gpu"
+    assert not journal.exists()  # a one-shot reading creates no journal
+    failed_reset(journal, "dgx-other")  # another node's plan in a shared journal
+    assert gpu5_verdict(env, cfg) == "reset_gpu"
+    failed_reset(journal)
+    assert gpu5_verdict(env, cfg) == "reboot_node"
+
+
+def test_the_agent_exports_the_power_cycle_once_the_journal_says_the_reset_failed(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    env = fake_nvml_env(DGX_H100, driver="580.82", recovery_actions={5: GPU_RESET})
+    journal = tmp_path / "actions.db"
+    port = free_port()
+    cfg = config(tmp_path, journal, f"[agent]\nlisten = '127.0.0.1:{port}'\n")
+    log = (tmp_path / "agent.log").open("ab")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gpuconsole", "agent", "-c", str(cfg)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+
+    def action() -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as got:
+                body = got.read().decode()
+        except OSError:
+            return None
+        series = parse(body).get("gpuconsole_gpu_verdict", [])
+        found = [s for s in series if s.labels.get("gpu") == GPU5]
+        return one(found, node=NODE).labels["action"] if found else None
+
+    def seen(want: str, seconds: float = 30.0) -> None:
+        deadline = time.monotonic() + seconds
+        while action() != want:
+            assert agent.poll() is None, (tmp_path / "agent.log").read_text()
+            assert time.monotonic() < deadline, f"{want} not exported in {seconds:g} s"
+            time.sleep(0.2)
+
+    try:
+        seen("reset_gpu")
+        failed_reset(journal)  # e.g. `gpuconsole remediate` in a shell on the node
+        seen("reboot_node", 15.0)
+    finally:
+        agent.terminate()
+        agent.wait(15)
+        log.close()
+
+
+async def test_a_node_reads_only_its_own_repairs_and_sees_each_new_one(tmp_path: Path) -> None:
+    """The simulated cluster's nodes share one journal and their GPUs the same bus ids:
+    another node's failed reset is not this node's. A journal unchanged since the last look
+    is not read again, yet a repair that left the window drops out and a new one shows."""
+    journal = tmp_path / "actions.db"
+    now = [time.time()]
+    events = JournalEvents(NODE, journal, clock=lambda: now[0])
+    try:
+        assert (await events.poll()).repairs == ()
+        failed_reset(journal, "dgx-other")
+        assert (await events.poll()).repairs == ()
+        failed_reset(journal)
+        (tried,) = (await events.poll()).repairs
+        assert (tried.bus_id, tried.action, tried.ok) == (GPU5, Action.RESET_GPU, False)
+        now[0] += XID_WINDOW_S + 1
+        assert (await events.poll()).repairs == ()
+        failed_reset(journal)  # its clock is the wall clock: the window's start
+        now[0] = time.time()
+        assert len((await events.poll()).repairs) == 1
+    finally:
+        await events.close()
