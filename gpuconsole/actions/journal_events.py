@@ -26,13 +26,6 @@ from typing import ClassVar
 
 import msgspec
 
-from gpuconsole.actions.executor import (
-    ACTION_EVENT,
-    STEP_EVENT,
-    action_event,
-    outcome_severity,
-    step_message,
-)
 from gpuconsole.actions.journal import Phase, PlanState, StepProgress, StepState, repairs
 from gpuconsole.actions.plan import Plan
 from gpuconsole.actions.roles import Actor, Role
@@ -179,7 +172,12 @@ class JournalEvents:
     def _mine(self, host: object, pid: object) -> bool:
         return (str(host), int(str(pid))) == self._me
 
+    # The executor's words for events are imported by the methods that tell them: a single
+    # reading (a one-shot snapshot) tells none, and goes without the executor's import.
+
     def _started(self, db: sqlite3.Connection) -> list[Event]:
+        from gpuconsole.actions.executor import action_event
+
         assert self._marks is not None
         events = []
         rows = db.execute(
@@ -199,6 +197,8 @@ class JournalEvents:
         return events
 
     def _steps(self, db: sqlite3.Connection) -> list[Event]:
+        from gpuconsole.actions.executor import STEP_EVENT, action_event, step_message
+
         marks = self._marks
         assert marks is not None
         events = []
@@ -228,6 +228,8 @@ class JournalEvents:
         return events
 
     def _finished(self, db: sqlite3.Connection) -> list[Event]:
+        from gpuconsole.actions.executor import ACTION_EVENT, action_event, outcome_severity
+
         marks = self._marks
         assert marks is not None
         events = []
