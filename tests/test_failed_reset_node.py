@@ -5,6 +5,7 @@ acted has no journal, and a one-shot reading creates none."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -140,5 +141,25 @@ async def test_a_node_reads_only_its_own_repairs_and_sees_each_new_one(tmp_path:
         failed_reset(journal)  # its clock is the wall clock: the window's start
         now[0] = time.time()
         assert len((await events.poll()).repairs) == 1
+    finally:
+        await events.close()
+
+
+async def test_a_journal_left_alone_is_not_read_again_until_a_plan_writes(tmp_path: Path) -> None:
+    """Its files' stamps say whether anything was written: one written long ago is taken at
+    its word, and the next write shows at the next poll."""
+    journal = tmp_path / "actions.db"
+    failed_reset(journal, "dgx-other")
+    events = JournalEvents(NODE, journal)
+    try:
+        assert (await events.poll()).repairs == ()
+        old = time.time() - 60
+        for name in (journal, journal.with_name(journal.name + "-wal")):
+            os.utime(name, (old, old))  # as a journal nobody wrote to for a minute
+        assert (await events.poll()).repairs == ()
+        assert events._stamp is not None  # trusted: the next poll only looks
+        failed_reset(journal)
+        (tried,) = (await events.poll()).repairs
+        assert (tried.bus_id, tried.ok) == (GPU5, False)
     finally:
         await events.close()

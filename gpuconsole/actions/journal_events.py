@@ -54,7 +54,7 @@ _FileStamp = tuple[int, int, int] | None
 _Stamp = tuple[_FileStamp, _FileStamp]
 # Seconds within which a file's mtime may not yet tell a later write apart (coarse
 # timestamps: some file systems keep a second or two).
-_RACY_S = 2.0
+RACY_S = 2.0
 
 
 def _file_stamp(path: Path) -> _FileStamp:
@@ -70,7 +70,7 @@ def _stamp(path: Path) -> _Stamp:
 
 
 def _recent(stamp: _Stamp, now: float) -> bool:
-    return any(f is not None and f[0] / 1e9 > now - _RACY_S for f in stamp)
+    return any(f is not None and f[0] / 1e9 > now - RACY_S for f in stamp)
 
 
 class JournalEvents:
