@@ -10,11 +10,13 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.cli.table import render_table
 from gpuconsole.facts.verdict import Action, gpu_verdict, verdicts_json
 from gpuconsole.hub import Hub
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sim.cluster import SimNodeSpec, demo_hub
 from gpuconsole.sim.node import Scenario
+from gpuconsole.tui.wallboard import WallboardApp, alerts_page
 from gpuconsole.wiring import live_demo_executor
 from tests.waiting import until
 
@@ -63,6 +65,9 @@ async def test_a_failed_reset_in_the_demo_asks_every_console_for_the_power_cycle
     assert node is not None
     words = gpu_verdict(node, GPU5).findings[0].text
     assert "reboot the node: the reset of GPU 5" in words and "failed" in words
-    assert hub.latest is not None
-    printed = verdicts_json(hub.latest)
-    assert "reboot_node" in str(printed)
+    snapshot = hub.latest
+    assert snapshot is not None
+    assert verdicts_json(snapshot)[NODE]["gpus"][GPU5]["action"] == "reboot_node"  # type: ignore[index]
+    board = alerts_page(snapshot, WallboardApp(None, theme_dirs=[]).palette, snapshot.at).body
+    assert "reboot the node: the reset of GPU 5" in board.plain  # type: ignore[union-attr]
+    assert "reboot the node: the reset of GPU 5" in render_table(snapshot)
