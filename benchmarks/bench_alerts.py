@@ -18,7 +18,7 @@ import msgspec
 from benchmarks.timing import cpu_us
 from gpuconsole.alerts.engine import CPU_SHARE, AlertEngine
 from gpuconsole.alerts.rules import DEFAULT_RULES
-from gpuconsole.config import AlertsConfig
+from gpuconsole.config import DEFAULTS
 from gpuconsole.export.collector import build
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sim.cluster import demo_hub
@@ -43,7 +43,7 @@ def main() -> None:
     engine.evaluate(fleet)  # the first evaluation creates the alerts; later ones update them
     evaluate = statistics.median(cpu_us(lambda: engine.evaluate(fleet), ROUNDS)) / 1000
     series = statistics.median(cpu_us(lambda: build(fleet, fleet.at), ROUNDS)) / 1000
-    paced = max(AlertsConfig.interval_s, evaluate / 1000 / CPU_SHARE)
+    paced = max(DEFAULTS.alerts.interval_s, evaluate / 1000 / CPU_SHARE)
     firing = sum(1 for a in engine.active() if a.state.value == "firing")
     print(f"Alert rules ({len(DEFAULT_RULES)} defaults) over {NODES} nodes, CPU medians")
     print(
@@ -53,7 +53,7 @@ def main() -> None:
     met = paced <= TARGET_INTERVAL_S
     print(
         f"  kept under {CPU_SHARE * 100:g} % of a core: an evaluation every {paced:.1f} s "
-        f"([alerts] interval_s = {AlertsConfig.interval_s:g})   (<= {TARGET_INTERVAL_S:g} s: "
+        f"([alerts] interval_s = {DEFAULTS.alerts.interval_s:g})   (<= {TARGET_INTERVAL_S:g} s: "
         f"{'target met' if met else 'TARGET MISSED'})"
     )
 

@@ -7,17 +7,17 @@ example can never fall behind the loader.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
+import functools
 import logging
 import math
 import re
 import socket
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Annotated, Any, get_type_hints
 from urllib.parse import urlsplit
+
+import msgspec
 
 from gpuconsole import paths
 
@@ -28,303 +28,292 @@ log = logging.getLogger(__name__)
 
 
 def _doc(text: str, **limits: Any) -> dict[str, Any]:
+    """A key's explanation (for `config example`) and limits (checked on load): its field's
+    Annotated metadata, read back by `table_keys`."""
     return {"doc": text, **limits}
 
 
-@dataclass(frozen=True)
-class HostConfig:
+class _Section(msgspec.Struct, frozen=True):
+    """A table of the file. A Struct, as cheap to define as a class: every command, the
+    one-shot snapshot too, imports all of them. A key's default is read from an instance
+    (`DEFAULTS.nvml.interval_s`); on the class the name is only the field's slot."""
+
+    def __repr__(self) -> str:
+        # a secret (a BMC password) never reaches a log line or a traceback
+        shown = (
+            f"{name}={getattr(self, name)!r}"
+            for name, key in table_keys(type(self)).items()
+            if not key.metadata.get("secret")
+        )
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+
+class TableKey(msgspec.Struct, frozen=True):
+    """One key of a table: its name, type and `_doc` metadata."""
+
+    name: str
+    kind: Any
+    metadata: dict[str, Any]
+
+
+@functools.cache
+def table_keys(cls: type) -> dict[str, TableKey]:
+    """The keys of a table, in file order."""
+    hints = get_type_hints(cls, include_extras=True)
+    keys = {}
+    for name in cls.__struct_fields__:  # type: ignore[attr-defined]
+        hint = hints[name]
+        metadata: dict[str, Any] = {}
+        if getattr(hint, "__metadata__", None):
+            metadata = hint.__metadata__[0]
+            hint = hint.__origin__
+        keys[name] = TableKey(name, hint, metadata)
+    return keys
+
+
+class HostConfig(_Section, frozen=True):
     """[host]: this machine."""
 
-    name: str = field(default="", metadata=_doc("Node name shown everywhere; empty: the hostname"))
-    sysfs_root: str = field(
-        default="/sys", metadata=_doc("Root of sysfs, shared by every source that reads it")
-    )
-    proc_root: str = field(default="/proc", metadata=_doc("Root of procfs"))
+    name: Annotated[str, _doc("Node name shown everywhere; empty: the hostname")] = ""
+    sysfs_root: Annotated[str, _doc("Root of sysfs, shared by every source that reads it")] = "/sys"
+    proc_root: Annotated[str, _doc("Root of procfs")] = "/proc"
 
     @property
     def node_name(self) -> str:
         return self.name or socket.gethostname()
 
 
-@dataclass(frozen=True)
-class HubConfig:
+class HubConfig(_Section, frozen=True):
     """[hub]: the data loop."""
 
-    history_points: int = field(
-        default=300, metadata=_doc("Points kept per sparkline series", minimum=2, maximum=100_000)
+    history_points: Annotated[
+        int, _doc("Points kept per sparkline series", minimum=2, maximum=100_000)
+    ] = 300
+    event_log_size: Annotated[int, _doc("Events kept in memory", minimum=10, maximum=1_000_000)] = (
+        2000
     )
-    event_log_size: int = field(
-        default=2000, metadata=_doc("Events kept in memory", minimum=10, maximum=1_000_000)
-    )
-    max_backoff_s: float = field(
-        default=60.0, metadata=_doc("Longest wait between retries of a failing source", minimum=1)
-    )
+    max_backoff_s: Annotated[
+        float, _doc("Longest wait between retries of a failing source", minimum=1)
+    ] = 60.0
 
 
-@dataclass(frozen=True)
-class NvmlConfig:
+class NvmlConfig(_Section, frozen=True):
     """[nvml]: the GPUs, through NVML."""
 
-    enabled: bool = field(default=True, metadata=_doc("Read GPUs through NVML"))
-    interval_s: float = field(
-        default=1.0, metadata=_doc("Seconds between polls", minimum=0.05, maximum=3600)
-    )
-    timeout_s: float = field(
-        default=5.0, metadata=_doc("A poll taking longer marks the source stale", minimum=0.1)
-    )
-    detail_every: int = field(
-        default=2,
-        metadata=_doc("Clocks, throttle, processes and GPM every N polls", minimum=1, maximum=3600),
-    )
-    inventory_every: int = field(
-        default=30,
-        metadata=_doc("PCIe, NVLink, MIG layout and fabric state every N polls", minimum=1),
-    )
-    events: bool = field(default=True, metadata=_doc("Watch XID and ECC events in a thread"))
-    library: str = field(
-        default="",
-        metadata=_doc("Path of libnvidia-ml.so.1 to load; empty: the system's"),
-    )
+    enabled: Annotated[bool, _doc("Read GPUs through NVML")] = True
+    interval_s: Annotated[float, _doc("Seconds between polls", minimum=0.05, maximum=3600)] = 1.0
+    timeout_s: Annotated[
+        float, _doc("A poll taking longer marks the source stale", minimum=0.1)
+    ] = 5.0
+    detail_every: Annotated[
+        int, _doc("Clocks, throttle, processes and GPM every N polls", minimum=1, maximum=3600)
+    ] = 2
+    inventory_every: Annotated[
+        int, _doc("PCIe, NVLink, MIG layout and fabric state every N polls", minimum=1)
+    ] = 30
+    events: Annotated[bool, _doc("Watch XID and ECC events in a thread")] = True
+    library: Annotated[str, _doc("Path of libnvidia-ml.so.1 to load; empty: the system's")] = ""
 
 
-@dataclass(frozen=True)
-class FabricConfig:
+class FabricConfig(_Section, frozen=True):
     """[fabric]: InfiniBand and RoCE ports, their netdevs, and GPU-NIC affinity."""
 
-    enabled: bool = field(default=True, metadata=_doc("Read RDMA ports under [host] sysfs_root"))
-    interval_s: float = field(
-        default=2.0, metadata=_doc("Seconds between polls", minimum=0.1, maximum=3600)
-    )
-    timeout_s: float = field(
-        default=5.0, metadata=_doc("A poll taking longer marks the source stale", minimum=0.1)
-    )
-    netlink: bool = field(
-        default=True,
-        metadata=_doc("RoCE netdev statistics and link up/down notifications over rtnetlink"),
-    )
-    netns: str = field(
-        default="", metadata=_doc("Network namespace of the netdevs; empty: this process's")
-    )
-    roles: dict[str, str] = field(
-        default_factory=dict,
-        metadata=_doc(
+    enabled: Annotated[bool, _doc("Read RDMA ports under [host] sysfs_root")] = True
+    interval_s: Annotated[float, _doc("Seconds between polls", minimum=0.1, maximum=3600)] = 2.0
+    timeout_s: Annotated[
+        float, _doc("A poll taking longer marks the source stale", minimum=0.1)
+    ] = 5.0
+    netlink: Annotated[
+        bool, _doc("RoCE netdev statistics and link up/down notifications over rtnetlink")
+    ] = True
+    netns: Annotated[str, _doc("Network namespace of the netdevs; empty: this process's")] = ""
+    roles: Annotated[
+        dict[str, str],
+        _doc(
             'Port roles by device, device/port or netdev, e.g. { mlx5_1 = "storage" }; '
             "unnamed ports: compute when under a GPU's PCIe switch",
             choices=("compute", "storage", "management"),
         ),
-    )
+    ] = msgspec.field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class TenancyConfig:
+class TenancyConfig(_Section, frozen=True):
     """[tenancy]: who owns each GPU: PCI drivers, KVM guests, Kubernetes pods, processes."""
 
-    enabled: bool = field(default=True, metadata=_doc("Read GPU ownership on this node"))
-    interval_s: float = field(
-        default=5.0, metadata=_doc("Seconds between polls", minimum=0.5, maximum=3600)
-    )
-    timeout_s: float = field(
-        default=10.0, metadata=_doc("A poll taking longer marks the source stale", minimum=0.5)
-    )
-    libvirt_uri: str = field(
-        default="qemu:///system",
-        metadata=_doc(
+    enabled: Annotated[bool, _doc("Read GPU ownership on this node")] = True
+    interval_s: Annotated[float, _doc("Seconds between polls", minimum=0.5, maximum=3600)] = 5.0
+    timeout_s: Annotated[
+        float, _doc("A poll taking longer marks the source stale", minimum=0.5)
+    ] = 10.0
+    libvirt_uri: Annotated[
+        str,
+        _doc(
             "libvirt to ask which guest holds each GPU (needs gpuconsole[libvirt]); "
             "empty: QEMU command lines only"
         ),
-    )
-    kubelet_socket: str = field(
-        default="/var/lib/kubelet/pod-resources/kubelet.sock",
-        metadata=_doc("The kubelet's pod-resources socket; empty: do not ask Kubernetes"),
-    )
-    kubelet_checkpoint: str = field(
-        default="/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
-        metadata=_doc(
+    ] = "qemu:///system"
+    kubelet_socket: Annotated[
+        str, _doc("The kubelet's pod-resources socket; empty: do not ask Kubernetes")
+    ] = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    kubelet_checkpoint: Annotated[
+        str,
+        _doc(
             "The kubelet's device checkpoint (root-readable): which pod UID holds each shared "
             "GPU's replica, so a process finds its pod among several; empty: do not read it"
         ),
-    )
-    processes: bool = field(
-        default=True,
-        metadata=_doc("Map GPU processes to pods, containers and Slurm jobs via /proc cgroups"),
-    )
-    guest_agents: bool = field(
-        default=True,
-        metadata=_doc(
+    ] = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    processes: Annotated[
+        bool, _doc("Map GPU processes to pods, containers and Slurm jobs via /proc cgroups")
+    ] = True
+    guest_agents: Annotated[
+        bool,
+        _doc(
             "Ask the guest agent (`gpuconsole agent --guest`) of each running KVM guest with a "
             "vsock device for its passthrough GPUs' readings"
         ),
-    )
-    guest_port: int = field(
-        default=9511,
-        metadata=_doc("The vsock port guest agents listen on", minimum=1, maximum=0xFFFFFFFE),
-    )
-    namespaces: dict[str, str] = field(
-        default_factory=dict,
-        metadata=_doc('Kubernetes namespace (glob) to tenant, e.g. { "team-nlp" = "nlp" }'),
-    )
-    domains: dict[str, str] = field(
-        default_factory=dict,
-        metadata=_doc(
+    ] = True
+    guest_port: Annotated[
+        int, _doc("The vsock port guest agents listen on", minimum=1, maximum=0xFFFFFFFE)
+    ] = 9511
+    namespaces: Annotated[
+        dict[str, str], _doc('Kubernetes namespace (glob) to tenant, e.g. { "team-nlp" = "nlp" }')
+    ] = msgspec.field(default_factory=dict)
+    domains: Annotated[
+        dict[str, str],
+        _doc(
             'libvirt domain name (glob) to tenant, e.g. { "acme-*" = "acme" }; a domain\'s '
             "<metadata> tenant element wins"
         ),
+    ] = msgspec.field(default_factory=dict)
+    accounts: Annotated[dict[str, str], _doc("Slurm account (glob) to tenant")] = msgspec.field(
+        default_factory=dict
     )
-    accounts: dict[str, str] = field(
-        default_factory=dict, metadata=_doc("Slurm account (glob) to tenant")
-    )
-    users: dict[str, str] = field(
-        default_factory=dict, metadata=_doc("Unix user (glob) to tenant, for plain processes")
+    users: Annotated[dict[str, str], _doc("Unix user (glob) to tenant, for plain processes")] = (
+        msgspec.field(default_factory=dict)
     )
 
 
-@dataclass(frozen=True)
-class FleetConfig:
+class FleetConfig(_Section, frozen=True):
     """[fleet]: the nodes a head console reads through their agents."""
 
-    agents: tuple[str, ...] = field(
-        default=(),
-        metadata=_doc(
+    agents: Annotated[
+        tuple[str, ...],
+        _doc(
             'Agents as "URL" (each node named as its agent names it) or "NAME=URL" (named '
             'here), e.g. ["http://10.1.0.1:9400", "dgx-002=http://10.1.0.2:9400"]'
         ),
-    )
-    targets_file: str = field(
-        default="",
-        metadata=_doc("Prometheus file_sd JSON of agents: targets host:port, labels node and ssh"),
-    )
-    prometheus: str = field(
-        default="",
-        metadata=_doc(
+    ] = ()
+    targets_file: Annotated[
+        str, _doc("Prometheus file_sd JSON of agents: targets host:port, labels node and ssh")
+    ] = ""
+    prometheus: Annotated[
+        str,
+        _doc(
             "URL of a Prometheus (or compatible) server that scrapes the agents: the fleet "
             "overview is then read from it with PromQL, a node's detail still from its agent; "
             "empty: read every agent",
             url=True,
         ),
-    )
-    prometheus_selector: str = field(
-        default="",
-        metadata=_doc(
+    ] = ""
+    prometheus_selector: Annotated[
+        str,
+        _doc(
             'Label matchers added to every PromQL selector, e.g. job="gpuconsole"; '
             "empty: every target Prometheus scrapes"
         ),
-    )
-    interval_s: float = field(
-        default=1.0, metadata=_doc("Seconds between reads of each agent", minimum=0.1)
-    )
-    timeout_s: float = field(
-        default=3.0, metadata=_doc("An agent slower than this is stale", minimum=0.1)
-    )
-    max_connections: int = field(
-        default=64, metadata=_doc("Open connections to agents at most", minimum=1)
-    )
+    ] = ""
+    interval_s: Annotated[float, _doc("Seconds between reads of each agent", minimum=0.1)] = 1.0
+    timeout_s: Annotated[float, _doc("An agent slower than this is stale", minimum=0.1)] = 3.0
+    max_connections: Annotated[int, _doc("Open connections to agents at most", minimum=1)] = 64
 
 
-@dataclass(frozen=True)
-class RemoteConfig:
+class RemoteConfig(_Section, frozen=True):
     """[remote]: moving GPUs of other fleet nodes, over ssh as yourself (assign --node NODE)."""
 
-    destinations: dict[str, str] = field(
-        default_factory=dict,
-        metadata=_doc(
+    destinations: Annotated[
+        dict[str, str],
+        _doc(
             'Node name to its ssh destination "[user@]host[:port]"; a node not listed: the '
             "ssh label of its targets_file entry, else its agent's host"
         ),
-    )
-    user: str = field(
-        default="", metadata=_doc("Login user on the nodes; empty: ~/.ssh/config, else yours")
-    )
-    port: int = field(
-        default=0,
-        metadata=_doc("ssh port of the nodes; 0: ~/.ssh/config, else 22", minimum=0, maximum=65535),
-    )
-    identity_files: tuple[str, ...] = field(
-        default=(),
-        metadata=_doc("Private keys to log in with; empty: ~/.ssh/id_* and the ssh agent"),
-    )
-    known_hosts: str = field(
-        default="",
-        metadata=_doc(
+    ] = msgspec.field(default_factory=dict)
+    user: Annotated[str, _doc("Login user on the nodes; empty: ~/.ssh/config, else yours")] = ""
+    port: Annotated[
+        int, _doc("ssh port of the nodes; 0: ~/.ssh/config, else 22", minimum=0, maximum=65535)
+    ] = 0
+    identity_files: Annotated[
+        tuple[str, ...], _doc("Private keys to log in with; empty: ~/.ssh/id_* and the ssh agent")
+    ] = ()
+    known_hosts: Annotated[
+        str,
+        _doc(
             "known_hosts file that must hold each node's host key (an unknown or changed key "
             "is refused); empty: ~/.ssh/known_hosts"
         ),
-    )
-    command: str = field(
-        default="gpuconsole",
-        metadata=_doc("gpuconsole on the nodes, as the login shell runs it (a name or a path)"),
-    )
-    connect_timeout_s: float = field(
-        default=10.0,
-        metadata=_doc("A node that does not answer ssh in this long is unreachable", minimum=0.5),
-    )
-    keepalive_s: float = field(
-        default=15.0,
-        metadata=_doc(
+    ] = ""
+    command: Annotated[
+        str, _doc("gpuconsole on the nodes, as the login shell runs it (a name or a path)")
+    ] = "gpuconsole"
+    connect_timeout_s: Annotated[
+        float, _doc("A node that does not answer ssh in this long is unreachable", minimum=0.5)
+    ] = 10.0
+    keepalive_s: Annotated[
+        float,
+        _doc(
             "Seconds between ssh keepalives while a plan runs; 3 unanswered: contact lost",
             minimum=1,
         ),
-    )
+    ] = 15.0
 
 
-@dataclass(frozen=True)
-class ActionsConfig:
+class ActionsConfig(_Section, frozen=True):
     """[actions]: reassigning GPUs (`gpuconsole assign`): journal, sysfs, Kubernetes."""
 
-    state_dir: str = field(
-        default=paths.SYSTEM_STATE_DIR,
-        metadata=_doc(
+    state_dir: Annotated[
+        str,
+        _doc(
             "Folder of the action journal, GPU locks and audit log, shared by every user and "
             "session of this machine (make it: install -d -m 3770 -g gpuconsole-operator "
             "DIR); not writable: the user's own state folder, with a warning"
         ),
-    )
-    journal: str = field(
-        default="", metadata=_doc("SQLite journal of actions and GPU locks; empty: in state_dir")
-    )
-    audit_log: str = field(
-        default="",
-        metadata=_doc(
+    ] = paths.SYSTEM_STATE_DIR
+    journal: Annotated[
+        str, _doc("SQLite journal of actions and GPU locks; empty: in state_dir")
+    ] = ""
+    audit_log: Annotated[
+        str,
+        _doc(
             "Audit log (JSON lines): each user appends to NAME.USER.jsonl beside it, which "
             "only they write and the group reads; empty: audit.jsonl in state_dir"
         ),
-    )
-    sysfs_root: str = field(
-        default="", metadata=_doc("sysfs the vfio driver writes to; empty: [host] sysfs_root")
-    )
-    kubernetes: bool = field(
-        default=False,
-        metadata=_doc(
-            "Cordon GPUs and evict pods through the Kubernetes API (gpuconsole[kubernetes])"
-        ),
-    )
-    kubeconfig: str = field(
-        default="", metadata=_doc("kubeconfig file; empty: the in-cluster service account")
-    )
-    kubernetes_node: str = field(
-        default="", metadata=_doc("This machine's Kubernetes node name; empty: [host] name")
-    )
-    evict_timeout_s: float = field(
-        default=300.0, metadata=_doc("Wait this long for an evicted pod to go", minimum=1)
-    )
+    ] = ""
+    sysfs_root: Annotated[
+        str, _doc("sysfs the vfio driver writes to; empty: [host] sysfs_root")
+    ] = ""
+    kubernetes: Annotated[
+        bool, _doc("Cordon GPUs and evict pods through the Kubernetes API (gpuconsole[kubernetes])")
+    ] = False
+    kubeconfig: Annotated[str, _doc("kubeconfig file; empty: the in-cluster service account")] = ""
+    kubernetes_node: Annotated[
+        str, _doc("This machine's Kubernetes node name; empty: [host] name")
+    ] = ""
+    evict_timeout_s: Annotated[
+        float, _doc("Wait this long for an evicted pod to go", minimum=1)
+    ] = 300.0
 
 
-@dataclass(frozen=True)
-class DemoConfig:
+class DemoConfig(_Section, frozen=True):
     """[demo]: the simulated cluster."""
 
-    nodes: int = field(
-        default=0, metadata=_doc("Simulated nodes; 0: the 8-node demo cluster", minimum=0)
-    )
-    seed: int = field(default=0, metadata=_doc("Same seed, same cluster"))
+    nodes: Annotated[int, _doc("Simulated nodes; 0: the 8-node demo cluster", minimum=0)] = 0
+    seed: Annotated[int, _doc("Same seed, same cluster")] = 0
 
 
-@dataclass(frozen=True)
-class UiConfig:
+class UiConfig(_Section, frozen=True):
     """[ui]: the console."""
 
-    theme: str = field(
-        default="gpuconsole-dark",
-        metadata=_doc("Theme name: a shipped one or a file in the user themes folder"),
+    theme: Annotated[str, _doc("Theme name: a shipped one or a file in the user themes folder")] = (
+        "gpuconsole-dark"
     )
 
 
@@ -345,321 +334,288 @@ GUEST_SHAREABLE = (
 )
 
 
-@dataclass(frozen=True)
-class GuestConfig:
+class GuestConfig(_Section, frozen=True):
     """[guest]: `gpuconsole agent --guest`, inside a KVM guest: what its host may read."""
 
-    port: int = field(
-        default=9511,
-        metadata=_doc("The vsock port to answer the host on", minimum=1, maximum=0xFFFFFFFE),
-    )
-    share: tuple[str, ...] = field(
-        default=tuple(w for w in GUEST_SHAREABLE if w != "processes"),
-        metadata=_doc(
+    port: Annotated[
+        int, _doc("The vsock port to answer the host on", minimum=1, maximum=0xFFFFFFFE)
+    ] = 9511
+    share: Annotated[
+        tuple[str, ...],
+        _doc(
             "What the host may see of this guest's GPUs; left out stays unknown there "
             "(processes are not shared unless named)",
             choices=GUEST_SHAREABLE,
         ),
-    )
+    ] = tuple(w for w in GUEST_SHAREABLE if w != "processes")
 
 
-@dataclass(frozen=True)
-class AgentConfig:
+class AgentConfig(_Section, frozen=True):
     """[agent]: the headless exporter (`gpuconsole agent`)."""
 
-    listen: str = field(
-        default=f"127.0.0.1:{AGENT_PORT}",
-        metadata=_doc(
+    listen: Annotated[
+        str,
+        _doc(
             f"HOST:PORT to serve /metrics on ([::1]:PORT for IPv6; no port: {AGENT_PORT})",
             listen=AGENT_PORT,
         ),
-    )
-    tls_cert: str = field(default="", metadata=_doc("PEM certificate file; empty: plain HTTP"))
-    tls_key: str = field(default="", metadata=_doc("PEM key file for tls_cert"))
-    basic_auth_user: str = field(default="", metadata=_doc("Require HTTP basic auth as this user"))
-    basic_auth_password_file: str = field(
-        default="", metadata=_doc("File holding the basic-auth password (mode 0600)")
-    )
+    ] = f"127.0.0.1:{AGENT_PORT}"
+    tls_cert: Annotated[str, _doc("PEM certificate file; empty: plain HTTP")] = ""
+    tls_key: Annotated[str, _doc("PEM key file for tls_cert")] = ""
+    basic_auth_user: Annotated[str, _doc("Require HTTP basic auth as this user")] = ""
+    basic_auth_password_file: Annotated[
+        str, _doc("File holding the basic-auth password (mode 0600)")
+    ] = ""
 
 
-@dataclass(frozen=True)
-class SshConfig:
+class SshConfig(_Section, frozen=True):
     """[ssh]: the ssh-in console (`gpuconsole ssh-server`)."""
 
-    listen: str = field(
-        default=f"0.0.0.0:{SSH_PORT}",
-        metadata=_doc(f"HOST:PORT to accept ssh on (no port: {SSH_PORT})", listen=SSH_PORT),
-    )
-    authorized_keys: str = field(
-        default="",
-        metadata=_doc(
+    listen: Annotated[
+        str, _doc(f"HOST:PORT to accept ssh on (no port: {SSH_PORT})", listen=SSH_PORT)
+    ] = f"0.0.0.0:{SSH_PORT}"
+    authorized_keys: Annotated[
+        str,
+        _doc(
             "OpenSSH public-key lines, each optionally led by role=viewer|operator|admin "
             '(no role: viewer) and from="ADDRESS PATTERNS"; empty: authorized_keys in the '
             "config folder"
         ),
-    )
-    host_key: str = field(
-        default="",
-        metadata=_doc(
+    ] = ""
+    host_key: Annotated[
+        str,
+        _doc(
             "The server's private host key, generated (mode 0600) on first start; "
             "empty: ssh_host_ed25519_key in the state folder"
         ),
-    )
-    password_file: str = field(
-        default="",
-        metadata=_doc(
+    ] = ""
+    password_file: Annotated[
+        str,
+        _doc(
             "USER:ROLE:HASH lines (gpuconsole ssh-server --hash-password); "
             "empty: password authentication off"
         ),
-    )
-    max_sessions: int = field(
-        default=32,
-        metadata=_doc(
-            "Sessions at once; the next is told the server is full", minimum=1, maximum=10_000
-        ),
-    )
-    operator_sessions: int = field(
-        default=1,
-        metadata=_doc(
+    ] = ""
+    max_sessions: Annotated[
+        int,
+        _doc("Sessions at once; the next is told the server is full", minimum=1, maximum=10_000),
+    ] = 32
+    operator_sessions: Annotated[
+        int,
+        _doc(
             "Of max_sessions, kept for operators and admins: viewers and wallboards take at "
             "most the rest",
             minimum=0,
             maximum=10_000,
         ),
-    )
-    max_sessions_per_key: int = field(
-        default=8,
-        metadata=_doc(
+    ] = 1
+    max_sessions_per_key: Annotated[
+        int,
+        _doc(
             "Sessions one key (or one password user) may hold at once",
             minimum=1,
             maximum=10_000,
         ),
-    )
-    login_timeout_s: float = field(
-        default=30.0,
-        metadata=_doc("A connection not logged in this long is closed", minimum=1, maximum=600),
-    )
-    max_startups: int = field(
-        default=100,
-        metadata=_doc(
+    ] = 8
+    login_timeout_s: Annotated[
+        float, _doc("A connection not logged in this long is closed", minimum=1, maximum=600)
+    ] = 30.0
+    max_startups: Annotated[
+        int,
+        _doc(
             "Connections still logging in at once; past it the one waiting longest is dropped",
             minimum=1,
             maximum=100_000,
         ),
-    )
-    max_startups_per_source: int = field(
-        default=10,
-        metadata=_doc(
+    ] = 100
+    max_startups_per_source: Annotated[
+        int,
+        _doc(
             "Connections still logging in from one client address; past it that "
             "address's longest waiting is dropped",
             minimum=1,
             maximum=100_000,
         ),
-    )
-    idle_timeout_s: float = field(
-        default=1800.0,
-        metadata=_doc(
+    ] = 10
+    idle_timeout_s: Annotated[
+        float,
+        _doc(
             "Close a session after this long without input; 0: never "
             "(wallboard sessions never time out)",
             minimum=0,
         ),
+    ] = 1800.0
+    wallboard_user: Annotated[str, _doc("Logging in as this user gives the wallboard")] = (
+        "wallboard"
     )
-    wallboard_user: str = field(
-        default="wallboard", metadata=_doc("Logging in as this user gives the wallboard")
-    )
-    output_buffer_bytes: int = field(
-        default=65536,
-        metadata=_doc(
+    output_buffer_bytes: Annotated[
+        int,
+        _doc(
             "Unsent bytes per session above which frames are skipped",
             minimum=4096,
             maximum=16 * 1024 * 1024,
         ),
-    )
-    refresh_s: float = field(
-        default=1.0,
-        metadata=_doc(
-            "A session repaints with new readings at most this often", minimum=0.1, maximum=60
-        ),
-    )
-    color_system: str = field(
-        default="truecolor",
-        metadata=_doc(
+    ] = 65536
+    refresh_s: Annotated[
+        float,
+        _doc("A session repaints with new readings at most this often", minimum=0.1, maximum=60),
+    ] = 1.0
+    color_system: Annotated[
+        str,
+        _doc(
             "One colour depth for every session of the process",
             choices=("truecolor", "256", "standard"),
         ),
-    )
+    ] = "truecolor"
 
 
-@dataclass(frozen=True)
-class WallboardConfig:
+class WallboardConfig(_Section, frozen=True):
     """[wallboard]: the read-only NOC wallboard (`gpuconsole wallboard`, or ssh)."""
 
-    page_s: float = field(
-        default=15.0, metadata=_doc("Seconds each page shows", minimum=1, maximum=3600)
-    )
-    theme: str = field(default="gpuconsole-high-contrast", metadata=_doc("Theme name"))
+    page_s: Annotated[float, _doc("Seconds each page shows", minimum=1, maximum=3600)] = 15.0
+    theme: Annotated[str, _doc("Theme name")] = "gpuconsole-high-contrast"
 
 
-@dataclass(frozen=True)
-class BmcConfig:
+class BmcConfig(_Section, frozen=True):
     """[[bmc]]: one BMC, over IPMI (RMCP+) or Redfish (HTTPS); repeat the table for more."""
 
-    node: str = field(default="", metadata=_doc("Node this BMC belongs to; empty: [host] name"))
-    host: str = field(default="", metadata=_doc("Address of the BMC (required)"))
-    port: int = field(
-        default=0,
-        metadata=_doc("Port; 0: 623 for ipmi, 443 for redfish", minimum=0, maximum=65535),
+    node: Annotated[str, _doc("Node this BMC belongs to; empty: [host] name")] = ""
+    host: Annotated[str, _doc("Address of the BMC (required)")] = ""
+    port: Annotated[
+        int, _doc("Port; 0: 623 for ipmi, 443 for redfish", minimum=0, maximum=65535)
+    ] = 0
+    protocol: Annotated[
+        str, _doc("ipmi (RMCP+ over UDP) or redfish (HTTPS)", choices=("ipmi", "redfish"))
+    ] = "ipmi"
+    username: Annotated[str, _doc("User name on the BMC")] = ""
+    password_file: Annotated[str, _doc("File whose first line is the password (mode 0600)")] = ""
+    password: Annotated[str, _doc("The password itself; prefer password_file", secret=True)] = ""
+    verify_tls: Annotated[
+        bool, _doc("Check the Redfish certificate; false turns checking off for this BMC")
+    ] = True
+    ca_file: Annotated[
+        str, _doc("PEM file: a CA, or the BMC's own certificate; empty: the system's CAs")
+    ] = ""
+    interval_s: Annotated[float, _doc("Seconds between polls", minimum=1, maximum=3600)] = 10.0
+    timeout_s: Annotated[float, _doc("A poll taking longer marks the BMC stale", minimum=0.5)] = (
+        20.0
     )
-    protocol: str = field(
-        default="ipmi",
-        metadata=_doc("ipmi (RMCP+ over UDP) or redfish (HTTPS)", choices=("ipmi", "redfish")),
-    )
-    username: str = field(default="", metadata=_doc("User name on the BMC"))
-    password_file: str = field(
-        default="", metadata=_doc("File whose first line is the password (mode 0600)")
-    )
-    password: str = field(
-        default="",
-        repr=False,
-        metadata=_doc("The password itself; prefer password_file", secret=True),
-    )
-    verify_tls: bool = field(
-        default=True,
-        metadata=_doc("Check the Redfish certificate; false turns checking off for this BMC"),
-    )
-    ca_file: str = field(
-        default="",
-        metadata=_doc("PEM file: a CA, or the BMC's own certificate; empty: the system's CAs"),
-    )
-    interval_s: float = field(
-        default=10.0, metadata=_doc("Seconds between polls", minimum=1, maximum=3600)
-    )
-    timeout_s: float = field(
-        default=20.0, metadata=_doc("A poll taking longer marks the BMC stale", minimum=0.5)
-    )
-    system: str = field(
-        default="",
-        metadata=_doc(
+    system: Annotated[
+        str,
+        _doc(
             "Redfish: the ComputerSystem power acts on, as /redfish/v1/Systems/ID, where the"
             " BMC manages several (blades, a host and its DPU); empty: its only one"
         ),
-    )
+    ] = ""
 
 
-@dataclass(frozen=True)
-class AlertsConfig:
+class AlertsConfig(_Section, frozen=True):
     """[alerts]: alert rules over the exporter's series, sent to Alertmanager or webhooks."""
 
-    enabled: bool = field(default=True, metadata=_doc("Evaluate alert rules in this process"))
-    defaults: bool = field(
-        default=True,
-        metadata=_doc("Run the default rules (`gpuconsole rules` prints them); [[alert]] adds"),
+    enabled: Annotated[bool, _doc("Evaluate alert rules in this process")] = True
+    defaults: Annotated[
+        bool, _doc("Run the default rules (`gpuconsole rules` prints them); [[alert]] adds")
+    ] = True
+    interval_s: Annotated[float, _doc("Seconds between evaluations", minimum=0.1, maximum=3600)] = (
+        5.0
     )
-    interval_s: float = field(
-        default=5.0, metadata=_doc("Seconds between evaluations", minimum=0.1, maximum=3600)
-    )
-    alertmanager: tuple[str, ...] = field(
-        default=(),
-        metadata=_doc(
+    alertmanager: Annotated[
+        tuple[str, ...],
+        _doc(
             "Alertmanager base URLs to POST alerts to (/api/v2/alerts), e.g. "
             '["http://alertmanager:9093"]; its silences are shown in the console',
             url=True,
         ),
-    )
-    webhook: tuple[str, ...] = field(
-        default=(),
-        metadata=_doc(
-            "URLs to POST JSON to, once when an alert fires and once when it resolves", url=True
-        ),
-    )
-    resend_s: float = field(
-        default=60.0,
-        metadata=_doc(
+    ] = ()
+    webhook: Annotated[
+        tuple[str, ...],
+        _doc("URLs to POST JSON to, once when an alert fires and once when it resolves", url=True),
+    ] = ()
+    resend_s: Annotated[
+        float,
+        _doc(
             "Re-send firing alerts to Alertmanager this often (below its resolve_timeout)",
             minimum=1,
             maximum=3600,
         ),
-    )
-    timeout_s: float = field(
-        default=10.0, metadata=_doc("A receiver slower than this is down", minimum=0.1)
-    )
-    max_backoff_s: float = field(
-        default=300.0,
-        metadata=_doc("Longest wait between retries of a receiver that is down", minimum=1),
-    )
-    state_file: str = field(
-        default="",
-        metadata=_doc(
+    ] = 60.0
+    timeout_s: Annotated[float, _doc("A receiver slower than this is down", minimum=0.1)] = 10.0
+    max_backoff_s: Annotated[
+        float, _doc("Longest wait between retries of a receiver that is down", minimum=1)
+    ] = 300.0
+    state_file: Annotated[
+        str,
+        _doc(
             "Where firing alerts and undelivered notices are kept across restarts; empty: "
             "alerts-MODE.json in the state folder"
         ),
-    )
+    ] = ""
 
 
-@dataclass(frozen=True)
-class AlertRuleConfig:
+class AlertRuleConfig(_Section, frozen=True):
     """[[alert]]: one alert rule; a rule named as a default one replaces it."""
 
-    name: str = field(default="", metadata=_doc("Alert name, e.g. GpuHot (required)"))
-    expr: str = field(
-        default="",
-        metadata=_doc(
+    name: Annotated[str, _doc("Alert name, e.g. GpuHot (required)")] = ""
+    expr: Annotated[
+        str,
+        _doc(
             'Condition over the exporter\'s series: metric{label="v"} OP number, joined by '
             "and / and on(labels), e.g. 'DCGM_FI_DEV_GPU_TEMP > 90' (required)"
         ),
-    )
-    for_s: float = field(
-        default=0.0, metadata=_doc("Fire once the condition has held this long", minimum=0)
-    )
-    clear: float = field(
-        default=math.nan,
-        metadata=_doc(
+    ] = ""
+    for_s: Annotated[float, _doc("Fire once the condition has held this long", minimum=0)] = 0.0
+    clear: Annotated[
+        float,
+        _doc(
             "Hysteresis: a firing alert clears only once its first comparison fails with this "
             "threshold (fire above 90, clear below 85); unset (nan): as it fired"
         ),
-    )
-    keep_firing_for_s: float = field(
-        default=0.0,
-        metadata=_doc("Hysteresis: keep firing this long after the condition last held", minimum=0),
-    )
-    severity: str = field(
-        default="warning",
-        metadata=_doc("How much it should worry", choices=("info", "warning", "critical")),
-    )
-    labels: dict[str, str] = field(
-        default_factory=dict, metadata=_doc('Labels added to the alert, e.g. { team = "infra" }')
-    )
-    annotations: dict[str, str] = field(
-        default_factory=dict,
-        metadata=_doc(
+    ] = math.nan
+    keep_firing_for_s: Annotated[
+        float, _doc("Hysteresis: keep firing this long after the condition last held", minimum=0)
+    ] = 0.0
+    severity: Annotated[
+        str, _doc("How much it should worry", choices=("info", "warning", "critical"))
+    ] = "warning"
+    labels: Annotated[
+        dict[str, str], _doc('Labels added to the alert, e.g. { team = "infra" }')
+    ] = msgspec.field(default_factory=dict)
+    annotations: Annotated[
+        dict[str, str],
+        _doc(
             'e.g. { summary = "GPU {{ $labels.gpu }} at {{ $value }} C" }: {{ $labels.NAME }} '
             "and {{ $value }} are filled in"
         ),
-    )
+    ] = msgspec.field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(_Section, frozen=True):
     """The whole file."""
 
-    host: HostConfig = field(default_factory=HostConfig)
-    hub: HubConfig = field(default_factory=HubConfig)
-    nvml: NvmlConfig = field(default_factory=NvmlConfig)
-    fabric: FabricConfig = field(default_factory=FabricConfig)
-    tenancy: TenancyConfig = field(default_factory=TenancyConfig)
-    demo: DemoConfig = field(default_factory=DemoConfig)
-    actions: ActionsConfig = field(default_factory=ActionsConfig)
-    ui: UiConfig = field(default_factory=UiConfig)
-    agent: AgentConfig = field(default_factory=AgentConfig)
-    guest: GuestConfig = field(default_factory=GuestConfig)
-    fleet: FleetConfig = field(default_factory=FleetConfig)
-    remote: RemoteConfig = field(default_factory=RemoteConfig)
-    ssh: SshConfig = field(default_factory=SshConfig)
-    wallboard: WallboardConfig = field(default_factory=WallboardConfig)
-    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    host: HostConfig = msgspec.field(default_factory=HostConfig)
+    hub: HubConfig = msgspec.field(default_factory=HubConfig)
+    nvml: NvmlConfig = msgspec.field(default_factory=NvmlConfig)
+    fabric: FabricConfig = msgspec.field(default_factory=FabricConfig)
+    tenancy: TenancyConfig = msgspec.field(default_factory=TenancyConfig)
+    demo: DemoConfig = msgspec.field(default_factory=DemoConfig)
+    actions: ActionsConfig = msgspec.field(default_factory=ActionsConfig)
+    ui: UiConfig = msgspec.field(default_factory=UiConfig)
+    agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
+    guest: GuestConfig = msgspec.field(default_factory=GuestConfig)
+    fleet: FleetConfig = msgspec.field(default_factory=FleetConfig)
+    remote: RemoteConfig = msgspec.field(default_factory=RemoteConfig)
+    ssh: SshConfig = msgspec.field(default_factory=SshConfig)
+    wallboard: WallboardConfig = msgspec.field(default_factory=WallboardConfig)
+    alerts: AlertsConfig = msgspec.field(default_factory=AlertsConfig)
     bmc: tuple[BmcConfig, ...] = ()
     alert: tuple[AlertRuleConfig, ...] = ()
-    path: Path | None = field(default=None, compare=False)
+    path: Path | None = None
+
+
+# Every key's default, read from this one place where a signature or a setting defaults to a
+# key's value (`DEFAULTS.nvml.interval_s`; BMCs are a list, so theirs is `DEFAULT_BMC`).
+DEFAULTS = Config()
+DEFAULT_BMC = BmcConfig()
 
 
 class ConfigError(Exception):
@@ -722,7 +678,7 @@ def http_url_problem(url: str) -> str | None:
     return None
 
 
-_SECTIONS = [f.name for f in dataclasses.fields(Config) if f.name != "path"]
+_SECTIONS = [name for name in Config.__struct_fields__ if name != "path"]
 # Arrays of tables ([[bmc]]): each entry is checked like a table, named "[[bmc]] #2".
 _ARRAYS: dict[str, type] = {"bmc": BmcConfig, "alert": AlertRuleConfig}
 
@@ -780,6 +736,8 @@ def _bare(name: str) -> str:
 
 
 def _suggest(word: str, options: list[str]) -> str:
+    import difflib  # only for a file with a misspelt name
+
     close = difflib.get_close_matches(word, options, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -819,7 +777,7 @@ def _no_nul(text: str) -> str:
     return text
 
 
-def _check_value(spec: dataclasses.Field[Any], value: Any) -> str | None:
+def _check_value(spec: TableKey, value: Any) -> str | None:
     """What is wrong with a value of the right type for `spec` (to follow the key's name),
     or None."""
     choices = spec.metadata.get("choices")
@@ -865,8 +823,7 @@ def _section(
     if not isinstance(data, dict):
         problems.append(f"{_where(path, text, table, None, index)} must be a table")
         return cls()
-    hints = get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls)}
+    known = table_keys(cls)
     values: dict[str, Any] = {}
     for key, raw in data.items():
         where = _where(path, text, table, key, index)
@@ -875,7 +832,7 @@ def _section(
             problems.append(f"{where}: unknown key{_suggest(key, list(known))}")
             continue
         try:
-            value = _convert(raw, hints[key])
+            value = _convert(raw, spec.kind)
         except TypeError as exc:
             got = "" if spec.metadata.get("secret") else f", got {raw!r}"  # never echo secrets
             problems.append(f"{where} {exc}{got}")
@@ -905,7 +862,6 @@ def read(text: str, path: Path | None = None) -> tuple[Config, list[str]]:
         return Config(path=path), [f"{path or 'config'}: not valid TOML: {exc}"]
     problems: list[str] = []
     sections: dict[str, Any] = {}
-    hints = get_type_hints(Config)
     for table, body in data.items():
         if table not in _SECTIONS:
             problems.append(
@@ -914,7 +870,9 @@ def read(text: str, path: Path | None = None) -> tuple[Config, list[str]]:
         elif table in _ARRAYS:
             sections[table] = _array(_ARRAYS[table], body, path, text, table, problems)
         else:
-            sections[table] = _section(hints[table], body, path, text, table, problems)
+            sections[table] = _section(
+                table_keys(Config)[table].kind, body, path, text, table, problems
+            )
     return Config(**sections, path=path), problems
 
 
@@ -1020,7 +978,7 @@ def example() -> str:
         section = getattr(defaults, table)
         lines.append(f"# {type(section).__doc__}")
         lines.append(f"[{table}]")
-        for spec in dataclasses.fields(section):
+        for spec in table_keys(type(section)).values():
             doc = spec.metadata.get("doc", "")
             lines.append(f"# {doc}")
             lines.append(f"{spec.name} = {_toml_value(getattr(section, spec.name))}")
@@ -1031,7 +989,7 @@ def example() -> str:
 def _array_example(table: str, cls: type) -> list[str]:
     """A commented-out [[table]] entry: arrays are empty unless the file adds entries."""
     lines = [f"# {cls.__doc__}", f"# [[{table}]]"]
-    for spec in dataclasses.fields(cls):
+    for spec in table_keys(cls).values():
         lines.append(f"#   {spec.metadata.get('doc', '')}")
         lines.append(f"#   {spec.name} = {_toml_value(getattr(cls(), spec.name))}")
     lines.append("")

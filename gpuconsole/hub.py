@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import msgspec
 
-from gpuconsole.config import HubConfig
+from gpuconsole.config import DEFAULTS
 from gpuconsole.counters import RateTracker
 from gpuconsole.history import HistoryStore
 from gpuconsole.readings.agents import REMOTE_PARTS, AgentReading
@@ -72,7 +72,7 @@ class _NodeState:
     rates: dict[str, dict[Key, float]] = field(default_factory=dict)
     deltas: dict[str, dict[Key, int]] = field(default_factory=dict)
     trackers: dict[str, RateTracker] = field(default_factory=dict)
-    history: HistoryStore = field(default_factory=lambda: HistoryStore(HubConfig.history_points))
+    history: HistoryStore = field(default_factory=lambda: HistoryStore(DEFAULTS.hub.history_points))
     snapshot: NodeSnapshot | None = None
     sources: list[_SourceState] = field(default_factory=list)
     last_xid: dict[str, int] = field(default_factory=dict)
@@ -82,10 +82,10 @@ class _NodeState:
 class HubSettings:
     """Knobs of the data loop; [hub] in the config declares the defaults of those it sets."""
 
-    history_points: int = HubConfig.history_points
-    event_log_size: int = HubConfig.event_log_size
+    history_points: int = DEFAULTS.hub.history_points
+    event_log_size: int = DEFAULTS.hub.event_log_size
     snapshot_events: int = 200
-    max_backoff_s: float = HubConfig.max_backoff_s
+    max_backoff_s: float = DEFAULTS.hub.max_backoff_s
     publish_gap_s: float = 0.2
 
 

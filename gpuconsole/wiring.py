@@ -22,12 +22,11 @@ from urllib.parse import urlsplit
 
 from gpuconsole import paths
 from gpuconsole.config import (
+    DEFAULTS,
     SSH_PORT,
-    AgentConfig,
     Config,
     ConfigError,
     FleetConfig,
-    SshConfig,
     parse_listen,
     read_secret,
 )
@@ -422,8 +421,8 @@ def watch_alerts(cfg: Config, hub: Hub, mode: str, *, demo: bool = False) -> Ale
 
 # --- the servers' settings ---------------------------------------------------------------
 
-_AGENT_HOST, _AGENT_PORT = parse_listen(AgentConfig.listen)
-_SSH_HOST, _SSH_PORT = parse_listen(SshConfig.listen, SSH_PORT)
+_AGENT_HOST, _AGENT_PORT = parse_listen(DEFAULTS.agent.listen)
+_SSH_HOST, _SSH_PORT = parse_listen(DEFAULTS.ssh.listen, SSH_PORT)
 
 
 @dataclass(frozen=True)
@@ -448,16 +447,16 @@ class SshSettings:
     host_key: Path = field(default_factory=lambda: paths.state_dir() / "ssh_host_ed25519_key")
     authorized_keys: Path = field(default_factory=lambda: paths.config_dir() / "authorized_keys")
     password_file: Path | None = None
-    max_sessions: int = SshConfig.max_sessions
-    operator_sessions: int = SshConfig.operator_sessions  # of max_sessions, viewers never take
-    max_sessions_per_key: int = SshConfig.max_sessions_per_key
-    idle_timeout_s: float = SshConfig.idle_timeout_s  # 0: never; the wallboard never times out
-    wallboard_user: str = SshConfig.wallboard_user
-    output_buffer_bytes: int = SshConfig.output_buffer_bytes
-    color_system: str = SshConfig.color_system
-    login_timeout_s: float = SshConfig.login_timeout_s
-    max_startups: int = SshConfig.max_startups
-    max_startups_per_source: int = SshConfig.max_startups_per_source
+    max_sessions: int = DEFAULTS.ssh.max_sessions
+    operator_sessions: int = DEFAULTS.ssh.operator_sessions  # of max_sessions, viewers never take
+    max_sessions_per_key: int = DEFAULTS.ssh.max_sessions_per_key
+    idle_timeout_s: float = DEFAULTS.ssh.idle_timeout_s  # 0: never; the wallboard never times out
+    wallboard_user: str = DEFAULTS.ssh.wallboard_user
+    output_buffer_bytes: int = DEFAULTS.ssh.output_buffer_bytes
+    color_system: str = DEFAULTS.ssh.color_system
+    login_timeout_s: float = DEFAULTS.ssh.login_timeout_s
+    max_startups: int = DEFAULTS.ssh.max_startups
+    max_startups_per_source: int = DEFAULTS.ssh.max_startups_per_source
     keepalive_s: float = 30.0
 
 

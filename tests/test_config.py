@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,23 @@ def test_an_explicit_file_must_exist_but_the_default_may_not(
         config.load(tmp_path / "missing.toml")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     assert config.load() == Config()
+
+
+def test_a_default_is_read_from_the_defaults_never_from_a_table_class() -> None:
+    """A table is a Struct: `NvmlConfig.interval_s` is the field's slot, not 1.0, and a
+    signature defaulting to it would hand a descriptor to the code that polls."""
+    kinds = [key.kind for key in config.table_keys(Config).values()]
+    tables = {kind.__name__ for kind in kinds if isinstance(kind, type)}
+    tables |= {"BmcConfig", "AlertRuleConfig"}
+    assert "NvmlConfig" in tables
+    read = re.compile(rf"\b({'|'.join(sorted(tables))})\.([a-z_]+)\b")
+    root = Path(config.__file__).parent.parent
+    found = [
+        f"{path.relative_to(root)}:{number}: {line.strip()}"
+        for folder in ("gpuconsole", "benchmarks")
+        for path in sorted((root / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if read.search(line)
+    ]
+    assert found == []
+    assert config.DEFAULTS.nvml.interval_s == 1.0

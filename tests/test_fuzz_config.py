@@ -4,7 +4,6 @@ the key and its line, and a Config that loads keeps every number within its limi
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -14,20 +13,18 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from gpuconsole.config import BmcConfig, Config, ConfigError, parse
+from gpuconsole.config import BmcConfig, Config, ConfigError, parse, table_keys
 from tests.fuzz_fixtures import FINITE, fuzz_settings, json_trees
 
 FUZZ = fuzz_settings(200)
 
 SECTIONS: dict[str, type] = {
-    f.name: f.default_factory().__class__  # type: ignore[misc]
-    for f in dataclasses.fields(Config)
-    if f.name not in ("bmc", "alert", "path")  # arrays of tables
+    name: key.kind
+    for name, key in table_keys(Config).items()
+    if name not in ("bmc", "alert", "path")  # arrays of tables
 }
-KEYS: dict[str, list[str]] = {
-    t: [f.name for f in dataclasses.fields(c)] for t, c in SECTIONS.items()
-}
-BMC_KEYS = [f.name for f in dataclasses.fields(BmcConfig)]
+KEYS: dict[str, list[str]] = {t: list(table_keys(c)) for t, c in SECTIONS.items()}
+BMC_KEYS = list(table_keys(BmcConfig))
 
 
 def toml(value: Any) -> str:
@@ -80,7 +77,7 @@ def within_limits(cfg: Config) -> None:
     """Every number of a loaded Config respects the minimum and maximum its key declares."""
     sections = [getattr(cfg, t) for t in SECTIONS] + list(cfg.bmc)
     for section in sections:
-        for spec in dataclasses.fields(section):
+        for spec in table_keys(type(section)).values():
             value = getattr(section, spec.name)
             low, high = spec.metadata.get("minimum"), spec.metadata.get("maximum")
             if low is not None:

@@ -61,7 +61,7 @@ from gpuconsole.actions.progress import (
     read_event,
 )
 from gpuconsole.actions.roles import ActionRefused, Actor
-from gpuconsole.config import RemoteConfig
+from gpuconsole.config import DEFAULTS
 from gpuconsole.facts.verdict import Action
 from gpuconsole.readings.base import Event, Severity, safe_text
 from gpuconsole.sources.base import EmitEvent
@@ -109,9 +109,9 @@ class SshTarget:
     user: str | None = None  # None: ~/.ssh/config's User, else the local user
     identity_files: tuple[str, ...] = ()  # (): ~/.ssh/id_* and the ssh agent
     known_hosts: str = ""  # "": ~/.ssh/known_hosts
-    command: str = RemoteConfig.command
-    connect_timeout_s: float = RemoteConfig.connect_timeout_s
-    keepalive_s: float = RemoteConfig.keepalive_s
+    command: str = DEFAULTS.remote.command
+    connect_timeout_s: float = DEFAULTS.remote.connect_timeout_s
+    keepalive_s: float = DEFAULTS.remote.keepalive_s
 
     @property
     def known_hosts_path(self) -> Path:

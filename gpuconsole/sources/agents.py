@@ -30,7 +30,7 @@ from gpuconsole.codec import (
     refused,
     safe_body,
 )
-from gpuconsole.config import FleetConfig
+from gpuconsole.config import DEFAULTS
 from gpuconsole.facts.verdict import check_carried
 from gpuconsole.readings.agents import (
     FRAME_HEADER_MAX,
@@ -81,7 +81,7 @@ class AgentClient:
 
     def __init__(
         self,
-        max_connections: int = FleetConfig.max_connections,
+        max_connections: int = DEFAULTS.fleet.max_connections,
         *,
         auth: tuple[str, str] | None = None,
     ) -> None:
@@ -239,8 +239,8 @@ class AgentSource:
         url: str,
         client: AgentClient,
         *,
-        interval_s: float = FleetConfig.interval_s,
-        timeout_s: float = FleetConfig.timeout_s,
+        interval_s: float = DEFAULTS.fleet.interval_s,
+        timeout_s: float = DEFAULTS.fleet.timeout_s,
         summary: bool = True,
         watch: bool = True,
         clock: Callable[[], float] = time.time,

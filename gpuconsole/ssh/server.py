@@ -27,7 +27,7 @@ import asyncssh
 from textual.app import App
 
 from gpuconsole.actions.roles import Actor, Role, key_actor, password_actor
-from gpuconsole.config import SshConfig
+from gpuconsole.config import DEFAULTS
 from gpuconsole.export.guard import quiet_logger
 from gpuconsole.hub import Hub
 from gpuconsole.ssh.driver import BoundedOutput, SshDriver
@@ -614,7 +614,7 @@ def console_factory(
     wallboard_theme: str | None,
     page_s: float,
     theme_dirs: list[Path] | None = None,
-    refresh_s: float = SshConfig.refresh_s,
+    refresh_s: float = DEFAULTS.ssh.refresh_s,
     actions: ActionAccess | None = None,
 ) -> AppFactory:
     """Apps for sessions: the wallboard for the wallboard user, else the console with the

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuconsole.actions.drivers import StepFailed
 from gpuconsole.actions.plan import Step, StepKind
-from gpuconsole.config import ActionsConfig
+from gpuconsole.config import DEFAULTS
 
 __all__ = ["CORDON_ANNOTATION", "KubernetesDriver", "api_client"]
 
@@ -58,7 +58,7 @@ class KubernetesDriver:
         node: str,
         client: Any,
         *,
-        evict_timeout_s: float = ActionsConfig.evict_timeout_s,
+        evict_timeout_s: float = DEFAULTS.actions.evict_timeout_s,
         poll_s: float = 1.0,
     ) -> None:
         self.node = node

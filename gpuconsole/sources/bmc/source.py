@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from gpuconsole.config import BmcConfig
+from gpuconsole.config import DEFAULT_BMC
 from gpuconsole.readings.base import Event, PartStatus, Severity, safe_strings
 from gpuconsole.readings.bmc import BmcReading, PowerState
 from gpuconsole.sources.base import DaemonThread, EmitEvent
@@ -45,7 +45,7 @@ class BmcTarget:
     password: str = field(default="", repr=False)
     verify_tls: bool = True
     ca_file: str = ""
-    timeout_s: float = BmcConfig.timeout_s
+    timeout_s: float = DEFAULT_BMC.timeout_s
     system: str = ""  # Redfish: the ComputerSystem power acts on, where there are several
 
     @property
@@ -115,8 +115,8 @@ class BmcSource:
         node: str,
         link: BmcLink,
         *,
-        interval_s: float = BmcConfig.interval_s,
-        timeout_s: float = BmcConfig.timeout_s,
+        interval_s: float = DEFAULT_BMC.interval_s,
+        timeout_s: float = DEFAULT_BMC.timeout_s,
         queue_timeout_s: float | None = None,
         pool: BmcPool | None = None,
         sel_cursor: SelCursor | None = None,

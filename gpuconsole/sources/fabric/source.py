@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
-from gpuconsole.config import FabricConfig, HostConfig
+from gpuconsole.config import DEFAULTS
 from gpuconsole.readings.base import Event, Severity, safe_strings
 from gpuconsole.readings.fabric import (
     FabricDevice,
@@ -73,11 +73,11 @@ class FabricSource:
         self,
         node: str,
         *,
-        sysfs_root: str = HostConfig.sysfs_root,
-        interval_s: float = FabricConfig.interval_s,
-        timeout_s: float = FabricConfig.timeout_s,
+        sysfs_root: str = DEFAULTS.host.sysfs_root,
+        interval_s: float = DEFAULTS.fabric.interval_s,
+        timeout_s: float = DEFAULTS.fabric.timeout_s,
         roles: Mapping[str, str] | None = None,
-        netlink: bool = FabricConfig.netlink,
+        netlink: bool = DEFAULTS.fabric.netlink,
         netns: str | None = None,
         simulated: bool = False,
         prepare: Callable[[], None] | None = None,

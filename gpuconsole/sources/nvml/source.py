@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from gpuconsole.config import NvmlConfig
+from gpuconsole.config import DEFAULTS
 from gpuconsole.format import THROTTLE_WORDS
 from gpuconsole.hardware import BEFORE_AMPERE, model_spec
 from gpuconsole.readings.base import Event, Severity, known_bus_id, normal_bus_id
@@ -196,11 +196,11 @@ class NvmlSource:
         node: str,
         *,
         lib: Any = None,
-        interval_s: float = NvmlConfig.interval_s,
-        timeout_s: float = NvmlConfig.timeout_s,
-        detail_every: int = NvmlConfig.detail_every,
-        inventory_every: int = NvmlConfig.inventory_every,
-        events: bool = NvmlConfig.events,
+        interval_s: float = DEFAULTS.nvml.interval_s,
+        timeout_s: float = DEFAULTS.nvml.timeout_s,
+        detail_every: int = DEFAULTS.nvml.detail_every,
+        inventory_every: int = DEFAULTS.nvml.inventory_every,
+        events: bool = DEFAULTS.nvml.events,
         one_shot: bool = False,
         simulated: bool = False,
         clock: Callable[[], float] = time.time,

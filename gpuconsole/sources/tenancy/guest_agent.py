@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from gpuconsole.codec import DecodeError, decode, encode
-from gpuconsole.config import GuestConfig
+from gpuconsole.config import DEFAULTS
 from gpuconsole.readings.base import normal_bus_id, safe_strings, safe_text
 from gpuconsole.readings.nvml import EccReading, GpuReading, NvmlReading, PcieReading
 from gpuconsole.readings.tenancy import Guest
@@ -76,7 +76,7 @@ SHAREABLE: dict[str, tuple[str, ...]] = {
     "processes": ("processes",),
 }
 # A guest's processes are the tenant's business: shared only when the tenant says so.
-DEFAULT_SHARE = frozenset(GuestConfig.share)
+DEFAULT_SHARE = frozenset(DEFAULTS.guest.share)
 _BLANK = {
     "throttle_reasons": (),
     "ecc": EccReading(),

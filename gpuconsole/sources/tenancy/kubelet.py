@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from gpuconsole.config import TenancyConfig
+from gpuconsole.config import DEFAULTS
 from gpuconsole.readings.tenancy import DraDevice, PodDevice
 
 __all__ = [
@@ -194,7 +194,7 @@ class KubeletReader:
 
     def __init__(
         self,
-        socket: str = TenancyConfig.kubelet_socket,
+        socket: str = DEFAULTS.tenancy.kubelet_socket,
         *,
         timeout_s: float = 5.0,
         stub: Any = None,

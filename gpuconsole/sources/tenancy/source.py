@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from gpuconsole.config import HostConfig, TenancyConfig
+from gpuconsole.config import DEFAULTS
 from gpuconsole.readings.base import Event, Severity, normal_bus_id, safe_strings
 from gpuconsole.readings.tenancy import (
     Guest,
@@ -72,21 +72,21 @@ class TenancySource:
         self,
         node: str,
         *,
-        sysfs_root: str = HostConfig.sysfs_root,
-        proc_root: str = HostConfig.proc_root,
-        libvirt_uri: str = TenancyConfig.libvirt_uri,
-        kubelet_socket: str = TenancyConfig.kubelet_socket,
-        kubelet_checkpoint: str = TenancyConfig.kubelet_checkpoint,
-        processes: bool = TenancyConfig.processes,
+        sysfs_root: str = DEFAULTS.host.sysfs_root,
+        proc_root: str = DEFAULTS.host.proc_root,
+        libvirt_uri: str = DEFAULTS.tenancy.libvirt_uri,
+        kubelet_socket: str = DEFAULTS.tenancy.kubelet_socket,
+        kubelet_checkpoint: str = DEFAULTS.tenancy.kubelet_checkpoint,
+        processes: bool = DEFAULTS.tenancy.processes,
         qemu_scan: bool = True,
         rules: TenantRules | None = None,
-        interval_s: float = TenancyConfig.interval_s,
-        timeout_s: float = TenancyConfig.timeout_s,
+        interval_s: float = DEFAULTS.tenancy.interval_s,
+        timeout_s: float = DEFAULTS.tenancy.timeout_s,
         passwd_file: str = "/etc/passwd",
         libvirt_connect: Callable[[str], Any] | None = None,
         kubelet_stub: Any = None,
-        guest_agents: bool = TenancyConfig.guest_agents,
-        guest_port: int = TenancyConfig.guest_port,
+        guest_agents: bool = DEFAULTS.tenancy.guest_agents,
+        guest_port: int = DEFAULTS.tenancy.guest_port,
         guest_connect: GuestConnect | None = None,
         simulated: bool = False,
         clock: Callable[[], float] = time.time,
