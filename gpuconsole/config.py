@@ -975,7 +975,7 @@ def example() -> str:
         if table in _ARRAYS:
             lines.extend(_array_example(table, _ARRAYS[table]))
             continue
-        section = getattr(defaults, table)
+        section: _Section = getattr(defaults, table)
         lines.append(f"# {type(section).__doc__}")
         lines.append(f"[{table}]")
         for spec in table_keys(type(section)).values():

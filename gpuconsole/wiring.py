@@ -15,10 +15,11 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+import msgspec
 
 from gpuconsole import paths
 from gpuconsole.config import (
@@ -249,6 +250,8 @@ def demo_bmc_source(cfg: Config, node: str) -> BmcSource | None:
 
 def members(cfg: FleetConfig) -> list[FleetMember]:
     """Every member the config names, in order: one per node name and one per agent URL."""
+    if not cfg.agents and not cfg.targets_file:
+        return []  # a node reading its own GPUs (a one-shot snapshot) parses no targets
     from gpuconsole.sources.targets import Found, distinct, parse_agent, read_targets
 
     found: list[Found] = []
@@ -425,8 +428,7 @@ _AGENT_HOST, _AGENT_PORT = parse_listen(DEFAULTS.agent.listen)
 _SSH_HOST, _SSH_PORT = parse_listen(DEFAULTS.ssh.listen, SSH_PORT)
 
 
-@dataclass(frozen=True)
-class AgentSettings:
+class AgentSettings(msgspec.Struct, frozen=True):
     """Where and how the agent listens; [agent] in the config declares the defaults."""
 
     host: str = _AGENT_HOST
@@ -437,15 +439,18 @@ class AgentSettings:
     basic_auth_password: str | None = None
 
 
-@dataclass(frozen=True)
-class SshSettings:
+class SshSettings(msgspec.Struct, frozen=True):
     """How the ssh server listens, whom it lets in, and how it treats sessions; [ssh] in
     the config declares the defaults of those it sets."""
 
     host: str = _SSH_HOST
     port: int = _SSH_PORT
-    host_key: Path = field(default_factory=lambda: paths.state_dir() / "ssh_host_ed25519_key")
-    authorized_keys: Path = field(default_factory=lambda: paths.config_dir() / "authorized_keys")
+    host_key: Path = msgspec.field(
+        default_factory=lambda: paths.state_dir() / "ssh_host_ed25519_key"
+    )
+    authorized_keys: Path = msgspec.field(
+        default_factory=lambda: paths.config_dir() / "authorized_keys"
+    )
     password_file: Path | None = None
     max_sessions: int = DEFAULTS.ssh.max_sessions
     operator_sessions: int = DEFAULTS.ssh.operator_sessions  # of max_sessions, viewers never take

@@ -9,11 +9,11 @@ import logging
 import stat
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import asyncssh
+import msgspec
 import pyte
 import pytest
 
@@ -377,7 +377,7 @@ async def test_a_restarted_server_shows_clients_the_same_host_key(
 def test_settings_default_to_port_2222_and_a_wallboard_user() -> None:
     settings = SshSettings()
     assert settings.port == 2222 and settings.wallboard_user == "wallboard"
-    assert replace(settings, max_sessions=2).max_sessions == 2
+    assert msgspec.structs.replace(settings, max_sessions=2).max_sessions == 2
 
 
 async def test_passwords_are_off_unless_configured(tmp_path: Path, keys: Keys) -> None:
