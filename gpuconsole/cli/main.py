@@ -335,6 +335,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         hub = sim_hub(cfg, args.nodes, args.seed, events=False)
     else:
         hub = console_hub(cfg, one_shot=True)
+    if getattr(args, "own_process", False):
+        gc.freeze()  # the imports are done: what they made lives to the exit
+        gc.enable()  # a large fleet's reading is collected as usual
     if args.wait is not None:
         for source in hub.sources:
             source.timeout_s = args.wait
@@ -737,18 +740,19 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    # A one-shot reading of this node, run as its own process (argv None: not called from
-    # Python), lives a tenth of a second and leaves little garbage: the collector's passes
-    # over the tens of thousands of objects its imports make, while importing and again as
-    # the interpreter exits, cost it more CPU than reading the GPUs. Off, and the objects
-    # frozen before the exit's passes; the memory goes back with the process.
-    one_shot = argv is None and args.command == "snapshot" and not args.demo
-    if one_shot:
+    # A one-shot reading run as its own process (argv None: not called from Python) lives
+    # a tenth of a second: the collector's passes over the tens of thousands of objects its
+    # imports make, while importing and again as the interpreter exits, cost it a fifth of
+    # its CPU. Off while importing (cmd_snapshot freezes what the imports made and turns it
+    # back on), and everything frozen before the exit's passes: the memory goes back with
+    # the process.
+    args.own_process = argv is None and args.command == "snapshot" and not args.demo
+    if args.own_process:
         gc.disable()
     try:
         return _run(args)
     finally:
-        if one_shot:
+        if args.own_process:
             gc.freeze()
 
 
