@@ -301,6 +301,12 @@ class ActionsConfig(_Section, frozen=True):
         float, _doc("Wait this long for an evicted pod to go", minimum=1)
     ] = 300.0
 
+    @property
+    def journal_path(self) -> Path:
+        """Where the machine's journal is, creating nothing: what a hub's JournalEvents reads."""
+        folder = Path(self.state_dir) if self.state_dir else Path(paths.SYSTEM_STATE_DIR)
+        return Path(self.journal) if self.journal else folder / paths.JOURNAL_FILE
+
 
 class DemoConfig(_Section, frozen=True):
     """[demo]: the simulated cluster."""

@@ -19,7 +19,6 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Collection
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -53,8 +52,7 @@ _NODE_FIELDS = frozenset(f.name for f in record_fields(NodeSnapshot))
 TICK_S = 0.02
 
 
-@dataclass
-class _SourceState:
+class _SourceState(msgspec.Struct):
     source: Source
     status: SourceStatus
     task: asyncio.Task[None] | None = None
@@ -63,23 +61,23 @@ class _SourceState:
     wanted_now: bool = False  # focus() wants it read without its pause (a viewer waits)
 
 
-@dataclass
-class _NodeState:
+class _NodeState(msgspec.Struct):
     name: str
     simulated: bool
     profile: str | None
-    readings: dict[str, Any] = field(default_factory=dict)
-    rates: dict[str, dict[Key, float]] = field(default_factory=dict)
-    deltas: dict[str, dict[Key, int]] = field(default_factory=dict)
-    trackers: dict[str, RateTracker] = field(default_factory=dict)
-    history: HistoryStore = field(default_factory=lambda: HistoryStore(DEFAULTS.hub.history_points))
+    readings: dict[str, Any] = msgspec.field(default_factory=dict)
+    rates: dict[str, dict[Key, float]] = msgspec.field(default_factory=dict)
+    deltas: dict[str, dict[Key, int]] = msgspec.field(default_factory=dict)
+    trackers: dict[str, RateTracker] = msgspec.field(default_factory=dict)
+    history: HistoryStore = msgspec.field(
+        default_factory=lambda: HistoryStore(DEFAULTS.hub.history_points)
+    )
     snapshot: NodeSnapshot | None = None
-    sources: list[_SourceState] = field(default_factory=list)
-    last_xid: dict[str, int] = field(default_factory=dict)
+    sources: list[_SourceState] = msgspec.field(default_factory=list)
+    last_xid: dict[str, int] = msgspec.field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class HubSettings:
+class HubSettings(msgspec.Struct, frozen=True):
     """Knobs of the data loop; [hub] in the config declares the defaults of those it sets."""
 
     history_points: int = DEFAULTS.hub.history_points

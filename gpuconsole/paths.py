@@ -10,6 +10,8 @@ from pathlib import Path
 # Shared by every operator of a machine, whichever Unix user or ssh session they come
 # through: one action per GPU at a time only holds if they all see the same locks.
 SYSTEM_STATE_DIR = "/var/lib/gpuconsole"
+# The action journal's name in its folder
+JOURNAL_FILE = "actions.db"
 
 
 def _xdg(variable: str, fallback: str) -> Path:

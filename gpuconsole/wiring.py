@@ -92,9 +92,7 @@ def node_hub(cfg: Config, *, one_shot: bool = False, journal: Path | None = None
     if cfg.tenancy.enabled:
         hub.add_source(tenancy_source(cfg))
     if journal is None:
-        from gpuconsole.actions.store import journal_path
-
-        journal = journal_path(cfg.actions)
+        journal = cfg.actions.journal_path
     # Plans other processes run (a shell, an ssh session from a head) as hub events, and
     # how each GPU's last repair went, which its verdict escalates from. A single reading
     # opens the journal only where one exists: a node that never acted pays one stat.

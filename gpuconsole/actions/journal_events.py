@@ -7,7 +7,7 @@ same events, so that the agent's Events view, and through it the head's, show ev
 action on the node. Its reading says each GPU's last repair (a remediation's reset or power
 cycle, and how it went), which the verdict escalates from. Rows of plans this very process runs are skipped: its executor has
 posted them already. The journal is opened read-only and never created here. A node's
-hub adds one: `hub.add_source(JournalEvents(node, store.journal_path(cfg.actions)))`.
+hub adds one: `hub.add_source(JournalEvents(node, cfg.actions.journal_path))`.
 """
 
 from __future__ import annotations

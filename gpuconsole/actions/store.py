@@ -25,11 +25,11 @@ if TYPE_CHECKING:  # opened where used: a one-shot asks only where the journal i
     from gpuconsole.actions.audit import AuditLog
     from gpuconsole.actions.journal import Journal
 
-__all__ = ["ActionStore", "action_store", "demo_store", "journal_path"]
+__all__ = ["ActionStore", "action_store", "demo_store"]
 
 log = logging.getLogger(__name__)
 
-JOURNAL_FILE = "actions.db"
+JOURNAL_FILE = paths.JOURNAL_FILE
 AUDIT_FILE = "audit.jsonl"
 SHARED_FILE_MODE = 0o660  # the journal: the group (gpuconsole-operator) reads and writes
 PRIVATE_FILE_MODE = 0o600
@@ -94,18 +94,12 @@ def _unusable(folder: Path, journal: Path | None) -> str | None:
     return None
 
 
-def journal_path(cfg: ActionsConfig) -> Path:
-    """Where the machine's journal is, creating nothing: what a hub's JournalEvents reads."""
-    folder = Path(cfg.state_dir) if cfg.state_dir else Path(paths.SYSTEM_STATE_DIR)
-    return Path(cfg.journal) if cfg.journal else folder / JOURNAL_FILE
-
-
 def action_store(cfg: ActionsConfig) -> ActionStore:
     """The store [actions] names; the user's own state folder, with a warning, when this
     process cannot use the machine's folder. A journal or audit log named explicitly must
     be usable: falling back from it would split the locks without anyone choosing to."""
     folder = Path(cfg.state_dir) if cfg.state_dir else Path(paths.SYSTEM_STATE_DIR)
-    journal = journal_path(cfg)
+    journal = cfg.journal_path
     audit = Path(cfg.audit_log) if cfg.audit_log else folder / AUDIT_FILE
     for key, path in (("journal", cfg.journal), ("audit_log", cfg.audit_log)):
         if path:
