@@ -548,7 +548,10 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, metavar="S", help="simulation seed")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with `command`, only that command's arguments are built
+    (every command is listed): building all of them costs every start a few milliseconds,
+    most of it argparse looking up translations and the terminal's width per argument."""
     parser = argparse.ArgumentParser(
         prog="gpuconsole",
         description="A terminal console for GPU clusters: GPUs, BMCs, fabric and owners.",
@@ -556,131 +559,137 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction, nargs=0, help="show the version")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("demo", help="the console on a simulated cluster (no GPU needed)")
-    _common(p)
-    _demo_args(p)
-    p.add_argument("--theme", type=_theme_argument, help="theme name")
-    p.add_argument(
-        "--replay", metavar="FILE", help="open a capture made with `gpuconsole snapshot --json`"
-    )
-    p.set_defaults(func=cmd_demo)
+    def add(name: str, **kwargs: Any) -> argparse.ArgumentParser | None:
+        p = sub.add_parser(name, **kwargs)
+        return p if command in (None, name) else None
 
-    p = sub.add_parser(
+    if p := add("demo", help="the console on a simulated cluster (no GPU needed)"):
+        _common(p)
+        _demo_args(p)
+        p.add_argument("--theme", type=_theme_argument, help="theme name")
+        p.add_argument(
+            "--replay", metavar="FILE", help="open a capture made with `gpuconsole snapshot --json`"
+        )
+        p.set_defaults(func=cmd_demo)
+
+    if p := add(
         "console", help="the console: this node's sources, or the fleet's agents ([fleet])"
-    )
-    _common(p)
-    p.add_argument("--theme", type=_theme_argument, help="theme name")
-    p.set_defaults(func=cmd_console)
+    ):
+        _common(p)
+        p.add_argument("--theme", type=_theme_argument, help="theme name")
+        p.set_defaults(func=cmd_console)
 
-    p = sub.add_parser("agent", help="headless Prometheus exporter: /metrics, /api/v1/snapshot")
-    _common(p)
-    _demo_args(p)
-    p.add_argument("--demo", action="store_true", help="export the simulated cluster")
-    p.add_argument("--listen", metavar="HOST:PORT", help="default: [agent] listen, 127.0.0.1:9400")
-    p.add_argument(
-        "--guest",
-        action="store_true",
-        help="inside a KVM guest: tell the host what NVML reads of its passthrough GPUs "
-        "over vsock ([guest] port, share); read-only, NVML only",
-    )
-    p.add_argument(
-        "--unix", metavar="PATH", help="with --guest: answer on this unix socket, not vsock"
-    )
-    p.set_defaults(func=cmd_agent)
+    if p := add("agent", help="headless Prometheus exporter: /metrics, /api/v1/snapshot"):
+        _common(p)
+        _demo_args(p)
+        p.add_argument("--demo", action="store_true", help="export the simulated cluster")
+        p.add_argument(
+            "--listen", metavar="HOST:PORT", help="default: [agent] listen, 127.0.0.1:9400"
+        )
+        p.add_argument(
+            "--guest",
+            action="store_true",
+            help="inside a KVM guest: tell the host what NVML reads of its passthrough GPUs "
+            "over vsock ([guest] port, share); read-only, NVML only",
+        )
+        p.add_argument(
+            "--unix", metavar="PATH", help="with --guest: answer on this unix socket, not vsock"
+        )
+        p.set_defaults(func=cmd_agent)
 
-    p = sub.add_parser("wallboard", help="the read-only NOC wallboard: rotating pages")
-    _common(p)
-    _demo_args(p)
-    p.add_argument("--demo", action="store_true", help="show the simulated cluster")
-    p.add_argument(
-        "--theme",
-        type=_theme_argument,
-        help="theme name (default: [wallboard] theme, high contrast)",
-    )
-    p.add_argument("--page-s", type=float, metavar="S", help="seconds per page (default: 15)")
-    p.set_defaults(func=cmd_wallboard)
+    if p := add("wallboard", help="the read-only NOC wallboard: rotating pages"):
+        _common(p)
+        _demo_args(p)
+        p.add_argument("--demo", action="store_true", help="show the simulated cluster")
+        p.add_argument(
+            "--theme",
+            type=_theme_argument,
+            help="theme name (default: [wallboard] theme, high contrast)",
+        )
+        p.add_argument("--page-s", type=float, metavar="S", help="seconds per page (default: 15)")
+        p.set_defaults(func=cmd_wallboard)
 
-    p = sub.add_parser("ssh-server", help="serve the console over ssh; keys decide the role")
-    _common(p)
-    _demo_args(p)
-    p.add_argument("--demo", action="store_true", help="serve the simulated cluster")
-    p.add_argument("--listen", metavar="HOST:PORT", help="default: [ssh] listen, 0.0.0.0:2222")
-    p.add_argument(
-        "--authorized-keys",
-        metavar="FILE",
-        help="OpenSSH public keys, each line optionally led by role=viewer|operator|admin",
-    )
-    p.add_argument(
-        "--hash-password",
-        action="store_true",
-        help="print a [ssh] password_file line for a password typed twice, and exit",
-    )
-    p.set_defaults(func=cmd_ssh_server)
+    if p := add("ssh-server", help="serve the console over ssh; keys decide the role"):
+        _common(p)
+        _demo_args(p)
+        p.add_argument("--demo", action="store_true", help="serve the simulated cluster")
+        p.add_argument("--listen", metavar="HOST:PORT", help="default: [ssh] listen, 0.0.0.0:2222")
+        p.add_argument(
+            "--authorized-keys",
+            metavar="FILE",
+            help="OpenSSH public keys, each line optionally led by role=viewer|operator|admin",
+        )
+        p.add_argument(
+            "--hash-password",
+            action="store_true",
+            help="print a [ssh] password_file line for a password typed twice, and exit",
+        )
+        p.set_defaults(func=cmd_ssh_server)
 
-    p = sub.add_parser("snapshot", help="one reading of every source, as a table or JSON")
-    _common(p)
-    _demo_args(p)
-    p.add_argument("--demo", action="store_true", help="read the simulated cluster")
-    p.add_argument("--json", action="store_true", help="versioned JSON (schema_version)")
-    p.add_argument("--pretty", action="store_true", help="indent the JSON")
-    p.add_argument(
-        "--wait",
-        type=_seconds,
-        metavar="SECONDS",
-        help="give every source up to SECONDS to answer (default: each its own timeout); "
-        "exit 3 when some did not",
-    )
-    p.set_defaults(func=cmd_snapshot)
+    if p := add("snapshot", help="one reading of every source, as a table or JSON"):
+        _common(p)
+        _demo_args(p)
+        p.add_argument("--demo", action="store_true", help="read the simulated cluster")
+        p.add_argument("--json", action="store_true", help="versioned JSON (schema_version)")
+        p.add_argument("--pretty", action="store_true", help="indent the JSON")
+        p.add_argument(
+            "--wait",
+            type=_seconds,
+            metavar="SECONDS",
+            help="give every source up to SECONDS to answer (default: each its own timeout); "
+            "exit 3 when some did not",
+        )
+        p.set_defaults(func=cmd_snapshot)
 
-    p = sub.add_parser(
+    if p := add(
         "power", help="power a node on, off, soft off, reset or power-cycle it through its BMC"
-    )
-    p.add_argument("node", help="the node, as [[bmc]] node names it")
-    p.add_argument("state", choices=["on", "off", "soft", "reset", "cycle"])
-    p.add_argument("--confirm", metavar="NODE", help="the node name again, to confirm")
-    p.add_argument("--demo", action="store_true", help="a node of the simulated cluster")
-    _common(p)
-    p.set_defaults(func=cmd_power)
+    ):
+        p.add_argument("node", help="the node, as [[bmc]] node names it")
+        p.add_argument("state", choices=["on", "off", "soft", "reset", "cycle"])
+        p.add_argument("--confirm", metavar="NODE", help="the node name again, to confirm")
+        p.add_argument("--demo", action="store_true", help="a node of the simulated cluster")
+        _common(p)
+        p.set_defaults(func=cmd_power)
 
-    p = sub.add_parser(
+    if p := add(
         "remediate", help="repair a GPU as its verdict asks: drain, reset, power cycle, service"
-    )
-    p.add_argument(
-        "gpu",
-        metavar="GPU",
-        help="bus id, UUID or index; NODE:GPU for a GPU of another node (dgx-003:0000:c3:00.0)",
-    )
-    p.add_argument(
-        "--action",
-        choices=["drain", "reset_gpu", "reboot_node", "reseat", "service"],
-        help="this action instead of the verdict's",
-    )
-    _plan_options(p)
-    _common(p)
-    p.set_defaults(func=cmd_remediate)
+    ):
+        p.add_argument(
+            "gpu",
+            metavar="GPU",
+            help="bus id, UUID or index; NODE:GPU for a GPU of another node (dgx-003:0000:c3:00.0)",
+        )
+        p.add_argument(
+            "--action",
+            choices=["drain", "reset_gpu", "reboot_node", "reseat", "service"],
+            help="this action instead of the verdict's",
+        )
+        _plan_options(p)
+        _common(p)
+        p.set_defaults(func=cmd_remediate)
 
-    p = sub.add_parser("assign", help="move GPUs to free, drained, k8s or vm:NAME")
-    p.add_argument("gpus", nargs="*", metavar="GPU", help="index, bus id or UUID")
-    p.add_argument("--to", metavar="TARGET", help="free, drained, k8s or vm:NAME")
-    p.add_argument(
-        "--propose",
-        type=int,
-        metavar="N",
-        help="propose N free GPUs of one NVLink domain and their NICs (with --to: move them)",
-    )
-    p.add_argument("--model", metavar="NAME", help="with --propose: GPUs named so (H100)")
-    p.add_argument(
-        "--recover",
-        action="store_true",
-        help="finish or roll back unfinished plans (a crash's, or one a full journal "
-        "stopped), then list the GPU locks left",
-    )
-    p.add_argument("--yes", action="store_true", help="confirm without asking")
-    _plan_options(p)
-    _common(p)
-    p.set_defaults(func=cmd_assign)
+    if p := add("assign", help="move GPUs to free, drained, k8s or vm:NAME"):
+        p.add_argument("gpus", nargs="*", metavar="GPU", help="index, bus id or UUID")
+        p.add_argument("--to", metavar="TARGET", help="free, drained, k8s or vm:NAME")
+        p.add_argument(
+            "--propose",
+            type=int,
+            metavar="N",
+            help="propose N free GPUs of one NVLink domain and their NICs (with --to: move them)",
+        )
+        p.add_argument("--model", metavar="NAME", help="with --propose: GPUs named so (H100)")
+        p.add_argument(
+            "--recover",
+            action="store_true",
+            help="finish or roll back unfinished plans (a crash's, or one a full journal "
+            "stopped), then list the GPU locks left",
+        )
+        p.add_argument("--yes", action="store_true", help="confirm without asking")
+        _plan_options(p)
+        _common(p)
+        p.set_defaults(func=cmd_assign)
 
-    p = sub.add_parser(
+    if p := add(
         "doctor",
         help="what NVML answers this user, beside what gpuconsole made of it",
         description="Run every NVML call the NVML source makes, once, as this user, and print "
@@ -688,34 +697,35 @@ def build_parser() -> argparse.ArgumentParser:
         "of it, and which readings this user cannot see and why. Exit 0 when NVML answered, "
         "1 when it is not available (no library or driver, not permitted), 3 when the driver "
         "hung.",
-    )
-    _common(p)
-    p.add_argument("--json", action="store_true", help="the whole report as JSON (to diff)")
-    p.add_argument(
-        "--library",
-        metavar="PATH",
-        help="the libnvidia-ml.so.1 to load (default: [nvml] library, else the system's)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=_seconds,
-        default=50.0,
-        metavar="S",
-        help="give up on a driver that does not answer after S seconds (default: 50)",
-    )
-    p.set_defaults(func=cmd_doctor)
+    ):
+        _common(p)
+        p.add_argument("--json", action="store_true", help="the whole report as JSON (to diff)")
+        p.add_argument(
+            "--library",
+            metavar="PATH",
+            help="the libnvidia-ml.so.1 to load (default: [nvml] library, else the system's)",
+        )
+        p.add_argument(
+            "--timeout",
+            type=_seconds,
+            default=50.0,
+            metavar="S",
+            help="give up on a driver that does not answer after S seconds (default: 50)",
+        )
+        p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser(
+    if p := add(
         "rules",
         help="the alert rules (defaults and [[alert]]) as a Prometheus alerting-rules file",
-    )
-    _common(p)
-    p.set_defaults(func=cmd_rules)
+    ):
+        _common(p)
+        p.set_defaults(func=cmd_rules)
 
-    p = sub.add_parser("config", help="print an example config, or check one")
-    p.add_argument("action", choices=["example", "check"])
-    _common(p)
-    p.set_defaults(func=cmd_config)
+    if p := add("config", help="print an example config, or check one"):
+        p.add_argument("action", choices=["example", "check"])
+        _common(p)
+        p.set_defaults(func=cmd_config)
+
     return parser
 
 
@@ -738,8 +748,10 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    # the command is the first word that is no option: the top level takes only --version
+    command = next((word for word in words if not word.startswith("-")), None)
+    args = build_parser(command).parse_args(words)
     # A one-shot reading run as its own process (argv None: not called from Python) lives
     # a tenth of a second: the collector's passes over the tens of thousands of objects its
     # imports make, while importing and again as the interpreter exits, cost it a fifth of
