@@ -824,28 +824,28 @@ def _section(
     problems: list[str],
     index: int | None = None,
 ) -> Any:
-    """The section's dataclass from its table: each key that is wrong left at its default,
-    and said in `problems`."""
+    """The table's Struct from its TOML table: each key that is wrong left at its default,
+    and said in `problems` (with its line, looked up only then)."""
     if not isinstance(data, dict):
         problems.append(f"{_where(path, text, table, None, index)} must be a table")
         return cls()
     known = table_keys(cls)
     values: dict[str, Any] = {}
     for key, raw in data.items():
-        where = _where(path, text, table, key, index)
         spec = known.get(key)
         if spec is None:
+            where = _where(path, text, table, key, index)
             problems.append(f"{where}: unknown key{_suggest(key, list(known))}")
             continue
         try:
             value = _convert(raw, spec.kind)
         except TypeError as exc:
             got = "" if spec.metadata.get("secret") else f", got {raw!r}"  # never echo secrets
-            problems.append(f"{where} {exc}{got}")
+            problems.append(f"{_where(path, text, table, key, index)} {exc}{got}")
             continue
         wrong = _check_value(spec, value)
         if wrong is not None:
-            problems.append(f"{where}{wrong}")
+            problems.append(f"{_where(path, text, table, key, index)}{wrong}")
             continue
         values[key] = value
     return cls(**values)
