@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -150,3 +151,29 @@ def test_snapshot_json_says_who_owns_each_gpu_beside_the_readings(
     fabric = captured.node("dgx-003").fabric  # type: ignore[union-attr]
     assert fabric is not None
     assert gpu["nic"]["nic"] == gpu_nics(fabric)["0000:9d:00.0"].nic
+
+
+def test_each_command_built_alone_takes_and_explains_what_the_whole_parser_does() -> None:
+    """The parser builds only the command it runs: each one's help and defaults must be
+    what the parser of every command gives."""
+    from gpuconsole.cli.main import build_parser
+
+    def command(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+        found = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return found.choices[name]  # type: ignore[no-any-return]
+
+    full = build_parser()
+    names = list(
+        next(a for a in full._actions if isinstance(a, argparse._SubParsersAction)).choices
+    )
+    assert {"snapshot", "console", "config", "doctor"} <= set(names)
+    for name in names:
+        alone = command(build_parser(name), name)
+        assert alone.format_help() == command(full, name).format_help(), name
+        defaults = {a.dest: a.default for a in alone._actions} | alone._defaults
+        assert (
+            defaults
+            == {a.dest: a.default for a in command(full, name)._actions}
+            | command(full, name)._defaults
+        )
+    assert full.format_help() == build_parser("snapshot").format_help()
