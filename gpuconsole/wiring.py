@@ -436,6 +436,18 @@ class AgentSettings(msgspec.Struct, frozen=True):
     basic_auth_user: str | None = None
     basic_auth_password: str | None = None
 
+    def __repr__(self) -> str:
+        # the password never reaches a log line or a traceback, as a BMC's does not
+        shown = (
+            f"{name}=<set>"
+            if name == "basic_auth_password" and value is not None
+            else f"{name}={value!r}"
+            for name, value in zip(
+                self.__struct_fields__, msgspec.structs.astuple(self), strict=True
+            )
+        )
+        return f"AgentSettings({', '.join(shown)})"
+
 
 class SshSettings(msgspec.Struct, frozen=True):
     """How the ssh server listens, whom it lets in, and how it treats sessions; [ssh] in

@@ -192,3 +192,13 @@ def test_a_config_error_about_a_password_never_echoes_it(tmp_path: Path) -> None
         with pytest.raises(config.ConfigError) as caught:
             config.parse(text, tmp_path / "config.toml")
         assert secret not in str(caught.value), str(caught.value)
+
+
+def test_the_agents_basic_auth_password_shows_in_no_repr() -> None:
+    """The agent's settings reach log lines and tracebacks as a repr: its password stays out,
+    said only to be set."""
+    settings = AgentSettings(basic_auth_user="prom", basic_auth_password="hunter2-secret")
+    shown = repr(settings)
+    assert "hunter2-secret" not in shown
+    assert "basic_auth_user='prom'" in shown and "basic_auth_password=<set>" in shown
+    assert "basic_auth_password=None" in repr(AgentSettings())
