@@ -387,22 +387,11 @@ class Hub:
     def _accept(self, node: _NodeState, state: _SourceState, reading: Reading, took: float) -> None:
         kind = state.source.kind
         now = self._clock()
-        node.readings[kind] = reading
-        tracker = node.trackers.get(kind)
-        if tracker is None:
-            tracker = node.trackers[kind] = RateTracker()
-        rates = tracker.update(reading.counters(), self._monotonic())
-        node.rates[kind] = rates
-        deltas, before = tracker.deltas, node.deltas.get(kind, {})
-        node.deltas[kind] = deltas
-        # A reading may turn counters that moved into events (fabric: error counters that
-        # started to climb), so the counting stays here and the meaning stays with it.
-        delta_events = getattr(reading, "delta_events", None)
-        if deltas and delta_events is not None and tracker.interval_s is not None:
-            for event in delta_events(node.name, now, deltas, before, tracker.interval_s):
-                self.post_event(event)
-        node.history.record(reading.series())
-        node.history.record(tracker.history)
+        # The very reading it last gave: the source read nothing new of the node (a
+        # Prometheus round that did not ask its gauges), so no rates and no history point.
+        if reading is not node.readings.get(kind):
+            node.readings[kind] = reading
+            self._record(node, kind, reading, now)
         old = state.status
         if not old.ok and old.polls > 0 and old.stale_since is not None:
             self.post_event(
@@ -425,6 +414,23 @@ class Hub:
             last_poll_s=took,
         )
         self._mark_dirty(node.name)
+
+    def _record(self, node: _NodeState, kind: str, reading: Reading, now: float) -> None:
+        tracker = node.trackers.get(kind)
+        if tracker is None:
+            tracker = node.trackers[kind] = RateTracker()
+        rates = tracker.update(reading.counters(), self._monotonic())
+        node.rates[kind] = rates
+        deltas, before = tracker.deltas, node.deltas.get(kind, {})
+        node.deltas[kind] = deltas
+        # A reading may turn counters that moved into events (fabric: error counters that
+        # started to climb), so the counting stays here and the meaning stays with it.
+        delta_events = getattr(reading, "delta_events", None)
+        if deltas and delta_events is not None and tracker.interval_s is not None:
+            for event in delta_events(node.name, now, deltas, before, tracker.interval_s):
+                self.post_event(event)
+        node.history.record(reading.series())
+        node.history.record(tracker.history)
 
     def _mark_failed(self, state: _SourceState, error: str) -> None:
         error = safe_text(error)  # an exception's words may quote what a peer sent

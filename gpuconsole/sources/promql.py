@@ -146,8 +146,12 @@ _RAISED = (
     names.DCGM_RETIRED_PENDING,
     names.DCGM_THROTTLE,
 )
-_PER_PART = 4  # the other per-GPU series: this many metrics each round, in turn
-_PER_NODE_PART = 7  # and the per-node ones (sources, BMC, fabric ports)
+PARTS = 10  # the rest, one part a round in turn: every series fresh within this many rounds
+# The series a typical node holds of one metric of each kind (8 GPUs, 8 fabric ports, 4
+# sources), which is what a query's cost grows with, Prometheus' and the head's: the parts
+# are made about as heavy as each other from them. The info series count about three
+# per-GPU metrics: their labels are many and long.
+_WEIGHT = {"gpu": 8, "port": 8, "netdev": 8, "source": 4, "node": 1, "info": 26}
 NEW_PER_ROUND = 200  # targets new to the rounds read whole in one round, at most
 # While viewers say which rows they see, the GPU gauges of the rest are asked this often
 # (every node's, so that rows out of view still sort by them).
@@ -263,19 +267,13 @@ def round_plan(selector: str = "") -> RoundPlan:
         *(_metric_ask(m, selector, raised=True) for m in flags),
     )
     asked = {m for ask in every for m in ask.metrics}
-    rest = [m for m in _KIND if m not in asked]
-    per_gpu = [m for m in rest if _KIND[m] == "gpu"]
-    per_node = [m for m in rest if _KIND[m] != "gpu"]  # a few series a node each
-    parts = (
-        *(
-            tuple(_metric_ask(m, selector) for m in per_gpu[i : i + _PER_PART])
-            for i in range(0, len(per_gpu), _PER_PART)
-        ),
-        *(
-            tuple(_metric_ask(m, selector) for m in per_node[i : i + _PER_NODE_PART])
-            for i in range(0, len(per_node), _PER_NODE_PART)
-        ),
-        (Ask(_info_query(selector), info=True),),
+    rest = [(m, _WEIGHT[_KIND[m]]) for m in _KIND if m not in asked]
+    parts = _balanced([*rest, ("", _WEIGHT["info"])], PARTS)
+    plan_parts = tuple(
+        tuple(
+            Ask(_info_query(selector), info=True) if not m else _metric_ask(m, selector) for m in p
+        )
+        for p in parts
     )
     # free beside used, so that the first total is taken from one moment
     whole = (
@@ -283,9 +281,21 @@ def round_plan(selector: str = "") -> RoundPlan:
         _metric_ask(_FREE, selector),
         *every[2 : 1 + len(_DRAWN)],
         *(_metric_ask(m, selector) for m in flags),  # raised or not
-        *(ask for part in parts for ask in part if ask.named != _FREE),
+        *(ask for part in plan_parts for ask in part if ask.named != _FREE),
     )
-    return RoundPlan(every, parts, whole)
+    return RoundPlan(every, plan_parts, whole)
+
+
+def _balanced(weighed: list[tuple[str, int]], count: int) -> list[list[str]]:
+    """`weighed` (each a name and its weight) in `count` parts about as heavy as each
+    other: the heaviest first, each to the lightest part so far."""
+    parts: list[list[str]] = [[] for _ in range(count)]
+    load = [0] * count
+    for name, weight in sorted(weighed, key=lambda item: -item[1]):
+        lightest = load.index(min(load))
+        parts[lightest].append(name)
+        load[lightest] += weight
+    return [p for p in parts if p]
 
 
 @dataclass
@@ -389,6 +399,11 @@ def _holding(found: NodeSeries, kinds: Collection[str | None]) -> list[dict[str,
     return held
 
 
+_Slot = tuple[NodeSeries, dict[str, float]]  # a series' node and the dict its value is in
+_UNSEEN: Any = object()
+_NONE: frozenset[int] = frozenset()
+
+
 class FleetSeries:
     """Every node's series as the rounds left them: each answer replaces the metrics it
     was asked for (those it no longer holds are gone) or the info series."""
@@ -402,6 +417,7 @@ class FleetSeries:
         # that placed as many: nothing to sweep)
         self._held: dict[str, int] = {}
         self._nonzero: dict[str, int] = {}
+        self._slots: dict[tuple[str, tuple[str, ...], tuple[Any, ...]], _Slot | None] = {}
 
     def _series_of(self, labels: Mapping[str, str]) -> NodeSeries | None:
         name = labels.get("exported_node") or labels.get("Hostname") or labels.get("node")
@@ -420,7 +436,7 @@ class FleetSeries:
         self,
         metrics: frozenset[str],
         raised: frozenset[str],
-        placed: set[tuple[int, str]],
+        placed: Mapping[str, set[int]],
         within: frozenset[str] | None = None,
     ) -> None:
         """Of `metrics`, drop those the answer did not hold (`placed`: each value's dict
@@ -449,7 +465,7 @@ class FleetSeries:
                         value = values.get(metric)
                         if value is None:
                             continue
-                        if (id(values), metric) not in placed:
+                        if id(values) not in placed.get(metric, _NONE):
                             if metric in raised:
                                 if value == 0.0:
                                     continue
@@ -484,12 +500,13 @@ class FleetSeries:
             if metrics is None or UP in metrics:
                 self.up = {}
             if metrics is None:
-                self.nodes, self._held, self._nonzero = {}, {}, {}
-            placed: set[tuple[int, str]] = set()
+                self.nodes, self._held, self._nonzero, self._slots = {}, {}, {}, {}
+            placed: dict[str, set[int]] = {}
             self._place(values, named, placed)
             # a metric asked alone, placed in as many values as hold it: none to sweep
             holding = (self._nonzero if raised else self._held).get(named, -1)
-            if metrics is not None and not (named and within is None and len(placed) == holding):
+            alone = len(placed.get(named, _NONE))
+            if metrics is not None and not (named and within is None and alone == holding):
                 self._sweep(metrics, raised, placed, within)
         except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
             raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
@@ -515,42 +532,62 @@ class FleetSeries:
                         values[_TOTAL] = total
                         found.drawn += 1
 
-    def _place(self, values: list[Any], named: str, placed: set[tuple[int, str]]) -> None:
+    def _slot(self, kind: str, labels: Mapping[str, Any]) -> _Slot | None:
+        """The node and the dict of values a series of `kind` with `labels` lands in."""
+        found = self._series_of(labels)
+        if found is None:
+            return None
+        held: dict[str, float] | None = None
+        if kind == "gpu":
+            if (index := _index(labels.get("gpu"))) is not None:
+                held = found.gpus.get(index)
+                if held is None:
+                    held = found.gpus[index] = {}
+        elif kind == "source" and "source" in labels:
+            held = found.sources.setdefault(safe_text(labels["source"]), {})
+        elif kind == "node":
+            held = found.values
+        elif kind in ("port", "netdev") and "device" in labels:
+            if (port := _index(labels.get("port"))) is None:
+                return None
+            place = (safe_text(labels["device"]), port)
+            if kind == "port":
+                held = found.ports.setdefault(place, {})
+            else:
+                netdev = safe_text(labels.get("netdev", ""))
+                ifname, held = found.netdevs.get(place, (netdev, {}))
+                found.netdevs[place] = (ifname, held)
+        return None if held is None else (found, held)
+
+    def _place(self, values: list[Any], named: str, placed: dict[str, set[int]]) -> None:
         up = self.up
+        # A metric asked alone comes with the same label sets round after round: each
+        # finds its slot in one lookup, made the first time it is seen.
+        slots = self._slots
         for sample in values:
             labels = sample["metric"]
             metric = named or labels.get("__name__", "")
             kind = _KIND.get(metric)
+            if kind is None:
+                continue
             if kind == "up":
                 up[labels.get("instance", "")] = _value(sample)
                 continue
-            found = self._series_of(labels)
-            if found is None or kind is None:
+            if named:
+                key = (kind, tuple(labels), tuple(labels.values()))
+                slot = slots.get(key, _UNSEEN)
+                if slot is _UNSEEN:
+                    slot = slots[key] = self._slot(kind, labels)
+            else:
+                slot = self._slot(kind, labels)
+            if slot is None:
                 continue
-            held: dict[str, float] | None = None
-            if kind == "gpu":
-                if (index := _index(labels.get("gpu"))) is not None:
-                    held = found.gpus.get(index)
-                    if held is None:
-                        held = found.gpus[index] = {}
-            elif kind == "source" and "source" in labels:
-                held = found.sources.setdefault(safe_text(labels["source"]), {})
-            elif kind == "node":
-                held = found.values
-            elif kind in ("port", "netdev") and "device" in labels:
-                if (port := _index(labels.get("port"))) is None:
-                    continue
-                place = (safe_text(labels["device"]), port)
-                if kind == "port":
-                    held = found.ports.setdefault(place, {})
-                else:
-                    netdev = safe_text(labels.get("netdev", ""))
-                    ifname, held = found.netdevs.get(place, (netdev, {}))
-                    found.netdevs[place] = (ifname, held)
-            if held is None:
-                continue
+            found, held = slot
             value = _value(sample)
-            placed.add((id(held), metric))
+            ids = placed.get(metric)
+            if ids is None:
+                ids = placed[metric] = set()
+            ids.add(id(held))
             old = held.get(metric)
             if old != value:  # NaN too: it is never equal to itself
                 held[metric] = value
@@ -605,8 +642,9 @@ class FleetSeries:
         """Every series of the targets at `instances`, in place of what was held of them."""
         for instance in instances:
             self.nodes.pop(instance, None)
+        self._slots = {}  # some held what was popped
         try:
-            self._place([s for s in values if s["metric"].get("__name__") != UP], "", set())
+            self._place([s for s in values if s["metric"].get("__name__") != UP], "", {})
         except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
             raise ValueError(f"Prometheus sent a vector that does not fit: {exc!r}") from None
         self.take_info(info, instances)
@@ -950,16 +988,20 @@ class PrometheusReader:
     def seen(self, instance: str, node: str) -> bool:
         return self._seen.get((instance, node), True)
 
-    def _drawn_asks(self) -> tuple[tuple[Ask, ...], frozenset[str] | None]:
-        """This round's asks of the GPU gauges and the targets they cover (None: all)."""
+    def _drawn_asks(self) -> tuple[tuple[Ask, ...], frozenset[str] | None, bool]:
+        """This round's asks of the GPU gauges, the targets they cover (None: all), and
+        whether this is the pass over every node that rows out of view wait for."""
         now = self._monotonic()
-        if not self._unseen or now - self._all_drawn_at >= self.out_of_view_s:
+        if not self._unseen:
             self._all_drawn_at = now
-            return drawn_asks(self.selector), None
+            return drawn_asks(self.selector), None, False
+        if now - self._all_drawn_at >= self.out_of_view_s:
+            self._all_drawn_at = now
+            return drawn_asks(self.selector), None, True
         shown = frozenset(i for (i, _), seen in self._seen.items() if seen)
         if 2 * len(shown) > len({i for i, _ in self._seen}):
-            return drawn_asks(self.selector), None  # most of the fleet: cheaper unmatched
-        return (drawn_asks(self.selector, shown) if shown else ()), shown
+            return drawn_asks(self.selector), None, False  # most of the fleet: cheaper unmatched
+        return (drawn_asks(self.selector, shown) if shown else ()), shown, False
 
     async def overview(self) -> Overview:
         """The latest round, or a new one when the latest is half an interval old."""
@@ -1017,9 +1059,11 @@ class PrometheusReader:
             self._all_drawn_at = self._monotonic()
             self.rounds += 1
             return series.overview()
-        part = self.parts[self._turn % len(self.parts)]
-        self._turn += 1
-        drawn, within = self._drawn_asks()
+        drawn, within, out_of_view = self._drawn_asks()
+        part: tuple[Ask, ...] = ()
+        if not out_of_view:  # that pass is as heavy as a part: the next round asks it
+            part = self.parts[self._turn % len(self.parts)]
+            self._turn += 1
         every = (*(a for a in self.every if a.named not in _DRAWN_SET), *drawn)
         await self._take(series, (*every, *part))
         if any(ask.named == _FREE for ask in part):
@@ -1088,6 +1132,7 @@ class PromQLSource:
         self._emit: EmitEvent | None = None
         self._xids: dict[str, int] | None = None
         self._builder = NodeBuilder(node)
+        self._reading: AgentReading | None = None  # the last built from the overview
         reader.view(instance, node, True)
 
     @property
@@ -1124,8 +1169,11 @@ class PromQLSource:
         overview = await self.reader.overview()
         _name, found = overview.pick(self.instance, self.node)
         node = self._builder.build(found, overview.at)
+        if self._reading is not None and self._reading.node is node:
+            return self._reading  # nothing of it changed: the hub then records no point
         self._post_xids(node)
-        return AgentReading(self._clock(), self.reader.url, node, summary=True)
+        self._reading = AgentReading(self._clock(), self.reader.url, node, summary=True)
+        return self._reading
 
     def _post_xids(self, node: NodeSnapshot) -> None:
         """An XID that changed since the last round becomes an event, as the agent's would."""
