@@ -526,3 +526,73 @@ def _matched(promql: str) -> set[str]:
 def _mean(values: list[float | None]) -> float:
     got = [v for v in values if v is not None]
     return sum(got) / len(got) if got else -1.0
+
+
+async def test_a_round_asks_a_part_as_heavy_as_the_others_and_rows_out_of_view_add_no_point(
+    moving_fleet: MovingFleet,
+) -> None:
+    """A console shows a few rows: each round asks their gauges, every node's health and
+    one part of the rest, the parts about as large as each other; the round that asks every
+    node's gauges asks no part; a row whose series did not change records no history point
+    (its sparkline holds what was read), while a row in view whose gauges moved does."""
+    fleet = moving_fleet
+    hub = head(fleet)
+    sources = [s for s in hub.sources if isinstance(s, PromQLSource)]
+    reader = sources[0].reader
+    step = 2
+    reader.evaluate_at = lambda: fleet.steps[step] + 0.001
+    reader.out_of_view_s = 3600.0
+    sent: dict[int, list[tuple[str, int]]] = {}  # round -> (query, samples answered)
+    query = reader.query
+
+    async def recorded(promql: str) -> list[Any]:
+        at = reader.rounds
+        answer = await query(promql)
+        sent.setdefault(at, []).append((promql, len(answer)))
+        return answer
+
+    reader.query = recorded  # type: ignore[method-assign]  # what it sends, still sent
+    shown = [m.name for m in fleet.members[:10]]
+
+    def points(name: str) -> int:
+        node = hub.latest.node(name) if hub.latest is not None else None
+        assert node is not None and node.history is not None
+        history = node.history
+        return max(len(history.series("gpu", g.uuid, "temp_gpu_c")) for g in node.gpus)
+
+    await hub.start()
+    try:
+        await until(lambda: all(fresh(hub, m.name) for m in fleet.members), timeout=60)
+        hub.show(shown, viewer=hub)
+        began = reader.rounds + 1  # the next round asks as the view says
+        await until(lambda: reader.rounds >= began + len(reader.parts) + 1, timeout=60)
+        # nothing moved since: no node, in view or not, has a point more
+        before = {m.name: points(m.name) for m in fleet.members}
+        at = reader.rounds
+        await until(lambda: reader.rounds >= at + 3, timeout=30)
+        assert {m.name: points(m.name) for m in fleet.members} == before
+        # the gauges moved: the rows in view show it in a point more
+        step = 1
+        await until(lambda: all(points(n) > before[n] for n in shown), timeout=30)
+        # every part came round, one a round: about as many samples each
+        parts = {ask.query: i for i, part in enumerate(reader.parts) for ask in part}
+        size: dict[int, int] = {}
+        for r in range(began, began + len(reader.parts)):
+            asked = {parts[q] for q, _ in sent[r] if q in parts}
+            assert len(asked) == 1, r
+            size[asked.pop()] = sum(n for q, n in sent[r] if q in parts)
+        assert len(size) == len(reader.parts)
+        assert max(size.values()) <= 2 * min(size.values()), size
+        # the pass over every node's gauges: no part beside it, and the next round asks one
+        reader.out_of_view_s = 0.0
+        at = reader.rounds + 1
+        await until(lambda: reader.rounds >= at + 2, timeout=30)
+        gauge = drawn_gauges()[0]
+        whole = [r for r in (at, at + 1) if any(f"({gauge}{{G" in q for q, _ in sent[r])]
+        assert whole
+        for r in (at, at + 1):
+            with_part = any(q in parts for q, _ in sent[r])
+            assert with_part == (r not in whole) or len(whole) == 2, r
+        assert any(any(q in parts for q, _ in sent[r]) for r in (at, at + 1))
+    finally:
+        await hub.stop()

@@ -960,6 +960,7 @@ class PrometheusReader:
         self.every, self.parts, self.whole = plan.every, plan.parts, plan.whole
         self._series: FleetSeries | None = None  # none until a whole round landed
         self._turn = 0
+        self._rested = False  # whether the last round asked no part
         self.rounds = 0  # rounds that landed
         self._client = client
         self._monotonic = monotonic
@@ -1061,7 +1062,9 @@ class PrometheusReader:
             return series.overview()
         drawn, within, out_of_view = self._drawn_asks()
         part: tuple[Ask, ...] = ()
-        if not out_of_view:  # that pass is as heavy as a part: the next round asks it
+        # that pass is as heavy as a part: the next round asks it (never two rounds on end)
+        self._rested = out_of_view and not self._rested
+        if not self._rested:
             part = self.parts[self._turn % len(self.parts)]
             self._turn += 1
         every = (*(a for a in self.every if a.named not in _DRAWN_SET), *drawn)
