@@ -49,7 +49,12 @@ from gpuconsole.config import FleetConfig
 from gpuconsole.export import names
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.snapshot import NodeSnapshot
-from gpuconsole.sources.promql import OUT_OF_VIEW_S, drawn_gauges
+from gpuconsole.sources.promql import (
+    OUT_OF_VIEW_S,
+    FleetSeries,
+    PrometheusReader,
+    drawn_gauges,
+)
 from gpuconsole.wiring import fleet_hub
 
 NODES = 10_000
@@ -112,6 +117,7 @@ async def _head(
             took.append(time.perf_counter() - began)
 
     reader._read = timed
+    asked = _per_query(reader)
     began = time.perf_counter()
     await hub.start()
     try:
@@ -145,16 +151,64 @@ async def _head(
         everything = await measured()
         # a console over the fleet, at the top of its table
         hub.show([source.node for source in hub.sources[:ROWS_IN_VIEW]], viewer=hub)
+        asked.clear()
         in_view = await measured()
+        queries = dict(asked)
         return {
             "first_s": first,
             "whole_s": whole,
             "fresh": _fresh(hub),
             "everything": everything,
             "in_view": in_view,
+            "queries": queries,
         }
     finally:
         await hub.stop()
+
+
+def _per_query(reader: PrometheusReader) -> dict[str, list[tuple[float, float, int]]]:
+    """Each query's latency (Prometheus' time, and its wait for a core beside the others
+    asked with it), the head's time taking its answer, and the samples in it, by query:
+    timed from outside, around the reader's own calls."""
+    asked: dict[str, list[tuple[float, float, int]]] = {}
+    latencies: dict[int, float] = {}  # by the answer's id, until it is taken
+    query = reader.query
+
+    async def timed(promql: str) -> list[Any]:
+        began = time.perf_counter()
+        answer = await query(promql)
+        latencies[id(answer)] = time.perf_counter() - began
+        return answer
+
+    def took(what: str, answer: list[Any], began: float) -> None:
+        taken = time.process_time() - began
+        asked.setdefault(what, []).append((latencies.pop(id(answer), 0.0), taken, len(answer)))
+
+    take_values, take_info = FleetSeries.take_values, FleetSeries.take_info
+
+    def values(
+        series: FleetSeries,
+        answer: list[Any],
+        metrics: frozenset[str] | None = None,
+        raised: frozenset[str] = frozenset(),
+        named: str = "",
+        within: frozenset[str] | None = None,
+    ) -> None:
+        began = time.process_time()
+        take_values(series, answer, metrics, raised, named, within)
+        if named:
+            what = f"{named}{' > 0' if raised else ''}{'' if within is None else ' (in view)'}"
+            took(what, answer, began)
+
+    def info(series: FleetSeries, answer: list[Any], *args: Any) -> None:
+        began = time.process_time()
+        take_info(series, answer, *args)
+        took("info series", answer, began)
+
+    reader.query = timed  # type: ignore[method-assign]
+    FleetSeries.take_values = values  # type: ignore[method-assign]
+    FleetSeries.take_info = info  # type: ignore[method-assign]
+    return asked
 
 
 def main(nodes: int = NODES, rounds: int = ROUNDS) -> None:
@@ -209,6 +263,20 @@ def main(nodes: int = NODES, rounds: int = ROUNDS) -> None:
             f"over the {INTERVAL_S:g} s it must fit in: head {m['cores']:.2f} cores "
             f"(RSS {m['rss_mb']:.0f} MB), Prometheus {m['prom_cores']:.2f} cores "
             f"(RSS {m['prom_rss_mb']:.0f} MB)"
+        )
+    print(
+        f"  {ROWS_IN_VIEW} rows in view, each query (asked side by side: its latency is "
+        "Prometheus' time and its wait for a core) and the head's time taking its answer, "
+        "median over the rounds that asked it:"
+    )
+    by_latency = sorted(
+        f["queries"].items(), key=lambda kv: -statistics.median(x[0] for x in kv[1])
+    )
+    for what, seen in by_latency:
+        print(
+            f"    {what:58} {len(seen):2d}x  latency {statistics.median(x[0] for x in seen):5.2f} s"
+            f"  taken {1000 * statistics.median(x[1] for x in seen):5.0f} ms"
+            f"  {statistics.median(x[2] for x in seen):9,.0f} samples"
         )
     print(
         f"  rows in view against no viewer: round {v['round_s'] / a['round_s']:.2f}x, head CPU "
