@@ -400,7 +400,6 @@ def _holding(found: NodeSeries, kinds: Collection[str | None]) -> list[dict[str,
 
 
 _Slot = tuple[NodeSeries, dict[str, float]]  # a series' node and the dict its value is in
-_UNSEEN: Any = object()
 _NONE: frozenset[int] = frozenset()
 
 
@@ -417,7 +416,6 @@ class FleetSeries:
         # that placed as many: nothing to sweep)
         self._held: dict[str, int] = {}
         self._nonzero: dict[str, int] = {}
-        self._slots: dict[tuple[str, tuple[str, ...], tuple[Any, ...]], _Slot | None] = {}
 
     def _series_of(self, labels: Mapping[str, str]) -> NodeSeries | None:
         name = labels.get("exported_node") or labels.get("Hostname") or labels.get("node")
@@ -500,7 +498,7 @@ class FleetSeries:
             if metrics is None or UP in metrics:
                 self.up = {}
             if metrics is None:
-                self.nodes, self._held, self._nonzero, self._slots = {}, {}, {}, {}
+                self.nodes, self._held, self._nonzero = {}, {}, {}
             placed: dict[str, set[int]] = {}
             self._place(values, named, placed)
             # a metric asked alone, placed in as many values as hold it: none to sweep
@@ -561,9 +559,6 @@ class FleetSeries:
 
     def _place(self, values: list[Any], named: str, placed: dict[str, set[int]]) -> None:
         up = self.up
-        # A metric asked alone comes with the same label sets round after round: each
-        # finds its slot in one lookup, made the first time it is seen.
-        slots = self._slots
         for sample in values:
             labels = sample["metric"]
             metric = named or labels.get("__name__", "")
@@ -573,13 +568,7 @@ class FleetSeries:
             if kind == "up":
                 up[labels.get("instance", "")] = _value(sample)
                 continue
-            if named:
-                key = (kind, tuple(labels), tuple(labels.values()))
-                slot = slots.get(key, _UNSEEN)
-                if slot is _UNSEEN:
-                    slot = slots[key] = self._slot(kind, labels)
-            else:
-                slot = self._slot(kind, labels)
+            slot = self._slot(kind, labels)
             if slot is None:
                 continue
             found, held = slot
@@ -642,7 +631,6 @@ class FleetSeries:
         """Every series of the targets at `instances`, in place of what was held of them."""
         for instance in instances:
             self.nodes.pop(instance, None)
-        self._slots = {}  # some held what was popped
         try:
             self._place([s for s in values if s["metric"].get("__name__") != UP], "", {})
         except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:
