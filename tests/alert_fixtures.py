@@ -170,3 +170,18 @@ def alertmanager(tmp: Path, port: int | None = None) -> Iterator[Alertmanager]:
         yield am
     finally:
         stop_alertmanager(am)
+
+
+def promtool_test_rules(folder: Path, spec: str, timeout_s: float = 60) -> None:
+    """`promtool test rules` on the test file `spec` (YAML; JSON is YAML too), written in
+    `folder` beside the rule files it names; fails the test with promtool's words."""
+    promtool = require_program("promtool", "apt-get install prometheus")
+    (folder / "test.yml").write_text(spec)
+    done = subprocess.run(
+        [promtool, "test", "rules", "test.yml"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

@@ -6,7 +6,6 @@ engine fires them over the same readings."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,7 @@ from gpuconsole.alerts.state import FIRING
 from gpuconsole.alerts.window import Windows, increase
 from gpuconsole.readings.nvml import EccReading
 from gpuconsole.readings.snapshot import FleetSnapshot
-from tests.alert_fixtures import NODE, UUID, fleet
-from tests.peers import require_program
+from tests.alert_fixtures import NODE, UUID, fleet, promtool_test_rules
 
 NEW_RULES = (
     "GpuNvLinkErrorsClimbing",
@@ -77,7 +75,6 @@ def test_increase_is_reckoned_as_prometheus_reckons_it() -> None:
 
 def test_promtool_reckons_an_increase_as_the_window_does(tmp_path: Path) -> None:
     """Extrapolated, with gaps and a reset: the same numbers from promtool's PromQL."""
-    promtool = require_program("promtool", "apt-get install prometheus")
     values = [None, None, 10.0, 20.0, None, 25.0, 3.0, 7.0, 7.0, None, 9.0, None, None, 12.0]
     windows = Windows([("x", 300.0)])
     tests = []
@@ -103,15 +100,7 @@ def test_promtool_reckons_an_increase_as_the_window_does(tmp_path: Path) -> None
             }
         ]
     }
-    (tmp_path / "test.yml").write_text(json.dumps(spec))
-    done = subprocess.run(
-        [promtool, "test", "rules", "test.yml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    promtool_test_rules(tmp_path, json.dumps(spec))
 
 
 def test_a_window_forgets_what_falls_out_of_it() -> None:
@@ -162,7 +151,6 @@ def test_promtool_fires_the_new_rules_as_the_engine_does(tmp_path: Path) -> None
     """The engine runs the default rules over the exporter's series a minute apart; promtool
     runs the printed rules over the same series (built by the same builder) and must find
     exactly the alerts the engine fires at each minute, labels and summaries included."""
-    promtool = require_program("promtool", "apt-get install prometheus")
     rules = [r for r in DEFAULT_RULES if r.name in NEW_RULES]
     engine = AlertEngine(rules)
     wanted = {m for r in rules for m in r.condition.metrics}
@@ -210,15 +198,7 @@ def test_promtool_fires_the_new_rules_as_the_engine_does(tmp_path: Path) -> None
         "evaluation_interval": "1m",
         "tests": [{"interval": "1m", "input_series": inputs, "alert_rule_test": tests}],
     }
-    (tmp_path / "test.yml").write_text(json.dumps(spec))  # JSON is YAML
-    done = subprocess.run(
-        [promtool, "test", "rules", "test.yml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    promtool_test_rules(tmp_path, json.dumps(spec), timeout_s=120)
 
 
 def _scraped(values: list[str]) -> list[str]:
