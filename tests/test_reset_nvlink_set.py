@@ -19,17 +19,21 @@ import pytest
 
 from gpuconsole.actions.drivers import StepFailed
 from gpuconsole.actions.drivers.repair import NvidiaSmiDriver
+from gpuconsole.actions.executor import action_event
 from gpuconsole.actions.journal import Journal, PlanState
 from gpuconsole.actions.locks import holders
 from gpuconsole.actions.plan import Layer, Step, StepKind
 from gpuconsole.actions.remediation import reset_set
+from gpuconsole.facts.inventory import short_bus_id
 from gpuconsole.facts.verdict import Action, gpu_verdict
+from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sim.actions import SimGpuDriver, SimWorld, sim_drivers
 from gpuconsole.sim.fakenvml import write_profile
 from gpuconsole.sim.node import Scenario
 from gpuconsole.sim.profiles import DGX_1V, DGX_H100
 from gpuconsole.sim.tenancy import SimGuest, SimJob, SimPlan
+from gpuconsole.tui.screens.events import EventFilter, pick_gpu
 from tests.test_remediation import OPS, _DieAt, audit, kinds, quick
 
 JOB = SimPlan(jobs=(SimJob("4690", "bio", 1000, tuple(range(8))),))  # the demo's 8-GPU job
@@ -103,6 +107,52 @@ async def test_the_reset_drains_waits_for_and_resets_every_gpu_of_the_set_then_g
     assert {tuple(r["args"]["gpus"]) for r in records} == {SET}
     assert records[-1]["outcome"] == "ok"
     assert holders(Journal(tmp_path / "s" / "actions.db")) == []
+
+
+async def test_a_set_reset_is_confirmed_by_the_gpu_asked_for_and_each_gpu_s_events_show_it(
+    tmp_path: Path,
+) -> None:
+    """`r` on GPU 2 resets 8 GPUs: the operator confirms by naming GPU 2, as for a GPU reset
+    alone, and the prompt says how many it resets. Every event, audit record and the journal
+    name each GPU of the set by bus id and UUID: a filter on any of them (the GPU view's
+    events) shows the reset that touched it."""
+    world = dgx1(tmp_path / "w", SimPlan())
+    told: list[Event] = []
+    executor = quick(world, tmp_path / "s")
+    executor.emit = told.append
+    plan = await executor.plan_remedy("2", Action.RESET_GPU)
+    assert {"2", "0a:00.0", "dgx1-001"} <= set(plan.confirmations())
+    assert plan.confirmation_words().endswith("(resets 8 GPUs together)")
+    outcome = await executor.execute(plan, OPS, "0a:00.0")
+    assert outcome.ok, outcome.message
+    uuids = tuple(world.node.uuids[int(i)] for i in (2, 0, 1, 3, 4, 5, 6, 7))
+    assert all(uuids) and plan.uuids == uuids
+    for event in told:
+        assert event.gpu_bus_ids == SET and event.gpu_uuids == uuids, event
+    for index in range(8):
+        pick = EventFilter(gpu=pick_gpu(bus(index), None, None))
+        shown = [e.message for e in told if pick.keep(e)]
+        assert any(f" done: reset GPU 2 ({bus(2)}), GPU 0" in m for m in shown), (index, shown)
+        assert any(m.startswith("remediate reset_gpu by ops") for m in shown)
+    for record in audit(tmp_path / "s"):
+        assert tuple(record["args"]["gpus"]) == SET
+        assert tuple(record["args"]["uuids"]) == uuids
+    (journaled,) = Journal(tmp_path / "s" / "actions.db").plans()
+    assert journaled.gpus == SET and journaled.plan.uuids == uuids
+    # another process's console tells the plan from the journal: the same GPUs
+    again = action_event(journaled.plan, 0.0, Severity.INFO, "told")
+    assert again.gpu_bus_ids == SET and again.gpu_uuids == uuids
+
+
+async def test_a_gpu_reset_alone_still_ties_its_events_to_that_gpu(tmp_path: Path) -> None:
+    world = SimWorld("dgx-003", DGX_H100, tmp_path / "w", SimPlan(), (Scenario("xid79", 5),))
+    told: list[Event] = []
+    executor = quick(world, tmp_path / "s")
+    executor.emit = told.append
+    plan = await executor.plan_remedy("5", Action.RESET_GPU)
+    assert plan.confirmation_words() == f"dgx-003, 5 or {short_bus_id(plan.gpus[0])}"
+    assert (await executor.execute(plan, OPS, "5")).ok
+    assert told and all(e.gpu_bus_id == plan.gpus[0] and not e.gpu_bus_ids for e in told)
 
 
 def _gpu_reads(node: NodeSnapshot, index: int, **ecc: Any) -> NodeSnapshot:

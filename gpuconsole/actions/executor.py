@@ -91,7 +91,20 @@ Reader = Callable[[], Awaitable[NodeSnapshot]]
 def action_event(
     plan: Plan, at: float, severity: Severity, message: str, kind: str = ACTION_EVENT
 ) -> Event:
-    """An event about a plan, tied to its GPU when it moves one."""
+    """An event about a plan, tied to its GPU when it moves one, and to each of its GPUs
+    (by bus id and UUID) when it moves several: each GPU's events show what touched it."""
+    if len(plan.gpus) > 1:
+        uuids = plan.uuids if len(plan.uuids) == len(plan.gpus) else ("",) * len(plan.gpus)
+        return Event(
+            at,
+            plan.node,
+            EVENT_SOURCE,
+            kind,
+            severity,
+            message,
+            gpu_bus_ids=plan.gpus,
+            gpu_uuids=uuids,
+        )
     index = plan.indexes[0] if len(plan.indexes) == 1 else None
     uuid = next((s.uuids[0] for s in plan.steps if s.uuids and s.uuids[0]), None)
     return Event(

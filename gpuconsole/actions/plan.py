@@ -269,18 +269,25 @@ class Plan:
 
     def confirmations(self) -> tuple[str, ...]:
         """What a person may type to confirm: the node name; for a single GPU also its
-        number and its bus id as the console shows them ('4', 'c3:00.0')."""
+        number and its bus id as the console shows them ('4', 'c3:00.0'); for a
+        remediation, those of the GPU it repairs (first), however many GPUs it resets with
+        it: the operator names the GPU they asked to repair, as for one reset alone."""
         words = [self.node]
-        if len(self.gpus) == 1:
+        if len(self.gpus) == 1 or (self.remedy and self.gpus):
             if self.indexes and self.indexes[0] is not None:
                 words.append(str(self.indexes[0]))
             words.append(short_bus_id(self.gpus[0]))
         return tuple(words)
 
     def confirmation_words(self, *, quoted: bool = False) -> str:
-        """The confirmations as a prompt says them: 'dgx-003, 4 or c3:00.0'."""
+        """The confirmations as a prompt says them: 'dgx-003, 4 or c3:00.0'; a remediation
+        of several GPUs says how many ('dgx1-001, 2 or 0a:00.0 (resets 8 GPUs together)')."""
         *others, last = (repr(w) if quoted else w for w in self.confirmations())
-        return f"{', '.join(others)} or {last}" if others else last
+        words = f"{', '.join(others)} or {last}" if others else last
+        if self.remedy and len(self.gpus) > 1:
+            verb = "resets" if self.remedy == "reset_gpu" else "acts on"
+            words += f" ({verb} {len(self.gpus)} GPUs together)"
+        return words
 
     def describe(self) -> str:
         """The plan as text: what moves where, preconditions, notes, numbered steps."""

@@ -60,7 +60,10 @@ class Event(msgspec.Struct, frozen=True):
     """Something that happened: an XID, a source going stale, an action.
 
     A GPU's event names it by bus id (sysfs form): NVML's index is only the label the GPU
-    had then, and another GPU may have it once NVML numbers them again."""
+    had then, and another GPU may have it once NVML numbers them again. An event about
+    several GPUs at once (a plan that resets an NVLink set in one command) names each in
+    `gpu_bus_ids` and `gpu_uuids`, in the same order ("" for a UUID not known), and none in
+    the fields for one GPU."""
 
     at: float
     node: str
@@ -72,6 +75,8 @@ class Event(msgspec.Struct, frozen=True):
     gpu_uuid: str | None = None
     code: int | None = None
     gpu_bus_id: str | None = None  # sysfs form; None for no GPU, or an agent that said none
+    gpu_bus_ids: tuple[str, ...] = ()  # an event about several GPUs: each, sysfs form
+    gpu_uuids: tuple[str, ...] = ()  # and their UUIDs, in that order
 
 
 class SourceStatus(msgspec.Struct, frozen=True):

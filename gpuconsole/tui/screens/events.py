@@ -35,10 +35,13 @@ class GpuPick:
     uuids: frozenset[str] = frozenset()  # lower case
 
     def keep(self, event: Event) -> bool:
-        bus = event.gpu_bus_id
-        if bus is not None and ((event.node, bus) in self.places or (None, bus) in self.places):
-            return True
-        return event.gpu_uuid is not None and event.gpu_uuid.lower() in self.uuids
+        for bus in (event.gpu_bus_id, *event.gpu_bus_ids):
+            if bus is not None and (
+                (event.node, bus) in self.places or (None, bus) in self.places
+            ):
+                return True
+        uuids = (event.gpu_uuid, *event.gpu_uuids)
+        return any(u is not None and u.lower() in self.uuids for u in uuids)
 
 
 def _names_a_gpu(value: str) -> bool:
@@ -141,7 +144,10 @@ class EventFilter:
 
 def _gpu_cell(event: Event, snapshot: FleetSnapshot) -> str:
     """The event's GPU by bus id, which outlives NVML's numbering; by the number it had
-    then only where neither the event nor the snapshot can say its bus id."""
+    then only where neither the event nor the snapshot can say its bus id. An event about
+    several GPUs: the first (the one asked for) and how many more."""
+    if event.gpu_bus_ids:
+        return f"{short_bus_id(event.gpu_bus_ids[0])} +{len(event.gpu_bus_ids) - 1}"
     bus = event.gpu_bus_id
     if bus is None and event.gpu_index is not None and (node := snapshot.node(event.node)):
         row = event_gpu(node, event)
