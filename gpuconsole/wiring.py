@@ -126,6 +126,7 @@ def nvml_source(cfg: Config, *, one_shot: bool = False) -> NvmlSource:
         events=cfg.nvml.events,
         one_shot=one_shot,
         proc_root=cfg.host.proc_root,
+        sysfs_root=cfg.host.sysfs_root,
     )
 
 

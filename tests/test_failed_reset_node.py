@@ -19,9 +19,11 @@ from gpuconsole.facts.verdict import Action
 from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.readings.nvml import XID_WINDOW_S
 from gpuconsole.sim.profiles import DGX_H100
+from gpuconsole.sim.identity import gpu_uuid
 from tests.alert_fixtures import free_port
 from tests.export_fixtures import one, parse
 from tests.fakenvml_fixtures import FakeNvmlEnv
+from tests.tenancy_fixtures import FakeHost
 from tests.test_nvml_health_inputs import GPU_RESET, python_out
 
 NODE = "dgx-e2e"
@@ -64,6 +66,41 @@ def gpu5_verdict(env: dict[str, str], cfg: Path) -> str:
     stdout = python_out(env, "-m", "gpuconsole", "snapshot", "--json", "-c", str(cfg))
     verdicts = json.loads(stdout)["verdicts"]
     return str(verdicts[NODE]["gpus"][GPU5]["action"])
+
+
+def dgx_h100_host(root: Path) -> FakeHost:
+    """A DGX H100's GPUs as sysfs and the nvidia driver's /proc show them (the NVSwitches,
+    on the nvidia driver too, are bridges: no GPU)."""
+    host = FakeHost(root)
+    for gpu in DGX_H100.gpus:
+        bdf = normal_bus_id(gpu.bus_id)
+        host.pci(bdf, driver="nvidia", group=gpu.index)
+        host.nvidia_info(bdf, gpu_uuid(NODE, 0, gpu.index), gpu.index)
+    for k, switch in enumerate(DGX_H100.nvswitches):
+        host.pci(normal_bus_id(switch.bus_id), driver="nvidia", group=100 + k, pci_class=0x068000)
+    return host
+
+
+def test_a_gpu_lost_before_the_one_shot_started_is_named_by_sysfs_and_its_failed_reset_counts(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    """NVML cannot open GPU 5 (it fell off the bus before the process started) and tenancy
+    is off: its bus id is the nvidia driver's PCI device NVML did not open, its UUID the
+    driver's /proc entry for it; so the journal's failed reset of it is its own."""
+    env = fake_nvml_env(DGX_H100, open_errors={5: 15})  # NVML_ERROR_GPU_IS_LOST
+    host = dgx_h100_host(tmp_path / "host")
+    journal = tmp_path / "actions.db"
+    paths = f"sysfs_root = '{host.sysfs_root}'\nproc_root = '{host.proc_root}'\n"
+    cfg = config(tmp_path, journal)
+    cfg.write_text(cfg.read_text().replace("[nvml]\n", paths + "[nvml]\n"))
+    stdout = python_out(env, "-m", "gpuconsole", "snapshot", "--json", "-c", str(cfg))
+    (node,) = json.loads(stdout)["nodes"]
+    gpu5 = node["nvml"]["gpus"][5]
+    assert gpu5["state"] == "lost"
+    assert normal_bus_id(gpu5["pci_bus_id"]) == GPU5 and gpu5["uuid"] == gpu_uuid(NODE, 0, 5)
+    assert gpu5_verdict(env, cfg) == "reset_gpu"
+    failed_reset(journal)
+    assert gpu5_verdict(env, cfg) == "reboot_node"
 
 
 def test_snapshot_json_asks_for_the_power_cycle_once_the_journal_says_the_reset_failed(

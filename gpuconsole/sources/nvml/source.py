@@ -52,6 +52,7 @@ from gpuconsole.readings.nvml import (
 from gpuconsole.sources.base import DaemonThread, EmitEvent, SourceUnavailable
 from gpuconsole.sources.nvml import mig_gpm
 from gpuconsole.sources.nvml.events import event_from, gpu_words, watch_events
+from gpuconsole.sources.nvml.pci_names import name_unopened
 from gpuconsole.sources.nvml.lib import (
     ARCHITECTURES,
     BASE_FIELDS,
@@ -206,8 +207,11 @@ class NvmlSource:
         clock: Callable[[], float] = time.time,
         proc_root: str = "/proc",
         fabric_manager: Callable[[], bool | None] | None = None,
+        sysfs_root: str = "/sys",
     ) -> None:
         self.node = node
+        # where the nvidia driver's PCI functions name a GPU NVML cannot open
+        self._sysfs_root, self._proc_root = sysfs_root, proc_root
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.detail_every = max(1, detail_every)
@@ -373,6 +377,9 @@ class NvmlSource:
             before = former.get(gpu.index)
             if before is not None:
                 _keep_identity(gpu, before)
+        if len(gpus) > sum(":" in g.bus_id for g in gpus):  # one NVML never named
+            name_unopened(gpus, self._sysfs_root, self._proc_root)
+        for gpu in unreadable:
             if gpu.lost_since is None:
                 self._mark_lost(gpu, gpu.errors[0])
         # A GPU that comes back to NVML (lost before, or gone from its list) was reset by the
