@@ -99,7 +99,7 @@ def node_hub(cfg: Config, *, one_shot: bool = False, journal: Path | None = None
     if not one_shot or journal.exists():
         from gpuconsole.actions.journal_events import JournalEvents
 
-        hub.add_source(JournalEvents(node, journal))
+        hub.add_source(JournalEvents(node, journal, proc_root=cfg.host.proc_root))
     return hub
 
 
@@ -599,7 +599,7 @@ def node_executor(
     return Executor(
         node,
         drivers,
-        where.journal(dry_run=dry_run),
+        where.journal(dry_run=dry_run, proc_root=cfg.host.proc_root),
         where.audit(),
         reader=read,
         emit=emit,

@@ -30,8 +30,9 @@ NODE = "dgx-e2e"
 GPU5 = normal_bus_id(DGX_H100.gpus[5].bus_id)
 
 
-def failed_reset(journal: Path, node: str = NODE) -> None:
-    """Journal a remediation of GPU 5 on `node` whose reset failed, as the executor does."""
+def failed_reset(journal: Path, node: str = NODE, proc_root: Path | None = None) -> None:
+    """Journal a remediation of GPU 5 on `node` whose reset failed, as the executor does
+    (the node's boot read under `proc_root`, this machine's /proc by default)."""
     plan = Plan(
         node,
         Target(TargetKind.DRAINED),
@@ -43,7 +44,7 @@ def failed_reset(journal: Path, node: str = NODE) -> None:
         (Step(StepKind.GPU_RESET, Layer.GPU, f"reset GPU 5 ({GPU5})"),),
         remedy="reset_gpu",
     )
-    store = Journal(journal)
+    store = Journal(journal) if proc_root is None else Journal(journal, proc_root=str(proc_root))
     with store.transaction() as db:
         plan_id = store.start_plan(db, plan, "ops", "operator", None)
     row = store.intent(plan_id, 0, StepKind.GPU_RESET.value)
@@ -200,3 +201,70 @@ async def test_a_journal_left_alone_is_not_read_again_until_a_plan_writes(tmp_pa
         assert (tried.bus_id, tried.ok) == (GPU5, False)
     finally:
         await events.close()
+
+
+BOOT_A = "0c6f3d5e-2d1a-4b8e-9a51-7e0f6b1c2d3a"
+BOOT_B = "5b2e9f71-8c4d-4e6a-b3f0-1a2b3c4d5e6f"
+
+
+def booted(proc: Path, boot_id: str, at: float) -> None:
+    """The node's /proc as a boot leaves it: the kernel's boot id and the boot time."""
+    random = proc / "sys" / "kernel" / "random"
+    random.mkdir(parents=True, exist_ok=True)
+    (random / "boot_id").write_text(boot_id + "\n")
+    (proc / "stat").write_text(f"cpu 1 2 3 4\nbtime {int(at)}\n")
+
+
+async def test_each_step_journals_the_boot_and_a_reboot_since_a_failed_reset_is_its_repair(
+    tmp_path: Path,
+) -> None:
+    """The reset failed in one boot; the node was rebooted by hand (no power cycle in the
+    journal), so the next process reads a new boot id: the reboot is GPU 5's last repair,
+    and while GPU 5 is not fit, a failed one."""
+    proc = tmp_path / "proc"
+    booted(proc, BOOT_A, time.time() - 3600)
+    journal = tmp_path / "actions.db"
+    failed_reset(journal, proc_root=proc)
+    (step,) = Journal(journal).plans()[0].steps
+    assert step.boot_id == BOOT_A
+    before = JournalEvents(NODE, journal, proc_root=str(proc))
+    try:
+        (tried,) = (await before.poll()).repairs
+        assert (tried.action, tried.ok, tried.reset_failed_at) == (Action.RESET_GPU, False, None)
+    finally:
+        await before.close()
+    rebooted = int(step.started_at) + 1  # the next second
+    booted(proc, BOOT_B, rebooted)
+    after = JournalEvents(NODE, journal, proc_root=str(proc))
+    try:
+        (seen,) = (await after.poll()).repairs
+    finally:
+        await after.close()
+    assert (seen.bus_id, seen.action, seen.ok) == (GPU5, Action.REBOOT_NODE, False)
+    assert (seen.at, seen.reset_failed_at) == (rebooted, step.started_at)
+
+
+def test_a_gpu_still_broken_after_a_reboot_by_hand_goes_for_service(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    """`gpuconsole snapshot` on the node: GPU 5's reset failed, the node was rebooted outside
+    gpuconsole, and the driver still asks for a reset: return it for service. Fit after the
+    reboot, it is fit."""
+    broken = fake_nvml_env(DGX_H100, driver="580.82", recovery_actions={5: GPU_RESET})
+    proc = tmp_path / "proc"
+    booted(proc, BOOT_A, time.time() - 3600)
+    journal = tmp_path / "actions.db"
+    cfg = config(tmp_path, journal)
+    cfg.write_text(cfg.read_text().replace("[nvml]\n", f"proc_root = '{proc}'\n[nvml]\n"))
+    failed_reset(journal, proc_root=proc)
+    assert gpu5_verdict(broken, cfg) == "reboot_node"
+    booted(proc, BOOT_B, time.time() + 1)
+    stdout = python_out(broken, "-m", "gpuconsole", "snapshot", "--json", "-c", str(cfg))
+    verdict = json.loads(stdout)["verdicts"][NODE]
+    assert verdict["gpus"][GPU5]["action"] == "service"
+    (why,) = [f["text"] for f in verdict["findings"] if f["action"] == "service"]
+    assert "return it for service: the node was rebooted at " in why
+    assert why.endswith("failed, and it is not fit since")
+    healthy = fake_nvml_env(DGX_H100, driver="580.82")
+    stdout = python_out(healthy, "-m", "gpuconsole", "snapshot", "--json", "-c", str(cfg))
+    assert GPU5 not in json.loads(stdout)["verdicts"][NODE]["gpus"]  # judged fit: not listed

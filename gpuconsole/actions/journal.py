@@ -40,6 +40,7 @@ __all__ = [
     "StepProgress",
     "StepRecord",
     "StepState",
+    "boot",
     "let_go",
     "process_alive",
     "process_tag",
@@ -80,7 +81,8 @@ CREATE TABLE IF NOT EXISTS steps (
     state TEXT NOT NULL,
     detail TEXT NOT NULL DEFAULT '',
     started_at REAL NOT NULL,
-    finished_at REAL
+    finished_at REAL,
+    boot_id TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS steps_plan ON steps(plan_id, seq);
 CREATE TABLE IF NOT EXISTS locks (
@@ -93,6 +95,30 @@ CREATE TABLE IF NOT EXISTS locks (
     acquired_at REAL NOT NULL
 );
 """
+
+
+# The step's column a journal made before it lacks (added on open; '' where not known).
+_BOOT_COLUMN = "ALTER TABLE steps ADD COLUMN boot_id TEXT NOT NULL DEFAULT ''"
+
+
+def boot(proc_root: str = "/proc") -> tuple[str, float | None]:
+    """This boot of the node: the kernel's boot id (a new one at every boot) and the time it
+    booted (/proc/stat btime); '' and None where unreadable."""
+    try:
+        with open(os.path.join(proc_root, "sys", "kernel", "random", "boot_id"), "rb") as f:
+            boot_id = f.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        boot_id = ""
+    booted: float | None = None
+    try:
+        with open(os.path.join(proc_root, "stat"), "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    booted = float(line.split()[1])
+                    break
+    except (OSError, ValueError, IndexError):
+        booted = None
+    return boot_id, booted
 
 
 class PlanState(enum.StrEnum):
@@ -194,6 +220,7 @@ class StepRecord:
     detail: str
     started_at: float
     finished_at: float | None
+    boot_id: str = ""  # the node's boot it ran in: a new one means the node rebooted since
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,24 +252,46 @@ _REPAIRS = {
 }
 
 
-def repairs(db: sqlite3.Connection, since: float, node: str) -> tuple[RepairAttempt, ...]:
+def repairs(
+    db: sqlite3.Connection,
+    since: float,
+    node: str,
+    now: tuple[str, float | None] = ("", None),
+) -> tuple[RepairAttempt, ...]:
     """Each GPU's last repair on `node` since `since`: the reset or power cycle step of a
     remediation that has finished, ok where the plan made the GPU fit (its final check
     passed), failed where the plan failed at that step or after it. A plan still running has
     no outcome yet; one that stopped before the step did not try it. Only `node`'s plans
-    count: the simulated cluster's nodes share one journal, and their GPUs the same bus ids."""
+    count: the simulated cluster's nodes share one journal, and their GPUs the same bus ids.
+
+    `now`: the node's boot (`boot()`). A reset that failed in an earlier boot was followed
+    by a reboot, by hand where the journal has no power cycle since: that reboot is the
+    GPU's last repair, failed while the GPU is not fit (the verdict looks no further where
+    it is), so what follows is service."""
+    columns = {str(r[1]) for r in db.execute("PRAGMA table_info(steps)")}
+    booted = "s.boot_id" if "boot_id" in columns else "''"  # a journal from before it
     rows = db.execute(
-        "SELECT s.kind, s.started_at, p.gpus, p.state FROM steps s JOIN plans p ON"
-        " p.id = s.plan_id WHERE s.phase = ? AND s.kind IN (?, ?) AND s.started_at >= ?"
+        f"SELECT s.kind, s.started_at, p.gpus, p.state, {booted} FROM steps s JOIN plans p"
+        " ON p.id = s.plan_id WHERE s.phase = ? AND s.kind IN (?, ?) AND s.started_at >= ?"
         " AND p.state IN (?, ?) AND p.node = ? ORDER BY s.started_at, s.rowid",
         (Phase.DO, *_REPAIRS, since, PlanState.DONE, PlanState.FAILED, node),
     ).fetchall()
+    boot_id, boot_at = now
     last: dict[str, RepairAttempt] = {}
-    for kind, started, gpus, state in rows:
+    for kind, started, gpus, state, step_boot in rows:
+        action, ok = _REPAIRS[str(kind)], state == PlanState.DONE
+        rebooted = (
+            action is Action.RESET_GPU and not ok and bool(boot_id) and step_boot not in ("", boot_id)
+        )
         for bus in json.loads(str(gpus)):
             bus_id = normal_bus_id(str(bus))
-            ok = state == PlanState.DONE
-            last[bus_id] = RepairAttempt(bus_id, _REPAIRS[str(kind)], float(started), ok)
+            if rebooted:
+                at = boot_at if boot_at is not None and boot_at >= float(started) else started
+                last[bus_id] = RepairAttempt(
+                    bus_id, Action.REBOOT_NODE, float(at), False, reset_failed_at=float(started)
+                )
+            else:
+                last[bus_id] = RepairAttempt(bus_id, action, float(started), ok)
     return tuple(last.values())
 
 
@@ -251,12 +300,20 @@ class Journal:
     operators of a machine share it: SQLite gives its -wal and -shm files the same mode)."""
 
     def __init__(
-        self, path: Path, *, timeout_s: float = 10.0, mode: int = 0o600, in_memory: bool = False
+        self,
+        path: Path,
+        *,
+        timeout_s: float = 10.0,
+        mode: int = 0o600,
+        in_memory: bool = False,
+        proc_root: str = "/proc",
     ) -> None:
         """`in_memory`: an empty journal that never touches the disk (a dry run's: it plans
-        and shows, and writes nothing); `path` is still the one a real run would write."""
+        and shows, and writes nothing); `path` is still the one a real run would write.
+        `proc_root`: where the node's boot id is read, written with each step."""
         self.path = path
         self.mode = mode
+        self.proc_root = proc_root
         self.reserve = path.with_name(path.name + "-reserve")
         if not in_memory:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -276,6 +333,9 @@ class Journal:
                 for statement in SCHEMA.split(";"):
                     if statement.strip():
                         self._db.execute(statement)
+                columns = {str(r[1]) for r in self._db.execute("PRAGMA table_info(steps)")}
+                if "boot_id" not in columns:
+                    self._db.execute(_BOOT_COLUMN)
         except sqlite3.Error as exc:  # a full disk: "disk I/O error" making the -shm file
             self._db.close()
             raise sqlite3.OperationalError(
@@ -408,11 +468,12 @@ class Journal:
 
     def intent(self, plan_id: str, seq: int, kind: str, phase: Phase = Phase.DO) -> int:
         """Record that a step is about to run; returns the row to complete."""
+        boot_id = boot(self.proc_root)[0]  # read here: a node may reboot during a plan
         with self.transaction() as db:
             cursor = db.execute(
-                "INSERT INTO steps (plan_id, seq, kind, phase, state, started_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (plan_id, seq, kind, phase, StepState.INTENT, time.time()),
+                "INSERT INTO steps (plan_id, seq, kind, phase, state, started_at, boot_id)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (plan_id, seq, kind, phase, StepState.INTENT, time.time(), boot_id),
             )
             return int(cursor.lastrowid or 0)
 
@@ -438,10 +499,11 @@ class Journal:
                 str(s[4]),
                 float(s[5]),
                 None if s[6] is None else float(s[6]),
+                str(s[7]),
             )
             for s in self._db.execute(
-                "SELECT seq, kind, phase, state, detail, started_at, finished_at FROM steps"
-                " WHERE plan_id = ? ORDER BY rowid",
+                "SELECT seq, kind, phase, state, detail, started_at, finished_at, boot_id"
+                " FROM steps WHERE plan_id = ? ORDER BY rowid",
                 (pid_,),
             )
         )

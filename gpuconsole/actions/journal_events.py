@@ -26,7 +26,14 @@ from typing import ClassVar
 
 import msgspec
 
-from gpuconsole.actions.journal import Phase, PlanState, StepProgress, StepState, repairs
+from gpuconsole.actions.journal import (
+    Phase,
+    PlanState,
+    StepProgress,
+    StepState,
+    boot,
+    repairs,
+)
 from gpuconsole.actions.plan import Plan
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.readings.actions import JournalReading
@@ -87,9 +94,12 @@ class JournalEvents:
         interval_s: float = 2.0,
         timeout_s: float = 10.0,
         clock: Callable[[], float] = time.time,
+        proc_root: str = "/proc",
     ) -> None:
+        """`proc_root`: where the node's boot id says whether it rebooted since a repair."""
         self.node = node
         self.path = path
+        self.proc_root = proc_root
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.clock = clock
@@ -153,7 +163,7 @@ class JournalEvents:
             if "no such table" in str(exc):
                 return JournalReading(now)  # created a moment ago, its schema not yet
             raise
-        tried = repairs(db, now - XID_WINDOW_S, self.node)
+        tried = repairs(db, now - XID_WINDOW_S, self.node, boot(self.proc_root))
         if self._marks is None:
             # what happened before this process started is history, not news
             plan_rowid, finished = db.execute(

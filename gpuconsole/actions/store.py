@@ -50,11 +50,14 @@ class ActionStore:
     def file_mode(self) -> int:
         return SHARED_FILE_MODE if self.shared else PRIVATE_FILE_MODE
 
-    def journal(self, *, dry_run: bool = False) -> Journal:
-        """The journal; for a dry run an empty one in memory, so that nothing is written."""
+    def journal(self, *, dry_run: bool = False, proc_root: str = "/proc") -> Journal:
+        """The journal; for a dry run an empty one in memory, so that nothing is written.
+        `proc_root`: where the node's boot id is read, journaled with each step."""
         from gpuconsole.actions.journal import Journal
 
-        return Journal(self.journal_path, mode=self.file_mode, in_memory=dry_run)
+        return Journal(
+            self.journal_path, mode=self.file_mode, in_memory=dry_run, proc_root=proc_root
+        )
 
     def audit(self) -> AuditLog:
         from gpuconsole.actions.audit import AuditLog

@@ -192,6 +192,12 @@ def _after(failed: RepairAttempt, subject: str) -> tuple[Action, str]:
     at = fmt.clock_time(failed.at)
     if failed.action is Action.RESET_GPU:
         return Action.REBOOT_NODE, f"reboot the node: the reset of {subject} at {at} failed"
+    if failed.reset_failed_at is not None:  # a reboot only its boot id tells
+        tried = fmt.clock_time(failed.reset_failed_at)
+        return Action.SERVICE, (
+            f"return it for service: the node was rebooted at {at}, after the reset of "
+            f"{subject} at {tried} failed, and it is not fit since"
+        )
     return Action.SERVICE, (
         f"return it for service: the node's power cycle at {at} did not bring {subject} back"
     )

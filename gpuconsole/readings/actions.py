@@ -25,6 +25,9 @@ class RepairAttempt(msgspec.Struct, frozen=True):
     action: Action
     at: float
     ok: bool
+    # a reboot seen only by the node's new boot id (done outside gpuconsole): when the
+    # reset that failed before it was tried
+    reset_failed_at: float | None = None
 
 
 class JournalReading(msgspec.Struct, frozen=True):
