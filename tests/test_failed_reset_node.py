@@ -6,20 +6,21 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-from gpuconsole.actions.journal import Journal, PlanState, StepState
+from gpuconsole.actions.journal import SCHEMA, Journal, PlanState, StepState
 from gpuconsole.actions.journal_events import JournalEvents
 from gpuconsole.actions.plan import Layer, Plan, Step, StepKind, Target, TargetKind
 from gpuconsole.facts.verdict import Action
 from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.readings.nvml import XID_WINDOW_S
-from gpuconsole.sim.profiles import DGX_H100
 from gpuconsole.sim.identity import gpu_uuid
+from gpuconsole.sim.profiles import DGX_H100
 from tests.alert_fixtures import free_port
 from tests.export_fixtures import one, parse
 from tests.fakenvml_fixtures import FakeNvmlEnv
@@ -268,3 +269,26 @@ def test_a_gpu_still_broken_after_a_reboot_by_hand_goes_for_service(
     healthy = fake_nvml_env(DGX_H100, driver="580.82")
     stdout = python_out(healthy, "-m", "gpuconsole", "snapshot", "--json", "-c", str(cfg))
     assert GPU5 not in json.loads(stdout)["verdicts"][NODE]["gpus"]  # judged fit: not listed
+
+
+async def test_a_journal_from_before_boot_ids_is_read_and_then_written_with_them(
+    tmp_path: Path,
+) -> None:
+    journal = tmp_path / "actions.db"
+    before = SCHEMA.replace(",\n    boot_id TEXT NOT NULL DEFAULT ''", "")
+    assert before != SCHEMA
+    db = sqlite3.connect(journal)
+    db.executescript(before)
+    db.close()
+    proc = tmp_path / "proc"
+    booted(proc, BOOT_A, time.time() - 3600)
+    reader = JournalEvents(NODE, journal, proc_root=str(proc))  # read-only: it adds nothing
+    try:
+        assert (await reader.poll()).repairs == ()
+        failed_reset(journal, proc_root=proc)  # a writer adds the column
+        (tried,) = (await reader.poll()).repairs
+        assert (tried.bus_id, tried.action, tried.ok) == (GPU5, Action.RESET_GPU, False)
+    finally:
+        await reader.close()
+    (step,) = Journal(journal).plans()[0].steps
+    assert step.boot_id == BOOT_A

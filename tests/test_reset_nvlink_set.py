@@ -27,13 +27,13 @@ from gpuconsole.actions.remediation import reset_set
 from gpuconsole.facts.inventory import short_bus_id
 from gpuconsole.facts.verdict import Action, gpu_verdict
 from gpuconsole.readings.base import Event, Severity
-from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sim.actions import SimGpuDriver, SimWorld, sim_drivers
 from gpuconsole.sim.fakenvml import write_profile
 from gpuconsole.sim.node import Scenario
 from gpuconsole.sim.profiles import DGX_1V, DGX_H100
 from gpuconsole.sim.tenancy import SimGuest, SimJob, SimPlan
-from gpuconsole.tui.screens.events import EventFilter, pick_gpu
+from gpuconsole.tui.screens.events import EventFilter, _gpu_cell, pick_gpu
 from tests.test_remediation import OPS, _DieAt, audit, kinds, quick
 
 JOB = SimPlan(jobs=(SimJob("4690", "bio", 1000, tuple(range(8))),))  # the demo's 8-GPU job
@@ -142,6 +142,8 @@ async def test_a_set_reset_is_confirmed_by_the_gpu_asked_for_and_each_gpu_s_even
     # another process's console tells the plan from the journal: the same GPUs
     again = action_event(journaled.plan, 0.0, Severity.INFO, "told")
     assert again.gpu_bus_ids == SET and again.gpu_uuids == uuids
+    # the Events view's GPU column: the GPU asked for, and how many more
+    assert _gpu_cell(again, FleetSnapshot(0, 0.0, ())) == "0a:00.0 +7"
 
 
 async def test_a_gpu_reset_alone_still_ties_its_events_to_that_gpu(tmp_path: Path) -> None:

@@ -281,7 +281,10 @@ def repairs(
     for kind, started, gpus, state, step_boot in rows:
         action, ok = _REPAIRS[str(kind)], state == PlanState.DONE
         rebooted = (
-            action is Action.RESET_GPU and not ok and bool(boot_id) and step_boot not in ("", boot_id)
+            action is Action.RESET_GPU
+            and not ok
+            and bool(boot_id)
+            and step_boot not in ("", boot_id)
         )
         for bus in json.loads(str(gpus)):
             bus_id = normal_bus_id(str(bus))

@@ -52,7 +52,6 @@ from gpuconsole.readings.nvml import (
 from gpuconsole.sources.base import DaemonThread, EmitEvent, SourceUnavailable
 from gpuconsole.sources.nvml import mig_gpm
 from gpuconsole.sources.nvml.events import event_from, gpu_words, watch_events
-from gpuconsole.sources.nvml.pci_names import name_unopened
 from gpuconsole.sources.nvml.lib import (
     ARCHITECTURES,
     BASE_FIELDS,
@@ -119,6 +118,7 @@ from gpuconsole.sources.nvml.lib import (
     text,
     throttle_counters,
 )
+from gpuconsole.sources.nvml.pci_names import name_unopened
 from gpuconsole.sources.nvml.state import GpuRecord, LinkRecord
 from gpuconsole.sources.nvml.xids import XidHistory
 

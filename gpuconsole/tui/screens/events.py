@@ -36,9 +36,7 @@ class GpuPick:
 
     def keep(self, event: Event) -> bool:
         for bus in (event.gpu_bus_id, *event.gpu_bus_ids):
-            if bus is not None and (
-                (event.node, bus) in self.places or (None, bus) in self.places
-            ):
+            if bus is not None and ((event.node, bus) in self.places or (None, bus) in self.places):
                 return True
         uuids = (event.gpu_uuid, *event.gpu_uuids)
         return any(u is not None and u.lower() in self.uuids for u in uuids)
