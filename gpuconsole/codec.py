@@ -47,7 +47,7 @@ _KEYED = {"rates", "deltas"}  # NodeSnapshot mappings keyed by counter path
 _BUS_IDS: dict[type, tuple[str, ...]] = {
     GpuReading: ("pci_bus_id",),
     NvLinkReading: ("remote_pci_bus_id",),
-    Event: ("gpu_bus_id",),
+    Event: ("gpu_bus_id", "gpu_bus_ids"),
 }
 
 
@@ -71,8 +71,11 @@ def encode(value: Any, *, sparse: bool = False) -> Any:
             else:
                 out[name] = encode(item, sparse=sparse)
         for name in _BUS_IDS.get(type(value), ()):
-            if out.get(name) is not None:
-                out[name] = nvml_bus_id(out[name])
+            bus_id = out.get(name)
+            if isinstance(bus_id, list):  # an event about several GPUs
+                out[name] = [nvml_bus_id(b) for b in bus_id]
+            elif bus_id is not None:
+                out[name] = nvml_bus_id(bus_id)
         return out
     if isinstance(value, enum.Enum):
         return value.value
@@ -332,7 +335,9 @@ def _build_fix(kind: Any) -> Fix | None:
     def walk(value: Any) -> None:
         for name, put in setters.items():
             bus_id = getattr(value, name)
-            if bus_id is not None:
+            if isinstance(bus_id, tuple):  # an event about several GPUs
+                put(value, tuple([_sysfs_bus_id(b) for b in bus_id]))
+            elif bus_id is not None:
                 put(value, _sysfs_bus_id(bus_id))
         for name, fix in inner:
             part = getattr(value, name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import signal
 import stat
@@ -17,6 +18,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from gpuconsole import codec
 from gpuconsole.actions.drivers import StepFailed
 from gpuconsole.actions.drivers.repair import NvidiaSmiDriver
 from gpuconsole.actions.executor import action_event
@@ -144,6 +146,10 @@ async def test_a_set_reset_is_confirmed_by_the_gpu_asked_for_and_each_gpu_s_even
     assert again.gpu_bus_ids == SET and again.gpu_uuids == uuids
     # the Events view's GPU column: the GPU asked for, and how many more
     assert _gpu_cell(again, FleetSnapshot(0, 0.0, ())) == "0a:00.0 +7"
+    # an agent's JSON writes NVML's form of each, as of any GPU; a head reads sysfs's back
+    sent = codec.dumps(FleetSnapshot(0, 0.0, (), (again,)))
+    assert json.loads(sent)["events"][0]["gpu_bus_ids"][0] == DGX_1V.gpus[2].bus_id
+    assert codec.loads(sent).events == (again,)
 
 
 async def test_a_gpu_reset_alone_still_ties_its_events_to_that_gpu(tmp_path: Path) -> None:

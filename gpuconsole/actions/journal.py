@@ -41,6 +41,7 @@ __all__ = [
     "StepRecord",
     "StepState",
     "boot",
+    "boot_id",
     "let_go",
     "process_alive",
     "process_tag",
@@ -101,14 +102,18 @@ CREATE TABLE IF NOT EXISTS locks (
 _BOOT_COLUMN = "ALTER TABLE steps ADD COLUMN boot_id TEXT NOT NULL DEFAULT ''"
 
 
-def boot(proc_root: str = "/proc") -> tuple[str, float | None]:
-    """This boot of the node: the kernel's boot id (a new one at every boot) and the time it
-    booted (/proc/stat btime); '' and None where unreadable."""
+def boot_id(proc_root: str = "/proc") -> str:
+    """The kernel's boot id, a new one at every boot of the node; '' where unreadable."""
     try:
         with open(os.path.join(proc_root, "sys", "kernel", "random", "boot_id"), "rb") as f:
-            boot_id = f.read(64).decode("ascii", "replace").strip()
+            return f.read(64).decode("ascii", "replace").strip()
     except OSError:
-        boot_id = ""
+        return ""
+
+
+def boot(proc_root: str = "/proc") -> tuple[str, float | None]:
+    """This boot of the node: its boot id and the time it booted (/proc/stat btime); None
+    for a time unreadable."""
     booted: float | None = None
     try:
         with open(os.path.join(proc_root, "stat"), "rb") as f:
@@ -118,7 +123,7 @@ def boot(proc_root: str = "/proc") -> tuple[str, float | None]:
                     break
     except (OSError, ValueError, IndexError):
         booted = None
-    return boot_id, booted
+    return boot_id(proc_root), booted
 
 
 class PlanState(enum.StrEnum):
@@ -276,15 +281,15 @@ def repairs(
         " AND p.state IN (?, ?) AND p.node = ? ORDER BY s.started_at, s.rowid",
         (Phase.DO, *_REPAIRS, since, PlanState.DONE, PlanState.FAILED, node),
     ).fetchall()
-    boot_id, boot_at = now
+    this_boot, boot_at = now
     last: dict[str, RepairAttempt] = {}
     for kind, started, gpus, state, step_boot in rows:
         action, ok = _REPAIRS[str(kind)], state == PlanState.DONE
         rebooted = (
             action is Action.RESET_GPU
             and not ok
-            and bool(boot_id)
-            and step_boot not in ("", boot_id)
+            and bool(this_boot)
+            and step_boot not in ("", this_boot)
         )
         for bus in json.loads(str(gpus)):
             bus_id = normal_bus_id(str(bus))
@@ -471,12 +476,12 @@ class Journal:
 
     def intent(self, plan_id: str, seq: int, kind: str, phase: Phase = Phase.DO) -> int:
         """Record that a step is about to run; returns the row to complete."""
-        boot_id = boot(self.proc_root)[0]  # read here: a node may reboot during a plan
+        booted = boot_id(self.proc_root)  # read here: a node may reboot during a plan
         with self.transaction() as db:
             cursor = db.execute(
                 "INSERT INTO steps (plan_id, seq, kind, phase, state, started_at, boot_id)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (plan_id, seq, kind, phase, StepState.INTENT, time.time(), boot_id),
+                (plan_id, seq, kind, phase, StepState.INTENT, time.time(), booted),
             )
             return int(cursor.lastrowid or 0)
 
