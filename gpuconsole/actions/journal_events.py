@@ -100,6 +100,7 @@ class JournalEvents:
         self.node = node
         self.path = path
         self.proc_root = proc_root
+        self._boot: tuple[str, float | None] | None = None
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.clock = clock
@@ -163,7 +164,9 @@ class JournalEvents:
             if "no such table" in str(exc):
                 return JournalReading(now)  # created a moment ago, its schema not yet
             raise
-        tried = repairs(db, now - XID_WINDOW_S, self.node, boot(self.proc_root))
+        if self._boot is None:  # a reboot ends this process: read once
+            self._boot = boot(self.proc_root)
+        tried = repairs(db, now - XID_WINDOW_S, self.node, self._boot)
         if self._marks is None:
             # what happened before this process started is history, not news
             plan_rowid, finished = db.execute(
