@@ -518,7 +518,11 @@ def _plan_options(p: argparse.ArgumentParser) -> None:
         help="the node: this one, another of [fleet] (over ssh), or with --demo a simulated one",
     )
     p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
-    p.add_argument("--confirm", metavar="WORD", help="the node name (or GPU index), to confirm")
+    p.add_argument(
+        "--confirm",
+        metavar="WORD",
+        help="the node name, or the GPU asked for by index or bus id, to confirm",
+    )
     p.add_argument("--demo", action="store_true", help="a node of the simulated cluster")
     p.add_argument(
         "--json-progress",
