@@ -10,7 +10,6 @@ counters a reading marks; gauges go into bounded history rings.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import itertools
@@ -20,7 +19,7 @@ import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Collection
 from types import MappingProxyType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
@@ -39,7 +38,12 @@ from gpuconsole.readings.base import (
     safe_text,
 )
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
-from gpuconsole.sources.base import Focusable, Reading, Source, Viewable
+from gpuconsole.sources.base import Blocking, Focusable, Reading, Source, Viewable
+
+# asyncio (and ssl, which it imports) only where a loop runs: a one-shot reading of
+# blocking sources (read_once) runs none, and asyncio is a tenth of its start.
+if TYPE_CHECKING:
+    import asyncio
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +205,8 @@ class Hub:
 
     async def start(self) -> None:
         """Start every source and its poll loop, and the publisher."""
+        import asyncio
+
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._running = True
@@ -215,6 +221,8 @@ class Hub:
         self._wake.set()  # a hub of no sources publishes once too
 
     async def _start_and_poll(self, node: _NodeState, state: _SourceState) -> None:
+        import asyncio
+
         await self._start_source(state)
         if self._running:  # not stopped while it started
             state.task = asyncio.create_task(
@@ -223,6 +231,8 @@ class Hub:
 
     async def stop(self) -> None:
         """Stop polling and close every source."""
+        import asyncio
+
         self._running = False
         tasks = [s.task for n in self._nodes.values() for s in n.sources if s.task is not None]
         if self._publisher is not None:
@@ -253,6 +263,8 @@ class Hub:
         is not logged: the caller reports the snapshot's statuses itself (a line per stale
         source and node would bury that report on a large fleet).
         """
+        import asyncio
+
         self._loop = asyncio.get_running_loop()
         self._say_stale = say_stale
         states = [(n, s) for n in self._nodes.values() for s in n.sources]
@@ -266,6 +278,46 @@ class Hub:
             for _node, state in states:
                 with contextlib.suppress(Exception):
                     await state.source.close()
+        return self.publish()
+
+    @property
+    def blocking(self) -> bool:
+        """Whether every source reads blocking (`Blocking`), so read_once can read them."""
+        return all(isinstance(source, Blocking) for source in self.sources)
+
+    def read_once(self, *, say_stale: bool = True) -> FleetSnapshot:
+        """poll_once's one round without an event loop, for a hub whose every source reads
+        blocking (`blocking`): started and polled side by side, each poll waited for up to
+        its timeout, then closed; the same snapshot as poll_once makes."""
+        self._say_stale = say_stale
+        states = [
+            (n, s, cast("Blocking", s.source)) for n in self._nodes.values() for s in n.sources
+        ]
+        for _node, state, started in [
+            (n, s, b.start_blocking(self.post_event)) for n, s, b in states
+        ]:
+            try:
+                started.result()
+            except Exception as exc:
+                self._mark_failed(state, f"start failed: {_describe(exc)}")
+        try:
+            began = self._monotonic()
+            polls = [(n, s, b, b.poll_blocking()) for n, s, b in states]
+            for node, state, source, poll in polls:
+                left = began + source.timeout_s - self._monotonic()
+                try:
+                    reading = poll.result(max(0.0, left))
+                except TimeoutError:  # the wait's, or a source's own within it
+                    self._mark_failed(state, f"timeout after {source.timeout_s:g} s")
+                    continue
+                except Exception as exc:
+                    self._mark_failed(state, _describe(exc))
+                    continue
+                self._accept(node, state, reading, self._monotonic() - began)
+        finally:
+            for _node, _state, source in states:
+                with contextlib.suppress(Exception):
+                    source.close_blocking()
         return self.publish()
 
     async def _start_source(self, state: _SourceState) -> None:
@@ -290,6 +342,8 @@ class Hub:
     async def _pause(self, state: _SourceState, seconds: float) -> None:
         """Wait `seconds` (to the nearest tick) before the next poll, or less where focus()
         wants it now."""
+        import asyncio
+
         if seconds <= 0 or state.wanted_now:
             state.wanted_now = False
             await asyncio.sleep(0)
@@ -303,6 +357,8 @@ class Hub:
 
     async def _poll(self, node: _NodeState, state: _SourceState) -> bool:
         """One poll with a timeout; True when a fresh reading landed."""
+        import asyncio
+
         source = state.source
         began = self._monotonic()
         if getattr(source, "cancellable", False):
@@ -339,6 +395,8 @@ class Hub:
 
     def _timers(self) -> _Alarms:
         """The alarms of the running loop (a hub may be run again on another)."""
+        import asyncio
+
         loop = asyncio.get_running_loop()
         if self._alarms is None or self._alarms.loop is not loop:
             self._alarms = _Alarms(loop)
@@ -348,6 +406,8 @@ class Hub:
         """_poll for a source whose poll may be cancelled (it holds no thread): awaited in
         the poll loop's own task, and cancelled at its timeout, where a task of its own
         would cost a thousand sources a task and its wake-ups per poll."""
+        import asyncio
+
         source = state.source
         task = asyncio.current_task()
         assert task is not None
@@ -471,6 +531,8 @@ class Hub:
         """Record an event; safe to call from any thread."""
         loop = self._loop
         if loop is not None and loop.is_running():
+            import asyncio  # a loop runs: asyncio is loaded
+
             try:
                 running = asyncio.get_running_loop()
             except RuntimeError:
@@ -525,6 +587,8 @@ class Hub:
 
     async def snapshots(self) -> AsyncIterator[FleetSnapshot]:
         """Latest-wins stream: a slow reader skips snapshots instead of queueing them."""
+        import asyncio
+
         slot: list[FleetSnapshot] = []
         ready = asyncio.Event()
 
@@ -546,6 +610,8 @@ class Hub:
         return self._latest
 
     async def _publish_loop(self) -> None:
+        import asyncio
+
         assert self._wake is not None
         while self._running:
             await self._wake.wait()

@@ -10,7 +10,6 @@ lands in its Events view.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
@@ -282,6 +281,8 @@ def named_members(cfg: FleetConfig) -> list[FleetMember]:
     # first frame waits for no slow agent.
     key = repr(listed)
     if key not in _NAMED:
+        import asyncio
+
         with ThreadPoolExecutor(1) as aside:
             wait_s = min(cfg.timeout_s, NAMING_TIMEOUT_S)
             _NAMED[key] = aside.submit(asyncio.run, named_by_agents(listed, wait_s)).result()

@@ -326,8 +326,6 @@ def _guest_agent(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    import asyncio
-
     from gpuconsole.wiring import console_hub, sim_hub
 
     cfg = _config(args)
@@ -342,7 +340,12 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         for source in hub.sources:
             source.timeout_s = args.wait
     # the counted summary said below stands for the hub's line per stale source and node
-    snapshot = asyncio.run(hub.poll_once(say_stale=False))
+    if hub.blocking:  # this machine's own sources, each a blocking read: no event loop
+        snapshot = hub.read_once(say_stale=False)
+    else:
+        import asyncio
+
+        snapshot = asyncio.run(hub.poll_once(say_stale=False))
     if args.json:
         import json
 

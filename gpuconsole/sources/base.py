@@ -45,6 +45,26 @@ class Source(Protocol):
 
 
 @runtime_checkable
+class Blocking(Protocol):
+    """A source that can also be read with no event loop: its start, poll and close are
+    calls that block, the first two run on a thread of the source's and handed back as
+    futures. A one-shot reading of such sources (Hub.read_once) then needs no loop, nor
+    asyncio, whose import is a tenth of its start."""
+
+    node: str
+    timeout_s: float
+
+    def start_blocking(self, emit: EmitEvent) -> Future[None]:
+        """start(), begun on the source's thread."""
+
+    def poll_blocking(self) -> Future[Reading]:
+        """poll(), begun on the source's thread; its reading or its error in the future."""
+
+    def close_blocking(self) -> None:
+        """close(), waited for (bounded, as close() is)."""
+
+
+@runtime_checkable
 class Focusable(Protocol):
     """A source that reads an overview of its node (an agent's summary, Prometheus) until a
     viewer drills into the node; then `detail` asks it for everything."""

@@ -24,7 +24,6 @@ while the others keep polling; one NVML counts but cannot open is shown as unrea
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import functools
 import logging
@@ -32,7 +31,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from gpuconsole.config import DEFAULTS
 from gpuconsole.format import THROTTLE_WORDS
@@ -121,6 +120,10 @@ from gpuconsole.sources.nvml.lib import (
 from gpuconsole.sources.nvml.pci_names import name_unopened
 from gpuconsole.sources.nvml.state import GpuRecord, LinkRecord
 from gpuconsole.sources.nvml.xids import XidHistory
+
+if TYPE_CHECKING:  # asyncio only where a loop runs: a one-shot reads blocking
+    import asyncio
+    from concurrent.futures import Future
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -256,24 +259,59 @@ class NvmlSource:
         return await self._call(self.collect)
 
     async def close(self) -> None:
-        thread, self._thread = self._thread or self._new_thread(), None
-        self._stop.set()  # the event watch ends even if the shutdown below cannot run
-        # The shutdown queues behind a poll that may be stuck in the driver: wait for both
-        # no longer than a poll may take and the event watch's stop, then let the thread go.
-        future = asyncio.get_running_loop().run_in_executor(thread, self._shutdown)
+        import asyncio
+
+        thread, shutdown = self._begin_close()
         try:
-            await asyncio.wait_for(asyncio.shield(future), self.timeout_s + EVENT_STOP_S)
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(shutdown)), self._close_s)
         except TimeoutError:
-            log.warning(
-                "%s: NVML did not close within %g s: a call is still blocked in the driver; "
-                "leaving it", self.node, self.timeout_s + EVENT_STOP_S,
-            )  # fmt: skip
+            self._left_blocked()
         thread.shutdown(wait=False, cancel_futures=True)
 
+    # the same, with no event loop (a one-shot reading: Hub.read_once)
+
+    def start_blocking(self, emit: EmitEvent) -> Future[None]:
+        self._emit = emit
+        return self._submit(self._ensure_init)
+
+    def poll_blocking(self) -> Future[NvmlReading]:
+        return self._submit(self.collect)
+
+    def close_blocking(self) -> None:
+        thread, shutdown = self._begin_close()
+        try:
+            shutdown.result(self._close_s)
+        except TimeoutError:
+            self._left_blocked()
+        thread.shutdown(wait=False, cancel_futures=True)
+
+    def _begin_close(self) -> tuple[DaemonThread, Future[None]]:
+        thread, self._thread = self._thread or self._new_thread(), None
+        self._stop.set()  # the event watch ends even if the shutdown below cannot run
+        # The shutdown queues behind a poll that may be stuck in the driver: it is waited for
+        # no longer than a poll may take and the event watch's stop (_close_s), then the
+        # thread is let go.
+        return thread, thread.submit(self._shutdown)
+
+    @property
+    def _close_s(self) -> float:
+        return self.timeout_s + EVENT_STOP_S
+
+    def _left_blocked(self) -> None:
+        log.warning(
+            "%s: NVML did not close within %g s: a call is still blocked in the driver; "
+            "leaving it", self.node, self._close_s,
+        )  # fmt: skip
+
     def _call(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        import asyncio
+
+        return asyncio.wrap_future(self._submit(fn))
+
+    def _submit(self, fn: Callable[[], T]) -> Future[T]:
         if self._thread is None:
             self._thread = self._new_thread()
-        return asyncio.get_running_loop().run_in_executor(self._thread, fn)
+        return self._thread.submit(fn)
 
     def _new_thread(self) -> DaemonThread:
         return DaemonThread(f"nvml-{self.node}")
