@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -115,6 +116,60 @@ def test_inside_a_guest_fabric_manager_is_not_known(
     node = snapshot(env, tmp_path, DGX_H100, proc_tree(tmp_path / "guest", "systemd", "python3"))
     assert {g["virtualization_mode"] for g in node["nvml"]["gpus"]} == {"passthrough"}
     assert node["nvml"]["fabric_manager_running"] is None
+
+
+def test_a_process_table_hidden_from_this_user_leaves_fabric_manager_unknown_and_says_why(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    """procfs mounted with hidepid=2 lists a user its own processes only: no nv-fabricmanager
+    among them is no evidence that it is down (which would drain the node)."""
+    own = tmp_path / "own"
+    (own / "4242").mkdir(parents=True)
+    (own / "4242" / "comm").write_text("bash\n")
+    config = tmp_path / "gpuconsole.toml"
+    config.write_text(
+        f"[host]\nname = 'dgx'\nproc_root = '{own}'\n[fabric]\nenabled = false\n"
+        "[tenancy]\nenabled = false\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuconsole", "snapshot", "--json", "-c", str(config)],
+        env=fake_nvml_env(DGX_H100), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    document = json.loads(proc.stdout)
+    assert document["nodes"][0]["nvml"]["fabric_manager_running"] is None
+    assert "whether Fabric Manager runs is not known" in proc.stderr
+    assert "hidepid" in proc.stderr
+    findings = document["verdicts"]["dgx"]["findings"]
+    assert not any(f["code"] == "fabric_manager_down" for f in findings)
+
+
+FM_OPENS = """
+import sys
+from gpuconsole.sources.nvml.source import fabric_manager_running
+opened = []
+sys.addaudithook(lambda event, args: opened.append(args[0]) if event == "open" else None)
+running = fabric_manager_running(sys.argv[1], sys.argv[2])
+print(running, len(opened))
+"""
+
+
+def test_fabric_manager_is_found_by_its_pid_file_without_reading_every_process(
+    tmp_path: Path,
+) -> None:
+    """On a busy node the process table runs to thousands: the service's pid file names the
+    process to look at. A pid file a crash left behind proves nothing."""
+    names = ["systemd"] + ["python3"] * 300 + ["nv-fabricmanager"]
+    table = proc_tree(tmp_path / "proc", *names)
+    pid_file = tmp_path / "nv-fabricmanager.pid"
+    pid_file.write_text(f"{len(names)}\n")
+    assert python_out({**os.environ}, "-c", FM_OPENS, str(table), str(pid_file)) == "True 2\n"
+    pid_file.write_text("2\n")  # stale: now a python3
+    assert python_out({**os.environ}, "-c", FM_OPENS, str(table), str(pid_file)).startswith("True ")
+    stopped = proc_tree(tmp_path / "stopped", "systemd", "python3")
+    assert python_out({**os.environ}, "-c", FM_OPENS, str(stopped), str(pid_file)).startswith(
+        "False "
+    )
 
 
 def test_a_pcie_node_needs_no_fabric_manager(fake_nvml_env: FakeNvmlEnv, tmp_path: Path) -> None:

@@ -150,27 +150,66 @@ STAND_INS = {
 }
 # /proc/PID/comm holds a name's first 15 bytes: nv-fabricmanager's is this
 FABRIC_MANAGER_COMM = "nv-fabricmanager"[:15]
+# Where the nvidia-fabricmanager service (its systemd unit's PIDFile=) and NVIDIA's driver
+# container write the daemon's pid
+FABRIC_MANAGER_PID_FILE = "/var/run/nvidia-fabricmanager/nv-fabricmanager.pid"
 
 
-def fabric_manager_running(proc_root: str) -> bool:
+def fabric_manager_running(proc_root: str, pid_file: str = FABRIC_MANAGER_PID_FILE) -> bool:
     """Whether an nv-fabricmanager process runs, by the process table under `proc_root` (a
     container that watches its host reads the host's /proc mounted elsewhere).
 
-    Read here rather than through sources.tenancy.procfs: importing that package loads the
-    kubelet's gRPC client, a tenth of a second a one-shot reading of NVML has no use for.
-    Raises OSError where `proc_root` cannot be listed.
+    The pid file its service writes is read first: where it names a live nv-fabricmanager,
+    two small reads answer. Elsewhere (no file, a stale one a crash left, a Fabric Manager
+    started by hand) every process's name is read, a cost that grows with the node's
+    processes. Read here rather than through sources.tenancy.procfs: importing that package
+    loads the kubelet's gRPC client, a tenth of a second a one-shot reading of NVML has no
+    use for. Raises OSError where it cannot tell: `proc_root` cannot be listed, or hides
+    other users' processes (procfs mounted with hidepid, to a user other than root).
     """
+    pid = _pid_in(pid_file)
+    if pid is not None and _comm(os.path.join(proc_root, str(pid))) == FABRIC_MANAGER_COMM:
+        return True
+    hidden = False
     for name in os.listdir(proc_root):
         if not (name.isascii() and name.isdigit()):
             continue
         try:
-            with open(os.path.join(proc_root, name, "comm"), "rb") as f:
-                comm = f.read().decode("utf-8", "replace").strip()
-        except OSError:  # gone since the listing
+            comm = _comm(os.path.join(proc_root, name))
+        except PermissionError:  # hidepid=1: listed, not readable
+            hidden = True
             continue
         if comm == FABRIC_MANAGER_COMM:
             return True
+    # hidepid=2 lists a user its own processes only: every table has a pid 1
+    if hidden or not os.path.isdir(os.path.join(proc_root, "1")):
+        raise PermissionError(
+            f"{proc_root} hides other users' processes (mounted with hidepid): "
+            "only root can see whether nv-fabricmanager runs"
+        )
     return False
+
+
+def _pid_in(pid_file: str) -> int | None:
+    """The pid a pid file holds; None where there is no such file or it holds no pid."""
+    try:
+        with open(pid_file, "rb") as f:
+            words = f.read(32).split()
+    except OSError:
+        return None
+    return int(words[0]) if words and words[0].isdigit() and len(words[0]) <= 10 else None
+
+
+def _comm(process: str) -> str | None:
+    """A process's name (/proc/PID/comm); None where it is gone. PermissionError where it
+    is hidden from this user."""
+    try:
+        with open(os.path.join(process, "comm"), "rb") as f:
+            return f.read().decode("utf-8", "replace").strip()
+    except PermissionError:
+        raise
+    except OSError:  # gone since the listing, or never there
+        return None
 
 
 def cpulist(words: Sequence[int]) -> str:
@@ -248,6 +287,7 @@ class NvmlSource:
             fabric_manager_running, proc_root
         )
         self._fabric_manager_running: bool | None = None
+        self._fabric_manager_unknown = False  # said why once
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -581,7 +621,10 @@ class NvmlSource:
         try:
             return self._fabric_manager()
         except OSError as exc:
-            log.info("whether Fabric Manager runs is not known: %s", exc)
+            # said once: an operator must not read "not known" as "not running"
+            if not self._fabric_manager_unknown:
+                log.warning("whether Fabric Manager runs is not known: %s", exc)
+            self._fabric_manager_unknown = True
             return None
 
     def _read_gpu(self, gpu: GpuRecord, detail: bool, inventory: bool) -> GpuReading:
