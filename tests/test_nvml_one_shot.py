@@ -3,14 +3,22 @@ library itself (every call is a trip into the kernel driver on a real node)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from gpuconsole.cli.derived import snapshot_document
+from gpuconsole.facts.verdict import verdicts_json
+from gpuconsole.hub import Hub
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sim.fakenvml import read_counts_file
+from gpuconsole.sim.node import SimNode
+from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_H100, NodeProfile
+from gpuconsole.sources.nvml.source import NvmlSource
 from tests.fakenvml_fixtures import FakeNvmlEnv
 
 
@@ -122,3 +130,66 @@ print(json.dumps({"asked": call_counts().get("nvmlDeviceGetNvLinkRemotePciInfo_v
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["asked"] == 8 * 18
     assert len(result["far"]) == len(DGX_H100.nvswitches)
+
+
+# --- the one-shot's two paths: blocking sources read with no event loop, others on one --------
+
+AT = 1_800_000_000.0
+
+
+def simulated_node_hub() -> Hub:
+    """A hub over a simulated DGX H100 whose GPU 5 fell off the bus, its clocks stopped: two
+    hubs built so read the same GPUs the same way."""
+    node = SimNode("dgx-sim", DGX_H100, scenarios=["xid79:5"], clock=lambda: AT, start=AT - 90)
+    hub = Hub(clock=lambda: AT, monotonic=lambda: 100.0)
+    hub.add_source(
+        NvmlSource(
+            "dgx-sim",
+            lib=SimNvml(node),
+            one_shot=True,
+            simulated=True,
+            clock=lambda: AT,
+            fabric_manager=lambda: False,
+        )
+    )
+    return hub
+
+
+def document(snapshot: FleetSnapshot) -> str:
+    """What `gpuconsole snapshot --json` prints of `snapshot`."""
+    return json.dumps({**snapshot_document(snapshot), "verdicts": verdicts_json(snapshot)})
+
+
+def test_a_one_shot_with_no_event_loop_prints_what_one_on_a_loop_prints() -> None:
+    """`snapshot` reads this machine's own blocking sources with no event loop (asyncio is a
+    tenth of its start), and a head's agents on one: both make the very same document."""
+    blocking, looped = simulated_node_hub(), simulated_node_hub()
+    assert blocking.blocking
+    printed = document(blocking.read_once(say_stale=False))
+    assert printed == document(asyncio.run(looped.poll_once(say_stale=False)))
+    # and not two empty ones: every GPU, the lost one's event, its verdict
+    seen = json.loads(printed)
+    assert len(seen["nodes"][0]["nvml"]["gpus"]) == 8
+    assert any("is lost" in e["message"] for e in seen["events"])
+    assert seen["verdicts"]["dgx-sim"]["action"] != "fit"
+
+
+def test_a_one_shot_whose_nvml_call_never_returns_says_so_and_ends(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    """A GPU gone bad can leave an NVML call in the kernel driver: the reading with no event
+    loop still times out, says which source, fails (its one source read nothing), and does
+    not wait for the call."""
+    config = tmp_path / "gpuconsole.toml"
+    config.write_text(
+        "[host]\nname = 'dgx'\n[fabric]\nenabled = false\n[tenancy]\nenabled = false\n"
+    )
+    env = fake_nvml_env(DGX_H100, faults=["3 nvmlDeviceGetMemoryInfo_v2 hang"])
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuconsole", "snapshot", "--json", "-c", str(config), "--wait", "0.5"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "nvml timed out on 1 of 1 nodes: dgx" in proc.stderr
+    status = json.loads(proc.stdout)["nodes"][0]["statuses"][0]
+    assert status["source"] == "nvml" and status["error"] == "timeout after 0.5 s"
