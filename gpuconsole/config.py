@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import re
-import socket
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, get_type_hints
@@ -80,7 +80,8 @@ class HostConfig(_Section, frozen=True):
 
     @property
     def node_name(self) -> str:
-        return self.name or socket.gethostname()
+        # the kernel's host name, as gethostname(2) gives it, with no socket module to load
+        return self.name or os.uname().nodename
 
 
 class HubConfig(_Section, frozen=True):

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_A100, DGX_H100, NodeProfile
+from gpuconsole.sources.nvml.lib import BASE_FIELDS
 from tests.fakenvml_fixtures import MIG_GPU, FakeNvmlEnv, NvmlCase
 from tests.peers import require_peer
 
@@ -110,6 +111,38 @@ print(json.dumps({"per_gpu": (sum(call_counts().values()) - before) / 10 / len(r
 """
     result = run_child(fake_nvml_env(DGX_H100), body)
     assert result["per_gpu"] <= 4
+
+
+def test_field_values_packed_in_one_go_are_pynvmls_own(fake_nvml_env: FakeNvmlEnv) -> None:
+    """The source builds nvmlDeviceGetFieldValues' array itself (pynvml's wrapper costs more
+    than the call): the driver answers it exactly as it answers the wrapper's, scoped fields,
+    a field it does not know and a GPU it cannot read included."""
+    body = """
+import json
+import pynvml
+from gpuconsole.sources.nvml.lib import BASE_FIELDS, FIELD_VALUE, field_values
+pynvml.nvmlInit()
+asked = [*BASE_FIELDS, (138, 0), (138, 1), 99999]
+answers = {}
+for index in (0, 3):
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    ours, theirs = field_values(pynvml, handle, asked), pynvml.nvmlDeviceGetFieldValues(handle, asked)
+    answers[index] = [[list(map(str, FIELD_VALUE.iter_unpack(bytes(a)))) for a in (ours, theirs)]]
+try:
+    field_values(pynvml, pynvml.nvmlDeviceGetHandleByIndex(5), asked)
+    answers["lost"] = "answered"
+except pynvml.NVMLError as exc:
+    answers["lost"] = type(exc).__name__
+print(json.dumps(answers))
+"""
+    env = fake_nvml_env(DGX_H100, frozen_time=30.0, scenarios=["xid79 5"])
+    result = run_child(env, body)
+    for index in ("0", "3"):
+        [(ours, theirs)] = result[index]
+        assert ours == theirs
+        returns = [int(entry.split(", ")[3]) for entry in ours]
+        assert len(ours) == len(BASE_FIELDS) + 3 and 0 in returns and returns[-1] != 0
+    assert result["lost"] == "NVMLError_GpuIsLost"
 
 
 def test_gpm_reads_through_the_real_binding(fake_nvml_env: FakeNvmlEnv) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import re
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from gpuconsole.readings.base import safe_text
@@ -249,6 +249,26 @@ def running_processes(lib: Any, handle: Any) -> list[Any]:
             raise lib.NVMLError(ret)
         return list(found[: count.value])
     raise lib.NVMLError(INSUFFICIENT_SIZE)
+
+
+def field_values(lib: Any, handle: Any, asked: Sequence[int | tuple[int, int]]) -> Any:
+    """nvmlDeviceGetFieldValues of `asked` (field ids, or (field id, scope id) pairs): the
+    array of nvmlFieldValue_t the driver filled. Where `lib` is pynvml the array is packed in
+    one go: its wrapper sets each id through a Python attribute hook, with a TypeError raised
+    and caught per plain id, several times the cost of the trip into the driver."""
+    pointer = getattr(lib, "_nvmlGetFunctionPointer", None)
+    entry = getattr(lib, "c_nvmlFieldValue_t", None)
+    if pointer is None or entry is None:  # a library shaped like pynvml (the simulator)
+        return lib.nvmlDeviceGetFieldValues(handle, list(asked))
+    fn = pointer("nvmlDeviceGetFieldValues")
+    ids = [f if isinstance(f, tuple) else (f, 0) for f in asked]
+    values = (entry * len(ids)).from_buffer_copy(
+        b"".join([FIELD_VALUE.pack(field, scope, 0, 0, b"") for field, scope in ids])
+    )
+    ret = fn(handle, ctypes.c_int32(len(ids)), ctypes.byref(values))
+    if ret != OK:
+        raise lib.NVMLError(ret)
+    return values
 
 
 def text(value: Any) -> str:

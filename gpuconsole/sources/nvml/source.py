@@ -111,6 +111,7 @@ from gpuconsole.sources.nvml.lib import (
     call,
     counter_bits,
     denied_readings,
+    field_values,
     recovery_action_field,
     running_processes,
     system_pynvml,
@@ -203,13 +204,18 @@ def _pid_in(pid_file: str) -> int | None:
 def _comm(process: str) -> str | None:
     """A process's name (/proc/PID/comm); None where it is gone. PermissionError where it
     is hidden from this user."""
-    try:
-        with open(os.path.join(process, "comm"), "rb") as f:
-            return f.read().decode("utf-8", "replace").strip()
+    try:  # a descriptor, not a file object: a busy node has thousands of processes to read
+        fd = os.open(os.path.join(process, "comm"), os.O_RDONLY)
     except PermissionError:
         raise
     except OSError:  # gone since the listing, or never there
         return None
+    try:
+        return os.read(fd, 64).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def cpulist(words: Sequence[int]) -> str:
@@ -864,7 +870,7 @@ class NvmlSource:
         if not asked:
             return {}, []
         lib = self._lib
-        result = call(lib, gpu, key, lib.nvmlDeviceGetFieldValues, gpu.handle, list(asked))
+        result = call(lib, gpu, key, field_values, lib, gpu.handle, asked)
         if result is None:
             return {}, []
         values: dict[tuple[int, int], Any] = {}
