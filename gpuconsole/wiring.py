@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -281,7 +280,8 @@ def named_members(cfg: FleetConfig) -> list[FleetMember]:
     # first frame waits for no slow agent.
     key = repr(listed)
     if key not in _NAMED:
-        import asyncio
+        import asyncio  # here: a node's own one-shot reading runs no loop and no pool
+        from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(1) as aside:
             wait_s = min(cfg.timeout_s, NAMING_TIMEOUT_S)
