@@ -7,9 +7,11 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from gpuconsole.actions.journal_events import JournalEvents
 from gpuconsole.cli.derived import snapshot_document
 from gpuconsole.facts.verdict import verdicts_json
 from gpuconsole.hub import Hub
@@ -20,6 +22,7 @@ from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_H100, NodeProfile
 from gpuconsole.sources.nvml.source import NvmlSource
 from tests.fakenvml_fixtures import FakeNvmlEnv
+from tests.test_failed_reset_node import failed_reset
 
 
 def one_shot(
@@ -134,24 +137,28 @@ print(json.dumps({"asked": call_counts().get("nvmlDeviceGetNvLinkRemotePciInfo_v
 
 # --- the one-shot's two paths: blocking sources read with no event loop, others on one --------
 
-AT = 1_800_000_000.0
+GPU_RESET = 1  # nvmlDeviceGpuRecoveryAction_t
 
 
-def simulated_node_hub() -> Hub:
-    """A hub over a simulated DGX H100 whose GPU 5 fell off the bus, its clocks stopped: two
-    hubs built so read the same GPUs the same way."""
-    node = SimNode("dgx-sim", DGX_H100, scenarios=["xid79:5"], clock=lambda: AT, start=AT - 90)
-    hub = Hub(clock=lambda: AT, monotonic=lambda: 100.0)
+def simulated_node_hub(journal: Path, at: float) -> Hub:
+    """A hub over a simulated DGX H100 whose GPU 3 fell off the bus and whose driver asks
+    for GPU 5's reset, and the node's action journal, every clock stopped at `at`: two hubs
+    built so read the same things the same way."""
+    node = SimNode("dgx-sim", DGX_H100, scenarios=["xid79:3"], clock=lambda: at, start=at - 90)
+    lib = SimNvml(node, driver="580.82")
+    lib.recovery_actions[5] = GPU_RESET
+    hub = Hub(clock=lambda: at, monotonic=lambda: 100.0)
     hub.add_source(
         NvmlSource(
             "dgx-sim",
-            lib=SimNvml(node),
+            lib=lib,
             one_shot=True,
             simulated=True,
-            clock=lambda: AT,
+            clock=lambda: at,
             fabric_manager=lambda: False,
         )
     )
+    hub.add_source(JournalEvents("dgx-sim", journal, clock=lambda: at))
     return hub
 
 
@@ -160,18 +167,22 @@ def document(snapshot: FleetSnapshot) -> str:
     return json.dumps({**snapshot_document(snapshot), "verdicts": verdicts_json(snapshot)})
 
 
-def test_a_one_shot_with_no_event_loop_prints_what_one_on_a_loop_prints() -> None:
+def test_a_one_shot_with_no_event_loop_prints_what_one_on_a_loop_prints(tmp_path: Path) -> None:
     """`snapshot` reads this machine's own blocking sources with no event loop (asyncio is a
     tenth of its start), and a head's agents on one: both make the very same document."""
-    blocking, looped = simulated_node_hub(), simulated_node_hub()
+    journal = tmp_path / "actions.db"
+    failed_reset(journal, "dgx-sim")
+    at = time.time()
+    blocking, looped = simulated_node_hub(journal, at), simulated_node_hub(journal, at)
     assert blocking.blocking
     printed = document(blocking.read_once(say_stale=False))
     assert printed == document(asyncio.run(looped.poll_once(say_stale=False)))
-    # and not two empty ones: every GPU, the lost one's event, its verdict
+    # and not two empty ones: every GPU, the lost one's event, GPU 5's failed reset
     seen = json.loads(printed)
     assert len(seen["nodes"][0]["nvml"]["gpus"]) == 8
+    assert all(s["ok"] for s in seen["nodes"][0]["statuses"])
     assert any("is lost" in e["message"] for e in seen["events"])
-    assert seen["verdicts"]["dgx-sim"]["action"] != "fit"
+    assert seen["verdicts"]["dgx-sim"]["action"] == "reboot_node"
 
 
 def test_a_one_shot_whose_nvml_call_never_returns_says_so_and_ends(

@@ -12,7 +12,6 @@ hub adds one: `hub.add_source(JournalEvents(node, cfg.actions.journal_path))`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -20,6 +19,7 @@ import socket
 import sqlite3
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -39,7 +39,7 @@ from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.readings.actions import JournalReading
 from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.nvml import XID_WINDOW_S
-from gpuconsole.sources.base import EmitEvent
+from gpuconsole.sources.base import DaemonThread, EmitEvent
 
 __all__ = ["JournalEvents", "JournalReading"]
 
@@ -112,26 +112,70 @@ class JournalEvents:
         # (no thread, no query) until a plan writes to the journal
         self._stamp: _Stamp | None = None
         self._last: JournalReading | None = None
+        self._thread: DaemonThread | None = None  # a one-shot's read (poll_blocking)
 
     async def start(self, emit: EmitEvent) -> None:
         self._emit = emit
 
     async def poll(self) -> JournalReading:
         stamp = _stamp(self.path)
+        kept = self._kept(stamp)
+        if kept is not None:
+            return kept
+        import asyncio  # here: a one-shot reads the journal with no event loop
+
+        return self._took(stamp, await asyncio.to_thread(self._read))
+
+    def _kept(self, stamp: _Stamp) -> JournalReading | None:
+        """The last reading, brought up to now, where the journal has not changed since."""
         last = self._last
-        if last is not None and stamp == self._stamp:
-            now = self.clock()
-            since = now - XID_WINDOW_S
-            kept = tuple(r for r in last.repairs if r.at >= since)
-            return msgspec.structs.replace(last, at=now, repairs=kept)
-        reading = await asyncio.to_thread(self._read)
+        if last is None or stamp != self._stamp:
+            return None
+        now = self.clock()
+        since = now - XID_WINDOW_S
+        kept = tuple(r for r in last.repairs if r.at >= since)
+        return msgspec.structs.replace(last, at=now, repairs=kept)
+
+    def _took(self, stamp: _Stamp, reading: JournalReading) -> JournalReading:
         # A write within the file system's timestamp granularity of the stamp may leave
         # it unchanged: a stamp that recent is not trusted, and the next poll reads again.
         self._stamp = None if _recent(stamp, time.time()) else stamp
         self._last = reading
         return reading
 
+    # the same with no event loop (a one-shot reading: Hub.read_once)
+
+    def start_blocking(self, emit: EmitEvent) -> Future[None]:
+        self._emit = emit
+        started: Future[None] = Future()
+        started.set_result(None)
+        return started
+
+    def poll_blocking(self) -> Future[JournalReading]:
+        def poll_now() -> JournalReading:
+            stamp = _stamp(self.path)
+            kept = self._kept(stamp)
+            return kept if kept is not None else self._took(stamp, self._read())
+
+        # on a thread, as poll() reads: a journal another process holds locked is waited for
+        if self._thread is None:
+            self._thread = DaemonThread(f"journal-{self.node}")
+        return self._thread.submit(poll_now)
+
+    def close_blocking(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            self._close_db()
+            return
+        closed = thread.submit(self._close_db)  # after a read still under way, if any
+        with contextlib.suppress(TimeoutError):
+            closed.result(self.timeout_s)
+        thread.shutdown(wait=False)
+
     async def close(self) -> None:
+        self._close_db()
+
+    def _close_db(self) -> None:
         if self._db is not None:
             with contextlib.suppress(sqlite3.Error):
                 self._db.close()
