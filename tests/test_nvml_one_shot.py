@@ -204,3 +204,31 @@ def test_a_one_shot_whose_nvml_call_never_returns_says_so_and_ends(
     assert "nvml timed out on 1 of 1 nodes: dgx" in proc.stderr
     status = json.loads(proc.stdout)["nodes"][0]["statuses"][0]
     assert status["source"] == "nvml" and status["error"] == "timeout after 0.5 s"
+
+
+LOADED = """
+import sys
+from gpuconsole.cli.main import main
+main(["snapshot", "--json", "-c", sys.argv[1]])
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("asyncio", "ssl")), file=sys.stderr)
+"""
+
+
+def test_a_one_shot_of_this_nodes_own_sources_loads_no_event_loop(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    """asyncio, and the ssl it imports, are a tenth of a one-shot's start; nvitop -1 loads
+    neither. A node's own NVML and journal need no loop (a head's agents do)."""
+    config = tmp_path / "gpuconsole.toml"
+    config.write_text(
+        f"[host]\nname = 'dgx'\n[fabric]\nenabled = false\n[tenancy]\nenabled = false\n"
+        f"[actions]\njournal = '{tmp_path / 'actions.db'}'\n"
+    )
+    failed_reset(tmp_path / "actions.db", "dgx")
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADED, str(config)],
+        env=fake_nvml_env(DGX_H100), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["nodes"][0]["statuses"][1]["source"] == "actions"
+    assert proc.stderr.strip().splitlines()[-1] == "[]"
