@@ -27,7 +27,7 @@ from gpuconsole.sim.fakenvml import (
 )
 from gpuconsole.sim.profiles import DGX_H100
 
-RUNS = 7
+RUNS = 15  # two seconds in all; a shared machine's bursts need the median of more than a few
 CALLS_TARGET = 30  # NVML calls per GPU
 COMPARE_VENV = Path(__file__).resolve().parent.parent / ".venv-compare"
 
@@ -98,12 +98,15 @@ def main() -> None:
     if shutil.which("gcc") is None:
         print("  skipped: gcc is needed to build the fake libnvidia-ml.so.1")
         return
+    before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         try:
             figures = measure(Path(tmp))
         except ToolFailed as exc:
             print(f"  failed: {exc}")
             return
+    after = os.getloadavg()
+    print(f"  load average (1 min) {before[0]:.2f} before, {after[0]:.2f} after")
     print(f"  {'tool':28} {'calls/GPU':>9} {'wall':>9} {'CPU':>9}")
     for name, (calls, wall, cpu) in figures.items():
         print(f"  {name:28} {calls:9.2f} {wall * 1000:7.0f}ms {cpu * 1000:7.0f}ms")
