@@ -15,9 +15,11 @@ import functools
 import itertools
 import logging
 import math
+import queue
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Collection
+from concurrent.futures import Future
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
@@ -288,21 +290,27 @@ class Hub:
     def read_once(self, *, say_stale: bool = True) -> FleetSnapshot:
         """poll_once's one round without an event loop, for a hub whose every source reads
         blocking (`blocking`): started and polled side by side, each poll waited for up to
-        its timeout, then closed; the same snapshot as poll_once makes."""
+        its timeout, then closed; the same snapshot as poll_once makes. The events sources
+        post from their threads are recorded on this one, in turn with its own."""
         self._say_stale = say_stale
+        posted: queue.SimpleQueue[Event] = queue.SimpleQueue()
+
+        def record_posted() -> None:
+            while not posted.empty():
+                self.post_event(posted.get())
+
         states = [
             (n, s, cast("Blocking", s.source)) for n in self._nodes.values() for s in n.sources
         ]
-        for _node, state, started in [
-            (n, s, b.start_blocking(self.post_event)) for n, s, b in states
-        ]:
-            try:
-                started.result()
-            except Exception as exc:
-                self._mark_failed(state, f"start failed: {_describe(exc)}")
         try:
+            starts = [(s, _begun(b.start_blocking, posted.put)) for _n, s, b in states]
+            for state, started in starts:
+                try:
+                    started.result()
+                except Exception as exc:
+                    self._mark_failed(state, f"start failed: {_describe(exc)}")
             began = self._monotonic()
-            polls = [(n, s, b, b.poll_blocking()) for n, s, b in states]
+            polls = [(n, s, b, _begun(b.poll_blocking)) for n, s, b in states]
             for node, state, source, poll in polls:
                 left = began + source.timeout_s - self._monotonic()
                 try:
@@ -313,11 +321,14 @@ class Hub:
                 except Exception as exc:
                     self._mark_failed(state, _describe(exc))
                     continue
+                finally:
+                    record_posted()  # what it told before it answered, first
                 self._accept(node, state, reading, self._monotonic() - began)
         finally:
             for _node, _state, source in states:
                 with contextlib.suppress(Exception):
                     source.close_blocking()
+            record_posted()
         return self.publish()
 
     async def _start_source(self, state: _SourceState) -> None:
@@ -744,6 +755,17 @@ def _landed(waiter: asyncio.Future[None], _poll: asyncio.Future[Reading]) -> Non
 def _retrieve(task: asyncio.Future[Reading]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def _begun(begin: Callable[..., Future[Any]], *args: Any) -> Future[Any]:
+    """What a blocking source's `begin` (start_blocking, poll_blocking) hands back, or a
+    future holding what it raised."""
+    try:
+        return begin(*args)
+    except Exception as exc:
+        failed: Future[Any] = Future()
+        failed.set_exception(exc)
+        return failed
 
 
 def _describe(exc: BaseException) -> str:

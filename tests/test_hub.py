@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -13,7 +15,7 @@ import pytest
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.base import CounterSample, Event, Key, Severity
 from gpuconsole.readings.snapshot import FleetSnapshot
-from gpuconsole.sources.base import EmitEvent
+from gpuconsole.sources.base import DaemonThread, EmitEvent
 from tests.waiting import until
 
 
@@ -405,3 +407,63 @@ async def test_a_poll_that_may_be_cancelled_is_cancelled_at_its_timeout_and_poll
     finally:
         await hub.stop()
     assert source.concurrent == 0  # stopping cancelled the poll under way, if one was
+
+
+class BlockingSource(ScriptedSource):
+    """A scripted source that reads blocking, on a thread of its own, as the NVML source does."""
+
+    def __init__(self, node: str, timeout_s: float = 0.2) -> None:
+        super().__init__(node, timeout_s=timeout_s)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.thread = DaemonThread(f"read {node}")
+
+    def start_blocking(self, emit: EmitEvent) -> Future[None]:
+        self.emit = emit
+        if self.mode == "no start":
+            raise RuntimeError("no driver")
+        return self.thread.submit(lambda: None)
+
+    def poll_blocking(self) -> Future[CountReading]:
+        def poll() -> CountReading:
+            self.polls += 1
+            assert self.emit is not None
+            self.emit(Event(0.0, self.node, "nvml", "xid", Severity.WARNING, f"{self.node} said"))
+            if self.mode == "fail":
+                raise OSError("BMC at 10.0.0.9 unreachable")
+            self.gate.wait()
+            return CountReading(self.value + self.step)
+
+        return self.thread.submit(poll)
+
+    def close_blocking(self) -> None:
+        self.closed = True
+        self.thread.shutdown(wait=False)
+
+
+def test_a_read_with_no_event_loop_waits_for_each_source_up_to_its_timeout_and_no_longer() -> None:
+    hub = fast_hub()
+    fine, stuck, failing, unstarted = (BlockingSource(f"n{i}") for i in range(4))
+    stuck.gate.clear()  # a call left in the driver
+    failing.mode, unstarted.mode = "fail", "no start"
+    for source in (fine, stuck, failing, unstarted):
+        hub.add_source(source)
+    assert hub.blocking
+    began = time.monotonic()
+    snapshot = hub.read_once()
+    assert time.monotonic() - began < 1.0
+    statuses = {n.node: n.statuses[0] for n in snapshot.nodes}
+    assert statuses["n0"].ok and snapshot.nodes[0].nvml == CountReading(100)
+    assert statuses["n1"].error == "timeout after 0.2 s"
+    assert "unreachable" in (statuses["n2"].error or "")
+    assert statuses["n3"].ok  # its poll still answered, as poll_once's would
+    assert any("no driver" in (e.message or "") for e in hub.events())
+    # what each told from its thread is in the snapshot, the stuck one's too
+    said = {e.message for e in snapshot.events if e.kind == "xid"}
+    assert said == {"n0 said", "n1 said", "n2 said", "n3 said"}
+    assert all(s.closed for s in (fine, stuck, failing, unstarted))
+    stuck.gate.set()
+    mixed = fast_hub()
+    mixed.add_source(BlockingSource("n0"))
+    mixed.add_source(ScriptedSource("n1"))
+    assert not mixed.blocking  # a source that needs a loop: poll_once reads them all
