@@ -166,6 +166,9 @@ def test_fabric_manager_is_found_by_its_pid_file_without_reading_every_process(
     assert python_out({**os.environ}, "-c", FM_OPENS, str(table), str(pid_file)) == "True 2\n"
     pid_file.write_text("2\n")  # stale: now a python3
     assert python_out({**os.environ}, "-c", FM_OPENS, str(table), str(pid_file)).startswith("True ")
+    pid_file.unlink()
+    os.mkfifo(pid_file)  # no writer: a blocking open would wait for ever
+    assert python_out({**os.environ}, "-c", FM_OPENS, str(table), str(pid_file)).startswith("True ")
     stopped = proc_tree(tmp_path / "stopped", "systemd", "python3")
     assert python_out({**os.environ}, "-c", FM_OPENS, str(stopped), str(pid_file)).startswith(
         "False "

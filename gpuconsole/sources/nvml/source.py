@@ -193,11 +193,16 @@ def fabric_manager_running(proc_root: str, pid_file: str = FABRIC_MANAGER_PID_FI
 
 def _pid_in(pid_file: str) -> int | None:
     """The pid a pid file holds; None where there is no such file or it holds no pid."""
-    try:
-        with open(pid_file, "rb") as f:
-            words = f.read(32).split()
+    try:  # not blocking: a FIFO in its place would hold the poll for ever
+        fd = os.open(pid_file, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
+    try:
+        words = os.read(fd, 32).split()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return int(words[0]) if words and words[0].isdigit() and len(words[0]) <= 10 else None
 
 
