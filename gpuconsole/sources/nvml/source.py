@@ -118,7 +118,6 @@ from gpuconsole.sources.nvml.lib import (
     text,
     throttle_counters,
 )
-from gpuconsole.sources.nvml.pci_names import name_unopened
 from gpuconsole.sources.nvml.state import GpuRecord, LinkRecord
 from gpuconsole.sources.nvml.xids import XidHistory
 
@@ -467,6 +466,9 @@ class NvmlSource:
             if before is not None:
                 _keep_identity(gpu, before)
         if len(gpus) > sum(":" in g.bus_id for g in gpus):  # one NVML never named
+            # here only: sysfs's PCI reader is no cost to a node whose every GPU opens
+            from gpuconsole.sources.nvml.pci_names import name_unopened
+
             name_unopened(gpus, self._sysfs_root, self._proc_root)
         for gpu in unreadable:
             if gpu.lost_since is None:
