@@ -17,6 +17,7 @@ from pathlib import Path
 
 from benchmarks.compare.fakenode import BYTECODE_OFF, CONFIG
 from benchmarks.compare.procs import Run, ToolFailed, run_once
+from benchmarks.timing import record
 from gpuconsole.sim.fakenvml import (
     COUNTS_ENV,
     build_library,
@@ -114,6 +115,12 @@ def main() -> None:
     met = "met" if ours[0] <= CALLS_TARGET else "MISSED"
     print(f"  target: <= {CALLS_TARGET} NVML calls per GPU: {ours[0]:.2f}, {met}")
     theirs = figures.get("nvitop -1")
+    peer = "" if theirs is None else "nvitop -1"
+    for what, k in (("wall", 1), ("CPU", 2)):
+        record(f"one-shot: {what}", ours[k] * 1000, "ms", peer=peer,
+               peer_value=None if theirs is None else theirs[k] * 1000, ratio_at_most=1.0)  # fmt: skip
+    record("one-shot: NVML calls per GPU", ours[0], "calls", at_most=CALLS_TARGET, peer=peer,
+           peer_value=None if theirs is None else theirs[0])  # fmt: skip
     if theirs is None:
         print("  nvitop not installed here: no ratio (benchmarks/RESULTS.md has the last one)")
         return

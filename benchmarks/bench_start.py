@@ -1,4 +1,5 @@
-"""How fast gpuconsole starts: the demo's first frame, and a one-shot snapshot beside nvitop -1.
+"""How fast gpuconsole starts: the demo's and the console's first frame (the one-shot beside
+nvitop -1 is benchmarks.bench_one_shot).
 
 - demo and console: `gpuconsole demo`, and `gpuconsole console` on the fake libnvidia-ml.so
   of a DGX H100 (every other source at its defaults, reading this machine), in a
@@ -6,11 +7,6 @@
   and to a node's row with its GPUs' utilisation (the first reading drawn), and the CPU
   the process took until then. Target: <= 1 s.
   Bytecode cached, as an installed package has it; one untimed start first.
-- one-shot: `gpuconsole snapshot --json` on the fake libnvidia-ml.so of a DGX H100 (NVML only,
-  as benchmarks.compare sets it up), its wall and CPU time and its NVML calls per GPU, taking
-  turns with `nvitop -1` on the same library where nvitop is installed (.venv-compare, or
-  $NVITOP): ratios from the same run. Target: wall and CPU at most nvitop's, at most 30 calls
-  per GPU.
 
 Medians; the machine may be shared (its load is printed), so compare figures from one run.
 """
@@ -22,7 +18,6 @@ import os
 import pty
 import re
 import select
-import shutil
 import signal
 import statistics
 import struct
@@ -32,15 +27,11 @@ import termios
 import time
 from pathlib import Path
 
-from benchmarks.compare.fakenode import CONFIG
-from benchmarks.compare.procs import Run, run_once
 from benchmarks.timing import record
 from gpuconsole.sim.fakenvml import (
-    COUNTS_ENV,
     build_library,
     driver_of,
     environment,
-    read_counts_file,
 )
 from gpuconsole.sim.profiles import DGX_H100
 
@@ -48,7 +39,6 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNS = 5
 SIZE = (120, 40)
 FIRST_FRAME_TARGET_S = 1.0
-CALLS_TARGET = 30.0
 _ESCAPES = re.compile(
     rb"\x1b\[[0-9;?<>=$]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][A-Z0-9]|\x1b[=>]"
 )
@@ -171,75 +161,6 @@ def _console(tmp: Path) -> None:
     _starts("console", "gpuconsole console (fake NVML)", argv, env, FAKE_DATA)
 
 
-def _nvitop() -> str | None:
-    found = os.environ.get("NVITOP") or str(ROOT / ".venv-compare" / "bin" / "nvitop")
-    return found if Path(found).exists() else shutil.which("nvitop")
-
-
-def _one_shot(tmp: Path) -> None:
-    library = build_library(tmp / "lib", driver_of(DGX_H100))
-    from gpuconsole.sim.fakenvml import write_profile
-
-    profile = write_profile(DGX_H100, tmp / "dgx-h100.profile")
-    config = tmp / "gpuconsole.toml"
-    config.write_text(CONFIG)
-    env = {**os.environ, **environment(library.parent, profile), "PYTHONPATH": str(ROOT),
-           "XDG_STATE_HOME": str(tmp / "state"), "XDG_CONFIG_HOME": str(tmp / "config")}  # fmt: skip
-    tools = {"gpuconsole snapshot --json": [sys.executable, "-m", "gpuconsole", "snapshot",
-                                            "--json", "-c", str(config)]}  # fmt: skip
-    nvitop = _nvitop()
-    if nvitop is not None:
-        tools["nvitop -1"] = [nvitop, "-1"]
-    gpus = len(DGX_H100.gpus)
-    calls: dict[str, float] = {}
-    for name, argv in tools.items():  # untimed: the calls, and the page cache warmed
-        counts = tmp / "calls.counts"
-        counts.unlink(missing_ok=True)
-        run_once(argv, {**env, COUNTS_ENV: str(counts)}, tmp / "out", timeout_s=120)
-        calls[name] = sum(read_counts_file(counts).values()) / gpus
-    timed: dict[str, list[Run]] = {name: [] for name in tools}
-    names = list(tools)
-    for round_ in range(RUNS):
-        k = round_ % len(names)
-        for name in names[k:] + names[:k]:  # taking turns: a burst of load falls on both
-            timed[name].append(run_once(tools[name], env, tmp / "out", timeout_s=120))
-    print(f"start: one-shot on the fake NVML of a DGX H100 ({gpus} GPUs), median of {RUNS}")
-    medians = {
-        name: (statistics.median(r.wall_s for r in runs), statistics.median(r.cpu_s for r in runs))
-        for name, runs in timed.items()
-    }
-    for name, (wall, cpu) in medians.items():
-        print(f"  {name:<28} wall {1000 * wall:6.0f} ms  CPU {1000 * cpu:6.0f} ms  "
-              f"NVML calls per GPU {calls[name]:6.1f}")  # fmt: skip
-    ours = medians["gpuconsole snapshot --json"]
-    print(
-        f"  calls per GPU target <= {CALLS_TARGET:g}: "
-        f"{_verdict(calls['gpuconsole snapshot --json'] <= CALLS_TARGET)}"
-    )
-    theirs = medians.get("nvitop -1", (None, None))
-    peer = "nvitop -1" if nvitop is not None else ""
-    record("one-shot: wall", ours[0] * 1000, "ms", peer=peer, peer_value=_ms(theirs[0]),
-           ratio_at_most=1.0)  # fmt: skip
-    record("one-shot: CPU", ours[1] * 1000, "ms", peer=peer, peer_value=_ms(theirs[1]),
-           ratio_at_most=1.0)  # fmt: skip
-    ours_calls = calls["gpuconsole snapshot --json"]
-    record("one-shot: NVML calls per GPU", ours_calls, "calls", at_most=CALLS_TARGET, peer=peer,
-           peer_value=calls.get("nvitop -1"))  # fmt: skip
-    if nvitop is None:
-        print("  nvitop not installed (`make bench-compare` installs it): no ratio")
-        return
-    theirs = medians["nvitop -1"]
-    wall_x, cpu_x = ours[0] / theirs[0], ours[1] / theirs[1]
-    print(
-        f"  vs nvitop -1: wall {wall_x:.2f}x, CPU {cpu_x:.2f}x   target <= 1x: "
-        f"{_verdict(wall_x <= 1 and cpu_x <= 1)}"
-    )
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds * 1000
-
-
 def _verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
@@ -247,7 +168,6 @@ def _verdict(ok: bool) -> str:
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpuconsole-bench-start-") as folder:
         tmp = Path(folder)
-        _one_shot(tmp)
         _demo(tmp)
         _console(tmp)
 
