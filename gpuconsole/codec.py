@@ -38,8 +38,8 @@ from gpuconsole.readings.nvml import GpuReading, NvLinkReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 
 # history stays in the process that recorded it, the journal on its node (the node's
-# verdict carries what it says)
-_SKIP = {"history", "actions"}
+# verdict carries what it says), what a hub rebuilt with the hub
+_SKIP = {"history", "actions", "rebuilt"}
 _KEYED = {"rates", "deltas"}  # NodeSnapshot mappings keyed by counter path
 # NVML's bus ids: sysfs's form in a reading, NVML's in the JSON (as `snapshot --json` and
 # agents have always written them); either form reads back as sysfs's. An event's GPU is

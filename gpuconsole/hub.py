@@ -39,7 +39,7 @@ from gpuconsole.readings.base import (
     safe_strings,
     safe_text,
 )
-from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, Rebuilt
 from gpuconsole.sources.base import Blocking, Focusable, Reading, Source, Viewable
 
 # asyncio (and ssl, which it imports) only where a loop runs: a one-shot reading of
@@ -81,6 +81,7 @@ class _NodeState(msgspec.Struct):
     snapshot: NodeSnapshot | None = None
     sources: list[_SourceState] = msgspec.field(default_factory=list)
     last_xid: dict[str, int] = msgspec.field(default_factory=dict)
+    at: int = -1  # its position in the snapshots published
 
 
 class HubSettings(msgspec.Struct, frozen=True):
@@ -120,6 +121,8 @@ class Hub:
         self._publisher: asyncio.Task[None] | None = None
         self._seq = 0
         self._latest: FleetSnapshot | None = None
+        self._mark: object = None  # the last snapshot's Rebuilt.mark
+        self._laid_out = 0  # nodes whose positions `at` holds
         self._running = False
         self._focused: dict[int, str] = {}  # viewer (a console) -> the node it drilled into
         self._in_view: dict[int, frozenset[str]] = {}  # viewer -> the rows on its screen
@@ -632,10 +635,12 @@ class Hub:
 
     def publish(self) -> FleetSnapshot:
         """Build a snapshot from what changed and hand it to every subscriber."""
+        built = []
         for name in self._dirty:
             node = self._nodes.get(name)
             if node is not None:
                 node.snapshot = self._node_snapshot(node)
+                built.append(node.at)
         self._dirty.clear()
         self._seq += 1
         if self._events_cache[0] != self._event_seq:
@@ -646,8 +651,22 @@ class Hub:
             )
         events = self._events_cache[1]
         nodes = tuple(n.snapshot for n in self._nodes.values() if n.snapshot is not None)
+        # Nodes are only ever added, and each has its snapshot from the publish after:
+        # as many nodes as last time are the same nodes in the same places.
+        after = self._mark
+        if len(nodes) != self._laid_out:
+            for at, node in enumerate(n for n in self._nodes.values() if n.snapshot is not None):
+                node.at = at
+            self._laid_out, after = len(nodes), None
+        self._mark = mark = object()
         snapshot = FleetSnapshot(
-            self._seq, self._clock(), nodes, events, self._counts_cache, self._alerts
+            self._seq,
+            self._clock(),
+            nodes,
+            events,
+            self._counts_cache,
+            self._alerts,
+            Rebuilt(after, mark, nodes, tuple(built) if after is not None else ()),
         )
         self._latest = snapshot
         for callback in list(self._subscribers):

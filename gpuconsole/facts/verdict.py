@@ -39,11 +39,11 @@ from __future__ import annotations
 import itertools
 import operator
 import re
+import threading
 import time
 import weakref
-from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -64,7 +64,7 @@ from gpuconsole.readings.fabric import (
     port_rates,
 )
 from gpuconsole.readings.nvml import GpuReading, GpuState, NvmlReading
-from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, Rebuilt
 from gpuconsole.readings.verdict import ACTION_WORDS as ACTION_WORDS
 from gpuconsole.readings.verdict import SOURCES as SOURCES
 from gpuconsole.readings.verdict import Action as Action
@@ -741,6 +741,9 @@ class _Judged:
     # from its readings, and the same verdict received again is not checked again
     refusal: _Refusal | None = None
     unfit: int = -1  # GPUs whose verdict is critical; -1 until asked
+    # how many statuses its agent sent with the verdict, where its agent source checked it
+    # as it read it (`calm` and `silence` are theirs then); -1 where it was not checked so
+    sent: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -765,69 +768,168 @@ def forget_verdicts() -> None:
 
 
 class _Fleet:
-    """The nodes of the last fleet snapshot judged, by position: where each was in memory,
-    its name and what was judged of it. Which nodes a snapshot changed is found without a
-    call per node, and a changed node is judged without a look-up by its name."""
+    """The last fleet snapshot judged, held weakly (a hub frees the nodes it replaces as it
+    replaces them), and what was judged of each of its nodes, by position. A view finds the
+    verdict of a node of that snapshot while it lives: by its name's position, where the
+    node is the very one asked about. A changed node is judged without a look-up by name."""
 
-    __slots__ = ("judged", "names", "where")
+    __slots__ = ("calms", "held", "lock", "mark", "names", "sizes", "taken")
 
     def __init__(self) -> None:
+        self.lock = threading.Lock()  # one judge at a time; views read `held` as it was
         self.clear()
 
     def clear(self, size: int = 0) -> None:
-        self.where = array("Q", bytes(8 * size))  # id(): 0 is no object's
+        # the snapshot, what was judged of each of its nodes and each name's position: one
+        # value, replaced whole, never changed (a view in another thread reads it as a
+        # judge replaces it)
+        self.held: tuple[weakref.ref[FleetSnapshot] | None, list[_Judged | None], dict[str, int]]
+        self.held = (None, [None] * size, {})
         self.names = [""] * size
-        self.judged: list[_Judged | None] = [None] * size
+        # the verdict the node there carries where it was taken as its agent sent it, its
+        # agent answering: the same verdict with its sources as fresh is judged alike
+        self.taken: list[object] = [_NONE] * size
+        self.calms: list[Health] = [Health.UNKNOWN] * size  # those sources' health then
+        # where it was checked as its agent source read it: how many statuses the node
+        # has, its agent's and the head's own one; -1 where not
+        self.sizes = [-1] * size
+        self.mark: object = None  # the Rebuilt.mark of the snapshot judged
+
+    def of(self, node: NodeSnapshot) -> _Judged | None:
+        """What was judged of `node` where it is a node of the last snapshot judged."""
+        shot, judged, place = self.held
+        fleet = shot() if shot is not None else None
+        at = place.get(node.node)
+        if fleet is not None and at is not None and fleet.nodes[at] is node:
+            return judged[at]
+        return None
 
 
+_NONE = object()  # no verdict is it
 _FLEET = _Fleet()
+_OK = operator.attrgetter("ok")
 
 
 def judge_fleet(snapshot: FleetSnapshot) -> int:
     """Judge every node of a fleet snapshot as far as it changed since the last one judged:
     a view then finds each node's verdict, and a critical node's GPUs out of work (what the
-    fleet's sort reads), with a look-up. A hub publishes a few times a second and replaces
-    the nodes that changed; a node its agent judged, whose verdict came as last time and
-    whose sources are all fresh, as they were, is taken again as it is. Returns how many
-    nodes it looked at: those the snapshot changed."""
-    nodes, fleet = snapshot.nodes, _FLEET
-    if len(fleet.where) != len(nodes):
+    fleet's sort reads), with a look-up. A hub publishes a few times a second, replaces
+    the nodes that changed and says which (`Rebuilt`): where the snapshot judged last is
+    the one its hub published before, only those are looked at; else, while the snapshot
+    judged last lives, each node that is not the one judged in its place; else all. A
+    node its agent judged, whose verdict came as last time and whose sources all answer,
+    is taken again as it is. Returns how many nodes it looked at."""
+    fleet = _FLEET
+    with fleet.lock:
+        return _judge_fleet(snapshot, fleet)
+
+
+def _judge_fleet(snapshot: FleetSnapshot, fleet: _Fleet) -> int:
+    nodes, (shot, judged_before, place) = snapshot.nodes, fleet.held
+    rebuilt = snapshot.rebuilt
+    if rebuilt is not None and rebuilt.nodes is not nodes:
+        rebuilt = None  # a copy of the hub's snapshot with other nodes
+    last = shot() if shot is not None else None
+    changed: Sequence[int]
+    if len(judged_before) != len(nodes):
         fleet.clear(len(nodes))
-    where, names, judged_at = fleet.where, fleet.names, fleet.judged
-    # The positions whose node is not where the one judged there was, all in C: no call
-    # per node, and none of the thousand nodes' remembered verdicts read. A node that is new
-    # where a freed one was is left to the look-up, which holds the node it judged weakly
-    # and so is never wrong; this only judges ahead of it.
-    changed = itertools.compress(range(len(nodes)), map(operator.ne, map(id, nodes), where))
-    ok, stale, unknown, critical = Health.OK, Health.STALE, Health.UNKNOWN, Health.CRITICAL
-    looked = 0
+        changed, place = range(len(nodes)), {}
+        judged_before = fleet.held[1]
+    elif rebuilt is not None and rebuilt.after is not None and rebuilt.after is fleet.mark:
+        changed = rebuilt.positions  # the hub's word: every other node is the one judged
+    elif last is not None:
+        # both snapshots held: a node is told from another by what it is, all in C
+        changed = list(
+            itertools.compress(range(len(nodes)), map(operator.is_not, nodes, last.nodes))
+        )
+    else:
+        changed = range(len(nodes))
+    fleet.mark = None
+    try:
+        return _judge_changed(snapshot, fleet, changed, judged_before, place, rebuilt)
+    except BaseException:
+        fleet.clear(len(nodes))  # what was judged of some positions is not known
+        raise
+
+
+def _judge_changed(
+    snapshot: FleetSnapshot,
+    fleet: _Fleet,
+    changed: Sequence[int],
+    judged_before: list[_Judged | None],
+    place: dict[str, int],
+    rebuilt: Rebuilt | None,
+) -> int:
+    nodes = snapshot.nodes
+    # judged anew into a copy: a view reads the one before, whole, until this is done
+    judged_at, names, taken, calms = list(judged_before), fleet.names, fleet.taken, fleet.calms
+    sizes = fleet.sizes
+    ok, stale, critical, regrouped = Health.OK, Health.STALE, Health.CRITICAL, False
     for i in changed:
-        looked += 1
         node = nodes[i]
-        where[i] = id(node)
-        seen = judged_at[i]
-        if seen is None or names[i] is not node.node:
+        statuses, carried = node.statuses, node.verdict
+        if names[i] is not node.node:
             seen = _JUDGED.get(node.node)
-            names[i] = node.node
-        elif seen.carried is node.verdict and seen.carried is not None:
-            # _judge's test, inline, for what most changed nodes are: the verdict its agent
-            # sent as before, and its sources as fresh as they were (its agent answering)
-            statuses = node.statuses
-            calm: Health | None = ok if statuses else unknown
-            for status in statuses:
-                if not status.ok:
-                    calm = stale
-                    if status.source == "remote":
-                        calm = None
-                        break
-            if calm is seen.calm and (calm is ok or seen.silence is None):
-                seen.node = weakref.ref(node)
-                continue
-        judged = seen if seen is not None and seen.node() is node else _judge(node, seen)
+            names[i], regrouped = node.node, True
+        else:
+            # What most changed nodes are: the verdict its agent sent as before, its sources
+            # as fresh as they were and its agent answering (the same node's: its name in
+            # its place). Judged alike, with little else read.
+            if carried is taken[i] and statuses:
+                size = sizes[i]
+                if size >= 0:
+                    # checked as its agent source read it, whose statuses (the node's last)
+                    # are as fresh while the verdict is the same object: the head's own
+                    # status of its agent, first, is all there is besides
+                    if len(statuses) == size and statuses[0].ok:
+                        continue
+                elif all(map(_OK, statuses)):
+                    if calms[i] is ok:
+                        continue
+                elif calms[i] is stale and all(map(_answering, statuses)):
+                    continue
+            seen = judged_at[i]
+        if seen is not None and seen.node() is node:
+            judged = seen
+        else:
+            # a verdict new since, as its agent source checked it when it read it
+            checked = _CHECKED.get(node.node) if carried is not None else None
+            if type(checked) is _Judged and checked.carried is carried and _alike(checked, node):
+                judged = _JUDGED[node.node] = checked
+            else:
+                judged = _judge(node, seen)
         if judged.unfit < 0 and judged.verdict.health is critical:
             _out_of_work(judged)
         judged_at[i] = judged
-    return looked
+        if judged.carried is not None and judged.silence is None:
+            taken[i], calms[i] = judged.carried, judged.calm
+            # as checked, where its agent sent statuses: the head's own one before them
+            sizes[i] = judged.sent + 1 if judged.sent > 0 else -1
+        else:
+            taken[i] = _NONE
+    if regrouped:
+        place = {name: at for at, name in enumerate(names)}
+    fleet.held = (weakref.ref(snapshot), judged_at, place)
+    fleet.mark = rebuilt.mark if rebuilt is not None else None
+    return len(changed)
+
+
+def _answering(status: SourceStatus) -> bool:
+    return status.ok or status.source != "remote"
+
+
+def _alike(judged: _Judged, node: NodeSnapshot) -> bool:
+    """Whether `node`, carrying the verdict its agent sent that `judged` took, is judged
+    alike: its sources as fresh (all answering, or stale as they were) and its agent
+    answering."""
+    statuses = node.statuses
+    if judged.silence is not None or not statuses:
+        return False
+    if judged.sent > 0 and len(statuses) == judged.sent + 1 and statuses[0].ok:
+        return True  # as judge_fleet takes it, where its agent source checked it
+    if all(map(_OK, statuses)):
+        return judged.calm is Health.OK
+    return judged.calm is Health.STALE and all(map(_answering, statuses))
 
 
 def _gpu_key(bus_id: str | None, index: int | None) -> str:
@@ -844,6 +946,9 @@ def _judge(node: NodeSnapshot, seen: _Judged | None = None) -> _Judged:
         seen = _JUDGED.get(node.node)
         if seen is not None and seen.node() is node:
             return seen
+        held = _FLEET.of(node)
+        if held is not None:
+            return held
     carried = node.verdict
     refused: _Refusal | None = None
     if carried is not None:
@@ -1087,11 +1192,17 @@ def check_carried(name: str, node: NodeSnapshot) -> None:
     """Check the verdict node `name`'s agent sent, as a head reads the node (its agent
     source, once per verdict received): the head's views then find it checked, a look-up
     each. One that comes with something this process adds is judged as the views ask; one
-    that is refused is remembered with why, and the node judged from its readings."""
+    that is refused is remembered with why, and the node judged from its readings.
+
+    The source keeps a verdict the same object only while its agent sends it again with as
+    many statuses, as fresh: a head's snapshot of the node, which puts the statuses of its
+    own sources before the agent's, is then judged alike by its own one of the agent."""
     carried = node.verdict
     if carried is None:
         return
     taken = _carried(node, carried)
+    if isinstance(taken, _Judged):
+        taken.sent = len(node.statuses)
     _CHECKED[name] = taken if isinstance(taken, _Judged) else _Refusal(carried, taken)
     _CHECKED.move_to_end(name)
     while len(_CHECKED) > _JUDGED_NODES:
@@ -1153,9 +1264,12 @@ def node_verdict(node: NodeSnapshot) -> Verdict:
     """The node's verdict: every source's evidence about it and its GPUs, worst first.
     Health is unknown before any source answered, stale while a source is stale and nothing
     is critical."""
-    seen = _JUDGED.get(node.node)  # _judge's first look, here: a console asks every node
+    seen = _JUDGED.get(node.node)  # _judge's first looks, here: a console asks every node
     if seen is not None and seen.node() is node:
         return seen.verdict
+    held = _FLEET.of(node)
+    if held is not None:
+        return held.verdict
     return _judge(node, seen).verdict
 
 

@@ -91,7 +91,30 @@ class NodeSnapshot(msgspec.Struct, frozen=True, weakref=True):
         return self.nvml.gpus if self.nvml is not None else ()
 
 
-class FleetSnapshot(msgspec.Struct, frozen=True):
+class Rebuilt(msgspec.Struct, frozen=True, eq=False):
+    """Which nodes of a hub's snapshot the hub built anew since the snapshot it published
+    just before: every other position holds the very node that one held there. Made by the
+    hub alone (never read from JSON); a consumer that took the snapshot before (`after`)
+    need look at no other node. Two snapshots alike in their readings are alike whatever
+    this says (its equality is always true)."""
+
+    after: object  # the snapshot before's `mark`; None: its nodes were laid out otherwise
+    mark: object  # this snapshot's, unique to it: what the next one is `after`
+    nodes: tuple[NodeSnapshot, ...]  # this snapshot's nodes: what these positions are of
+    positions: tuple[int, ...]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Rebuilt)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:  # not its nodes again: the snapshot shows them
+        return f"Rebuilt(positions={self.positions!r})"
+
+
+# weakly referenced where verdicts are found by a node's position in the snapshot judged
+class FleetSnapshot(msgspec.Struct, frozen=True, weakref=True):
     """Every node this process knows, as of one moment; what consumers receive."""
 
     seq: int
@@ -101,6 +124,8 @@ class FleetSnapshot(msgspec.Struct, frozen=True):
     # every event since the process started, counted by (node, kind, severity)
     event_counts: tuple[tuple[str, str, str, int], ...] = ()
     alerts: tuple[ActiveAlert, ...] = ()  # what this process's alert rules hold, worst first
+    # what its hub rebuilt since its snapshot before: None where no hub says
+    rebuilt: Rebuilt | None = None
 
     def node(self, name: str) -> NodeSnapshot | None:
         for node in self.nodes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import operator
 import time
 import zlib
 from collections.abc import Callable
@@ -42,7 +43,7 @@ from gpuconsole.readings.agents import (
     have_query,
     held_parts,
 )
-from gpuconsole.readings.base import SCHEMA_VERSION, Event, safe_text
+from gpuconsole.readings.base import SCHEMA_VERSION, Event, SourceStatus, safe_text
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.verdict import Action, CarriedVerdict
 from gpuconsole.sources.base import EmitEvent
@@ -260,7 +261,9 @@ class AgentSource:
         self._emit: EmitEvent | None = None
         self._seen_events: float | None = None
         # part -> (its JSON's length and hash, decoded)
-        self._last_verdict: tuple[tuple[int, int], CarriedVerdict | None] | None = None
+        self._last_verdict: (
+            tuple[tuple[int, int, tuple[bool, ...]], CarriedVerdict | None] | None
+        ) = None
         self._last_parts: dict[str, tuple[tuple[int, int], Any]] = {}
         # part -> (view, version, decoded): what the agent need not send again while current
         self._versions: dict[str, tuple[str, str, Any]] = {}
@@ -463,7 +466,7 @@ class AgentSource:
         """
         node = read_partial(NodeSnapshot, body, where, raw=_RAW, extra=_EXTRA)
         fields = node.fields
-        verdict, fresh = self._verdict(node.raw.pop("verdict", None), where)
+        verdict, fresh = self._verdict(node.raw.pop("verdict", None), where, fields["statuses"])
         fields["verdict"] = verdict
         view = self._view()
         kept = node.extra["kept"]
@@ -504,14 +507,17 @@ class AgentSource:
         }
         return snapshot
 
-    def _verdict(self, raw: bytes | None, where: str) -> tuple[CarriedVerdict | None, bool]:
+    def _verdict(
+        self, raw: bytes | None, where: str, statuses: tuple[SourceStatus, ...]
+    ) -> tuple[CarriedVerdict | None, bool]:
         """The verdict the agent sent, and whether it is new: decoded apart from its node,
         so that one that does not fit costs the node that verdict alone (the head judges
-        the node itself), never its readings; one sent as last time is the same object."""
+        the node itself), never its readings. One sent as last time, with as many statuses
+        as fresh, is the same object: what facts.verdict judges a node alike by."""
         if raw is None:
             self._last_verdict = None
             return None, False
-        seen = (len(raw), hash(raw))
+        seen = (len(raw), hash(raw), tuple(map(_OK, statuses)))
         if self._last_verdict is not None and self._last_verdict[0] == seen:
             return self._last_verdict[1], False
         try:
@@ -625,6 +631,7 @@ _EVENTS = msgspec.json.Decoder(list[Any])
 _EXTRA = ("kept", "versions")  # what an agent's node carries beside the snapshot's fields
 # read apart, as raw JSON: a part or verdict sent as before is not decoded again
 _RAW = (*STEADY_PARTS, "verdict")
+_OK = operator.attrgetter("ok")
 
 
 def _document(body: bytes) -> tuple[_Document | _Nodes, list[msgspec.Raw]]:
