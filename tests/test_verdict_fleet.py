@@ -1,0 +1,258 @@
+"""A head judges each fleet snapshot its hub publishes as far as it changed (judge_fleet):
+every node's verdict is then what judging that node afresh gives, whatever changed, and
+never another node's. A real agent on loopback serves the demo fleet, a head reads it node
+by node through its agent sources, and the test changes what the agent serves."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import msgspec
+import pytest
+
+from gpuconsole import codec
+from gpuconsole.export.agent import Agent
+from gpuconsole.facts.verdict import (
+    Action,
+    Verdict,
+    forget_verdicts,
+    gpu_verdict,
+    judge_fleet,
+    node_verdict,
+    unfit_gpus,
+)
+from gpuconsole.hub import Hub, HubSettings
+from gpuconsole.readings.base import Health
+from gpuconsole.readings.nvml import XidCount
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.sources.agents import AgentClient, AgentSource
+from gpuconsole.wiring import AgentSettings
+from tests.export_fixtures import frozen_fleet
+from tests.test_agents_source import HeldHub
+from tests.waiting import until
+
+XID_NODE, STALE_NODE, GONE_NODE = "dgx-003", "dgx-002", "dgx-004"
+Shows = Callable[[NodeSnapshot], bool]
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a console shows of a node: its verdict, its GPUs' and how many are out of work."""
+
+    node: str
+    verdict: Verdict
+    gpus: tuple[tuple[str, Verdict], ...]
+    unfit: int
+
+
+def seen(snapshot: FleetSnapshot) -> list[Seen]:
+    return [
+        Seen(
+            n.node,
+            node_verdict(n),
+            tuple((g.pci_bus_id, gpu_verdict(n, g)) for g in n.gpus),
+            unfit_gpus(n),
+        )
+        for n in snapshot.nodes
+    ]
+
+
+def afresh(snapshot: FleetSnapshot) -> list[Seen]:
+    """Every node of the snapshot judged with nothing remembered."""
+    forget_verdicts()
+    return seen(snapshot)
+
+
+def with_xid(fleet: FleetSnapshot, node: str, gpu: int, code: int, count: int) -> FleetSnapshot:
+    """The fleet where GPU `gpu` of `node` raised XID `code` `count` times."""
+    found = fleet.node(node)
+    assert found is not None and found.nvml is not None
+    at = fleet.at - 60.0
+    gpus = tuple(
+        msgspec.structs.replace(g, xids=(XidCount(code, count, at - count, at),))
+        if g.index == gpu
+        else g
+        for g in found.gpus
+    )
+    nvml = msgspec.structs.replace(found.nvml, gpus=gpus)
+    return replaced(fleet, msgspec.structs.replace(found, nvml=nvml))
+
+
+def with_stale(fleet: FleetSnapshot, node: str, source: str, stale: bool) -> FleetSnapshot:
+    """The fleet where `source` of `node` is stale (or answers again), its readings kept."""
+    found = fleet.node(node)
+    assert found is not None
+    statuses = tuple(
+        msgspec.structs.replace(
+            s, ok=not stale, stale_since=fleet.at if stale else None, error="no answer" if stale else None
+        )
+        if s.source == source
+        else s
+        for s in found.statuses
+    )
+    return replaced(fleet, msgspec.structs.replace(found, statuses=statuses))
+
+
+def replaced(fleet: FleetSnapshot, node: NodeSnapshot) -> FleetSnapshot:
+    nodes = tuple(node if n.node == node.node else n for n in fleet.nodes)
+    return msgspec.structs.replace(fleet, seq=fleet.seq + 1, nodes=nodes)
+
+
+def without(fleet: FleetSnapshot, node: str) -> FleetSnapshot:
+    nodes = tuple(n for n in fleet.nodes if n.node != node)
+    return msgspec.structs.replace(fleet, seq=fleet.seq + 1, nodes=nodes)
+
+
+@dataclass
+class Head:
+    """A head reading every node of the demo fleet through one agent, that judges each
+    snapshot its hub publishes as a console does, and keeps what it showed."""
+
+    agent: Agent
+    served: HeldHub
+    hub: Hub
+    published: list[FleetSnapshot]
+    shown: list[list[Seen]]
+
+    def node(self, name: str) -> NodeSnapshot:
+        assert self.hub.latest is not None
+        found = self.hub.latest.node(name)
+        assert found is not None
+        return found
+
+    async def serve(self, fleet: FleetSnapshot, name: str, shows: Shows) -> None:
+        """Serve `fleet`, and wait for the head to show node `name` as it should."""
+        self.served.held = fleet
+        await until(lambda: shows(self.node(name)))
+
+
+@pytest.fixture
+async def head() -> AsyncIterator[Head]:
+    forget_verdicts()
+    fleet = frozen_fleet()
+    served = HeldHub(fleet)
+    agent = Agent(served, AgentSettings(port=0))
+    await agent.start()
+    hub = Hub(HubSettings(publish_gap_s=0.02, max_backoff_s=0.2))
+    client = AgentClient(max_connections=8)
+    url = f"http://127.0.0.1:{agent.port}"
+    for node in fleet.nodes:
+        hub.add_source(AgentSource(node.node, url, client, interval_s=0.05, timeout_s=2.0))
+    published: list[FleetSnapshot] = []
+    shown: list[list[Seen]] = []
+
+    def show(snapshot: FleetSnapshot) -> None:
+        judge_fleet(snapshot)  # as a console takes each snapshot, before any view asks
+        published.append(snapshot)
+        shown.append(seen(snapshot))
+
+    hub.subscribe(show)
+    await hub.start()
+    try:
+        await until(
+            lambda: hub.latest is not None
+            and all(n.status("remote").ok for n in hub.latest.nodes)  # type: ignore[union-attr]
+        )
+        yield Head(agent, served, hub, published, shown)
+    finally:
+        await hub.stop()
+        await agent.stop()
+        forget_verdicts()
+
+
+def xids_on(gpu: int, action: Action, times: str) -> Shows:
+    def show(node: NodeSnapshot) -> bool:
+        verdict = gpu_verdict(node, node.gpus[gpu])
+        return verdict.action is action and any(times in f.text for f in verdict.findings)
+
+    return show
+
+
+async def test_every_published_snapshot_shows_each_node_as_judged_afresh(head: Head) -> None:
+    """XIDs counted up on one GPU, a source of another node going stale and back, an agent
+    that stops serving a node and serves it again: each snapshot the head published showed
+    every node as judging it afresh does, and the changes themselves."""
+    fleet = head.served.held
+    calm = node_verdict(head.node(STALE_NODE))
+    assert calm.health is Health.CRITICAL  # a failed fan: stale never hides it
+    before = node_verdict(head.node(XID_NODE))
+    # An application's XID: kept as evidence, then a repeat the catalog asks to watch
+    fleet = with_xid(fleet, XID_NODE, 1, 13, 2)
+    await head.serve(fleet, XID_NODE, xids_on(1, Action.FIT, "(2 times)"))
+    fleet = with_xid(fleet, XID_NODE, 1, 13, 3)
+    await head.serve(fleet, XID_NODE, xids_on(1, Action.WATCH, "(3 times)"))
+    assert "repeats on this GPU" in gpu_verdict(head.node(XID_NODE), head.node(XID_NODE).gpus[1]).findings[0].text
+    assert node_verdict(head.node(XID_NODE)).action is before.action  # its worse fault stays
+    # a healthy node whose agent says its BMC stopped answering, its verdict's words alike
+    fit = next(n.node for n in fleet.nodes if n.bmc is not None and node_verdict(n).fit)
+    fleet = with_stale(fleet, fit, "bmc", True)
+    await head.serve(fleet, fit, lambda n: node_verdict(n).health is Health.STALE)
+    fleet = with_stale(fleet, fit, "bmc", False)
+    await head.serve(fleet, fit, lambda n: node_verdict(n).health is Health.OK)
+    # the agent stops serving a node: the head shows its agent silent, then back
+    await head.serve(
+        without(fleet, GONE_NODE),
+        GONE_NODE,
+        lambda n: "agent_silent" in [f.code for f in node_verdict(n).findings],
+    )
+    fleet = msgspec.structs.replace(fleet, seq=fleet.seq + 10)
+    await head.serve(fleet, GONE_NODE, lambda n: n.status("remote").ok)  # type: ignore[union-attr]
+    assert node_verdict(head.node(GONE_NODE)).action is Action.RESET_GPU
+    await head.hub.stop()
+    published, shown = list(head.published), list(head.shown)
+    assert len(published) > 10
+    for snapshot, showed in zip(published, shown, strict=True):
+        assert showed == afresh(snapshot), snapshot.seq
+
+
+async def test_a_node_moved_removed_or_reordered_keeps_its_own_verdict(head: Head) -> None:
+    """Copies of the hub's snapshots with their nodes reordered, one left out or moved to
+    the front, judged between the hub's own: every node shows its own verdict."""
+    fleet = head.served.held
+    fleet = with_xid(fleet, XID_NODE, 1, 13, 3)
+    await head.serve(fleet, XID_NODE, xids_on(1, Action.WATCH, "(3 times)"))
+    fleet = with_stale(fleet, STALE_NODE, "fabric", True)
+    await head.serve(fleet, STALE_NODE, lambda n: not n.status("fabric").ok)  # type: ignore[union-attr]
+    await head.hub.stop()
+    published = list(head.published[-6:])
+    assert len(published) == 6
+
+    def reordered(s: FleetSnapshot) -> FleetSnapshot:
+        return msgspec.structs.replace(s, nodes=tuple(reversed(s.nodes)))
+
+    def one_left_out(s: FleetSnapshot) -> FleetSnapshot:
+        return msgspec.structs.replace(s, nodes=s.nodes[1:])
+
+    def moved_first(s: FleetSnapshot) -> FleetSnapshot:
+        return msgspec.structs.replace(s, nodes=(s.nodes[-1], *s.nodes[:-1]))
+
+    # each copy is of the snapshot after the one judged before it, which its hub published
+    # right after: what the hub says it rebuilt is of the hub's own snapshot, not the copy's
+    order = [
+        published[0],
+        reordered(published[1]),
+        published[2],
+        one_left_out(published[3]),
+        published[4],
+        moved_first(published[5]),
+        published[5],
+    ]
+    expected = [afresh(s) for s in order]
+    forget_verdicts()
+    for snapshot, want in zip(order, expected, strict=True):
+        judge_fleet(snapshot)
+        assert seen(snapshot) == want
+        assert seen(snapshot) == want  # asked again: the same
+
+
+def test_a_snapshot_read_from_json_says_nothing_of_what_a_hub_rebuilt() -> None:
+    """The hub's note on which nodes it rebuilt stays in its process: a snapshot written
+    and read back is judged like any other."""
+    fleet = frozen_fleet()
+    back = codec.loads(codec.dumps(fleet))
+    assert "rebuilt" not in codec.snapshot_json(fleet)
+    assert back.rebuilt is None and fleet.rebuilt is not None
+    forget_verdicts()
+    judge_fleet(fleet)
+    assert seen(back) == afresh(back)
