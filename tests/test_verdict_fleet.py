@@ -5,6 +5,7 @@ by node through its agent sources, and the test changes what the agent serves.""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -85,7 +86,10 @@ def with_stale(fleet: FleetSnapshot, node: str, source: str, stale: bool) -> Fle
     assert found is not None
     statuses = tuple(
         msgspec.structs.replace(
-            s, ok=not stale, stale_since=fleet.at if stale else None, error="no answer" if stale else None
+            s,
+            ok=not stale,
+            stale_since=fleet.at if stale else None,
+            error="no answer" if stale else None,
         )
         if s.source == source
         else s
@@ -151,8 +155,7 @@ async def head() -> AsyncIterator[Head]:
     await hub.start()
     try:
         await until(
-            lambda: hub.latest is not None
-            and all(n.status("remote").ok for n in hub.latest.nodes)  # type: ignore[union-attr]
+            lambda: hub.latest is not None and all(n.status("remote").ok for n in hub.latest.nodes)  # type: ignore[union-attr]
         )
         yield Head(agent, served, hub, published, shown)
     finally:
@@ -182,7 +185,10 @@ async def test_every_published_snapshot_shows_each_node_as_judged_afresh(head: H
     await head.serve(fleet, XID_NODE, xids_on(1, Action.FIT, "(2 times)"))
     fleet = with_xid(fleet, XID_NODE, 1, 13, 3)
     await head.serve(fleet, XID_NODE, xids_on(1, Action.WATCH, "(3 times)"))
-    assert "repeats on this GPU" in gpu_verdict(head.node(XID_NODE), head.node(XID_NODE).gpus[1]).findings[0].text
+    assert (
+        "repeats on this GPU"
+        in gpu_verdict(head.node(XID_NODE), head.node(XID_NODE).gpus[1]).findings[0].text
+    )
     assert node_verdict(head.node(XID_NODE)).action is before.action  # its worse fault stays
     # a healthy node whose agent says its BMC stopped answering, its verdict's words alike
     fit = next(n.node for n in fleet.nodes if n.bmc is not None and node_verdict(n).fit)
@@ -206,17 +212,37 @@ async def test_every_published_snapshot_shows_each_node_as_judged_afresh(head: H
         assert showed == afresh(snapshot), snapshot.seq
 
 
+def xid_count(snapshot: FleetSnapshot) -> int:
+    node = snapshot.node(XID_NODE)
+    assert node is not None
+    return sum(x.count for x in node.gpus[1].xids) if node.gpus else -1  # -1: not read yet
+
+
 async def test_a_node_moved_removed_or_reordered_keeps_its_own_verdict(head: Head) -> None:
-    """Copies of the hub's snapshots with their nodes reordered, one left out or moved to
-    the front, judged between the hub's own: every node shows its own verdict."""
+    """The hub's snapshots judged as a console may take them: some passed over, and copies
+    with their nodes reordered, one left out, moved to the front, or one node taken from a
+    later snapshot (what the hub rebuilt for the snapshot copied says nothing of the
+    copy). Every node shows its own verdict, as of the snapshot judged."""
     fleet = head.served.held
+    fleet = with_xid(fleet, XID_NODE, 1, 13, 2)
+    await head.serve(fleet, XID_NODE, xids_on(1, Action.FIT, "(2 times)"))
+    await asyncio.sleep(0.5)
     fleet = with_xid(fleet, XID_NODE, 1, 13, 3)
     await head.serve(fleet, XID_NODE, xids_on(1, Action.WATCH, "(3 times)"))
-    fleet = with_stale(fleet, STALE_NODE, "fabric", True)
-    await head.serve(fleet, STALE_NODE, lambda n: not n.status("fabric").ok)  # type: ignore[union-attr]
+    await asyncio.sleep(0.5)
     await head.hub.stop()
-    published = list(head.published[-6:])
-    assert len(published) == 6
+    published = list(head.published)
+    counts = [xid_count(s) for s in published]
+    later = published[-1]
+    assert counts[-1] == 3
+
+    def unrebuilt(i: int) -> bool:  # the XID node as in the snapshot before
+        return published[i].node(XID_NODE) is published[i - 1].node(XID_NODE)
+
+    # one published with 2 XIDs, the next with the XID node as it was
+    two = next(i for i in range(1, len(published)) if counts[i] == 2 and unrebuilt(i))
+    # one published with 3 XIDs, the XID node as in the one before (3 as well)
+    three = next(i for i in range(1, len(published)) if counts[i - 1] == 3 and unrebuilt(i))
 
     def reordered(s: FleetSnapshot) -> FleetSnapshot:
         return msgspec.structs.replace(s, nodes=tuple(reversed(s.nodes)))
@@ -227,23 +253,28 @@ async def test_a_node_moved_removed_or_reordered_keeps_its_own_verdict(head: Hea
     def moved_first(s: FleetSnapshot) -> FleetSnapshot:
         return msgspec.structs.replace(s, nodes=(s.nodes[-1], *s.nodes[:-1]))
 
-    # each copy is of the snapshot after the one judged before it, which its hub published
-    # right after: what the hub says it rebuilt is of the hub's own snapshot, not the copy's
+    def mixed(s: FleetSnapshot) -> FleetSnapshot:
+        nodes = tuple(later.node(n.node) if n.node == XID_NODE else n for n in s.nodes)
+        return msgspec.structs.replace(s, nodes=nodes)  # type: ignore[arg-type]
+
     order = [
-        published[0],
-        reordered(published[1]),
-        published[2],
-        one_left_out(published[3]),
-        published[4],
-        moved_first(published[5]),
-        published[5],
+        published[two - 1],
+        mixed(published[two]),  # the XID node of the later snapshot, 3 XIDs
+        published[two - 1],
+        published[three],  # those between passed over: the XID node has 3 XIDs now
+        reordered(published[three + 1]),
+        published[three + 2],
+        one_left_out(published[three + 3]),
+        published[three + 4],
+        moved_first(published[three + 5]),
+        published[three + 5],
     ]
     expected = [afresh(s) for s in order]
     forget_verdicts()
-    for snapshot, want in zip(order, expected, strict=True):
+    for at, (snapshot, want) in enumerate(zip(order, expected, strict=True)):
         judge_fleet(snapshot)
-        assert seen(snapshot) == want
-        assert seen(snapshot) == want  # asked again: the same
+        assert seen(snapshot) == want, at
+    assert [xid_count(s) for s in order[:4]] == [2, 3, 2, 3]
 
 
 def test_a_snapshot_read_from_json_says_nothing_of_what_a_hub_rebuilt() -> None:
