@@ -173,9 +173,9 @@ def xids_on(gpu: int, action: Action, times: str) -> Shows:
 
 
 async def test_every_published_snapshot_shows_each_node_as_judged_afresh(head: Head) -> None:
-    """XIDs counted up on one GPU, a source of another node going stale and back, an agent
-    that stops serving a node and serves it again: each snapshot the head published showed
-    every node as judging it afresh does, and the changes themselves."""
+    """XIDs counted up on one GPU, a node added, a source of another node going stale and
+    back, an agent that stops serving a node and serves it again: each snapshot the head
+    published showed every node as judging it afresh does, and the changes themselves."""
     fleet = head.served.held
     calm = node_verdict(head.node(STALE_NODE))
     assert calm.health is Health.CRITICAL  # a failed fan: stale never hides it
@@ -190,6 +190,10 @@ async def test_every_published_snapshot_shows_each_node_as_judged_afresh(head: H
         in gpu_verdict(head.node(XID_NODE), head.node(XID_NODE).gpus[1]).findings[0].text
     )
     assert node_verdict(head.node(XID_NODE)).action is before.action  # its worse fault stays
+    # a node added to the head as it runs, not read yet
+    head.hub.add_node("dgx-009")
+    await until(lambda: head.hub.latest is not None and len(head.hub.latest.nodes) == 9)
+    assert node_verdict(head.node("dgx-009")).health is Health.UNKNOWN
     # a healthy node whose agent says its BMC stopped answering, its verdict's words alike
     fit = next(n.node for n in fleet.nodes if n.bmc is not None and node_verdict(n).fit)
     fleet = with_stale(fleet, fit, "bmc", True)
