@@ -44,12 +44,14 @@ _LABELS = re.compile(r"^([^{ ]+)(\{)?")
 @dataclass(frozen=True)
 class Member:
     """One scrape target: `node` exported under `name`, as Prometheus scraped it at
-    `instance` (host:port); `up` False: a target Prometheus could not scrape."""
+    `instance` (host:port); `up` False: a target Prometheus could not scrape; `lacks`: the
+    families its agent does not export (an agent older than them)."""
 
     name: str
     instance: str
     node: NodeSnapshot
     up: bool = True
+    lacks: frozenset[str] = frozenset()
 
 
 def overview_families() -> frozenset[str]:
@@ -147,12 +149,13 @@ def write_openmetrics(
     *,
     moving: Collection[str] = (),
     steps: Sequence[float] = (),
+    movers: Collection[str] | None = None,
 ) -> int:
     """Every member's series (only the families named in `keep`, when given) and `up`, at
     time `at`, as one OpenMetrics file that promtool backfills; the number of samples.
     The families in `moving` have a sample more at each of `steps` (times after `at`),
     each value 1 more than at the step before: a query at one step finds every one of
-    them moved since the step before."""
+    them moved since the step before (of the members named in `movers`, when given)."""
     rendered: dict[int, _Rendered] = {}
     named: list[list[str]] = []
     for member in members:
@@ -173,7 +176,7 @@ def write_openmetrics(
         for family, (kind, doc) in families.items():
             out.write(f"# TYPE {family} {kind}\n# HELP {family} {_escape(doc)}\n")
             for member, mine in zip(members, named, strict=True):
-                if not member.up:
+                if not member.up or family in member.lacks:
                     continue  # a target that was not scraped has no series but up
                 one = rendered[id(member.node)]
                 if family in one.pieces:
@@ -183,7 +186,9 @@ def write_openmetrics(
             for by, later in enumerate(steps if family in moving else (), start=1):
                 for member, mine in zip(members, named, strict=True):
                     one = rendered[id(member.node)]
-                    if member.up and family in one.pieces:
+                    if movers is not None and member.name not in movers:
+                        continue
+                    if member.up and family in one.pieces and family not in member.lacks:
                         text = _moved(one.family(family, member.instance, mine), by, later)
                         samples += text.count("\n")
                         out.write(text)

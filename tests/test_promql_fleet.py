@@ -37,6 +37,7 @@ from gpuconsole.sources.promql import (
     PromQLSource,
     drawn_asks,
     drawn_gauges,
+    flag_asks,
     parse_overview,
     round_plan,
 )
@@ -195,7 +196,7 @@ def test_a_round_replaces_what_it_asked_for_and_a_flag_no_longer_raised_reads_ze
     plan = round_plan()
     util, lost, dbe = "DCGM_FI_DEV_GPU_UTIL", "gpuconsole_gpu_lost", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
     asked_util = next(a for a in plan.every if a.named == util)
-    flags = [a for a in plan.every if a.raised]  # each asked for only where raised
+    flags = flag_asks()  # each asked for only where raised
     assert {lost, dbe} <= {m for a in flags for m in a.raised}
     sm = "DCGM_FI_DEV_SM_CLOCK"
     part = next(a for p in plan.parts for a in p if sm in a.metrics)
@@ -333,11 +334,13 @@ def test_the_readme_says_which_queries_the_console_sends() -> None:
     plan = round_plan()
     by = "instance, Hostname, node, exported_node, gpu, source, device, port, netdev"
     assert f"`(…)` below is `{by}`" in scale
-    seen = drawn_asks(within=frozenset({"10.0.0.1:9400", "10.0.0.2:9400"}))
-    assert {a.named for a in seen} == {a.named for a in plan.every} - {"up"} - {
-        m for a in plan.every for m in a.raised
-    }
-    for ask in (*plan.every, *seen):
+    some = frozenset({"10.0.0.1:9400", "10.0.0.2:9400"})
+    seen = drawn_asks(within=some)
+    assert {a.named for a in seen} == set(drawn_gauges())
+    assert {a.named for a in plan.every} == {"up", *drawn_gauges(), names.NODE_GPUS_FLAGGED[0]}
+    flags = (*flag_asks(within=some), *flag_asks())
+    assert all(a.raised == a.metrics for a in flags)
+    for ask in (*plan.every, *seen, *flags):
         # each as the README writes it, with the labels it aggregates by shortened to (…)
         # and the targets a console sees to "…"
         shown = re.sub(r'instance=~"[^"]*"', 'instance=~"…"', ask.query.replace(by, "…"))

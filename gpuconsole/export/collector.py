@@ -105,8 +105,9 @@ def node_metrics(out: Families, node: NodeSnapshot, now: float) -> None:
     _source_metrics(out, node, now)
     ownership = node_ownership(node)
     pods = pod_labels(ownership)
-    for gpu in node.gpus:
-        gpu_metrics(out, node, gpu, pods, ownership)
+    flagged = sum(gpu_metrics(out, node, gpu, pods, ownership) for gpu in node.gpus)
+    # always written, 0 included: a node without it is read from an agent that lacks it
+    out.gauge(names.NODE_GPUS_FLAGGED, ("node",), (node.node,), float(flagged))
     guest_metrics(out, node, ownership, now)
     topology_metrics(out, node)
     verdict_metrics(out, node)

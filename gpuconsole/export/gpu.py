@@ -6,7 +6,7 @@ from gpuconsole.export import names
 from gpuconsole.export.families import Families, Labels, Spec
 from gpuconsole.export.ownership import PodLabels
 from gpuconsole.facts.ownership import Ownership
-from gpuconsole.facts.verdict import gpu_verdict, reading_verdict
+from gpuconsole.facts.verdict import SLOWDOWNS, gpu_verdict, reading_verdict
 from gpuconsole.readings.base import nvml_bus_id
 from gpuconsole.readings.nvml import GpmMetrics, GpuReading
 from gpuconsole.readings.snapshot import NodeSnapshot
@@ -27,6 +27,7 @@ _GPU_INFO = (
 )
 _MIG_INFO = (*names.OWN_LABELS, "gpu_instance", "profile", "mig_uuid", "sm_count")
 _MIG = (*names.DCGM_LABELS, *names.MIG_LABELS)
+_SLOWDOWN_MASK = sum(bit for bit, name in THROTTLE_BITS if name in SLOWDOWNS)
 
 
 def _identity(gpu: GpuReading, ownership: Ownership | None) -> tuple[str, str, str]:
@@ -57,8 +58,9 @@ def gpu_metrics(
     ownership: Ownership | None = None,
     *,
     index: str | None = None,
-) -> None:
-    """Every series of one GPU and its MIG instances. `index`: the gpu label where it is not
+) -> bool:
+    """Every series of one GPU and its MIG instances; whether it wrote a health flag above
+    0 (what gpuconsole_node_gpus_flagged counts). `index`: the gpu label where it is not
     the reading's own (a guest's GPU, which the host's NVML does not number)."""
     ident = _identity(gpu, ownership)
     uuid, bus, model = ident
@@ -91,11 +93,11 @@ def gpu_metrics(
         1.0,
     )
     if gpu.unreadable:  # nothing read: no series, not a row of zeros
-        return
+        return gpu.lost
     xid = node.last_xid.get(uuid)
     out.gauge(names.DCGM_XID, labels, values, float(xid or 0))
     if gpu.lost:
-        return
+        return True
 
     def put(spec: Spec, value: float | int | None, scale: float = 1.0) -> None:
         if value is not None:
@@ -116,6 +118,7 @@ def gpu_metrics(
     put(names.DCGM_SM_CLOCK, gpu.sm_clock_mhz)
     put(names.DCGM_MEM_CLOCK, gpu.mem_clock_mhz)
     put(names.DCGM_PSTATE, gpu.pstate)
+    mask = 0
     if gpu.throttle_known:
         mask = sum(bit for bit, name in THROTTLE_BITS if name in gpu.throttle_reasons)
         put(names.DCGM_THROTTLE, mask)
@@ -186,6 +189,18 @@ def gpu_metrics(
         if mig.mem_used_bytes is not None:
             out.gauge(names.DCGM_FB_USED, mig_labels, mig_values, mig.mem_used_bytes / MIB)
         _profiling(out, mig_labels, mig_values, mig.gpm, _NO_RATES)
+    # the flags the Prometheus overview asks of a node's GPUs where this count is above 0,
+    # each as written above
+    return bool(
+        (xid or 0) > 0
+        or mask & _SLOWDOWN_MASK
+        or (ecc.volatile_uncorrected or 0) > 0
+        or ecc.remap_failure
+        or ecc.remap_pending
+        or (ecc.retired_sbe or 0) > 0
+        or (ecc.retired_dbe or 0) > 0
+        or ecc.retired_pending
+    )
 
 
 def _nvlink_kib_per_s(node: NodeSnapshot, gpu: GpuReading, *directions: str) -> float | None:

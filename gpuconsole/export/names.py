@@ -114,6 +114,13 @@ NODE_VERDICT = (
     "What to do with the node (label action), its GPUs' and every source's evidence "
     "together; the value is the action's rank, as for gpuconsole_gpu_verdict.",
 )
+NODE_GPUS_FLAGGED = (
+    f"{PREFIX}_node_gpus_flagged",
+    "GPUs of the node with a health flag raised in their own series: lost, an XID "
+    "(DCGM_FI_DEV_XID_ERRORS above 0), uncorrectable volatile ECC errors, a row remap "
+    "pending or failed, memory pages retired or a retirement pending, clocks held down by "
+    "heat or power. 0: none of those series of the node is above 0.",
+)
 GPU_XID_WINDOW = (
     f"{PREFIX}_gpu_xid_window",
     "Times the GPU raised this XID within the health window, since its last reset or reboot.",

@@ -105,6 +105,7 @@ _GPU = (
 )
 _SOURCE = (names.SOURCE_UP, names.SOURCE_LAST_OK, names.SOURCE_STALE, names.SOURCE_POLL)
 _NODE = (
+    names.NODE_GPUS_FLAGGED,
     names.NODE_SIMULATED,
     names.BMC_POWER,
     names.BMC_INLET,
@@ -133,19 +134,26 @@ _FREE = names.DCGM_FB_FREE[0]
 _TOTAL = "total MiB"  # kept in a GPU's values beside its series, under no metric's name
 _DRAWN = tuple(spec[0] for spec in _EVERY_ROUND)
 _DRAWN_SET = frozenset(_DRAWN)
-# And where raised (above 0), each GPU's health flags: a few GPUs of a fleet, not all.
+# Each GPU's health flags, asked where raised (above 0) of the nodes whose count of GPUs
+# so flagged (the agent's per-node series) is above 0, or that lack it (an older agent):
+# a few nodes of a fleet, not all. The rest have none raised.
+_FLAGGED = names.NODE_GPUS_FLAGGED[0]
 _RAISED = (
     names.GPU_LOST,
     names.DCGM_XID,
     names.DCGM_ECC_DBE_VOL,
     names.DCGM_REMAP_FAILURE,
     names.DCGM_REMAP_PENDING,
-    # GPUs before Ampere only (none on a newer fleet): asked here, not in the parts
+    # GPUs before Ampere only (none on a newer fleet)
     names.DCGM_RETIRED_SBE,
     names.DCGM_RETIRED_DBE,
     names.DCGM_RETIRED_PENDING,
-    names.DCGM_THROTTLE,
 )
+# The clock throttle reasons: the count takes only clocks held down by heat or power, while
+# the mask holds reasons a busy or idle GPU has (power cap, idle): read in a part like the
+# clocks, and of those nodes each round beside their flags, and of the nodes flagged the
+# round before (the mask of a slowdown that ended).
+_THROTTLE = names.DCGM_THROTTLE[0]
 PARTS = 10  # the rest, one part a round in turn: every series fresh within this many rounds
 # The series a typical node holds of one metric of each kind (8 GPUs, 8 fabric ports, 4
 # sources), which is what a query's cost grows with, Prometheus' and the head's: the parts
@@ -255,18 +263,40 @@ class RoundPlan:
     whole: tuple[Ask, ...]
 
 
+def flag_asks(
+    selector: str = "", within: frozenset[str] | None = None, before: frozenset[str] = frozenset()
+) -> tuple[Ask, ...]:
+    """Each GPU health flag where raised, of the targets at `within` (None: of all), whose
+    answer speaks for every target (the others have none raised); and the throttle mask
+    where raised, of those and the targets at `before`, whose answer speaks for them alone."""
+    if within is None:
+        matched: tuple[Ask, ...] = tuple(
+            _metric_ask(m, selector, raised=True) for m in (*_FLAG_NAMES, _THROTTLE)
+        )
+        return matched
+    asks = []
+    if within:
+        selected = _instances(sorted(within), selector)
+        for metric in _FLAG_NAMES:
+            asked = frozenset({metric})
+            query = _metric_query(metric, selected, raised=True)
+            asks.append(Ask(query, asked, raised=asked, named=metric))
+    if within | before:
+        asks.append(_metric_ask(_THROTTLE, selector, raised=True, within=within | before))
+    return tuple(asks)
+
+
+_FLAG_NAMES = tuple(spec[0] for spec in _RAISED)
+
+
 def round_plan(selector: str = "") -> RoundPlan:
-    """What every round asks (up and the GPU gauges the fleet view draws; the health flags
-    where raised), the parts of the rest, one of which each round adds in turn, and the
-    parts of a whole round."""
-    flags = [s[0] for s in _RAISED]
+    """What every round asks (up, the GPU gauges the fleet view draws, each node's count of
+    flagged GPUs; then each flagged node's flags where raised: `flag_asks`), the parts of the
+    rest, one of which each round adds in turn, and the parts of a whole round."""
     # each metric its own query, side by side (one joined with `or` would drop the flags
     # of a GPU whose gauges it holds: set operators match series on labels without names)
-    every = (
-        *(_metric_ask(m, selector) for m in (UP, *_DRAWN)),
-        *(_metric_ask(m, selector, raised=True) for m in flags),
-    )
-    asked = {m for ask in every for m in ask.metrics}
+    every = tuple(_metric_ask(m, selector) for m in (UP, *_DRAWN, _FLAGGED))
+    asked = {m for ask in every for m in ask.metrics} | set(_FLAG_NAMES)
     rest = [(m, _WEIGHT[_KIND[m]]) for m in _KIND if m not in asked]
     parts = _balanced([*rest, ("", _WEIGHT["info"])], PARTS)
     plan_parts = tuple(
@@ -279,8 +309,8 @@ def round_plan(selector: str = "") -> RoundPlan:
     whole = (
         *every[:2],
         _metric_ask(_FREE, selector),
-        *every[2 : 1 + len(_DRAWN)],
-        *(_metric_ask(m, selector) for m in flags),  # raised or not
+        *every[2:],
+        *(_metric_ask(m, selector) for m in _FLAG_NAMES),  # raised or not
         *(ask for part in plan_parts for ask in part if ask.named != _FREE),
     )
     return RoundPlan(every, plan_parts, whole)
@@ -639,6 +669,21 @@ class FleetSeries:
         self.settle_totals(instances)
         self.read_whole.update(instances)
 
+    def flagged(self) -> frozenset[str]:
+        """Targets Prometheus scrapes with a node that has a GPU flagged, or that does not
+        say (an agent older than the count, or its series gone): theirs are the GPU health
+        flags a round asks."""
+        found = set()
+        for instance, up in self.up.items():
+            if up < 1:
+                continue
+            for held in self.nodes.get(instance, {}).values():
+                count = held.values.get(_FLAGGED)
+                if count is None or not count <= 0:  # NaN: it does not say either
+                    found.add(instance)
+                    break
+        return frozenset(found)
+
     def unheld(self) -> list[str]:
         """Targets Prometheus scrapes that no whole read has covered yet (new to the rounds)."""
         return [i for i, up in self.up.items() if up >= 1 and i not in self.read_whole]
@@ -946,6 +991,7 @@ class PrometheusReader:
         self.queries = overview_queries(selector)
         plan = round_plan(selector)
         self.every, self.parts, self.whole = plan.every, plan.parts, plan.whole
+        self._flagged: frozenset[str] = frozenset()  # the targets the last round asked flags of
         self._series: FleetSeries | None = None  # none until a whole round landed
         self._turn = 0
         self._rested = False  # whether the last round asked no part
@@ -1034,6 +1080,24 @@ class PrometheusReader:
 
         await asyncio.gather(*(one(ask) for ask in asks))
 
+    async def _health(self, series: FleetSeries) -> None:
+        """Each node's count of flagged GPUs, then the flags of the nodes it is above 0 for
+        (or that lack it), where raised: none of the others' is."""
+        await self._take(series, [a for a in self.every if a.named == _FLAGGED])
+        flagged = series.flagged()
+        scraped = sum(1 for up in series.up.values() if up >= 1)
+        if 2 * len(flagged) > scraped:
+            asks = flag_asks(self.selector)  # most of the fleet: cheaper unmatched
+        else:
+            asks = flag_asks(self.selector, flagged, self._flagged)
+        self._flagged = flagged
+        await self._take(series, asks)
+        asked = {a.named for a in asks}
+        for metric in _FLAG_NAMES:
+            if metric not in asked:  # none flagged: what was raised is no longer
+                one = frozenset({metric})
+                series.take_values([], one, one, metric)
+
     async def _read(self) -> Overview:
         series = self._series
         if series is None:
@@ -1055,8 +1119,8 @@ class PrometheusReader:
         if not self._rested:
             part = self.parts[self._turn % len(self.parts)]
             self._turn += 1
-        every = (*(a for a in self.every if a.named not in _DRAWN_SET), *drawn)
-        await self._take(series, (*every, *part))
+        every = (*(a for a in self.every if a.named not in _DRAWN_SET | {_FLAGGED}), *drawn)
+        await asyncio.gather(self._take(series, (*every, *part)), self._health(series))
         if any(ask.named == _FREE for ask in part):
             # the total of those whose used was read this round, beside free
             series.settle_totals(within)
