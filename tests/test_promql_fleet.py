@@ -390,8 +390,9 @@ class MovingFleet(Fleet):
 
 @pytest.fixture
 def moving_fleet(tmp_path: Path) -> Iterator[MovingFleet]:
-    """200 copies of the demo's GPU nodes whose drawn gauges and lost flags move 1 at each
-    step: at the first step after the backfill every GPU of every node is lost."""
+    """200 copies of the demo's GPU nodes whose drawn gauges, lost flags and counts of
+    flagged GPUs move 1 at each step: at the first step after the backfill every GPU of
+    every node is lost."""
     require_program("promtool", "apt-get install prometheus")
     require_program("prometheus", "apt-get install prometheus")
     templates = [n for n in frozen_fleet().nodes if n.gpus]
@@ -399,7 +400,7 @@ def moving_fleet(tmp_path: Path) -> Iterator[MovingFleet]:
     at = time.time() - 60
     steps = [at + 5.0 * k for k in range(3)]
     source = tmp_path / "fleet.om"
-    moving = (*drawn_gauges(), names.GPU_LOST[0])
+    moving = (*drawn_gauges(), names.GPU_LOST[0], names.NODE_GPUS_FLAGGED[0])
     write_openmetrics(source, fleet, at, moving=moving, steps=steps[1:])
     targets = tmp_path / "targets.json"
     targets_file(targets, fleet)

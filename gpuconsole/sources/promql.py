@@ -134,6 +134,7 @@ _FREE = names.DCGM_FB_FREE[0]
 _TOTAL = "total MiB"  # kept in a GPU's values beside its series, under no metric's name
 _DRAWN = tuple(spec[0] for spec in _EVERY_ROUND)
 _DRAWN_SET = frozenset(_DRAWN)
+_ASKED_APART = _DRAWN_SET | {names.NODE_GPUS_FLAGGED[0]}  # asked by the round as it goes
 # Each GPU's health flags, asked where raised (above 0) of the nodes whose count of GPUs
 # so flagged (the agent's per-node series) is above 0, or that lack it (an older agent):
 # a few nodes of a fleet, not all. The rest have none raised.
@@ -957,16 +958,18 @@ class PrometheusReader:
     every node's source (the first to ask starts it, the rest wait for it).
 
     The first round asks for every series, a part at a time. Later rounds ask each time for
-    what moves and what a fleet view draws (up, each GPU's gauges, health flags that are
-    raised) and for one part of the rest, the parts in turn: a round then carries under a
-    quarter of the series a whole one does, and every series is fresh within nine rounds.
+    what moves and what a fleet view draws (up, each GPU's gauges, each node's count of
+    flagged GPUs, then the health flags that are raised of the nodes that count is above 0
+    for or that lack it) and for one part of the rest, the parts in turn: a round then
+    carries under a quarter of the series a whole one does, and every series is fresh
+    within ten rounds.
 
     Where viewers say which nodes they see (`view`: the rows on their screens, the nodes
     they opened), a round asks the GPU gauges of those nodes only, and every node's once
-    each `out_of_view_s`; up, the health flags and the parts stay the whole fleet's, so a
-    row out of view still has its health, its GPUs and figures to sort by. With no viewer
-    (an exporter, a one-shot read) every node counts as seen, as for one that sees every
-    node (a wallboard).
+    each `out_of_view_s`; up, the counts of flagged GPUs and the parts stay the whole
+    fleet's, so a row out of view still has its health, its GPUs and figures to sort by.
+    With no viewer (an exporter, a one-shot read) every node counts as seen, as for one
+    that sees every node (a wallboard).
     """
 
     def __init__(
@@ -1119,7 +1122,7 @@ class PrometheusReader:
         if not self._rested:
             part = self.parts[self._turn % len(self.parts)]
             self._turn += 1
-        every = (*(a for a in self.every if a.named not in _DRAWN_SET | {_FLAGGED}), *drawn)
+        every = (*(a for a in self.every if a.named not in _ASKED_APART), *drawn)
         await asyncio.gather(self._take(series, (*every, *part)), self._health(series))
         if any(ask.named == _FREE for ask in part):
             # the total of those whose used was read this round, beside free
