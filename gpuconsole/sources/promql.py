@@ -155,6 +155,7 @@ _RAISED = (
 # clocks, and of those nodes each round beside their flags, and of the nodes flagged the
 # round before (the mask of a slowdown that ended).
 _THROTTLE = names.DCGM_THROTTLE[0]
+_FLAG_NAMES = tuple(spec[0] for spec in _RAISED)
 PARTS = 10  # the rest, one part a round in turn: every series fresh within this many rounds
 # The series a typical node holds of one metric of each kind (8 GPUs, 8 fabric ports, 4
 # sources), which is what a query's cost grows with, Prometheus' and the head's: the parts
@@ -271,10 +272,7 @@ def flag_asks(
     answer speaks for every target (the others have none raised); and the throttle mask
     where raised, of those and the targets at `before`, whose answer speaks for them alone."""
     if within is None:
-        matched: tuple[Ask, ...] = tuple(
-            _metric_ask(m, selector, raised=True) for m in (*_FLAG_NAMES, _THROTTLE)
-        )
-        return matched
+        return tuple(_metric_ask(m, selector, raised=True) for m in (*_FLAG_NAMES, _THROTTLE))
     asks = []
     if within:
         selected = _instances(sorted(within), selector)
@@ -285,9 +283,6 @@ def flag_asks(
     if within | before:
         asks.append(_metric_ask(_THROTTLE, selector, raised=True, within=within | before))
     return tuple(asks)
-
-
-_FLAG_NAMES = tuple(spec[0] for spec in _RAISED)
 
 
 def round_plan(selector: str = "") -> RoundPlan:
