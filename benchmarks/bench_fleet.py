@@ -20,6 +20,11 @@ Figures are medians over two-second windows of the steady state, after every nod
 answered once. Of the head's CPU, decoding is what AgentSource.parse took in it. The child shares the machine, so on a small box the head competes with a
 thousand agents' worth of serving; compare figures from one run.
 
+`GPUCONSOLE_BENCH_PROFILE=N` runs each head under cProfile and prints its N costliest
+functions (by their own time, then by time inclusive) after the run's figures: the profiler
+slows the head, so those runs' figures are not the head's. `--runs` picks runs by label
+(`gzip-parts-polled,gzip-parts-watched`), since a whole pass takes about five minutes.
+
 Targets: the head under one core, under 100 ms per fleet update, under 500 MB
 resident; the verdicts of every node of each published snapshot (facts.verdict.judge_fleet,
 as a console takes each snapshot: the nodes it changed judged, with what the fleet's health
@@ -83,6 +88,15 @@ VERDICT_SHARE = 0.05  # the verdicts of every node of a snapshot, of its publish
 LIGHT_TARGET_CORES = 0.35  # a head that any codec could make: decoding alone cannot get there
 LIGHT_RSS_MB = 250.0
 PAGE = os.sysconf("SC_PAGE_SIZE")
+PROFILE_ENV = "GPUCONSOLE_BENCH_PROFILE"  # N: profile each head, print its N costliest calls
+# each run: (gzip, parts and verdicts, watched), by its label
+RUNS = {
+    "json-whole-polled": (False, False, False),
+    "json-parts-polled": (False, True, False),
+    "gzip-whole-polled": (True, False, False),
+    "gzip-parts-polled": (True, True, False),
+    "gzip-parts-watched": (True, True, True),
+}
 T = TypeVar("T")
 
 
@@ -439,6 +453,27 @@ async def _head(ports: list[int], seconds: int) -> Figures:
     )
 
 
+def _profiled(run: Callable[[], T], top: int) -> T:
+    """`run` under cProfile; its `top` costliest functions, by their own time and then by
+    time inclusive, printed to stderr, and the whole profile written to a file it names
+    (for pstats' callers and callees)."""
+    import cProfile
+    import pstats
+
+    # its default clock, the wall's: a CPU clock is a system call per function entered,
+    # which slows the head to a tenth. Waiting for the agents shows as the loop's select.
+    profile = cProfile.Profile()
+    try:
+        return profile.runcall(run)
+    finally:
+        kept = Path(tempfile.gettempdir()) / f"bench_fleet-head-{os.getpid()}.prof"
+        profile.dump_stats(kept)
+        print(f"  the head's profile: {kept}", file=sys.stderr)
+        stats = pstats.Stats(profile, stream=sys.stderr)
+        stats.sort_stats("tottime").print_stats(top)
+        stats.sort_stats("cumulative").print_stats(top)
+
+
 def _run(
     frames_file: Path, nodes: int, seconds: int, compress: bool, parts: bool, watch: bool
 ) -> Figures:
@@ -454,6 +489,8 @@ def _run(
         head = [sys.executable, "-m", "benchmarks.bench_fleet", "--head", "-"]
         head += ["--seconds", str(seconds)]
         measured = subprocess.run(head, input=ports, capture_output=True, text=True, check=True)
+        if os.environ.get(PROFILE_ENV):
+            print(measured.stderr, end="")
         figures = Figures(**json.loads(measured.stdout.splitlines()[-1]))
         child.stdin.close()
         answers = {int(k): v for k, v in json.loads(child.stdout.readline() or "{}").items()}
@@ -502,7 +539,7 @@ def _verdict(met: bool) -> str:
     return "met" if met else "MISSED"
 
 
-def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
+def main(nodes: int = NODES, seconds: int = SECONDS, runs: tuple[str, ...] = tuple(RUNS)) -> None:
     # a head that falls behind logs every stale node; the figures say it once
     logging.getLogger("gpuconsole").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory() as folder:
@@ -534,11 +571,9 @@ def main(nodes: int = NODES, seconds: int = SECONDS) -> None:
         )
         del frames, bodies
         gc.collect()
-        # agents that do not stream answer the head's watch as a poll: it polls them
-        runs = [(False, False, False), (False, True, False), (True, False, False)]
-        runs += [(True, True, False), (True, True, True)]
         peaks: list[float] = []
-        for compress, parts, watch in runs:
+        # agents that do not stream answer the head's watch as a poll: it polls them
+        for compress, parts, watch in (RUNS[run] for run in runs):
             f = _run(frames_file, nodes, seconds, compress, parts, watch)
             peaks.append(f.peak_rss_mb)
             label = ("gzip" if compress else "json") + (
@@ -619,6 +654,11 @@ if __name__ == "__main__":
     )
     parser.add_argument("--watch", action="store_true", help="the child streams a watch")
     parser.add_argument(
+        "--runs",
+        default=",".join(RUNS),
+        help=f"the runs to make, by label, comma-separated (default: all: {','.join(RUNS)})",
+    )
+    parser.add_argument(
         "--head", metavar="-", help="be the head (a child): read the agents' ports on stdin"
     )
     args = parser.parse_args()
@@ -626,11 +666,20 @@ if __name__ == "__main__":
         _write_frames(Path(args.record))
     elif args.head:
         logging.getLogger("gpuconsole").setLevel(logging.ERROR)
-        read = asyncio.run(_head(json.loads(sys.stdin.readline()), args.seconds))
+        ports = json.loads(sys.stdin.readline())
+        profiled = int(os.environ.get(PROFILE_ENV) or 0)
+        if profiled:
+            read = _profiled(lambda: asyncio.run(_head(ports, args.seconds)), profiled)
+        else:
+            read = asyncio.run(_head(ports, args.seconds))
         print(json.dumps(dataclasses.asdict(read)))
     elif args.serve:
         asyncio.run(
             _serve_agents(Path(args.serve), args.nodes, args.gzip, not args.whole, args.watch)
         )
     else:
-        main(args.nodes, args.seconds)
+        picked = tuple(r for r in args.runs.split(",") if r)
+        unknown = [r for r in picked if r not in RUNS]
+        if unknown:
+            parser.error(f"no run {', '.join(unknown)}; runs: {', '.join(RUNS)}")
+        main(args.nodes, args.seconds, picked)
