@@ -110,9 +110,15 @@ class AgentClient:
         if self._session is None or self._session.closed:
             self._slots = asyncio.Semaphore(self.max_connections)  # of this session's loop
             connector = aiohttp.TCPConnector(limit=self.max_connections, ttl_dns_cache=300)
-            # no timeout of aiohttp's own: get() times the wait for a connection as well
+            # no timeout of aiohttp's own: get() times the wait for a connection as well.
+            # Bodies are inflated here, in one call (aiohttp's inflating as it reads costs a
+            # head polling a thousand agents twice that), and no peer sets a cookie.
             self._session = aiohttp.ClientSession(
-                connector=connector, auth=self._auth, timeout=aiohttp.ClientTimeout()
+                connector=connector,
+                auth=self._auth,
+                timeout=aiohttp.ClientTimeout(),
+                auto_decompress=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 
@@ -129,11 +135,11 @@ class AgentClient:
         when the peer says that copy is current. Errors say what went wrong in a line,
         naming the `peer`; TimeoutError after `timeout_s`, waiting for a connection included."""
         session = self._client()
-        headers = {"If-None-Match": etag} if etag else None
+        headers = {"Accept-Encoding": "gzip", "If-None-Match": etag} if etag else _GZIP
         try:
             async with asyncio.timeout(timeout_s), self._slots:
                 async with session.get(url, headers=headers) as response:
-                    return await _answer(response, peer, limit, etag)
+                    return await _answer(response, peer, limit, etag, packed=True)
         except aiohttp.ClientConnectorError as exc:
             raise ConnectionError(f"{peer} unreachable: {exc.os_error or exc}") from None
         except aiohttp.ClientError as exc:
@@ -156,7 +162,7 @@ class AgentClient:
                 if response.status == 200 and response.content_type == WATCH_TYPE:
                     return response
                 try:
-                    return await _answer(response, peer, limit, None)
+                    return await _answer(response, peer, limit, None, packed=False)
                 finally:
                     response.release()
         except aiohttp.ClientConnectorError as exc:
@@ -190,11 +196,15 @@ class NotFound(ConnectionError):
     """The peer answered 404: it has no such thing (an agent: no such node)."""
 
 
+_GZIP = {"Accept-Encoding": "gzip"}
+
+
 async def _answer(
-    response: aiohttp.ClientResponse, peer: str, limit: int, etag: str | None
+    response: aiohttp.ClientResponse, peer: str, limit: int, etag: str | None, *, packed: bool
 ) -> Answer:
     """A response read as get() answers: its body, None for a copy still current, errors
-    saying in a line what went wrong."""
+    saying in a line what went wrong. `packed`: the body is as the peer sent it (gzip where
+    it says so), not inflated by aiohttp."""
     if response.status == 304 and etag:
         return Answer(None, etag)
     if response.status == 404:
@@ -206,7 +216,27 @@ async def _answer(
     body = await _read_body(response, limit + 1)
     if len(body) > limit:
         raise ValueError(f"{peer} sent more than {limit} bytes")
+    encoding = response.headers.get("Content-Encoding", "identity") if packed else "identity"
+    if encoding.strip().lower() == "gzip":
+        body = _gunzip(body, peer, limit)
+    elif encoding.strip().lower() != "identity":
+        raise ValueError(f"{peer} sent its body as {safe_text(encoding)[:40]}, asked for gzip")
     return Answer(body, response.headers.get("ETag"))
+
+
+def _gunzip(body: bytes, peer: str, limit: int, what: str = "body") -> bytes:
+    """A gzip `what` (a body, a frame) inflated, no more than `limit` bytes; ValueError for
+    what does not inflate whole."""
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error:
+        raise ValueError(f"{peer} sent a gzip {what} that does not inflate") from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise ValueError(f"{peer} sent a {what} that inflates to more than {limit} bytes")
+    if not inflater.eof:
+        raise ValueError(f"{peer} sent a gzip {what} cut short")
+    return out
 
 
 def _json(body: bytes, peer: str) -> Any:
@@ -326,6 +356,19 @@ class AgentSource:
         since the last poll); the watch is opened first where none is, and again at once
         where one that has served before ended (an agent restarted). Whatever else goes
         wrong ends the watch, and a later poll opens another."""
+        if self._stream is not None:
+            # a frame has come since the last poll, as it does at 1 Hz: taken with no timer
+            # of its own (the hub times the poll, and a thousand timers a second cost)
+            try:
+                arrived = self._newest_frame(self._stream)
+            except (ConnectionError, aiohttp.ClientError):
+                arrived = None
+                self._end_watch()  # it served before: opened again below
+            except BaseException:
+                self._end_watch()
+                raise
+            if arrived is not None:
+                return self._watched_reading(*arrived)
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
@@ -364,6 +407,10 @@ class AgentSource:
         except BaseException:
             self._end_watch()
             raise
+        return self._watched_reading(kind, payload)
+
+    def _watched_reading(self, kind: bytes, payload: bytes) -> AgentReading:
+        """The reading of a watch's frame: a beat renews what it sent last."""
         if not payload:  # a beat: what it sent last stands
             assert self._watched is not None
             return msgspec.structs.replace(self._watched, at=self._clock())
@@ -378,19 +425,25 @@ class AgentSource:
     async def _next_frame(self, stream: aiohttp.ClientResponse) -> tuple[bytes, bytes]:
         """The newest whole frame that has arrived (older ones are passed over unread),
         else the next to arrive; a beat only where a reading has come before it."""
-        content, frames = stream.content, self._frames
-        newest: tuple[bytes, bytes] | None = None
-        while True:
-            frames += content.read_nowait(-1)
-            while (got := _take_frame(frames)) is not None:
-                if got[1] or newest is None:
-                    newest = got
-            if newest is not None and (newest[1] or self._watched is not None):
-                return newest
-            chunk = await content.readany()
+        while (newest := self._newest_frame(stream)) is None:
+            chunk = await stream.content.readany()
             if not chunk:
                 raise ConnectionError("it ended")
-            frames += chunk
+            self._frames += chunk
+        return newest
+
+    def _newest_frame(self, stream: aiohttp.ClientResponse) -> tuple[bytes, bytes] | None:
+        """The newest whole frame that has arrived, older ones passed over unread; a beat
+        only where a reading has come before it; None while none has."""
+        frames = self._frames
+        frames += stream.content.read_nowait(-1)
+        newest: tuple[bytes, bytes] | None = None
+        while (got := _take_frame(frames)) is not None:
+            if got[1] or newest is None:
+                newest = got
+        if newest is not None and (newest[1] or self._watched is not None):
+            return newest
+        return None
 
     def _end_watch(self) -> None:
         if self._stream is not None:
@@ -589,18 +642,7 @@ def _take_frame(frames: bytearray) -> tuple[bytes, bytes] | None:
 def _inflate(payload: bytes) -> bytes:
     """A gzip frame's JSON, no more than a body may have; ValueError for what does not
     inflate whole."""
-    inflater = zlib.decompressobj(wbits=31)
-    try:
-        body = inflater.decompress(payload, MAX_BODY_BYTES + 1)
-    except zlib.error:
-        raise ValueError("agent's watch sent a gzip frame that does not inflate") from None
-    if len(body) > MAX_BODY_BYTES or inflater.unconsumed_tail:
-        raise ValueError(
-            f"agent's watch sent a frame that inflates to more than {MAX_BODY_BYTES} bytes"
-        )
-    if not inflater.eof:
-        raise ValueError("agent's watch sent a gzip frame cut short")
-    return body
+    return _gunzip(payload, "agent's watch", MAX_BODY_BYTES, "frame")
 
 
 class _Document(msgspec.Struct):
