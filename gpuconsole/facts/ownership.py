@@ -801,6 +801,13 @@ def _nvml_key(nvml: NvmlReading | None) -> _NvmlKey:
     return tuple(key)
 
 
+def _same_tenancy(seen: TenancyReading, tenancy: TenancyReading) -> bool:
+    """Whether two tenancy readings say the same, whenever each was read: its source reads
+    every few seconds and mostly finds what it found before, which resolves to the same
+    owners (`resolve_owners` does not read when)."""
+    return seen is tenancy or msgspec.structs.replace(tenancy, at=seen.at) == seen
+
+
 def node_ownership(node: NodeSnapshot) -> Ownership | None:
     """The ownership of a node's GPUs, or None until its tenancy source has read once.
 
@@ -823,7 +830,8 @@ def node_ownership(node: NodeSnapshot) -> Ownership | None:
     with _cache_lock:
         entries = _cache.get(node.node) or []
         for at, seen in enumerate(entries):
-            if seen.tenancy is tenancy and seen.key == key:
+            if seen.key == key and _same_tenancy(seen.tenancy, tenancy):
+                seen.tenancy = tenancy  # asked by identity next time
                 if at == 0:
                     seen.nvml = nvml
                 _cache.move_to_end(node.node)
