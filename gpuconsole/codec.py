@@ -536,20 +536,18 @@ class Partial(msgspec.Struct, frozen=True):
 
 _Step = tuple[str, Convert | None, Fix | None]
 _PARTIALS: dict[tuple[Any, tuple[str, ...], tuple[str, ...]], tuple[Any, list[_Step]]] = {}
+_PARTIAL_DECODERS: dict[tuple[Any, tuple[str, ...], tuple[str, ...]], Any] = {}
 _RAW_ABSENT = msgspec.Raw(b"null")
 
 
-def read_partial(
-    kind: Any,
-    body: bytes,
-    where: str = "$",
-    *,
-    raw: tuple[str, ...] = (),
-    extra: tuple[str, ...] = (),
-) -> Partial:
-    """`kind`'s fields from JSON whose strings are safe to show (`safe_body`'s), but those
-    named in `raw`, kept as their JSON for `read_field`; with the `extra` fields the JSON
-    may carry beside them, as plain values. DecodeError says where it does not fit."""
+def partial_type(kind: Any, *, raw: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> Any:
+    """The type `read_partial` decodes `kind` into, for a reader that decodes a document
+    holding one in a single pass: `finish_partial` then makes the Partial of what msgspec
+    decoded into it."""
+    return _partial(kind, raw, extra)[0]
+
+
+def _partial(kind: Any, raw: tuple[str, ...], extra: tuple[str, ...]) -> tuple[Any, list[_Step]]:
     key = (kind, raw, extra)
     found = _PARTIALS.get(key)
     if found is None:
@@ -564,12 +562,15 @@ def read_partial(
         steps = [
             (f.name, _wire(hint).convert, _fix(hint)) for f, hint in fields if f.name not in raw
         ]
-        found = _PARTIALS[key] = (msgspec.json.Decoder(mirror), steps)
-    decoder, steps = found
-    try:
-        decoded = decoder.decode(body)
-    except (msgspec.DecodeError, RecursionError) as exc:
-        raise refused(exc, where) from None
+        found = _PARTIALS[key] = (mirror, steps)
+    return found
+
+
+def finish_partial(
+    kind: Any, decoded: Any, *, raw: tuple[str, ...] = (), extra: tuple[str, ...] = ()
+) -> Partial:
+    """The Partial of what msgspec decoded into `partial_type(kind, raw=raw, extra=extra)`."""
+    steps = _partial(kind, raw, extra)[1]
     values: dict[str, Any] = {}
     for name, convert, fix in steps:
         value = getattr(decoded, name)
@@ -584,6 +585,28 @@ def read_partial(
         if part is not _RAW_ABSENT and bytes(part) != b"null":
             held[name] = bytes(part)  # not the Raw: it holds the whole body
     return Partial(values, held, {name: getattr(decoded, name) for name in extra})
+
+
+def read_partial(
+    kind: Any,
+    body: bytes,
+    where: str = "$",
+    *,
+    raw: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
+) -> Partial:
+    """`kind`'s fields from JSON whose strings are safe to show (`safe_body`'s), but those
+    named in `raw`, kept as their JSON for `read_field`; with the `extra` fields the JSON
+    may carry beside them, as plain values. DecodeError says where it does not fit."""
+    key = (kind, raw, extra)
+    decoder = _PARTIAL_DECODERS.get(key)
+    if decoder is None:
+        decoder = _PARTIAL_DECODERS[key] = msgspec.json.Decoder(_partial(kind, raw, extra)[0])
+    try:
+        decoded = decoder.decode(body)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise refused(exc, where) from None
+    return finish_partial(kind, decoded, raw=raw, extra=extra)
 
 
 def read_field(kind: Any, name: str, body: bytes, where: str = "$") -> Any:
@@ -606,8 +629,10 @@ __all__ = [
     "decode_node",
     "dumps",
     "encode",
+    "finish_partial",
     "loads",
     "parse_json",
+    "partial_type",
     "read",
     "read_field",
     "read_partial",

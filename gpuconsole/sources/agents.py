@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import gc
 import operator
 import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 from urllib.parse import quote
 
 import aiohttp
@@ -24,8 +25,11 @@ from yarl import URL
 
 from gpuconsole.codec import (
     DecodeError,
+    Partial,
     decode,
+    finish_partial,
     parse_json,
+    partial_type,
     read_field,
     read_partial,
     refused,
@@ -483,12 +487,23 @@ class AgentSource:
         re-posted; ValueError says what does not fit."""
         try:
             body = safe_body(body)
-            document, nodes = _document(body)
+            one = _one_node(body)
+            if one is None or one.schema_version != SCHEMA_VERSION:
+                document, nodes = _document(body)
         except (DecodeError, msgspec.DecodeError, RecursionError) as exc:
             refusal = exc if isinstance(exc, DecodeError) else refused(exc)
             if str(refusal).startswith("not JSON"):
                 raise ValueError(f"agent sent something that is {refusal}") from None
             raise ValueError("agent sent JSON that is not an object") from None
+        if one is not None and one.schema_version == SCHEMA_VERSION:
+            # as every agent sends it: one node, read in the document's one pass
+            where = f"{self.url} $.nodes[0]"
+            try:
+                node = finish_partial(NodeSnapshot, one.nodes[0], raw=_RAW, extra=_EXTRA)
+                snapshot = self._decode(node, where)
+            except DecodeError as exc:
+                raise ValueError(f"agent sent a snapshot that does not fit: {exc}") from None
+            return self._reading(snapshot, one, 1)
         version = document.schema_version
         if version != SCHEMA_VERSION:
             shown = safe_text(repr(version))[:40]
@@ -501,15 +516,24 @@ class AgentSource:
             at = next((i for i, n in enumerate(names) if n in (self.node, self.asks)), -1)
             if at < 0:
                 raise ValueError(f"agent at {self.url} does not serve node {self.node}")
+        where = f"{self.url} $.nodes[{at}]"
         try:  # a lone node is read under any name
-            snapshot = self._decode(bytes(nodes[at]), f"{self.url} $.nodes[{at}]")
+            node = read_partial(NodeSnapshot, bytes(nodes[at]), where, raw=_RAW, extra=_EXTRA)
+            snapshot = self._decode(node, where)
         except DecodeError as exc:
             raise ValueError(f"agent sent a snapshot that does not fit: {exc}") from None
+        return self._reading(snapshot, document, len(nodes))
+
+    def _reading(
+        self, snapshot: NodeSnapshot, document: _Document | _Nodes | _OneNode, nodes: int
+    ) -> AgentReading:
+        """The reading of `snapshot`, read from `document` (of that many nodes), whose
+        events are re-posted."""
         if self._emit is not None and bytes(document.events) not in (b"null", b"[]"):
-            self._repost_events(document.events, len(nodes) > 1)
+            self._repost_events(document.events, nodes > 1)
         return AgentReading(self._clock(), self.url, snapshot, self.summary and not self.detail)
 
-    def _decode(self, body: bytes, where: str) -> NodeSnapshot:
+    def _decode(self, node: Partial, where: str) -> NodeSnapshot:
         """The node, reusing each part (BMC, fabric, tenancy) the agent left out as held, or
         sent exactly as last time.
 
@@ -517,7 +541,6 @@ class AgentSource:
         costs far less than decoding it again, and a part kept as the same object keeps
         what is remembered per reading (the owners of a node's GPUs) remembered.
         """
-        node = read_partial(NodeSnapshot, body, where, raw=_RAW, extra=_EXTRA)
         fields = node.fields
         verdict, fresh = self._verdict(node.raw.pop("verdict", None), where, fields["statuses"])
         fields["verdict"] = verdict
@@ -674,6 +697,37 @@ _EXTRA = ("kept", "versions")  # what an agent's node carries beside the snapsho
 # read apart, as raw JSON: a part or verdict sent as before is not decoded again
 _RAW = (*STEADY_PARTS, "verdict")
 _OK = operator.attrgetter("ok")
+
+
+@functools.cache
+def _one_node_decoder() -> msgspec.json.Decoder[Any]:
+    node = partial_type(NodeSnapshot, raw=_RAW, extra=_EXTRA)
+    kind = msgspec.defstruct(
+        "_OneNode",
+        [
+            ("schema_version", Any, None),
+            ("nodes", tuple[node], ()),  # type: ignore[valid-type]
+            ("events", msgspec.Raw, msgspec.Raw(b"null")),
+        ],
+    )
+    return msgspec.json.Decoder(kind)
+
+
+class _OneNode(Protocol):
+    schema_version: Any
+    nodes: tuple[Any]
+    events: msgspec.Raw
+
+
+def _one_node(body: bytes) -> _OneNode | None:
+    """A document of one node that fits a snapshot, decoded in one pass; None for any
+    other (several nodes, or any that does not fit): `_document` reads it apart, and says
+    what does not fit."""
+    try:
+        document: _OneNode = _one_node_decoder().decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return document if len(document.nodes) == 1 else None
 
 
 def _document(body: bytes) -> tuple[_Document | _Nodes, list[msgspec.Raw]]:
