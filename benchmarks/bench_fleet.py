@@ -64,11 +64,10 @@ from gpuconsole.facts.verdict import forget_verdicts, judge_fleet
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.agents import (
     BEAT,
-    STEADY_PARTS,
     WATCH_TYPE,
     frame,
     held_parts,
-    part_version,
+    part_versions,
 )
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.sources.agents import AgentSource
@@ -132,7 +131,7 @@ def _part_frames(shots: list[FleetSnapshot]) -> list[list[Frame]]:
         for shot in shots:
             node = shot.node(name)
             assert node is not None
-            versions = {p: part_version(getattr(node, p)) for p in STEADY_PARTS if getattr(node, p)}
+            versions = part_versions(node, summary=True)
             subsets = [
                 tuple(p for i, p in enumerate(versions) if mask >> i & 1)
                 for mask in range(1 << len(versions))

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -18,6 +22,7 @@ from gpuconsole.export.agent import Agent, Body, accepts_gzip, respond, select, 
 from gpuconsole.facts import summaries
 from gpuconsole.facts.verdict import node_verdict
 from gpuconsole.hub import Hub, HubSettings
+from gpuconsole.readings.agents import part_version
 from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.fabric import port_deltas, port_problems, port_rates
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
@@ -530,11 +535,12 @@ async def test_connections_are_bounded() -> None:
     assert 1 <= most <= 3
 
 
-def with_bmc_at(fleet: FleetSnapshot, at: float) -> FleetSnapshot:
-    """The next snapshot, where the first node's BMC was read again at `at`."""
+def with_bmc(fleet: FleetSnapshot, **read: Any) -> FleetSnapshot:
+    """The next snapshot, where the first node's BMC was read again: at another time, or
+    with other figures."""
     node = fleet.nodes[0]
     assert node.bmc is not None
-    node = msgspec.structs.replace(node, bmc=msgspec.structs.replace(node.bmc, at=at))
+    node = msgspec.structs.replace(node, bmc=msgspec.structs.replace(node.bmc, **read))
     return msgspec.structs.replace(fleet, seq=fleet.seq + 1, nodes=(node, *fleet.nodes[1:]))
 
 
@@ -565,11 +571,17 @@ async def test_parts_the_head_holds_are_not_sent_again() -> None:
         assert second.node == codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
         assert second.node.fabric is first.node.fabric  # kept, not sent
         assert sizes[1] < sizes[0] * 0.6, sizes  # 13 KiB of 26
-        hub.held = with_bmc_at(hub.held, 1_796_000_099.0)
+        hub.held = with_bmc(hub.held, power_w=4321.0)
         third = await source.poll()
-        assert third.node.bmc is not None and third.node.bmc.at == 1_796_000_099.0
+        assert third.node.bmc is not None and third.node.bmc.power_w == 4321.0
         assert third.node == codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
         assert sizes[0] > sizes[2] > sizes[1], sizes
+        # read again, finding what it found before: only its time is sent
+        hub.held = with_bmc(hub.held, at=1_796_000_099.0)
+        fourth = await source.poll()
+        assert fourth.node.bmc is not None and fourth.node.bmc.at == 1_796_000_099.0
+        assert fourth.node == codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
+        assert sizes[3] < sizes[1] + 64, sizes
         # a head of the previous version asks without `have`: the body it always had
         async with aiohttp.ClientSession() as session:
             url = f"http://127.0.0.1:{agent.port}/api/v1/snapshot?view=summary&node=dgx-002"
@@ -579,6 +591,56 @@ async def test_parts_the_head_holds_are_not_sent_again() -> None:
     finally:
         await source.close()
         await agent.stop()
+
+
+async def test_a_part_that_changed_is_sent_though_its_source_read_it_at_the_same_time() -> None:
+    """A part's version is what it says, not when it was read: a BMC read again within the
+    clock's resolution (or after the clock stepped back) with other figures is sent, and the
+    head shows them; as it does on a watch."""
+    hub = HeldHub(select(frozen_fleet(), "dgx-002", summary=False))
+    agent = Agent(hub, AgentSettings(port=0))
+    await agent.start()
+    client = AgentClient()
+    polled = AgentSource("dgx-002", f"http://127.0.0.1:{agent.port}", client, watch=False)
+    watched = AgentSource(
+        "dgx-002", f"http://127.0.0.1:{agent.port}", client, interval_s=0.2, timeout_s=3.0
+    )
+    try:
+        for source in (polled, watched):
+            first = await source.poll()
+            assert first.node.bmc is not None and first.node.bmc.power_w != 4321.0
+        at = hub.held.nodes[0].bmc.at  # type: ignore[union-attr]
+        hub.held = with_bmc(hub.held, power_w=4321.0, at=at)
+        for source in (polled, watched):
+            node = (await source.poll()).node
+            if source is watched and node.bmc is not None and node.bmc.power_w != 4321.0:
+                node = (await source.poll()).node  # the beat of the second before
+            assert node.bmc is not None and node.bmc.power_w == 4321.0, source.watch
+            assert node == codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
+    finally:
+        await polled.close()
+        await watched.close()
+        await agent.stop()
+
+
+def test_an_agent_that_restarts_says_new_versions_for_the_very_same_parts() -> None:
+    """Versions are an agent process's own: one started again has a head that held parts
+    of the one before read each whole once, whatever its parts say."""
+    node = frozen_fleet().nodes[0]
+    parts = {p: getattr(node, p) for p in ("bmc", "fabric", "tenancy") if getattr(node, p)}
+    here = {p: part_version(r) for p, r in parts.items()}
+    assert here == {p: part_version(msgspec.structs.replace(r)) for p, r in parts.items()}
+    script = (
+        "import json; from gpuconsole.readings.agents import part_version; "
+        "from tests.export_fixtures import frozen_fleet; n = frozen_fleet().nodes[0]; "
+        f"print(json.dumps({{p: part_version(getattr(n, p)) for p in {sorted(parts)!r}}}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    there = json.loads(out.stdout)
+    assert set(there) == set(here) and all(there[p] != here[p] for p in here), (here, there)
 
 
 async def test_a_streaming_agent_is_read_through_one_watch_that_sends_only_changed_parts() -> None:
@@ -604,12 +666,15 @@ async def test_a_streaming_agent_is_read_through_one_watch_that_sends_only_chang
 
     client.watch, client.get = watched, polled  # type: ignore[method-assign]
     sizes: list[int] = []
+    sent: list[dict[str, Any]] = []  # each frame's node
     take = agents_source._take_frame
 
     def measured(frames: bytearray) -> tuple[bytes, bytes] | None:
         got = take(frames)
         if got is not None and got[1]:
             sizes.append(len(got[1]))
+            body = gzip.decompress(got[1]) if got[0] == b"gzip" else got[1]
+            sent.append(json.loads(body)["nodes"][0])
         return got
 
     agents_source._take_frame = measured  # type: ignore[assignment]
@@ -624,13 +689,20 @@ async def test_a_streaming_agent_is_read_through_one_watch_that_sends_only_chang
             second = await source.poll()
         assert second.node == codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
         assert second.node.fabric is first.node.fabric  # kept, not sent
-        hub.held = with_bmc_at(hub.held, 1_796_000_099.0)
+        hub.held = with_bmc(hub.held, power_w=4321.0)
         third = await source.poll()
-        if third.node.bmc is None or third.node.bmc.at != 1_796_000_099.0:
+        if third.node.bmc is None or third.node.bmc.power_w != 4321.0:
             third = await source.poll()
         assert third.node == codec.loads(snapshot_body(hub.held, "dgx-002", summary=True)).nodes[0]
+        assert third.node.fabric is first.node.fabric  # kept, not sent
         assert len(requests) == 1 and "watch=0.2" in requests[0], requests
-        assert len(sizes) == 3 and sizes[0] > sizes[2] > sizes[1], sizes
+        # gzip frames: the BMC's few changed figures weigh about what its time does
+        assert len(sizes) == 3 and sizes[0] > max(sizes[1:]) + 300, sizes
+        assert [sorted(n.get("kept", ())) for n in sent] == [
+            [],
+            ["bmc", "fabric", "tenancy"],
+            ["fabric", "tenancy"],
+        ]
     finally:
         agents_source._take_frame = take  # type: ignore[assignment]
         await source.close()

@@ -39,13 +39,12 @@ from gpuconsole.facts.verdict import carry_verdict
 from gpuconsole.hub import Hub
 from gpuconsole.readings.agents import (
     BEAT,
-    STEADY_PARTS,
     WATCH_MAX_S,
     WATCH_MIN_S,
     WATCH_TYPE,
     frame,
     held_parts,
-    part_version,
+    part_versions,
     summarize,
 )
 from gpuconsole.readings.snapshot import FleetSnapshot
@@ -103,24 +102,25 @@ def snapshot_body(
 
     `have`: the parts (BMC, fabric, tenancy) a head holds of the node it asked for, by
     version. Then the node says each part's version, and leaves out ("kept") those the
-    head holds as they are; a head that sends no `have` gets the body it always did.
+    head holds as they are, with when each was read ("kept_at"); a head that sends no
+    `have` gets the body it always did.
     """
     selected = select(snapshot, node, summary=summary)
     if have is None or len(selected.nodes) != 1 or selected.nodes[0].node != node:
         return dumps(selected, sparse=summary).encode()
     document = snapshot_json(selected, sparse=summary)
     served, body = selected.nodes[0], document["nodes"][0]
-    versions = {
-        part: part_version(getattr(served, part))
-        for part in STEADY_PARTS
-        if getattr(served, part) is not None
-    }
+    whole = snapshot.node(node)
+    assert whole is not None  # served: selected found it
+    versions = part_versions(whole, summary=summary)
     kept = [part for part, version in versions.items() if have.get(part) == version]
     for part in kept:
         body.pop(part, None)
     body["versions"] = versions
     if kept:
         body["kept"] = kept
+        # read again since, finding what the head holds: when, which the head takes
+        body["kept_at"] = {part: getattr(served, part).at for part in kept}
     return json.dumps(document, allow_nan=False).encode()
 
 
@@ -400,13 +400,8 @@ class Agent:
         kept = None
         if held is not None:
             served = snapshot.node(node) if node is not None else None
-            kept = tuple(
-                part
-                for part in STEADY_PARTS
-                if served is not None
-                and getattr(served, part) is not None
-                and held.get(part) == part_version(getattr(served, part))
-            )
+            versions = part_versions(served, summary=view == "summary") if served else {}
+            kept = tuple(part for part, v in versions.items() if held.get(part) == v)
         key = (view, node, kept)
         body = self._bodies.get(key)
         if body is None:
@@ -446,11 +441,7 @@ class Agent:
                     sent = snapshot.seq
                     served = snapshot.node(node) if node is not None else None
                     if held is not None and served is not None:
-                        held = {
-                            part: part_version(getattr(served, part))
-                            for part in STEADY_PARTS
-                            if getattr(served, part) is not None
-                        }
+                        held = part_versions(served, summary=view == "summary")
                 await self._news(period)
                 latest = self.hub.latest
                 if latest is not None and latest.seq == sent:

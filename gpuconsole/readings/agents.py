@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+import secrets
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import msgspec
 
@@ -22,14 +25,48 @@ from gpuconsole.readings.snapshot import NodeSnapshot
 REMOTE_PARTS = ("nvml", "bmc", "fabric", "tenancy")
 
 # Parts of a node whose sources poll less often than a head reads: a head says which of
-# them it holds (`?have=bmc:VERSION,...`) and its agent leaves those out while current.
+# them it holds (`?have=bmc:VERSION,...`) and its agent leaves those out while current,
+# saying when each was read last (`kept_at`).
 STEADY_PARTS = ("bmc", "fabric", "tenancy")
 _VERSION_CHARS = 40
 
 
+# Salted per process: an agent that restarts has every part sent whole once.
+_VERSION_SALT = secrets.token_bytes(8)
+_ENCODER = msgspec.msgpack.Encoder()
+# (reading's id, summary) -> (the reading, its version): a part stands for seconds,
+# rendered for every head that reads it; bounded, as readings come and go
+_PART_VERSIONS: dict[tuple[int, bool], tuple[object, str]] = {}
+_MOST_PART_VERSIONS = 4096
+
+
 def part_version(reading: BmcReading | FabricReading | object) -> str:
-    """A part's version: when its source read it, which changes with every new reading."""
-    return repr(getattr(reading, "at", None))
+    """A part's version: a digest of what it says, whenever it was read (`at` aside). A
+    source that re-reads every few seconds mostly finds what it found before; a head that
+    holds it then gets only its new time (`kept_at`), never a reading that changed."""
+    said = reading
+    if isinstance(reading, msgspec.Struct) and hasattr(reading, "at"):
+        said = msgspec.structs.replace(reading, at=0.0)
+    digest = hashlib.blake2b(_ENCODER.encode(said), digest_size=12, key=_VERSION_SALT)
+    return digest.hexdigest()
+
+
+def part_versions(node: NodeSnapshot, *, summary: bool) -> dict[str, str]:
+    """The version of each steady part of `node` as it is served: summarized for the fleet
+    view (`summarize`), whole otherwise."""
+    versions = {}
+    for part in STEADY_PARTS:
+        reading = getattr(node, part)
+        if reading is None:
+            continue
+        found = _PART_VERSIONS.get((id(reading), summary))
+        if found is None or found[0] is not reading:
+            if len(_PART_VERSIONS) >= _MOST_PART_VERSIONS:
+                _PART_VERSIONS.clear()
+            served = _SUMMARIES.get(part, _same)(reading) if summary else reading
+            found = _PART_VERSIONS[(id(reading), summary)] = (reading, part_version(served))
+        versions[part] = found[1]
+    return versions
 
 
 def held_parts(text: str) -> dict[str, str]:
@@ -132,6 +169,13 @@ def _summary_fabric(fabric: FabricReading) -> FabricReading:
         for d in fabric.devices
     )
     return msgspec.structs.replace(fabric, devices=devices, gpus=())
+
+
+def _same(reading: object) -> object:
+    return reading
+
+
+_SUMMARIES: dict[str, Callable[[Any], object]] = {"bmc": _summary_bmc, "fabric": _summary_fabric}
 
 
 def _judged(key: Key) -> bool:

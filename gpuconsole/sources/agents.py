@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import functools
 import gc
+import math
 import operator
 import time
 import zlib
@@ -545,12 +546,14 @@ class AgentSource:
         verdict, fresh = self._verdict(node.raw.pop("verdict", None), where, fields["statuses"])
         fields["verdict"] = verdict
         view = self._view()
-        kept = node.extra["kept"]
+        kept, kept_at = node.extra["kept"], node.extra["kept_at"]
         for part in kept if isinstance(kept, list) else ():
             held = self._versions.get(part) if isinstance(part, str) else None
             if held is None or held[0] != view:
                 raise DecodeError(f"{where}.kept: {safe_text(str(part))} is not held")
-            fields[part] = held[2]
+            fields[part] = _renewed(
+                held[2], kept_at.get(part) if isinstance(kept_at, dict) else None
+            )
         last_parts = {}
         for part, raw in node.raw.items():
             # by its length and hash: a thousand nodes' parts held whole would take 16 MB
@@ -693,7 +696,19 @@ _NODES = msgspec.json.Decoder(list[msgspec.Raw])
 _LISTED = msgspec.json.Decoder(_Nodes)
 _NAMED = msgspec.json.Decoder(_Named)
 _EVENTS = msgspec.json.Decoder(list[Any])
-_EXTRA = ("kept", "versions")  # what an agent's node carries beside the snapshot's fields
+# what an agent's node carries beside the snapshot's fields
+_EXTRA = ("kept", "versions", "kept_at")
+
+
+def _renewed(part: Any, at: Any) -> Any:
+    """A part held, as read again at `at` (an agent's `kept_at`: it found what it found
+    before), where that is a time; as held otherwise (an agent of the previous version
+    kept only a part read no later)."""
+    if type(at) not in (int, float) or not math.isfinite(at) or at == part.at:
+        return part
+    return msgspec.structs.replace(part, at=float(at))
+
+
 # read apart, as raw JSON: a part or verdict sent as before is not decoded again
 _RAW = (*STEADY_PARTS, "verdict")
 _OK = operator.attrgetter("ok")
