@@ -55,6 +55,7 @@ from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.targets import FleetMember
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+REASON_BYTES = 4096  # of an error's body: a line says why
 # Objects allocated, less those freed, before CPython's collector looks for cycles.
 YOUNG_OBJECTS = 50_000
 
@@ -213,10 +214,9 @@ async def _answer(
     if response.status == 304 and etag:
         return Answer(None, etag)
     if response.status == 404:
-        reason = (await response.text())[:200].strip()
-        raise NotFound(f"{peer} answered HTTP 404: {reason}")
+        raise NotFound(f"{peer} answered HTTP 404: {await _reason(response, packed)}")
     if response.status != 200:
-        reason = (await response.text())[:200].strip()
+        reason = await _reason(response, packed)
         raise ConnectionError(f"{peer} answered HTTP {response.status}: {reason}")
     body = await _read_body(response, limit + 1)
     if len(body) > limit:
@@ -227,6 +227,17 @@ async def _answer(
     elif encoding.strip().lower() != "identity":
         raise ValueError(f"{peer} sent its body as {safe_text(encoding)[:40]}, asked for gzip")
     return Answer(body, response.headers.get("ETag"))
+
+
+async def _reason(response: aiohttp.ClientResponse, packed: bool) -> str:
+    """The start of an error's body, as text: what a line can say of why."""
+    said = await _read_body(response, REASON_BYTES)
+    if packed and response.headers.get("Content-Encoding", "").strip().lower() == "gzip":
+        try:
+            said = zlib.decompressobj(wbits=31).decompress(said, REASON_BYTES)
+        except zlib.error:
+            said = b""
+    return said.decode("utf-8", "replace")[:200].strip()
 
 
 def _gunzip(body: bytes, peer: str, limit: int, what: str = "body") -> bytes:
