@@ -453,6 +453,31 @@ def _claimed(device: str, minor: int | None, placement: tuple[int, int] | None =
     )  # fmt: skip
 
 
+def test_tenancy_read_again_finding_the_same_is_not_resolved_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tenancy source re-reads every few seconds and mostly finds what it found: the
+    same owners, with no resolving (a head does it for a thousand nodes); a reading that
+    found something else is resolved."""
+    from gpuconsole.facts import ownership
+
+    processes = (HostProcess(10, "python", "/slurm/job_1", slurm_job="1"),)
+    tenancy = TenancyReading(at=0.0, gpus=(pci(0), pci(1)), processes=processes)
+    node = NodeSnapshot("re-read", nvml=nvml(nvml_gpu(0, pids=(10,)), nvml_gpu(1)), tenancy=tenancy)
+    first = node_ownership(node)
+    resolved: list[object] = []
+    real = ownership.resolve_owners
+    monkeypatch.setattr(ownership, "resolve_owners", lambda *a: resolved.append(a) or real(*a))
+    for at in (5.0, 10.0, 15.0):
+        again = msgspec.structs.replace(node, tenancy=msgspec.structs.replace(tenancy, at=at))
+        assert node_ownership(again) is first
+    assert resolved == []
+    left = msgspec.structs.replace(tenancy, at=20.0, processes=())
+    changed = node_ownership(msgspec.structs.replace(node, tenancy=left))
+    assert len(resolved) == 1 and changed is not first
+    assert changed is not None and [g.label for g in changed.gpus] == ["process pid 10", "free"]
+
+
 def test_a_dra_claim_owns_the_gpu_its_minor_names_not_the_nvml_index() -> None:
     # NVML numbers GPUs by bus order; /dev/nvidiaN minors need not follow it
     tenancy = TenancyReading(
