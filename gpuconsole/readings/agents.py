@@ -34,10 +34,11 @@ _VERSION_CHARS = 40
 # Salted per process: an agent that restarts has every part sent whole once.
 _VERSION_SALT = secrets.token_bytes(8)
 _ENCODER = msgspec.msgpack.Encoder()
-# (reading's id, summary) -> (the reading, its version): a part stands for seconds,
-# rendered for every head that reads it; bounded, as readings come and go
-_PART_VERSIONS: dict[tuple[int, bool], tuple[object, str]] = {}
-_MOST_PART_VERSIONS = 4096
+# (node, part, summary) -> (its latest reading, that reading's version): a part stands
+# for seconds, rendered for every head that reads it. Only the latest reading of each is
+# held, which the node's snapshot holds anyway.
+_PART_VERSIONS: dict[tuple[str, str, bool], tuple[object, str]] = {}
+_MOST_PART_VERSIONS = 3 * 2 * 4096  # parts, views, nodes
 
 
 def part_version(reading: BmcReading | FabricReading | object) -> str:
@@ -59,12 +60,13 @@ def part_versions(node: NodeSnapshot, *, summary: bool) -> dict[str, str]:
         reading = getattr(node, part)
         if reading is None:
             continue
-        found = _PART_VERSIONS.get((id(reading), summary))
+        key = (node.node, part, summary)
+        found = _PART_VERSIONS.get(key)
         if found is None or found[0] is not reading:
             if len(_PART_VERSIONS) >= _MOST_PART_VERSIONS:
                 _PART_VERSIONS.clear()
             served = _SUMMARIES.get(part, _same)(reading) if summary else reading
-            found = _PART_VERSIONS[(id(reading), summary)] = (reading, part_version(served))
+            found = _PART_VERSIONS[key] = (reading, part_version(served))
         versions[part] = found[1]
     return versions
 
