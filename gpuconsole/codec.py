@@ -341,7 +341,7 @@ def _build_fix(kind: Any) -> Fix | None:
                 put(value, _sysfs_bus_id(bus_id))
         for name, fix in inner:
             part = getattr(value, name)
-            if part is not None:
+            if part:  # not None, nor empty (a summary's GPUs have no NVLinks)
                 fix(part)
 
     return walk
