@@ -48,8 +48,11 @@ def part_version(reading: BmcReading | FabricReading | object) -> str:
     said = reading
     if isinstance(reading, msgspec.Struct) and hasattr(reading, "at"):
         said = msgspec.structs.replace(reading, at=0.0)
-    digest = hashlib.blake2b(_ENCODER.encode(said), digest_size=12, key=_VERSION_SALT)
-    return digest.hexdigest()
+    try:
+        data = _ENCODER.encode(said)
+    except TypeError:  # a field msgpack cannot hold: its repr says as much
+        data = repr(said).encode()
+    return hashlib.blake2b(data, digest_size=12, key=_VERSION_SALT).hexdigest()
 
 
 def part_versions(node: NodeSnapshot, *, summary: bool) -> dict[str, str]:
