@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -129,10 +130,10 @@ class AgentReading(msgspec.Struct, frozen=True):
         return iter(())
 
     def series(self) -> Iterator[tuple[Key, float]]:
-        for part in REMOTE_PARTS:
-            reading = getattr(self.node, part)
-            if reading is not None:
-                yield from reading.series()
+        # chained in C: a head records a thousand nodes' fifty series a second
+        node = self.node
+        parts = (node.nvml, node.bmc, node.fabric, node.tenancy)
+        return itertools.chain.from_iterable([p.series() for p in parts if p is not None])
 
 
 def _summary_gpu(gpu: GpuReading) -> GpuReading:
