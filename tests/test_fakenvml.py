@@ -604,6 +604,28 @@ def test_mig_scenario_lists_four_mig_devices(
     assert out["parent_is_mig"] == 0
 
 
+def test_an_idle_event_wait_sleeps_once_as_the_drivers_does(fake_nvml_env: FakeNvmlEnv) -> None:
+    """A wait that times out with nothing due wakes its thread once, not every 50 ms: an
+    event watcher waiting on an idle node costs what it costs on a real driver."""
+    out = run_py(
+        fake_nvml_env(scenarios=["xid79 5 at 3600"]),
+        """
+        import resource
+        pynvml.nvmlInit()
+        es = pynvml.nvmlEventSetCreate()
+        for i in range(8):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, es)
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+        waits = [err(pynvml.nvmlEventSetWait, es, 400) for _ in range(3)]
+        out = {"waits": waits,
+               "sleeps": resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before}
+        """,
+    )
+    assert out["waits"] == ["NVMLError_Timeout"] * 3
+    assert out["sleeps"] <= 4  # one per wait (and a spare); every 50 ms would be 24
+
+
 def test_thermal_scenario_throttles_and_counts_violation_time(
     fake_nvml_env: FakeNvmlEnv,
 ) -> None:
