@@ -362,10 +362,12 @@ class Hub:
             state.wanted_now = False
             await asyncio.sleep(0)
             return
-        waiter = state.waiter = self._timers().future(seconds, nearest=True)
+        alarms = self._timers()
+        waiter = state.waiter = alarms.future(seconds, nearest=True)
         try:
             await waiter
         finally:
+            alarms.drop(waiter)  # cut short by focus(): its tick need not wake the loop
             state.waiter = None
             state.wanted_now = False
 
@@ -383,13 +385,15 @@ class Hub:
             # A poll that outlives its timeout may fail later, unawaited: collect its error.
             inflight.add_done_callback(_retrieve)
         if not inflight.done():  # wait for it, up to its timeout; it goes on after that
-            waiter = self._timers().future(source.timeout_s)
+            alarms = self._timers()
+            waiter = alarms.future(source.timeout_s)
             landed = functools.partial(_landed, waiter)
             inflight.add_done_callback(landed)
             try:
                 await waiter
             finally:
                 inflight.remove_done_callback(landed)
+                alarms.drop(waiter)
         try:
             if not inflight.done():
                 raise TimeoutError
@@ -433,7 +437,8 @@ class Hub:
                 expired = True
                 task.cancel()
 
-        alarm = self._timers().future(source.timeout_s)
+        alarms = self._timers()
+        alarm = alarms.future(source.timeout_s)
         alarm.add_done_callback(expire)
         try:
             reading = await source.poll()
@@ -451,6 +456,7 @@ class Hub:
         finally:
             polling = False
             alarm.remove_done_callback(expire)
+            alarms.drop(alarm)
         if expired:  # the source took the cancel as an answer: it is taken back
             task.uncancel()
         self._accept(node, state, reading, self._monotonic() - began)
@@ -627,11 +633,18 @@ class Hub:
         import asyncio
 
         assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        published_at = -math.inf
         while self._running:
             await self._wake.wait()
+            # what changes within the gap after a publish waits for its end, in one snapshot;
+            # a change that comes later goes at once, and a quiet hub sleeps for no gap
+            gap = published_at + self.settings.publish_gap_s - loop.time()
+            if gap > 0:
+                await asyncio.sleep(gap)
             self._wake.clear()
             self.publish()
-            await asyncio.sleep(self.settings.publish_gap_s)
+            published_at = loop.time()
 
     def publish(self) -> FleetSnapshot:
         """Build a snapshot from what changed and hand it to every subscriber."""
@@ -738,11 +751,14 @@ def _roles(source: Source) -> tuple[bool, bool]:
 
 class _Alarms:
     """Futures done at their deadline, rounded to a tick (TICK_S): one loop timer a tick
-    for all of them. A future done before its deadline is passed over then."""
+    for all of them. A future done before its deadline is passed over then; one dropped
+    (its poll landed first) is forgotten, and a tick left with none wakes nobody."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._due: dict[int, list[asyncio.Future[None]]] = {}
+        self._due: dict[int, dict[asyncio.Future[None], None]] = {}
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._tick_of: dict[asyncio.Future[None], int] = {}
 
     def future(self, seconds: float, *, nearest: bool = False) -> asyncio.Future[None]:
         """A future done after `seconds`: never before where not `nearest`, else at the
@@ -752,13 +768,29 @@ class _Alarms:
         waiter: asyncio.Future[None] = self.loop.create_future()
         due = self._due.get(tick)
         if due is None:
-            due = self._due[tick] = []
-            self.loop.call_at(tick * TICK_S, self._ring, tick)
-        due.append(waiter)
+            due = self._due[tick] = {}
+            self._timers[tick] = self.loop.call_at(tick * TICK_S, self._ring, tick)
+        due[waiter] = None
+        self._tick_of[waiter] = tick
         return waiter
 
+    def drop(self, waiter: asyncio.Future[None]) -> None:
+        """`waiter` is no longer waited for: where no other future shares its tick, the
+        loop's timer goes too (a poll's timeout would otherwise wake an idle loop for
+        nothing, once per poll)."""
+        tick = self._tick_of.pop(waiter, None)
+        if tick is None:
+            return  # rung already
+        due = self._due[tick]
+        due.pop(waiter, None)
+        if not due:
+            del self._due[tick]
+            self._timers.pop(tick).cancel()
+
     def _ring(self, tick: int) -> None:
+        self._timers.pop(tick, None)
         for waiter in self._due.pop(tick, ()):
+            del self._tick_of[waiter]
             _done(waiter)
 
 

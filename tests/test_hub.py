@@ -467,3 +467,36 @@ def test_a_read_with_no_event_loop_waits_for_each_source_up_to_its_timeout_and_n
     mixed.add_source(BlockingSource("n0"))
     mixed.add_source(ScriptedSource("n1"))
     assert not mixed.blocking  # a source that needs a loop: poll_once reads them all
+
+
+async def test_an_idle_hub_wakes_its_loop_once_a_poll() -> None:
+    """Between polls an idle hub sleeps: a poll that landed leaves no timeout to wake the
+    loop later, and a publish no gap to sleep out while nothing else changed. Each wake of
+    an idle console or agent is CPU spent for nothing."""
+    hub = Hub(HubSettings(publish_gap_s=0.05))
+    source = ScriptedSource("n1", interval_s=0.1, timeout_s=0.3)
+    hub.add_source(source)
+    loop = asyncio.get_running_loop()
+    selector = loop._selector  # type: ignore[attr-defined]
+    select = selector.select
+    sleeps = 0
+
+    def counted(timeout: float | None = None) -> list[object]:
+        nonlocal sleeps
+        if timeout is None or timeout > 0:
+            sleeps += 1
+        result: list[object] = select(timeout)
+        return result
+
+    await hub.start()
+    try:
+        await until(lambda: source.polls >= 2)
+        selector.select = counted
+        polls = source.polls
+        await asyncio.sleep(1.0)
+        polls = source.polls - polls
+    finally:
+        selector.select = select
+        await hub.stop()
+    assert polls >= 5
+    assert sleeps <= polls + 2, (sleeps, polls)  # one per poll: its interval's end
