@@ -52,6 +52,11 @@ def update_text(static: Static, content: Text | str) -> None:
 class BaseView(Screen[None]):
     """A view that renders from the app's latest FleetSnapshot and never fetches data."""
 
+    # Its widgets cover it: Textual draws every line of each widget a changed line crosses
+    # (its own, and the screen's), so a second's few changed rows would otherwise pass each
+    # of the view's lines through its styles. Blank, they are one line of its background.
+    BLANK = True
+
     # Extra help lines for keys that belong to a focused widget rather than the screen.
     HELP_EXTRA: tuple[tuple[str, str], ...] = ()
 

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
 
 from gpuconsole import format as fmt
 from gpuconsole.facts import summaries
@@ -24,7 +23,7 @@ from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.tui.screens.base import BaseView, acting_keys
 from gpuconsole.tui.themes import Palette
 from gpuconsole.tui.widgets.cells import HEALTH_GLYPH, health_light, spark
-from gpuconsole.tui.widgets.panel import Panel
+from gpuconsole.tui.widgets.panel import Backdrop, Panel
 from gpuconsole.tui.widgets.rich_lines import RichLines
 from gpuconsole.tui.widgets.row_table import Cell, RowTable
 
@@ -248,7 +247,7 @@ class NodeScreen(BaseView):
         # below NARROW_BELOW the trend goes (the GPU view has it), the cells sit closer and
         # throttle and owner give way, so that every reading and the owner stay in view
         yield RowTable(COLUMNS, give_way={"throttle": 8, "owner": 14}, id="gpu-table")
-        with Horizontal(id="node-panels"):
+        with Backdrop(id="node-panels"):
             for panel_id, title in (("bmc", "BMC"), ("fabric", "fabric"), ("owners", "owners")):
                 panel = Panel(id=f"panel-{panel_id}", classes="panel")
                 panel.border_title = title

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.text import Text
+from textual.containers import Horizontal
 from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
@@ -103,3 +104,11 @@ class Panel(Widget):
         if y >= len(lines):
             return Strip.blank(width, style)
         return text_strip(lines[y], width, self.app.console, style)
+
+
+class Backdrop(Horizontal):
+    """Panels side by side that cover the row they share. Textual draws every line of a
+    widget that a changed line of the screen crosses, its children aside: blank, this row's
+    lines cost one line of background, not a pass of each through its styles a second."""
+
+    BLANK = True
