@@ -424,3 +424,34 @@ def test_the_verdict_rules_fire_for_drain_and_worse_and_not_for_watch() -> None:
 
     said = expand(dict(gpu.annotations)["summary"], dict(held.labels), held.value)
     assert said == f"GPU 0000:c3:00.0 on {NODE}: reset_gpu"
+
+
+async def test_an_engine_with_no_receiver_looks_again_only_when_an_evaluation_is_due() -> None:
+    """Without a receiver only an evaluation changes what fires: between two, an idle
+    console's engine sleeps instead of waking each second to find nothing to do."""
+    cfg = config.parse("[alerts]\ninterval_s = 2.5\n")
+    hub = sim_hub(cfg, None, 0)
+    engine = watch_alerts(cfg, hub, "test", demo=True)
+    assert engine is not None and engine.receivers == []
+    looks = 0
+    active = engine.active
+
+    def counted() -> tuple[object, ...]:
+        nonlocal looks
+        looks += 1
+        return active()
+
+    await hub.start()
+    try:
+        for _ in range(200):  # the first evaluation, once every source has been read
+            if engine._nodes:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the engine never evaluated the demo cluster in 10 s")
+        engine.active = counted  # type: ignore[method-assign]
+        await asyncio.sleep(4.0)
+    finally:
+        await engine.stop()
+        await hub.stop()
+    assert 1 <= looks <= 2  # at the evaluations due in 4 s (every 2.5 s), not each second

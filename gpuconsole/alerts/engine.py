@@ -314,7 +314,16 @@ class AlertEngine:
                     self.save()
                 if self._hub is not None:
                     self._hub.set_alerts(self.active())
-                await asyncio.sleep(min(1.0, self.interval_s))
+                await asyncio.sleep(self._pause(next_eval))
+
+    def _pause(self, next_eval: float) -> float:
+        """Seconds until the next look: one while a receiver may be owed a delivery or its
+        silences a refresh; with none, until the next evaluation is due, since only an
+        evaluation changes what fires (an idle console need not wake each second for it)."""
+        tick = min(1.0, self.interval_s)
+        if self.receivers:
+            return tick
+        return max(tick, next_eval - time.monotonic())
 
     def paced_interval(self) -> float:
         """Seconds until the next evaluation: interval_s, or longer where the last one cost
