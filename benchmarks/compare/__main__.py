@@ -1,7 +1,7 @@
 """`python -m benchmarks.compare`: measure, print the table, write benchmarks/RESULTS.md.
 
 `make bench-compare` builds the tools' venv and runs this; `--profile DIR` instead records
-py-spy profiles of gpuconsole's side of every row.
+py-spy profiles of gpuconsole's side of every row, and `--tui` measures the TUI row alone.
 """
 
 from __future__ import annotations
@@ -15,9 +15,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.compare.fakenode import prepare
-from benchmarks.compare.measure import log, one_shot, steady
+from benchmarks.compare.measure import CONSOLE, NVITOP_TUI, log, one_shot, steady, tuis_alone
 from benchmarks.compare.procs import ToolFailed
-from benchmarks.compare.report import results_md, rows, table, verdicts
+from benchmarks.compare.report import (
+    TUI_SECTION,
+    results_md,
+    rows,
+    steady_rows,
+    table,
+    verdicts,
+)
 
 RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
 
@@ -72,6 +79,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="DIR",
         help="instead: py-spy profiles of gpuconsole's one-shot, agent and console into DIR",
     )
+    parser.add_argument(
+        "--tui",
+        action="store_true",
+        help="only the TUI row (the console and nvitop in tmux, nothing beside them); "
+        "prints it and writes nothing",
+    )
     args = parser.parse_args(argv)
     if args.duration < 10 or args.runs < 1 or args.scrapes < 1:
         parser.error("--duration is at least 10 s; --runs and --scrapes at least 1")
@@ -88,6 +101,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from benchmarks.compare.profiling import profile
 
                 print(profile(setup, args.profile.resolve(), args.duration))
+                return 0
+            if args.tui:
+                tuis = tuis_alone(setup, args.duration, args.warmup)
+                tui_rows = steady_rows(TUI_SECTION, tuis[CONSOLE], tuis[NVITOP_TUI])
+                print(table(tui_rows))
+                print("\n".join(verdicts(tui_rows)))
+                load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+                print(f"load average at the start: {' '.join(f'{x:.2f}' for x in load_at_start)};"
+                      f" at the end: {load}")  # fmt: skip
                 return 0
             one = one_shot(setup, args.runs)
             long_running = asyncio.run(steady(setup, args.duration, args.warmup, args.scrapes))

@@ -238,6 +238,49 @@ def start_logged(setup: Setup, argv: list[str], name: str) -> tuple[subprocess.P
     return proc, log_file
 
 
+def start_tuis(setup: Setup, tmux: Tmux) -> tuple[int, int]:
+    """gpuconsole console and nvitop's TUI, each in a tmux session of TUI_SIZE; their pids."""
+    console_argv = [*setup.gpuconsole, "console", "-c", str(setup.config)]
+    console = tmux.start("console", console_argv, setup.fake_env, TUI_SIZE)
+    nvitop_argv = [setup.tool("nvitop"), "--interval", f"{INTERVAL_S:g}"]
+    return console, tmux.start("nvitop", nvitop_argv, setup.fake_env, TUI_SIZE)
+
+
+def tuis_ready(tmux: Tmux, console: int, nvitop: int) -> None:
+    """Wait for both TUIs to draw their data. The console opens on the fleet; Enter on the
+    node opens its GPU table, the view nvitop shows."""
+    tmux.wait_for("console", re.escape(NODE), console, 60)
+    tmux.keys("console", "Enter")
+    tmux.wait_for("console", GPU_TABLE, console, 30)
+    tmux.wait_for("nvitop", r"NVITOP", nvitop, 60)
+
+
+def tuis_alone(setup: Setup, duration_s: float, warmup_s: float) -> dict[str, Steady]:
+    """The TUI row by itself (`--tui`): the console and nvitop as `steady` runs them, without
+    the exporters beside them; a minute and a half, for a change to the console."""
+    counts = LiveCounts(setup.library)
+    tmux = Tmux(setup.tmp / "tmux.sock", setup.env)
+    try:
+        console, nvitop = start_tuis(setup, tmux)
+        log("tui: starting the console and nvitop in tmux")
+        tuis_ready(tmux, console, nvitop)
+        time.sleep(warmup_s)
+        watches = [_Watch(CONSOLE, console, counts), _Watch(NVITOP_TUI, nvitop, counts)]
+        for w in watches:
+            w.begin()
+        log(f"tui: measuring for {duration_s:g} s")
+        for tick in range(int(duration_s)):
+            for w in watches:
+                w.sample()
+            time.sleep(max(0.0, watches[0].t0 + (tick + 1) * INTERVAL_S - time.monotonic()))
+        results = {w.tool: w.end(setup.gpus) for w in watches}
+        if not re.search(GPU_TABLE, tmux.screen("console")):
+            raise ToolFailed("the console left its GPU table during the window")
+        return results
+    finally:
+        tmux.close()
+
+
 async def steady(setup: Setup, duration_s: float, warmup_s: float, burst: int) -> SteadyResults:
     """Run the four long-running tools together; measure the window; then burst-scrape."""
     counts = LiveCounts(setup.library)
@@ -275,20 +318,13 @@ async def steady(setup: Setup, duration_s: float, warmup_s: float, burst: int) -
         cleanup.callback(stop, exporter)
         tmux = Tmux(setup.tmp / "tmux.sock", setup.env)
         cleanup.callback(tmux.close)
-        console_argv = [*setup.gpuconsole, "console", "-c", str(setup.config)]
-        console = tmux.start("console", console_argv, setup.fake_env, TUI_SIZE)
-        nvitop_argv = [setup.tool("nvitop"), "--interval", f"{INTERVAL_S:g}"]
-        nvitop = tmux.start("nvitop", nvitop_argv, setup.fake_env, TUI_SIZE)
+        console, nvitop = start_tuis(setup, tmux)
 
         async with aiohttp.ClientSession() as http:
             log("steady: starting the agent, nvitop-exporter, the console and nvitop in tmux")
             await wait_ready(http, AGENT, urls[AGENT], agent, agent_log)
             await wait_ready(http, EXPORTER, urls[EXPORTER], exporter, exporter_log)
-            # the console opens on the fleet; Enter on the node opens its GPU table (nvitop's view)
-            tmux.wait_for("console", re.escape(NODE), console, 60)
-            tmux.keys("console", "Enter")
-            tmux.wait_for("console", GPU_TABLE, console, 30)
-            tmux.wait_for("nvitop", r"NVITOP", nvitop, 60)
+            tuis_ready(tmux, console, nvitop)
             await asyncio.sleep(warmup_s)
 
             watches = [

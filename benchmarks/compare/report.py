@@ -18,6 +18,7 @@ from benchmarks.compare.measure import (
     NVITOP_TUI,
     TUI_SIZE,
     OneShot,
+    Steady,
     SteadyResults,
 )
 
@@ -75,6 +76,26 @@ class Row:
         ]
 
 
+TUI_SECTION = f"TUI, {INTERVAL_S:g} s refresh, in tmux"
+
+
+def steady_rows(section: str, a: Steady, b: Steady) -> list[Row]:
+    """CPU, memory, NVML calls and refreshes of a long-running tool `a` beside `b`."""
+    anchor = b.tool
+    return [
+        Row(section, "CPU, % of a core", a.cpu_pct, anchor, b.cpu_pct, 2, STEADY_TARGET),
+        Row(section, "RSS, MiB (median)", a.rss_bytes / MIB, anchor, b.rss_bytes / MIB),
+        Row(
+            section,
+            "NVML calls per GPU per refresh",
+            a.calls_per_gpu_per_refresh,
+            anchor,
+            b.calls_per_gpu_per_refresh,
+        ),
+        Row(section, "refreshes per s", a.refreshes_per_s, anchor, b.refreshes_per_s, 2),
+    ]
+
+
 def rows(one: dict[str, OneShot], steady: SteadyResults) -> list[Row]:
     return one_shot_rows(one) + steady_rows(steady)
 
@@ -121,21 +142,9 @@ def steady_rows(steady: SteadyResults) -> list[Row]:
     t, s = steady.tools, steady.scrapes
     for section, mine, anchor in (
         (f"exporter, {INTERVAL_S:g} s, scraped at 1 Hz", AGENT, EXPORTER),
-        (f"TUI, {INTERVAL_S:g} s refresh, in tmux", CONSOLE, NVITOP_TUI),
+        (TUI_SECTION, CONSOLE, NVITOP_TUI),
     ):
-        a, b = t[mine], t[anchor]
-        out += [
-            Row(section, "CPU, % of a core", a.cpu_pct, anchor, b.cpu_pct, 2, STEADY_TARGET),
-            Row(section, "RSS, MiB (median)", a.rss_bytes / MIB, anchor, b.rss_bytes / MIB),
-            Row(
-                section,
-                "NVML calls per GPU per refresh",
-                a.calls_per_gpu_per_refresh,
-                anchor,
-                b.calls_per_gpu_per_refresh,
-            ),
-            Row(section, "refreshes per s", a.refreshes_per_s, anchor, b.refreshes_per_s, 2),
-        ]
+        out += steady_rows(section, t[mine], t[anchor])
         if mine == AGENT:
             sa, sb = s[AGENT], s[EXPORTER]
             burst = f"scrapes ({sa.count} back to back)"
