@@ -21,8 +21,8 @@ from benchmarks.compare.report import (
     TUI_SECTION,
     results_md,
     rows,
-    steady_rows,
     table,
+    tool_rows,
     verdicts,
 )
 
@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             if args.tui:
                 tuis = tuis_alone(setup, args.duration, args.warmup)
-                tui_rows = steady_rows(TUI_SECTION, tuis[CONSOLE], tuis[NVITOP_TUI])
+                tui_rows = tool_rows(TUI_SECTION, tuis[CONSOLE], tuis[NVITOP_TUI])
                 print(table(tui_rows))
                 print("\n".join(verdicts(tui_rows)))
                 load = " ".join(f"{x:.2f}" for x in os.getloadavg())

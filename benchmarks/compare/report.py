@@ -79,7 +79,7 @@ class Row:
 TUI_SECTION = f"TUI, {INTERVAL_S:g} s refresh, in tmux"
 
 
-def steady_rows(section: str, a: Steady, b: Steady) -> list[Row]:
+def tool_rows(section: str, a: Steady, b: Steady) -> list[Row]:
     """CPU, memory, NVML calls and refreshes of a long-running tool `a` beside `b`."""
     anchor = b.tool
     return [
@@ -144,7 +144,7 @@ def steady_rows(steady: SteadyResults) -> list[Row]:
         (f"exporter, {INTERVAL_S:g} s, scraped at 1 Hz", AGENT, EXPORTER),
         (TUI_SECTION, CONSOLE, NVITOP_TUI),
     ):
-        out += steady_rows(section, t[mine], t[anchor])
+        out += tool_rows(section, t[mine], t[anchor])
         if mine == AGENT:
             sa, sb = s[AGENT], s[EXPORTER]
             burst = f"scrapes ({sa.count} back to back)"
