@@ -598,3 +598,26 @@ async def test_a_tick_or_resize_while_the_console_ends_draws_nothing(console_app
     app.show_snapshot(frozen_fleet())
     app._tick()
     app.check_size()
+
+
+async def test_a_frame_draws_the_lines_that_changed_not_the_views_backdrop(
+    console_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second's new readings change a few rows: the view itself and the row of panels,
+    covered by what they hold, are not passed through their styles again each frame."""
+    from textual._styles_cache import StylesCache
+    from textual.geometry import Region
+
+    app = console_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("down", "down", "enter")
+        assert isinstance(app.screen, NodeScreen)
+        await pilot.pause()
+        drawn = spy(monkeypatch, StylesCache, "render_widget", lambda _c, w, _r: w)
+        table = app.screen.query_one("#gpu-table", RowTable)
+        table.refresh(Region(0, 2, table.size.width, 1))  # a row of new readings
+        await pilot.pause()
+        assert table in drawn
+        assert app.screen not in drawn
+        assert app.screen.query_one("#node-panels") not in drawn
+        assert "BMC" in screen_text(app)  # the panels still show
