@@ -14,6 +14,7 @@ keeps the rest. Only a BMC that does not answer at all loses the whole reading.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime as dt
 import functools
@@ -149,15 +150,139 @@ def notice_early_replies() -> None:
     session._io_wait = _io_wait
 
 
+class _SessionQueue(collections.deque[Any]):
+    """pyghmi's queue of the sessions that have packets to handle, safe to share.
+
+    pyghmi's I/O thread puts a session on it for every packet it receives, and only its
+    event loop (wait_for_rsp, run while logging on) takes them off, with `while queue:
+    queue.popleft()`. Held once per session, it no longer grows by one entry per reply
+    while every session is logged on (a command takes its reply from the session's own
+    packet queue). The I/O thread is its only writer, and appends a packet to the
+    session's packet queue before the session here, so a session found already queued
+    still has that packet handled. Two threads emptying it at once: the one that finds
+    it empty gets a session with nothing to handle, not IndexError.
+    """
+
+    def append(self, queued: Any) -> None:
+        try:
+            if queued in self:
+                return
+        except RuntimeError:  # changed while looked through: queue it to be sure
+            pass
+        super().append(queued)
+
+    def popleft(self) -> Any:
+        try:
+            return super().popleft()
+        except IndexError:
+            return _NOTHING_QUEUED
+
+
+class _NothingQueued:
+    def process_pktqueue(self) -> None:
+        pass
+
+
+_NOTHING_QUEUED = _NothingQueued()
+
+
+def mend_pyghmi() -> None:
+    """pyghmi's session module made safe for several BMCs on several threads (idempotent).
+
+    pyghmi runs one event loop for every session of the process, on whichever thread
+    waits, so one BMC's packets and timers are handled on another BMC's thread. Where that
+    races, it is mended here: see each helper.
+    """
+    from pyghmi.ipmi.private import session
+
+    notice_early_replies()
+    one_lock_for_session_tables()
+    errors_kept_before_the_session_ends()
+    if not isinstance(session.sessionqueue, _SessionQueue):
+        queue = _SessionQueue()
+        for queued in list(session.sessionqueue):
+            queue.append(queued)
+        session.sessionqueue = queue
+
+
+def errors_kept_before_the_session_ends() -> None:
+    """Make a session that failed to log on say why, whichever thread saw it fail.
+
+    pyghmi's _mark_broken logs the session out (which ends its logon) before it keeps the
+    error; the thread logging on, seeing the logon ended, then reads an error not yet
+    kept: AttributeError 'errormsg'. Keeping it first gives that thread the BMC's reason
+    (a wrong password, say). A later call with no reason does not overwrite one.
+
+    Two threads may also empty a session's packet queue at once, and pyghmi's
+    `while queue: queue.popleft()` then raises IndexError on the loser: take each packet
+    in one step instead.
+    """
+    from pyghmi.ipmi.private import session
+
+    original = session.Session._mark_broken
+    if getattr(original, "keeps_errors_first", False):
+        return
+
+    def _mark_broken(self: Any, error: Any = None) -> None:
+        if error is not None or getattr(self, "errormsg", None) is None:
+            self.errormsg = error
+        original(self, error)
+
+    _mark_broken.keeps_errors_first = True  # type: ignore[attr-defined]
+    session.Session._mark_broken = _mark_broken
+
+    def process_pktqueue(self: Any) -> None:
+        # pyghmi 1.6.19's process_pktqueue, but for the one-step pop
+        while True:
+            try:
+                pkt = list(self.pktqueue.popleft())
+            except IndexError:
+                return
+            pkt[0] = bytearray(pkt[0])
+            if not (pkt[0][0] == 6 and pkt[0][2:4] == b"\xff\x07"):
+                continue
+            if pkt[1] in self.bmc_handlers:
+                self._handle_ipmi_packet(pkt[0], sockaddr=pkt[1], qent=pkt)
+            elif pkt[2] in self.bmc_handlers:
+                self.sessionless_data(pkt[0], pkt[1])
+
+    session.Session.process_pktqueue = process_pktqueue
+
+
+def one_lock_for_session_tables() -> None:
+    """Make pyghmi take one lock where it takes two in opposite orders (idempotent).
+
+    pyghmi 1.6.19 guards its process-wide tables of sessions with two locks, and takes
+    them in both orders: a command being sent holds KEEPALIVE_SESSIONS, then takes
+    WAITING_SESSIONS to arm its retry timer; a session whose retry timer ran out holds
+    WAITING_SESSIONS, then takes KEEPALIVE_SESSIONS to send the request again. Two BMCs
+    on two threads, one sending while the other retries, then wait for each other
+    forever; and since the locks are the whole process's, every BMC's next call waits
+    behind them too ("no answer" from every BMC until the process ends). One reentrant
+    lock for both cannot be taken in two orders.
+    """
+    from pyghmi.ipmi.private import session
+
+    session.WAITING_SESSIONS = session.KEEPALIVE_SESSIONS
+
+
 class PyghmiSession:
     """A real RMCP+ session through pyghmi.ipmi.command.Command."""
 
     def __init__(self, host: str, port: int, username: bytes, password: bytes) -> None:
         from pyghmi.ipmi import command
 
-        notice_early_replies()
+        mend_pyghmi()
         # bytes, not str: with str a second Command to the same BMC can hang (PEERS.md)
         self._cmd = command.Command(bmc=host, userid=username, password=password, port=port)
+        ended = self._cmd.ipmi_session
+        if not getattr(ended, "logged", 0):
+            # The logon ended on another thread an instant before this one looked: pyghmi
+            # returns the session as logged on, and its first command would fail saying
+            # only "Session no longer connected". Say what the BMC did.
+            from pyghmi.exceptions import IpmiException
+
+            raise IpmiException(getattr(ended, "errormsg", None))
 
     @contextlib.contextmanager
     def _answered(self, what: str) -> Iterator[None]:
