@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
+import functools
+import itertools
 import json
 import logging
 import re
 import signal
 import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from pyghmi.exceptions import IpmiException
 
 from gpuconsole.codec import dumps
 from gpuconsole.hub import Hub, HubSettings
@@ -27,7 +33,7 @@ from gpuconsole.sources.bmc import (
     PowerAction,
     open_link,
 )
-from gpuconsole.sources.bmc.ipmi import notice_early_replies
+from gpuconsole.sources.bmc.ipmi import PyghmiSession, notice_early_replies
 from gpuconsole.sources.bmc.sel import SelCursor
 from tests.bmc_fixtures import IPMI_PASSWORD, IpmiSim, free_port, running_ipmi_sim
 from tests.waiting import until
@@ -354,3 +360,113 @@ def test_a_reply_that_beats_the_waiter_is_taken_at_once(
     reading = asyncio.run(read_once(source))
     assert reading.power_w == 6000.0
     assert len(retries) <= 2  # unfixed: one per command, dozens (a loaded box may lose one)
+
+
+# --- several BMCs on several threads (pyghmi runs one event loop for all of them) ---------
+
+
+def on_threads(work: dict[str, Callable[[], None]], seconds: float) -> dict[str, list[float]]:
+    """Run each `work` in a loop on a thread of its own (as each BMC source does) for
+    `seconds`; the moments each call returned, by name, and under "" when it began and
+    stopped. Threads still blocked at the end are left behind (daemons)."""
+    returned: dict[str, list[float]] = {name: [] for name in work}
+    returned[""] = [time.monotonic()]
+    stop = threading.Event()
+
+    def loop(name: str) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(Exception):
+                work[name]()
+            returned[name].append(time.monotonic())
+
+    threads = [threading.Thread(target=loop, args=(n,), daemon=True) for n in work]
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    returned[""].append(time.monotonic())
+    for thread in threads:
+        thread.join(2)
+    return returned
+
+
+def longest_gap(returned: dict[str, list[float]], name: str) -> float:
+    """The longest time `name` went without a call returning, while the threads ran."""
+    began, stopped = returned[""]
+    moments = [began, *(m for m in returned[name] if m <= stopped), stopped]
+    return max(b - a for a, b in itertools.pairwise(moments))
+
+
+def test_bmcs_that_stop_answering_never_hold_up_the_others(tmp_path: Path) -> None:
+    # Two BMCs read over and over beside six that stop answering once logged on, so that
+    # pyghmi sends their requests again and again: the live ones never wait on them.
+    with contextlib.ExitStack() as stack:
+        sims = [stack.enter_context(running_ipmi_sim(tmp_path / f"bmc-{i}")) for i in range(8)]
+        links = {f"bmc-{i}": open_link(target(sim, node=f"bmc-{i}")) for i, sim in enumerate(sims)}
+        for link in links.values():
+            link.read(sel=False)  # logged on
+        live, silent = list(links)[:2], sims[2:]
+        for sim in silent:
+            sim.proc.send_signal(signal.SIGSTOP)
+        try:
+            returned = on_threads(
+                {name: functools.partial(link.read, sel=False) for name, link in links.items()},
+                seconds=15,
+            )
+        finally:
+            for sim in silent:
+                sim.proc.send_signal(signal.SIGCONT)
+    for name in live:
+        # a read takes about 20 ms; unfixed, two BMCs' threads end up waiting for each
+        # other for good within seconds, and so does every BMC's next call
+        assert longest_gap(returned, name) < 5.0, name
+        assert len(returned[name]) > 50, name
+
+
+def test_a_wrong_password_is_named_while_other_bmcs_log_on(tmp_path: Path) -> None:
+    # pyghmi handles one BMC's packets on whichever thread waits: another BMC logging on
+    # meanwhile may see this logon fail, and unfixed this thread then read a reason not
+    # yet kept ("'Session' object has no attribute 'errormsg'"), or two threads took the
+    # last packet off one queue ("pop from an empty deque").
+    failures: collections.Counter[str] = collections.Counter()
+    said: collections.Counter[str] = collections.Counter()
+    with contextlib.ExitStack() as stack:
+        sims = [stack.enter_context(running_ipmi_sim(tmp_path / f"bmc-{i}")) for i in range(5)]
+
+        def log_on(sim: IpmiSim, password: str) -> None:
+            try:
+                PyghmiSession(
+                    "127.0.0.1", sim.port, sim.username.encode(), password.encode()
+                ).logout()
+            except IpmiException as exc:
+                said[str(exc)] += 1  # what the BMC said: a refused password, or no room
+            except Exception as exc:
+                failures[f"{type(exc).__name__}: {exc}"] += 1
+
+        work = {
+            f"bmc-{i}": functools.partial(log_on, sim, sim.password)
+            for i, sim in enumerate(sims[:2])
+        }
+        work |= {
+            f"wrong-{i}": functools.partial(log_on, sim, "Not-the-pw-1")
+            for i, sim in enumerate(sims[2:])
+        }
+        on_threads(work, seconds=8)
+    assert not failures, failures
+    assert said["Incorrect password provided"] > 0, said
+
+
+def test_polling_a_bmc_for_long_leaves_nothing_behind_in_pyghmi(bmc: IpmiSim) -> None:
+    # pyghmi's I/O thread queues the session for every reply it receives, and a logged-on
+    # session takes its replies elsewhere: unfixed, that queue grows by one entry per
+    # command for as long as the console runs (a day of polls: hundreds of thousands).
+    from pyghmi.ipmi.private import session as pyghmi_session
+
+    polled = PyghmiSession("127.0.0.1", bmc.port, bmc.username.encode(), bmc.password.encode())
+    try:
+        for _ in range(300):
+            assert polled.get_power()["powerstate"] == "on"
+        mine = polled._cmd.ipmi_session
+        assert sum(queued is mine for queued in list(pyghmi_session.sessionqueue)) <= 1
+    finally:
+        polled.logout()
