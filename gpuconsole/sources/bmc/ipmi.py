@@ -443,6 +443,14 @@ class IpmiLink:
         except Exception as exc:
             self._drop()
             text = str(exc).strip()
+            if not isinstance(exc, OSError) and not type(exc).__module__.startswith("pyghmi"):
+                # pyghmi failed on something in the answer (a short packet, a missing
+                # field) with a Python error, not one of its own
+                log.debug("%s: pyghmi failed", self.label, exc_info=True)
+                detail = text or type(exc).__name__
+                raise BmcError(
+                    f"{self.label}: an answer the IPMI client could not read ({detail})"
+                ) from None
             if any(word in text.lower() for word in _AUTH_WORDS):
                 raise BmcAuthError(
                     f"{self.label}: the BMC refused the user name or password ({text})"
