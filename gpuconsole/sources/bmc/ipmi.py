@@ -193,16 +193,10 @@ def mend_pyghmi() -> None:
     waits, so one BMC's packets and timers are handled on another BMC's thread. Where that
     races, it is mended here: see each helper.
     """
-    from pyghmi.ipmi.private import session
-
     notice_early_replies()
     one_lock_for_session_tables()
     errors_kept_before_the_session_ends()
-    if not isinstance(session.sessionqueue, _SessionQueue):
-        queue = _SessionQueue()
-        for queued in list(session.sessionqueue):
-            queue.append(queued)
-        session.sessionqueue = queue
+    queues_shared_safely()
 
 
 def errors_kept_before_the_session_ends() -> None:
@@ -212,10 +206,6 @@ def errors_kept_before_the_session_ends() -> None:
     error; the thread logging on, seeing the logon ended, then reads an error not yet
     kept: AttributeError 'errormsg'. Keeping it first gives that thread the BMC's reason
     (a wrong password, say). A later call with no reason does not overwrite one.
-
-    Two threads may also empty a session's packet queue at once, and pyghmi's
-    `while queue: queue.popleft()` then raises IndexError on the loser: take each packet
-    in one step instead.
     """
     from pyghmi.ipmi.private import session
 
@@ -230,6 +220,22 @@ def errors_kept_before_the_session_ends() -> None:
 
     _mark_broken.keeps_errors_first = True  # type: ignore[attr-defined]
     session.Session._mark_broken = _mark_broken
+
+
+def queues_shared_safely() -> None:
+    """Make pyghmi's queues safe to empty from two threads at once (idempotent).
+
+    Its queue of sessions with packets becomes a _SessionQueue; and a session's own packet
+    queue, which pyghmi empties with `while queue: queue.popleft()` (IndexError on the
+    thread that loses the last packet), is emptied one step per packet.
+    """
+    from pyghmi.ipmi.private import session
+
+    if not isinstance(session.sessionqueue, _SessionQueue):
+        queue = _SessionQueue()
+        for queued in list(session.sessionqueue):
+            queue.append(queued)
+        session.sessionqueue = queue
 
     def process_pktqueue(self: Any) -> None:
         # pyghmi 1.6.19's process_pktqueue, but for the one-step pop
