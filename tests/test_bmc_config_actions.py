@@ -93,7 +93,9 @@ def test_a_password_file_readable_by_others_gets_a_warning(
 @pytest.fixture
 def sim_source() -> Iterator[BmcSource]:
     sim = SimNode("dgx-005", get_profile("dgx-h100"))
-    yield BmcSource("dgx-005", sim_link(sim), simulated=True)
+    source = BmcSource("dgx-005", sim_link(sim), simulated=True)
+    yield source
+    asyncio.run(source.close())  # a poll after the action's close started its thread again
 
 
 def ask(source: BmcSource, audit: AuditLog, role: Role, confirm: str) -> str:

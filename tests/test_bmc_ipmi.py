@@ -385,8 +385,9 @@ def on_threads(work: dict[str, Callable[[], None]], seconds: float) -> dict[str,
     time.sleep(seconds)
     stop.set()
     returned[""].append(time.monotonic())
+    deadline = time.monotonic() + 2
     for thread in threads:
-        thread.join(2)
+        thread.join(max(0.0, deadline - time.monotonic()))
     return returned
 
 
