@@ -1141,7 +1141,9 @@ async def test_a_missing_nvml_library_is_named_and_nvml_starts_once_it_is_instal
         loop = asyncio.get_running_loop()
         deadline = loop.time() + DEADLINE
         while True:
-            assert proc.poll() is None, "the agent exited"
+            if proc.poll() is not None:
+                said = proc.stderr.read() if proc.stderr is not None else b""
+                pytest.fail(f"the agent exited: {said.decode(errors='replace')}")
             snapshot = await agent_snapshot(client, port)
             if snapshot is not None:
                 latest[:] = [snapshot]
