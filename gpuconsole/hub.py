@@ -162,7 +162,7 @@ class Hub:
     def show(self, rows: Collection[str] | None, viewer: object = None) -> None:
         """The nodes `viewer` (a console) has in view, its fleet's rows; None: it says no
         more (it left). A source that reads some of a node only for viewers (Prometheus)
-        reads it for every viewer's rows and opened nodes; while no viewer says, for all."""
+        reads it for every viewer's rows and opened nodes; while no viewer says, for none."""
         before = self._seen()
         if rows is None:
             self._in_view.pop(id(viewer), None)
@@ -194,7 +194,7 @@ class Hub:
                 viewable, focusable = _roles(source)
                 if viewable:
                     viewed = cast("Viewable", source)
-                    shown = seen is None or viewed.node in seen
+                    shown = seen is not None and viewed.node in seen
                     if viewed.in_view != shown:
                         viewed.in_view = shown
                 if focusable:

@@ -76,7 +76,7 @@ class Focusable(Protocol):
 @runtime_checkable
 class Viewable(Protocol):
     """A source that reads some of its node (Prometheus: its GPU gauges) every round only
-    while a viewer sees the node; `in_view` says so."""
+    while a viewer sees the node; `in_view` says so (False while no viewer says)."""
 
     node: str
     in_view: bool

@@ -312,6 +312,63 @@ def round_plan(selector: str = "") -> RoundPlan:
     return RoundPlan(every, plan_parts, whole)
 
 
+BUSY_PCT = 50  # a GPU this busy or more counts as busy (the wallboard's heat page)
+_TEMP = names.DCGM_GPU_TEMP[0]
+_POWER = names.DCGM_POWER_USAGE[0]
+_UTIL = names.DCGM_GPU_UTIL[0]
+
+
+def figure_queries(top: int, selector: str = "") -> dict[str, str]:
+    """The fleet-wide figures a wallboard shows, aggregated by Prometheus: the `top`
+    hottest GPUs and those drawing the most power, the GPUs' total power, how many are
+    busy and how many report. Far cheaper than every GPU's gauges, for Prometheus (no
+    80,000 samples to write) and for the head (a few to read)."""
+    by = ", ".join(label for label in _PLACE if label != "__name__")
+
+    def placed(metric: str) -> str:
+        return f'max by ({by}) ({metric}{{GPU_I_ID=""{_selector(selector)}}})'
+
+    return {
+        "hottest": f"topk({top}, {placed(_TEMP)})",
+        "power": f"topk({top}, {placed(_POWER)})",
+        "watts": f"sum({placed(_POWER)})",
+        "busy": f"count({placed(_UTIL)} >= {BUSY_PCT})",
+        "gpus": f"count({placed(_UTIL)})",
+    }
+
+
+@dataclass(frozen=True)
+class FleetFigures:
+    """The whole fleet's figures from one round's aggregations: the hottest GPUs and those
+    drawing the most power (each its node, GPU index and value, highest first), the GPUs'
+    total power, how many are busy (`BUSY_PCT` or more) and how many report utilization."""
+
+    at: float
+    hottest: tuple[tuple[str, int, float], ...]
+    power: tuple[tuple[str, int, float], ...]
+    watts: float
+    busy: int
+    gpus: int
+
+    @staticmethod
+    def merged(figures: Collection[FleetFigures], top: int) -> FleetFigures | None:
+        """Several Prometheus servers' figures as one fleet's (None: none yet)."""
+        if not figures:
+            return None
+        if len(figures) == 1:
+            return next(iter(figures))
+        return FleetFigures(
+            at=min(f.at for f in figures),
+            hottest=tuple(sorted((g for f in figures for g in f.hottest), key=lambda g: -g[2]))[
+                :top
+            ],
+            power=tuple(sorted((g for f in figures for g in f.power), key=lambda g: -g[2]))[:top],
+            watts=sum(f.watts for f in figures),
+            busy=sum(f.busy for f in figures),
+            gpus=sum(f.gpus for f in figures),
+        )
+
+
 def _balanced(weighed: list[tuple[str, int]], count: int) -> list[list[str]]:
     """`weighed` (each a name and its weight) in `count` parts about as heavy as each
     other: the heaviest first, each to the lightest part so far."""
@@ -959,12 +1016,14 @@ class PrometheusReader:
     carries under a quarter of the series a whole one does, and every series is fresh
     within ten rounds.
 
-    Where viewers say which nodes they see (`view`: the rows on their screens, the nodes
-    they opened), a round asks the GPU gauges of those nodes only, and every node's once
-    each `out_of_view_s`; up, the counts of flagged GPUs and the parts stay the whole
-    fleet's, so a row out of view still has its health, its GPUs and figures to sort by.
-    With no viewer (an exporter, a one-shot read) every node counts as seen, as for one
-    that sees every node (a wallboard).
+    A round asks the GPU gauges of the nodes viewers see (`view`: the rows on their
+    screens, the nodes they opened) only, and every node's once each `out_of_view_s`; up,
+    the counts of flagged GPUs, their flags and the parts stay the whole fleet's, so a row
+    out of view still has its health, its GPUs and figures to sort by. With no viewer (a
+    head that only exports or alerts) no node is seen: each node's health every round, its
+    GPU gauges every `out_of_view_s`. Figures of the whole fleet a viewer shows (a
+    wallboard's hottest GPUs, total power) Prometheus aggregates each round while one
+    wants them (`want_figures`).
     """
 
     def __init__(
@@ -1003,14 +1062,65 @@ class PrometheusReader:
         self._unseen = 0  # of those, how many no viewer sees
         self._all_drawn_at = -math.inf  # when a round last asked every node's gauges
         self.said = False  # whether a node's source told the event log how it reads
+        self._figures_for: dict[int, int] = {}  # viewer -> how many top GPUs it shows
+        self.figures: FleetFigures | None = None  # the last round's, while a viewer wants them
 
     def refresh_words(self) -> str:
         """How often the overview reads what, for the event log."""
         return (
             f"Prometheus overview: every {self.interval_s:g} s each node's health and the "
-            f"GPUs of the rows consoles show and the nodes they open; every node's GPUs "
-            f"every {self.out_of_view_s:g} s while a console shows only some"
+            f"GPUs of the rows viewers show and the nodes they open; every node's GPUs "
+            f"every {self.out_of_view_s:g} s"
         )
+
+    def want_figures(self, viewer: object, top: int | None) -> None:
+        """Whether `viewer` shows the whole fleet's figures (`top`: of how many GPUs its
+        lists hold; None: it no longer does): each round then has Prometheus aggregate them."""
+        if top is None:
+            self._figures_for.pop(id(viewer), None)
+        else:
+            self._figures_for[id(viewer)] = top
+        if not self._figures_for:
+            self.figures = None
+
+    async def _fleet_figures(self, at: float) -> None:
+        top = max(self._figures_for.values(), default=0)
+        if not top:
+            return
+        asked = figure_queries(top, self.selector)
+        answers = dict(
+            zip(asked, await asyncio.gather(*(self.query(q) for q in asked.values())), strict=True)
+        )
+        members: dict[str, list[str]] = {}
+        for instance, node in self._seen:
+            members.setdefault(instance, []).append(node)
+
+        def listed(answer: list[Any]) -> tuple[tuple[str, int, float], ...]:
+            out = []
+            for sample in answer:
+                labels = sample.get("metric", {})
+                index = _index(labels.get("gpu"))
+                name = labels.get("exported_node") or labels.get("Hostname") or labels.get("node")
+                served = members.get(labels.get("instance", ""), [])
+                node = name if name in served else served[0] if len(served) == 1 else name
+                value = _value(sample)
+                if index is None or not node or not math.isfinite(value):
+                    continue
+                out.append((safe_text(str(node)), index, value))
+            return tuple(sorted(out, key=lambda g: -g[2]))
+
+        def one(answer: list[Any]) -> float:
+            return _value(answer[0]) if answer else 0.0
+
+        if self._figures_for:  # no viewer left while the round was out
+            self.figures = FleetFigures(
+                at=at,
+                hottest=listed(answers["hottest"]),
+                power=listed(answers["power"]),
+                watts=one(answers["watts"]),
+                busy=round(one(answers["busy"])),
+                gpus=round(one(answers["gpus"])),
+            )
 
     def view(self, instance: str, node: str, seen: bool) -> None:
         """Whether a viewer sees the node `node` read at `instance` (in view, opened)."""
@@ -1108,6 +1218,7 @@ class PrometheusReader:
             series.read_whole = {i for i, up in series.up.items() if up >= 1}
             self._series = series
             self._all_drawn_at = self._monotonic()
+            await self._fleet_figures(time.time())
             self.rounds += 1
             return series.overview()
         drawn, within, out_of_view = self._drawn_asks()
@@ -1118,7 +1229,11 @@ class PrometheusReader:
             part = self.parts[self._turn % len(self.parts)]
             self._turn += 1
         every = (*(a for a in self.every if a.named not in _ASKED_APART), *drawn)
-        await asyncio.gather(self._take(series, (*every, *part)), self._health(series))
+        await asyncio.gather(
+            self._take(series, (*every, *part)),
+            self._health(series),
+            self._fleet_figures(time.time()),
+        )
         if any(ask.named == _FREE for ask in part):
             # the total of those whose used was read this round, beside free
             series.settle_totals(within)
@@ -1186,7 +1301,7 @@ class PromQLSource:
         self._xids: dict[str, int] | None = None
         self._builder = NodeBuilder(node)
         self._reading: AgentReading | None = None  # the last built from the overview
-        reader.view(instance, node, True)
+        reader.view(instance, node, False)  # until a viewer says it sees the node
 
     @property
     def detail(self) -> bool:

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.style import Style
@@ -37,6 +37,7 @@ from gpuconsole.readings.base import Health, Severity
 from gpuconsole.readings.fabric import ERROR_RULES, port_deltas, port_problems, port_rates
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.sources.promql import BUSY_PCT, FleetFigures, PrometheusReader, PromQLSource
 from gpuconsole.tui.driver import terminal_driver
 from gpuconsole.tui.feed import HubFeed, SnapshotFeed
 from gpuconsole.tui.messages import SnapshotArrived
@@ -57,7 +58,30 @@ class Page:
     body: Text | Table | Group | HeatGrid
 
 
-PageBuilder = Callable[[FleetSnapshot, Palette, float], Page]
+class PageBuilder(Protocol):
+    """A page from the latest snapshot; `fleet`: the whole fleet's figures where a source
+    aggregates them (Prometheus), `rows`: the nodes the heat grid has room for, from the
+    `first`."""
+
+    def __call__(
+        self,
+        snapshot: FleetSnapshot,
+        palette: Palette,
+        now: float,
+        *,
+        fleet: FleetFigures | None = None,
+        rows: int | None = None,
+        first: int = 0,
+    ) -> Page: ...
+
+
+def heat_rows(snapshot: FleetSnapshot, rows: int | None, first: int) -> list[NodeSnapshot]:
+    """The nodes the heat grid shows: `rows` of them from the `first` (all: None)."""
+    nodes = snapshot.nodes
+    if rows is None or rows >= len(nodes):
+        return list(nodes)
+    first = first % len(nodes) if nodes else 0
+    return list(nodes[first : first + rows])
 
 
 def _gpus(snapshot: FleetSnapshot) -> Iterator[tuple[NodeSnapshot, GpuReading]]:
@@ -73,13 +97,14 @@ class HeatGrid:
     across the room gets tall rows and wide cells, an 80x24 terminal one line a node."""
 
     rows: tuple[tuple[Text, tuple[tuple[str, Style], ...], Text], ...]
+    note: Text | None = None  # under the rows: which of the fleet's nodes they are
 
     MAX_ROW_LINES: ClassVar[int] = 5
     MAX_CELL: ClassVar[int] = 9
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
-        height = options.height or len(self.rows)
+        height = (options.height or len(self.rows) + 1) - (self.note is not None)
         name_w = max((r[0].cell_len for r in self.rows), default=0)
         word_w = max((r[2].cell_len for r in self.rows), default=0)
         gpus = max((len(r[1]) for r in self.rows), default=0)
@@ -102,12 +127,25 @@ class HeatGrid:
                 yield out
             if gap and k < len(self.rows) - 1:
                 yield Text("")
+        if self.note is not None:
+            yield self.note
 
 
-def heat_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
-    """Every node on a row, every GPU a cell coloured by temperature: every GPU the console
-    counts, a guest's (◆) and an unbound one (·) included."""
-    rows = []
+def heat_page(
+    snapshot: FleetSnapshot,
+    palette: Palette,
+    now: float,
+    *,
+    fleet: FleetFigures | None = None,
+    rows: int | None = None,
+    first: int = 0,
+) -> Page:
+    """Every node on a row (as many as there is room for, from the `first`), every GPU a
+    cell coloured by temperature: every GPU the console counts, a guest's (◆) and an
+    unbound one (·) included. The figures are the whole fleet's."""
+    shown = heat_rows(snapshot, rows, first)
+    drawn = {id(node) for node in shown}
+    lines = []
     counts = []
     busy = critical = 0
     for node in snapshot.nodes:
@@ -117,27 +155,58 @@ def heat_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
         for row in gpu_rows:
             health = summaries.row_health(node, row)
             critical += health is Health.CRITICAL
+            if id(node) not in drawn:
+                busy += row.reading is not None and (row.reading.util_gpu_pct or 0) >= BUSY_PCT
+                continue
             gpu = row.reading
             if gpu is None:
                 style = palette.passthrough if row.passthrough else palette.dim
                 cells.append((summaries.row_cell_text(row, Metric.TEMP), style))
                 continue
-            busy += (gpu.util_gpu_pct or 0) >= 50
+            busy += (gpu.util_gpu_pct or 0) >= BUSY_PCT
             if gpu.lost:
                 cells.append(("\u2716", palette.health[Health.CRITICAL] + Style(reverse=True)))
                 continue
             _, fraction = summaries.metric_value(gpu, Metric.TEMP)
             cells.append((summaries.cell_text(gpu, Metric.TEMP), palette.heat(fraction)))
+        if id(node) not in drawn:
+            continue
         health = node_verdict(node).health
         name = Text(f"{HEALTH_GLYPH[health]} {node.node}", style=palette.health[health])
-        rows.append((name, tuple(cells), Text(health.value)))
+        lines.append((name, tuple(cells), Text(health.value)))
     total = summaries.GpuCounts.add_up(counts).total
+    if fleet is not None:
+        busy = fleet.busy  # every GPU's utilization as of this round, not as last read
     figures = (("GPUs", str(total)), ("busy", str(busy)), ("critical", str(critical)))
-    return Page("Fleet heat (GPU temperature, °C)", figures, HeatGrid(tuple(rows)))
+    note = None
+    if len(shown) < len(snapshot.nodes):
+        at = snapshot.nodes.index(shown[0]) + 1 if shown else 0
+        words = f"nodes {at}-{at + len(shown) - 1} of {len(snapshot.nodes)}, the rest in turn"
+        note = Text(words + _freshness(fleet), style=palette.dim)
+    grid = HeatGrid(tuple(lines), note)
+    return Page("Fleet heat (GPU temperature, °C)", figures, grid)
 
 
-def hottest_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
-    """The ten hottest GPUs beside the ten drawing the most power."""
+def _freshness(fleet: FleetFigures | None) -> str:
+    """How fresh the fleet-wide figures are: aggregated this round, or as last read."""
+    if fleet is not None:
+        return f"; fleet figures aggregated by Prometheus at {fmt.clock_time(fleet.at)}"
+    return ""
+
+
+def hottest_page(
+    snapshot: FleetSnapshot,
+    palette: Palette,
+    now: float,
+    *,
+    fleet: FleetFigures | None = None,
+    rows: int | None = None,
+    first: int = 0,
+) -> Page:
+    """The ten hottest GPUs beside the ten drawing the most power: the fleet's, as
+    Prometheus aggregates them where it does (`fleet`), else of the snapshot."""
+    if fleet is not None:
+        return _hottest_of_fleet(snapshot, fleet, palette)
     live = [(n, g) for n, g in _gpus(snapshot) if not g.lost]
     hot = sorted((p for p in live if p[1].temp_gpu_c is not None),
                  key=lambda p: -(p[1].temp_gpu_c or 0))[:TOP]  # fmt: skip
@@ -168,7 +237,46 @@ def hottest_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
     return Page("Hottest and most power-hungry GPUs", figures, table)
 
 
-def alerts_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
+def _hottest_of_fleet(snapshot: FleetSnapshot, fleet: FleetFigures, palette: Palette) -> Page:
+    """The hottest page from Prometheus' aggregations: temperature and power as of this
+    round, HBM temperature and power limit as the node's last read them."""
+
+    def gpu(node: str, index: int) -> GpuReading | None:
+        found = snapshot.node(node)
+        return next((g for g in found.gpus if g.index == index), None) if found else None
+
+    table = Table(box=None, padding=(0, 2), expand=True, show_edge=False)
+    for head in ("hottest GPU", "temp", "HBM", "most power", "power", "limit"):
+        table.add_column(head, no_wrap=True)
+    hot, power = fleet.hottest[:TOP], fleet.power[:TOP]
+    for i in range(max(len(hot), len(power))):
+        row: list[str | Text] = []
+        if i < len(hot):
+            node, index, temp = hot[i]
+            read = gpu(node, index)
+            row += [f"{node} #{index}", fmt.celsius(temp),
+                    fmt.celsius(read.temp_hbm_c if read else None)]  # fmt: skip
+        else:
+            row += ["", "", ""]
+        if i < len(power):
+            node, index, watts = power[i]
+            read = gpu(node, index)
+            row += [f"{node} #{index}", fmt.watts(watts),
+                    fmt.watts(read.power_limit_w if read else None)]  # fmt: skip
+        else:
+            row += ["", "", ""]
+        table.add_row(*row)
+    figures = (
+        ("hottest °C", f"{hot[0][2]:.0f}" if hot else fmt.NA),
+        ("top W", f"{power[0][2]:.0f}" if power else fmt.NA),
+        ("GPU kW", f"{fleet.watts / 1000:.1f}"),
+    )
+    note = Text(f"Of {fleet.gpus} GPUs{_freshness(fleet)}; HBM and limit as last read",
+                style=palette.dim)  # fmt: skip
+    return Page("Hottest and most power-hungry GPUs", figures, Group(table, note))
+
+
+def alerts_page(snapshot: FleetSnapshot, palette: Palette, now: float, **_unused: object) -> Page:
     """The alerts that fire, what the verdicts found (worst first), sources gone stale, and
     the latest warnings."""
     lines = Text()
@@ -214,7 +322,7 @@ def alerts_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
     return Page("Alerts and stale sources", figures, lines)
 
 
-def fabric_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
+def fabric_page(snapshot: FleetSnapshot, palette: Palette, now: float, **_unused: object) -> Page:
     """Ports that are down, downtrained, erring or congested, worst first; an error counter
     is said as how far it climbed in the last interval ("symbol errors +37")."""
     rows: list[tuple[Severity, str, str, bool]] = []  # the last: it says a climb
@@ -243,7 +351,7 @@ def fabric_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
     return Page("Fabric errors", figures, text)
 
 
-def owners_page(snapshot: FleetSnapshot, palette: Palette, now: float) -> Page:
+def owners_page(snapshot: FleetSnapshot, palette: Palette, now: float, **_unused: object) -> Page:
     """Who owns how many GPUs, largest first, and how many are free."""
     tenants: Counter[str] = Counter()
     free = known = 0
@@ -324,6 +432,13 @@ class WallboardApp(App[None]):
         self.paused = False
         self.read_only = True
         self._feed = HubFeed(hub, feed=feed, start=start_hub)
+        self._heat_from = 0  # the heat grid's first row: it pages through a large fleet
+        self._told: frozenset[str] | None = None  # the rows last told to the hub
+        # the Prometheus servers this hub reads, which aggregate the fleet's figures
+        self._readers: dict[int, PrometheusReader] = {}
+        for source in hub.sources if hub is not None else ():
+            if isinstance(source, PromQLSource):
+                self._readers[id(source.reader)] = source.reader
         themes = load_themes([user_themes_dir()] if theme_dirs is None else theme_dirs)
         for loaded in themes.values():
             self.register_theme(loaded)
@@ -338,14 +453,16 @@ class WallboardApp(App[None]):
         yield Static("", id="wallboard-body")
 
     async def on_mount(self) -> None:
-        if self.hub is not None:  # its heat grid and hottest GPUs are the whole fleet's
-            self.hub.show({source.node for source in self.hub.sources}, viewer=self)
+        for reader in self._readers.values():  # the fleet's hottest GPUs and totals
+            reader.want_figures(self, TOP)
         await self._feed.attach(self)
         self._rotation = self.set_interval(self.page_s, self.next_page)
         self.set_interval(1.0, self._show_title)
         self.render_page()
 
     async def on_unmount(self) -> None:
+        for reader in self._readers.values():
+            reader.want_figures(self, None)
         if self.hub is not None:
             self.hub.show(None, viewer=self)
         await self._feed.detach()
@@ -360,7 +477,45 @@ class WallboardApp(App[None]):
 
     def next_page(self) -> None:
         self.page_index = (self.page_index + 1) % len(PAGES)
+        if self.page is heat_page and self.snapshot is not None:  # the next rows in turn
+            room = self._heat_room()
+            if room is not None and room < len(self.snapshot.nodes):
+                self._heat_from = (self._heat_from + room) % len(self.snapshot.nodes)
         self.render_page()
+
+    @property
+    def fleet(self) -> FleetFigures | None:
+        """The fleet's figures, as the Prometheus servers aggregated them last (None: no
+        such source, or none yet)."""
+        found = [r.figures for r in self._readers.values() if r.figures is not None]
+        if len(found) < len(self._readers):
+            return None
+        return FleetFigures.merged(found, TOP)
+
+    def _heat_room(self) -> int | None:
+        """How many rows the heat grid has room for (a line each, one for its note);
+        None: not laid out yet."""
+        try:
+            height = self.query_one("#wallboard-body", Static).size.height
+        except NoMatches:
+            return None
+        height = height or self.size.height  # before the body's layout: at most the screen
+        return max(1, height - 1) if height else None
+
+    def _tell_hub(self, snapshot: FleetSnapshot, fleet: FleetFigures | None) -> None:
+        """The rows this board shows, so that a source reads their GPUs each round (the
+        rest's with the fleet's health, less often): the heat grid's, and the nodes of the
+        hottest GPUs."""
+        room = self._heat_room()
+        if self.hub is None or room is None:
+            return
+        rows = {n.node for n in heat_rows(snapshot, room, self._heat_from)}
+        if fleet is not None:
+            rows.update(node for node, _, _ in (*fleet.hottest[:TOP], *fleet.power[:TOP]))
+        shown = frozenset(rows)
+        if shown != self._told:
+            self._told = shown
+            self.hub.show(shown, viewer=self)
 
     def action_pause(self) -> None:
         self.paused = not self.paused
@@ -372,7 +527,6 @@ class WallboardApp(App[None]):
 
     def render_page(self) -> None:
         """Draw the current page from the latest snapshot."""
-        self._show_title()
         snapshot = self.snapshot
         try:
             body = self.query_one("#wallboard-body", Static)
@@ -382,18 +536,30 @@ class WallboardApp(App[None]):
             body.update("Waiting for the first reading...")
             for figure in self.query(Figure):
                 figure.display = False
+            self._show_title()
             return
-        page = self.current = self.page(snapshot, self.palette, self.clock())
+        fleet = self.fleet
+        self._tell_hub(snapshot, fleet)
+        page = self.current = self.page(
+            snapshot,
+            self.palette,
+            self.clock(),
+            fleet=fleet,
+            rows=self._heat_room(),
+            first=self._heat_from,
+        )
         figures = list(self.query(Figure))
         for figure, (label, value) in zip(figures, page.figures, strict=False):
             figure.show(label, value)
         for figure in figures[len(page.figures) :]:
             figure.display = False
         body.update(page.body)
+        self._show_title()
 
     def _show_title(self) -> None:
         snapshot = self.snapshot
-        title = self.page(snapshot, self.palette, self.clock()).title if snapshot else ""
+        # the page on screen's (built with the snapshot, not again each second)
+        title = self.current.title if snapshot and self.current else ""
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(f" {title} ", style="bold")
         text.append(f" page {self.page_index % len(PAGES) + 1}/{len(PAGES)} ")
