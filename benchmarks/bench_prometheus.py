@@ -17,11 +17,14 @@ The head is this process: the hub `gpuconsole console` builds for `[fleet] prome
 INTERVAL_S seconds. The reader's first round asks for every series; later rounds for what
 moves (see PrometheusReader). Figures: how long the first round took, how long a later
 round (its instant queries, the answers parsed) takes (median), the CPU the head and
-Prometheus spend per round as a share of the interval it must fit in, and their RSS; each
-twice in one run, on one hub: with no viewer (an exporter's or a wallboard's case: every
-node's GPU gauges each round; a wallboard's heat grid and hottest GPUs are the fleet's), then with the rows of a 50-row terminal in view (a console's:
-their GPU gauges each round, every node's every OUT_OF_VIEW_S). Drill-down still reads the
-node's agent, as tests/test_promql_fleet.py shows.
+Prometheus spend per round as a share of the interval it must fit in, and their RSS; for
+each of MODES in one run, on one hub: with no viewer (a head that only exports or alerts:
+each node's health each round, every node's GPU gauges every OUT_OF_VIEW_S), a wallboard
+(what it tells the hub: the rows its heat grid has room for and the nodes of the hottest
+GPUs, whose gauges each round, and the fleet's figures Prometheus aggregates), then a
+console with the rows of a 50-row terminal in view (their GPU gauges each round, every
+node's every OUT_OF_VIEW_S). Drill-down still reads the node's agent, as
+tests/test_promql_fleet.py shows.
 
 Target: the overview of 10,000 nodes refreshes every 5 s at most one core of the head.
 """
@@ -32,6 +35,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -60,6 +64,7 @@ from gpuconsole.sources.promql import (
     PrometheusReader,
     drawn_gauges,
 )
+from gpuconsole.tui.wallboard import TOP
 from gpuconsole.wiring import fleet_hub
 
 NODES = 10_000
@@ -71,6 +76,15 @@ MOVING = frozenset((*drawn_gauges(), names.DCGM_FB_FREE[0]))
 TIMEOUT_S = 120.0  # a round that takes longer than the interval is measured, not cut off
 CORES_TARGET = 1.0
 ROWS_IN_VIEW = 50  # a 50-row terminal's fleet table, with the spare rows it fills below
+BOARD_ROWS = 40  # a wallboard's heat grid on a NOC screen: a row a node (below the figures)
+MODES = ("none", "wallboard", "console")
+MODE_WORDS = {
+    "none": f"no viewer: health each round, GPU gauges every {OUT_OF_VIEW_S:g} s",
+    "wallboard": f"a wallboard: {BOARD_ROWS} heat rows and the hottest GPUs' nodes, the "
+    "fleet's figures aggregated",
+    "console": f"{ROWS_IN_VIEW} rows in view: their GPU gauges each round, every GPU's each "
+    f"{OUT_OF_VIEW_S:g} s",
+}
 FAULTY_EVERY = 20  # one node in this many copies a node with a GPU health flag raised
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -128,7 +142,13 @@ def _fresh(hub: Hub) -> int:
 
 
 async def _head(
-    url: str, targets: Path, nodes: int, rounds: int, prom_pid: int, steps: list[float]
+    url: str,
+    targets: Path,
+    nodes: int,
+    rounds: int,
+    prom_pid: int,
+    steps: list[float],
+    modes: tuple[str, ...] = MODES,
 ) -> dict[str, Any]:
     cfg = FleetConfig(
         targets_file=str(targets), prometheus=url, interval_s=INTERVAL_S, timeout_s=TIMEOUT_S
@@ -177,20 +197,38 @@ async def _head(
                 "rss_mb": _rss_mb(),
                 "prom_rss_mb": _rss_mb(prom_pid),
                 "spent_s": spent,
+                "load": os.getloadavg()[0],
             }
 
-        everything = await measured()
-        # a console over the fleet, at the top of its table
-        hub.show([source.node for source in hub.sources[:ROWS_IN_VIEW]], viewer=hub)
-        asked.clear()
-        in_view = await measured()
-        queries = dict(asked)
+        found: dict[str, Any] = {}
+        queries: dict[str, dict[str, list[tuple[float, float, int]]]] = {}
+        board, console = object(), object()
+        for mode in modes:
+            hub.show(None, viewer=board)
+            hub.show(None, viewer=console)
+            reader.want_figures(board, None)
+            if mode == "wallboard":
+                # as the wallboard tells it: its heat grid's rows, then the hottest GPUs'
+                # nodes once the first aggregation named them
+                reader.want_figures(board, TOP)
+                rows = {source.node for source in hub.sources[:BOARD_ROWS]}
+                hub.show(rows, viewer=board)
+                landed = reader.rounds
+                while reader.rounds < landed + 1 or reader.figures is None:
+                    await asyncio.sleep(0.1)
+                hot = reader.figures
+                rows |= {node for node, _, _ in (*hot.hottest[:TOP], *hot.power[:TOP])}
+                hub.show(rows, viewer=board)
+            elif mode == "console":  # at the top of its table
+                hub.show([source.node for source in hub.sources[:ROWS_IN_VIEW]], viewer=console)
+            asked.clear()
+            found[mode] = await measured()
+            queries[mode] = dict(asked)
         return {
             "first_s": first,
             "whole_s": whole,
             "fresh": _fresh(hub),
-            "everything": everything,
-            "in_view": in_view,
+            "modes": found,
             "queries": queries,
         }
     finally:
@@ -211,6 +249,13 @@ def _per_query(reader: PrometheusReader) -> dict[str, list[tuple[float, float, i
         began = time.perf_counter()
         answer = await query(promql)
         latencies[id(answer)] = time.perf_counter() - began
+        if promql.startswith(("topk", "sum", "count")):  # a fleet figure: no answer taken
+            metric = re.search(r"(\w+)\{", promql)
+            fn = promql.split("(")[0]
+            busy = " >= ..." if ">=" in promql else ""
+            what = f"fleet figure: {fn} of {metric[1] if metric else '?'}{busy}"
+            took(what, answer, time.process_time())
+            return answer
         if "instance=~" in promql:
             matched.add(id(answer))
         return answer
@@ -249,7 +294,7 @@ def _per_query(reader: PrometheusReader) -> dict[str, list[tuple[float, float, i
     return asked
 
 
-def main(nodes: int = NODES, rounds: int = ROUNDS) -> None:
+def main(nodes: int = NODES, rounds: int = ROUNDS, modes: tuple[str, ...] = MODES) -> None:
     logging.getLogger("gpuconsole").setLevel(logging.ERROR)
     templates = asyncio.run(_templates())
     fleet = fleet_of(templates, nodes)
@@ -280,82 +325,80 @@ def main(nodes: int = NODES, rounds: int = ROUNDS) -> None:
             )
             assert prometheus.pid is not None
             f = asyncio.run(
-                _head(prometheus.url, targets, nodes, rounds, prometheus.pid, [at, *steps])
+                _head(prometheus.url, targets, nodes, rounds, prometheus.pid, [at, *steps], modes)
             )
     first = f"{f['first_s']:.1f} s" if f["first_s"] is not None else "never within the limit"
     print(
         f"  every node fresh after {first} (the first round reads every series: "
         f"{f['whole_s']:.1f} s); {f['fresh']:,} of {nodes:,} fresh at the end"
     )
-    a, v = f["everything"], f["in_view"]
-    for what, m in (
-        ("no viewer or a wallboard: every GPU's gauges each round", a),
-        (
-            f"{ROWS_IN_VIEW} rows in view: their GPU gauges each round, every GPU's each "
-            f"{OUT_OF_VIEW_S:g} s",
-            v,
-        ),
-    ):
+    found: dict[str, dict[str, Any]] = f["modes"]
+    for mode, m in found.items():
         print(
-            f"  {what}: a round (up, counts of flagged GPUs, their flags, a part of the rest, "
-            f"the GPU gauges, every "
-            f"one moved; parsed) {m['round_s']:.2f} s median of {m['rounds']}; CPU per round "
-            f"over the {INTERVAL_S:g} s it must fit in: head {m['cores']:.2f} cores "
-            f"(RSS {m['rss_mb']:.0f} MB), Prometheus {m['prom_cores']:.2f} cores "
-            f"(RSS {m['prom_rss_mb']:.0f} MB)"
+            f"  {MODE_WORDS[mode]}: a round (up, counts of flagged GPUs, their flags, a part "
+            f"of the rest, the GPU gauges asked, every one moved; parsed) {m['round_s']:.2f} s "
+            f"median of {m['rounds']}; CPU per round over the {INTERVAL_S:g} s it must fit "
+            f"in: head {m['cores']:.2f} cores (RSS {m['rss_mb']:.0f} MB), Prometheus "
+            f"{m['prom_cores']:.2f} cores (RSS {m['prom_rss_mb']:.0f} MB); load {m['load']:.1f}"
         )
-    print(
-        f"  {ROWS_IN_VIEW} rows in view, each query (asked side by side: its latency is "
-        "Prometheus' time and its wait for a core) and the head's time taking its answer, "
-        "median over the rounds that asked it:"
-    )
-    by_latency = sorted(
-        f["queries"].items(), key=lambda kv: -statistics.median(x[0] for x in kv[1])
-    )
-    for what, seen in by_latency:
+    for mode, asked in f["queries"].items():
         print(
-            f"    {what:58} {len(seen):2d}x  latency {statistics.median(x[0] for x in seen):5.2f} s"
-            f"  taken {1000 * statistics.median(x[1] for x in seen):5.0f} ms"
-            f"  {statistics.median(x[2] for x in seen):9,.0f} samples"
+            f"  {mode}: each query (asked side by side: its latency is Prometheus' time and "
+            "its wait for a core) and the head's time taking its answer, median over the "
+            "rounds that asked it:"
         )
-    print(
-        f"  rows in view against no viewer: round {v['round_s'] / a['round_s']:.2f}x, head CPU "
-        f"{v['cores'] / a['cores']:.2f}x, Prometheus CPU {v['prom_cores'] / a['prom_cores']:.2f}x"
-    )
-    met = v["cores"] <= CORES_TARGET and v["round_s"] <= INTERVAL_S
-    print(
-        f"  a console's overview refreshes every {INTERVAL_S:g} s at ≤ {CORES_TARGET:g} core "
-        f"of the head: {'met' if met else 'MISSED'}"
-    )
-    record(
-        f"Prometheus {nodes:,} nodes: overview round, {ROWS_IN_VIEW} rows in view",
-        v["round_s"],
-        "s",
-        at_most=INTERVAL_S,
-    )
-    record(
-        f"Prometheus {nodes:,} nodes: head CPU, {ROWS_IN_VIEW} rows in view",
-        v["cores"],
-        "cores",
-        at_most=CORES_TARGET,
-    )
-    record(
-        f"Prometheus {nodes:,} nodes: overview round, no viewer or a wallboard",
-        a["round_s"],
-        "s",
-        at_most=INTERVAL_S,
-    )
-    record(
-        f"Prometheus {nodes:,} nodes: head CPU, no viewer or a wallboard",
-        a["cores"],
-        "cores",
-        at_most=CORES_TARGET,
-    )
+        by_latency = sorted(asked.items(), key=lambda kv: -statistics.median(x[0] for x in kv[1]))
+        for what, seen in by_latency:
+            print(
+                f"    {what:58} {len(seen):2d}x  latency "
+                f"{statistics.median(x[0] for x in seen):5.2f} s"
+                f"  taken {1000 * statistics.median(x[1] for x in seen):5.0f} ms"
+                f"  {statistics.median(x[2] for x in seen):9,.0f} samples"
+            )
+    if "console" in found:
+        c = found["console"]
+        for mode in ("none", "wallboard"):
+            if mode in found:
+                m = found[mode]
+                print(
+                    f"  {mode} against a console: round {m['round_s'] / c['round_s']:.2f}x, "
+                    f"head CPU {m['cores'] / c['cores']:.2f}x, Prometheus CPU "
+                    f"{m['prom_cores'] / c['prom_cores']:.2f}x"
+                )
+    for mode, m in found.items():
+        met = m["cores"] <= CORES_TARGET and m["round_s"] <= INTERVAL_S
+        print(
+            f"  {mode}: the overview refreshes every {INTERVAL_S:g} s at ≤ {CORES_TARGET:g} "
+            f"core of the head: {'met' if met else 'MISSED'}"
+        )
+        what = {"none": "no viewer", "wallboard": "a wallboard"}.get(
+            mode, f"{ROWS_IN_VIEW} rows in view"
+        )
+        record(
+            f"Prometheus {nodes:,} nodes: overview round, {what}",
+            m["round_s"],
+            "s",
+            at_most=INTERVAL_S,
+        )
+        record(
+            f"Prometheus {nodes:,} nodes: head CPU, {what}",
+            m["cores"],
+            "cores",
+            at_most=CORES_TARGET,
+        )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=NODES)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"the viewers measured, in turn, of {', '.join(MODES)} (default: all)",
+    )
     args = parser.parse_args()
-    main(args.nodes, args.rounds)
+    chosen = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not chosen or set(chosen) - set(MODES):
+        parser.error(f"--modes: each of {', '.join(MODES)}")
+    main(args.nodes, args.rounds, chosen)
