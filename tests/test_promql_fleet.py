@@ -37,13 +37,14 @@ from gpuconsole.sources.promql import (
     PromQLSource,
     drawn_asks,
     drawn_gauges,
+    figure_queries,
     flag_asks,
     parse_overview,
     round_plan,
 )
 from gpuconsole.tui.app import ConsoleApp
 from gpuconsole.tui.screens.fleet import FleetScreen, Sort
-from gpuconsole.tui.wallboard import WallboardApp
+from gpuconsole.tui.wallboard import TOP, WallboardApp
 from gpuconsole.wiring import AgentSettings, fleet_hub
 from tests.export_fixtures import frozen_fleet
 from tests.peers import require_program
@@ -356,6 +357,9 @@ def test_the_readme_says_which_queries_the_console_sends() -> None:
     )
     rounds = {8: "eight", 9: "nine", 10: "ten"}[len(plan.parts)]
     assert f"fresh within {rounds} rounds" in scale
+    # the fleet's figures a wallboard shows, as Prometheus aggregates them
+    for promql in figure_queries(TOP).values():
+        assert f"`{promql}`" in scale, promql
 
 
 def test_a_series_gone_from_an_answer_is_gone_though_as_many_others_came() -> None:
