@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import msgspec
 import pytest
 from rich.console import Console
 from textual.widgets import Digits, Static
@@ -127,3 +128,33 @@ def test_fabric_errors_say_how_far_each_counter_climbed_in_the_last_interval(
     said = f"▲ dgx-004 mlx5_7/1: out-of-sequence packets +{climbed} ("  # then its rate
     assert any(line.startswith(said) for line in lines), lines
     assert lines[-1] == "+N: how far the counter climbed in the last interval"
+
+
+async def test_the_heat_grid_builds_the_rows_that_fit_and_pages_through_a_large_fleet(
+    fleet_snapshot: FleetSnapshot,
+) -> None:
+    """300 nodes on a 40-line screen: the heat grid holds the rows it has room for, says
+    which of the fleet they are, and shows the next ones when the page comes round again;
+    its headline figures stay the whole fleet's."""
+    copies = tuple(
+        msgspec.structs.replace(node, node=f"n{i:03d}-{node.node}")
+        for i in range(300 // len(fleet_snapshot.nodes) + 1)
+        for node in fleet_snapshot.nodes
+    )[:300]
+    big = msgspec.structs.replace(fleet_snapshot, nodes=copies)
+    app = board(big)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        first = body_text(app)
+        shown = [n.node for n in copies if n.node in first]
+        assert 20 <= len(shown) < 40 and shown == [n.node for n in copies[: len(shown)]]
+        assert f"nodes 1-{len(shown)} of 300" in first
+        gpus = sum(gpu_count(n) for n in copies)
+        assert str(gpus) in [d.value for d in app.query(Digits)]
+        for _ in PAGES:
+            app.next_page()
+        await pilot.pause()
+        after = body_text(app)
+        again = [n.node for n in copies if n.node in after]
+        assert again == [n.node for n in copies[len(shown) : 2 * len(shown)]]
+        assert f"nodes {len(shown) + 1}-{2 * len(shown)} of 300" in after

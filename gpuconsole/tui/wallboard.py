@@ -434,6 +434,7 @@ class WallboardApp(App[None]):
         self._feed = HubFeed(hub, feed=feed, start=start_hub)
         self._heat_from = 0  # the heat grid's first row: it pages through a large fleet
         self._told: frozenset[str] | None = None  # the rows last told to the hub
+        self._relaid = False  # whether a page drawn before the layout was drawn again
         # the Prometheus servers this hub reads, which aggregate the fleet's figures
         self._readers: dict[int, PrometheusReader] = {}
         for source in hub.sources if hub is not None else ():
@@ -499,16 +500,25 @@ class WallboardApp(App[None]):
             height = self.query_one("#wallboard-body", Static).size.height
         except NoMatches:
             return None
-        height = height or self.size.height  # before the body's layout: at most the screen
+        if not height and self.size.height:
+            # before the body's layout: the screen's at most, drawn again once laid out
+            if not self._relaid:
+                self._relaid = True
+                self.call_after_refresh(self.render_page)
+            height = self.size.height
         return max(1, height - 1) if height else None
 
     def _tell_hub(self, snapshot: FleetSnapshot, fleet: FleetFigures | None) -> None:
         """The rows this board shows, so that a source reads their GPUs each round (the
         rest's with the fleet's health, less often): the heat grid's, and the nodes of the
         hottest GPUs."""
-        room = self._heat_room()
-        if self.hub is None or room is None:
+        try:
+            laid_out = self.query_one("#wallboard-body", Static).size.height > 0
+        except NoMatches:
             return
+        room = self._heat_room()
+        if self.hub is None or room is None or not laid_out:
+            return  # told once laid out: until then its room is only the screen's
         rows = {n.node for n in heat_rows(snapshot, room, self._heat_from)}
         if fleet is not None:
             rows.update(node for node, _, _ in (*fleet.hottest[:TOP], *fleet.power[:TOP]))
