@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import urlencode
 
+import aiohttp
 import msgspec
 
 from gpuconsole.export import names
@@ -1064,6 +1065,7 @@ class PrometheusReader:
         self.said = False  # whether a node's source told the event log how it reads
         self._figures_for: dict[int, int] = {}  # viewer -> how many top GPUs it shows
         self.figures: FleetFigures | None = None  # the last round's, while a viewer wants them
+        self.figures_error: str | None = None  # why the last round has none
 
     def refresh_words(self) -> str:
         """How often the overview reads what, for the event log."""
@@ -1088,9 +1090,16 @@ class PrometheusReader:
         if not top:
             return
         asked = figure_queries(top, self.selector)
-        answers = dict(
-            zip(asked, await asyncio.gather(*(self.query(q) for q in asked.values())), strict=True)
-        )
+        try:
+            answered = await asyncio.gather(*(self.query(q) for q in asked.values()))
+        except (OSError, ValueError, TimeoutError, aiohttp.ClientError) as error:
+            # the figures only: the round's health and gauges stand; the viewer falls back
+            # to what the head holds, and says so
+            self.figures = None
+            self.figures_error = safe_text(str(error))[:200]
+            return
+        self.figures_error = None
+        answers = dict(zip(asked, answered, strict=True))
         members: dict[str, list[str]] = {}
         for instance, node in self._seen:
             members.setdefault(instance, []).append(node)

@@ -180,7 +180,7 @@ def heat_page(
     figures = (("GPUs", str(total)), ("busy", str(busy)), ("critical", str(critical)))
     note = None
     if len(shown) < len(snapshot.nodes):
-        at = snapshot.nodes.index(shown[0]) + 1 if shown else 0
+        at = first % len(snapshot.nodes) + 1
         words = f"nodes {at}-{at + len(shown) - 1} of {len(snapshot.nodes)}, the rest in turn"
         note = Text(words + _freshness(fleet), style=palette.dim)
     grid = HeatGrid(tuple(lines), note)
@@ -558,6 +558,15 @@ class WallboardApp(App[None]):
             rows=self._heat_room(),
             first=self._heat_from,
         )
+        if self._readers and fleet is None and self.page is hottest_page:
+            errors = {r.figures_error for r in self._readers.values() if r.figures_error}
+            why = f" (Prometheus: {'; '.join(sorted(errors))})" if errors else ""
+            note = Text(
+                f"GPUs as the head last read them{why}: those out of view up to "
+                f"{max(r.out_of_view_s for r in self._readers.values()):g} s old",
+                style=self.palette.dim,
+            )
+            page = self.current = Page(page.title, page.figures, Group(page.body, note))
         figures = list(self.query(Figure))
         for figure, (label, value) in zip(figures, page.figures, strict=False):
             figure.show(label, value)
