@@ -21,7 +21,8 @@ Prometheus spend per round as a share of the interval it must fit in, and their 
 each of MODES in one run, on one hub: with no viewer (a head that only exports or alerts:
 each node's health each round, every node's GPU gauges every OUT_OF_VIEW_S), a wallboard
 (what it tells the hub: the rows its heat grid has room for and the nodes of the hottest
-GPUs, whose gauges each round, and the fleet's figures Prometheus aggregates), then a
+GPUs, whose gauges each round, and on its hottest page, the one that asks the most, the
+fleet's hottest GPUs and total power Prometheus aggregates), then a
 console with the rows of a 50-row terminal in view (their GPU gauges each round, every
 node's every OUT_OF_VIEW_S). Drill-down still reads the node's agent, as
 tests/test_promql_fleet.py shows.
@@ -64,7 +65,7 @@ from gpuconsole.sources.promql import (
     PrometheusReader,
     drawn_gauges,
 )
-from gpuconsole.tui.wallboard import TOP
+from gpuconsole.tui.wallboard import PAGE_FIGURES, TOP, hottest_page
 from gpuconsole.wiring import fleet_hub
 
 NODES = 10_000
@@ -80,8 +81,8 @@ BOARD_ROWS = 40  # a wallboard's heat grid on a NOC screen: a row a node (below 
 MODES = ("none", "wallboard", "console")
 MODE_WORDS = {
     "none": f"no viewer: health each round, GPU gauges every {OUT_OF_VIEW_S:g} s",
-    "wallboard": f"a wallboard: {BOARD_ROWS} heat rows and the hottest GPUs' nodes, the "
-    "fleet's figures aggregated",
+    "wallboard": f"a wallboard on its hottest page: {BOARD_ROWS} heat rows and the hottest "
+    "GPUs' nodes, the fleet's hottest GPUs and kW aggregated",
     "console": f"{ROWS_IN_VIEW} rows in view: their GPU gauges each round, every GPU's each "
     f"{OUT_OF_VIEW_S:g} s",
 }
@@ -210,7 +211,8 @@ async def _head(
             if mode == "wallboard":
                 # as the wallboard tells it: its heat grid's rows, then the hottest GPUs'
                 # nodes once the first aggregation named them
-                reader.want_figures(board, TOP)
+                # on its hottest page, the one that wants the most aggregations
+                reader.want_figures(board, TOP, PAGE_FIGURES[hottest_page])
                 rows = {source.node for source in hub.sources[:BOARD_ROWS]}
                 hub.show(rows, viewer=board)
                 landed = reader.rounds

@@ -30,7 +30,7 @@ from gpuconsole.export.collector import node_metrics
 from gpuconsole.export.families import Families
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.promql import PromQLSource, drawn_gauges
-from gpuconsole.tui.wallboard import WallboardApp, hottest_page
+from gpuconsole.tui.wallboard import WallboardApp
 from tests.export_fixtures import frozen_fleet
 from tests.peers import require_program
 from tests.test_promql_fleet import Fleet, _matched, fresh, head
@@ -104,16 +104,21 @@ async def test_a_wallboard_has_its_rows_gpus_read_and_shows_the_fleets_hottest_g
         await until(lambda: all(fresh(hub, m.name) for m in fleet.members), timeout=90)
         board = WallboardApp(hub, start_hub=False, theme_dirs=[])
         async with board.run_test(size=(120, 40)) as pilot:
-            await until(lambda: board.fleet is not None, timeout=30)
-            await pilot.pause(0.2)
-            board.render_page()  # the fleet's figures beside the rows they name
-            shown = {s.node for s in sources if s.in_view}
-            # the heat grid's rows (as many as fit) and the hottest GPUs' nodes, no more
+            # the heat page: its rows (as many as fit) seen, the fleet's busy GPUs aggregated
+            await until(lambda: any(s.in_view for s in sources), timeout=30)
+            await until(lambda: board.fleet is not None and board.fleet.busy is not None, 30)
+            board.render_page()
             assert board.current is not None
             heat = _text(board.current.body)
             rows = {n for n in by_name if re.search(rf"\b{n}\b", heat)}
             assert 20 <= len(rows) < 60 and f"of {NODES}" in heat
-            assert HOT in shown and rows <= shown and len(shown) < NODES // 5
+            assert {s.node for s in sources if s.in_view} == rows
+            # the hottest page: the fleet's hottest GPUs and power, from Prometheus
+            board.next_page()
+            await until(lambda: board.fleet is not None and board.fleet.hottest is not None, 30)
+            await until(lambda: HOT in {s.node for s in sources if s.in_view}, timeout=30)
+            shown = {s.node for s in sources if s.in_view}
+            assert rows < shown and len(shown) < NODES // 5
             began = reader.rounds + 1
             await until(lambda: reader.rounds >= began + 2, timeout=30)
             instances = {by_name[n].instance for n in shown}
@@ -121,16 +126,17 @@ async def test_a_wallboard_has_its_rows_gpus_read_and_shows_the_fleets_hottest_g
                 for gauge in drawn_gauges():
                     asked = [q for q in sent[r] if f"({gauge}{{" in q and q.startswith("max by")]
                     assert len(asked) == 1 and _matched(asked[0]) == instances, gauge
-            # the hottest page: the fleet's hottest GPU, its total power, from Prometheus
-            page = hottest_page(hub.latest, board.palette, time.time(), fleet=board.fleet)  # type: ignore[arg-type]
+                # the hottest page's aggregations, not the heat page's
+                assert not [q for q in sent[r] if q.startswith("count")]
+            board.render_page()
+            await pilot.pause()
+            page = board.current
+            assert page is not None and page.title.startswith("Hottest")
             figures = dict(page.figures)
             watts = sum(_exported_watts(m.node) for m in fleet.members)
             assert figures["hottest °C"] == "97" and figures["top W"] == "731"
             assert figures["GPU kW"] == f"{watts / 1000:.1f}"
             assert f"{HOT} #3" in _text(page.body).splitlines()[1]
-            while board.page is not hottest_page:
-                board.next_page()
-            await pilot.pause()
             assert "97" in [d.value for d in board.query(Digits)]
         # the wallboard gone: no viewer, no node seen, no aggregation asked
         assert not any(s.in_view for s in sources) and reader.figures is None

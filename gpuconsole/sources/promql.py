@@ -319,11 +319,15 @@ _POWER = names.DCGM_POWER_USAGE[0]
 _UTIL = names.DCGM_GPU_UTIL[0]
 
 
+FIGURES = ("hottest", "power", "watts", "busy")
+
+
 def figure_queries(top: int, selector: str = "") -> dict[str, str]:
-    """The fleet-wide figures a wallboard shows, aggregated by Prometheus: the `top`
-    hottest GPUs and those drawing the most power, the GPUs' total power, how many are
-    busy and how many report. Far cheaper than every GPU's gauges, for Prometheus (no
-    80,000 samples to write) and for the head (a few to read)."""
+    """The fleet-wide figures a wallboard shows, aggregated by Prometheus, by FIGURES: the
+    `top` hottest GPUs and those drawing the most power, the GPUs' total power and how many
+    are busy. Far cheaper than every GPU's gauges, for Prometheus (no 80,000 samples to
+    write) and for the head (a few to read), though each still has Prometheus find every
+    GPU's series: a viewer asks for those it shows now."""
     by = ", ".join(label for label in _PLACE if label != "__name__")
 
     def placed(metric: str) -> str:
@@ -334,7 +338,6 @@ def figure_queries(top: int, selector: str = "") -> dict[str, str]:
         "power": f"topk({top}, {placed(_POWER)})",
         "watts": f"sum({placed(_POWER)})",
         "busy": f"count({placed(_UTIL)} >= {BUSY_PCT})",
-        "gpus": f"count({placed(_UTIL)})",
     }
 
 
@@ -342,14 +345,13 @@ def figure_queries(top: int, selector: str = "") -> dict[str, str]:
 class FleetFigures:
     """The whole fleet's figures from one round's aggregations: the hottest GPUs and those
     drawing the most power (each its node, GPU index and value, highest first), the GPUs'
-    total power, how many are busy (`BUSY_PCT` or more) and how many report utilization."""
+    total power, how many are busy (`BUSY_PCT` or more); None: not asked this round."""
 
     at: float
-    hottest: tuple[tuple[str, int, float], ...]
-    power: tuple[tuple[str, int, float], ...]
-    watts: float
-    busy: int
-    gpus: int
+    hottest: tuple[tuple[str, int, float], ...] | None = None
+    power: tuple[tuple[str, int, float], ...] | None = None
+    watts: float | None = None
+    busy: int | None = None
 
     @staticmethod
     def merged(figures: Collection[FleetFigures], top: int) -> FleetFigures | None:
@@ -358,15 +360,22 @@ class FleetFigures:
             return None
         if len(figures) == 1:
             return next(iter(figures))
+
+        def listed(
+            each: list[tuple[tuple[str, int, float], ...] | None],
+        ) -> tuple[tuple[str, int, float], ...] | None:
+            if any(one is None for one in each):
+                return None
+            return tuple(sorted((g for one in each for g in one or ()), key=lambda g: -g[2]))[:top]
+
+        watts = [f.watts for f in figures]
+        busy = [f.busy for f in figures]
         return FleetFigures(
             at=min(f.at for f in figures),
-            hottest=tuple(sorted((g for f in figures for g in f.hottest), key=lambda g: -g[2]))[
-                :top
-            ],
-            power=tuple(sorted((g for f in figures for g in f.power), key=lambda g: -g[2]))[:top],
-            watts=sum(f.watts for f in figures),
-            busy=sum(f.busy for f in figures),
-            gpus=sum(f.gpus for f in figures),
+            hottest=listed([f.hottest for f in figures]),
+            power=listed([f.power for f in figures]),
+            watts=None if None in watts else sum(w or 0.0 for w in watts),
+            busy=None if None in busy else sum(b or 0 for b in busy),
         )
 
 
@@ -1063,7 +1072,8 @@ class PrometheusReader:
         self._unseen = 0  # of those, how many no viewer sees
         self._all_drawn_at = -math.inf  # when a round last asked every node's gauges
         self.said = False  # whether a node's source told the event log how it reads
-        self._figures_for: dict[int, int] = {}  # viewer -> how many top GPUs it shows
+        # viewer -> how many top GPUs it lists, and the figures it shows now
+        self._figures_for: dict[int, tuple[int, frozenset[str]]] = {}
         self.figures: FleetFigures | None = None  # the last round's, while a viewer wants them
         self.figures_error: str | None = None  # why the last round has none
 
@@ -1075,21 +1085,25 @@ class PrometheusReader:
             f"every {self.out_of_view_s:g} s"
         )
 
-    def want_figures(self, viewer: object, top: int | None) -> None:
-        """Whether `viewer` shows the whole fleet's figures (`top`: of how many GPUs its
-        lists hold; None: it no longer does): each round then has Prometheus aggregate them."""
-        if top is None:
+    def want_figures(
+        self, viewer: object, top: int | None, kinds: Collection[str] = FIGURES
+    ) -> None:
+        """Which of the whole fleet's figures (FIGURES) `viewer` shows now, of how many GPUs
+        its lists hold (`top`; None: it shows none): each round Prometheus aggregates those
+        any viewer shows."""
+        if top is None or not kinds:
             self._figures_for.pop(id(viewer), None)
         else:
-            self._figures_for[id(viewer)] = top
+            self._figures_for[id(viewer)] = (top, frozenset(kinds))
         if not self._figures_for:
             self.figures = None
 
     async def _fleet_figures(self, at: float) -> None:
-        top = max(self._figures_for.values(), default=0)
+        top = max((t for t, _ in self._figures_for.values()), default=0)
+        kinds = frozenset().union(*(k for _, k in self._figures_for.values()))
         if not top:
             return
-        asked = figure_queries(top, self.selector)
+        asked = {k: q for k, q in figure_queries(top, self.selector).items() if k in kinds}
         try:
             answered = await asyncio.gather(*(self.query(q) for q in asked.values()))
         except (OSError, ValueError, TimeoutError, aiohttp.ClientError) as error:
@@ -1124,11 +1138,10 @@ class PrometheusReader:
         if self._figures_for:  # no viewer left while the round was out
             self.figures = FleetFigures(
                 at=at,
-                hottest=listed(answers["hottest"]),
-                power=listed(answers["power"]),
-                watts=one(answers["watts"]),
-                busy=round(one(answers["busy"])),
-                gpus=round(one(answers["gpus"])),
+                hottest=listed(answers["hottest"]) if "hottest" in answers else None,
+                power=listed(answers["power"]) if "power" in answers else None,
+                watts=one(answers["watts"]) if "watts" in answers else None,
+                busy=round(one(answers["busy"])) if "busy" in answers else None,
             )
 
     def view(self, instance: str, node: str, seen: bool) -> None:

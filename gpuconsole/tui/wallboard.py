@@ -175,23 +175,29 @@ def heat_page(
         name = Text(f"{HEALTH_GLYPH[health]} {node.node}", style=palette.health[health])
         lines.append((name, tuple(cells), Text(health.value)))
     total = summaries.GpuCounts.add_up(counts).total
-    if fleet is not None:
+    if fleet is not None and fleet.busy is not None:
         busy = fleet.busy  # every GPU's utilization as of this round, not as last read
     figures = (("GPUs", str(total)), ("busy", str(busy)), ("critical", str(critical)))
     note = None
     if len(shown) < len(snapshot.nodes):
         at = first % len(snapshot.nodes) + 1
         words = f"nodes {at}-{at + len(shown) - 1} of {len(snapshot.nodes)}, the rest in turn"
-        note = Text(words + _freshness(fleet), style=palette.dim)
+        aggregated = fleet is not None and fleet.busy is not None
+        note = Text(words + (_freshness(fleet) if aggregated else ""), style=palette.dim)
     grid = HeatGrid(tuple(lines), note)
     return Page("Fleet heat (GPU temperature, °C)", figures, grid)
 
 
 def _freshness(fleet: FleetFigures | None) -> str:
-    """How fresh the fleet-wide figures are: aggregated this round, or as last read."""
+    """When Prometheus aggregated the fleet-wide figures."""
     if fleet is not None:
         return f"; fleet figures aggregated by Prometheus at {fmt.clock_time(fleet.at)}"
     return ""
+
+
+def _aggregated(fleet: FleetFigures | None) -> bool:
+    """Whether `fleet` holds what the hottest page shows."""
+    return fleet is not None and None not in (fleet.hottest, fleet.power, fleet.watts)
 
 
 def hottest_page(
@@ -205,7 +211,7 @@ def hottest_page(
 ) -> Page:
     """The ten hottest GPUs beside the ten drawing the most power: the fleet's, as
     Prometheus aggregates them where it does (`fleet`), else of the snapshot."""
-    if fleet is not None:
+    if fleet is not None and _aggregated(fleet):
         return _hottest_of_fleet(snapshot, fleet, palette)
     live = [(n, g) for n, g in _gpus(snapshot) if not g.lost]
     hot = sorted((p for p in live if p[1].temp_gpu_c is not None),
@@ -248,7 +254,7 @@ def _hottest_of_fleet(snapshot: FleetSnapshot, fleet: FleetFigures, palette: Pal
     table = Table(box=None, padding=(0, 2), expand=True, show_edge=False)
     for head in ("hottest GPU", "temp", "HBM", "most power", "power", "limit"):
         table.add_column(head, no_wrap=True)
-    hot, power = fleet.hottest[:TOP], fleet.power[:TOP]
+    hot, power = (fleet.hottest or ())[:TOP], (fleet.power or ())[:TOP]
     for i in range(max(len(hot), len(power))):
         row: list[str | Text] = []
         if i < len(hot):
@@ -269,9 +275,9 @@ def _hottest_of_fleet(snapshot: FleetSnapshot, fleet: FleetFigures, palette: Pal
     figures = (
         ("hottest °C", f"{hot[0][2]:.0f}" if hot else fmt.NA),
         ("top W", f"{power[0][2]:.0f}" if power else fmt.NA),
-        ("GPU kW", f"{fleet.watts / 1000:.1f}"),
+        ("GPU kW", f"{(fleet.watts or 0) / 1000:.1f}"),
     )
-    note = Text(f"Of {fleet.gpus} GPUs{_freshness(fleet)}; HBM and limit as last read",
+    note = Text(f"Every GPU of the fleet{_freshness(fleet)}; HBM and limit as last read",
                 style=palette.dim)  # fmt: skip
     return Page("Hottest and most power-hungry GPUs", figures, Group(table, note))
 
@@ -376,6 +382,11 @@ def owners_page(snapshot: FleetSnapshot, palette: Palette, now: float, **_unused
 
 
 PAGES: tuple[PageBuilder, ...] = (heat_page, hottest_page, alerts_page, fabric_page, owners_page)
+# the whole fleet's figures (sources.promql.FIGURES) each page shows, where aggregated
+PAGE_FIGURES: dict[PageBuilder, tuple[str, ...]] = {
+    heat_page: ("busy",),
+    hottest_page: ("hottest", "power", "watts"),
+}
 
 
 class Figure(Vertical):
@@ -454,8 +465,7 @@ class WallboardApp(App[None]):
         yield Static("", id="wallboard-body")
 
     async def on_mount(self) -> None:
-        for reader in self._readers.values():  # the fleet's hottest GPUs and totals
-            reader.want_figures(self, TOP)
+        self._want_figures()
         await self._feed.attach(self)
         self._rotation = self.set_interval(self.page_s, self.next_page)
         self.set_interval(1.0, self._show_title)
@@ -476,8 +486,16 @@ class WallboardApp(App[None]):
     def page(self) -> PageBuilder:
         return PAGES[self.page_index % len(PAGES)]
 
+    def _want_figures(self) -> None:
+        """The fleet's figures the page on screen shows, aggregated by Prometheus each
+        round while it is up (each has Prometheus find every GPU's series)."""
+        kinds = PAGE_FIGURES.get(self.page, ())
+        for reader in self._readers.values():
+            reader.want_figures(self, TOP if kinds else None, kinds)
+
     def next_page(self) -> None:
         self.page_index = (self.page_index + 1) % len(PAGES)
+        self._want_figures()
         if self.page is heat_page and self.snapshot is not None:  # the next rows in turn
             room = self._heat_room()
             if room is not None and room < len(self.snapshot.nodes):
@@ -521,7 +539,8 @@ class WallboardApp(App[None]):
             return  # told once laid out: until then its room is only the screen's
         rows = {n.node for n in heat_rows(snapshot, room, self._heat_from)}
         if fleet is not None:
-            rows.update(node for node, _, _ in (*fleet.hottest[:TOP], *fleet.power[:TOP]))
+            listed = (*(fleet.hottest or ())[:TOP], *(fleet.power or ())[:TOP])
+            rows.update(node for node, _, _ in listed)
         shown = frozenset(rows)
         if shown != self._told:
             self._told = shown
@@ -558,7 +577,7 @@ class WallboardApp(App[None]):
             rows=self._heat_room(),
             first=self._heat_from,
         )
-        if self._readers and fleet is None and self.page is hottest_page:
+        if self._readers and not _aggregated(fleet) and self.page is hottest_page:
             errors = {r.figures_error for r in self._readers.values() if r.figures_error}
             why = f" (Prometheus: {'; '.join(sorted(errors))})" if errors else ""
             note = Text(
