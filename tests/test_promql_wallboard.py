@@ -29,7 +29,7 @@ from gpuconsole.export import names
 from gpuconsole.export.collector import node_metrics
 from gpuconsole.export.families import Families
 from gpuconsole.readings.snapshot import NodeSnapshot
-from gpuconsole.sources.promql import PromQLSource, drawn_gauges
+from gpuconsole.sources.promql import FleetFigures, PromQLSource, drawn_gauges
 from gpuconsole.tui.wallboard import WallboardApp
 from tests.export_fixtures import frozen_fleet
 from tests.peers import require_program
@@ -187,3 +187,14 @@ async def test_with_no_viewer_a_health_rule_fires_within_a_round_without_gpu_gau
                 assert not [q for q in sent.get(r, []) if f"({gauge}{{" in q], (r, gauge)
     finally:
         await hub.stop()
+
+
+def test_two_prometheus_servers_figures_are_one_fleets() -> None:
+    """A head reading two Prometheus servers: the hottest GPUs of both, highest first,
+    their power added up; a figure one of them has not aggregated yet is not shown."""
+    one = FleetFigures(1.0, hottest=(("a", 0, 90.0), ("a", 1, 70.0)), watts=1000.0, busy=3)
+    two = FleetFigures(2.0, hottest=(("b", 4, 80.0),), watts=500.0, busy=None)
+    both = FleetFigures.merged([one, two], top=2)
+    assert both is not None
+    assert both.hottest == (("a", 0, 90.0), ("b", 4, 80.0))
+    assert both.watts == 1500.0 and both.busy is None and both.at == 1.0

@@ -27,6 +27,7 @@ from gpuconsole.readings.snapshot import NodeSnapshot
 gpu_rows = node_gpus  # every GPU of a node, NVML's or not, with its owner
 PASSTHROUGH_GLYPH = "◆"  # a GPU a guest holds through vfio-pci: no NVML reading to colour
 UNSEEN_GLYPH = "·"  # a GPU sysfs lists that NVML cannot see, not bound to vfio-pci
+BUSY_PCT = 50  # a GPU this busy (utilization, %) or more counts as busy
 
 # The optional sources of a node: their name, and what turns them on.
 PENDING_SOURCES: dict[str, tuple[str, str]] = {

@@ -32,6 +32,7 @@ import msgspec
 
 from gpuconsole.export import names
 from gpuconsole.facts.inventory import gpu_and_bus
+from gpuconsole.facts.summaries import BUSY_PCT
 from gpuconsole.facts.xids import describe_xid
 from gpuconsole.readings.agents import AgentReading
 from gpuconsole.readings.base import (
@@ -313,7 +314,6 @@ def round_plan(selector: str = "") -> RoundPlan:
     return RoundPlan(every, plan_parts, whole)
 
 
-BUSY_PCT = 50  # a GPU this busy or more counts as busy (the wallboard's heat page)
 _TEMP = names.DCGM_GPU_TEMP[0]
 _POWER = names.DCGM_POWER_USAGE[0]
 _UTIL = names.DCGM_GPU_UTIL[0]

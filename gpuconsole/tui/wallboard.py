@@ -7,12 +7,14 @@ figures in large digits. There are no actions and no command palette: only pause
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.style import Style
@@ -37,12 +39,14 @@ from gpuconsole.readings.base import Health, Severity
 from gpuconsole.readings.fabric import ERROR_RULES, port_deltas, port_problems, port_rates
 from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
-from gpuconsole.sources.promql import BUSY_PCT, FleetFigures, PrometheusReader, PromQLSource
 from gpuconsole.tui.driver import terminal_driver
 from gpuconsole.tui.feed import HubFeed, SnapshotFeed
 from gpuconsole.tui.messages import SnapshotArrived
 from gpuconsole.tui.themes import Palette, load_themes, resolve_theme_name
 from gpuconsole.tui.widgets.cells import HEALTH_GLYPH
+
+if TYPE_CHECKING:
+    from gpuconsole.sources.promql import FleetFigures, PrometheusReader
 
 WALLBOARD_THEME = "gpuconsole-high-contrast"
 TOP = 10
@@ -156,14 +160,17 @@ def heat_page(
             health = summaries.row_health(node, row)
             critical += health is Health.CRITICAL
             if id(node) not in drawn:
-                busy += row.reading is not None and (row.reading.util_gpu_pct or 0) >= BUSY_PCT
+                busy += (
+                    row.reading is not None
+                    and (row.reading.util_gpu_pct or 0) >= summaries.BUSY_PCT
+                )
                 continue
             gpu = row.reading
             if gpu is None:
                 style = palette.passthrough if row.passthrough else palette.dim
                 cells.append((summaries.row_cell_text(row, Metric.TEMP), style))
                 continue
-            busy += (gpu.util_gpu_pct or 0) >= BUSY_PCT
+            busy += (gpu.util_gpu_pct or 0) >= summaries.BUSY_PCT
             if gpu.lost:
                 cells.append(("\u2716", palette.health[Health.CRITICAL] + Style(reverse=True)))
                 continue
@@ -389,6 +396,13 @@ PAGE_FIGURES: dict[PageBuilder, tuple[str, ...]] = {
 }
 
 
+def _promql() -> ModuleType | None:
+    """The PromQL source's module where loaded: only a hub that reads Prometheus has
+    loaded it, and only such a hub's figures can be aggregated (a wallboard over agents or
+    the demo starts without it)."""
+    return sys.modules.get("gpuconsole.sources.promql")
+
+
 class Figure(Vertical):
     """A headline figure: large digits over a label."""
 
@@ -448,9 +462,11 @@ class WallboardApp(App[None]):
         self._relaid = False  # whether a page drawn before the layout was drawn again
         # the Prometheus servers this hub reads, which aggregate the fleet's figures
         self._readers: dict[int, PrometheusReader] = {}
-        for source in hub.sources if hub is not None else ():
-            if isinstance(source, PromQLSource):
-                self._readers[id(source.reader)] = source.reader
+        promql = _promql()
+        if hub is not None and promql is not None:
+            for source in hub.sources:
+                if isinstance(source, promql.PromQLSource):
+                    self._readers[id(source.reader)] = source.reader
         themes = load_themes([user_themes_dir()] if theme_dirs is None else theme_dirs)
         for loaded in themes.values():
             self.register_theme(loaded)
@@ -507,9 +523,11 @@ class WallboardApp(App[None]):
         """The fleet's figures, as the Prometheus servers aggregated them last (None: no
         such source, or none yet)."""
         found = [r.figures for r in self._readers.values() if r.figures is not None]
-        if len(found) < len(self._readers):
+        promql = _promql()
+        if promql is None or not found or len(found) < len(self._readers):
             return None
-        return FleetFigures.merged(found, TOP)
+        merged: FleetFigures | None = promql.FleetFigures.merged(found, TOP)
+        return merged
 
     def _heat_room(self) -> int | None:
         """How many rows the heat grid has room for (a line each, one for its note);
