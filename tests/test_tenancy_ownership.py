@@ -513,3 +513,26 @@ def test_a_dra_mig_device_owns_the_instance_at_its_placement() -> None:
     ]
     assert [p.kind for p in own.problems] == [ProblemKind.UNKNOWN_DEVICE] * 3
     assert "'gpu-two'" in own.problems[2].message
+
+
+def test_a_fleet_of_ten_thousand_nodes_is_resolved_once_not_on_every_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A wallboard or fleet view asks about every node of a 10,000-node fleet in turn, each
+    snapshot: each node's owners are resolved once, and asked again they are the answer
+    kept (a cache smaller than the fleet would evict each node just before it is asked)."""
+    from gpuconsole.facts import ownership
+    from gpuconsole.facts.summaries import gpu_counts
+
+    tenancy = TenancyReading(at=0.0, gpus=(pci(0),))
+    reading = nvml(nvml_gpu(0))
+    fleet = [NodeSnapshot(f"node-{i:05d}", nvml=reading, tenancy=tenancy) for i in range(10_000)]
+    first = [node_ownership(node) for node in fleet]
+    counts = [gpu_counts(node) for node in fleet]
+    resolved: list[object] = []
+    real = ownership.resolve_owners
+    monkeypatch.setattr(ownership, "resolve_owners", lambda *a: resolved.append(a) or real(*a))
+    again = [node_ownership(node) for node in fleet]
+    assert len(resolved) == 0
+    assert all(a is b for a, b in zip(again, first, strict=True))
+    assert all(a is b for a, b in zip(map(gpu_counts, fleet), counts, strict=True))

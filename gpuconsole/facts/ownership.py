@@ -763,7 +763,10 @@ def _same_pod(claims: list[_Claim], pods: list[int], pod_uid: str | None) -> int
 
 # The latest answers per node: the current one and the one before (a viewer a frame behind).
 _PER_NODE = 2
-_MAX_NODES = 8192
+# More nodes than any fleet one process shows (a 100,000-GPU site is 12,500 nodes): views ask
+# about every node in turn, and a least-recently-used cache smaller than the fleet evicts
+# each node just before it is asked again, resolving the whole fleet afresh on every pass.
+_MAX_NODES = 65_536
 _NvmlKey = tuple[object, ...]
 
 

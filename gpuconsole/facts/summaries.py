@@ -248,7 +248,7 @@ class _OwnedCounts(msgspec.Struct, frozen=True):
 # every owner of every GPU it lists, alive.
 _OWNED: OrderedDict[str, list[tuple[Ownership, _OwnedCounts]]] = OrderedDict()
 _OWNED_PER_NODE = 2
-_OWNED_NODES = 8192
+_OWNED_NODES = 65_536  # as many as node_ownership keeps, or a large fleet misses every time
 
 
 def _owned_counts(node: str, ownership: Ownership) -> _OwnedCounts:
