@@ -7,6 +7,7 @@ from all of them: `facts.verdict` (on a head, from the verdict the node's agent 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -106,8 +107,9 @@ class Rebuilt(msgspec.Struct, frozen=True, eq=False):
         return f"Rebuilt(positions={self.positions!r})"
 
 
-# weakly referenced where verdicts are found by a node's position in the snapshot judged
-class FleetSnapshot(msgspec.Struct, frozen=True, weakref=True):
+# weakly referenced where verdicts are found by a node's position in the snapshot judged;
+# a __dict__ for what is worked out of it once, on first asking (`_positions`)
+class FleetSnapshot(msgspec.Struct, frozen=True, weakref=True, dict=True):
     """Every node this process knows, as of one moment; what consumers receive."""
 
     seq: int
@@ -121,10 +123,18 @@ class FleetSnapshot(msgspec.Struct, frozen=True, weakref=True):
     rebuilt: Rebuilt | None = None
 
     def node(self, name: str) -> NodeSnapshot | None:
-        for node in self.nodes:
-            if node.node == name:
-                return node
-        return None
+        """The node of that name (the first, were two so named)."""
+        at = self._positions.get(name)
+        return self.nodes[at] if at is not None else None
+
+    @functools.cached_property
+    def _positions(self) -> dict[str, int]:
+        # built once per snapshot: views ask for nodes by name in loops over a fleet of
+        # thousands, where a scan per asking costs the square of the fleet
+        positions: dict[str, int] = {}
+        for at, node in enumerate(self.nodes):
+            positions.setdefault(node.node, at)
+        return positions
 
     @property
     def simulated(self) -> bool:
