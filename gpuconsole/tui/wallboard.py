@@ -148,39 +148,33 @@ def heat_page(
     cell coloured by temperature: every GPU the console counts, a guest's (◆) and an
     unbound one (·) included. The figures are the whole fleet's."""
     shown = heat_rows(snapshot, rows, first)
-    drawn = {id(node) for node in shown}
     lines = []
-    counts = []
-    busy = critical = 0
-    for node in snapshot.nodes:
-        gpu_rows = summaries.gpu_rows(node)
-        counts.append(summaries.gpu_counts(node))
+    for node in shown:
         cells = []
-        for row in gpu_rows:
-            health = summaries.row_health(node, row)
-            critical += health is Health.CRITICAL
-            if id(node) not in drawn:
-                busy += (
-                    row.reading is not None
-                    and (row.reading.util_gpu_pct or 0) >= summaries.BUSY_PCT
-                )
-                continue
+        for row in summaries.gpu_rows(node):
             gpu = row.reading
             if gpu is None:
                 style = palette.passthrough if row.passthrough else palette.dim
                 cells.append((summaries.row_cell_text(row, Metric.TEMP), style))
-                continue
-            busy += (gpu.util_gpu_pct or 0) >= summaries.BUSY_PCT
-            if gpu.lost:
+            elif gpu.lost:
                 cells.append(("\u2716", palette.health[Health.CRITICAL] + Style(reverse=True)))
-                continue
-            _, fraction = summaries.metric_value(gpu, Metric.TEMP)
-            cells.append((summaries.cell_text(gpu, Metric.TEMP), palette.heat(fraction)))
-        if id(node) not in drawn:
-            continue
+            else:
+                _, fraction = summaries.metric_value(gpu, Metric.TEMP)
+                cells.append((summaries.cell_text(gpu, Metric.TEMP), palette.heat(fraction)))
         health = node_verdict(node).health
         name = Text(f"{HEALTH_GLYPH[health]} {node.node}", style=palette.health[health])
         lines.append((name, tuple(cells), Text(health.value)))
+    # the whole fleet's figures from what each node's facts keep (its counts, and its GPUs
+    # out of work: those whose verdict is critical), as the fleet view sums them, not from
+    # a row and a verdict per GPU of every node on every draw
+    counts = []
+    busy = critical = 0
+    for node in snapshot.nodes:
+        facts = summaries.node_facts(node)
+        counts.append(facts.counts)
+        critical += facts.unfit
+        for gpu in node.gpus:
+            busy += (gpu.util_gpu_pct or 0) >= summaries.BUSY_PCT
     total = summaries.GpuCounts.add_up(counts).total
     if fleet is not None and fleet.busy is not None:
         busy = fleet.busy  # every GPU's utilization as of this round, not as last read
