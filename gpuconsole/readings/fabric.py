@@ -413,13 +413,16 @@ def port_problems(
     if stats is not None and stats.operstate not in ("UP", "UNKNOWN") and port.active:
         found.append(PortProblem(Severity.WARNING, f"netdev {stats.ifname} {stats.operstate}"))
     for counter, words, severity, floor in ERROR_RULES:
-        per_s = rate(counter)
         if delta is None:
+            per_s = rate(counter)
             if per_s is not None and per_s > floor:
                 found.append(PortProblem(severity, f"{words} {per_s:.3g}/s", counter, per_s))
             continue
-        moved = delta(counter)
-        if not moved or (per_s is not None and per_s <= floor):
+        moved = delta(counter)  # mostly none: its rate is read only of a counter that moved
+        if not moved:
+            continue
+        per_s = rate(counter)
+        if per_s is not None and per_s <= floor:
             continue
         said = f"{words} +{moved}" + (f" ({per_s:.3g}/s)" if per_s is not None else "")
         found.append(PortProblem(severity, said, counter, per_s, moved))
