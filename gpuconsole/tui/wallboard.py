@@ -7,6 +7,7 @@ figures in large digits. There are no actions and no command palette: only pause
 
 from __future__ import annotations
 
+import heapq
 import sys
 import time
 from collections import Counter
@@ -37,7 +38,7 @@ from gpuconsole.paths import user_themes_dir
 from gpuconsole.readings.alerts import AlertState
 from gpuconsole.readings.base import Health, Severity
 from gpuconsole.readings.fabric import ERROR_RULES, port_deltas, port_problems, port_rates
-from gpuconsole.readings.nvml import GpuReading
+from gpuconsole.readings.nvml import GpuReading, GpuState
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.tui.driver import terminal_driver
 from gpuconsole.tui.feed import HubFeed, SnapshotFeed
@@ -214,11 +215,13 @@ def hottest_page(
     Prometheus aggregates them where it does (`fleet`), else of the snapshot."""
     if fleet is not None and _aggregated(fleet):
         return _hottest_of_fleet(snapshot, fleet, palette)
-    live = [(n, g) for n, g in _gpus(snapshot) if not g.lost]
-    hot = sorted((p for p in live if p[1].temp_gpu_c is not None),
-                 key=lambda p: -(p[1].temp_gpu_c or 0))[:TOP]  # fmt: skip
-    power = sorted((p for p in live if p[1].power_w is not None),
-                   key=lambda p: -(p[1].power_w or 0))[:TOP]  # fmt: skip
+    lost = GpuState.LOST
+    live = [(n, g) for n, g in _gpus(snapshot) if g.state is not lost]
+    # the first TOP of 80,000 GPUs, not all of them sorted
+    hot = heapq.nlargest(TOP, (p for p in live if p[1].temp_gpu_c is not None),
+                         key=lambda p: p[1].temp_gpu_c or 0)  # fmt: skip
+    power = heapq.nlargest(TOP, (p for p in live if p[1].power_w is not None),
+                           key=lambda p: p[1].power_w or 0)  # fmt: skip
     table = Table(box=None, padding=(0, 2), expand=True, show_edge=False)
     for head in ("hottest GPU", "temp", "HBM", "most power", "power", "limit"):
         table.add_column(head, no_wrap=True)
