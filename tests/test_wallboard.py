@@ -10,7 +10,9 @@ import pytest
 from rich.console import Console
 from textual.widgets import Digits, Static
 
-from gpuconsole.facts.summaries import gpu_count
+from gpuconsole.facts.summaries import gpu_count, gpu_rows
+from gpuconsole.facts.verdict import gpu_verdict
+from gpuconsole.readings.base import Health
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.themes import load_themes
 from gpuconsole.tui.wallboard import (
@@ -96,6 +98,12 @@ def test_every_page_has_a_title_figures_and_a_body(fleet_snapshot: FleetSnapshot
     assert hottest.figures[0] == ("hottest °C", f"{max(temps):.0f}")
     heat = heat_page(fleet_snapshot, colours, fleet_snapshot.at)
     assert heat.figures[0][1] == str(sum(gpu_count(n) for n in fleet_snapshot.nodes))
+    # every GPU whose verdict is critical, of the nodes drawn and the rest alike
+    critical = [(n.node, r.bus_id) for n in fleet_snapshot.nodes for r in gpu_rows(n)
+                if gpu_verdict(n, r).health is Health.CRITICAL]  # fmt: skip
+    assert critical and heat.figures[2] == ("critical", str(len(critical)))
+    one_row = heat_page(fleet_snapshot, colours, fleet_snapshot.at, rows=1, first=3)
+    assert one_row.figures == heat.figures
     alerts = alerts_page(fleet_snapshot, colours, fleet_snapshot.at)
     assert "fell off the bus (XID 79)" in str(alerts.body) or alerts.figures[0][1] == "0"
     owners = owners_page(fleet_snapshot, colours, fleet_snapshot.at)
