@@ -41,7 +41,7 @@ def _pages(base: FleetSnapshot) -> dict[str, tuple[float, float]]:
     for step in range(RUNS):
         snapshot = _fleet(base, NODES, step)
         for page in PAGES:
-            fresh, again = costs.setdefault(page.__name__, ([], []))
+            fresh, again = costs.setdefault(getattr(page, "__name__", repr(page)), ([], []))
             for into in (fresh, again):
                 began = time.process_time()
                 page(snapshot, palette, FIXED, rows=ROWS, first=0)

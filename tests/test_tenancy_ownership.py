@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 
@@ -531,7 +533,12 @@ def test_a_fleet_of_ten_thousand_nodes_is_resolved_once_not_on_every_pass(
     counts = [gpu_counts(node) for node in fleet]
     resolved: list[object] = []
     real = ownership.resolve_owners
-    monkeypatch.setattr(ownership, "resolve_owners", lambda *a: resolved.append(a) or real(*a))
+
+    def resolve(*args: Any) -> ownership.Ownership:
+        resolved.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(ownership, "resolve_owners", resolve)
     again = [node_ownership(node) for node in fleet]
     assert len(resolved) == 0
     assert all(a is b for a, b in zip(again, first, strict=True))
