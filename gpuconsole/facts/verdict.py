@@ -401,25 +401,37 @@ _ACTIVE = operator.attrgetter("active")
 def _healthy(gpu: GpuReading) -> bool:
     """Nothing NVML says of this GPU is worth a finding: the test 8,000 GPUs pass each
     second, cheapest and likeliest failures first."""
-    if gpu.state is not GpuState.OK or gpu.xids or gpu.recovery_action:
+    if gpu.state is not _GPU_OK or gpu.xids or gpu.recovery_action or gpu.nvlink_errors:
         return False
     ecc = gpu.ecc
-    if ecc.remap_pending or ecc.remap_failure or ecc.volatile_uncorrected:
+    if (
+        ecc.remap_pending
+        or ecc.remap_failure
+        or ecc.volatile_uncorrected
+        or ecc.retired_pending
+        or ecc.retired_sbe
+        or ecc.retired_dbe
+    ):
         return False
-    if ecc.retired_pending or ecc.retired_sbe or ecc.retired_dbe or gpu.nvlink_errors:
-        return False
-    if gpu.throttle_reasons and not _SLOWDOWNS.isdisjoint(gpu.throttle_reasons):
+    throttled = gpu.throttle_reasons
+    if throttled and not _SLOWDOWNS.isdisjoint(throttled):
         return False
     if gpu.fabric_status or gpu.fabric_state not in _FABRIC_FINE:
         return False
     pcie = gpu.pcie
     if pcie.replay_count or (
-        (pcie.width_current != pcie.width_max or pcie.busy) and (pcie.downtrained)
+        (pcie.width_current != pcie.width_max or pcie.busy) and pcie.downtrained
     ):
         return False
+    nvlinks = gpu.nvlinks
     # a GPU read inside a guest may run with its NVLinks off by design (single-GPU
     # passthrough on an NVSwitch system)
-    return all(map(_ACTIVE, gpu.nvlinks)) or gpu.virtualization_mode == "passthrough"
+    return (
+        not nvlinks or all(map(_ACTIVE, nvlinks)) or gpu.virtualization_mode == "passthrough"
+    )
+
+
+_GPU_OK = GpuState.OK
 
 
 def _fabric_and_links(
@@ -483,12 +495,14 @@ _SEL_BUS = re.compile(r"\bbus[ :]*(?:0x)?([0-9a-f]{2})h?\b", re.IGNORECASE)
 
 
 def bmc_findings(
-    bmc: BmcReading, gpus: Mapping[str, tuple[str, str]] | None = None
+    bmc: BmcReading,
+    gpus: Mapping[str, tuple[str, str]] | Callable[[], Mapping[str, tuple[str, str]]] | None = None,
 ) -> list[Finding]:
     """The evidence the BMC gives about the node: critical SEL entries, failed PSUs and
     fans, sensors past their critical limit. `gpus` (PCI bus number, as "c3" -> the GPU's
-    bus id and name) puts a SEL record that names a GPU's bus on that GPU: the BMC's side of
-    its fault, judged as the GPU's."""
+    bus id and name; or what makes it, asked only once a SEL record to report names a bus)
+    puts a SEL record that names a GPU's bus on that GPU: the BMC's side of its fault,
+    judged as the GPU's."""
     found: list[Finding] = []
 
     def add(code: str, text: str, severity: Severity, action: Action, subject: str) -> None:
@@ -534,6 +548,8 @@ def bmc_findings(
         when = f" at {fmt.clock_time(entry.at)}" if entry.at is not None else ""
         action = _SEL_ACTIONS.get(entry.sensor_type.lower(), Action.SERVICE)
         bus = _SEL_BUS.search(entry.event) if gpus else None
+        if bus is not None and callable(gpus):
+            gpus = gpus()  # a SEL record names a bus: the node's GPUs are looked up now
         gpu = gpus.get(bus.group(1).lower()) if gpus and bus else None
         if gpu is not None:
             action, advice = _milder_first(action, _ACTION_ADVICE.get(action, action.words))
@@ -742,6 +758,10 @@ class _Judged:
     # from its readings, and the same verdict received again is not checked again
     refusal: _Refusal | None = None
     unfit: int = -1  # GPUs whose verdict is critical; -1 until asked
+    # a node judged here, its sources answering and no verdict refused: its NVML findings
+    # and its health where nothing was found; a snapshot after it with these alike (and the
+    # other sources' findings the same) has its verdict
+    here: tuple[tuple[Finding, ...], Health] | None = None
     # how many statuses its agent sent with the verdict, where its agent source checked it
     # as it read it (`calm` and `silence` are theirs then); -1 where it was not checked so
     sent: int = -1
@@ -996,17 +1016,16 @@ def _judge(node: NodeSnapshot, seen: _Judged | None = None) -> _Judged:
 
 def _judged_here(node: NodeSnapshot, seen: _Judged | None, refused: _Refusal | None) -> _Judged:
     """The node judged from its readings (the verdict its agent sent `refused`, if so)."""
-    findings: list[Finding] = []
     nvml = node.nvml
-    if nvml is not None:
-        findings += _nvml_findings(node, nvml)
+    nvml_found = tuple(_nvml_findings(node, nvml)) if nvml is not None else ()
+    findings = list(nvml_found)
     judged = _Judged(weakref.ref(node), _FIT, {})
     bmc = node.bmc
     if bmc is not None:
         if seen is not None and seen.bmc is bmc:
             judged.bmc_found = seen.bmc_found
         else:
-            judged.bmc_found = tuple(bmc_findings(bmc, _gpu_buses(node, bmc)))
+            judged.bmc_found = tuple(bmc_findings(bmc, lambda: _gpu_buses(node, bmc)))
         judged.bmc = bmc
         findings += judged.bmc_found
     fabric = node.fabric
@@ -1028,13 +1047,26 @@ def _judged_here(node: NodeSnapshot, seen: _Judged | None, refused: _Refusal | N
             judged.tenancy_found = tuple(tenancy_findings(node))
         judged.tenancy = key
         findings += judged.tenancy_found
+    calm = _calm(node)
+    if refused is None and calm is Health.OK:  # else it says what this process adds
+        judged.here = (nvml_found, calm)
+        if (
+            seen is not None
+            and seen.here is not None
+            and seen.bmc_found is judged.bmc_found
+            and seen.fabric_found is judged.fabric_found
+            and seen.tenancy_found is judged.tenancy_found
+            and seen.here == judged.here
+        ):
+            # what most snapshots of a node are: new readings, the same evidence
+            judged.verdict, judged.gpus = seen.verdict, seen.gpus
+            return judged
     if findings:
         per_gpu: dict[str, list[Finding]] = {}
         for finding in findings:
             if finding.bus_id is not None:
                 per_gpu.setdefault(finding.bus_id, []).append(finding)
         judged.gpus = {bus: _gpu_verdict(found) for bus, found in per_gpu.items()}
-    calm = _calm(node)
     if calm is not Health.OK or refused is not None:
         findings += _head_findings(node, refused.reason if refused is not None else None)
     judged.verdict = _verdict(findings, calm)
@@ -1242,6 +1274,8 @@ def _nvml_findings(node: NodeSnapshot, nvml: NvmlReading) -> list[Finding]:
         found = []
     unnamed: dict[int, str] | None = None
     for gpu in nvml.gpus:
+        if _healthy(gpu):
+            continue  # most GPUs: told here without a call of gpu_findings each
         # the node says Fabric Manager is down once, not on every GPU
         got = gpu_findings(node, gpu, None)
         if got:
