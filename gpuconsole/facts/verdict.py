@@ -426,9 +426,7 @@ def _healthy(gpu: GpuReading) -> bool:
     nvlinks = gpu.nvlinks
     # a GPU read inside a guest may run with its NVLinks off by design (single-GPU
     # passthrough on an NVSwitch system)
-    return (
-        not nvlinks or all(map(_ACTIVE, nvlinks)) or gpu.virtualization_mode == "passthrough"
-    )
+    return not nvlinks or all(map(_ACTIVE, nvlinks)) or gpu.virtualization_mode == "passthrough"
 
 
 _GPU_OK = GpuState.OK
@@ -550,7 +548,7 @@ def bmc_findings(
         bus = _SEL_BUS.search(entry.event) if gpus else None
         if bus is not None and callable(gpus):
             gpus = gpus()  # a SEL record names a bus: the node's GPUs are looked up now
-        gpu = gpus.get(bus.group(1).lower()) if gpus and bus else None
+        gpu = gpus.get(bus.group(1).lower()) if bus and isinstance(gpus, Mapping) else None
         if gpu is not None:
             action, advice = _milder_first(action, _ACTION_ADVICE.get(action, action.words))
             found.append(Finding("sel_critical", f"BMC event log{when}: {entry.message}: "
