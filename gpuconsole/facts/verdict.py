@@ -631,8 +631,12 @@ def fabric_findings(
     for device in fabric.devices:
         for port in device.ports:
             climbed = moved.get((device.name, str(port.port))) if moved else None
-            if not climbed and port.active and not port.downtrained:
-                continue
+            if not climbed and port.state == "ACTIVE":
+                # up at its rate (FabricPort.downtrained read inline: most ports of a
+                # fleet, every time its fabric is read)
+                rate, expected = port.rate_gbps, port.expected_rate_gbps
+                if rate is None or expected is None or not rate < expected:
+                    continue
             # only the counters that moved can be erring: the rest are not looked up
             rate = _moved_rates(node, port, climbed) if climbed else _no_rate
             for problem in port_problems(port, rate, (climbed or _NONE_COUNTED).get):
