@@ -494,14 +494,15 @@ _SEL_BUS = re.compile(r"\bbus[ :]*(?:0x)?([0-9a-f]{2})h?\b", re.IGNORECASE)
 
 def bmc_findings(
     bmc: BmcReading,
-    gpus: Mapping[str, tuple[str, str]] | Callable[[], Mapping[str, tuple[str, str]]] | None = None,
+    gpus: Mapping[str, tuple[str, str]] | Callable[[str], tuple[str, str] | None] | None = None,
 ) -> list[Finding]:
     """The evidence the BMC gives about the node: critical SEL entries, failed PSUs and
     fans, sensors past their critical limit. `gpus` (PCI bus number, as "c3" -> the GPU's
-    bus id and name; or what makes it, asked only once a SEL record to report names a bus)
-    puts a SEL record that names a GPU's bus on that GPU: the BMC's side of its fault,
-    judged as the GPU's."""
+    bus id and name; or a function that answers it, asked only for a SEL record to report
+    that names a bus) puts a SEL record that names a GPU's bus on that GPU: the BMC's side
+    of its fault, judged as the GPU's."""
     found: list[Finding] = []
+    on_bus = gpus if callable(gpus) else gpus.get if gpus else None
 
     def add(code: str, text: str, severity: Severity, action: Action, subject: str) -> None:
         found.append(Finding(code, text, severity, "bmc", action, None, subject))
@@ -545,10 +546,8 @@ def bmc_findings(
             continue
         when = f" at {fmt.clock_time(entry.at)}" if entry.at is not None else ""
         action = _SEL_ACTIONS.get(entry.sensor_type.lower(), Action.SERVICE)
-        bus = _SEL_BUS.search(entry.event) if gpus else None
-        if bus is not None and callable(gpus):
-            gpus = gpus()  # a SEL record names a bus: the node's GPUs are looked up now
-        gpu = gpus.get(bus.group(1).lower()) if bus and isinstance(gpus, Mapping) else None
+        bus = _SEL_BUS.search(entry.event) if on_bus is not None else None
+        gpu = on_bus(bus.group(1).lower()) if on_bus is not None and bus else None
         if gpu is not None:
             action, advice = _milder_first(action, _ACTION_ADVICE.get(action, action.words))
             found.append(Finding("sel_critical", f"BMC event log{when}: {entry.message}: "
@@ -563,26 +562,20 @@ def bmc_findings(
 _ACTION_ADVICE = {Action.REBOOT_NODE: "reboot the node", Action.SERVICE: "return it for service"}
 
 
-def _gpu_buses(node: NodeSnapshot, bmc: BmcReading) -> dict[str, tuple[str, str]]:
-    """The node's GPUs by PCI bus number ("c3"): their bus ids and names, those NVML lost
-    or no longer sees (drained) included; none where the BMC logged nothing critical."""
-    buses: dict[str, tuple[str, str]] = {}
-    if not any(e.severity is Severity.CRITICAL for e in bmc.sel_recent):
-        return buses
-    ownership = node_ownership(node)
-    for owner in ownership.gpus if ownership is not None else ():
-        if ":" in owner.bus_id:
-            name = f"GPU {owner.index}" if owner.index is not None else "GPU"
-            buses[owner.bus_id.split(":")[-2].lower()] = (
-                owner.bus_id,
-                f"{name} ({short_bus_id(owner.bus_id)})",
-            )
+def _gpu_on_bus(node: NodeSnapshot, number: str) -> tuple[str, str] | None:
+    """The node's GPU on PCI bus `number` ("c3"): its bus id and name, one NVML lost or no
+    longer sees (drained) included; NVML's name first."""
     nvml = node.nvml
-    for gpu in nvml.gpus if nvml is not None else ():
+    for gpu in reversed(nvml.gpus) if nvml is not None else ():
         bus = known_bus_id(gpu.pci_bus_id)
-        if bus is not None:
-            buses[bus.split(":")[-2].lower()] = (bus, _gpu_subject(gpu, bus))
-    return buses
+        if bus is not None and bus.split(":")[-2].lower() == number:
+            return bus, _gpu_subject(gpu, bus)
+    ownership = node_ownership(node)
+    for owner in reversed(ownership.gpus) if ownership is not None else ():
+        if ":" in owner.bus_id and owner.bus_id.split(":")[-2].lower() == number:
+            name = f"GPU {owner.index}" if owner.index is not None else "GPU"
+            return owner.bus_id, f"{name} ({short_bus_id(owner.bus_id)})"
+    return None
 
 
 # --- fabric -------------------------------------------------------------------------
@@ -634,8 +627,8 @@ def fabric_findings(
             if not climbed and port.state == "ACTIVE":
                 # up at its rate (FabricPort.downtrained read inline: most ports of a
                 # fleet, every time its fabric is read)
-                rate, expected = port.rate_gbps, port.expected_rate_gbps
-                if rate is None or expected is None or not rate < expected:
+                speed, expected = port.rate_gbps, port.expected_rate_gbps
+                if speed is None or expected is None or not speed < expected:
                     continue
             # only the counters that moved can be erring: the rest are not looked up
             rate = _moved_rates(node, port, climbed) if climbed else _no_rate
@@ -1027,7 +1020,7 @@ def _judged_here(node: NodeSnapshot, seen: _Judged | None, refused: _Refusal | N
         if seen is not None and seen.bmc is bmc:
             judged.bmc_found = seen.bmc_found
         else:
-            judged.bmc_found = tuple(bmc_findings(bmc, lambda: _gpu_buses(node, bmc)))
+            judged.bmc_found = tuple(bmc_findings(bmc, lambda bus: _gpu_on_bus(node, bus)))
         judged.bmc = bmc
         findings += judged.bmc_found
     fabric = node.fabric
