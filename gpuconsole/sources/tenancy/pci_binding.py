@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from gpuconsole.readings.base import normal_bus_id
+from gpuconsole.readings.base import normal_bus_id, safe_text
 from gpuconsole.readings.tenancy import IommuPeer, PciGpu
 from gpuconsole.sources.pci import find_gpus
 
@@ -24,10 +24,15 @@ def _link_name(path: str) -> str | None:
         return None
 
 
+# sysfs attributes and the driver's information file are a few hundred bytes: a file that
+# goes on is read this far and no further
+_READ_LIMIT = 65536
+
+
 def _read_text(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
+            return f.read(_READ_LIMIT)
     except OSError:
         return None
 
@@ -88,11 +93,11 @@ def nvidia_info(proc_root: str, bus_id: str) -> tuple[str | None, str | None, in
         key, sep, value = line.partition(":")
         if sep:
             fields[key.strip()] = value.strip()
-    uuid = fields.get("GPU UUID") or None
+    uuid = safe_text(fields.get("GPU UUID", "")) or None
     minor_text = fields.get("Device Minor", "")
     return (
         uuid,
-        fields.get("Model") or None,
+        safe_text(fields.get("Model", "")) or None,
         int(minor_text) if minor_text.isascii() and minor_text.isdigit() else None,
     )
 
