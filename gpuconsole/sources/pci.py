@@ -37,12 +37,25 @@ class PciDevice:
     chain: tuple[str, ...]  # ("pci0000:17", "0000:17:00.0", ..., "0000:1b:00.0")
 
 
-def _read_int(path: str, base: int = 0) -> int | None:
+# a sysfs attribute is a line: one that goes on is read this far and no further
+_READ_LIMIT = 4096
+
+
+def _read_line(path: str) -> str | None:
+    """A sysfs attribute's text; None where it cannot be read or is not ASCII (a
+    UnicodeDecodeError is a ValueError, which a caller catching OSError would miss)."""
     try:
         with open(path, encoding="ascii") as f:
-            text = f.read().strip()
-        return int(text, base)
+            return f.read(_READ_LIMIT).strip()
     except (OSError, ValueError):
+        return None
+
+
+def _read_int(path: str, base: int = 0) -> int | None:
+    text = _read_line(path)
+    try:
+        return int(text, base) if text is not None else None
+    except ValueError:
         return None
 
 
@@ -125,10 +138,8 @@ def socket_of_numa(sysfs_root: str, numa_node: int | None) -> int | None:
     if numa_node is None:
         return None
     base = os.path.join(sysfs_root, "devices", "system")
-    try:
-        with open(os.path.join(base, "node", f"node{numa_node}", "cpulist"), encoding="ascii") as f:
-            text = f.read().strip()
-    except OSError:
+    text = _read_line(os.path.join(base, "node", f"node{numa_node}", "cpulist"))
+    if text is None:
         return None
     first = text.split(",")[0].split("-")[0]
     if not first.isdigit():
