@@ -115,6 +115,19 @@ def head(fleet: Fleet) -> Hub:
     return fleet_hub(cfg, HubSettings(publish_gap_s=0.1, max_backoff_s=2.0))
 
 
+def record_queries(reader: Any) -> dict[int, list[str]]:
+    """What `reader` sends from now on, by its round; each query still sent."""
+    sent: dict[int, list[str]] = {}
+    query = reader.query
+
+    async def recorded(promql: str) -> list[Any]:
+        sent.setdefault(reader.rounds, []).append(promql)
+        return await query(promql)
+
+    reader.query = recorded
+    return sent
+
+
 def fresh(hub: Hub, node: str) -> bool:
     found = hub.latest.node(node) if hub.latest is not None else None
     status = found.status("remote") if found is not None else None

@@ -30,7 +30,7 @@ from gpuconsole.sources.nvml.lib import THROTTLE_BITS
 from gpuconsole.sources.promql import FleetSeries, PrometheusReader, PromQLSource, flag_asks
 from tests.export_fixtures import frozen_fleet
 from tests.peers import require_program
-from tests.test_promql_fleet import Fleet, _matched, fresh, head
+from tests.test_promql_fleet import Fleet, _matched, fresh, head, record_queries
 from tests.waiting import until
 
 FLAGGED = names.NODE_GPUS_FLAGGED[0]
@@ -231,14 +231,8 @@ async def test_a_round_asks_gpu_flags_of_flagged_nodes_and_of_older_agents_only(
     assert isinstance(reader, PrometheusReader)
     step = 0
     reader.evaluate_at = lambda: fleet.steps[step] + 0.001
-    sent: dict[int, list[str]] = {}
     query = reader.query
-
-    async def recorded(promql: str) -> list[Any]:
-        sent.setdefault(reader.rounds, []).append(promql)
-        return await query(promql)
-
-    reader.query = recorded  # type: ignore[method-assign]  # what it sends, still sent
+    sent = record_queries(reader)
     by_instance = {m.instance: m for m in fleet.members}
     await hub.start()
     try:

@@ -33,7 +33,7 @@ from gpuconsole.sources.promql import FleetFigures, PromQLSource, drawn_gauges
 from gpuconsole.tui.wallboard import WallboardApp
 from tests.export_fixtures import frozen_fleet
 from tests.peers import require_program
-from tests.test_promql_fleet import Fleet, _matched, fresh, head
+from tests.test_promql_fleet import Fleet, _matched, fresh, head, record_queries
 from tests.test_promql_health import MOVERS, HealthFleet, _with_gpu, health_fleet
 from tests.waiting import until
 
@@ -90,14 +90,7 @@ async def test_a_wallboard_has_its_rows_gpus_read_and_shows_the_fleets_hottest_g
     sources = [s for s in hub.sources if isinstance(s, PromQLSource)]
     reader = sources[0].reader
     reader.out_of_view_s = 3600.0  # no pass over every node's gauges while measured
-    sent: dict[int, list[str]] = {}
-    query = reader.query
-
-    async def recorded(promql: str) -> list[Any]:
-        sent.setdefault(reader.rounds, []).append(promql)
-        return await query(promql)
-
-    reader.query = recorded  # type: ignore[method-assign]  # what it sends, still sent
+    sent = record_queries(reader)
     by_name = {m.name: m for m in fleet.members}
     await hub.start()
     try:
@@ -157,14 +150,7 @@ async def test_with_no_viewer_a_health_rule_fires_within_a_round_without_gpu_gau
     reader.out_of_view_s = 3600.0
     step = 0
     reader.evaluate_at = lambda: fleet.steps[step] + 0.001
-    sent: dict[int, list[str]] = {}
-    query = reader.query
-
-    async def recorded(promql: str) -> list[Any]:
-        sent.setdefault(reader.rounds, []).append(promql)
-        return await query(promql)
-
-    reader.query = recorded  # type: ignore[method-assign]  # what it sends, still sent
+    sent = record_queries(reader)
     engine = AlertEngine([r for r in DEFAULT_RULES if r.name == "GpuLost"])
     movers = {fleet.members[i].name for i in MOVERS}
 
