@@ -1033,13 +1033,19 @@ def _judged_here(node: NodeSnapshot, seen: _Judged | None, refused: _Refusal | N
             judged.fabric_found = tuple(fabric_findings(node, fabric))
         judged.fabric = fabric
         findings += judged.fabric_found
-    if node.tenancy is not None:
+    tenancy = node.tenancy
+    if tenancy is not None:
         ownership = node_ownership(node)
-        key = (ownership, _drained_xids(node, ownership))
+        # what its findings read: the owners, the XID that drained a GPU, and each guest's
+        # reading of its GPUs (an XID a guest's GPU raises changes no owner)
+        key = (ownership, _drained_xids(node, ownership), tenancy.guest_gpus)
         if seen is not None and seen.tenancy == key:
             judged.tenancy_found = seen.tenancy_found
         else:
-            judged.tenancy_found = tuple(tenancy_findings(node))
+            found = tuple(tenancy_findings(node))
+            if seen is not None and seen.tenancy_found == found:
+                found = seen.tenancy_found  # a guest read again, as fine as before: alike
+            judged.tenancy_found = found
         judged.tenancy = key
         findings += judged.tenancy_found
     calm = _calm(node)
