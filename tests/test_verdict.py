@@ -179,7 +179,8 @@ def test_the_exporter_serves_each_verdict_with_its_action() -> None:
     labels = {"node": "dgx-004", "gpu": remap.pci_bus_id, "uuid": remap.uuid}
     assert value("gpuconsole_gpu_verdict", **labels, action="reset_gpu") == 3.0
     first = {"node": "dgx-004", "gpu": gpus[0].pci_bus_id, "uuid": gpus[0].uuid}
-    assert value("gpuconsole_gpu_xid_window", **first, xid="13") == 2.0
+    xid = {"xid": "13", "mnemonic": "ROBUST_CHANNEL_GR_EXCEPTION"}
+    assert value("gpuconsole_gpu_xid_window", **first, **xid) == 2.0
     # a guest's GPU, which NVML cannot see, has a verdict too
     guest = {"node": "dgx-001", "gpu": "0000:1b:00.0", "uuid": ""}
     assert value("gpuconsole_gpu_verdict", **guest, action="fit") == 0.0

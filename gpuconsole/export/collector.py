@@ -23,9 +23,10 @@ from gpuconsole.export.fabric import fabric_metrics
 from gpuconsole.export.families import Families
 from gpuconsole.export.gpu import gpu_metrics, topology_metrics
 from gpuconsole.export.ownership import PodLabels, ownership_metrics, pod_labels
-from gpuconsole.facts.inventory import node_gpus, short_bus_id
+from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.facts.ownership import Ownership, node_ownership
 from gpuconsole.facts.verdict import gpu_verdict, node_verdict
+from gpuconsole.facts.xids import xid_entry
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 
 
@@ -63,7 +64,7 @@ def guest_metrics(
         # the host's NVML does not number it: named as the console names it ("52:00.0"),
         # never by the guest's own number, which a host GPU's series may carry
         pods = PodLabels(gpus={guest.reading.uuid: labels})
-        gpu_metrics(out, node, guest.reading, pods, ownership, index=short_bus_id(guest.bus_id))
+        gpu_metrics(out, node, guest.reading, pods, ownership, guest_bus=guest.bus_id)
         if guest.seen_at is not None:
             out.gauge(
                 names.GUEST_READING_AGE,
@@ -82,7 +83,8 @@ def guest_metrics(
 
 def verdict_metrics(out: Families, node: NodeSnapshot) -> None:
     """The verdict of the node and of each of its GPUs (NVML's and those only sysfs sees),
-    and each GPU's XIDs counted over the health window: what alert rules fire on."""
+    and each GPU's XIDs counted over the health window (a guest's GPU's as its guest's
+    agent read them): what alert rules fire on."""
     verdict = node_verdict(node)
     out.gauge(names.NODE_VERDICT, ("node", "action"), (node.node, verdict.action.value),
               float(verdict.action.rank))  # fmt: skip
@@ -92,12 +94,15 @@ def verdict_metrics(out: Families, node: NodeSnapshot) -> None:
         out.gauge(names.GPU_VERDICT, names.VERDICT_LABELS,
                   (node.node, row.bus_id, uuid, judged.action.value),
                   float(judged.action.rank))  # fmt: skip
-        reading = row.reading
+        reading = row.seen
         if reading is None:
             continue
         for xid in reading.xids:
+            entry = xid_entry(xid.code)
             out.gauge(names.GPU_XID_WINDOW, names.XID_WINDOW_LABELS,
-                      (node.node, row.bus_id, uuid, str(xid.code)), float(xid.count))  # fmt: skip
+                      (node.node, row.bus_id, uuid, str(xid.code),
+                       entry.mnemonic if entry is not None else ""),
+                      float(xid.count))  # fmt: skip
 
 
 def node_metrics(out: Families, node: NodeSnapshot, now: float) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from gpuconsole.export import names
 from gpuconsole.export.families import Families, Labels, Spec
 from gpuconsole.export.ownership import PodLabels
+from gpuconsole.facts.inventory import short_bus_id
 from gpuconsole.facts.ownership import Ownership
-from gpuconsole.facts.verdict import SLOWDOWNS, gpu_verdict, reading_verdict
+from gpuconsole.facts.verdict import SLOWDOWNS, gpu_verdict
 from gpuconsole.readings.base import nvml_bus_id
 from gpuconsole.readings.nvml import GpmMetrics, GpuReading
 from gpuconsole.readings.snapshot import NodeSnapshot
@@ -57,22 +58,22 @@ def gpu_metrics(
     pods: PodLabels,
     ownership: Ownership | None = None,
     *,
-    index: str | None = None,
+    guest_bus: str | None = None,
 ) -> bool:
     """Every series of one GPU and its MIG instances; whether it wrote a health flag above
-    0 (what gpuconsole_node_gpus_flagged counts). `index`: the gpu label where it is not
-    the reading's own (a guest's GPU, which the host's NVML does not number)."""
+    0 (what gpuconsole_node_gpus_flagged counts). `guest_bus`: the host's bus id of a
+    guest's GPU (its agent's reading), which the host's NVML does not number: its gpu
+    label is that bus id as the console shows it."""
     ident = _identity(gpu, ownership)
     uuid, bus, model = ident
     pod = pods.gpus.get(uuid) if uuid else None
-    number = str(gpu.index) if index is None else index
+    number = str(gpu.index) if guest_bus is None else short_bus_id(guest_bus)
     base = _dcgm_values(node, number, ident)
     labels = names.DCGM_LABELS if pod is None else (*names.DCGM_LABELS, *pod[0])
     values = base if pod is None else (*base, *pod[1])
     own, own_values = names.OWN_LABELS, (node.node, number, uuid)
-    # a guest's GPU (its agent's reading) is judged by its reading; the host's by its verdict
-    verdict = gpu_verdict(node, gpu) if index is None else reading_verdict(gpu, node)
-    health = verdict.health.value
+    # its verdict's health, the one every console shows: a guest's GPU's by its bus id
+    health = gpu_verdict(node, gpu if guest_bus is None else guest_bus).health.value
     for state in HEALTH_STATES:
         out.gauge(names.GPU_HEALTH, (*own, "state"), (*own_values, state), float(state == health))
     out.gauge(names.GPU_LOST, own, own_values, float(gpu.lost))

@@ -123,10 +123,11 @@ NODE_GPUS_FLAGGED = (
 )
 GPU_XID_WINDOW = (
     f"{PREFIX}_gpu_xid_window",
-    "Times the GPU raised this XID within the health window, since its last reset or reboot.",
+    "Times the GPU raised this XID within the health window, since its last reset or reboot "
+    "(label mnemonic: NVIDIA's name for the code, empty for one its catalog lacks).",
 )
 VERDICT_LABELS = ("node", "gpu", "uuid", "action")  # gpu: the PCI bus id, sysfs form
-XID_WINDOW_LABELS = ("node", "gpu", "uuid", "xid")
+XID_WINDOW_LABELS = ("node", "gpu", "uuid", "xid", "mnemonic")
 GPU_THROTTLE = (f"{PREFIX}_gpu_throttle_reason", "1 for each active clock throttle reason.")
 GPU_NVLINK_ACTIVE = (f"{PREFIX}_gpu_nvlink_active_links", "NVLinks up on this GPU.")
 GPU_PCIE_MAX_GEN = (f"{PREFIX}_gpu_pcie_max_link_generation", "PCIe generation the GPU supports.")
