@@ -14,7 +14,7 @@ import re
 import ssl
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -178,12 +178,14 @@ async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float = 
 
 
 @contextlib.asynccontextmanager
-async def prometheus(target: str, folder: Path) -> AsyncIterator[str]:
-    """A Prometheus server scraping `target` every second; yields its URL."""
+async def prometheus(target: str, folder: Path, rules: Sequence[Path] = ()) -> AsyncIterator[str]:
+    """A Prometheus server scraping `target` and evaluating `rules` (alerting-rules files)
+    every second; yields its URL."""
     binary = require_program("prometheus", "apt-get install prometheus")
     config = folder / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: {json.dumps([str(r) for r in rules])}\n"
         f"scrape_configs: [{{job_name: gpuconsole, static_configs: [{{targets: ['{target}']}}]}}]\n"
     )
     log = folder / "prometheus.log"

@@ -3,14 +3,23 @@ the XIDs behind a verdict are counted per code, a guest's GPU's as much as the h
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
 import msgspec
 
+from gpuconsole.export.agent import Agent
 from gpuconsole.export.collector import build
 from gpuconsole.facts.inventory import node_gpus, short_bus_id
 from gpuconsole.facts.verdict import Action, gpu_verdict
+from gpuconsole.hub import Hub
 from gpuconsole.readings.nvml import XidCount
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.wiring import AgentSettings
 from tests.export_fixtures import FIXED, frozen_fleet, parse, pick
+from tests.test_export_agent import eventually, prometheus, promql
 
 GUESTS = "dgx-004"  # its GPU 52:00.0 is tenant-b-vm7's, read by the guest's own agent
 
@@ -97,3 +106,90 @@ def test_each_xid_is_counted_by_its_code_and_named_by_its_mnemonic() -> None:
         if s.labels["node"] == GUESTS and s.labels["gpu"] == bus
     }
     assert named == {"79": ("ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", 1.0), "999": ("", 3.0)}
+
+
+class HeldHub(Hub):
+    """A hub that serves the snapshot a test hands it, so an agent over it serves that."""
+
+    def __init__(self, snapshot: FleetSnapshot) -> None:
+        super().__init__()
+        self.held = snapshot
+
+    @property
+    def latest(self) -> FleetSnapshot | None:
+        return self.held
+
+
+XID_RULES = """groups:
+- name: site
+  rules:
+  - alert: GpuDoubleBitEcc
+    expr: gpuconsole_gpu_xid_window{xid="48"} > 0
+    labels: {severity: critical}
+    annotations: {summary: "GPU {{ $labels.gpu }} on {{ $labels.node }}: {{ $labels.mnemonic }}"}
+"""
+
+
+async def test_prometheus_alerts_on_the_verdict_and_the_xid_and_holds_one_action_at_a_time(
+    tmp_path: Path,
+) -> None:
+    """A real Prometheus scrapes an agent whose guest's GPU raised XID 48, evaluates the rules
+    `gpuconsole rules` prints and a site's rule over the XID counts; the GPU is then reset."""
+    fleet = frozen_fleet()
+    raised, bus = _guest_raised(fleet, XidCount(48, 2, FIXED - 60, FIXED - 5))
+    node = raised.node(GUESTS)
+    assert node is not None
+    hub = HeldHub(msgspec.structs.replace(raised, nodes=(node,)))
+    (tmp_path / "empty.toml").write_text("")
+    printed = subprocess.run(
+        [sys.executable, "-m", "gpuconsole", "rules", "-c", str(tmp_path / "empty.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert printed.returncode == 0, printed.stderr
+    rules = [tmp_path / "gpuconsole.rules.yml", tmp_path / "site.rules.yml"]
+    rules[0].write_text(printed.stdout)
+    rules[1].write_text(XID_RULES)
+    agent = Agent(hub, AgentSettings(port=0))
+    await agent.start()
+    gpu = f'node="{GUESTS}",gpu="{bus}"'
+    try:
+        async with prometheus(f"127.0.0.1:{agent.port}", tmp_path, rules) as url:
+
+            async def firing(name: str) -> list[dict[str, Any]] | None:
+                query = f'ALERTS{{alertname="{name}",alertstate="firing",{gpu}}}'
+                return await promql(url, query) or None
+
+            [ecc] = await eventually(lambda: firing("GpuDoubleBitEcc"), timeout=60)
+            assert ecc["metric"]["mnemonic"] == "ROBUST_CHANNEL_GPU_ECC_DBE"
+            [unfit] = await eventually(lambda: firing("GpuNotFitForWork"))
+            assert unfit["metric"]["action"] == "reset_gpu"
+            [judged] = await promql(url, f"gpuconsole_gpu_verdict{{{gpu}}}")
+            assert judged["metric"]["action"] == "reset_gpu" and judged["value"][1] == "3"
+            [whole] = await promql(url, f'gpuconsole_node_verdict{{node="{GUESTS}"}}')
+            assert whole["metric"]["action"] == "reset_gpu"
+
+            # the GPU reset: its XIDs cleared, its verdict fit
+            reset, _ = _guest_raised(fleet)
+            node = reset.node(GUESTS)
+            assert node is not None and gpu_verdict(node, bus).fit
+            hub.held = msgspec.structs.replace(reset, nodes=(node,), seq=hub.held.seq + 1)
+
+            async def fit() -> bool | None:
+                # never two actions of one GPU at once, the old one gone by the next scrape
+                twice = await promql(url, "count by (node, gpu) (gpuconsole_gpu_verdict) > 1")
+                assert twice == []
+                now = await promql(url, f"gpuconsole_gpu_verdict{{{gpu}}}")
+                return True if [s["metric"]["action"] for s in now] == ["fit"] else None
+
+            await eventually(fit)
+
+            async def resolved() -> bool | None:
+                left = await promql(url, f'ALERTS{{alertstate="firing",{gpu}}}')
+                return True if left == [] else None
+
+            await eventually(resolved)
+            assert await promql(url, f"gpuconsole_gpu_xid_window{{{gpu}}}") == []
+    finally:
+        await agent.stop()
