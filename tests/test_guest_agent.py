@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gpuconsole.codec import encode
@@ -25,7 +26,7 @@ from gpuconsole.config import GUEST_SHAREABLE
 from gpuconsole.export.collector import build
 from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.readings.base import SourceStatus, record_fields
-from gpuconsole.readings.nvml import GpuReading, NvmlReading, ProcessReading
+from gpuconsole.readings.nvml import GpuReading, NvmlReading, ProcessReading, XidCount
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.readings.tenancy import Guest
 from gpuconsole.sim.profiles import APOLLO_PCIE, guest_bus_id, guest_profile
@@ -128,6 +129,18 @@ def test_a_guest_that_lies_or_babbles_is_refused_with_a_reason(answer: bytes, sa
         read_answer(answer, _guest([(HOST[0], INSIDE_SYSFS[0])]))
     assert says in str(refused.value)
     assert "\x1b" not in str(refused.value)
+
+
+def test_a_guest_that_reports_thousands_of_xid_codes_is_refused_not_exported() -> None:
+    flood = tuple(XidCount(code, 1, 1.0, 1.0) for code in range(1, 5001))
+    reading = _reading(INSIDE[0])
+    gpu = msgspec.structs.replace(reading.gpus[0], xids=flood)
+    answer = guest_answer(msgspec.structs.replace(reading, gpus=(gpu,)))
+    with pytest.raises(GuestRefused, match=r"reports 5000 XID codes for the GPU at 0000:06"):
+        read_answer(answer, _guest([(HOST[0], INSIDE_SYSFS[0])]))
+    few = msgspec.structs.replace(reading, gpus=(msgspec.structs.replace(gpu, xids=flood[:3]),))
+    [read] = read_answer(guest_answer(few), _guest([(HOST[0], INSIDE_SYSFS[0])]))
+    assert [x.code for x in read.xids] == [1, 2, 3]
 
 
 def test_a_gpu_reported_twice_is_refused() -> None:

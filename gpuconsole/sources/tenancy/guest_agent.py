@@ -52,6 +52,9 @@ REQUEST = b"GET gpuconsole/1\n"
 GUEST_PORT = 9511  # the vsock port a guest agent listens on by default
 # Eight GPUs with every reading, MIG instances and processes come to some 60 KiB.
 MAX_ANSWER = 1 << 20
+# Distinct XID codes one GPU may report within the window: a real GPU raises a handful. Each
+# is a finding and an exported series of its own; a guest's thousands would flood both.
+MAX_XID_CODES = 64
 
 # What a guest may share, and the reading fields each word stands for. A GPU's identity
 # (UUID, model, where the guest sees it, its state) always goes: without it nothing maps.
@@ -157,6 +160,10 @@ def read_answer(data: bytes, guest: Guest) -> tuple[GpuReading, ...]:
             )
         if any(normal_bus_id(o.pci_bus_id) == host for o in out):
             raise GuestRefused(f"reports the GPU at {at} twice")
+        if len(gpu.xids) > MAX_XID_CODES:
+            raise GuestRefused(
+                f"reports {len(gpu.xids)} XID codes for the GPU at {at} (at most {MAX_XID_CODES})"
+            )
         out.append(safe_strings(msgspec.structs.replace(gpu, pci_bus_id=host)))
     return tuple(out)
 
