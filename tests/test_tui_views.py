@@ -460,3 +460,24 @@ def test_gpu_detail_says_which_readings_only_root_may_read() -> None:
     ) in mig
     plain = _plain(readings_box(node, rows[0], node.gpus[0], palette))
     assert "hidden from this user GPM metrics" in plain and "whole-GPU memory" not in plain
+
+
+def test_the_gpu_detail_on_a_node_whose_fabric_manager_is_down_says_what_the_node_needs() -> None:
+    """The GPU's own evidence is clean, so its verdict is fit; what keeps CUDA off it is its
+    node's, and the detail says what that asks for beside it, not a bare 'fit for work'."""
+    from gpuconsole.facts.verdict import node_verdict
+    from gpuconsole.tui.screens.gpu import verdict_box
+
+    node = frozen_fleet().node("apollo-01")  # a node with nothing wrong but this
+    assert node is not None and node.nvml is not None
+    gpus = tuple(msgspec.structs.replace(g, fabric_state="completed") for g in node.nvml.gpus)
+    nvml = msgspec.structs.replace(node.nvml, gpus=gpus, fabric_manager_running=False)
+    down = msgspec.structs.replace(node, nvml=nvml)
+    assert node_verdict(down).action.words == "drain it"
+    row = summaries.gpu_rows(down)[0]
+    palette = Palette.from_variables(load_themes([])["gpuconsole-dark"].variables)
+    text = verdict_box(down, row, palette).plain  # type: ignore[union-attr]
+    lines = text.splitlines()
+    assert lines[0] == "● fit for work"
+    assert lines[1] == "on its node: drain it"
+    assert "the NVIDIA Fabric Manager service is not running" in lines[2]

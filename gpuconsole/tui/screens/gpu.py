@@ -83,7 +83,8 @@ def owner_rows(
 
 def verdict_box(node: NodeSnapshot, row: GpuRow, palette: Palette) -> RenderableType:
     """What to do with this GPU and why, in words: its verdict's action, then each piece of
-    evidence with the source that showed it; then what troubles the node around it."""
+    evidence with the source that showed it; then what the node around it asks for, and
+    why."""
     verdict = gpu_verdict(node, row)
     text = health_light(verdict.health, palette, word=False)
     text.append(f" {verdict.advice}", style="bold")
@@ -93,7 +94,9 @@ def verdict_box(node: NodeSnapshot, row: GpuRow, palette: Palette) -> Renderable
         text.append(f"  ({SOURCE_WORDS.get(finding.source, finding.source)})", style=palette.dim)
     around = [f for f in node_verdict(node).problems if f.bus_id is None]
     if around:
-        text.append("\non its node:", style="bold")
+        # what its node's own evidence asks for, as a verdict takes it (the worst finding's
+        # action): a GPU fit by its own evidence may sit on a node that cannot run CUDA
+        text.append(f"\non its node: {around[0].action.words}", style="bold")
         for finding in around[:3]:
             health = _finding_health(finding.severity)
             text.append(f"\n  • {finding.message}", style=palette.health[health])
