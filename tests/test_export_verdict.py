@@ -12,6 +12,7 @@ import msgspec
 
 from gpuconsole.export.agent import Agent
 from gpuconsole.export.collector import build
+from gpuconsole.facts import summaries
 from gpuconsole.facts.inventory import node_gpus, short_bus_id
 from gpuconsole.facts.verdict import Action, gpu_verdict
 from gpuconsole.hub import Hub
@@ -193,3 +194,21 @@ async def test_prometheus_alerts_on_the_verdict_and_the_xid_and_holds_one_action
             assert await promql(url, f"gpuconsole_gpu_xid_window{{{gpu}}}") == []
     finally:
         await agent.stop()
+
+
+def test_a_gpu_lost_before_nvml_read_its_bus_id_is_not_fit_before_tenancy_reads() -> None:
+    """dgx-003's GPU 5 fell off the bus before the agent started: NVML never told its bus id,
+    and until the tenancy source reads sysfs nothing else does. Its verdict is still its
+    evidence's, in the node view's light and in the exporter, not fit."""
+    node = frozen_fleet().node("dgx-003")
+    assert node is not None
+    early = msgspec.structs.replace(
+        node, tenancy=None, statuses=tuple(s for s in node.statuses if s.source != "tenancy")
+    )
+    [lost] = [r for r in node_gpus(early) if r.lost]
+    assert ":" not in lost.bus_id  # nothing named its bus yet
+    assert gpu_verdict(early, lost).action is Action.RESET_GPU
+    assert summaries.row_health(early, lost).value == "critical"
+    samples = parse(build(msgspec.structs.replace(frozen_fleet(), nodes=(early,))).text().decode())
+    actions = [s.labels["action"] for s in samples["gpuconsole_gpu_verdict"] if s.value > 0]
+    assert actions == ["reset_gpu"]

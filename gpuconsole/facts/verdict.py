@@ -1313,6 +1313,8 @@ def gpu_verdict(node: NodeSnapshot, gpu: GpuReading | GpuRow | str) -> Verdict:
     """One GPU's verdict (a reading, a row, or its bus id): the evidence about it alone;
     what is wrong with the node around it is the node's verdict."""
     judged = _judge(node)
+    if isinstance(gpu, GpuRow) and ":" not in gpu.bus_id and gpu.reading is not None:
+        gpu = gpu.reading  # NVML lost it before it read its bus id, and sysfs has not said it
     if isinstance(gpu, str):
         key = gpu
     elif isinstance(gpu, GpuRow):
