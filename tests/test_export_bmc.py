@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from gpuconsole.export.bmc import without_credentials
+from gpuconsole.facts.summaries import source_facet
 from gpuconsole.readings.bmc import SensorKind
 from gpuconsole.sources.bmc import BmcSource, BmcTarget, open_link
 from tests.bmc_fixtures import IPMI_PASSWORD, running_ipmi_sim
@@ -71,6 +72,19 @@ def test_a_failed_psu_is_critical_and_counted() -> None:
     assert state.value == 2.0 and state.labels["type"] == "Power Supply"
     assert one(metrics["gpuconsole_bmc_psus_failed"], node="dgxa-001").value == 1.0
     assert one(metrics["gpuconsole_bmc_health"], node="dgxa-001", state="critical").value == 1.0
+
+
+def test_the_bmc_health_series_is_the_bmc_light_every_console_shows() -> None:
+    """dgx-003's BMC logged a PCIe Bus Fatal Error on GPU 5's bus while every sensor reads
+    nominal: the verdict's evidence makes its BMC light critical, and the series with it."""
+    snapshot, metrics = frozen_fleet(), parse(frozen_body())
+    for node in snapshot.nodes:
+        light = source_facet(node, "bmc")
+        if light is None or node.bmc is None:
+            continue
+        [state] = [s for s in pick(metrics["gpuconsole_bmc_health"], node=node.node) if s.value]
+        assert state.labels["state"] == light.value, node.node
+    assert one(metrics["gpuconsole_bmc_health"], node="dgx-003", state="critical").value == 1.0
 
 
 def test_a_silent_bmc_is_down_and_its_sensors_vanish_as_with_ipmi_exporter() -> None:

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from gpuconsole.export import names
 from gpuconsole.export.families import Families, Labels, Spec
+from gpuconsole.facts.summaries import source_health
 from gpuconsole.readings.bmc import BmcReading, BmcSensor, PowerState, SensorHealth, SensorKind
 from gpuconsole.readings.snapshot import NodeSnapshot
 
@@ -77,7 +78,12 @@ def bmc_metrics(out: Families, node: NodeSnapshot) -> None:
         for part in reading.parts:
             if part.enabled:
                 out.gauge(names.BMC_PART_UP, ("node", "part"), (name, part.part), float(part.ok))
-    _totals(out, name, reading, fresh)
+    # the BMC's light as every console shows it: from the verdict's BMC findings (a critical
+    # SEL record included), stale while the source is
+    health = source_health(node, "bmc").value
+    for state in _BMC_STATES:
+        out.gauge(names.BMC_HEALTH, ("node", "state"), (name, state), float(state == health))
+    _totals(out, name, reading)
     _gpu_board(out, node, reading)
 
 
@@ -107,11 +113,8 @@ def _sensors(out: Families, node: str, reading: BmcReading) -> None:
         out.gauge(state_spec, labels, values, state)
 
 
-def _totals(out: Families, node: str, reading: BmcReading, fresh: bool) -> None:
+def _totals(out: Families, node: str, reading: BmcReading) -> None:
     out.gauge(names.BMC_INFO, ("node", "bmc"), (node, without_credentials(reading.bmc)), 1.0)
-    health = reading.health.value if fresh else "stale"
-    for state in _BMC_STATES:
-        out.gauge(names.BMC_HEALTH, ("node", "state"), (node, state), float(state == health))
     for spec, value in (
         (names.BMC_INLET, reading.inlet_c),
         (names.BMC_EXHAUST, reading.exhaust_c),

@@ -198,7 +198,11 @@ IPMI_CHASSIS_POWER = ("ipmi_chassis_power_state", "Current power state (1=on, 0=
 
 # --- BMC, what ipmi_exporter lacks ----------------------------------------------------------
 BMC_INFO = (f"{PREFIX}_bmc_info", "The BMC a node is read through (its address, no credentials).")
-BMC_HEALTH = (f"{PREFIX}_bmc_health", "BMC health at a glance: 1 for the current state.")
+BMC_HEALTH = (
+    f"{PREFIX}_bmc_health",
+    "BMC health at a glance, as the console's BMC light (the verdict's BMC evidence, stale while "
+    "the source is): 1 for the current state.",
+)
 BMC_INLET = (f"{PREFIX}_bmc_inlet_temperature_celsius", "Air temperature at the server's intake.")
 BMC_EXHAUST = (
     f"{PREFIX}_bmc_exhaust_temperature_celsius",

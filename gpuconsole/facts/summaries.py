@@ -370,10 +370,16 @@ class Facet(msgspec.Struct, frozen=True):
 def source_facet(node: NodeSnapshot, source: str) -> Health | None:
     """One source's light on a node: stale while it is, else the worst of the node's verdict
     findings that source gave (critical wins over stale); None when it is not configured."""
-    status = node.status(source)
-    if status is None:
+    if node.status(source) is None:
         return None
-    worst = Health.STALE if status.stale else Health.OK
+    return source_health(node, source)
+
+
+def source_health(node: NodeSnapshot, source: str) -> Health:
+    """What one source says of a node's health, as its light shows it: stale while it is,
+    else the worst of the node's verdict findings that source gave (critical wins)."""
+    status = node.status(source)
+    worst = Health.STALE if status is not None and status.stale else Health.OK
     for finding in node_verdict(node).findings:
         if finding.source != source:
             continue
