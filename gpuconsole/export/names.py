@@ -106,7 +106,8 @@ GPU_LOST = (f"{PREFIX}_gpu_lost", "1 when the GPU fell off the bus or needs a re
 GPU_HEALTH = (f"{PREFIX}_gpu_health", "GPU health at a glance: 1 for the current state.")
 GPU_VERDICT = (
     f"{PREFIX}_gpu_verdict",
-    "What to do with the GPU (label action); the value is the action's rank: 0 fit, 1 watch, "
+    "What to do with the GPU (label action; label gpu: its PCI bus id, the GPU NVML numbers "
+    "and the one it cannot see alike); the value is the action's rank: 0 fit, 1 watch, "
     "2 drain, 3 reset_gpu, 4 reboot_node, 5 reseat, 6 service.",
 )
 NODE_VERDICT = (
