@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import msgspec
 
-from gpuconsole.facts.verdict import Action, gpu_verdict, node_verdict, reading_verdict
+from gpuconsole.facts.verdict import Action, Verdict, gpu_verdict, node_verdict, reading_verdict
 from gpuconsole.readings.base import Health
-from gpuconsole.readings.nvml import XidCount
+from gpuconsole.readings.nvml import GpuReading, XidCount
 from gpuconsole.readings.snapshot import NodeSnapshot
 from tests.conftest_tui import FIXED, frozen_fleet
 
@@ -56,6 +56,80 @@ def test_the_driver_s_own_recovery_action_stays_first() -> None:
     reset = reading_verdict(msgspec.structs.replace(gpu, xids=xids, recovery_action=1))
     assert reset.action is Action.RESET_GPU
     assert reset.findings[0].code == "driver_recovery_action"
+
+
+def test_story_8_xid_48_says_drain_then_reset_with_the_dbe_count_and_nvidia_s_bucket() -> None:
+    gpu = _node("dgx-002").gpus[2]
+    ecc = msgspec.structs.replace(gpu.ecc, volatile_uncorrected=2, aggregate_uncorrected=2)
+    xids = (XidCount(48, 1, FIXED - 60, FIXED),)
+    verdict = reading_verdict(msgspec.structs.replace(gpu, xids=xids, ecc=ecc))
+    assert (verdict.action, verdict.health) == (Action.RESET_GPU, Health.CRITICAL)
+    xid = verdict.findings[0]
+    assert xid.code == "xid" and xid.text.startswith("XID 48 double-bit ECC error")
+    assert "drain, then reset the GPU" in xid.text
+    # NVIDIA's catalog row as evidence: its mnemonic, its immediate and investigatory buckets
+    assert "ROBUST_CHANNEL_GPU_ECC_DBE" in xid.text
+    assert "WORKFLOW_XID_48 now, WORKFLOW_XID_48 to investigate" in xid.text
+    counts = [f.text for f in verdict.findings if f.code == "ecc_uncorrectable"]
+    assert counts == ["2 uncorrectable (double-bit) ECC errors since the driver loaded"]
+
+
+def test_each_xid_finding_names_its_catalog_row() -> None:
+    gpu = _node("dgx-002").gpus[0]
+    for code, mnemonic, buckets in (
+        (95, "ROBUST_CHANNEL_UNCONTAINED_ERROR", "RESET_GPU now, IGNORE (sympathetic) to"),
+        (94, "ROBUST_CHANNEL_CONTAINED_ERROR", "RESTART_APP now"),
+        (46, "ROBUST_CHANNEL_GPU_TIMEOUT_ERROR", "RESET_GPU now, CONTACT_SUPPORT to"),
+    ):
+        xids = (XidCount(code, 1, FIXED - 60, FIXED),)
+        text = reading_verdict(msgspec.structs.replace(gpu, xids=xids)).findings[0].text
+        assert mnemonic in text and buckets in text, text
+
+
+def test_an_xid_the_catalog_lists_for_other_gpus_only_is_watched_not_acted_on() -> None:
+    h100 = _node("dgx-002").gpus[0]
+    a100 = _node("dgxa-002").gpus[0]
+    assert (h100.architecture, a100.architecture) == ("hopper", "ampere")
+
+    def judged(gpu: GpuReading, code: int) -> Verdict:
+        xids = (XidCount(code, 1, FIXED - 60, FIXED),)
+        return reading_verdict(msgspec.structs.replace(gpu, xids=xids))
+
+    # NVLink5's XIDs are Blackwell's: an H100 that reports one is not reset on its word
+    saw = judged(h100, 144)
+    assert (saw.action, saw.health) == (Action.WATCH, Health.WARNING)
+    assert "NVIDIA's catalog lists it for B100, GB200 only, not H100" in saw.findings[0].text
+    assert "NVLINK_SAW_ERROR" in saw.findings[0].text
+    assert judged(h100, 74).action is Action.RESET_GPU  # NVLink error: A100 and H100
+    assert judged(a100, 136).action is Action.WATCH  # ALI training: H100 only
+    assert judged(h100, 136).action is Action.RESET_GPU
+    blackwell = msgspec.structs.replace(h100, architecture="blackwell", name="NVIDIA B200")
+    assert judged(blackwell, 74).action is Action.WATCH
+    assert judged(blackwell, 144).action is Action.RESET_GPU
+    # a GPU of no known generation: the catalog's bucket, as before
+    assert judged(msgspec.structs.replace(h100, architecture=None), 144).action is Action.RESET_GPU
+
+
+def test_every_recovery_action_of_the_driver_is_judged_and_an_unknown_one_is_not_fit() -> None:
+    gpu = _node("dgx-002").gpus[0]
+    expected = {
+        0: Action.FIT,
+        1: Action.RESET_GPU,  # GPU_RESET
+        2: Action.REBOOT_NODE,  # NODE_REBOOT
+        3: Action.DRAIN,  # DRAIN_P2P
+        4: Action.RESET_GPU,  # DRAIN_AND_RESET
+        5: Action.DRAIN,  # RECOVER_IMEX_DOMAIN
+        6: Action.RESET_GPU,  # BUS_RESET
+        7: Action.REBOOT_NODE,  # SYSTEM_REBOOT
+    }
+    for value, action in expected.items():
+        verdict = reading_verdict(msgspec.structs.replace(gpu, recovery_action=value))
+        assert verdict.action is action, value
+    # a value a newer driver adds: shown by number and watched, never taken for fit
+    later = reading_verdict(msgspec.structs.replace(gpu, recovery_action=9))
+    assert (later.action, later.health) == (Action.WATCH, Health.WARNING)
+    assert later.findings[0].code == "driver_recovery_action"
+    assert "recovery action 9" in later.findings[0].text
 
 
 def test_the_health_sort_puts_gpus_out_of_work_then_the_stronger_action_first() -> None:

@@ -51,7 +51,7 @@ import msgspec
 from gpuconsole import format as fmt
 from gpuconsole.facts.inventory import GpuRow, short_bus_id
 from gpuconsole.facts.ownership import Ownership, node_ownership
-from gpuconsole.facts.xids import Bucket, xid_entry
+from gpuconsole.facts.xids import Bucket, XidEntry, catalog_product, xid_entry
 from gpuconsole.readings.actions import RepairAttempt
 from gpuconsole.readings.base import Health, Severity, SourceStatus, known_bus_id, safe_text
 from gpuconsole.readings.bmc import BmcReading, SensorHealth, SensorKind
@@ -135,7 +135,8 @@ _BUCKET_WORDS = {
     Bucket.UPDATE_SWFW: "update the driver and firmware",
     Bucket.CHECK_UVM: "check the unified memory driver",
     Bucket.WORKFLOW_XID_45: "follow the XID before it (alone: restart Fabric Manager)",
-    Bucket.WORKFLOW_XID_48: "reset the GPU (drain first if a remap came with it)",
+    # solo: reset the GPU; with XID 63/64: drain and reset. A reset here drains it first
+    Bucket.WORKFLOW_XID_48: "drain, then reset the GPU",
     Bucket.WORKFLOW_NVLINK_ERR: "reset the GPU or reboot; decode the link's error",
     Bucket.WORKFLOW_NVLINK5_ERR: "reset the GPU; decode the link's error",
     Bucket.XID_154: "follow the driver's recovery action",
@@ -234,6 +235,13 @@ def _gpu_subject(gpu: GpuReading, bus: str | None = None) -> str:
     return f"GPU {gpu.index}" + (f" ({short_bus_id(bus)})" if bus else "")
 
 
+def _catalog_row(entry: XidEntry) -> str:
+    """NVIDIA's catalog row as evidence: 'ROBUST_CHANNEL_GPU_ECC_DBE; NVIDIA's buckets:
+    WORKFLOW_XID_48 now, WORKFLOW_XID_48 to investigate'."""
+    then = f", {entry.investigatory} to investigate" if entry.investigatory else ""
+    return f"{entry.mnemonic}; NVIDIA's buckets: {entry.immediate} now{then}"
+
+
 def _xid_finding(
     gpu: GpuReading,
     code: int,
@@ -246,6 +254,13 @@ def _xid_finding(
     if entry is None:
         return Finding("xid", f"XID {code}{times}: not in the catalog carried here",
                        Severity.WARNING, "nvml", Action.WATCH, bus, _gpu_subject(gpu, bus))  # fmt: skip
+    product = catalog_product(gpu.architecture, gpu.name)
+    if not entry.applies(product):
+        # its row is about other GPUs: what it says to do is not known to hold for this one
+        listed = ", ".join(entry.applies_to) or "no GPU"
+        return Finding("xid", f"XID {code} {entry.words}{times}: NVIDIA's catalog lists it for "
+                       f"{listed} only, not {product}: watch it ({entry.mnemonic})",
+                       Severity.WARNING, "nvml", Action.WATCH, bus, _gpu_subject(gpu, bus))  # fmt: skip
     # its XIDs are counted since its last reset: one listed came after that reset
     action, advice = _remedy(entry.immediate, gpu.reset_at, failed)
     severity = entry.severity
@@ -255,8 +270,8 @@ def _xid_finding(
             advice = "repeats on this GPU: run diagnostics"
         else:
             severity = Severity.INFO  # the application's fault, kept as evidence
-    return Finding("xid", f"XID {code} {entry.words}{times}: {advice}", severity, "nvml",
-                   action, bus, _gpu_subject(gpu, bus))  # fmt: skip
+    return Finding("xid", f"XID {code} {entry.words}{times}: {advice} ({_catalog_row(entry)})",
+                   severity, "nvml", action, bus, _gpu_subject(gpu, bus))  # fmt: skip
 
 
 def gpu_findings(
@@ -313,11 +328,16 @@ def gpu_findings(
     elif state is GpuState.ERROR:
         add("gpu_error", f"some readings failed: {gpu.error or 'unknown'}", Severity.WARNING,
             Action.WATCH)  # fmt: skip
-    if recovery and recovery in _RECOVERY:
+    if recovery:
         # the driver's own view, ahead of the catalog's: it leads a tie, and a node reboot
         # it asks for is not tried as a reset first
-        action, words = _RECOVERY[recovery]
-        add("driver_recovery_action", words, Severity.CRITICAL, action)
+        known = _RECOVERY.get(recovery)
+        if known is not None:
+            add("driver_recovery_action", known[1], Severity.CRITICAL, known[0])
+        else:  # a value a later driver added: it asks for something, not known here
+            add("driver_recovery_action", f"the driver asks for recovery action {recovery}, "
+                "which this version does not know: its XID 154 in the kernel log says which",
+                Severity.WARNING, Action.WATCH)  # fmt: skip
     for xid in gpu.xids:
         if state is GpuState.LOST and xid.code == 79:
             continue  # said above
@@ -330,8 +350,9 @@ def gpu_findings(
             "row in", Severity.WARNING, Action.RESET_GPU)  # fmt: skip
     _retired_pages(gpu, add)
     if ecc.volatile_uncorrected:
-        add("ecc_uncorrectable", f"{ecc.volatile_uncorrected} uncorrectable ECC error(s) since "
-            "the driver loaded", Severity.CRITICAL, Action.RESET_GPU)  # fmt: skip
+        n = ecc.volatile_uncorrected
+        add("ecc_uncorrectable", f"{n} uncorrectable (double-bit) ECC error{'s' if n > 1 else ''} "
+            "since the driver loaded", Severity.CRITICAL, Action.RESET_GPU)  # fmt: skip
     if state is GpuState.OK:
         _fabric_and_links(gpu, fabric_manager, add, links=not guest)
         if not guest:

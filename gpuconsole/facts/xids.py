@@ -5,8 +5,10 @@ Source: NVIDIA, "Analyzing Xid Errors with the Xid Catalog"
 Xid-Catalog.xlsx: per code its mnemonic, which of A100/H100/B100/GB200 it applies to, the
 resolution bucket for the immediate action and the investigatory action. Mnemonics and
 immediate buckets as NVIDIA's NVSentinel ships them from that catalog
-(xiderrorsmapping.csv). Only the codes a datacenter GPU raises are carried; any other is
-shown by number and judged "watch". An empty investigatory column was not recorded here.
+(xiderrorsmapping.csv); the product columns and investigatory buckets as two published
+transcriptions of the spreadsheet give them. Only the codes a datacenter GPU raises are
+carried; any other is shown by number and judged "watch", and so is one the catalog lists for
+other GPUs only. An empty investigatory column was not recorded here.
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ class XidEntry(msgspec.Struct, frozen=True):
     immediate: Bucket
     investigatory: str = ""
 
+    def applies(self, product: str | None) -> bool:
+        """Whether the catalog lists this XID for a GPU of `product` (`catalog_product`); an
+        unknown product is given the benefit of the doubt."""
+        return product is None or product in self.applies_to
+
     @property
     def severity(self) -> Severity:
         """How much it should worry an operator: by the immediate bucket."""
@@ -88,41 +95,46 @@ _ROWS: tuple[tuple[int, str, str, tuple[str, ...], Bucket, str], ...] = (
     (45, "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL", "preemptive cleanup after a prior error", ALL,
      B.WORKFLOW_XID_45, "WORKFLOW_XID_45"),
     (46, "ROBUST_CHANNEL_GPU_TIMEOUT_ERROR", "GPU stopped processing (timeout)", ALL,
-     B.RESET_GPU, ""),
+     B.RESET_GPU, "CONTACT_SUPPORT"),
     (48, "ROBUST_CHANNEL_GPU_ECC_DBE", "double-bit ECC error", ALL, B.WORKFLOW_XID_48,
      "WORKFLOW_XID_48"),
     (54, "SILENT_RUNNING_PWR_REDUCED_CLOCKING", "clocks reduced for power: check the power "
-     "supply", ALL, B.CHECK_MECHANICALS, ""),
+     "supply", ALL, B.CHECK_MECHANICALS, "CONTACT_SUPPORT"),
     (61, "PMU_BREAKPOINT", "internal micro-controller breakpoint", ALL, B.CONTACT_SUPPORT, ""),
-    (62, "PMU_HALT_ERROR", "internal micro-controller halt", ALL, B.RESET_GPU, ""),
+    (62, "PMU_HALT_ERROR", "internal micro-controller halt", ALL, B.RESET_GPU,
+     "CONTACT_SUPPORT"),
     (63, "INFOROM_DRAM_RETIREMENT_EVENT", "ECC page retirement or row remap recorded", ALL,
      B.IGNORE, "IGNORE"),
     (64, "INFOROM_DRAM_RETIREMENT_FAILURE", "ECC page retirement or row remap failed", ALL,
-     B.RESET_GPU, ""),
-    (68, "ROBUST_CHANNEL_NVDEC0_ERROR", "video decoder exception", ALL, B.RESTART_APP, ""),
+     B.RESET_GPU, "CONTACT_SUPPORT"),
+    (68, "ROBUST_CHANNEL_NVDEC0_ERROR", "video decoder exception", ALL, B.RESTART_APP,
+     "CONTACT_SUPPORT"),
     (69, "ROBUST_CHANNEL_GR_CLASS_ERROR", "graphics engine class error", ALL,
-     B.RESTART_APP, ""),
+     B.RESTART_APP, "CHECK_APP/CUDA"),
     (74, "NVLINK_ERROR", "NVLink error", HOPPER_AND_AMPERE, B.WORKFLOW_NVLINK_ERR,
      "WORKFLOW_NVLINK_ERR"),
     (79, "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "GPU has fallen off the bus", ALL,
-     B.RESTART_BM, ""),
-    (80, "PBDMA_PUSHBUFFER_CRC_MISMATCH", "push buffer CRC mismatch", ALL, B.RESTART_APP, ""),
+     B.RESTART_BM, "CONTACT_SUPPORT"),
+    (80, "PBDMA_PUSHBUFFER_CRC_MISMATCH", "push buffer CRC mismatch", HOPPER_AND_AMPERE,
+     B.RESTART_APP, "CHECK_APP/CUDA"),
     (92, "EXCESSIVE_SBE_INTERRUPTS", "high single-bit ECC error rate", ALL, B.IGNORE,
      "CONTACT_SUPPORT"),
     (94, "ROBUST_CHANNEL_CONTAINED_ERROR", "contained ECC error (application affected)", ALL,
      B.RESTART_APP, "IGNORE (sympathetic)"),
     (95, "ROBUST_CHANNEL_UNCONTAINED_ERROR", "uncontained ECC error (GPU reset required)", ALL,
      B.RESET_GPU, "IGNORE (sympathetic)"),
-    (109, "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR", "context switch timeout", ALL, B.RESET_GPU, ""),
-    (110, "SEC_FAULT_ERROR", "security fault", ALL, B.RESET_GPU, ""),
+    (109, "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR", "context switch timeout", ALL, B.RESET_GPU,
+     "CONTACT_SUPPORT"),
+    (110, "SEC_FAULT_ERROR", "security fault", ALL, B.RESET_GPU, "INVESTIGATE_SW"),
     (119, "GSP_RPC_TIMEOUT", "GSP RPC timeout", ALL, B.RESET_GPU, "INVESTIGATE_SW"),
     (120, "GSP_ERROR", "GSP error", ALL, B.RESET_GPU, "INVESTIGATE_SW"),
-    (121, "C2C_ERROR", "chip-to-chip link error", ("GB200",), B.IGNORE, ""),
-    (136, "ALI_TRAINING_FAIL", "NVLink training failed", HOPPER_AND_AMPERE, B.RESET_GPU,
+    (121, "C2C_ERROR", "chip-to-chip link error", ("GB200",), B.IGNORE, "CONTACT_SUPPORT"),
+    (136, "ALI_TRAINING_FAIL", "NVLink training failed", ("H100",), B.RESET_GPU,
      "INVESTIGATE_LINK_SI"),
     (137, "NVLINK_FLA_PRIV_ERR", "NVLink fabric address error", ALL, B.IGNORE, ""),
-    (140, "UNRECOVERABLE_ECC_ERROR_ESCAPE", "ECC unrecovered error", ALL, B.RESET_GPU, ""),
-    (143, "GPU_INIT_ERROR", "GPU initialization error", ALL, B.RESET_GPU, ""),
+    (140, "UNRECOVERABLE_ECC_ERROR_ESCAPE", "ECC unrecovered error", ALL, B.RESET_GPU,
+     "CONTACT_SUPPORT"),
+    (143, "GPU_INIT_ERROR", "GPU initialization error", ALL, B.RESET_GPU, "CONTACT_SUPPORT"),
     (144, "NVLINK_SAW_ERROR", "NVLink error (SAW)", BLACKWELL, B.WORKFLOW_NVLINK5_ERR,
      "WORKFLOW_NVLINK5_ERR"),
     (145, "NVLINK_RLW_ERROR", "NVLink error (RLW)", BLACKWELL, B.WORKFLOW_NVLINK5_ERR,
@@ -150,6 +162,20 @@ _ROWS: tuple[tuple[int, str, str, tuple[str, ...], Bucket, str], ...] = (
 )  # fmt: skip
 
 XID_CATALOG: dict[int, XidEntry] = {row[0]: XidEntry(*row) for row in _ROWS}
+
+
+def catalog_product(architecture: str | None, name: str | None = None) -> str | None:
+    """The catalog's product column a GPU falls in, by its architecture as NVML names it:
+    the A100's for Ampere, the H100's for Hopper, the B100's or the GB200's for Blackwell
+    (each column read as its generation's, PCIe boards included: inference). None where the
+    catalog has no column for it (before Ampere, Ada) or the architecture is not known."""
+    if architecture == "ampere":
+        return "A100"
+    if architecture == "hopper":
+        return "H100"
+    if architecture == "blackwell":
+        return "GB200" if name and "GB200" in name.upper() else "B100"
+    return None
 
 
 def xid_entry(code: int) -> XidEntry | None:
