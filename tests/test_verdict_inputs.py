@@ -7,7 +7,8 @@ from __future__ import annotations
 import msgspec
 
 from gpuconsole.facts.verdict import Action, Verdict, gpu_verdict, node_verdict, reading_verdict
-from gpuconsole.readings.base import Health
+from gpuconsole.readings.actions import JournalReading, RepairAttempt
+from gpuconsole.readings.base import Health, known_bus_id
 from gpuconsole.readings.nvml import GpuReading, XidCount
 from gpuconsole.readings.snapshot import NodeSnapshot
 from tests.conftest_tui import FIXED, frozen_fleet
@@ -84,6 +85,42 @@ def test_each_xid_finding_names_its_catalog_row() -> None:
         xids = (XidCount(code, 1, FIXED - 60, FIXED),)
         text = reading_verdict(msgspec.structs.replace(gpu, xids=xids)).findings[0].text
         assert mnemonic in text and buckets in text, text
+
+
+def _with_gpu(
+    node: NodeSnapshot, gpu: GpuReading, repairs: tuple[RepairAttempt, ...]
+) -> NodeSnapshot:
+    assert node.nvml is not None
+    gpus = tuple(gpu if g.index == gpu.index else g for g in node.nvml.gpus)
+    nvml = msgspec.structs.replace(node.nvml, gpus=gpus)
+    return msgspec.structs.replace(node, nvml=nvml, actions=JournalReading(FIXED, 0, repairs))
+
+
+def test_story_8_after_the_plan_s_reset_the_xid_it_cleared_is_history() -> None:
+    """The plan reset the GPU and its final check passed: the XID 48 that asked for it is
+    what the reset cleared, though NVML never saw the GPU go (it answered throughout)."""
+    node = _node("dgx-002")
+    gpu = node.gpus[2]
+    bus = known_bus_id(gpu.pci_bus_id)
+    assert bus is not None
+    before = (XidCount(48, 1, FIXED - 600, FIXED - 600),)
+    reset = RepairAttempt(bus, Action.RESET_GPU, FIXED - 300, ok=True)
+    fixed = _with_gpu(node, msgspec.structs.replace(gpu, xids=before), (reset,))
+    assert gpu_verdict(fixed, bus).action is Action.FIT
+    # without the journal's word, the XID still asks for the reset
+    unrepaired = _with_gpu(node, msgspec.structs.replace(gpu, xids=before), ())
+    assert gpu_verdict(unrepaired, bus).action is Action.RESET_GPU
+    # one raised again after the reset: the reset did not hold
+    again = (XidCount(79, 1, FIXED - 60, FIXED - 60),)
+    after = _with_gpu(node, msgspec.structs.replace(gpu, xids=before + again), (reset,))
+    verdict = gpu_verdict(after, bus)
+    assert verdict.action is Action.REBOOT_NODE
+    assert [f.text.split(":")[0] for f in verdict.findings] == ["XID 79 GPU has fallen off the bus"]
+    assert "did not hold" in verdict.findings[0].text
+    # a reset the plan could not verify clears nothing
+    failed = RepairAttempt(bus, Action.RESET_GPU, FIXED - 300, ok=False)
+    tried = _with_gpu(node, msgspec.structs.replace(gpu, xids=before), (failed,))
+    assert gpu_verdict(tried, bus).action is Action.REBOOT_NODE
 
 
 def test_an_xid_the_catalog_lists_for_other_gpus_only_is_watched_not_acted_on() -> None:

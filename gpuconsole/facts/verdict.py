@@ -188,6 +188,17 @@ def _failed_repair(node: NodeSnapshot, gpu: GpuReading, bus: str | None) -> Repa
     return tried
 
 
+def _repaired_at(node: NodeSnapshot, bus: str | None) -> float | None:
+    """When the GPU's last repair (its reset, or its node's power cycle) began, where the
+    node's journal says the plan made it fit: the XIDs it raised before are what the repair
+    cleared, though NVML may never have seen it go (a reset between two polls)."""
+    journal = node.actions
+    if journal is None or bus is None or not journal.repairs:
+        return None
+    tried = journal.repair(bus)
+    return tried.at if tried is not None and tried.ok else None
+
+
 def _after(failed: RepairAttempt, subject: str) -> tuple[Action, str]:
     """What follows a repair of GPU `subject` that failed, in words that say which and when:
     the node's power cycle after its reset, service after the power cycle."""
@@ -248,6 +259,7 @@ def _xid_finding(
     count: int,
     bus: str | None,
     failed: tuple[Action, str] | None = None,
+    reset_at: float | None = None,
 ) -> Finding:
     entry = xid_entry(code)
     times = f" ({count} times)" if count > 1 else ""
@@ -262,7 +274,7 @@ def _xid_finding(
                        f"{listed} only, not {product}: watch it ({entry.mnemonic})",
                        Severity.WARNING, "nvml", Action.WATCH, bus, _gpu_subject(gpu, bus))  # fmt: skip
     # its XIDs are counted since its last reset: one listed came after that reset
-    action, advice = _remedy(entry.immediate, gpu.reset_at, failed)
+    action, advice = _remedy(entry.immediate, reset_at, failed)
     severity = entry.severity
     if entry.immediate is Bucket.RESTART_APP:
         if count >= APP_FAULT_REPEATS:
@@ -298,6 +310,11 @@ def gpu_findings(
 
     repair = _failed_repair(node, gpu, bus)
     failed = _after(repair, subject) if repair is not None else None
+    xids, reset_at = gpu.xids, gpu.reset_at
+    repaired = _repaired_at(node, bus) if xids or state is GpuState.LOST else None
+    if repaired is not None:
+        xids = tuple(x for x in xids if x.last_at >= repaired)
+        reset_at = repaired if reset_at is None else max(reset_at, repaired)
 
     def add(code: str, text: str, severity: Severity, action: Action) -> None:
         if failed is not None and action in _REPAIRS and action.rank < failed[0].rank:
@@ -309,9 +326,7 @@ def gpu_findings(
         since = f" since {fmt.clock_time(gpu.lost_since)}" if gpu.lost_since else ""
         lost = xid_entry(79)
         action, advice = (
-            _remedy(lost.immediate, gpu.reset_at, failed)
-            if lost
-            else (Action.RESET_GPU, "reset it")
+            _remedy(lost.immediate, reset_at, failed) if lost else (Action.RESET_GPU, "reset it")
         )
         add("gpu_lost", f"fell off the bus (XID 79){since}: {advice}", Severity.CRITICAL, action)
     elif state is GpuState.UNREADABLE:
@@ -338,10 +353,10 @@ def gpu_findings(
             add("driver_recovery_action", f"the driver asks for recovery action {recovery}, "
                 "which this version does not know: its XID 154 in the kernel log says which",
                 Severity.WARNING, Action.WATCH)  # fmt: skip
-    for xid in gpu.xids:
+    for xid in xids:
         if state is GpuState.LOST and xid.code == 79:
             continue  # said above
-        found.append(_xid_finding(gpu, xid.code, xid.count, bus, failed))
+        found.append(_xid_finding(gpu, xid.code, xid.count, bus, failed, reset_at))
     if ecc.remap_failure:
         add("remap_failed", "a row remap failed: no spare rows left", Severity.CRITICAL,
             Action.SERVICE)  # fmt: skip
