@@ -125,6 +125,8 @@ def nvml_source(cfg: Config, *, one_shot: bool = False) -> NvmlSource:
         one_shot=one_shot,
         proc_root=cfg.host.proc_root,
         sysfs_root=cfg.host.sysfs_root,
+        # its GPUs' XIDs outlive a restart of this process, not a reboot of the node
+        state_dir=None if one_shot else paths.state_dir(),
     )
 
 

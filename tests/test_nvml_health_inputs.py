@@ -252,6 +252,61 @@ def test_xids_older_than_the_window_drop_out() -> None:
     assert history.counts("0000:18:00.0", now=9000.0) == ()
 
 
+def test_xids_outlive_a_restart_of_gpuconsole_but_not_a_reboot(tmp_path: Path) -> None:
+    """Repeats stay visible across a restart of the agent (an upgrade, a crash): only the
+    recovery the catalog names clears them, and a reboot is one, told by the kernel's boot
+    id. A state file that is not what this process wrote starts the history afresh."""
+    bus, path = "0000:18:00.0", tmp_path / "state" / "xids-n.json"
+    first = XidHistory(window_s=3600, path=path, boot="boot-a")
+    first.add(bus, 48, at=1000.0)
+    first.add(bus, 48, at=1010.0)
+    first.clear("0000:2a:00.0", at=990.0)  # a GPU NVML saw come back: when, kept too
+    first.flush()
+    restarted = XidHistory(window_s=3600, path=path, boot="boot-a")
+    assert [(x.code, x.count, x.first_at, x.last_at) for x in restarted.counts(bus, 1100.0)] == [
+        (48, 2, 1000.0, 1010.0)
+    ]
+    assert restarted.reset_at("0000:2a:00.0", 1100.0) == 990.0
+    assert restarted.counts(bus, 5000.0) == ()  # the window still closes on them
+    assert XidHistory(window_s=3600, path=path, boot="boot-b").counts(bus, 1100.0) == ()
+    assert XidHistory(window_s=3600, path=path, boot="").counts(bus, 1100.0) == ()
+    for junk in (b"\xff\xfe", b"[1, 2]", b'{"boot_id": "boot-a", "gpus": {"x": {"48": "y"}}}'):
+        path.write_bytes(junk)
+        assert XidHistory(window_s=3600, path=path, boot="boot-a").counts(bus, 1100.0) == ()
+
+
+XIDS_KEPT = """
+import json, sys, time
+from pathlib import Path
+from gpuconsole.sources.nvml.source import NvmlSource
+source = NvmlSource("n", interval_s=0.1, inventory_every=1, proc_root=sys.argv[1],
+                    state_dir=Path(sys.argv[2]))
+source._ensure_init()
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    reading = source.collect()
+    if reading.gpus[6].xids or float(sys.argv[3]) < time.monotonic() - deadline + 20:
+        break
+    time.sleep(0.1)
+source._shutdown()
+print(json.dumps([[x.code, x.count] for x in reading.gpus[6].xids]))
+"""
+
+
+def test_an_agent_restarted_still_shows_the_xid_until_the_node_reboots(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    proc, state = tmp_path / "proc", tmp_path / "state"
+    (proc / "sys" / "kernel" / "random").mkdir(parents=True)
+    (proc / "sys" / "kernel" / "random" / "boot_id").write_text("boot-a\n")
+    seen = fake_nvml_env(DGX_H100, scenarios=["xid48 6 at 0.3"])
+    assert python_out(seen, "-c", XIDS_KEPT, str(proc), str(state), "20") == "[[48, 1]]\n"
+    quiet = fake_nvml_env(DGX_H100)  # the same node, the agent started again
+    assert python_out(quiet, "-c", XIDS_KEPT, str(proc), str(state), "1") == "[[48, 1]]\n"
+    (proc / "sys" / "kernel" / "random" / "boot_id").write_text("boot-b\n")  # rebooted
+    assert python_out(quiet, "-c", XIDS_KEPT, str(proc), str(state), "1") == "[]\n"
+
+
 def test_the_simulator_fills_the_same_fields() -> None:
     node = SimNode("sim", DGX_H100, scenarios=["xid79:5"])
     lib = SimNvml(node, driver="580.82")

@@ -31,6 +31,7 @@ from gpuconsole.actions.plan import Plan, StepKind
 from gpuconsole.readings.actions import RepairAttempt
 from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.readings.verdict import Action
+from gpuconsole.sources.boot import boot, boot_id
 
 __all__ = [
     "Journal",
@@ -100,30 +101,6 @@ CREATE TABLE IF NOT EXISTS locks (
 
 # The step's column a journal made before it lacks (added on open; '' where not known).
 _BOOT_COLUMN = "ALTER TABLE steps ADD COLUMN boot_id TEXT NOT NULL DEFAULT ''"
-
-
-def boot_id(proc_root: str = "/proc") -> str:
-    """The kernel's boot id, a new one at every boot of the node; '' where unreadable."""
-    try:
-        with open(os.path.join(proc_root, "sys", "kernel", "random", "boot_id"), "rb") as f:
-            return f.read(64).decode("ascii", "replace").strip()
-    except OSError:
-        return ""
-
-
-def boot(proc_root: str = "/proc") -> tuple[str, float | None]:
-    """This boot of the node: its boot id and the time it booted (/proc/stat btime); None
-    for a time unreadable."""
-    booted: float | None = None
-    try:
-        with open(os.path.join(proc_root, "stat"), "rb") as f:
-            for line in f:
-                if line.startswith(b"btime "):
-                    booted = float(line.split()[1])
-                    break
-    except (OSError, ValueError, IndexError):
-        booted = None
-    return boot_id(proc_root), booted
 
 
 class PlanState(enum.StrEnum):

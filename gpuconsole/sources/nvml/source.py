@@ -28,9 +28,11 @@ import ctypes
 import functools
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from gpuconsole.config import DEFAULTS
@@ -49,6 +51,7 @@ from gpuconsole.readings.nvml import (
     XidCount,
 )
 from gpuconsole.sources.base import DaemonThread, EmitEvent, SourceUnavailable
+from gpuconsole.sources.boot import boot_id
 from gpuconsole.sources.nvml import mig_gpm
 from gpuconsole.sources.nvml.events import event_from, gpu_words, watch_events
 from gpuconsole.sources.nvml.lib import (
@@ -260,7 +263,10 @@ class NvmlSource:
         proc_root: str = "/proc",
         fabric_manager: Callable[[], bool | None] | None = None,
         sysfs_root: str = "/sys",
+        state_dir: Path | None = None,
     ) -> None:
+        """`state_dir`: where the GPUs' XIDs are kept across restarts within one boot of the
+        node (None: in this process only)."""
         self.node = node
         # where the nvidia driver's PCI functions name a GPU NVML cannot open
         self._sysfs_root, self._proc_root = sysfs_root, proc_root
@@ -290,7 +296,11 @@ class NvmlSource:
         self._event_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._rediscover = threading.Event()
-        self._xids = XidHistory()
+        self._xids = (
+            XidHistory(path=state_dir / f"xids-{_file_safe(node)}.json", boot=boot_id(proc_root))
+            if state_dir is not None and not one_shot
+            else XidHistory()
+        )
         self._recovery_field: int | None = None  # known once the driver says its version
         # whether Fabric Manager runs: asked of the process table unless the caller knows
         self._fabric_manager = fabric_manager or functools.partial(
@@ -378,6 +388,7 @@ class NvmlSource:
         if thread is not None:
             thread.join(EVENT_STOP_S)
             self._event_thread = None
+        self._xids.flush()  # what the event watcher added since the last poll
         # A later start() discovers afresh: tiers count from the first poll again.
         self._round = 0
         if self._initialized:
@@ -613,6 +624,7 @@ class NvmlSource:
             self._gpu_topology = self._topology()
             self._fabric_manager_running = self._fabric_manager_state(gpus)
         driver, nvml, cuda = self._versions
+        self._xids.flush()
         return NvmlReading(
             at=self._clock(),
             driver_version=driver,
@@ -1250,6 +1262,11 @@ def _pcie_from_gpm(gpu: GpuRecord) -> bool:
     gpu.pcie_tx_bytes_per_s = gpm.pcie_tx_bytes_per_s
     gpu.pcie_rx_bytes_per_s = gpm.pcie_rx_bytes_per_s
     return True
+
+
+def _file_safe(name: str) -> str:
+    """A node's name as part of a file name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "node"
 
 
 def _xid_key(gpu: GpuRecord) -> str:
