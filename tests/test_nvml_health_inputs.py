@@ -627,3 +627,63 @@ def test_a_reset_that_failed_asks_for_the_node_reboot_until_nvml_sees_the_gpu_co
     again = polls[-1]
     assert again[0] == "lost" and again[2] == "reboot_node"
     assert "did not hold" in again[3][0] and "failed" not in again[3][0]
+
+
+STORY_8 = """
+import json, sys, time
+from pathlib import Path
+from gpuconsole.actions.journal import Journal, PlanState, StepState
+from gpuconsole.actions.journal_events import JournalEvents
+from gpuconsole.actions.plan import StepKind
+from gpuconsole.actions.remediation import make_remediation_plan
+from gpuconsole.facts.verdict import gpu_verdict
+from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.sources.nvml.source import NvmlSource
+path = Path(sys.argv[1])
+journal = Journal(path)
+source = NvmlSource("n", interval_s=0.1, inventory_every=1)
+source._emit = lambda event: None
+source._ensure_init()
+events = JournalEvents("n", path)
+seen = []
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    reading = source.collect()
+    gpu = reading.gpus[2]
+    node = NodeSnapshot("n", nvml=reading, actions=events._read())
+    verdict = gpu_verdict(node, gpu)
+    seen.append([[[x.code, x.count] for x in gpu.xids], verdict.action.value,
+                 [f.text for f in verdict.findings]])
+    if verdict.action.value == "fit" and len(seen) > 1 and seen[-2][1] != "fit":
+        break
+    if gpu.xids and len(seen) > 1 and seen[-2][0]:
+        # the remediation the verdict asks for, as the executor journals one that worked:
+        # drained, reset (nvidia-smi between two polls: NVML never sees the GPU go), verified
+        plan = make_remediation_plan(node, "2", verdict.action)
+        with journal.transaction() as db:
+            plan_id = journal.start_plan(db, plan, "ops", "operator", None)
+        for seq, step in enumerate(plan.steps):
+            row = journal.intent(plan_id, seq, step.kind.value)
+            journal.result(row, StepState.DONE, "done")
+        journal.finish_plan(plan_id, PlanState.DONE, "fit again")
+    time.sleep(0.1)
+source._shutdown()
+print(json.dumps(seen))
+"""
+
+
+def test_story_8_xid_48_is_reset_by_its_plan_and_the_verdict_turns_fit(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    """XID 48 on GPU 2: the verdict says drain, then reset the GPU, with the catalog's
+    bucket; the plan resets it without NVML seeing it go, and the verdict turns fit: the
+    XID is what that reset cleared. The node never rebooted."""
+    env = fake_nvml_env(DGX_H100, scenarios=["xid48 2 at 0.3"])
+    polls = json.loads(
+        python_out(env, "-c", STORY_8, str(tmp_path / "actions.db")).splitlines()[-1]
+    )
+    judged = [p for p in polls if p[0]]
+    assert judged[0][1] == "reset_gpu"
+    assert judged[0][2][0].startswith("XID 48 double-bit ECC error: drain, then reset the GPU")
+    assert "WORKFLOW_XID_48 now" in judged[0][2][0]
+    assert polls[-1] == [[[48, 1]], "fit", []]  # NVML still counts it; the reset cleared it
