@@ -99,13 +99,21 @@ async def test_a_drained_lost_gpu_keeps_its_node_from_looking_ok(tmp_path: Path)
 
 
 def test_every_finding_has_words_an_operator_reads_and_a_source() -> None:
-    from gpuconsole.facts.verdict import SOURCES, node_verdict
+    import re
 
-    for node in frozen_fleet().nodes:
-        for finding in node_verdict(node).findings:
-            assert finding.source in SOURCES
-            assert "_" not in finding.text, finding  # no raw names (sw_thermal_slowdown)
-            assert finding.code and finding.text[0].isalnum()
+    from gpuconsole.facts.verdict import SOURCES, node_verdict, reading_verdict
+    from gpuconsole.readings.nvml import XidCount
+
+    gpu = _node("dgx-002").gpus[0]
+    xids = tuple(XidCount(code, 1, FIXED - 60, FIXED) for code in (48, 144, 999))
+    findings = [f for node in frozen_fleet().nodes for f in node_verdict(node).findings]
+    findings += reading_verdict(msgspec.structs.replace(gpu, xids=xids)).findings
+    assert any("ROBUST_CHANNEL_GPU_ECC_DBE" in f.text for f in findings)
+    for finding in findings:
+        assert finding.source in SOURCES
+        # no raw names of ours (sw_thermal_slowdown); NVIDIA's catalog names are evidence
+        assert not re.search(r"[a-z]_[a-z]", finding.text), finding
+        assert finding.code and finding.text[0].isalnum()
 
 
 def test_the_xid_catalog_decides_what_an_xid_calls_for() -> None:
