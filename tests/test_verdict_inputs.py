@@ -147,6 +147,26 @@ def test_an_xid_the_catalog_lists_for_other_gpus_only_is_watched_not_acted_on() 
     assert judged(msgspec.structs.replace(h100, architecture=None), 144).action is Action.RESET_GPU
 
 
+def test_xid_154_follows_the_recovery_action_the_driver_reports_now() -> None:
+    """XID 154 says the driver's recovery action changed; the action itself is read each
+    poll. Once the driver says none again, the XID is evidence, not a GPU to watch for a
+    day; where the action cannot be read, it is watched."""
+    gpu = _node("dgx-002").gpus[0]
+    xids = (XidCount(154, 2, FIXED - 600, FIXED - 60),)
+
+    def judged(recovery: int | None) -> Verdict:
+        return reading_verdict(msgspec.structs.replace(gpu, xids=xids, recovery_action=recovery))
+
+    settled = judged(0)
+    assert (settled.action, settled.health) == (Action.FIT, Health.OK)
+    assert "the driver asks for none now" in settled.findings[0].text
+    drain = judged(3)
+    assert drain.action is Action.DRAIN
+    assert [f.code for f in drain.findings] == ["driver_recovery_action", "xid"]
+    unknown = judged(None)
+    assert (unknown.action, unknown.health) == (Action.WATCH, Health.WARNING)
+
+
 def test_every_recovery_action_of_the_driver_is_judged_and_an_unknown_one_is_not_fit() -> None:
     gpu = _node("dgx-002").gpus[0]
     expected = {

@@ -276,7 +276,15 @@ def _xid_finding(
     # its XIDs are counted since its last reset: one listed came after that reset
     action, advice = _remedy(entry.immediate, reset_at, failed)
     severity = entry.severity
-    if entry.immediate is Bucket.RESTART_APP:
+    if entry.immediate is Bucket.XID_154 and gpu.recovery_action is not None:
+        # the action it announced is read each poll and judged on its own
+        action, severity = Action.FIT, Severity.INFO
+        advice = (
+            "the recovery action the driver asks for now is judged on its own"
+            if gpu.recovery_action
+            else "the driver asks for none now"
+        )
+    elif entry.immediate is Bucket.RESTART_APP:
         if count >= APP_FAULT_REPEATS:
             action, severity = Action.WATCH, Severity.WARNING
             advice = "repeats on this GPU: run diagnostics"
