@@ -252,6 +252,19 @@ def test_xids_older_than_the_window_drop_out() -> None:
     assert history.counts("0000:18:00.0", now=9000.0) == ()
 
 
+def test_a_reset_clears_the_xids_it_recovers_and_keeps_those_that_ask_for_a_person() -> None:
+    """NVIDIA's catalog names the recovery per XID: a reset (or the reboot it stands in for)
+    is it for a double-bit error or a fall off the bus, not for a micro-controller breakpoint
+    (contact support) or reduced clocks for power (check the mechanicals)."""
+    bus = "0000:18:00.0"
+    history = XidHistory(window_s=3600)
+    for code in (48, 54, 61, 79, 999):
+        history.add(bus, code, at=1000.0)
+    history.clear(bus, at=1100.0)
+    assert [x.code for x in history.counts(bus, now=1200.0)] == [54, 61]
+    assert history.reset_at(bus, now=1200.0) == 1100.0
+
+
 def test_xids_outlive_a_restart_of_gpuconsole_but_not_a_reboot(tmp_path: Path) -> None:
     """Repeats stay visible across a restart of the agent (an upgrade, a crash): only the
     recovery the catalog names clears them, and a reboot is one, told by the kernel's boot
@@ -260,15 +273,19 @@ def test_xids_outlive_a_restart_of_gpuconsole_but_not_a_reboot(tmp_path: Path) -
     first = XidHistory(window_s=3600, path=path, boot="boot-a")
     first.add(bus, 48, at=1000.0)
     first.add(bus, 48, at=1010.0)
+    first.add(bus, 61, at=1020.0)  # contact support: no reboot recovers it
     first.clear("0000:2a:00.0", at=990.0)  # a GPU NVML saw come back: when, kept too
     first.flush()
     restarted = XidHistory(window_s=3600, path=path, boot="boot-a")
     assert [(x.code, x.count, x.first_at, x.last_at) for x in restarted.counts(bus, 1100.0)] == [
-        (48, 2, 1000.0, 1010.0)
+        (48, 2, 1000.0, 1010.0),
+        (61, 1, 1020.0, 1020.0),
     ]
     assert restarted.reset_at("0000:2a:00.0", 1100.0) == 990.0
     assert restarted.counts(bus, 5000.0) == ()  # the window still closes on them
-    assert XidHistory(window_s=3600, path=path, boot="boot-b").counts(bus, 1100.0) == ()
+    rebooted = XidHistory(window_s=3600, path=path, boot="boot-b")
+    assert [x.code for x in rebooted.counts(bus, 1100.0)] == [61]
+    assert rebooted.reset_at("0000:2a:00.0", 1100.0) is None
     assert XidHistory(window_s=3600, path=path, boot="").counts(bus, 1100.0) == ()
     for junk in (b"\xff\xfe", b"[1, 2]", b'{"boot_id": "boot-a", "gpus": {"x": {"48": "y"}}}'):
         path.write_bytes(junk)

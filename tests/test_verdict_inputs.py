@@ -117,6 +117,10 @@ def test_story_8_after_the_plan_s_reset_the_xid_it_cleared_is_history() -> None:
     assert verdict.action is Action.REBOOT_NODE
     assert [f.text.split(":")[0] for f in verdict.findings] == ["XID 79 GPU has fallen off the bus"]
     assert "did not hold" in verdict.findings[0].text
+    # XID 61 asks for NVIDIA's support, which no reset stands in for
+    support = (XidCount(61, 1, FIXED - 600, FIXED - 600),)
+    asked = _with_gpu(node, msgspec.structs.replace(gpu, xids=before + support), (reset,))
+    assert gpu_verdict(asked, bus).action is Action.SERVICE
     # a reset the plan could not verify clears nothing
     failed = RepairAttempt(bus, Action.RESET_GPU, FIXED - 300, ok=False)
     tried = _with_gpu(node, msgspec.structs.replace(gpu, xids=before), (failed,))

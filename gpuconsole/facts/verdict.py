@@ -51,7 +51,7 @@ import msgspec
 from gpuconsole import format as fmt
 from gpuconsole.facts.inventory import GpuRow, short_bus_id
 from gpuconsole.facts.ownership import Ownership, node_ownership
-from gpuconsole.facts.xids import Bucket, XidEntry, catalog_product, xid_entry
+from gpuconsole.facts.xids import Bucket, XidEntry, catalog_product, reset_clears, xid_entry
 from gpuconsole.readings.actions import RepairAttempt
 from gpuconsole.readings.base import Health, Severity, SourceStatus, known_bus_id, safe_text
 from gpuconsole.readings.bmc import BmcReading, SensorHealth, SensorKind
@@ -321,7 +321,7 @@ def gpu_findings(
     xids, reset_at = gpu.xids, gpu.reset_at
     repaired = _repaired_at(node, bus) if xids or state is GpuState.LOST else None
     if repaired is not None:
-        xids = tuple(x for x in xids if x.last_at >= repaired)
+        xids = tuple(x for x in xids if x.last_at >= repaired or not reset_clears(x.code))
         reset_at = repaired if reset_at is None else max(reset_at, repaired)
 
     def add(code: str, text: str, severity: Severity, action: Action) -> None:

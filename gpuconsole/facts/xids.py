@@ -60,6 +60,13 @@ class XidEntry(msgspec.Struct, frozen=True):
         return product is None or product in self.applies_to
 
     @property
+    def reset_clears(self) -> bool:
+        """Whether a reset of the GPU (or a reboot, which it stands in for) is the recovery
+        the catalog names for it: not for what asks a person to act (support, the
+        mechanicals, the software)."""
+        return self.immediate not in _PERSON
+
+    @property
     def severity(self) -> Severity:
         """How much it should worry an operator: by the immediate bucket."""
         if self.immediate is Bucket.IGNORE:
@@ -78,6 +85,8 @@ _MILD = frozenset(
         Bucket.XID_154,
     }
 )
+
+_PERSON = frozenset({Bucket.CONTACT_SUPPORT, Bucket.CHECK_MECHANICALS, Bucket.UPDATE_SWFW})
 
 B = Bucket
 # (code, mnemonic, words, applies to, immediate, investigatory)
@@ -181,6 +190,13 @@ def catalog_product(architecture: str | None, name: str | None = None) -> str | 
 def xid_entry(code: int) -> XidEntry | None:
     """The catalog's row for an XID; None for a code it does not carry."""
     return XID_CATALOG.get(code)
+
+
+def reset_clears(code: int) -> bool:
+    """Whether a GPU's reset (or a reboot) clears an XID it raised; one the catalog does not
+    carry is taken as cleared, as it was before the catalog."""
+    entry = XID_CATALOG.get(code)
+    return entry is None or entry.reset_clears
 
 
 def describe_xid(code: int) -> tuple[Severity, str]:

@@ -229,7 +229,8 @@ class GpuReading(msgspec.Struct, frozen=True):
     # nvmlDeviceGpuRecoveryAction_t): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P,
     # 4 drain and reset, 5 recover IMEX domain, 6 bus reset, 7 system reboot; None unknown
     recovery_action: int | None = None
-    # XIDs counted per code over the health window, cleared by a GPU reset or a reboot
+    # XIDs counted per code over the health window; a GPU reset or a reboot clears those it
+    # recovers (all but the ones that ask for a person: support, the mechanicals)
     xids: tuple[XidCount, ...] = ()
     # when NVML last saw this GPU come back from a reset, within the health window: a fault
     # the reset should have cleared that is raised again since asks for what follows a reset

@@ -2,13 +2,15 @@
 
 Kept per GPU by its bus id (its UUID where NVML never told the bus id), never by NVML index.
 What clears a GPU's history is a reset seen by NVML: the GPU was lost (or gone from NVML's list)
-and answers again, in this NVML session or a new one. A GPU comes back from XID 79 only through
-a reset or a reboot. A reset that NVML never showed as the GPU lost or gone (one between two
-polls that both read it) goes unseen here: its XIDs age out of the window, unless the action
-journal says a repair made the GPU fit (the verdict reads that). A reboot clears them too: the
-history is kept in a state file with the kernel's boot id, so that a restart of gpuconsole
-keeps it and a new boot id starts afresh. Counts are exact; the window's edge is kept to the
-minute.
+and answers again, in this NVML session or a new one. It clears the XIDs whose recovery, as
+NVIDIA's catalog names it, a reset or a reboot is (`facts.xids.reset_clears`); one that asks
+for a person (support, the mechanicals) stays for its window. A GPU comes back from XID 79 only
+through a reset or a reboot. A reset that NVML never showed as the GPU lost or gone (one
+between two polls that both read it) goes unseen here: its XIDs age out of the window, unless
+the action journal says a repair made the GPU fit (the verdict reads that). A reboot clears
+them too: the history is kept in a state file with the kernel's boot id, so that a restart of
+gpuconsole keeps it and a new boot id clears what a reboot recovers. Counts are exact; the
+window's edge is kept to the minute.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import msgspec
 
+from gpuconsole.facts.xids import reset_clears
 from gpuconsole.readings.nvml import XID_WINDOW_S, XidCount
 
 log = logging.getLogger(__name__)
@@ -95,18 +98,21 @@ class XidHistory:
         except (ValueError, msgspec.DecodeError) as exc:
             log.warning("%s: not an XID history, starting afresh: %s", self.path, exc)
             return
-        if saved.boot_id != self._boot:
-            log.info("%s: the node rebooted since: its GPUs' XIDs are history", self.path)
-            return
+        rebooted = saved.boot_id != self._boot
+        if rebooted:
+            log.info("%s: the node rebooted since: what a reboot recovers is history", self.path)
         for gpu, codes in saved.gpus.items():
             for code, rows in codes.items():
+                if rebooted and reset_clears(code):
+                    continue
                 kept = _Code()
                 for minute, count, first_at, last_at in sorted(rows):
                     if count > 0 and math.isfinite(first_at) and math.isfinite(last_at):
                         kept.buckets.append(_Bucket(minute, count, first_at, last_at))
                 if kept.buckets:
                     self._gpus.setdefault(gpu, {})[code] = kept
-        self._resets = {g: at for g, at in saved.resets.items() if math.isfinite(at)}
+        if not rebooted:  # a reset in the boot before says nothing of this one
+            self._resets = {g: at for g, at in saved.resets.items() if math.isfinite(at)}
 
     def flush(self) -> None:
         """Write the history to its file where it changed since the last write (the poller
@@ -187,11 +193,14 @@ class XidHistory:
         return tuple(found)
 
     def clear(self, gpu: str, at: float) -> None:
-        """Forget a GPU's XIDs: it was reset (NVML saw it come back at `at`)."""
+        """Forget the XIDs a reset recovers (NVML saw the GPU come back at `at`); those that
+        ask for a person stay for their window."""
         with self._lock:
             if not self._loaded:
                 self._load()
-            self._gpus.pop(gpu, None)
+            codes = self._gpus.get(gpu, {})
+            for code in [c for c in codes if reset_clears(c)]:
+                del codes[code]
             self._resets[gpu] = at
             self._dirty = True
 
