@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
+from gpuconsole.facts.verdict import reading_verdict
 from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.readings.snapshot import NodeSnapshot
-from gpuconsole.sim.node import SimNode
+from gpuconsole.sim.node import Scenario, SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.profiles import APOLLO_PCIE, DGX_H100, NodeProfile
 from gpuconsole.sources.nvml.source import NvmlSource
@@ -345,6 +347,29 @@ def test_the_simulator_fills_the_same_fields() -> None:
     assert reading.fabric_manager_running is False
     older = NvmlSource("sim", lib=SimNvml(SimNode("sim", DGX_H100), driver="550"), events=False)
     assert {g.recovery_action for g in older.collect().gpus} == {None}
+
+
+def test_the_simulator_raises_any_xid_as_the_fake_library_does() -> None:
+    """'xid48:2' (XID 48 on GPU 2), as the fake library's 'xid48 2': story 8 in the demo's
+    own simulator, through the same event watch."""
+    node = SimNode("sim", DGX_H100, scenarios=["xid48:2"])
+    source = NvmlSource("sim", lib=SimNvml(node), simulated=True, fabric_manager=lambda: True)
+    deadline = time.monotonic() + 10
+    try:
+        while time.monotonic() < deadline:
+            reading = source.collect()
+            if reading.gpus[2].xids:
+                break
+            time.sleep(0.05)
+    finally:
+        source._shutdown()
+    assert [(x.code, x.count) for x in reading.gpus[2].xids] == [(48, 1)]
+    assert reading.gpus[2].state.value == "ok"  # an XID 48 leaves the GPU on the bus
+    text = reading_verdict(reading.gpus[2]).findings[0].text
+    assert text.startswith("XID 48 double-bit ECC error: drain, then reset the GPU")
+    for wrong in ("xid:2", "xidx:2", "xid0:2"):
+        with pytest.raises(ValueError, match="unknown scenario"):
+            Scenario.parse(wrong)
 
 
 # --- NVLink error counters, retired pages and slowdowns that last -------------------------

@@ -30,6 +30,21 @@ SCENARIO_KINDS = (
     "fan",
     "bmcsilent",
 )
+# Besides these, 'xid<N>' raises XID N once (xid48: a double-bit ECC error), as the fake
+# library's scenario of that name does; xid79 also takes the GPU off the bus.
+
+
+def xid_of(kind: str) -> int | None:
+    """The XID a scenario kind raises: 79 for xid79 and xid79hard, N for xid<N>; None for
+    a kind that raises none."""
+    if kind == "xid79hard":
+        return 79
+    code = kind[3:]
+    if kind.startswith("xid") and code.isdigit() and int(code) > 0:
+        return int(code)
+    return None
+
+
 # What a GPU reset clears on that GPU, and a power cycle on every GPU: the lost GPU answers
 # again; a pending row remap or page retirement is applied and the volatile ECC counts start
 # over
@@ -48,12 +63,13 @@ class Scenario:
 
     @classmethod
     def parse(cls, text: str) -> Scenario:
-        """'thermal:3', 'xid79:5@60' (GPU 5 falls off the bus 60 s in), 'mig:7'."""
+        """'thermal:3', 'xid79:5@60' (GPU 5 falls off the bus 60 s in), 'xid48:2', 'mig:7'."""
         kind, _, rest = text.strip().partition(":")
         where, _, at = rest.partition("@")
-        if kind not in SCENARIO_KINDS:
+        if kind not in SCENARIO_KINDS and xid_of(kind) is None:
             raise ValueError(
-                f"unknown scenario {kind!r} in {text!r} (known: {', '.join(SCENARIO_KINDS)})"
+                f"unknown scenario {kind!r} in {text!r} (known: {', '.join(SCENARIO_KINDS)}, "
+                "xid<N>)"
             )
         try:
             return cls(kind, int(where), float(at) if at else 0.0)

@@ -35,7 +35,7 @@ import pynvml
 from gpuconsole.hardware import TOPO_LEVEL
 from gpuconsole.sim.drivers import DriverProfile, driver_profile
 from gpuconsole.sim.fakenvml import NVLINK_VERSION_ENUM
-from gpuconsole.sim.node import SimMigSlice, SimNode
+from gpuconsole.sim.node import SimMigSlice, SimNode, xid_of
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -651,10 +651,9 @@ class SimNvml:
 
     def _due_event(self, event_set: Any) -> Any:
         for s in self.node.scenarios:
-            # as the fake library does: XID 79 is an XID, an ECC scenario a corrected error
-            kind, data = {"xid79": (0x8, 79), "xid79hard": (0x8, 79), "ecc": (0x1, 0)}.get(
-                s.kind, (0, 0)
-            )
+            # as the fake library does: an xid scenario is its XID, an ECC one a corrected error
+            xid = xid_of(s.kind)
+            kind, data = (0x8, xid) if xid is not None else (0x1, 0) if s.kind == "ecc" else (0, 0)
             if not kind or (s.kind, s.gpu) in self._delivered:
                 continue
             if self.node.active(s.kind, s.gpu) is None:
