@@ -25,7 +25,7 @@ from tests.alert_fixtures import free_port
 from tests.export_fixtures import one, parse
 from tests.fakenvml_fixtures import FakeNvmlEnv
 from tests.tenancy_fixtures import FakeHost
-from tests.test_nvml_health_inputs import GPU_RESET, python_out
+from tests.test_nvml_health_inputs import GPU_RESET, XIDS_KEPT, python_out
 
 NODE = "dgx-e2e"
 GPU5 = normal_bus_id(DGX_H100.gpus[5].bus_id)
@@ -292,3 +292,22 @@ async def test_a_journal_from_before_boot_ids_is_read_and_then_written_with_them
         await reader.close()
     (step,) = Journal(journal).plans()[0].steps
     assert step.boot_id == BOOT_A
+
+
+def test_a_gpu_lost_before_the_agent_restarted_and_answering_after_it_was_reset(
+    fake_nvml_env: FakeNvmlEnv, tmp_path: Path
+) -> None:
+    """GPU 5 fell off the bus; the agent stopped, someone reset the GPU, the agent started
+    again and finds it answering: the reset NVML did not see is told by the GPU lost before
+    and answering now. One still lost (named by sysfs, as NVML cannot) keeps its XID."""
+    host = dgx_h100_host(tmp_path / "host")
+    booted(host.proc, "boot-a", 1000.0)
+    state = tmp_path / "state"
+
+    def xids(env: dict[str, str], wait_s: str) -> str:
+        where = (str(host.proc), str(state), wait_s, "5", str(host.sysfs))
+        return python_out(env, "-c", XIDS_KEPT, *where)
+
+    assert xids(fake_nvml_env(DGX_H100, scenarios=["xid79 5 at 0.3"]), "20") == "[[79, 1]]\n"
+    assert xids(fake_nvml_env(DGX_H100, scenarios=["xid79 5"]), "1") == "[[79, 1]]\n"
+    assert xids(fake_nvml_env(DGX_H100), "1") == "[]\n"  # reset while no agent ran

@@ -277,6 +277,7 @@ def test_xids_outlive_a_restart_of_gpuconsole_but_not_a_reboot(tmp_path: Path) -
     first.add(bus, 48, at=1010.0)
     first.add(bus, 61, at=1020.0)  # contact support: no reboot recovers it
     first.clear("0000:2a:00.0", at=990.0)  # a GPU NVML saw come back: when, kept too
+    first.mark_lost("0000:9a:00.0")  # off the bus when this process ended
     first.flush()
     restarted = XidHistory(window_s=3600, path=path, boot="boot-a")
     assert [(x.code, x.count, x.first_at, x.last_at) for x in restarted.counts(bus, 1100.0)] == [
@@ -284,10 +285,12 @@ def test_xids_outlive_a_restart_of_gpuconsole_but_not_a_reboot(tmp_path: Path) -
         (61, 1, 1020.0, 1020.0),
     ]
     assert restarted.reset_at("0000:2a:00.0", 1100.0) == 990.0
+    assert restarted.was_lost("0000:9a:00.0") and not restarted.was_lost(bus)
     assert restarted.counts(bus, 5000.0) == ()  # the window still closes on them
     rebooted = XidHistory(window_s=3600, path=path, boot="boot-b")
     assert [x.code for x in rebooted.counts(bus, 1100.0)] == [61]
     assert rebooted.reset_at("0000:2a:00.0", 1100.0) is None
+    assert not rebooted.was_lost("0000:9a:00.0")
     assert XidHistory(window_s=3600, path=path, boot="").counts(bus, 1100.0) == ()
     for junk in (b"\xff\xfe", b"[1, 2]", b'{"boot_id": "boot-a", "gpus": {"x": {"48": "y"}}}'):
         path.write_bytes(junk)
@@ -299,16 +302,18 @@ import json, sys, time
 from pathlib import Path
 from gpuconsole.sources.nvml.source import NvmlSource
 source = NvmlSource("n", interval_s=0.1, inventory_every=1, proc_root=sys.argv[1],
-                    state_dir=Path(sys.argv[2]))
+                    state_dir=Path(sys.argv[2]),
+                    sysfs_root=sys.argv[5] if len(sys.argv) > 5 else "/sys")
 source._ensure_init()
+gpu = int(sys.argv[4]) if len(sys.argv) > 4 else 6
 deadline = time.monotonic() + 20
 while time.monotonic() < deadline:
     reading = source.collect()
-    if reading.gpus[6].xids or float(sys.argv[3]) < time.monotonic() - deadline + 20:
+    if reading.gpus[gpu].xids or float(sys.argv[3]) < time.monotonic() - deadline + 20:
         break
     time.sleep(0.1)
 source._shutdown()
-print(json.dumps([[x.code, x.count] for x in reading.gpus[6].xids]))
+print(json.dumps([[x.code, x.count] for x in reading.gpus[gpu].xids]))
 """
 
 

@@ -485,12 +485,20 @@ class NvmlSource:
             if gpu.lost_since is None:
                 self._mark_lost(gpu, gpu.errors[0])
         # A GPU that comes back to NVML (lost before, or gone from its list) was reset by the
-        # driver on its way back: its XIDs are history.
+        # driver on its way back: its XIDs are history. In a new process, lost before is what
+        # the node's last one kept of it.
         seen = {_xid_key(g): g for g in self._gpus}
-        for gpu in gpus if seen else ():
-            old = seen.get(_xid_key(gpu))
-            if gpu.lost_since is None and (old is None or old.lost_since is not None):
-                self._xids.clear(_xid_key(gpu), self._clock())
+        for gpu in gpus:
+            if gpu.lost_since is not None:
+                continue
+            key = _xid_key(gpu)
+            old = seen.get(key)
+            if old is not None:
+                back = old.lost_since is not None
+            else:  # gone from NVML's list before; or, at this process's start, kept lost
+                back = bool(seen) or self._xids.was_lost(key)
+            if back:
+                self._xids.clear(key, self._clock())
         # and a throttle told before is not news again: each GPU by bus id, not by number
         told = {g.bus_id: g.throttle for g in self._gpus if ":" in g.bus_id}
         for gpu in gpus:
@@ -699,6 +707,7 @@ class NvmlSource:
 
     def _mark_lost(self, gpu: GpuRecord, why: str) -> None:
         gpu.lost_since = self._clock()
+        self._xids.mark_lost(_xid_key(gpu))
         bus = known_bus_id(gpu.bus_id)
         uuid = gpu.uuid if bus is not None else None  # not 'unknown-N': it never said either
         self._post(

@@ -52,11 +52,12 @@ class _Code(msgspec.Struct):
 
 class _Saved(msgspec.Struct):
     """The state file: the boot it was written in, each GPU's buckets by code as (minute,
-    count, first_at, last_at), and when NVML last saw each GPU come back."""
+    count, first_at, last_at), when NVML last saw each GPU come back, and the GPUs lost."""
 
     boot_id: str
     gpus: dict[str, dict[int, list[tuple[int, int, float, float]]]] = {}
     resets: dict[str, float] = {}
+    lost: list[str] = []
 
 
 class XidHistory:
@@ -74,6 +75,7 @@ class XidHistory:
         self._lock = threading.Lock()
         self._gpus: dict[str, dict[int, _Code]] = {}
         self._resets: dict[str, float] = {}  # by GPU: when NVML last saw it come back
+        self._lost: set[str] = set()  # GPUs off the bus, until NVML sees them come back
         self._loaded = path is None
         self._dirty = False
 
@@ -113,6 +115,7 @@ class XidHistory:
                     self._gpus.setdefault(gpu, {})[code] = kept
         if not rebooted:  # a reset in the boot before says nothing of this one
             self._resets = {g: at for g, at in saved.resets.items() if math.isfinite(at)}
+            self._lost = set(saved.lost)
 
     def flush(self) -> None:
         """Write the history to its file where it changed since the last write (the poller
@@ -133,6 +136,7 @@ class XidHistory:
                     for gpu, codes in self._gpus.items()
                 },
                 dict(self._resets),
+                sorted(self._lost),
             )
         data = msgspec.json.encode(saved)
         folder = self.path.parent
@@ -201,8 +205,26 @@ class XidHistory:
             codes = self._gpus.get(gpu, {})
             for code in [c for c in codes if reset_clears(c)]:
                 del codes[code]
+            self._lost.discard(gpu)
             self._resets[gpu] = at
             self._dirty = True
+
+    def mark_lost(self, gpu: str) -> None:
+        """GPU `gpu` fell off the bus: one this node's next process finds answering was reset
+        in between (`was_lost`)."""
+        with self._lock:
+            if not self._loaded:
+                self._load()
+            if gpu not in self._lost:
+                self._lost.add(gpu)
+                self._dirty = True
+
+    def was_lost(self, gpu: str) -> bool:
+        """Whether GPU `gpu` was off the bus when last seen, in this boot of the node."""
+        with self._lock:
+            if not self._loaded:
+                self._load()
+            return gpu in self._lost
 
     def reset_at(self, gpu: str, now: float) -> float | None:
         """When NVML last saw this GPU come back from a reset, within the window before
