@@ -609,7 +609,8 @@ def test_a_gpu_that_falls_off_the_bus_again_after_its_reset_asks_for_the_node_re
     assert "reboot the node: its reset at" in again[3][0] and "did not hold" in again[3][0]
 
 
-FAILED_RESET = """
+# A long-running NVML source beside the node's journal (sys.argv[1]), as an agent has them.
+JOURNALED = """
 import json, sys, time
 from pathlib import Path
 from gpuconsole.actions.journal import Journal, PlanState, StepState
@@ -625,8 +626,13 @@ source = NvmlSource("n", interval_s=0.1, inventory_every=1)
 source._emit = lambda event: None
 source._ensure_init()
 events = JournalEvents("n", path)
-seen, tried = [], None
 deadline = time.monotonic() + 20
+"""
+
+FAILED_RESET = (
+    JOURNALED
+    + """
+seen, tried = [], None
 while time.monotonic() < deadline:
     reading = source.collect()
     gpu = reading.gpus[5]
@@ -649,6 +655,7 @@ while time.monotonic() < deadline:
 source._shutdown()
 print(json.dumps(seen))
 """
+)
 
 
 def test_a_reset_that_failed_asks_for_the_node_reboot_until_nvml_sees_the_gpu_come_back(
@@ -676,24 +683,10 @@ def test_a_reset_that_failed_asks_for_the_node_reboot_until_nvml_sees_the_gpu_co
     assert "did not hold" in again[3][0] and "failed" not in again[3][0]
 
 
-STORY_8 = """
-import json, sys, time
-from pathlib import Path
-from gpuconsole.actions.journal import Journal, PlanState, StepState
-from gpuconsole.actions.journal_events import JournalEvents
-from gpuconsole.actions.plan import StepKind
-from gpuconsole.actions.remediation import make_remediation_plan
-from gpuconsole.facts.verdict import gpu_verdict
-from gpuconsole.readings.snapshot import NodeSnapshot
-from gpuconsole.sources.nvml.source import NvmlSource
-path = Path(sys.argv[1])
-journal = Journal(path)
-source = NvmlSource("n", interval_s=0.1, inventory_every=1)
-source._emit = lambda event: None
-source._ensure_init()
-events = JournalEvents("n", path)
+STORY_8 = (
+    JOURNALED
+    + """
 seen = []
-deadline = time.monotonic() + 20
 while time.monotonic() < deadline:
     reading = source.collect()
     gpu = reading.gpus[2]
@@ -717,6 +710,7 @@ while time.monotonic() < deadline:
 source._shutdown()
 print(json.dumps(seen))
 """
+)
 
 
 def test_story_8_xid_48_is_reset_by_its_plan_and_the_verdict_turns_fit(
