@@ -1,5 +1,11 @@
 """Fixtures shared across the suite, gathered from their modules."""
 
+import os
+import shutil
+import tempfile
+
+import pytest
+
 from tests.conftest_tui import *  # noqa: F403
 from tests.fakenvml_fixtures import (
     FakeNvmlEnv,
@@ -18,3 +24,21 @@ __all__ = [
     "logging_as_it_was",
     "nvml_case",
 ]
+
+
+_HOMES: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every test, and every process a test starts, keeps its state and reads its config
+    under a folder of this run's own, never the user's: an alert, a journal or an XID
+    history one test left in ~/.local/state would be found by the next run's tests."""
+    home = tempfile.mkdtemp(prefix="gpuconsole-tests-")
+    _HOMES.append(home)
+    for variable, folder in (("XDG_STATE_HOME", "state"), ("XDG_CONFIG_HOME", "config")):
+        os.environ[variable] = os.path.join(home, folder)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for home in _HOMES:
+        shutil.rmtree(home, ignore_errors=True)
