@@ -16,6 +16,8 @@ from gpuconsole.facts import summaries
 from gpuconsole.facts.inventory import node_gpus, short_bus_id
 from gpuconsole.facts.verdict import Action, gpu_verdict
 from gpuconsole.hub import Hub
+from gpuconsole.readings.actions import JournalReading, RepairAttempt
+from gpuconsole.readings.base import known_bus_id
 from gpuconsole.readings.nvml import XidCount
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.wiring import AgentSettings
@@ -212,3 +214,47 @@ def test_a_gpu_lost_before_nvml_read_its_bus_id_is_not_fit_before_tenancy_reads(
     samples = parse(build(msgspec.structs.replace(frozen_fleet(), nodes=(early,))).text().decode())
     actions = [s.labels["action"] for s in samples["gpuconsole_gpu_verdict"] if s.value > 0]
     assert actions == ["reset_gpu"]
+
+
+def test_an_xid_a_journaled_reset_cleared_is_no_longer_counted_as_the_verdict_turns_fit() -> None:
+    """A site's rule on gpuconsole_gpu_xid_window resolves when the verdict does: the XID
+    48 the plan's verified reset cleared is history for both, though NVML never saw the GPU
+    go; one raised after the reset is counted."""
+    fleet = frozen_fleet()
+    node = fleet.node("dgx-002")
+    assert node is not None and node.nvml is not None
+    gpu = node.nvml.gpus[2]
+    bus = known_bus_id(gpu.pci_bus_id)
+    assert bus is not None
+
+    def counted(*xids: XidCount, repairs: tuple[RepairAttempt, ...]) -> dict[str, float]:
+        assert node is not None and node.nvml is not None
+        raised = msgspec.structs.replace(gpu, xids=xids)
+        gpus = tuple(raised if g.index == gpu.index else g for g in node.nvml.gpus)
+        changed = msgspec.structs.replace(
+            node,
+            nvml=msgspec.structs.replace(node.nvml, gpus=gpus),
+            actions=JournalReading(FIXED, 0, repairs),
+        )
+        samples = parse(build(_with_node(fleet, changed)).text().decode())
+        verdicts = [
+            s.labels["action"]
+            for s in samples["gpuconsole_gpu_verdict"]
+            if s.labels["node"] == "dgx-002" and s.labels["gpu"] == bus
+        ]
+        assert verdicts == [gpu_verdict(changed, bus).action.value]
+        return {
+            s.labels["xid"]: s.value
+            for s in samples.get("gpuconsole_gpu_xid_window", [])
+            if s.labels["node"] == "dgx-002" and s.labels["gpu"] == bus
+        }
+
+    dbe = XidCount(48, 1, FIXED - 600, FIXED - 600)
+    reset = RepairAttempt(bus, Action.RESET_GPU, FIXED - 300, ok=True)
+    assert counted(dbe, repairs=()) == {"48": 1.0}
+    assert counted(dbe, repairs=(reset,)) == {}
+    again = XidCount(48, 1, FIXED - 60, FIXED - 60)
+    assert counted(dbe, again, repairs=(reset,)) == {"48": 1.0}
+    # a reset the plan could not verify clears nothing
+    failed = RepairAttempt(bus, Action.RESET_GPU, FIXED - 300, ok=False)
+    assert counted(dbe, repairs=(failed,)) == {"48": 1.0}

@@ -25,7 +25,7 @@ from gpuconsole.export.gpu import gpu_metrics, topology_metrics
 from gpuconsole.export.ownership import PodLabels, ownership_metrics, pod_labels
 from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.facts.ownership import Ownership, node_ownership
-from gpuconsole.facts.verdict import gpu_verdict, node_verdict
+from gpuconsole.facts.verdict import gpu_verdict, node_verdict, standing_xids
 from gpuconsole.facts.xids import xid_entry
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 
@@ -97,7 +97,8 @@ def verdict_metrics(out: Families, node: NodeSnapshot) -> None:
         reading = row.seen
         if reading is None:
             continue
-        for xid in reading.xids:
+        # as the verdict counts them: a journaled repair's XIDs resolve with it
+        for xid in standing_xids(node, reading, row.bus_id)[0]:
             entry = xid_entry(xid.code)
             out.gauge(names.GPU_XID_WINDOW, names.XID_WINDOW_LABELS,
                       (node.node, row.bus_id, uuid, str(xid.code),

@@ -63,7 +63,7 @@ from gpuconsole.readings.fabric import (
     port_problems,
     port_rates,
 )
-from gpuconsole.readings.nvml import GpuReading, GpuState, NvmlReading
+from gpuconsole.readings.nvml import GpuReading, GpuState, NvmlReading, XidCount
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, Rebuilt
 from gpuconsole.readings.verdict import ACTION_WORDS as ACTION_WORDS
 from gpuconsole.readings.verdict import SOURCES as SOURCES
@@ -199,6 +199,23 @@ def _repaired_at(node: NodeSnapshot, bus: str | None) -> float | None:
     return tried.at if tried is not None and tried.ok else None
 
 
+def standing_xids(
+    node: NodeSnapshot, gpu: GpuReading, bus: str | None = None
+) -> tuple[tuple[XidCount, ...], float | None]:
+    """The XIDs a GPU raised that still stand, and when it was last reset: those its reading
+    counts over the window, less those a repair the node's journal says made it fit
+    cleared (raised before it, of a code a reset recovers). What the verdict judges and
+    what the exporter counts, so that a rule on the counts resolves with the verdict."""
+    xids, reset_at = gpu.xids, gpu.reset_at
+    if not xids and gpu.state is not GpuState.LOST:
+        return xids, reset_at
+    repaired = _repaired_at(node, bus or known_bus_id(gpu.pci_bus_id))
+    if repaired is not None:
+        xids = tuple(x for x in xids if x.last_at >= repaired or not reset_clears(x.code))
+        reset_at = repaired if reset_at is None else max(reset_at, repaired)
+    return xids, reset_at
+
+
 def _after(failed: RepairAttempt, subject: str) -> tuple[Action, str]:
     """What follows a repair of GPU `subject` that failed, in words that say which and when:
     the node's power cycle after its reset, service after the power cycle."""
@@ -318,11 +335,7 @@ def gpu_findings(
 
     repair = _failed_repair(node, gpu, bus)
     failed = _after(repair, subject) if repair is not None else None
-    xids, reset_at = gpu.xids, gpu.reset_at
-    repaired = _repaired_at(node, bus) if xids or state is GpuState.LOST else None
-    if repaired is not None:
-        xids = tuple(x for x in xids if x.last_at >= repaired or not reset_clears(x.code))
-        reset_at = repaired if reset_at is None else max(reset_at, repaired)
+    xids, reset_at = standing_xids(node, gpu, bus)
 
     def add(code: str, text: str, severity: Severity, action: Action) -> None:
         if failed is not None and action in _REPAIRS and action.rank < failed[0].rank:
