@@ -13,6 +13,7 @@ import math
 import os
 import re
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, get_type_hints
 from urllib.parse import urlsplit
@@ -742,7 +743,7 @@ def _bare(name: str) -> str:
     return name if re.fullmatch(r"[A-Za-z0-9_-]+", name, re.ASCII) else repr(name)
 
 
-def _suggest(word: str, options: list[str]) -> str:
+def suggest(word: str, options: Iterable[str]) -> str:
     import difflib  # only for a file with a misspelt name
 
     close = difflib.get_close_matches(word, options, n=1)
@@ -836,7 +837,7 @@ def _section(
         spec = known.get(key)
         if spec is None:
             where = _where(path, text, table, key, index)
-            problems.append(f"{where}: unknown key{_suggest(key, list(known))}")
+            problems.append(f"{where}: unknown key{suggest(key, list(known))}")
             continue
         try:
             value = _convert(raw, spec.kind)
@@ -872,7 +873,7 @@ def read(text: str, path: Path | None = None) -> tuple[Config, list[str]]:
     for table, body in data.items():
         if table not in _SECTIONS:
             problems.append(
-                f"{_where(path, text, table, None)}: unknown table{_suggest(table, _SECTIONS)}"
+                f"{_where(path, text, table, None)}: unknown table{suggest(table, _SECTIONS)}"
             )
         elif table in _ARRAYS:
             sections[table] = _array(_ARRAYS[table], body, path, text, table, problems)

@@ -113,9 +113,9 @@ expr = "gpuconsole_bmc_inlet_temperature_celsius > 35"
     rules = {r.name: r for r in alert_rules(config.parse(toml))}
     assert len(rules) == len(names) + 1
     assert rules["GpuLost"].for_s == 30 and rules["GpuLost"].severity.value == "warning"
-    assert rules_from('[alerts]\ndefaults = false\n[[alert]]\nname = "X"\nexpr = "x > 1"\n') == (
-        "X",
-    )
+    assert rules_from(
+        '[alerts]\ndefaults = false\n[[alert]]\nname = "X"\nexpr = "gpuconsole_gpu_lost > 0"\n'
+    ) == ("X",)
 
 
 def test_a_bad_rule_gets_a_message_that_names_the_entry_its_line_and_what_is_wrong(
@@ -151,6 +151,37 @@ expr = "x > 1"
             f"{path}:11: [[alert]] #3 name: another [[alert]] is named 'Hot' already",
         ]
     )
+
+
+def test_a_rule_over_a_series_the_exporter_never_writes_is_refused_with_the_name_it_meant(
+    tmp_path: Path,
+) -> None:
+    """Rules are evaluated over the exporter's series alone: a misspelt metric would never
+    fire, and nobody would know until the night it should have."""
+    path = tmp_path / "config.toml"
+    path.write_text(
+        '[[alert]]\nname = "Hot"\nexpr = "DCGM_FI_DEV_GPU_TEMPP > 90"\n'
+        '[[alert]]\nname = "Climb"\n'
+        'expr = "gpuconsole_gpu_lost == 1 and increase(gpuconsole_nvlink_errors_total[5m]) > 0"\n'
+    )
+    with pytest.raises(ConfigError) as raised:
+        alert_rules(config.load(path))
+    assert raised.value.problems == (
+        f"{path}:3: [[alert]] #1 expr: DCGM_FI_DEV_GPU_TEMPP is not a series gpuconsole "
+        "exports (did you mean 'DCGM_FI_DEV_GPU_TEMP'?)",
+        f"{path}:6: [[alert]] #2 expr: gpuconsole_nvlink_errors_total is not a series "
+        "gpuconsole exports (did you mean 'gpuconsole_gpu_nvlink_errors_total'?)",
+    )
+
+
+def test_every_default_rule_reads_series_the_exporter_writes() -> None:
+    from gpuconsole.export.names import series_names
+
+    known = series_names()
+    assert "DCGM_FI_DEV_GPU_TEMP" in known and "node_infiniband_state_id" in known
+    assert "GPU_I_PROFILE" not in known  # a label, not a series
+    for rule in DEFAULT_RULES:
+        assert set(rule.condition.metrics) <= known, rule.name
 
 
 def test_config_check_and_rules_say_a_bad_condition_without_a_traceback(tmp_path: Path) -> None:

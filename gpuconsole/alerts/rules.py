@@ -11,7 +11,8 @@ from pathlib import Path
 
 from gpuconsole import format as fmt
 from gpuconsole.alerts.condition import Condition, ConditionError, Labels, duration, parse
-from gpuconsole.config import AlertRuleConfig, ConfigError, where
+from gpuconsole.config import AlertRuleConfig, ConfigError, suggest, where
+from gpuconsole.export.names import series_names
 from gpuconsole.facts.verdict import (
     NVLINK_RECOVERIES_DRAIN,
     RETIRED_PAGES_SERVICE,
@@ -279,6 +280,14 @@ def _from_config(entry: AlertRuleConfig, wrong: list[tuple[str, str]]) -> Rule |
             condition = parse(entry.expr)
         except ConditionError as exc:
             wrong.append(("expr", f"{entry.expr!r}: {exc}"))
+    if condition is not None:
+        # rules read the exporter's series alone: one it never writes would never fire
+        known = series_names()
+        for metric in dict.fromkeys(condition.metrics):
+            if metric not in known:
+                wrong.append(
+                    ("expr", f"{metric} is not a series gpuconsole exports{suggest(metric, known)}")
+                )
     clear = None if math.isnan(entry.clear) else entry.clear
     if clear is not None and condition is not None:
         problem = _clear_problem(condition, clear)

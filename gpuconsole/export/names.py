@@ -9,6 +9,8 @@ Everything else is `gpuconsole_*` in base units.
 
 from __future__ import annotations
 
+import functools
+
 # dcgm-exporter labels, in its order
 DCGM_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id")
 MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
@@ -602,3 +604,24 @@ OWNERSHIP_PROBLEM = (
     f"{PREFIX}_ownership_problem",
     "Ownership inconsistencies, counted by kind and place (gpu empty: node-wide).",
 )
+
+
+def _is_spec(value: object) -> bool:
+    return (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and all(isinstance(part, str) for part in value)
+    )
+
+
+@functools.cache
+def series_names() -> frozenset[str]:
+    """Every sample name the exporter writes (what alert rules may read): the name of each
+    (name, help) pair above; a counter's is spelt with its _total, as its samples are."""
+    found: set[str] = set()
+    for key, value in globals().items():
+        if not key.isupper() or key.endswith("_LABELS"):
+            continue
+        specs = value.values() if isinstance(value, dict) else (value,)
+        found.update(spec[0] for spec in specs if _is_spec(spec))
+    return frozenset(found)
