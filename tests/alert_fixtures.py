@@ -25,11 +25,13 @@ from gpuconsole.readings.nvml import (
     RemoteKind,
 )
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.readings.tenancy import PciGpu, PodDevice, TenancyReading
 from tests.peers import require_program
 
 NODE = "dgx-007"
 UUID = "GPU-6a1c0e4b-0000-4000-8000-000000000005"
-BUS = "00000000:C3:00.0"
+BUS = "00000000:C3:00.0"  # as NVML and dcgm-exporter write it
+SYSFS_BUS = "0000:c3:00.0"
 
 
 def fleet(
@@ -42,10 +44,11 @@ def fleet(
     link_errors: tuple[int, int, int] | None = None,
     ecc: EccReading | None = None,
     throttle: tuple[str, ...] = (),
+    pod: tuple[str, str] | None = None,
 ) -> FleetSnapshot:
     """dgx-007 at `at`, its one GPU lost or not, at `temp_c`; with `link_errors` its NVLink 0
     has counted that many replays, recoveries and CRC errors; `ecc` and `throttle` as
-    given."""
+    given; with `pod` (namespace, name) the kubelet says that pod holds it."""
     links: tuple[NvLinkReading, ...] = ()
     if link_errors is not None:
         replay, recovery, crc = link_errors
@@ -63,7 +66,7 @@ def fleet(
         5,
         UUID,
         "NVIDIA H100 80GB HBM3",
-        BUS,
+        SYSFS_BUS,  # as the NVML source keeps it; the exporter writes BUS
         state=GpuState.LOST if lost else GpuState.OK,
         temp_gpu_c=None if lost else temp_c,
         nvlinks=links,
@@ -71,8 +74,14 @@ def fleet(
         throttle_reasons=throttle,
     )
     nvml = NvmlReading(at, "550.54.15", "12.550", "12.4", (gpu,), (), fabric_manager)
-    status = SourceStatus(NODE, "nvml", True, last_ok_at=at, polls=1)
-    node = NodeSnapshot(NODE, nvml=nvml, statuses=(status,))
+    statuses = [SourceStatus(NODE, "nvml", True, last_ok_at=at, polls=1)]
+    tenancy = None
+    if pod is not None:
+        held = PodDevice(pod[0], pod[1], "main", "nvidia.com/gpu", UUID, UUID)
+        tenancy = TenancyReading(at, gpus=(PciGpu(SYSFS_BUS, driver="nvidia", uuid=UUID),),
+                                 pod_devices=(held,))  # fmt: skip
+        statuses.append(SourceStatus(NODE, "tenancy", True, last_ok_at=at, polls=1))
+    node = NodeSnapshot(NODE, nvml=nvml, tenancy=tenancy, statuses=tuple(statuses))
     return FleetSnapshot(seq if seq is not None else int(at), at, (node,))
 
 

@@ -21,9 +21,10 @@ from gpuconsole.alerts.delivery import ALERTMANAGER, WEBHOOK, Receiver
 from gpuconsole.alerts.engine import AlertEngine
 from gpuconsole.alerts.rules import DEFAULT_RULES, Rule
 from gpuconsole.alerts.state import StateFile
-from tests.alert_fixtures import BUS, NODE, UUID, alertmanager, fleet, free_port
+from tests.alert_fixtures import BUS, NODE, SYSFS_BUS, UUID, alertmanager, fleet, free_port
 
 LOST = tuple(r for r in DEFAULT_RULES if r.name == "GpuLost")
+NOT_FIT = tuple(r for r in DEFAULT_RULES if r.name == "GpuNotFitForWork")
 
 
 def engine_for(
@@ -63,12 +64,41 @@ async def test_a_lost_gpu_reaches_alertmanager_and_its_recovery_resolves_it(
         assert held["labels"]["severity"] == "critical"
         assert held["status"]["state"] == "active"
         assert NODE in held["annotations"]["summary"]
+        # its series numbers the GPU by NVML's index: the page names it by bus id too
+        assert held["annotations"]["bus_id"] == SYSFS_BUS
+        assert "fell off the bus (XID 79)" in held["annotations"]["evidence"]
+        [shown] = engine.active()
+        assert shown.gpu_bus_id == SYSFS_BUS
         # evaluated again and again while it fires: Alertmanager still holds one alert
         for _ in range(3):
             await settle(engine, session, lost=True)
         assert len(am.alerts("GpuLost")) == 1
         await settle(engine, session, lost=False)
         assert am.alerts("GpuLost") == []
+
+
+async def test_story_9_the_page_names_node_gpu_owner_and_evidence_and_resolves_by_itself(
+    tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    """STORIES.md 9: the GPU's verdict calls for drain or worse; the site's Alertmanager
+    gets the alert with the node, the GPU (bus id), its owner and the evidence, and the
+    alert resolves by itself once the GPU is fit."""
+    pod = ("team-nlp", "train-0")
+    with alertmanager(tmp_path / "am") as am:
+        engine = engine_for(ALERTMANAGER, am.url, rules=NOT_FIT)
+        await engine.step(fleet(time.time(), lost=True, pod=pod))
+        await engine.deliver(session)
+        [held] = am.alerts("GpuNotFitForWork")
+        labels, notes = held["labels"], held["annotations"]
+        assert (labels["node"], labels["gpu"], labels["uuid"]) == (NODE, SYSFS_BUS, UUID)
+        assert labels["action"] == "reset_gpu" and labels["severity"] == "critical"
+        assert notes["owner"] == "pod team-nlp/train-0"
+        assert notes["evidence"].startswith("GPU 5 (c3:00.0): fell off the bus (XID 79)")
+        assert notes["advice"] == "reset GPU 5 (c3:00.0), then verify"
+        await engine.step(fleet(time.time(), pod=pod))  # the GPU is back and fit
+        await engine.deliver(session)
+        assert am.alerts("GpuNotFitForWork") == []
+        assert engine.alerts == {}
 
 
 async def test_alertmanager_down_then_up_gets_the_alert_it_missed(
@@ -103,7 +133,7 @@ async def test_gpuconsole_restarting_while_an_alert_fires_keeps_it_then_resolves
         again = engine_for(ALERTMANAGER, am.url, state)
         assert again.problem is None
         [kept] = [a for a in again.active() if a.name == "GpuLost"]
-        assert kept.state.value == "firing" and kept.gpu_bus_id is None
+        assert kept.state.value == "firing" and kept.gpu_bus_id == SYSFS_BUS
         changes = await again.step(fleet(time.time(), lost=True))
         assert changes == []  # still firing: not fired a second time
         await again.deliver(session)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuconsole.alerts.condition import ConditionError, Sample, parse
-from gpuconsole.alerts.engine import AlertEngine
+from gpuconsole.alerts.engine import CONTEXT, AlertEngine
 from gpuconsole.alerts.prometheus import rules_file
 from gpuconsole.alerts.rules import DEFAULT_RULES, SLOWDOWN_REASONS
 from gpuconsole.alerts.series import samples_by_name
@@ -141,7 +141,9 @@ def _engine_firing(engine: AlertEngine) -> dict[str, list[dict[str, object]]]:
     for alert in engine.alerts.values():
         if alert.state == FIRING:
             labels = {k: v for k, v in alert.labels.items() if k != "alertname"}
-            out[alert.rule].append({"exp_labels": labels, "exp_annotations": alert.annotations})
+            # what the engine adds from the console's verdict, no series carries
+            notes = {k: v for k, v in alert.annotations.items() if k not in CONTEXT}
+            out[alert.rule].append({"exp_labels": labels, "exp_annotations": notes})
     for found in out.values():
         found.sort(key=lambda a: json.dumps(a, sort_keys=True))
     return out

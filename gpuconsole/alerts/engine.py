@@ -20,10 +20,12 @@ from gpuconsole.alerts.rules import Rule, expand
 from gpuconsole.alerts.silences import Silence, parse_silences
 from gpuconsole.alerts.state import FIRING, PENDING, RESOLVED, Alert, Saved, StateFile, fingerprint
 from gpuconsole.alerts.window import Windows
+from gpuconsole.facts.inventory import GpuRow, node_gpus
+from gpuconsole.facts.verdict import gpu_verdict, node_verdict
 from gpuconsole.hub import Hub
 from gpuconsole.readings.alerts import ActiveAlert, AlertState
-from gpuconsole.readings.base import Event, Severity, normal_bus_id, safe_text
-from gpuconsole.readings.snapshot import FleetSnapshot
+from gpuconsole.readings.base import Event, Severity, known_bus_id, normal_bus_id, safe_text
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 
 if TYPE_CHECKING:
     import aiohttp
@@ -35,6 +37,11 @@ SILENCES_EVERY_S = 30.0
 # series for each (a second of CPU), so it evaluates less often than interval_s asks.
 CPU_SHARE = 0.05
 _RANK = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
+# The verdict's findings an alert's evidence names at most (the worst first).
+EVIDENCE_SHOWN = 5
+# The annotations the engine adds from the console's own knowledge (`context`): Prometheus
+# evaluating `gpuconsole rules` has the same alerts, without these.
+CONTEXT = ("bus_id", "owner", "evidence", "advice")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +130,13 @@ class AlertEngine:
         self._windows.observe(by_name, now)
         changes: list[Change] = []
         seen: set[str] = set()
+        nodes = {node.node: node for node in snapshot.nodes}
         for rule in self.rules:
             held = rule.condition.evaluate(by_name)
             for sample in held:
                 alert = self._held(rule, sample, now, changes)
+                about = nodes.get(alert.labels.get("node") or alert.labels.get("Hostname", ""))
+                alert.annotations = {**context(about, alert.labels), **alert.annotations}
                 seen.add(alert.fingerprint)
             kept = self._kept_by_hysteresis(rule, by_name, now, seen)
             seen |= kept
@@ -219,7 +229,7 @@ class AlertEngine:
                     since=alert.fired_at if alert.fired_at is not None else alert.active_at,
                     value=alert.value,
                     node=labels.get("node") or labels.get("Hostname") or None,
-                    gpu_bus_id=_bus_id(labels),
+                    gpu_bus_id=_gpu_of(alert),
                     silenced_by=silence.said() if silence is not None else None,
                 )
             )
@@ -376,7 +386,7 @@ class AlertEngine:
                 severity=alert.severity if change.state == FIRING else Severity.INFO,
                 message=line,
                 gpu_uuid=labels.get("uuid") or labels.get("UUID") or None,
-                gpu_bus_id=_bus_id(labels),
+                gpu_bus_id=_gpu_of(alert),
             )
         )
 
@@ -397,3 +407,48 @@ def _bus_id(labels: dict[str, str]) -> str | None:
             with contextlib.suppress(ValueError):
                 return normal_bus_id(value)
     return None
+
+
+def _gpu_of(alert: Alert) -> str | None:
+    """The bus id of the GPU an alert is about: its series', else the one the engine found
+    by the UUID its series names (an alert of a series numbered by NVML's index)."""
+    return _bus_id(alert.labels) or alert.annotations.get("bus_id") or None
+
+
+def _names(row: GpuRow, bus: str | None, uuid: str | None) -> bool:
+    """Whether `row` is the GPU of bus id `bus` (sysfs form), else of UUID `uuid`."""
+    if bus is None:
+        return row.uuid == uuid
+    known = known_bus_id(row.bus_id)
+    return known is not None and normal_bus_id(known) == bus
+
+
+def context(node: NodeSnapshot | None, labels: dict[str, str]) -> dict[str, str]:
+    """What the console knows of what an alert is about, as annotations for the page: the
+    GPU's bus id (sysfs form) and owner, and its verdict's evidence and advice (the GPU's
+    for an alert about one, else the node's). Annotations, not labels: an alert must stay
+    the same alert while its evidence grows and while a repair drains its owner."""
+    if node is None:
+        return {}
+    notes: dict[str, str] = {}
+    bus, uuid = _bus_id(labels), labels.get("uuid") or labels.get("UUID")
+    if bus is None and not uuid:
+        verdict = node_verdict(node)
+    else:
+        row = next((r for r in node_gpus(node) if _names(r, bus, uuid)), None)
+        if row is None:
+            return {}  # a GPU the node's readings no longer show
+        known = known_bus_id(row.bus_id)
+        if known is not None:
+            notes["bus_id"] = normal_bus_id(known)
+        if row.owner is not None:
+            notes["owner"] = row.owner.label
+        verdict = gpu_verdict(node, row)
+    problems = verdict.problems
+    if problems:
+        said = [f.message for f in problems[:EVIDENCE_SHOWN]]
+        if len(problems) > EVIDENCE_SHOWN:
+            said.append(f"and {len(problems) - EVIDENCE_SHOWN} more")
+        notes["evidence"] = "; ".join(said)
+        notes["advice"] = verdict.advice
+    return notes
