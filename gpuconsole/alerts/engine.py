@@ -217,19 +217,21 @@ class AlertEngine:
         for alert in self.alerts.values():
             if alert.state == RESOLVED:
                 continue
-            labels = alert.labels
-            silence = next((s for s in self.silences if s.covers(labels)), None)
+            silence = next((s for s in self.silences if s.covers(alert.labels)), None)
+            # a series' labels are a peer's words: every one a console shows is escaped
+            labels = {k: safe_text(v) for k, v in alert.labels.items()}
+            bus = _gpu_of(alert)
             found.append(
                 ActiveAlert(
                     name=alert.rule,
                     severity=alert.severity,
                     state=AlertState.FIRING if alert.state == FIRING else AlertState.PENDING,
-                    labels=tuple((k, safe_text(v)) for k, v in sorted(labels.items())),
+                    labels=tuple(sorted(labels.items())),
                     summary=safe_text(alert.annotations.get("summary", "")),
                     since=alert.fired_at if alert.fired_at is not None else alert.active_at,
                     value=alert.value,
                     node=labels.get("node") or labels.get("Hostname") or None,
-                    gpu_bus_id=_gpu_of(alert),
+                    gpu_bus_id=safe_text(bus) if bus is not None else None,
                     silenced_by=silence.said() if silence is not None else None,
                 )
             )

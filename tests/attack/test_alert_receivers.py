@@ -144,3 +144,5 @@ def test_labels_with_terminal_escapes_reach_consoles_escaped() -> None:
     [alert] = engine.active()
     assert all("\x1b" not in v and "\x07" not in v for _, v in alert.labels)
     assert "\x1b" not in alert.summary
+    # the node column of the alerts view and the wallboard show it too
+    assert alert.node == "dgx\\x1b]0;owned\\x07-7"
