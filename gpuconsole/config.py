@@ -560,6 +560,11 @@ class AlertsConfig(_Section, frozen=True):
     ] = ""
 
 
+# An alert rule's `for` and keep_firing_for at most: a week (a longer one is a typo, and
+# past 292 years Prometheus cannot read it at all).
+LONGEST_ALERT_WAIT_S = 7 * 86400
+
+
 class AlertRuleConfig(_Section, frozen=True):
     """[[alert]]: one alert rule; a rule named as a default one replaces it."""
 
@@ -571,7 +576,15 @@ class AlertRuleConfig(_Section, frozen=True):
             "and / and on(labels), e.g. 'DCGM_FI_DEV_GPU_TEMP > 90' (required)"
         ),
     ] = ""
-    for_s: Annotated[float, _doc("Fire once the condition has held this long", minimum=0)] = 0.0
+    for_s: Annotated[
+        float,
+        _doc(
+            "Fire once the condition has held this long (to the millisecond, as Prometheus "
+            "reads `for`)",
+            minimum=0,
+            maximum=LONGEST_ALERT_WAIT_S,
+        ),
+    ] = 0.0
     clear: Annotated[
         float,
         _doc(
@@ -580,7 +593,12 @@ class AlertRuleConfig(_Section, frozen=True):
         ),
     ] = math.nan
     keep_firing_for_s: Annotated[
-        float, _doc("Hysteresis: keep firing this long after the condition last held", minimum=0)
+        float,
+        _doc(
+            "Hysteresis: keep firing this long after the condition last held",
+            minimum=0,
+            maximum=LONGEST_ALERT_WAIT_S,
+        ),
     ] = 0.0
     severity: Annotated[
         str, _doc("How much it should worry", choices=("info", "warning", "critical"))

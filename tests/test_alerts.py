@@ -354,6 +354,33 @@ annotations = { summary = "GPU {{ $labels.gpu }} at {{ $value }} °C: \\"hot\\"\
     ) in text
 
 
+def test_a_duration_prometheus_cannot_read_is_refused_and_one_it_rounds_is_kept_as_it_reads_it(
+    tmp_path: Path,
+) -> None:
+    """`for` and `keep_firing_for` as Prometheus reads them: whole milliseconds, and no
+    longer than a week (1e300 s printed a duration promtool refuses); the engine waits
+    what `gpuconsole rules` prints."""
+    path = tmp_path / "config.toml"
+    path.write_text(
+        '[[alert]]\nname = "Hot"\nexpr = "DCGM_FI_DEV_GPU_TEMP > 90"\nfor_s = 1e300\n'
+        '[[alert]]\nname = "Lost"\nexpr = "gpuconsole_gpu_lost == 1"\nkeep_firing_for_s = 1e12\n'
+    )
+    with pytest.raises(ConfigError) as raised:
+        alert_rules(config.load(path))
+    assert raised.value.problems == (
+        f"{path}:4: [[alert]] #1 for_s must be at most 604800",
+        f"{path}:8: [[alert]] #2 keep_firing_for_s must be at most 604800",
+    )
+    toml = '[[alert]]\nname = "Hot"\nexpr = "DCGM_FI_DEV_GPU_TEMP > 90"\nfor_s = 0.0004\n'
+    [rule] = [r for r in alert_rules(config.parse(toml)) if r.name == "Hot"]
+    assert rule.for_s == 0.0  # Prometheus reads "for: 0s": it fires at once, as the engine
+    assert "for:" not in rules_file([rule])
+    longest = config.parse(toml.replace("0.0004", "604800"))
+    [rule] = [r for r in alert_rules(longest) if r.name == "Hot"]
+    text = rules_file([rule])
+    assert "for: 168h" in text and "SUCCESS" in promtool_check(tmp_path, text)
+
+
 def test_promtool_runs_the_hysteresis_as_the_engine_does(tmp_path: Path) -> None:
     """The printed rule, run by promtool's rule tests over the same readings the engine
     sees: fires above 90, holds at 88, clears at 84."""

@@ -316,12 +316,18 @@ def _from_config(entry: AlertRuleConfig, wrong: list[tuple[str, str]]) -> Rule |
         entry.name,
         condition,
         Severity(entry.severity),
-        for_s=entry.for_s,
+        # to the millisecond, as `gpuconsole rules` prints them and Prometheus reads them
+        for_s=_millis(entry.for_s),
         clear=clear,
-        keep_firing_for_s=entry.keep_firing_for_s,
+        keep_firing_for_s=_millis(entry.keep_firing_for_s),
         labels=tuple(sorted(entry.labels.items())),
         annotations=tuple(sorted(entry.annotations.items())),
     )
+
+
+def _millis(seconds: float) -> float:
+    """Seconds to the millisecond, as `duration` writes them for Prometheus."""
+    return round(seconds * 1000) / 1000
 
 
 def _clear_problem(condition: Condition, clear: float) -> str | None:
