@@ -74,6 +74,17 @@ def test_and_on_keeps_the_left_series_that_match_on_the_named_labels() -> None:
         ("x > y", "a number"),
         ("x > 1e999", "finite"),
         ("and > 1", "a metric name"),
+        # what Python's regular expressions read and Prometheus's (Go's RE2) do not
+        ('x{a=~"(?=dgx).*"} > 2', r"\(\?= .*Prometheus"),
+        ('x{a=~"(?<!x)a"} > 2', r"\(\?<! .*Prometheus"),
+        ('x{a=~"(a)\\\\1"} > 2', r"\\1 .*Prometheus"),
+        ('x{a=~"a++"} > 2', r"\+\+ .*Prometheus"),
+        ('x{a=~"(?>a)"} > 2', r"\(\?> .*Prometheus"),
+        ('x{a=~"a\\\\Z"} > 2', r"\\Z .*Prometheus"),
+        ('x{a=~"[[:digit:]]"} > 2', r"\[: .*Prometheus"),
+        # a string as PromQL reads it: an escape it does not know is an error, not dropped
+        ('x{a="d\\q"} > 2', r"unknown escape sequence \\q"),
+        ('x{a="d\ne"} > 2', "a newline"),
     ],
 )
 def test_a_condition_outside_the_subset_says_where_and_what_was_expected(
@@ -86,6 +97,18 @@ def test_a_condition_outside_the_subset_says_where_and_what_was_expected(
 def test_a_condition_prints_as_it_parses() -> None:
     text = 'a{b="c\\"d", e!~"f.*"} > 2.5 and on(b) g <= 3'
     assert parse(parse(text).text()) == parse(text)
+    escaped = 'a{b="tab\\there\\nand \\u00e9\\x41", e=~"\\\\d+\\\\.\\\\w"} > 1'
+    cond = parse(escaped)
+    assert [m.value for m in cond.first.terms[0].matchers] == ["tab\there\nand \u00e9A", r"\d+\.\w"]
+    assert parse(cond.text()) == cond
+    assert "\n" not in cond.text()  # a newline is written as PromQL reads one: \n
+
+
+def test_a_regular_expression_matches_as_prometheus_matches_it() -> None:
+    """Go's \\d, \\w and \\s are ASCII; Python's are Unicode unless told."""
+    cond = parse('x{a=~"\\\\d+"} > 0')
+    found = cond.evaluate(samples("x", ({"a": "12"}, 1.0), ({"a": "\u0661\u0662"}, 1.0)))
+    assert [dict(s.labels)["a"] for s in found] == ["12"]
 
 
 # --- rules in the config ----------------------------------------------------------------------
@@ -513,3 +536,19 @@ async def test_an_engine_with_no_receiver_looks_again_only_when_an_evaluation_is
         await engine.stop()
         await hub.stop()
     assert 1 <= looks <= 2  # at the evaluations due in 4 s (every 2.5 s), not each second
+
+
+def test_a_silence_matches_as_alertmanager_matches_it() -> None:
+    from gpuconsole.alerts.silences import parse_silences
+
+    [silence] = parse_silences(
+        [
+            {
+                "id": "1",
+                "status": {"state": "active"},
+                "matchers": [{"name": "gpu", "value": "\\d", "isRegex": True}],
+                "createdBy": "alice",
+            }
+        ]
+    )
+    assert silence.covers({"gpu": "5"}) and not silence.covers({"gpu": "\u0665"})

@@ -18,6 +18,7 @@ extrapolated to the window's edges) from the samples the evaluator kept
 
 from __future__ import annotations
 
+import json
 import math
 import operator
 import re
@@ -68,12 +69,13 @@ class Matcher:
             return value == self.value
         if self.op == "!=":
             return value != self.value
-        found = re.fullmatch(self.value, value) is not None
+        # ASCII: Go's \d, \w, \s and \b, which Prometheus matches with, are
+        found = re.fullmatch(self.value, value, re.ASCII) is not None
         return found if self.op == "=~" else not found
 
     def text(self) -> str:
-        escaped = self.value.replace("\\", "\\\\").replace('"', '\\"')
-        return f'{self.label}{self.op}"{escaped}"'
+        # a JSON string is a PromQL one: every escape JSON writes, Go's strings read
+        return f"{self.label}{self.op}{json.dumps(self.value, ensure_ascii=False)}"
 
 
 def duration(seconds: float) -> str:
@@ -338,11 +340,16 @@ def _selector(reader: _Reader) -> Term:
             if op is None:
                 raise reader.fail("=, !=, =~ or !~")
             reader.at += len(op)
-            raw = reader.take(_STRING, 'a "quoted" value').group(1)
-            value = re.sub(r"\\(.)", r"\1", raw)
+            value = _unquote(reader.take(_STRING, 'a "quoted" value').group(1), label)
             if op in ("=~", "!~"):
+                problem = _not_re2(value)
+                if problem:
+                    raise ConditionError(
+                        f"label {label}: {problem} is not in Prometheus's regular expressions "
+                        "(Go's RE2), which read `gpuconsole rules`"
+                    )
                 try:
-                    re.compile(value)
+                    re.compile(value, re.ASCII)
                 except re.error as exc:
                     raise ConditionError(f"label {label}: bad regular expression: {exc}") from None
             matchers.append(Matcher(label, op, value))
@@ -350,3 +357,75 @@ def _selector(reader: _Reader) -> Term:
                 reader.expect(",")
         reader.expect("}")
     return Term(name, tuple(matchers))
+
+
+# PromQL's escapes in a double-quoted string, as Go reads them
+_ESCAPE = re.compile(
+    r'\\(?:([abfnrtv\\"])|x([0-9a-fA-F]{2})|([0-7]{3})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|(.?))',
+    re.DOTALL,
+)
+_ESCAPED = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+
+
+def _unquote(raw: str, label: str) -> str:
+    """A quoted label value's text as PromQL reads it; an escape it does not know is an
+    error there, and so here (never a backslash quietly dropped)."""
+    if "\n" in raw:
+        raise ConditionError(f"label {label}: a newline in a quoted value: write it as \\n")
+
+    def one(found: re.Match[str]) -> str:
+        simple, hex2, octal, hex4, hex8, other = found.groups()
+        if simple is not None:
+            return _ESCAPED.get(simple, simple)
+        code = int(octal, 8) if octal is not None else int(hex2 or hex4 or hex8 or "-1", 16)
+        if 0 <= code <= (0xFF if octal is not None else 0x10FFFF):
+            return chr(code)
+        said = other if other is not None else found.group()[1:]
+        raise ConditionError(f"label {label}: unknown escape sequence \\{said}")
+
+    return _ESCAPE.sub(one, raw)
+
+
+# What Python's regular expressions read and Go's RE2 (Prometheus's) refuses or reads
+# otherwise: (pattern, what to call it).
+_PYTHON_ONLY = (
+    (re.compile(r"\(\?(?:=|!|<=|<!)"), "lookaround"),
+    (re.compile(r"\(\?>"), "an atomic group"),
+    (re.compile(r"\(\?P="), "a back reference"),
+    (re.compile(r"\(\?\("), "a conditional group"),
+    (re.compile(r"\(\?#"), "a comment"),
+    (re.compile(r"\\[1-9]"), "a back reference"),
+    (re.compile(r"\(\?[a-zA-Z-]*[aLux][a-zA-Z-]*[:)]"), "a flag Go does not know"),
+    (re.compile(r"\\[ZuUN]"), "an escape Go does not know"),
+    (re.compile(r"(?:[*+?]|\})\+"), "a possessive repeat"),
+)
+
+
+def _not_re2(pattern: str) -> str | None:
+    """What in `pattern` Prometheus cannot read as Python does (quoted with what it is), or
+    None. Escaped characters are passed over; inside a [class] only a POSIX class is
+    looked for (Go reads [[:digit:]] as a digit, Python as the characters [:digt)."""
+    at, first = 0, -1  # first: where the [class] being read began its members; -1: none
+    while at < len(pattern):
+        char = pattern[at]
+        if char == "\\":
+            if first < 0:
+                for found, what in _PYTHON_ONLY:
+                    if found.match(pattern, at):
+                        return f"{pattern[at : at + 2]} ({what})"
+            at += 2
+            continue
+        if first >= 0:
+            if pattern.startswith("[:", at):
+                return "[: (a POSIX class, which Python reads as characters)"
+            if char == "]" and at != first:  # a ] first in the class is one of its members
+                first = -1
+        elif char == "[":
+            first = at + 2 if pattern.startswith("^", at + 1) else at + 1
+        else:
+            for found, what in _PYTHON_ONLY:
+                hit = found.match(pattern, at)
+                if hit:
+                    return f"{hit.group()} ({what})"
+        at += 1
+    return None

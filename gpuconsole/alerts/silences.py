@@ -23,7 +23,8 @@ class SilenceMatcher:
         found = labels.get(self.name, "")
         if self.regex:
             try:
-                matched = re.fullmatch(self.value, found) is not None
+                # ASCII: Alertmanager matches with Go's RE2, whose \d, \w and \s are
+                matched = re.fullmatch(self.value, found, re.ASCII) is not None
             except re.error:
                 return False
         else:
