@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -269,8 +270,9 @@ def test_keep_firing_for_rides_out_a_flap() -> None:
     assert [c.state for c in engine.evaluate(fleet(100.0, lost=True))] == ["firing"]
     assert engine.evaluate(fleet(110.0)) == []
     assert engine.evaluate(fleet(120.0, lost=True)) == []  # back within 30 s: one alert
-    assert engine.evaluate(fleet(149.0)) == []
-    assert [c.state for c in engine.evaluate(fleet(150.0))] == ["resolved"]
+    assert engine.evaluate(fleet(149.0)) == []  # not held from here: 30 s more, as Prometheus
+    assert engine.evaluate(fleet(178.0)) == []
+    assert [c.state for c in engine.evaluate(fleet(179.0))] == ["resolved"]
 
 
 def test_no_rule_fires_on_a_node_whose_sources_have_not_been_read() -> None:
@@ -402,6 +404,43 @@ def test_a_duration_prometheus_cannot_read_is_refused_and_one_it_rounds_is_kept_
     [rule] = [r for r in alert_rules(longest) if r.name == "Hot"]
     text = rules_file([rule])
     assert "for: 168h" in text and "SUCCESS" in promtool_check(tmp_path, text)
+
+
+def test_promtool_keeps_firing_for_as_long_as_the_engine_does(tmp_path: Path) -> None:
+    """keep_firing_for counts from the first evaluation the condition no longer holds at,
+    as Prometheus counts it (the engine counted from the last one it held at, and resolved
+    one evaluation early); a new hold starts the count again."""
+    toml = (
+        '[alerts]\ndefaults = false\n[[alert]]\nname = "Lost"\n'
+        'expr = "gpuconsole_gpu_lost == 1"\nkeep_firing_for_s = 180\n'
+    )
+    rules = alert_rules(config.parse(toml))
+    engine = AlertEngine(rules)
+    lost = [1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
+    fired = []
+    for minute, held in enumerate(lost):
+        engine.evaluate(fleet(60.0 * minute, lost=bool(held)))
+        fired.append(any(a.state == "firing" for a in engine.alerts.values()))
+    assert [int(f) for f in fired] == [1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0]
+    (tmp_path / "rules.yml").write_text(rules_file(rules))
+    labels = {"gpu": "5", "node": NODE, "uuid": UUID, "severity": "warning"}
+    checks = [
+        {"eval_time": f"{m}m", "alertname": "Lost", "exp_alerts": [{"exp_labels": labels}] * f}
+        for m, f in enumerate(fired)
+    ]
+    series = f'gpuconsole_gpu_lost{{gpu="5", node="{NODE}", uuid="{UUID}"}}'
+    spec = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": series, "values": " ".join(map(str, lost))}],
+                "alert_rule_test": checks,
+            }
+        ],
+    }
+    promtool_test_rules(tmp_path, json.dumps(spec))
 
 
 def test_promtool_runs_the_hysteresis_as_the_engine_does(tmp_path: Path) -> None:

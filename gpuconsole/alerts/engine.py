@@ -166,7 +166,7 @@ class AlertEngine:
                 last_held_at=now,
             )
             self.alerts[fp] = alert
-        alert.last_held_at, alert.value = now, sample.value
+        alert.last_held_at, alert.value, alert.unheld_at = now, sample.value, None
         alert.annotations = {k: expand(v, labels, sample.value) for k, v in rule.annotations}
         if alert.state == PENDING and now - alert.active_at >= rule.for_s:
             alert.state, alert.fired_at = FIRING, now
@@ -194,9 +194,11 @@ class AlertEngine:
                     firing[fp].value = sample.value
                     kept.add(fp)
         if rule.keep_firing_for_s:
-            kept |= {
-                fp for fp, a in firing.items() if now - a.last_held_at < rule.keep_firing_for_s
-            }
+            for fp, alert in firing.items():
+                if alert.unheld_at is None:
+                    alert.unheld_at = now
+                if now - alert.unheld_at < rule.keep_firing_for_s:
+                    kept.add(fp)
         return kept
 
     def _drop_told_resolved(self) -> None:

@@ -39,6 +39,9 @@ class Alert:
     value: float = 0.0
     fired_at: float | None = None
     resolved_at: float | None = None
+    # the first evaluation its condition no longer held at while it fired (what
+    # keep_firing_for counts from, as Prometheus's KeepFiringSince); None while it holds
+    unheld_at: float | None = None
     fingerprint: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
@@ -122,6 +125,7 @@ def _encode(saved: Saved) -> dict[str, Any]:
                 "value": a.value,
                 "fired_at": a.fired_at,
                 "resolved_at": a.resolved_at,
+                "unheld_at": a.unheld_at,
             }
             for a in saved.alerts.values()
         ],
@@ -172,6 +176,7 @@ def _decode(data: Any) -> Saved:
             value=_number(item.get("value"), f"alerts[{i}].value"),
             fired_at=_number(item.get("fired_at"), f"alerts[{i}].fired_at", optional=True),
             resolved_at=_number(item.get("resolved_at"), f"alerts[{i}].resolved_at", optional=True),
+            unheld_at=_number(item.get("unheld_at"), f"alerts[{i}].unheld_at", optional=True),
         )
         saved.alerts[alert.fingerprint] = alert
     told = data.get("told")
