@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterable
 
 from gpuconsole.alerts.condition import duration
+from gpuconsole.alerts.engine import CONTEXT
 from gpuconsole.alerts.rules import Rule
 
 __all__ = ["GROUP", "duration", "expression", "rules_file"]
@@ -35,7 +36,8 @@ def rules_file(rules: Iterable[Rule]) -> str:
     """A rules file `promtool check rules` accepts."""
     lines = [
         "# Alerting rules over gpuconsole's exporter series (`gpuconsole rules`): the rules",
-        "# gpuconsole evaluates itself, for Prometheus to evaluate instead.",
+        "# gpuconsole evaluates itself, for Prometheus to evaluate instead. gpuconsole's own",
+        f"# alerts also carry, as annotations, what no series holds: {', '.join(CONTEXT)}.",
         "groups:",
         f"  - name: {_q(GROUP)}",
         "    rules:",
