@@ -443,6 +443,47 @@ def test_promtool_keeps_firing_for_as_long_as_the_engine_does(tmp_path: Path) ->
     promtool_test_rules(tmp_path, json.dumps(spec))
 
 
+def test_a_rules_labels_are_expanded_as_prometheus_expands_them(tmp_path: Path) -> None:
+    """A label's {{ $labels.X }} and {{ $value }} are filled in, as Prometheus fills them
+    in evaluating `gpuconsole rules`; one that comes out empty is no label."""
+    toml = """
+[alerts]
+defaults = false
+[[alert]]
+name = "Hot"
+expr = "DCGM_FI_DEV_GPU_TEMP > 90"
+labels = { where = "{{ $labels.Hostname }}/{{ $labels.gpu }}", gone = "{{ $labels.nothing }}" }
+"""
+    rules = alert_rules(config.parse(toml))
+    engine = AlertEngine(rules)
+    engine.evaluate(fleet(0.0, temp_c=95.0))
+    [alert] = engine.alerts.values()
+    assert alert.labels["where"] == f"{NODE}/5" and "gone" not in alert.labels
+    (tmp_path / "rules.yml").write_text(rules_file(rules))
+    labels = {k: v for k, v in alert.labels.items() if k != "alertname"}
+    series = (
+        "DCGM_FI_DEV_GPU_TEMP{"
+        + ", ".join(
+            f"{k}={json.dumps(v)}" for k, v in labels.items() if k not in ("where", "severity")
+        )
+        + "}"
+    )
+    spec = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": series, "values": "95"}],
+                "alert_rule_test": [
+                    {"eval_time": "0m", "alertname": "Hot", "exp_alerts": [{"exp_labels": labels}]}
+                ],
+            }
+        ],
+    }
+    promtool_test_rules(tmp_path, json.dumps(spec))
+
+
 def test_promtool_runs_the_hysteresis_as_the_engine_does(tmp_path: Path) -> None:
     """The printed rule, run by promtool's rule tests over the same readings the engine
     sees: fires above 90, holds at 88, clears at 84."""

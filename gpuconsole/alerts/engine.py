@@ -152,7 +152,7 @@ class AlertEngine:
         return changes
 
     def _held(self, rule: Rule, sample: Sample, now: float, changes: list[Change]) -> Alert:
-        labels = {**dict(sample.labels), **dict(rule.all_labels), "alertname": rule.name}
+        labels = rule.alert_labels(sample.labels, sample.value)
         fp = fingerprint(labels)
         alert = self.alerts.get(fp)
         if alert is None or alert.state == RESOLVED:
@@ -188,7 +188,7 @@ class AlertEngine:
         kept: set[str] = set()
         if rule.clear is not None:
             for sample in rule.condition.evaluate(by_name, rule.clear):
-                labels = {**dict(sample.labels), **dict(rule.all_labels), "alertname": rule.name}
+                labels = rule.alert_labels(sample.labels, sample.value)
                 fp = fingerprint(labels)
                 if fp in firing:
                     firing[fp].value = sample.value

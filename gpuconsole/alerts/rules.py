@@ -52,6 +52,20 @@ class Rule:
         merged = {"severity": self.severity.value, **dict(self.labels)}
         return tuple(sorted(merged.items()))
 
+    def alert_labels(self, series: Labels, value: float) -> dict[str, str]:
+        """The labels of the alert of one series, as Prometheus makes them: the series',
+        then the rule's with their templates filled in from the series (one that comes
+        out empty is no label), then alertname."""
+        labels = dict(series)
+        for name, text in self.all_labels:
+            filled = expand(text, dict(series), value)
+            if filled:
+                labels[name] = filled
+            else:
+                labels.pop(name, None)
+        labels["alertname"] = self.name
+        return labels
+
 
 def expand(text: str, labels: Mapping[str, str], value: float) -> str:
     """An annotation with {{ $labels.NAME }} and {{ $value }} filled in, as Prometheus does."""
