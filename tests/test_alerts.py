@@ -484,6 +484,57 @@ labels = { where = "{{ $labels.Hostname }}/{{ $labels.gpu }}", gone = "{{ $label
     promtool_test_rules(tmp_path, json.dumps(spec))
 
 
+def test_value_in_a_template_is_written_as_prometheus_writes_it(tmp_path: Path) -> None:
+    """{{ $value }} as Go prints a float (fmt's %v: the shortest digits, an exponent from
+    1e+06 and below 1e-04), so that an extrapolated increase reads alike in both."""
+    toml = (
+        '[alerts]\ndefaults = false\n[[alert]]\nname = "Hot"\n'
+        'expr = "DCGM_FI_DEV_GPU_TEMP > 0"\nannotations = { summary = "at {{ $value }}" }\n'
+    )
+    rules = alert_rules(config.parse(toml))
+    values = [95.0, 2.5454545454545454, 1234567.0, 0.00001, 123456.7, 1e21, 0.5]
+    from gpuconsole.alerts.rules import expand
+
+    texts = [expand("{{ $value }}", {}, v) for v in values]
+    assert texts == [
+        "95",
+        "2.5454545454545454",
+        "1.234567e+06",
+        "1e-05",
+        "123456.7",
+        "1e+21",
+        "0.5",
+    ]
+    (tmp_path / "rules.yml").write_text(rules_file(rules))
+    labels = {"Hostname": NODE, "severity": "warning"}
+    spec = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{NODE}"}}',
+                        "values": " ".join(repr(v) for v in values),
+                    }
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": f"{m}m",
+                        "alertname": "Hot",
+                        "exp_alerts": [
+                            {"exp_labels": labels, "exp_annotations": {"summary": f"at {text}"}}
+                        ],
+                    }
+                    for m, text in enumerate(texts)
+                ],
+            }
+        ],
+    }
+    promtool_test_rules(tmp_path, json.dumps(spec))
+
+
 def test_promtool_runs_the_hysteresis_as_the_engine_does(tmp_path: Path) -> None:
     """The printed rule, run by promtool's rule tests over the same readings the engine
     sees: fires above 90, holds at 88, clears at 84."""

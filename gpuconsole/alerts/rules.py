@@ -7,6 +7,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 from gpuconsole import format as fmt
@@ -79,7 +80,26 @@ def expand(text: str, labels: Mapping[str, str], value: float) -> str:
 
 
 def _value_text(value: float) -> str:
-    return str(int(value)) if value == int(value) and abs(value) < 1e15 else f"{value:g}"
+    """A value as Go's fmt prints a float64 (%v), as Prometheus fills in {{ $value }}:
+    its shortest digits, with an exponent where it is below -4 or 6 and above."""
+    if not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+    if value == 0:
+        return "0"
+    sign, digits, exponent = Decimal(repr(value)).normalize().as_tuple()
+    assert isinstance(exponent, int)
+    shown = "".join(map(str, digits))
+    power = len(digits) - 1 + exponent  # where the first digit stands, as 10**power
+    lead = "-" if sign else ""
+    if power < -4 or power >= 6:
+        mantissa = shown[0] + (f".{shown[1:]}" if len(shown) > 1 else "")
+        return f"{lead}{mantissa}e{'-' if power < 0 else '+'}{abs(power):02d}"
+    if exponent >= 0:
+        return lead + shown + "0" * exponent
+    point = len(shown) + exponent
+    if point <= 0:
+        return f"{lead}0.{'0' * -point}{shown}"
+    return f"{lead}{shown[:point]}.{shown[point:]}"
 
 
 def _rule(
