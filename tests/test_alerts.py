@@ -445,7 +445,8 @@ def test_promtool_keeps_firing_for_as_long_as_the_engine_does(tmp_path: Path) ->
 
 def test_a_rules_labels_are_expanded_as_prometheus_expands_them(tmp_path: Path) -> None:
     """A label's {{ $labels.X }} and {{ $value }} are filled in, as Prometheus fills them
-    in evaluating `gpuconsole rules`; one that comes out empty is no label."""
+    in evaluating `gpuconsole rules`; one that comes out empty is no label. Labels and
+    annotations read the series' labels alone."""
     toml = """
 [alerts]
 defaults = false
@@ -453,12 +454,15 @@ defaults = false
 name = "Hot"
 expr = "DCGM_FI_DEV_GPU_TEMP > 90"
 labels = { where = "{{ $labels.Hostname }}/{{ $labels.gpu }}", gone = "{{ $labels.nothing }}" }
+annotations = { summary = "{{ $labels.Hostname }}: [{{ $labels.where }}{{ $labels.severity }}]" }
 """
     rules = alert_rules(config.parse(toml))
     engine = AlertEngine(rules)
     engine.evaluate(fleet(0.0, temp_c=95.0))
     [alert] = engine.alerts.values()
     assert alert.labels["where"] == f"{NODE}/5" and "gone" not in alert.labels
+    # an annotation reads the series' labels, not the rule's: Prometheus's $labels
+    assert alert.annotations["summary"] == f"{NODE}: []"
     (tmp_path / "rules.yml").write_text(rules_file(rules))
     labels = {k: v for k, v in alert.labels.items() if k != "alertname"}
     series = (
@@ -476,7 +480,13 @@ labels = { where = "{{ $labels.Hostname }}/{{ $labels.gpu }}", gone = "{{ $label
                 "interval": "1m",
                 "input_series": [{"series": series, "values": "95"}],
                 "alert_rule_test": [
-                    {"eval_time": "0m", "alertname": "Hot", "exp_alerts": [{"exp_labels": labels}]}
+                    {
+                        "eval_time": "0m",
+                        "alertname": "Hot",
+                        "exp_alerts": [
+                            {"exp_labels": labels, "exp_annotations": {"summary": f"{NODE}: []"}}
+                        ],
+                    }
                 ],
             }
         ],

@@ -167,7 +167,8 @@ class AlertEngine:
             )
             self.alerts[fp] = alert
         alert.last_held_at, alert.value, alert.unheld_at = now, sample.value, None
-        alert.annotations = {k: expand(v, labels, sample.value) for k, v in rule.annotations}
+        series = dict(sample.labels)  # what Prometheus's $labels holds: not the rule's
+        alert.annotations = {k: expand(v, series, sample.value) for k, v in rule.annotations}
         if alert.state == PENDING and now - alert.active_at >= rule.for_s:
             alert.state, alert.fired_at = FIRING, now
             changes.append(Change(alert, FIRING))
