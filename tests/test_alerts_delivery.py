@@ -143,6 +143,22 @@ async def test_gpuconsole_restarting_while_an_alert_fires_keeps_it_then_resolves
         assert am.alerts("GpuLost") == []
 
 
+async def test_an_alert_that_resolved_while_gpuconsole_was_down_is_resolved_after_it_restarts(
+    tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    state = tmp_path / "alerts-agent.json"
+    with alertmanager(tmp_path / "am") as am:
+        first = engine_for(ALERTMANAGER, am.url, state)
+        await settle(first, session, lost=True)
+        [before] = am.alerts("GpuLost")
+        assert before["endsAt"] > before["startsAt"]  # ends by itself if never sent again
+        del first  # the process ends; the GPU comes back while nothing runs
+        again = engine_for(ALERTMANAGER, am.url, state)
+        await settle(again, session, lost=False)  # its first evaluation: the GPU is fit
+        assert am.alerts("GpuLost") == []
+        assert again.alerts == {} and "GpuLost" not in state.read_text()
+
+
 async def test_a_silence_in_alertmanager_says_who_silenced_the_alert(
     tmp_path: Path, session: aiohttp.ClientSession
 ) -> None:
