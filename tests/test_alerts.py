@@ -494,6 +494,19 @@ annotations = { summary = "{{ $labels.Hostname }}: [{{ $labels.where }}{{ $label
     promtool_test_rules(tmp_path, json.dumps(spec))
 
 
+def test_a_label_with_no_value_is_no_label_of_the_alert() -> None:
+    """Prometheus holds no label with an empty value (a scrape drops it), so its alerts
+    have none; Alertmanager drops them too: the engine's alerts do as well."""
+    [rule] = [r for r in DEFAULT_RULES if r.name == "GpuNotFitForWork"]
+    labels = rule.alert_labels((("action", "drain"), ("gpu", "0000:c3:00.0"), ("uuid", "")), 2.0)
+    assert labels == {
+        "action": "drain",
+        "gpu": "0000:c3:00.0",
+        "severity": "critical",
+        "alertname": "GpuNotFitForWork",
+    }
+
+
 def test_value_in_a_template_is_written_as_prometheus_writes_it(tmp_path: Path) -> None:
     """{{ $value }} as Go prints a float (fmt's %v: the shortest digits, an exponent from
     1e+06 and below 1e-04), so that an extrapolated increase reads alike in both."""

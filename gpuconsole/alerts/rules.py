@@ -54,10 +54,11 @@ class Rule:
         return tuple(sorted(merged.items()))
 
     def alert_labels(self, series: Labels, value: float) -> dict[str, str]:
-        """The labels of the alert of one series, as Prometheus makes them: the series',
-        then the rule's with their templates filled in from the series (one that comes
-        out empty is no label), then alertname."""
-        labels = dict(series)
+        """The labels of the alert of one series, as Prometheus makes them: the series'
+        (one with an empty value is none: Prometheus never holds it), then the rule's with
+        their templates filled in from the series (one that comes out empty is no label),
+        then alertname."""
+        labels = {name: value for name, value in series if value}
         for name, text in self.all_labels:
             filled = expand(text, dict(series), value)
             if filled:
