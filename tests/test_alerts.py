@@ -661,6 +661,26 @@ def test_the_verdict_rules_fire_for_drain_and_worse_and_not_for_watch() -> None:
     assert said == f"GPU 0000:c3:00.0 on {NODE}: reset_gpu"
 
 
+def test_a_gpu_nvml_lost_before_it_was_read_is_not_fit_for_work() -> None:
+    """A GPU that fell off the bus before gpuconsole started: NVML reads neither its bus id
+    nor its UUID. Its own verdict (what gpuconsole_gpu_verdict and the rule of story 9 read)
+    is the node's finding about it, not fit."""
+    import msgspec
+
+    snapshot = fleet(1000.0, lost=True)
+    node = snapshot.nodes[0]
+    assert node.nvml is not None
+    unread = msgspec.structs.replace(node.nvml.gpus[0], pci_bus_id="unknown", uuid="")
+    node = msgspec.structs.replace(node, nvml=msgspec.structs.replace(node.nvml, gpus=(unread,)))
+    rules = tuple(r for r in DEFAULT_RULES if r.name in ("GpuNotFitForWork", "GpuLost"))
+    engine = AlertEngine(rules)
+    engine.evaluate(msgspec.structs.replace(snapshot, nodes=(node,)))
+    fired = {a.rule: a for a in engine.alerts.values()}
+    assert set(fired) == {"GpuNotFitForWork", "GpuLost"}
+    assert fired["GpuNotFitForWork"].labels["action"] == "reset_gpu"
+    assert fired["GpuLost"].annotations["evidence"].startswith("GPU 5: fell off the bus (XID 79)")
+
+
 async def test_an_engine_with_no_receiver_looks_again_only_when_an_evaluation_is_due() -> None:
     """Without a receiver only an evaluation changes what fires: between two, an idle
     console's engine sleeps instead of waking each second to find nothing to do."""

@@ -329,6 +329,12 @@ def test_the_agent_pages_alertmanager_for_a_gpu_that_fell_off_the_bus_across_its
         try:
             [held] = wait_for(lambda: am.alerts("GpuLost"), "GpuLost in Alertmanager")
             assert held["labels"]["node"] == "dgx-e2e"
+            # NVML reads neither the UUID nor the bus id of a GPU lost from the start: the
+            # page names it by NVML's number, and says why from that GPU's own verdict
+            notes = held["annotations"]
+            assert notes["summary"].startswith("GPU 5 () on dgx-e2e fell off the bus")
+            assert notes["evidence"].startswith("GPU 5: fell off the bus (XID 79)")
+            assert "Fabric Manager" not in notes["evidence"]  # the node's, not this GPU's
         finally:
             stop(agent)
         state = tmp_path / "state" / "gpuconsole" / "alerts-agent.json"

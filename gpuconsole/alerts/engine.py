@@ -420,12 +420,15 @@ def _gpu_of(alert: Alert) -> str | None:
     return _bus_id(alert.labels) or alert.annotations.get("bus_id") or None
 
 
-def _names(row: GpuRow, bus: str | None, uuid: str | None) -> bool:
-    """Whether `row` is the GPU of bus id `bus` (sysfs form), else of UUID `uuid`."""
-    if bus is None:
+def _names(row: GpuRow, bus: str | None, uuid: str | None, number: int | None) -> bool:
+    """Whether `row` is the GPU of bus id `bus` (sysfs form), else of UUID `uuid`, else
+    of NVML's `number` (all a series of a GPU NVML cannot read names)."""
+    if bus is not None:
+        known = known_bus_id(row.bus_id)
+        return known is not None and normal_bus_id(known) == bus
+    if uuid:
         return row.uuid == uuid
-    known = known_bus_id(row.bus_id)
-    return known is not None and normal_bus_id(known) == bus
+    return row.index == number
 
 
 def context(node: NodeSnapshot | None, labels: dict[str, str]) -> dict[str, str]:
@@ -437,10 +440,11 @@ def context(node: NodeSnapshot | None, labels: dict[str, str]) -> dict[str, str]
         return {}
     notes: dict[str, str] = {}
     bus, uuid = _bus_id(labels), labels.get("uuid") or labels.get("UUID")
-    if bus is None and not uuid:
+    number = int(labels["gpu"]) if labels.get("gpu", "").isdecimal() else None
+    if bus is None and not uuid and number is None:
         verdict = node_verdict(node)
     else:
-        row = next((r for r in node_gpus(node) if _names(r, bus, uuid)), None)
+        row = next((r for r in node_gpus(node) if _names(r, bus, uuid, number)), None)
         if row is None:
             return {}  # a GPU the node's readings no longer show
         known = known_bus_id(row.bus_id)

@@ -157,7 +157,8 @@ DEFAULT_RULES: tuple[Rule, ...] = (
         "GpuLost",
         "gpuconsole_gpu_lost == 1",
         _CRIT,
-        "GPU {{ $labels.uuid }} on {{ $labels.node }} fell off the bus or needs a reset",
+        "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.node }} fell off the bus or "
+        "needs a reset",
     ),
     _rule(
         "GpuUncorrectableEcc",

@@ -1383,9 +1383,12 @@ def gpu_verdict(node: NodeSnapshot, gpu: GpuReading | GpuRow | str) -> Verdict:
     found = judged.gpus.get(key)
     if found is not None:
         return found
-    if isinstance(gpu, GpuReading) and known_bus_id(gpu.pci_bus_id) is None:
+    # a GPU whose bus id NVML could not read: the findings the node's verdict files about
+    # it by its number (a row of it too: the exporter's verdict series asks by row)
+    reading = gpu.reading if isinstance(gpu, GpuRow) else gpu
+    if isinstance(reading, GpuReading) and known_bus_id(reading.pci_bus_id) is None:
         own = [f for f in judged.verdict.findings if f.bus_id is None and
-               f.subject == _gpu_subject(gpu)]  # fmt: skip
+               f.subject == _gpu_subject(reading)]  # fmt: skip
         if own:
             return _gpu_verdict(own)
     return _FIT
