@@ -121,40 +121,30 @@ async def test_alertmanager_down_then_up_gets_the_alert_it_missed(
         assert receiver.failures == 0
 
 
+@pytest.mark.parametrize("back_while_down", [False, True])
 async def test_gpuconsole_restarting_while_an_alert_fires_keeps_it_then_resolves_it(
-    tmp_path: Path, session: aiohttp.ClientSession
+    tmp_path: Path, session: aiohttp.ClientSession, back_while_down: bool
 ) -> None:
-    state = tmp_path / "alerts-agent.json"
-    with alertmanager(tmp_path / "am") as am:
-        first = engine_for(ALERTMANAGER, am.url, state)
-        await settle(first, session, lost=True)
-        [before] = am.alerts("GpuLost")
-        del first  # the process ends; only the state file is left
-        again = engine_for(ALERTMANAGER, am.url, state)
-        assert again.problem is None
-        [kept] = [a for a in again.active() if a.name == "GpuLost"]
-        assert kept.state.value == "firing" and kept.gpu_bus_id == SYSFS_BUS
-        changes = await again.step(fleet(time.time(), lost=True))
-        assert changes == []  # still firing: not fired a second time
-        await again.deliver(session)
-        [after] = am.alerts("GpuLost")
-        assert after["startsAt"] == before["startsAt"]
-        await settle(again, session, lost=False)
-        assert am.alerts("GpuLost") == []
-
-
-async def test_an_alert_that_resolved_while_gpuconsole_was_down_is_resolved_after_it_restarts(
-    tmp_path: Path, session: aiohttp.ClientSession
-) -> None:
+    """The alert outlives the process in its state file; the restarted engine resolves it
+    once the GPU is back, at its first evaluation where it came back while nothing ran."""
     state = tmp_path / "alerts-agent.json"
     with alertmanager(tmp_path / "am") as am:
         first = engine_for(ALERTMANAGER, am.url, state)
         await settle(first, session, lost=True)
         [before] = am.alerts("GpuLost")
         assert before["endsAt"] > before["startsAt"]  # ends by itself if never sent again
-        del first  # the process ends; the GPU comes back while nothing runs
+        del first  # the process ends; only the state file is left
         again = engine_for(ALERTMANAGER, am.url, state)
-        await settle(again, session, lost=False)  # its first evaluation: the GPU is fit
+        assert again.problem is None
+        [kept] = [a for a in again.active() if a.name == "GpuLost"]
+        assert kept.state.value == "firing" and kept.gpu_bus_id == SYSFS_BUS
+        if not back_while_down:
+            changes = await again.step(fleet(time.time(), lost=True))
+            assert changes == []  # still firing: not fired a second time
+            await again.deliver(session)
+            [after] = am.alerts("GpuLost")
+            assert after["startsAt"] == before["startsAt"]
+        await settle(again, session, lost=False)
         assert am.alerts("GpuLost") == []
         assert again.alerts == {} and "GpuLost" not in state.read_text()
 
