@@ -726,3 +726,10 @@ def test_a_silence_matches_as_alertmanager_matches_it() -> None:
         ]
     )
     assert silence.covers({"gpu": "5"}) and not silence.covers({"gpu": "\u0665"})
+
+
+def test_an_evaluation_paced_below_a_second_says_its_pace(caplog: pytest.LogCaptureFixture) -> None:
+    engine = AlertEngine(DEFAULT_RULES, interval_s=0.2)
+    engine.last_cpu_s, engine._nodes = 0.02, 1
+    assert engine.paced_interval() == pytest.approx(0.4)
+    assert "evaluating every 0.4 s instead of every 0.2 s" in caplog.text

@@ -348,10 +348,10 @@ class AlertEngine:
             self._said_paced = True
             log.warning(
                 "alerts: an evaluation costs %.2f s of CPU (%d nodes); evaluating every "
-                "%.0f s instead of every %g s",
+                "%g s instead of every %g s",
                 self.last_cpu_s,
                 self._nodes,
-                paced,
+                round(paced, 1),
                 self.interval_s,
             )
         return paced
