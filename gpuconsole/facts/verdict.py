@@ -672,32 +672,84 @@ def fabric_findings(
     fabric: FabricReading,
     moved: dict[tuple[str, str], dict[str, int]] | None = None,
 ) -> list[Finding]:
-    """The evidence the fabric gives: rails down or downtrained, error counters climbing
-    over the last interval, links that went down (flaps). Congestion is traffic, not
-    health: the fabric panel shows it."""
-    if moved is None:
-        moved = _moved_ports(node)
+    """The evidence the fabric gives: rails down or downtrained, error counters that
+    climbed within the source's window (FABRIC_ERROR_WINDOW_S), links that went down in it
+    (flaps: a flap is news until the window has passed it, and counted). A port its source
+    did not count so (an older agent's, one read from Prometheus) is judged by how far its
+    counters moved over the last interval (`moved`). Congestion is traffic, not health: the
+    fabric panel shows it."""
     found: list[Finding] = []
     for device in fabric.devices:
         for port in device.ports:
-            climbed = moved.get((device.name, str(port.port))) if moved else None
+            span = port.errors_climbed_s
+            if span is None:
+                if moved is None:
+                    moved = _moved_ports(node)
+                climbed = moved.get((device.name, str(port.port))) if moved else None
+            else:
+                climbed = dict(port.errors_climbed) if port.errors_climbed else None
             if not climbed and port.state == "ACTIVE":
                 # up at its rate (FabricPort.downtrained read inline: most ports of a
                 # fleet, every time its fabric is read)
                 speed, expected = port.rate_gbps, port.expected_rate_gbps
                 if speed is None or expected is None or not speed < expected:
                     continue
-            # only the counters that moved can be erring: the rest are not looked up
-            rate = _moved_rates(node, port, climbed) if climbed else _no_rate
-            for problem in port_problems(port, rate, (climbed or _NONE_COUNTED).get):
+            subject = f"{port.name} ({port.role})"
+            if span is not None:
+                # its state here, its errors over the window below
+                rate, counted = _no_rate, _NONE_COUNTED.get
+            else:
+                # only the counters that moved can be erring: the rest are not looked up
+                rate = _moved_rates(node, port, climbed) if climbed else _no_rate
+                counted = (climbed or _NONE_COUNTED).get
+            for problem in port_problems(port, rate, counted):
                 if problem.what.startswith("congestion"):
                     continue
                 code, action = _port_code(port.role, problem.what, problem.counter)
                 found.append(Finding(code, problem.what, problem.severity, "fabric", action,
-                                     None, f"{port.name} ({port.role})"))  # fmt: skip
+                                     None, subject))  # fmt: skip
+            if span is not None and climbed:
+                found += _climbed_findings(port, span, subject)
     if fabric.peermem_loaded is False and any(p.role is PortRole.COMPUTE for p in fabric.ports):
         found.append(Finding("peermem_missing", "nvidia-peermem not loaded: no GPUDirect RDMA",
                              Severity.WARNING, "fabric", Action.WATCH))  # fmt: skip
+    return found
+
+
+# Times a port went down within the window at which it is flapping: reseat or replace its
+# cable or transceiver. Fewer is a port to watch.
+LINK_FLAPS_RESEAT = 3
+_RULES = {rule.counter: rule for rule in ERROR_RULES}
+
+
+def _climbed_findings(port: FabricPort, span_s: float, subject: str) -> list[Finding]:
+    """A port's error counters that climbed within its source's window (`span_s` of it
+    seen so far), each by its rule; a counter that climbs a little under healthy load is
+    judged by its rate over that span."""
+    found: list[Finding] = []
+    window = fmt.age(0.0, span_s)
+    for counter, climbed in port.errors_climbed:
+        rule = _RULES.get(counter)
+        if rule is None or climbed <= 0:
+            continue  # not a rule's counter (a reading that says otherwise is not believed)
+        if rule.floor_per_s and climbed / max(span_s, 1.0) <= rule.floor_per_s:
+            continue
+        if counter == "link_downed":
+            times = "once" if climbed == 1 else f"{climbed} times"
+            if climbed >= LINK_FLAPS_RESEAT:
+                found.append(Finding("link_flap", f"link went down {times} in the last "
+                                     f"{window}: it flaps; reseat or replace its cable",
+                                     Severity.CRITICAL, "fabric", Action.RESEAT, None,
+                                     subject))  # fmt: skip
+            else:
+                found.append(Finding("link_flap", f"link went down {times} in the last "
+                                     f"{window}: watch it; reseat its cable if it goes down "
+                                     "again", Severity.WARNING, "fabric", Action.WATCH, None,
+                                     subject))  # fmt: skip
+            continue
+        code = "link_errors" if counter in _PHYSICAL else "port_errors"
+        found.append(Finding(code, f"{rule.words} +{climbed} in the last {window}",
+                             rule.severity, "fabric", Action.WATCH, None, subject))  # fmt: skip
     return found
 
 

@@ -20,6 +20,9 @@ from gpuconsole.readings.base import CounterSample, Event, Key, Severity, normal
 
 # port_{xmit,rcv}_data count octets divided by 4.
 DATA_OCTETS_PER_UNIT = 4
+# How far back a port's error counters are counted for its health (FabricPort.errors_climbed):
+# a link that went down once is in the verdict this long, not for one poll.
+FABRIC_ERROR_WINDOW_S = 600.0
 # Topology levels as nvidia-smi prints them, nearest first.
 LEVELS = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")
 
@@ -98,6 +101,12 @@ class FabricPort(msgspec.Struct, frozen=True):
     # counters_ext/*: the 64-bit data and packet counters of kernels before 4.5 (mlx4),
     # beside the 32-bit ones in counters/; node_exporter's node_infiniband_legacy_*
     counters_ext: tuple[tuple[str, int, int], ...] = ()
+    # The error counters (ERROR_RULES, by their names) that climbed within
+    # FABRIC_ERROR_WINDOW_S and how far, and the seconds that covers: 0 where none climbed,
+    # None where they were not counted so (an older agent, a port read from Prometheus): the
+    # last interval's deltas are judged then.
+    errors_climbed: tuple[tuple[str, int], ...] = ()
+    errors_climbed_s: float | None = None
 
     @property
     def name(self) -> str:

@@ -13,9 +13,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
+import msgspec
+
 from gpuconsole.config import DEFAULTS
 from gpuconsole.readings.base import Event, Severity, safe_strings
 from gpuconsole.readings.fabric import (
+    ERROR_RULES,
+    FABRIC_ERROR_WINDOW_S,
     FabricDevice,
     FabricPort,
     FabricReading,
@@ -24,6 +28,7 @@ from gpuconsole.readings.fabric import (
     PortRole,
 )
 from gpuconsole.sources.base import EmitEvent, SourceUnavailable
+from gpuconsole.sources.climb import ClimbWindow
 from gpuconsole.sources.fabric.affinity import (
     GpuPlace,
     gpu_affinity,
@@ -36,6 +41,7 @@ from gpuconsole.sources.fabric.netlink import LinkWatcher, NetdevReader, Netlink
 from gpuconsole.sources.pci import find_gpus, socket_of_numa
 
 PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")
+_ERROR_COUNTERS = tuple(rule.counter for rule in ERROR_RULES)
 HcaModel = tuple[str | None, str | None]  # (hca_type, board_id)
 
 
@@ -107,6 +113,8 @@ class FabricSource:
         self._last_states: dict[tuple[str, int], tuple[str, PortRole]] = {}
         self._by_netdev: dict[str, FabricPort] = {}
         self._watched: set[str] = set()
+        # each port's error counters, sampled over the window its health counts them in
+        self._climbs: ClimbWindow[tuple[str, int]] = ClimbWindow(FABRIC_ERROR_WINDOW_S)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -194,6 +202,7 @@ class FabricSource:
         if self._nic_levels[0] != placed:  # PCIe does not move between polls
             self._nic_levels = (placed, nic_levels(devices))
         levels = self._nic_levels[1]
+        now = self._clock()
         out_devices = []
         all_ports: list[FabricPort] = []
         sockets: list[tuple[IbDevice, int | None]] = []
@@ -204,9 +213,8 @@ class FabricSource:
             port_list = []
             for p in d.ports:
                 key = (d.name, p.port)
-                port_list.append(
-                    self._port(p, *roles[key], expected.get(key), stats, netlink_error)
-                )
+                port = self._port(p, *roles[key], expected.get(key), stats, netlink_error)
+                port_list.append(self._climbed(now, port))
             ports = tuple(port_list)
             all_ports.extend(ports)
             out_devices.append(
@@ -223,16 +231,38 @@ class FabricSource:
                     levels=levels.get(d.name, ()),
                 )
             )
+        self._climbs.forget((p.device, p.port) for p in all_ports)
         affinity = gpu_affinity(gpus, sockets, all_ports, peermem)
         eth = any(p.link_layer == "Ethernet" and p.netdev for p in all_ports)
         return FabricReading(
-            at=self._clock(),
+            at=now,
             devices=tuple(out_devices),
             gpus=affinity,
             peermem_loaded=peermem,
             netlink_error=netlink_error if eth else None,
             link_events_error=self._events_error() if eth else None,
             simulated=self.simulated,
+        )
+
+    def _climbed(self, now: float, port: FabricPort) -> FabricPort:
+        """The port with how far its error counters climbed over the window."""
+        stats = port.netdev_stats
+        values = tuple(
+            (getattr(stats, name[7:]) if stats is not None else None)
+            if name.startswith("netdev.")
+            else port.counter(name)
+            for name in _ERROR_COUNTERS
+        )
+        moved = self._climbs.add(now, (port.device, port.port), values)
+        if moved is None:
+            return msgspec.structs.replace(port, errors_climbed_s=0.0)
+        climbed, span_s = moved
+        return msgspec.structs.replace(
+            port,
+            errors_climbed=tuple(
+                (n, c) for n, c in zip(_ERROR_COUNTERS, climbed, strict=True) if c > 0
+            ),
+            errors_climbed_s=span_s,
         )
 
     def _events_error(self) -> str | None:

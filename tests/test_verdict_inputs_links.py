@@ -1,0 +1,114 @@
+"""The verdict's link inputs against real data: fabric ports (procfs's sysfs tree, read in
+place from ../shared/fixtures and changed in a copy), counted over a window as the issue
+asks ("link flaps counted over a window"), not over one poll."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuconsole.facts.verdict import Action, Finding, forget_verdicts, node_verdict
+from gpuconsole.hub import Hub
+from gpuconsole.readings.base import Severity
+from gpuconsole.readings.fabric import FABRIC_ERROR_WINDOW_S
+from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.sources.fabric import FabricSource
+from tests.fabric_fixtures import set_value, ttar_sysfs
+
+NODE = "ib-node"
+
+
+class Ticker:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1_796_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class RealTree:
+    """procfs's InfiniBand tree, polled through a hub with a clock the test moves."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.root = ttar_sysfs("procfs-ib", tmp_path)
+        self.ticker = Ticker()
+        source = FabricSource(NODE, sysfs_root=str(self.root), netlink=False, clock=self.ticker)
+        self.hub = Hub(clock=self.ticker, monotonic=self.ticker)
+        self.hub.add_source(source)
+
+    def port(self, device: str, port: int = 1) -> Path:
+        return self.root / "class" / "infiniband" / device / "ports" / str(port)
+
+    async def poll(self, after_s: float = 5.0) -> NodeSnapshot:
+        self.ticker.now += after_s
+        node = (await self.hub.poll_once()).node(NODE)
+        assert node is not None
+        return node
+
+
+def fabric_findings_of(node: NodeSnapshot, port: str) -> list[Finding]:
+    forget_verdicts()
+    return [f for f in node_verdict(node).findings if f.subject.startswith(port)]
+
+
+async def test_a_flap_that_stopped_stays_counted_for_the_window_then_ages_out(
+    tmp_path: Path,
+) -> None:
+    tree = RealTree(tmp_path)
+    rail = tree.port("mlx4_0")
+    assert fabric_findings_of(await tree.poll(), "mlx4_0/1") == []
+    set_value(rail, "link_downed", 1)  # it went down and came back between two polls
+    flapped = fabric_findings_of(await tree.poll(), "mlx4_0/1")
+    assert [(f.code, f.severity, f.action) for f in flapped] == [
+        ("link_flap", Severity.WARNING, Action.WATCH)
+    ]
+    assert flapped[0].text.startswith("link went down once in the last 5 s: watch it")
+    # the polls after it, the port up and its counter still: the flap is still news
+    for _ in range(3):
+        still = fabric_findings_of(await tree.poll(), "mlx4_0/1")
+        assert [f.code for f in still] == ["link_flap"]
+    # down twice more within the window: it flaps, its cable is reseated
+    set_value(rail, "link_downed", 3)
+    flapping = fabric_findings_of(await tree.poll(), "mlx4_0/1")
+    assert [(f.code, f.severity, f.action) for f in flapping] == [
+        ("link_flap", Severity.CRITICAL, Action.RESEAT)
+    ]
+    assert "went down 3 times in the last" in flapping[0].text
+    # the window passes with the port quiet: the flaps are history
+    waited = 0.0
+    while waited <= FABRIC_ERROR_WINDOW_S * 1.2:
+        node = await tree.poll(30.0)
+        waited += 30.0
+    assert fabric_findings_of(node, "mlx4_0/1") == []
+
+
+async def test_symbol_errors_that_climb_slowly_keep_the_rail_watched_between_polls(
+    tmp_path: Path,
+) -> None:
+    # Story 2: a rail with symbol errors climbing, one a minute, read every 5 seconds: the
+    # verdict says so at every poll, not at the one poll in twelve that sees it move.
+    tree = RealTree(tmp_path)
+    rail = tree.port("mlx4_0", 2)
+    await tree.poll()
+    seen = []
+    for minute in range(1, 4):
+        set_value(rail, "symbol_error", minute)
+        for _ in range(12):
+            found = fabric_findings_of(await tree.poll(), "mlx4_0/2")
+            seen.append([(f.code, f.severity, f.action) for f in found])
+    assert all(s == [("link_errors", Severity.WARNING, Action.WATCH)] for s in seen), seen
+    assert found[0].text.startswith("symbol errors +3 in the last")
+
+
+async def test_a_counter_reset_is_not_a_climb_and_a_port_read_without_a_window_is_judged_by_delta(
+    tmp_path: Path,
+) -> None:
+    tree = RealTree(tmp_path)
+    rail = tree.port("mlx4_0")
+    set_value(rail, "link_downed", 40)
+    await tree.poll()
+    set_value(rail, "link_downed", 0)  # `perfquery -R`: counters cleared, nothing went down
+    assert fabric_findings_of(await tree.poll(), "mlx4_0/1") == []
+    set_value(rail, "link_downed", 1)
+    assert [f.code for f in fabric_findings_of(await tree.poll(), "mlx4_0/1")] == ["link_flap"]
