@@ -4,14 +4,28 @@ asks ("link flaps counted over a window"), not over one poll."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
-from gpuconsole.facts.verdict import Action, Finding, forget_verdicts, node_verdict
+from gpuconsole.facts.verdict import (
+    Action,
+    Finding,
+    forget_verdicts,
+    node_verdict,
+    reading_verdict,
+)
 from gpuconsole.hub import Hub
 from gpuconsole.readings.base import Severity
 from gpuconsole.readings.fabric import FABRIC_ERROR_WINDOW_S
+from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.sim.node import SimNode
+from gpuconsole.sim.nvml import SimNvml
+from gpuconsole.sim.profiles import DGX_H100
 from gpuconsole.sources.fabric import FabricSource
+from gpuconsole.sources.nvml.lib import FI_PCIE_REPLAY
+from gpuconsole.sources.nvml.source import NvmlSource
 from tests.fabric_fixtures import set_value, ttar_sysfs
 
 NODE = "ib-node"
@@ -112,3 +126,54 @@ async def test_a_counter_reset_is_not_a_climb_and_a_port_read_without_a_window_i
     assert fabric_findings_of(await tree.poll(), "mlx4_0/1") == []
     set_value(rail, "link_downed", 1)
     assert [f.code for f in fabric_findings_of(await tree.poll(), "mlx4_0/1")] == ["link_flap"]
+
+
+# --- PCIe replays, per minute as dcgm counts them -----------------------------------------
+
+
+class Replaying(SimNvml):
+    """The simulator, its GPU 0's PCIe replay counter (field 94) set by the test."""
+
+    replays = 0
+
+    def nvmlDeviceGetFieldValues(self, h: Any, fields: list[Any]) -> Any:
+        values = super().nvmlDeviceGetFieldValues(h, fields)
+        if self.nvmlDeviceGetIndex(h) == 0:
+            for entry in values:
+                if entry.fieldId == FI_PCIE_REPLAY:
+                    entry.value.uiVal = self.replays  # valueType 1, as the simulator answers
+        return values
+
+
+def replay_findings(node: NodeSnapshot, gpu: GpuReading) -> list[Finding]:
+    return [f for f in reading_verdict(gpu, node).findings if f.code == "pcie_replays"]
+
+
+def test_pcie_replays_are_judged_per_minute_not_by_one_polls_burst() -> None:
+    ticker = Ticker()
+    lib = Replaying(SimNode("sim", DGX_H100))
+    hub = Hub(clock=ticker, monotonic=ticker)  # its rates: what a reading without a window has
+    hub.add_source(NvmlSource("sim", lib=lib, events=False, clock=ticker))
+    # a burst of two in one second ("120 a minute" by that poll's rate), quiet for a few
+    # seconds, then one every 3 seconds: 20 a minute, past dcgm's 8
+    replays = iter([2, 2, 2, *range(3, 30)])
+    seen: list[list[Finding]] = []
+
+    def judged() -> None:
+        node = hub.publish().node("sim")
+        assert node is not None and node.nvml is not None
+        seen.append(replay_findings(node, node.nvml.gpus[0]))
+
+    def between() -> None:
+        if ticker.now > 1_796_000_000.0:
+            judged()
+        lib.replays = next(replays)
+        ticker.now += 1.0 if lib.replays == 2 else 3.0
+
+    asyncio.run(hub.poll_once(rounds=30, between=between))
+    judged()
+    assert seen[1:4] == [[], [], []]  # two replays are no fault
+    assert seen[6] == []  # nor are five
+    assert all(len(found) == 1 for found in seen[12:]), seen  # nine within the minute are
+    # the window holds a minute of samples, one step (a tenth of it) apart
+    assert seen[-1][0].text == "PCIe link replayed 21 times in the last 63 s: more than 8 a minute"

@@ -522,7 +522,15 @@ def _pcie(node: NodeSnapshot, gpu: GpuReading, add: _Add) -> None:
         else:
             add("pcie_downtrained", f"PCIe link Gen{pcie.gen_current} of Gen{pcie.gen_max} "
                 "while it works", Severity.WARNING, Action.WATCH)  # fmt: skip
-    if pcie.replay_count:
+    span = pcie.replays_climbed_s
+    if span is not None:
+        # counted over the last minute, as dcgm's watch counts them: a burst of two in one
+        # poll is not "120 a minute"
+        if pcie.replays_climbed > PCIE_REPLAYS_PER_MIN:
+            add("pcie_replays", f"PCIe link replayed {pcie.replays_climbed} times in the last "
+                f"{fmt.age(0.0, span)}: more than {PCIE_REPLAYS_PER_MIN:g} a minute",
+                Severity.WARNING, Action.WATCH)  # fmt: skip
+    elif pcie.replay_count:  # not counted so (an older agent's reading): its last poll's rate
         per_s = node.rate("gpu", gpu.uuid, "pcie_replays")
         if per_s is not None and per_s * 60.0 > PCIE_REPLAYS_PER_MIN:
             add("pcie_replays", f"PCIe replays climbing: {per_s * 60.0:.0f}/min",

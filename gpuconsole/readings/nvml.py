@@ -44,6 +44,11 @@ class EccReading(msgspec.Struct, frozen=True):
     retired_pending: bool | None = None
 
 
+# How far back a GPU's PCIe replays are counted (PcieReading.replays_climbed): dcgm's PCIe
+# health watch judges replays per minute.
+PCIE_REPLAY_WINDOW_S = 60.0
+
+
 class PcieReading(msgspec.Struct, frozen=True):
     """The GPU's host link: negotiated against maximum, and its counters."""
 
@@ -61,6 +66,11 @@ class PcieReading(msgspec.Struct, frozen=True):
     # too fast to be read between two polls.
     tx_bytes_per_s: float | None = None
     rx_bytes_per_s: float | None = None
+    # How far replay_count climbed within PCIE_REPLAY_WINDOW_S and the seconds that covers:
+    # 0 where it did not climb, None where it was not counted so (an older agent's reading:
+    # the rate over the last poll is judged then).
+    replays_climbed: int = 0
+    replays_climbed_s: float | None = None
 
     @property
     def downtrained(self) -> bool:

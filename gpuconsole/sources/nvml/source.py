@@ -809,6 +809,12 @@ class NvmlSource:
         )
         pending, failure = field(FI_REMAPPED_PENDING), field(FI_REMAPPED_FAILURE)
         retired_pending = field(FI_RETIRED_PENDING)
+        replays = field(FI_PCIE_REPLAY)
+        replays_climbed, replays_s = 0, (None if replays is None else 0.0)
+        if replays is not None:
+            climbed = gpu.replays.add(self._clock(), 0, (replays,))
+            if climbed is not None:
+                replays_climbed, replays_s = climbed[0][0], climbed[1]
         return GpuReading(
             index=gpu.index,
             uuid=gpu.uuid,
@@ -858,7 +864,9 @@ class NvmlSource:
                 width_current=gpu.pcie_width,
                 width_max=gpu.pcie_width_max,
                 busy=gpu.pcie_busy,
-                replay_count=field(FI_PCIE_REPLAY),
+                replay_count=replays,
+                replays_climbed=replays_climbed,
+                replays_climbed_s=replays_s,
                 tx_bytes_total=field(FI_PCIE_TX_BYTES),
                 rx_bytes_total=field(FI_PCIE_RX_BYTES),
                 bytes_counter_bits=gpu.pcie_counter_bits or 64,

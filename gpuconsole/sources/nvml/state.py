@@ -6,7 +6,14 @@ from typing import Any
 
 import msgspec
 
-from gpuconsole.readings.nvml import GpmMetrics, NvLinkErrors, ProcessReading, RemoteKind
+from gpuconsole.readings.nvml import (
+    PCIE_REPLAY_WINDOW_S,
+    GpmMetrics,
+    NvLinkErrors,
+    ProcessReading,
+    RemoteKind,
+)
+from gpuconsole.sources.climb import ClimbWindow
 from gpuconsole.sources.nvml.linkerrors import LinkErrorWindow
 
 
@@ -101,3 +108,7 @@ class GpuRecord(msgspec.Struct):
     throttle_seen: bool = False  # the reasons were worked out once already
     link_errors: LinkErrorWindow = msgspec.field(default_factory=LinkErrorWindow)
     nvlink_climbed: tuple[NvLinkErrors, ...] = ()  # the links that climbed in the window
+    # its PCIe replay counter over the window its health counts it in (one key: the GPU)
+    replays: ClimbWindow[int] = msgspec.field(
+        default_factory=lambda: ClimbWindow(PCIE_REPLAY_WINDOW_S)
+    )
