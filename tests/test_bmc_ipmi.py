@@ -21,6 +21,7 @@ import pytest
 from pyghmi.exceptions import IpmiException
 
 from gpuconsole.codec import dumps
+from gpuconsole.facts.verdict import node_verdict
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.base import Event, SourceStatus
 from gpuconsole.readings.bmc import BmcReading, PowerState, SensorHealth, SensorKind
@@ -118,6 +119,27 @@ def test_node_totals(bmc: IpmiSim) -> None:
     assert (reading.psus_present, reading.psus_failed) == (1, 0)
     assert reading.power_state is PowerState.ON
     assert reading.bmc == f"ipmi://127.0.0.1:{bmc.port}"
+
+
+def test_a_stopped_fan_a_failed_psu_and_a_hot_inlet_are_each_named_in_the_verdict(
+    bmc: IpmiSim,
+) -> None:
+    bmc.set_raw(4, 0)  # FAN 1 at 0 RPM: past all three lower thresholds
+    bmc.set_raw(1, 42)  # Inlet Temp 42 C: past its critical 40
+    # PSU1 Status asserts Failure alone (a BMC that has no presence offset for it)
+    bmc.command("sensor_set_bit_clr_rest 0x20 0 10 1 1")
+    hub = Hub()
+    hub.add_source(BmcSource("dgx-017", open_link(target(bmc))))
+    node = asyncio.run(hub.poll_once()).node("dgx-017")
+    assert node is not None
+    found = {f.code: f for f in node_verdict(node).findings if f.code != "sel_critical"}
+    said = {code: (f.text, f.severity.value, f.action.value) for code, f in found.items()}
+    assert said == {
+        "fan_failed": ("1 of 2 fans failed: FAN 1 at 0 RPM", "critical", "service"),
+        "psu_failed": ("1 of 1 PSUs failed: PSU1 Status", "critical", "service"),
+        "inlet_hot": ("inlet at 42 C past its critical limit", "critical", "drain"),
+    }
+    assert found["inlet_hot"].subject == "BMC sensor Inlet Temp"
 
 
 def test_a_threshold_crossing_lands_in_the_sel_and_is_announced_once(

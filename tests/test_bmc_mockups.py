@@ -24,8 +24,9 @@ from prometheus_client.samples import Sample
 from gpuconsole import config
 from gpuconsole import format as fmt
 from gpuconsole.facts.summaries import bmc_panel, bmc_schema
+from gpuconsole.facts.verdict import Action, node_verdict
 from gpuconsole.hub import Hub
-from gpuconsole.readings.base import PartStatus
+from gpuconsole.readings.base import Health, PartStatus, Severity
 from gpuconsole.readings.bmc import BmcReading, PowerState, SensorKind
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.bmc import BmcError, BmcSource, BmcTarget, PowerAction, open_link
@@ -296,6 +297,35 @@ def test_a_fan_in_percent_is_a_fan_and_at_0_percent_a_failed_one(tmp_path: Path)
     assert one(metrics["ipmi_fan_speed_ratio"], name="Chassis Fan #1").value == 0.0
     assert one(metrics["ipmi_fan_speed_ratio"], name="CPU #1 Fan Speed").value == 0.45
     assert one(metrics["gpuconsole_bmc_fans_failed"]).value == 1.0
+
+
+def test_the_verdict_names_the_failed_fan_with_its_reading_and_the_psu_that_warns(
+    served: Servers,
+) -> None:
+    # bladed: System Fan 2 at 0 RPM, Critical (Story 2: "FAN 3 at 0 RPM", the number that
+    # proves it); smartnic and rackmount1: PSU Bay 1 with a Health of Warning, rackmount1's
+    # with a PowerSupplyPredictiveFailure condition, no sensor of its own saying so
+    bladed = node_of(poll(served["public-bladed"]))
+    fans = [f for f in node_verdict(bladed).findings if f.source == "bmc" and "fan" in f.code]
+    assert [(f.code, f.text, f.severity, f.action) for f in fans] == [
+        ("fan_failed", "1 of 8 fans failed: System Fan 2 at 0 RPM", Severity.CRITICAL,
+         Action.SERVICE)
+    ]  # fmt: skip
+    smartnic = node_of(poll(served["public-smartnic"]))
+    assert smartnic.bmc is not None and smartnic.bmc.health is Health.WARNING
+    assert [(f.code, f.subject, f.severity, f.action) for f in node_verdict(smartnic).findings] == [
+        ("unit_warning", "BMC Power Supply Bay 1", Severity.WARNING, Action.WATCH)
+    ]
+    rackmount = node_of(poll(served["public-rackmount1"]))
+    warned = [f.text for f in node_verdict(rackmount).findings if f.code == "unit_warning"]
+    assert warned == [
+        "Power Supply Bay 1 reports a warning: Power supply 'PSU 1' has a predicted failure "
+        "condition."
+    ]
+    # the deprecated schema carries a PSU's health on its sensor: said once, there
+    old = node_of(poll(served["public-localstorage"]))
+    codes = [f.code for f in node_verdict(old).findings if f.subject.endswith("Power Supply Bay")]
+    assert codes == ["sensor_warning"]
 
 
 def test_environment_metrics_excerpts_are_not_sensors_of_their_own(served: Servers) -> None:

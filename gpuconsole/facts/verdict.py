@@ -573,11 +573,17 @@ def bmc_findings(
         found.append(Finding(code, text, severity, "bmc", action, None, subject))
 
     if bmc.psus_failed:
-        add("psu_failed", f"{bmc.psus_failed} of {bmc.psus_present} PSUs failed",
-            Severity.CRITICAL, Action.SERVICE, "")  # fmt: skip
+        add("psu_failed", f"{bmc.psus_failed} of {max(bmc.psus_present, bmc.psus_failed)} "
+            f"PSUs failed{_named(bmc, bmc.failed_psus)}", Severity.CRITICAL, Action.SERVICE,
+            "")  # fmt: skip
     if bmc.fans_failed:
-        add("fan_failed", f"{bmc.fans_failed} of {bmc.fans_present} fans failed",
-            Severity.CRITICAL, Action.SERVICE, "")  # fmt: skip
+        add("fan_failed", f"{bmc.fans_failed} of {max(bmc.fans_present, bmc.fans_failed)} "
+            f"fans failed{_named(bmc, bmc.failed_fans)}", Severity.CRITICAL, Action.SERVICE,
+            "")  # fmt: skip
+    for name, why in bmc.warned_units:
+        # its own status, where no sensor says it (a PSU that predicts its failure)
+        add("unit_warning", f"{name} reports a warning" + (f": {why}" if why else ""),
+            Severity.WARNING, Action.WATCH, f"BMC {name}")  # fmt: skip
     for sensor in bmc.sensors:
         health = sensor.health
         if health is SensorHealth.OK:
@@ -622,6 +628,25 @@ def bmc_findings(
         add("sel_critical", f"BMC event log{when}: {entry.message}", Severity.CRITICAL, action,
             "")  # fmt: skip
     return found
+
+
+def _named(bmc: BmcReading, names: tuple[str, ...]) -> str:
+    """The failed units by name, with the reading a sensor of that name has (": FAN 1 at
+    0 RPM, PSU 2"); "" where the reading names none (an older agent's)."""
+    if not names:
+        return ""
+    said = []
+    for name in names[:_NAMED]:
+        sensor = bmc.sensor(name)
+        if sensor is None or sensor.value is None:
+            said.append(name)
+        else:
+            said.append(f"{name} at {sensor.value:g} {sensor.unit}".rstrip())
+    more = f" and {len(names) - _NAMED} more" if len(names) > _NAMED else ""
+    return ": " + ", ".join(said) + more
+
+
+_NAMED = 8  # failed units named in one finding; a chassis of 60 fans is counted past that
 
 
 _ACTION_ADVICE = {Action.REBOOT_NODE: "reboot the node", Action.SERVICE: "return it for service"}
@@ -703,6 +728,7 @@ def fabric_findings(
                 if speed is None or expected is None or not speed < expected:
                     continue
             subject = f"{port.name} ({port.role})"
+            rate: Callable[[str], float | None]
             if span is not None:
                 # its state here, its errors over the window below
                 rate, counted = _no_rate, _NONE_COUNTED.get

@@ -122,6 +122,12 @@ class BmcReading(msgspec.Struct, frozen=True):
     fans_failed: int = 0
     psus_present: int = 0
     psus_failed: int = 0
+    # which failed, as the BMC names them (fans_failed and psus_failed of them); the fans
+    # and PSUs whose own status is a warning, with the BMC's words (a PSU that predicts its
+    # failure), where no sensor carries it
+    failed_fans: tuple[str, ...] = ()
+    failed_psus: tuple[str, ...] = ()
+    warned_units: tuple[tuple[str, str], ...] = ()
     sel_recent: tuple[SelEntry, ...] = ()  # the newest records, oldest first
     simulated: bool = False
     # What was read and what was not: a part that failed (ok False) costs its readings
@@ -168,10 +174,11 @@ class BmcReading(msgspec.Struct, frozen=True):
 
     @property
     def health(self) -> Health:
-        """Failed PSUs or fans, or a sensor past a critical limit: critical."""
+        """Failed PSUs or fans, or a sensor past a critical limit: critical; a sensor past a
+        warning limit, or a fan or PSU whose own status is a warning: a warning."""
         if self.psus_failed or self.fans_failed:
             return Health.CRITICAL
-        worst = Health.OK
+        worst = Health.WARNING if self.warned_units else Health.OK
         for sensor in self.sensors:
             if sensor.health in (SensorHealth.CRITICAL, SensorHealth.FAILED):
                 return Health.CRITICAL

@@ -1096,7 +1096,23 @@ def _unit(doc: Json) -> UnitStatus:
     status = _status(doc)
     present = status.get("State") not in ("Absent",)
     failed = status.get("Health") == "Critical" or status.get("State") == "UnavailableOffline"
-    return UnitStatus(str(doc.get("Name") or doc.get("Id") or "?"), present, failed)
+    warning = not failed and status.get("Health") not in (None, "OK")
+    return UnitStatus(
+        str(doc.get("Name") or doc.get("Id") or "?"), present, failed, warning, _why(status)
+    )
+
+
+def _why(status: Json) -> str:
+    """What a Status's Conditions say first (Redfish 2023.1 and on): "Power supply 'PSU 1'
+    has a predicted failure condition."; "" where it has none."""
+    conditions = status.get("Conditions")
+    if isinstance(conditions, list):
+        for condition in conditions:
+            if isinstance(condition, Mapping):
+                message = _text(condition.get("Message"))
+                if message:
+                    return message[:200]
+    return ""
 
 
 def _log_entry(doc: Json) -> SelEntry | None:

@@ -133,15 +133,23 @@ class NodeTotals:
     fans_failed: int
     psus_present: int
     psus_failed: int
+    # which failed, by the names the BMC gives them; the fans and PSUs whose own status is
+    # a warning, with the BMC's words for it (a PSU predicting its failure)
+    failed_fans: tuple[str, ...] = ()
+    failed_psus: tuple[str, ...] = ()
+    warned_units: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class UnitStatus:
-    """Presence and failure of a PSU or fan, where the BMC reports them apart from readings."""
+    """Presence and failure of a PSU or fan, where the BMC reports them apart from readings;
+    a unit whose status is a warning (not failed) says so, with the BMC's words (`why`)."""
 
     name: str
     present: bool
     failed: bool
+    warning: bool = False
+    why: str = ""
 
 
 _PSU_FAILED_STATES = ("failure", "input lost", "out of range", "predictive failure")
@@ -168,32 +176,47 @@ def summarise(
     )
 
     fan_units = list(fans)
-    if fan_units:
-        fans_present = sum(1 for f in fan_units if f.present)
-        fans_failed = sum(1 for f in fan_units if f.present and f.failed)
-    else:
-        fans_present = fans_failed = 0
     fan_sensors = [s for s in sensors if s.kind is SensorKind.FAN and s.available]
-    failed_fans = [s for s in fan_sensors if _bad(s) or s.value == 0]
-    if not fan_units:
-        fans_present = len(fan_sensors)
-    fans_failed = max(fans_failed, len(failed_fans))
+    failed_fans = [s.name for s in fan_sensors if _bad(s) or s.value == 0]
+    failed_fan_units = [f.name for f in fan_units if f.present and f.failed]
+    fans_present = sum(1 for f in fan_units if f.present) if fan_units else len(fan_sensors)
+    if len(failed_fan_units) > len(failed_fans):  # the count that says more, with its names
+        failed_fans = failed_fan_units
 
     psu_units = list(psus)
     status_sensors = [s for s in sensors if s.type.lower() == "power supply" and s.states]
     if psu_units:
         psus_present = sum(1 for p in psu_units if p.present)
-        psus_failed = sum(1 for p in psu_units if p.present and p.failed)
+        failed_psus = [p.name for p in psu_units if p.present and p.failed]
     elif status_sensors:
-        psus_present = sum(1 for s in status_sensors if _says(s, "present"))
-        psus_failed = sum(1 for s in status_sensors if _says(s, *_PSU_FAILED_STATES))
+        failing = [s for s in status_sensors if _says(s, *_PSU_FAILED_STATES)]
+        # a PSU that asserts a failure is there, whether or not it asserts its presence too
+        psus_present = sum(1 for s in status_sensors if _says(s, "present") or s in failing)
+        failed_psus = [s.name for s in failing]
     else:
         psu_power_sensors = [  # a pulled PSU's sensor has no reading: it is not counted
             s for s in sensors if s.kind is SensorKind.POWER and s.context == "psu" and s.available
         ]
         psus_present = len(psu_power_sensors)
-        psus_failed = sum(1 for s in psu_power_sensors if _bad(s))
-    return NodeTotals(power, inlet, exhaust, fans_present, fans_failed, psus_present, psus_failed)
+        failed_psus = [s.name for s in psu_power_sensors if _bad(s)]
+    said = {s.name for s in sensors if s.health is not SensorHealth.OK}  # a sensor says it
+    warned = tuple(
+        (u.name, u.why)
+        for u in (*fan_units, *psu_units)
+        if u.present and u.warning and not u.failed and u.name not in said
+    )
+    return NodeTotals(
+        power,
+        inlet,
+        exhaust,
+        fans_present,
+        len(failed_fans),
+        psus_present,
+        len(failed_psus),
+        tuple(failed_fans),
+        tuple(failed_psus),
+        warned,
+    )
 
 
 def _first(sensors: Iterable[BmcSensor]) -> float | None:

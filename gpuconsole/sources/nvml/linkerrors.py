@@ -24,7 +24,8 @@ class LinkErrorWindow:
         moved = self._window.add(now, link, (replay or 0, recovery or 0, crc or 0))
         if moved is None:
             return None
-        return NvLinkErrors(link, *moved[0], window_s=self.window_s)
+        replays, recoveries, crcs = moved[0]
+        return NvLinkErrors(link, replays, recoveries, crcs, window_s=self.window_s)
 
     def forget(self, links: set[int]) -> None:
         """Drop the links not read this poll (down now): their climb starts again when they
