@@ -142,6 +142,21 @@ def test_a_stopped_fan_a_failed_psu_and_a_hot_inlet_are_each_named_in_the_verdic
     assert found["inlet_hot"].subject == "BMC sensor Inlet Temp"
 
 
+def test_a_sel_assertion_that_came_again_after_its_deassertion_stays_evidence(
+    bmc: IpmiSim,
+) -> None:
+    for raw in (42, 24, 42):  # Inlet Temp past its critical 40, back, past it again
+        bmc.set_raw(1, raw)
+    hub = Hub()
+    hub.add_source(BmcSource("dgx-017", open_link(target(bmc))))
+    node = asyncio.run(hub.poll_once()).node("dgx-017")
+    assert node is not None and node.bmc is not None
+    log = [(e.record_id, e.deassertion) for e in node.bmc.sel_recent]
+    assert log == [(1, False), (2, False), (3, True), (4, True), (5, False), (6, False)]
+    sel = [f.text for f in node_verdict(node).findings if f.code == "sel_critical"]
+    assert len(sel) == 1 and sel[0].endswith("Inlet Temp at 42 C: Upper critical"), sel
+
+
 def test_a_threshold_crossing_lands_in_the_sel_and_is_announced_once(
     bmc: IpmiSim, tmp_path: Path
 ) -> None:

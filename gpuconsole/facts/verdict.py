@@ -607,11 +607,13 @@ def bmc_findings(
         add(code, text, Severity.CRITICAL if bad else Severity.WARNING, action,
             f"BMC sensor {sensor.name}")  # fmt: skip
     newest = bmc.at
-    cleared = {e.sensor for e in bmc.sel_recent if e.deassertion}
-    for entry in bmc.sel_recent:
+    # each sensor's last deassertion, by its place in the log (oldest first): it clears
+    # what that sensor asserted before it, not what it asserted again after
+    cleared = {e.sensor: i for i, e in enumerate(bmc.sel_recent) if e.deassertion}
+    for i, entry in enumerate(bmc.sel_recent):
         if entry.severity is not Severity.CRITICAL or entry.deassertion:
             continue
-        if entry.sensor in cleared:
+        if cleared.get(entry.sensor, -1) > i:
             continue  # a later record deasserted it
         if entry.at is not None and newest - entry.at > SEL_WINDOW_S:
             continue
