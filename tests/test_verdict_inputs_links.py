@@ -177,3 +177,28 @@ def test_pcie_replays_are_judged_per_minute_not_by_one_polls_burst() -> None:
     assert all(len(found) == 1 for found in seen[12:]), seen  # nine within the minute are
     # the window holds a minute of samples, one step (a tenth of it) apart
     assert seen[-1][0].text == "PCIe link replayed 21 times in the last 63 s: more than 8 a minute"
+
+
+async def test_a_rail_with_its_link_up_and_no_subnet_manager_is_drained_not_reseated(
+    tmp_path: Path,
+) -> None:
+    tree = RealTree(tmp_path)
+    (tree.port("mlx4_0") / "state").write_text("2: INIT\n")  # LinkUp, waiting for an SM
+    (tree.port("mlx4_0", 2) / "state").write_text("1: DOWN\n")
+    (tree.port("mlx4_0", 2) / "phys_state").write_text("3: Disabled\n")
+    node = await tree.poll()
+    found = {f.subject: f for f in fabric_findings_of(node, "mlx4_0/")}
+    waiting, down = found["mlx4_0/1 (compute)"], found["mlx4_0/2 (compute)"]
+    assert (waiting.code, waiting.severity, waiting.action) == (
+        "rail_not_active",
+        Severity.CRITICAL,
+        Action.DRAIN,
+    )
+    assert waiting.text == (
+        "link init (LinkUp): its link is up, no subnet manager has made it active"
+    )
+    assert (down.code, down.severity, down.action) == (
+        "rail_down",
+        Severity.CRITICAL,
+        Action.RESEAT,
+    )

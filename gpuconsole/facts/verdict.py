@@ -741,9 +741,12 @@ def fabric_findings(
             for problem in port_problems(port, rate, counted):
                 if problem.what.startswith("congestion"):
                     continue
-                code, action = _port_code(port.role, problem.what, problem.counter)
-                found.append(Finding(code, problem.what, problem.severity, "fabric", action,
-                                     None, subject))  # fmt: skip
+                code, action = _port_code(port, problem.what, problem.counter)
+                what = problem.what
+                if code == "rail_not_active":
+                    what += ": its link is up, no subnet manager has made it active"
+                found.append(Finding(code, what, problem.severity, "fabric", action, None,
+                                     subject))  # fmt: skip
             if span is not None and climbed:
                 found += _climbed_findings(port, span, subject)
     if fabric.peermem_loaded is False and any(p.role is PortRole.COMPUTE for p in fabric.ports):
@@ -799,13 +802,20 @@ def _moved_rates(
     return lambda name: rates(name) if name in climbed else None
 
 
-def _port_code(role: PortRole, what: str, counter: str | None) -> tuple[str, Action]:
+# Logical states of an IB port whose physical link trained (phys_state LinkUp) and that no
+# subnet manager brought to ACTIVE: the SM's fault, not the cable's.
+_AWAITING_SM = frozenset({"INIT", "ARMED"})
+
+
+def _port_code(port: FabricPort, what: str, counter: str | None) -> tuple[str, Action]:
     if counter is None:
         if what.startswith("downtrained"):
             return "rail_downtrained", Action.RESEAT
         if what.startswith("link"):
-            if role is PortRole.MANAGEMENT:
+            if port.role is PortRole.MANAGEMENT:
                 return "port_down", Action.WATCH
+            if port.state in _AWAITING_SM and port.phys_state == "LinkUp":
+                return "rail_not_active", Action.DRAIN  # reseating its cable changes nothing
             return "rail_down", Action.RESEAT
         return "netdev_down", Action.WATCH
     if counter == "link_downed":
