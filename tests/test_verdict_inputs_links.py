@@ -23,6 +23,7 @@ from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.nvml import SimNvml
 from gpuconsole.sim.profiles import DGX_H100
+from gpuconsole.sources.climb import ClimbWindow
 from gpuconsole.sources.fabric import FabricSource
 from gpuconsole.sources.nvml.lib import FI_PCIE_REPLAY
 from gpuconsole.sources.nvml.source import NvmlSource
@@ -202,3 +203,16 @@ async def test_a_rail_with_its_link_up_and_no_subnet_manager_is_drained_not_rese
         Severity.CRITICAL,
         Action.RESEAT,
     )
+
+
+def test_a_counter_missing_from_one_poll_costs_the_others_their_climb_nothing() -> None:
+    window: ClimbWindow[str] = ClimbWindow(600.0)
+    assert window.add(0.0, "mlx5_0/1", (0, 7)) is None
+    assert window.add(60.0, "mlx5_0/1", (1, 7)) == ((1, 0), 60.0)  # link_downed +1
+    # the netdev's statistics not read this poll: the link's flap is still counted
+    assert window.add(120.0, "mlx5_0/1", (1, None)) == ((1, 0), 120.0)
+    # back, lower than before (reset meanwhile): no climb is made of it
+    assert window.add(180.0, "mlx5_0/1", (1, 2)) == ((1, 0), 180.0)
+    # every counter cleared (`perfquery -R`): the window starts again
+    assert window.add(240.0, "mlx5_0/1", (0, 2)) is None
+    assert window.add(300.0, "mlx5_0/1", (0, 3)) == ((0, 1), 60.0)

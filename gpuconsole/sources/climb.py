@@ -16,8 +16,10 @@ _Sample = tuple[float, tuple[int | None, ...]]
 class ClimbWindow(Generic[K]):
     """Counters of many things (links, ports), each thing's sampled every `window_s / 10`
     seconds: a few samples each, however often it is polled. A counter that went back (the
-    driver reloaded, a reset, `perfquery -R`) or one that came or went starts the window of
-    its thing again: a climb is only ever counted between two readings of the same run."""
+    driver reloaded, a reset, `perfquery -R`) starts the window of its thing again: a climb
+    is only counted between two readings of the same run. A counter not read in a poll (a
+    netdev's statistics missing once) counts nothing against a sample without it, and
+    costs its thing's other counters nothing."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
@@ -40,8 +42,11 @@ class ClimbWindow(Generic[K]):
         if now - kept[-1][0] >= self._step_s:
             kept.append(sample)
         first = kept[0]
+        # below an older sample (reset while it was not read): nothing climbed, until that
+        # sample has left the window
         climbed = tuple(
-            0 if a is None or b is None else b - a for a, b in zip(first[1], sample[1], strict=True)
+            0 if a is None or b is None or b < a else b - a
+            for a, b in zip(first[1], sample[1], strict=True)
         )
         if not any(climbed):
             return None
@@ -57,7 +62,4 @@ class ClimbWindow(Generic[K]):
 def _went_back(before: tuple[int | None, ...], now: tuple[int | None, ...]) -> bool:
     if len(before) != len(now):
         return True
-    for a, b in zip(before, now, strict=True):
-        if (a is None) != (b is None) or (a is not None and b is not None and b < a):
-            return True
-    return False
+    return any(a is not None and b is not None and b < a for a, b in zip(before, now, strict=True))
