@@ -247,10 +247,11 @@ class FabricSource:
     def _climbed(self, now: float, port: FabricPort) -> FabricPort:
         """The port with how far its error counters climbed over the window."""
         stats = port.netdev_stats
+        read = {n: v for folder in (port.counters, port.hw_counters) for n, v, _bits in folder}
         values = tuple(
             (getattr(stats, name[7:]) if stats is not None else None)
             if name.startswith("netdev.")
-            else port.counter(name)
+            else read.get(name)
             for name in _ERROR_COUNTERS
         )
         moved = self._climbs.add(now, (port.device, port.port), values)
