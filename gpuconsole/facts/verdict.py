@@ -57,13 +57,21 @@ from gpuconsole.readings.base import Health, Severity, SourceStatus, known_bus_i
 from gpuconsole.readings.bmc import BmcReading, SensorHealth, SensorKind
 from gpuconsole.readings.fabric import (
     ERROR_RULES,
+    FABRIC_ERROR_WINDOW_S,
     FabricPort,
     FabricReading,
     PortRole,
     port_problems,
     port_rates,
 )
-from gpuconsole.readings.nvml import GpuReading, GpuState, NvmlReading, XidCount
+from gpuconsole.readings.nvml import (
+    NVLINK_ERROR_WINDOW_S,
+    PCIE_REPLAY_WINDOW_S,
+    GpuReading,
+    GpuState,
+    NvmlReading,
+    XidCount,
+)
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot, Rebuilt
 from gpuconsole.readings.verdict import ACTION_WORDS as ACTION_WORDS
 from gpuconsole.readings.verdict import SOURCES as SOURCES
@@ -258,6 +266,13 @@ NVLINK_RECOVERIES_DRAIN = 3
 _Add = Callable[[str, str, Severity, Action], None]
 
 
+def _over(span_s: float, window_s: float) -> str:
+    """ "10 min": how long a count covers, as its source says (an agent's word: at most a
+    sample step past its window, else the window)."""
+    most = window_s * 1.1
+    return fmt.age(0.0, span_s if 0.0 <= span_s <= most else most)
+
+
 def _gpu_subject(gpu: GpuReading, bus: str | None = None) -> str:
     bus = bus or known_bus_id(gpu.pci_bus_id)
     return f"GPU {gpu.index}" + (f" ({short_bus_id(bus)})" if bus else "")
@@ -440,7 +455,7 @@ def _nvlink_errors(gpu: GpuReading, add: _Add) -> None:
                   (moved.recovery, "recovery"), (moved.crc, "CRC")) if n > 0]  # fmt: skip
         if not counts:
             continue  # nothing climbed (a reading that says otherwise is not believed)
-        window = fmt.age(0.0, moved.window_s)
+        window = _over(moved.window_s, NVLINK_ERROR_WINDOW_S)
         if moved.recovery >= NVLINK_RECOVERIES_DRAIN:
             add("nvlink_errors", f"NVLink {moved.link}: {', '.join(counts)} errors in the last "
                 f"{window}, the link keeps retraining: drain it, then reseat",
@@ -528,7 +543,7 @@ def _pcie(node: NodeSnapshot, gpu: GpuReading, add: _Add) -> None:
         # poll is not "120 a minute"
         if pcie.replays_climbed > PCIE_REPLAYS_PER_MIN:
             add("pcie_replays", f"PCIe link replayed {pcie.replays_climbed} times in the last "
-                f"{fmt.age(0.0, span)}: more than {PCIE_REPLAYS_PER_MIN:g} a minute",
+                f"{_over(span, PCIE_REPLAY_WINDOW_S)}: more than {PCIE_REPLAYS_PER_MIN:g} a minute",
                 Severity.WARNING, Action.WATCH)  # fmt: skip
     elif pcie.replay_count:  # not counted so (an older agent's reading): its last poll's rate
         per_s = node.rate("gpu", gpu.uuid, "pcie_replays")
@@ -766,7 +781,7 @@ def _climbed_findings(port: FabricPort, span_s: float, subject: str) -> list[Fin
     seen so far), each by its rule; a counter that climbs a little under healthy load is
     judged by its rate over that span."""
     found: list[Finding] = []
-    window = fmt.age(0.0, span_s)
+    window = _over(span_s, FABRIC_ERROR_WINDOW_S)
     for counter, climbed in port.errors_climbed:
         rule = _RULES.get(counter)
         if rule is None or climbed <= 0:
