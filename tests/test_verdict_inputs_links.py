@@ -8,9 +8,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from gpuconsole.facts.verdict import (
     Action,
     Finding,
+    fabric_findings,
     forget_verdicts,
     node_verdict,
     reading_verdict,
@@ -18,7 +21,7 @@ from gpuconsole.facts.verdict import (
 from gpuconsole.hub import Hub
 from gpuconsole.readings.base import Severity
 from gpuconsole.readings.fabric import FABRIC_ERROR_WINDOW_S
-from gpuconsole.readings.nvml import GpuReading
+from gpuconsole.readings.nvml import GpuReading, NvLinkErrors
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.nvml import SimNvml
@@ -216,3 +219,23 @@ def test_a_counter_missing_from_one_poll_costs_the_others_their_climb_nothing() 
     # every counter cleared (`perfquery -R`): the window starts again
     assert window.add(240.0, "mlx5_0/1", (0, 2)) is None
     assert window.add(300.0, "mlx5_0/1", (0, 3)) == ((0, 1), 60.0)
+
+
+async def test_how_long_an_agent_says_its_counts_cover_is_said_within_the_window(
+    tmp_path: Path,
+) -> None:
+    # an agent's reading, decoded as sent: spans no source of ours writes
+    node = await RealTree(tmp_path).poll()
+    assert node.fabric is not None
+    port = node.fabric.ports[0]
+    for span in (1e300, float("nan"), -3.0):
+        told = msgspec.structs.replace(
+            port, errors_climbed=(("symbol_error", 4),), errors_climbed_s=span
+        )
+        device = msgspec.structs.replace(node.fabric.devices[0], ports=(told,))
+        (found,) = fabric_findings(node, msgspec.structs.replace(node.fabric, devices=(device,)))
+        assert found.text == "symbol errors +4 in the last 11 min", span
+    gpu = GpuReading(0, "GPU-1", "H100", "0000:1b:00.0",
+                     nvlink_errors=(NvLinkErrors(3, crc=2, window_s=1e300),))  # fmt: skip
+    (link,) = reading_verdict(gpu).findings
+    assert link.text.startswith("NVLink 3: 2 CRC errors in the last 11 min")
