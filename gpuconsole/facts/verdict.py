@@ -786,8 +786,12 @@ def _climbed_findings(port: FabricPort, span_s: float, subject: str) -> list[Fin
         rule = _RULES.get(counter)
         if rule is None or climbed <= 0:
             continue  # not a rule's counter (a reading that says otherwise is not believed)
-        if rule.floor_per_s and climbed / max(span_s, 1.0) <= rule.floor_per_s:
-            continue
+        said = f"{rule.words} +{climbed} in the last {window}"
+        if rule.floor_per_s:  # one that climbs a little under healthy load: by its rate
+            per_s = climbed / max(span_s, 1.0)
+            if not per_s > rule.floor_per_s:
+                continue
+            said = f"{rule.words} +{climbed} ({per_s:.3g}/s)"
         if counter == "link_downed":
             times = "once" if climbed == 1 else f"{climbed} times"
             if climbed >= LINK_FLAPS_RESEAT:
@@ -802,8 +806,8 @@ def _climbed_findings(port: FabricPort, span_s: float, subject: str) -> list[Fin
                                      subject))  # fmt: skip
             continue
         code = "link_errors" if counter in _PHYSICAL else "port_errors"
-        found.append(Finding(code, f"{rule.words} +{climbed} in the last {window}",
-                             rule.severity, "fabric", Action.WATCH, None, subject))  # fmt: skip
+        found.append(Finding(code, said, rule.severity, "fabric", Action.WATCH, None,
+                             subject))  # fmt: skip
     return found
 
 
