@@ -239,3 +239,24 @@ async def test_how_long_an_agent_says_its_counts_cover_is_said_within_the_window
                      nvlink_errors=(NvLinkErrors(3, crc=2, window_s=1e300),))  # fmt: skip
     (link,) = reading_verdict(gpu).findings
     assert link.text.startswith("NVLink 3: 2 CRC errors in the last 11 min")
+
+
+async def test_a_counter_that_climbs_a_little_under_load_is_judged_by_its_rate_over_the_window(
+    tmp_path: Path,
+) -> None:
+    # mlx5_0's out_of_sequence (hw_counters, 1 in procfs's tree): RoCE sees a few under
+    # healthy load; past 1 a second it is a fault
+    tree = RealTree(tmp_path)
+    rail = tree.port("mlx5_0")
+    await tree.poll()
+    for seen in (11, 21, 31):  # 10 a minute
+        set_value(rail, "out_of_sequence", seen, "hw_counters")
+        assert fabric_findings_of(await tree.poll(60.0), "mlx5_0/1") == []
+    set_value(rail, "out_of_sequence", 31 + 600, "hw_counters")  # 10 a second
+    (found,) = fabric_findings_of(await tree.poll(60.0), "mlx5_0/1")
+    assert (found.code, found.severity, found.action) == (
+        "port_errors",
+        Severity.WARNING,
+        Action.WATCH,
+    )
+    assert found.text == "out-of-sequence packets +630 (2.62/s)"  # over the 4 minutes seen
