@@ -260,3 +260,42 @@ async def test_a_counter_that_climbs_a_little_under_load_is_judged_by_its_rate_o
         Action.WATCH,
     )
     assert found.text == "out-of-sequence packets +630 (2.62/s)"  # over the 4 minutes seen
+
+
+# --- PCIe link training ----------------------------------------------------------------
+
+
+class Trained(SimNvml):
+    """The simulator, GPU 0's PCIe link trained as the test says, at the work it says."""
+
+    gen, width, util = 5, 16, 90
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: Any) -> int:
+        return self.gen if h.index == 0 else super().nvmlDeviceGetCurrPcieLinkGeneration(h)
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: Any) -> int:
+        return self.width if h.index == 0 else super().nvmlDeviceGetCurrPcieLinkWidth(h)
+
+    def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
+        rates = super().nvmlDeviceGetUtilizationRates(h)
+        if h.index == 0:
+            rates.gpu = self.util
+        return rates
+
+
+def test_a_link_trained_narrow_is_reseated_and_a_slow_generation_counts_only_at_work() -> None:
+    def judged(gen: int, width: int, util: int) -> list[tuple[str, str, Action]]:
+        lib = Trained(SimNode("sim", DGX_H100))
+        lib.gen, lib.width, lib.util = gen, width, util
+        gpu = NvmlSource("sim", lib=lib, events=False).collect().gpus[0]
+        found = reading_verdict(gpu).findings
+        return [(f.code, f.text, f.action) for f in found if f.code.startswith("pcie")]
+
+    assert judged(5, 16, 90) == []
+    assert judged(5, 8, 90) == [("pcie_narrow", "PCIe link x8 of x16", Action.RESEAT)]
+    assert judged(5, 8, 0) == [("pcie_narrow", "PCIe link x8 of x16", Action.RESEAT)]
+    # an idle GPU trains its link down to save power: no fault
+    assert judged(1, 16, 0) == []
+    assert judged(3, 16, 90) == [
+        ("pcie_downtrained", "PCIe link Gen3 of Gen5 while it works", Action.WATCH)
+    ]
