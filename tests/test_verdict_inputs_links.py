@@ -5,6 +5,7 @@ asks ("link flaps counted over a window"), not over one poll."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from gpuconsole.sources.climb import ClimbWindow
 from gpuconsole.sources.fabric import FabricSource
 from gpuconsole.sources.nvml.lib import FI_PCIE_REPLAY
 from gpuconsole.sources.nvml.source import NvmlSource
-from tests.fabric_fixtures import set_value, ttar_sysfs
+from tests.fabric_fixtures import dgx_h100_slice, set_value, ttar_sysfs
 
 NODE = "ib-node"
 
@@ -299,3 +300,43 @@ def test_a_link_trained_narrow_is_reseated_and_a_slow_generation_counts_only_at_
     assert judged(3, 16, 90) == [
         ("pcie_downtrained", "PCIe link Gen3 of Gen5 while it works", Action.WATCH)
     ]
+
+
+# --- a rail that is gone ------------------------------------------------------------------
+
+
+async def test_an_hca_that_left_the_bus_is_a_rail_gone_not_a_healthy_node(tmp_path: Path) -> None:
+    tree = RealTree(tmp_path)
+    await tree.poll()
+    shutil.rmtree(tree.root / "class" / "infiniband" / "mlx4_0")  # fell off the bus
+    for _ in range(2):
+        found = fabric_findings_of(await tree.poll(), "mlx4_0/")
+        assert [(f.code, f.subject, f.severity, f.action) for f in found] == [
+            ("rail_gone", "mlx4_0/1 (compute)", Severity.CRITICAL, Action.REBOOT_NODE),
+            ("rail_gone", "mlx4_0/2 (compute)", Severity.CRITICAL, Action.REBOOT_NODE),
+        ]
+    assert found[0].text.startswith("gone from sysfs since ")
+
+
+async def test_an_hca_renamed_at_the_same_pci_address_is_not_gone(tmp_path: Path) -> None:
+    fs = dgx_h100_slice(tmp_path)
+    ticker = Ticker()
+    hub = Hub(clock=ticker, monotonic=ticker)
+    hub.add_source(
+        FabricSource(NODE, sysfs_root=str(fs.root), netlink=False, clock=ticker, rescan_every=1)
+    )
+    await hub.poll_once()
+    link = fs.root / "class" / "infiniband" / "mlx5_6"
+    device = link.resolve()
+    link.unlink()  # the driver came back and numbered it mlx5_12
+    device.rename(device.with_name("mlx5_12"))
+    link.with_name("mlx5_12").symlink_to(device.with_name("mlx5_12"))
+    ticker.now += 5.0
+    node = (await hub.poll_once()).node(NODE)
+    assert node is not None and node.fabric is not None
+    assert node.fabric.port("mlx5_12") is not None and node.fabric.missing == ()
+    link.with_name("mlx5_12").unlink()
+    ticker.now += 5.0
+    node = (await hub.poll_once()).node(NODE)
+    assert node is not None and node.fabric is not None
+    assert [(m.name, m.pci_bus_id) for m in node.fabric.missing] == [("mlx5_12/1", "0000:9a:00.0")]

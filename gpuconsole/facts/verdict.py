@@ -764,6 +764,16 @@ def fabric_findings(
                                      subject))  # fmt: skip
             if span is not None and climbed:
                 found += _climbed_findings(port, span, subject)
+    for gone in fabric.missing:
+        since = fmt.clock_time(gone.since)
+        if gone.role is PortRole.MANAGEMENT:
+            found.append(Finding("port_gone", f"gone from sysfs since {since}", Severity.WARNING,
+                                 "fabric", Action.WATCH, None, f"{gone.name} ({gone.role})"))  # fmt: skip
+            continue
+        found.append(Finding("rail_gone", f"gone from sysfs since {since}: its HCA left the "
+                             "PCIe bus or its driver was unloaded; reboot the node, reseat the "
+                             "card if it stays gone", Severity.CRITICAL, "fabric",
+                             Action.REBOOT_NODE, None, f"{gone.name} ({gone.role})"))  # fmt: skip
     if fabric.peermem_loaded is False and any(p.role is PortRole.COMPUTE for p in fabric.ports):
         found.append(Finding("peermem_missing", "nvidia-peermem not loaded: no GPUDirect RDMA",
                              Severity.WARNING, "fabric", Action.WATCH))  # fmt: skip

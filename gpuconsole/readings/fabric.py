@@ -183,11 +183,28 @@ class GpuAffinity(msgspec.Struct, frozen=True):
     flags: tuple[AffinityFlag, ...] = ()
 
 
+class MissingPort(msgspec.Struct, frozen=True):
+    """A port read before in this run that sysfs no longer lists: its HCA left the PCIe bus,
+    or its driver was unloaded. Known by its HCA's PCI address, so a device renamed (mlx5_9
+    back as mlx5_12) is not one."""
+
+    device: str  # the name it had
+    port: int
+    role: PortRole
+    since: float  # the first reading without it
+    pci_bus_id: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.device}/{self.port}"
+
+
 class FabricReading(msgspec.Struct, frozen=True):
     """The fabric source's partial reading of one node."""
 
     at: float
     devices: tuple[FabricDevice, ...] = ()
+    missing: tuple[MissingPort, ...] = ()  # ports that were there and are gone
     gpus: tuple[GpuAffinity, ...] = ()
     peermem_loaded: bool | None = None
     netlink_error: str | None = None  # netdev stats unavailable for every port, and why

@@ -23,6 +23,7 @@ from gpuconsole.readings.fabric import (
     FabricDevice,
     FabricPort,
     FabricReading,
+    MissingPort,
     NetdevStats,
     NicLevel,
     PortRole,
@@ -115,6 +116,10 @@ class FabricSource:
         self._watched: set[str] = set()
         # each port's error counters, sampled over the window its health counts them in
         self._climbs: ClimbWindow[tuple[str, int]] = ClimbWindow(FABRIC_ERROR_WINDOW_S)
+        # every port read in this run, by its HCA's PCI address (its name where it has
+        # none) and number: its name and role, and since when it is gone where it is
+        self._known: dict[tuple[str, int], tuple[str, PortRole, str | None]] = {}
+        self._gone: dict[tuple[str, int], float] = {}
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -237,12 +242,32 @@ class FabricSource:
         return FabricReading(
             at=now,
             devices=tuple(out_devices),
+            missing=self._missing(now, out_devices),
             gpus=affinity,
             peermem_loaded=peermem,
             netlink_error=netlink_error if eth else None,
             link_events_error=self._events_error() if eth else None,
             simulated=self.simulated,
         )
+
+    def _missing(self, now: float, devices: Sequence[FabricDevice]) -> tuple[MissingPort, ...]:
+        """The ports read before in this run that sysfs lists no more, and since when."""
+        known, gone = self._known, self._gone
+        here: set[tuple[str, int]] = set()
+        for d in devices:
+            for p in d.ports:
+                key = (d.pci_bus_id or d.name, p.port)
+                here.add(key)
+                known[key] = (d.name, p.role, d.pci_bus_id)
+                gone.pop(key, None)
+        if len(here) == len(known):
+            return ()
+        missing = []
+        for key, (name, role, pci) in known.items():
+            if key not in here:
+                since = gone.setdefault(key, now)
+                missing.append(MissingPort(name, key[1], role, since, pci))
+        return tuple(missing)
 
     def _climbed(self, now: float, port: FabricPort) -> FabricPort:
         """The port with how far its error counters climbed over the window."""
