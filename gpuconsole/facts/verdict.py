@@ -11,9 +11,11 @@ Evidence, each a `Finding` with the source that showed it:
   replaying; the GPU outside the NVLink fabric or the Fabric Manager not running; clocks
   held down by heat or power, judged on how long;
 - bmc: critical event log entries (one that names a GPU's PCI bus is that GPU's), failed
-  PSUs and fans, sensors past their critical limit (the inlet among them);
-- fabric: rails down or trained below their rate, error counters climbing, links that
-  went down;
+  PSUs and fans (named, with their readings), fans and PSUs whose own status warns,
+  sensors past their limits (the inlet among them);
+- fabric: rails down, gone from sysfs, waiting for a subnet manager or trained below their
+  rate; error counters that climbed and links that went down (flaps), counted over the
+  source's window;
 - tenancy: ownership that does not add up, and GPUs out of service (drained) with the XID
   that put them there.
 A verdict's action is its worst finding's (the most severe, then the strongest action); its
@@ -267,8 +269,8 @@ _Add = Callable[[str, str, Severity, Action], None]
 
 
 def _over(span_s: float, window_s: float) -> str:
-    """ "10 min": how long a count covers, as its source says (an agent's word: at most a
-    sample step past its window, else the window)."""
+    """How long a count covers ("10 min"), as its source says: an agent's word is taken up
+    to a sample step past the window, else the window is said."""
     most = window_s * 1.1
     return fmt.age(0.0, span_s if 0.0 <= span_s <= most else most)
 
@@ -765,15 +767,16 @@ def fabric_findings(
             if span is not None and climbed:
                 found += _climbed_findings(port, span, subject)
     for gone in fabric.missing:
-        since = fmt.clock_time(gone.since)
+        since, subject = fmt.clock_time(gone.since), f"{gone.name} ({gone.role})"
         if gone.role is PortRole.MANAGEMENT:
-            found.append(Finding("port_gone", f"gone from sysfs since {since}", Severity.WARNING,
-                                 "fabric", Action.WATCH, None, f"{gone.name} ({gone.role})"))  # fmt: skip
+            found.append(Finding("port_gone", f"gone from sysfs since {since}",
+                                 Severity.WARNING, "fabric", Action.WATCH, None,
+                                 subject))  # fmt: skip
             continue
         found.append(Finding("rail_gone", f"gone from sysfs since {since}: its HCA left the "
                              "PCIe bus or its driver was unloaded; reboot the node, reseat the "
                              "card if it stays gone", Severity.CRITICAL, "fabric",
-                             Action.REBOOT_NODE, None, f"{gone.name} ({gone.role})"))  # fmt: skip
+                             Action.REBOOT_NODE, None, subject))  # fmt: skip
     if fabric.peermem_loaded is False and any(p.role is PortRole.COMPUTE for p in fabric.ports):
         found.append(Finding("peermem_missing", "nvidia-peermem not loaded: no GPUDirect RDMA",
                              Severity.WARNING, "fabric", Action.WATCH))  # fmt: skip
