@@ -39,8 +39,10 @@ from gpuconsole.sources.promql import (
     drawn_gauges,
     figure_queries,
     flag_asks,
+    gpu_verdict_asks,
     parse_overview,
     round_plan,
+    verdict_ask,
 )
 from gpuconsole.tui.app import ConsoleApp
 from gpuconsole.tui.screens.fleet import FleetScreen, Sort
@@ -353,12 +355,13 @@ def test_the_readme_says_which_queries_the_console_sends() -> None:
     assert {a.named for a in seen} == set(drawn_gauges())
     assert {a.named for a in plan.every} == {"up", *drawn_gauges(), names.NODE_GPUS_FLAGGED[0]}
     flags = (*flag_asks(within=some), *flag_asks())
-    assert all(a.raised == a.metrics for a in flags)
-    for ask in (*plan.every, *seen, *flags):
+    verdicts = (verdict_ask(), *gpu_verdict_asks(within=some), gpu_verdict_asks()[0])
+    assert all(a.raised == a.metrics for a in (*flags, *verdicts))
+    for ask in (*plan.every, *seen, *flags, *verdicts):
         # each as the README writes it, with the labels it aggregates by shortened to (…)
         # and the targets a console sees to "…"
         shown = re.sub(r'instance=~"[^"]*"', 'instance=~"…"', ask.query.replace(by, "…"))
-        if ask.named != "up":
+        if ask.named != "up" and ask.named in ask.query:  # else a value it makes
             assert f"`{ask.named}`" in scale
             shown = shown.replace(ask.named, "METRIC")
         assert f"`{shown}`" in scale

@@ -34,6 +34,9 @@ from tests.test_promql_fleet import Fleet, _matched, fresh, head, record_queries
 from tests.waiting import until
 
 FLAGGED = names.NODE_GPUS_FLAGGED[0]
+VERDICT = names.NODE_VERDICT[0]
+GPU_VERDICT = names.GPU_VERDICT[0]
+HEALTH = names.GPU_HEALTH[0]
 THROTTLE = names.DCGM_THROTTLE[0]
 FLAGS = (
     names.GPU_LOST[0],
@@ -254,11 +257,23 @@ async def test_a_round_asks_gpu_flags_of_flagged_nodes_and_of_older_agents_only(
         # shows each GPU's health as its agent's reading has it
         began = reader.rounds
         await until(lambda: reader.rounds >= began + 3, timeout=30)
+        unfit = {s["metric"]["instance"] for s in await query(f"{VERDICT} > 0")}
+        assert unfit  # most of them: their GPUs' verdicts are then asked of all, unmatched
         for r in range(began + 1, began + 3):
-            asked = [q for q in sent[r] if "> 0" in q]
+            asked = [q for q in sent[r] if "> 0" in q and f"({VERDICT}{{" not in q]
+            gpu_verdicts = [q for q in asked if f"({GPU_VERDICT}{{" in q or HEALTH in q]
+            asked = [q for q in asked if q not in gpu_verdicts]
             assert len(asked) == len(FLAGS) + 1, asked
             for q in asked:
                 assert _matched(q) == asked_of, q
+            # each node's verdict where not fit, then its GPUs' of those nodes alone
+            assert sum(f"({VERDICT}{{" in q and "instance=~" not in q for q in sent[r]) == 1
+            assert len(gpu_verdicts) == 2  # and their health where a warning or critical
+            for q in gpu_verdicts:
+                if 2 * len(unfit) > NODES:
+                    assert "instance=~" not in q
+                else:
+                    assert _matched(q) == unfit
         for member in fleet.members:
             shown = [_health(g) for g in _node(hub, member.name).gpus]
             assert shown == [_health(g) for g in member.node.gpus], member.name

@@ -1441,6 +1441,62 @@ def carry_verdict(node: NodeSnapshot) -> NodeSnapshot:
     )
 
 
+AS_ITS_AGENT_JUDGED = "as its agent judged it: open the node for the evidence"
+_ACTION_SEVERITY = {Action.FIT: Severity.INFO, Action.WATCH: Severity.WARNING}
+_MILDER = {Severity.CRITICAL: Severity.WARNING, Severity.WARNING: Severity.INFO}
+
+
+def actions_verdict(
+    node: NodeSnapshot,
+    action: Action,
+    gpus: Mapping[str, Action],
+    severities: Mapping[str, Severity] | None = None,
+) -> CarriedVerdict:
+    """The verdict a node's agent judged, known by its actions alone (Prometheus holds the
+    node's and each GPU's, by bus id, and each GPU's health, not the evidence): a finding
+    per GPU not fit and one for the node where no GPU's action is its own, each saying so
+    (opening the node reads its agent, evidence and all), as a verdict its agent sent.
+
+    Each finding is as bad as its GPU's health says (`severities`, by bus id), else as its
+    action most often is (watch a warning, worse critical). A node takes its worst
+    finding's action: a GPU whose action is worse than the node's was less bad at its
+    agent, and is a step milder here (as are GPUs read at another moment than the node)."""
+    if action is Action.FIT:
+        return CarriedVerdict(action)
+    said = severities or {}
+    rows = {g.pci_bus_id: g for g in node.gpus}
+    judged = {bus: a for bus, a in sorted(gpus.items()) if a is not Action.FIT}
+    own = [said.get(b, _ACTION_SEVERITY.get(a, Severity.CRITICAL)) for b, a in judged.items()
+           if a is action]  # fmt: skip
+    worst = (max(own, key=_SEVERITY_RANK.__getitem__) if own
+             else _ACTION_SEVERITY.get(action, Severity.CRITICAL))  # fmt: skip
+    findings: list[Finding] = []
+    for bus, gpu_action in judged.items():
+        severity = said.get(bus, _ACTION_SEVERITY.get(gpu_action, Severity.CRITICAL))
+        if gpu_action.rank > action.rank:
+            mildest = _MILDER.get(worst, Severity.INFO)
+            severity = min(severity, mildest, key=_SEVERITY_RANK.__getitem__)
+        elif gpu_action is not action:
+            severity = min(severity, worst, key=_SEVERITY_RANK.__getitem__)
+        gpu = rows.get(bus)
+        # one its NVML does not number (lost before it read it, passed through): the node's
+        subject = f"GPU {short_bus_id(bus)}" if gpu is None else _gpu_subject(gpu, bus)
+        findings.append(Finding("agent_verdict", AS_ITS_AGENT_JUDGED, severity, "agent",
+                                gpu_action, None if gpu is None else bus, subject))  # fmt: skip
+    if not own:
+        findings.append(Finding("agent_verdict", AS_ITS_AGENT_JUDGED, worst, "agent", action))
+    findings.sort(key=_worst_first)
+    per_gpu: dict[str, list[Finding]] = {}
+    for finding in findings:
+        if finding.bus_id is not None:
+            per_gpu.setdefault(finding.bus_id, []).append(finding)
+    lines = []
+    for bus, found in per_gpu.items():
+        verdict = _gpu_verdict(found)
+        lines.append(JudgedGpu(bus, verdict.action, verdict.health))
+    return CarriedVerdict(action, tuple(findings), tuple(lines))
+
+
 def _drained_xids(node: NodeSnapshot, ownership: Ownership | None) -> tuple[int | None, ...]:
     """The XID the hub saw last on each GPU no driver holds: what the tenancy findings read
     besides the owners."""

@@ -33,6 +33,7 @@ import msgspec
 from gpuconsole.export import names
 from gpuconsole.facts.inventory import gpu_and_bus
 from gpuconsole.facts.summaries import BUSY_PCT
+from gpuconsole.facts.verdict import actions_verdict
 from gpuconsole.facts.xids import describe_xid
 from gpuconsole.readings.agents import AgentReading
 from gpuconsole.readings.base import (
@@ -61,6 +62,7 @@ from gpuconsole.readings.nvml import (
     PcieReading,
 )
 from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.readings.verdict import Action, CarriedVerdict
 from gpuconsole.sources.agents import AgentClient, AgentSource
 from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.nvml.lib import THROTTLE_BITS
@@ -118,6 +120,8 @@ _NODE = (
     names.BMC_PSUS_FAILED,
     names.IPMI_CHASSIS_POWER,
     names.FABRIC_PEERMEM,
+    names.FABRIC_MANAGER,
+    names.NODE_VERDICT,
 )
 _PORT = (names.IB_STATE, names.IB_PHYSICAL_STATE, names.IB_RATE, names.FABRIC_PORT_EXPECTED_RATE)
 _NETDEV = (names.FABRIC_NETDEV_UP, names.FABRIC_NETDEV_CARRIER)
@@ -158,12 +162,23 @@ _RAISED = (
 # round before (the mask of a slowdown that ended).
 _THROTTLE = names.DCGM_THROTTLE[0]
 _FLAG_NAMES = tuple(spec[0] for spec in _RAISED)
+# The verdict each agent judged (the action's rank; its label aggregated away): the node's
+# asked of every node each round where not fit (above 0), and whole in the parts, which
+# tells a node that is fit from one whose agent does not export it (an older one: judged
+# here, from its series); each GPU's, by bus id, asked where not fit of the nodes not fit.
+_NODE_VERDICT = names.NODE_VERDICT[0]
+_GPU_VERDICT = names.GPU_VERDICT[0]
+_ACTIONS = tuple(Action)  # by rank
+# and how bad each of those GPUs is (their health series: 2 critical, 1 warning), which
+# its action alone does not say (a remap pending calls for a reset, as a warning)
+_SEVERITY = "verdict severity"  # kept in a GPU's values, under no metric's name
+_SEVERITIES: dict[int | None, Severity] = {1: Severity.WARNING, 2: Severity.CRITICAL}
 PARTS = 10  # the rest, one part a round in turn: every series fresh within this many rounds
 # The series a typical node holds of one metric of each kind (8 GPUs, 8 fabric ports, 4
 # sources), which is what a query's cost grows with, Prometheus' and the head's: the parts
 # are made about as heavy as each other from them. The info series count about three
 # per-GPU metrics: their labels are many and long.
-_WEIGHT = {"gpu": 8, "port": 8, "netdev": 8, "source": 4, "node": 1, "info": 26}
+_WEIGHT = {"gpu": 8, "verdict": 8, "port": 8, "netdev": 8, "source": 4, "node": 1, "info": 26}
 NEW_PER_ROUND = 200  # targets new to the rounds read whole in one round, at most
 # While viewers say which rows they see, the GPU gauges of the rest are asked this often
 # (every node's, so that rows out of view still sort by them).
@@ -177,7 +192,10 @@ _KIND: dict[str, str] = {
     **{spec[0]: "node" for spec in _NODE},
     **{spec[0]: "port" for spec in _PORT},
     **{spec[0]: "netdev" for spec in _NETDEV},
+    _GPU_VERDICT: "verdict",
+    _SEVERITY: "gpu",
 }
+_SERIES = tuple(m for m in _KIND if m != _SEVERITY)  # the metrics among them
 # Labels that place a value; every other label (pods, UUIDs, models) is aggregated away,
 # which keeps the answer about a sixth of the raw series' size.
 _PLACE = ("__name__", "instance", "Hostname", "node", "exported_node", "gpu", "source")
@@ -227,7 +245,7 @@ def drawn_gauges() -> tuple[str, ...]:
 
 def overview_queries(selector: str = "") -> tuple[str, str]:
     """The two instant queries of a whole round: every placed value, and the info series."""
-    return _values_query(_KIND, selector), _info_query(selector)
+    return _values_query(_SERIES, selector), _info_query(selector)
 
 
 @dataclass(frozen=True)
@@ -287,6 +305,32 @@ def flag_asks(
     return tuple(asks)
 
 
+def verdict_ask(selector: str = "") -> Ask:
+    """Each node's verdict where not fit: of every node, each round."""
+    return _metric_ask(_NODE_VERDICT, selector, raised=True)
+
+
+_GPU_VERDICTS = (_GPU_VERDICT, _SEVERITY)
+
+
+def gpu_verdict_asks(selector: str = "", within: frozenset[str] | None = None) -> tuple[Ask, ...]:
+    """Each GPU's verdict where not fit, and its health where a warning or critical, of the
+    targets at `within` (None: of all): those whose node is not fit, whose answers speak
+    for every target (a node takes its GPUs' worst: the GPUs of a node that is fit are)."""
+    selected = _selector(selector if within is None else _instances(sorted(within), selector))
+    verdict, health = frozenset({_GPU_VERDICT}), frozenset({_SEVERITY})
+    by = ", ".join(label for label in (*_PLACE, *_PLACE_PORT) if label != "__name__")
+    of = f'GPU_I_ID=""{selected}'
+    critical = f'{names.GPU_HEALTH[0]}{{state="critical", {of}}}'
+    warning = f'{names.GPU_HEALTH[0]}{{state="warning", {of}}}'
+    return (
+        Ask(_metric_query(_GPU_VERDICT, selected.lstrip(", "), raised=True), verdict,
+            raised=verdict, named=_GPU_VERDICT),
+        Ask(f"max by ({by}) (2 * {critical} or {warning}) > 0", health, raised=health,
+            named=_SEVERITY),
+    )  # fmt: skip
+
+
 def round_plan(selector: str = "") -> RoundPlan:
     """What every round asks (up, the GPU gauges the fleet view draws, each node's count of
     flagged GPUs; then each flagged node's flags where raised: `flag_asks`), the parts of the
@@ -294,7 +338,7 @@ def round_plan(selector: str = "") -> RoundPlan:
     # each metric its own query, side by side (one joined with `or` would drop the flags
     # of a GPU whose gauges it holds: set operators match series on labels without names)
     every = tuple(_metric_ask(m, selector) for m in (UP, *_DRAWN, _FLAGGED))
-    asked = {m for ask in every for m in ask.metrics} | set(_FLAG_NAMES)
+    asked = {m for ask in every for m in ask.metrics} | {*_FLAG_NAMES, *_GPU_VERDICTS}
     rest = [(m, _WEIGHT[_KIND[m]]) for m in _KIND if m not in asked]
     parts = _balanced([*rest, ("", _WEIGHT["info"])], PARTS)
     plan_parts = tuple(
@@ -309,6 +353,7 @@ def round_plan(selector: str = "") -> RoundPlan:
         _metric_ask(_FREE, selector),
         *every[2:],
         *(_metric_ask(m, selector) for m in _FLAG_NAMES),  # raised or not
+        *gpu_verdict_asks(selector),
         *(ask for part in plan_parts for ask in part if ask.named != _FREE),
     )
     return RoundPlan(every, plan_parts, whole)
@@ -404,6 +449,7 @@ class NodeSeries:
     ports: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)
     port_info: dict[tuple[str, int], Mapping[str, str]] = field(default_factory=dict)
     netdevs: dict[tuple[str, int], tuple[str, dict[str, float]]] = field(default_factory=dict)
+    verdicts: dict[str, dict[str, float]] = field(default_factory=dict)  # by GPU bus id
     # what changed since a build: `version` counts changes to anything but the GPU gauges
     # every round asks (the fleet view's figures), `drawn` changes to those
     version: int = 0
@@ -489,6 +535,8 @@ def _holding(found: NodeSeries, kinds: Collection[str | None]) -> list[dict[str,
         held += found.ports.values()
     if "netdev" in kinds:
         held += (stats for _, stats in found.netdevs.values())
+    if "verdict" in kinds:
+        held += found.verdicts.values()
     return held
 
 
@@ -638,6 +686,8 @@ class FleetSeries:
             held = found.sources.setdefault(safe_text(labels["source"]), {})
         elif kind == "node":
             held = found.values
+        elif kind == "verdict" and type(bus := labels.get("gpu")) is str and ":" in bus:
+            held = found.verdicts.setdefault(normal_bus_id(safe_text(bus)), {})
         elif kind in ("port", "netdev") and "device" in labels:
             if (port := _index(labels.get("port"))) is None:
                 return None
@@ -743,6 +793,20 @@ class FleetSeries:
             for held in self.nodes.get(instance, {}).values():
                 count = held.values.get(_FLAGGED)
                 if count is None or not count <= 0:  # NaN: it does not say either
+                    found.add(instance)
+                    break
+        return frozenset(found)
+
+    def unfit(self) -> frozenset[str]:
+        """Targets Prometheus scrapes with a node whose agent judged it not fit: theirs are
+        the GPU verdicts a round asks."""
+        found = set()
+        for instance, up in self.up.items():
+            if up < 1:
+                continue
+            for held in self.nodes.get(instance, {}).values():
+                rank = held.values.get(_NODE_VERDICT)
+                if rank is not None and rank > 0:
                     found.add(instance)
                     break
         return frozenset(found)
@@ -954,6 +1018,7 @@ class NodeBuilder:
         self._drawn = -1
         self._built: NodeSnapshot | None = None
         self._steady: dict[int, dict[str, Any]] = {}
+        self._carried: tuple[object, CarriedVerdict] | None = None  # by what made it
 
     def build(self, found: NodeSeries, at: float) -> NodeSnapshot:
         built = self._built
@@ -980,7 +1045,7 @@ class NodeBuilder:
         if built.nvml is None:
             return built  # gauges of GPUs the node has no info of: not drawn
         gpus = self._gpus(found)
-        nvml = NvmlReading(at, None, None, None, gpus, simulated=built.simulated)
+        nvml = msgspec.structs.replace(built.nvml, at=at, gpus=gpus)
         return msgspec.structs.replace(built, nvml=nvml)
 
     def _whole(self, found: NodeSeries, at: float) -> NodeSnapshot:
@@ -998,8 +1063,11 @@ class NodeBuilder:
         }
         nvml = None
         if gpus or "nvml" in found.sources:
-            nvml = NvmlReading(at, None, None, None, gpus, simulated=simulated)
-        return NodeSnapshot(
+            fm = _flag(found.values, names.FABRIC_MANAGER)
+            nvml = NvmlReading(
+                at, None, None, None, gpus, fabric_manager_running=fm, simulated=simulated
+            )
+        node = NodeSnapshot(
             node=self.node,
             simulated=simulated,
             nvml=nvml,
@@ -1008,6 +1076,35 @@ class NodeBuilder:
             statuses=_statuses(self.node, found, at),
             last_xid=xids,
         )
+        verdict = self._verdict(found, node)
+        return node if verdict is None else msgspec.structs.replace(node, verdict=verdict)
+
+    def _verdict(self, found: NodeSeries, node: NodeSnapshot) -> CarriedVerdict | None:
+        """The verdict its agent judged, as Prometheus has it (the same object while it is
+        the same); None where its agent exports none (an older one): judged here."""
+        rank = _int(_gauge(found.values, names.NODE_VERDICT))
+        if rank is None or not 0 <= rank < len(_ACTIONS):
+            self._carried = None
+            return None
+        gpus: dict[str, Action] = {}
+        if rank:
+            for bus, values in found.verdicts.items():
+                judged = _int(_gauge(values, names.GPU_VERDICT))
+                if judged is not None and 0 < judged < len(_ACTIONS):
+                    gpus[bus] = _ACTIONS[judged]
+        severities: dict[str, Severity] = {}
+        named: list[tuple[str, int]] = []
+        for gpu in node.gpus:
+            if gpu.pci_bus_id in gpus:
+                named.append((gpu.pci_bus_id, gpu.index))
+                severity = _SEVERITIES.get(_int(found.gpus.get(gpu.index, {}).get(_SEVERITY)))
+                if severity is not None:
+                    severities[gpu.pci_bus_id] = severity
+        key = (rank, sorted(gpus.items()), named, sorted(severities.items()))
+        if self._carried is None or self._carried[0] != key:
+            verdict = actions_verdict(node, _ACTIONS[rank], gpus, severities)
+            self._carried = (key, verdict)
+        return self._carried[1]
 
 
 def build_node(node: str, found: NodeSeries, at: float) -> NodeSnapshot:
@@ -1211,16 +1308,26 @@ class PrometheusReader:
         await asyncio.gather(*(one(ask) for ask in asks))
 
     async def _health(self, series: FleetSeries) -> None:
-        """Each node's count of flagged GPUs, then the flags of the nodes it is above 0 for
-        (or that lack it), where raised: none of the others' is."""
-        await self._take(series, [a for a in self.every if a.named == _FLAGGED])
-        flagged = series.flagged()
+        """Each node's count of flagged GPUs and its verdict where not fit, then the flags
+        of the nodes that count is above 0 for (or that lack it), where raised, and the GPU
+        verdicts of the nodes not fit, where not fit: none of the others' is."""
+        counts = [a for a in self.every if a.named == _FLAGGED]
+        await self._take(series, [*counts, verdict_ask(self.selector)])
+        flagged, unfit = series.flagged(), series.unfit()
         scraped = sum(1 for up in series.up.values() if up >= 1)
         if 2 * len(flagged) > scraped:
             asks = flag_asks(self.selector)  # most of the fleet: cheaper unmatched
         else:
             asks = flag_asks(self.selector, flagged, self._flagged)
         self._flagged = flagged
+        if 2 * len(unfit) > scraped:
+            asks = (*asks, *gpu_verdict_asks(self.selector))
+        elif unfit:
+            asks = (*asks, *gpu_verdict_asks(self.selector, unfit))
+        else:  # none not fit: no GPU is either
+            for metric in _GPU_VERDICTS:
+                one = frozenset({metric})
+                series.take_values([], one, one, metric)
         await self._take(series, asks)
         asked = {a.named for a in asks}
         for metric in _FLAG_NAMES:

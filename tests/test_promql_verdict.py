@@ -1,0 +1,201 @@
+"""The fleet read through a real Prometheus shows each node's verdict as its agent judged it
+(the node's and each GPU's, by bus id, from gpuconsole_node_verdict and
+gpuconsole_gpu_verdict), and judges a node here, from its series, only where its agent is
+older than those series."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+import pytest
+
+from gpuconsole.export import names as names_
+from gpuconsole.export.agent import Agent, select
+from gpuconsole.export.collector import MetricsCache
+from gpuconsole.facts.inventory import node_gpus
+from gpuconsole.facts.summaries import node_facts
+from gpuconsole.facts.verdict import (
+    AS_ITS_AGENT_JUDGED,
+    Action,
+    gpu_verdict,
+    judge_fleet,
+    node_verdict,
+)
+from gpuconsole.hub import Hub
+from gpuconsole.readings.base import Health
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.sources.promql import PromQLSource
+from gpuconsole.wiring import AgentSettings
+from tests.export_fixtures import frozen_fleet
+from tests.test_promql import (
+    NAMED,
+    NodeAgent,
+    Prometheus,
+    ServedHub,
+    fresh,
+    head,
+    names,
+    prometheus,  # noqa: F401  (the fixture, over this module's agents)
+)
+from tests.test_promql_fleet import _matched, record_queries
+from tests.waiting import until
+
+# apollo-01 with the NVIDIA Fabric Manager down (drain), dgx-003 (GPU 5 fell off the bus)
+# from an agent that exports verdicts and from one older than them, dgx-004 (a row remap
+# pending: reset GPU 2, a warning), dgx-002 (a fan stopped: service), and apollo-01 with
+# nothing wrong four times over (fit): a round asks the GPU verdicts of the others alone
+NODES = ("apollo-01", "dgx-003", "dgx-003", "dgx-004", "dgx-002", *("apollo-01",) * 4)
+OLDER = 2
+FIT = range(5, 9)
+LATER = (b"gpuconsole_node_verdict", b"gpuconsole_gpu_verdict", b"gpuconsole_fabric_manager")
+
+
+class OlderMetrics(MetricsCache):
+    """An agent's series from before it exported verdicts and Fabric Manager's state."""
+
+    def render(self, peer: str = "") -> bytes:
+        body = super().render(peer)
+        return b"".join(
+            line for line in body.splitlines(keepends=True) if not any(n in line for n in LATER)
+        )
+
+
+def _latest(hub: Hub) -> Callable[[], FleetSnapshot | None]:
+    return lambda: hub.latest
+
+
+def _apollo(*, fabric_manager: bool) -> NodeSnapshot:
+    node = frozen_fleet().node("apollo-01")
+    assert node is not None and node.nvml is not None and node.fabric is not None
+    nvml = msgspec.structs.replace(node.nvml, fabric_manager_running=fabric_manager)
+    # with Fabric Manager running, nothing else wrong: fit
+    fabric = msgspec.structs.replace(node.fabric, peermem_loaded=True if fabric_manager else None)
+    return msgspec.structs.replace(
+        node, nvml=nvml, fabric=fabric if fabric_manager else node.fabric
+    )
+
+
+@pytest.fixture
+async def agents() -> AsyncIterator[list[NodeAgent]]:
+    fleet = frozen_fleet()
+    started = []
+    try:
+        for i, name in enumerate(NODES):
+            served = select(fleet, name, summary=False)
+            if i == 0 or i in FIT:
+                apollo = _apollo(fabric_manager=i in FIT)
+                served = msgspec.structs.replace(served, nodes=(apollo,))
+            agent = Agent(ServedHub(served), AgentSettings(port=0))
+            if i == OLDER:
+                agent.metrics = OlderMetrics(_latest(agent.hub))
+            await agent.start()
+            assert agent.port is not None
+            started.append(NodeAgent(served.nodes[0], agent, agent.port))
+        yield started
+    finally:
+        for a in started:
+            await a.agent.stop()
+
+
+def _shown(hub: Hub, name: str) -> NodeSnapshot:
+    assert hub.latest is not None
+    judge_fleet(hub.latest)  # as the fleet view does, before it reads each node's verdict
+    node = hub.latest.node(name)
+    assert node is not None
+    return node
+
+
+def _as_judged(node: NodeSnapshot) -> dict[str, Any]:
+    """What the fleet view, its sort, the wallboard and the GPU rows show of a verdict."""
+    verdict = node_verdict(node)
+    facts = node_facts(node)
+    return {
+        "action": verdict.action,
+        "health": verdict.health,
+        "sort": (facts.health, facts.unfit, facts.action_rank),
+        "gpus": {
+            row.bus_id: (gpu_verdict(node, row).action, gpu_verdict(node, row).health)
+            for row in node_gpus(node)
+        },
+    }
+
+
+def _agrees(hub: Hub, name: str, agent: NodeAgent) -> bool:
+    """Whether the node shows the verdict its agent judged, and each GPU the overview has
+    (a GPU passed through to a guest is not among them: its agent reads it) its own."""
+    node = _shown(hub, name)
+    ours, theirs = _as_judged(node), _as_judged(agent.node)
+    shown = ours["gpus"].keys()
+    assert shown <= theirs["gpus"].keys()
+    theirs["gpus"] = {bus: v for bus, v in theirs["gpus"].items() if bus in shown}
+    return node.verdict is not None and ours == theirs
+
+
+async def test_the_fleet_read_through_prometheus_shows_each_agents_verdict(
+    agents: list[NodeAgent],
+    prometheus: Prometheus,  # noqa: F811
+) -> None:
+    hub = head(prometheus)
+    members = names(agents)
+    new = [i for i in range(len(NODES)) if i != OLDER]
+    reader = next(s for s in hub.sources if isinstance(s, PromQLSource)).reader
+    sent = record_queries(reader)
+    await hub.start()
+    try:
+        await until(lambda: all(fresh(hub, m) for m in members), timeout=30)
+        # every node whose agent exports its verdict shows it: the node's action and light,
+        # what the fleet sorts by, each GPU's action and light by bus id
+        await until(lambda: all(_agrees(hub, members[i], agents[i]) for i in new), timeout=30)
+        apollo = _shown(hub, NAMED)
+        verdict = node_verdict(apollo)
+        assert (verdict.action, verdict.health) == (Action.DRAIN, Health.CRITICAL)
+        # the evidence stays with the agent (opening the node reads it), and it says so
+        assert [f.text for f in verdict.problems] == [AS_ITS_AGENT_JUDGED]
+        assert verdict.summary == f"drain it: {AS_ITS_AGENT_JUDGED}"
+        assert apollo.nvml is not None and apollo.nvml.fabric_manager_running is False
+        # a reset a warning calls for is a warning here too, named by the GPU's bus id
+        calm = node_verdict(_shown(hub, members[3]))
+        assert (calm.action, calm.health) == (Action.RESET_GPU, Health.WARNING)
+        assert calm.advice == "reset GPU 2 (61:00.0), then verify"
+        lost = node_verdict(_shown(hub, members[1]))
+        assert lost.advice == "reset GPU 5 (c3:00.0), then verify"
+        for node in (apollo, _shown(hub, members[1])):
+            assert all(f.code != "verdict_refused" for f in node_verdict(node).findings)
+        # an agent older than the verdict series: judged here from its series, as before
+        older = _shown(hub, members[OLDER])
+        assert older.verdict is None
+        judged = node_verdict(older)
+        assert judged.action is not Action.FIT and judged.health is Health.CRITICAL
+        assert all(f.text != AS_ITS_AGENT_JUDGED for f in judged.findings)
+        assert "gpu_lost" in {f.code for f in judged.findings}
+        assert older.nvml is not None and older.nvml.fabric_manager_running is None
+        # each round: every node's verdict where not fit, then the GPUs' verdicts and health
+        # of the nodes not fit alone
+        unfit = {agents[i].agent.port for i in (0, 1, 3, 4)}
+        began = reader.rounds
+        await until(lambda: reader.rounds >= began + 3, timeout=30)
+        for queries in [sent[r] for r in range(began + 1, began + 3)]:
+            nodes = [q for q in queries if f"({names_.NODE_VERDICT[0]}{{" in q and "> 0" in q]
+            assert len(nodes) == 1 and "instance=~" not in nodes[0]  # (and whole in its part)
+            gpus = [q for q in queries if names_.GPU_VERDICT[0] in q or "gpu_health" in q]
+            assert len(gpus) == 2
+            assert all({int(i.split(":")[1]) for i in _matched(q)} == unfit for q in gpus)
+        # Fabric Manager runs again, nothing else is wrong: fit, and so are its GPUs
+        served = agents[0].agent.hub
+        assert isinstance(served, ServedHub)
+        fixed = _apollo(fabric_manager=True)
+        agents[0].node = fixed
+        served._held = msgspec.structs.replace(
+            served._held, nodes=(fixed,), seq=served._held.seq + 1
+        )
+        assert node_verdict(fixed).action is Action.FIT
+        await until(lambda: _agrees(hub, NAMED, agents[0]), timeout=30)
+        back = _shown(hub, NAMED)
+        assert node_verdict(back).findings == () and node_facts(back).action_rank == 0
+        assert all(gpu_verdict(back, row).fit for row in node_gpus(back))
+        # the others stay as their agents judged them
+        assert all(_agrees(hub, members[i], agents[i]) for i in new)
+    finally:
+        await hub.stop()
