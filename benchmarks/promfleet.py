@@ -33,7 +33,7 @@ from gpuconsole.export.families import Families
 from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sim.identity import gpu_serial, gpu_uuid, mig_uuid
-from gpuconsole.sources.promql import overview_queries
+from gpuconsole.sources.promql import gpu_verdict_asks, overview_queries
 
 JOB = "gpuconsole"
 LOOKBACK = "1h"
@@ -55,11 +55,14 @@ class Member:
 
 
 def overview_families() -> frozenset[str]:
-    """The metric names the console's overview queries select (from their own text)."""
+    """The metric names the console's overview queries select (from their own text), and
+    the GPUs' health, which a round asks of the nodes not fit (`gpu_verdict_asks`)."""
     found: set[str] = set()
     for query in overview_queries():
         for alternatives in re.findall(r'__name__=~"([^"]+)"', query):
             found.update(alternatives.split("|"))
+    for ask in gpu_verdict_asks():
+        found.update(re.findall(r"\b(gpuconsole_[a-z_]+)\{", ask.query))
     return frozenset(found)
 
 

@@ -268,7 +268,9 @@ async def test_a_round_asks_gpu_flags_of_flagged_nodes_and_of_older_agents_only(
                 assert _matched(q) == asked_of, q
             # each node's verdict where not fit, then its GPUs' of those nodes alone
             assert sum(f"({VERDICT}{{" in q and "instance=~" not in q for q in sent[r]) == 1
-            assert len(gpu_verdicts) == 2  # and their health where a warning or critical
+            # and their health where a warning or critical: of every node not fit once in
+            # PARTS rounds, and of those whose verdict or count moved (none here) each round
+            assert len(gpu_verdicts) in (0, 2)
             for q in gpu_verdicts:
                 if 2 * len(unfit) > NODES:
                     assert "instance=~" not in q

@@ -19,14 +19,15 @@ from gpuconsole.facts.summaries import node_facts
 from gpuconsole.facts.verdict import (
     AS_ITS_AGENT_JUDGED,
     Action,
+    actions_verdict,
     gpu_verdict,
     judge_fleet,
     node_verdict,
 )
 from gpuconsole.hub import Hub
-from gpuconsole.readings.base import Health
+from gpuconsole.readings.base import Health, Severity
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
-from gpuconsole.sources.promql import PromQLSource
+from gpuconsole.sources.promql import PARTS, PromQLSource
 from gpuconsole.wiring import AgentSettings
 from tests.export_fixtures import frozen_fleet
 from tests.test_promql import (
@@ -171,17 +172,20 @@ async def test_the_fleet_read_through_prometheus_shows_each_agents_verdict(
         assert all(f.text != AS_ITS_AGENT_JUDGED for f in judged.findings)
         assert "gpu_lost" in {f.code for f in judged.findings}
         assert older.nvml is not None and older.nvml.fabric_manager_running is None
-        # each round: every node's verdict where not fit, then the GPUs' verdicts and health
-        # of the nodes not fit alone
+        # each round every node's verdict where not fit; the GPUs' verdicts and health of
+        # the nodes not fit alone, once in PARTS rounds (none of them moved)
         unfit = {agents[i].agent.port for i in (0, 1, 3, 4)}
         began = reader.rounds
-        await until(lambda: reader.rounds >= began + 3, timeout=30)
-        for queries in [sent[r] for r in range(began + 1, began + 3)]:
+        await until(lambda: reader.rounds >= began + PARTS + 1, timeout=30)
+        asked = []
+        for queries in [sent[r] for r in range(began + 1, began + PARTS + 1)]:
             nodes = [q for q in queries if f"({names_.NODE_VERDICT[0]}{{" in q and "> 0" in q]
             assert len(nodes) == 1 and "instance=~" not in nodes[0]  # (and whole in its part)
             gpus = [q for q in queries if names_.GPU_VERDICT[0] in q or "gpu_health" in q]
-            assert len(gpus) == 2
-            assert all({int(i.split(":")[1]) for i in _matched(q)} == unfit for q in gpus)
+            if gpus:
+                asked.append(gpus)
+        assert len(asked) == 1 and len(asked[0]) == 2
+        assert all({int(i.split(":")[1]) for i in _matched(q)} == unfit for q in asked[0])
         # Fabric Manager runs again, nothing else is wrong: fit, and so are its GPUs
         served = agents[0].agent.hub
         assert isinstance(served, ServedHub)
@@ -199,3 +203,48 @@ async def test_the_fleet_read_through_prometheus_shows_each_agents_verdict(
         assert all(_agrees(hub, members[i], agents[i]) for i in new)
     finally:
         await hub.stop()
+
+
+def _taken(node: NodeSnapshot, action: Action, gpus: dict[str, Action], **kw: Any) -> Any:
+    shown = msgspec.structs.replace(node, verdict=actions_verdict(node, action, gpus, **kw))
+    verdict = node_verdict(shown)
+    assert all(f.code != "verdict_refused" for f in verdict.findings), verdict.findings
+    assert verdict.action is action
+    return shown, verdict
+
+
+def test_a_verdict_known_by_its_actions_is_taken_as_its_agent_sent_it() -> None:
+    """Every demo node's actions and GPU lights, as Prometheus holds them, make the verdict
+    its agent judged: the same action and light, each GPU's by bus id. Actions read at
+    other moments, that no agent would judge together, are taken too: the node's first."""
+    lights = {Health.WARNING: Severity.WARNING, Health.CRITICAL: Severity.CRITICAL}
+    for node in frozen_fleet().nodes:
+        judged = node_verdict(node)
+        rows = node_gpus(node)
+        gpus = {row.bus_id: gpu_verdict(node, row).action for row in rows}
+        severities = {
+            row.bus_id: lights[health]
+            for row in rows
+            if (health := gpu_verdict(node, row).health) in lights
+        }
+        shown, verdict = _taken(node, judged.action, gpus, severities=severities)
+        assert verdict.health is judged.health, node.node
+        assert node_facts(shown) == node_facts(node), node.node
+        for row in rows:
+            ours, theirs = gpu_verdict(shown, row), gpu_verdict(node, row)
+            assert (ours.action, ours.health) == (theirs.action, theirs.health), row.bus_id
+    node = frozen_fleet().node("dgx-003")
+    assert node is not None
+    buses = [g.pci_bus_id for g in node.gpus]
+    # a GPU worse than its node, one as bad: the node's action, its light by its action
+    _, verdict = _taken(node, Action.WATCH, {buses[5]: Action.REBOOT_NODE, buses[0]: Action.WATCH})
+    assert verdict.health is Health.WARNING
+    assert verdict.findings[0].subject == "GPU 0 (1b:00.0)"
+    # none of its GPUs: the node's own; a GPU the node does not have is named by its bus
+    _, verdict = _taken(node, Action.DRAIN, {})
+    assert [f.message for f in verdict.findings] == [AS_ITS_AGENT_JUDGED]
+    _, verdict = _taken(node, Action.SERVICE, {"0000:ff:00.0": Action.SERVICE})
+    assert [f.message for f in verdict.findings] == [f"GPU ff:00.0: {AS_ITS_AGENT_JUDGED}"]
+    # fit: its GPUs are, whatever was read of them before
+    shown, verdict = _taken(node, Action.FIT, {buses[5]: Action.RESET_GPU})
+    assert verdict.findings == () and gpu_verdict(shown, buses[5]).fit

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import msgspec
 
 from gpuconsole import format as fmt
-from gpuconsole.facts.inventory import GpuRow, short_bus_id
+from gpuconsole.facts.inventory import GpuRow, node_gpus, short_bus_id
 from gpuconsole.facts.ownership import Ownership, node_ownership
 from gpuconsole.facts.xids import Bucket, XidEntry, catalog_product, reset_clears, xid_entry
 from gpuconsole.readings.actions import RepairAttempt
@@ -1464,7 +1464,7 @@ def actions_verdict(
     if action is Action.FIT:
         return CarriedVerdict(action)
     said = severities or {}
-    rows = {g.pci_bus_id: g for g in node.gpus}
+    rows = {row.bus_id: row for row in node_gpus(node)}
     judged = {bus: a for bus, a in sorted(gpus.items()) if a is not Action.FIT}
     own = [said.get(b, _ACTION_SEVERITY.get(a, Severity.CRITICAL)) for b, a in judged.items()
            if a is action]  # fmt: skip
@@ -1478,11 +1478,13 @@ def actions_verdict(
             severity = min(severity, mildest, key=_SEVERITY_RANK.__getitem__)
         elif gpu_action is not action:
             severity = min(severity, worst, key=_SEVERITY_RANK.__getitem__)
-        gpu = rows.get(bus)
-        # one its NVML does not number (lost before it read it, passed through): the node's
+        row = rows.get(bus)
+        gpu = row.reading if row is not None else None
+        # one NVML does not number (passed through) by its bus id; one the node does not
+        # have (as read here) is the node's
         subject = f"GPU {short_bus_id(bus)}" if gpu is None else _gpu_subject(gpu, bus)
         findings.append(Finding("agent_verdict", AS_ITS_AGENT_JUDGED, severity, "agent",
-                                gpu_action, None if gpu is None else bus, subject))  # fmt: skip
+                                gpu_action, None if row is None else bus, subject))  # fmt: skip
     if not own:
         findings.append(Finding("agent_verdict", AS_ITS_AGENT_JUDGED, worst, "agent", action))
     findings.sort(key=_worst_first)

@@ -313,21 +313,26 @@ def verdict_ask(selector: str = "") -> Ask:
 _GPU_VERDICTS = (_GPU_VERDICT, _SEVERITY)
 
 
-def gpu_verdict_asks(selector: str = "", within: frozenset[str] | None = None) -> tuple[Ask, ...]:
+def gpu_verdict_asks(
+    selector: str = "", within: frozenset[str] | None = None, *, every: bool = True
+) -> tuple[Ask, ...]:
     """Each GPU's verdict where not fit, and its health where a warning or critical, of the
-    targets at `within` (None: of all): those whose node is not fit, whose answers speak
-    for every target (a node takes its GPUs' worst: the GPUs of a node that is fit are)."""
+    targets at `within` (None: of all): with `every`, of all those whose node is not fit,
+    whose answers then speak for every target (a node takes its GPUs' worst: the GPUs of a
+    node that is fit are); else of some of them, whose answers speak for them alone."""
     selected = _selector(selector if within is None else _instances(sorted(within), selector))
     verdict, health = frozenset({_GPU_VERDICT}), frozenset({_SEVERITY})
     by = ", ".join(label for label in (*_PLACE, *_PLACE_PORT) if label != "__name__")
     of = f'GPU_I_ID=""{selected}'
-    critical = f'{names.GPU_HEALTH[0]}{{state="critical", {of}}}'
-    warning = f'{names.GPU_HEALTH[0]}{{state="warning", {of}}}'
+    # each selection cut to the GPUs in that state before they are joined
+    critical = f'({names.GPU_HEALTH[0]}{{state="critical", {of}}} == 1)'
+    warning = f'({names.GPU_HEALTH[0]}{{state="warning", {of}}} == 1)'
+    only = None if every else within
     return (
         Ask(_metric_query(_GPU_VERDICT, selected.lstrip(", "), raised=True), verdict,
-            raised=verdict, named=_GPU_VERDICT),
-        Ask(f"max by ({by}) (2 * {critical} or {warning}) > 0", health, raised=health,
-            named=_SEVERITY),
+            raised=verdict, named=_GPU_VERDICT, within=only),
+        Ask(f"max by ({by}) (2 * {critical} or {warning})", health, raised=health,
+            named=_SEVERITY, within=only),
     )  # fmt: skip
 
 
@@ -797,19 +802,26 @@ class FleetSeries:
                     break
         return frozenset(found)
 
-    def unfit(self) -> frozenset[str]:
-        """Targets Prometheus scrapes with a node whose agent judged it not fit: theirs are
-        the GPU verdicts a round asks."""
-        found = set()
+    def unfit(self) -> dict[str, tuple[float | None, ...]]:
+        """Targets Prometheus scrapes with a node whose agent judged it not fit, whose GPU
+        verdicts a round asks, each with what a round compares with the last: its nodes'
+        verdicts and counts of flagged GPUs."""
+        found = {}
         for instance, up in self.up.items():
             if up < 1:
                 continue
-            for held in self.nodes.get(instance, {}).values():
+            served = self.nodes.get(instance)
+            if not served:
+                continue
+            marks: list[float | None] = []
+            unfit = False
+            for held in served.values():
                 rank = held.values.get(_NODE_VERDICT)
-                if rank is not None and rank > 0:
-                    found.add(instance)
-                    break
-        return frozenset(found)
+                unfit = unfit or (rank is not None and rank > 0)
+                marks += (rank, held.values.get(_FLAGGED))
+            if unfit:
+                found[instance] = tuple(marks)
+        return found
 
     def unheld(self) -> list[str]:
         """Targets Prometheus scrapes that no whole read has covered yet (new to the rounds)."""
@@ -1156,6 +1168,10 @@ class PrometheusReader:
         plan = round_plan(selector)
         self.every, self.parts, self.whole = plan.every, plan.parts, plan.whole
         self._flagged: frozenset[str] = frozenset()  # the targets the last round asked flags of
+        # the last round's marks of each target not fit (FleetSeries.unfit), and the rounds
+        # in turn, the first of PARTS asking every such target's GPU verdicts
+        self._marks: dict[str, tuple[float | None, ...]] = {}
+        self._verdict_turn = -1
         self._series: FleetSeries | None = None  # none until a whole round landed
         self._turn = 0
         self._rested = False  # whether the last round asked no part
@@ -1313,18 +1329,26 @@ class PrometheusReader:
         verdicts of the nodes not fit, where not fit: none of the others' is."""
         counts = [a for a in self.every if a.named == _FLAGGED]
         await self._take(series, [*counts, verdict_ask(self.selector)])
-        flagged, unfit = series.flagged(), series.unfit()
+        flagged, marks = series.flagged(), series.unfit()
         scraped = sum(1 for up in series.up.values() if up >= 1)
         if 2 * len(flagged) > scraped:
             asks = flag_asks(self.selector)  # most of the fleet: cheaper unmatched
         else:
             asks = flag_asks(self.selector, flagged, self._flagged)
         self._flagged = flagged
-        if 2 * len(unfit) > scraped:
+        # the GPU verdicts of the nodes not fit whose verdict or count of flagged GPUs moved
+        # since the last round, and of them all every PARTS rounds: a fleet of many such
+        # nodes is asked little more than the flags of the nodes in trouble
+        unfit = frozenset(marks)
+        self._verdict_turn = (self._verdict_turn + 1) % PARTS
+        every = self._verdict_turn == 0
+        moved = unfit if every else frozenset(i for i in unfit if self._marks.get(i) != marks[i])
+        self._marks = marks
+        if 2 * len(moved) > scraped:
             asks = (*asks, *gpu_verdict_asks(self.selector))
-        elif unfit:
-            asks = (*asks, *gpu_verdict_asks(self.selector, unfit))
-        else:  # none not fit: no GPU is either
+        elif moved:
+            asks = (*asks, *gpu_verdict_asks(self.selector, moved, every=moved == unfit))
+        elif not unfit:  # none not fit: no GPU is either
             for metric in _GPU_VERDICTS:
                 one = frozenset({metric})
                 series.take_values([], one, one, metric)
