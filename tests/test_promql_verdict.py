@@ -20,6 +20,7 @@ from gpuconsole.facts.verdict import (
     AS_ITS_AGENT_JUDGED,
     Action,
     actions_verdict,
+    carry_verdict,
     gpu_verdict,
     judge_fleet,
     node_verdict,
@@ -98,6 +99,26 @@ async def agents() -> AsyncIterator[list[NodeAgent]]:
     finally:
         for a in started:
             await a.agent.stop()
+
+
+def _serve(agent: NodeAgent, node: NodeSnapshot) -> None:
+    """Have `agent` serve `node` from now on."""
+    served = agent.agent.hub
+    assert isinstance(served, ServedHub)
+    agent.node = node
+    served._held = msgspec.structs.replace(served._held, nodes=(node,), seq=served._held.seq + 1)
+
+
+def _with_gpu(node: NodeSnapshot, index: int, **pcie: Any) -> NodeSnapshot:
+    assert node.nvml is not None
+    gpus = tuple(
+        msgspec.structs.replace(g, pcie=msgspec.structs.replace(g.pcie, **pcie))
+        if g.index == index
+        else g
+        for g in node.nvml.gpus
+    )
+    nvml = msgspec.structs.replace(node.nvml, gpus=gpus)
+    return carry_verdict(msgspec.structs.replace(node, nvml=nvml, verdict=None))  # as agents do
 
 
 def _shown(hub: Hub, name: str) -> NodeSnapshot:
@@ -187,13 +208,8 @@ async def test_the_fleet_read_through_prometheus_shows_each_agents_verdict(
         assert len(asked) == 1 and len(asked[0]) == 2
         assert all({int(i.split(":")[1]) for i in _matched(q)} == unfit for q in asked[0])
         # Fabric Manager runs again, nothing else is wrong: fit, and so are its GPUs
-        served = agents[0].agent.hub
-        assert isinstance(served, ServedHub)
         fixed = _apollo(fabric_manager=True)
-        agents[0].node = fixed
-        served._held = msgspec.structs.replace(
-            served._held, nodes=(fixed,), seq=served._held.seq + 1
-        )
+        _serve(agents[0], fixed)
         assert node_verdict(fixed).action is Action.FIT
         await until(lambda: _agrees(hub, NAMED, agents[0]), timeout=30)
         back = _shown(hub, NAMED)
@@ -201,6 +217,16 @@ async def test_the_fleet_read_through_prometheus_shows_each_agents_verdict(
         assert all(gpu_verdict(back, row).fit for row in node_gpus(back))
         # the others stay as their agents judged them
         assert all(_agrees(hub, members[i], agents[i]) for i in new)
+        # dgx-004's GPU 0 runs its PCIe link at Gen3 while it works (watch): its node is
+        # still to reset GPU 2, a warning, and has as many GPUs flagged; the round that
+        # asks every node not fit shows it
+        _serve(agents[3], _with_gpu(agents[3].node, 0, gen_current=3, busy=True))
+        assert node_verdict(agents[3].node).action is Action.RESET_GPU
+        began = reader.rounds
+        await until(lambda: _agrees(hub, members[3], agents[3]), timeout=30)
+        assert reader.rounds <= began + PARTS + 4
+        gpu = gpu_verdict(_shown(hub, members[3]), node_gpus(agents[3].node)[0].bus_id)
+        assert (gpu.action, gpu.health) == (Action.WATCH, Health.WARNING)
     finally:
         await hub.stop()
 
@@ -233,8 +259,9 @@ def test_a_verdict_known_by_its_actions_is_taken_as_its_agent_sent_it() -> None:
         for row in rows:
             ours, theirs = gpu_verdict(shown, row), gpu_verdict(node, row)
             assert (ours.action, ours.health) == (theirs.action, theirs.health), row.bus_id
-    node = frozen_fleet().node("dgx-003")
-    assert node is not None
+    faulty = frozen_fleet().node("dgx-003")
+    assert faulty is not None
+    node = faulty
     buses = [g.pci_bus_id for g in node.gpus]
     # a GPU worse than its node, one as bad: the node's action, its light by its action
     _, verdict = _taken(node, Action.WATCH, {buses[5]: Action.REBOOT_NODE, buses[0]: Action.WATCH})
