@@ -1130,8 +1130,9 @@ class PrometheusReader:
 
     The first round asks for every series, a part at a time. Later rounds ask each time for
     what moves and what a fleet view draws (up, each GPU's gauges, each node's count of
-    flagged GPUs, then the health flags that are raised of the nodes that count is above 0
-    for or that lack it) and for one part of the rest, the parts in turn: a round then
+    flagged GPUs and its agent's verdict where not fit, then the health flags that are
+    raised of the nodes that count is above 0 for or that lack it, and the GPU verdicts of
+    the nodes not fit whose verdict or count moved) and for one part of the rest, the parts in turn: a round then
     carries under a quarter of the series a whole one does, and every series is fresh
     within ten rounds.
 
