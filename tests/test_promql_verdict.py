@@ -28,7 +28,7 @@ from gpuconsole.facts.verdict import (
 from gpuconsole.hub import Hub
 from gpuconsole.readings.base import Health, Severity
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
-from gpuconsole.sources.promql import PARTS, PromQLSource
+from gpuconsole.sources.promql import PARTS, FleetSeries, PromQLSource, build_node
 from gpuconsole.wiring import AgentSettings
 from tests.export_fixtures import frozen_fleet
 from tests.test_promql import (
@@ -275,3 +275,37 @@ def test_a_verdict_known_by_its_actions_is_taken_as_its_agent_sent_it() -> None:
     # fit: its GPUs are, whatever was read of them before
     shown, verdict = _taken(node, Action.FIT, {buses[5]: Action.RESET_GPU})
     assert verdict.findings == () and gpu_verdict(shown, buses[5]).fit
+
+
+def _sample(name: str, value: float, **labels: str) -> dict[str, Any]:
+    metric = {"__name__": name, "instance": "n1:9400", "node": "n1", **labels}
+    return {"metric": metric, "value": [1796000000.5, str(value)]}
+
+
+def test_a_verdict_an_agent_exports_wrong_is_judged_here_or_shown_safe() -> None:
+    """A rank no action has (an agent gone wrong, or newer), NaN: judged here from its
+    series, as an older agent's; a GPU verdict naming no bus, or with escapes in its label,
+    never a traceback nor a raw escape on a terminal."""
+    info = [_sample(names_.GPU_INFO[0], 1, gpu="0", uuid="GPU-0", pci_bus_id="0000:1b:00.0")]
+    for rank in ("99", "NaN", "-1", "+Inf"):
+        series = FleetSeries()
+        series.take_values([_sample("up", 1), _sample(names_.NODE_VERDICT[0], float(rank))])
+        series.take_info(info)
+        _, found = series.overview().pick("n1:9400", "n1")
+        assert build_node("n1", found, 0.0).verdict is None, rank
+    series = FleetSeries()
+    series.take_values(
+        [
+            _sample("up", 1),
+            _sample(names_.NODE_VERDICT[0], Action.DRAIN.rank),
+            _sample(names_.GPU_VERDICT[0], Action.DRAIN.rank, gpu="GPU 0"),
+            _sample(names_.GPU_VERDICT[0], Action.SERVICE.rank, gpu="0000:ee:00.0\x1b[2J"),
+        ]
+    )
+    series.take_info(info)
+    _, found = series.overview().pick("n1:9400", "n1")
+    node = build_node("n1", found, 0.0)
+    verdict = node_verdict(node)
+    assert verdict.action is Action.DRAIN
+    assert all(f.message.isprintable() for f in verdict.findings), verdict.findings
+    assert "verdict_refused" not in {f.code for f in verdict.findings}
