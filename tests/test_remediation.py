@@ -264,6 +264,42 @@ async def test_xid79_drained_reset_and_fit_with_every_step_audited_by_bus_id_and
     assert records[-1]["outcome"] == "ok"
 
 
+async def test_the_bmc_s_record_of_the_bus_error_is_history_once_the_reset_made_the_gpu_fit(
+    tmp_path: Path,
+) -> None:
+    """Story 1's evidence is the XID and the BMC's SEL record of the PCIe bus error on GPU 5's
+    bus. After a repair that made GPU 5 fit, a one-shot reading of the node (which never saw
+    the GPU lost, so only the journal knows of the reset) finds it fit, the record kept as
+    history; a record the BMC makes after the repair is news again."""
+    from gpuconsole.readings.base import Severity
+    from gpuconsole.readings.bmc import BmcReading, SelEntry
+
+    world = h100(tmp_path / "w", PODS_ONLY)
+    executor = quick(world, tmp_path / "s")
+    bus = bus_of(world, 5)
+
+    def with_sel(node: Any, at: float) -> Any:
+        entry = SelEntry(7, at, "PCIe SXM5", "Critical Interrupt",
+                         "Bus Fatal Error (bus c3 dev 00 fn 0)", Severity.CRITICAL)  # fmt: skip
+        return msgspec.structs.replace(node, bmc=BmcReading(at=time.time(), sel_recent=(entry,)))
+
+    logged = time.time() - 5
+    before = with_sel(await world.snapshot(), logged)
+    assert gpu_verdict(before, bus).action is Action.RESET_GPU
+    outcome = await executor.execute(await executor.plan_remedy(bus), OPS, "5")
+    assert outcome.ok, outcome.message
+
+    after = await world.snapshot()
+    gpu5 = next(g for g in after.gpus if g.index == 5)
+    assert gpu5.reset_at is None  # a fresh reading: NVML never saw it lost
+    verdict = gpu_verdict(with_sel(after, logged), bus)
+    assert verdict.action is Action.FIT, verdict.findings
+    (kept,) = verdict.findings
+    assert kept.bus_id == bus and "Bus Fatal Error" in kept.text and "repaired at" in kept.text
+    again = gpu_verdict(with_sel(after, time.time() + 1), bus)
+    assert again.action is Action.RESET_GPU, again.findings
+
+
 async def test_a_fault_that_stays_goes_on_to_a_power_cycle_and_then_to_service(
     tmp_path: Path,
 ) -> None:

@@ -83,6 +83,11 @@ def _node(hub: Hub) -> NodeSnapshot | None:
     return latest.node(NODE) if latest is not None else None
 
 
+def _verdict(hub: Hub) -> Action | None:
+    node = _node(hub)
+    return verdict_action(node, GPU5) if node is not None else None
+
+
 def _gpu5_lost(hub: Hub) -> bool | None:
     node = _node(hub)
     found = next((g for g in node.gpus if g.index == 5), None) if node is not None else None
@@ -159,8 +164,13 @@ async def test_story_1_the_lost_gpu_5_is_repaired_as_its_verdict_says_and_answer
         assert [dialog.progress[k][0] for k in range(len(plan.steps))] == ["done"] * len(plan.steps)
         # the dialog says what the GPU is now, beside what it was
         assert f"GPU 5 ({GPU5}) now: free (was: pod team-nlp/train-llm-7b-0" in screen_text(app)
-        # every console on the hub sees it answer again
+        # every console on the hub sees it answer again, and its verdict turn fit: the BMC's
+        # record of the bus error (the SEL names GPU 5's bus) is the fault the reset repaired
         await until(lambda: _gpu5_lost(hub) is False, timeout=15)
+        await until(lambda: _verdict(hub) is Action.FIT, timeout=15)
+        await pilot.press("escape")  # back in GPU 5's view, which says so too
+        await until(lambda: isinstance(app.screen, GpuScreen))
+        await until(lambda: "fit for work" in screen_text(app), timeout=15)
     records = audit(hub)
     assert {r["outcome"] for r in records} >= {"started", "step done", "ok"}
     assert all(r["args"]["gpus"] == [GPU5] for r in records)

@@ -574,15 +574,22 @@ _SEL_ACTIONS = {
 _SEL_BUS = re.compile(r"\bbus[ :]*(?:0x)?([0-9a-f]{2})h?\b", re.IGNORECASE)
 
 
+# The GPU a SEL record names by its PCI bus: its bus id, its name, and when it was last
+# repaired (None: not known to be since the record)
+BusGpu = tuple[str, str] | tuple[str, str, float | None]
+
+
 def bmc_findings(
     bmc: BmcReading,
-    gpus: Mapping[str, tuple[str, str]] | Callable[[str], tuple[str, str] | None] | None = None,
+    gpus: Mapping[str, BusGpu] | Callable[[str], BusGpu | None] | None = None,
 ) -> list[Finding]:
     """The evidence the BMC gives about the node: critical SEL entries, failed PSUs and
     fans, sensors past their critical limit. `gpus` (PCI bus number, as "c3" -> the GPU's
-    bus id and name; or a function that answers it, asked only for a SEL record to report
-    that names a bus) puts a SEL record that names a GPU's bus on that GPU: the BMC's side
-    of its fault, judged as the GPU's."""
+    bus id, name and last repair; or a function that answers it, asked only for a SEL
+    record to report that names a bus) puts a SEL record that names a GPU's bus on that
+    GPU: the BMC's side of its fault, judged as the GPU's until a repair after it (the
+    GPU's reset NVML saw, or a repair the journal says made it fit), then kept as history,
+    as that repair clears its XIDs."""
     found: list[Finding] = []
     on_bus = gpus if callable(gpus) else gpus.get if gpus else None
 
@@ -638,6 +645,13 @@ def bmc_findings(
         action = _SEL_ACTIONS.get(entry.sensor_type.lower(), Action.SERVICE)
         bus = _SEL_BUS.search(entry.event) if on_bus is not None else None
         gpu = on_bus(bus.group(1).lower()) if on_bus is not None and bus else None
+        repaired = gpu[2] if gpu is not None and len(gpu) > 2 else None
+        if gpu is not None and repaired is not None and entry.at is not None:
+            if entry.at <= repaired:
+                found.append(Finding("sel_repaired", f"BMC event log{when}: {entry.message}: "
+                                     f"repaired at {fmt.clock_time(repaired)}", Severity.INFO,
+                                     "bmc", Action.FIT, gpu[0], gpu[1]))  # fmt: skip
+                continue
         if gpu is not None:
             action, advice = _milder_first(action, _ACTION_ADVICE.get(action, action.words))
             found.append(Finding("sel_critical", f"BMC event log{when}: {entry.message}: "
@@ -671,20 +685,39 @@ _NAMED = 8  # failed units named in one finding; a chassis of 60 fans is counted
 _ACTION_ADVICE = {Action.REBOOT_NODE: "reboot the node", Action.SERVICE: "return it for service"}
 
 
-def _gpu_on_bus(node: NodeSnapshot, number: str) -> tuple[str, str] | None:
-    """The node's GPU on PCI bus `number` ("c3"): its bus id and name, one NVML lost or no
-    longer sees (drained) included; NVML's name first."""
+def _gpu_on_bus(node: NodeSnapshot, number: str) -> BusGpu | None:
+    """The node's GPU on PCI bus `number` ("c3"): its bus id, name and last repair, one
+    NVML lost or no longer sees (drained) included; NVML's name first."""
     nvml = node.nvml
     for gpu in reversed(nvml.gpus) if nvml is not None else ():
         bus = known_bus_id(gpu.pci_bus_id)
         if bus is not None and bus.split(":")[-2].lower() == number:
-            return bus, _gpu_subject(gpu, bus)
+            return bus, _gpu_subject(gpu, bus), _repaired_at(node, bus, gpu.reset_at)
     ownership = node_ownership(node)
     for owner in reversed(ownership.gpus) if ownership is not None else ():
         if ":" in owner.bus_id and owner.bus_id.split(":")[-2].lower() == number:
             name = f"GPU {owner.index}" if owner.index is not None else "GPU"
-            return owner.bus_id, f"{name} ({short_bus_id(owner.bus_id)})"
+            bus = owner.bus_id
+            return bus, f"{name} ({short_bus_id(bus)})", _repaired_at(node, bus, None)
     return None
+
+
+def _repaired_at(node: NodeSnapshot, bus: str, reset_at: float | None) -> float | None:
+    """When the GPU was last repaired: NVML saw it come back from a reset, or the node's
+    journal says a repair made it fit (it began then); None where neither is known."""
+    journal = node.actions
+    tried = journal.repair(bus) if journal is not None and journal.repairs else None
+    fixed = tried.at if tried is not None and tried.ok else None
+    if reset_at is None or fixed is None:
+        return reset_at if fixed is None else fixed
+    return max(reset_at, fixed)
+
+
+def _repairs_key(node: NodeSnapshot) -> tuple[object, ...]:
+    """What a SEL record's verdict depends on beside the BMC's reading: each GPU's last
+    reset NVML saw, and the journal's repairs."""
+    nvml = node.nvml
+    return (tuple(g.reset_at for g in nvml.gpus) if nvml is not None else (), node.actions)
 
 
 # --- fabric -------------------------------------------------------------------------
@@ -931,6 +964,7 @@ class _Judged:
     # each source's findings with the reading they came from: the BMC, fabric and tenancy
     # readings of a node stand for several of its NVML polls, and are judged once
     bmc: object = None
+    repairs: tuple[object, ...] = ()  # `_repairs_key` when the BMC's findings were made
     bmc_found: tuple[Finding, ...] = ()
     fabric: object = None
     fabric_found: tuple[Finding, ...] = ()
@@ -1204,11 +1238,13 @@ def _judged_here(node: NodeSnapshot, seen: _Judged | None, refused: _Refusal | N
     judged = _Judged(weakref.ref(node), _FIT, {})
     bmc = node.bmc
     if bmc is not None:
-        if seen is not None and seen.bmc is bmc:
+        # a SEL record of a GPU's fault is history once the GPU is repaired
+        repairs = _repairs_key(node)
+        if seen is not None and seen.bmc is bmc and seen.repairs == repairs:
             judged.bmc_found = seen.bmc_found
         else:
             judged.bmc_found = tuple(bmc_findings(bmc, lambda bus: _gpu_on_bus(node, bus)))
-        judged.bmc = bmc
+        judged.bmc, judged.repairs = bmc, repairs
         findings += judged.bmc_found
     fabric = node.fabric
     if fabric is not None:
