@@ -548,6 +548,36 @@ def test_gpuconsole_remediate_resets_a_simulated_gpu_and_a_dry_run_changes_nothi
     assert "done: GPU 5 (0000:c3:00.0): drain it, reset the GPU, then verify: done" in ran.stdout
 
 
+def test_the_demo_s_worlds_run_the_processes_the_demo_shows(tmp_path: Path) -> None:
+    """`remediate --demo` and `assign --demo` plan from a world of each demo node: its GPUs
+    run the processes the demo's hub shows, one per MIG instance a pod holds and one per pod
+    sharing a GPU, none else (a process nobody's pod owns would refuse every plan there)."""
+    from gpuconsole.sim.cluster import build_sim_nodes, demo_cluster
+
+    for shown in build_sim_nodes(demo_cluster()):
+        world = SimWorld.demo(shown.name, tmp_path / shown.name)
+        for gpu in shown.profile.gpus:
+            seen = [(pid, gi) for pid, _used, gi in world.node.processes(gpu.index)]
+            want = [(pid, gi) for pid, _used, gi in shown.processes(gpu.index)]
+            assert seen == want, (shown.name, gpu.index)
+
+
+async def test_the_demo_s_mig_gpu_is_drained_by_evicting_its_two_pods(tmp_path: Path) -> None:
+    """dgx-004's GPU 7 runs two MIG pods and nothing else: its drain evicts both."""
+    world = SimWorld.demo("dgx-004", tmp_path / "w")
+    executor = quick(world, tmp_path / "s")
+    bus = bus_of(world, 7)
+    plan = await executor.plan_remedy(bus, Action.DRAIN)
+    assert not plan.blocked, plan.failed
+    assert [s.pod for s in plan.steps if s.kind is StepKind.EVICT] == [
+        "team-vision/infer-0",
+        "team-nlp/embed-1",
+    ]
+    outcome = await executor.execute(plan, OPS, "dgx-004")
+    assert outcome.ok, outcome.message
+    assert world.owners(7) == ["drained"]
+
+
 # --- seen by consoles of other processes -------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ from gpuconsole.actions.store import AUDIT_FILE, JOURNAL_FILE
 from gpuconsole.hub import Hub
 from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.sim.cluster import tenanted_node
 from gpuconsole.sim.node import Scenario, SimNode
 from gpuconsole.sim.profiles import NodeProfile
 from gpuconsole.sim.tenancy import (
@@ -123,7 +124,8 @@ class SysfsKernel:
 
 
 class _WorldNode(SimNode):
-    """A SimNode whose compute processes run only where the world's plan puts a tenant."""
+    """A SimNode that NVML sees through the world's sysfs tree; its compute processes run
+    where the world's plan puts a tenant (`SimWorld.follow`)."""
 
     world: SimWorld | None = None
 
@@ -133,11 +135,6 @@ class _WorldNode(SimNode):
             return True
         bdf = normal_bus_id(self.profile.gpus[index].bus_id)
         return VfioDriver(self.world.tree.sysfs_root).driver(bdf) == "nvidia"
-
-    def processes(self, index: int) -> list[tuple[int, int, int | None]]:
-        if self.world is not None and index not in self.world.plan.busy_gpus:
-            return []
-        return super().processes(index)
 
 
 def _plan_json(plan: SimPlan) -> dict[str, Any]:
@@ -178,15 +175,19 @@ class SimWorld:
         # the journal its executor writes, read with the node as a real node's hub reads its
         # own: how its GPUs' last repairs went is part of their verdict
         self.journal: Path | None = None
-        node = _WorldNode(name, profile, seed=0, scenarios=scenarios)
-        node.world = self
-        self.node: SimNode = node
         fresh = not self.state_file.exists()
         data: dict[str, Any] = (
             {} if fresh else json.loads(self.state_file.read_text(encoding="utf-8"))
         )
         if not fresh:
             plan = _plan_from(data["plan"])
+        if plan is None:
+            plan = plan_for(name, profile)
+        # as the demo's hub has the node: its tenants decide who computes, on which MIG
+        # instances, in which shared GPUs
+        node = tenanted_node(_WorldNode, name, profile, plan, scenarios=scenarios)
+        node.world = self
+        self.node: SimNode = node
         self.tree = SimTenancyTree(self.node, str(root), plan)
         self.slurm_drained = False
         if not fresh:
@@ -248,8 +249,27 @@ class SimWorld:
         self.tree.plan = plan
         self.save()
 
+    def follow(self) -> None:
+        """Tell the SimNode which GPUs the host's NVML now sees (those nvidia holds), which
+        nobody computes on, and which MIG instances and shared GPUs run a process, as the
+        tenants and the kernel now have it."""
+        vfio = VfioDriver(self.tree.sysfs_root)
+        gpus = self.node.profile.gpus
+        hidden = frozenset(
+            g.index for g in gpus if vfio.driver(normal_bus_id(g.bus_id)) != "nvidia"
+        )
+        plan = self.plan
+        self.node.retenant(
+            passthrough=hidden,
+            idle=plan.idle_gpus(len(gpus)),
+            mig_slots=plan.mig_slots,
+            sharers=plan.sharers,
+        )
+
     def save(self) -> None:
-        """Write the world's state atomically: a kill leaves the old file or the new one."""
+        """Follow the tenants, and write the world's state atomically: a kill leaves the old
+        file or the new one."""
+        self.follow()
         body = json.dumps(
             {
                 "plan": _plan_json(self.plan),
@@ -590,21 +610,11 @@ class LiveWorld(SimWorld):
 
     def save(self) -> None:
         """Nothing to keep on disk: the hub's node follows its tenants instead."""
-        self._follow()
+        self.follow()
 
     def nvidia_bound(self, bdf: str, driver: str | None) -> None:
         super().nvidia_bound(bdf, driver)
-        self._follow()
-
-    def _follow(self) -> None:
-        """Tell the hub's SimNode which GPUs the host's NVML now sees (those nvidia holds)
-        and which nobody computes on, as the tenants and the kernel now have it."""
-        vfio = VfioDriver(self.tree.sysfs_root)
-        gpus = self.node.profile.gpus
-        hidden = frozenset(
-            g.index for g in gpus if vfio.driver(normal_bus_id(g.bus_id)) != "nvidia"
-        )
-        self.node.retenant(passthrough=hidden, idle=self.plan.idle_gpus(len(gpus)))
+        self.follow()
 
 
 def live_actions(tree: SimTenancyTree) -> Path:

@@ -5,16 +5,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.nvml import NvmlReading
 from gpuconsole.sim.node import Scenario, SimNode
 from gpuconsole.sim.nvml import SimNvml
-from gpuconsole.sim.plans import plan_for
-from gpuconsole.sim.profiles import get_profile
+from gpuconsole.sim.plans import SimPlan, plan_for
+from gpuconsole.sim.profiles import NodeProfile, get_profile
 from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.nvml.source import NvmlSource
+
+_N = TypeVar("_N", bound=SimNode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,22 +97,40 @@ def build_sim_nodes(
     for s in specs:
         profile = get_profile(s.profile)
         plan = plan_for(s.name, profile)
-        nodes.append(
-            SimNode(
-                s.name,
-                profile,
-                seed=seed,
-                scenarios=s.scenarios,
-                clock=clock,
-                start=t0,
-                passthrough=plan.vfio_gpus,
-                idle=plan.idle_gpus(len(profile.gpus)),
-                mig_slots=plan.mig_slots,
-                sharers=plan.sharers,
-                workloads=plan.workloads,
-            )
+        node = tenanted_node(
+            SimNode, s.name, profile, plan, seed=seed, scenarios=s.scenarios, clock=clock, start=t0
         )
+        nodes.append(node)
     return nodes
+
+
+def tenanted_node(
+    kind: type[_N],
+    name: str,
+    profile: NodeProfile,
+    plan: SimPlan,
+    *,
+    seed: int = 0,
+    scenarios: Sequence[Scenario] = (),
+    clock: Callable[[], float] = time.time,
+    start: float | None = None,
+) -> _N:
+    """A SimNode (of `kind`) told by a tenancy plan which GPUs are passed through, which
+    nobody computes on, which MIG instances and shared GPUs run a process, and which GPUs
+    run one workload together: the demo's hub and `assign --demo`'s world alike."""
+    return kind(
+        name,
+        profile,
+        seed=seed,
+        scenarios=scenarios,
+        clock=clock,
+        start=start,
+        passthrough=plan.vfio_gpus,
+        idle=plan.idle_gpus(len(profile.gpus)),
+        mig_slots=plan.mig_slots,
+        sharers=plan.sharers,
+        workloads=plan.workloads,
+    )
 
 
 class SimNvmlSource(NvmlSource):

@@ -224,10 +224,20 @@ class SimNode:
             elif load.pattern == "idle":
                 self._loads[i] = _Load(random.Random(f"{self.name}/{self.seed}/{i}/busy"), "bursty")
 
-    def retenant(self, *, passthrough: frozenset[int], idle: frozenset[int]) -> None:
-        """The tenants changed (a GPU was reassigned in the demo): which GPUs the host's
-        NVML sees from now on, and which nobody computes on (they go quiet; others wake)."""
+    def retenant(
+        self,
+        *,
+        passthrough: frozenset[int],
+        idle: frozenset[int],
+        mig_slots: frozenset[tuple[int, int]],
+        sharers: dict[int, int],
+    ) -> None:
+        """The tenants changed (a GPU was reassigned or drained in the demo): which GPUs the
+        host's NVML sees from now on, which nobody computes on (they go quiet; others wake),
+        and which MIG instances and shared GPUs run a process of the pods left."""
         self.passthrough = passthrough
+        self.mig_slots = mig_slots
+        self.sharers = sharers
         if idle != self.idle:
             self.idle = idle
             self._follow_idle(idle)
