@@ -489,6 +489,38 @@ def _killed_then_recovered(root: Path, action: Action, kind: StepKind, after: bo
     return asyncio.run(restart())
 
 
+def test_the_command_line_tells_a_recovered_plan_s_steps_as_steps_of_that_plan(
+    tmp_path: Path,
+) -> None:
+    """`gpuconsole remediate` (and `assign`) recover what a crash left before they plan, each
+    step told as it ticks through the same report: step N of the plan recovered, which that
+    command never showed."""
+    import io
+
+    from gpuconsole.actions.progress import TextReport
+
+    h100(tmp_path / "w", PODS_ONLY)
+    child = multiprocessing.get_context("fork").Process(
+        target=_doomed, args=(tmp_path, Action.RESET_GPU.value, StepKind.GPU_RESET.value, False)
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+    out = io.StringIO()
+    report = TextReport(out)
+
+    async def restart() -> Any:
+        executor = quick(h100(tmp_path / "w", PODS_ONLY), tmp_path / "s")
+        executor.on_step = report.step
+        return await executor.recover()
+
+    (outcome,) = asyncio.run(restart())
+    assert outcome.ok, outcome.message
+    told = out.getvalue()
+    assert "  [4/5] ok reset GPU 5 (0000:c3:00.0)" in told, told
+    assert "  [5/5] ok final check" in told, told
+
+
 @pytest.mark.parametrize("after", [False, True], ids=["before-reset", "after-reset"])
 def test_a_remediation_killed_at_its_reset_is_finished_by_recovery(
     tmp_path: Path, after: bool

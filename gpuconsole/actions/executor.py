@@ -176,13 +176,15 @@ def _done(steps: Sequence[StepRecord], phase: Phase) -> set[int]:
 
 @dataclass(frozen=True, slots=True)
 class StepUpdate:
-    """A step changed state: running, done, failed, undoing, undone."""
+    """A step changed state: running, done, failed, undoing, undone. `total`: the steps of
+    its plan (a plan recovered from the journal is one its report never showed)."""
 
     plan_id: str
     seq: int
     step: Step
     state: StepProgress
     detail: str = ""
+    total: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +344,7 @@ class Executor:
         detail: str = "",
     ) -> None:
         if self.on_step is not None:
-            self.on_step(StepUpdate(plan_id, seq, step, state, detail))
+            self.on_step(StepUpdate(plan_id, seq, step, state, detail, len(plan.steps)))
         if state.started:
             return  # its outcome follows; one event per step is enough in the Events view
         severity, text = step_message(plan, plan_id, seq, state, detail)

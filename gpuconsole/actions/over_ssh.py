@@ -609,7 +609,9 @@ class RemoteExecutor:
                 log.warning("%s: a step %s of no plan shown", self.node, event.seq)
                 return
             step = told.plan.steps[event.seq]
-            update = StepUpdate(event.plan_id, event.seq, step, event.state, event.detail)
+            update = StepUpdate(
+                event.plan_id, event.seq, step, event.state, event.detail, len(told.plan.steps)
+            )
             told.steps.append(update)
             if tick is not None:
                 tick(update, told.plan)

@@ -96,7 +96,6 @@ class TextReport:
 
     def __init__(self, out: TextIO | None = None) -> None:
         self.out = out or sys.stdout  # looked up now: a test's capture replaces it
-        self.total = 0
 
     def _say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -108,7 +107,6 @@ class TextReport:
         self._say(f"journal: plan {outcome.plan_id} {outcome.message}")
 
     def plan(self, plan: Plan) -> None:
-        self.total = len(plan.steps)
         self._say(plan.describe())
 
     def dry_run(self) -> None:
@@ -122,7 +120,8 @@ class TextReport:
             return
         detail = f": {update.detail}" if update.detail else ""
         mark = _MARKS.get(update.state, str(update.state))
-        self._say(f"  [{update.seq + 1}/{self.total}] {mark} {update.step.title}{detail}")
+        of = f"/{update.total}" if update.total else ""
+        self._say(f"  [{update.seq + 1}{of}] {mark} {update.step.title}{detail}")
 
     def outcome(self, outcome: Outcome) -> None:
         self._say(f"{outcome.state}: {outcome.message} (plan {outcome.plan_id})")
