@@ -646,12 +646,17 @@ def bmc_findings(
         bus = _SEL_BUS.search(entry.event) if on_bus is not None else None
         gpu = on_bus(bus.group(1).lower()) if on_bus is not None and bus else None
         repaired = gpu[2] if gpu is not None and len(gpu) > 2 else None
-        if gpu is not None and repaired is not None and entry.at is not None:
-            if entry.at <= repaired:
-                found.append(Finding("sel_repaired", f"BMC event log{when}: {entry.message}: "
-                                     f"repaired at {fmt.clock_time(repaired)}", Severity.INFO,
-                                     "bmc", Action.FIT, gpu[0], gpu[1]))  # fmt: skip
-                continue
+        if (
+            gpu is not None
+            and repaired is not None
+            and entry.at is not None
+            and entry.at <= repaired
+        ):
+            # the fault the GPU's repair cleared: history, as its XIDs are
+            found.append(Finding("sel_repaired", f"BMC event log{when}: {entry.message}: "
+                                 f"repaired at {fmt.clock_time(repaired)}", Severity.INFO,
+                                 "bmc", Action.FIT, gpu[0], gpu[1]))  # fmt: skip
+            continue
         if gpu is not None:
             action, advice = _milder_first(action, _ACTION_ADVICE.get(action, action.words))
             found.append(Finding("sel_critical", f"BMC event log{when}: {entry.message}: "
@@ -692,25 +697,19 @@ def _gpu_on_bus(node: NodeSnapshot, number: str) -> BusGpu | None:
     for gpu in reversed(nvml.gpus) if nvml is not None else ():
         bus = known_bus_id(gpu.pci_bus_id)
         if bus is not None and bus.split(":")[-2].lower() == number:
-            return bus, _gpu_subject(gpu, bus), _repaired_at(node, bus, gpu.reset_at)
+            return bus, _gpu_subject(gpu, bus), _latest(gpu.reset_at, _repaired_at(node, bus))
     ownership = node_ownership(node)
     for owner in reversed(ownership.gpus) if ownership is not None else ():
         if ":" in owner.bus_id and owner.bus_id.split(":")[-2].lower() == number:
             name = f"GPU {owner.index}" if owner.index is not None else "GPU"
             bus = owner.bus_id
-            return bus, f"{name} ({short_bus_id(bus)})", _repaired_at(node, bus, None)
+            return bus, f"{name} ({short_bus_id(bus)})", _repaired_at(node, bus)
     return None
 
 
-def _repaired_at(node: NodeSnapshot, bus: str, reset_at: float | None) -> float | None:
-    """When the GPU was last repaired: NVML saw it come back from a reset, or the node's
-    journal says a repair made it fit (it began then); None where neither is known."""
-    journal = node.actions
-    tried = journal.repair(bus) if journal is not None and journal.repairs else None
-    fixed = tried.at if tried is not None and tried.ok else None
-    if reset_at is None or fixed is None:
-        return reset_at if fixed is None else fixed
-    return max(reset_at, fixed)
+def _latest(*times: float | None) -> float | None:
+    known = [t for t in times if t is not None]
+    return max(known) if known else None
 
 
 def _repairs_key(node: NodeSnapshot) -> tuple[object, ...]:
