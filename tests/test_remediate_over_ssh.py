@@ -211,7 +211,8 @@ def test_a_power_cycle_planned_from_a_head_says_who_runs_on_the_node(
     assert main(args) == 0
     out = capsys.readouterr().out
     assert f"  {NODE} runs pod team-vision/resnet-ft-1, " in out
-    assert "pod team-nlp/train-llm-7b-0: the power cycle waits until they are drained" in out
+    # and its guest waiting for a GPU, which the power cycle stops too
+    assert "pod team-nlp/train-llm-7b-0, vm tenant-b-vm8: the power cycle waits until" in out
     assert f"power-cycle {NODE} through its BMC" in out
 
 

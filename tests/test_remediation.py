@@ -143,6 +143,38 @@ async def test_reboot_node_drains_every_gpu_then_power_cycles_and_says_who_runs_
     assert "pod team-nlp/train-llm-7b-0" in note and "job 4711" in note
 
 
+async def test_a_power_cycle_tells_and_waits_for_a_running_guest_that_holds_no_gpu(
+    tmp_path: Path,
+) -> None:
+    """dgx-003 runs guest tenant-b-vm8, which waits for a passthrough GPU and holds none: a
+    power cycle stops it all the same. The plan says so, tells its tenant, and waits for it
+    to shut down; it never powers the node while the guest runs."""
+    import dataclasses
+
+    world = SimWorld.demo("dgx-003", tmp_path / "w")
+    executor = quick(world, tmp_path / "s")
+    plan = await executor.plan_remedy("5", Action.REBOOT_NODE)
+    assert any("tenant-b-vm8" in n and "shut down" in n for n in plan.notes), plan.notes
+    (power_note,) = [n for n in plan.notes if "power cycle" in n]
+    assert "vm tenant-b-vm8" in power_note
+    (told,) = [s for s in plan.steps if s.kind is StepKind.NOTIFY]
+    assert told.guest == "tenant-b-vm8" and "tenant tenant-b" in told.title
+    (wait,) = [s for s in plan.steps if s.kind is StepKind.WAIT_IDLE]
+    assert "vm tenant-b-vm8" in wait.owners
+    outcome = await executor.execute(plan, OPS, "dgx-003")
+    assert outcome.state is PlanState.FAILED
+    assert "still busy after 3 s: vm tenant-b-vm8" in outcome.message, outcome.message
+    assert world.node.power_cycles == 0
+    # the tenant shuts the guest down: the next plan runs through to the power cycle
+    world.plan = dataclasses.replace(
+        world.plan, guests=tuple(dataclasses.replace(g, state=5) for g in world.plan.guests)
+    )
+    again = await executor.plan_remedy("5", Action.REBOOT_NODE)
+    assert not any("tenant-b-vm8" in n for n in again.notes)
+    outcome = await executor.execute(again, OPS, "dgx-003")
+    assert world.node.power_cycles == 1, outcome.message
+
+
 async def test_service_and_reseat_take_the_gpu_out_of_work_and_mark_it(tmp_path: Path) -> None:
     world = h100(tmp_path / "w")
     executor = quick(world, tmp_path / "s")

@@ -5,6 +5,8 @@ told why an operator's key does nothing."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 from textual.widgets import OptionList
 
+from gpuconsole.actions.plan import StepKind
 from gpuconsole.actions.remediation import escalation, verdict_action
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.actions.store import AUDIT_FILE
@@ -207,6 +210,18 @@ async def test_the_verdict_says_reset_the_gpu_then_verify_and_r_makes_it_fit() -
         await running.stop()
 
 
+async def _shut_down_when_told(hub: Hub, dialog: RemediateScreen) -> None:
+    """The tenant of dgx-003's guests shuts them down once the plan's step has told it."""
+    plan = dialog.plan
+    assert plan is not None
+    seq = next(k for k, s in enumerate(plan.steps) if s.kind is StepKind.NOTIFY)
+    await until(lambda: dialog.progress.get(seq, ("",))[0] == "done", timeout=30)
+    world = live_world(hub, NODE)
+    assert world is not None
+    guests = tuple(dataclasses.replace(g, state=5) for g in world.plan.guests)
+    world.plan = dataclasses.replace(world.plan, guests=guests)
+
+
 async def test_a_fault_that_stays_offers_the_next_action_until_service(stuck_hub: Hub) -> None:
     """Neither a reset nor a power cycle brings the GPU back: each outcome offers the next
     action (n), down to returning it for service."""
@@ -221,10 +236,17 @@ async def test_a_fault_that_stays_offers_the_next_action_until_service(stuck_hub
         dialog = app.screen
         assert isinstance(dialog, RemediateScreen)
         seen = []
+        tenant: list[asyncio.Task[None]] = []
         while asked is not None:
             await until(lambda: dialog.stage is Stage.PLAN and dialog.plan is not None)
             assert dialog.plan is not None and dialog.plan.remedy == asked.value
             seen.append(asked)
+            if asked is Action.REBOOT_NODE:
+                # the power cycle would stop guest tenant-b-vm8 (it holds no GPU): its
+                # tenant is told, and shuts it down, before the node's power goes
+                told = "tell tenant tenant-b of guest tenant-b-vm8"
+                assert told in screen_text(app)
+                tenant.append(asyncio.create_task(_shut_down_when_told(stuck_hub, dialog)))
             await pilot.press(*NODE, "enter")
             await until(lambda: dialog.stage is Stage.DONE, timeout=30)
             assert dialog.outcome is not None
@@ -236,6 +258,7 @@ async def test_a_fault_that_stays_offers_the_next_action_until_service(stuck_hub
             assert f"n plans the next: {asked.value}" in screen_text(app)
             await pilot.press("n")
         assert seen[-2:] == [Action.REBOOT_NODE, Action.SERVICE]
+        await asyncio.gather(*tenant)
         assert dialog.outcome.ok, dialog.outcome.message
         assert dialog.now == {GPU5: "unavailable (no driver bound)"}, screen_text(app)
     world = live_world(stuck_hub, NODE)

@@ -54,6 +54,7 @@ from gpuconsole.actions.plan import (
 from gpuconsole.actions.remediation import (
     busy_owners,
     escalation,
+    guest_owner,
     make_remediation_plan,
     remedy_words,
     verdict_action,
@@ -553,7 +554,8 @@ class Executor:
         assert self.reader is not None
         deadline = time.monotonic() + self.idle_timeout_s
         while True:
-            ownership = owners_of(await self.reader())
+            node = await self.reader()
+            ownership = owners_of(node)
             left = []
             for bus in step.gpus:
                 gpu = ownership.gpu(bus)
@@ -567,6 +569,12 @@ class Executor:
                         for o in busy_owners(peer)
                         if o.label in step.owners
                     ]
+            # a guest the plan waits for that holds none of these GPUs (a power cycle's)
+            for guest in node.tenancy.guests if node.tenancy is not None else ():
+                label = guest_owner(guest).label
+                held = any(x.startswith(f"{label} on ") for x in left)
+                if guest.active and label in step.owners and not held:
+                    left.append(f"{label} ({guest.state})")
             if not left:
                 return "idle: " + (
                     f"{', '.join(step.owners)} gone" if step.owners else "nothing ran"

@@ -47,12 +47,13 @@ from gpuconsole.hardware import BEFORE_AMPERE, model_spec, short_model
 from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.readings.nvml import GpuReading, RemoteKind
 from gpuconsole.readings.snapshot import NodeSnapshot
-from gpuconsole.readings.tenancy import ACTIVE_GUEST_STATES, OwnerKind
+from gpuconsole.readings.tenancy import ACTIVE_GUEST_STATES, Guest, OwnerKind
 
 __all__ = [
     "REMEDIES",
     "busy_owners",
     "escalation",
+    "guest_owner",
     "make_remediation_plan",
     "remedy_words",
     "reset_set",
@@ -227,12 +228,14 @@ def make_remediation_plan(
     whole = action is Action.REBOOT_NODE
     together = _together(node, ownership, gpu, draft) if action is Action.RESET_GPU else [gpu]
     drained = list(ownership.gpus) if whole else together
-    _drain(node, ownership, gpu, drained, ctx, draft, whole)
+    # a power cycle stops every guest of the node, those that hold no GPU too
+    bystanders = _guests_without_gpus(node, ownership) if whole else []
+    _drain(node, ownership, gpu, drained, ctx, draft, whole, bystanders)
     target = _target(gpu, action)
     if action is Action.RESET_GPU:
         _reset(node, ownership, gpu, together, ctx, draft)
     elif whole:
-        _power_cycle(node, gpu, drained, ctx, draft)
+        _power_cycle(node, gpu, drained, ctx, draft, bystanders)
     elif action in (Action.DRAIN, Action.RESEAT, Action.SERVICE):
         _out_of_work(node, gpu, action, draft)
     draft.steps.append(_verify(node, together, action, target))
@@ -341,6 +344,20 @@ def _remedy_needed(action: Action) -> Precondition:
     )
 
 
+def guest_owner(guest: Guest) -> Owner:
+    """A guest as the owner of what it holds: 'vm NAME' while it runs."""
+    return Owner(OwnerKind.VM, guest.name, guest.source, tenant=guest.tenant, state=guest.state)
+
+
+def _guests_without_gpus(node: NodeSnapshot, ownership: Ownership) -> list[Owner]:
+    """The node's running guests that hold none of its GPUs (one waiting for its passthrough
+    GPU, one without any): no GPU's owners, yet the node's power cycle stops them."""
+    holding = {o.label for g in ownership.gpus for o in busy_owners(g)}
+    guests = node.tenancy.guests if node.tenancy is not None else ()
+    found = [guest_owner(g) for g in guests if g.active]
+    return [o for o in found if o.label not in holding]
+
+
 def _drain(
     node: NodeSnapshot,
     ownership: Ownership,
@@ -349,12 +366,15 @@ def _drain(
     ctx: PlanContext,
     draft: _Draft,
     whole: bool = False,
+    bystanders: Sequence[Owner] = (),
 ) -> None:
     """Each drained GPU's owners go: cordoned and evicted (Kubernetes), the Slurm node
     drained, guests' tenants told; then the wait until they are idle. Processes outside
     any of those stop the plan: nothing here would end them. `whole`: every GPU of the
-    node is drained (else more than one is the NVLink set reset with `gpu`)."""
+    node is drained (else more than one is the NVLink set reset with `gpu`); `bystanders`:
+    guests holding no GPU that must go too (told and waited for as the others)."""
     owners = {o.label: o for g in drained for o in busy_owners(g)}
+    owners.update((o.label, o) for o in bystanders)
     pods = [o for o in owners.values() if o.kind is OwnerKind.POD]
     jobs = [o for o in owners.values() if o.kind is OwnerKind.JOB]
     guests = [o for o in owners.values() if o.kind is OwnerKind.VM]
@@ -450,7 +470,7 @@ def _drain(
                 guest=guest.name,
             )
         )
-    if guests and len(drained) > 1:
+    if guests and whole:
         draft.notes.append(
             "the node runs guests ("
             + ", ".join(g.name for g in guests)
@@ -568,6 +588,7 @@ def _power_cycle(
     drained: Sequence[GpuOwner],
     ctx: PlanContext,
     draft: _Draft,
+    bystanders: Sequence[Owner] = (),
 ) -> None:
     if not ctx.bmc:
         draft.conds.append(
@@ -579,6 +600,7 @@ def _power_cycle(
             )
         )
     running = [o.label for g in drained for o in busy_owners(g)]
+    running += [o.label for o in bystanders]
     if running:
         draft.notes.append(
             f"{node.node} runs {', '.join(dict.fromkeys(running))}: the power cycle waits "
