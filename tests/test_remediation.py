@@ -135,8 +135,13 @@ async def test_reboot_node_drains_every_gpu_then_power_cycles_and_says_who_runs_
     world = h100(tmp_path / "w")
     plan = await quick(world, tmp_path / "s").plan_remedy("5", Action.REBOOT_NODE)
     assert kinds(plan).count(StepKind.CORDON) == 8
-    evicted = {s.pod for s in plan.steps if s.kind is StepKind.EVICT}
-    assert evicted == {"team-nlp/train-llm-7b-0", "team-vision/resnet-ft-1"}
+    evicted = {s.pod: s for s in plan.steps if s.kind is StepKind.EVICT}
+    assert set(evicted) == {"team-nlp/train-llm-7b-0", "team-vision/resnet-ft-1"}
+    # each eviction names every GPU its pod holds, by bus id and UUID
+    train = evicted["team-nlp/train-llm-7b-0"]
+    assert train.gpus == tuple(bus_of(world, i) for i in (4, 5, 6, 7))
+    assert train.uuids == tuple(world.node.uuids[i] for i in (4, 5, 6, 7))
+    assert "from GPU 4 (0000:9d:00.0), GPU 5 (0000:c3:00.0), GPU 6" in train.title
     assert kinds(plan)[-3:] == [StepKind.WAIT_IDLE, StepKind.POWER_CYCLE, StepKind.VERIFY]
     assert len(plan.steps[-3].gpus) == 8  # the whole node idle before its power goes
     (note,) = [n for n in plan.notes if "power cycle" in n]

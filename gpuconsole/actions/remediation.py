@@ -430,13 +430,14 @@ def _drain(
                 )
             )
     for pod in pods:
-        held = [g for g in drained if pod in busy_owners(g)]
-        first = held[0] if held else gpu
+        # by label: the pod's owner on each GPU carries that GPU's own processes
+        held = [g for g in drained if any(o.label == pod.label for o in busy_owners(g))]
+        where_held = ", ".join(_label(g) for g in held) or _label(gpu)
         draft.steps.append(
             Step(
                 StepKind.EVICT,
                 Layer.KUBERNETES,
-                f"evict pod {pod.name} from {_label(first)} and wait until it is gone",
+                f"evict pod {pod.name} from {where_held} and wait until it is gone",
                 gpus=tuple(g.bus_id for g in held) or (gpu.bus_id,),
                 uuids=tuple(g.uuid for g in held if g.uuid),
                 pod=pod.name,
