@@ -148,6 +148,24 @@ async def test_reboot_node_drains_every_gpu_then_power_cycles_and_says_who_runs_
     assert "pod team-nlp/train-llm-7b-0" in note and "job 4711" in note
 
 
+async def test_a_power_cycle_is_confirmed_by_the_node_s_name_not_the_gpu_s_number(
+    tmp_path: Path,
+) -> None:
+    """A reset of GPU 5 is confirmed by typing 5; the node's power cycle, which stops every
+    GPU there, by typing the node's name, as the power dialog asks."""
+    world = h100(tmp_path / "w", PODS_ONLY)
+    executor = quick(world, tmp_path / "s")
+    reset = await executor.plan_remedy("5", Action.RESET_GPU)
+    assert "5" in reset.confirmations()
+    cycle = await executor.plan_remedy("5", Action.REBOOT_NODE)
+    assert cycle.confirmations() == ("dgx-003",)
+    assert cycle.confirmation_words() == "dgx-003"
+    for typed in ("5", "c3:00.0"):
+        with pytest.raises(ActionRefused, match="does not match 'dgx-003'"):
+            await executor.execute(cycle, OPS, typed)
+    assert world.node.power_cycles == 0
+
+
 async def test_a_power_cycle_tells_and_waits_for_a_running_guest_that_holds_no_gpu(
     tmp_path: Path,
 ) -> None:

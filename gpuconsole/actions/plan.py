@@ -33,7 +33,7 @@ from gpuconsole.facts.ownership import (
     node_ownership,
     resolve_owners,
 )
-from gpuconsole.facts.verdict import gpu_verdict
+from gpuconsole.facts.verdict import Action, gpu_verdict
 from gpuconsole.hardware import (
     A100_BOARD_GPUS,
     A100_BOARD_SWITCHES,
@@ -271,8 +271,11 @@ class Plan:
         """What a person may type to confirm: the node name; for a single GPU also its
         number and its bus id as the console shows them ('4', 'c3:00.0'); for a
         remediation, those of the GPU it repairs (first), however many GPUs it resets with
-        it: the operator names the GPU they asked to repair, as for one reset alone."""
+        it: the operator names the GPU they asked to repair, as for one reset alone. A
+        node's power cycle stops all of it: the node name alone, as the power dialog asks."""
         words = [self.node]
+        if self.remedy == Action.REBOOT_NODE.value:
+            return tuple(words)
         if len(self.gpus) == 1 or (self.remedy and self.gpus):
             if self.indexes and self.indexes[0] is not None:
                 words.append(str(self.indexes[0]))
