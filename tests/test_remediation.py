@@ -18,8 +18,8 @@ import pytest
 
 from gpuconsole import format as fmt
 from gpuconsole.actions.drivers import StepDriver, StepFailed
-from gpuconsole.actions.executor import Executor
-from gpuconsole.actions.journal import Journal, PlanState
+from gpuconsole.actions.executor import Executor, StepUpdate
+from gpuconsole.actions.journal import Journal, PlanState, StepProgress
 from gpuconsole.actions.locks import holders
 from gpuconsole.actions.plan import Layer, Plan, PlanContext, Step, StepKind
 from gpuconsole.actions.remediation import make_remediation_plan, verdict_action
@@ -603,6 +603,79 @@ def test_a_power_cycle_the_crash_left_unrecorded_is_never_sent_twice(tmp_path: P
     assert world.node.power_cycles == 1
     assert "is not sent again: check that it happened" in outcome.message
     assert outcome.ok, outcome.message
+
+
+def test_a_node_that_runs_again_after_its_power_cycle_is_not_waited_for_by_recovery(
+    tmp_path: Path,
+) -> None:
+    """The power cycle took the process down with the node; the node came back and a pod
+    runs on GPU 0 again. Recovery sends no second power cycle, so it waits for nothing:
+    it checks GPU 5."""
+    import dataclasses
+
+    h100(tmp_path / "w", PODS_ONLY)
+    child = multiprocessing.get_context("fork").Process(
+        target=_doomed,
+        args=(tmp_path, Action.REBOOT_NODE.value, StepKind.POWER_CYCLE.value, True),
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+
+    async def restart() -> Any:
+        world = h100(tmp_path / "w", PODS_ONLY)
+        back = SimPod("team-vision", "resnet-ft-2", "train", gpus=(0,))
+        world.plan = dataclasses.replace(world.plan, pods=(back,))
+        return world, await quick(world, tmp_path / "s").recover()
+
+    world, (outcome,) = asyncio.run(restart())
+    assert world.node.power_cycles == 1
+    assert outcome.ok, outcome.message
+
+
+def _killed_once_idle(root: Path) -> None:
+    """A power cycle's plan, killed the moment its wait found the node idle: the journal
+    holds the wait done and the power cycle never begun."""
+
+    def die(update: StepUpdate) -> None:
+        if update.step.kind is StepKind.WAIT_IDLE and update.state is StepProgress.DONE:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    async def go() -> None:
+        world = h100(root / "w", PODS_ONLY)
+        executor = quick(world, root / "s")
+        executor.on_step = die
+        plan = await executor.plan_remedy("5", Action.REBOOT_NODE)
+        await executor.execute(plan, OPS, "dgx-003")
+
+    asyncio.run(go())
+
+
+def test_recovery_waits_for_the_node_to_be_idle_again_before_it_power_cycles(
+    tmp_path: Path,
+) -> None:
+    """The node was idle when the process died; a tenant came since. Recovery finishes the
+    plan only once the node is idle again: the wait found idle before the crash vouches
+    for then, not for now, and the power cycle is not sent under the new tenant."""
+    import dataclasses
+
+    h100(tmp_path / "w", PODS_ONLY)
+    child = multiprocessing.get_context("fork").Process(target=_killed_once_idle, args=(tmp_path,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+
+    async def restart() -> Any:
+        world = h100(tmp_path / "w", PODS_ONLY)
+        assert world.plan.pods == ()  # both evicted before the crash
+        late = SimPod("team-nlp", "late-job-0", "trainer", gpus=(0,))
+        world.plan = dataclasses.replace(world.plan, pods=(late,))
+        return world, await quick(world, tmp_path / "s").recover()
+
+    world, (outcome,) = asyncio.run(restart())
+    assert world.node.power_cycles == 0, outcome.message
+    assert not outcome.ok
+    assert "pod team-nlp/late-job-0" in outcome.message, outcome.message
 
 
 # --- the command line ------------------------------------------------------------------------

@@ -7,7 +7,7 @@ step and outcome in the Events view of the process that runs the plan.
 
 Recovery is deterministic. A plan left running by a dead process is rolled back when no
 step that changes anything had completed (or when it was already rolling back, or a step
-before the final check had failed, so that it was about to), and finished otherwise: every step is idempotent, so the interrupted one simply runs again.
+before the final check had failed, so that it was about to), and finished otherwise: every step is idempotent, so the interrupted one simply runs again, and a check that found the GPUs idle before the crash runs again before a step that acts on them.
 A step that fails puts back what the plan changed, in reverse, except an evicted pod; a
 failed final check leaves the GPUs where they are and says what to look at. A remediation
 (gpuconsole.actions.remediation) puts nothing back, so a GPU under repair stays drained,
@@ -168,6 +168,27 @@ def _recovery_course(record: PlanRecord) -> tuple[bool, int]:
         for s in record.steps
     )
     return rolling_back or not any(plan.steps[s].kind.mutates for s in done), last
+
+
+def _checks_to_repeat(
+    plan: Plan, done: frozenset[int], attempted: frozenset[int]
+) -> frozenset[int]:
+    """The checks done before a crash (idle, nothing left on the GPUs) that a step recovery
+    will run relies on: they vouched for the node then, not now, so recovery runs them
+    again before that step changes anything (a tenant may have come since). A power cycle
+    under way at the crash is not sent again, so nothing waits for it (its node may well
+    run again after it)."""
+    todo = [
+        s
+        for s, step in enumerate(plan.steps)
+        if s not in done and step.kind.mutates and (s not in attempted or step.kind.repeatable)
+    ]
+    return frozenset(
+        s
+        for s in done
+        if plan.steps[s].kind in (StepKind.CHECK_IDLE, StepKind.WAIT_IDLE)
+        and any(t > s for t in todo)
+    )
 
 
 def _done(steps: Sequence[StepRecord], phase: Phase) -> set[int]:
@@ -753,7 +774,8 @@ class Executor:
                 state = PlanState.ROLLED_BACK
                 message = f"recovered: the process stopped {where}; {text}"
             else:
-                state, text = await self._run(record.id, plan, done, attempted)
+                checked = _checks_to_repeat(plan, done, attempted)
+                state, text = await self._run(record.id, plan, done - checked, attempted)
                 verb = "finished" if state is PlanState.DONE else "could not finish"
                 message = f"recovered: the process stopped {where}; {verb}: {text}"
             self._finish(record.id, state, message)
