@@ -319,6 +319,7 @@ async def test_an_operator_power_cycles_a_node_after_reading_the_plan_and_typing
         text = screen_text(app)
         assert "through its BMC" in text and "power now: on" in text
         assert "it stops what runs there: pod team-vision/resnet-ft-1" in text
+        assert "vm tenant-b-vm8" in text  # a guest waiting for a GPU: it stops too
         assert f"type {NODE} to confirm" in text
         await pilot.press(*"dgx-004", "enter")
         await until(lambda: "refused, nothing sent" in screen_text(app))

@@ -55,6 +55,7 @@ __all__ = [
     "escalation",
     "guest_owner",
     "make_remediation_plan",
+    "power_stops",
     "remedy_words",
     "reset_set",
     "verdict_action",
@@ -235,7 +236,7 @@ def make_remediation_plan(
     if action is Action.RESET_GPU:
         _reset(node, ownership, gpu, together, ctx, draft)
     elif whole:
-        _power_cycle(node, gpu, drained, ctx, draft, bystanders)
+        _power_cycle(node, gpu, ctx, draft)
     elif action in (Action.DRAIN, Action.RESEAT, Action.SERVICE):
         _out_of_work(node, gpu, action, draft)
     draft.steps.append(_verify(node, together, action, target))
@@ -356,6 +357,15 @@ def _guests_without_gpus(node: NodeSnapshot, ownership: Ownership) -> list[Owner
     guests = node.tenancy.guests if node.tenancy is not None else ()
     found = [guest_owner(g) for g in guests if g.active]
     return [o for o in found if o.label not in holding]
+
+
+def power_stops(node: NodeSnapshot) -> tuple[Owner, ...]:
+    """What a power cycle (or off) of the node stops: each GPU's busy owners and the running
+    guests that hold no GPU."""
+    ownership = owners_of(node)
+    found = {o.label: o for g in ownership.gpus for o in busy_owners(g)}
+    found.update((o.label, o) for o in _guests_without_gpus(node, ownership))
+    return tuple(found.values())
 
 
 def _drain(
@@ -583,14 +593,7 @@ def _reset(
     )
 
 
-def _power_cycle(
-    node: NodeSnapshot,
-    gpu: GpuOwner,
-    drained: Sequence[GpuOwner],
-    ctx: PlanContext,
-    draft: _Draft,
-    bystanders: Sequence[Owner] = (),
-) -> None:
+def _power_cycle(node: NodeSnapshot, gpu: GpuOwner, ctx: PlanContext, draft: _Draft) -> None:
     if not ctx.bmc:
         draft.conds.append(
             Precondition(
@@ -600,8 +603,7 @@ def _power_cycle(
                 f"add a [[bmc]] for {node.node}, or power-cycle it yourself",
             )
         )
-    running = [o.label for g in drained for o in busy_owners(g)]
-    running += [o.label for o in bystanders]
+    running = [o.label for o in power_stops(node)]
     if running:
         draft.notes.append(
             f"{node.node} runs {', '.join(dict.fromkeys(running))}: the power cycle waits "

@@ -16,9 +16,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-from gpuconsole.actions.plan import owners_of
 from gpuconsole.actions.power import PowerRequest, power
-from gpuconsole.actions.remediation import busy_owners
+from gpuconsole.actions.remediation import power_stops
 from gpuconsole.actions.roles import ActionRefused
 from gpuconsole.readings.base import Health
 from gpuconsole.sources.bmc.link import BmcError, PowerAction
@@ -116,9 +115,7 @@ class PowerScreen(ModalScreen[None]):
             text.append(f"\n  power now: {node.bmc.power_state}")
         running = []
         if node is not None and node.tenancy is not None:
-            running = list(
-                dict.fromkeys(o.label for g in owners_of(node).gpus for o in busy_owners(g))
-            )
+            running = [o.label for o in power_stops(node)]
         if action in _STOPS and running:
             warn = palette.health[Health.WARNING]
             text.append(f"\n  • it stops what runs there: {', '.join(running)}", style=warn)
