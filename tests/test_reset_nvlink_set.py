@@ -30,7 +30,7 @@ from gpuconsole.facts.inventory import short_bus_id
 from gpuconsole.facts.verdict import Action, gpu_verdict
 from gpuconsole.readings.base import Event, Severity
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
-from gpuconsole.sim.actions import SimGpuDriver, SimWorld, sim_drivers
+from gpuconsole.sim.actions import SLURM_JOB_ENDS_S, SimGpuDriver, SimWorld, sim_drivers
 from gpuconsole.sim.fakenvml import write_profile
 from gpuconsole.sim.node import Scenario
 from gpuconsole.sim.profiles import DGX_1V, DGX_H100
@@ -109,6 +109,22 @@ async def test_the_reset_drains_waits_for_and_resets_every_gpu_of_the_set_then_g
     assert {tuple(r["args"]["gpus"]) for r in records} == {SET}
     assert records[-1]["outcome"] == "ok"
     assert holders(Journal(tmp_path / "s" / "actions.db")) == []
+
+
+async def test_in_the_demo_the_drained_slurm_node_s_job_ends_and_the_reset_goes_on(
+    tmp_path: Path,
+) -> None:
+    """`gpuconsole remediate --demo --node dgx1-001 2`: the simulated Slurm lets job 4690
+    run to its end a while after the node drains (it never ended, so the demo's reset
+    waited until it gave up), then the set is reset and GPU 2 is fit."""
+    world = SimWorld.demo("dgx1-001", tmp_path / "w")
+    executor = quick(world, tmp_path / "s")
+    executor.idle_timeout_s = SLURM_JOB_ENDS_S + 5.0
+    plan = await executor.plan_remedy("2")
+    outcome = await executor.execute(plan, OPS, "dgx1-001")
+    assert outcome.ok, outcome.message
+    assert world.plan.jobs == () and world.slurm_drained
+    assert world.node.resets == dict.fromkeys(range(8), 1)
 
 
 async def test_a_set_reset_is_confirmed_by_the_gpu_asked_for_and_each_gpu_s_events_show_it(

@@ -47,6 +47,7 @@ from gpuconsole.sim.tenancy import (
 from gpuconsole.sources.base import EmitEvent
 
 __all__ = [
+    "SLURM_JOB_ENDS_S",
     "LiveWorld",
     "SimWorld",
     "SysfsKernel",
@@ -56,6 +57,9 @@ __all__ = [
     "sim_drivers",
 ]
 
+# How long a simulated node's Slurm jobs run on once the node is drained: a job's end, soon
+# enough that the demo's plans that wait for it go on.
+SLURM_JOB_ENDS_S = 6.0
 # Drivers a fake kernel binds by PCI class when driver_override is empty.
 _DEFAULT_DRIVERS = {0x03: "nvidia", 0x04: "snd_hda_intel", 0x06: "nvidia"}
 
@@ -190,10 +194,13 @@ class SimWorld:
         self.node: SimNode = node
         self.tree = SimTenancyTree(self.node, str(root), plan)
         self.slurm_drained = False
+        self.slurm_drained_at: float | None = None
         if not fresh:
             self.tree.cordoned = set(data.get("cordoned", []))
             self.tree.switches = dict(data.get("switches", {}))
             self.slurm_drained = bool(data.get("slurm_drained", False))
+            at = data.get("slurm_drained_at")
+            self.slurm_drained_at = float(at) if isinstance(at, int | float) else None
             # one timeline for every process that acts on the world: a scenario due 45 s
             # after the world began has happened for the next command too
             node.t0 = float(data.get("started", node.t0))
@@ -276,6 +283,7 @@ class SimWorld:
                 "cordoned": sorted(self.cordoned),
                 "switches": self.switches,
                 "slurm_drained": self.slurm_drained,
+                "slurm_drained_at": self.slurm_drained_at,
                 "repairs": self.node.repairs(),
                 "started": self.node.t0,
             }
@@ -333,6 +341,15 @@ class SimWorld:
             return ["drained"]
         return [f"unassigned ({driver})"]
 
+    def _jobs_end(self) -> None:
+        """Slurm lets a drained node's jobs run to their end: here they end
+        SLURM_JOB_ENDS_S after the drain."""
+        at = self.slurm_drained_at
+        if not self.plan.jobs or not self.slurm_drained or at is None:
+            return
+        if self.node.clock() - at >= SLURM_JOB_ENDS_S:
+            self.plan = dataclasses.replace(self.plan, jobs=())
+
     async def snapshot(self, *, fabric: bool = False) -> NodeSnapshot:
         """The node as the console would read it: the real NVML and tenancy sources, and
         with `fabric` the fabric source too (GPU-NIC affinity, for placement help)."""
@@ -340,6 +357,7 @@ class SimWorld:
         from gpuconsole.sources.nvml.source import NvmlSource
         from gpuconsole.sources.tenancy import TenancySource
 
+        self._jobs_end()
         await asyncio.to_thread(self.tree.refresh)
         hub = Hub()
         hub.add_node(self.name, simulated=True, profile=self.node.profile.name)
@@ -550,6 +568,8 @@ class SimSlurmDriver:
         self.world = world
 
     def _set(self, drained: bool) -> str:
+        if drained and not self.world.slurm_drained:
+            self.world.slurm_drained_at = self.world.node.clock()
         self.world.slurm_drained = drained
         self.world.save()
         return f"Slurm node {self.world.name} {'draining' if drained else 'resumed'}"
@@ -607,6 +627,7 @@ class LiveWorld(SimWorld):
         self.node = node
         self.tree = tree
         self.slurm_drained = False
+        self.slurm_drained_at = None
 
     def save(self) -> None:
         """Nothing to keep on disk: the hub's node follows its tenants instead."""
