@@ -10,8 +10,10 @@ journals each step before it runs, recovers after a crash and audits it all. Wha
   NVSwitch baseboard, no NVLink peer busy with it), then a fresh reading must find it fit.
   Before Ampere nvidia-smi resets a GPU only in one command with every GPU NVLink joins it to
   (and theirs in turn): all of that set is drained, waited for and reset together.
-- reboot_node: every GPU of the node drained and idle, then a power cycle through the BMC,
-  then a fresh reading must find the GPU fit.
+- reboot_node: every GPU of the node drained and idle, and the tenants of its running
+  guests that hold no GPU told and waited for too (the power cycle stops them as well),
+  then a power cycle through the BMC, then a fresh reading must find the GPU fit. It is
+  confirmed by the node's name.
 - reseat, service: drained, idle, nothing may bind it, marked for service.
 
 A remediation puts nothing back when a step fails: a GPU under repair stays out of work. A
