@@ -148,6 +148,30 @@ async def test_reboot_node_drains_every_gpu_then_power_cycles_and_says_who_runs_
     assert "pod team-nlp/train-llm-7b-0" in note and "job 4711" in note
 
 
+async def test_a_wait_that_cannot_read_who_holds_the_gpus_is_not_idle(tmp_path: Path) -> None:
+    """dgx-001's guest holds all eight GPUs. Once its tenant is told, libvirt stops
+    answering: the guest is no longer seen, which is not the guest gone. The wait never
+    calls the node idle without knowing, and the power cycle is not sent."""
+    world = SimWorld.demo("dgx-001", tmp_path / "w")
+    executor = quick(world, tmp_path / "s")
+    plan = await executor.plan_remedy(bus_of(world, 0), Action.REBOOT_NODE)
+    assert not plan.blocked, plan.describe()
+
+    def refused() -> Any:
+        raise ConnectionRefusedError("libvirt: connection refused")
+
+    def libvirt_stops(update: StepUpdate) -> None:
+        if update.step.kind is StepKind.NOTIFY and update.state is StepProgress.DONE:
+            world.tree.libvirt = refused  # type: ignore[method-assign]
+
+    executor.on_step = libvirt_stops
+    outcome = await executor.execute(plan, OPS, "dgx-001")
+    assert world.node.power_cycles == 0, outcome.message
+    assert outcome.state is PlanState.FAILED
+    assert "who holds the GPUs is not known" in outcome.message, outcome.message
+    assert "connection refused" in outcome.message
+
+
 async def test_a_power_cycle_is_confirmed_by_the_node_s_name_not_the_gpu_s_number(
     tmp_path: Path,
 ) -> None:

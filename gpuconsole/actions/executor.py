@@ -571,13 +571,19 @@ class Executor:
 
     async def _wait_idle(self, step: Step) -> str:
         """Until the GPUs have no busy owner left and the NVLink peers of their workload
-        none of it; StepFailed after idle_timeout_s, the drains kept."""
+        none of it, as a reading that knows who holds them says; StepFailed after
+        idle_timeout_s, the drains kept."""
         assert self.reader is not None
         deadline = time.monotonic() + self.idle_timeout_s
         while True:
             node = await self.reader()
             ownership = owners_of(node)
             left = []
+            # a guest or pod not seen because its source did not answer is not gone
+            tenancy = node.status("tenancy")
+            if node.tenancy is None or (tenancy is not None and not tenancy.ok):
+                why = tenancy.error if tenancy is not None and tenancy.error else "no reading"
+                left.append(f"who holds the GPUs is not known ({why})")
             for bus in step.gpus:
                 gpu = ownership.gpu(bus)
                 if gpu is not None:
