@@ -301,6 +301,41 @@ async def test_the_wallboard_offers_no_power(hub: Hub) -> None:
     assert audit(hub) == []
 
 
+async def test_the_power_dialog_never_says_nothing_runs_when_it_cannot_tell() -> None:
+    """dgx-003's libvirt never answers, so the console has no tenancy reading of it: the
+    power cycle's plan says who runs there is not known, not that nothing runs."""
+    sims = build_sim_nodes([SimNodeSpec(NODE, "dgx-h100")])
+    running = Hub()
+    add_sim_sources(running, sims, interval_s=0.2, events=False)
+    add_sim_tenancy_sources(running, sims, interval_s=0.2)
+    add_sim_bmc_sources(running, sims, interval_s=0.5)
+    world = live_world(running, NODE)
+    assert world is not None
+
+    def refused() -> Any:
+        raise ConnectionRefusedError("libvirt: connection refused")
+
+    world.tree.libvirt = refused  # type: ignore[method-assign]
+    await running.start()
+    try:
+        await until(lambda: (node := _node(running)) is not None and node.bmc is not None)
+        await until(lambda: (node := _node(running)) is not None and bool(node.statuses))
+        app = console(running, OPERATOR)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(lambda: app.snapshot is not None)
+            app.push_screen(PowerScreen(NODE))
+            await until(lambda: isinstance(app.screen, PowerScreen) and app.screen.is_mounted)
+            choices = app.screen.query_one("#power-choices", OptionList)
+            choices.highlighted = choices.get_option_index("cycle")
+            await pilot.press("enter")
+            await until(lambda: f"power cycle {NODE}" in screen_text(app))
+            text = screen_text(app)
+            assert "nothing runs on its GPUs" not in text
+            assert "who runs there is not known" in text
+    finally:
+        await running.stop()
+
+
 async def test_an_operator_power_cycles_a_node_after_reading_the_plan_and_typing_its_name(
     hub: Hub,
 ) -> None:

@@ -113,12 +113,14 @@ class PowerScreen(ModalScreen[None]):
             text.append(f"\n  through its BMC {control.label}")
         if node is not None and node.bmc is not None:
             text.append(f"\n  power now: {node.bmc.power_state}")
-        running = []
-        if node is not None and node.tenancy is not None:
-            running = [o.label for o in power_stops(node)]
+        known = node is not None and node.tenancy is not None
+        running = [o.label for o in power_stops(node)] if node is not None and known else []
+        warn = palette.health[Health.WARNING]
         if action in _STOPS and running:
-            warn = palette.health[Health.WARNING]
             text.append(f"\n  • it stops what runs there: {', '.join(running)}", style=warn)
+        elif action in _STOPS and not known:
+            # no tenancy reading: what runs there is not known, which is not nothing
+            text.append("\n  • who runs there is not known (no tenancy reading of it)", style=warn)
         elif action in _STOPS:
             text.append("\n  nothing runs on its GPUs", style=palette.dim)
         text.append(f"\n  type {self.node_name} to confirm; the audit log records it", style="")
