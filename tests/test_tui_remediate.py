@@ -18,9 +18,10 @@ from gpuconsole.actions.plan import StepKind
 from gpuconsole.actions.remediation import escalation, verdict_action
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.actions.store import AUDIT_FILE
-from gpuconsole.facts.verdict import Action
+from gpuconsole.facts.verdict import Action, gpu_verdict
 from gpuconsole.hub import Hub
 from gpuconsole.readings.base import normal_bus_id
+from gpuconsole.readings.nvml import GpuReading
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sim.actions import live_world
 from gpuconsole.sim.cluster import (
@@ -29,6 +30,7 @@ from gpuconsole.sim.cluster import (
     add_sim_sources,
     build_sim_nodes,
     demo_cluster,
+    demo_hub,
 )
 from gpuconsole.sim.fabric import add_sim_fabric_sources
 from gpuconsole.sim.node import Scenario
@@ -367,3 +369,62 @@ async def test_an_operator_power_cycles_a_node_after_reading_the_plan_and_typing
     assert records[-1]["args"]["via"] == "ssh"
     world = live_world(hub, NODE)
     assert world is not None and world.node.power_cycles == 1
+
+
+async def test_story_8_xid_48_is_drained_reset_and_read_again_and_the_node_never_reboots() -> None:
+    """XID 48 (a double-bit ECC error) on dgx-021's GPU 2, which pod train-dgx-021 holds:
+    the verdict asks for a reset with the XID, the DBE count and NVIDIA's bucket as evidence;
+    `r` cordons the GPU, evicts its pod, waits for it to be idle, resets it and reads it
+    again. The verdict turns fit, the node never rebooted, the audit log has every step."""
+    node_name = "dgx-021"
+    spec = SimNodeSpec(node_name, "dgx-h100", (Scenario.parse("xid48:2"),))
+    running = demo_hub(specs=[spec], interval_s=0.2, fabric_interval_s=0.5, tenancy_interval_s=0.2)
+    await running.start()
+
+    def gpu2() -> tuple[NodeSnapshot, GpuReading] | None:
+        node = running.latest.node(node_name) if running.latest else None
+        if node is None or node.tenancy is None or node.nvml is None:
+            return None
+        return node, node.nvml.gpus[2]
+
+    def action() -> Action | None:
+        found = gpu2()
+        return gpu_verdict(found[0], found[1]).action if found is not None else None
+
+    try:
+        await until(lambda: (found := gpu2()) is not None and bool(found[1].xids))
+        found = gpu2()
+        assert found is not None
+        node, gpu = found
+        bus = normal_bus_id(gpu.pci_bus_id)
+        verdict = gpu_verdict(node, gpu)
+        assert verdict.action is Action.RESET_GPU
+        words = "\n".join(f.text for f in verdict.findings)
+        assert "XID 48 double-bit ECC error" in words and "reset the GPU" in words
+        assert "1 uncorrectable" in words  # the double-bit error count
+        app = console(running, OPERATOR)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(lambda: app.snapshot is not None)
+            app.open_gpu(node_name, bus_id=bus)
+            dialog = await repaired(app, pilot, node_name)
+            plan = dialog.plan
+            assert plan is not None and dialog.outcome is not None
+            assert dialog.outcome.ok, dialog.outcome.message
+            assert [s.kind.value for s in plan.steps] == [
+                "cordon", "evict", "wait_idle", "gpu_reset", "verify"
+            ]  # fmt: skip
+            assert plan.steps[1].pod == "team-nlp/train-dgx-021"
+        await until(lambda: (found := gpu2()) is not None and not found[1].ecc.remap_pending)
+        world = live_world(running, node_name)
+        assert world is not None
+        assert world.node.resets == {2: 1} and world.node.power_cycles == 0
+        path = world.root / "actions" / AUDIT_FILE
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        done = [r["detail"] for r in records if r["outcome"] == "step done"]
+        assert len(done) == len(plan.steps)
+        assert all(r["args"]["gpus"] == [bus] for r in records)
+        assert all(r["args"]["uuids"] == [gpu.uuid] for r in records)
+        # the XID it repaired is no reason to reset it again
+        await until(lambda: action() is Action.FIT, timeout=15)
+    finally:
+        await running.stop()

@@ -48,7 +48,7 @@ def xid_of(kind: str) -> int | None:
 # What a GPU reset clears on that GPU, and a power cycle on every GPU: the lost GPU answers
 # again; a pending row remap or page retirement is applied and the volatile ECC counts start
 # over
-RESET_CLEARS = ("xid79", "ecc", "retired")
+RESET_CLEARS = ("xid79", "ecc", "xid48", "retired")
 # Node-level kinds: their number is a PSU or fan (1-based), not a GPU (gpuconsole.sim.bmc).
 NODE_SCENARIO_KINDS = ("psu", "fan", "bmcsilent")
 
@@ -352,11 +352,15 @@ class SimNode:
 
     def ecc(self, index: int) -> tuple[int, int, int, int, bool]:
         """(volatile corrected, volatile uncorrected, aggregate corrected, aggregate
-        uncorrected, remap pending)."""
+        uncorrected, remap pending). A double-bit error (xid48) counts as uncorrected since
+        the driver loaded until a reset, which remaps its row; the aggregate keeps it."""
+        dbe = self.active("xid48", index) is not None
+        t = self.elapsed()
+        dbe_ever = any(s.kind == "xid48" and s.gpu == index and t >= s.at_s for s in self.scenarios)
         if self.active("ecc", index) is None:
-            return 0, 0, 0, 0, False
+            return 0, int(dbe), 0, int(dbe_ever), dbe
         grown = int(self.elapsed() / 30)
-        return 12 + grown, 0, 40 + grown, 1, True
+        return 12 + grown, int(dbe), 40 + grown, 1 + int(dbe_ever), True
 
     def nvlink_errors(self, index: int, link: int) -> tuple[int, int, int]:
         """Replays, recoveries and CRC errors of one link since the driver loaded: link 0 of
