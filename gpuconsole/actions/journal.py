@@ -157,12 +157,13 @@ class StepProgress(enum.StrEnum):
 
 def _proc_start(pid: int) -> str:
     """The process's start time in clock ticks since boot: a pid reused later differs here."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            text = f.read()
+    try:  # bytes: the name in it (comm) is whatever the process called itself, cut anywhere
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read(4096)
     except OSError:
         return ""
-    return text.rpartition(")")[2].split()[19]
+    fields = data.rpartition(b")")[2].split()
+    return fields[19].decode("ascii") if len(fields) > 19 and fields[19].isdigit() else ""
 
 
 def process_tag() -> tuple[str, int, str]:

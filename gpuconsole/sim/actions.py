@@ -45,6 +45,7 @@ from gpuconsole.sim.tenancy import (
     plan_for,
 )
 from gpuconsole.sources.base import EmitEvent
+from gpuconsole.sources.pci import read_attribute
 
 __all__ = [
     "SLURM_JOB_ENDS_S",
@@ -81,15 +82,8 @@ class SysfsKernel:
     def _device(self, bdf: str) -> str:
         return os.path.realpath(os.path.join(self.sysfs_root, "bus", "pci", "devices", bdf))
 
-    def _read(self, path: str) -> str:
-        try:
-            with open(path, encoding="ascii") as f:
-                return f.read().strip()
-        except OSError:
-            return ""
-
     def default_driver(self, bdf: str) -> str | None:
-        text = self._read(os.path.join(self._device(bdf), "class"))
+        text = read_attribute(os.path.join(self._device(bdf), "class")) or ""
         try:
             return _DEFAULT_DRIVERS.get(int(text, 16) >> 16)
         except ValueError:
@@ -114,7 +108,7 @@ class SysfsKernel:
         elif name == "drivers_probe":
             if os.path.islink(link):
                 return
-            override = self._read(os.path.join(device, "driver_override"))
+            override = read_attribute(os.path.join(device, "driver_override")) or ""
             if override == "none":
                 return
             driver = override if override and override != "(null)" else self.default_driver(bdf)

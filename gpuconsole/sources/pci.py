@@ -19,6 +19,7 @@ __all__ = [
     "PciDevice",
     "find_gpus",
     "pci_level",
+    "read_attribute",
     "read_device",
     "read_path",
     "socket_of_numa",
@@ -37,22 +38,26 @@ class PciDevice:
     chain: tuple[str, ...]  # ("pci0000:17", "0000:17:00.0", ..., "0000:1b:00.0")
 
 
-# a sysfs attribute is a line: one that goes on is read this far and no further
+# a sysfs attribute is a line: one that goes on past this is no attribute
 _READ_LIMIT = 4096
 
 
-def _read_line(path: str) -> str | None:
-    """A sysfs attribute's text; None where it cannot be read or is not ASCII (a
-    UnicodeDecodeError is a ValueError, which a caller catching OSError would miss)."""
+def read_attribute(path: str) -> str | None:
+    """A sysfs attribute's text, stripped; None where it cannot be read, or is not one line
+    of printable ASCII (bytes that are not UTF-8, a terminal's escape sequence, a line that
+    goes on). The one way sysfs attributes are read: a UnicodeDecodeError is a ValueError,
+    which a caller catching OSError alone would miss."""
     try:
         with open(path, encoding="ascii") as f:
-            return f.read(_READ_LIMIT).strip()
+            text = f.read(_READ_LIMIT + 1)
     except (OSError, ValueError):
         return None
+    text = text.strip()
+    return text if len(text) <= _READ_LIMIT and text.isprintable() else None
 
 
 def _read_int(path: str, base: int = 0) -> int | None:
-    text = _read_line(path)
+    text = read_attribute(path)
     try:
         return int(text, base) if text is not None else None
     except ValueError:
@@ -138,7 +143,7 @@ def socket_of_numa(sysfs_root: str, numa_node: int | None) -> int | None:
     if numa_node is None:
         return None
     base = os.path.join(sysfs_root, "devices", "system")
-    text = _read_line(os.path.join(base, "node", f"node{numa_node}", "cpulist"))
+    text = read_attribute(os.path.join(base, "node", f"node{numa_node}", "cpulist"))
     if text is None:
         return None
     first = text.split(",")[0].split("-")[0]

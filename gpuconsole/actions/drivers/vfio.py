@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from gpuconsole.actions.drivers import StepFailed
 from gpuconsole.actions.plan import Step, StepKind
+from gpuconsole.sources.pci import read_attribute
 from gpuconsole.sources.tenancy import procfs
 from gpuconsole.sources.tenancy.pci_binding import driver_of, nvidia_info
 
@@ -47,6 +48,8 @@ class VfioDriver:
         return os.path.join(self.sysfs_root, "bus", "pci", "devices", bdf, name)
 
     def _write(self, path: str, text: str) -> None:
+        if not (text.isascii() and text.strip().isprintable()):
+            raise StepFailed(f"writing {text.strip()!r} to {path}: sysfs takes a line of ASCII")
         try:
             with open(path, "w", encoding="ascii") as f:
                 f.write(text)
@@ -55,13 +58,10 @@ class VfioDriver:
         if self.kernel is not None:
             self.kernel(path, text)
 
-    def override_of(self, bdf: str) -> str:
-        """driver_override as the kernel shows it; "" when cleared."""
-        try:
-            with open(self._device(bdf, "driver_override"), encoding="ascii") as f:
-                text = f.read().strip()
-        except OSError:
-            return ""
+    def override_of(self, bdf: str) -> str | None:
+        """driver_override as the kernel shows it; "" when cleared, None where it cannot be
+        read or names no driver (not a line of ASCII): clearing it then writes "" over it."""
+        text = read_attribute(self._device(bdf, "driver_override"))
         return "" if text == "(null)" else text
 
     def driver(self, bdf: str) -> str | None:

@@ -12,7 +12,7 @@ import os
 
 from gpuconsole.readings.base import normal_bus_id, safe_text
 from gpuconsole.readings.tenancy import IommuPeer, PciGpu
-from gpuconsole.sources.pci import find_gpus
+from gpuconsole.sources.pci import find_gpus, read_attribute
 
 __all__ = ["driver_of", "iommu_group", "nvidia_info", "read_gpus"]
 
@@ -24,8 +24,8 @@ def _link_name(path: str) -> str | None:
         return None
 
 
-# sysfs attributes and the driver's information file are a few hundred bytes: a file that
-# goes on is read this far and no further
+# the driver's information file is a few hundred bytes: a file that goes on is read this
+# far and no further
 _READ_LIMIT = 65536
 
 
@@ -38,9 +38,9 @@ def _read_text(path: str) -> str | None:
 
 
 def _read_hex(path: str) -> int | None:
-    text = _read_text(path)
+    text = read_attribute(path)
     try:
-        return int(text.strip(), 16) if text else None
+        return int(text, 16) if text else None
     except ValueError:
         return None
 
@@ -107,7 +107,7 @@ def read_gpus(sysfs_root: str, proc_root: str) -> tuple[PciGpu, ...]:
     gpus = []
     for device in find_gpus(sysfs_root):
         base = _device_dir(sysfs_root, device.bus_id)
-        override = (_read_text(os.path.join(base, "driver_override")) or "").strip()
+        override = read_attribute(os.path.join(base, "driver_override"))
         group, peers = iommu_group(sysfs_root, device.bus_id)
         driver = driver_of(sysfs_root, device.bus_id)
         uuid, model, minor = (
