@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 ALERTMANAGER, WEBHOOK = "alertmanager", "webhook"
 FIRST_RETRY_S = 1.0
+REASON_BYTES = 200  # of a failure's body: a line says why
 
 
 def iso(at: float) -> str:
@@ -120,9 +121,15 @@ class Receiver:
         import aiohttp
 
         try:
-            async with session.post(self.endpoint, json=self.payload(alerts, now)) as response:
-                body = (await response.text())[:200]
+            # not redirected: alerts name nodes, GPUs and tenants, and go only where the
+            # config says. A body is read only to say why it failed, and then only what has
+            # come: one that never ends (or drips) is no reason to wait, nor to hold it.
+            async with session.post(
+                self.endpoint, json=self.payload(alerts, now), allow_redirects=False
+            ) as response:
                 status = response.status
+                moved_to = response.headers.get("Location", "")
+                said = b"" if status < 300 else await response.content.read(REASON_BYTES)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return self._failed(
                 now, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -130,6 +137,13 @@ class Receiver:
         if status < 300:
             self._took(alerts, now)
             return True
+        body = said.decode("utf-8", "replace").strip()
+        if status < 400:
+            return self._failed(
+                now,
+                f"HTTP {status}: redirects to {safe_text(moved_to)[:200] or 'nowhere said'}, "
+                "not followed (set the receiver's URL to where it answers)",
+            )
         if 400 <= status < 500 and status not in (408, 429):
             log.error(
                 "alerts: %s refused %d alert(s) with HTTP %d: %s; not sent again",
