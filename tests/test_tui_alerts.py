@@ -10,7 +10,7 @@ from textual.widgets import DataTable, Static
 
 from gpuconsole.alerts.engine import AlertEngine
 from gpuconsole.alerts.rules import DEFAULT_RULES
-from gpuconsole.alerts.silences import parse_silences
+from gpuconsole.alerts.silences import parse_silences, silenced_alerts
 from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.tui.screens.alerts import AlertsScreen
 from gpuconsole.tui.themes import Palette
@@ -38,6 +38,13 @@ def with_alerts() -> FleetSnapshot:
             }
         ]
     )
+    # what Alertmanager answers of the alerts it holds silenced
+    held = [
+        {"labels": a.labels, "status": {"silencedBy": ["1"]}}
+        for a in engine.alerts.values()
+        if a.rule == "GpuLost"
+    ]
+    engine.silenced = silenced_alerts(held, engine.silences)
     # the lost GPU's verdict (reboot the node) fires the verdict rules as well; one alert
     # is all these views need
     fired = engine.active()

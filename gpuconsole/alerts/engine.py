@@ -10,14 +10,12 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-import orjson
+from typing import TYPE_CHECKING, Any
 
 from gpuconsole.alerts.condition import Sample
 from gpuconsole.alerts.delivery import ALERTMANAGER, Receiver
 from gpuconsole.alerts.rules import Rule, expand
-from gpuconsole.alerts.silences import Silence, parse_silences
+from gpuconsole.alerts.silences import Silence, held_key, parse_silences, silenced_alerts
 from gpuconsole.alerts.state import FIRING, PENDING, RESOLVED, Alert, Saved, StateFile, fingerprint
 from gpuconsole.alerts.window import Windows
 from gpuconsole.facts.inventory import GpuRow, node_gpus
@@ -83,6 +81,8 @@ class AlertEngine:
         self.clock = clock
         self.alerts: dict[str, Alert] = {}
         self.silences: tuple[Silence, ...] = ()
+        # held_key of each alert Alertmanager holds silenced -> the silence (its answer)
+        self.silenced: dict[str, Silence] = {}
         self.problem: str | None = None  # what went wrong reading the state file
         self._metrics = frozenset(m for r in self.rules for m in r.condition.metrics)
         self._windows = Windows(rng for r in self.rules for rng in r.condition.ranges)
@@ -215,12 +215,13 @@ class AlertEngine:
     # --- what consoles see --------------------------------------------------------
 
     def active(self) -> tuple[ActiveAlert, ...]:
-        """Pending and firing alerts, worst first, each with the silence that covers it."""
+        """Pending and firing alerts, worst first, each with the silence Alertmanager says
+        holds it."""
         found = []
         for alert in self.alerts.values():
             if alert.state == RESOLVED:
                 continue
-            silence = next((s for s in self.silences if s.covers(alert.labels)), None)
+            silence = self.silenced.get(held_key(alert.labels))
             # a series' labels are a peer's words: every one a console shows is escaped
             labels = {k: safe_text(v) for k, v in alert.labels.items()}
             bus = _gpu_of(alert)
@@ -254,26 +255,26 @@ class AlertEngine:
             due = receiver.due(self.alerts.values(), now)
             if due and await receiver.deliver(session, due, now):
                 took = True
+                if receiver.kind == ALERTMANAGER:
+                    self._silences_at = 0.0  # which of them it silences: asked next
         if took:
             self._drop_told_resolved()
         return took
 
     async def refresh_silences(self, session: aiohttp.ClientSession) -> None:
-        import aiohttp
-
+        """Ask Alertmanager for its silences and for the alerts it holds silenced (it
+        judges which alert a silence covers: see alerts.silences)."""
         am = next((r for r in self.receivers if r.kind == ALERTMANAGER), None)
         now = self.clock()
         if am is None or now - self._silences_at < SILENCES_EVERY_S:
             return
         self._silences_at = now
-        try:
-            async with session.get(f"{am.url}/api/v2/silences") as response:
-                if response.status != 200:
-                    return
-                data = orjson.loads(await response.read())
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+        silences = await _get_json(session, f"{am.url}/api/v2/silences")
+        held = await _get_json(session, f"{am.url}/api/v2/alerts", _SUPPRESSED)
+        if silences is None or held is None:
             return  # the receiver's own retry says it is down
-        self.silences = parse_silences(data)
+        self.silences = parse_silences(silences)
+        self.silenced = silenced_alerts(held, self.silences)
 
     # --- running on a hub ---------------------------------------------------------
 
@@ -324,9 +325,12 @@ class AlertEngine:
                     except Exception:  # a rule that trips on odd data must not end alerting
                         log.exception("alerts: evaluating the rules failed")
                     next_eval = now + self.paced_interval()
-                await self.refresh_silences(session)
-                if await self.deliver(session):
-                    self.save()
+                try:
+                    await self.refresh_silences(session)
+                    if await self.deliver(session):
+                        self.save()
+                except Exception:  # a receiver's odd answer must not end alerting either
+                    log.exception("alerts: delivering failed")
                 if self._hub is not None:
                     self._hub.set_alerts(self.active())
                 await asyncio.sleep(self._pause(next_eval))
@@ -402,6 +406,38 @@ class AlertEngine:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+# Alertmanager's alerts a silence or an inhibition holds (not those active, nor unprocessed)
+_SUPPRESSED = {"active": "false", "silenced": "true", "inhibited": "true", "unprocessed": "false"}
+# of an answer of Alertmanager's: one past this is left unread
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+
+
+async def _get_json(
+    session: aiohttp.ClientSession, url: str, params: dict[str, str] | None = None
+) -> Any:
+    """Alertmanager's JSON answer at `url`; None for none (an error, a redirect, a body
+    past MAX_ANSWER_BYTES, what is not JSON)."""
+    import aiohttp
+
+    from gpuconsole.codec import DecodeError, parse_json
+    from gpuconsole.sources.agents import read_body
+
+    try:
+        async with session.get(url, params=params, allow_redirects=False) as response:
+            if response.status != 200:
+                return None
+            body = await read_body(response, MAX_ANSWER_BYTES + 1)
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return None
+    if len(body) > MAX_ANSWER_BYTES:
+        log.warning("alerts: %s answered more than %d bytes; not read", url, MAX_ANSWER_BYTES)
+        return None
+    try:
+        return parse_json(body)
+    except DecodeError:
+        return None
 
 
 def _bus_id(labels: dict[str, str]) -> str | None:

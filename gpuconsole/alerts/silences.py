@@ -1,49 +1,33 @@
 """Alertmanager's silences (`GET /api/v2/silences`), to say in the console who silenced an
-alert and why. What Alertmanager sends is read defensively: a silence that does not fit is
-left out, and every word shown is escaped."""
+alert and why, and which of gpuconsole's alerts Alertmanager holds silenced (`GET
+/api/v2/alerts`: each with the ids of the silences that cover it).
+
+Which alert a silence covers is Alertmanager's to say, not worked out here: its matchers'
+patterns are Go's RE2 (linear time, its own syntax), which Python's backtracking `re` reads
+otherwise and, for some patterns ("(.*.*)*="), takes exponential time over. What
+Alertmanager sends is read defensively: what does not fit is left out, and every word
+shown is escaped."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuconsole.alerts.state import fingerprint
 from gpuconsole.readings.base import safe_text
 
-
-@dataclass(frozen=True, slots=True)
-class SilenceMatcher:
-    name: str
-    value: str
-    regex: bool
-    equal: bool
-
-    def holds(self, labels: Mapping[str, str]) -> bool:
-        found = labels.get(self.name, "")
-        if self.regex:
-            try:
-                # ASCII: Alertmanager matches with Go's RE2, whose \d, \w and \s are
-                matched = re.fullmatch(self.value, found, re.ASCII) is not None
-            except re.error:
-                return False
-        else:
-            matched = found == self.value
-        return matched == self.equal
+__all__ = ["Silence", "held_key", "parse_silences", "silenced_alerts"]
 
 
 @dataclass(frozen=True, slots=True)
 class Silence:
-    """An active silence: who made it, why, until when, and what it covers."""
+    """An active silence: who made it, why, until when."""
 
     id: str
     created_by: str
     comment: str
     ends_at: str
-    matchers: tuple[SilenceMatcher, ...]
-
-    def covers(self, labels: Mapping[str, str]) -> bool:
-        return bool(self.matchers) and all(m.holds(labels) for m in self.matchers)
 
     def said(self) -> str:
         """'alice (maintenance) until 2026-12-04T20:00:00Z'"""
@@ -55,31 +39,47 @@ def parse_silences(data: Any) -> tuple[Silence, ...]:
     """The active silences in Alertmanager's answer."""
     found = []
     for item in data if isinstance(data, list) else ():
-        if not isinstance(item, dict):
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
             continue
         status = item.get("status")
         if not isinstance(status, dict) or status.get("state") != "active":
             continue
-        matchers = []
-        for m in item.get("matchers") or ():
-            if not isinstance(m, dict):
-                break
-            name, value = m.get("name"), m.get("value")
-            if not isinstance(name, str) or not isinstance(value, str):
-                break
-            matchers.append(
-                SilenceMatcher(
-                    name, value, m.get("isRegex") is True, m.get("isEqual", True) is not False
-                )
+        found.append(
+            Silence(
+                item["id"],
+                safe_text(str(item.get("createdBy", ""))),
+                safe_text(str(item.get("comment", ""))),
+                safe_text(str(item.get("endsAt", ""))),
             )
-        else:
-            found.append(
-                Silence(
-                    safe_text(str(item.get("id", ""))),
-                    safe_text(str(item.get("createdBy", ""))),
-                    safe_text(str(item.get("comment", ""))),
-                    safe_text(str(item.get("endsAt", ""))),
-                    tuple(matchers),
-                )
-            )
+        )
     return tuple(found)
+
+
+def held_key(labels: Mapping[str, str]) -> str:
+    """An alert as Alertmanager holds it, by its labels: a label with an empty value is no
+    label there."""
+    return fingerprint({k: v for k, v in labels.items() if v})
+
+
+def silenced_alerts(data: Any, silences: tuple[Silence, ...]) -> dict[str, Silence]:
+    """held_key of each alert in Alertmanager's answer that a silence of `silences` holds
+    silenced -> that silence (the first it names that is known)."""
+    by_id = {s.id: s for s in silences}
+    found: dict[str, Silence] = {}
+    for item in data if isinstance(data, list) else ():
+        if not isinstance(item, dict):
+            continue
+        labels, status = item.get("labels"), item.get("status")
+        if not isinstance(labels, dict) or not isinstance(status, dict):
+            continue
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+            continue
+        ids = status.get("silencedBy")
+        named = (
+            [by_id[i] for i in ids if isinstance(i, str) and i in by_id]
+            if isinstance(ids, list)
+            else []
+        )
+        if named:
+            found[held_key(labels)] = named[0]
+    return found

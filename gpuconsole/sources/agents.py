@@ -218,7 +218,7 @@ async def _answer(
     if response.status != 200:
         reason = await _reason(response, packed)
         raise ConnectionError(f"{peer} answered HTTP {response.status}: {reason}")
-    body = await _read_body(response, limit + 1)
+    body = await read_body(response, limit + 1)
     if len(body) > limit:
         raise ValueError(f"{peer} sent more than {limit} bytes")
     encoding = response.headers.get("Content-Encoding", "identity") if packed else "identity"
@@ -231,7 +231,7 @@ async def _answer(
 
 async def _reason(response: aiohttp.ClientResponse, packed: bool) -> str:
     """The start of an error's body, as text: what a line can say of why."""
-    said = await _read_body(response, REASON_BYTES)
+    said = await read_body(response, REASON_BYTES)
     if packed and response.headers.get("Content-Encoding", "").strip().lower() == "gzip":
         try:
             said = zlib.decompressobj(wbits=31).decompress(said, REASON_BYTES)
@@ -262,7 +262,7 @@ def _json(body: bytes, peer: str) -> Any:
         raise ValueError(f"{peer} sent something that is {exc}") from None
 
 
-async def _read_body(response: aiohttp.ClientResponse, most: int) -> bytes:
+async def read_body(response: aiohttp.ClientResponse, most: int) -> bytes:
     """The body, up to `most` bytes: one read returns only what has arrived so far."""
     body = bytearray()
     while len(body) < most:
