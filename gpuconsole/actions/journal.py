@@ -20,6 +20,7 @@ import json
 import os
 import socket
 import sqlite3
+import stat
 import time
 import uuid as uuid_mod
 from collections.abc import Iterator
@@ -98,6 +99,8 @@ CREATE TABLE IF NOT EXISTS locks (
 );
 """
 
+
+_SIDES = ("-wal", "-shm")  # SQLite's files beside the journal, in WAL mode
 
 # The step's column a journal made before it lacks (added on open; '' where not known).
 _BOOT_COLUMN = "ALTER TABLE steps ADD COLUMN boot_id TEXT NOT NULL DEFAULT ''"
@@ -303,6 +306,7 @@ class Journal:
         self.reserve = path.with_name(path.name + "-reserve")
         if not in_memory:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._refuse_links()
             paths.create_file(self.path, mode)
         self._db = sqlite3.connect(
             ":memory:" if in_memory else self.path,
@@ -329,6 +333,31 @@ class Journal:
             ) from exc
         if not in_memory:
             self._keep_reserve()
+
+    def _refuse_links(self) -> None:
+        """The journal and SQLite's -wal and -shm beside it are files of their own or none:
+        SQLite follows a link (creating what a dangling one names), and in the machine's
+        shared folder any operator could plant one for root's next action to write through.
+        A FIFO would hold the open for ever."""
+        for path in (self.path, *(self.path.with_name(self.path.name + s) for s in _SIDES)):
+            try:
+                found = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise sqlite3.OperationalError(
+                    f"the action journal {self.path} cannot be opened ({path.name}: {exc.strerror})"
+                ) from None
+            if stat.S_ISLNK(found.st_mode):
+                why = "is a symbolic link, which is not followed"
+            elif not stat.S_ISREG(found.st_mode):
+                why = "is not a regular file"
+            else:
+                continue
+            raise sqlite3.OperationalError(
+                f"the action journal {self.path} cannot be opened ({path.name} {why}; "
+                "move it away if it is not gpuconsole's own)"
+            )
 
     def _keep_reserve(self) -> None:
         """Make the reserve file where it is missing; none where the disk has no room."""

@@ -1,13 +1,15 @@
 """An alert as the engine keeps it, and the file that keeps the engine's alerts and what each
 receiver was told across restarts: written whole and atomically; a file that cannot be
-read is moved aside with a clear message, never a traceback."""
+read is moved aside (never over an earlier one) with a clear message, never a traceback."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from gpuconsole.readings.base import Severity
+from gpuconsole.readings.base import Severity, safe_text
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,15 @@ class Saved:
     told: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)
 
 
+# A state file holds every alert and what each receiver was told of it: a few MiB for a
+# large fleet; one past this is none gpuconsole wrote.
+MAX_STATE_BYTES = 64 * 1024 * 1024
+
+
+class _Unusable(Exception):
+    """A state file that is not read: why ("a symbolic link, which is not followed")."""
+
+
 class StateFile:
     """The engine's alerts on disk, at `path`."""
 
@@ -71,27 +82,54 @@ class StateFile:
 
     def load(self) -> tuple[Saved, str | None]:
         """What the file holds, and a sentence for the operator when it could not be read
-        (it is then moved aside, to PATH.corrupt, and the engine starts empty)."""
+        (it is then moved aside, to PATH.corrupt or the first PATH.corrupt.N not taken, and
+        the engine starts empty). A link is not followed, nor a FIFO waited on, nor a file
+        past MAX_STATE_BYTES read."""
         try:
-            raw = self.path.read_bytes()
+            raw = self._read()
         except FileNotFoundError:
             return Saved(), None
+        except _Unusable as exc:
+            return Saved(), self._aside(f"is {exc}")
         except OSError as exc:
-            return (
-                Saved(),
-                f"alert state {self.path}: cannot read it ({exc.strerror}); starting empty",
-            )
+            return Saved(), self._aside(f"cannot be read ({exc.strerror})")
         try:
             return _decode(orjson.loads(raw)), None
         except (ValueError, TypeError, KeyError) as exc:
-            aside = self.path.with_name(self.path.name + ".corrupt")
-            with contextlib.suppress(OSError):
-                os.replace(self.path, aside)
-            return Saved(), (
-                f"alert state {self.path} is not a file gpuconsole wrote ({exc}); moved to "
-                f"{aside.name}, starting with no alerts (firing ones fire again at the next "
-                "evaluation)"
-            )
+            return Saved(), self._aside(f"is not a file gpuconsole wrote ({exc})")
+
+    def _read(self) -> bytes:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _Unusable("a symbolic link, which is not followed") from None
+            raise
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise _Unusable("not a regular file")
+            raw = f.read(MAX_STATE_BYTES + 1)
+        if len(raw) > MAX_STATE_BYTES:
+            raise _Unusable(f"larger than {MAX_STATE_BYTES >> 20} MiB")
+        return raw
+
+    def _aside(self, why: str) -> str:
+        """Move the file aside, to a name no earlier one took; what to tell the operator."""
+        aside = self.path.with_name(self.path.name + ".corrupt")
+        n = 0
+        while os.path.lexists(aside):
+            n += 1
+            aside = self.path.with_name(f"{self.path.name}.corrupt.{n}")
+        try:
+            os.rename(self.path, aside)
+        except OSError as exc:
+            kept = f"it could not be moved aside ({exc.strerror}): it is written over next"
+        else:
+            kept = f"moved to {aside.name}"
+        return safe_text(
+            f"alert state {self.path} {why}; {kept}, starting with no alerts (firing ones "
+            "fire again at the next evaluation)"
+        )
 
     def save(self, saved: Saved) -> None:
         """Write the whole state, atomically: a crash leaves the old file or the new one."""

@@ -1,0 +1,121 @@
+"""The files gpuconsole keeps its state in, as found at start-up: truncated, not what it
+wrote, not UTF-8, a FIFO, a symbolic link (planted in a folder every operator may write, for
+root to follow). Each is said in a clear message; none hangs the start, none is followed,
+and none is overwritten: what the person had is kept aside, every time."""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuconsole.actions.journal import Journal
+from gpuconsole.alerts.engine import AlertEngine
+from gpuconsole.alerts.rules import DEFAULT_RULES
+from gpuconsole.alerts.state import StateFile
+from tests.alert_fixtures import fleet
+
+# --- the alert engine's state file ----------------------------------------------------------
+
+
+def _engine(path: Path) -> AlertEngine:
+    began = time.monotonic()
+    engine = AlertEngine(DEFAULT_RULES, state_file=StateFile(path))
+    assert time.monotonic() - began < 2, "the start waited on the state file"
+    return engine
+
+
+@pytest.mark.parametrize(
+    "body", [b'{"version": 1, "alerts": [', b"\xff\xfe\x1b[2J", b"", b'{"version": 1}']
+)
+def test_a_state_file_not_gpuconsoles_is_kept_aside_and_said(tmp_path: Path, body: bytes) -> None:
+    path = tmp_path / "alerts.json"
+    path.write_bytes(body)
+    engine = _engine(path)
+    assert engine.problem is not None and "moved to alerts.json.corrupt" in engine.problem
+    assert "\x1b" not in engine.problem
+    assert (tmp_path / "alerts.json.corrupt").read_bytes() == body
+
+
+def test_a_second_bad_state_file_does_not_overwrite_the_first_kept_aside(tmp_path: Path) -> None:
+    path = tmp_path / "alerts.json"
+    path.write_bytes(b"first")
+    _engine(path)
+    path.write_bytes(b"second")
+    engine = _engine(path)
+    assert engine.problem is not None and "alerts.json.corrupt.1" in engine.problem
+    assert (tmp_path / "alerts.json.corrupt").read_bytes() == b"first"
+    assert (tmp_path / "alerts.json.corrupt.1").read_bytes() == b"second"
+
+
+def test_a_fifo_for_a_state_file_is_said_not_waited_on(tmp_path: Path) -> None:
+    path = tmp_path / "alerts.json"
+    os.mkfifo(path)
+    engine = _engine(path)
+    assert engine.problem is not None and "not a regular file" in engine.problem
+    assert (tmp_path / "alerts.json.corrupt").is_fifo()
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "elsewhere.json"])
+def test_a_state_file_that_is_a_link_is_not_followed(tmp_path: Path, target: str) -> None:
+    """Not read (/dev/zero has no end), and the link kept aside, not what it points at;
+    what fires next is written to a file of gpuconsole's own, in its place."""
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(b"someone's")
+    path = tmp_path / "alerts.json"
+    path.symlink_to(target if target.startswith("/") else elsewhere)
+    engine = _engine(path)
+    assert engine.problem is not None and "symbolic link" in engine.problem
+    assert (tmp_path / "alerts.json.corrupt").is_symlink()
+    engine.evaluate(fleet(1.0, lost=True))
+    engine.save()
+    assert not path.is_symlink() and elsewhere.read_bytes() == b"someone's"
+    assert _engine(path).problem is None
+
+
+def test_a_state_file_past_any_gpuconsole_writes_is_not_read_whole(tmp_path: Path) -> None:
+    path = tmp_path / "alerts.json"
+    with open(path, "wb") as f:
+        f.truncate(1 << 31)  # sparse: 2 GiB of zeros that take no room
+    engine = _engine(path)
+    assert engine.problem is not None and "larger than" in engine.problem
+    assert (tmp_path / "alerts.json.corrupt").stat().st_size == 1 << 31
+
+
+# --- the remediation journal ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["actions.db", "actions.db-wal", "actions.db-shm"])
+def test_a_journal_file_that_is_a_link_is_refused_not_followed(tmp_path: Path, name: str) -> None:
+    """In the machine's shared folder any operator may plant actions.db (or SQLite's -wal
+    and -shm beside it) as a link; root's next remediation must not write where it points."""
+    target = tmp_path / "not-yours" / "file"
+    target.parent.mkdir()
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / name).symlink_to(target)
+    with pytest.raises(sqlite3.OperationalError, match=f"{re.escape(name)} is a symbolic link"):
+        Journal(state / "actions.db")
+    assert not target.exists()
+
+
+def test_a_fifo_for_the_journal_is_said_by_name(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "actions.db")
+    with pytest.raises(sqlite3.OperationalError, match=r"actions\.db is not a regular file"):
+        Journal(tmp_path / "actions.db")
+
+
+@pytest.mark.parametrize("body", [b"SQLite format 3\x00" + b"\x07" * 5000, b"\xff\xfe\x1b[2J"])
+def test_a_journal_that_is_not_a_database_is_refused_and_left_as_it_was(
+    tmp_path: Path, body: bytes
+) -> None:
+    """It may hold the plans a crash left half-done: refused, said, never started over."""
+    path = tmp_path / "actions.db"
+    path.write_bytes(body)
+    with pytest.raises(sqlite3.OperationalError, match="cannot be opened"):
+        Journal(path)
+    assert path.read_bytes() == body
