@@ -144,7 +144,12 @@ class AlertEngine:
             if fp in seen or alert.state == RESOLVED:
                 continue
             if alert.state == PENDING:
-                del self.alerts[fp]
+                if any(r.told.get(fp, ("",))[0] == FIRING for r in self.receivers):
+                    # it resolved while a receiver was down, then held again for less than
+                    # for_s: in the same place, so this one owes that receiver its resolution
+                    alert.state, alert.resolved_at = RESOLVED, now
+                else:
+                    del self.alerts[fp]
                 continue
             alert.state, alert.resolved_at = RESOLVED, now
             changes.append(Change(alert, RESOLVED))

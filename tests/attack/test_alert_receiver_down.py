@@ -1,0 +1,80 @@
+"""A receiver that answers 500 for as long as it likes, while the GPU it is told about
+comes and goes: what it was told firing it is told resolved once it is back, whatever the
+alert did meanwhile; and what is kept for it stays one alert per label set."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from gpuconsole.alerts.delivery import WEBHOOK, Receiver
+from gpuconsole.alerts.engine import AlertEngine
+from gpuconsole.alerts.rules import DEFAULT_RULES
+from tests.alert_fixtures import fleet, free_port
+
+LOST = tuple(dataclasses.replace(r, for_s=10.0) for r in DEFAULT_RULES if r.name == "GpuLost")
+
+
+@dataclasses.dataclass
+class Hook:
+    url: str
+    up: list[bool]
+    told: list[tuple[str, str]]  # (status, alertname) as received, in order
+
+
+@pytest.fixture
+async def hook() -> AsyncIterator[Hook]:
+    up = [True]
+    told: list[tuple[str, str]] = []
+
+    async def take(request: web.Request) -> web.Response:
+        if not up[0]:
+            return web.Response(status=500, text="down")
+        body: Any = await request.json()
+        told.extend((a["status"], a["labels"]["alertname"]) for a in body["alerts"])
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/hook", take)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield Hook(f"http://127.0.0.1:{port}/hook", up, told)
+    finally:
+        await runner.cleanup()
+
+
+async def test_what_a_receiver_was_told_firing_it_is_told_resolved_after_its_outage(
+    hook: Hook,
+) -> None:
+    receiver = Receiver(WEBHOOK, hook.url, resend_s=60, max_backoff_s=1)
+    engine = AlertEngine(LOST, [receiver], timeout_s=2)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+
+        async def at(t: float, lost: bool) -> None:
+            await engine.step(fleet(t, lost=lost))
+            receiver.next_try_at = 0.0  # no backoff in between: each step is minutes
+            await engine.deliver(session)
+
+        await at(1000, True)  # pending
+        await at(1010, True)  # firing, and told so
+        assert hook.told == [("firing", "GpuLost")]
+        hook.up[0] = False  # 500 from here on
+        await at(1020, False)  # resolved; not told
+        await at(1030, True)  # lost again: pending, for less than for_s
+        await at(1035, False)  # back before it fired again
+        for t in range(1040, 1100, 10):  # the outage goes on
+            await at(t, t % 20 == 0)
+        assert len(engine.alerts) <= 1  # one label set, one alert kept, however it flaps
+        hook.up[0] = True
+        await at(1100, False)
+        await at(1110, False)
+    assert hook.told == [("firing", "GpuLost"), ("resolved", "GpuLost")]
+    assert engine.alerts == {} and receiver.told == {}
