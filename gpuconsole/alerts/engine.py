@@ -250,32 +250,38 @@ class AlertEngine:
     # --- delivery -----------------------------------------------------------------
 
     async def deliver(self, session: aiohttp.ClientSession) -> bool:
-        """Tell each receiver that is not backing off what it must be told; True if any
-        receiver acknowledged something (the state file is then written)."""
+        """Tell each receiver that is not backing off what it must be told, all at once (one
+        that never answers holds up no other); True if any receiver acknowledged something
+        (the state file is then written)."""
         now = self.clock()
-        took = False
-        for receiver in self.receivers:
-            if now < receiver.next_try_at:
-                continue
-            due = receiver.due(self.alerts.values(), now)
-            if due and await receiver.deliver(session, due, now):
-                took = True
-                if receiver.kind == ALERTMANAGER:
-                    self._silences_at = 0.0  # which of them it silences: asked next
-        if took:
+        rounds = [
+            (receiver, due)
+            for receiver in self.receivers
+            if now >= receiver.next_try_at and (due := receiver.due(self.alerts.values(), now))
+        ]
+        if not rounds:
+            return False
+        took = await asyncio.gather(*(r.deliver(session, due, now) for r, due in rounds))
+        if any(r.kind == ALERTMANAGER for (r, _), ok in zip(rounds, took, strict=True) if ok):
+            self._silences_at = 0.0  # which of them it silences: asked next
+        if any(took):
             self._drop_told_resolved()
-        return took
+        return any(took)
 
     async def refresh_silences(self, session: aiohttp.ClientSession) -> None:
         """Ask Alertmanager for its silences and for the alerts it holds silenced (it
         judges which alert a silence covers: see alerts.silences)."""
         am = next((r for r in self.receivers if r.kind == ALERTMANAGER), None)
         now = self.clock()
-        if am is None or now - self._silences_at < SILENCES_EVERY_S:
+        if am is None or am.failures or not self.alerts:
+            return  # none; down (asked again once it takes alerts again); nothing to cover
+        if now - self._silences_at < SILENCES_EVERY_S:
             return
         self._silences_at = now
-        silences = await _get_json(session, f"{am.url}/api/v2/silences")
-        held = await _get_json(session, f"{am.url}/api/v2/alerts", _SUPPRESSED)
+        silences, held = await asyncio.gather(
+            _get_json(session, f"{am.url}/api/v2/silences"),
+            _get_json(session, f"{am.url}/api/v2/alerts", _SUPPRESSED),
+        )
         if silences is None or held is None:
             return  # the receiver's own retry says it is down
         self.silences = parse_silences(silences)

@@ -4,7 +4,9 @@ alert did meanwhile; and what is kept for it stays one alert per label set."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gpuconsole.alerts.delivery import WEBHOOK, Receiver
+from gpuconsole.alerts.delivery import ALERTMANAGER, WEBHOOK, Receiver
 from gpuconsole.alerts.engine import AlertEngine
 from gpuconsole.alerts.rules import DEFAULT_RULES
 from tests.alert_fixtures import fleet, free_port
@@ -78,3 +80,48 @@ async def test_what_a_receiver_was_told_firing_it_is_told_resolved_after_its_out
         await at(1110, False)
     assert hook.told == [("firing", "GpuLost"), ("resolved", "GpuLost")]
     assert engine.alerts == {} and receiver.told == {}
+
+
+@pytest.fixture
+async def blackhole() -> AsyncIterator[str]:
+    """An 'Alertmanager' that takes the connection and never answers."""
+
+    async def hang(request: web.Request) -> web.Response:
+        await asyncio.sleep(30)
+        return web.Response(text="late")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", hang)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_receiver_that_never_answers_does_not_hold_up_the_others(
+    hook: Hook, blackhole: str
+) -> None:
+    timeout_s = 1.5
+    stuck = Receiver(ALERTMANAGER, blackhole, resend_s=60, max_backoff_s=60)
+    healthy = Receiver(WEBHOOK, hook.url, resend_s=60, max_backoff_s=60)
+    engine = AlertEngine(LOST[:1], [stuck, healthy], timeout_s=timeout_s)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        await engine.step(fleet(time.time() - 20, lost=True))
+        await engine.step(fleet(time.time(), lost=True))  # firing
+        began = time.monotonic()
+        delivering = asyncio.create_task(engine.deliver(session))
+        while not hook.told and time.monotonic() - began < timeout_s:
+            await asyncio.sleep(0.02)
+        told_after = time.monotonic() - began
+        assert await delivering
+        assert hook.told == [("firing", "GpuLost")]
+        assert told_after < timeout_s / 2, told_after
+        assert stuck.failures == 1 and stuck.last_error == "TimeoutError"
+        # its silences are not asked for while it is down: its retry says when it is back
+        began = time.monotonic()
+        await engine.refresh_silences(session)
+        assert time.monotonic() - began < timeout_s / 2
