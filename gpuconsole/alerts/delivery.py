@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -120,6 +121,7 @@ class Receiver:
         is logged: sending the same again would be refused again)."""
         import aiohttp
 
+        began = time.monotonic()
         try:
             # not redirected: alerts name nodes, GPUs and tenants, and go only where the
             # config says. A body is read only to say why it failed, and then only what has
@@ -131,9 +133,9 @@ class Receiver:
                 moved_to = response.headers.get("Location", "")
                 said = b"" if status < 300 else await response.content.read(REASON_BYTES)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return self._failed(
-                now, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            )
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            # the backoff counts from when it was found down (a timeout later), not asked
+            return self._failed(now + (time.monotonic() - began), why)
         if status < 300:
             self._took(alerts, now)
             return True

@@ -121,6 +121,8 @@ async def test_a_receiver_that_never_answers_does_not_hold_up_the_others(
         assert hook.told == [("firing", "GpuLost")]
         assert told_after < timeout_s / 2, told_after
         assert stuck.failures == 1 and stuck.last_error == "TimeoutError"
+        # its backoff counts from when it was found down, not from when it was asked
+        assert stuck.next_try_at >= time.time() + 0.5
         # its silences are not asked for while it is down: its retry says when it is back
         began = time.monotonic()
         await engine.refresh_silences(session)
