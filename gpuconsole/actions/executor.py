@@ -34,6 +34,7 @@ from gpuconsole.actions.audit import AuditLog, AuditRecord
 from gpuconsole.actions.drivers import Drivers, StepFailed
 from gpuconsole.actions.journal import (
     Journal,
+    JournalCorrupt,
     Phase,
     PlanRecord,
     PlanState,
@@ -750,6 +751,11 @@ class Executor:
         to recovery; says what it did. Raises CannotRecover when the journal cannot take it."""
         try:
             records = self.journal.claim_orphans(self.node)
+        except JournalCorrupt as exc:
+            raise CannotRecover(
+                f"could not recover unfinished plans: {exc}; their GPUs stay locked (see "
+                f"`gpuconsole assign --recover` on {self.node})"
+            ) from None
         except sqlite3.Error as exc:
             raise CannotRecover(
                 f"could not recover unfinished plans: {self.journal.cannot_write(exc)}; their "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import logging
 import os
 import socket
 import sqlite3
@@ -30,12 +31,15 @@ from pathlib import Path
 from gpuconsole import paths
 from gpuconsole.actions.plan import Plan, StepKind
 from gpuconsole.readings.actions import RepairAttempt
-from gpuconsole.readings.base import normal_bus_id
+from gpuconsole.readings.base import normal_bus_id, safe_text
 from gpuconsole.readings.verdict import Action
 from gpuconsole.sources.boot import boot, boot_id
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "Journal",
+    "JournalCorrupt",
     "Phase",
     "PlanRecord",
     "PlanState",
@@ -44,6 +48,7 @@ __all__ = [
     "StepState",
     "boot",
     "boot_id",
+    "journal_text",
     "let_go",
     "process_alive",
     "process_tag",
@@ -104,6 +109,10 @@ _SIDES = ("-wal", "-shm")  # SQLite's files beside the journal, in WAL mode
 
 # The step's column a journal made before it lacks (added on open; '' where not known).
 _BOOT_COLUMN = "ALTER TABLE steps ADD COLUMN boot_id TEXT NOT NULL DEFAULT ''"
+
+
+class JournalCorrupt(sqlite3.DatabaseError):
+    """A row of the journal that is not what gpuconsole writes: which plan, and why."""
 
 
 class PlanState(enum.StrEnum):
@@ -272,8 +281,7 @@ def repairs(
             and bool(this_boot)
             and step_boot not in ("", this_boot)
         )
-        for bus in json.loads(str(gpus)):
-            bus_id = normal_bus_id(str(bus))
+        for bus_id in _bus_ids(gpus):
             if rebooted:
                 at = boot_at if boot_at is not None and boot_at >= float(started) else started
                 last[bus_id] = RepairAttempt(
@@ -282,6 +290,21 @@ def repairs(
             else:
                 last[bus_id] = RepairAttempt(bus_id, action, float(started), ok)
     return tuple(last.values())
+
+
+def journal_text(data: bytes) -> str:
+    """A TEXT value of the journal: what is not UTF-8 (a damaged row) is read with U+FFFD
+    in its place, and refused where its plan is read, not where the row is fetched."""
+    return data.decode("utf-8", "replace")
+
+
+def _bus_ids(gpus: object) -> list[str]:
+    """A plan's GPUs column as bus ids; none where it is not what gpuconsole writes."""
+    try:
+        found = json.loads(str(gpus))
+        return [normal_bus_id(str(bus)) for bus in found] if isinstance(found, list) else []
+    except ValueError:
+        return []
 
 
 class Journal:
@@ -314,6 +337,7 @@ class Journal:
             isolation_level=None,
             check_same_thread=False,
         )
+        self._db.text_factory = journal_text
         try:
             if not in_memory:
                 self._enable_wal(timeout_s)
@@ -503,6 +527,18 @@ class Journal:
     # --- reading ---------------------------------------------------------------------
 
     def _record(self, row: tuple[object, ...]) -> PlanRecord:
+        """A plan's row and its steps as records; JournalCorrupt naming the plan where
+        they are not what gpuconsole writes (a damaged disk, a hand, another program)."""
+        try:
+            return self._read_record(row)
+        except (ValueError, TypeError, KeyError, IndexError, sqlite3.DataError) as exc:
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise JournalCorrupt(
+                f"the action journal {self.path}: plan {safe_text(str(row[0]))} cannot be "
+                f"read ({safe_text(why)[:200]}); it is left as it is"
+            ) from None
+
+    def _read_record(self, row: tuple[object, ...]) -> PlanRecord:
         (pid_, node, target, gpus, user, role, fp, plan, state, outcome, host, pid, start,
          created, finished, recovered) = row  # fmt: skip
         steps = tuple(
@@ -554,12 +590,19 @@ class Journal:
         return self._record(row) if row else None
 
     def plans(self, limit: int = 50) -> list[PlanRecord]:
-        """The most recent plans, newest first."""
+        """The most recent plans, newest first; one that cannot be read is left out (and
+        logged)."""
         rows = self._db.execute(
             f"SELECT {self._COLUMNS} FROM plans ORDER BY created_at DESC, rowid DESC LIMIT ?",
             (limit,),
         ).fetchall()
-        return [self._record(r) for r in rows]
+        found = []
+        for row in rows:
+            try:
+                found.append(self._record(row))
+            except JournalCorrupt as exc:
+                log.warning("%s", exc)
+        return found
 
     def claim_orphans(self, node: str) -> list[PlanRecord]:
         """Running plans of `node` whose process is gone, handed to this process (in one

@@ -32,6 +32,7 @@ from gpuconsole.actions.journal import (
     StepProgress,
     StepState,
     boot,
+    journal_text,
     repairs,
 )
 from gpuconsole.actions.plan import Plan
@@ -191,6 +192,7 @@ class JournalEvents:
                 timeout=self.timeout_s,
                 check_same_thread=False,
             )
+            self._db.text_factory = journal_text
         return self._db
 
     def _read(self) -> JournalReading:

@@ -8,16 +8,29 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from gpuconsole.actions.journal import Journal
+from gpuconsole.actions.audit import AuditLog
+from gpuconsole.actions.drivers import Drivers
+from gpuconsole.actions.drivers.vfio import VfioDriver
+from gpuconsole.actions.executor import CannotRecover, Executor
+from gpuconsole.actions.journal import Journal, Phase
+from gpuconsole.actions.journal_events import JournalEvents
+from gpuconsole.actions.plan import Target, make_plan
 from gpuconsole.alerts.engine import AlertEngine
 from gpuconsole.alerts.rules import DEFAULT_RULES
 from gpuconsole.alerts.state import StateFile
+from gpuconsole.readings.snapshot import NodeSnapshot
+from gpuconsole.readings.tenancy import TenancyReading
+from gpuconsole.sources.tenancy.pci_binding import read_gpus
 from tests.alert_fixtures import fleet
+from tests.tenancy_fixtures import FakeHost
+
+GPU = "0000:1b:00.0"
 
 # --- the alert engine's state file ----------------------------------------------------------
 
@@ -119,3 +132,53 @@ def test_a_journal_that_is_not_a_database_is_refused_and_left_as_it_was(
     with pytest.raises(sqlite3.OperationalError, match="cannot be opened"):
         Journal(path)
     assert path.read_bytes() == body
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "UPDATE plans SET plan = '[]'",
+        "UPDATE plans SET plan = '{\"node\": 5'",
+        "UPDATE plans SET gpus = 'not json'",
+        "UPDATE plans SET plan = CAST(X'FF7B' AS TEXT)",
+        "UPDATE steps SET phase = 'sideways'",
+        "UPDATE plans SET state = 'exploded'",
+    ],
+)
+async def test_a_journal_row_that_is_not_gpuconsoles_is_said_by_plan_not_a_traceback(
+    tmp_path: Path, damage: str
+) -> None:
+    """A plan a crash left running, its row damaged since: recovery names the plan and
+    leaves its GPUs locked; listing the journal goes on without it; the events source
+    (what the verdict reads of past repairs) reads on."""
+    host = FakeHost(tmp_path)
+    host.pci(GPU, driver="nvidia", group=40)
+    node = NodeSnapshot(
+        "n1", tenancy=TenancyReading(at=0.0, gpus=read_gpus(host.sysfs_root, host.proc_root))
+    )
+    path = tmp_path / "state" / "actions.db"
+    journal = Journal(path)
+    plan = make_plan(node, [GPU], Target.parse("drained"))
+    with journal.transaction() as db:
+        plan_id = journal.start_plan(db, plan, "ops", "operator", None)
+    assert journal.intent(plan_id, 0, plan.steps[0].kind.value, Phase.DO)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE plans SET pid = ?", (_dead_pid(),))
+        db.execute(damage)
+    drivers = Drivers(pci=VfioDriver(host.sysfs_root, host.proc_root))
+    executor = Executor("n1", drivers, journal, AuditLog(tmp_path / "state" / "audit.jsonl"))
+    if "exploded" in damage:  # not running: nothing for recovery to take
+        assert await executor.recover() == []
+    else:
+        with pytest.raises(CannotRecover, match=f"plan {plan_id} cannot be read") as caught:
+            await executor.recover()
+        assert "cannot be written" not in str(caught.value)
+    assert journal.plans() == []
+    events = JournalEvents("n1", path)
+    assert events._read().running in (0, 1)
