@@ -4,7 +4,9 @@ GPU locks and audit log)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
 # Shared by every operator of a machine, whichever Unix user or ssh session they come
@@ -47,3 +49,26 @@ def create_file(path: Path, mode: int) -> None:
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
+
+
+class NotOwnFile(Exception):
+    """A state file that is not read: why ("a symbolic link, which is not followed")."""
+
+
+def read_own_file(path: Path, limit: int) -> bytes:
+    """A state file gpuconsole wrote, whole: NotOwnFile where it is a link (not followed),
+    not a regular file (a FIFO is not waited on) or past `limit` bytes; OSError where it
+    cannot be read (FileNotFoundError where there is none)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotOwnFile("a symbolic link, which is not followed") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotOwnFile("not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise NotOwnFile(f"larger than {limit} bytes")
+    return data

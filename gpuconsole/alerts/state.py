@@ -5,11 +5,9 @@ read is moved aside (never over an earlier one) with a clear message, never a tr
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import logging
 import os
-import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from gpuconsole import paths
 from gpuconsole.readings.base import Severity, safe_text
 
 log = logging.getLogger(__name__)
@@ -70,10 +69,6 @@ class Saved:
 MAX_STATE_BYTES = 64 * 1024 * 1024
 
 
-class _Unusable(Exception):
-    """A state file that is not read: why ("a symbolic link, which is not followed")."""
-
-
 class StateFile:
     """The engine's alerts on disk, at `path`."""
 
@@ -86,10 +81,10 @@ class StateFile:
         the engine starts empty). A link is not followed, nor a FIFO waited on, nor a file
         past MAX_STATE_BYTES read."""
         try:
-            raw = self._read()
+            raw = paths.read_own_file(self.path, MAX_STATE_BYTES)
         except FileNotFoundError:
             return Saved(), None
-        except _Unusable as exc:
+        except paths.NotOwnFile as exc:
             return Saved(), self._aside(f"is {exc}")
         except OSError as exc:
             return Saved(), self._aside(f"cannot be read ({exc.strerror})")
@@ -97,21 +92,6 @@ class StateFile:
             return _decode(orjson.loads(raw)), None
         except (ValueError, TypeError, KeyError) as exc:
             return Saved(), self._aside(f"is not a file gpuconsole wrote ({exc})")
-
-    def _read(self) -> bytes:
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise _Unusable("a symbolic link, which is not followed") from None
-            raise
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise _Unusable("not a regular file")
-            raw = f.read(MAX_STATE_BYTES + 1)
-        if len(raw) > MAX_STATE_BYTES:
-            raise _Unusable(f"larger than {MAX_STATE_BYTES >> 20} MiB")
-        return raw
 
     def _aside(self, why: str) -> str:
         """Move the file aside, to a name no earlier one took; what to tell the operator."""

@@ -26,6 +26,7 @@ from gpuconsole.alerts.rules import DEFAULT_RULES
 from gpuconsole.alerts.state import StateFile
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import TenancyReading
+from gpuconsole.sources.bmc.sel import SelCursor
 from gpuconsole.sources.tenancy.pci_binding import read_gpus
 from tests.alert_fixtures import fleet
 from tests.tenancy_fixtures import FakeHost
@@ -182,3 +183,27 @@ async def test_a_journal_row_that_is_not_gpuconsoles_is_said_by_plan_not_a_trace
     assert journal.plans() == []
     events = JournalEvents("n1", path)
     assert events._read().running in (0, 1)
+
+
+# --- a BMC's SEL cursor -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "elsewhere"])
+def test_a_sel_cursor_that_is_no_file_of_gpuconsoles_is_started_over_not_waited_on(
+    tmp_path: Path, kind: str
+) -> None:
+    cursor = SelCursor.for_bmc(tmp_path, "ipmi://10.0.0.17:623")
+    assert cursor.path is not None
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text('{"last_record_id": 7}')
+    if kind == "fifo":
+        os.mkfifo(cursor.path)
+    else:
+        cursor.path.symlink_to(elsewhere if kind == "elsewhere" else kind)
+    began = time.monotonic()
+    cursor.load()
+    assert time.monotonic() - began < 2
+    assert cursor.last_record_id is None
+    cursor.last_record_id = 9
+    cursor.save()
+    assert not cursor.path.is_symlink() and elsewhere.read_text() == '{"last_record_id": 7}'

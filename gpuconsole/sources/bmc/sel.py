@@ -18,9 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuconsole import paths
 from gpuconsole.readings.bmc import SelEntry
 
 log = logging.getLogger(__name__)
+
+MAX_CURSOR_BYTES = 4096  # {"last_record_id": N}: a file past this is none gpuconsole wrote
 
 
 @dataclass
@@ -42,10 +45,11 @@ class SelCursor:
         if self.path is None:
             return
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = json.loads(paths.read_own_file(self.path, MAX_CURSOR_BYTES))
         except FileNotFoundError:
             return
-        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested deep
+        except (OSError, ValueError, RecursionError, paths.NotOwnFile) as exc:
+            # RecursionError: nested deep; NotOwnFile: a link, a FIFO, a file that goes on
             log.warning("%s: unreadable SEL cursor, starting over: %s", self.path, exc)
             return
         value = data.get("last_record_id") if isinstance(data, dict) else None
