@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Iterator
+from typing import Annotated
 
 import msgspec
 
@@ -180,12 +181,20 @@ class XidCount(msgspec.Struct, frozen=True):
     last_at: float
 
 
+# What NVML writes a GPU's UUID and name into is 96 bytes (NVML_DEVICE_UUID_V2_BUFFER_SIZE,
+# NVML_DEVICE_NAME_V2_BUFFER_SIZE, nvml.h): a reading decoded from elsewhere (an agent, a
+# replay file) with a longer one is refused, as no NVML wrote it. Each is a label of every
+# series of its GPU: one of 2 MB made the head's /metrics a thousand times its size.
+NVML_TEXT_CHARS = 96
+NvmlText = Annotated[str, msgspec.Meta(max_length=NVML_TEXT_CHARS)]
+
+
 class GpuReading(msgspec.Struct, frozen=True):
     """Everything NVML told us about one GPU in one poll."""
 
     index: int
-    uuid: str
-    name: str
+    uuid: NvmlText
+    name: NvmlText
     pci_bus_id: str
     state: GpuState = GpuState.OK
     serial: str | None = None

@@ -18,7 +18,7 @@ from gpuconsole.actions.plan import StepKind, Target, make_plan
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.tenancy import Guest, TenancyReading
 from gpuconsole.sim.actions import SysfsKernel
-from gpuconsole.sources.tenancy.pci_binding import driver_of, read_gpus
+from gpuconsole.sources.tenancy.pci_binding import driver_of, nvidia_info, read_gpus
 from tests.tenancy_fixtures import AUDIO_CLASS, FakeHost
 
 GPU, AUDIO = "0000:1b:00.0", "0000:1b:00.1"
@@ -112,3 +112,18 @@ def test_a_lock_whose_pid_went_to_an_oddly_named_process_is_told_apart(name: byt
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize("model", ["M" * 97, "\x1b" * 30])
+def test_a_model_longer_than_nvmls_buffer_is_not_the_drivers(tmp_path: Path, model: str) -> None:
+    """The driver writes a GPU's model and UUID from NVML's 96-byte buffers: a longer one
+    (or one whose control characters, written out, run past it) names no GPU, so no
+    reading its agent sends is refused for it."""
+    host = FakeHost(tmp_path)
+    host.pci(GPU, driver="nvidia", group=40)
+    host.nvidia_info(GPU, "GPU-00000000-0000-0000-0000-000000000001", 0, model=model)
+    assert nvidia_info(host.proc_root, GPU) == (
+        "GPU-00000000-0000-0000-0000-000000000001",
+        None,
+        0,
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from gpuconsole.readings.base import normal_bus_id, safe_text
+from gpuconsole.readings.nvml import NVML_TEXT_CHARS
 from gpuconsole.readings.tenancy import IommuPeer, PciGpu
 from gpuconsole.sources.pci import find_gpus, read_attribute
 
@@ -93,13 +94,19 @@ def nvidia_info(proc_root: str, bus_id: str) -> tuple[str | None, str | None, in
         key, sep, value = line.partition(":")
         if sep:
             fields[key.strip()] = value.strip()
-    uuid = safe_text(fields.get("GPU UUID", "")) or None
     minor_text = fields.get("Device Minor", "")
     return (
-        uuid,
-        safe_text(fields.get("Model", "")) or None,
+        _nvml_text(fields.get("GPU UUID", "")),
+        _nvml_text(fields.get("Model", "")),
         int(minor_text) if minor_text.isascii() and minor_text.isdigit() else None,
     )
+
+
+def _nvml_text(text: str) -> str | None:
+    """A UUID or model as the driver writes it, made safe; None where there is none, or
+    one longer than NVML's buffer for it (not the driver's)."""
+    shown = safe_text(text)
+    return shown if 0 < len(shown) <= NVML_TEXT_CHARS else None
 
 
 def read_gpus(sysfs_root: str, proc_root: str) -> tuple[PciGpu, ...]:
