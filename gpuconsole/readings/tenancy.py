@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
+from typing import Annotated
 
 import msgspec
 
@@ -100,16 +101,24 @@ class Guest(msgspec.Struct, frozen=True):
         return self.state in ACTIVE_GUEST_STATES
 
 
+# Kubernetes names, as the API server takes them: a namespace and a container are DNS
+# labels (63 characters at most), a pod, a claim, a DRA driver and pool DNS subdomains
+# (253). A pod's are labels of every series of its GPU (dcgm-exporter's pod, namespace,
+# container): a reading decoded from elsewhere (an agent) with a longer one is refused.
+K8sLabel = Annotated[str, msgspec.Meta(max_length=63)]
+K8sName = Annotated[str, msgspec.Meta(max_length=253)]
+
+
 class DraDevice(msgspec.Struct, frozen=True):
     """A device a ResourceClaim gave a container (Kubernetes DRA), as the kubelet names it:
     dcgm-exporter's dra_claim_name, dra_claim_namespace, dra_driver_name, dra_pool_name and
     dra_device_name labels."""
 
-    claim_name: str
-    claim_namespace: str
-    driver: str  # gpu.nvidia.com for NVIDIA's DRA driver
-    pool: str  # the driver's pool: the node's name for node-local GPUs
-    device: str  # gpu-<minor>, or gpu-<minor>-mig-<profile>-<start>-<size> for a MIG device
+    claim_name: K8sName
+    claim_namespace: K8sLabel
+    driver: K8sName  # gpu.nvidia.com for NVIDIA's DRA driver
+    pool: K8sName  # the driver's pool: the node's name for node-local GPUs
+    device: K8sName  # gpu-<minor>, or gpu-<minor>-mig-<profile>-<start>-<size> for a MIG device
 
     @property
     def claim(self) -> str:
@@ -119,9 +128,9 @@ class DraDevice(msgspec.Struct, frozen=True):
 class PodDevice(msgspec.Struct, frozen=True):
     """One device the kubelet allocated to a container, as its pod-resources API says."""
 
-    namespace: str
-    pod: str
-    container: str
+    namespace: K8sLabel
+    pod: K8sName
+    container: K8sLabel
     resource: str  # nvidia.com/gpu, nvidia.com/mig-1g.10gb, ...
     device_id: str  # as the device plugin wrote it
     # GPU-... or MIG-... with a time-slicing suffix (::n) or GKE's /vgpuN removed; None
