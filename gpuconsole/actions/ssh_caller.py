@@ -16,10 +16,14 @@ import dataclasses
 import hashlib
 import ipaddress
 from collections.abc import Mapping
+from pathlib import Path
 
+from gpuconsole import paths
 from gpuconsole.actions.roles import Actor
 
 __all__ = ["key_fingerprint", "over_ssh"]
+
+AUTH_FILE_BYTES = 65536  # of SSH_USER_AUTH: one line per method the login passed
 
 
 def key_fingerprint(blob_b64: str) -> str | None:
@@ -34,11 +38,11 @@ def key_fingerprint(blob_b64: str) -> str | None:
 
 def _auth_key(path: str) -> str | None:
     """The fingerprint of the last public key in sshd's SSH_USER_AUTH file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError:
+    try:  # sshd writes a few lines, as a regular file: anything else names no key
+        data = paths.read_own_file(Path(path), AUTH_FILE_BYTES)
+    except (OSError, paths.NotOwnFile):
         return None
+    lines = data.decode("utf-8", "replace").splitlines()
     for line in reversed(lines):
         words = line.split()
         if len(words) >= 3 and words[0] == "publickey":
