@@ -13,7 +13,7 @@ from gpuconsole.actions.drivers import Drivers, StepFailed
 from gpuconsole.actions.drivers.vfio import VfioDriver
 from gpuconsole.actions.executor import Executor
 from gpuconsole.actions.journal import Journal
-from gpuconsole.actions.plan import StepKind, Target, make_plan
+from gpuconsole.actions.plan import Plan, StepKind, Target, make_plan
 from gpuconsole.actions.roles import ActionRefused, Actor, Role
 from gpuconsole.readings.nvml import GpuReading, NvmlReading
 from gpuconsole.readings.snapshot import NodeSnapshot
@@ -40,16 +40,22 @@ def _node(host: FakeHost) -> NodeSnapshot:
     return NodeSnapshot("n1", tenancy=TenancyReading(at=0.0, gpus=gpus, guests=(guest,)))
 
 
-async def test_binding_to_vfio_writes_override_unbind_probe_reset_in_order(
-    tmp_path: Path,
-) -> None:
-    host = _host(tmp_path)
+async def to_guest(host: FakeHost) -> tuple[SysfsKernel, VfioDriver, Plan]:
+    """GPU's PCI steps of a plan to give it to guest vm1, run on `host`'s tree."""
     kernel = SysfsKernel(host.sysfs_root)
     driver = VfioDriver(host.sysfs_root, host.proc_root, kernel=kernel, settle_s=0.5)
     plan = make_plan(_node(host), [GPU], Target.parse("vm:vm1"))
     for step in plan.steps:
         if step.layer is not None and step.layer.value == "pci":
             await driver.run(step)
+    return kernel, driver, plan
+
+
+async def test_binding_to_vfio_writes_override_unbind_probe_reset_in_order(
+    tmp_path: Path,
+) -> None:
+    host = _host(tmp_path)
+    kernel, driver, plan = await to_guest(host)
     dev = "bus/pci/devices"
     assert kernel.writes == [
         (f"{dev}/{GPU}/driver_override", "vfio-pci\n"),

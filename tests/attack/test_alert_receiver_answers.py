@@ -17,7 +17,7 @@ from aiohttp import web
 from gpuconsole.alerts.delivery import ALERTMANAGER, WEBHOOK, Receiver
 from gpuconsole.alerts.engine import AlertEngine
 from gpuconsole.alerts.rules import DEFAULT_RULES
-from tests.alert_fixtures import fleet, free_port
+from tests.alert_fixtures import fleet, served
 
 LOST = tuple(r for r in DEFAULT_RULES if r.name == "GpuLost")
 TIMEOUT_S = 2.0
@@ -28,14 +28,6 @@ class Peer:
     url: str
     posts: dict[str, list[Any]]
     sent: dict[str, int]  # bytes of body an endless answer got out before it was dropped
-
-
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture
@@ -53,7 +45,6 @@ async def peer() -> AsyncIterator[Peer]:
 
     other = web.Application()
     other.router.add_route("*", "/{tail:.*}", elsewhere)
-    other_runner, other_url = await _serve(other)
 
     def answer(status: int, body: bytes, content_type: str) -> Any:
         async def handler(request: web.Request) -> web.Response:
@@ -99,12 +90,8 @@ async def peer() -> AsyncIterator[Peer]:
     for status in (301, 302, 307, 308):
         app.router.add_post(f"/moved{status}", redirect(status))
         app.router.add_post(f"/moved{status}/api/v2/alerts", redirect(status))
-    runner, url = await _serve(app)
-    try:
+    async with served(other) as other_url, served(app) as url:
         yield Peer(url, posts, sent)
-    finally:
-        await runner.cleanup()
-        await other_runner.cleanup()
 
 
 async def _deliver(url: str, kind: str = WEBHOOK) -> tuple[Receiver, bool, float]:

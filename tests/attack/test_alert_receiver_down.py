@@ -17,7 +17,7 @@ from aiohttp import web
 from gpuconsole.alerts.delivery import ALERTMANAGER, WEBHOOK, Receiver
 from gpuconsole.alerts.engine import AlertEngine
 from gpuconsole.alerts.rules import DEFAULT_RULES
-from tests.alert_fixtures import fleet, free_port
+from tests.alert_fixtures import fleet, served
 
 LOST = tuple(dataclasses.replace(r, for_s=10.0) for r in DEFAULT_RULES if r.name == "GpuLost")
 
@@ -43,14 +43,8 @@ async def hook() -> AsyncIterator[Hook]:
 
     app = web.Application()
     app.router.add_post("/hook", take)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield Hook(f"http://127.0.0.1:{port}/hook", up, told)
-    finally:
-        await runner.cleanup()
+    async with served(app) as url:
+        yield Hook(f"{url}/hook", up, told)
 
 
 async def test_what_a_receiver_was_told_firing_it_is_told_resolved_after_its_outage(
@@ -92,14 +86,8 @@ async def blackhole() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", hang)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with served(app) as url:
+        yield url
 
 
 async def test_a_receiver_that_never_answers_does_not_hold_up_the_others(

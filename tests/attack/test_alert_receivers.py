@@ -20,7 +20,7 @@ from gpuconsole.alerts.delivery import ALERTMANAGER, Receiver
 from gpuconsole.alerts.engine import AlertEngine
 from gpuconsole.alerts.rules import DEFAULT_RULES
 from gpuconsole.readings.snapshot import FleetSnapshot
-from tests.alert_fixtures import fleet, free_port
+from tests.alert_fixtures import fleet, served
 
 LOST = tuple(r for r in DEFAULT_RULES if r.name == "GpuLost")
 
@@ -87,14 +87,8 @@ async def hostile() -> AsyncIterator[Peer]:
     app.router.add_post("/garbage/api/v2/alerts", take)
     app.router.add_get("/garbage/api/v2/silences", silences)
     app.router.add_get("/garbage/api/v2/alerts", held)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield Peer(f"http://127.0.0.1:{port}", posts)
-    finally:
-        await runner.cleanup()
+    async with served(app) as url:
+        yield Peer(url, posts)
 
 
 def engine_on(url: str) -> AlertEngine:

@@ -14,12 +14,11 @@ import pytest
 from gpuconsole.actions.drivers import StepFailed
 from gpuconsole.actions.drivers.vfio import VfioDriver
 from gpuconsole.actions.journal import process_alive
-from gpuconsole.actions.plan import StepKind, Target, make_plan
-from gpuconsole.readings.snapshot import NodeSnapshot
-from gpuconsole.readings.tenancy import Guest, TenancyReading
+from gpuconsole.actions.plan import StepKind
 from gpuconsole.sim.actions import SysfsKernel
 from gpuconsole.sources.tenancy.pci_binding import driver_of, nvidia_info, read_gpus
 from tests.tenancy_fixtures import AUDIO_CLASS, FakeHost
+from tests.test_assign_vfio import to_guest
 
 GPU, AUDIO = "0000:1b:00.0", "0000:1b:00.1"
 
@@ -34,12 +33,6 @@ def _host(tmp_path: Path, override: bytes) -> FakeHost:
     host.nvidia_info(GPU, "GPU-00000000-0000-0000-0000-000000000001", 0)
     (gpu / "driver_override").write_bytes(override)
     return host
-
-
-def _node(host: FakeHost) -> NodeSnapshot:
-    gpus = read_gpus(host.sysfs_root, host.proc_root)
-    guest = Guest("vm1", "shut off", (), "libvirt")
-    return NodeSnapshot("n1", tenancy=TenancyReading(at=0.0, gpus=gpus, guests=(guest,)))
 
 
 @pytest.mark.parametrize("override", ODD_OVERRIDES)
@@ -57,12 +50,7 @@ async def test_a_gpu_with_an_odd_driver_override_goes_to_a_guest_and_back(
     tmp_path: Path, override: bytes
 ) -> None:
     host = _host(tmp_path, override)
-    kernel = SysfsKernel(host.sysfs_root)
-    driver = VfioDriver(host.sysfs_root, host.proc_root, kernel=kernel, settle_s=0.5)
-    plan = make_plan(_node(host), [GPU], Target.parse("vm:vm1"))
-    for step in plan.steps:
-        if step.layer is not None and step.layer.value == "pci":
-            await driver.run(step)
+    _kernel, driver, plan = await to_guest(host)
     assert driver_of(host.sysfs_root, GPU) == "vfio-pci"
     assert driver.override_of(GPU) == "vfio-pci"
 
