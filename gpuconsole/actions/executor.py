@@ -62,7 +62,7 @@ from gpuconsole.actions.remediation import (
 )
 from gpuconsole.actions.roles import ActionRefused, Actor, Role
 from gpuconsole.facts.verdict import Action
-from gpuconsole.readings.base import Event, Severity
+from gpuconsole.readings.base import Event, Severity, safe_text
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.base import EmitEvent
 
@@ -154,6 +154,17 @@ class _Unjournaled(Exception):
     ) -> None:
         super().__init__(str(cause))
         self.cause, self.seq, self.phase, self.ran, self.end = cause, seq, phase, ran, end
+
+
+async def _said(words: Awaitable[str]) -> str:
+    """What a step's driver says (its words, or StepFailed's), written out: it comes from
+    outside (a Kubernetes API server or its admission webhooks, libvirt, a BMC, a tool's
+    output) and goes to the journal, the audit log, the events and the operator's
+    terminal."""
+    try:
+        return safe_text(await words)
+    except StepFailed as exc:
+        raise StepFailed(safe_text(str(exc))) from None
 
 
 def _recovery_course(record: PlanRecord) -> tuple[bool, int]:
@@ -695,7 +706,7 @@ class Executor:
             self._notify(plan, plan_id, seq, step, StepProgress.RUNNING)
             row = self._intent(plan_id, seq, step)
             try:
-                detail = await self._do(plan_id, plan, step)
+                detail = await _said(self._do(plan_id, plan, step))
             except StepFailed as exc:
                 self._result(row, seq, Phase.DO, StepState.FAILED, str(exc))
                 self._notify(plan, plan_id, seq, step, StepProgress.FAILED, str(exc))
@@ -729,7 +740,7 @@ class Executor:
             self._notify(plan, plan_id, seq, step, StepProgress.UNDOING)
             row = self._intent(plan_id, seq, step, Phase.UNDO)
             try:
-                detail = await self.drivers.for_layer(step.layer).undo(step)
+                detail = await _said(self.drivers.for_layer(step.layer).undo(step))
             except StepFailed as exc:
                 self._result(row, seq, Phase.UNDO, StepState.FAILED, str(exc))
                 self._notify(plan, plan_id, seq, step, StepProgress.FAILED, str(exc))
