@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 ALERTMANAGER, WEBHOOK = "alertmanager", "webhook"
 FIRST_RETRY_S = 1.0
 REASON_BYTES = 200  # of a failure's body: a line says why
+# Alerts to one request, as Prometheus batches them (its notifier's maxBatchSize): a fault
+# across the fleet fires thousands at once, more than a proxy in front of a webhook takes
+# in one body (nginx: 1 MB), which it refuses for good (413).
+MAX_BATCH = 256
 
 
 def iso(at: float) -> str:
@@ -117,8 +121,17 @@ class Receiver:
     async def deliver(
         self, session: aiohttp.ClientSession, alerts: Sequence[Alert], now: float
     ) -> bool:
-        """Send `alerts`; True when the receiver took them (or refused them for good, which
-        is logged: sending the same again would be refused again)."""
+        """Send `alerts`, MAX_BATCH to a request; True when the receiver took them (or
+        refused them for good, which is logged: sending the same again would be refused
+        again). A batch it did not take stops the round: it and the rest go at the retry."""
+        for start in range(0, len(alerts), MAX_BATCH):
+            if not await self._post(session, alerts[start : start + MAX_BATCH], now):
+                return False
+        return True
+
+    async def _post(
+        self, session: aiohttp.ClientSession, alerts: Sequence[Alert], now: float
+    ) -> bool:
         import aiohttp
 
         began = time.monotonic()
@@ -136,13 +149,14 @@ class Receiver:
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             # the backoff counts from when it was found down (a timeout later), not asked
             return self._failed(now + (time.monotonic() - began), why)
+        found = now + (time.monotonic() - began)
         if status < 300:
             self._took(alerts, now)
             return True
         body = said.decode("utf-8", "replace").strip()
         if status < 400:
             return self._failed(
-                now,
+                found,
                 f"HTTP {status}: redirects to {safe_text(moved_to)[:200] or 'nowhere said'}, "
                 "not followed (set the receiver's URL to where it answers)",
             )
@@ -156,7 +170,7 @@ class Receiver:
             )
             self._took(alerts, now)
             return True
-        return self._failed(now, f"HTTP {status}: {safe_text(body)}")
+        return self._failed(found, f"HTTP {status}: {safe_text(body)}")
 
     def _took(self, alerts: Sequence[Alert], now: float) -> None:
         for alert in alerts:

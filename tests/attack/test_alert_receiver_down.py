@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +18,8 @@ from aiohttp import web
 from gpuconsole.alerts.delivery import ALERTMANAGER, WEBHOOK, Receiver
 from gpuconsole.alerts.engine import AlertEngine
 from gpuconsole.alerts.rules import DEFAULT_RULES
+from gpuconsole.alerts.state import FIRING, Alert
+from gpuconsole.readings.base import Severity
 from tests.alert_fixtures import fleet, served
 
 LOST = tuple(dataclasses.replace(r, for_s=10.0) for r in DEFAULT_RULES if r.name == "GpuLost")
@@ -37,7 +40,8 @@ async def hook() -> AsyncIterator[Hook]:
     async def take(request: web.Request) -> web.Response:
         if not up[0]:
             return web.Response(status=500, text="down")
-        body: Any = await request.json()
+        # past 1 MiB (aiohttp's client_max_size, as nginx's client_max_body_size): 413
+        body: Any = json.loads(await request.read())
         told.extend((a["status"], a["labels"]["alertname"]) for a in body["alerts"])
         return web.Response(text="ok")
 
@@ -115,3 +119,24 @@ async def test_a_receiver_that_never_answers_does_not_hold_up_the_others(
         began = time.monotonic()
         await engine.refresh_silences(session)
         assert time.monotonic() - began < timeout_s / 2
+
+
+async def test_a_fleet_wide_fault_reaches_a_receiver_that_takes_bodies_of_a_size(
+    hook: Hook,
+) -> None:
+    """Fabric Manager down on every NVSwitch node fires an alert per GPU at once: a webhook
+    behind a proxy that takes bodies up to 1 MB (nginx's default) gets them all, in
+    batches, not one body it refuses for good."""
+    receiver = Receiver(WEBHOOK, hook.url, resend_s=60, max_backoff_s=1)
+    engine = AlertEngine(LOST, [receiver], timeout_s=5)
+    now = time.time()
+    for n in range(4000):
+        labels = {"alertname": "GpuLost", "node": f"dgx-{n // 8:04d}", "gpu": str(n % 8)}
+        alert = Alert(
+            "GpuLost", labels, {"summary": "x" * 200}, Severity.CRITICAL, FIRING, now, now
+        )
+        alert.fired_at = now
+        engine.alerts[alert.fingerprint] = alert
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        assert await engine.deliver(session)
+    assert len(hook.told) == 4000
