@@ -226,7 +226,7 @@ class AlertEngine:
         for alert in self.alerts.values():
             if alert.state == RESOLVED:
                 continue
-            silence = self.silenced.get(held_key(alert.labels))
+            silence = self.silenced.get(held_key(alert.labels)) if self.silenced else None
             # a series' labels are a peer's words: every one a console shows is escaped
             labels = {k: safe_text(v) for k, v in alert.labels.items()}
             bus = _gpu_of(alert)
