@@ -117,6 +117,12 @@ class AlertEngine:
         except OSError as exc:
             log.warning("alerts: cannot write %s: %s", self.state_file.path, exc.strerror)
 
+    async def save_off_loop(self) -> None:
+        """save() in a worker thread: it syncs the file to disk, which a busy disk may take
+        its time over, while the hub and every console share this loop. (Nothing else
+        changes the alerts meanwhile: evaluation and delivery take turns.)"""
+        await asyncio.to_thread(self.save)
+
     # --- evaluation ---------------------------------------------------------------
 
     def evaluate(self, snapshot: FleetSnapshot) -> list[Change]:
@@ -339,7 +345,7 @@ class AlertEngine:
                 try:
                     await self.refresh_silences(session)
                     if await self.deliver(session):
-                        self.save()
+                        await self.save_off_loop()
                 except Exception:  # a receiver's odd answer must not end alerting either
                     log.exception("alerts: delivering failed")
                 if self._hub is not None:
@@ -384,7 +390,7 @@ class AlertEngine:
         time), its changes said as hub events and written to the state file."""
         changes = await asyncio.to_thread(self._timed, snapshot)
         if changes:
-            self.save()
+            await self.save_off_loop()
             for change in changes:
                 self._say(change)
         return changes

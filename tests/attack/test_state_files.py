@@ -5,6 +5,7 @@ and none is overwritten: what the person had is kept aside, every time."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import sqlite3
@@ -207,3 +208,38 @@ def test_a_sel_cursor_that_is_no_file_of_gpuconsoles_is_started_over_not_waited_
     cursor.last_record_id = 9
     cursor.save()
     assert not cursor.path.is_symlink() and elsewhere.read_text() == '{"last_record_id": 7}'
+
+
+async def test_writing_the_alert_state_never_holds_up_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state file is synced to disk at each change: on a disk that is slow to sync
+    (a busy one, NFS), the consoles and the hub on the same loop go on meanwhile."""
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        time.sleep(0.5)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    engine = AlertEngine(DEFAULT_RULES, state_file=StateFile(tmp_path / "alerts.json"))
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    try:
+        await asyncio.sleep(0.05)
+        changes = await engine.step(fleet(time.time(), lost=True))
+        assert changes  # written: its alerts fired
+        await asyncio.sleep(0.05)  # the ticker says how long it waited
+    finally:
+        ticker.cancel()
+    assert (tmp_path / "alerts.json").exists()
+    assert max(gaps) < 0.3, max(gaps)
