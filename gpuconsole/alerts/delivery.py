@@ -8,12 +8,14 @@ takes what it missed.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from gpuconsole.alerts.state import FIRING, RESOLVED, Alert
 from gpuconsole.readings.base import safe_text
@@ -60,8 +62,23 @@ class Receiver:
 
     @property
     def name(self) -> str:
-        """How the state file and the log name it."""
+        """How the state file names it (its whole URL: two receivers on one host differ)."""
         return f"{self.kind} {self.url}"
+
+    @property
+    def shown(self) -> str:
+        """How the log names it: its host, not the rest of its URL, where a webhook keeps
+        its token (hooks.example.com/services/T0/B0/TOKEN) and a user:password may sit;
+        a digest of the whole tells two on one host apart."""
+        try:
+            parts = urlsplit(self.url)
+            host = parts.hostname or "?"
+            where = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+        except ValueError:
+            where = "(an unreadable URL)"
+        rest = self.url != where and self.url.rstrip("/") != where
+        digest = hashlib.sha256(self.url.encode()).hexdigest()[:6]
+        return f"{self.kind} {safe_text(where)}" + (f"/… (#{digest})" if rest else "")
 
     @property
     def endpoint(self) -> str:
@@ -163,7 +180,7 @@ class Receiver:
         if 400 <= status < 500 and status not in (408, 429):
             log.error(
                 "alerts: %s refused %d alert(s) with HTTP %d: %s; not sent again",
-                self.name,
+                self.shown,
                 len(alerts),
                 status,
                 safe_text(body),
@@ -176,7 +193,7 @@ class Receiver:
         for alert in alerts:
             self.told[alert.fingerprint] = (alert.state, now)
         if self.failures:
-            log.info("alerts: %s takes alerts again", self.name)
+            log.info("alerts: %s takes alerts again", self.shown)
         self.failures = 0
         self.next_try_at = 0.0
         self.last_error = None
@@ -186,7 +203,7 @@ class Receiver:
         wait = min(self.max_backoff_s, FIRST_RETRY_S * math.pow(2, self.failures - 1))
         self.next_try_at = now + wait
         if self.failures == 1 or why != self.last_error:
-            log.warning("alerts: %s is down (%s); retrying in %.0f s", self.name, why, wait)
+            log.warning("alerts: %s is down (%s); retrying in %.0f s", self.shown, why, wait)
         self.last_error = why
         return False
 

@@ -285,8 +285,8 @@ class AlertEngine:
             return
         self._silences_at = now
         silences, held = await asyncio.gather(
-            _get_json(session, f"{am.url}/api/v2/silences"),
-            _get_json(session, f"{am.url}/api/v2/alerts", _SUPPRESSED),
+            _get_json(session, am, "/api/v2/silences"),
+            _get_json(session, am, "/api/v2/alerts", _SUPPRESSED),
         )
         if silences is None or held is None:
             return  # the receiver's own retry says it is down
@@ -432,9 +432,12 @@ MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
 
 async def _get_json(
-    session: aiohttp.ClientSession, url: str, params: dict[str, str] | None = None
+    session: aiohttp.ClientSession,
+    am: Receiver,
+    path: str,
+    params: dict[str, str] | None = None,
 ) -> Any:
-    """Alertmanager's JSON answer at `url`; None for none (an error, a redirect, a body
+    """Alertmanager's JSON answer at `path`; None for none (an error, a redirect, a body
     past MAX_ANSWER_BYTES, what is not JSON)."""
     import aiohttp
 
@@ -442,14 +445,19 @@ async def _get_json(
     from gpuconsole.sources.agents import read_body
 
     try:
-        async with session.get(url, params=params, allow_redirects=False) as response:
+        async with session.get(am.url + path, params=params, allow_redirects=False) as response:
             if response.status != 200:
                 return None
             body = await read_body(response, MAX_ANSWER_BYTES + 1)
     except (aiohttp.ClientError, TimeoutError, OSError):
         return None
     if len(body) > MAX_ANSWER_BYTES:
-        log.warning("alerts: %s answered more than %d bytes; not read", url, MAX_ANSWER_BYTES)
+        log.warning(
+            "alerts: %s answered %s with more than %d bytes; not read",
+            am.shown,
+            path,
+            MAX_ANSWER_BYTES,
+        )
         return None
     try:
         return parse_json(body)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,7 +21,7 @@ from gpuconsole.alerts.engine import AlertEngine
 from gpuconsole.alerts.rules import DEFAULT_RULES
 from gpuconsole.alerts.state import FIRING, Alert
 from gpuconsole.readings.base import Severity
-from tests.alert_fixtures import fleet, served
+from tests.alert_fixtures import fleet, free_port, served
 
 LOST = tuple(dataclasses.replace(r, for_s=10.0) for r in DEFAULT_RULES if r.name == "GpuLost")
 
@@ -140,3 +141,25 @@ async def test_a_fleet_wide_fault_reaches_a_receiver_that_takes_bodies_of_a_size
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         assert await engine.deliver(session)
     assert len(hook.told) == 4000
+
+
+async def test_a_receivers_token_and_password_stay_out_of_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A webhook keeps its token in its URL's path, an Alertmanager its password in its
+    userinfo: the log says which receiver is down by its host."""
+    port = free_port()  # nobody listens
+    hook = Receiver(WEBHOOK, f"http://127.0.0.1:{port}/services/T0/B0/s3cr3tT0ken", resend_s=60,
+                    max_backoff_s=1)  # fmt: skip
+    am = Receiver(ALERTMANAGER, f"http://ops:hunter2@127.0.0.1:{port}", resend_s=60,
+                  max_backoff_s=1)  # fmt: skip
+    engine = AlertEngine(LOST, [hook, am], timeout_s=2)
+    with caplog.at_level(logging.INFO, "gpuconsole.alerts"):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+            await engine.step(fleet(time.time() - 20, lost=True))
+            await engine.step(fleet(time.time(), lost=True))
+            assert not await engine.deliver(session)
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"webhook http://127.0.0.1:{port}/… (#" in said
+    assert f"alertmanager http://127.0.0.1:{port}/… (#" in said
+    assert "s3cr3tT0ken" not in said and "hunter2" not in said
