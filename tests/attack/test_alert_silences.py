@@ -6,6 +6,7 @@ which silence covers each alert on the hub's loop: one such silence froze every 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ import pytest
 
 from gpuconsole.alerts.delivery import ALERTMANAGER
 from tests.alert_fixtures import alertmanager
-from tests.test_alerts_delivery import engine_for, settle
+from tests.test_alerts_delivery import LOST, engine_for, settle
 
 
 @contextlib.contextmanager
@@ -89,6 +90,26 @@ async def test_an_alert_is_silenced_as_alertmanager_says_not_as_a_pattern_reads_
             _silence([{"name": "node", "value": value, "isRegex": True}], "bob", "rack 4"),
         )
         engine = engine_for(ALERTMANAGER, am.url)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
+            await settle(engine, session, lost=True)
+            await engine.refresh_silences(session)
+        [alert] = engine.active()
+        assert (alert.silenced_by is not None) is silenced
+
+
+@pytest.mark.parametrize(("value", "silenced"), [("5", True), ("\u0665", False)])
+async def test_a_digit_class_covers_what_alertmanager_says_it_covers(
+    tmp_path: Path, value: str, silenced: bool
+) -> None:
+    """RE2's \\d is ASCII: U+0665 (an Arabic-Indic five) is no digit to Alertmanager, though
+    Python's re calls it one. Alertmanager's word is what the console shows."""
+    rule = dataclasses.replace(LOST[0], labels=(("slot", value),))
+    with alertmanager(tmp_path / "am") as am:
+        am.post(
+            "/api/v2/silences",
+            _silence([{"name": "slot", "value": "\\d", "isRegex": True}], "carol", "slot"),
+        )
+        engine = engine_for(ALERTMANAGER, am.url, rules=(rule,))
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
             await settle(engine, session, lost=True)
             await engine.refresh_silences(session)
