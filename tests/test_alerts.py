@@ -712,22 +712,6 @@ async def test_an_engine_with_no_receiver_looks_again_only_when_an_evaluation_is
     assert 1 <= looks <= 2  # at the evaluations due in 4 s (every 2.5 s), not each second
 
 
-def test_a_silence_matches_as_alertmanager_matches_it() -> None:
-    from gpuconsole.alerts.silences import parse_silences
-
-    [silence] = parse_silences(
-        [
-            {
-                "id": "1",
-                "status": {"state": "active"},
-                "matchers": [{"name": "gpu", "value": "\\d", "isRegex": True}],
-                "createdBy": "alice",
-            }
-        ]
-    )
-    assert silence.covers({"gpu": "5"}) and not silence.covers({"gpu": "\u0665"})
-
-
 def test_an_evaluation_paced_below_a_second_says_its_pace(caplog: pytest.LogCaptureFixture) -> None:
     engine = AlertEngine(DEFAULT_RULES, interval_s=0.2)
     engine.last_cpu_s, engine._nodes = 0.02, 1
