@@ -72,3 +72,19 @@ def read_own_file(path: Path, limit: int) -> bytes:
     if len(data) > limit:
         raise NotOwnFile(f"larger than {limit} bytes")
     return data
+
+
+def put_aside(path: Path) -> str:
+    """Move a state file gpuconsole cannot read out of the way of the next write, to
+    PATH.corrupt or the first PATH.corrupt.N not taken, so that nothing the user had is
+    written over; words for the operator that say where it went."""
+    aside = path.with_name(path.name + ".corrupt")
+    n = 0
+    while os.path.lexists(aside):
+        n += 1
+        aside = path.with_name(f"{path.name}.corrupt.{n}")
+    try:
+        os.rename(path, aside)
+    except OSError as exc:
+        return f"it could not be moved aside ({exc.strerror}): it is written over next"
+    return f"moved to {aside.name}"

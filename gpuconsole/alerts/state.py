@@ -95,17 +95,7 @@ class StateFile:
 
     def _aside(self, why: str) -> str:
         """Move the file aside, to a name no earlier one took; what to tell the operator."""
-        aside = self.path.with_name(self.path.name + ".corrupt")
-        n = 0
-        while os.path.lexists(aside):
-            n += 1
-            aside = self.path.with_name(f"{self.path.name}.corrupt.{n}")
-        try:
-            os.rename(self.path, aside)
-        except OSError as exc:
-            kept = f"it could not be moved aside ({exc.strerror}): it is written over next"
-        else:
-            kept = f"moved to {aside.name}"
+        kept = paths.put_aside(self.path)
         return safe_text(
             f"alert state {self.path} {why}; {kept}, starting with no alerts (firing ones "
             "fire again at the next evaluation)"

@@ -26,7 +26,9 @@ from pathlib import Path
 
 import msgspec
 
+from gpuconsole import paths
 from gpuconsole.facts.xids import reset_clears
+from gpuconsole.readings.base import safe_text
 from gpuconsole.readings.nvml import XID_WINDOW_S, XidCount
 
 log = logging.getLogger(__name__)
@@ -86,19 +88,15 @@ class XidHistory:
         if self.path is None or not self._boot:
             return
         try:
-            with open(self.path, "rb") as f:
-                data = f.read(STATE_MAX_BYTES + 1)
+            # not a link followed, nor a FIFO waited on: the poller's thread reads it
+            data = paths.read_own_file(self.path, STATE_MAX_BYTES)
+            saved = msgspec.json.decode(data, type=_Saved)
         except FileNotFoundError:
             return
-        except OSError as exc:
-            log.warning("%s: XIDs of the last run unreadable, starting afresh: %s", self.path, exc)
-            return
-        try:
-            if len(data) > STATE_MAX_BYTES:
-                raise ValueError(f"larger than {STATE_MAX_BYTES} bytes")
-            saved = msgspec.json.decode(data, type=_Saved)
-        except (ValueError, msgspec.DecodeError) as exc:
-            log.warning("%s: not an XID history, starting afresh: %s", self.path, exc)
+        except (OSError, paths.NotOwnFile, ValueError, msgspec.DecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            log.warning("%s: the XIDs of the last run cannot be read (%s); %s, starting "
+                        "afresh", self.path, safe_text(str(why)), paths.put_aside(self.path))  # fmt: skip
             return
         rebooted = saved.boot_id != self._boot
         if rebooted:
