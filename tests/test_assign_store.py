@@ -135,3 +135,25 @@ def test_two_operators_with_their_own_state_folders_share_the_machines_locks(
     assert sorted(r["user"] for r in audit if r["outcome"] != "started") == ["alice", "bob"]
     assert not (tmp_path / "alice" / "gpuconsole" / "audit.jsonl").exists()
     assert not (tmp_path / "bob" / "gpuconsole" / "audit.jsonl").exists()
+
+
+def test_the_machines_folder_made_by_another_operator_at_the_same_moment_is_shared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two operators start on a new machine at once: both find no folder, one makes it
+    first. The other uses it too, not a folder of its own (where its locks would lock
+    nothing the first one takes)."""
+    shared = tmp_path / "lib" / "gpuconsole"
+    cfg = _config(tmp_path, f'[actions]\nstate_dir = "{shared}"\n')
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "home-state"))
+    looked = Path.exists
+
+    def raced(path: Path) -> bool:
+        if path == shared and not looked(path):
+            shared.mkdir(parents=True)  # the other operator's process, just now
+            return False  # as this one found it a moment before
+        return looked(path)
+
+    monkeypatch.setattr(Path, "exists", raced)
+    store = action_store(cfg.actions)
+    assert store.shared and store.journal_path == shared / "actions.db", store.warning

@@ -68,7 +68,10 @@ class ActionStore:
 def _make_shared_dir(folder: Path) -> None:
     """Create the machine's folder as the install line would: setgid, sticky, group-writable,
     owned by the operators' group where it exists (only root gets this far on /var/lib)."""
-    folder.mkdir(parents=True)
+    try:
+        folder.mkdir(parents=True)
+    except FileExistsError:
+        return  # another operator's process made it at the same moment: it set it up
     os.chmod(folder, SHARED_DIR_MODE)  # mkdir's mode passes through the umask
     with contextlib.suppress(KeyError, PermissionError):
         os.chown(folder, -1, grp.getgrnam(OPERATOR_GROUP).gr_gid)
