@@ -82,6 +82,10 @@ class _NodeState(msgspec.Struct):
     sources: list[_SourceState] = msgspec.field(default_factory=list)
     last_xid: dict[str, int] = msgspec.field(default_factory=dict)
     at: int = -1  # its position in the snapshots published
+    # since its last snapshot, a source failed, answered after it had not, or was added:
+    # the next one is not `steady` (Rebuilt)
+    turned: bool = True
+    said: object = None  # the verdict its last snapshot carried (its agent's)
 
 
 class HubSettings(msgspec.Struct, frozen=True):
@@ -143,7 +147,9 @@ class Hub:
         status = SourceStatus(
             node=source.node, source=source.kind, ok=False, error="waiting for first reading"
         )
-        self._nodes[source.node].sources.append(_SourceState(source, status))
+        node = self._nodes[source.node]
+        node.sources.append(_SourceState(source, status))
+        node.turned = True
 
     @property
     def sources(self) -> list[Source]:
@@ -473,6 +479,8 @@ class Hub:
             node.readings[kind] = reading
             self._record(node, kind, reading, now)
         old = state.status
+        if not old.ok:
+            node.turned = True
         if not old.ok and old.polls > 0 and old.stale_since is not None:
             self.post_event(
                 Event(
@@ -525,6 +533,9 @@ class Hub:
             polls=old.polls + 1,
             failures=old.failures + 1,
         )
+        node = self._nodes.get(old.node)
+        if node is not None:
+            node.turned = True
         if self._say_stale and (was_ok or old.error != error):
             log.warning("%s/%s stale: %s", old.node, old.source, error)
         if was_ok:
@@ -648,12 +659,20 @@ class Hub:
 
     def publish(self) -> FleetSnapshot:
         """Build a snapshot from what changed and hand it to every subscriber."""
-        built = []
+        # the positions built anew; a byte per position, 1 where built steady (a new node,
+        # not laid out yet, never is)
+        built, steady = [], bytearray(self._laid_out)
         for name in self._dirty:
             node = self._nodes.get(name)
             if node is not None:
-                node.snapshot = self._node_snapshot(node)
-                built.append(node.at)
+                made = node.snapshot = self._node_snapshot(node)
+                # told here, where the node is at hand: a judge of a thousand nodes would
+                # look into each one (Rebuilt.steady)
+                if node.turned or made.verdict is not node.said:
+                    node.turned, node.said = False, made.verdict
+                    built.append(node.at)
+                else:
+                    steady[node.at] = 1
         self._dirty.clear()
         self._seq += 1
         if self._events_cache[0] != self._event_seq:
@@ -672,6 +691,8 @@ class Hub:
                 node.at = at
             self._laid_out, after = len(nodes), None
         self._mark = mark = object()
+        if after is None:
+            built, steady = [], bytearray()
         snapshot = FleetSnapshot(
             self._seq,
             self._clock(),
@@ -679,7 +700,7 @@ class Hub:
             events,
             self._counts_cache,
             self._alerts,
-            Rebuilt(after, mark, nodes, tuple(built) if after is not None else ()),
+            Rebuilt(after, mark, nodes, tuple(built), bytes(steady)),
         )
         self._latest = snapshot
         for callback in list(self._subscribers):

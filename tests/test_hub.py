@@ -13,8 +13,10 @@ from typing import ClassVar
 import pytest
 
 from gpuconsole.hub import Hub, HubSettings
+from gpuconsole.readings.agents import AgentReading
 from gpuconsole.readings.base import CounterSample, Event, Key, Severity
-from gpuconsole.readings.snapshot import FleetSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.readings.verdict import Action, CarriedVerdict
 from gpuconsole.sources.base import DaemonThread, EmitEvent
 from tests.waiting import until
 
@@ -500,3 +502,56 @@ async def test_an_idle_hub_wakes_its_loop_once_a_poll() -> None:
         await hub.stop()
     assert polls >= 5
     assert sleeps <= polls + 2, (sleeps, polls)  # one per poll: its interval's end
+
+
+class AgentLike(ScriptedSource):
+    """A node read through its agent: the verdict it sends is `verdict`, as the test sets
+    it (an agent source keeps it the same object while its agent sends it again)."""
+
+    kind: ClassVar[str] = "remote"
+
+    def __init__(self, node: str) -> None:
+        super().__init__(node)
+        self.verdict = CarriedVerdict(Action.FIT)
+
+    async def poll(self) -> AgentReading:  # type: ignore[override]
+        await super().poll()
+        return AgentReading(
+            time.time(), "http://agent", NodeSnapshot(self.node, verdict=self.verdict)
+        )
+
+
+def steady(snapshot: FleetSnapshot) -> list[str]:
+    assert snapshot.rebuilt is not None
+    return [snapshot.nodes[at].node for at, one in enumerate(snapshot.rebuilt.steady) if one]
+
+
+def rebuilt(snapshot: FleetSnapshot) -> list[str]:
+    assert snapshot.rebuilt is not None
+    return sorted(snapshot.nodes[at].node for at in snapshot.rebuilt.positions)
+
+
+async def test_a_snapshot_says_which_nodes_moved_in_their_readings_alone() -> None:
+    """Rebuilt.steady: the nodes built anew whose sources answered as they did, and whose
+    agent's verdict is the very one before. A source that fails (again), answers after
+    failing or is added, or a verdict sent anew (however alike), is not steady."""
+    hub = fast_hub()
+    local, far = ScriptedSource("n0"), AgentLike("n1")
+    hub.add_source(local)
+    hub.add_source(far)
+    first = await hub.poll_once()
+    assert first.rebuilt is not None and first.rebuilt.after is None
+    assert first.rebuilt.steady == b""  # laid out anew: said of no node
+    second = await hub.poll_once()
+    assert second.rebuilt is not None and second.rebuilt.after is first.rebuilt.mark
+    assert (steady(second), rebuilt(second)) == (["n0", "n1"], [])
+    assert second.nodes[1].verdict is first.nodes[1].verdict
+    local.mode = "fail"
+    far.verdict = CarriedVerdict(Action.FIT)  # alike, not the same: sent anew
+    snapshots = [await hub.poll_once() for _ in range(2)]  # failed, failed again
+    assert [(steady(s), rebuilt(s)) for s in snapshots] == [([], ["n0", "n1"]), (["n1"], ["n0"])]
+    local.mode = "ok"
+    snapshots = [await hub.poll_once() for _ in range(2)]  # answers again, then as before
+    assert [(steady(s), rebuilt(s)) for s in snapshots] == [(["n1"], ["n0"]), (["n0", "n1"], [])]
+    hub.add_source(ScriptedSource("n1"))  # a second source of n1, not read yet
+    assert (steady(await hub.poll_once()), rebuilt(hub.latest)) == (["n0"], ["n1"])  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import msgspec
 import pytest
@@ -25,7 +26,7 @@ from gpuconsole.facts.verdict import (
 )
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.base import Health
-from gpuconsole.readings.nvml import XidCount
+from gpuconsole.readings.nvml import NvmlReading, XidCount
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.agents import AgentClient, AgentSource
 from gpuconsole.wiring import AgentSettings
@@ -289,3 +290,50 @@ def test_a_snapshot_read_from_json_says_nothing_of_what_a_hub_rebuilt() -> None:
     forget_verdicts()
     judge_fleet(fleet)
     assert seen(back) == afresh(back)
+
+
+class Replayed:
+    """A node's NVML source that gives its readings in turn, the last again and again."""
+
+    kind: ClassVar[str] = "nvml"
+
+    def __init__(self, node: str, readings: list[NvmlReading]) -> None:
+        self.node, self.readings = node, readings
+        self.interval_s, self.timeout_s = 1.0, 1.0
+
+    async def start(self, emit: object) -> None:
+        pass
+
+    async def poll(self) -> NvmlReading:
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_node_judged_here_is_judged_again_whenever_its_readings_move() -> None:
+    """A hub's steady nodes (new readings, every source answering as before) with no
+    verdict of their agent's are judged from those readings: an XID raised while every
+    source answers shows at once, and every snapshot shows each node as judged afresh."""
+    fleet = frozen_fleet()
+    forget_verdicts()
+    fit = next(n.node for n in fleet.nodes if len(n.gpus) > 1 and gpu_verdict(n, n.gpus[1]).fit)
+    raised = with_xid(fleet, fit, 1, 79, 1)  # fallen off the bus: reset it
+    hub = Hub(HubSettings(publish_gap_s=0.02))
+    for node in fleet.nodes:
+        later = raised.node(node.node)
+        if node.nvml is not None and later is not None and later.nvml is not None:
+            hub.add_source(Replayed(node.node, [node.nvml, node.nvml, later.nvml]))
+    published, shown = [], []
+    for _ in range(4):
+        snapshot = await hub.poll_once()
+        judge_fleet(snapshot)
+        published.append(snapshot)
+        shown.append(seen(snapshot))
+    at = next(i for i, n in enumerate(published[2].nodes) if n.node == fit)
+    assert published[2].rebuilt is not None and published[2].rebuilt.steady[at] == 1
+    before, after = published[1].nodes[at], published[2].nodes[at]
+    assert gpu_verdict(before, before.gpus[1]).fit
+    assert gpu_verdict(after, after.gpus[1]).action is Action.RESET_GPU
+    for snapshot, showed in zip(published, shown, strict=True):
+        assert showed == afresh(snapshot), snapshot.seq

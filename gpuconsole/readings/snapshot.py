@@ -96,15 +96,25 @@ class Rebuilt(msgspec.Struct, frozen=True, eq=False):
     """Which nodes of a hub's snapshot the hub built anew since the snapshot it published
     just before: every other position holds the very node that one held there. Made by the
     hub alone (never read from JSON); a consumer that took the snapshot before (`after`)
-    need look at no other node."""
+    need look at no other node.
+
+    Of the nodes built anew, those `steady` moved in their readings alone: each of its
+    sources answered as it did for the one before (none failed since, none answered after
+    failing, none was added), and the verdict its agent sent is the very object that one
+    carried (an agent source keeps it so while its agent sends it again, its own sources
+    as fresh). What a judge took as its agent's verdict then stands, unlooked at."""
 
     after: object  # the snapshot before's `mark`; None: its nodes were laid out otherwise
     mark: object  # this snapshot's, unique to it: what the next one is `after`
     nodes: tuple[NodeSnapshot, ...]  # this snapshot's nodes: what these positions are of
-    positions: tuple[int, ...]
+    positions: tuple[int, ...]  # built anew, other than `steady`
+    # a byte per position, 1 where the node there was built anew steady (b"": none): read
+    # in C, as a thousand-bit number, where a thousand positions would each be an object
+    steady: bytes = b""
 
     def __repr__(self) -> str:  # not its nodes again: the snapshot shows them
-        return f"Rebuilt(positions={self.positions!r})"
+        shown = [at for at, one in enumerate(self.steady) if one]
+        return f"Rebuilt(positions={self.positions!r}, steady={shown!r})"
 
 
 # weakly referenced where verdicts are found by a node's position in the snapshot judged;
