@@ -69,7 +69,8 @@ from gpuconsole.readings.agents import (
     held_parts,
     part_versions,
 )
-from gpuconsole.readings.snapshot import FleetSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.sources import agents as agents_module
 from gpuconsole.sources.agents import AgentSource
 from gpuconsole.wiring import fleet_hub
 
@@ -282,9 +283,12 @@ class Figures:
     # judging every node of each published snapshot, as a console does (a node the publish
     # did not change is remembered), and judging all of them afresh
     verdict_ms: float = float("nan")
-    verdict_nodes: float = float("nan")  # nodes a publish changed, judged
+    verdict_nodes: float = float("nan")  # nodes a publish changed that were looked at
+    rebuilt_nodes: float = float("nan")  # nodes a publish changed
     verdict_cold_ms: float = float("nan")
     verdict_of_head: float = float("nan")  # judging, as a share of all the head's CPU
+    # checking the verdicts new since as they were read (in decoding), per publish
+    verdict_check_ms: float = float("nan")
     verdict_of_publish: float = float("nan")  # median over publishes: verdicts / publish
     unchanged: float = float("nan")  # share of polls the agent answered 304
     # of `cores`, reading agents' JSON into readings (AgentSource.parse) as the head runs
@@ -324,7 +328,11 @@ def _landed(hub: Hub) -> tuple[int, int]:
 
 
 def _timed(
-    fn: Callable[[], FleetSnapshot], into: list[float], judged: list[float], changed: list[int]
+    fn: Callable[[], FleetSnapshot],
+    into: list[float],
+    judged: list[float],
+    changed: list[int],
+    built: list[int],
 ) -> Callable[[], FleetSnapshot]:
     # this thread's CPU: the head decodes in worker threads meanwhile
     def publish() -> FleetSnapshot:
@@ -340,6 +348,10 @@ def _timed(
         looked = judge_fleet(snapshot)  # as a console takes each snapshot, before any view asks
         judged.append((time.thread_time() - resolved) * 1000)
         changed.append(looked)
+        rebuilt = snapshot.rebuilt
+        built.append(
+            len(rebuilt.positions) + rebuilt.steady.count(1) if rebuilt else len(snapshot.nodes)
+        )
         return snapshot
 
     return publish
@@ -352,6 +364,21 @@ def _clocked(parse: Callable[[bytes], T], spent: list[float]) -> Callable[[bytes
         began = time.thread_time()
         try:
             return parse(body)
+        finally:
+            spent[0] += time.thread_time() - began
+
+    return clocked
+
+
+def _clocked_check(
+    check: Callable[[str, NodeSnapshot], None], spent: list[float]
+) -> Callable[[str, NodeSnapshot], None]:
+    """`check` (facts.verdict.check_carried), adding the CPU each call takes to spent[0]."""
+
+    def clocked(name: str, node: NodeSnapshot) -> None:
+        began = time.thread_time()
+        try:
+            check(name, node)
         finally:
             spent[0] += time.thread_time() - began
 
@@ -378,13 +405,18 @@ async def _head(ports: list[int], seconds: int) -> Figures:
     publishes: list[float] = []
     judged: list[float] = []
     changed: list[int] = []
-    hub.publish = _timed(hub.publish, publishes, judged, changed)  # type: ignore[method-assign]
+    built: list[int] = []
+    hub.publish = _timed(hub.publish, publishes, judged, changed, built)  # type: ignore[method-assign]
     # decoding as the head does it, cache misses and all: the codec line's figure is of
     # one node's frames read over and over
     decoding = [0.0]
     for source in hub.sources:
         if isinstance(source, AgentSource):
             source.parse = _clocked(source.parse, decoding)  # type: ignore[method-assign,assignment]
+    # a verdict new since is checked as its source reads it (in the decoding above): verdict
+    # work as well, which the publish's own figure does not see
+    checking = [0.0]
+    agents_module.check_carried = _clocked_check(agents_module.check_carried, checking)
     began = time.perf_counter()
     collector = _GcClock()
     gc.callbacks.append(collector)
@@ -397,11 +429,12 @@ async def _head(ports: list[int], seconds: int) -> Figures:
         publishes.clear()
         judged.clear()
         changed.clear()
+        built.clear()
         cores, per_update, rates, rss, collecting, decoded = [], [], [], [], [], []
         _, landed = _landed(hub)
         head_cpu = time.process_time()
         cpu, wall, in_gc = time.process_time(), time.perf_counter(), collector.spent
-        in_decoding = decoding[0]
+        in_decoding, in_checking = decoding[0], checking[0]
         for _ in range(max(1, round(seconds / WINDOW_S))):
             await asyncio.sleep(WINDOW_S)
             now_cpu, now_wall = time.process_time(), time.perf_counter()
@@ -417,6 +450,7 @@ async def _head(ports: list[int], seconds: int) -> Figures:
             in_decoding = decoding[0]
         head_ms = (time.process_time() - head_cpu) * 1000
         of_head = sum(judged) / head_ms if head_ms else float("nan")
+        checked_ms = (checking[0] - in_checking) * 1000 / max(1, len(publishes))
         fresh, _ = _landed(hub)
         polls = [
             s.last_poll_s * 1000
@@ -442,8 +476,10 @@ async def _head(ports: list[int], seconds: int) -> Figures:
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         verdict_ms=statistics.median(judged) if judged else float("nan"),
         verdict_nodes=statistics.median(changed) if changed else float("nan"),
+        rebuilt_nodes=statistics.median(built) if built else float("nan"),
         verdict_cold_ms=cold,
         verdict_of_head=of_head,
+        verdict_check_ms=checked_ms,
         verdict_of_publish=statistics.median(
             v / p for v, p in zip(judged, publishes, strict=False) if p > 0
         )
@@ -606,11 +642,19 @@ def main(nodes: int = NODES, seconds: int = SECONDS, runs: tuple[str, ...] = tup
             )
             print(
                 f"         verdicts of every node per publish {f.verdict_ms:.2f} ms (the "
-                f"{f.verdict_nodes:.0f} nodes it changed judged), "
+                f"{f.rebuilt_nodes:.0f} nodes it changed judged, {f.verdict_nodes:.0f} looked at), "
                 f"{f.verdict_of_publish:.1%} of the publish's time ({f.publish_ms:.1f} ms), "
                 f"under {VERDICT_SHARE:.0%}: {_verdict(f.verdict_of_publish <= VERDICT_SHARE)}; "
                 f"{f.verdict_of_head:.1%} of the head's CPU (decode, merge, publish); all "
                 f"{nodes:,} judged afresh {f.verdict_cold_ms:.1f} ms"
+            )
+            # the verdicts of a publish whole: judged, and those new since checked as read
+            whole = (
+                (f.verdict_ms + f.verdict_check_ms) / f.publish_ms if f.publish_ms else float("nan")
+            )
+            print(
+                f"         with the verdicts new since checked as they were read (in decoding) "
+                f"{f.verdict_check_ms:.2f} ms per publish: {whole:.1%} of the publish's time"
             )
             if compress and parts and not watch:  # the same agents, polled: as before the watch
                 record(f"head at {nodes:,} agents polled: CPU at 1 Hz", at_1hz, "cores")

@@ -1088,8 +1088,9 @@ def _judge_fleet(snapshot: FleetSnapshot, fleet: _Fleet) -> int:
         judged_before = fleet.held[1]
     elif rebuilt is not None and rebuilt.after is not None and rebuilt.after is fleet.mark:
         changed = rebuilt.positions  # the hub's word: every other node is the one judged
-        steady = rebuilt.steady
-        if len(steady) == len(nodes):
+        steady, took = rebuilt.steady, fleet.took
+        # (where every node's verdict was taken, as where every agent sends its own, none)
+        if len(steady) == len(nodes) and took.find(0) >= 0:
             # What most nodes a hub rebuilds are: new readings, their sources answering as
             # they did and the verdict their agent sent the one before. Where that verdict
             # was taken (for the node before, its agent answering), it stands: told in C
@@ -1097,7 +1098,7 @@ def _judge_fleet(snapshot: FleetSnapshot, fleet: _Fleet) -> int:
             # thousand nodes' objects lie far apart in memory: each look is a cache miss).
             # Those judged here are looked at.
             again = _ones(
-                int.from_bytes(steady, "little") & ~int.from_bytes(fleet.took, "little"), len(nodes)
+                int.from_bytes(steady, "little") & ~int.from_bytes(took, "little"), len(nodes)
             )
             if again:
                 changed = [*changed, *again]
