@@ -289,6 +289,7 @@ class Figures:
     verdict_of_head: float = float("nan")  # judging, as a share of all the head's CPU
     # checking the verdicts new since as they were read (in decoding), per publish
     verdict_check_ms: float = float("nan")
+    verdict_checked: float = float("nan")  # how many, per publish
     verdict_of_publish: float = float("nan")  # median over publishes: verdicts / publish
     unchanged: float = float("nan")  # share of polls the agent answered 304
     # of `cores`, reading agents' JSON into readings (AgentSource.parse) as the head runs
@@ -373,7 +374,8 @@ def _clocked(parse: Callable[[bytes], T], spent: list[float]) -> Callable[[bytes
 def _clocked_check(
     check: Callable[[str, NodeSnapshot], None], spent: list[float]
 ) -> Callable[[str, NodeSnapshot], None]:
-    """`check` (facts.verdict.check_carried), adding the CPU each call takes to spent[0]."""
+    """`check` (facts.verdict.check_carried), adding the CPU each call takes to spent[0]
+    and counting the calls in spent[1]."""
 
     def clocked(name: str, node: NodeSnapshot) -> None:
         began = time.thread_time()
@@ -381,6 +383,7 @@ def _clocked_check(
             check(name, node)
         finally:
             spent[0] += time.thread_time() - began
+            spent[1] += 1
 
     return clocked
 
@@ -415,7 +418,7 @@ async def _head(ports: list[int], seconds: int) -> Figures:
             source.parse = _clocked(source.parse, decoding)  # type: ignore[method-assign,assignment]
     # a verdict new since is checked as its source reads it (in the decoding above): verdict
     # work as well, which the publish's own figure does not see
-    checking = [0.0]
+    checking = [0.0, 0.0]  # CPU, verdicts checked
     agents_module.check_carried = _clocked_check(agents_module.check_carried, checking)
     began = time.perf_counter()
     collector = _GcClock()
@@ -434,7 +437,7 @@ async def _head(ports: list[int], seconds: int) -> Figures:
         _, landed = _landed(hub)
         head_cpu = time.process_time()
         cpu, wall, in_gc = time.process_time(), time.perf_counter(), collector.spent
-        in_decoding, in_checking = decoding[0], checking[0]
+        in_decoding, (in_checking, in_checked) = decoding[0], checking
         for _ in range(max(1, round(seconds / WINDOW_S))):
             await asyncio.sleep(WINDOW_S)
             now_cpu, now_wall = time.process_time(), time.perf_counter()
@@ -451,6 +454,7 @@ async def _head(ports: list[int], seconds: int) -> Figures:
         head_ms = (time.process_time() - head_cpu) * 1000
         of_head = sum(judged) / head_ms if head_ms else float("nan")
         checked_ms = (checking[0] - in_checking) * 1000 / max(1, len(publishes))
+        checked = (checking[1] - in_checked) / max(1, len(publishes))
         fresh, _ = _landed(hub)
         polls = [
             s.last_poll_s * 1000
@@ -480,6 +484,7 @@ async def _head(ports: list[int], seconds: int) -> Figures:
         verdict_cold_ms=cold,
         verdict_of_head=of_head,
         verdict_check_ms=checked_ms,
+        verdict_checked=checked,
         verdict_of_publish=statistics.median(
             v / p for v, p in zip(judged, publishes, strict=False) if p > 0
         )
@@ -654,7 +659,8 @@ def main(nodes: int = NODES, seconds: int = SECONDS, runs: tuple[str, ...] = tup
             )
             print(
                 f"         with the verdicts new since checked as they were read (in decoding) "
-                f"{f.verdict_check_ms:.2f} ms per publish: {whole:.1%} of the publish's time"
+                f"{f.verdict_check_ms:.2f} ms per publish ({f.verdict_checked:.0f} verdicts): "
+                f"{whole:.1%} of the publish's time"
             )
             if compress and parts and not watch:  # the same agents, polled: as before the watch
                 record(f"head at {nodes:,} agents polled: CPU at 1 Hz", at_1hz, "cores")
