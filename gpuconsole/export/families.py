@@ -48,6 +48,12 @@ def _order(labels: Labels) -> tuple[int, ...]:
     return tuple(sorted(range(len(labels)), key=labels.__getitem__))
 
 
+@functools.lru_cache(maxsize=1024)
+def _counter_name(name: str) -> str:
+    """A counter family's name: without _total, as prometheus_client keeps it."""
+    return name.removesuffix("_total")
+
+
 def _escape(value: str) -> str:
     if "\\" in value or '"' in value or "\n" in value:
         return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
@@ -100,7 +106,7 @@ class Families:
         family.samples.append((labels, values, value))
 
     def counter(self, spec: Spec, labels: Labels, values: Labels, value: float) -> None:
-        name = spec[0].removesuffix("_total")
+        name = _counter_name(spec[0])
         if self._only is not None and f"{name}_total" not in self._only:
             return
         if len(labels) != len(values):

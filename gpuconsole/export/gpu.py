@@ -72,10 +72,12 @@ def gpu_metrics(
     labels = names.DCGM_LABELS if pod is None else (*names.DCGM_LABELS, *pod[0])
     values = base if pod is None else (*base, *pod[1])
     own, own_values = names.OWN_LABELS, (node.node, number, uuid)
-    # its verdict's health, the one every console shows: a guest's GPU's by its bus id
-    health = gpu_verdict(node, gpu if guest_bus is None else guest_bus).health.value
-    for state in HEALTH_STATES:
-        out.gauge(names.GPU_HEALTH, (*own, "state"), (*own_values, state), float(state == health))
+    if out.wants(names.GPU_HEALTH):
+        # its verdict's health, the one every console shows: a guest's GPU's by its bus id
+        health = gpu_verdict(node, gpu if guest_bus is None else guest_bus).health.value
+        for state in HEALTH_STATES:
+            out.gauge(names.GPU_HEALTH, (*own, "state"), (*own_values, state),
+                      float(state == health))  # fmt: skip
     out.gauge(names.GPU_LOST, own, own_values, float(gpu.lost))
     out.gauge(
         names.GPU_INFO,
@@ -157,24 +159,68 @@ def gpu_metrics(
     if ecc.retired_pending is not None:
         put(names.DCGM_RETIRED_PENDING, float(ecc.retired_pending))
     if gpu.nvlinks:
-        own_put(names.GPU_NVLINK_ACTIVE, gpu.nvlinks_active)
-        put(names.DCGM_NVLINK_TOTAL, _nvlink_kib_per_s(node, gpu, "tx_kib", "rx_kib"), 1 / 1024)
-        link_labels = (*own, "link", "remote")
-        error_labels = (*own, "link", "counter")
-        for link in gpu.nvlinks:
-            lv = (node.node, number, uuid, str(link.link), link.remote_kind.value)
-            if link.tx_kib_total is not None:
-                out.counter(names.NVLINK_TX, link_labels, lv, link.tx_kib_total * 1024.0)
-            if link.rx_kib_total is not None:
-                out.counter(names.NVLINK_RX, link_labels, lv, link.rx_kib_total * 1024.0)
-            for counter, total in (
-                ("replay", link.replay_errors_total),
-                ("recovery", link.recovery_errors_total),
-                ("crc", link.crc_errors_total),
-            ):
-                if total is not None:
-                    out.counter(names.GPU_NVLINK_ERRORS, error_labels, (*lv[:4], counter), total)
-    _profiling(out, labels, values, gpu.gpm, _counted_rates(node, gpu))
+        _nvlink_metrics(out, node, gpu, labels, values, own_values)
+    if out.wants(*_PROFILING):
+        _profiling(out, labels, values, gpu.gpm, _counted_rates(node, gpu))
+    if out.wants(names.MIG_INFO, names.DCGM_FB_USED, *_PROFILING):
+        _mig_metrics(out, gpu, pods, base, own_values)
+    # the flags the Prometheus overview asks of a node's GPUs where this count is above 0,
+    # each as written above
+    return bool(
+        (xid or 0) > 0
+        or mask & _SLOWDOWN_MASK
+        or (ecc.volatile_uncorrected or 0) > 0
+        or ecc.remap_failure
+        or ecc.remap_pending
+        or (ecc.retired_sbe or 0) > 0
+        or (ecc.retired_dbe or 0) > 0
+        or ecc.retired_pending
+    )
+
+
+def _nvlink_metrics(
+    out: Families,
+    node: NodeSnapshot,
+    gpu: GpuReading,
+    labels: Labels,
+    values: Labels,
+    own_values: Labels,
+) -> None:
+    """A GPU's NVLink series: links up, the traffic of all, each link's counters."""
+    own = names.OWN_LABELS
+    out.gauge(names.GPU_NVLINK_ACTIVE, own, own_values, float(gpu.nvlinks_active))
+    if out.wants(names.DCGM_NVLINK_TOTAL):
+        total = _nvlink_kib_per_s(node, gpu, "tx_kib", "rx_kib")
+        if total is not None:
+            out.gauge(names.DCGM_NVLINK_TOTAL, labels, values, float(total) * (1 / 1024))
+    traffic = out.wants(names.NVLINK_TX, names.NVLINK_RX)
+    errors = out.wants(names.GPU_NVLINK_ERRORS)
+    if not (traffic or errors):
+        return
+    link_labels = (*own, "link", "remote")
+    error_labels = (*own, "link", "counter")
+    node_name, number, uuid = own_values
+    for link in gpu.nvlinks:
+        lv = (node_name, number, uuid, str(link.link), link.remote_kind.value)
+        if traffic and link.tx_kib_total is not None:
+            out.counter(names.NVLINK_TX, link_labels, lv, link.tx_kib_total * 1024.0)
+        if traffic and link.rx_kib_total is not None:
+            out.counter(names.NVLINK_RX, link_labels, lv, link.rx_kib_total * 1024.0)
+        if not errors:
+            continue
+        for counter, total in (
+            ("replay", link.replay_errors_total),
+            ("recovery", link.recovery_errors_total),
+            ("crc", link.crc_errors_total),
+        ):
+            if total is not None:
+                out.counter(names.GPU_NVLINK_ERRORS, error_labels, (*lv[:4], counter), total)
+
+
+def _mig_metrics(
+    out: Families, gpu: GpuReading, pods: PodLabels, base: Labels, own_values: Labels
+) -> None:
+    """The series of each MIG instance of a GPU."""
     for mig in gpu.mig_instances:
         mig_pod = pods.migs.get(mig.uuid)
         mig_labels = _MIG if mig_pod is None else (*_MIG, *mig_pod[0])
@@ -190,18 +236,6 @@ def gpu_metrics(
         if mig.mem_used_bytes is not None:
             out.gauge(names.DCGM_FB_USED, mig_labels, mig_values, mig.mem_used_bytes / MIB)
         _profiling(out, mig_labels, mig_values, mig.gpm, _NO_RATES)
-    # the flags the Prometheus overview asks of a node's GPUs where this count is above 0,
-    # each as written above
-    return bool(
-        (xid or 0) > 0
-        or mask & _SLOWDOWN_MASK
-        or (ecc.volatile_uncorrected or 0) > 0
-        or ecc.remap_failure
-        or ecc.remap_pending
-        or (ecc.retired_sbe or 0) > 0
-        or (ecc.retired_dbe or 0) > 0
-        or ecc.retired_pending
-    )
 
 
 def _nvlink_kib_per_s(node: NodeSnapshot, gpu: GpuReading, *directions: str) -> float | None:
@@ -220,6 +254,17 @@ def _nvlink_kib_per_s(node: NodeSnapshot, gpu: GpuReading, *directions: str) -> 
 ByteRates = tuple[float | None, float | None, float | None, float | None]
 _NO_RATES: ByteRates = (None, None, None, None)
 _BYTE_RATES = (names.PROF_PCIE_TX, names.PROF_PCIE_RX, names.PROF_NVLINK_TX, names.PROF_NVLINK_RX)
+_RATIOS = (
+    names.PROF_GR_ENGINE,
+    names.PROF_SM_ACTIVE,
+    names.PROF_SM_OCCUPANCY,
+    names.PROF_TENSOR,
+    names.PROF_DRAM,
+    names.PROF_FP64,
+    names.PROF_FP32,
+    names.PROF_FP16,
+)
+_PROFILING = (*_RATIOS, *_BYTE_RATES)  # every family _profiling writes
 
 
 def _counted_rates(node: NodeSnapshot, gpu: GpuReading) -> ByteRates:
@@ -242,17 +287,17 @@ def _profiling(
     other figures; byte rates from GPM, else from `counted`."""
     measured: ByteRates = _NO_RATES
     if gpm is not None:
-        ratios = (
-            (names.PROF_GR_ENGINE, gpm.graphics_util_pct),
-            (names.PROF_SM_ACTIVE, gpm.sm_util_pct),
-            (names.PROF_SM_OCCUPANCY, gpm.sm_occupancy_pct),
-            (names.PROF_TENSOR, gpm.tensor_util_pct),
-            (names.PROF_DRAM, gpm.dram_bw_util_pct),
-            (names.PROF_FP64, gpm.fp64_util_pct),
-            (names.PROF_FP32, gpm.fp32_util_pct),
-            (names.PROF_FP16, gpm.fp16_util_pct),
+        pcts = (
+            gpm.graphics_util_pct,
+            gpm.sm_util_pct,
+            gpm.sm_occupancy_pct,
+            gpm.tensor_util_pct,
+            gpm.dram_bw_util_pct,
+            gpm.fp64_util_pct,
+            gpm.fp32_util_pct,
+            gpm.fp16_util_pct,
         )
-        for spec, pct in ratios:
+        for spec, pct in zip(_RATIOS, pcts, strict=True):
             if pct is not None:
                 out.gauge(spec, labels, values, pct / 100.0)
         measured = (
