@@ -62,18 +62,6 @@ class _Series:
         self.values = array("d")
         self.reset_at = -math.inf  # the last time the value fell (a counter reset)
 
-    def add(self, at: float, value: float) -> None:
-        if self.values and value < self.values[-1]:
-            self.reset_at = at
-        self.times.append(at)
-        self.values.append(value)
-
-    def forget_before(self, start: float) -> None:
-        cut = bisect_left(self.times, start)
-        if cut:
-            del self.times[:cut]
-            del self.values[:cut]
-
     def increase(self, start: float, end: float) -> float | None:
         times, values = self.times, self.values
         first = bisect_left(times, start)
@@ -103,24 +91,52 @@ class Windows:
 
     def observe(self, by_name: dict[str, list[Sample]], now: float) -> None:
         """Keep `now`'s samples of the metrics increases read, forget what fell out of
-        their windows, and file each increase in `by_name` under its term's key."""
+        their windows, and file each increase in `by_name` under its term's key.
+
+        Runs once per series per evaluation (a large fleet has hundreds of thousands of
+        NVLink counters): _Series.add and forget_before written out, not called."""
         for metric, longest in self.longest.items():
             kept = self.series[metric]
             for sample in by_name.get(metric, ()):
                 series = kept.get(sample.labels)
                 if series is None:
                     series = kept[sample.labels] = _Series()
-                elif series.times and series.times[-1] >= now:
-                    continue  # an evaluation at this instant kept it already
-                series.add(now, sample.value)
-            for labels, series in list(kept.items()):
-                series.forget_before(now - longest)
-                if not series.times:
-                    del kept[labels]
+                    times = series.times
+                else:
+                    times = series.times
+                    if times and times[-1] >= now:
+                        continue  # an evaluation at this instant kept it already
+                values, value = series.values, sample.value
+                if values and value < values[-1]:
+                    series.reset_at = now
+                times.append(now)
+                values.append(value)
+            start = now - longest
+            gone = []
+            for labels, series in kept.items():
+                times = series.times
+                if times[0] < start:
+                    cut = bisect_left(times, start)
+                    del times[:cut]
+                    del series.values[:cut]
+                    if not times:
+                        gone.append(labels)
+            for labels in gone:
+                del kept[labels]
         for metric, range_s in self.ranges:
             found = []
+            start = now - range_s
             for labels, series in self.series[metric].items():
-                grown = series.increase(now - range_s, now)
+                times = series.times
+                if len(times) < 2:
+                    continue
+                if series.reset_at < start and times[0] >= start:
+                    # the common case, written out: every point in the window, no reset
+                    values = series.values
+                    if values[-1] - values[0] == 0.0:  # flat: grown 0, however stretched
+                        found.append(Sample(metric, labels, 0.0))
+                        continue
+                grown = series.increase(start, now)
                 if grown is not None:
                     found.append(Sample(metric, labels, grown))
             by_name[increase_key(metric, range_s)] = found
