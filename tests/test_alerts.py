@@ -639,6 +639,53 @@ def test_the_series_rules_read_are_the_series_a_scrape_reads() -> None:
         assert full.get(name), name
 
 
+def test_each_family_asked_alone_is_the_full_bodys() -> None:
+    """An evaluation skips the work of the families its rules do not read (profiling,
+    NVLink traffic, MIG, health...): a rule that reads any one of them alone still finds
+    every sample a scrape has of it."""
+    from gpuconsole.alerts.series import samples_by_name
+    from gpuconsole.export.collector import build
+    from tests.export_fixtures import frozen_fleet as polled_fleet
+
+    snapshot = polled_fleet()
+    full: dict[str, list[Sample]] = {}
+    for name, labels, values, value in build(snapshot, snapshot.at).samples():
+        pairs = tuple(sorted(zip(labels, values, strict=True)))
+        full.setdefault(name, []).append(Sample(name, pairs, value))
+    for name in ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES",
+                 "gpuconsole_nvlink_transmit_bytes_total", "gpuconsole_gpu_health",
+                 "gpuconsole_mig_instance_info", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"):  # fmt: skip
+        assert full.get(name), name
+    for name, found in full.items():
+        assert samples_by_name(snapshot, {name}) == {name: found}, name
+
+
+def test_a_node_unchanged_since_the_last_evaluation_is_read_as_it_was_built() -> None:
+    """The engine keeps each node's samples while the hub hands on the same node object:
+    a node replaced by a changed one, and a series that grows with the snapshot's time
+    (a source stale since a moment), read as a fresh build reads them."""
+    import msgspec
+
+    from gpuconsole.alerts.series import Series, samples_by_name
+    from gpuconsole.export.collector import TIMED, build
+    from tests.export_fixtures import frozen_fleet as polled_fleet
+
+    first = polled_fleet()
+    wanted = {name for name, *_ in build(first, first.at).samples()}
+    node = first.nodes[0]
+    stale = tuple(msgspec.structs.replace(s, ok=False, stale_since=first.at) for s in node.statuses)
+    changed = msgspec.structs.replace(node, statuses=stale)
+    later = msgspec.structs.replace(first, at=first.at + 30, nodes=(changed, *first.nodes[1:]))
+    latest = msgspec.structs.replace(later, at=later.at + 30)
+    for asked in (wanted, wanted - TIMED):  # with and without a series read at a time
+        series = Series(asked)
+        for snapshot in (first, later, latest, latest):
+            assert series.samples(snapshot) == samples_by_name(snapshot, asked)
+    series = Series(wanted)
+    ages = {s.value for s in series.samples(latest)["gpuconsole_source_stale_seconds"]}
+    assert 60.0 in ages  # the stale source's, read at the latest snapshot's time
+
+
 def test_the_verdict_rules_fire_for_drain_and_worse_and_not_for_watch() -> None:
     from gpuconsole.facts.verdict import Action
 

@@ -6,6 +6,7 @@ engine fires them over the same readings."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,61 @@ def test_a_window_forgets_what_falls_out_of_it() -> None:
             [grown] = by_name["increase(m[10m])"]
             assert grown.value == (3.0 if minute <= 10 else 0.0), minute
     assert len(windows.points("m", labels)) == 11  # ten minutes of them, both ends kept
+
+
+def test_each_increase_is_the_one_its_points_make() -> None:
+    """The window's shortcuts (a flat series in a full window: 0, no extrapolation reckoned)
+    give what `increase` reckons from the points kept: flat, rising, reset, gaps, a series
+    that comes back, and values no arithmetic flattens (inf)."""
+    import random
+
+    draw = random.Random(23)
+    windows = Windows([("m", 300.0), ("m", 120.0)])
+    series = [(("s", str(i)),) for i in range(40)]
+    held = [0.0] * len(series)
+    for step in range(40):
+        now = step * 30.0 + draw.random()
+        found = []
+        for i, labels in enumerate(series):
+            roll = draw.random()
+            if i == 0 and step > 20:
+                held[i] = math.inf  # inf - inf is no 0
+            elif roll < 0.1:
+                continue  # absent this time
+            elif roll < 0.15:
+                held[i] = 0.0  # a reset
+            elif roll < 0.3 and i % 4:
+                held[i] += draw.choice((1.0, 2.5))
+            found.append(Sample("m", labels, held[i]))
+        by_name = {"m": found}
+        windows.observe(by_name, now)
+        for range_s, key in ((300.0, "increase(m[5m])"), (120.0, "increase(m[2m])")):
+            got = {s.labels: s.value for s in by_name[key]}
+            for labels in series:
+                points = [(t, v) for t, v in windows.points("m", labels) if t >= now - range_s]
+                want = increase(points, now - range_s, now)
+                if want is None:
+                    assert labels not in got, (step, labels)
+                elif math.isnan(want):
+                    assert math.isnan(got[labels]), (step, labels)
+                else:
+                    assert got[labels] == want, (step, labels, range_s)
+    assert any(v == 0.0 for v in got.values()) and any(v > 0 for v in got.values())
+
+
+def test_a_selector_keeps_the_samples_each_of_its_matchers_holds_for() -> None:
+    """Equality matchers look for the pair in a sample's labels: the same samples as
+    every matcher asked of the sample's labels (a label the sample lacks reads as "")."""
+    pairs = [(("counter", "recovery"), ("link", "0")), (("counter", "crc"), ("link", "1")),
+             (("link", "2"),), (("counter", ""), ("link", "3")), ()]  # fmt: skip
+    found = [Sample("m", labels, 1.0) for labels in pairs]
+    for text in ('m{counter="recovery"}', 'm{counter!="recovery"}', 'm{counter="crc", link!="0"}',
+                 'm{counter=""}', 'm{counter!=""}', 'm{link!="2", counter!="crc"}'):  # fmt: skip
+        term = parse(f"{text} > 0").first.terms[0]
+        want = [
+            s for s in found if all(m.holds(dict(s.labels).get(m.label, "")) for m in term.matchers)
+        ]
+        assert term.select(found) == want, text
 
 
 def test_the_slowdown_rule_reads_the_reasons_the_verdict_calls_slowdowns() -> None:

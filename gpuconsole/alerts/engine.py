@@ -28,6 +28,8 @@ from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 if TYPE_CHECKING:
     import aiohttp
 
+    from gpuconsole.alerts.series import Series
+
 log = logging.getLogger(__name__)
 
 SILENCES_EVERY_S = 30.0
@@ -85,6 +87,7 @@ class AlertEngine:
         self.silenced: dict[str, Silence] = {}
         self.problem: str | None = None  # what went wrong reading the state file
         self._metrics = frozenset(m for r in self.rules for m in r.condition.metrics)
+        self._samples: Series | None = None  # made by the first evaluation
         self._windows = Windows(rng for r in self.rules for rng in r.condition.ranges)
         self._hub: Hub | None = None
         self._latest: FleetSnapshot | None = None
@@ -127,12 +130,8 @@ class AlertEngine:
 
     def evaluate(self, snapshot: FleetSnapshot) -> list[Change]:
         """One evaluation at the snapshot's time: each alert pending, firing or resolved."""
-        # here, not at the top: the exporter's builder (and prometheus_client) would cost
-        # every console's start, and only an evaluation needs it
-        from gpuconsole.alerts.series import samples_by_name
-
         now = snapshot.at
-        by_name = samples_by_name(snapshot, self._metrics)
+        by_name = self._series().samples(snapshot)
         self._windows.observe(by_name, now)
         changes: list[Change] = []
         seen: set[str] = set()
@@ -161,6 +160,15 @@ class AlertEngine:
             changes.append(Change(alert, RESOLVED))
         self._drop_told_resolved()
         return changes
+
+    def _series(self) -> Series:
+        # imported here, not at the top: the exporter's builder (and prometheus_client)
+        # would cost every console's start, and only an evaluation needs it
+        from gpuconsole.alerts.series import Series
+
+        if self._samples is None:
+            self._samples = Series(self._metrics)
+        return self._samples
 
     def _held(self, rule: Rule, sample: Sample, now: float, changes: list[Change]) -> Alert:
         labels = rule.alert_labels(sample.labels, sample.value)

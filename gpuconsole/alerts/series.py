@@ -3,17 +3,79 @@ the one builder a scrape uses, so an alert and a Prometheus rule read the same n
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import functools
+from collections.abc import Callable, Collection, Iterable
 
 from gpuconsole.alerts.condition import Sample
-from gpuconsole.export.collector import build
-from gpuconsole.readings.snapshot import FleetSnapshot
+from gpuconsole.export.collector import TIMED, fleet_families, node_families
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+
+_Pairs = tuple[tuple[str, str], ...]
+ByName = dict[str, list[Sample]]
 
 
-def samples_by_name(snapshot: FleetSnapshot, wanted: Collection[str]) -> dict[str, list[Sample]]:
+@functools.lru_cache(maxsize=1024)
+def _pairing(names: tuple[str, ...]) -> Callable[[tuple[str, ...]], _Pairs]:
+    """What makes a sample's (name, value) pairs, sorted by name, from its label values: a
+    family's label names come in one order, so they are sorted once per order."""
+    order = sorted(range(len(names)), key=names.__getitem__)
+    ordered = tuple(names[i] for i in order)
+    if order == list(range(len(names))):
+        return lambda values: tuple(zip(ordered, values, strict=True))
+    return lambda values: tuple(zip(ordered, [values[i] for i in order], strict=True))
+
+
+def _by_name(samples: Iterable[tuple[str, tuple[str, ...], tuple[str, ...], float]]) -> ByName:
+    found: ByName = {}
+    names_of: tuple[str, ...] = ()
+    make = _pairing(names_of)
+    for name, labels, values, value in samples:
+        if labels is not names_of:
+            make, names_of = _pairing(labels), labels
+        kept = found.get(name)
+        if kept is None:
+            kept = found[name] = []
+        kept.append(Sample(name, make(values), value))
+    return found
+
+
+class Series:
+    """The samples of the metrics in `wanted`, snapshot after snapshot, as
+    samples_by_name builds them; a node whose snapshot is the very object of the last
+    call (the hub hands an unchanged node on as it was) has its samples from then, unless
+    a family read depends on the snapshot's time as well (collector.TIMED)."""
+
+    def __init__(self, wanted: Collection[str]) -> None:
+        self.wanted = frozenset(wanted)
+        self._timed = bool(self.wanted & TIMED)
+        self._nodes: dict[str, tuple[NodeSnapshot, float, ByName]] = {}
+
+    def samples(self, snapshot: FleetSnapshot) -> ByName:
+        now = snapshot.at
+        out: ByName = {}
+
+        def add(part: ByName) -> None:
+            for name, found in part.items():
+                kept = out.get(name)
+                if kept is None:
+                    out[name] = list(found)
+                else:
+                    kept.extend(found)
+
+        add(_by_name(fleet_families(snapshot, self.wanted).samples()))
+        kept: dict[str, tuple[NodeSnapshot, float, ByName]] = {}
+        for node in snapshot.nodes:
+            before = self._nodes.get(node.node)
+            if before is not None and before[0] is node and (not self._timed or before[1] == now):
+                part = before[2]
+            else:
+                part = _by_name(node_families(node, now, self.wanted).samples())
+            kept[node.node] = (node, now, part)
+            add(part)
+        self._nodes = kept
+        return out
+
+
+def samples_by_name(snapshot: FleetSnapshot, wanted: Collection[str]) -> ByName:
     """The samples of the metrics in `wanted`, by sample name, as of the snapshot's time."""
-    out: dict[str, list[Sample]] = {}
-    for name, labels, values, value in build(snapshot, snapshot.at, frozenset(wanted)).samples():
-        pairs = tuple(sorted(zip(labels, values, strict=True)))
-        out.setdefault(name, []).append(Sample(name, pairs, value))
-    return out
+    return Series(wanted).samples(snapshot)

@@ -123,19 +123,50 @@ def node_metrics(out: Families, node: NodeSnapshot, now: float) -> None:
         ownership_metrics(out, node, ownership)
 
 
+# The families node_metrics writes from `now` as well as from the node: the others are the
+# same for the same node object whenever they are built.
+TIMED = frozenset({names.SOURCE_STALE[0], names.GUEST_READING_AGE[0]})
+
+
+def snapshot_metrics(out: Families, snapshot: FleetSnapshot) -> None:
+    """The series of the snapshot itself (its time), written before every node's."""
+    out.gauge(names.SNAPSHOT_AGE, (), (), snapshot.at)
+
+
+def event_metrics(out: Families, snapshot: FleetSnapshot) -> None:
+    """The events counted per node, kind and severity, written after every node's."""
+    for node_name, kind, severity, count in snapshot.event_counts:
+        out.counter(
+            names.EVENTS, ("node", "kind", "severity"), (node_name, kind, severity), float(count)
+        )
+
+
+def node_families(node: NodeSnapshot, now: float, only: frozenset[str] | None = None) -> Families:
+    """One node's families, as build() writes them for it."""
+    out = Families(only)
+    node_metrics(out, node, now)
+    return out
+
+
+def fleet_families(snapshot: FleetSnapshot, only: frozenset[str] | None = None) -> Families:
+    """The families build() writes of the snapshot itself, no node's: its time, its
+    events counted."""
+    out = Families(only)
+    snapshot_metrics(out, snapshot)
+    event_metrics(out, snapshot)
+    return out
+
+
 def build(
     snapshot: FleetSnapshot, now: float | None = None, only: frozenset[str] | None = None
 ) -> Families:
     """Every metric family for one snapshot (`only`: the families of these names alone)."""
     out = Families(only)
     at = time.time() if now is None else now
-    out.gauge(names.SNAPSHOT_AGE, (), (), snapshot.at)
+    snapshot_metrics(out, snapshot)
     for node in snapshot.nodes:
         node_metrics(out, node, at)
-    for node_name, kind, severity, count in snapshot.event_counts:
-        out.counter(
-            names.EVENTS, ("node", "kind", "severity"), (node_name, kind, severity), float(count)
-        )
+    event_metrics(out, snapshot)
     return out
 
 
