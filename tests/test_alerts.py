@@ -686,6 +686,24 @@ def test_a_node_unchanged_since_the_last_evaluation_is_read_as_it_was_built() ->
     assert 60.0 in ages  # the stale source's, read at the latest snapshot's time
 
 
+def test_a_series_sample_is_reused_only_for_the_very_same_value() -> None:
+    """A series read at the value it had before is its sample from then; any other value
+    (an int's 0 after 0.0, -0.0 after 0.0, NaN after NaN) is a sample of its own."""
+    import math
+
+    from gpuconsole.alerts.series import _by_name
+
+    interned: dict[tuple[str, tuple[str, ...]], dict[tuple[str, ...], Sample]] = {}
+    before = None
+    for value in (0.0, 0.0, -0.0, 0, 0, 1.5, 1.5, math.nan, math.nan, 2.0):
+        [sample] = _by_name([("m", ("b", "a"), ("x", "y"), value)], interned)["m"]
+        assert sample.labels == (("a", "y"), ("b", "x"))
+        assert repr(sample.value) == repr(value) and type(sample.value) is type(value)
+        if before is not None:
+            assert (sample is before) == (repr(before.value) == repr(value) != "nan"), value
+        before = sample
+
+
 def test_the_verdict_rules_fire_for_drain_and_worse_and_not_for_watch() -> None:
     from gpuconsole.facts.verdict import Action
 

@@ -122,6 +122,9 @@ class Term:
             # (an empty value also matches a label the series lacks: not this way)
             has = [(m.label, m.value) for m in self.matchers if m.op == "="]
             lacks = [(m.label, m.value) for m in self.matchers if m.op == "!="]
+            if len(has) == 1 and not lacks:
+                [pair] = has
+                return [s for s in samples if pair in s.labels]
             return [
                 s
                 for s in samples

@@ -4,6 +4,7 @@ the one builder a scrape uses, so an alert and a Prometheus rule read the same n
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Collection, Iterable
 
 from gpuconsole.alerts.condition import Sample
@@ -25,17 +26,35 @@ def _pairing(names: tuple[str, ...]) -> Callable[[tuple[str, ...]], _Pairs]:
     return lambda values: tuple(zip(ordered, [values[i] for i in order], strict=True))
 
 
-def _by_name(samples: Iterable[tuple[str, tuple[str, ...], tuple[str, ...], float]]) -> ByName:
+# Per sample name and label order, each series' label values -> its last sample.
+_Interned = dict[tuple[str, tuple[str, ...]], dict[tuple[str, ...], Sample]]
+
+
+def _by_name(
+    samples: Iterable[tuple[str, tuple[str, ...], tuple[str, ...], float]], interned: _Interned
+) -> ByName:
+    """The samples by name; a series' sample of the same value as last time is that one
+    again, and its pairs are made once: an evaluation of a large fleet would otherwise
+    make millions of tuples, and Python's collector pass over them all, each time."""
     found: ByName = {}
     names_of: tuple[str, ...] = ()
-    make = _pairing(names_of)
+    name_of = ""
+    make, known, kept = _pairing(names_of), interned.setdefault((name_of, names_of), {}), []
     for name, labels, values, value in samples:
-        if labels is not names_of:
-            make, names_of = _pairing(labels), labels
-        kept = found.get(name)
-        if kept is None:
-            kept = found[name] = []
-        kept.append(Sample(name, make(values), value))
+        if labels is not names_of or name is not name_of:
+            make, names_of, name_of = _pairing(labels), labels, name
+            known = interned.setdefault((name, labels), {})
+            kept = found.setdefault(name, [])
+        last = known.get(values)
+        if last is None:
+            last = known[values] = Sample(name, make(values), value)
+        elif (
+            last.value != value
+            or type(last.value) is not type(value)
+            or (value == 0 and math.copysign(1.0, last.value) != math.copysign(1.0, value))
+        ):  # of another value: of its type (an int's 0 is no 0.0 in a template) and sign
+            last = known[values] = Sample(name, last.labels, value)
+        kept.append(last)
     return found
 
 
@@ -49,6 +68,7 @@ class Series:
         self.wanted = frozenset(wanted)
         self._timed = bool(self.wanted & TIMED)
         self._nodes: dict[str, tuple[NodeSnapshot, float, ByName]] = {}
+        self._interned: _Interned = {}
 
     def samples(self, snapshot: FleetSnapshot) -> ByName:
         now = snapshot.at
@@ -62,17 +82,20 @@ class Series:
                 else:
                     kept.extend(found)
 
-        add(_by_name(fleet_families(snapshot, self.wanted).samples()))
+        add(_by_name(fleet_families(snapshot, self.wanted).samples(), self._interned))
         kept: dict[str, tuple[NodeSnapshot, float, ByName]] = {}
         for node in snapshot.nodes:
             before = self._nodes.get(node.node)
             if before is not None and before[0] is node and (not self._timed or before[1] == now):
                 part = before[2]
             else:
-                part = _by_name(node_families(node, now, self.wanted).samples())
+                part = _by_name(node_families(node, now, self.wanted).samples(), self._interned)
             kept[node.node] = (node, now, part)
             add(part)
         self._nodes = kept
+        held = sum(len(known) for known in self._interned.values())
+        if held > 2 * sum(len(found) for found in out.values()) + 1000:
+            self._interned = {}  # series gone since: made again as they come
         return out
 
 

@@ -55,12 +55,13 @@ def _stretched(
 class _Series:
     """One series' points (times and values in two arrays: 16 bytes a point)."""
 
-    __slots__ = ("reset_at", "times", "values")
+    __slots__ = ("flat", "reset_at", "times", "values")
 
     def __init__(self) -> None:
         self.times = array("d")
         self.values = array("d")
         self.reset_at = -math.inf  # the last time the value fell (a counter reset)
+        self.flat: Sample | None = None  # its increase of 0, made once: most are 0
 
     def increase(self, start: float, end: float) -> float | None:
         times, values = self.times, self.values
@@ -134,7 +135,10 @@ class Windows:
                     # the common case, written out: every point in the window, no reset
                     values = series.values
                     if values[-1] - values[0] == 0.0:  # flat: grown 0, however stretched
-                        found.append(Sample(metric, labels, 0.0))
+                        flat = series.flat
+                        if flat is None:
+                            flat = series.flat = Sample(metric, labels, 0.0)
+                        found.append(flat)
                         continue
                 grown = series.increase(start, now)
                 if grown is not None:

@@ -54,6 +54,13 @@ def _counter_name(name: str) -> str:
     return name.removesuffix("_total")
 
 
+@functools.lru_cache(maxsize=4096)
+def _wanted(only: frozenset[str], specs: tuple[Spec, ...]) -> bool:
+    """Whether `only` keeps any of these families: rooms ask the same per port or GPU, and
+    an evaluation builds a Families per node, so it is asked once for them all."""
+    return any(s[0] in only or f"{_counter_name(s[0])}_total" in only for s in specs)
+
+
 def _escape(value: str) -> str:
     if "\\" in value or '"' in value or "\n" in value:
         return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
@@ -81,19 +88,10 @@ class Families:
         """`only`: keep the families of these names alone (what alert rules read)."""
         self._families: dict[str, _Family] = {}
         self._only = only
-        self._wanted: dict[tuple[Spec, ...], bool] = {}
 
     def wants(self, *specs: Spec) -> bool:
         """Whether any of these families is kept: a room skips work none of them needs."""
-        only = self._only
-        if only is None:
-            return True
-        found = self._wanted.get(specs)  # rooms ask the same per port or GPU: asked once
-        if found is None:
-            found = self._wanted[specs] = any(
-                s[0] in only or f"{s[0].removesuffix('_total')}_total" in only for s in specs
-            )
-        return found
+        return self._only is None or _wanted(self._only, specs)
 
     def gauge(self, spec: Spec, labels: Labels, values: Labels, value: float) -> None:
         if self._only is not None and spec[0] not in self._only:
