@@ -696,7 +696,7 @@ def test_a_series_sample_is_reused_only_for_the_very_same_value() -> None:
     interned: dict[tuple[str, tuple[str, ...]], dict[tuple[str, ...], Sample]] = {}
     before = None
     for value in (0.0, 0.0, -0.0, 0, 0, 1.5, 1.5, math.nan, math.nan, 2.0):
-        [sample] = _by_name([("m", ("b", "a"), ("x", "y"), value)], interned)["m"]
+        [sample] = _by_name([("m", [(("b", "a"), ("x", "y"), value)])], interned)["m"]
         assert sample.labels == (("a", "y"), ("b", "x"))
         assert repr(sample.value) == repr(value) and type(sample.value) is type(value)
         if before is not None:

@@ -28,33 +28,35 @@ def _pairing(names: tuple[str, ...]) -> Callable[[tuple[str, ...]], _Pairs]:
 
 # Per sample name and label order, each series' label values -> its last sample.
 _Interned = dict[tuple[str, tuple[str, ...]], dict[tuple[str, ...], Sample]]
+_NONE: dict[tuple[str, ...], Sample] = {}
 
 
 def _by_name(
-    samples: Iterable[tuple[str, tuple[str, ...], tuple[str, ...], float]], interned: _Interned
+    families: Iterable[tuple[str, list[tuple[tuple[str, ...], tuple[str, ...], float]]]],
+    interned: _Interned,
 ) -> ByName:
     """The samples by name; a series' sample of the same value as last time is that one
     again, and its pairs are made once: an evaluation of a large fleet would otherwise
     make millions of tuples, and Python's collector pass over them all, each time."""
     found: ByName = {}
-    names_of: tuple[str, ...] = ()
-    name_of = ""
-    make, known, kept = _pairing(names_of), interned.setdefault((name_of, names_of), {}), []
-    for name, labels, values, value in samples:
-        if labels is not names_of or name is not name_of:
-            make, names_of, name_of = _pairing(labels), labels, name
-            known = interned.setdefault((name, labels), {})
-            kept = found.setdefault(name, [])
-        last = known.get(values)
-        if last is None:
-            last = known[values] = Sample(name, make(values), value)
-        elif (
-            last.value != value
-            or type(last.value) is not type(value)
-            or (value == 0 and math.copysign(1.0, last.value) != math.copysign(1.0, value))
-        ):  # of another value: of its type (an int's 0 is no 0.0 in a template) and sign
-            last = known[values] = Sample(name, last.labels, value)
-        kept.append(last)
+    for name, samples in families:
+        kept = found.setdefault(name, [])
+        names_of: tuple[str, ...] | None = None  # the label names the two below are for
+        make, known = _pairing(()), _NONE
+        for labels, values, value in samples:
+            if labels is not names_of:
+                make, names_of = _pairing(labels), labels
+                known = interned.setdefault((name, labels), {})
+            last = known.get(values)
+            if last is None:
+                last = known[values] = Sample(name, make(values), value)
+            elif (
+                last.value != value
+                or type(last.value) is not type(value)
+                or (value == 0 and math.copysign(1.0, last.value) != math.copysign(1.0, value))
+            ):  # of another value: of its type (an int's 0 is no 0.0 in a template) and sign
+                last = known[values] = Sample(name, last.labels, value)
+            kept.append(last)
     return found
 
 
@@ -82,14 +84,14 @@ class Series:
                 else:
                     kept.extend(found)
 
-        add(_by_name(fleet_families(snapshot, self.wanted).samples(), self._interned))
+        add(_by_name(fleet_families(snapshot, self.wanted).by_family(), self._interned))
         kept: dict[str, tuple[NodeSnapshot, float, ByName]] = {}
         for node in snapshot.nodes:
             before = self._nodes.get(node.node)
             if before is not None and before[0] is node and (not self._timed or before[1] == now):
                 part = before[2]
             else:
-                part = _by_name(node_families(node, now, self.wanted).samples(), self._interned)
+                part = _by_name(node_families(node, now, self.wanted).by_family(), self._interned)
             kept[node.node] = (node, now, part)
             add(part)
         self._nodes = kept

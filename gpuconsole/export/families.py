@@ -49,16 +49,18 @@ def _order(labels: Labels) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _counter_name(name: str) -> str:
-    """A counter family's name: without _total, as prometheus_client keeps it."""
-    return name.removesuffix("_total")
+def _counter_names(name: str) -> tuple[str, str]:
+    """A counter family's name (without _total, as prometheus_client keeps it) and its
+    samples' (with _total)."""
+    family = name.removesuffix("_total")
+    return family, f"{family}_total"
 
 
 @functools.lru_cache(maxsize=4096)
 def _wanted(only: frozenset[str], specs: tuple[Spec, ...]) -> bool:
     """Whether `only` keeps any of these families: rooms ask the same per port or GPU, and
     an evaluation builds a Families per node, so it is asked once for them all."""
-    return any(s[0] in only or f"{_counter_name(s[0])}_total" in only for s in specs)
+    return any(s[0] in only or _counter_names(s[0])[1] in only for s in specs)
 
 
 def _escape(value: str) -> str:
@@ -104,22 +106,26 @@ class Families:
         family.samples.append((labels, values, value))
 
     def counter(self, spec: Spec, labels: Labels, values: Labels, value: float) -> None:
-        name = _counter_name(spec[0])
-        if self._only is not None and f"{name}_total" not in self._only:
+        name, sample_name = _counter_names(spec[0])
+        if self._only is not None and sample_name not in self._only:
             return
         if len(labels) != len(values):
             raise ValueError(f"{spec[0]}: labels {labels} and values {values} differ in length")
         family = self._families.get(name)
         if family is None:
-            family = self._families[name] = _Family(name, spec[1], "counter", f"{name}_total")
+            family = self._families[name] = _Family(name, spec[1], "counter", sample_name)
         family.samples.append((labels, values, value))
 
-    def samples(self) -> Iterator[tuple[str, Labels, Labels, float]]:
-        """Every sample as (sample name, label names, label values, value): what alert
-        rules are evaluated over, the very series a scrape would read."""
+    def by_family(self) -> Iterator[tuple[str, list[tuple[Labels, Labels, float]]]]:
+        """Each family's sample name and samples (label names, label values, value): what
+        alert rules are evaluated over, the very series a scrape would read."""
         for family in self._families.values():
-            name = family.sample_name
-            for labels, values, value in family.samples:
+            yield family.sample_name, family.samples
+
+    def samples(self) -> Iterator[tuple[str, Labels, Labels, float]]:
+        """Every sample as (sample name, label names, label values, value)."""
+        for name, samples in self.by_family():
+            for labels, values, value in samples:
                 yield name, labels, values, value
 
     def __iter__(self) -> Iterator[Metric]:

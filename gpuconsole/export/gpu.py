@@ -200,21 +200,24 @@ def _nvlink_metrics(
     link_labels = (*own, "link", "remote")
     error_labels = (*own, "link", "counter")
     node_name, number, uuid = own_values
+    counter, spec = out.counter, names.GPU_NVLINK_ERRORS
     for link in gpu.nvlinks:
-        lv = (node_name, number, uuid, str(link.link), link.remote_kind.value)
-        if traffic and link.tx_kib_total is not None:
-            out.counter(names.NVLINK_TX, link_labels, lv, link.tx_kib_total * 1024.0)
-        if traffic and link.rx_kib_total is not None:
-            out.counter(names.NVLINK_RX, link_labels, lv, link.rx_kib_total * 1024.0)
+        number_of = str(link.link)
+        if traffic:
+            lv = (node_name, number, uuid, number_of, link.remote_kind.value)
+            if link.tx_kib_total is not None:
+                counter(names.NVLINK_TX, link_labels, lv, link.tx_kib_total * 1024.0)
+            if link.rx_kib_total is not None:
+                counter(names.NVLINK_RX, link_labels, lv, link.rx_kib_total * 1024.0)
         if not errors:
             continue
-        for counter, total in (
-            ("replay", link.replay_errors_total),
-            ("recovery", link.recovery_errors_total),
-            ("crc", link.crc_errors_total),
-        ):
-            if total is not None:
-                out.counter(names.GPU_NVLINK_ERRORS, error_labels, (*lv[:4], counter), total)
+        # one counter of each kind a link, written out: a large fleet has 100,000s of them
+        if (total := link.replay_errors_total) is not None:
+            counter(spec, error_labels, (node_name, number, uuid, number_of, "replay"), total)
+        if (total := link.recovery_errors_total) is not None:
+            counter(spec, error_labels, (node_name, number, uuid, number_of, "recovery"), total)
+        if (total := link.crc_errors_total) is not None:
+            counter(spec, error_labels, (node_name, number, uuid, number_of, "crc"), total)
 
 
 def _mig_metrics(
