@@ -229,15 +229,18 @@ class SimNode:
         *,
         passthrough: frozenset[int],
         idle: frozenset[int],
-        mig_slots: frozenset[tuple[int, int]],
-        sharers: dict[int, int],
+        mig_slots: frozenset[tuple[int, int]] | None = None,
+        sharers: dict[int, int] | None = None,
     ) -> None:
         """The tenants changed (a GPU was reassigned or drained in the demo): which GPUs the
         host's NVML sees from now on, which nobody computes on (they go quiet; others wake),
-        and which MIG instances and shared GPUs run a process of the pods left."""
+        and which MIG instances and shared GPUs run a process of the pods left (None: as
+        they were)."""
         self.passthrough = passthrough
-        self.mig_slots = mig_slots
-        self.sharers = sharers
+        if mig_slots is not None:
+            self.mig_slots = mig_slots
+        if sharers is not None:
+            self.sharers = sharers
         if idle != self.idle:
             self.idle = idle
             self._follow_idle(idle)
