@@ -91,3 +91,16 @@ def one(samples: list[Sample], **labels: str) -> Sample:
 
 def label_names(samples: list[Sample]) -> set[frozenset[str]]:
     return {frozenset(s.labels) for s in samples}
+
+
+class HeldHub(Hub):
+    """A hub that holds the snapshot a test gives it (`held`, which a test may replace), so
+    an agent over it serves just that."""
+
+    def __init__(self, snapshot: FleetSnapshot) -> None:
+        super().__init__()
+        self.held = snapshot
+
+    @property
+    def latest(self) -> FleetSnapshot | None:
+        return self.held

@@ -30,7 +30,7 @@ from gpuconsole.sim.cluster import add_sim_sources, build_sim_nodes, demo_cluste
 from gpuconsole.sources import agents as agents_source
 from gpuconsole.sources.agents import AgentClient, AgentSource
 from gpuconsole.wiring import AgentSettings
-from tests.export_fixtures import frozen_fleet
+from tests.export_fixtures import HeldHub, frozen_fleet
 from tests.waiting import until
 
 
@@ -281,18 +281,6 @@ def test_the_head_names_a_node_its_own_way_in_every_status() -> None:
         theirs.statuses
     )
     assert msgspec.structs.replace(node, statuses=theirs.statuses) == theirs
-
-
-class HeldHub(Hub):
-    """A hub that holds the snapshot a test gives it, so its agent serves just that."""
-
-    def __init__(self, snapshot: FleetSnapshot) -> None:
-        super().__init__()
-        self.held = snapshot
-
-    @property
-    def latest(self) -> FleetSnapshot | None:
-        return self.held
 
 
 def with_power(fleet: FleetSnapshot, power_w: float) -> FleetSnapshot:

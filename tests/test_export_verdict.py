@@ -15,13 +15,12 @@ from gpuconsole.export.collector import build
 from gpuconsole.facts import summaries
 from gpuconsole.facts.inventory import node_gpus, short_bus_id
 from gpuconsole.facts.verdict import Action, gpu_verdict
-from gpuconsole.hub import Hub
 from gpuconsole.readings.actions import JournalReading, RepairAttempt
 from gpuconsole.readings.base import known_bus_id
 from gpuconsole.readings.nvml import XidCount
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.wiring import AgentSettings
-from tests.export_fixtures import FIXED, frozen_fleet, parse, pick
+from tests.export_fixtures import FIXED, HeldHub, frozen_fleet, parse, pick
 from tests.test_export_agent import eventually, prometheus, promql
 
 GUESTS = "dgx-004"  # its GPU 52:00.0 is tenant-b-vm7's, read by the guest's own agent
@@ -109,18 +108,6 @@ def test_each_xid_is_counted_by_its_code_and_named_by_its_mnemonic() -> None:
         if s.labels["node"] == GUESTS and s.labels["gpu"] == bus
     }
     assert named == {"79": ("ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", 1.0), "999": ("", 3.0)}
-
-
-class HeldHub(Hub):
-    """A hub that serves the snapshot a test hands it, so an agent over it serves that."""
-
-    def __init__(self, snapshot: FleetSnapshot) -> None:
-        super().__init__()
-        self.held = snapshot
-
-    @property
-    def latest(self) -> FleetSnapshot | None:
-        return self.held
 
 
 XID_RULES = """groups:

@@ -20,11 +20,11 @@ from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.facts.verdict import reading_verdict
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.nvml import GpuReading
-from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.promql import Overview, parse_overview
 from gpuconsole.wiring import AgentSettings, fleet_hub
 from tests.bmc_fixtures import free_port
-from tests.export_fixtures import frozen_fleet
+from tests.export_fixtures import HeldHub, frozen_fleet
 from tests.peers import require_program
 from tests.waiting import until
 
@@ -32,18 +32,6 @@ from tests.waiting import until
 # GPU in MIG mode and one passed through; dgxa-002: its BMC stopped answering.
 NODES = ("dgx-002", "dgx-003", "dgx-004", "dgxa-002")
 NAMED = "gpu-a"  # the operator's name for the first, in the targets file
-
-
-class ServedHub(Hub):
-    """A hub that holds one snapshot, so what the agent over it serves stays put."""
-
-    def __init__(self, snapshot: FleetSnapshot) -> None:
-        super().__init__()
-        self._held = snapshot
-
-    @property
-    def latest(self) -> FleetSnapshot | None:
-        return self._held
 
 
 @dataclass
@@ -59,7 +47,7 @@ async def agents() -> AsyncIterator[list[NodeAgent]]:
     started = []
     try:
         for name in NODES:
-            agent = Agent(ServedHub(select(fleet, name, summary=False)), AgentSettings(port=0))
+            agent = Agent(HeldHub(select(fleet, name, summary=False)), AgentSettings(port=0))
             await agent.start()
             assert agent.port is not None
             node = fleet.node(name)

@@ -28,7 +28,7 @@ from gpuconsole.facts.inventory import node_gpus
 from gpuconsole.facts.verdict import reading_verdict
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.base import Health
-from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
+from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.promql import (
     OUT_OF_VIEW_S,
     FleetSeries,
@@ -48,7 +48,7 @@ from gpuconsole.tui.app import ConsoleApp
 from gpuconsole.tui.screens.fleet import FleetScreen, Sort
 from gpuconsole.tui.wallboard import TOP, WallboardApp
 from gpuconsole.wiring import AgentSettings, fleet_hub
-from tests.export_fixtures import frozen_fleet
+from tests.export_fixtures import HeldHub, frozen_fleet
 from tests.peers import require_program
 from tests.test_promql import node_view
 from tests.waiting import until
@@ -56,18 +56,6 @@ from tests.waiting import until
 NODES = 200
 OPENED = "dgx-002"  # the member a user drills into: its agent runs here
 UNSCRAPED = "gpu-00150"  # a target Prometheus could not scrape
-
-
-class ServedHub(Hub):
-    """A hub that holds one snapshot, so what the agent over it serves stays put."""
-
-    def __init__(self, snapshot: FleetSnapshot) -> None:
-        super().__init__()
-        self._held = snapshot
-
-    @property
-    def latest(self) -> FleetSnapshot | None:
-        return self._held
 
 
 @dataclass
@@ -79,7 +67,7 @@ class Fleet:
 
 @pytest.fixture
 async def agent() -> AsyncIterator[Agent]:
-    served = Agent(ServedHub(select(frozen_fleet(), OPENED, summary=False)), AgentSettings(port=0))
+    served = Agent(HeldHub(select(frozen_fleet(), OPENED, summary=False)), AgentSettings(port=0))
     await served.start()
     try:
         yield served

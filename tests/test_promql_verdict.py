@@ -30,12 +30,11 @@ from gpuconsole.readings.base import Health, Severity
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.promql import PARTS, FleetSeries, PromQLSource, build_node
 from gpuconsole.wiring import AgentSettings
-from tests.export_fixtures import frozen_fleet
+from tests.export_fixtures import HeldHub, frozen_fleet
 from tests.test_promql import (
     NAMED,
     NodeAgent,
     Prometheus,
-    ServedHub,
     fresh,
     head,
     names,
@@ -89,7 +88,7 @@ async def agents() -> AsyncIterator[list[NodeAgent]]:
             if i == 0 or i in FIT:
                 apollo = _apollo(fabric_manager=i in FIT)
                 served = msgspec.structs.replace(served, nodes=(apollo,))
-            agent = Agent(ServedHub(served), AgentSettings(port=0))
+            agent = Agent(HeldHub(served), AgentSettings(port=0))
             if i == OLDER:
                 agent.metrics = OlderMetrics(_latest(agent.hub))
             await agent.start()
@@ -104,9 +103,9 @@ async def agents() -> AsyncIterator[list[NodeAgent]]:
 def _serve(agent: NodeAgent, node: NodeSnapshot) -> None:
     """Have `agent` serve `node` from now on."""
     served = agent.agent.hub
-    assert isinstance(served, ServedHub)
+    assert isinstance(served, HeldHub)
     agent.node = node
-    served._held = msgspec.structs.replace(served._held, nodes=(node,), seq=served._held.seq + 1)
+    served.held = msgspec.structs.replace(served.held, nodes=(node,), seq=served.held.seq + 1)
 
 
 def _with_gpu(node: NodeSnapshot, index: int, **pcie: Any) -> NodeSnapshot:

@@ -497,7 +497,7 @@ async def _a_head_reads_it_from_the_agent(world: SimWorld, bus: str) -> None:
     from gpuconsole.export.agent import Agent
     from gpuconsole.readings.snapshot import FleetSnapshot
     from gpuconsole.wiring import AgentSettings
-    from tests.test_agents_source import HeldHub
+    from tests.export_fixtures import HeldHub
     from tests.test_verdict_agents import head_of
 
     node = await world.snapshot()

@@ -31,8 +31,8 @@ from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.agents import AgentClient, AgentSource
 from gpuconsole.tui.wallboard import WallboardApp, alerts_page
 from gpuconsole.wiring import AgentSettings
-from tests.export_fixtures import frozen_fleet, one, parse, render
-from tests.test_agents_source import HeldHub, serve
+from tests.export_fixtures import HeldHub, frozen_fleet, one, parse, render
+from tests.test_agents_source import serve
 from tests.waiting import until
 
 NODE = "dgx-002"

@@ -30,8 +30,7 @@ from gpuconsole.readings.nvml import NvmlReading, XidCount
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.agents import AgentClient, AgentSource
 from gpuconsole.wiring import AgentSettings
-from tests.export_fixtures import frozen_fleet
-from tests.test_agents_source import HeldHub
+from tests.export_fixtures import HeldHub, frozen_fleet
 from tests.waiting import until
 
 XID_NODE, GONE_NODE = "dgx-003", "dgx-004"
