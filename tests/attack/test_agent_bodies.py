@@ -17,8 +17,8 @@ from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.agents import STEADY_PARTS, have_query, held_parts, part_versions
 from gpuconsole.sources.agents import MAX_BODY_BYTES, AgentClient, AgentSource
 from gpuconsole.wiring import AgentSettings
-from tests.export_fixtures import frozen_fleet
-from tests.test_agents_source import HeldHub, serve
+from tests.export_fixtures import HeldHub, frozen_fleet
+from tests.test_agents_source import serve
 from tests.waiting import until
 
 HOSTILE = "dgx-002"

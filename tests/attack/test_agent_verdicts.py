@@ -8,6 +8,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -19,8 +20,8 @@ from gpuconsole.hub import Hub
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.readings.verdict import CarriedVerdict
 from gpuconsole.wiring import AgentSettings
-from tests.export_fixtures import frozen_fleet
-from tests.test_agents_source import HeldHub, serve
+from tests.export_fixtures import HeldHub, frozen_fleet
+from tests.test_agents_source import serve
 from tests.test_verdict_agents import head_of, with_links_down
 from tests.waiting import until
 
@@ -185,3 +186,26 @@ def _polls(head: Hub) -> int:
     node = head.latest.node("dgx-004") if head.latest is not None else None
     status = node.status("remote") if node is not None else None
     return status.polls if status is not None else 0
+
+
+def test_a_finding_about_a_gpu_nvml_lost_that_sysfs_lists_is_the_nodes_and_one_about_none_is_not() -> (
+    None
+):
+    """A head looks for a finding's GPU among NVML's first (the GPUs most findings are
+    about), then among those sysfs and the node's guests list: a GPU NVML lost is still
+    the node's; one that none of them lists is refused."""
+    fleet = with_links_down(frozen_fleet(), "dgx-002", 2, 2)
+    node = verdict_facts.carry_verdict(fleet.nodes[0])
+    assert node.verdict is not None and node.nvml is not None and node.tenancy is not None
+    bus = next(f.bus_id for f in node.verdict.findings if f.bus_id is not None)
+    assert bus in {g.bus_id for g in node.tenancy.gpus}
+    gone = tuple(g for g in node.nvml.gpus if g.pci_bus_id != bus)
+    lost = msgspec.structs.replace(node, nvml=msgspec.structs.replace(node.nvml, gpus=gone))
+    taken = verdict_facts._carried(lost, lost.verdict)  # type: ignore[arg-type]
+    assert not isinstance(taken, str), taken
+    tenancy = msgspec.structs.replace(
+        lost.tenancy, gpus=tuple(g for g in lost.tenancy.gpus if g.bus_id != bus)
+    )
+    nowhere = msgspec.structs.replace(lost, tenancy=tenancy)
+    refused = verdict_facts._carried(nowhere, nowhere.verdict)  # type: ignore[arg-type]
+    assert isinstance(refused, str) and "which the node does not have" in refused
