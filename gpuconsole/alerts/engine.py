@@ -94,6 +94,7 @@ class AlertEngine:
         self._latest: FleetSnapshot | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._unsubscribe: Callable[[], None] | None = None  # from the hub it runs on
         self._silences_at = 0.0
         self.last_cpu_s = 0.0  # what the last evaluation cost
         self._nodes = 0
@@ -308,7 +309,7 @@ class AlertEngine:
         """Run on `hub`'s loop once it publishes: evaluate its snapshots, post a hub event
         per alert that fires or resolves, and put what fires into its snapshots."""
         self._hub = hub
-        hub.subscribe(self._offer)
+        self._unsubscribe = hub.subscribe(self._offer)
 
     def _offer(self, snapshot: FleetSnapshot) -> None:
         self._latest = snapshot
@@ -426,7 +427,11 @@ class AlertEngine:
         )
 
     async def stop(self) -> None:
-        """Stop evaluating (the state file holds what fires)."""
+        """Stop evaluating (the state file holds what fires): its hub's next publish does
+        not start it again."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
