@@ -21,11 +21,11 @@ import pytest
 from pyghmi.exceptions import IpmiException
 
 from gpuconsole.codec import dumps
-from gpuconsole.facts.verdict import node_verdict
+from gpuconsole.facts.verdict import Action, node_verdict
 from gpuconsole.hub import Hub, HubSettings
-from gpuconsole.readings.base import Event, SourceStatus
+from gpuconsole.readings.base import Event, Health, Severity, SourceStatus
 from gpuconsole.readings.bmc import BmcReading, PowerState, SensorHealth, SensorKind
-from gpuconsole.readings.snapshot import FleetSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.bmc import (
     BmcError,
     BmcPool,
@@ -36,7 +36,14 @@ from gpuconsole.sources.bmc import (
 )
 from gpuconsole.sources.bmc.ipmi import PyghmiSession, notice_early_replies
 from gpuconsole.sources.bmc.sel import SelCursor
-from tests.bmc_fixtures import IPMI_PASSWORD, IpmiSim, free_port, running_ipmi_sim
+from tests.bmc_fixtures import (
+    IPMI_PASSWORD,
+    IpmiSim,
+    free_port,
+    running_ipmi_sim,
+    running_sushy,
+)
+from tests.test_bmc_mockups import mockup, node_of, poll
 from tests.waiting import until
 
 
@@ -508,3 +515,37 @@ def test_polling_a_bmc_for_long_leaves_nothing_behind_in_pyghmi(bmc: IpmiSim) ->
         assert sum(queued is mine for queued in list(pyghmi_session.sessionqueue)) <= 1
     finally:
         polled.logout()
+
+
+_PSU = re.compile(r"\bPSU|Power Supply")
+
+
+def test_a_psu_predicting_its_failure_is_the_same_warning_over_ipmi_as_over_redfish(
+    bmc: IpmiSim, tmp_path: Path
+) -> None:
+    # IPMI: PSU1 Status (sensor type 08h) asserts Presence detected and Predictive failure
+    # (offsets 00h, 02h); Redfish: DMTF rackmount1's PSU Bay 1, Health Warning with a
+    # PowerSupplyPredictiveFailure condition (the Power registry's severity: Warning). The
+    # PSU still delivers power: a warning to watch and replace it, not a failed PSU.
+    bmc.command("sensor_set_bit 0x20 0 10 2 1 0")
+    hub = Hub()
+    hub.add_source(BmcSource("dgx-017", open_link(target(bmc))))
+    ipmi_node = asyncio.run(hub.poll_once()).node("dgx-017")
+    assert ipmi_node is not None and ipmi_node.bmc is not None
+    psu = ipmi_node.bmc.sensor("PSU1 Status")
+    assert psu is not None and psu.states == ("Present", "Predictive failure")
+    rackmount = mockup("public-rackmount1")
+    with running_sushy(tmp_path / "sushy", rackmount, in_place=True) as server:
+        rf_node = node_of(poll(server))
+    assert rf_node.bmc is not None
+
+    def said(node: NodeSnapshot) -> tuple[object, ...]:
+        bmc_reading = node.bmc
+        assert bmc_reading is not None
+        psu = [f for f in node_verdict(node).findings if _PSU.search(f.subject)]
+        return bmc_reading.health, bmc_reading.psus_failed, [(f.severity, f.action) for f in psu]
+
+    assert (
+        said(ipmi_node) == said(rf_node) == (Health.WARNING, 0, [(Severity.WARNING, Action.WATCH)])
+    )
+    assert psu.health is SensorHealth.WARNING

@@ -33,8 +33,8 @@ from gpuconsole.sources.bmc.link import (
 )
 from gpuconsole.sources.bmc.sensors import (
     context_of,
+    discrete_health,
     gpu_module_of,
-    health_from_mask,
     kind_of,
     unit_of,
 )
@@ -534,7 +534,7 @@ class IpmiLink:
             type=data.type,
             value=None if data.unavailable else data.value,
             unit=unit,
-            health=health_from_mask(data.health),
+            health=discrete_health(data.type, data.states, data.health),
             states=data.states,
             thresholds=self._thresholds.get(data.sensor_id),
             context=context_of(data.name, kind),

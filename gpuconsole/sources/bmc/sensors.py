@@ -40,6 +40,36 @@ UNITS = {
 }
 
 
+# A power supply's discrete states (IPMI 2.0 table 42-3, sensor type 08h, offsets 00h-07h,
+# in pyghmi's words), rated as the DMTF Power registry rates the same conditions of a
+# Redfish PowerSupply: a PSU that predicts its failure still delivers power, a warning
+# (PowerSupplyPredictiveFailure), as a configuration error is; one that failed or lost its
+# input delivers none. pyghmi rates the prediction critical: the same PSU would be a
+# warning over Redfish and a failed PSU over IPMI.
+PSU_STATES = {
+    "present": SensorHealth.OK,
+    "failure": SensorHealth.CRITICAL,
+    "predictive failure": SensorHealth.WARNING,
+    "power input lost": SensorHealth.CRITICAL,
+    "power input out of range or lost": SensorHealth.CRITICAL,
+    "power input out of range": SensorHealth.CRITICAL,
+    "configuration error": SensorHealth.WARNING,
+    "standby": SensorHealth.OK,
+}
+PSU_SENSOR_TYPE = "power supply"  # pyghmi's name of sensor type 08h
+_ORDER = (SensorHealth.OK, SensorHealth.WARNING, SensorHealth.CRITICAL, SensorHealth.FAILED)
+
+
+def discrete_health(type_name: str, states: Iterable[str], mask: int) -> SensorHealth:
+    """A sensor's health: a power supply's from the states it asserts (PSU_STATES), where
+    every one is known; any other sensor's from pyghmi's Health bitmask."""
+    if type_name.lower() == PSU_SENSOR_TYPE:
+        rated = [PSU_STATES.get(state.lower()) for state in states]
+        if rated and None not in rated:
+            return max((r for r in rated if r is not None), key=_ORDER.index)
+    return health_from_mask(mask)
+
+
 def health_from_mask(mask: int) -> SensorHealth:
     """pyghmi's Health bitmask (Ok=0, Warning=1, Critical=2, Failed=4) to one word."""
     if mask & HEALTH_FAILED:
@@ -152,7 +182,10 @@ class UnitStatus:
     why: str = ""
 
 
-_PSU_FAILED_STATES = ("failure", "input lost", "out of range", "predictive failure")
+# The states of a PSU that delivers no power (a PSU that only predicts its failure does)
+_PSU_FAILED_STATES = tuple(
+    state for state, health in PSU_STATES.items() if health is SensorHealth.CRITICAL
+)
 
 
 def summarise(
@@ -184,7 +217,7 @@ def summarise(
         failed_fans = failed_fan_units
 
     psu_units = list(psus)
-    status_sensors = [s for s in sensors if s.type.lower() == "power supply" and s.states]
+    status_sensors = [s for s in sensors if s.type.lower() == PSU_SENSOR_TYPE and s.states]
     if psu_units:
         psus_present = sum(1 for p in psu_units if p.present)
         failed_psus = [p.name for p in psu_units if p.present and p.failed]
@@ -230,5 +263,7 @@ def _bad(sensor: BmcSensor) -> bool:
     return sensor.health in (SensorHealth.CRITICAL, SensorHealth.FAILED)
 
 
-def _says(sensor: BmcSensor, *words: str) -> bool:
-    return any(w in state.lower() for state in sensor.states for w in words)
+def _says(sensor: BmcSensor, *states: str) -> bool:
+    """Whether the sensor asserts one of `states` (whole words: "failure" is not
+    "predictive failure")."""
+    return any(state.lower() in states for state in sensor.states)
