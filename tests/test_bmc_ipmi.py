@@ -549,3 +549,30 @@ def test_a_psu_predicting_its_failure_is_the_same_warning_over_ipmi_as_over_redf
         said(ipmi_node) == said(rf_node) == (Health.WARNING, 0, [(Severity.WARNING, Action.WATCH)])
     )
     assert psu.health is SensorHealth.WARNING
+
+
+def test_a_bmc_clock_two_days_behind_is_measured_and_shown_and_its_sel_is_on_our_clock(
+    bmc: IpmiSim,
+) -> None:
+    # Set SEL Time 50 h behind this host's clock, then a threshold crossing lands in the SEL
+    # stamped by it: pyghmi corrects the record's time from Get SEL Time, and the skew is
+    # measured for the operator to see (ipmi_sim's SEL clock is not set until then)
+    behind = int(time.time()) - 50 * 3600
+    bmc.ipmitool("raw", "0x0a", "0x49", *(f"0x{b:02x}" for b in behind.to_bytes(4, "little")))
+    bmc.set_raw(1, 42)  # Inlet Temp 42 C: past its critical 40
+    hub = Hub()
+    hub.add_source(BmcSource("dgx-017", open_link(target(bmc))))
+    snapshot = asyncio.run(hub.poll_once())
+    node = snapshot.node("dgx-017")
+    assert node is not None and node.bmc is not None
+    skew = node.bmc.clock_skew_s
+    assert skew is not None and abs(skew + 50 * 3600) < 5
+    assert node.bmc.sel_recent and all(
+        e.at is not None and abs(e.at - time.time()) < 60 for e in node.bmc.sel_recent
+    )
+    assert "sel_critical" in {f.code for f in node_verdict(node).findings}
+    said = [e.message for e in snapshot.events if e.kind == "clock_skew"]
+    assert said == [
+        "bmc clock 2 d behind this host's: its event log times are corrected by it; set its "
+        "time (NTP)"
+    ]

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import math
 import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -473,3 +475,52 @@ async def test_the_panel_the_snapshot_and_the_metrics_agree(
     ]
     assert subtitle.startswith(" and ".join(read) + " read"), (subtitle, kinds)
     assert subtitle in screen and f"({subtitle})" in table.stdout
+
+
+# --- the BMC's clock -------------------------------------------------------------------
+
+
+def _stamp(at: float, offset_h: int) -> str:
+    """A Redfish date-time (whole seconds, with a UTC offset) for Unix time `at`."""
+    zone = dt.timezone(dt.timedelta(hours=offset_h))
+    return dt.datetime.fromtimestamp(int(at), zone).isoformat()
+
+
+@pytest.mark.parametrize("skew_h", [-50.0, 50.0])
+def test_sel_times_are_on_this_hosts_clock_whatever_the_bmc_clock_says(
+    tmp_path: Path, skew_h: float
+) -> None:
+    # rackmount1's system log, its LogService's DateTime 50 h off this host's clock: entry 1
+    # stamped 10 min before the BMC's now (news), entry 2 stamped 30 h before it (history,
+    # past the verdict's 24 h). By the BMC's clock taken as this host's, a BMC 50 h behind
+    # hides the fresh record, and one 50 h ahead makes the old one news.
+    log = "Systems/437XR1138R2/LogServices/Log1"
+    now = time.time()
+    bmc_now = now + skew_h * 3600
+    with serving_copy(tmp_path, "public-rackmount1") as server:
+        edit(server.root, log, DateTime=_stamp(bmc_now, 6), DateTimeLocalOffset="+06:00")
+        listing = server.root / log / "Entries" / "index.json"
+        entries = json.loads(listing.read_text())
+        fresh, old = entries["Members"]
+        fresh["Created"] = _stamp(bmc_now - 600, -5)
+        old["Created"] = _stamp(bmc_now - 30 * 3600, 0)
+        listing.write_text(json.dumps(entries))
+        hub = Hub()
+        hub.add_source(BmcSource(NODE, open_link(target(server))))
+        snapshot = asyncio.run(hub.poll_once())
+    bmc = node_of(snapshot).bmc
+    assert bmc is not None and bmc.clock_skew_s is not None
+    assert abs(bmc.clock_skew_s - skew_h * 3600) < 3
+    assert [e.record_id for e in bmc.sel_recent] == [1, 2]
+    assert abs(bmc.sel_recent[0].at - (now - 600)) < 3  # type: ignore[operator]
+    assert abs(bmc.sel_recent[1].at - (now - 30 * 3600)) < 3  # type: ignore[operator]
+    sel = [f.text for f in node_verdict(node_of(snapshot)).findings if f.code == "sel_critical"]
+    assert sel == [f"BMC event log at {fmt.clock_time(bmc.sel_recent[0].at)}: "
+                   "Temperature threshold exceeded"]  # fmt: skip
+    # shown where it matters: an event says the BMC's clock is off, and which way
+    way = "behind" if skew_h < 0 else "ahead of"
+    said = [e.message for e in snapshot.events if e.kind == "clock_skew"]
+    assert said == [
+        f"bmc clock 2 d {way} this host's: its event log times are corrected by it; set its "
+        "time (NTP)"
+    ]

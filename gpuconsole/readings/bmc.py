@@ -129,6 +129,10 @@ class BmcReading(msgspec.Struct, frozen=True):
     failed_psus: tuple[str, ...] = ()
     warned_units: tuple[tuple[str, str], ...] = ()
     sel_recent: tuple[SelEntry, ...] = ()  # the newest records, oldest first
+    # How far the BMC's clock is ahead of the reader's, in seconds (negative: behind), as
+    # measured when the SEL was read; None where not measured. The SEL times are already
+    # on the reader's clock: corrected by it (Redfish), or by pyghmi from Get SEL Time.
+    clock_skew_s: float | None = None
     simulated: bool = False
     # What was read and what was not: a part that failed (ok False) costs its readings
     # only; one left out on purpose (enabled False) is there to say why.

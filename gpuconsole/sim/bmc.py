@@ -186,6 +186,10 @@ class SimIpmiSession:
         self._answer()
         return self._records()
 
+    def sel_time(self) -> float | None:
+        self._answer()
+        return self.node.clock()  # the clock its records are stamped with
+
     def _records(self) -> list[dict[str, Any]]:
         node = self.node
         t = node.elapsed()
@@ -269,6 +273,6 @@ def _record(
 
 
 def sim_link(node: SimNode) -> IpmiLink:
-    """The IPMI link over a node's simulated BMC."""
+    """The IPMI link over a node's simulated BMC, read on the node's clock (its BMC's)."""
     session = SimIpmiSession(node)
-    return IpmiLink(f"sim://{node.name}-bmc", lambda: session)
+    return IpmiLink(f"sim://{node.name}-bmc", lambda: session, clock=node.clock)

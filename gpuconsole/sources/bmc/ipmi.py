@@ -19,6 +19,7 @@ import contextlib
 import datetime as dt
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -61,6 +62,9 @@ _THRESHOLD_FIELDS = (
 )
 _AUTH_WORDS = ("password", "unauthorized", "user name", "username", "privilege")
 _SENSOR_ABSENT = 0xCB  # completion code: requested sensor not present
+# SEL times below this count from the BMC's initialisation, not 1970 (IPMI 2.0 37.1,
+# pre-init timestamps): its clock was never set
+_SEL_TIME_SET = 0x20000000
 T = TypeVar("T")
 
 
@@ -110,6 +114,10 @@ class IpmiSession(Protocol):
         """Something that changes whenever the SEL does (None: unknown, always fetch)."""
 
     def get_event_log(self) -> Iterable[Mapping[str, Any]]: ...
+
+    def sel_time(self) -> float | None:
+        """The SEL's clock now (Get SEL Time), in seconds since 1970; None where it is not
+        set (a time before 0x20000000 counts from the BMC's start, not 1970)."""
 
     def logout(self) -> None: ...
 
@@ -395,6 +403,13 @@ class PyghmiSession:
             return None
         return tuple(rsp["data"][1:3]) + tuple(rsp["data"][5:13])
 
+    def sel_time(self) -> float | None:
+        data = self._command("Get SEL Time", 0x0A, 0x48)["data"]
+        if len(data) < 4:
+            raise IpmiCommandError("Get SEL Time", "a short answer")
+        value = int.from_bytes(bytes(data[:4]), "little")
+        return None if value < _SEL_TIME_SET else float(value)
+
     def get_event_log(self) -> Iterable[Mapping[str, Any]]:
         with self._answered("reading the SEL"):
             records = [dict(r) for r in self._cmd.get_event_log()]
@@ -424,6 +439,7 @@ class IpmiLink:
         connect: Callable[[], IpmiSession],
         *,
         thresholds_every: int = 60,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.label = label
         self._connect = connect
@@ -433,6 +449,8 @@ class IpmiLink:
         self._thresholds_in = 0  # reads until the thresholds are read again
         self._sel_signature: tuple[int, ...] | None = None
         self._sel: tuple[SelEntry, ...] = ()
+        self._clock = clock  # this host's: what the BMC's SEL clock is measured against
+        self._skew: float | None = None
 
     def _open(self) -> IpmiSession:
         if self._session is None:
@@ -490,12 +508,14 @@ class IpmiLink:
             raise BmcError(f"{self.label}: " + "; ".join(p.detail for p in parts))
         power = (answer or {}).get("powerstate")
         state = PowerState(power) if power in ("on", "off") else PowerState.UNKNOWN
+        skew: float | None = None
         if sel:
             read_sel = functools.partial(self._read_sel, session, sensors)
             self._part(parts, "sel", read_sel, lambda n: f"{n} records")
+            skew = self._skew
         else:
             parts.append(PartStatus("sel", True, "not read", enabled=False))
-        return LinkReading(state, sensors, self._sel, parts=tuple(parts))
+        return LinkReading(state, sensors, self._sel, parts=tuple(parts), clock_skew_s=skew)
 
     def _part(
         self,
@@ -514,7 +534,19 @@ class IpmiLink:
         return found
 
     def _read_sel(self, session: IpmiSession, sensors: tuple[BmcSensor, ...]) -> int:
-        """The SEL's records, fetched again only when it changed; how many there are."""
+        """The SEL's records, fetched again only when it changed; how many there are. The
+        SEL's clock is measured against this host's each time (pyghmi corrects the records'
+        times by it as it fetches them; the skew is for the operator to see)."""
+        self._skew = None
+        before = self._clock()
+        try:
+            bmc_now = session.sel_time()
+        except IpmiCommandError as exc:  # the SEL may still be read: its times uncorrected
+            log.debug("%s: %s", self.label, exc)
+        else:
+            # against the middle of the command, so its round trip does not count
+            after = self._clock()
+            self._skew = None if bmc_now is None else bmc_now - (before + after) / 2
         signature = session.sel_signature()
         if signature is not None and signature == self._sel_signature:
             return len(self._sel)

@@ -43,6 +43,9 @@ class LinkReading:
     psus: tuple[UnitStatus, ...] = ()
     fans: tuple[UnitStatus, ...] = ()
     parts: tuple[PartStatus, ...] = ()  # BmcReading.parts
+    # how far the BMC's clock is ahead of the reader's (BmcReading.clock_skew_s); the SEL
+    # times above are already corrected by it
+    clock_skew_s: float | None = None
 
 
 class BmcLink(Protocol):

@@ -25,8 +25,10 @@ import functools
 import http.client
 import logging
 import math
+import re
 import socket
 import ssl
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -348,11 +350,20 @@ class _Chassis:
 
 
 @dataclass
+class _Log:
+    """A LogService: its Entries collection, and where its clock is read (its own
+    DateTime, else that of the Manager that manages its system; "" where neither has one)."""
+
+    entries: str
+    clock: str
+
+
+@dataclass
 class _System:
     url: str
     type: str  # SystemType: Physical, DPU, ...
     reset: str  # the ComputerSystem.Reset action's target
-    logs: list[str]  # LogService Entries collections
+    logs: list[_Log]
 
 
 @dataclass
@@ -377,8 +388,10 @@ class RedfishLink:
         system: str = "",
         inventory_every: int = 60,
         timeout_s: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.label = label
+        self._clock = clock  # this host's: what the BMC's is measured against
         self._connect = connect
         self._system = system
         self._timeout_s = timeout_s  # the client's per-request timeout, for messages
@@ -548,14 +561,17 @@ class RedfishLink:
         actions = doc.get("Actions")
         reset = actions.get("#ComputerSystem.Reset") if isinstance(actions, Mapping) else None
         target = _text(reset.get("target")) if isinstance(reset, Mapping) else None
-        logs: list[str] = []
+        logs: list[_Log] = []
         services = _ref(doc, "LogServices")
         if services:
+            manager = self._manager_clock(doc, parts)
             try:
                 for service in self._members(services):
-                    entries = _ref(self._get(service), "Entries")
+                    log_doc = self._get(service)
+                    entries = _ref(log_doc, "Entries")
                     if entries:
-                        logs.append(entries)
+                        clock = service if _text(log_doc.get("DateTime")) else manager
+                        logs.append(_Log(entries, clock))
             except RedfishResourceError as exc:
                 parts.append(_failed(services, exc))
         return _System(
@@ -564,6 +580,32 @@ class RedfishLink:
             target or f"{url.rstrip('/')}/Actions/ComputerSystem.Reset",
             logs,
         )
+
+    def _manager_clock(self, system: Json, parts: list[PartStatus]) -> str:
+        """The Manager of a system (its first ManagedBy) where it has a DateTime: the BMC's
+        clock, for a LogService that does not give its own; "" where none does."""
+        links = system.get("Links")
+        managers = _objects(links, "ManagedBy") if isinstance(links, Mapping) else []
+        url = next((ref for m in managers if (ref := _odata_id(m))), None)
+        if url is None:
+            return ""
+        try:
+            return url if _text(self._get(url).get("DateTime")) else ""
+        except RedfishResourceError as exc:
+            parts.append(_failed(url, exc))
+            return ""
+
+    def _bmc_clock(self, url: str) -> _Clock:
+        """The BMC's clock as `url` (a LogService or Manager) gives it: how far it is ahead
+        of this host's, in seconds (negative: behind; None where it gives no time), taken
+        against the middle of the request, so the time the request took does not count
+        (DateTime has whole seconds); and its DateTimeLocalOffset."""
+        before = self._clock()
+        doc = self._get(url)
+        after = self._clock()
+        zone = _zone(doc.get("DateTimeLocalOffset"))
+        said = _instant(doc.get("DateTime"), _Clock(None, zone))
+        return _Clock(None if said is None else said - (before + after) / 2, zone)
 
     def _choose(self, listed: list[str], systems: list[_System]) -> tuple[_System | None, str]:
         """The system power is read and set on: the configured one; else the only one, or
@@ -610,15 +652,23 @@ class RedfishLink:
         state, power_part = self._power_state(inventory)
         parts.append(power_part)
         entries: list[SelEntry] = []
+        skew: float | None = None
         if sel:
+            clocks: dict[str, _Clock] = {}  # by URL: one GET each per poll
             for system in inventory.systems:
-                for url in system.logs:
+                for log_service in system.logs:
+                    url = log_service.clock
                     try:
-                        members = self._collection(url)
+                        if url and url not in clocks:
+                            clocks[url] = self._bmc_clock(url)
+                        members = self._collection(log_service.entries)
                     except RedfishResourceError as exc:
-                        parts.append(_failed(url, exc))
+                        parts.append(_failed(exc.url, exc))
                         continue
-                    entries.extend(e for m in members if (e := _log_entry(m)) is not None)
+                    clock = clocks.get(url, _NO_CLOCK)
+                    if skew is None:
+                        skew = clock.skew_s
+                    entries.extend(e for m in members if (e := _log_entry(m, clock)) is not None)
         return LinkReading(
             state,
             tuple(sensors + extra),
@@ -626,6 +676,7 @@ class RedfishLink:
             tuple(psus),
             tuple(fans),
             tuple(parts),
+            skew,
         )
 
     def _read_chassis(self, chassis: _Chassis, parts: list[PartStatus]) -> _ChassisReading:
@@ -1115,22 +1166,62 @@ def _why(status: Json) -> str:
     return ""
 
 
-def _log_entry(doc: Json) -> SelEntry | None:
-    """A LogEntry as a SelEntry; entries without a numeric Id cannot be ordered: skipped."""
+@dataclass(frozen=True, slots=True)
+class _Clock:
+    """A BMC's clock: how far it is ahead of this host's (None: not known), and the UTC
+    offset it keeps local time in (DateTimeLocalOffset; None: not given)."""
+
+    skew_s: float | None
+    zone: dt.tzinfo | None
+
+
+_NO_CLOCK = _Clock(None, None)
+_OFFSET = re.compile(r"([+-])([01][0-9]|2[0-3]):([0-5][0-9])", re.ASCII)
+
+
+def _zone(value: Any) -> dt.tzinfo | None:
+    """A DateTimeLocalOffset ("+06:00", "-05:00", "Z") as a time zone; None for another."""
+    if value == "Z":
+        return dt.UTC
+    match = _OFFSET.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        return None
+    sign = -1 if match.group(1) == "-" else 1
+    minutes = int(match.group(2)) * 60 + int(match.group(3))
+    return dt.timezone(dt.timedelta(minutes=sign * minutes))
+
+
+def _instant(value: Any, clock: _Clock) -> float | None:
+    """A Redfish date-time stamped by the BMC's `clock`, as Unix time on this host's clock
+    (less the clock's skew). A time without its UTC offset (the schema wants one) is in
+    the BMC's local time (its DateTimeLocalOffset), else UTC; anything that is no
+    date-time is no time."""
+    if not isinstance(value, str):
+        return None
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=clock.zone or dt.UTC)
+    try:
+        at = when.timestamp()
+    except (OverflowError, OSError, ValueError):  # year 1 at a negative offset, say
+        return None
+    return at if clock.skew_s is None else at - clock.skew_s
+
+
+def _log_entry(doc: Json, clock: _Clock = _NO_CLOCK) -> SelEntry | None:
+    """A LogEntry as a SelEntry, its time on this host's clock: corrected by the skew of
+    the BMC's (as pyghmi corrects IPMI SEL times by Get SEL Time). Entries without a
+    numeric Id cannot be ordered: skipped."""
     ident = str(doc.get("Id") or "")
     # isdigit() alone takes '²' and other Unicode digits, which int() refuses
     if not (ident.isascii() and ident.isdigit() and len(ident) <= _MAX_ID_DIGITS):
         return None
-    created = doc.get("Created") or doc.get("EventTimestamp")
-    at: float | None = None
-    if isinstance(created, str):
-        try:
-            at = dt.datetime.fromisoformat(created).timestamp()
-        except ValueError:
-            at = None
     return SelEntry(
         record_id=int(ident),
-        at=at,
+        at=_instant(doc.get("Created") or doc.get("EventTimestamp"), clock),
         sensor=str(doc.get("SensorName") or ""),
         sensor_type=str(doc.get("SensorType") or ""),
         event=str(doc.get("Message") or doc.get("MessageId") or "event"),

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from gpuconsole import format as fmt
 from gpuconsole.config import DEFAULT_BMC
 from gpuconsole.readings.base import Event, PartStatus, Severity, safe_strings
 from gpuconsole.readings.bmc import BmcReading, PowerState
@@ -30,6 +31,9 @@ from gpuconsole.sources.bmc.sensors import summarise
 log = logging.getLogger(__name__)
 
 DEFAULT_PORTS = {"ipmi": 623, "redfish": 443}
+# A BMC clock this far off the reader's is wrong (NTP keeps one within a second), and said
+# so in an event: its event log's times were corrected, and anything else it stamps is off.
+CLOCK_SKEW_SHOWN_S = 60.0
 T = TypeVar("T")
 
 
@@ -145,6 +149,7 @@ class BmcSource:
         self._executor: DaemonThread | None = None
         self._power: PowerState | None = None
         self._failing: dict[str, str] = {}  # part -> why, as of the last reading
+        self._skewed = False  # the BMC's clock was off by CLOCK_SKEW_SHOWN_S or more
         self._attempt: asyncio.Task[BmcReading] | None = None  # queue for a slot, then read
         self._claimed = True  # a poll has returned the attempt's outcome
         self._busy: asyncio.Future[Any] | None = None  # the last call on the worker thread
@@ -291,6 +296,7 @@ class BmcSource:
                 self._post(Event(now, self.node, self.kind, "power", severity, message))
             self._power = raw.power_state
         self._announce_parts(raw.parts, now)
+        self._announce_skew(raw.clock_skew_s, now)
         totals = summarise(raw.sensors, psus=raw.psus, fans=raw.fans)
         return BmcReading(
             at=now,
@@ -308,6 +314,7 @@ class BmcSource:
             failed_psus=totals.failed_psus,
             warned_units=totals.warned_units,
             sel_recent=raw.sel[-self._sel_recent :] if self._sel_recent else (),
+            clock_skew_s=raw.clock_skew_s,
             simulated=self.simulated,
             parts=raw.parts,
         )
@@ -315,6 +322,27 @@ class BmcSource:
     def _post(self, event: Event) -> None:
         if self._emit is not None:
             self._emit(event)
+
+    def _announce_skew(self, skew_s: float | None, now: float) -> None:
+        """An event when the BMC's clock is found off by CLOCK_SKEW_SHOWN_S or more, and
+        when it is back in step (not while it stays off, nor each time the figure moves)."""
+        if skew_s is None:
+            return  # not measured this poll: as it was
+        skewed = abs(skew_s) >= CLOCK_SKEW_SHOWN_S
+        if skewed == self._skewed:
+            return
+        self._skewed = skewed
+        if skewed:
+            way = "ahead of" if skew_s > 0 else "behind"
+            message = (
+                f"bmc clock {fmt.age(0.0, abs(skew_s))} {way} this host's: its event log "
+                "times are corrected by it; set its time (NTP)"
+            )
+            log.warning("%s: %s", self.label, message)
+            self._post(Event(now, self.node, self.kind, "clock_skew", Severity.WARNING, message))
+        else:
+            message = "bmc clock in step with this host's again"
+            self._post(Event(now, self.node, self.kind, "clock_skew", Severity.INFO, message))
 
     def _announce_parts(self, parts: tuple[PartStatus, ...], now: float) -> None:
         """An event when a part of the reading fails, and when it reads again."""
