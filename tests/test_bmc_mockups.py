@@ -486,23 +486,34 @@ def _stamp(at: float, offset_h: int) -> str:
     return dt.datetime.fromtimestamp(int(at), zone).isoformat()
 
 
-@pytest.mark.parametrize("skew_h", [-50.0, 50.0])
+@pytest.mark.parametrize(
+    ("skew_h", "clock"),
+    [(-50.0, "LogService"), (50.0, "LogService"), (-50.0, "Manager")],
+)
 def test_sel_times_are_on_this_hosts_clock_whatever_the_bmc_clock_says(
-    tmp_path: Path, skew_h: float
+    tmp_path: Path, skew_h: float, clock: str
 ) -> None:
     # rackmount1's system log, its LogService's DateTime 50 h off this host's clock: entry 1
     # stamped 10 min before the BMC's now (news), entry 2 stamped 30 h before it (history,
     # past the verdict's 24 h). By the BMC's clock taken as this host's, a BMC 50 h behind
-    # hides the fresh record, and one 50 h ahead makes the old one news.
+    # hides the fresh record, and one 50 h ahead makes the old one news. A LogService that
+    # gives no DateTime is on its Manager's clock.
     log = "Systems/437XR1138R2/LogServices/Log1"
     now = time.time()
     bmc_now = now + skew_h * 3600
     with serving_copy(tmp_path, "public-rackmount1") as server:
-        edit(server.root, log, DateTime=_stamp(bmc_now, 6), DateTimeLocalOffset="+06:00")
+        if clock == "LogService":
+            edit(server.root, log, DateTime=_stamp(bmc_now, 6), DateTimeLocalOffset="+06:00")
+        else:
+            service = json.loads((server.root / log / "index.json").read_text())
+            del service["DateTime"], service["DateTimeLocalOffset"]
+            (server.root / log / "index.json").write_text(json.dumps(service))
+            edit(server.root, "Managers/BMC", DateTime=_stamp(bmc_now, 6))
         listing = server.root / log / "Entries" / "index.json"
         entries = json.loads(listing.read_text())
         fresh, old = entries["Members"]
-        fresh["Created"] = _stamp(bmc_now - 600, -5)
+        # without its UTC offset: the BMC's local time, at its DateTimeLocalOffset (+06:00)
+        fresh["Created"] = _stamp(bmc_now - 600, 6)[:19]
         old["Created"] = _stamp(bmc_now - 30 * 3600, 0)
         listing.write_text(json.dumps(entries))
         hub = Hub()
