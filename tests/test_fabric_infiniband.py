@@ -119,27 +119,75 @@ async def test_data_counters_are_octets_divided_by_four(tmp_path: Path) -> None:
     assert node.history.series("fabric", "mlx5_0", "1", "port_xmit_data")
 
 
-async def test_a_32_bit_counter_that_wraps_keeps_its_rate(tmp_path: Path) -> None:
+async def test_a_32_bit_hw_counter_that_wraps_keeps_its_rate(tmp_path: Path) -> None:
     fs = dgx_h100_slice(tmp_path)
     roce = fs.root / "class/infiniband/mlx5_1/ports/1"
-    ib = fs.root / "class/infiniband/mlx5_0/ports/1"
     set_value(roce, "np_cnp_sent", 2**32 - 100, "hw_counters")
-    set_value(ib, "symbol_error", 2**32 - 1)
     hub, ticker = hub_with(source(tmp_path))
     await hub.poll_once()
     set_value(roce, "np_cnp_sent", 400, "hw_counters")  # wrapped past 2^32
-    set_value(ib, "symbol_error", 9)
     ticker.now += 1.0
     node = (await hub.poll_once()).nodes[0]
     assert node.rate("fabric", "mlx5_1", "1", "np_cnp_sent") == pytest.approx(500.0)
-    assert node.rate("fabric", "mlx5_0", "1", "symbol_error") == pytest.approx(10.0)
+
+
+async def test_port_counters_are_as_wide_as_the_kernel_reads_them_and_peg_at_their_maximum(
+    tmp_path: Path,
+) -> None:
+    # drivers/infiniband/core/sysfs.c: link_downed 8 bits, symbol_error 16, local link
+    # integrity errors 4, transmit wait 32; PortCounters saturate there, never wrap
+    fs = dgx_h100_slice(tmp_path)
+    rail = fs.root / "class/infiniband/mlx5_0/ports/1"
+    for name, value in (("link_downed", 250), ("symbol_error", 65_000)):
+        set_value(rail, name, value)
+    hub, ticker = hub_with(source(tmp_path))
+    await hub.poll_once()
+    set_value(rail, "link_downed", 255)  # five more flaps, and its last one
+    set_value(rail, "symbol_error", 65_535)
+    set_value(rail, "local_link_integrity_errors", 15)
+    ticker.now += 1.0
+    node = (await hub.poll_once()).nodes[0]
+    assert node.delta("fabric", "mlx5_0", "1", "link_downed") == 5
     assert node.fabric is not None
-    assert node.delta("fabric", "mlx5_0", "1", "symbol_error") == 10
     port = node.fabric.port("mlx5_0")
     assert port is not None
-    problems = port_problems(port, port_rates(node.rate, port), port_deltas(node.delta, port))
-    assert [p.what for p in problems] == ["symbol errors +10 (10/s)"]
-    assert problems[0].severity is Severity.WARNING and problems[0].delta == 10
+    widths = {name: bits for name, _value, bits in port.counters}
+    assert [widths[n] for n in ("link_downed", "symbol_error", "local_link_integrity_errors")] == [
+        8,
+        16,
+        4,
+    ]
+    assert (widths["port_xmit_wait"], widths["port_xmit_data"]) == (32, 64)  # extended PMA
+    assert port.pegged == (
+        ("link_downed", 255),
+        ("local_link_integrity_errors", 15),
+        ("symbol_error", 65_535),
+    )
+    assert [e.message for e in hub.events() if e.kind == "counter_pegged"] == [
+        f"mlx5_0/1 (compute) {words} counter pegged at {value}, its maximum: it counts no "
+        "more until it is cleared (perfquery -R)"
+        for words, value in (
+            ("link downed", 255),
+            ("link integrity errors", 15),
+            ("symbol errors", 65_535),
+        )
+    ]
+    # Cleared (perfquery -R), then down three times: a clear, not a wrap of 8 bits (+4)
+    set_value(rail, "link_downed", 3)
+    ticker.now += 1.0
+    node = (await hub.poll_once()).nodes[0]
+    assert node.delta("fabric", "mlx5_0", "1", "link_downed") is None
+    assert node.fabric.port("mlx5_0").pegged[0][0] == "local_link_integrity_errors"  # type: ignore[union-attr]
+    assert hub.events()[-1].message == "mlx5_0/1 (compute) link downed counts again"
+    # A value past a counter's width (a driver of its own) proves it wide: never pegged
+    set_value(rail, "link_downed", 300)
+    set_value(rail, "symbol_error", 0)
+    set_value(rail, "local_link_integrity_errors", 0)
+    ticker.now += 1.0
+    node = (await hub.poll_once()).nodes[0]
+    port = node.fabric.port("mlx5_0")  # type: ignore[union-attr]
+    assert port is not None and port.pegged == ()
+    assert dict((n, b) for n, _v, b in port.counters)["link_downed"] == 64
 
 
 async def test_a_reset_counter_gives_no_rate_rather_than_a_bogus_one(tmp_path: Path) -> None:
@@ -401,3 +449,31 @@ async def test_a_port_is_downtrained_against_its_own_hca_model_not_the_nodes_fas
     assert [p.what for p in port_problems(slow[0], lambda name: None)] == [
         "downtrained: 20 Gb/sec (4X DDR) (expected 40)"
     ]
+
+
+async def test_a_transmit_wait_counter_pegged_in_node_exporters_own_tree_is_seen_as_such(
+    tmp_path: Path,
+) -> None:
+    # node_exporter's mlx4_0 port 1 reads port_xmit_wait 4294967295: a 32-bit PortCounter
+    # at its maximum, counting no more congestion; procfs's tree has none pegged
+    events: list[Event] = []
+    reading = await read(source(ttar_sysfs("node-exporter-ib", tmp_path / "ne")), events)
+    assert {p.name: p.pegged for p in reading.ports} == {
+        "i40iw0/1": (),
+        "mlx4_0/1": (("port_xmit_wait", 4_294_967_295),),
+        "mlx4_0/2": (),
+    }
+    port = reading.port("mlx4_0")
+    assert port is not None
+    widths = {name: bits for name, _value, bits in port.counters}
+    assert (widths["link_downed"], widths["port_xmit_wait"], widths["port_xmit_discards"]) == (
+        8,
+        32,
+        16,
+    )
+    assert [e.message for e in events if e.kind == "counter_pegged"] == [
+        "mlx4_0/1 (compute) transmit wait counter pegged at 4294967295, its maximum: it counts "
+        "no more until it is cleared (perfquery -R)"
+    ]
+    procfs = await read(source(ttar_sysfs("procfs-ib", tmp_path / "procfs")))
+    assert [p.pegged for p in procfs.ports] == [(), (), (), ()]

@@ -20,6 +20,9 @@ from gpuconsole.readings.base import CounterSample, Event, Key, Severity, normal
 
 # port_{xmit,rcv}_data count octets divided by 4.
 DATA_OCTETS_PER_UNIT = 4
+# counters/* narrower than this are PortCounters, which saturate: a value that went back
+# was cleared, not wrapped (to the hub they are as wide as 64-bit ones: they never wrap)
+SATURATES_BELOW = 64
 # How far back a port's error counters are counted for its health (FabricPort.errors_climbed):
 # a link that went down once is in the verdict this long, not for one poll.
 FABRIC_ERROR_WINDOW_S = 600.0
@@ -92,7 +95,8 @@ class FabricPort(msgspec.Struct, frozen=True):
     netdev: str | None = None
     netdev_stats: NetdevStats | None = None
     netdev_error: str | None = None  # why netdev_stats is missing
-    # (sysfs file name, raw value, width in bits) for counters/* and hw_counters/*
+    # (sysfs file name, raw value, width in bits) for counters/* and hw_counters/*: the
+    # counters/* are PortCounters, which saturate at their width's maximum (`pegged`)
     counters: tuple[tuple[str, int, int], ...] = ()
     hw_counters: tuple[tuple[str, int, int], ...] = ()
     no_pma: bool = False  # counters/* read "N/A (no PMA)"
@@ -111,6 +115,17 @@ class FabricPort(msgspec.Struct, frozen=True):
     @property
     def name(self) -> str:
         return f"{self.device}/{self.port}"
+
+    @property
+    def pegged(self) -> tuple[tuple[str, int], ...]:
+        """The counters/* at their maximum, (name, value) each: PortCounters saturate there
+        and never wrap, so each counts nothing more (a link going down again, errors
+        climbing) until it is cleared (`perfquery -R`)."""
+        return tuple(
+            (name, value)
+            for name, value, bits in self.counters
+            if bits < SATURATES_BELOW and value == (1 << bits) - 1
+        )
 
     @property
     def active(self) -> bool:
@@ -240,11 +255,11 @@ class FabricReading(msgspec.Struct, frozen=True):
         for dev in self.devices:
             for port in dev.ports:
                 number = str(port.port)
-                for name, value, bits in port.counters:
+                for name, value, _bits in port.counters:
                     yield CounterSample(
                         port_key(dev.name, number, name),
                         value,
-                        bits,
+                        64,  # saturating, or 64-bit: never wraps
                         name in _HISTORY,
                         name in _DELTAS,
                     )
@@ -409,6 +424,15 @@ CONGESTION_RULES: tuple[CongestionRule, ...] = (
     CongestionRule("rp_cnp_handled", "CNPs handled", 100.0, 10_000.0),
     CongestionRule("port_xmit_wait", "transmit wait", 1e5, 1e7),
 )
+_WORDS = {r.counter: r.words for r in (*ERROR_RULES, *CONGESTION_RULES)}
+
+
+def counter_words(name: str) -> str:
+    """A counter in an operator's words ("link downed"), its file name where no rule has
+    words for it."""
+    return _WORDS.get(name, name)
+
+
 # The counters whose per-interval delta the hub keeps.
 _DELTAS = frozenset(r.counter for r in ERROR_RULES) | frozenset(r.counter for r in CONGESTION_RULES)
 

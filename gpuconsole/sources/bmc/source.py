@@ -314,7 +314,8 @@ class BmcSource:
             failed_psus=totals.failed_psus,
             warned_units=totals.warned_units,
             sel_recent=raw.sel[-self._sel_recent :] if self._sel_recent else (),
-            clock_skew_s=raw.clock_skew_s,
+            # DateTime and SEL times have whole seconds: a millisecond says all there is
+            clock_skew_s=None if raw.clock_skew_s is None else round(raw.clock_skew_s, 3),
             simulated=self.simulated,
             parts=raw.parts,
         )

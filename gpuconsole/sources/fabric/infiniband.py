@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuconsole.readings.base import safe_text
@@ -21,9 +22,34 @@ from gpuconsole.sources.pci import PciDevice, read_path
 
 log = logging.getLogger(__name__)
 
+# counters/* are the PMA's PortCounters (IBA 16.1.3.5), each as wide as the kernel reads
+# it (drivers/infiniband/core/sysfs.c, PORT_PMA_ATTR: 4, 8, 16 or 32 bits); they saturate
+# at their maximum and never wrap (mlx4 and mlx5 clamp what they report to it), so a value
+# there is pegged: the counter counts no more until it is cleared (`perfquery -R`). A
+# counter not in the table is taken as 32 bits.
+PMA_WIDTHS = {
+    "symbol_error": 16,
+    "link_error_recovery": 8,
+    "link_downed": 8,
+    "port_rcv_errors": 16,
+    "port_rcv_remote_physical_errors": 16,
+    "port_rcv_switch_relay_errors": 16,
+    "port_xmit_discards": 16,
+    "port_xmit_constraint_errors": 8,
+    "port_rcv_constraint_errors": 8,
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+    "VL15_dropped": 16,
+    "port_xmit_data": 32,
+    "port_rcv_data": 32,
+    "port_xmit_packets": 32,
+    "port_rcv_packets": 32,
+    "port_xmit_wait": 32,
+}
 # Data and packet counters come from PortCountersExtended (64-bit) where the HCA has the
-# extended PMA, as every ConnectX-4 and newer does; legacy counters and mlx5 hw_counters
-# are read as 32-bit. A value past 2^32 proves a counter wide, and it stays so.
+# extended PMA, as every ConnectX-4 and newer does; mlx5 hw_counters are read as 32-bit
+# and wrap. A value past a counter's width proves it wider (a driver of its own), and it
+# stays 64-bit.
 EXTENDED = frozenset(
     {
         "port_xmit_data",
@@ -52,6 +78,7 @@ _HEX = re.compile(r"0x([0-9a-fA-F]{1,8})\n?", re.ASCII)
 # refuses) and "\u0661" (which int() reads as 1, a second port 1): only the kernel's form is one.
 _PORT_NAME = re.compile(r"0|[1-9][0-9]{0,9}", re.ASCII)
 NO_PMA = "N/A (no PMA)"
+_NO_WIDTHS: Mapping[str, int] = {}
 LIFESPAN = "lifespan"
 
 
@@ -303,7 +330,7 @@ class InfinibandReader:
         rate, width, speed = parse_rate(rate_text)
         link_layer = (_read(os.path.join(path, "link_layer")) or "InfiniBand").strip()
         wide = EXTENDED if layout.extended else frozenset()
-        counters, no_pma = self._counters(layout, "counters", layout.counters, wide)
+        counters, no_pma = self._counters(layout, "counters", layout.counters, wide, PMA_WIDTHS)
         hw, _ = self._counters(layout, "hw_counters", layout.hw_counters, frozenset())
         ext, ext_no_pma = self._counters(
             layout, "counters_ext", layout.counters_ext, frozenset(layout.counters_ext)
@@ -331,10 +358,16 @@ class InfinibandReader:
         )
 
     def _counters(
-        self, layout: _PortLayout, folder: str, names: list[str], extended: frozenset[str]
+        self,
+        layout: _PortLayout,
+        folder: str,
+        names: list[str],
+        extended: frozenset[str],
+        widths: Mapping[str, int] = _NO_WIDTHS,
     ) -> tuple[tuple[tuple[str, int, int], ...], bool]:
         """(name, value, bits) of the counter files `names` of one folder, and whether one
-        read "N/A (no PMA)"; those in `extended` are known to be 64-bit."""
+        read "N/A (no PMA)"; those in `extended` are known to be 64-bit, the others as wide
+        as `widths` says (32 bits where it does not)."""
         base = os.path.join(layout.path, folder)
         values = []
         no_pma = False
@@ -365,11 +398,10 @@ class InfinibandReader:
             if value >> 64:
                 continue
             key = (layout.device, layout.port, name)
-            if value >= 1 << 32 or key in wide:
+            bits = 64 if name in extended else widths.get(name, 32)
+            if value >> bits or key in wide:
                 wide.add(key)
                 bits = 64
-            else:
-                bits = 64 if name in extended else 32
             values.append((name, value, bits))
         return tuple(values), no_pma
 

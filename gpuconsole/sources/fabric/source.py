@@ -27,6 +27,7 @@ from gpuconsole.readings.fabric import (
     NetdevStats,
     NicLevel,
     PortRole,
+    counter_words,
 )
 from gpuconsole.sources.base import EmitEvent, SourceUnavailable
 from gpuconsole.sources.climb import ClimbWindow
@@ -112,6 +113,7 @@ class FabricSource:
         self._sockets: dict[int, int | None] = {}
         self._reads = 0
         self._last_states: dict[tuple[str, int], tuple[str, PortRole]] = {}
+        self._pegged: dict[tuple[str, int], frozenset[str]] = {}  # counters at their maximum
         self._by_netdev: dict[str, FabricPort] = {}
         self._watched: set[str] = set()
         # each port's error counters, sampled over the window its health counts them in
@@ -361,9 +363,11 @@ class FabricSource:
         }
         watching = self._watcher is not None
         now: dict[tuple[str, int], tuple[str, PortRole]] = {}
+        pegged: dict[tuple[str, int], frozenset[str]] = {}
         for port in reading.ports:
             key = (port.device, port.port)
             now[key] = (port.state, port.role)
+            pegged[key] = self._note_pegged(port, self._pegged.get(key, frozenset()))
             before = self._last_states.get(key)
             if before is None or before[0] == port.state:
                 continue
@@ -378,6 +382,30 @@ class FabricSource:
                     f"{key[0]}/{key[1]} ({role}) is gone from sysfs",
                 )
         self._last_states = now
+        self._pegged = pegged
+
+    def _note_pegged(self, port: FabricPort, before: frozenset[str]) -> frozenset[str]:
+        """An event for each counter of the port found at its maximum (from the first
+        reading on: a counter pegged before the source started counts nothing either), and
+        one when it is cleared; the counters pegged now."""
+        found = port.pegged
+        names = frozenset(name for name, _value in found)
+        if names == before:
+            return names
+        who = f"{port.name} ({port.role})"
+        for name, value in found:
+            if name not in before:
+                self._post(
+                    "counter_pegged",
+                    Severity.WARNING,
+                    f"{who} {counter_words(name)} counter pegged at {value}, its maximum: "
+                    "it counts no more until it is cleared (perfquery -R)",
+                )
+        for name in sorted(before - names):
+            self._post(
+                "counter_cleared", Severity.INFO, f"{who} {counter_words(name)} counts again"
+            )
+        return names
 
     def _post_state(self, port: FabricPort, who: str, state: str, how: str) -> None:
         up = state in ("ACTIVE", "UP")
