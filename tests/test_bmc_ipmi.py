@@ -41,9 +41,8 @@ from tests.bmc_fixtures import (
     IpmiSim,
     free_port,
     running_ipmi_sim,
-    running_sushy,
 )
-from tests.test_bmc_mockups import mockup, node_of, poll
+from tests.test_bmc_mockups import edit, node_of, poll, serving_copy
 from tests.waiting import until
 
 
@@ -518,37 +517,49 @@ def test_polling_a_bmc_for_long_leaves_nothing_behind_in_pyghmi(bmc: IpmiSim) ->
 
 
 _PSU = re.compile(r"\bPSU|Power Supply")
+_BAY1 = "Chassis/1U/PowerSubsystem/PowerSupplies/Bay1"
 
 
-def test_a_psu_predicting_its_failure_is_the_same_warning_over_ipmi_as_over_redfish(
-    bmc: IpmiSim, tmp_path: Path
+@pytest.mark.parametrize(
+    ("offset", "bay1", "expected"),
+    [
+        # Predictive failure (02h); rackmount1's Bay 1 as DMTF wrote it: Health Warning with
+        # a PowerSupplyPredictiveFailure condition (the Power registry's severity: Warning).
+        # The PSU still delivers power: a warning to watch, not a failed PSU.
+        (2, {}, (Health.WARNING, 0, [(Severity.WARNING, Action.WATCH)])),
+        # Power input lost (03h); Bay 1 with LineInputStatus LossOfInput (its Health a
+        # Warning, as the registry rates LossOfInputPower): it delivers no power
+        (
+            3,
+            {"LineInputStatus": "LossOfInput", "Status": {"State": "Enabled", "Health": "Warning"}},
+            (Health.CRITICAL, 1, [(Severity.CRITICAL, Action.SERVICE)]),
+        ),
+    ],
+)
+def test_a_psus_state_is_the_same_reading_over_ipmi_as_over_redfish(
+    bmc: IpmiSim,
+    tmp_path: Path,
+    offset: int,
+    bay1: dict[str, object],
+    expected: tuple[object, ...],
 ) -> None:
-    # IPMI: PSU1 Status (sensor type 08h) asserts Presence detected and Predictive failure
-    # (offsets 00h, 02h); Redfish: DMTF rackmount1's PSU Bay 1, Health Warning with a
-    # PowerSupplyPredictiveFailure condition (the Power registry's severity: Warning). The
-    # PSU still delivers power: a warning to watch and replace it, not a failed PSU.
-    bmc.command("sensor_set_bit 0x20 0 10 2 1 0")
+    # IPMI: PSU1 Status (sensor type 08h) asserts Presence detected (00h) and `offset`
+    bmc.command(f"sensor_set_bit 0x20 0 10 {offset} 1 0")
     hub = Hub()
     hub.add_source(BmcSource("dgx-017", open_link(target(bmc))))
     ipmi_node = asyncio.run(hub.poll_once()).node("dgx-017")
     assert ipmi_node is not None and ipmi_node.bmc is not None
-    psu = ipmi_node.bmc.sensor("PSU1 Status")
-    assert psu is not None and psu.states == ("Present", "Predictive failure")
-    rackmount = mockup("public-rackmount1")
-    with running_sushy(tmp_path / "sushy", rackmount, in_place=True) as server:
+    with serving_copy(tmp_path, "public-rackmount1") as server:
+        edit(server.root, _BAY1, **bay1)
         rf_node = node_of(poll(server))
-    assert rf_node.bmc is not None
 
     def said(node: NodeSnapshot) -> tuple[object, ...]:
         bmc_reading = node.bmc
         assert bmc_reading is not None
-        psu = [f for f in node_verdict(node).findings if _PSU.search(f.subject)]
+        psu = [f for f in node_verdict(node).findings if _PSU.search(f.subject + f.text)]
         return bmc_reading.health, bmc_reading.psus_failed, [(f.severity, f.action) for f in psu]
 
-    assert (
-        said(ipmi_node) == said(rf_node) == (Health.WARNING, 0, [(Severity.WARNING, Action.WATCH)])
-    )
-    assert psu.health is SensorHealth.WARNING
+    assert said(ipmi_node) == said(rf_node) == expected
 
 
 def test_a_bmc_clock_two_days_behind_is_measured_and_shown_and_its_sel_is_on_our_clock(

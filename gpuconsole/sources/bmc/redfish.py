@@ -1142,11 +1142,20 @@ def _with_context(sensor: BmcSensor, context: str) -> BmcSensor:
     return msgspec.structs.replace(sensor, context=context)
 
 
+# A PowerSupply's LineInputStatus when it delivers no power, whatever its Health says: as
+# IPMI's "Power input lost" and "out of range" (sensor type 08h) are a failed PSU
+_NO_INPUT = ("LossOfInput", "OutOfRange")
+
+
 def _unit(doc: Json) -> UnitStatus:
-    """A PSU or fan's presence and failure from its Status."""
+    """A PSU or fan's presence and failure from its Status (and a PSU's LineInputStatus)."""
     status = _status(doc)
     present = status.get("State") not in ("Absent",)
-    failed = status.get("Health") == "Critical" or status.get("State") == "UnavailableOffline"
+    failed = (
+        status.get("Health") == "Critical"
+        or status.get("State") == "UnavailableOffline"
+        or doc.get("LineInputStatus") in _NO_INPUT
+    )
     warning = not failed and status.get("Health") not in (None, "OK")
     return UnitStatus(
         str(doc.get("Name") or doc.get("Id") or "?"), present, failed, warning, _why(status)
