@@ -424,7 +424,9 @@ CONGESTION_RULES: tuple[CongestionRule, ...] = (
     CongestionRule("rp_cnp_handled", "CNPs handled", 100.0, 10_000.0),
     CongestionRule("port_xmit_wait", "transmit wait", 1e5, 1e7),
 )
-_WORDS = {r.counter: r.words for r in (*ERROR_RULES, *CONGESTION_RULES)}
+_WORDS: dict[str, str] = {r.counter: r.words for r in ERROR_RULES} | {
+    r.counter: r.words for r in CONGESTION_RULES
+}
 
 
 def counter_words(name: str) -> str:
