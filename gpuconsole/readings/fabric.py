@@ -111,21 +111,13 @@ class FabricPort(msgspec.Struct, frozen=True):
     # last interval's deltas are judged then.
     errors_climbed: tuple[tuple[str, int], ...] = ()
     errors_climbed_s: float | None = None
+    # The counters/* at their maximum, (name, value) each (`pegged_counters`), worked out
+    # once by the source: each counts nothing more until it is cleared
+    pegged: tuple[tuple[str, int], ...] = ()
 
     @property
     def name(self) -> str:
         return f"{self.device}/{self.port}"
-
-    @property
-    def pegged(self) -> tuple[tuple[str, int], ...]:
-        """The counters/* at their maximum, (name, value) each: PortCounters saturate there
-        and never wrap, so each counts nothing more (a link going down again, errors
-        climbing) until it is cleared (`perfquery -R`)."""
-        return tuple(
-            (name, value)
-            for name, value, bits in self.counters
-            if bits < SATURATES_BELOW and value == (1 << bits) - 1
-        )
 
     @property
     def active(self) -> bool:
@@ -424,6 +416,19 @@ CONGESTION_RULES: tuple[CongestionRule, ...] = (
     CongestionRule("rp_cnp_handled", "CNPs handled", 100.0, 10_000.0),
     CongestionRule("port_xmit_wait", "transmit wait", 1e5, 1e7),
 )
+
+
+def pegged_counters(counters: tuple[tuple[str, int, int], ...]) -> tuple[tuple[str, int], ...]:
+    """The PortCounters (counters/*, as (name, value, bits)) at their maximum, (name,
+    value) each: they saturate there and never wrap, so each counts nothing more (a link
+    going down again, errors climbing) until it is cleared (`perfquery -R`)."""
+    return tuple(
+        (name, value)
+        for name, value, bits in counters
+        if bits < SATURATES_BELOW and value == (1 << bits) - 1
+    )
+
+
 _WORDS: dict[str, str] = {r.counter: r.words for r in ERROR_RULES} | {
     r.counter: r.words for r in CONGESTION_RULES
 }

@@ -28,6 +28,7 @@ from gpuconsole.readings.fabric import (
     NicLevel,
     PortRole,
     counter_words,
+    pegged_counters,
 )
 from gpuconsole.sources.base import EmitEvent, SourceUnavailable
 from gpuconsole.sources.climb import ClimbWindow
@@ -346,6 +347,7 @@ class FabricSource:
             no_pma=p.no_pma,
             hw_counters_lifespan_ms=p.lifespan_ms,
             counters_ext=p.counters_ext,
+            pegged=pegged_counters(p.counters),
         )
 
     # --- events ----------------------------------------------------------------------
