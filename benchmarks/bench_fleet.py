@@ -30,8 +30,11 @@ resident; the verdicts of every node of each published snapshot (facts.verdict.j
 as a console takes each snapshot: the nodes it changed judged, with what the fleet's health
 and sort read of them, after which a view finds any node's verdict with a look-up) under 5 %
 of that publish's own time (hub.publish(), which merges the nodes that changed): the agents
-judge their nodes and send the verdict, the head checks and shows it. Their share of all the
-head's CPU is printed too. For comparison, all-smi documents 256 nodes at a 6 s interval.
+judge their nodes and send the verdict, the head checks each verdict new since as it judges
+the node (how many a publish checked is printed) and shows it. Their share of all the head's
+CPU is printed too. The demo's verdicts move as counters climb: a summary sends the words
+of its findings afresh every WORDS_HELD_S of the node's time, and the frames span several
+of those. For comparison, all-smi documents 256 nodes at a 6 s interval.
 """
 
 from __future__ import annotations
@@ -59,8 +62,9 @@ from aiohttp import web
 from benchmarks.timing import record
 from gpuconsole.config import FleetConfig
 from gpuconsole.export.agent import Body, accepts_gzip, respond, snapshot_body
+from gpuconsole.facts import verdict as verdict_module
 from gpuconsole.facts.ownership import node_ownership
-from gpuconsole.facts.verdict import forget_verdicts, judge_fleet
+from gpuconsole.facts.verdict import WORDS_HELD_S, forget_verdicts, judge_fleet
 from gpuconsole.hub import Hub, HubSettings
 from gpuconsole.readings.agents import (
     BEAT,
@@ -70,13 +74,15 @@ from gpuconsole.readings.agents import (
     part_versions,
 )
 from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
-from gpuconsole.sources import agents as agents_module
+from gpuconsole.readings.verdict import CarriedVerdict
 from gpuconsole.sources.agents import AgentSource
 from gpuconsole.wiring import fleet_hub
 
 NODES = 1000
 SECONDS = 20
-FRAMES = 10  # seconds of the demo cluster that every agent serves in turn
+# seconds of the demo cluster that every agent serves in turn: several times as long as a
+# summary holds the words of its verdict's findings, so that those move as in a real fleet
+FRAMES = 3 * round(WORDS_HELD_S)
 SWEEP_LIMIT_S = 60.0
 WINDOW_S = 2.0  # several of the hub's 0.2 s publishes, so counts do not jitter
 CONNECTIONS = 64
@@ -287,9 +293,7 @@ class Figures:
     rebuilt_nodes: float = float("nan")  # nodes a publish changed
     verdict_cold_ms: float = float("nan")
     verdict_of_head: float = float("nan")  # judging, as a share of all the head's CPU
-    # checking the verdicts new since as they were read (in decoding), per publish
-    verdict_check_ms: float = float("nan")
-    verdict_checked: float = float("nan")  # how many, per publish
+    verdict_checked: float = float("nan")  # verdicts new since checked in judging, per publish
     verdict_of_publish: float = float("nan")  # median over publishes: verdicts / publish
     unchanged: float = float("nan")  # share of polls the agent answered 304
     # of `cores`, reading agents' JSON into readings (AgentSource.parse) as the head runs
@@ -371,21 +375,17 @@ def _clocked(parse: Callable[[bytes], T], spent: list[float]) -> Callable[[bytes
     return clocked
 
 
-def _clocked_check(
-    check: Callable[[str, NodeSnapshot], None], spent: list[float]
-) -> Callable[[str, NodeSnapshot], None]:
-    """`check` (facts.verdict.check_carried), adding the CPU each call takes to spent[0]
-    and counting the calls in spent[1]."""
+def _counted(
+    check: Callable[[NodeSnapshot, CarriedVerdict], T], calls: list[int]
+) -> Callable[[NodeSnapshot, CarriedVerdict], T]:
+    """`check` (facts.verdict._carried: a verdict an agent sent, new since, checked as it
+    is judged), counting its calls in calls[0]."""
 
-    def clocked(name: str, node: NodeSnapshot) -> None:
-        began = time.thread_time()
-        try:
-            check(name, node)
-        finally:
-            spent[0] += time.thread_time() - began
-            spent[1] += 1
+    def counted(node: NodeSnapshot, carried: CarriedVerdict) -> T:
+        calls[0] += 1
+        return check(node, carried)
 
-    return clocked
+    return counted
 
 
 def _judged_afresh_ms(snapshot: FleetSnapshot) -> float:
@@ -416,10 +416,9 @@ async def _head(ports: list[int], seconds: int) -> Figures:
     for source in hub.sources:
         if isinstance(source, AgentSource):
             source.parse = _clocked(source.parse, decoding)  # type: ignore[method-assign,assignment]
-    # a verdict new since is checked as its source reads it (in the decoding above): verdict
-    # work as well, which the publish's own figure does not see
-    checking = [0.0, 0.0]  # CPU, verdicts checked
-    agents_module.check_carried = _clocked_check(agents_module.check_carried, checking)
+    # a verdict new since is checked as the publish's nodes are judged: counted
+    checking = [0]
+    verdict_module._carried = _counted(verdict_module._carried, checking)  # type: ignore[assignment]
     began = time.perf_counter()
     collector = _GcClock()
     gc.callbacks.append(collector)
@@ -437,7 +436,7 @@ async def _head(ports: list[int], seconds: int) -> Figures:
         _, landed = _landed(hub)
         head_cpu = time.process_time()
         cpu, wall, in_gc = time.process_time(), time.perf_counter(), collector.spent
-        in_decoding, (in_checking, in_checked) = decoding[0], checking
+        in_decoding, in_checked = decoding[0], checking[0]
         for _ in range(max(1, round(seconds / WINDOW_S))):
             await asyncio.sleep(WINDOW_S)
             now_cpu, now_wall = time.process_time(), time.perf_counter()
@@ -453,8 +452,7 @@ async def _head(ports: list[int], seconds: int) -> Figures:
             in_decoding = decoding[0]
         head_ms = (time.process_time() - head_cpu) * 1000
         of_head = sum(judged) / head_ms if head_ms else float("nan")
-        checked_ms = (checking[0] - in_checking) * 1000 / max(1, len(publishes))
-        checked = (checking[1] - in_checked) / max(1, len(publishes))
+        checked = (checking[0] - in_checked) / max(1, len(publishes))
         fresh, _ = _landed(hub)
         polls = [
             s.last_poll_s * 1000
@@ -483,7 +481,6 @@ async def _head(ports: list[int], seconds: int) -> Figures:
         rebuilt_nodes=statistics.median(built) if built else float("nan"),
         verdict_cold_ms=cold,
         verdict_of_head=of_head,
-        verdict_check_ms=checked_ms,
         verdict_checked=checked,
         verdict_of_publish=statistics.median(
             v / p for v, p in zip(judged, publishes, strict=False) if p > 0
@@ -647,20 +644,12 @@ def main(nodes: int = NODES, seconds: int = SECONDS, runs: tuple[str, ...] = tup
             )
             print(
                 f"         verdicts of every node per publish {f.verdict_ms:.2f} ms (the "
-                f"{f.rebuilt_nodes:.0f} nodes it changed judged, {f.verdict_nodes:.0f} looked at), "
+                f"{f.rebuilt_nodes:.0f} nodes it changed judged, {f.verdict_nodes:.0f} looked at, "
+                f"{f.verdict_checked:.1f} verdicts new since checked), "
                 f"{f.verdict_of_publish:.1%} of the publish's time ({f.publish_ms:.1f} ms), "
                 f"under {VERDICT_SHARE:.0%}: {_verdict(f.verdict_of_publish <= VERDICT_SHARE)}; "
                 f"{f.verdict_of_head:.1%} of the head's CPU (decode, merge, publish); all "
                 f"{nodes:,} judged afresh {f.verdict_cold_ms:.1f} ms"
-            )
-            # the verdicts of a publish whole: judged, and those new since checked as read
-            whole = (
-                (f.verdict_ms + f.verdict_check_ms) / f.publish_ms if f.publish_ms else float("nan")
-            )
-            print(
-                f"         with the verdicts new since checked as they were read (in decoding) "
-                f"{f.verdict_check_ms:.2f} ms per publish ({f.verdict_checked:.0f} verdicts): "
-                f"{whole:.1%} of the publish's time"
             )
             if compress and parts and not watch:  # the same agents, polled: as before the watch
                 record(f"head at {nodes:,} agents polled: CPU at 1 Hz", at_1hz, "cores")

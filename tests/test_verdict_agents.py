@@ -228,3 +228,91 @@ def test_a_fleet_judged_as_it_changes_reads_as_one_judged_afresh(
     assert any(unfit for _, unfit in afresh[0])  # a critical node's GPUs out of work
     codes = {f.code for judged in afresh for v, _ in judged for f in v.findings}
     assert {"verdict_refused", "agent_silent", "nvlink_down"} <= codes
+
+
+def _later(node: NodeSnapshot, seconds: float, inlet_c: float | None = None) -> NodeSnapshot:
+    """The node read `seconds` later; the temperature past its critical limit at `inlet_c`
+    where given (the same finding, other words)."""
+    statuses = tuple(
+        msgspec.structs.replace(s, last_ok_at=(s.last_ok_at or 0.0) + seconds)
+        for s in node.statuses
+    )
+    bmc = node.bmc
+    if inlet_c is not None and bmc is not None:
+        hot = "HGX_GPU_SXM_1_TEMP_0"
+        sensors = tuple(
+            msgspec.structs.replace(s, value=inlet_c) if s.name == hot else s for s in bmc.sensors
+        )
+        bmc = msgspec.structs.replace(bmc, sensors=sensors)
+    return msgspec.structs.replace(node, statuses=statuses, bmc=bmc)
+
+
+def _node(fleet: FleetSnapshot) -> NodeSnapshot:
+    found = fleet.node(NODE)
+    assert found is not None
+    return found
+
+
+def _served_verdict(node: NodeSnapshot, *, summary: bool) -> Any:
+    fleet = msgspec.structs.replace(frozen_fleet(), nodes=(node,), events=(), event_counts=())
+    return select(fleet, node.node, summary=summary).nodes[0].verdict
+
+
+def test_a_summary_holds_its_verdicts_words_while_only_they_move() -> None:
+    """A temperature climbing past its limit changes the words of one finding each second:
+    a fleet's summary sends the verdict as it was for WORDS_HELD_S of the node's time (a
+    head checks a verdict when it changes, not each second a counter climbs), then the new
+    words. Anything else that changes is sent at once, and a node read whole (a head that
+    opened it) has its words live."""
+    forget_verdicts()
+    node = _node(frozen_fleet())
+    first = _served_verdict(node, summary=True)
+    words = [f.text for f in first.findings]
+    assert "temperature at 89 C past its critical limit" in words
+    warmer = _later(node, 1.0, inlet_c=91.0)
+    held = _served_verdict(warmer, summary=True)
+    assert held is first  # the very verdict: the head's agent source keeps it as it is
+    live = _served_verdict(warmer, summary=False)
+    assert "temperature at 91 C past its critical limit" in [f.text for f in live.findings]
+    # a GPU's NVLinks go down: a finding more, sent at once, with the words as they are
+    sicker = _later(_node(with_links_down(frozen_fleet(), NODE, 2, 2)), 2.0, inlet_c=92.0)
+    changed = _served_verdict(sicker, summary=True)
+    assert len(changed.findings) > len(first.findings)
+    assert "temperature at 92 C past its critical limit" in [f.text for f in changed.findings]
+    # then, only the words moving: held, until WORDS_HELD_S after they were sent
+    hotter = _later(sicker, 1.0, inlet_c=93.0)
+    assert _served_verdict(hotter, summary=True) is changed
+    fresh = _served_verdict(_later(sicker, verdict_facts.WORDS_HELD_S, inlet_c=95.0), summary=True)
+    assert fresh is not changed
+    assert "temperature at 95 C past its critical limit" in [f.text for f in fresh.findings]
+    assert [(f.code, f.severity, f.bus_id) for f in fresh.findings] == [
+        (f.code, f.severity, f.bus_id) for f in changed.findings
+    ]
+
+
+def test_a_verdict_whose_findings_come_out_of_order_is_taken_in_order() -> None:
+    """An agent sends its findings worst first; one that does not is taken sorted here:
+    the same actions and health, each GPU's too, its evidence worst first."""
+    forget_verdicts()
+    node = carry_verdict(_node(with_links_down(frozen_fleet(), NODE, 2, 2)))
+    said = node.verdict
+    assert said is not None and len(said.findings) > 2
+    shuffled = msgspec.structs.replace(
+        node, verdict=msgspec.structs.replace(said, findings=tuple(reversed(said.findings)))
+    )
+    taken = verdict_facts._carried(shuffled, shuffled.verdict)  # type: ignore[arg-type]
+    ordered = verdict_facts._carried(node, said)
+    assert isinstance(taken, verdict_facts._Judged) and isinstance(ordered, verdict_facts._Judged)
+    assert ordered.verdict == node_verdict(node)
+    came = shuffled.verdict.findings  # type: ignore[union-attr]
+    assert taken.verdict.findings == tuple(sorted(came, key=verdict_facts._worst_first))
+    assert taken.verdict.findings != came  # sorted here
+    assert (taken.verdict.action, taken.verdict.health) == (Action.SERVICE, Health.CRITICAL)
+    assert taken.gpus.keys() == ordered.gpus.keys() and taken.gpus
+    for bus, verdict in taken.gpus.items():
+        assert sorted(verdict.findings, key=id) == sorted(ordered.gpus[bus].findings, key=id)
+        assert (verdict.action, verdict.health) == (
+            ordered.gpus[bus].action,
+            ordered.gpus[bus].health,
+        )
+        assert list(verdict.findings) == sorted(verdict.findings, key=verdict_facts._worst_first)

@@ -78,11 +78,12 @@ def not_served(node: str, snapshot: FleetSnapshot) -> web.Response:
 def select(snapshot: FleetSnapshot, node: str | None, *, summary: bool) -> FleetSnapshot:
     """The snapshot cut to one node (when it is served here) and, for fleets, summarized;
     each node with its verdict, judged here where every detail is, so that a head reading
-    a thousand nodes need not judge them again from their summaries."""
+    a thousand nodes need not judge them again from their summaries (a summary's verdict
+    holds its words while only they move: facts.verdict.WORDS_HELD_S)."""
     nodes = snapshot.nodes
     if node is not None and any(n.node == node for n in nodes):
         nodes = tuple(n for n in nodes if n.node == node)
-    nodes = tuple(carry_verdict(n) for n in nodes)
+    nodes = tuple(carry_verdict(n, hold=summary) for n in nodes)
     if summary:
         nodes = tuple(summarize(n) for n in nodes)
     names = {n.node for n in nodes}

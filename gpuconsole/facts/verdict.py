@@ -28,8 +28,10 @@ seen it come back since), what a reset would clear asks for what follows: the no
 cycle after a reset, service after a power cycle.
 
 A node's agent judges it, where every detail is, and sends the verdict in its snapshot
-(`carry_verdict`); a head checks that verdict against its findings, its sizes and the node's
-GPUs, and shows it with what only the head knows (the agent silent). A verdict it refuses
+(`carry_verdict`; a fleet's summary holds its words while only they move, WORDS_HELD_S); a
+head checks that verdict against its findings, its sizes and the node's GPUs as it first
+judges a snapshot that carries it, and shows it with what only the head knows (the agent
+silent). A verdict it refuses
 (remembered with why, so that the same verdict sent again is not checked again), or one an
 older agent never sent, the head judges from the readings it has. A console judges each
 fleet snapshot it shows as far as the snapshot changed (`judge_fleet`); its views then look
@@ -83,6 +85,7 @@ from gpuconsole.readings.verdict import Finding as Finding
 from gpuconsole.readings.verdict import Verdict as Verdict
 
 _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
+_ACTION_RANK = {action: action.rank for action in Action}
 
 
 def _worst_first(finding: Finding) -> tuple[int, int]:
@@ -92,9 +95,14 @@ def _worst_first(finding: Finding) -> tuple[int, int]:
 def _verdict(findings: list[Finding], calm: Health = Health.OK) -> Verdict:
     """The verdict of some findings: the worst action; critical health over `calm` (stale
     or unknown), which wins over a warning, as a stale source cannot vouch for the rest."""
+    findings.sort(key=_worst_first)
+    return _sorted_verdict(tuple(findings), calm)
+
+
+def _sorted_verdict(findings: tuple[Finding, ...], calm: Health = Health.OK) -> Verdict:
+    """`_verdict` of findings already worst first (as `_verdict` sorts them)."""
     if not findings:
         return _FIT if calm is Health.OK else Verdict(Action.FIT, calm)
-    findings.sort(key=_worst_first)
     action = findings[0].action  # the worst finding's: a lost GPU's reboot before a cable
     severity = findings[0].severity
     if severity is Severity.CRITICAL:
@@ -105,7 +113,7 @@ def _verdict(findings: list[Finding], calm: Health = Health.OK) -> Verdict:
         health = Health.WARNING
     else:
         health = Health.OK
-    return Verdict(action, health, tuple(findings))
+    return Verdict(action, health, findings)
 
 
 _FIT = Verdict(Action.FIT, Health.OK)
@@ -949,6 +957,12 @@ def _gpu_verdict(findings: list[Finding]) -> Verdict:
     return _verdict(list(findings), Health.UNKNOWN if unread else Health.OK)
 
 
+def _sorted_gpu_verdict(findings: list[Finding]) -> Verdict:
+    """`_gpu_verdict` of findings already worst first."""
+    unread = any(f.code == "gpu_unreadable" for f in findings)
+    return _sorted_verdict(tuple(findings), Health.UNKNOWN if unread else Health.OK)
+
+
 @dataclass(slots=True)
 class _Judged:
     node: weakref.ref[NodeSnapshot]  # the snapshot judged; a hub frees the ones it replaces
@@ -977,9 +991,6 @@ class _Judged:
     # and its health where nothing was found; a snapshot after it with these alike (and the
     # other sources' findings the same) has its verdict
     here: tuple[tuple[Finding, ...], Health] | None = None
-    # how many statuses its agent sent with the verdict, where its agent source checked it
-    # as it read it (`calm` and `silence` are theirs then); -1 where it was not checked so
-    sent: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -989,17 +1000,13 @@ class _Refusal:
 
 
 _JUDGED: OrderedDict[str, _Judged] = OrderedDict()
-# by node: its agent's latest verdict, checked as its source read it (the snapshot that
-# carries it may not be published yet: views still ask about the one before), or why it
-# was refused
-_CHECKED: OrderedDict[str, _Judged | _Refusal] = OrderedDict()
 _JUDGED_NODES = 16384
 
 
 def forget_verdicts() -> None:
     """Forget every node judged so far (a benchmark judging afresh)."""
     _JUDGED.clear()
-    _CHECKED.clear()
+    _SENT.clear()
     _FLEET.clear()
 
 
@@ -1009,7 +1016,7 @@ class _Fleet:
     verdict of a node of that snapshot while it lives: by its name's position, where the
     node is the very one asked about. A changed node is judged without a look-up by name."""
 
-    __slots__ = ("calms", "held", "lock", "mark", "names", "sizes", "taken", "took")
+    __slots__ = ("calms", "held", "lock", "mark", "names", "taken", "took")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()  # one judge at a time; views read `held` as it was
@@ -1027,9 +1034,6 @@ class _Fleet:
         self.taken: list[object] = [_NONE] * size
         self.took = bytearray(size)  # 1 where `taken` holds a verdict
         self.calms: list[Health] = [Health.UNKNOWN] * size  # those sources' health then
-        # where it was checked as its agent source read it: how many statuses the node
-        # has, its agent's and the head's own one; -1 where not
-        self.sizes = [-1] * size
         self.mark: object = None  # the Rebuilt.mark of the snapshot judged
 
     def of(self, node: NodeSnapshot) -> _Judged | None:
@@ -1128,7 +1132,7 @@ def _judge_changed(
     nodes = snapshot.nodes
     # judged anew into a copy: a view reads the one before, whole, until this is done
     judged_at, names, taken, calms = list(judged_before), fleet.names, fleet.taken, fleet.calms
-    sizes, took = fleet.sizes, fleet.took
+    took = fleet.took
     ok, stale, critical, regrouped = Health.OK, Health.STALE, Health.CRITICAL, False
     for i in changed:
         node = nodes[i]
@@ -1141,35 +1145,18 @@ def _judge_changed(
             # as fresh as they were and its agent answering (the same node's: its name in
             # its place). Judged alike, with little else read.
             if carried is taken[i] and statuses:
-                size = sizes[i]
-                if size >= 0:
-                    # checked as its agent source read it, whose statuses (the node's last)
-                    # are as fresh while the verdict is the same object: the head's own
-                    # status of its agent, first, is all there is besides
-                    if len(statuses) == size and statuses[0].ok:
-                        continue
-                elif all(map(_OK, statuses)):
+                if all(map(_OK, statuses)):
                     if calms[i] is ok:
                         continue
                 elif calms[i] is stale and all(map(_answering, statuses)):
                     continue
             seen = judged_at[i]
-        if seen is not None and seen.node() is node:
-            judged = seen
-        else:
-            # a verdict new since, as its agent source checked it when it read it
-            checked = _CHECKED.get(node.node) if carried is not None else None
-            if type(checked) is _Judged and checked.carried is carried and _alike(checked, node):
-                judged = _JUDGED[node.node] = checked
-            else:
-                judged = _judge(node, seen)
+        judged = seen if seen is not None and seen.node() is node else _judge(node, seen)
         if judged.unfit < 0 and judged.verdict.health is critical:
             _out_of_work(judged)
         judged_at[i] = judged
         if judged.carried is not None and judged.silence is None:
             taken[i], calms[i], took[i] = judged.carried, judged.calm, 1
-            # as checked, where its agent sent statuses: the head's own one before them
-            sizes[i] = judged.sent + 1 if judged.sent > 0 else -1
         else:
             taken[i], took[i] = _NONE, 0
     if regrouped:
@@ -1181,20 +1168,6 @@ def _judge_changed(
 
 def _answering(status: SourceStatus) -> bool:
     return status.ok or status.source != "remote"
-
-
-def _alike(judged: _Judged, node: NodeSnapshot) -> bool:
-    """Whether `node`, carrying the verdict its agent sent that `judged` took, is judged
-    alike: its sources as fresh (all answering, or stale as they were) and its agent
-    answering."""
-    statuses = node.statuses
-    if judged.silence is not None or not statuses:
-        return False
-    if judged.sent > 0 and len(statuses) == judged.sent + 1 and statuses[0].ok:
-        return True  # as judge_fleet takes it, where its agent source checked it
-    if all(map(_OK, statuses)):
-        return judged.calm is Health.OK
-    return judged.calm is Health.STALE and all(map(_answering, statuses))
 
 
 def _gpu_key(bus_id: str | None, index: int | None) -> str:
@@ -1217,18 +1190,15 @@ def _judge(node: NodeSnapshot, seen: _Judged | None = None) -> _Judged:
     carried = node.verdict
     refused: _Refusal | None = None
     if carried is not None:
-        # the agent's verdict as it last came (unchanged), or as its source checked it when
-        # it read it: taken again while what this process adds to it stays as it was (the
-        # same verdict object, and its sources' freshness), which is all a snapshot of a
-        # node that sends its verdict changes of it
+        # the agent's verdict as it last came (unchanged): taken again while what this
+        # process adds to it stays as it was (the same verdict object, and its sources'
+        # freshness), which is all a snapshot of a node that sends its verdict changes of it
         checked: _Judged | _Refusal | None = None
         if seen is not None:
             if seen.carried is carried:
                 checked = seen
             elif seen.refusal is not None and seen.refusal.carried is carried:
                 checked = seen.refusal
-        if checked is None:
-            checked = _CHECKED.get(node.node)
         if isinstance(checked, _Judged) and checked.carried is carried:
             statuses = node.statuses
             calm = Health.OK if statuses else Health.UNKNOWN
@@ -1369,22 +1339,38 @@ _CODE_CHARS, _TEXT_CHARS, _SUBJECT_CHARS = 64, 1000, 200
 
 def _carried(node: NodeSnapshot, carried: CarriedVerdict) -> _Judged | str:
     """The node's verdict as its agent judged it, checked against what its findings say
-    and merged with what this process alone knows; or why it is refused."""
+    and merged with what this process alone knows; or why it is refused.
+
+    Once per verdict that is new, which is each time the text of a climbing counter moves:
+    one pass over the findings. An agent sends them worst first (as `_verdict` sorts
+    them), so they are taken in its order where they are in order, each GPU's too; else
+    sorted here, with the same result."""
     if carried.refused:
         return safe_text(carried.refused[:_TEXT_CHARS])
-    if len(carried.findings) > CARRIED_FINDINGS:
-        return f"{len(carried.findings)} findings, more than {CARRIED_FINDINGS}"
+    sent = carried.findings
+    if len(sent) > CARRIED_FINDINGS:
+        return f"{len(sent)} findings, more than {CARRIED_FINDINGS}"
     if len(carried.gpus) > CARRIED_GPUS:
         return f"{len(carried.gpus)} GPUs judged, more than {CARRIED_GPUS}"
-    findings: list[Finding] = []
+    findings: list[Finding] | None = None  # where one had to be made safe: all, as shown
     per_gpu: dict[str, list[Finding]] = {}
     buses: frozenset[str] | None = None
-    for i, finding in enumerate(carried.findings):
+    ranks, actions = _SEVERITY_RANK, _ACTION_RANK
+    before, ordered = (-3, -len(actions)), True  # the finding before's order: none yet
+    for i, finding in enumerate(sent):
         wrong = _unfit(finding)
         if wrong:
             return f"finding {i}: {wrong}"
         if not _printable(finding):
+            if findings is None:
+                findings = list(sent[:i])
             finding = _safe_finding(finding)
+        if findings is not None:
+            findings.append(finding)
+        key = (-ranks[finding.severity], -actions[finding.action])  # as _worst_first
+        if key < before:
+            ordered = False
+        before = key
         bus = finding.bus_id
         if bus is not None:
             if buses is None:
@@ -1392,8 +1378,8 @@ def _carried(node: NodeSnapshot, carried: CarriedVerdict) -> _Judged | str:
             if bus not in buses:
                 return f"finding {i} is about GPU {_shown(bus)}, which the node does not have"
             per_gpu.setdefault(bus, []).append(finding)
-        findings.append(finding)
-    gpus = {bus: _gpu_verdict(found) for bus, found in per_gpu.items()}
+    judge_gpu = _sorted_gpu_verdict if ordered else _gpu_verdict
+    gpus = {bus: judge_gpu(found) for bus, found in per_gpu.items()}
     said: set[str] = set()
     for line in carried.gpus:
         bus = line.bus_id
@@ -1409,14 +1395,19 @@ def _carried(node: NodeSnapshot, carried: CarriedVerdict) -> _Judged | str:
     if len(said) != len(gpus):
         unsaid = sorted(gpus.keys() - said)[0]
         return f"GPU {unsaid} has findings and no verdict"
-    worst = min(findings, key=_worst_first).action if findings else Action.FIT
+    shown = sent if findings is None else tuple(findings)
+    if not ordered:
+        shown = tuple(sorted(shown, key=_worst_first))
+    worst = shown[0].action if shown else Action.FIT
     if carried.action is not worst:
         return f"the node is said {carried.action}, its findings say {worst}"
     calm = _calm(node)
     silence = _silence(node) if calm is not Health.OK else None
     if silence is not None:
-        findings += _head_findings(node, None)
-    judged = _Judged(weakref.ref(node), _verdict(findings, calm), gpus, carried=carried)
+        verdict = _verdict([*shown, *_head_findings(node, None)], calm)
+    else:
+        verdict = _sorted_verdict(shown, calm)
+    judged = _Judged(weakref.ref(node), verdict, gpus, carried=carried)
     judged.calm, judged.silence = calm, silence
     return judged
 
@@ -1473,36 +1464,60 @@ def _node_buses(node: NodeSnapshot) -> frozenset[str]:
     return frozenset(buses)
 
 
-def check_carried(name: str, node: NodeSnapshot) -> None:
-    """Check the verdict node `name`'s agent sent, as a head reads the node (its agent
-    source, once per verdict received): the head's views then find it checked, a look-up
-    each. One that comes with something this process adds is judged as the views ask; one
-    that is refused is remembered with why, and the node judged from its readings.
-
-    The source keeps a verdict the same object only while its agent sends it again with as
-    many statuses, as fresh: a head's snapshot of the node, which puts the statuses of its
-    own sources before the agent's, is then judged alike by its own one of the agent."""
-    carried = node.verdict
-    if carried is None:
-        return
-    taken = _carried(node, carried)
-    if isinstance(taken, _Judged):
-        taken.sent = len(node.statuses)
-    _CHECKED[name] = taken if isinstance(taken, _Judged) else _Refusal(carried, taken)
-    _CHECKED.move_to_end(name)
-    while len(_CHECKED) > _JUDGED_NODES:
-        _CHECKED.popitem(last=False)
+# A fleet's summary holds the verdict it sent while only the words of its findings move (a
+# counter climbing, a rate): for this long in the node's own time, after which the words are
+# sent afresh. A head then checks a verdict when it changes, not each second a counter
+# climbs; the summary's readings (the port's counters) are as live as ever, and a node a
+# head opens reads the verdict live. Anything else that changes is sent at once.
+WORDS_HELD_S = 10.0
+_SENT: OrderedDict[str, tuple[float, CarriedVerdict]] = OrderedDict()
 
 
-def carry_verdict(node: NodeSnapshot) -> NodeSnapshot:
+def carry_verdict(node: NodeSnapshot, *, hold: bool = False) -> NodeSnapshot:
     """The node with its verdict, judged here where every detail is, as its agent sends it
-    to a head."""
+    to a head; `hold`: as a fleet's summary sends it (WORDS_HELD_S)."""
     judged = _judge(node)
     verdict = judged.verdict
     lines = tuple(JudgedGpu(bus, v.action, v.health) for bus, v in judged.gpus.items())
-    return msgspec.structs.replace(
-        node, verdict=CarriedVerdict(verdict.action, verdict.findings, lines)
-    )
+    carried = CarriedVerdict(verdict.action, verdict.findings, lines)
+    if hold:
+        carried = _held(node, carried)
+    return msgspec.structs.replace(node, verdict=carried)
+
+
+def _held(node: NodeSnapshot, carried: CarriedVerdict) -> CarriedVerdict:
+    """The verdict sent before in its place, where it says all `carried` does but for the
+    words of its findings and is younger than WORDS_HELD_S in the node's time."""
+    at = max((s.last_ok_at for s in node.statuses if s.last_ok_at is not None), default=None)
+    if at is None:
+        return carried
+    sent = _SENT.get(node.node)
+    if sent is not None and 0 < at - sent[0] < WORDS_HELD_S and _worded_alike(sent[1], carried):
+        return sent[1]
+    _SENT[node.node] = (at, carried)
+    _SENT.move_to_end(node.node)
+    while len(_SENT) > _JUDGED_NODES:
+        _SENT.popitem(last=False)
+    return carried
+
+
+def _worded_alike(before: CarriedVerdict, now: CarriedVerdict) -> bool:
+    """Whether two verdicts differ at most in their findings' words."""
+    if before.action is not now.action or before.gpus != now.gpus:
+        return False
+    if len(before.findings) != len(now.findings):
+        return False
+    for a, b in zip(before.findings, now.findings, strict=True):
+        if a is not b and (
+            a.code != b.code
+            or a.severity is not b.severity
+            or a.action is not b.action
+            or a.bus_id != b.bus_id
+            or a.subject != b.subject
+            or a.source != b.source
+        ):
+            return False
+    return True
 
 
 AS_ITS_AGENT_JUDGED = "as its agent judged it: open the node for the evidence"

@@ -37,7 +37,6 @@ from gpuconsole.codec import (
     safe_body,
 )
 from gpuconsole.config import DEFAULTS
-from gpuconsole.facts.verdict import check_carried
 from gpuconsole.readings.agents import (
     FRAME_HEADER_MAX,
     STEADY_PARTS,
@@ -554,8 +553,7 @@ class AgentSource:
         what is remembered per reading (the owners of a node's GPUs) remembered.
         """
         fields = node.fields
-        verdict, fresh = self._verdict(node.raw.pop("verdict", None), where, fields["statuses"])
-        fields["verdict"] = verdict
+        fields["verdict"] = self._verdict(node.raw.pop("verdict", None), where, fields["statuses"])
         view = self._view()
         kept, kept_at = node.extra["kept"], node.extra["kept_at"]
         for part in kept if isinstance(kept, list) else ():
@@ -582,8 +580,6 @@ class AgentSource:
             for s in fields["statuses"]
         )
         snapshot = NodeSnapshot(**fields)
-        if fresh and verdict is not None:
-            check_carried(self.node, snapshot)  # once per verdict, as it is read
         versions = node.extra["versions"]
         sent = held_parts(
             ",".join(f"{p}:{v}" for p, v in versions.items() if isinstance(v, str))
@@ -599,17 +595,18 @@ class AgentSource:
 
     def _verdict(
         self, raw: bytes | None, where: str, statuses: tuple[SourceStatus, ...]
-    ) -> tuple[CarriedVerdict | None, bool]:
-        """The verdict the agent sent, and whether it is new: decoded apart from its node,
+    ) -> CarriedVerdict | None:
+        """The verdict the agent sent: decoded apart from its node,
         so that one that does not fit costs the node that verdict alone (the head judges
         the node itself), never its readings. One sent as last time, with as many statuses
         as fresh, is the same object: what facts.verdict judges a node alike by."""
         if raw is None:
             self._last_verdict = None
-            return None, False
+            return None
         seen = (len(raw), hash(raw), tuple(map(_OK, statuses)))
         if self._last_verdict is not None and self._last_verdict[0] == seen:
-            return self._last_verdict[1], False
+            return self._last_verdict[1]
+        verdict: CarriedVerdict | None
         try:
             verdict = read_field(NodeSnapshot, "verdict", raw, where)
         except DecodeError as exc:
@@ -619,7 +616,7 @@ class AgentSource:
                 refused = "it says it was refused, which only a head says"
                 verdict = CarriedVerdict(Action.FIT, refused=refused)
         self._last_verdict = (seen, verdict)
-        return verdict, True
+        return verdict
 
     def _repost_events(self, raw: msgspec.Raw, several: bool) -> None:
         try:
