@@ -562,6 +562,21 @@ def test_a_psus_state_is_the_same_reading_over_ipmi_as_over_redfish(
     assert said(ipmi_node) == said(rf_node) == expected
 
 
+def test_a_discrete_psu_sensors_finding_says_the_state_it_asserts(bmc: IpmiSim) -> None:
+    # PSU1 Status (sensor type 08h) asserts Predictive failure (02h): the finding says so,
+    # not a bare "warning" (a discrete sensor has no value to show)
+    bmc.command("sensor_set_bit 0x20 0 10 2 1 0")
+    hub = Hub()
+    hub.add_source(BmcSource("dgx-017", open_link(target(bmc))))
+    node = asyncio.run(hub.poll_once()).node("dgx-017")
+    assert node is not None
+    psu = [f for f in node_verdict(node).findings if _PSU.search(f.subject + f.text)]
+    assert [(f.subject, f.severity) for f in psu] == [("BMC sensor PSU1 Status", Severity.WARNING)]
+    assert (
+        psu[0].text.lower().startswith("warning: ") and "predictive failure" in psu[0].text.lower()
+    )
+
+
 def test_a_bmc_clock_two_days_behind_is_measured_and_shown_and_its_sel_is_on_our_clock(
     bmc: IpmiSim,
 ) -> None:

@@ -340,3 +340,29 @@ async def test_an_hca_renamed_at_the_same_pci_address_is_not_gone(tmp_path: Path
     node = (await hub.poll_once()).node(NODE)
     assert node is not None and node.fabric is not None
     assert [(m.name, m.pci_bus_id) for m in node.fabric.missing] == [("mlx5_12/1", "0000:9a:00.0")]
+
+
+async def test_an_error_counter_pegged_at_its_maximum_is_watched_and_named(
+    tmp_path: Path,
+) -> None:
+    """link_downed is 8 bits wide and stops at 255: every later flap goes uncounted, so a
+    rail up and quiet with it pegged is watched, the counter named, until it is cleared. A
+    pegged transmit wait is congestion's, not a fault: no finding of its own."""
+    tree = RealTree(tmp_path)
+    counters = tree.port("mlx4_0") / "counters"
+    (counters / "link_downed").write_text("255\n")
+    (counters / "port_xmit_wait").write_text(f"{(1 << 32) - 1}\n")
+    await tree.poll()
+    node = await tree.poll()
+    found = [f for f in fabric_findings_of(node, "mlx4_0/1 ") if f.code == "counter_pegged"]
+    assert [(f.text, f.severity, f.action) for f in found] == [
+        (
+            "link downed counter pegged at 255, its maximum: further ones are not counted "
+            "until it is cleared (perfquery -R)",
+            Severity.WARNING,
+            Action.WATCH,
+        )
+    ]
+    (counters / "link_downed").write_text("0\n")  # perfquery -R
+    node = await tree.poll()
+    assert not [f for f in fabric_findings_of(node, "mlx4_0/1 ") if f.code == "counter_pegged"]

@@ -65,6 +65,7 @@ from gpuconsole.readings.fabric import (
     FabricPort,
     FabricReading,
     PortRole,
+    counter_words,
     port_problems,
     port_rates,
 )
@@ -564,7 +565,8 @@ def _pcie(node: NodeSnapshot, gpu: GpuReading, add: _Add) -> None:
 
 # --- BMC ----------------------------------------------------------------------------
 
-# A critical SEL entry older than this (by the BMC's clock) is history, not news.
+# A critical SEL entry older than this is history, not news (entry times are on this host's
+# clock: the BMC source takes its clock's skew off each).
 SEL_WINDOW_S = 24 * 3600.0
 _SEL_ACTIONS = {
     "power supply": Action.SERVICE,
@@ -625,7 +627,10 @@ def bmc_findings(
             continue  # counted above
         if sensor.context == "psu" and bmc.psus_failed:
             continue
-        value = "" if sensor.value is None else f" at {sensor.value:g} {sensor.unit}".rstrip()
+        if sensor.value is not None:
+            value = f" at {sensor.value:g} {sensor.unit}".rstrip()
+        else:  # a discrete sensor (an IPMI PSU's): the states it asserts
+            value = f": {', '.join(sensor.states[:_NAMED])}" if sensor.states else ""
         bad = health in (SensorHealth.CRITICAL, SensorHealth.FAILED)
         if kind is SensorKind.TEMPERATURE:
             where = "inlet" if sensor.context == "intake" else "temperature"
@@ -674,6 +679,24 @@ def bmc_findings(
         add("sel_critical", f"BMC event log{when}: {entry.message}", Severity.CRITICAL, action,
             "")  # fmt: skip
     return found
+
+
+def _pegged_findings(port: FabricPort) -> list[Finding]:
+    """A port's error counters pegged at their maximum: each counts nothing more (a link
+    going down again, errors climbing) until it is cleared; its other counters still do."""
+    subject = f"{port.name} ({port.role})"
+    words = "maximum: further ones are not counted until it is cleared (perfquery -R)"
+    found = []
+    for name, value in port.pegged:
+        if name in _ERROR_COUNTERS:
+            text = f"{counter_words(name)} counter pegged at {value}, its {words}"
+            found.append(Finding("counter_pegged", text, Severity.WARNING, "fabric",
+                                 Action.WATCH, None, subject))  # fmt: skip
+    return found
+
+
+# the counters whose climb is a fault (a pegged transmit wait hides congestion, not faults)
+_ERROR_COUNTERS = frozenset(rule.counter for rule in ERROR_RULES)
 
 
 def _named(bmc: BmcReading, names: tuple[str, ...]) -> str:
@@ -780,6 +803,8 @@ def fabric_findings(
                 climbed = moved.get((device.name, str(port.port))) if moved else None
             else:
                 climbed = dict(port.errors_climbed) if port.errors_climbed else None
+            if port.pegged:
+                found += _pegged_findings(port)
             if not climbed and port.state == "ACTIVE":
                 # up at its rate (FabricPort.downtrained read inline: most ports of a
                 # fleet, every time its fabric is read)
