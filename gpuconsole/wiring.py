@@ -649,7 +649,7 @@ def demo_executor(
     return Executor(
         node,
         sim_drivers(world),
-        store.journal(dry_run=dry_run),
+        store.journal(dry_run=dry_run, proc_root=world.tree.proc_root),
         store.audit(),
         reader=reader,
         emit=emit,

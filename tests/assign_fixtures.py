@@ -61,7 +61,7 @@ def executor_for(
     return Executor(
         world_.name,
         drivers or sim_drivers(world_),
-        Journal(world_.journal),
+        Journal(world_.journal, proc_root=world_.tree.proc_root),
         AuditLog(state / "audit.jsonl"),
         reader=world_.snapshot,
         emit=emit,

@@ -206,6 +206,7 @@ class SimWorld:
             )
             # the tree is on disk already: its processes must not be written twice
             self.tree._pids = {int(n) for n in os.listdir(self.tree.proc_root) if n.isdigit()}
+            self.tree.write_boot()  # as the power cycles so far left it
         if fresh:
             root.mkdir(parents=True, exist_ok=True)
             self.tree.create()
@@ -266,6 +267,7 @@ class SimWorld:
             mig_slots=plan.mig_slots,
             sharers=plan.sharers,
         )
+        self.tree.write_boot()  # a power cycle booted it again
 
     def save(self) -> None:
         """Follow the tenants, and write the world's state atomically: a kill leaves the old
@@ -386,7 +388,7 @@ class SimWorld:
         if self.journal is not None:
             from gpuconsole.actions.journal_events import JournalEvents
 
-            hub.add_source(JournalEvents(self.name, self.journal))
+            hub.add_source(JournalEvents(self.name, self.journal, proc_root=tree.proc_root))
         fleet = await hub.poll_once()
         found = fleet.node(self.name)
         assert found is not None
@@ -667,7 +669,7 @@ def live_executor(
     return Executor(
         node,
         sim_drivers(world),
-        Journal(world.journal),
+        Journal(world.journal, proc_root=world.tree.proc_root),
         AuditLog(state / AUDIT_FILE),
         reader=world.snapshot,
         emit=emit,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpuconsole.hardware import GpuModel, MigProfile
-from gpuconsole.sim.identity import gpu_serial, gpu_uuid, mig_uuid
+from gpuconsole.sim.identity import boot_id, gpu_serial, gpu_uuid, mig_uuid
 from gpuconsole.sim.profiles import NodeProfile
 
 SCENARIO_KINDS = (
@@ -283,8 +283,14 @@ class SimNode:
         self.resets = dict(resets)
         self.power_cycles = power_cycles
 
+    @property
+    def boot_id(self) -> str:
+        """The kernel's boot id: a new one at every power cycle."""
+        return boot_id(self.name, self.seed, self.power_cycles)
+
     def power_cycle(self) -> None:
-        """The node's BMC cycled its power: every GPU comes back as a reset would bring it."""
+        """The node's BMC cycled its power: every GPU comes back as a reset would bring it,
+        and the kernel under a new boot id."""
         self.power_cycles += 1
         for gpu in range(len(self.profile.gpus)):
             self._cleared.update((kind, gpu) for kind in RESET_CLEARS)

@@ -123,6 +123,7 @@ class SimTenancyTree:
         self.booted_at = node.t0 - BOOTED_S_BEFORE_START
         self.ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self._pids: set[int] = set()
+        self._boot = ""  # the boot id last written to /proc
 
     # --- layout --------------------------------------------------------------------
 
@@ -278,12 +279,14 @@ class SimTenancyTree:
         )
 
     def refresh(self) -> None:
-        """Write /proc entries for processes the NVML simulator reports that are new."""
+        """Write /proc entries for processes the NVML simulator reports that are new, and
+        the node's boot id (new after a power cycle)."""
         with self._lock:
             self._refresh()
 
     def _refresh(self) -> None:
         self._checkpoint()
+        self.write_boot()
         for gpu in self.node.profile.gpus:
             if self.node.lost(gpu.index):
                 continue
@@ -295,6 +298,15 @@ class SimTenancyTree:
                     continue
                 devices = ["/dev/nvidiactl", "/dev/nvidia-uvm", f"/dev/nvidia{gpu.index}"]
                 self._process(pid, [owner.comm, "train.py"], owner, devices)
+
+    def write_boot(self) -> None:
+        """/proc's boot id, where the node has a new one (after a power cycle)."""
+        if self._boot != self.node.boot_id:
+            self._boot = self.node.boot_id
+            _write(
+                os.path.join(self.proc_root, "sys", "kernel", "random", "boot_id"),
+                self._boot + "\n",
+            )
 
     # --- libvirt and kubelet -----------------------------------------------------------
 
@@ -600,4 +612,6 @@ def add_sim_tenancy_sources(
         source = SimTenancySource(node, interval_s=interval_s, clock=clock)
         hub.add_source(source)
         journal = live_actions(source.tree) / JOURNAL_FILE
-        hub.add_source(JournalEvents(node.name, journal, clock=clock))
+        hub.add_source(
+            JournalEvents(node.name, journal, clock=clock, proc_root=source.tree.proc_root)
+        )
