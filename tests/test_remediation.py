@@ -625,7 +625,9 @@ def test_a_power_cycle_the_crash_left_unrecorded_is_never_sent_twice(tmp_path: P
         tmp_path, Action.REBOOT_NODE, StepKind.POWER_CYCLE, after=True
     )
     assert world.node.power_cycles == 1
-    assert "is not sent again: check that it happened" in outcome.message
+    # the node's new boot id says it went through: the reboot is the plan's own, and its
+    # final check reads the GPU in the new boot
+    assert "is not sent again: it went through: dgx-003 rebooted (boot id" in outcome.message
     assert outcome.ok, outcome.message
 
 

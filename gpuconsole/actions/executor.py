@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gpuconsole import format as fmt
 from gpuconsole.actions.audit import AuditLog, AuditRecord
 from gpuconsole.actions.drivers import Drivers, StepFailed
 from gpuconsole.actions.journal import (
@@ -65,6 +66,8 @@ from gpuconsole.facts.verdict import Action
 from gpuconsole.readings.base import Event, Severity, safe_text
 from gpuconsole.readings.snapshot import NodeSnapshot
 from gpuconsole.sources.base import EmitEvent
+from gpuconsole.sources.boot import boot as boot_of
+from gpuconsole.sources.boot import boot_id
 
 __all__ = [
     "ACTION_EVENT",
@@ -134,7 +137,8 @@ def step_message(
 
 
 def outcome_severity(state: PlanState) -> Severity:
-    """done: info; rolled back or refused: a warning; failed or stopped (half-way): critical."""
+    """done: info; rolled back, refused or interrupted (the node rebooted under it): a
+    warning; failed or stopped (half-way): critical."""
     if state is PlanState.DONE:
         return Severity.INFO
     return Severity.CRITICAL if state in (PlanState.FAILED, PlanState.STOPPED) else Severity.WARNING
@@ -201,6 +205,32 @@ def _checks_to_repeat(
         if plan.steps[s].kind in (StepKind.CHECK_IDLE, StepKind.WAIT_IDLE)
         and any(t > s for t in todo)
     )
+
+
+@dataclass(slots=True)
+class _Boot:
+    """The node's boot a running plan's last step ran in (its boot id; '' where unknown), and
+    whether the plan has sent its own power cycle since: the reboot that follows is the
+    plan's, any other one happened under it."""
+
+    id: str
+    cycled: bool = False
+    rebooted: str = ""  # the reboot its power cycle made, in words, once seen
+
+
+def _boot_of(record: PlanRecord) -> _Boot:
+    """Where a plan the journal left running stood: the boot of its last step attempt, and
+    whether it had attempted its power cycle by then."""
+    cycled = any(s.phase is Phase.DO and s.kind == StepKind.POWER_CYCLE.value for s in record.steps)
+    return _Boot(record.steps[-1].boot_id if record.steps else "", cycled)
+
+
+def _reboot_words(node: str, old: str, new: str, booted_at: float | None, since: float) -> str:
+    """'dgx-003 rebooted (boot id 5f0c1d2e… → 9a7b3c4d…, up since 04:12:09)': when it booted
+    where the kernel's boot time is one after `since` (the plan's start)."""
+    shown = booted_at is not None and booted_at >= since
+    at = f", up since {fmt.clock_time(booted_at)}" if shown else ""
+    return f"{node} rebooted (boot id {old[:8]}… → {new[:8]}…{at})"
 
 
 def _done(steps: Sequence[StepRecord], phase: Phase) -> set[int]:
@@ -292,6 +322,7 @@ class Executor:
         self.poll_s = poll_s
         self._actors: dict[str, Actor] = {}  # who runs each plan: a remediation audits each step
         self._since: dict[str, float] = {}  # when each plan began: XIDs after it count against it
+        self._boots: dict[str, _Boot] = {}  # the node's boot each running plan is in
 
     async def close(self) -> None:
         self.journal.close()
@@ -545,6 +576,7 @@ class Executor:
             raise self._refuse(plan, actor, why, audit=False) from None
         self._event(plan, Severity.INFO, f"{actor.who} started {plan.action}: {plan_id}")
         self._actors[plan_id], self._since[plan_id] = actor, self.clock()
+        self._boots[plan_id] = _Boot(boot_id(self.journal.proc_root))
         try:
             state, message = await self._run(plan_id, plan, frozenset())
             self._finish(plan_id, state, message)
@@ -556,7 +588,8 @@ class Executor:
         finally:
             self._actors.pop(plan_id, None)
             self._since.pop(plan_id, None)
-        outcome = "ok" if state is PlanState.DONE else "failed"
+            self._boots.pop(plan_id, None)
+        outcome = {PlanState.DONE: "ok", PlanState.FAILED: "failed"}.get(state, str(state))
         message += self._audit_after(plan, actor, outcome, message, plan_id)
         self._event(plan, outcome_severity(state), f"{plan.action} by {actor.user}: {message}")
         return Outcome(plan_id, state, message)
@@ -695,16 +728,26 @@ class Executor:
         for seq, step in enumerate(plan.steps):
             if seq in done:
                 continue
+            under = self._rebooted(plan_id, plan)
+            if under:
+                # what the steps before did in the last boot may be gone with it, and what
+                # they checked no longer holds: the plan does not go on
+                return await self._cut_short(plan_id, plan, seq, attempted, under)
             if seq in attempted and not step.kind.repeatable:
                 # it may have gone through before the crash: never twice
+                boot = self._boots.get(plan_id)
+                seen = boot.rebooted if boot is not None else ""
                 notes.append(
                     f"step {seq + 1} ({step.title}) was under way when the process stopped "
-                    "and is not sent again: check that it happened"
+                    "and is not sent again: "
+                    + (f"it went through: {seen}" if seen else "check that it happened")
                 )
                 self._notify(plan, plan_id, seq, step, StepProgress.DONE, notes[-1])
                 continue
             self._notify(plan, plan_id, seq, step, StepProgress.RUNNING)
             row = self._intent(plan_id, seq, step)
+            if step.kind is StepKind.POWER_CYCLE and plan_id in self._boots:
+                self._boots[plan_id].cycled = True  # the reboot that follows is the plan's
             try:
                 detail = await _said(self._do(plan_id, plan, step))
             except StepFailed as exc:
@@ -726,6 +769,75 @@ class Executor:
         else:
             text = f"{', '.join(plan.labels)} now {plan.target}"
         return PlanState.DONE, "; ".join([text, *notes])
+
+    def _rebooted(self, plan_id: str, plan: Plan) -> str:
+        """How the node rebooted under the plan since its last step, in words; '' where it
+        did not (or where a boot id is not known), or where the reboot is the plan's own
+        power cycle, which is taken in (a later one would be under it)."""
+        boot = self._boots.get(plan_id)
+        if boot is None:
+            return ""
+        now, booted_at = boot_of(self.journal.proc_root)
+        if not now or now == boot.id or not boot.id:
+            boot.id = boot.id or now
+            return ""
+        words = _reboot_words(plan.node, boot.id, now, booted_at, self._since.get(plan_id, 0.0))
+        boot.id = now
+        if boot.cycled:
+            boot.cycled, boot.rebooted = False, words
+            return ""
+        return words
+
+    async def _cut_short(
+        self, plan_id: str, plan: Plan, seq: int, attempted: frozenset[int], rebooted: str
+    ) -> tuple[PlanState, str]:
+        """The node rebooted under the plan before step `seq`: a reassignment is rolled back
+        (each undo puts back what was there before, which a reboot need not have); a
+        remediation, which puts nothing back, is interrupted, and says how its GPUs read in
+        the new boot and what to do."""
+        where = f"{rebooted} under it before step {seq + 1}/{len(plan.steps)} "
+        where += f"({plan.steps[seq].title})"
+        if not plan.remedy:
+            upto = max([seq - 1, *attempted])
+            rolled = await self._rollback(plan_id, plan, upto) if upto >= 0 else "nothing ran"
+            return PlanState.ROLLED_BACK, (
+                f"{where}: what its steps did in the last boot may be gone with it, so it is "
+                f"not finished; {rolled}"
+            )
+        text = [f"{where}: nothing of it runs after a reboot"]
+        try:  # what went through, as the journal holds it (reading needs no space)
+            record = self.journal.plan(plan_id)
+        except sqlite3.Error:
+            record = None
+        ran = _done(record.steps, Phase.DO) if record is not None else set(range(seq))
+        done = [plan.steps[k].title for k in sorted(ran) if plan.steps[k].kind.mutates]
+        if done:
+            text.append(f"done before it and kept: {'; '.join(done)}")
+        verify = plan.steps[-1]
+        if verify.kind is StepKind.VERIFY and verify.driver == "nvidia":
+            text.append(await self._read_after_reboot(plan, verify, self._since.get(plan_id, 0.0)))
+        text.append(
+            f"plan again from its verdict (gpuconsole remediate {plan.gpus[0]} on {plan.node}, "
+            "or r on the GPU)"
+        )
+        return PlanState.INTERRUPTED, "; ".join(text)
+
+    async def _read_after_reboot(self, plan: Plan, verify: Step, since: float) -> str:
+        """How each GPU of a remediation reads in the node's new boot, by bus id and UUID:
+        one fresh reading, not waited on (the verdict reads on)."""
+        if self.reader is None:
+            return "no reading of the GPUs in the new boot"
+        try:
+            node = await self.reader()
+        except Exception as exc:  # a node still booting answers nothing
+            return f"no reading of the GPUs in the new boot yet ({safe_text(str(exc))[:200]})"
+        said = []
+        for k, bus in enumerate(verify.gpus):
+            uuid = verify.uuids[k] if k < len(verify.uuids) else ""
+            name = f"{bus} ({uuid})" if uuid else bus
+            problem = _unfit(node, bus, since)
+            said.append(f"{name} reads fit" if problem is None else f"not fit: {problem}")
+        return "in the new boot " + "; ".join(said)
 
     async def _rollback(self, plan_id: str, plan: Plan, upto: int) -> str:
         kept, failed = [], []
@@ -787,6 +899,7 @@ class Executor:
         actor = Actor(record.user, Role(record.role), record.fingerprint)
         attempted = frozenset(s.seq for s in record.steps if s.phase is Phase.DO) - done
         self._actors[record.id], self._since[record.id] = actor, record.created_at
+        self._boots[record.id] = _boot_of(record)
         try:
             if back:
                 text = (
@@ -799,8 +912,8 @@ class Executor:
             else:
                 checked = _checks_to_repeat(plan, done, attempted)
                 state, text = await self._run(record.id, plan, done - checked, attempted)
-                verb = "finished" if state is PlanState.DONE else "could not finish"
-                message = f"recovered: the process stopped {where}; {verb}: {text}"
+                verb = {PlanState.DONE: "finished: ", PlanState.FAILED: "could not finish: "}
+                message = f"recovered: the process stopped {where}; {verb.get(state, '')}{text}"
             self._finish(record.id, state, message)
         except _Unjournaled as stop:
             return self._stopped(record.id, plan, actor, stop, recovered=True)
@@ -810,6 +923,7 @@ class Executor:
         finally:
             self._actors.pop(record.id, None)
             self._since.pop(record.id, None)
+            self._boots.pop(record.id, None)
         message += self._audit_after(plan, actor, "recovered", message, record.id)
         # a crash is worth a look even when recovery finished the plan
         severity = Severity.WARNING if state is PlanState.DONE else outcome_severity(state)

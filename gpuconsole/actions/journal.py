@@ -123,6 +123,9 @@ class PlanState(enum.StrEnum):
     FAILED = "failed"  # a step failed; what was reversible was put back
     ROLLED_BACK = "rolled back"
     REFUSED = "refused"
+    # The node rebooted under a remediation (not by its own power cycle): nothing of it ran
+    # again after the reboot, and its outcome says how the GPUs read in the new boot.
+    INTERRUPTED = "interrupted"
     # Never stored: an outcome only. The journal could not record a step, so the plan
     # stopped there, half-way, still "running" in the journal until recovery ends it.
     STOPPED = "stopped"

@@ -1,0 +1,186 @@
+"""A node that reboots under a running plan (it power-cycles itself, someone reboots it, it
+loses power): the plan does not go on as if nothing happened. A remediation ends
+"interrupted", saying which boot it was cut off in and how its GPU (bus id and UUID) reads
+in the new one; a reassignment is put back; a remediation's own power cycle is the reboot
+it asked for, and its final check reads the GPU afresh. The simulated node takes a new boot
+id at each power cycle, in its /proc, as a real kernel does."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from gpuconsole.actions.drivers import StepDriver
+from gpuconsole.actions.journal import Journal, PlanState
+from gpuconsole.actions.locks import holders
+from gpuconsole.actions.plan import Step, StepKind, Target
+from gpuconsole.actions.roles import Actor, Role
+from gpuconsole.facts.verdict import Action
+from gpuconsole.sim.actions import SimWorld, sim_drivers
+from gpuconsole.sources.boot import boot_id
+from tests.assign_fixtures import executor_for, world
+from tests.test_remediation import OPS, PODS_ONLY, audit, bus_of, h100, quick
+
+
+class _RebootsAfter:
+    """The simulated driver of a layer; the node power-cycles by itself (its BMC, a hand,
+    the mains) right after the step of `kind` went through."""
+
+    def __init__(self, inner: StepDriver, world: SimWorld, kind: StepKind) -> None:
+        self.inner, self.world, self.kind = inner, world, kind
+
+    async def run(self, step: Step) -> str:
+        detail = await self.inner.run(step)
+        if step.kind is self.kind:
+            self.world.node.power_cycle()
+            self.world.save()
+        return detail
+
+    async def undo(self, step: Step) -> str:
+        return await self.inner.undo(step)
+
+    async def cordoned(self) -> frozenset[str]:
+        cordoned = getattr(self.inner, "cordoned")  # noqa: B009 (the Kubernetes layer's)
+        return frozenset(await cordoned())
+
+
+async def test_a_node_that_reboots_under_a_reset_plan_interrupts_it_and_says_how_the_gpu_reads(
+    tmp_path: Path,
+) -> None:
+    """GPU 5 fell off the bus; its reset plan cordons and evicts, and the node reboots by
+    itself while the plan would wait for the GPU to go idle. The reset is not sent in the
+    new boot: the plan ends interrupted, in the journal, the audit log and its events,
+    with GPU 5 by bus id and UUID read afresh (the reboot brought it back)."""
+    world = h100(tmp_path / "w", PODS_ONLY)
+    drivers = sim_drivers(world)
+    assert drivers.kubernetes is not None
+    drivers.kubernetes = _RebootsAfter(drivers.kubernetes, world, StepKind.EVICT)  # type: ignore[assignment]
+    events: list[Any] = []
+    executor = quick(world, tmp_path / "s", drivers)
+    executor.emit = events.append
+    before = boot_id(world.tree.proc_root)
+    plan = await executor.plan_remedy("5", Action.RESET_GPU)
+    outcome = await executor.execute(plan, OPS, "dgx-003")
+    bus, uuid = bus_of(world, 5), world.node.uuids[5]
+    assert world.node.resets == {}, outcome.message  # nothing of the plan ran in the new boot
+    assert outcome.state is PlanState.INTERRUPTED, outcome.message
+    after = boot_id(world.tree.proc_root)
+    assert after and after != before
+    message = outcome.message
+    assert f"dgx-003 rebooted (boot id {before[:8]}… → {after[:8]}…)" in message, message
+    assert "under it before step 3/5 (wait until" in message, message
+    assert f"in the new boot {bus} ({uuid}) reads fit" in message, message
+    assert "done before it and kept: cordon" in message, message
+    assert uuid in world.cordoned  # a GPU under repair stays drained
+    record = Journal(tmp_path / "s" / "actions.db").plans()[0]
+    assert record.state is PlanState.INTERRUPTED and record.outcome == message
+    assert holders(Journal(tmp_path / "s" / "actions.db")) == []
+    last = audit(tmp_path / "s")[-1]
+    assert last["outcome"] == "interrupted" and last["detail"] == message
+    assert last["args"]["gpus"] == [bus] and last["args"]["uuids"] == [uuid]
+    told = events[-1]
+    assert told.gpu_bus_id == bus and told.gpu_uuid == uuid
+    assert message in told.message
+
+
+def _reset_killed(root: Path) -> None:
+    """A reset plan of GPU 5 whose process dies as its reset is about to be sent: the
+    journal holds the intent, in the boot the node ran then."""
+
+    class _Dies:
+        async def run(self, step: Step) -> str:
+            os.kill(os.getpid(), signal.SIGKILL)
+            raise AssertionError("unreachable")
+
+        async def undo(self, step: Step) -> str:
+            return "nothing"
+
+    async def go() -> None:
+        world = h100(root / "w", PODS_ONLY)
+        drivers = sim_drivers(world)
+        drivers.gpu = _Dies()
+        executor = quick(world, root / "s", drivers)
+        plan = await executor.plan_remedy("5", Action.RESET_GPU)
+        await executor.execute(plan, OPS, "dgx-003")
+
+    asyncio.run(go())
+
+
+def _killed(root: Path, target: Any) -> None:
+    child = multiprocessing.get_context("fork").Process(target=target, args=(root,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+
+
+def test_a_plan_its_node_rebooted_under_is_concluded_not_carried_on_by_recovery(
+    tmp_path: Path,
+) -> None:
+    """The node lost power as its reset was sent (the process went with it); it booted
+    again. Recovery reads a new boot id since the plan's last step: it sends no reset in
+    the new boot, and the plan ends interrupted, its GPU read afresh."""
+    h100(tmp_path / "w", PODS_ONLY)
+    _killed(tmp_path, _reset_killed)
+
+    async def after_the_reboot() -> Any:
+        world = h100(tmp_path / "w", PODS_ONLY)
+        world.node.power_cycle()  # the mains came back
+        world.save()
+        return world, await quick(world, tmp_path / "s").recover()
+
+    world, (outcome,) = asyncio.run(after_the_reboot())
+    assert world.node.resets == {}, outcome.message
+    assert outcome.recovered and outcome.state is PlanState.INTERRUPTED, outcome.message
+    assert "recovered: the process stopped at step 4 (reset GPU 5" in outcome.message
+    assert "dgx-003 rebooted (boot id" in outcome.message
+    assert f"{bus_of(world, 5)} ({world.node.uuids[5]}) reads fit" in outcome.message
+    assert Journal(tmp_path / "s" / "actions.db").plans()[0].state is PlanState.INTERRUPTED
+    assert audit(tmp_path / "s")[-1]["outcome"] == "recovered"
+    # ended: the next command recovers nothing
+    assert asyncio.run(quick(h100(tmp_path / "w", PODS_ONLY), tmp_path / "s").recover()) == []
+
+
+def _assign_killed_after_probe(root: Path) -> None:
+    from tests.test_assign_crash import TARGET, _Killer
+
+    async def go() -> None:
+        w = world(root / "world")
+        drivers = sim_drivers(w)
+        _Killer.calls = 0
+        drivers.pci = _Killer(drivers.pci, 5, True)  # type: ignore[assignment]
+        drivers.guests = _Killer(drivers.guests, 5, True)  # type: ignore[arg-type]
+        drivers.kubernetes = _Killer(drivers.kubernetes, 5, True)  # type: ignore[arg-type]
+        executor = executor_for(w, root / "state", drivers=drivers)
+        plan = await executor.plan(["0"], Target.parse(TARGET))
+        await executor.execute(plan, Actor("ops", Role.OPERATOR), "sim-01")
+
+    asyncio.run(go())
+
+
+def test_a_reassignment_its_node_rebooted_under_is_put_back_not_finished(tmp_path: Path) -> None:
+    """GPU 0 was on its way to a guest (vfio-pci bound) when the node rebooted: what sysfs
+    held went with the boot, so recovery does not attach it to the guest as if it had not;
+    it puts back what the plan changed (the cordon; the pod stays evicted)."""
+    world(tmp_path / "world")
+    child = multiprocessing.get_context("fork").Process(
+        target=_assign_killed_after_probe, args=(tmp_path,)
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+
+    async def restart() -> Any:
+        w = world(tmp_path / "world")
+        w.node.power_cycle()
+        w.save()
+        return w, await executor_for(w, tmp_path / "state").recover()
+
+    w, (outcome,) = asyncio.run(restart())
+    assert outcome.state is PlanState.ROLLED_BACK, outcome.message
+    assert "sim-01 rebooted (boot id" in outcome.message
+    assert w.owners(0) == ["k8s"] and w.cordoned == set()
+    assert holders(Journal(tmp_path / "state" / "actions.db")) == []
