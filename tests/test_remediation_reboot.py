@@ -184,3 +184,104 @@ def test_a_reassignment_its_node_rebooted_under_is_put_back_not_finished(tmp_pat
     assert "sim-01 rebooted (boot id" in outcome.message
     assert w.owners(0) == ["k8s"] and w.cordoned == set()
     assert holders(Journal(tmp_path / "state" / "actions.db")) == []
+
+
+# --- what `remediate --dry-run` says of an unfinished plan, and what the real run does ---------
+
+
+def _demo_reset_killed(state: Path) -> None:
+    """`remediate --demo` of dgx-003's GPU 5, its process killed as the reset is sent."""
+    os.environ["XDG_STATE_HOME"] = str(state)
+
+    class _Dies:
+        async def run(self, step: Step) -> str:
+            os.kill(os.getpid(), signal.SIGKILL)
+            raise AssertionError("unreachable")
+
+        async def undo(self, step: Step) -> str:
+            return "nothing"
+
+    async def go() -> None:
+        from gpuconsole.wiring import demo_executor
+
+        executor = demo_executor("dgx-003")
+        executor.drivers.gpu = _Dies()
+        plan = await executor.plan_remedy("5", Action.RESET_GPU)
+        await executor.execute(plan, OPS, "dgx-003")
+
+    asyncio.run(go())
+
+
+def _gpuconsole(state: Path, *args: str) -> Any:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_STATE_HOME": str(state), "XDG_CONFIG_HOME": str(state)}
+    return subprocess.run(
+        [sys.executable, "-m", "gpuconsole", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def _remediate(state: Path, *args: str) -> Any:
+    base = ["remediate", "5", "--demo", "--node", "dgx-003", "--action", "reset_gpu"]
+    return _gpuconsole(state, *base, *args)
+
+
+def test_a_dry_run_says_what_the_real_run_does_first_with_an_unfinished_plan(
+    tmp_path: Path,
+) -> None:
+    """A plan a killed process left: `remediate --dry-run` says the real run finishes it
+    first, and from where; once the node rebooted, that it ends it interrupted; the real
+    run then does what the dry run said. A plan whose process still runs holds its GPU:
+    the dry run says the real run is refused."""
+    _killed(tmp_path, _demo_reset_killed)
+    journal = tmp_path / "gpuconsole" / "demo" / "actions.db"
+    (record,) = Journal(journal).plans()
+    first = f"journal: plan {record.id} (remediate reset_gpu of GPU 5 (0000:c3:00.0), by ops)"
+    first += " was left unfinished at step 4 (reset GPU 5 (0000:c3:00.0)"
+    dry = _remediate(tmp_path, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert first in dry.stdout, dry.stdout
+    assert "the real run first finishes it from step 4 (reset GPU 5" in dry.stdout, dry.stdout
+    assert Journal(journal).plans()[0].state is PlanState.RUNNING  # a dry run writes nothing
+    # `assign` recovers the node's plans as it begins too, and its dry run says so as well
+    moved = _gpuconsole(
+        tmp_path, "assign", "0", "--demo", "--node", "dgx-003", "--to", "drained", "--dry-run"
+    )
+    assert first in moved.stdout and "Dry run: nothing was changed." in moved.stdout, moved
+
+    # the node loses power and boots again before anyone runs the plan again
+    world = SimWorld.demo("dgx-003", tmp_path / "gpuconsole" / "demo" / "dgx-003")
+    world.node.power_cycle()
+    world.save()
+    dry = _remediate(tmp_path, "--dry-run")
+    assert first in dry.stdout, dry.stdout
+    assert (
+        "the real run first ends it interrupted: dgx-003 rebooted under it, so none of its "
+        "steps runs again" in dry.stdout
+    ), dry.stdout
+    ran = _remediate(tmp_path, "--confirm", "dgx-003")
+    assert f"journal: plan {record.id} recovered: the process stopped at step 4" in ran.stdout
+    assert "dgx-003 rebooted (boot id" in ran.stdout and "reads fit" in ran.stdout, ran.stdout
+    assert Journal(journal).plan(record.id).state is PlanState.INTERRUPTED  # type: ignore[union-attr]
+
+    # a plan whose process runs: its GPU is locked, and the dry run says the real run is
+    # refused for it
+    from gpuconsole.actions.locks import lock_and_start
+
+    live = Journal(journal)
+    plan = Journal(journal).plan(record.id).plan  # type: ignore[union-attr]
+    running = lock_and_start(live, plan, "alice", "operator", None)
+    dry = _remediate(tmp_path, "--dry-run")
+    assert (
+        f"journal: plan {running} (remediate reset_gpu of GPU 5 (0000:c3:00.0), by alice) is "
+        f"running now ({os.uname().nodename}, pid {os.getpid()}): its GPUs stay locked to it, "
+        "so the real run is refused for any of them until it ends" in dry.stdout
+    ), dry.stdout
+    refused = _remediate(tmp_path, "--confirm", "dgx-003")
+    assert refused.returncode == 3 and "is held by alice (operator)" in refused.stdout
+

@@ -79,7 +79,9 @@ __all__ = [
     "StepUpdate",
     "action_event",
     "outcome_severity",
+    "recovery_words",
     "step_message",
+    "stopped_where",
 ]
 
 log = logging.getLogger(__name__)
@@ -231,6 +233,48 @@ def _reboot_words(node: str, old: str, new: str, booted_at: float | None, since:
     shown = booted_at is not None and booted_at >= since
     at = f", up since {fmt.clock_time(booted_at)}" if shown else ""
     return f"{node} rebooted (boot id {old[:8]}… → {new[:8]}…{at})"
+
+
+def stopped_where(record: PlanRecord) -> str:
+    """Where a plan the journal left running stopped: 'at step 4 (reset GPU 5 ...)'."""
+    last = max((s.seq for s in record.steps), default=-1)
+    if last < 0:
+        return "before its first step"
+    return f"at step {last + 1} ({record.plan.steps[last].title})"
+
+
+def recovery_words(record: PlanRecord, boot_now: str) -> str:
+    """What recovery does with a plan a stopped process left running, in words ('finishes
+    it from step 4 (...)'), the node now in boot `boot_now` ('' where not known)."""
+    plan = record.plan
+    back, _last = _recovery_course(record)
+    boot = _boot_of(record)
+    rebooted = bool(boot.id and boot_now and boot.id != boot_now)
+    if back:
+        if plan.remedy:
+            return "ends it, keeping what it did (a remediation puts nothing back)"
+        return "rolls it back"
+    if rebooted and boot.cycled:
+        return (
+            f"finishes it: its power cycle went through ({plan.node} rebooted since, "
+            "and is not power-cycled again), and its final check reads the GPUs afresh"
+        )
+    if rebooted and plan.remedy:
+        return (
+            f"ends it interrupted: {plan.node} rebooted under it, so none of its steps "
+            "runs again; its GPUs are read afresh"
+        )
+    if rebooted:
+        return f"rolls it back: {plan.node} rebooted under it"
+    done = frozenset(_done(record.steps, Phase.DO))
+    todo = next((k for k in range(len(plan.steps)) if k not in done), None)
+    if todo is None:
+        return "finishes it: every step is done"
+    attempted = frozenset(s.seq for s in record.steps) - done
+    again = " (its checks that the GPUs are idle run again first)" * bool(
+        _checks_to_repeat(plan, done, attempted)
+    )
+    return f"finishes it from step {todo + 1} ({plan.steps[todo].title}){again}"
 
 
 def _done(steps: Sequence[StepRecord], phase: Phase) -> set[int]:
@@ -887,15 +931,42 @@ class Executor:
             ) from None
         return [await self._recover(record) for record in records]
 
+    def recovery_preview(self) -> list[str]:
+        """What `recover` would do, changing nothing (a dry run says it): each plan of this
+        node the journal holds running, and what becomes of it: finished, rolled back,
+        concluded interrupted (the node rebooted under it), or, its process still running,
+        left to it with its GPUs locked, so that a plan for one of them is refused."""
+        try:
+            found = self.journal.unfinished(self.node)
+        except JournalCorrupt as exc:
+            return [f"journal: {exc}: the real run could not recover it, and its GPUs stay locked"]
+        except sqlite3.Error as exc:
+            return [
+                f"journal: the action journal {self.journal.path} cannot be read ({exc}): the "
+                "real run recovers what it left unfinished first, or is refused"
+            ]
+        said = []
+        for record, orphan in found:
+            plan = record.plan
+            what = f"journal: plan {record.id} ({plan.action} of {', '.join(plan.labels)}"
+            what += f", by {record.user})"
+            if not orphan:
+                said.append(
+                    f"{what} is running now ({record.host}, pid {record.pid}): its GPUs stay "
+                    "locked to it, so the real run is refused for any of them until it ends"
+                )
+                continue
+            course = recovery_words(record, boot_id(self.journal.proc_root))
+            said.append(
+                f"{what} was left unfinished {stopped_where(record)}: the real run first {course}"
+            )
+        return said
+
     async def _recover(self, record: PlanRecord) -> Outcome:
         plan = record.plan
         done = frozenset(_done(record.steps, Phase.DO))
         back, last = _recovery_course(record)
-        where = (
-            f"at step {last + 1} ({plan.steps[last].title})"
-            if last >= 0
-            else "before its first step"
-        )
+        where = stopped_where(record)
         actor = Actor(record.user, Role(record.role), record.fingerprint)
         attempted = frozenset(s.seq for s in record.steps if s.phase is Phase.DO) - done
         self._actors[record.id], self._since[record.id] = actor, record.created_at

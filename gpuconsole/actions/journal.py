@@ -329,6 +329,7 @@ class Journal:
         self.path = path
         self.mode = mode
         self.proc_root = proc_root
+        self.in_memory = in_memory
         self.reserve = path.with_name(path.name + "-reserve")
         if not in_memory:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -529,11 +530,12 @@ class Journal:
 
     # --- reading ---------------------------------------------------------------------
 
-    def _record(self, row: tuple[object, ...]) -> PlanRecord:
-        """A plan's row and its steps as records; JournalCorrupt naming the plan where
-        they are not what gpuconsole writes (a damaged disk, a hand, another program)."""
+    def _record(self, row: tuple[object, ...], db: sqlite3.Connection | None = None) -> PlanRecord:
+        """A plan's row and its steps (from `db`, this journal's own by default) as records;
+        JournalCorrupt naming the plan where they are not what gpuconsole writes (a damaged
+        disk, a hand, another program)."""
         try:
-            return self._read_record(row)
+            return self._read_record(row, db or self._db)
         except (ValueError, TypeError, KeyError, IndexError, sqlite3.DataError) as exc:
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             raise JournalCorrupt(
@@ -541,7 +543,7 @@ class Journal:
                 f"read ({safe_text(why)[:200]}); it is left as it is"
             ) from None
 
-    def _read_record(self, row: tuple[object, ...]) -> PlanRecord:
+    def _read_record(self, row: tuple[object, ...], db: sqlite3.Connection) -> PlanRecord:
         (pid_, node, target, gpus, user, role, fp, plan, state, outcome, host, pid, start,
          created, finished, recovered) = row  # fmt: skip
         steps = tuple(
@@ -555,7 +557,7 @@ class Journal:
                 None if s[6] is None else float(s[6]),
                 str(s[7]),
             )
-            for s in self._db.execute(
+            for s in db.execute(
                 "SELECT seq, kind, phase, state, detail, started_at, finished_at, boot_id"
                 " FROM steps WHERE plan_id = ? ORDER BY rowid",
                 (pid_,),
@@ -606,6 +608,33 @@ class Journal:
             except JournalCorrupt as exc:
                 log.warning("%s", exc)
         return found
+
+    def unfinished(self, node: str) -> list[tuple[PlanRecord, bool]]:
+        """The plans of `node` the journal holds running, oldest first, each with whether it
+        is recovery's to end (its process is gone, or left it); nothing is claimed or
+        written. A dry run's journal (in memory) reads the one a real run would write, where
+        there is one. JournalCorrupt or sqlite3.Error where it cannot be read."""
+        db = self._db
+        if self.in_memory:
+            if not self.path.exists():
+                return []
+            db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=2.0)
+            db.text_factory = journal_text
+        try:
+            rows = db.execute(
+                f"SELECT {self._COLUMNS} FROM plans WHERE state = ? AND node = ?"
+                " ORDER BY created_at, rowid",
+                (PlanState.RUNNING, node),
+            ).fetchall()
+            found = []
+            for row in rows:
+                record = self._record(row, db)
+                tag = (record.id, record.host, record.pid, record.proc_start)
+                found.append((record, not process_alive(*tag[1:]) or let_go(*tag)))
+            return found
+        finally:
+            if db is not self._db:
+                db.close()
 
     def claim_orphans(self, node: str) -> list[PlanRecord]:
         """Running plans of `node` whose process is gone, handed to this process (in one

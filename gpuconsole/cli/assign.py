@@ -52,6 +52,7 @@ __all__ = [
     "carry_out",
     "gpu_args",
     "on_other_node",
+    "recovered_first",
     "reported",
     "run_assign",
 ]
@@ -311,16 +312,29 @@ async def _run(
     ask: Ask | None,
     report: Report,
 ) -> bool:
-    """Recover what a crash left, plan, and carry the plan out (a dry run only plans:
-    recovering would write the journal)."""
+    """Recover what a crash left, plan, and carry the plan out (a dry run only plans, and
+    says what recovery would do)."""
+    await recovered_first(executor, request.dry_run, report)
+    return await carry_out(executor, await executor.plan(keys, target), request, actor, ask, report)
+
+
+async def recovered_first(executor: PlanExecutor, dry_run: bool, report: Report) -> None:
+    """What a run on a node does before it plans: end the plans a stopped process left
+    there (finished, rolled back, or interrupted by a reboot) and say how; a dry run, which
+    writes nothing, says what the real run would do with each, and which a running plan
+    holds (its GPUs locked: a plan for them is refused)."""
+    if dry_run:
+        if isinstance(executor, Executor):  # another node's dry run says it there
+            for note in executor.recovery_preview():
+                report.note(note)
+        return
     try:
-        recovered = [] if request.dry_run else await executor.recover()
+        recovered = await executor.recover()
     except CannotRecover as exc:  # its GPUs stay locked; the rest may go on (or be refused)
         report.note(f"journal: {exc}")
         recovered = []
     for outcome in recovered:
         report.recovered(outcome)
-    return await carry_out(executor, await executor.plan(keys, target), request, actor, ask, report)
 
 
 # --- the one flow, from a plan on ---------------------------------------------------------

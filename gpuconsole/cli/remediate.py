@@ -16,10 +16,17 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
-from gpuconsole.actions.executor import CannotRecover, Executor
+from gpuconsole.actions.executor import Executor
 from gpuconsole.actions.progress import JsonReport, Report, TextReport
 from gpuconsole.actions.roles import ActionRefused, Actor
-from gpuconsole.cli.assign import Ask, UsageError, carry_out, on_other_node, reported
+from gpuconsole.cli.assign import (
+    Ask,
+    UsageError,
+    carry_out,
+    on_other_node,
+    recovered_first,
+    reported,
+)
 from gpuconsole.config import Config, ConfigError
 from gpuconsole.facts.verdict import Action
 from gpuconsole.wiring import demo_executor, node_executor
@@ -124,14 +131,7 @@ async def _here(
     """This machine's GPU, or with `demo_node` a simulated node's."""
     executor = _executor(cfg, demo_node, request.dry_run, report)
     try:
-        if not request.dry_run:  # a dry run's journal is an empty one: nothing to recover
-            try:
-                recovered = await executor.recover()
-            except CannotRecover as exc:  # its GPUs stay locked; the plan may be refused
-                report.note(f"journal: {exc}")
-                recovered = []
-            for outcome in recovered:
-                report.recovered(outcome)
+        await recovered_first(executor, request.dry_run, report)
         plan = await executor.plan_remedy(gpu, action)
         ask = None if request.json_progress else ask  # a head asks its own operator
         return await carry_out(executor, plan, request, actor, ask, report)
