@@ -285,3 +285,39 @@ def test_a_dry_run_says_what_the_real_run_does_first_with_an_unfinished_plan(
     refused = _remediate(tmp_path, "--confirm", "dgx-003")
     assert refused.returncode == 3 and "is held by alice (operator)" in refused.stdout
 
+
+async def test_the_node_s_journal_reader_tells_a_plan_its_reboot_cut_off_once_by_bus_id_and_uuid(
+    tmp_path: Path,
+) -> None:
+    """The node is back: its agent's journal reader (the Events view of the node and the
+    head) says at once that the reset plan was cut off by the reboot, for GPU 5 by bus id
+    and UUID, and what the next run there does with it; once, not at every read."""
+    from gpuconsole.actions.journal_events import JournalEvents
+
+    h100(tmp_path / "w", PODS_ONLY)
+    _killed(tmp_path, _reset_killed)
+    world = h100(tmp_path / "w", PODS_ONLY)
+    journal = tmp_path / "s" / "actions.db"
+    before = JournalEvents("dgx-003", journal, proc_root=world.tree.proc_root)
+    quiet: list[Any] = []
+    await before.start(quiet.append)
+    await before.poll()  # the same boot: the process died, the node did not reboot
+    await before.close()
+    assert quiet == []
+    world.node.power_cycle()
+    world.save()
+    told: list[Any] = []
+    reader = JournalEvents("dgx-003", journal, proc_root=world.tree.proc_root)
+    await reader.start(told.append)
+    try:
+        await reader.poll()
+        reader._stamp = None  # read the journal again, as after any write
+        await reader.poll()
+    finally:
+        await reader.close()
+    (event,) = told
+    assert event.gpu_bus_id == bus_of(world, 5) and event.gpu_uuid == world.node.uuids[5]
+    assert event.severity == "warning"
+    assert "was running when dgx-003 rebooted, at step 4 (reset GPU 5" in event.message
+    assert "its GPUs locked" in event.message
+    assert "ends it interrupted: dgx-003 rebooted under it" in event.message, event.message

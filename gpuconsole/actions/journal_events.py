@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import sqlite3
@@ -27,6 +28,8 @@ from typing import ClassVar
 import msgspec
 
 from gpuconsole.actions.journal import (
+    Journal,
+    JournalCorrupt,
     Phase,
     PlanState,
     StepProgress,
@@ -43,6 +46,8 @@ from gpuconsole.readings.nvml import XID_WINDOW_S
 from gpuconsole.sources.base import DaemonThread, EmitEvent
 
 __all__ = ["JournalEvents", "JournalReading"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -109,6 +114,7 @@ class JournalEvents:
         self._db: sqlite3.Connection | None = None
         self._marks: _Marks | None = None
         self._me = (socket.gethostname(), os.getpid())
+        self._cut: set[str] = set()  # plans told cut off by a reboot
         # the files' stamps at the last read, and what it found: nothing is read again
         # (no thread, no query) until a plan writes to the journal
         self._stamp: _Stamp | None = None
@@ -213,6 +219,10 @@ class JournalEvents:
         if self._boot is None:  # a reboot ends this process: read once
             self._boot = boot(self.proc_root)
         tried = repairs(db, now - XID_WINDOW_S, self.node, self._boot)
+        # told from the first read on: a plan the node rebooted under is news after the boot
+        for event in self._cut_off(running):
+            if self._emit is not None:
+                self._emit(event)
         if self._marks is None:
             # what happened before this process started is history, not news
             plan_rowid, finished = db.execute(
@@ -227,6 +237,44 @@ class JournalEvents:
             if self._emit is not None:
                 self._emit(event)
         return JournalReading(now, running, tried)
+
+    def _cut_off(self, running: int) -> list[Event]:
+        """Each plan of this node left running by a process that went down with the node (its
+        last step ran in an earlier boot), told once: until a run on the node ends it
+        (gpuconsole.actions.executor.recover), the journal holds it running, its GPUs
+        locked. Said with what that run will do."""
+        assert self._boot is not None
+        now = self._boot[0]
+        if not running or not now:
+            return []  # and nothing imported: a one-shot reading loads no event loop
+        from gpuconsole.actions.executor import action_event, recovery_words, stopped_where
+
+        # read-only, through the records the executor reads (a journal in memory, which
+        # reads the one on disk)
+        reading = Journal(self.path, in_memory=True, proc_root=self.proc_root)
+        try:
+            found = reading.unfinished(self.node)
+        except (JournalCorrupt, sqlite3.Error) as exc:  # recovery will say it; events go on
+            log.warning("%s", exc)
+            return []
+        finally:
+            reading.close()
+        events = []
+        for record, orphan in found:
+            last = record.steps[-1].boot_id if record.steps else ""
+            if not orphan or not last or last == now or record.id in self._cut:
+                continue
+            self._cut.add(record.id)
+            plan = record.plan
+            text = (
+                f"{plan.action} (plan {record.id}) was running when {plan.node} rebooted, "
+                f"{stopped_where(record)}, and its process went with it: it stays unfinished, "
+                f"its GPUs locked, until `gpuconsole remediate` or `assign` on {plan.node}, "
+                f"its repair view, or `gpuconsole assign --recover` there, which "
+                f"{recovery_words(record, now)}"
+            )
+            events.append(action_event(plan, self.clock(), Severity.WARNING, text))
+        return events
 
     def _mine(self, host: object, pid: object) -> bool:
         return (str(host), int(str(pid))) == self._me
