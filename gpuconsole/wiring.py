@@ -33,10 +33,11 @@ from gpuconsole.hub import Hub, HubSettings
 
 if TYPE_CHECKING:
     from gpuconsole.actions.audit import AuditLog
-    from gpuconsole.actions.executor import Executor, Outcome, StepUpdate
+    from gpuconsole.actions.executor import Executor, Outcome, Reader, StepUpdate
     from gpuconsole.actions.over_ssh import RemoteExecutor, SshTarget
     from gpuconsole.actions.placement import Placement
     from gpuconsole.actions.plan import PlanContext, Target
+    from gpuconsole.actions.rebooted import CutOffWatch
     from gpuconsole.actions.store import ActionStore
     from gpuconsole.alerts.engine import AlertEngine
     from gpuconsole.alerts.rules import Rule
@@ -629,6 +630,38 @@ def _repair_drivers(cfg: Config) -> dict[str, Any]:
     return found
 
 
+def watch_cut_off(cfg: Config, hub: Hub) -> CutOffWatch:
+    """On this node's agent: end the remediations a reboot of the node cut off as soon as
+    its journal reading shows them (gpuconsole.actions.rebooted), in the machine's shared
+    store; one the agent cannot write is left to a run on the node, and logged."""
+    from gpuconsole.actions.drivers import Drivers
+    from gpuconsole.actions.drivers.vfio import VfioDriver
+    from gpuconsole.actions.executor import Executor
+    from gpuconsole.actions.rebooted import CutOffWatch
+    from gpuconsole.actions.store import action_store
+
+    node = cfg.host.node_name
+
+    def make(reader: Reader) -> Executor:
+        where = action_store(cfg.actions)
+        if not where.shared:  # not the journal the node's plans write
+            raise ValueError(where.warning)
+        # ending such a plan only reads the node (a guest's GPU: its binding in sysfs)
+        pci = VfioDriver(cfg.actions.sysfs_root or cfg.host.sysfs_root, cfg.host.proc_root)
+        return Executor(
+            node,
+            Drivers(pci=pci),
+            where.journal(proc_root=cfg.host.proc_root),
+            where.audit(),
+            reader=reader,
+            emit=hub.post_event,
+        )
+
+    watch = CutOffWatch(node, make)
+    watch.attach(hub)
+    return watch
+
+
 def demo_executor(
     node: str,
     on_step: Callable[[StepUpdate], None] | None = None,
@@ -638,7 +671,7 @@ def demo_executor(
 ) -> Executor:
     """The executor for a node of the simulated demo cluster (its world, journal and audit
     log under the user's own state folder; `dry_run`: the journal in memory, as above)."""
-    from gpuconsole.actions.executor import Executor, Reader
+    from gpuconsole.actions.executor import Executor
     from gpuconsole.actions.store import demo_store
     from gpuconsole.sim.actions import SimWorld, sim_drivers
 

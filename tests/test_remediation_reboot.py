@@ -321,3 +321,122 @@ async def test_the_node_s_journal_reader_tells_a_plan_its_reboot_cut_off_once_by
     assert "was running when dgx-003 rebooted, at step 4 (reset GPU 5" in event.message
     assert "its GPUs locked" in event.message
     assert "ends it interrupted: dgx-003 rebooted under it" in event.message, event.message
+
+
+# --- the node ends them itself, as it comes back ------------------------------------------
+
+
+def _watch(world: SimWorld, state: Path) -> Any:
+    """The node's agent's watch, over the world's fresh readings and its journal."""
+    from gpuconsole.actions.rebooted import CutOffWatch
+
+    def make(reader: Any) -> Any:
+        executor = quick(world, state)
+        executor.reader = reader
+        return executor
+
+    world.journal = state / "actions.db"  # read with the node, as its agent reads it
+    watch = CutOffWatch(world.name, make)
+    watch.reader = world.snapshot
+    return watch
+
+
+async def test_the_node_ends_a_remediation_its_reboot_cut_off_as_it_comes_back(
+    tmp_path: Path,
+) -> None:
+    """No operator runs anything on the node: its agent sees the cut-off plan in its
+    journal reading and ends it, interrupted, journaled and audited, GPU 5 read afresh;
+    once, and nothing runs on the node."""
+    await asyncio.to_thread(h100, tmp_path / "w", PODS_ONLY)
+    await asyncio.to_thread(_killed, tmp_path, _reset_killed)
+    world = h100(tmp_path / "w", PODS_ONLY)
+    watch = _watch(world, tmp_path / "s")
+    node = await world.snapshot()
+    assert node.actions is not None and node.actions.cut_off == ()  # not rebooted yet
+    watch.offer(node)
+    assert watch.task is None
+    world.node.power_cycle()
+    world.save()
+    node = await world.snapshot()
+    assert node.actions is not None and len(node.actions.cut_off) == 1
+    watch.offer(node)
+    assert watch.task is not None
+    await watch.task
+    (record,) = Journal(tmp_path / "s" / "actions.db").plans()
+    assert record.state is PlanState.INTERRUPTED, record.outcome
+    assert f"{bus_of(world, 5)} ({world.node.uuids[5]}) reads fit" in record.outcome
+    assert world.node.resets == {} and audit(tmp_path / "s")[-1]["outcome"] == "recovered"
+    after = await world.snapshot()
+    assert after.actions is not None and after.actions.cut_off == ()
+    watch.offer(node)  # an older reading that still shows it: taken once
+    assert watch.task.done()
+
+
+def _power_cycled_then_killed(root: Path) -> None:
+    """A power cycle plan run on the node itself: the BMC cycles it, and the process goes
+    down with the node before the journal heard the step done."""
+
+    class _CycleAndDie:
+        def __init__(self, world: SimWorld) -> None:
+            self.world = world
+
+        async def run(self, step: Step) -> str:
+            self.world.node.power_cycle()
+            self.world.save()
+            os.kill(os.getpid(), signal.SIGKILL)
+            raise AssertionError("unreachable")
+
+        async def undo(self, step: Step) -> str:
+            return "a power cycle cannot be undone"
+
+    async def go() -> None:
+        world = h100(root / "w", PODS_ONLY)
+        drivers = sim_drivers(world)
+        drivers.bmc = _CycleAndDie(world)
+        executor = quick(world, root / "s", drivers)
+        plan = await executor.plan_remedy("5", Action.REBOOT_NODE)
+        await executor.execute(plan, OPS, "dgx-003")
+
+    asyncio.run(go())
+
+
+async def test_a_power_cycle_plan_run_on_its_own_node_ends_done_once_the_node_is_back(
+    tmp_path: Path,
+) -> None:
+    """The usual way a power cycle plan ends when the node runs it: the node goes down
+    with the plan's process. Its agent, back, reads GPU 5 afresh and ends the plan done,
+    without a second power cycle."""
+    await asyncio.to_thread(h100, tmp_path / "w", PODS_ONLY)
+    await asyncio.to_thread(_killed, tmp_path, _power_cycled_then_killed)
+    world = h100(tmp_path / "w", PODS_ONLY)
+    watch = _watch(world, tmp_path / "s")
+    watch.offer(await world.snapshot())
+    assert watch.task is not None
+    await watch.task
+    (record,) = Journal(tmp_path / "s" / "actions.db").plans()
+    assert record.state is PlanState.DONE, record.outcome
+    assert "it went through: dgx-003 rebooted (boot id" in record.outcome
+    assert world.node.power_cycles == 1
+
+
+async def test_a_reassignment_its_reboot_cut_off_is_left_to_a_run_on_the_node(
+    tmp_path: Path,
+) -> None:
+    """Putting a reassignment back writes sysfs: the agent leaves it running, and the
+    event says what `assign --recover` there will do."""
+    await asyncio.to_thread(world, tmp_path / "world")
+    child = multiprocessing.get_context("fork").Process(
+        target=_assign_killed_after_probe, args=(tmp_path,)
+    )
+    child.start()
+    await asyncio.to_thread(child.join, 60)
+    w = world(tmp_path / "world")
+    w.node.power_cycle()
+    w.save()
+    watch = _watch(w, tmp_path / "state")
+    node = await w.snapshot()
+    assert node.actions is not None and len(node.actions.cut_off) == 1
+    watch.offer(node)
+    assert watch.task is not None
+    await watch.task
+    assert Journal(tmp_path / "state" / "actions.db").plans()[0].state is PlanState.RUNNING

@@ -913,11 +913,16 @@ class Executor:
 
     # --- recovery --------------------------------------------------------------------
 
-    async def recover(self) -> list[Outcome]:
+    async def recover(self, *, cut_off: bool = False) -> list[Outcome]:
         """Finish or roll back every plan a dead process left running, or its process left
-        to recovery; says what it did. Raises CannotRecover when the journal cannot take it."""
+        to recovery; says what it did. Raises CannotRecover when the journal cannot take it.
+        `cut_off`: only the remediations the node's reboot cut off, which run no step that
+        changes anything (interrupted, or their power cycle's final check)."""
+        boot = boot_id(self.journal.proc_root) if cut_off else ""
+        if cut_off and not boot:
+            return []
         try:
-            records = self.journal.claim_orphans(self.node)
+            records = self.journal.claim_orphans(self.node, cut_off_in=boot)
         except JournalCorrupt as exc:
             raise CannotRecover(
                 f"could not recover unfinished plans: {exc}; their GPUs stay locked (see "

@@ -295,6 +295,22 @@ def repairs(
     return tuple(last.values())
 
 
+def _cut_off(db: sqlite3.Connection, plan_id: str, boot: str) -> bool:
+    """Whether a plan is a remediation whose last step ran in a boot other than `boot`."""
+    row = db.execute(
+        "SELECT s.boot_id, p.plan FROM steps s JOIN plans p ON p.id = s.plan_id"
+        " WHERE s.plan_id = ? ORDER BY s.rowid DESC LIMIT 1",
+        (plan_id,),
+    ).fetchone()
+    if row is None or not row[0] or str(row[0]) == boot:
+        return False
+    try:
+        body = json.loads(str(row[1]))
+    except ValueError:
+        return False  # recovery in a run on the node says what is wrong with it
+    return isinstance(body, dict) and bool(body.get("remedy"))
+
+
 def journal_text(data: bytes) -> str:
     """A TEXT value of the journal: what is not UTF-8 (a damaged row) is read with U+FFFD
     in its place, and refused where its plan is read, not where the row is fetched."""
@@ -636,9 +652,11 @@ class Journal:
             if db is not self._db:
                 db.close()
 
-    def claim_orphans(self, node: str) -> list[PlanRecord]:
+    def claim_orphans(self, node: str, *, cut_off_in: str = "") -> list[PlanRecord]:
         """Running plans of `node` whose process is gone, handed to this process (in one
-        transaction, so two recovering processes never take the same plan)."""
+        transaction, so two recovering processes never take the same plan). `cut_off_in`: a
+        boot id; only the remediations whose last step ran in another boot (the reboot cut
+        them off) are taken."""
         host, pid, start = process_tag()
         claimed: list[str] = []
         with self.transaction() as db:
@@ -650,6 +668,8 @@ class Journal:
             for plan_id, row_host, row_pid, row_start in rows:
                 tag = (str(plan_id), str(row_host), int(row_pid), str(row_start))
                 if process_alive(*tag[1:]) and not let_go(*tag):
+                    continue
+                if cut_off_in and not _cut_off(db, str(plan_id), cut_off_in):
                     continue
                 db.execute(
                     "UPDATE plans SET host = ?, pid = ?, proc_start = ?, recovered = 1"

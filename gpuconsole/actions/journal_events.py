@@ -220,9 +220,7 @@ class JournalEvents:
             self._boot = boot(self.proc_root)
         tried = repairs(db, now - XID_WINDOW_S, self.node, self._boot)
         # told from the first read on: a plan the node rebooted under is news after the boot
-        for event in self._cut_off(running):
-            if self._emit is not None:
-                self._emit(event)
+        cut_off = self._cut_off(running)
         if self._marks is None:
             # what happened before this process started is history, not news
             plan_rowid, finished = db.execute(
@@ -232,21 +230,21 @@ class JournalEvents:
             last = db.execute("SELECT id FROM plans WHERE finished_at = ?", (finished,))
             told = {str(r[0]) for r in last}
             self._marks = _Marks(int(plan_rowid), int(step_rowid), float(finished), set(), told)
-            return JournalReading(now, running, tried)
+            return JournalReading(now, running, tried, cut_off)
         for event in [*self._started(db), *self._steps(db), *self._finished(db)]:
             if self._emit is not None:
                 self._emit(event)
-        return JournalReading(now, running, tried)
+        return JournalReading(now, running, tried, cut_off)
 
-    def _cut_off(self, running: int) -> list[Event]:
-        """Each plan of this node left running by a process that went down with the node (its
-        last step ran in an earlier boot), told once: until a run on the node ends it
-        (gpuconsole.actions.executor.recover), the journal holds it running, its GPUs
-        locked. Said with what that run will do."""
+    def _cut_off(self, running: int) -> tuple[str, ...]:
+        """The plans of this node left running by a process that went down with the node
+        (their last step ran in an earlier boot), each told once as it is first seen: until
+        a run on the node ends it (gpuconsole.actions.executor.recover), the journal holds
+        it running, its GPUs locked. Said with what that run will do."""
         assert self._boot is not None
         now = self._boot[0]
         if not running or not now:
-            return []  # and nothing imported: a one-shot reading loads no event loop
+            return ()  # and nothing imported: a one-shot reading loads no event loop
         from gpuconsole.actions.executor import action_event, recovery_words, stopped_where
 
         # read-only, through the records the executor reads (a journal in memory, which
@@ -256,13 +254,16 @@ class JournalEvents:
             found = reading.unfinished(self.node)
         except (JournalCorrupt, sqlite3.Error) as exc:  # recovery will say it; events go on
             log.warning("%s", exc)
-            return []
+            return ()
         finally:
             reading.close()
-        events = []
+        cut = []
         for record, orphan in found:
             last = record.steps[-1].boot_id if record.steps else ""
-            if not orphan or not last or last == now or record.id in self._cut:
+            if not orphan or not last or last == now:
+                continue
+            cut.append(record.id)
+            if record.id in self._cut:
                 continue
             self._cut.add(record.id)
             plan = record.plan
@@ -273,8 +274,9 @@ class JournalEvents:
                 f"its repair view, or `gpuconsole assign --recover` there, which "
                 f"{recovery_words(record, now)}"
             )
-            events.append(action_event(plan, self.clock(), Severity.WARNING, text))
-        return events
+            if self._emit is not None:
+                self._emit(action_event(plan, self.clock(), Severity.WARNING, text))
+        return tuple(cut)
 
     def _mine(self, host: object, pid: object) -> bool:
         return (str(host), int(str(pid))) == self._me

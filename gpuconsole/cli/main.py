@@ -282,7 +282,7 @@ def cmd_ssh_server(args: argparse.Namespace) -> int:
 def cmd_agent(args: argparse.Namespace) -> int:
     import asyncio
 
-    from gpuconsole.wiring import agent_settings, node_hub, sim_hub, watch_alerts
+    from gpuconsole.wiring import agent_settings, node_hub, sim_hub, watch_alerts, watch_cut_off
 
     if args.guest:
         return _guest_agent(args)
@@ -292,6 +292,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     settings = agent_settings(cfg, args.listen)
     hub = sim_hub(cfg, args.nodes, args.seed) if args.demo else node_hub(cfg)
     watch_alerts(cfg, hub, "agent", demo=args.demo)
+    if not args.demo:  # the node's remediations its reboot cut off end as it comes back
+        watch_cut_off(cfg, hub)
     logging.getLogger().setLevel(logging.INFO)
     try:
         asyncio.run(serve(hub, settings))

@@ -31,12 +31,16 @@ class RepairAttempt(msgspec.Struct, frozen=True):
 
 
 class JournalReading(msgspec.Struct, frozen=True):
-    """How the journal stood at the last read: plans running now, on any node, and the last
-    repair of each GPU that a finished plan tried within the health window."""
+    """How the journal stood at the last read: plans running now, on any node, the last
+    repair of each GPU that a finished plan tried within the health window, and the plans
+    of this node a reboot cut off."""
 
     at: float
     running: int = 0
     repairs: tuple[RepairAttempt, ...] = ()
+    # plans of this node its reboot cut off (their process went down with it), still
+    # running in the journal until a run on the node ends them
+    cut_off: tuple[str, ...] = ()
 
     def repair(self, bus_id: str) -> RepairAttempt | None:
         """The GPU's last repair, by its bus id (sysfs form); None where it had none."""
