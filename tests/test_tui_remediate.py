@@ -428,3 +428,43 @@ async def test_story_8_xid_48_is_drained_reset_and_read_again_and_the_node_never
         await until(lambda: action() is Action.FIT, timeout=15)
     finally:
         await running.stop()
+
+
+async def test_a_node_rebooted_under_the_repair_ends_it_interrupted_and_offers_no_next_action(
+    hub: Hub,
+) -> None:
+    """The power cycle plan has told the guest's tenant and waits for the guest; meanwhile
+    the node loses power and boots again. The plan does not power-cycle it a second time:
+    the dialog says it was interrupted by the reboot, and offers no escalation, since no
+    repair of it failed."""
+    world = live_world(hub, NODE)
+    assert world is not None
+    app = console(hub, OPERATOR)
+    async with app.run_test(size=SIZE) as pilot:
+        await node_view(app, pilot)
+        dialog = RemediateScreen(NODE, GPU5, Action.REBOOT_NODE)
+        await app.push_screen(dialog)
+        await until(lambda: dialog.stage is Stage.PLAN and dialog.plan is not None)
+
+        async def rebooted_then_shut_down() -> None:
+            plan = dialog.plan
+            assert plan is not None
+            seq = next(k for k, s in enumerate(plan.steps) if s.kind is StepKind.NOTIFY)
+            await until(lambda: dialog.progress.get(seq, ("",))[0] == "done", timeout=30)
+            world.node.power_cycle()  # the mains, not the plan
+            world.save()
+            await _shut_down_when_told(hub, dialog)
+
+        tenant = asyncio.create_task(rebooted_then_shut_down())
+        await pilot.press(*NODE, "enter")
+        await until(lambda: dialog.stage is Stage.DONE, timeout=30)
+        await tenant
+        assert dialog.outcome is not None
+        assert dialog.outcome.state == "interrupted", dialog.outcome.message
+        assert "dgx-003 rebooted (boot id" in dialog.outcome.message
+        await pilot.pause()
+        text = screen_text(app)
+        assert "interrupted: dgx-003 rebooted" in text, text
+        assert "n plans the next" not in text
+        assert not dialog.check_action("next", ())
+    assert world.node.power_cycles == 1  # the reboot's, not a second one from the plan

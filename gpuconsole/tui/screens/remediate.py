@@ -10,6 +10,7 @@ from typing import ClassVar
 
 from textual.binding import Binding
 
+from gpuconsole.actions.journal import PlanState
 from gpuconsole.actions.plan import Plan, Target, TargetKind
 from gpuconsole.actions.remediation import escalation
 from gpuconsole.facts.inventory import short_bus_id
@@ -67,8 +68,10 @@ class RemediateScreen(AssignScreen):
         return await self.executor.plan_remedy(self.bus_id, self.action)
 
     def _next(self) -> Action | None:
-        """The action after this plan's, when it ran and did not make the GPU fit."""
-        if self.plan is None or self.outcome is None or self.outcome.ok:
+        """The action after this plan's, when it ran and did not make the GPU fit; none
+        after a plan the node's reboot interrupted (no repair of it failed: its outcome
+        says how the GPU reads now, and `r` plans from the verdict again)."""
+        if self.plan is None or self.outcome is None or self.outcome.state != PlanState.FAILED:
             return None
         return escalation(Action(self.plan.remedy))
 
