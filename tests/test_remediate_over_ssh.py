@@ -302,6 +302,7 @@ async def test_contact_lost_mid_repair_leaves_the_node_to_end_it_and_its_journal
     assert f"last seen at step 1/{len(plan.steps)} ({plan.steps[0].title}: done)" in text
     assert "The node ends the plan by itself, done, or stopped at a step (its journal says" in text
     assert "the next `gpuconsole remediate` there recovers it" in text
+    assert "if the node rebooted (as its power cycle does), its agent ends the plan" in text
     # the node's command outlived the connection: its journal has the plan, ended
     await asyncio.to_thread(node.wait_children, 120.0)
     (record,) = _node_journal(tmp_path).plans()
@@ -427,3 +428,27 @@ def test_a_node_asked_about_another_node_refuses_instead_of_passing_it_on(
     assert "elsewhere is not in [fleet]" in capsys.readouterr().err
     assert main(["remediate", "--node", "dgx-004", f"{NODE}:5", "--dry-run"]) == 2
     assert f"{NODE}:5 is of {NODE}, not --node dgx-004" in capsys.readouterr().err
+
+
+def test_a_head_s_dry_run_says_what_the_node_does_first_with_a_plan_running_there(
+    tmp_path: Path, keys: Keys, node: ExecServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plan of the node's journal holds GPU 5: the head's dry run, planned on the node,
+    says the real run would be refused for it, as the node says it."""
+    from gpuconsole.actions.locks import lock_and_start
+
+    journal = _node_journal(tmp_path)
+    plan = asyncio.run(_world_executor_plan(tmp_path))
+    running = lock_and_start(journal, plan, "alice", "operator", None)
+    config = str(head_config(tmp_path, keys, node.port))
+    status, text = _refused(capsys, "-c", config, f"{NODE}:{GPU5}", "--dry-run")
+    assert status == 0, text
+    assert f"journal: plan {running} (remediate reset_gpu of GPU 5 ({GPU5}), by alice) is " in text
+    assert "so the real run is refused for any of them until it ends" in text, text
+    assert "Dry run: nothing was changed." in text
+
+
+async def _world_executor_plan(tmp_path: Path) -> Any:
+    from gpuconsole.actions.remediation import make_remediation_plan
+
+    return make_remediation_plan(await _world(tmp_path).snapshot(), GPU5, Action.RESET_GPU)

@@ -636,11 +636,20 @@ class RemoteExecutor:
             seen = "before the plan's first step was seen; it may have started"
         # a repair puts nothing back when a step fails: the GPU stays out of work
         ends = "done or rolled back" if command == ASSIGN else "done, or stopped at a step"
+        # a repair's reboot (its power cycle, or one under it) takes its process down with
+        # the node: the node's agent ends it as it comes back (gpuconsole.actions.rebooted)
+        rebooted = (
+            ""
+            if command == ASSIGN
+            else "; if the node rebooted (as its power cycle does), its agent ends the plan "
+            "once the node is back, the GPU read afresh"
+        )
         return ContactLost(
             f"lost contact with {self.node} ({why}) {seen}. The node ends the plan by itself, "
             f"{ends} (its journal says where; if its gpuconsole died too, the next "
-            f"`gpuconsole {command}` there recovers it). See how it ended in {self.node}'s "
-            f"events in the console, or its audit log (audit*.jsonl in its [actions] state_dir)",
+            f"`gpuconsole {command}` there recovers it{rebooted}). See how it ended in "
+            f"{self.node}'s events in the console, or its audit log (audit*.jsonl in its "
+            "[actions] state_dir)",
             plan_id,
         )
 
