@@ -452,3 +452,32 @@ async def _world_executor_plan(tmp_path: Path) -> Any:
     from gpuconsole.actions.remediation import make_remediation_plan
 
     return make_remediation_plan(await _world(tmp_path).snapshot(), GPU5, Action.RESET_GPU)
+
+
+async def test_a_head_s_repair_view_shows_what_the_node_says_of_a_plan_running_there(
+    tmp_path: Path, keys: Keys, node: ExecServer, console_app: Any
+) -> None:
+    """r on GPU 5 from a head while a plan of the node's journal holds it: the node's plan
+    comes with its word that the real run would be refused, shown above the plan."""
+    from gpuconsole.actions.locks import lock_and_start
+    from gpuconsole.tui.actions import MachineAccess
+    from gpuconsole.tui.screens.assign import AssignScreen, Stage
+    from gpuconsole.tui.screens.remediate import RemediateScreen
+
+    plan = await _world_executor_plan(tmp_path)
+    running = lock_and_start(_node_journal(tmp_path), plan, "alice", "operator", None)
+    cfg = load(head_config(tmp_path, keys, node.port))
+    app = console_app(actor=OPS, actions=MachineAccess(cfg, lambda _e: None, None, remote=True))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(lambda: app.snapshot is not None and app.snapshot.node(NODE) is not None)
+        dialog = RemediateScreen(NODE, GPU5, Action.RESET_GPU)
+        await app.push_screen(dialog)
+        await until(lambda: dialog.stage is Stage.PLAN, timeout=60)
+        await pilot.pause()
+        said = [text for text, _health in dialog._news]
+        assert isinstance(dialog, AssignScreen)
+        assert any(
+            f"journal: plan {running} (remediate reset_gpu of GPU 5 ({GPU5}), by alice) is "
+            "running now" in text
+            for text in said
+        ), said

@@ -31,7 +31,7 @@ from gpuconsole.sim.fabric import add_sim_fabric_sources
 from gpuconsole.sim.node import Scenario
 from gpuconsole.sim.tenancy import add_sim_tenancy_sources
 from gpuconsole.ssh.feed import PacedFeed
-from gpuconsole.tui.actions import ActionAccess, DemoAccess, MachineAccess, OnStep
+from gpuconsole.tui.actions import ActionAccess, DemoAccess, MachineAccess, OnNote, OnStep
 from gpuconsole.tui.app import ConsoleApp
 from gpuconsole.tui.screens.assign import AssignScreen, ProposeScreen, Stage
 from gpuconsole.tui.screens.node import NodeScreen
@@ -339,7 +339,7 @@ class FrozenAccess(ActionAccess):
     def __init__(self, state: Path) -> None:
         self.state = state
 
-    def executor(self, node: str, on_step: OnStep) -> Executor:
+    def executor(self, node: str, on_step: OnStep, on_note: OnNote | None = None) -> Executor:
         found = frozen_fleet().node(node)
         assert found is not None
 

@@ -18,11 +18,12 @@ if TYPE_CHECKING:  # the BMC's modules load when a power dialog opens, not with 
     from gpuconsole.actions.audit import AuditLog
     from gpuconsole.actions.power import PowerControl
 
-__all__ = ["ActionAccess", "DemoAccess", "MachineAccess", "OnStep", "demo_access"]
+__all__ = ["ActionAccess", "DemoAccess", "MachineAccess", "OnNote", "OnStep", "demo_access"]
 
 log = logging.getLogger(__name__)
 
 OnStep = Callable[[StepUpdate], None]
+OnNote = Callable[[str], None]
 
 
 class ActionAccess(abc.ABC):
@@ -32,8 +33,10 @@ class ActionAccess(abc.ABC):
     demo: ClassVar[bool] = False
 
     @abc.abstractmethod
-    def executor(self, node: str, on_step: OnStep) -> PlanExecutor:
-        """The executor for `node`; ValueError says why this console cannot act there."""
+    def executor(self, node: str, on_step: OnStep, on_note: OnNote | None = None) -> PlanExecutor:
+        """The executor for `node`; ValueError says why this console cannot act there.
+        `on_note`: what another node says as it plans (a plan of its journal running there,
+        or left unfinished, and what the real run does with it first)."""
 
     def warning(self) -> str:
         """What the person should know before acting (a state folder nobody else sees)."""
@@ -97,7 +100,7 @@ class MachineAccess(ActionAccess):
 
         return _hub_bmc(self.hub, node), action_store(self.cfg.actions).audit()
 
-    def executor(self, node: str, on_step: OnStep) -> PlanExecutor:
+    def executor(self, node: str, on_step: OnStep, on_note: OnNote | None = None) -> PlanExecutor:
         from gpuconsole.wiring import console_executor, remote_executor
 
         if not self.remote or node == self.cfg.host.node_name:
@@ -105,7 +108,7 @@ class MachineAccess(ActionAccess):
         from gpuconsole.actions.over_ssh import RemoteError
 
         try:
-            return remote_executor(self.cfg, node, on_step=on_step, emit=self.emit)
+            return remote_executor(self.cfg, node, on_step=on_step, on_note=on_note, emit=self.emit)
         except RemoteError as exc:
             raise ValueError(str(exc)) from None
 
@@ -139,7 +142,7 @@ class DemoAccess(ActionAccess):
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
 
-    def executor(self, node: str, on_step: OnStep) -> Executor:
+    def executor(self, node: str, on_step: OnStep, on_note: OnNote | None = None) -> Executor:
         from gpuconsole.wiring import live_demo_executor
 
         return live_demo_executor(self.hub, node, on_step)

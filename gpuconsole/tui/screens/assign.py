@@ -327,7 +327,7 @@ class AssignScreen(ModalScreen[None]):
             self.say("this console has no way to move GPUs", Health.WARNING)
             return
         try:
-            self.executor = access.executor(self.node_name, self._on_step)
+            self.executor = access.executor(self.node_name, self._on_step, self._on_note)
         except (ValueError, ConfigError, OSError, sqlite3.Error) as exc:
             self.stage = Stage.CLOSED
             self.say(f"cannot act on {self.node_name}: {exc}", Health.WARNING)
@@ -368,6 +368,11 @@ class AssignScreen(ModalScreen[None]):
         for outcome in recovered:
             health = Health.OK if outcome.ok else Health.WARNING
             self.say(f"journal: plan {outcome.plan_id} {outcome.message}", health)
+
+    def _on_note(self, text: str) -> None:
+        """What another node said as it planned: a plan of its journal running there, or
+        left unfinished, and what the real run does with it first."""
+        self.say(text, Health.WARNING)
 
     def _on_step(self, update: StepUpdate) -> None:
         # the executor may call this from another thread: post_message is safe from any
