@@ -440,3 +440,31 @@ async def test_a_reassignment_its_reboot_cut_off_is_left_to_a_run_on_the_node(
     assert watch.task is not None
     await watch.task
     assert Journal(tmp_path / "state" / "actions.db").plans()[0].state is PlanState.RUNNING
+
+
+async def test_what_a_hand_wrote_in_the_journal_reaches_no_terminal_raw(tmp_path: Path) -> None:
+    """The journal is a file operators share: a user name or boot id in it with escape
+    sequences is written out in the dry run's words and the reader's event, never sent."""
+    import sqlite3
+
+    from gpuconsole.actions.journal_events import JournalEvents
+
+    h100(tmp_path / "w", PODS_ONLY)
+    _killed(tmp_path, _reset_killed)
+    world = h100(tmp_path / "w", PODS_ONLY)
+    journal = tmp_path / "s" / "actions.db"
+    with sqlite3.connect(journal) as db:
+        db.execute("UPDATE plans SET user = ?", ("\x1b]0;owned\x07ops",))
+        db.execute("UPDATE steps SET boot_id = ?", ("\x1b[2J\x1b[31m",))
+    said = quick(world, tmp_path / "s").recovery_preview()
+    assert said and all("\x1b" not in text and "\x07" not in text for text in said), said
+    assert "\\x1b]0;owned\\x07ops" in said[0]
+    told: list[Any] = []
+    reader = JournalEvents("dgx-003", journal, proc_root=world.tree.proc_root)
+    await reader.start(told.append)
+    try:
+        await reader.poll()
+    finally:
+        await reader.close()
+    (event,) = told
+    assert "\x1b" not in event.message and "was running when dgx-003 rebooted" in event.message

@@ -232,7 +232,8 @@ def _reboot_words(node: str, old: str, new: str, booted_at: float | None, since:
     where the kernel's boot time is one after `since` (the plan's start)."""
     shown = booted_at is not None and booted_at >= since
     at = f", up since {fmt.clock_time(booted_at)}" if shown else ""
-    return f"{node} rebooted (boot id {old[:8]}… → {new[:8]}…{at})"
+    # the old one is the journal's word: a hand may have put anything there
+    return f"{node} rebooted (boot id {safe_text(old[:8])}… → {safe_text(new[:8])}…{at})"
 
 
 def stopped_where(record: PlanRecord) -> str:
@@ -965,7 +966,7 @@ class Executor:
             said.append(
                 f"{what} was left unfinished {stopped_where(record)}: the real run first {course}"
             )
-        return said
+        return [safe_text(text) for text in said]  # the journal's words: any hand's
 
     async def _recover(self, record: PlanRecord) -> Outcome:
         plan = record.plan

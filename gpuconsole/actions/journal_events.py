@@ -41,7 +41,7 @@ from gpuconsole.actions.journal import (
 from gpuconsole.actions.plan import Plan
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.readings.actions import JournalReading
-from gpuconsole.readings.base import Event, Severity
+from gpuconsole.readings.base import Event, Severity, safe_text
 from gpuconsole.readings.nvml import XID_WINDOW_S
 from gpuconsole.sources.base import DaemonThread, EmitEvent
 
@@ -275,7 +275,8 @@ class JournalEvents:
                 f"{recovery_words(record, now)}"
             )
             if self._emit is not None:
-                self._emit(action_event(plan, self.clock(), Severity.WARNING, text))
+                warned = action_event(plan, self.clock(), Severity.WARNING, safe_text(text))
+                self._emit(warned)
         return tuple(cut)
 
     def _mine(self, host: object, pid: object) -> bool:
