@@ -137,6 +137,8 @@ def test_a_plan_its_node_rebooted_under_is_concluded_not_carried_on_by_recovery(
     assert outcome.recovered and outcome.state is PlanState.INTERRUPTED, outcome.message
     assert "recovered: the process stopped at step 4 (reset GPU 5" in outcome.message
     assert "dgx-003 rebooted (boot id" in outcome.message
+    # where it stopped is said once: the step a recovery would have checked again is not it
+    assert "under it: nothing of it runs after a reboot" in outcome.message, outcome.message
     assert f"{bus_of(world, 5)} ({world.node.uuids[5]}) reads fit" in outcome.message
     assert Journal(tmp_path / "s" / "actions.db").plans()[0].state is PlanState.INTERRUPTED
     assert audit(tmp_path / "s")[-1]["outcome"] == "recovered"

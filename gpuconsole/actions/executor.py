@@ -777,7 +777,7 @@ class Executor:
             if under:
                 # what the steps before did in the last boot may be gone with it, and what
                 # they checked no longer holds: the plan does not go on
-                return await self._cut_short(plan_id, plan, seq, attempted, under)
+                return await self._cut_short(plan_id, plan, seq, under)
             if seq in attempted and not step.kind.repeatable:
                 # it may have gone through before the crash: never twice
                 boot = self._boots.get(plan_id)
@@ -834,27 +834,29 @@ class Executor:
         return words
 
     async def _cut_short(
-        self, plan_id: str, plan: Plan, seq: int, attempted: frozenset[int], rebooted: str
+        self, plan_id: str, plan: Plan, seq: int, rebooted: str
     ) -> tuple[PlanState, str]:
         """The node rebooted under the plan before step `seq`: a reassignment is rolled back
         (each undo puts back what was there before, which a reboot need not have); a
         remediation, which puts nothing back, is interrupted, and says how its GPUs read in
         the new boot and what to do."""
-        where = f"{rebooted} under it before step {seq + 1}/{len(plan.steps)} "
-        where += f"({plan.steps[seq].title})"
+        try:  # what went through, as the journal holds it (reading needs no space)
+            record = self.journal.plan(plan_id)
+        except sqlite3.Error:
+            record = None
+        where = f"{rebooted} under it"
+        if record is None or not record.recovered:  # recovery says where it had stopped
+            where += f" before step {seq + 1}/{len(plan.steps)} ({plan.steps[seq].title})"
+        steps = record.steps if record is not None else ()
         if not plan.remedy:
-            upto = max([seq - 1, *attempted])
+            upto = max([seq - 1, *(s.seq for s in steps)])
             rolled = await self._rollback(plan_id, plan, upto) if upto >= 0 else "nothing ran"
             return PlanState.ROLLED_BACK, (
                 f"{where}: what its steps did in the last boot may be gone with it, so it is "
                 f"not finished; {rolled}"
             )
         text = [f"{where}: nothing of it runs after a reboot"]
-        try:  # what went through, as the journal holds it (reading needs no space)
-            record = self.journal.plan(plan_id)
-        except sqlite3.Error:
-            record = None
-        ran = _done(record.steps, Phase.DO) if record is not None else set(range(seq))
+        ran = _done(steps, Phase.DO) if record is not None else set(range(seq))
         done = [plan.steps[k].title for k in sorted(ran) if plan.steps[k].kind.mutates]
         if done:
             text.append(f"done before it and kept: {'; '.join(done)}")
