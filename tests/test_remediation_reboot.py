@@ -87,17 +87,20 @@ async def test_a_node_that_reboots_under_a_reset_plan_interrupts_it_and_says_how
     assert message in told.message
 
 
+class _Dies:
+    """A driver whose process dies as it is asked to run a step (the intent journaled)."""
+
+    async def run(self, step: Step) -> str:
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+    async def undo(self, step: Step) -> str:
+        return "nothing"
+
+
 def _reset_killed(root: Path) -> None:
     """A reset plan of GPU 5 whose process dies as its reset is about to be sent: the
     journal holds the intent, in the boot the node ran then."""
-
-    class _Dies:
-        async def run(self, step: Step) -> str:
-            os.kill(os.getpid(), signal.SIGKILL)
-            raise AssertionError("unreachable")
-
-        async def undo(self, step: Step) -> str:
-            return "nothing"
 
     async def go() -> None:
         world = h100(root / "w", PODS_ONLY)
@@ -194,14 +197,6 @@ def test_a_reassignment_its_node_rebooted_under_is_put_back_not_finished(tmp_pat
 def _demo_reset_killed(state: Path) -> None:
     """`remediate --demo` of dgx-003's GPU 5, its process killed as the reset is sent."""
     os.environ["XDG_STATE_HOME"] = str(state)
-
-    class _Dies:
-        async def run(self, step: Step) -> str:
-            os.kill(os.getpid(), signal.SIGKILL)
-            raise AssertionError("unreachable")
-
-        async def undo(self, step: Step) -> str:
-            return "nothing"
 
     async def go() -> None:
         from gpuconsole.wiring import demo_executor
