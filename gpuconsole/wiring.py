@@ -237,11 +237,17 @@ def sim_hub(cfg: Config, nodes: int | None, seed: int | None, *, events: bool = 
 
 
 def demo_bmc_source(cfg: Config, node: str) -> BmcSource | None:
-    """The BMC of a node of the simulated cluster; None when the simulator has no such node."""
+    """The BMC of a node of the simulated cluster; None when the simulator has no such node.
+    A node `remediate --demo` and `assign --demo` act on is powered in their world: what
+    its BMC does (a power cycle, a new boot) the next of them finds."""
+    from gpuconsole.sim.actions import SimWorld
     from gpuconsole.sim.bmc import sim_link
     from gpuconsole.sim.cluster import build_sim_nodes, demo_cluster
     from gpuconsole.sources.bmc import BmcSource
 
+    if node in {s.name for s in demo_cluster()}:
+        world = SimWorld.demo(node, demo_root(node))
+        return BmcSource(node, sim_link(world.node), simulated=True)
     sims = {n.name: n for n in build_sim_nodes(demo_cluster(cfg.demo.nodes or None))}
     if node not in sims:
         return None

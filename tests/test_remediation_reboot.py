@@ -251,10 +251,11 @@ def test_a_dry_run_says_what_the_real_run_does_first_with_an_unfinished_plan(
     )
     assert first in moved.stdout and "Dry run: nothing was changed." in moved.stdout, moved
 
-    # the node loses power and boots again before anyone runs the plan again
+    # someone power-cycles the node through its BMC before anyone runs the plan again
+    cycled = _gpuconsole(tmp_path, "power", "dgx-003", "cycle", "--demo", "--confirm", "dgx-003")
+    assert cycled.returncode == 0, cycled.stderr
     world = SimWorld.demo("dgx-003", tmp_path / "gpuconsole" / "demo" / "dgx-003")
-    world.node.power_cycle()
-    world.save()
+    assert world.node.power_cycles == 1
     dry = _remediate(tmp_path, "--dry-run")
     assert first in dry.stdout, dry.stdout
     assert (

@@ -134,6 +134,13 @@ class _WorldNode(SimNode):
         bdf = normal_bus_id(self.profile.gpus[index].bus_id)
         return VfioDriver(self.world.tree.sysfs_root).driver(bdf) == "nvidia"
 
+    def power_cycle(self) -> None:
+        """Its BMC cycled it (a plan's step, `gpuconsole power --demo`): kept in the world,
+        for the next command to find it booted again."""
+        super().power_cycle()
+        if self.world is not None:
+            self.world.save()
+
 
 def _plan_json(plan: SimPlan) -> dict[str, Any]:
     return dataclasses.asdict(plan)
