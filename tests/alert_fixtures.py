@@ -10,13 +10,19 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from gpuconsole.alerts.condition import Labels, duration
+from gpuconsole.alerts.engine import CONTEXT, AlertEngine
+from gpuconsole.alerts.prometheus import rules_file
+from gpuconsole.alerts.rules import Rule
+from gpuconsole.alerts.series import samples_by_name
+from gpuconsole.alerts.state import FIRING
 from gpuconsole.readings.base import SourceStatus
 from gpuconsole.readings.nvml import (
     EccReading,
@@ -209,3 +215,75 @@ def promtool_test_rules(folder: Path, spec: str, timeout_s: float = 60) -> None:
         timeout=timeout_s,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+# What fires at one evaluation: by rule, each alert as promtool's exp_alerts writes it.
+Fired = dict[str, list[dict[str, object]]]
+
+
+def engine_firing(engine: AlertEngine) -> Fired:
+    """What fires now, by rule (every rule of the engine), as promtool's exp_alerts writes
+    it: without what the engine adds from the console's verdict, which no series carries."""
+    out: Fired = {rule.name: [] for rule in engine.rules}
+    for alert in engine.alerts.values():
+        if alert.state == FIRING:
+            labels = {k: v for k, v in alert.labels.items() if k != "alertname"}
+            notes = {k: v for k, v in alert.annotations.items() if k not in CONTEXT}
+            out[alert.rule].append({"exp_labels": labels, "exp_annotations": notes})
+    for found in out.values():
+        found.sort(key=lambda a: json.dumps(a, sort_keys=True))
+    return out
+
+
+def fired_as_promtool_fires(
+    folder: Path, rules: Sequence[Rule], snapshots: Sequence[FleetSnapshot], step_s: float
+) -> list[Fired]:
+    """The engine runs `rules` over `snapshots` (the k-th at k * step_s); promtool runs the
+    printed rules over the same series (built by the same builder), evaluating every
+    step_s, and must find exactly the alerts the engine fires at each step, labels and
+    annotations included. What fired at each step."""
+    engine = AlertEngine(rules)
+    wanted = {m for r in rules for m in r.condition.metrics}
+    steps = len(snapshots)
+    series: dict[tuple[str, Labels], list[str]] = {}
+    by_step: list[Fired] = []
+    for k, snapshot in enumerate(snapshots):
+        assert snapshot.at == k * step_s, (k, snapshot.at)
+        for name, found in samples_by_name(snapshot, wanted).items():
+            for sample in found:
+                values = series.setdefault((name, sample.labels), ["_"] * steps)
+                values[k] = repr(sample.value)
+        engine.evaluate(snapshot)
+        by_step.append(engine_firing(engine))
+    inputs = [
+        {"series": _series_text(name, labels), "values": " ".join(_scraped(values))}
+        for (name, labels), values in sorted(series.items())
+    ]
+    tests = [
+        {"eval_time": duration(k * step_s), "alertname": r.name, "exp_alerts": by_step[k][r.name]}
+        for k in range(steps)
+        for r in rules
+    ]
+    (folder / "rules.yml").write_text(rules_file(rules))
+    every = duration(step_s)
+    spec = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": every,
+        "tests": [{"interval": every, "input_series": inputs, "alert_rule_test": tests}],
+    }
+    promtool_test_rules(folder, json.dumps(spec), timeout_s=120)
+    return by_step
+
+
+def _scraped(values: list[str]) -> list[str]:
+    """A series gone from a scrape is marked stale, as Prometheus marks it (else an instant
+    query would find its last value for five more minutes)."""
+    return [
+        "stale" if v == "_" and k and values[k - 1] not in ("_", "stale") else v
+        for k, v in enumerate(values)
+    ]
+
+
+def _series_text(name: str, labels: Labels) -> str:
+    inner = ", ".join(f"{k}={json.dumps(v)}" for k, v in labels)
+    return f"{name}{{{inner}}}"

@@ -19,8 +19,17 @@ from gpuconsole.alerts.rules import DEFAULT_RULES, build_rules
 from gpuconsole.alerts.state import StateFile
 from gpuconsole.config import ConfigError
 from gpuconsole.readings.alerts import AlertState
+from gpuconsole.readings.nvml import EccReading
+from gpuconsole.readings.snapshot import FleetSnapshot
 from gpuconsole.wiring import alert_rules, sim_hub, watch_alerts
-from tests.alert_fixtures import NODE, UUID, fleet, promtool_test_rules
+from tests.alert_fixtures import (
+    NODE,
+    SYSFS_BUS,
+    UUID,
+    fired_as_promtool_fires,
+    fleet,
+    promtool_test_rules,
+)
 from tests.peers import require_program
 
 
@@ -606,13 +615,18 @@ async def test_the_engine_on_a_demo_hub_puts_what_fires_in_its_snapshots() -> No
                 break
             await asyncio.sleep(0.05)
         else:
-            raise AssertionError("nothing fired in 10 s on the demo cluster (a PSU has failed)")
-        # the demo cluster's failed power supply, from the BMC's series
+            raise AssertionError("nothing fired in 10 s on the demo cluster (a remap waits)")
+        # the row remap dgx-004's GPU waits on fires at once; the failed power supply, from
+        # the BMC's series, is pending (a minute: one odd reading of a sensor is no page)
+        remap = next(a for a in latest.alerts if a.name == "GpuRowRemapPending")
+        assert remap.state is AlertState.FIRING and remap.node and remap.node in remap.summary
+        assert remap.gpu_bus_id == "0000:61:00.0"
         psu = next(a for a in latest.alerts if a.name == "PowerSupplyFailed")
-        assert psu.severity.value == "critical" and psu.node and psu.node in psu.summary
+        assert psu.severity.value == "critical" and psu.state is AlertState.PENDING
         await asyncio.sleep(0.1)
         said = [e for e in hub.events() if e.kind == "alert"]
-        assert any(e.message.startswith("alert PowerSupplyFailed firing: ") for e in said)
+        assert any(e.message.startswith("alert GpuRowRemapPending firing: ") for e in said)
+        assert not any("PowerSupplyFailed" in e.message for e in said)
     finally:
         await engine.stop()
         await hub.stop()
@@ -732,6 +746,66 @@ def test_the_verdict_rules_fire_for_drain_and_worse_and_not_for_watch() -> None:
 
     said = expand(dict(gpu.annotations)["summary"], dict(held.labels), held.value)
     assert said == f"GPU 0000:c3:00.0 on {NODE}: reset_gpu"
+
+
+# Story 9, GPU 5 of dgx-007 every 30 s: fit; a double-bit error with a row remap pending
+# (reset the GPU) from step 2; fit for one reading at step 8; the remap failed (return it for
+# service) from step 12; fit from step 20; lost (fell off the bus) from step 28.
+_PENDING = EccReading(volatile_uncorrected=1, remap_pending=True)
+_FAILED = EccReading(volatile_uncorrected=1, remap_failure=True)
+_STORY_9 = [None] * 2 + [_PENDING] * 6 + [None] + [_PENDING] * 3 + [_FAILED] * 8 + [None] * 8
+_STEP_S = 30.0
+
+
+def _story_9(step: int) -> FleetSnapshot:
+    at = step * _STEP_S
+    if step >= len(_STORY_9):
+        return fleet(at, lost=True)
+    ecc = _STORY_9[step]
+    return fleet(at) if ecc is None else fleet(at, ecc=ecc)
+
+
+def test_story_9_a_verdict_of_drain_or_worse_pages_once_it_has_held_2_minutes(
+    tmp_path: Path,
+) -> None:
+    """STORIES.md 9: "a GPU's verdict is drain or worse for 2 minutes" fires, and not
+    before; a verdict that eases for a moment, or worsens (another action: another series),
+    pages once; it resolves by itself once the GPU is fit (2 minutes on, the same
+    hysteresis); a lost GPU pages at once, its verdict 2 minutes later; a double-bit error
+    alone is no page. Promtool fires the printed rules at the same steps, alike."""
+    steps = [_story_9(k) for k in range(len(_STORY_9) + 6)]
+    fired = fired_as_promtool_fires(tmp_path, DEFAULT_RULES, steps, _STEP_S)
+
+    def when(rule: str, action: str | None = None) -> list[int]:
+        return [
+            k
+            for k, now in enumerate(fired)
+            if any(action in (None, a["exp_labels"].get("action")) for a in now[rule])  # type: ignore[attr-defined]
+        ]
+
+    # held from step 2 (60 s): pending 90 s, firing at 120 s, through the reading that eased;
+    # the lost GPU's verdict (reset it) from step 32
+    lost = len(_STORY_9)
+    assert when("GpuNotFitForWork", "reset_gpu") == [*range(6, 16), *range(lost + 4, len(steps))]
+    # the remap failed at step 12: that verdict fires 2 minutes on, as the first resolves
+    assert when("GpuNotFitForWork", "service") == list(range(16, 24))
+    assert when("GpuNotFitForWork") == [*range(6, 24), *range(lost + 4, len(steps))]
+    assert when("NodeNotFitForWork") == when("GpuNotFitForWork")
+    # the lost GPU pages at once; its verdict 2 minutes on
+    assert when("GpuLost") == list(range(lost, len(steps)))
+    # nothing pages before a verdict has held 2 minutes, but a lost GPU: the double-bit
+    # error and the pending remap are warnings, at once
+    pages = [k for k, now in enumerate(fired) if any(
+        a["exp_labels"]["severity"] == "critical" for found in now.values() for a in found  # type: ignore[index]
+    )]  # fmt: skip
+    assert pages[0] == 6
+    assert when("GpuUncorrectableEcc")[0] == 2 and when("GpuRowRemapPending")[0] == 2
+    [unfit] = fired[6]["GpuNotFitForWork"]
+    assert unfit["exp_annotations"] == {
+        "summary": f"GPU {SYSFS_BUS} on {NODE}: reset_gpu",
+        "description": "The GPU's verdict has called for drain or worse for 2 min; its "
+        "evidence is in the console's GPU view.",
+    }
 
 
 def test_a_gpu_nvml_lost_before_it_was_read_is_not_fit_for_work() -> None:

@@ -12,15 +12,11 @@ from pathlib import Path
 import pytest
 
 from gpuconsole.alerts.condition import ConditionError, Sample, parse
-from gpuconsole.alerts.engine import CONTEXT, AlertEngine
-from gpuconsole.alerts.prometheus import rules_file
-from gpuconsole.alerts.rules import DEFAULT_RULES, SLOWDOWN_REASONS
-from gpuconsole.alerts.series import samples_by_name
-from gpuconsole.alerts.state import FIRING
+from gpuconsole.alerts.rules import DEFAULT_RULES, SLOWDOWN_KEEP_S, SLOWDOWN_REASONS
 from gpuconsole.alerts.window import Windows, increase
 from gpuconsole.readings.nvml import EccReading
 from gpuconsole.readings.snapshot import FleetSnapshot
-from tests.alert_fixtures import NODE, UUID, fleet, promtool_test_rules
+from tests.alert_fixtures import NODE, UUID, fired_as_promtool_fires, fleet, promtool_test_rules
 
 NEW_RULES = (
     "GpuNvLinkErrorsClimbing",
@@ -182,7 +178,9 @@ def test_the_slowdown_rule_reads_the_reasons_the_verdict_calls_slowdowns() -> No
 MINUTES = 24
 _LINK = [(0, 0, 0)] * 2 + [(30 * m, m // 2, 100 * m) for m in range(1, 7)] + [(180, 3, 600)] * 16
 _PAGES = [(0, 0, False)] * 4 + [(2, 1, True)] * 2 + [(58, 1, False)] * 2 + [(59, 1, False)] * 16
-_HOT = [()] * 10 + [("hw_thermal_slowdown", "sw_thermal_slowdown")] * 3 + [()] * 11
+# hot for 3 minutes, cool for one, hot for 2 more: one slowdown that comes and goes
+_HEAT = ("hw_thermal_slowdown", "sw_thermal_slowdown")
+_HOT = [()] * 10 + [_HEAT] * 3 + [()] + [_HEAT] * 2 + [()] * 8
 
 
 def _minute(m: int) -> FleetSnapshot:
@@ -191,37 +189,12 @@ def _minute(m: int) -> FleetSnapshot:
     return fleet(m * 60.0, link_errors=_LINK[m], ecc=ecc, throttle=_HOT[m])
 
 
-def _engine_firing(engine: AlertEngine) -> dict[str, list[dict[str, object]]]:
-    """What fires now, by rule, as promtool's exp_alerts writes it."""
-    out: dict[str, list[dict[str, object]]] = {name: [] for name in NEW_RULES}
-    for alert in engine.alerts.values():
-        if alert.state == FIRING:
-            labels = {k: v for k, v in alert.labels.items() if k != "alertname"}
-            # what the engine adds from the console's verdict, no series carries
-            notes = {k: v for k, v in alert.annotations.items() if k not in CONTEXT}
-            out[alert.rule].append({"exp_labels": labels, "exp_annotations": notes})
-    for found in out.values():
-        found.sort(key=lambda a: json.dumps(a, sort_keys=True))
-    return out
-
-
 def test_promtool_fires_the_new_rules_as_the_engine_does(tmp_path: Path) -> None:
     """The engine runs the default rules over the exporter's series a minute apart; promtool
     runs the printed rules over the same series (built by the same builder) and must find
     exactly the alerts the engine fires at each minute, labels and summaries included."""
     rules = [r for r in DEFAULT_RULES if r.name in NEW_RULES]
-    engine = AlertEngine(rules)
-    wanted = {m for r in rules for m in r.condition.metrics}
-    series: dict[tuple[str, tuple[tuple[str, str], ...]], list[str]] = {}
-    by_minute: list[dict[str, list[dict[str, object]]]] = []
-    for m in range(MINUTES):
-        snapshot = _minute(m)
-        for name, found in samples_by_name(snapshot, wanted).items():
-            for sample in found:
-                values = series.setdefault((name, sample.labels), ["_"] * MINUTES)
-                values[m] = repr(sample.value)
-        engine.evaluate(snapshot)
-        by_minute.append(_engine_firing(engine))
+    by_minute = fired_as_promtool_fires(tmp_path, rules, [_minute(m) for m in range(MINUTES)], 60.0)
     names = {m: {n for n, found in fired.items() if found} for m, fired in enumerate(by_minute)}
     # the engine, as an operator reads it: the link climbs from minute 2, retrains a third
     # time at minute 7 (and has retrained fewer than 3 times in the ten minutes up to 13),
@@ -231,7 +204,11 @@ def test_promtool_fires_the_new_rules_as_the_engine_does(tmp_path: Path) -> None
     assert [m for m in names if "GpuNvLinkRetraining" in names[m]] == list(range(7, 13))
     assert [m for m in names if "GpuRetirementPending" in names[m]] == [4, 5]
     assert [m for m in names if "GpuRetiredPagesAtLimit" in names[m]] == list(range(8, MINUTES))
-    assert [m for m in names if "GpuClocksHeldDown" in names[m]] == [11, 12]  # after 60 s
+    # after 60 s; one alert while it comes and goes, kept 5 minutes past the last minute hot
+    # (minute 15): without that hysteresis it fired at 11, resolved at 13, fired again at 15
+    assert SLOWDOWN_KEEP_S == 300
+    held_down = [m for m in names if "GpuClocksHeldDown" in names[m]]
+    assert held_down == list(range(11, 21)), held_down
     [retrained] = by_minute[7]["GpuNvLinkRetraining"]
     assert retrained["exp_annotations"]["summary"] == (  # type: ignore[index]
         f"GPU 5 ({UUID}) on {NODE}: NVLink 0 retrained about 3 times in 10 min; drain it, "
@@ -240,34 +217,3 @@ def test_promtool_fires_the_new_rules_as_the_engine_does(tmp_path: Path) -> None
     [limit] = by_minute[8]["GpuRetiredPagesAtLimit"]
     assert "59 memory pages retired, at NVIDIA's limit of 60" not in str(limit)
     assert "60 memory pages retired, at NVIDIA's limit of 60" in str(limit)
-    # promtool over the same series, minute by minute
-    inputs = [
-        {"series": _series_text(name, labels), "values": " ".join(_scraped(values))}
-        for (name, labels), values in sorted(series.items())
-    ]
-    tests = [
-        {"eval_time": f"{m}m", "alertname": n, "exp_alerts": by_minute[m][n]}
-        for m in range(MINUTES)
-        for n in NEW_RULES
-    ]
-    (tmp_path / "rules.yml").write_text(rules_file(rules))
-    spec = {
-        "rule_files": ["rules.yml"],
-        "evaluation_interval": "1m",
-        "tests": [{"interval": "1m", "input_series": inputs, "alert_rule_test": tests}],
-    }
-    promtool_test_rules(tmp_path, json.dumps(spec), timeout_s=120)
-
-
-def _scraped(values: list[str]) -> list[str]:
-    """A series gone from a scrape is marked stale, as Prometheus marks it (else an instant
-    query would find its last value for five more minutes)."""
-    return [
-        "stale" if v == "_" and k and values[k - 1] not in ("_", "stale") else v
-        for k, v in enumerate(values)
-    ]
-
-
-def _series_text(name: str, labels: tuple[tuple[str, str], ...]) -> str:
-    inner = ", ".join(f"{k}={json.dumps(v)}" for k, v in labels)
-    return f"{name}{{{inner}}}"

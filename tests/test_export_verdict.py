@@ -147,13 +147,14 @@ async def test_prometheus_alerts_on_the_verdict_and_the_xid_and_holds_one_action
     try:
         async with prometheus(f"127.0.0.1:{agent.port}", tmp_path, rules) as url:
 
-            async def firing(name: str) -> list[dict[str, Any]] | None:
-                query = f'ALERTS{{alertname="{name}",alertstate="firing",{gpu}}}'
+            async def firing(name: str, state: str = "firing") -> list[dict[str, Any]] | None:
+                query = f'ALERTS{{alertname="{name}",alertstate="{state}",{gpu}}}'
                 return await promql(url, query) or None
 
             [ecc] = await eventually(lambda: firing("GpuDoubleBitEcc"), timeout=60)
             assert ecc["metric"]["mnemonic"] == "ROBUST_CHANNEL_GPU_ECC_DBE"
-            [unfit] = await eventually(lambda: firing("GpuNotFitForWork"))
+            # the verdict's rule fires once it has held 2 minutes: pending until then
+            [unfit] = await eventually(lambda: firing("GpuNotFitForWork", "pending"))
             assert unfit["metric"]["action"] == "reset_gpu"
             [judged] = await promql(url, f"gpuconsole_gpu_verdict{{{gpu}}}")
             assert judged["metric"]["action"] == "reset_gpu" and judged["value"][1] == "3"
@@ -176,7 +177,7 @@ async def test_prometheus_alerts_on_the_verdict_and_the_xid_and_holds_one_action
             await eventually(fit)
 
             async def resolved() -> bool | None:
-                left = await promql(url, f'ALERTS{{alertstate="firing",{gpu}}}')
+                left = await promql(url, f"ALERTS{{{gpu}}}")  # pending ones too
                 return True if left == [] else None
 
             await eventually(resolved)

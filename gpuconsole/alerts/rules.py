@@ -138,20 +138,35 @@ SLOWDOWN_REASONS = (
     "hw_power_brake_slowdown",
 )
 
+# A verdict of drain or worse pages once it has held this long (STORIES.md 9), and keeps
+# firing this long after it last held: a verdict that eases to watch for a moment and back
+# pages once, and one that worsens (drain, then reset_gpu: another series, so another
+# alert, pending from then on) has the first firing until the second does.
+VERDICT_FOR_S = 120.0
+VERDICT_KEEP_S = VERDICT_FOR_S
+# A slowdown that comes and goes (a GPU at its thermal limit) is one alert, not one a minute.
+SLOWDOWN_KEEP_S = 300.0
+# A BMC's failed PSU or fan, read so this long: one odd reading of a sensor is not a page.
+BMC_FAILED_FOR_S = 60.0
+
 DEFAULT_RULES: tuple[Rule, ...] = (
     _rule(
         "GpuNotFitForWork",
         f"gpuconsole_gpu_verdict >= {_DRAIN}",
         _CRIT,
         "GPU {{ $labels.gpu }} on {{ $labels.node }}: {{ $labels.action }}",
-        description="The GPU's verdict calls for drain or worse; its evidence is in the "
-        "console's GPU view.",
+        for_s=VERDICT_FOR_S,
+        keep_firing_for_s=VERDICT_KEEP_S,
+        description="The GPU's verdict has called for drain or worse for "
+        f"{fmt.age(0.0, VERDICT_FOR_S)}; its evidence is in the console's GPU view.",
     ),
     _rule(
         "NodeNotFitForWork",
         f"gpuconsole_node_verdict >= {_DRAIN}",
         _CRIT,
         "Node {{ $labels.node }}: {{ $labels.action }}",
+        for_s=VERDICT_FOR_S,
+        keep_firing_for_s=VERDICT_KEEP_S,
     ),
     _rule(
         "GpuLost",
@@ -160,10 +175,12 @@ DEFAULT_RULES: tuple[Rule, ...] = (
         "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.node }} fell off the bus or "
         "needs a reset",
     ),
+    # one uncorrectable error is a counter that climbed once: a warning here, and the page
+    # is GpuNotFitForWork's (its verdict: reset the GPU), with the evidence
     _rule(
         "GpuUncorrectableEcc",
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL > 0",
-        _CRIT,
+        _WARN,
         "GPU {{ $labels.pci_bus_id }} on {{ $labels.Hostname }}: {{ $value }} uncorrectable "
         "ECC errors since its last reset",
     ),
@@ -221,6 +238,7 @@ DEFAULT_RULES: tuple[Rule, ...] = (
         "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.node }}: clocks held down "
         f"({{{{ $labels.reason }}}}) for {fmt.age(0.0, SLOWDOWN_PERSISTS_S)} or more",
         for_s=SLOWDOWN_PERSISTS_S,
+        keep_firing_for_s=SLOWDOWN_KEEP_S,
     ),
     _rule(
         "GpuOverheating",
@@ -235,12 +253,14 @@ DEFAULT_RULES: tuple[Rule, ...] = (
         "gpuconsole_bmc_psus_failed > 0",
         _CRIT,
         "Node {{ $labels.node }}: {{ $value }} power supplies failed",
+        for_s=BMC_FAILED_FOR_S,
     ),
     _rule(
         "FanFailed",
         "gpuconsole_bmc_fans_failed > 0",
         _CRIT,
         "Node {{ $labels.node }}: {{ $value }} fans failed",
+        for_s=BMC_FAILED_FOR_S,
     ),
     _rule(
         "FabricRailDown",
