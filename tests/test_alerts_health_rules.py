@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuconsole.alerts.condition import ConditionError, Sample, parse
+from gpuconsole.alerts.condition import ConditionError, Sample, increase_key, parse
 from gpuconsole.alerts.rules import DEFAULT_RULES, SLOWDOWN_KEEP_S, SLOWDOWN_REASONS
 from gpuconsole.alerts.window import Windows, increase
 from gpuconsole.readings.nvml import EccReading
@@ -217,3 +217,107 @@ def test_promtool_fires_the_new_rules_as_the_engine_does(tmp_path: Path) -> None
     [limit] = by_minute[8]["GpuRetiredPagesAtLimit"]
     assert "59 memory pages retired, at NVIDIA's limit of 60" not in str(limit)
     assert "60 memory pages retired, at NVIDIA's limit of 60" in str(limit)
+
+
+def test_an_evaluation_holds_what_a_plain_reckoning_of_the_same_readings_holds() -> None:
+    """The evaluator's shortcuts (samples kept from one evaluation to the next, a window's
+    runs, a comparison before its matchers) change nothing: over demo nodes played for
+    two minutes (the flaky NVLink climbing and retraining, each node polled each second), every evaluation's samples, increases and held samples of every default rule
+    are those of a plain reckoning: every sample made anew, every point kept, every matcher
+    asked of every sample, value for value and in the same order."""
+    import asyncio
+
+    from gpuconsole.alerts.condition import Comparison, Condition, Matcher
+    from gpuconsole.alerts.series import Series, samples_by_name
+    from gpuconsole.sim.cluster import DEMO_CLUSTER, demo_hub
+
+    clock = [1_796_000_000.0]
+    # the flaky link's node, one running hot (its PSU failed too), one with a remap pending
+    played = [s for s in DEMO_CLUSTER if s.name in ("dgxa-001", "dgx-002", "dgx-004")]
+    hub = demo_hub(specs=played, clock=lambda: clock[0], start=clock[0], events=False)
+    rules = DEFAULT_RULES
+    wanted = {m for r in rules for m in r.condition.metrics}
+    ranges = {rng for r in rules for rng in r.condition.ranges}
+    assert ranges, "no default rule reads an increase"
+    series, windows = Series(wanted), Windows(ranges)
+    kept: dict[str, dict[tuple[tuple[str, str], ...], list[tuple[float, float]]]] = {}
+    held_any: set[str] = set()
+    climbed: list[float] = []
+
+    def exact(found: list[Sample]) -> list[tuple[object, ...]]:
+        return [(s.name, s.labels, repr(s.value), type(s.value)) for s in found]
+
+    def plain_select(comparison: Comparison, by_name: dict[str, list[Sample]]) -> list[Sample]:
+        def keeps(matchers: tuple[Matcher, ...], sample: Sample) -> bool:
+            labels = dict(sample.labels)
+            return all(m.holds(labels.get(m.label, "")) for m in matchers)
+
+        first, *others = comparison.terms
+        found = [s for s in by_name.get(first.key, ()) if keeps(first.matchers, s)]
+        for term in others:
+            values = {
+                s.labels: s.value for s in by_name.get(term.key, ()) if keeps(term.matchers, s)
+            }
+            found = [Sample(s.name, s.labels, s.value + values[s.labels]) for s in found if s.labels in values]  # fmt: skip
+        threshold = comparison.threshold
+        return [s for s in found if {">": s.value > threshold, ">=": s.value >= threshold,
+                "<": s.value < threshold, "<=": s.value <= threshold, "==": s.value == threshold,
+                "!=": s.value != threshold}[comparison.op]]  # fmt: skip
+
+    def plain_evaluate(condition: Condition, by_name: dict[str, list[Sample]]) -> list[Sample]:
+        def key(s: Sample, on: tuple[str, ...] | None) -> object:
+            return s.labels if on is None else tuple(dict(s.labels).get(n, "") for n in on)
+
+        found = plain_select(condition.first, by_name)
+        for on, comparison in condition.rest:
+            keys = {key(s, on) for s in plain_select(comparison, by_name)}
+            found = [s for s in found if key(s, on) in keys]
+        return found
+
+    def look(snapshot: FleetSnapshot) -> None:
+        now = snapshot.at
+        by_name = series.samples(snapshot)
+        plain = samples_by_name(snapshot, wanted)  # every sample made anew
+        assert sorted(by_name) == sorted(plain)
+        for name, found in plain.items():
+            assert exact(by_name[name]) == exact(found), name
+        windows.observe(by_name, now)
+        for metric in {m for m, _ in ranges}:
+            points = kept.setdefault(metric, {})
+            for sample in plain.get(metric, ()):
+                points.setdefault(sample.labels, []).append((now, float(sample.value)))
+            longest = max(r for m, r in ranges if m == metric)
+            for labels in list(points):
+                points[labels] = [p for p in points[labels] if p[0] >= now - longest]
+                if not points[labels]:
+                    del points[labels]
+        for metric, range_s in ranges:
+            want = []
+            for labels, points in kept[metric].items():
+                grown = increase([p for p in points if p[0] >= now - range_s], now - range_s, now)
+                if grown is not None:
+                    want.append(Sample(metric, labels, grown))
+            assert exact(by_name[increase_key(metric, range_s)]) == exact(want), (metric, now)
+            climbed.extend(s.value for s in want if s.value > 0)
+        for rule in rules:
+            found = rule.condition.evaluate(by_name)
+            assert exact(found) == exact(plain_evaluate(rule.condition, by_name)), rule.name
+            if rule.clear is not None:
+                cleared = rule.condition.evaluate(by_name, rule.clear)
+                first = Comparison(rule.condition.first.terms, rule.condition.first.op, rule.clear)
+                plain_clear = plain_evaluate(Condition(first, rule.condition.rest), by_name)
+                assert exact(cleared) == exact(plain_clear), rule.name
+            if found:
+                held_any.add(rule.name)
+
+    def step() -> None:
+        snapshot = hub.publish()
+        if int(clock[0]) % 5 == 0:  # an evaluation every 5 s, as [alerts] interval_s
+            look(snapshot)
+        clock[0] += 1.0
+
+    asyncio.run(hub.poll_once(rounds=110, between=step))
+    # what the play holds: the flaky link's climb and retraining among it
+    assert {"GpuNvLinkErrorsClimbing", "GpuNvLinkRetraining", "GpuNotFitForWork",
+            "PowerSupplyFailed", "GpuOverheating"} <= held_any, held_any  # fmt: skip
+    assert climbed, "no increase above 0 in the play"

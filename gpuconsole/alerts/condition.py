@@ -162,6 +162,12 @@ class Comparison:
         """The samples (of the first term, with the terms' sum as value) its comparison
         keeps."""
         first, *others = self.terms
+        compare, threshold = _OPS[self.op], self.threshold
+        if not others:
+            # the comparison first, then the matchers: the same samples, and most of a
+            # large fleet's fail the comparison (an increase of 0), at less than a matcher
+            held = [s for s in by_name.get(first.key, ()) if compare(s.value, threshold)]
+            return first.select(held) if first.matchers else held
         found = first.select(by_name.get(first.key, ()))
         for term in others:
             values = {s.labels: s.value for s in term.select(by_name.get(term.key, ()))}
@@ -170,7 +176,6 @@ class Comparison:
                 for s in found
                 if s.labels in values
             ]
-        compare, threshold = _OPS[self.op], self.threshold
         return [s for s in found if compare(s.value, threshold)]
 
 

@@ -50,6 +50,9 @@ def _by_name(
             last = known.get(values)
             if last is None:
                 last = known[values] = Sample(name, make(values), value)
+            elif last[2] is value and value == value:
+                pass  # the very value of last time (most of a fleet's: the small ints of
+                # counters that never moved): the checks below would say the same
             elif (
                 last.value != value
                 or type(last.value) is not type(value)

@@ -5,7 +5,6 @@ the increase reckoned from them as Prometheus reckons it."""
 from __future__ import annotations
 
 import math
-from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 
@@ -53,94 +52,163 @@ def _stretched(
 
 
 class _Series:
-    """One series' points (times and values in two arrays: 16 bytes a point)."""
+    """One series' points, as runs: evaluations (their places in the Windows' timeline) at
+    which it was read at one value, one after the other. A counter that does not move is
+    one run however long its window (a large fleet's NVLink counters, most of them), where
+    a point each was 16 bytes an evaluation, and a point appended and one cut each time."""
 
-    __slots__ = ("flat", "reset_at", "times", "values")
+    __slots__ = ("end", "flat", "older", "start", "value")
 
-    def __init__(self) -> None:
-        self.times = array("d")
-        self.values = array("d")
-        self.reset_at = -math.inf  # the last time the value fell (a counter reset)
+    def __init__(self, at: int, value: float) -> None:
+        self.start = self.end = at  # its last run: evaluations start..end
+        self.value = value  # of the last run, as the sample held it (an int stays one)
+        self.older: list[tuple[int, int, float]] = []  # earlier runs, oldest first
         self.flat: Sample | None = None  # its increase of 0, made once: most are 0
 
-    def increase(self, start: float, end: float) -> float | None:
-        times, values = self.times, self.values
-        first = bisect_left(times, start)
-        count = len(times) - first
-        if count < 2:
-            return None
-        if self.reset_at < start:  # no reset in the window: no point needs a look
-            grown = values[-1] - values[first]
-            return _stretched((times[first], values[first]), (times[-1], values[-1]), count, grown, start, end)  # fmt: skip
-        return increase(list(zip(times[first:], values[first:], strict=True)), start, end)
+    def runs(self, first: int) -> list[tuple[int, int, float]]:
+        """Its runs from evaluation `first` on, cut to begin there."""
+        found = [(max(s, first), e, v) for s, e, v in self.older if e >= first]
+        if self.end >= first:
+            found.append((max(self.start, first), self.end, self.value))
+        return found
 
 
 class Windows:
-    """The points of every series an increase term reads, each kept for its window."""
+    """The points of every series an increase term reads, each kept for its window: the
+    times of the evaluations once (every series read at one is read at its time), and
+    each series' values as runs of them."""
 
     def __init__(self, ranges: Iterable[tuple[str, float]]) -> None:
         self.ranges = frozenset(ranges)  # (metric, window) of every increase term
         self.longest: dict[str, float] = {}  # metric -> its longest window
-        for metric, range_s in self.ranges:
+        self.windows: dict[str, list[float]] = {}  # metric -> its windows, longest first
+        for metric, range_s in sorted(self.ranges, key=lambda r: -r[1]):
             self.longest[metric] = max(range_s, self.longest.get(metric, 0.0))
+            self.windows.setdefault(metric, []).append(range_s)
         self.series: dict[str, dict[Labels, _Series]] = {m: {} for m in self.longest}
+        self.times: list[float] = []  # of the evaluations kept, oldest first
+        self.first = 0  # the place of times[0] among every evaluation kept since the start
 
     def points(self, metric: str, labels: Labels) -> list[tuple[float, float]]:
         """The points kept of one series, oldest first."""
         found = self.series[metric].get(labels)
-        return [] if found is None else list(zip(found.times, found.values, strict=True))
+        if found is None:
+            return []
+        times, first = self.times, self.first
+        return [
+            (times[at - first], float(value))
+            for start, end, value in found.runs(first)
+            for at in range(start, end + 1)
+        ]
 
     def observe(self, by_name: dict[str, list[Sample]], now: float) -> None:
         """Keep `now`'s samples of the metrics increases read, forget what fell out of
-        their windows, and file each increase in `by_name` under its term's key.
+        their windows, and file each increase in `by_name` under its term's key (an
+        evaluation before the last one kept adds no points: time does not run back).
 
         Runs once per series per evaluation (a large fleet has hundreds of thousands of
-        NVLink counters): _Series.add and forget_before written out, not called."""
-        for metric, longest in self.longest.items():
-            kept = self.series[metric]
-            for sample in by_name.get(metric, ()):
-                series = kept.get(sample.labels)
-                if series is None:
-                    series = kept[sample.labels] = _Series()
-                    times = series.times
-                else:
-                    times = series.times
-                    if times and times[-1] >= now:
-                        continue  # an evaluation at this instant kept it already
-                values, value = series.values, sample.value
-                if values and value < values[-1]:
-                    series.reset_at = now
-                times.append(now)
-                values.append(value)
-            start = now - longest
-            gone = []
-            for labels, series in kept.items():
-                times = series.times
-                if times[0] < start:
-                    cut = bisect_left(times, start)
-                    del times[:cut]
-                    del series.values[:cut]
-                    if not times:
-                        gone.append(labels)
-            for labels in gone:
-                del kept[labels]
-        for metric, range_s in self.ranges:
-            found = []
-            start = now - range_s
-            for labels, series in self.series[metric].items():
-                times = series.times
-                if len(times) < 2:
+        NVLink counters): written out, not called."""
+        times = self.times
+        if not times or now > times[-1]:
+            times.append(now)
+        at = self.first + len(times) - 1  # the place of this evaluation
+        if now >= times[-1]:
+            for metric in self.longest:
+                self._keep(self.series[metric], by_name.get(metric, ()), at)
+        for metric, windows in self.windows.items():
+            self._reckon(metric, windows, by_name, now)
+        # the times no window reaches back to any longer
+        cut = bisect_left(times, now - max(self.longest.values(), default=0.0))
+        if cut:
+            del times[:cut]
+            self.first += cut
+
+    @staticmethod
+    def _keep(kept: dict[Labels, _Series], samples: Iterable[Sample], at: int) -> None:
+        copysign = math.copysign
+        for sample in samples:
+            series = kept.get(sample.labels)
+            value = sample.value
+            if series is None:
+                kept[sample.labels] = _Series(at, value)
+                continue
+            end = series.end
+            if end >= at:
+                continue  # an evaluation at this instant kept it already
+            last = series.value
+            if end == at - 1 and (
+                value is last
+                or (value == last and (value != 0 or copysign(1.0, value) == copysign(1.0, last)))
+            ):  # read at the last evaluation, at the value it had (of its sign, 0 too)
+                series.end = at
+                continue
+            series.older.append((series.start, end, last))
+            series.start = series.end = at
+            series.value = value
+
+    def _reckon(
+        self, metric: str, windows: list[float], by_name: dict[str, list[Sample]], now: float
+    ) -> None:
+        """Each series' increase over each of `windows` (longest first), filed in
+        `by_name`; a series with no point left in the longest is forgotten, and runs
+        that ended before it are."""
+        times, first = self.times, self.first
+        kept = self.series[metric]
+        begin = bisect_left(times, now - windows[0]) + first
+        found: list[Sample] = []
+        gone = []
+        for labels, series in kept.items():
+            end = series.end
+            if end < begin:
+                gone.append(labels)
+                continue
+            older = series.older
+            if older and older[0][1] < begin:
+                older[:] = [run for run in older if run[1] >= begin]
+            if end - begin < 1:
+                continue  # one point in the window at most: no increase
+            if not older:
+                # one run in the window: the common case, written out
+                if end - max(series.start, begin) < 1:
                     continue
-                if series.reset_at < start and times[0] >= start:
-                    # the common case, written out: every point in the window, no reset
-                    values = series.values
-                    if values[-1] - values[0] == 0.0:  # flat: grown 0, however stretched
-                        flat = series.flat
-                        if flat is None:
-                            flat = series.flat = Sample(metric, labels, 0.0)
-                        found.append(flat)
-                        continue
-                grown = series.increase(start, now)
+                value = series.value
+                if value - value == 0.0:  # flat: grown 0, however stretched
+                    flat = series.flat
+                    if flat is None:
+                        flat = series.flat = Sample(metric, labels, 0.0)
+                    found.append(flat)
+                    continue
+            grown = _grown(series.runs(begin), times, first, now - windows[0], now)
+            if grown is not None:
+                found.append(Sample(metric, labels, grown))
+        for labels in gone:
+            del kept[labels]
+        by_name[increase_key(metric, windows[0])] = found
+        for window in windows[1:]:  # shorter ones (rules seldom differ): from the runs
+            begin = bisect_left(times, now - window) + first
+            into = by_name[increase_key(metric, window)] = []
+            for labels, series in kept.items():
+                grown = _grown(series.runs(begin), times, first, now - window, now)
                 if grown is not None:
-                    found.append(Sample(metric, labels, grown))
-            by_name[increase_key(metric, range_s)] = found
+                    into.append(Sample(metric, labels, grown))
+
+
+def _grown(
+    runs: list[tuple[int, int, float]], times: list[float], first: int, start: float, end: float
+) -> float | None:
+    """increase() of the points these runs make, reckoned run by run: a run's points
+    after its first add nothing (the same value, no reset)."""
+    count = sum(e - s + 1 for s, e, _v in runs)
+    if count < 2:
+        return None
+    first_v, last_v = float(runs[0][2]), float(runs[-1][2])
+    grown = last_v - first_v
+    previous = 0.0
+    for _s, _e, value in runs:
+        point = float(value)
+        if point < previous:
+            grown += previous
+        previous = point
+    first_point = (times[runs[0][0] - first], first_v)
+    last_point = (times[runs[-1][1] - first], last_v)
+    return _stretched(first_point, last_point, count, grown, start, end)
