@@ -655,8 +655,8 @@ def test_the_series_rules_read_are_the_series_a_scrape_reads() -> None:
 
 def test_each_family_asked_alone_is_the_full_bodys() -> None:
     """An evaluation skips the work of the families its rules do not read (profiling,
-    NVLink traffic, MIG, health...): a rule that reads any one of them alone still finds
-    every sample a scrape has of it."""
+    NVLink traffic, MIG, health, BMC sensors, ownership, topology...): a rule that reads any
+    one family of the body alone still finds every sample a scrape has of it."""
     from gpuconsole.alerts.series import samples_by_name
     from gpuconsole.export.collector import build
     from tests.export_fixtures import frozen_fleet as polled_fleet
@@ -666,20 +666,17 @@ def test_each_family_asked_alone_is_the_full_bodys() -> None:
     for name, labels, values, value in build(snapshot, snapshot.at).samples():
         pairs = tuple(sorted(zip(labels, values, strict=True)))
         full.setdefault(name, []).append(Sample(name, pairs, value))
-    # each family of a room's work that `Families.wants` skips where none is read
-    skipped = [n for n in full if n.startswith(("DCGM_FI_PROF_", "gpuconsole_nvlink_", "gpuconsole_mig_",
-               "node_infiniband_", "gpuconsole_fabric_port_"))]  # fmt: skip
-    skipped += [
-        "gpuconsole_gpu_health",
-        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-        "DCGM_FI_DEV_FB_USED",
-    ]
+    # among them, families of each room's work that `Families.wants` skips where none is read
     for name in ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES",
                  "gpuconsole_nvlink_transmit_bytes_total", "gpuconsole_mig_instance_info",
-                 "node_infiniband_port_data_received_bytes_total", *skipped):  # fmt: skip
+                 "node_infiniband_port_data_received_bytes_total", "gpuconsole_gpu_health",
+                 "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_FB_USED",
+                 "gpuconsole_gpu_topology_info", "gpuconsole_gpu_owner_info", "ipmi_temperature_celsius",
+                 "gpuconsole_bmc_health", "gpuconsole_gpu_nic_affinity_info",
+                 "gpuconsole_gpu_board_temperature_celsius"):  # fmt: skip
         assert full.get(name), name
-    for name in skipped:
-        assert samples_by_name(snapshot, {name}) == {name: full[name]}, name
+    for name, samples in full.items():
+        assert samples_by_name(snapshot, {name}) == {name: samples}, name
 
 
 def test_a_node_unchanged_since_the_last_evaluation_is_read_as_it_was_built() -> None:

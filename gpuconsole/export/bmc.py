@@ -40,6 +40,14 @@ _BOARD: dict[SensorKind, Spec] = {
     SensorKind.POWER: names.GPU_BOARD_POWER,
     SensorKind.VOLTAGE: names.GPU_BOARD_VOLTAGE,
 }
+# What _sensors and _gpu_board write: skipped where none of them is wanted (an evaluation
+# of alert rules reads a few families of a node's hundreds)
+_SENSOR_SPECS = (
+    *(spec for typed in (*_TYPED.values(), _FAN_PERCENT) for spec in typed[:2]),
+    names.IPMI_SENSOR_VALUE,
+    names.IPMI_SENSOR_STATE,
+)
+_BOARD_SPECS = (*_BOARD.values(), names.GPU_BOARD_ENERGY)
 
 
 def sensor_state(sensor: BmcSensor) -> float:
@@ -80,14 +88,17 @@ def bmc_metrics(out: Families, node: NodeSnapshot) -> None:
                 out.gauge(names.BMC_PART_UP, ("node", "part"), (name, part.part), float(part.ok))
     # the BMC's light as every console shows it: from the verdict's BMC findings (a critical
     # SEL record included), stale while the source is
-    health = source_health(node, "bmc").value
-    for state in _BMC_STATES:
-        out.gauge(names.BMC_HEALTH, ("node", "state"), (name, state), float(state == health))
+    if out.wants(names.BMC_HEALTH):
+        health = source_health(node, "bmc").value
+        for state in _BMC_STATES:
+            out.gauge(names.BMC_HEALTH, ("node", "state"), (name, state), float(state == health))
     _totals(out, name, reading)
     _gpu_board(out, node, reading)
 
 
 def _sensors(out: Families, node: str, reading: BmcReading) -> None:
+    if not out.wants(*_SENSOR_SPECS):
+        return
     seen: set[tuple[str, str, str]] = set()
     for sensor in reading.sensors:
         typed = _TYPED.get(sensor.unit)
@@ -130,6 +141,8 @@ def _totals(out: Families, node: str, reading: BmcReading) -> None:
 
 def _gpu_board(out: Families, node: NodeSnapshot, reading: BmcReading) -> None:
     """HGX baseboard sensors, matched to NVML's GPUs by module id (SXM n)."""
+    if not out.wants(*_BOARD_SPECS):
+        return
     by_module = {g.module_id: g for g in node.gpus if g.module_id is not None}
     for sensor in reading.sensors:
         module = sensor.gpu_module_id

@@ -162,6 +162,8 @@ def _port_state(
 def _affinity(out: Families, node: NodeSnapshot, reading: FabricReading) -> None:
     """The NIC each GPU should pair with for GPUDirect RDMA, what is wrong with it, and the
     NIC it falls back to while its rail is down (the one the console names)."""
+    if not out.wants(names.GPU_NIC_AFFINITY, names.GPU_GPUDIRECT_FLAG, names.GPU_NIC_FALLBACK):
+        return
     by_bus = {g.pci_bus_id: g for g in node.gpus}
     used = gpu_nics(reading)
     for affinity in reading.gpus:

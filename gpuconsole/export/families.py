@@ -116,6 +116,22 @@ class Families:
             family = self._families[name] = _Family(name, spec[1], "counter", sample_name)
         family.samples.append((labels, values, value))
 
+    def counters(self, spec: Spec, rows: list[tuple[Labels, Labels, float]]) -> None:
+        """Many samples of one counter family at once, each (label names, label values,
+        value), all of one shape (the first is checked): a GPU's NVLink error counters,
+        which a large fleet has by the 100,000."""
+        if not rows:
+            return
+        name, sample_name = _counter_names(spec[0])
+        if self._only is not None and sample_name not in self._only:
+            return
+        if len(rows[0][0]) != len(rows[0][1]):
+            raise ValueError(f"{spec[0]}: labels {rows[0][0]} and values {rows[0][1]} differ")
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = _Family(name, spec[1], "counter", sample_name)
+        family.samples.extend(rows)
+
     def by_family(self) -> Iterator[tuple[str, list[tuple[Labels, Labels, float]]]]:
         """Each family's sample name and samples (label names, label values, value): what
         alert rules are evaluated over, the very series a scrape would read."""

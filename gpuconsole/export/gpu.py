@@ -200,7 +200,9 @@ def _nvlink_metrics(
     link_labels = (*own, "link", "remote")
     error_labels = (*own, "link", "counter")
     node_name, number, uuid = own_values
-    counter, spec = out.counter, names.GPU_NVLINK_ERRORS
+    counter = out.counter
+    rows: list[tuple[Labels, Labels, float]] = []
+    row = rows.append
     for link in gpu.nvlinks:
         number_of = str(link.link)
         if traffic:
@@ -211,13 +213,15 @@ def _nvlink_metrics(
                 counter(names.NVLINK_RX, link_labels, lv, link.rx_kib_total * 1024.0)
         if not errors:
             continue
-        # one counter of each kind a link, written out: a large fleet has 100,000s of them
+        # one counter of each kind a link, written out and handed over together: a large
+        # fleet has 100,000s of them
         if (total := link.replay_errors_total) is not None:
-            counter(spec, error_labels, (node_name, number, uuid, number_of, "replay"), total)
+            row((error_labels, (node_name, number, uuid, number_of, "replay"), total))
         if (total := link.recovery_errors_total) is not None:
-            counter(spec, error_labels, (node_name, number, uuid, number_of, "recovery"), total)
+            row((error_labels, (node_name, number, uuid, number_of, "recovery"), total))
         if (total := link.crc_errors_total) is not None:
-            counter(spec, error_labels, (node_name, number, uuid, number_of, "crc"), total)
+            row((error_labels, (node_name, number, uuid, number_of, "crc"), total))
+    out.counters(names.GPU_NVLINK_ERRORS, rows)
 
 
 def _mig_metrics(
@@ -317,7 +321,7 @@ def _profiling(
 
 def topology_metrics(out: Families, node: NodeSnapshot) -> None:
     """How each pair of GPUs is connected, in nvidia-smi's topo codes."""
-    if node.nvml is None:
+    if node.nvml is None or not out.wants(names.TOPOLOGY):
         return
     for i, row in enumerate(node.nvml.gpu_topology):
         for j, code in enumerate(row):

@@ -69,8 +69,21 @@ def _owner_values(owner: Owner) -> Labels:
     return (owner.kind.value, owner.tenant or "", owner.name, owner.source)
 
 
+_OWNERSHIP_SPECS = (
+    names.GPU_OWNER_INFO,
+    names.GPU_OWNER_MEM_USED,
+    names.GPU_OWNER_MEM_LIMIT,
+    names.GPU_OWNER_SM_LIMIT,
+    names.MIG_OWNER_INFO,
+    names.TENANT_GPUS,
+    names.OWNERSHIP_PROBLEM,
+)
+
+
 def ownership_metrics(out: Families, node: NodeSnapshot, ownership: Ownership) -> None:
     """Owner info per GPU and MIG instance, GPUs per tenant, and inconsistencies."""
+    if not out.wants(*_OWNERSHIP_SPECS):
+        return  # none of them read (an evaluation of alert rules)
     name = node.node
     tenants: Counter[tuple[str, str]] = Counter()
     problems: Counter[Labels] = Counter()
