@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -42,13 +41,16 @@ class ConditionError(ValueError):
     """A condition outside the subset: says what was expected, and where."""
 
 
-_OPS: dict[str, Callable[[float, float], bool]] = {
-    ">": operator.gt,
-    ">=": operator.ge,
-    "<": operator.lt,
-    "<=": operator.le,
-    "==": operator.eq,
-    "!=": operator.ne,
+# Each comparison as a filter of samples (their value's place written out): it runs over
+# every sample of a large fleet's metric, where a call of operator's function per sample
+# was most of the cost
+_FILTERS: dict[str, Callable[[Iterable[Sample], float], list[Sample]]] = {
+    ">": lambda found, threshold: [s for s in found if s[2] > threshold],
+    ">=": lambda found, threshold: [s for s in found if s[2] >= threshold],
+    "<": lambda found, threshold: [s for s in found if s[2] < threshold],
+    "<=": lambda found, threshold: [s for s in found if s[2] <= threshold],
+    "==": lambda found, threshold: [s for s in found if s[2] == threshold],
+    "!=": lambda found, threshold: [s for s in found if s[2] != threshold],
 }
 _MATCH_OPS = ("=~", "!~", "!=", "=")
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -162,12 +164,12 @@ class Comparison:
         """The samples (of the first term, with the terms' sum as value) its comparison
         keeps."""
         first, *others = self.terms
-        compare, threshold = _OPS[self.op], self.threshold
+        held = _FILTERS[self.op]
         if not others:
             # the comparison first, then the matchers: the same samples, and most of a
             # large fleet's fail the comparison (an increase of 0), at less than a matcher
-            held = [s for s in by_name.get(first.key, ()) if compare(s.value, threshold)]
-            return first.select(held) if first.matchers else held
+            found = held(by_name.get(first.key, ()), self.threshold)
+            return first.select(found) if first.matchers else found
         found = first.select(by_name.get(first.key, ()))
         for term in others:
             values = {s.labels: s.value for s in term.select(by_name.get(term.key, ()))}
@@ -176,7 +178,7 @@ class Comparison:
                 for s in found
                 if s.labels in values
             ]
-        return [s for s in found if compare(s.value, threshold)]
+        return held(found, self.threshold)
 
 
 @dataclass(frozen=True, slots=True)

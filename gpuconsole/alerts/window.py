@@ -169,7 +169,8 @@ class Windows:
                 continue  # one point in the window at most: no increase
             if not older:
                 # one run in the window: the common case, written out
-                if end - max(series.start, begin) < 1:
+                start = series.start
+                if end - (start if start > begin else begin) < 1:
                     continue
                 value = series.value
                 if value - value == 0.0:  # flat: grown 0, however stretched
