@@ -67,7 +67,7 @@ def gpu_metrics(
     ident = _identity(gpu, ownership)
     uuid, bus, model = ident
     pod = pods.gpus.get(uuid) if uuid else None
-    number = str(gpu.index) if guest_bus is None else short_bus_id(guest_bus)
+    number = _number(gpu.index) if guest_bus is None else short_bus_id(guest_bus)
     base = _dcgm_values(node, number, ident)
     labels = names.DCGM_LABELS if pod is None else (*names.DCGM_LABELS, *pod[0])
     values = base if pod is None else (*base, *pod[1])
@@ -178,6 +178,15 @@ def gpu_metrics(
     )
 
 
+# GPU and link numbers as label values, made once: the same string objects every time, whose
+# hash is kept, where an evaluation looks up each series by its label values
+_NUMBERS = tuple(str(n) for n in range(256))
+
+
+def _number(n: int) -> str:
+    return _NUMBERS[n] if 0 <= n < 256 else str(n)
+
+
 def _nvlink_metrics(
     out: Families,
     node: NodeSnapshot,
@@ -188,7 +197,8 @@ def _nvlink_metrics(
 ) -> None:
     """A GPU's NVLink series: links up, the traffic of all, each link's counters."""
     own = names.OWN_LABELS
-    out.gauge(names.GPU_NVLINK_ACTIVE, own, own_values, float(gpu.nvlinks_active))
+    if out.wants(names.GPU_NVLINK_ACTIVE):
+        out.gauge(names.GPU_NVLINK_ACTIVE, own, own_values, float(gpu.nvlinks_active))
     if out.wants(names.DCGM_NVLINK_TOTAL):
         total = _nvlink_kib_per_s(node, gpu, "tx_kib", "rx_kib")
         if total is not None:
@@ -204,7 +214,7 @@ def _nvlink_metrics(
     rows: list[tuple[Labels, Labels, float]] = []
     row = rows.append
     for link in gpu.nvlinks:
-        number_of = str(link.link)
+        number_of = _number(link.link)
         if traffic:
             lv = (node_name, number, uuid, number_of, link.remote_kind.value)
             if link.tx_kib_total is not None:
