@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 SILENCES_EVERY_S = 30.0
 # Evaluations take at most this share of a core: a head of a thousand nodes builds the series
-# of each node polled since the last (0.7 s of CPU for all of them, benchmarks/bench_alerts),
+# of each node polled since the last (about 0.5 s of CPU for all of them, benchmarks/bench_alerts),
 # so it evaluates less often than interval_s asks.
 CPU_SHARE = 0.05
 _RANK = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
