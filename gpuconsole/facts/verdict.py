@@ -40,6 +40,7 @@ each verdict up. The data classes live in `readings.verdict`, where the codec de
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import re
@@ -425,10 +426,16 @@ def gpu_findings(
     return found
 
 
+@functools.lru_cache(maxsize=256)  # a few sets of reasons in a fleet; an agent's bounded
+def _slowdown_words(reasons: tuple[str, ...]) -> str:
+    """The reasons that slow a GPU down (SLOWDOWNS) in an operator's words."""
+    return fmt.throttle_words(tuple(r for r in reasons if r in _SLOWDOWNS))
+
+
 def _slowdown(node: NodeSnapshot, gpu: GpuReading, add: _Add) -> None:
     """Clocks held down by heat or power, judged on how long: a passing spike is evidence,
     one that lasts SLOWDOWN_PERSISTS_S or more is a GPU to watch."""
-    words = fmt.throttle_words(tuple(r for r in gpu.throttle_reasons if r in _SLOWDOWNS))
+    words = _slowdown_words(gpu.throttle_reasons)
     since = gpu.slowdown_since
     if since is None:  # not known since when (or an older agent's reading): as it looks now
         add("slowdown", f"clocks held down: {words}", Severity.WARNING, Action.WATCH)
