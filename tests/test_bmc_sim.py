@@ -130,3 +130,14 @@ def test_the_lost_gpu_of_story_one_has_its_pcie_error_in_the_sel_at_the_same_tim
     calm = quiet.node("dgx-003")
     assert calm is not None and calm.bmc is not None
     assert not [e for e in calm.bmc.sel_recent if e.severity.value == "critical"]
+
+
+def test_a_gpu_off_the_bus_for_good_has_its_pcie_error_in_the_sel_too() -> None:
+    """xid79hard (dgx-006's GPU 1 in the demo) falls off the bus as xid79 does, and stays
+    off: its BMC logs the same fatal PCIe error at its slot."""
+    sel = read(node("xid79hard:1@75")).sel_recent
+    (entry,) = [e for e in sel if e.sensor_type == "Critical Interrupt"]
+    slot = get_profile("dgx-h100").gpus[1]  # module 4 of the baseboard, on bus 43
+    assert entry.sensor == f"PCIe SXM{slot.module_id}" and slot.bus_id.endswith("43:00.0")
+    assert "Bus Fatal Error (bus 43 dev 00 fn 0)" in entry.event
+    assert entry.at == T0 + 75

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuconsole.readings.bmc import Thresholds
-from gpuconsole.sim.node import SimNode
+from gpuconsole.sim.node import SimNode, xid_of
 from gpuconsole.sim.profiles import GpuSlot
 from gpuconsole.sources.bmc.ipmi import IpmiLink, IpmiSensorData
 
@@ -209,7 +209,7 @@ class SimIpmiSession:
             elif s.kind == "psu":
                 psu = f"PSU{s.gpu} Status"
                 records.append(_record(number, at, psu, "Power Supply", "Failure", CRITICAL))
-            elif s.kind == "xid79":
+            elif xid_of(s.kind) == 79:  # off the bus, for now (xid79) or for good
                 records.append(_pcie_fatal(number, at, node.profile.gpus[s.gpu]))
         return records
 
