@@ -679,7 +679,7 @@ def demo_executor(
     log under the user's own state folder; `dry_run`: the journal in memory, as above)."""
     from gpuconsole.actions.executor import Executor
     from gpuconsole.actions.store import demo_store
-    from gpuconsole.sim.actions import SimWorld, sim_drivers
+    from gpuconsole.sim.actions import SIM_WAITS, SimWorld, sim_drivers
 
     world = SimWorld.demo(node, demo_root(node))
     reader: Reader = world.snapshot
@@ -693,6 +693,7 @@ def demo_executor(
         reader=reader,
         emit=emit,
         on_step=on_step,
+        **SIM_WAITS,
     )
 
 

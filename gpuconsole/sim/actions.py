@@ -20,7 +20,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from gpuconsole.actions.audit import AuditLog
 from gpuconsole.actions.drivers import Drivers, StepFailed
@@ -48,6 +48,7 @@ from gpuconsole.sources.base import EmitEvent
 from gpuconsole.sources.pci import read_attribute
 
 __all__ = [
+    "SIM_WAITS",
     "SLURM_JOB_ENDS_S",
     "LiveWorld",
     "SimWorld",
@@ -61,6 +62,19 @@ __all__ = [
 # How long a simulated node's Slurm jobs run on once the node is drained: a job's end, soon
 # enough that the demo's plans that wait for it go on.
 SLURM_JOB_ENDS_S = 6.0
+
+
+# How an executor waits on a simulated node (Executor's idle_timeout_s, settle_s, poll_s):
+# its tenants go at once (its Slurm jobs in SLURM_JOB_ENDS_S), and its GPUs come back at once
+# after a reset or power cycle, or never; a real node's minutes would only keep the demo's
+# operator waiting for a GPU that stays lost.
+class SimWaits(TypedDict):
+    idle_timeout_s: float
+    settle_s: float
+    poll_s: float
+
+
+SIM_WAITS: SimWaits = {"idle_timeout_s": 30.0, "settle_s": 8.0, "poll_s": 0.5}
 # Drivers a fake kernel binds by PCI class when driver_override is empty.
 _DEFAULT_DRIVERS = {0x03: "nvidia", 0x04: "snd_hda_intel", 0x06: "nvidia"}
 
@@ -681,8 +695,5 @@ def live_executor(
         reader=world.snapshot,
         emit=emit,
         on_step=on_step,
-        # the demo's tenants go at once, and its GPUs come back at once or never
-        idle_timeout_s=30.0,
-        settle_s=8.0,
-        poll_s=0.5,
+        **SIM_WAITS,
     )
