@@ -456,7 +456,7 @@ async def test_the_json_snapshot_is_served_and_versioned(agent: Agent) -> None:
     status, body, _ = await get(f"http://127.0.0.1:{agent.port}/api/v1/snapshot")
     assert status == 200
     data = json.loads(body)
-    assert data["schema_version"] == 1 and len(data["nodes"]) == 8
+    assert data["schema_version"] == 1 and len(data["nodes"]) == 10  # the demo cluster
 
 
 async def raw_get(url: str, **headers: str) -> tuple[int, bytes, Mapping[str, str]]:

@@ -191,9 +191,9 @@ async def test_the_wallboard_shows_every_gpu_and_fills_a_big_screen() -> None:
         lines = screen_text(app).splitlines()
         dgx004 = next(line for line in lines if "dgx-004" in line)
         assert len(dgx004.split()[2:-1]) == 8  # every GPU, the one in a guest too
-        assert app.current is not None and app.current.figures[0] == ("GPUs", "64")
+        assert app.current is not None and app.current.figures[0] == ("GPUs", "80")
         rows = [k for k, line in enumerate(lines) if any(n.node in line for n in fleet.nodes)]
-        assert rows[-1] - rows[0] + 1 >= 0.6 * len(lines)  # 8 nodes over most of 48 lines
+        assert rows[-1] - rows[0] + 1 >= 0.6 * len(lines)  # 10 nodes over most of 48 lines
 
 
 # --- the keyboard does what it shows -------------------------------------------------------
@@ -296,7 +296,7 @@ async def test_the_fleet_summary_counts_what_the_filter_lists(console_app: Any) 
         await pilot.press("slash", *"a100", "enter")
         await pilot.pause()
         summary = str(app.screen.query_one("#fleet-summary", Static).render())
-        assert summary.startswith("3 of 8 nodes · 24 GPUs")
+        assert summary.startswith("3 of 10 nodes · 24 GPUs")
 
 
 def _contrast(a: Color, b: Color) -> float:

@@ -131,10 +131,10 @@ async def test_slash_filters_by_model_and_escape_clears(console_app: Any) -> Non
         assert row_names(app) == ["dgxa-001", "dgxa-002", "apollo-01"]
         await pilot.press("slash", "backspace", "backspace", "backspace", "backspace",
                           *"critical", "enter")  # fmt: skip
-        # a failed fan, a lost GPU, a failed PSU
-        assert row_names(app) == ["dgx-002", "dgx-003", "dgxa-001"]
+        # a failed fan, a lost GPU, a double-bit ECC error, a GPU lost for good, a failed PSU
+        assert row_names(app) == ["dgx-002", "dgx-003", "dgx-005", "dgx-006", "dgxa-001"]
         await pilot.press("escape")
-        assert len(row_names(app)) == 8
+        assert len(row_names(app)) == 10
 
 
 async def test_sort_by_health_puts_the_worst_first(console_app: Any) -> None:
@@ -142,10 +142,11 @@ async def test_sort_by_health_puts_the_worst_first(console_app: Any) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("s")
         names = row_names(app)
-        # critical: a lost GPU (its job died), then a failed fan and a failed PSU (their
-        # GPUs work on) by name; then a remap and a page retirement pending, no peermem
-        assert names[:3] == ["dgx-003", "dgx-002", "dgxa-001"]
-        assert set(names[3:6]) == {"dgx-004", "dgx1-001", "apollo-01"}
+        # critical: a GPU out of work (lost, or a double-bit ECC error) by name, then a
+        # failed fan and a failed PSU (their GPUs work on) by name; then a remap and a page
+        # retirement pending, no peermem
+        assert names[:5] == ["dgx-003", "dgx-005", "dgx-006", "dgx-002", "dgxa-001"]
+        assert set(names[5:8]) == {"dgx-004", "dgx1-001", "apollo-01"}
 
 
 async def test_m_switches_what_the_cells_show(console_app: Any) -> None:
@@ -264,11 +265,11 @@ async def test_paging_through_a_big_fleet_fills_the_rows_it_reaches(console_app:
 async def test_the_cursor_stays_on_its_node_when_the_order_changes(console_app: Any) -> None:
     app = console_app()
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("down", "down", "down", "down")  # dgxa-001: its PSU failed
+        await pilot.press(*["down"] * 6)  # dgxa-001: its PSU failed
         assert fleet_table(app).cursor_key == "dgxa-001"
-        await pilot.press("s")  # by health: dgxa-001 moves up to third, the cursor with it
-        assert row_names(app)[2] == "dgxa-001"
-        assert fleet_table(app).cursor_row == 2 and fleet_table(app).cursor_key == "dgxa-001"
+        await pilot.press("s")  # by health: dgxa-001 moves up to fifth, the cursor with it
+        assert row_names(app)[4] == "dgxa-001"
+        assert fleet_table(app).cursor_row == 4 and fleet_table(app).cursor_key == "dgxa-001"
 
 
 async def test_new_readings_that_reorder_the_rows_keep_the_cursor_on_its_node(
@@ -421,7 +422,8 @@ async def test_events_filter_by_node_and_severity(console_app: Any) -> None:
         table = app.screen.query_one("#events-table", DataTable)
         assert table.row_count == len(fleet.events)
         await pilot.press("v", "v")  # info → warning → critical
-        assert table.row_count == len(critical) == 4  # lost GPU, its PCIe error, FAN 3, PSU 2
+        # two lost GPUs and their PCIe errors, FAN 3, PSU 2
+        assert table.row_count == len(critical) == 6
         await pilot.press("v", "slash", *"node:dgx-002", "enter")
         assert table.row_count == len(on_dgx_002)
         await pilot.press("escape")

@@ -374,9 +374,10 @@ def test_fleet_filter_matches_name_model_and_state() -> None:
     names = lambda q: [n.node for n in fleet.nodes if summaries.matches(n, q)]  # noqa: E731
     assert names("dgxa") == ["dgxa-001", "dgxa-002"]
     assert names("h100 warning") == ["dgx-004"]  # a row remap pending
-    # a failed fan (dgx-002), a lost GPU (dgx-003), a failed PSU (dgxa-001)
-    assert names("critical") == ["dgx-002", "dgx-003", "dgxa-001"]
-    assert names("lost") == ["dgx-003"]
+    # a failed fan (dgx-002), lost GPUs (dgx-003, dgx-006), a double-bit ECC error (dgx-005),
+    # a failed PSU (dgxa-001)
+    assert names("critical") == ["dgx-002", "dgx-003", "dgx-005", "dgx-006", "dgxa-001"]
+    assert names("lost") == ["dgx-003", "dgx-006"]
 
 
 def test_event_filter_parses_keys_and_words() -> None:

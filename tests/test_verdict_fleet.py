@@ -190,7 +190,9 @@ async def test_every_published_snapshot_shows_each_node_as_judged_afresh(head: H
     assert node_verdict(head.node(XID_NODE)).action is before.action  # its worse fault stays
     # a node added to the head as it runs, not read yet
     head.hub.add_node("dgx-009")
-    await until(lambda: head.hub.latest is not None and len(head.hub.latest.nodes) == 9)
+    await until(
+        lambda: head.hub.latest is not None and len(head.hub.latest.nodes) == len(fleet.nodes) + 1
+    )
     assert node_verdict(head.node("dgx-009")).health is Health.UNKNOWN
     # a healthy node whose agent says its BMC stopped answering, its verdict's words alike
     fit = next(n.node for n in fleet.nodes if n.bmc is not None and node_verdict(n).fit)

@@ -553,7 +553,8 @@ def _seconds(text: str) -> float:
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nodes", type=int, metavar="N", help="simulated nodes (default: 7)")
+    # no number here: it went stale once (7, when the demo had 8 nodes)
+    p.add_argument("--nodes", type=int, metavar="N", help="simulated nodes (default: the demo's)")
     p.add_argument("--seed", type=int, metavar="S", help="simulation seed")
 
 

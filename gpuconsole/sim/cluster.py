@@ -40,11 +40,19 @@ class SimNodeSpec:
 # An older DGX-1 (V100, before Ampere: pages are retired, not rows remapped): its GPU 2 has
 # retired two pages for single-bit errors and one for a double-bit error, and a retirement
 # waits for a GPU reset.
+# GPU trouble and its repair (`r`, `remediate --demo`), each on a GPU a pod holds:
+# - dgx-003's GPU 5 falls off the bus (XID 79) 45 s in (story 1): its reset brings it back, fit;
+# - dgx-005's GPU 2 sees a double-bit ECC error (XID 48) 30 s in, a row remap pending
+#   (story 8): drained and reset, the spare row is in and it is fit, the node never rebooted;
+# - dgx-006's GPU 1 falls off the bus 75 s in and stays off: its reset fails, so does the
+#   node's power cycle through its BMC, and it goes back for service.
 DEMO_CLUSTER: tuple[SimNodeSpec, ...] = (
     SimNodeSpec("dgx-001", "dgx-h100"),
     SimNodeSpec("dgx-002", "dgx-h100", (Scenario("thermal", 3), Scenario("fan", 3))),
     SimNodeSpec("dgx-003", "dgx-h100", (Scenario("xid79", 5, 45.0),)),
     SimNodeSpec("dgx-004", "dgx-h100", (Scenario("mig", 7), Scenario("ecc", 3))),
+    SimNodeSpec("dgx-005", "dgx-h100", (Scenario("xid48", 2, 30.0),)),
+    SimNodeSpec("dgx-006", "dgx-h100", (Scenario("xid79hard", 1, 75.0),)),
     SimNodeSpec(
         "dgxa-001",
         "dgx-a100",

@@ -135,6 +135,18 @@ _DEMO_PLANS: dict[str, SimPlan] = {
             SimPod("team-nlp", "embed-1", "server", mig=((7, 1),), started_h=0.5),
         ),
     ),
+    "dgx-005": SimPlan(
+        pods=(
+            SimPod("team-nlp", "pretrain-34b-0", "trainer", gpus=(0, 1, 2, 3), started_h=9.0),
+            SimPod("team-vision", "detr-ft-2", "train", gpus=(4, 5, 6, 7), started_h=3.0),
+        ),
+    ),
+    "dgx-006": SimPlan(
+        pods=(
+            SimPod("team-research", "sweep-lr-3", "trainer", gpus=(0, 1, 2, 3), started_h=11.0),
+            SimPod("team-vision", "infer-h100-2", "server", gpus=(6,), started_h=20.0),
+        ),
+    ),
     "dgxa-001": SimPlan(
         pods=(SimPod("team-vision", "infer-a100-0", "server", mig=((0, 0), (0, 2))),),
         jobs=(SimJob("4712", "chem", 1002, (4, 5, 6, 7)),),
