@@ -180,6 +180,21 @@ async def _repair(app: ConsoleApp, pilot: Any, node: str, bus: str) -> list[str]
     return remedies
 
 
+def _words(hub: Hub, node: str, bus: str) -> str:
+    found = hub.latest.node(node) if hub.latest is not None else None
+    return "\n".join(f.text for f in gpu_verdict(found, bus).findings) if found else ""
+
+
+async def test_the_demo_s_verdicts_give_each_fault_s_evidence(demo: Hub) -> None:
+    """Story 8: the XID, the double-bit ECC count and NVIDIA's bucket; the GPU lost for
+    good: the XID and the BMC's record of the bus error, at its own bus."""
+    await until(lambda: "XID 48 double-bit ECC error" in _words(demo, *DBE), timeout=15)
+    words = _words(demo, *DBE)
+    assert "WORKFLOW_XID_48" in words and "1 uncorrectable" in words and "remap pending" in words
+    await until(lambda: "Bus Fatal Error (bus 43 " in _words(demo, *LOST_FOR_GOOD), timeout=15)
+    assert "fell off the bus (XID 79)" in _words(demo, *LOST_FOR_GOOD)
+
+
 async def test_r_in_the_demo_makes_one_gpu_fit_and_sends_one_for_service_and_all_see_it(
     demo: Hub,
 ) -> None:
