@@ -99,3 +99,25 @@ async def test_every_process_works_for_one_of_its_gpus_owners() -> None:
                 assert process.owner.label in held, (node.node, gpu.bus_id, process)
                 checked += 1
     assert checked >= 20
+
+
+async def test_a_reset_puts_the_spare_row_in_and_the_row_stays_remapped() -> None:
+    """dgx-005's GPU 2, two minutes in: its double-bit error (XID 48) remapped a row for an
+    uncorrectable error, none for correctable ones, and the remap waits for a reset. After
+    the reset nothing waits and the row is still remapped: NVIDIA's counts are the InfoROM's,
+    kept across resets; only the volatile count of the driver's run starts over. dgx-004's
+    GPU 3 (NVML's 2) likewise."""
+    clock = Clock(T0 + 120.0)
+    nodes = demo_nodes(clock)
+
+    async def ecc(node: SimNode, index: int) -> tuple[int | None, ...]:
+        e = (await read_twice(node, clock)).gpu(index).ecc
+        assert e is not None
+        return (e.remapped_corrected, e.remapped_uncorrected, e.remap_pending,
+                e.volatile_uncorrected, e.aggregate_uncorrected)  # fmt: skip
+
+    assert await ecc(nodes["dgx-005"], 2) == (0, 1, True, 1, 1)
+    assert await ecc(nodes["dgx-004"], 2) == (2, 1, True, 0, 1)
+    assert nodes["dgx-005"].reset_gpu(2) and nodes["dgx-004"].reset_gpu(3)
+    assert await ecc(nodes["dgx-005"], 2) == (0, 1, False, 0, 1)
+    assert await ecc(nodes["dgx-004"], 2) == (2, 1, False, 0, 1)

@@ -359,17 +359,35 @@ class SimNode:
             activity_s=activity,
         )
 
-    def ecc(self, index: int) -> tuple[int, int, int, int, bool]:
+    def ecc(self, index: int) -> tuple[int, int, int, int]:
         """(volatile corrected, volatile uncorrected, aggregate corrected, aggregate
-        uncorrected, remap pending). A double-bit error (xid48) counts as uncorrected since
-        the driver loaded until a reset, which remaps its row; the aggregate keeps it."""
+        uncorrected). A double-bit error (xid48) counts as uncorrected since the driver
+        loaded until a reset, which remaps its row (remapped_rows); the aggregate keeps it,
+        as it keeps the ecc scenario's uncorrectable error. (Its corrected errors stop at the
+        reset, and their aggregate is not kept: the simulator does not know when it was.)"""
         dbe = self.active("xid48", index) is not None
         t = self.elapsed()
-        dbe_ever = any(s.kind == "xid48" and s.gpu == index and t >= s.at_s for s in self.scenarios)
+        ever = {s.kind for s in self.scenarios if s.gpu == index and t >= s.at_s}
+        uncorrected = int("ecc" in ever) + int("xid48" in ever)
         if self.active("ecc", index) is None:
-            return 0, int(dbe), 0, int(dbe_ever), dbe
+            return 0, int(dbe), 0, uncorrected
         grown = int(self.elapsed() / 30)
-        return 12 + grown, int(dbe), 40 + grown, 1 + int(dbe_ever), True
+        return 12 + grown, int(dbe), 40 + grown, uncorrected
+
+    def remapped_rows(self, index: int) -> tuple[int, int, bool]:
+        """Rows remapped for correctable and for uncorrectable errors, and whether a remap
+        waits for a GPU reset. The ecc scenario has remapped two rows for correctable errors
+        and one for its uncorrectable one, a double-bit error (xid48) one row more. A reset
+        puts the spare rows in (nothing pending), and they stay remapped: the counts are
+        kept in the GPU's InfoROM across resets and reboots (NVIDIA's row remapping)."""
+        t = self.elapsed()
+
+        def began(kind: str) -> bool:
+            return any(s.kind == kind and s.gpu == index and t >= s.at_s for s in self.scenarios)
+
+        ecc, dbe = began("ecc"), began("xid48")
+        pending = self.active("ecc", index) is not None or self.active("xid48", index) is not None
+        return 2 * int(ecc), int(ecc) + int(dbe), pending
 
     def nvlink_errors(self, index: int, link: int) -> tuple[int, int, int]:
         """Replays, recoveries and CRC errors of one link since the driver loaded: link 0 of

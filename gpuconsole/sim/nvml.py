@@ -393,7 +393,8 @@ class SimNvml:
     def nvmlDeviceGetFieldValues(self, h: SimDevice, fields: list[Any]) -> Any:
         node, i, driver = self.node, h.index, self.driver
         g = node.gpu(i)
-        sbe_v, dbe_v, sbe_a, dbe_a, pending = node.ecc(i)
+        sbe_v, dbe_v, sbe_a, dbe_a = node.ecc(i)
+        remapped_cor, remapped_unc, pending = node.remapped_rows(i)
         tx, rx = node.pcie_bytes(i)
         thermal_ns = int(node.thermal_slowdown_s(i) * 1e9)
         scalar: dict[int, tuple[int, int]] = {
@@ -405,8 +406,8 @@ class SimNvml:
             4: (3, dbe_v),
             5: (3, sbe_a),
             6: (3, dbe_a),
-            142: (3, 2 if pending else 0),  # 64 bits, as a real 580 driver answers
-            143: (3, 1 if pending else 0),
+            142: (3, remapped_cor),  # 64 bits, as a real 580 driver answers
+            143: (3, remapped_unc),
             144: (3, int(pending)),
             145: (3, 0),
             94: (1, 0),
