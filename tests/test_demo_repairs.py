@@ -243,11 +243,6 @@ async def test_r_in_the_demo_makes_one_gpu_fit_and_sends_one_for_service_and_all
     assert "unavailable (no driver bound)" in render_table(snapshot)  # what `snapshot` prints
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="facts/verdict.py (not this room): the BMC's record of the GPU's fall off the bus "
-    "still asks for its reset once the reset, the node's power cycle and service were done",
-)
 async def test_a_gpu_sent_for_service_is_not_asked_to_be_reset_again(demo: Hub) -> None:
     """dgx-006's GPU 1: its reset failed, then its node's power cycle, and it was returned
     for service. The SEL's fatal PCIe error on its bus is the fault those repairs met: it

@@ -291,3 +291,18 @@ def test_a_sel_record_names_a_gpu_by_its_bus_in_the_forms_bioses_write() -> None
         entry = SelEntry(1, FIXED, "PCIe", "Critical Interrupt", event, Severity.CRITICAL)
         (found,) = bmc_findings(BmcReading(at=FIXED, sel_recent=(entry,)), gpus)
         assert (found.bus_id, found.action) == (None, Action.REBOOT_NODE), event
+
+
+def test_the_bmcs_record_of_a_gpus_fault_asks_what_follows_a_failed_repair() -> None:
+    """Story 1's SEL record of GPU 5's bus error asks for its reset; once the node's journal
+    says that reset failed, the record asks for what follows it (the node's power cycle),
+    as the GPU's XID does, never for the reset again."""
+    node = _node("dgx-003")
+    sel = [f for f in node_verdict(node).findings if f.source == "bmc" and f.bus_id == LOST]
+    assert [(f.code, f.action) for f in sel] == [("sel_critical", Action.RESET_GPU)]
+    failed = RepairAttempt(LOST, Action.RESET_GPU, FIXED - 30, ok=False)
+    tried = msgspec.structs.replace(node, actions=JournalReading(FIXED, repairs=(failed,)))
+    sel = [f for f in node_verdict(tried).findings if f.source == "bmc" and f.bus_id == LOST]
+    assert [(f.code, f.action) for f in sel] == [("sel_critical", Action.REBOOT_NODE)]
+    assert "reboot the node: the reset of GPU 5 (c3:00.0) at" in sel[0].text
+    assert gpu_verdict(tried, LOST).action is Action.REBOOT_NODE

@@ -50,6 +50,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 
@@ -591,14 +592,19 @@ _SEL_ACTIONS = {
 _SEL_BUS = re.compile(r"\bbus[ :]*(?:0x)?([0-9a-f]{2})h?\b", re.IGNORECASE)
 
 
-# The GPU a SEL record names by its PCI bus: its bus id, its name, and when it was last
-# repaired (None: not known to be since the record)
-BusGpu = tuple[str, str] | tuple[str, str, float | None]
+class BusGpu(NamedTuple):
+    """The GPU a SEL record names by its PCI bus, and how its repairs went."""
+
+    bus_id: str
+    name: str  # "GPU 5 (c3:00.0)"
+    repaired: float | None = None  # its last repair that made it fit (None: none known)
+    failed: tuple[Action, str] | None = None  # what follows its last repair, which failed
+    drained: bool = False  # no driver holds it: out of service, its own verdict says why
 
 
 def bmc_findings(
     bmc: BmcReading,
-    gpus: Mapping[str, BusGpu] | Callable[[str], BusGpu | None] | None = None,
+    gpus: Mapping[str, tuple[str, str]] | Callable[[str], BusGpu | None] | None = None,
 ) -> list[Finding]:
     """The evidence the BMC gives about the node: critical SEL entries, failed PSUs and
     fans, sensors past their critical limit. `gpus` (PCI bus number, as "c3" -> the GPU's
@@ -606,7 +612,9 @@ def bmc_findings(
     record to report that names a bus) puts a SEL record that names a GPU's bus on that
     GPU: the BMC's side of its fault, judged as the GPU's until a repair after it (the
     GPU's reset NVML saw, or a repair the journal says made it fit), then kept as history,
-    as that repair clears its XIDs."""
+    as that repair clears its XIDs. A repair after it that failed asks for what follows it,
+    as the GPU's XIDs do; a GPU out of service (no driver holds it: sent for service, or
+    drained) has the record as history, its own verdict saying what it needs."""
     found: list[Finding] = []
     on_bus = gpus if callable(gpus) else gpus.get if gpus else None
 
@@ -664,8 +672,9 @@ def bmc_findings(
         when = f" at {fmt.clock_time(entry.at)}" if entry.at is not None else ""
         action = _SEL_ACTIONS.get(entry.sensor_type.lower(), Action.SERVICE)
         bus = _SEL_BUS.search(entry.event) if on_bus is not None else None
-        gpu = on_bus(bus.group(1).lower()) if on_bus is not None and bus else None
-        repaired = gpu[2] if gpu is not None and len(gpu) > 2 else None
+        named = on_bus(bus.group(1).lower()) if on_bus is not None and bus else None
+        gpu = BusGpu(*named) if named is not None else None
+        repaired = gpu.repaired if gpu is not None else None
         if (
             gpu is not None
             and repaired is not None
@@ -675,13 +684,20 @@ def bmc_findings(
             # the fault the GPU's repair cleared: history, as its XIDs are
             found.append(Finding("sel_repaired", f"BMC event log{when}: {entry.message}: "
                                  f"repaired at {fmt.clock_time(repaired)}", Severity.INFO,
-                                 "bmc", Action.FIT, gpu[0], gpu[1]))  # fmt: skip
+                                 "bmc", Action.FIT, gpu.bus_id, gpu.name))  # fmt: skip
+            continue
+        if gpu is not None and gpu.drained:
+            found.append(Finding("sel_out_of_service", f"BMC event log{when}: "
+                                 f"{entry.message}: {gpu.name} is out of service since",
+                                 Severity.INFO, "bmc", Action.FIT, gpu.bus_id,
+                                 gpu.name))  # fmt: skip
             continue
         if gpu is not None:
-            action, advice = _milder_first(action, _ACTION_ADVICE.get(action, action.words))
+            words = _ACTION_ADVICE.get(action, action.words)
+            action, advice = _milder_first(action, words, failed=gpu.failed)
             found.append(Finding("sel_critical", f"BMC event log{when}: {entry.message}: "
-                                 f"{advice}", Severity.CRITICAL, "bmc", action, gpu[0],
-                                 gpu[1]))  # fmt: skip
+                                 f"{advice}", Severity.CRITICAL, "bmc", action, gpu.bus_id,
+                                 gpu.name))  # fmt: skip
             continue
         add("sel_critical", f"BMC event log{when}: {entry.message}", Severity.CRITICAL, action,
             "")  # fmt: skip
@@ -729,19 +745,27 @@ _ACTION_ADVICE = {Action.REBOOT_NODE: "reboot the node", Action.SERVICE: "return
 
 
 def _gpu_on_bus(node: NodeSnapshot, number: str) -> BusGpu | None:
-    """The node's GPU on PCI bus `number` ("c3"): its bus id, name and last repair, one
-    NVML lost or no longer sees (drained) included; NVML's name first."""
+    """The node's GPU on PCI bus `number` ("c3"): its bus id, name and repairs, one NVML
+    lost or no longer sees (drained) included; NVML's name first."""
     nvml = node.nvml
     for gpu in reversed(nvml.gpus) if nvml is not None else ():
         bus = known_bus_id(gpu.pci_bus_id)
         if bus is not None and bus.split(":")[-2].lower() == number:
-            return bus, _gpu_subject(gpu, bus), _latest(gpu.reset_at, _repaired_at(node, bus))
+            name = _gpu_subject(gpu, bus)
+            repair = _failed_repair(node, gpu, bus)
+            failed = _after(repair, name) if repair is not None else None
+            return BusGpu(bus, name, _latest(gpu.reset_at, _repaired_at(node, bus)), failed)
     ownership = node_ownership(node)
     for owner in reversed(ownership.gpus) if ownership is not None else ():
         if ":" in owner.bus_id and owner.bus_id.split(":")[-2].lower() == number:
             name = f"GPU {owner.index}" if owner.index is not None else "GPU"
             bus = owner.bus_id
-            return bus, f"{name} ({short_bus_id(bus)})", _repaired_at(node, bus)
+            name = f"{name} ({short_bus_id(bus)})"
+            # NVML does not read it: no reset it saw stands against the journal's word
+            tried = node.actions.repair(bus) if node.actions is not None else None
+            failed = _after(tried, name) if tried is not None and not tried.ok else None
+            drained = owner.index is None and owner.driver is None
+            return BusGpu(bus, name, _repaired_at(node, bus), failed, drained)
     return None
 
 
