@@ -526,13 +526,28 @@ _BAY1 = "Chassis/1U/PowerSubsystem/PowerSupplies/Bay1"
         # Predictive failure (02h); rackmount1's Bay 1 as DMTF wrote it: Health Warning with
         # a PowerSupplyPredictiveFailure condition (the Power registry's severity: Warning).
         # The PSU still delivers power: a warning to watch, not a failed PSU.
-        (2, {}, (Health.WARNING, 0, [(Severity.WARNING, Action.WATCH)])),
+        (2, {}, (Health.WARNING, 0, 0, [(Severity.WARNING, Action.WATCH)])),
         # Power input lost (03h); Bay 1 with LineInputStatus LossOfInput (its Health a
-        # Warning, as the registry rates LossOfInputPower): it delivers no power
+        # Warning, as the registry rates LossOfInputPower): it delivers no power, and the
+        # PSU may be fine: not a failed PSU to return, its cable and power to check. The
+        # node's only PSU: no redundancy left, critical
         (
             3,
             {"LineInputStatus": "LossOfInput", "Status": {"State": "Enabled", "Health": "Warning"}},
-            (Health.CRITICAL, 1, [(Severity.CRITICAL, Action.SERVICE)]),
+            (Health.CRITICAL, 0, 1, [(Severity.CRITICAL, Action.RESEAT)]),
+        ),
+        # Power input out of range (04h) and OutOfRange, its Health Critical as some BMCs
+        # rate it: the same
+        (
+            4,
+            {"LineInputStatus": "OutOfRange", "Status": {"State": "Enabled", "Health": "Critical"}},
+            (Health.CRITICAL, 0, 1, [(Severity.CRITICAL, Action.RESEAT)]),
+        ),
+        # Failure detected (01h); Bay 1 Critical: a failed PSU, returned for service
+        (
+            1,
+            {"Status": {"State": "Enabled", "Health": "Critical"}},
+            (Health.CRITICAL, 1, 0, [(Severity.CRITICAL, Action.SERVICE)]),
         ),
     ],
 )
@@ -557,9 +572,40 @@ def test_a_psus_state_is_the_same_reading_over_ipmi_as_over_redfish(
         bmc_reading = node.bmc
         assert bmc_reading is not None
         psu = [f for f in node_verdict(node).findings if _PSU.search(f.subject + f.text)]
-        return bmc_reading.health, bmc_reading.psus_failed, [(f.severity, f.action) for f in psu]
+        return (
+            bmc_reading.health,
+            bmc_reading.psus_failed,
+            bmc_reading.psus_no_input,
+            [(f.severity, f.action) for f in psu],
+        )
 
     assert said(ipmi_node) == said(rf_node) == expected
+
+
+@pytest.mark.parametrize(
+    ("offset", "event", "severity", "found"),
+    [
+        (2, "Predictive failure", Severity.WARNING, [("sensor_warning", Action.WATCH)]),
+        (3, "Power input lost", Severity.WARNING, [("psu_no_input", Action.RESEAT)]),
+        (4, "Power input out of range or lost", Severity.WARNING, [("psu_no_input", Action.RESEAT)]),
+        (1, "Failure", Severity.CRITICAL, [("psu_failed", Action.SERVICE), ("sel_critical", Action.SERVICE)]),
+    ],
+)  # fmt: skip
+def test_a_psus_event_log_record_is_rated_as_its_state_is(
+    bmc: IpmiSim, offset: int, event: str, severity: Severity, found: list[tuple[str, Action]]
+) -> None:
+    # PSU1 Status asserts `offset`, and the BMC logs it. pyghmi rates every one of these
+    # critical: a PSU whose input is lost (its cable out) or that predicts its failure was
+    # judged "return it for service" by its SEL record, whatever its state said
+    bmc.command(f"sensor_set_bit 0x20 0 10 {offset} 1 1")
+    hub = Hub()
+    hub.add_source(BmcSource("dgx-017", open_link(target(bmc))))
+    node = asyncio.run(hub.poll_once()).node("dgx-017")
+    assert node is not None and node.bmc is not None
+    [record] = node.bmc.sel_recent
+    assert (record.sensor, record.event, record.severity) == ("PSU1 Status", event, severity)
+    said = sorted((f.code, f.action) for f in node_verdict(node).findings)
+    assert said == found
 
 
 def test_a_discrete_psu_sensors_finding_says_the_state_it_asserts(bmc: IpmiSim) -> None:

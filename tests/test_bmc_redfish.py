@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 from gpuconsole.codec import dumps
+from gpuconsole.facts.summaries import bmc_panel
+from gpuconsole.facts.verdict import Action, bmc_findings
 from gpuconsole.hub import Hub
-from gpuconsole.readings.base import Event, PartStatus
+from gpuconsole.readings.base import Event, Health, PartStatus, Severity
 from gpuconsole.readings.bmc import BmcReading, SensorHealth, SensorKind
-from gpuconsole.readings.snapshot import FleetSnapshot
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.bmc import BmcError, BmcSource, BmcTarget, PowerAction, open_link
 from gpuconsole.sources.bmc.sel import SelCursor
 from tests.bmc_fixtures import (
@@ -347,3 +349,55 @@ def test_a_reading_too_large_for_a_float_is_no_reading_and_the_snapshot_still_wr
     assert exhaust is not None and exhaust.value is None
     assert node.bmc.sensor("Inlet Temp").value == 25.5  # type: ignore[union-attr]
     json.loads(dumps(snapshot))  # allow_nan=False: an inf reading would raise here
+
+
+def test_psus_that_lost_their_input_are_not_failed_and_the_verdict_says_check_their_power(
+    modern: Sushy,
+) -> None:
+    # DGX: PSU 1-5 present, PSU 6 absent. PSU 2 loses its input (LineInputStatus
+    # LossOfInput, its Health Critical as some BMCs rate it): it delivers nothing, yet the
+    # PSU may be fine (the Power registry's LossOfInputPower is a Warning, its resolution
+    # to check the power source and cable). Four PSUs still deliver: redundancy lost, a
+    # warning, to reseat or check the cable and feed; not a PSU to return for service.
+    supplies = modern.root / "Chassis/DGX/PowerSubsystem/PowerSupplies"
+
+    def lose_input(*psus: int) -> BmcReading:
+        for n in psus:
+            path = supplies / f"PSU_{n}/index.json"
+            doc = json.loads(path.read_text())
+            doc["LineInputStatus"] = "LossOfInput"
+            doc["Status"] = {"State": "Enabled", "Health": "Critical"}
+            path.write_text(json.dumps(doc))
+        return asyncio.run(read(source(modern)))
+
+    def psu_findings(reading: BmcReading) -> list[tuple[str, str, Severity, Action]]:
+        return [
+            (f.code, f.text, f.severity, f.action)
+            for f in bmc_findings(reading)
+            if "PSU" in f.text + f.subject
+        ]
+
+    one = lose_input(2)
+    assert (one.psus_present, one.psus_failed, one.psus_no_input) == (5, 0, 1)
+    assert one.no_input_psus == ("PSU 2",) and one.health is Health.WARNING
+    assert "PSUs 4/5 ok, 1 without input" in bmc_panel(NodeSnapshot("dgx-h100-01", bmc=one))
+    assert psu_findings(one) == [
+        (
+            "psu_no_input",
+            "1 of 5 PSUs has no input power: PSU 2; 4 deliver, PSU redundancy lost",
+            Severity.WARNING,
+            Action.RESEAT,
+        )
+    ]
+    # three more: one PSU left delivering, none to spare
+    four = lose_input(1, 3, 4)
+    assert (four.psus_failed, four.psus_no_input, four.health) == (0, 4, Health.CRITICAL)
+    assert psu_findings(four) == [
+        (
+            "psu_no_input",
+            "4 of 5 PSUs have no input power: PSU 1, PSU 2, PSU 3, PSU 4; "
+            "1 delivers, no PSU redundancy left",
+            Severity.CRITICAL,
+            Action.RESEAT,
+        )
+    ]

@@ -116,7 +116,7 @@ def _bmc_line(bmc: BmcReading) -> str:
     from gpuconsole.facts.summaries import bmc_schema
 
     fans = f"fans {bmc.fans_present - bmc.fans_failed}/{bmc.fans_present} ok"
-    psus = f"PSUs {bmc.psus_present - bmc.psus_failed}/{bmc.psus_present} ok"
+    psus = bmc.psu_words
     schema = bmc_schema(bmc)
     return (
         f"  BMC: power {bmc.power_state}  {fmt.watts(bmc.power_w)}  "

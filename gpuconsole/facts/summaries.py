@@ -519,8 +519,7 @@ def bmc_panel(node: NodeSnapshot) -> str:
         f"{fmt.celsius(getattr(reading, 'exhaust_c', None))}",
     ]
     fans, fans_bad = getattr(reading, "fans_present", 0), getattr(reading, "fans_failed", 0)
-    psus, psus_bad = getattr(reading, "psus_present", 0), getattr(reading, "psus_failed", 0)
-    lines.append(f"fans {fans - fans_bad}/{fans} ok · PSUs {psus - psus_bad}/{psus} ok")
+    lines.append(f"fans {fans - fans_bad}/{fans} ok · {reading.psu_words}")
     sel = getattr(reading, "sel_recent", ())
     if sel:
         last = sel[-1]

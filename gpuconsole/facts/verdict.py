@@ -625,6 +625,8 @@ def bmc_findings(
         add("psu_failed", f"{bmc.psus_failed} of {max(bmc.psus_present, bmc.psus_failed)} "
             f"PSUs failed{_named(bmc, bmc.failed_psus)}", Severity.CRITICAL, Action.SERVICE,
             "")  # fmt: skip
+    if bmc.psus_no_input:
+        add(*_psu_no_input(bmc), Action.RESEAT, "")
     if bmc.fans_failed:
         add("fan_failed", f"{bmc.fans_failed} of {max(bmc.fans_present, bmc.fans_failed)} "
             f"fans failed{_named(bmc, bmc.failed_fans)}", Severity.CRITICAL, Action.SERVICE,
@@ -640,7 +642,7 @@ def bmc_findings(
         kind = sensor.kind
         if kind is SensorKind.FAN and bmc.fans_failed:
             continue  # counted above
-        if sensor.context == "psu" and bmc.psus_failed:
+        if sensor.context == "psu" and (bmc.psus_failed or sensor.name in bmc.no_input_psus):
             continue
         if sensor.value is not None:
             value = f" at {sensor.value:g} {sensor.unit}".rstrip()
@@ -720,6 +722,24 @@ def _pegged_findings(port: FabricPort) -> list[Finding]:
 
 # the counters whose climb is a fault (a pegged transmit wait hides congestion, not faults)
 _ERROR_COUNTERS = frozenset(rule.counter for rule in ERROR_RULES)
+
+
+def _psu_no_input(bmc: BmcReading) -> tuple[str, str, Severity]:
+    """PSUs that lost their input power: the node's PSU redundancy is lost (a warning), or
+    none is left (critical: one PSU more and the node goes down); the PSU may be fine, its
+    cable, PDU or feed is what to check (the Power registry's LossOfInputPower)."""
+    lost, present = bmc.psus_no_input, max(bmc.psus_present, bmc.psus_no_input)
+    text = (f"{lost} of {present} PSUs {'has' if lost == 1 else 'have'} no input power"
+            f"{_named(bmc, bmc.no_input_psus)}")  # fmt: skip
+    delivering = bmc.psus_delivering
+    if bmc.psu_redundancy_left:
+        return (
+            "psu_no_input",
+            f"{text}; {delivering} deliver, PSU redundancy lost",
+            Severity.WARNING,
+        )
+    left = "none delivers power" if not delivering else "1 delivers, no PSU redundancy left"
+    return "psu_no_input", f"{text}; {left}", Severity.CRITICAL
 
 
 def _named(bmc: BmcReading, names: tuple[str, ...]) -> str:

@@ -128,6 +128,11 @@ class BmcReading(msgspec.Struct, frozen=True):
     failed_fans: tuple[str, ...] = ()
     failed_psus: tuple[str, ...] = ()
     warned_units: tuple[tuple[str, str], ...] = ()
+    # the PSUs there, not failed, whose input power is lost or out of range (IPMI's "Power
+    # input lost", Redfish's LineInputStatus LossOfInput): they deliver no power, and the
+    # PSU itself may be fine (a cable, a PDU, a feed); not counted in psus_failed
+    psus_no_input: int = 0
+    no_input_psus: tuple[str, ...] = ()
     sel_recent: tuple[SelEntry, ...] = ()  # the newest records, oldest first
     # How far the BMC's clock is ahead of the reader's, in seconds (negative: behind), as
     # measured when the SEL was read; None where not measured. The SEL times are already
@@ -177,12 +182,34 @@ class BmcReading(msgspec.Struct, frozen=True):
         return tuple(s for s in self.sensors if s.gpu_module_id == module_id)
 
     @property
+    def psus_delivering(self) -> int:
+        """The PSUs there that neither failed nor lost their input."""
+        return max(0, self.psus_present - self.psus_failed - self.psus_no_input)
+
+    @property
+    def psu_words(self) -> str:
+        """'PSUs 5/6 ok'; those without input power are not ok, and said: 'PSUs 4/6 ok, 1
+        without input'."""
+        unfed = f", {self.psus_no_input} without input" if self.psus_no_input else ""
+        return f"PSUs {self.psus_delivering}/{self.psus_present} ok{unfed}"
+
+    @property
+    def psu_redundancy_left(self) -> bool:
+        """Whether the node would still have power if one more PSU stopped: what the
+        reading knows of it, more than one PSU delivering (how many the node needs the BMC
+        does not say here)."""
+        return self.psus_delivering > 1
+
+    @property
     def health(self) -> Health:
-        """Failed PSUs or fans, or a sensor past a critical limit: critical; a sensor past a
+        """Failed PSUs or fans, a PSU without input power and none left to spare, or a
+        sensor past a critical limit: critical; a PSU without input power, a sensor past a
         warning limit, or a fan or PSU whose own status is a warning: a warning."""
         if self.psus_failed or self.fans_failed:
             return Health.CRITICAL
-        worst = Health.WARNING if self.warned_units else Health.OK
+        if self.psus_no_input and not self.psu_redundancy_left:
+            return Health.CRITICAL
+        worst = Health.WARNING if self.warned_units or self.psus_no_input else Health.OK
         for sensor in self.sensors:
             if sensor.health in (SensorHealth.CRITICAL, SensorHealth.FAILED):
                 return Health.CRITICAL

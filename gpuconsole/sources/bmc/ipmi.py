@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from gpuconsole.readings.base import PartStatus, Severity
-from gpuconsole.readings.bmc import BmcSensor, PowerState, SelEntry, Thresholds
+from gpuconsole.readings.bmc import BmcSensor, PowerState, SelEntry, SensorHealth, Thresholds
 from gpuconsole.sources.bmc.link import (
     BmcAuthError,
     BmcError,
@@ -33,6 +33,8 @@ from gpuconsole.sources.bmc.link import (
     PowerAction,
 )
 from gpuconsole.sources.bmc.sensors import (
+    PSU_SENSOR_TYPE,
+    PSU_STATES,
     context_of,
     discrete_health,
     gpu_module_of,
@@ -598,18 +600,35 @@ def sel_entry(record: Mapping[str, Any], units: Mapping[str, str]) -> SelEntry |
     if not isinstance(record_id, int):
         return None
     sensor = str(record.get("component") or "")
+    sensor_type = str(record.get("component_type") or "")
+    event = str(record.get("event") or record.get("message") or "event")
+    severity = severity_of(int(record.get("severity") or 0))
+    if sensor_type.lower() == PSU_SENSOR_TYPE and not record.get("deassertion"):
+        # a PSU's event as its sensor's state is rated (PSU_STATES, the Power registry's
+        # severities): pyghmi rates a lost input and a predicted failure critical, which
+        # would judge a PSU whose cable is out one to return for service
+        rated = PSU_STATES.get(event.lower())
+        severity = severity if rated is None else _PSU_SEVERITY[rated]
     return SelEntry(
         record_id=record_id,
         at=_timestamp(record.get("timestamp")),
         sensor=sensor,
-        sensor_type=str(record.get("component_type") or ""),
-        event=str(record.get("event") or record.get("message") or "event"),
-        severity=severity_of(int(record.get("severity") or 0)),
+        sensor_type=sensor_type,
+        event=event,
+        severity=severity,
         deassertion=bool(record.get("deassertion")),
         reading=_float(record.get("triggered_value")),
         threshold=_float(record.get("threshold_value")),
         unit=units.get(sensor, ""),
     )
+
+
+_PSU_SEVERITY = {
+    SensorHealth.OK: Severity.INFO,
+    SensorHealth.WARNING: Severity.WARNING,
+    SensorHealth.CRITICAL: Severity.CRITICAL,
+    SensorHealth.FAILED: Severity.CRITICAL,
+}
 
 
 def _float(value: Any) -> float | None:

@@ -1142,23 +1142,43 @@ def _with_context(sensor: BmcSensor, context: str) -> BmcSensor:
     return msgspec.structs.replace(sensor, context=context)
 
 
-# A PowerSupply's LineInputStatus when it delivers no power, whatever its Health says: as
-# IPMI's "Power input lost" and "out of range" (sensor type 08h) are a failed PSU
+# A PowerSupply's LineInputStatus when its input is lost or out of range: it delivers no
+# power, whatever its Health says, and is not failed for it (the Power registry rates
+# LossOfInputPower a Warning: check the power source and cable), as IPMI's "Power input
+# lost" and "out of range" (sensor type 08h, offsets 03h-05h)
 _NO_INPUT = ("LossOfInput", "OutOfRange")
 
 
 def _unit(doc: Json) -> UnitStatus:
-    """A PSU or fan's presence and failure from its Status (and a PSU's LineInputStatus)."""
+    """A PSU or fan's presence and failure from its Status (and a PSU's LineInputStatus:
+    one without input is failed only where a condition of its says PowerSupplyFailed)."""
     status = _status(doc)
     present = status.get("State") not in ("Absent",)
-    failed = (
-        status.get("Health") == "Critical"
-        or status.get("State") == "UnavailableOffline"
-        or doc.get("LineInputStatus") in _NO_INPUT
+    no_input = doc.get("LineInputStatus") in _NO_INPUT
+    failed = _condition(status, "PowerSupplyFailed") or (
+        not no_input
+        and (status.get("Health") == "Critical" or status.get("State") == "UnavailableOffline")
     )
-    warning = not failed and status.get("Health") not in (None, "OK")
+    warning = not failed and not no_input and status.get("Health") not in (None, "OK")
     return UnitStatus(
-        str(doc.get("Name") or doc.get("Id") or "?"), present, failed, warning, _why(status)
+        str(doc.get("Name") or doc.get("Id") or "?"),
+        present,
+        failed,
+        warning,
+        _why(status),
+        no_input and not failed,
+    )
+
+
+def _condition(status: Json, message: str) -> bool:
+    """Whether a Status's Conditions hold one with registry message `message` (its
+    MessageId "Power.1.0.PowerSupplyFailed" names it last)."""
+    conditions = status.get("Conditions")
+    return isinstance(conditions, list) and any(
+        isinstance(c, Mapping)
+        and isinstance(c.get("MessageId"), str)
+        and c["MessageId"].rpartition(".")[2] == message
+        for c in conditions
     )
 
 

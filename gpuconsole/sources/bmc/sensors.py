@@ -43,19 +43,24 @@ UNITS = {
 # A power supply's discrete states (IPMI 2.0 table 42-3, sensor type 08h, offsets 00h-07h,
 # in pyghmi's words), rated as the DMTF Power registry rates the same conditions of a
 # Redfish PowerSupply: a PSU that predicts its failure still delivers power, a warning
-# (PowerSupplyPredictiveFailure), as a configuration error is; one that failed or lost its
-# input delivers none. pyghmi rates the prediction critical: the same PSU would be a
-# warning over Redfish and a failed PSU over IPMI.
+# (PowerSupplyPredictiveFailure), as a configuration error is; one that lost its input
+# (03h-05h) is a warning too (LossOfInputPower: check the power source and cable, the PSU
+# itself may be fine), a PSU that delivers no power, not a failed one (`PSU_NO_INPUT`);
+# one that failed delivers none and is critical. pyghmi rates the prediction critical:
+# the same PSU would be a warning over Redfish and a failed PSU over IPMI.
 PSU_STATES = {
     "present": SensorHealth.OK,
     "failure": SensorHealth.CRITICAL,
     "predictive failure": SensorHealth.WARNING,
-    "power input lost": SensorHealth.CRITICAL,
-    "power input out of range or lost": SensorHealth.CRITICAL,
-    "power input out of range": SensorHealth.CRITICAL,
+    "power input lost": SensorHealth.WARNING,
+    "power input out of range or lost": SensorHealth.WARNING,
+    "power input out of range": SensorHealth.WARNING,
     "configuration error": SensorHealth.WARNING,
     "standby": SensorHealth.OK,
 }
+# The states of a PSU whose input is lost or out of range (as Redfish's LineInputStatus
+# LossOfInput and OutOfRange)
+PSU_NO_INPUT = ("power input lost", "power input out of range or lost", "power input out of range")
 PSU_SENSOR_TYPE = "power supply"  # pyghmi's name of sensor type 08h
 _ORDER = (SensorHealth.OK, SensorHealth.WARNING, SensorHealth.CRITICAL, SensorHealth.FAILED)
 
@@ -168,6 +173,8 @@ class NodeTotals:
     failed_fans: tuple[str, ...] = ()
     failed_psus: tuple[str, ...] = ()
     warned_units: tuple[tuple[str, str], ...] = ()
+    # the PSUs there, not failed, whose input power is lost or out of range
+    no_input_psus: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,9 +187,10 @@ class UnitStatus:
     failed: bool
     warning: bool = False
     why: str = ""
+    no_input: bool = False  # not failed: its input power is lost or out of range
 
 
-# The states of a PSU that delivers no power (a PSU that only predicts its failure does)
+# The states of a PSU that failed (not one that predicts its failure, nor lost its input)
 _PSU_FAILED_STATES = tuple(
     state for state, health in PSU_STATES.items() if health is SensorHealth.CRITICAL
 )
@@ -221,22 +229,29 @@ def summarise(
     if psu_units:
         psus_present = sum(1 for p in psu_units if p.present)
         failed_psus = [p.name for p in psu_units if p.present and p.failed]
+        no_input = [p.name for p in psu_units if p.present and p.no_input and not p.failed]
     elif status_sensors:
         failing = [s for s in status_sensors if _says(s, *_PSU_FAILED_STATES)]
-        # a PSU that asserts a failure is there, whether or not it asserts its presence too
-        psus_present = sum(1 for s in status_sensors if _says(s, "present") or s in failing)
+        unfed = [s for s in status_sensors if _says(s, *PSU_NO_INPUT) and s not in failing]
+        # a PSU that asserts a failure or a lost input is there, whether or not it asserts
+        # its presence too
+        psus_present = sum(
+            1 for s in status_sensors if _says(s, "present") or s in failing or s in unfed
+        )
         failed_psus = [s.name for s in failing]
+        no_input = [s.name for s in unfed]
     else:
         psu_power_sensors = [  # a pulled PSU's sensor has no reading: it is not counted
             s for s in sensors if s.kind is SensorKind.POWER and s.context == "psu" and s.available
         ]
         psus_present = len(psu_power_sensors)
         failed_psus = [s.name for s in psu_power_sensors if _bad(s)]
+        no_input = []
     said = {s.name for s in sensors if s.health is not SensorHealth.OK}  # a sensor says it
     warned = tuple(
         (u.name, u.why)
         for u in (*fan_units, *psu_units)
-        if u.present and u.warning and not u.failed and u.name not in said
+        if u.present and u.warning and not u.failed and not u.no_input and u.name not in said
     )
     return NodeTotals(
         power,
@@ -249,6 +264,7 @@ def summarise(
         tuple(failed_fans),
         tuple(failed_psus),
         warned,
+        tuple(no_input),
     )
 
 

@@ -313,6 +313,8 @@ class BmcSource:
             failed_fans=totals.failed_fans,
             failed_psus=totals.failed_psus,
             warned_units=totals.warned_units,
+            psus_no_input=len(totals.no_input_psus),
+            no_input_psus=totals.no_input_psus,
             sel_recent=raw.sel[-self._sel_recent :] if self._sel_recent else (),
             # DateTime and SEL times have whole seconds: a millisecond says all there is
             clock_skew_s=None if raw.clock_skew_s is None else round(raw.clock_skew_s, 3),
