@@ -439,8 +439,9 @@ async def test_the_panel_the_snapshot_and_the_metrics_agree(
 
     fans, fans_failed = value("gpuconsole_bmc_fans"), value("gpuconsole_bmc_fans_failed")
     psus, psus_failed = value("gpuconsole_bmc_psus"), value("gpuconsole_bmc_psus_failed")
+    unfed = value("gpuconsole_bmc_psus_no_input")
     assert fans is not None and fans_failed is not None
-    assert psus is not None and psus_failed is not None
+    assert psus is not None and psus_failed is not None and unfed is not None
     power_on = value("ipmi_chassis_power_state")
     said = {
         "power": f"power {'unknown' if power_on is None else 'on' if power_on else 'off'}",
@@ -448,7 +449,7 @@ async def test_the_panel_the_snapshot_and_the_metrics_agree(
         "inlet": f"inlet {fmt.celsius(value('gpuconsole_bmc_inlet_temperature_celsius'))}",
         "exhaust": f"exhaust {fmt.celsius(value('gpuconsole_bmc_exhaust_temperature_celsius'))}",
         "fans": f"fans {int(fans - fans_failed)}/{int(fans)} ok",
-        "psus": f"PSUs {int(psus - psus_failed)}/{int(psus)} ok",
+        "psus": f"PSUs {int(psus - psus_failed - unfed)}/{int(psus)} ok",
     }
     for view, text in (("panel", panel), ("snapshot", table.stdout)):
         for what, words in said.items():

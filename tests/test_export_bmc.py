@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from pathlib import Path
 
+import msgspec
+
+from gpuconsole.alerts.rules import DEFAULT_RULES
 from gpuconsole.export.bmc import without_credentials
 from gpuconsole.facts.summaries import source_facet
-from gpuconsole.readings.bmc import SensorKind
+from gpuconsole.hub import Hub
+from gpuconsole.readings.base import SourceStatus
+from gpuconsole.readings.bmc import BmcReading, SensorKind
+from gpuconsole.readings.snapshot import FleetSnapshot, NodeSnapshot
 from gpuconsole.sources.bmc import BmcSource, BmcTarget, open_link
+from tests.alert_fixtures import fired_as_promtool_fires
 from tests.bmc_fixtures import IPMI_PASSWORD, running_ipmi_sim
 from tests.export_fixtures import (
     frozen_body,
@@ -159,3 +167,80 @@ def test_no_bmc_password_appears_anywhere_in_the_metrics(tmp_path: Path) -> None
     )
     assert IPMI_PASSWORD not in body and wrong not in body
     assert IPMI_PASSWORD.lower() not in body.lower() and wrong.lower() not in body.lower()
+
+
+def test_a_psu_that_lost_its_input_is_exported_and_alerted_apart_from_a_failed_one(
+    tmp_path: Path,
+) -> None:
+    """ipmi_sim's PSU1 Status asserts Power input lost (sensor type 08h, offset 03h): a
+    warning on its sensor, as the Power registry rates LossOfInputPower; no failed PSU, one
+    without input. PowerSupplyInputLost fires (a warning: check its cable and power) and
+    PowerSupplyFailed does not, in the engine and in promtool alike; then it fails."""
+    with running_ipmi_sim(tmp_path / "ipmi_sim") as bmc:
+        link = open_link(
+            BmcTarget(node="dgx-017", host="127.0.0.1", port=bmc.port,
+                      username=bmc.username, password=IPMI_PASSWORD)
+        )  # fmt: skip
+        src = BmcSource("dgx-017", link)
+
+        async def read() -> BmcReading:
+            await src.start(lambda _event: None)
+            try:
+                return await src.poll()
+            finally:
+                await src.close()
+
+        bmc.command("sensor_set_bit 0x20 0 10 3 1 0")
+        unfed = asyncio.run(read())
+        bmc.command("sensor_set_bit 0x20 0 10 1 1 0")
+        failed = asyncio.run(read())
+
+    def at(k: int, reading: BmcReading) -> FleetSnapshot:
+        status = SourceStatus("dgx-017", "bmc", True, last_ok_at=k * 60.0, polls=1)
+        return FleetSnapshot(
+            k, k * 60.0, (NodeSnapshot("dgx-017", bmc=reading, statuses=(status,)),)
+        )
+
+    metrics = parse(render(at(0, unfed)))
+    state = one(metrics["ipmi_sensor_state"], node="dgx-017", name="PSU1 Status")
+    assert state.value == 1.0
+    assert one(metrics["gpuconsole_bmc_psus_failed"], node="dgx-017").value == 0.0
+    assert one(metrics["gpuconsole_bmc_psus_no_input"], node="dgx-017").value == 1.0
+    metrics = parse(render(at(0, failed)))  # failed and without input: failed
+    assert one(metrics["ipmi_sensor_state"], node="dgx-017", name="PSU1 Status").value == 2.0
+    assert one(metrics["gpuconsole_bmc_psus_failed"], node="dgx-017").value == 1.0
+    assert one(metrics["gpuconsole_bmc_psus_no_input"], node="dgx-017").value == 0.0
+
+    rules = [r for r in DEFAULT_RULES if r.name in ("PowerSupplyFailed", "PowerSupplyInputLost")]
+    steps = [at(k, unfed if k < 4 else failed) for k in range(8)]
+    fired = fired_as_promtool_fires(tmp_path, rules, steps, 60.0)
+    firing = [sorted(name for name, found in now.items() if found) for now in fired]
+    assert firing == [[], ["PowerSupplyInputLost"], ["PowerSupplyInputLost"],
+                      ["PowerSupplyInputLost"], [], ["PowerSupplyFailed"],
+                      ["PowerSupplyFailed"], ["PowerSupplyFailed"]]  # fmt: skip
+    [lost] = fired[1]["PowerSupplyInputLost"]
+    assert lost["exp_labels"]["severity"] == "warning"  # type: ignore[index]
+
+
+def test_the_bmc_clock_skew_is_exported_where_it_was_measured(tmp_path: Path) -> None:
+    """ipmi_sim's SEL clock set 50 hours behind this host's (Set SEL Time): the skew the
+    source measures is gpuconsole_bmc_clock_skew_seconds, negative (behind); a reading that
+    measured none has no such series (not a 0 that says "in step")."""
+    with running_ipmi_sim(tmp_path / "ipmi_sim") as bmc:
+        behind = int(time.time()) - 50 * 3600
+        bmc.ipmitool("raw", "0x0a", "0x49", *(f"0x{b:02x}" for b in behind.to_bytes(4, "little")))
+        hub = Hub()
+        link = open_link(
+            BmcTarget(node="dgx-017", host="127.0.0.1", port=bmc.port,
+                      username=bmc.username, password=IPMI_PASSWORD)
+        )  # fmt: skip
+        hub.add_source(BmcSource("dgx-017", link))
+        snapshot = asyncio.run(hub.poll_once())
+    node = snapshot.node("dgx-017")
+    assert node is not None and node.bmc is not None and node.bmc.clock_skew_s is not None
+    [skew] = parse(render(snapshot))["gpuconsole_bmc_clock_skew_seconds"]
+    assert skew.labels == {"node": "dgx-017"} and skew.value == node.bmc.clock_skew_s
+    assert abs(skew.value + 50 * 3600) < 5
+    unmeasured = msgspec.structs.replace(node.bmc, clock_skew_s=None)
+    again = FleetSnapshot(1, snapshot.at, (msgspec.structs.replace(node, bmc=unmeasured),))
+    assert "gpuconsole_bmc_clock_skew_seconds" not in parse(render(again))

@@ -30,7 +30,7 @@ from tests.export_fixtures import (
     pick,
     render,
 )
-from tests.fabric_fixtures import dgx_h100_slice, set_value
+from tests.fabric_fixtures import dgx_h100_slice, set_value, ttar_sysfs
 
 PORT_LABELS = frozenset({"node", "device", "port"})
 
@@ -245,3 +245,33 @@ def test_a_stale_fabric_source_drops_node_exporters_series_but_keeps_its_own() -
     assert not [name for name in metrics if name.startswith("node_infiniband_")]
     assert len(metrics["gpuconsole_fabric_port_info"]) == 2
     assert one(metrics["gpuconsole_source_up"], source="fabric").value == 0.0
+
+
+async def test_a_pegged_port_counter_is_a_series_of_its_own_named_by_its_counter(
+    tmp_path: Path,
+) -> None:
+    """node_exporter's own tree: mlx4_0 port 1's port_xmit_wait reads 4294967295, a 32-bit
+    PortCounter at its maximum (its node_infiniband_* counter reads that and no more);
+    then link_downed (8 bits) reaches 255 there too. One gauge a pegged counter, with the
+    port's labels and the counter's sysfs name; none for a port with none pegged; kept
+    with the last reading while the source is stale, as every gpuconsole_* series."""
+    root = ttar_sysfs("node-exporter-ib", tmp_path / "ne")
+    hub = Hub(clock=lambda: FIXED)
+    hub.add_source(FabricSource("n1", sysfs_root=str(root), netlink=False))
+
+    def pegged(snapshot: FleetSnapshot) -> set[tuple[str, str, str, float]]:
+        found = parse(render(snapshot)).get("gpuconsole_fabric_port_counter_pegged", [])
+        assert label_names(found) <= {PORT_LABELS | {"counter"}}
+        return {(s.labels["device"], s.labels["port"], s.labels["counter"], s.value) for s in found}
+
+    assert pegged(await hub.poll_once()) == {("mlx4_0", "1", "port_xmit_wait", 1.0)}
+    set_value(root / "class/infiniband/mlx4_0/ports/1", "link_downed", 255)
+    snapshot = await hub.poll_once()
+    assert pegged(snapshot) == {
+        ("mlx4_0", "1", "port_xmit_wait", 1.0),
+        ("mlx4_0", "1", "link_downed", 1.0),
+    }
+    node = snapshot.nodes[0]
+    stale = SourceStatus("n1", "fabric", False, last_ok_at=FIXED - 60, polls=3)
+    kept = FleetSnapshot(1, FIXED, (NodeSnapshot("n1", fabric=node.fabric, statuses=(stale,)),))
+    assert pegged(kept) == pegged(snapshot)

@@ -187,6 +187,7 @@ def node_view(node: NodeSnapshot) -> dict[str, Any]:
             bmc.fans_failed,
             bmc.psus_present,
             bmc.psus_failed,
+            bmc.psus_no_input,
         ),
         "ports": None
         if fabric is None

@@ -256,6 +256,15 @@ DEFAULT_RULES: tuple[Rule, ...] = (
         for_s=BMC_FAILED_FOR_S,
     ),
     _rule(
+        "PowerSupplyInputLost",
+        "gpuconsole_bmc_psus_no_input > 0",
+        _WARN,
+        "Node {{ $labels.node }}: {{ $value }} power supplies have no input power",
+        for_s=BMC_FAILED_FOR_S,
+        description="The PSU may be fine: reseat it, check its cable, PDU and feed. The node "
+        "has lost PSU redundancy; its verdict pages where no PSU is left to spare.",
+    ),
+    _rule(
         "FanFailed",
         "gpuconsole_bmc_fans_failed > 0",
         _CRIT,

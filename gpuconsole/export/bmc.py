@@ -137,6 +137,9 @@ def _totals(out: Families, node: str, reading: BmcReading) -> None:
     out.gauge(names.BMC_FANS_FAILED, ("node",), (node,), float(reading.fans_failed))
     out.gauge(names.BMC_PSUS, ("node",), (node,), float(reading.psus_present))
     out.gauge(names.BMC_PSUS_FAILED, ("node",), (node,), float(reading.psus_failed))
+    out.gauge(names.BMC_PSUS_NO_INPUT, ("node",), (node,), float(reading.psus_no_input))
+    if reading.clock_skew_s is not None:
+        out.gauge(names.BMC_CLOCK_SKEW, ("node",), (node,), reading.clock_skew_s)
 
 
 def _gpu_board(out: Families, node: NodeSnapshot, reading: BmcReading) -> None:

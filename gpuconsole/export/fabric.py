@@ -41,6 +41,7 @@ _PORT_INFO = (
 )
 _PROBLEM = (*names.IB_PORT_LABELS, "problem", "severity")
 _HW = (*names.IB_PORT_LABELS, "stat")
+_PEGGED = (*names.IB_PORT_LABELS, "counter")
 # what _counters writes after the port's state: skipped where none of it is wanted
 _COUNTER_SPECS = (
     *names.IB_COUNTERS.values(),
@@ -147,6 +148,8 @@ def _port_state(
     )
     worst = _SEVERITY[problems[0].severity] if problems else 0.0
     out.gauge(names.FABRIC_PORT_SEVERITY, names.IB_PORT_LABELS, values, worst)
+    for counter, _value in port.pegged:
+        out.gauge(names.FABRIC_PORT_COUNTER_PEGGED, _PEGGED, (*values, counter), 1.0)
     keys = Counter((_problem_key(port, p.counter, p.what), p.severity.value) for p in problems)
     for (key, severity), _count in keys.items():
         out.gauge(names.FABRIC_PORT_PROBLEM, _PROBLEM, (*values, key, severity), 1.0)

@@ -219,6 +219,14 @@ BMC_FANS = (f"{PREFIX}_bmc_fans", "Fans the BMC reports.")
 BMC_FANS_FAILED = (f"{PREFIX}_bmc_fans_failed", "Fans failed, stopped or past a critical limit.")
 BMC_PSUS = (f"{PREFIX}_bmc_psus", "Power supplies the BMC reports present.")
 BMC_PSUS_FAILED = (f"{PREFIX}_bmc_psus_failed", "Power supplies failed or past a critical limit.")
+BMC_PSUS_NO_INPUT = (
+    f"{PREFIX}_bmc_psus_no_input",
+    "Power supplies there, not failed, whose input power is lost or out of range.",
+)
+BMC_CLOCK_SKEW = (
+    f"{PREFIX}_bmc_clock_skew_seconds",
+    "How far the BMC's clock is ahead of the reader's (negative: behind), when its log was read.",
+)
 BMC_PART_UP = (
     f"{PREFIX}_bmc_part_up",
     "1 if this part of the BMC (a Redfish resource, the system read for power) was read in "
@@ -539,6 +547,10 @@ FABRIC_PORT_SEVERITY = (
 FABRIC_PORT_PROBLEM = (
     f"{PREFIX}_fabric_port_problem",
     "1 for each problem on the port now: a link state, or the counter that moved.",
+)
+FABRIC_PORT_COUNTER_PEGGED = (
+    f"{PREFIX}_fabric_port_counter_pegged",
+    "1 for each PortCounter (counter, its sysfs name) at its maximum: it counts no more.",
 )
 FABRIC_PORT_EXPECTED_RATE = (
     f"{PREFIX}_fabric_port_expected_rate_bytes_per_second",

@@ -118,6 +118,7 @@ _NODE = (
     names.BMC_FANS_FAILED,
     names.BMC_PSUS,
     names.BMC_PSUS_FAILED,
+    names.BMC_PSUS_NO_INPUT,
     names.IPMI_CHASSIS_POWER,
     names.FABRIC_PEERMEM,
     names.FABRIC_MANAGER,
@@ -954,6 +955,7 @@ def _bmc(found: NodeSeries, at: float, simulated: bool) -> BmcReading | None:
         fans_failed=_int(_gauge(v, names.BMC_FANS_FAILED)) or 0,
         psus_present=_int(_gauge(v, names.BMC_PSUS)) or 0,
         psus_failed=_int(_gauge(v, names.BMC_PSUS_FAILED)) or 0,
+        psus_no_input=_int(_gauge(v, names.BMC_PSUS_NO_INPUT)) or 0,
         simulated=simulated,
     )
 
