@@ -117,6 +117,37 @@ async def test_a_flapping_port_goes_down_counts_it_and_comes_back() -> None:
     assert during.xmit_bytes_total == before.xmit_bytes_total  # nothing moves on a down link
 
 
+async def test_a_port_that_flapped_for_hours_has_its_error_counters_pegged_at_their_widths() -> (
+    None
+):
+    """mlx5_4 flaps every 90 s from 20 s on: each outage counts link_downed 1 and
+    link_error_recovery 2. Both are 8-bit PortCounters, which saturate (never wrap): after
+    128 outages link_error_recovery reads 255, after 255 link_downed does, and neither
+    moves after (a port that reads 256 would be taken for a wider counter, never pegged).
+    The source sees them pegged and says so once; the 64-bit data counters run on."""
+    async with World("dgx-002", DGX_H100) as w:
+        half = await w.at(20.0 + 127 * 90 + 30)  # 128 outages, up again
+        full = await w.at(20.0 + 254 * 90 + 30)  # 255
+        later = await w.at(20.0 + 299 * 90 + 30)  # 300
+    ports = [n.fabric.port("mlx5_4") for n in (half, full, later)]  # type: ignore[union-attr]
+    assert all(p is not None for p in ports)
+    counted = [(p.counter("link_downed"), p.counter("link_error_recovery")) for p in ports]  # type: ignore[union-attr]
+    assert counted == [(128, 255), (255, 255), (255, 255)]
+    assert [p.pegged for p in ports] == [  # type: ignore[union-attr]
+        (("link_error_recovery", 255),),
+        (("link_downed", 255), ("link_error_recovery", 255)),
+        (("link_downed", 255), ("link_error_recovery", 255)),
+    ]
+    assert ports[2].counter("symbol_error") == 37 * 300  # type: ignore[union-attr]  # 16 bits
+    assert later.delta("fabric", "mlx5_4", "1", "link_downed") == 0
+    assert [e.message.split(" counter")[0] for e in w.events if e.kind == "counter_pegged"] == [
+        "mlx5_4/1 (compute) link error recovery",
+        "mlx5_4/1 (compute) link downed",
+    ]
+    data = [p.xmit_bytes_total for p in ports]  # type: ignore[union-attr]
+    assert data[0] is not None and data[0] > 1 << 32 and data == sorted(set(data))  # type: ignore[type-var]
+
+
 async def test_a_congested_rail_shows_transmit_wait_and_its_roce_port_cnps_rising() -> None:
     async with World("dgx-004", DGX_H100) as w:  # mlx5_9 and mlx5_7 congested from 10 s on
         await w.at(60.0)

@@ -26,6 +26,7 @@ from gpuconsole.sim.node import SimNode
 from gpuconsole.sim.profiles import NicSlot, NodeProfile
 from gpuconsole.sim.trees import new_tree
 from gpuconsole.sources.base import EmitEvent
+from gpuconsole.sources.fabric.infiniband import EXTENDED, EXTENDED_PMA_DRIVERS, PMA_WIDTHS
 from gpuconsole.sources.fabric.source import FabricSource
 
 FABRIC_SCENARIO_KINDS = ("flap", "congestion", "downtrain")
@@ -359,9 +360,15 @@ class SimFabricTree:
                 since * CONGESTED_ECN_PER_S * 0.96
             )
         written = self._written
+        extended = nic.name.startswith(EXTENDED_PMA_DRIVERS)
         for rel, value in values.items():
-            if "hw_counters" in rel:
+            folder, _, name = rel.partition("/")
+            if folder == "hw_counters":
                 value &= 0xFFFFFFFF  # mlx5 Q counters are 32-bit and wrap
+            elif not (extended and name in EXTENDED):
+                # PortCounters saturate at their width's maximum, as the HCA's PMA keeps
+                # them: a port that flapped 300 times reads link_downed 255
+                value = min(value, (1 << PMA_WIDTHS.get(name, 32)) - 1)
             key = f"{nic.name}/{rel}"
             if written.get(key) != value:
                 _write(os.path.join(port, rel), f"{value}\n")
