@@ -401,3 +401,26 @@ def test_psus_that_lost_their_input_are_not_failed_and_the_verdict_says_check_th
             Action.RESEAT,
         )
     ]
+
+
+def test_a_psu_without_input_in_the_older_power_resource_reads_as_in_the_newer(
+    legacy: Sushy,
+) -> None:
+    # The deprecated Power resource carries each PSU's Status on its power sensor too: PSU 2
+    # (Health Critical, 0 W) with LineInputStatus LossOfInput is a PSU without input, its
+    # sensor's state counted there, not a failed PSU nor a critical sensor; FAN 3 mended,
+    # so nothing else on the node is critical: a warning, as PowerSubsystem's reads
+    power = legacy.root / "Chassis/DGX/Power/index.json"
+    doc = json.loads(power.read_text())
+    doc["PowerSupplies"][1]["LineInputStatus"] = "LossOfInput"
+    power.write_text(json.dumps(doc))
+    thermal = legacy.root / "Chassis/DGX/Thermal/index.json"
+    doc = json.loads(thermal.read_text())
+    doc["Fans"][2].update(Reading=9000, Status={"State": "Enabled", "Health": "OK"})
+    thermal.write_text(json.dumps(doc))
+    reading = asyncio.run(read(source(legacy)))
+    assert (reading.psus_present, reading.psus_failed, reading.no_input_psus) == (6, 0, ("PSU 2",))
+    assert reading.health is Health.WARNING
+    assert [(f.code, f.severity, f.action) for f in bmc_findings(reading)] == [
+        ("psu_no_input", Severity.WARNING, Action.RESEAT)
+    ]

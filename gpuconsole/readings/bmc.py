@@ -211,6 +211,8 @@ class BmcReading(msgspec.Struct, frozen=True):
             return Health.CRITICAL
         worst = Health.WARNING if self.warned_units or self.psus_no_input else Health.OK
         for sensor in self.sensors:
+            if sensor.context == "psu" and sensor.name in self.no_input_psus:
+                continue  # its PSU's state, counted above (the older Power resource's)
             if sensor.health in (SensorHealth.CRITICAL, SensorHealth.FAILED):
                 return Health.CRITICAL
             if sensor.health is SensorHealth.WARNING:
