@@ -403,6 +403,42 @@ def test_psus_that_lost_their_input_are_not_failed_and_the_verdict_says_check_th
     ]
 
 
+def test_a_psu_redundancy_group_says_how_many_psus_the_node_needs(modern: Sushy) -> None:
+    # The DGX's PowerSubsystem says its PSUs are one group that needs 4 (an N+2 of six,
+    # PSU 6 absent): two PSUs without input leave 3, below what it needs, critical, where
+    # the count alone (3, more than one) would say redundancy lost, a warning. Figures no
+    # count of PSUs (a string, a bool, a huge one) are not taken.
+    subsystem = modern.root / "Chassis/DGX/PowerSubsystem/index.json"
+    supplies = modern.root / "Chassis/DGX/PowerSubsystem/PowerSupplies"
+
+    def read_with(*needed: object) -> BmcReading:
+        doc = json.loads(subsystem.read_text())
+        doc["PowerSupplyRedundancy"] = [
+            {"RedundancyType": "NPlusM", "MinNeededInGroup": n} for n in needed
+        ]
+        subsystem.write_text(json.dumps(doc))
+        return asyncio.run(read(source(modern)))
+
+    for n in (1, 2):
+        path = supplies / f"PSU_{n}/index.json"
+        doc = json.loads(path.read_text())
+        doc["LineInputStatus"] = "OutOfRange"
+        path.write_text(json.dumps(doc))
+    reading = read_with(4)
+    assert (reading.psus_needed, reading.psus_delivering, reading.health) == (4, 3, Health.CRITICAL)
+    [found] = [f for f in bmc_findings(reading) if f.code == "psu_no_input"]
+    assert (found.text, found.severity, found.action) == (
+        "2 of 5 PSUs have no input power: PSU 1, PSU 2; 3 deliver of the 4 it needs, "
+        "no PSU redundancy left",
+        Severity.CRITICAL,
+        Action.RESEAT,
+    )
+    assert read_with(2).health is Health.WARNING  # 3 deliver, 2 needed: one to spare
+    assert read_with(1, 1).psus_needed == 2  # two groups: each needs its own
+    for odd in ("4", True, 10**9, -1, None):
+        assert read_with(odd).psus_needed is None
+
+
 def test_a_psu_without_input_in_the_older_power_resource_reads_as_in_the_newer(
     legacy: Sushy,
 ) -> None:
@@ -413,6 +449,7 @@ def test_a_psu_without_input_in_the_older_power_resource_reads_as_in_the_newer(
     power = legacy.root / "Chassis/DGX/Power/index.json"
     doc = json.loads(power.read_text())
     doc["PowerSupplies"][1]["LineInputStatus"] = "LossOfInput"
+    doc["Redundancy"] = [{"MemberId": "0", "Mode": "N+m", "MinNumNeeded": 3}]
     power.write_text(json.dumps(doc))
     thermal = legacy.root / "Chassis/DGX/Thermal/index.json"
     doc = json.loads(thermal.read_text())
@@ -420,7 +457,12 @@ def test_a_psu_without_input_in_the_older_power_resource_reads_as_in_the_newer(
     thermal.write_text(json.dumps(doc))
     reading = asyncio.run(read(source(legacy)))
     assert (reading.psus_present, reading.psus_failed, reading.no_input_psus) == (6, 0, ("PSU 2",))
-    assert reading.health is Health.WARNING
-    assert [(f.code, f.severity, f.action) for f in bmc_findings(reading)] == [
-        ("psu_no_input", Severity.WARNING, Action.RESEAT)
+    assert (reading.psus_needed, reading.health) == (3, Health.WARNING)
+    assert [(f.text, f.severity, f.action) for f in bmc_findings(reading)] == [
+        (
+            "1 of 6 PSUs has no input power: PSU 2 at 0 W; 5 deliver of the 3 it needs, "
+            "PSU redundancy lost",
+            Severity.WARNING,
+            Action.RESEAT,
+        )
     ]

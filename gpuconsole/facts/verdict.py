@@ -731,15 +731,15 @@ def _psu_no_input(bmc: BmcReading) -> tuple[str, str, Severity]:
     lost, present = bmc.psus_no_input, max(bmc.psus_present, bmc.psus_no_input)
     text = (f"{lost} of {present} PSUs {'has' if lost == 1 else 'have'} no input power"
             f"{_named(bmc, bmc.no_input_psus)}")  # fmt: skip
-    delivering = bmc.psus_delivering
+    delivering, needed = bmc.psus_delivering, bmc.psus_needed
+    if not delivering:
+        left = "none delivers power"
+    else:
+        left = f"{delivering} {'delivers' if delivering == 1 else 'deliver'}"
+        left += f" of the {needed} it needs" if needed is not None else ""
     if bmc.psu_redundancy_left:
-        return (
-            "psu_no_input",
-            f"{text}; {delivering} deliver, PSU redundancy lost",
-            Severity.WARNING,
-        )
-    left = "none delivers power" if not delivering else "1 delivers, no PSU redundancy left"
-    return "psu_no_input", f"{text}; {left}", Severity.CRITICAL
+        return "psu_no_input", f"{text}; {left}, PSU redundancy lost", Severity.WARNING
+    return "psu_no_input", f"{text}; {left}, no PSU redundancy left", Severity.CRITICAL
 
 
 def _named(bmc: BmcReading, names: tuple[str, ...]) -> str:

@@ -133,6 +133,9 @@ class BmcReading(msgspec.Struct, frozen=True):
     # PSU itself may be fine (a cable, a PDU, a feed); not counted in psus_failed
     psus_no_input: int = 0
     no_input_psus: tuple[str, ...] = ()
+    # How many PSUs the node needs to run, where its BMC says (Redfish's redundancy
+    # groups: MinNeededInGroup, the older MinNumNeeded); None where it does not (IPMI)
+    psus_needed: int | None = None
     sel_recent: tuple[SelEntry, ...] = ()  # the newest records, oldest first
     # How far the BMC's clock is ahead of the reader's, in seconds (negative: behind), as
     # measured when the SEL was read; None where not measured. The SEL times are already
@@ -195,10 +198,10 @@ class BmcReading(msgspec.Struct, frozen=True):
 
     @property
     def psu_redundancy_left(self) -> bool:
-        """Whether the node would still have power if one more PSU stopped: what the
-        reading knows of it, more than one PSU delivering (how many the node needs the BMC
-        does not say here)."""
-        return self.psus_delivering > 1
+        """Whether the node would still have power if one more PSU stopped: more PSUs
+        delivering than it needs, where the BMC says how many (`psus_needed`), else more
+        than one (all the reading knows)."""
+        return self.psus_delivering > (self.psus_needed or 1)
 
     @property
     def health(self) -> Health:

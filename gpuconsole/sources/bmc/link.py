@@ -46,6 +46,8 @@ class LinkReading:
     # how far the BMC's clock is ahead of the reader's (BmcReading.clock_skew_s); the SEL
     # times above are already corrected by it
     clock_skew_s: float | None = None
+    # how many PSUs the node needs to run, where the BMC says (BmcReading.psus_needed)
+    psus_needed: int | None = None
 
 
 class BmcLink(Protocol):

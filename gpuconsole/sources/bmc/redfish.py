@@ -340,6 +340,7 @@ class _Chassis:
     fans: list[str] = field(default_factory=list)
     psus: list[str] = field(default_factory=list)
     unlisted: set[str] = field(default_factory=set)  # links whose collection did not read
+    psus_needed: int | None = None  # its PowerSubsystem's PowerSupplyRedundancy says
 
     def reads(self, name: str) -> str | None:
         """The URL of a linked resource this poll reads (None: not linked, or its
@@ -547,7 +548,10 @@ class RedfishLink:
             if not link:
                 continue
             try:
-                listing = _ref(self._get(link), member_of) if member_of else link
+                resource = self._get(link) if member_of else {}
+                listing = _ref(resource, member_of) if member_of else link
+                if name == "PowerSubsystem":
+                    item.psus_needed = _psus_needed(resource, "PowerSupplyRedundancy")
                 into.extend(self._members(listing))
             except RedfishResourceError as exc:
                 item.unlisted.add(name)
@@ -643,12 +647,15 @@ class RedfishLink:
         extra: list[BmcSensor] = []
         psus: list[UnitStatus] = []
         fans: list[UnitStatus] = []
+        needed: list[int] = []
         for chassis in inventory.chassis:
             found = self._read_chassis(chassis, parts)
             sensors.extend(found.sensors)
             extra.extend(found.extra)
             psus.extend(found.psus)
             fans.extend(found.fans)
+            if (need := chassis.psus_needed or found.psus_needed) is not None:
+                needed.append(need)
         state, power_part = self._power_state(inventory)
         parts.append(power_part)
         entries: list[SelEntry] = []
@@ -677,6 +684,7 @@ class RedfishLink:
             tuple(fans),
             tuple(parts),
             skew,
+            sum(needed) if needed else None,
         )
 
     def _read_chassis(self, chassis: _Chassis, parts: list[PartStatus]) -> _ChassisReading:
@@ -740,6 +748,7 @@ class RedfishLink:
                 found, units = _power_sensors(doc, chassis)
                 if "PowerSubsystem" not in chassis.links:
                     out.psus.extend(units)
+                    out.psus_needed = _psus_needed(doc, "Redundancy")
                 detail = (
                     f"{_many(len(found), 'sensor')}, "
                     f"{_many(len(units), 'power supply', 'power supplies')}"
@@ -809,6 +818,25 @@ class _ChassisReading:
     extra: list[BmcSensor] = field(default_factory=list)  # read where no Sensor says it
     psus: list[UnitStatus] = field(default_factory=list)
     fans: list[UnitStatus] = field(default_factory=list)
+    psus_needed: int | None = None
+
+
+# The most PSUs a redundancy group may say it needs: a bigger figure is no chassis's
+_MAX_NEEDED = 64
+
+
+def _psus_needed(doc: Json, key: str) -> int | None:
+    """How many PSUs a chassis needs to run, by its redundancy groups (`key`: a
+    PowerSubsystem's PowerSupplyRedundancy, MinNeededInGroup each; the older Power
+    resource's Redundancy, MinNumNeeded each), added up; None where none says it."""
+    said = [
+        value
+        for group in _objects(doc, key)
+        if (value := group.get("MinNeededInGroup", group.get("MinNumNeeded"))) is not None
+        and type(value) is int
+        and 0 < value <= _MAX_NEEDED
+    ]
+    return sum(said) if said else None
 
 
 def _path(url: str) -> str:

@@ -314,6 +314,7 @@ class BmcSource:
             failed_psus=totals.failed_psus,
             warned_units=totals.warned_units,
             psus_no_input=len(totals.no_input_psus),
+            psus_needed=raw.psus_needed,
             no_input_psus=totals.no_input_psus,
             sel_recent=raw.sel[-self._sel_recent :] if self._sel_recent else (),
             # DateTime and SEL times have whole seconds: a millisecond says all there is
