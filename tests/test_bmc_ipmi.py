@@ -500,6 +500,24 @@ def test_a_wrong_password_is_named_while_other_bmcs_log_on(tmp_path: Path) -> No
     assert said["Incorrect password provided"] > 0, said
 
 
+def test_a_session_removed_from_pyghmis_table_twice_is_removed(bmc: IpmiSim) -> None:
+    # pyghmi's logout checks that the session is in its table, then deletes it: the thread
+    # that saw a logon fail and the thread logging on both log it out, and the second to
+    # delete raised KeyError with the local port (once in a suite run, in the test above)
+    from pyghmi.ipmi.private import session as pyghmi_session
+
+    PyghmiSession("127.0.0.1", bmc.port, bmc.username.encode(), bmc.password.encode()).logout()
+    table = pyghmi_session.Session.bmc_handlers
+    table[("192.0.2.1", 623)] = {}
+    table[("192.0.2.1", 623)][57111] = "a session"
+    del table[("192.0.2.1", 623)][57111]
+    del table[("192.0.2.1", 623)][57111]  # by the other thread
+    assert table[("192.0.2.1", 623)] == {}
+    del table[("192.0.2.1", 623)]
+    del table[("192.0.2.1", 623)]
+    assert ("192.0.2.1", 623) not in table
+
+
 def test_polling_a_bmc_for_long_leaves_nothing_behind_in_pyghmi(bmc: IpmiSim) -> None:
     # pyghmi's I/O thread queues the session for every reply it receives, and a logged-on
     # session takes its replies elsewhere: unfixed, that queue grows by one entry per

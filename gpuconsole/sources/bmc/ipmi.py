@@ -207,6 +207,7 @@ def mend_pyghmi() -> None:
     one_lock_for_session_tables()
     errors_kept_before_the_session_ends()
     queues_shared_safely()
+    handlers_removed_safely()
 
 
 def errors_kept_before_the_session_ends() -> None:
@@ -263,6 +264,44 @@ def queues_shared_safely() -> None:
                 self.sessionless_data(pkt[0], pkt[1])
 
     session.Session.process_pktqueue = process_pktqueue
+
+
+class _Ports(dict[Any, Any]):
+    """The sessions of one BMC address by local port: one removed twice is removed."""
+
+    def __delitem__(self, key: Any) -> None:
+        self.pop(key, None)
+
+
+class _Handlers(dict[Any, Any]):
+    """pyghmi's sessions by BMC address, each a _Ports: one removed twice is removed."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, _Ports(value) if type(value) is dict else value)
+
+    def __delitem__(self, key: Any) -> None:
+        self.pop(key, None)
+
+
+def handlers_removed_safely() -> None:
+    """Make a session's removal from pyghmi's table of sessions safe to race (idempotent).
+
+    pyghmi 1.6.19's logout removes the session from `Session.bmc_handlers` where it is
+    not yet marked broken, checking then deleting; a session that failed to log on is
+    logged out by the thread that saw it fail and by the thread logging on, and the second
+    to delete raised KeyError with the local port ("KeyError: 57111", once in a suite run:
+    five BMCs logging on at once, three with a wrong password). Removing what is gone is
+    done; every other use of the table is as it was.
+    """
+    from pyghmi.ipmi.private import session
+
+    table = session.Session.bmc_handlers
+    if isinstance(table, _Handlers):
+        return
+    safe = _Handlers()
+    for address, ports in list(table.items()):
+        safe[address] = ports
+    session.Session.bmc_handlers = safe
 
 
 def one_lock_for_session_tables() -> None:
