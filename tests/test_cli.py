@@ -34,6 +34,22 @@ def test_snapshot_demo_prints_every_node_and_says_it_is_simulated() -> None:
     assert len(guest) == 8 and all(line.endswith("vm acme-train-vm") for line in guest)
 
 
+def test_a_snapshot_piped_into_a_reader_that_stops_ends_quietly() -> None:
+    """`gpuconsole snapshot --demo | head -1`: the reader goes away mid-table; the writer
+    ends as a pipe's writer does, with no traceback."""
+    # more than a pipe holds (64 KiB): the writer is still writing when its reader goes
+    cmd = [sys.executable, "-m", "gpuconsole", "snapshot", "--demo", "--nodes", "64"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+        assert child.stdout is not None and child.stderr is not None
+        first = child.stdout.readline()
+        child.stdout.close()  # as head does, having read its line
+        said = child.stderr.read().decode()
+        code = child.wait(timeout=120)
+    assert first.startswith(b"dgx-001")
+    assert "Traceback" not in said and "BrokenPipeError" not in said, said
+    assert code == 141, said
+
+
 def test_snapshot_json_is_versioned() -> None:
     result = run("snapshot", "--demo", "--json", "--nodes", "3")
     assert result.returncode == 0, result.stderr

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -793,6 +795,11 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # its reader went away (`| head`): what it read stands; the flush at exit would
+        # only fail again, so the rest goes nowhere, and the exit is a pipe writer's
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return int(result)
 
 
