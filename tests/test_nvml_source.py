@@ -442,3 +442,20 @@ def test_a_gpu_that_falls_off_the_bus_while_it_is_discovered_leaves_the_others()
     assert lost.pci_bus_id == normal_bus_id(DGX_H100.gpus[5].bus_id)  # known before it fell
     assert all(g.state is GpuState.OK for g in reading.gpus if g.index != 5)
     assert [(e.kind, e.gpu_index) for e in events] == [("gpu_lost", 5)]
+
+
+def test_a_gpu_lost_at_start_is_said_once_however_often_the_node_is_read_afresh(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`remediate` on a lost GPU reads its node afresh while it waits, a new source each
+    time: the GPU NVML cannot open is said once, not once a reading."""
+    clock = Clock()
+    node = SimNode("dgx-once", DGX_H100, scenarios=["xid79:5@0"], clock=clock, start=clock.now)
+    clock.now += 5
+    with caplog.at_level("WARNING", logger="gpuconsole.sources.nvml.source"):
+        for _ in range(3):
+            source = NvmlSource("dgx-once", lib=SimNvml(node), events=False, clock=clock)
+            assert source.collect().gpus[5].state is GpuState.LOST
+            source.close_blocking()
+    said = [r.getMessage() for r in caplog.records if "GPU 5" in r.getMessage()]
+    assert said == ["GPU 5 unreadable at start: GPU is lost"], said

@@ -129,6 +129,23 @@ if TYPE_CHECKING:  # asyncio only where a loop runs: a one-shot reads blocking
     from concurrent.futures import Future
 
 log = logging.getLogger(__name__)
+# What a source said of a GPU it could not open, by node and index: said once a process
+# (a command that reads the node again and again, waiting on a lost GPU, says it once)
+_SAID: set[tuple[str, int, str]] = set()
+_SAID_MOST = 4096
+
+
+def _say_once(node: str, index: int, message: str) -> None:
+    said = (node, index, message)
+    if said in _SAID:
+        log.debug("%s", message)
+        return
+    if len(_SAID) >= _SAID_MOST:
+        _SAID.clear()
+    _SAID.add(said)
+    log.warning("%s", message)
+
+
 T = TypeVar("T")
 
 # How long a close waits for the event watch to stop (it wakes every EVENT_WAIT_MS).
@@ -530,10 +547,10 @@ class NvmlSource:
         gpu = GpuRecord(index, None, f"unknown-{index}", "unknown", "unknown", errors=[str(exc)])
         reason = OPEN_ERRORS.get(getattr(exc, "value", -1))
         if reason is not None:
-            log.warning("GPU %d cannot be opened: %s", index, exc)
+            _say_once(self.node, index, f"GPU {index} cannot be opened: {exc}")
             gpu.unopened = reason
         else:
-            log.warning("GPU %d unreadable at start: %s", index, exc)
+            _say_once(self.node, index, f"GPU {index} unreadable at start: {exc}")
             lost.append(gpu)
         return gpu
 
