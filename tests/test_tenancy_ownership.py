@@ -190,6 +190,101 @@ def test_a_lost_gpu_nobody_holds_is_unavailable() -> None:
     assert gpu.kind is OwnerKind.UNAVAILABLE and gpu.label == "unavailable (lost)"
 
 
+# --- a GPU off the bus: NVML lists no process on it, what still holds it says who owns it ---
+
+LOST1 = nvml_gpu(1, state=GpuState.LOST, lost_since=50.0)
+# nvidia-persistenced holds every /dev/nvidiaN and runs nobody's work
+PERSISTENCED = HostProcess(
+    9, "nvidia-persistenc", "/system.slice/nvidia-persistenced.service", user="root",
+    gpu_minors=(0, 1, 2),
+)  # fmt: skip
+
+
+def _held(*processes: HostProcess, pods: tuple[PodDevice, ...] = ()) -> TenancyReading:
+    """GPUs 0 and 1 with minors 0 and 1 (the driver's /proc information), processes holding
+    them, nvidia-persistenced holding both."""
+    return TenancyReading(
+        at=0.0,
+        gpus=(pci(0, minor=0, uuid=U0), pci(1, minor=1, uuid=U1)),
+        pod_devices=pods,
+        processes=(*processes, PERSISTENCED),
+    )
+
+
+def test_a_lost_gpu_under_a_slurm_job_is_the_jobs_by_the_ranks_holding_its_device() -> None:
+    ranks = (
+        HostProcess(
+            100 + k, "python", "/system.slice/slurmstepd.scope/job_4801/step_0/user/task_0",
+            user="bob", slurm_job="4801", slurm_account="physics", tenant="physics",
+            gpu_minors=(k,),
+        )
+        for k in range(2)
+    )  # fmt: skip
+    own = resolve_owners(nvml(nvml_gpu(0, pids=(100,)), LOST1), _held(*ranks))
+    gpu = own.gpu(BUS[1])
+    assert gpu is not None and gpu.label == "job 4801"
+    assert gpu.owner.job == "4801" and gpu.owner.pids == (101,) and gpu.owner.tenant == "physics"
+    (problem,) = gpu.problems
+    assert problem.kind is ProblemKind.HELD_BUT_LOST and BUS[1] in problem.message
+    # what NVML lists stays NVML's, and the healthy GPU's owner is as NVML says
+    assert gpu.processes == ()
+    healthy = own.gpu(BUS[0])
+    assert healthy is not None and healthy.label == "job 4801" and healthy.owner.pids == (100,)
+
+
+def test_a_gpu_lost_before_nvml_named_it_is_held_by_its_minor_too() -> None:
+    """NVML never read its bus id (unknown-1): the driver's minor still names the GPU."""
+    unnamed = nvml_gpu(1, uuid="unknown-1", pci_bus_id="unknown-1", state=GpuState.LOST)
+    rank = HostProcess(101, "python", "/slurm/uid_1001/job_77/step_0", slurm_job="77",
+                       gpu_minors=(1,))  # fmt: skip
+    gpu = resolve_owners(nvml(nvml_gpu(0), unnamed), _held(rank)).gpu(BUS[1])
+    assert gpu is not None and gpu.label == "job 77"
+
+
+def test_a_lost_gpu_in_a_pods_container_is_the_pods_once() -> None:
+    container = HostProcess(
+        101, "python3",
+        "/kubepods.slice/kubepods-pod0b7c4a50_1111_2222_3333_444455556666.slice/"
+        "cri-containerd-" + "a" * 64 + ".scope",
+        pod_uid="0b7c4a50-1111-2222-3333-444455556666", container_id="a" * 64, gpu_minors=(1,),
+    )  # fmt: skip
+    # the kubelet's assignment and the container's process are the one pod
+    device = msgspec.structs.replace(
+        pod("team-nlp", "train-0", U1, U1), pod_uid="0b7c4a50-1111-2222-3333-444455556666"
+    )
+    gpu = resolve_owners(nvml(nvml_gpu(0), LOST1), _held(container, pods=(device,))).gpu(BUS[1])
+    assert gpu is not None and [o.label for o in gpu.owners] == ["pod team-nlp/train-0"]
+    assert gpu.owner.pids == (101,)
+    assert [p.kind for p in gpu.problems] == [ProblemKind.HELD_BUT_LOST]
+    # with no kubelet answer, the container's cgroup still names its pod
+    gpu = resolve_owners(nvml(nvml_gpu(0), LOST1), _held(container)).gpu(BUS[1])
+    assert gpu is not None
+    assert gpu.label == "pod pod-uid 0b7c4a50-1111-2222-3333-444455556666"
+
+
+def test_a_lost_gpu_held_by_a_process_of_no_scheduler_is_its_users() -> None:
+    notebook = HostProcess(
+        101, "jupyter", "/user.slice/user-1000.slice/session-3.scope", user="alice",
+        gpu_minors=(1,),
+    )  # fmt: skip
+    gpu = resolve_owners(nvml(nvml_gpu(0), LOST1), _held(notebook)).gpu(BUS[1])
+    assert gpu is not None and gpu.label == "process alice" and gpu.owner.pids == (101,)
+
+
+def test_services_holding_every_gpu_own_no_lost_gpu_nor_a_healthy_one() -> None:
+    own = resolve_owners(nvml(nvml_gpu(0), LOST1), _held())
+    lost, healthy = own.gpu(BUS[1]), own.gpu(BUS[0])
+    assert lost is not None and lost.label == "unavailable (lost)"
+    assert healthy is not None and healthy.label == "free"
+    # a healthy GPU's owners are NVML's processes: a process holding its device that NVML
+    # does not list (a monitor in someone's session) is no owner
+    watcher = HostProcess(
+        101, "nvtop", "/user.slice/user-1000.slice/session-3.scope", gpu_minors=(0, 1)
+    )
+    healthy = resolve_owners(nvml(nvml_gpu(0), nvml_gpu(1)), _held(watcher)).gpu(BUS[0])
+    assert healthy is not None and healthy.label == "free"
+
+
 def test_a_guest_holding_part_of_an_iommu_group_is_flagged() -> None:
     peers = (
         IommuPeer("0000:1b:00.1", 0x040300, "snd_hda_intel"),

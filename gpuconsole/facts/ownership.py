@@ -10,9 +10,10 @@ a NodeSnapshot through `node_ownership`, which remembers the last few answers.
 from __future__ import annotations
 
 import enum
+import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -363,6 +364,19 @@ def _process_owners(
     return owners
 
 
+# A system service's cgroup (systemd's system.slice): nvidia-persistenced, nv-hostengine,
+# an exporter keep every /dev/nvidiaN open and run no one's work. A Slurm step, a container
+# or a user's session is someone's work.
+_SERVICE = re.compile(r"^/(?:init\.scope|system\.slice/[^/]+\.service)(?:/|$)")
+
+
+def _service(host: HostProcess) -> bool:
+    """Whether a process is a system service, holding GPUs for no tenant."""
+    if host.slurm_job is not None or host.pod_uid is not None or host.container_id is not None:
+        return False
+    return _SERVICE.match(host.cgroup) is not None
+
+
 def _dedupe(claims: list[_Claim]) -> list[_Claim]:
     """One claim per owner identity; libvirt's word beats QEMU's for the same guest."""
     out: dict[tuple[OwnerKind, str], _Claim] = {}
@@ -460,9 +474,22 @@ def resolve_owners(nvml: NvmlReading | None, tenancy: TenancyReading | None) -> 
         _claim_guests(tenancy, entries, node_problems)
         _claim_pods(tenancy, entries, by_uuid, by_index, by_mig, node_problems)
 
+    # the processes holding each /dev/nvidiaN, by the GPU the driver gives that minor
+    by_minor: dict[int, list[HostProcess]] = {}
+    for host in hosts.values():
+        if not _service(host):
+            for minor in host.gpu_minors:
+                by_minor.setdefault(minor, []).append(host)
     gpus = []
     for bus in sorted(entries):
-        gpus.append(_resolve_gpu(entries[bus], hosts))
+        entry = entries[bus]
+        minor = entry.pci.minor if entry.pci is not None else None
+        holders = by_minor.get(minor, []) if minor is not None else []
+        unlisted = entry.driver == "nvidia" and (
+            (entry.nvml is not None and entry.nvml.lost)
+            or (entry.nvml is None and nvml is not None)
+        )
+        gpus.append(_resolve_gpu(entry, hosts, holders, unlisted))
     gpus.sort(key=lambda g: (g.index is None, g.index or 0, g.bus_id))
     parts = tenancy.parts if tenancy is not None else ()
     return Ownership(tuple(gpus), tuple(node_problems), parts)
@@ -608,7 +635,15 @@ def _renumbered(device: PodDevice, rebound: list[str]) -> Inconsistency:
     )
 
 
-def _resolve_gpu(entry: _Gpu, hosts: dict[int, HostProcess]) -> GpuOwner:
+def _resolve_gpu(
+    entry: _Gpu,
+    hosts: dict[int, HostProcess],
+    holders: Sequence[HostProcess] = (),
+    unlisted: bool = False,
+) -> GpuOwner:
+    """One GPU's owners. `holders`: the processes with its /dev/nvidiaN open (none of them
+    a system service); `unlisted`: NVML cannot list its processes (it lost the GPU), so
+    they are its processes."""
     nvml = entry.nvml
     lost = nvml is not None and nvml.lost
     processes = nvml.processes if nvml is not None else ()
@@ -652,6 +687,9 @@ def _resolve_gpu(entry: _Gpu, hosts: dict[int, HostProcess]) -> GpuOwner:
     claims = list(entry.claims)
     # a VM-held GPU's host processes are one problem (above), not also a second owner
     by_pid.update(_add_processes(claims, by_gi.get(None, []), hosts, claim=not in_guest))
+    if unlisted and not in_guest:
+        # NVML lists nothing for a GPU it lost: who still holds its /dev/nvidiaN says
+        _add_processes(claims, [ProcessReading(h.pid) for h in holders], hosts)
     owners, problems = _settle(claims, entry.where(), lost)
     if migs and not any(o.holds for o in owners):
         # a MIG GPU belongs to whoever holds its instances, each counted once
