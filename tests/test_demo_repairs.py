@@ -26,6 +26,7 @@ from gpuconsole.hub import Hub
 from gpuconsole.readings.base import normal_bus_id
 from gpuconsole.sim.actions import SimWorld, live_world
 from gpuconsole.sim.cluster import DEMO_CLUSTER, demo_hub
+from gpuconsole.sim.plans import SimJob, SimPlan
 from gpuconsole.sim.profiles import get_profile
 from gpuconsole.tui.app import ConsoleApp
 from gpuconsole.tui.screens.assign import Stage
@@ -115,6 +116,35 @@ def test_remediate_demo_repairs_what_it_can_and_sends_the_rest_for_service(
     world = SimWorld.demo(node, demo_root(node))
     assert world.node.resets == {1: 1} and world.node.power_cycles == 1
     assert world.owners(1) == ["drained"]
+
+
+def test_a_gpu_off_the_bus_under_a_slurm_job_drains_the_job_before_its_reset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dgx-006 runs a Slurm job on all 8 GPUs when GPU 1 falls off the bus: NVML lists no
+    process on it, yet the job's rank still holds its /dev/nvidia1, so the job is its owner:
+    the Slurm node is drained and the plan waits for the job to end before the reset (which
+    the driver refuses while the job holds the GPU)."""
+    from gpuconsole.wiring import demo_root
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    node, bus = LOST_FOR_GOOD
+    (spec,) = [s for s in DEMO_CLUSTER if s.name == node]
+    job = SimPlan(jobs=(SimJob("4801", "physics", 1001, tuple(range(8))),))
+    world = SimWorld(node, get_profile(spec.profile), demo_root(node), job, spec.scenarios)
+    world.node.t0 = time.time() - 120
+    world.save()
+    env = dict(os.environ)
+
+    rc, plan = _remediate(env, node, bus, "--dry-run")
+    assert f"drain Slurm node {node} (scontrol update state=drain)" in plan, plan
+    assert "job 4801 gone" in plan
+    rc, out = _remediate(env, node, bus, "--confirm", node)
+    assert f"ok drain Slurm node {node}" in out and "idle: job 4801 gone" in out, out
+    assert f"unable to reset {bus}: still lost" in out and "in use" not in out
+    world = SimWorld.demo(node, demo_root(node))
+    assert world.slurm_drained and world.plan.jobs == () and world.node.resets == {1: 1}
 
 
 # --- r in a running demo, and the consoles beside it ---------------------------------------

@@ -18,6 +18,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import threading
@@ -90,6 +91,23 @@ def _write(path: str, text: str | bytes) -> None:
 
 def _stable_uuid(*parts: str) -> str:
     return str(uuid_mod.UUID(hashlib.sha256("/".join(parts).encode()).hexdigest()[:32]))
+
+
+_GPU_DEV = re.compile(r"^/dev/nvidia\d+$")
+_HOST_CGROUP = f"/user.slice/user-{HOST_USER}.slice/session-3.scope"
+
+
+def _pod_cgroup(pod: SimPod) -> str:
+    uid = _stable_uuid(pod.namespace, pod.pod).replace("-", "_")
+    cid = hashlib.sha256(f"{pod.pod}/{pod.container}".encode()).hexdigest()
+    return (
+        "/kubepods.slice/kubepods-burstable.slice/"
+        f"kubepods-burstable-pod{uid}.slice/cri-containerd-{cid}.scope"
+    )
+
+
+def _job_cgroup(job: SimJob) -> str:
+    return f"/system.slice/slurmstepd.scope/job_{job.job}/step_0/user/task_0"
 
 
 @dataclass
@@ -258,25 +276,49 @@ class SimTenancyTree:
         ]
         if holders:
             pod = holders[nth] if nth < len(holders) else holders[0]
-            uid = _stable_uuid(pod.namespace, pod.pod).replace("-", "_")
-            cid = hashlib.sha256(f"{pod.pod}/{pod.container}".encode()).hexdigest()
-            cgroup = (
-                "/kubepods.slice/kubepods-burstable.slice/"
-                f"kubepods-burstable-pod{uid}.slice/cri-containerd-{cid}.scope"
-            )
-            return _Owner(cgroup, 0, "python3", pod.started_h)
+            return _Owner(_pod_cgroup(pod), 0, "python3", pod.started_h)
         for job in self.plan.jobs:
             if gpu in job.gpus:
-                cgroup = f"/system.slice/slurmstepd.scope/job_{job.job}/step_0/user/task_0"
                 env = {
                     "SLURM_JOB_ID": job.job,
                     "SLURM_JOB_ACCOUNT": job.account,
                     "SLURM_JOB_USER": USERS.get(job.uid, str(job.uid)),
                 }
-                return _Owner(cgroup, job.uid, "python", job.started_h, env)
-        return _Owner(
-            f"/user.slice/user-{HOST_USER}.slice/session-3.scope", HOST_USER, "jupyter", 0.75
-        )
+                return _Owner(_job_cgroup(job), job.uid, "python", job.started_h, env)
+        return _Owner(_HOST_CGROUP, HOST_USER, "jupyter", 0.75)
+
+    def _cgroups_on(self, gpu: int) -> set[str]:
+        """The cgroups whose processes may hold this GPU as the plan has it now: its pods'
+        (whole GPUs, MIG slots, replicas), its job's, else the host user's."""
+        plan = self.plan
+        found = {
+            _pod_cgroup(pod)
+            for pod in plan.pods
+            if gpu in pod.gpus or any(g == gpu for g, _ in pod.mig + pod.replicas)
+        }
+        found |= {_job_cgroup(job) for job in plan.jobs if gpu in job.gpus}
+        return found or {_HOST_CGROUP}
+
+    def _reap(self) -> None:
+        """Processes whose pod, job or user no longer holds their GPU have ended (a pod
+        evicted, a job that ran to its end): their /proc entries go. A GPU's /proc entry
+        outlives its NVML listing (a GPU off the bus lists nothing), so this follows the
+        tenants, not NVML."""
+        for pid in sorted(self._pids):
+            base = os.path.join(self.proc_root, str(pid))
+            try:
+                targets = [
+                    os.readlink(os.path.join(base, "fd", n))
+                    for n in os.listdir(os.path.join(base, "fd"))
+                ]
+                with open(os.path.join(base, "cgroup"), encoding="utf-8") as f:
+                    cgroup = f.read().strip().removeprefix("0::")
+            except OSError:
+                continue
+            gpus = [int(t[len("/dev/nvidia") :]) for t in targets if _GPU_DEV.match(t)]
+            if gpus and not any(cgroup in self._cgroups_on(g) for g in gpus):
+                shutil.rmtree(base, ignore_errors=True)
+                self._pids.discard(pid)
 
     def refresh(self) -> None:
         """Write /proc entries for processes the NVML simulator reports that are new, and
@@ -287,9 +329,10 @@ class SimTenancyTree:
     def _refresh(self) -> None:
         self._checkpoint()
         self.write_boot()
+        self._reap()
         for gpu in self.node.profile.gpus:
-            if self.node.lost(gpu.index):
-                continue
+            # a GPU off the bus lists no process, yet its tenant's process, started before
+            # it fell, still holds its /dev/nvidiaN
             for nth, (pid, _used, gi) in enumerate(self.node.processes(gpu.index)):
                 if pid in self._pids:
                     continue
