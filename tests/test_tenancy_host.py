@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,15 @@ def test_only_processes_holding_nvidia_devices_are_scanned(host: FakeHost) -> No
     assert job.started_at == host.started_at(7200)
     assert found[1].user == "uid 4242" and found[1].gpu_minors == ()
     assert [p.pid for p in scanner.scan()] == [100, 102]  # cached, same answer
+
+
+def test_the_scanning_process_itself_is_left_out(host: FakeHost) -> None:
+    """Its NVML holds every /dev/nvidiaN: it is no owner of a GPU NVML lost."""
+    for pid in (100, 200):
+        host.process(pid, cgroup="/user.slice/user-1000.slice/session-3.scope", uid=1000,
+                     fds=("/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"))  # fmt: skip
+    assert [p.pid for p in ProcessScanner(host.proc_root, str(host.passwd), 200).scan()] == [100]
+    assert ProcessScanner("/proc").own_pid == os.getpid()
 
 
 def test_qemu_command_lines_name_guests_and_their_vfio_devices(host: FakeHost) -> None:

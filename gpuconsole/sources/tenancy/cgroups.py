@@ -92,8 +92,15 @@ def parse_cgroup(text: str) -> CgroupOwner:
 class ProcessScanner:
     """Finds processes with NVIDIA devices open and reads what they belong to."""
 
-    def __init__(self, proc_root: str, passwd_file: str = "/etc/passwd") -> None:
+    def __init__(
+        self, proc_root: str, passwd_file: str = "/etc/passwd", own_pid: int | None = None
+    ) -> None:
         self.proc_root = proc_root
+        # this process holds every /dev/nvidiaN through its own NVML, for nobody's work: it
+        # is left out (else a GPU NVML lost would seem held by the console reading it)
+        if own_pid is None and os.path.realpath(proc_root) == "/proc":
+            own_pid = os.getpid()
+        self.own_pid = own_pid
         self.passwd_file = passwd_file
         self._clock: procfs.Clock | None = None
         self._users: dict[int, str] | None = None
@@ -129,6 +136,8 @@ class ProcessScanner:
         found = []
         known: dict[tuple[int, float | None], HostProcess] = {}
         for pid in procfs.pids(self.proc_root):
+            if pid == self.own_pid:
+                continue
             minors = self._nvidia_minors(pid)
             if minors is None:
                 continue
