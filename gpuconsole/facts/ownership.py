@@ -483,8 +483,8 @@ def resolve_owners(nvml: NvmlReading | None, tenancy: TenancyReading | None) -> 
     gpus = []
     for bus in sorted(entries):
         entry = entries[bus]
-        minor = entry.pci.minor if entry.pci is not None else None
-        holders = by_minor.get(minor, []) if minor is not None else []
+        number = entry.pci.minor if entry.pci is not None else None
+        holders = by_minor.get(number, []) if number is not None else []
         unlisted = entry.driver == "nvidia" and (
             (entry.nvml is not None and entry.nvml.lost)
             or (entry.nvml is None and nvml is not None)
