@@ -3,7 +3,9 @@
 `resolve_owners` is pure: it joins the PCI inventory (every GPU, NVML-visible or not) to
 NVML's GPUs by bus id, kubelet device IDs to GPUs and MIG instances by UUID, guests'
 <hostdev> addresses by bus id, and NVML's compute processes to what their cgroup says, and
-flags what does not add up instead of hiding it. Consumers (console, exporter) call it on
+flags what does not add up instead of hiding it. A GPU NVML lost lists no process: the
+processes holding its /dev/nvidiaN (the minor the driver's /proc information gives its bus id)
+say who holds it then, system services left out. Consumers (console, exporter) call it on
 a NodeSnapshot through `node_ownership`, which remembers the last few answers.
 """
 

@@ -3,7 +3,8 @@
 Which processes: those with a /dev/nvidia* file open (a readlink of each /proc/PID/fd
 entry). That finds every CUDA process, including ones NVML lists under a PID of another
 namespace, without asking NVML; the merge then keeps only the PIDs NVML reports as compute
-processes, so monitoring tools holding /dev/nvidiactl do not become owners. The cost is one
+processes, so monitoring tools holding /dev/nvidiactl do not become owners, except on a GPU
+NVML lost (it lists none): there the processes holding its /dev/nvidiaN are its owners. The cost is one
 listdir per process and one readlink per open file, every poll; what a PID's cgroup, user
 and environment say is cached by (PID, start time), since it does not change.
 
