@@ -241,6 +241,28 @@ def test_a_gpu_lost_before_nvml_named_it_is_held_by_its_minor_too() -> None:
     assert gpu is not None and gpu.label == "job 77"
 
 
+def test_a_lost_gpus_device_is_the_one_its_minor_names_not_its_nvml_index() -> None:
+    """/dev/nvidiaN minors need not follow NVML's (bus) order: the driver's /proc information
+    ties each minor to a bus id, and that names the GPU."""
+    rank = HostProcess(101, "python", "/slurm/uid_1001/job_77/step_0", slurm_job="77",
+                       gpu_minors=(0,))  # fmt: skip
+    tenancy = TenancyReading(at=0.0, gpus=(pci(0, minor=1), pci(1, minor=0)), processes=(rank,))
+    own = resolve_owners(nvml(nvml_gpu(0), LOST1), tenancy)
+    assert [(g.bus_id, g.label) for g in own.gpus] == [
+        (BUS[0], "free"),
+        (BUS[1], "job 77"),
+    ]
+
+
+def test_a_lost_gpu_a_dra_claim_names_by_its_minor_is_the_claims_pod() -> None:
+    tenancy = TenancyReading(
+        at=0.0, gpus=(pci(0, minor=0), pci(1, minor=1)), pod_devices=(_claimed("gpu-1", 1),)
+    )
+    gpu = resolve_owners(nvml(nvml_gpu(0), LOST1), tenancy).gpu(BUS[1])
+    assert gpu is not None and gpu.label == "pod research/train"
+    assert [p.kind for p in gpu.problems] == [ProblemKind.HELD_BUT_LOST]
+
+
 def test_a_lost_gpu_in_a_pods_container_is_the_pods_once() -> None:
     container = HostProcess(
         101, "python3",
