@@ -116,6 +116,37 @@ async def test_drain_stops_the_slurm_node_and_leaves_the_gpu_unbound(tmp_path: P
     assert plan.steps[-1].driver is None  # unbound, nothing may bind it
 
 
+async def test_a_lost_gpu_under_a_slurm_job_drains_the_node_and_waits_for_the_job(
+    tmp_path: Path,
+) -> None:
+    """NVML lists no process on GPU 5 once it fell off the bus; the job's rank still holds
+    its /dev/nvidia5, so the job is what the reset waits for, after Slurm drains the node."""
+    world = h100(tmp_path / "w", SimPlan(jobs=(SimJob("4801", "physics", 1001, (4, 5, 6, 7)),)))
+    executor = quick(world, tmp_path / "s")
+    plan = await executor.plan_remedy("5")
+    assert kinds(plan) == [
+        StepKind.CORDON,
+        StepKind.SLURM_DRAIN,
+        StepKind.WAIT_IDLE,
+        StepKind.GPU_RESET,
+        StepKind.VERIFY,
+    ]
+    assert not plan.blocked and plan.steps[2].owners == ("job 4801",)
+    executor.idle_timeout_s = 15.0  # the simulated job ends SLURM_JOB_ENDS_S after the drain
+    outcome = await executor.execute(plan, OPS, "dgx-003")
+    assert outcome.state is PlanState.DONE, outcome.message
+    assert world.slurm_drained and world.plan.jobs == () and world.node.resets == {5: 1}
+
+
+async def test_a_lost_gpu_under_a_process_of_no_scheduler_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    world = h100(tmp_path / "w", SimPlan(loose=(5,)))
+    plan = await quick(world, tmp_path / "s").plan_remedy("5")
+    (stop,) = [p for p in plan.preconditions if not p.ok]
+    assert stop.name.startswith("no processes remain") and "process alice (pids" in stop.detail
+
+
 async def test_a_slurm_job_keeps_the_node_from_its_power_cycle_until_it_ends(
     tmp_path: Path,
 ) -> None:
