@@ -138,10 +138,10 @@ def test_a_gpu_off_the_bus_under_a_slurm_job_drains_the_job_before_its_reset(
     env = dict(os.environ)
 
     rc, plan = _remediate(env, node, bus, "--dry-run")
-    assert f"drain Slurm node {node} (scontrol update state=drain)" in plan, plan
+    assert rc == 0 and f"drain Slurm node {node} (scontrol update state=drain)" in plan, plan
     assert "job 4801 gone" in plan
     rc, out = _remediate(env, node, bus, "--confirm", node)
-    assert f"ok drain Slurm node {node}" in out and "idle: job 4801 gone" in out, out
+    assert rc != 0 and f"ok drain Slurm node {node}" in out and "idle: job 4801 gone" in out, out
     assert f"unable to reset {bus}: still lost" in out and "in use" not in out
     world = SimWorld.demo(node, demo_root(node))
     assert world.slurm_drained and world.plan.jobs == () and world.node.resets == {1: 1}
