@@ -16,6 +16,7 @@ from gpuconsole.readings.tenancy import (
     Guest,
     HostProcess,
     IommuPeer,
+    PartStatus,
     PciGpu,
     PodDevice,
     TenancyReading,
@@ -282,6 +283,13 @@ def test_a_lost_gpu_in_a_pods_container_is_the_pods_once() -> None:
     gpu = resolve_owners(nvml(nvml_gpu(0), LOST1), _held(container)).gpu(BUS[1])
     assert gpu is not None
     assert gpu.label == "pod pod-uid 0b7c4a50-1111-2222-3333-444455556666"
+    # where the kubelet answered and gave it no GPU here, it is a DaemonSet holding every
+    # device (dcgm-exporter, the device plugin), not the GPU's owner
+    answered = msgspec.structs.replace(
+        _held(container), parts=(PartStatus("kubelet", True, "0 GPU devices"),)
+    )
+    gpu = resolve_owners(nvml(nvml_gpu(0), LOST1), answered).gpu(BUS[1])
+    assert gpu is not None and gpu.label == "unavailable (lost)"
 
 
 def test_a_lost_gpu_held_by_a_process_of_no_scheduler_is_its_users() -> None:

@@ -476,6 +476,8 @@ def resolve_owners(nvml: NvmlReading | None, tenancy: TenancyReading | None) -> 
         _claim_guests(tenancy, entries, node_problems)
         _claim_pods(tenancy, entries, by_uuid, by_index, by_mig, node_problems)
 
+    part = tenancy.part("kubelet") if tenancy is not None else None
+    kubelet = part is not None and part.ok and part.enabled
     # the processes holding each /dev/nvidiaN, by the GPU the driver gives that minor
     by_minor: dict[int, list[HostProcess]] = {}
     for host in hosts.values():
@@ -491,7 +493,7 @@ def resolve_owners(nvml: NvmlReading | None, tenancy: TenancyReading | None) -> 
             (entry.nvml is not None and entry.nvml.lost)
             or (entry.nvml is None and nvml is not None)
         )
-        gpus.append(_resolve_gpu(entry, hosts, holders, unlisted))
+        gpus.append(_resolve_gpu(entry, hosts, holders, unlisted, kubelet))
     gpus.sort(key=lambda g: (g.index is None, g.index or 0, g.bus_id))
     parts = tenancy.parts if tenancy is not None else ()
     return Ownership(tuple(gpus), tuple(node_problems), parts)
@@ -642,10 +644,11 @@ def _resolve_gpu(
     hosts: dict[int, HostProcess],
     holders: Sequence[HostProcess] = (),
     unlisted: bool = False,
+    kubelet: bool = False,
 ) -> GpuOwner:
     """One GPU's owners. `holders`: the processes with its /dev/nvidiaN open (none of them
     a system service); `unlisted`: NVML cannot list its processes (it lost the GPU), so
-    they are its processes."""
+    they are its processes; `kubelet`: the kubelet said which pods hold which GPUs."""
     nvml = entry.nvml
     lost = nvml is not None and nvml.lost
     processes = nvml.processes if nvml is not None else ()
@@ -690,8 +693,12 @@ def _resolve_gpu(
     # a VM-held GPU's host processes are one problem (above), not also a second owner
     by_pid.update(_add_processes(claims, by_gi.get(None, []), hosts, claim=not in_guest))
     if unlisted and not in_guest:
-        # NVML lists nothing for a GPU it lost: who still holds its /dev/nvidiaN says
-        _add_processes(claims, [ProcessReading(h.pid) for h in holders], hosts)
+        # NVML lists nothing for a GPU it lost: who still holds its /dev/nvidiaN says. Where
+        # the kubelet answered, a pod it gave no GPU here (dcgm-exporter, the device plugin:
+        # DaemonSets holding every device) is no owner: the pods it names are.
+        pods = any(c.owner.kind is OwnerKind.POD for c in claims)
+        holding = [h for h in holders if h.pod_uid is None or pods or not kubelet]
+        _add_processes(claims, [ProcessReading(h.pid) for h in holding], hosts)
     owners, problems = _settle(claims, entry.where(), lost)
     if migs and not any(o.holds for o in owners):
         # a MIG GPU belongs to whoever holds its instances, each counted once
