@@ -321,3 +321,24 @@ def test_an_evaluation_holds_what_a_plain_reckoning_of_the_same_readings_holds()
     assert {"GpuNvLinkErrorsClimbing", "GpuNvLinkRetraining", "GpuNotFitForWork",
             "PowerSupplyFailed", "GpuOverheating"} <= held_any, held_any  # fmt: skip
     assert climbed, "no increase above 0 in the play"
+
+
+def test_a_clock_that_steps_back_reckons_only_the_points_up_to_now() -> None:
+    """Prometheus selects [now - window, now]: after the head's clock steps back, the points
+    kept at later times are not in the window (an increase stretched to them counted a
+    growth after `now`, or ran negative), and a step back past them all leaves no increase."""
+    labels = (("link", "0"),)
+    windows = Windows([("m", 600.0), ("m", 300.0)])
+    # up, a reset, flat, then up by 10 at the last minute
+    for minute, value in enumerate((0, 0, 5, 5, 1, 1, 1, 1, 1, 1, 11)):
+        windows.observe({"m": [Sample("m", labels, float(value))]}, 10_000.0 + minute * 60.0)
+    kept = windows.points("m", labels)
+    for now in (10_570.0, 10_290.0, 9_000.0):  # back 30 s, 5.5 min, an hour past them all
+        by_name = {"m": [Sample("m", labels, 99.0)]}
+        windows.observe(by_name, now)
+        for range_s, key in ((600.0, "increase(m[10m])"), (300.0, "increase(m[5m])")):
+            want = increase([p for p in kept if now - range_s <= p[0] <= now], now - range_s, now)
+            got = [s.value for s in by_name[key]]
+            assert got == ([] if want is None else [want]), (now, range_s)
+            assert all(v >= 0 for v in got), (now, range_s)
+    assert windows.points("m", labels) == kept  # nothing kept at a time before the last

@@ -5,7 +5,7 @@ the increase reckoned from them as Prometheus reckons it."""
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 
 from gpuconsole.alerts.condition import Labels, Sample, increase_key
@@ -104,11 +104,15 @@ class Windows:
     def observe(self, by_name: dict[str, list[Sample]], now: float) -> None:
         """Keep `now`'s samples of the metrics increases read, forget what fell out of
         their windows, and file each increase in `by_name` under its term's key (an
-        evaluation before the last one kept adds no points: time does not run back).
+        evaluation before the last one kept, the clock stepped back, adds no points and
+        reckons from those up to `now`).
 
         Runs once per series per evaluation (a large fleet has hundreds of thousands of
         NVLink counters): written out, not called."""
         times = self.times
+        if times and now < times[-1]:
+            self._reckon_back(by_name, now)
+            return
         if not times or now > times[-1]:
             times.append(now)
         at = self.first + len(times) - 1  # the place of this evaluation
@@ -122,6 +126,23 @@ class Windows:
         if cut:
             del times[:cut]
             self.first += cut
+
+    def _reckon_back(self, by_name: dict[str, list[Sample]], now: float) -> None:
+        """Each increase after the clock stepped back to `now`, before the last evaluation
+        kept: from the points in [now - window, now] only, as Prometheus selects them (those
+        kept at later times are not in it), and none kept."""
+        times, first = self.times, self.first
+        last = bisect_right(times, now) - 1 + first  # the last evaluation at `now` or before
+        for metric, windows in self.windows.items():
+            kept = self.series[metric]
+            for window in windows:
+                begin = bisect_left(times, now - window) + first
+                into = by_name[increase_key(metric, window)] = []
+                for labels, series in kept.items():
+                    runs = [(s, min(e, last), v) for s, e, v in series.runs(begin) if s <= last]
+                    grown = _grown(runs, times, first, now - window, now)
+                    if grown is not None:
+                        into.append(Sample(metric, labels, grown))
 
     @staticmethod
     def _keep(kept: dict[Labels, _Series], samples: Iterable[Sample], at: int) -> None:
