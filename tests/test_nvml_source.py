@@ -458,4 +458,4 @@ def test_a_gpu_lost_at_start_is_said_once_however_often_the_node_is_read_afresh(
             assert source.collect().gpus[5].state is GpuState.LOST
             source.close_blocking()
     said = [r.getMessage() for r in caplog.records if "GPU 5" in r.getMessage()]
-    assert said == ["GPU 5 unreadable at start: GPU is lost"], said
+    assert said == ["dgx-once: GPU 5 unreadable at start: GPU is lost"], said

@@ -863,9 +863,10 @@ class Executor:
         verify = plan.steps[-1]
         if verify.kind is StepKind.VERIFY and verify.driver == "nvidia":
             text.append(await self._read_after_reboot(plan, verify, self._since.get(plan_id, 0.0)))
+        gpu = plan.gpus[0]
         text.append(
-            f"plan again from its verdict (gpuconsole remediate {plan.gpus[0]} on {plan.node}, "
-            "or r on the GPU)"
+            f"plan again from its verdict: on {plan.node}, gpuconsole remediate {gpu} (on a "
+            f"head, gpuconsole remediate --node {plan.node} {gpu}), or r on the GPU"
         )
         return PlanState.INTERRUPTED, "; ".join(text)
 

@@ -138,12 +138,12 @@ _SAID_MOST = 4096
 def _say_once(node: str, index: int, message: str) -> None:
     said = (node, index, message)
     if said in _SAID:
-        log.debug("%s", message)
+        log.debug("%s: %s", node, message)
         return
     if len(_SAID) >= _SAID_MOST:
         _SAID.clear()
     _SAID.add(said)
-    log.warning("%s", message)
+    log.warning("%s: %s", node, message)
 
 
 T = TypeVar("T")
