@@ -92,6 +92,24 @@ def owners(world_: SimWorld, indexes: Sequence[int]) -> list[list[str]]:
     return [world_.owners(i) for i in indexes]
 
 
+class PassingDriver:
+    """A layer's driver that passes each step to the real one (`inner`), as a test's own
+    driver does for all it does not change (it overrides `run`)."""
+
+    def __init__(self, inner: StepDriver) -> None:
+        self.inner = inner
+
+    async def run(self, step: Step) -> str:
+        return await self.inner.run(step)
+
+    async def undo(self, step: Step) -> str:
+        return await self.inner.undo(step)
+
+    async def cordoned(self) -> frozenset[str]:
+        cordoned = getattr(self.inner, "cordoned")  # noqa: B009 (the Kubernetes layer's)
+        return frozenset(await cordoned())
+
+
 class SlowPci:
     """The simulated PCI driver, slow enough that two requests for one GPU overlap."""
 

@@ -19,7 +19,7 @@ from gpuconsole.actions.locks import holders
 from gpuconsole.actions.plan import Step, StepKind, Target
 from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.sim.actions import sim_drivers
-from tests.assign_fixtures import executor_for, world
+from tests.assign_fixtures import PassingDriver, executor_for, world
 
 # GPU 0, held by pod team-nlp/train-0, to the shut-off guest: cordon, evict, check idle,
 # override, unbind, probe, reset, attach, verify.
@@ -27,13 +27,14 @@ STEPS = 9
 TARGET = "vm:tenant-b-vm1"
 
 
-class _Killer:
+class _Killer(PassingDriver):
     """Passes steps to the real driver, and SIGKILLs this process at the n-th one."""
 
     calls = 0
 
     def __init__(self, inner: StepDriver, at: int, after: bool) -> None:
-        self.inner, self.at, self.after = inner, at, after
+        super().__init__(inner)
+        self.at, self.after = at, after
 
     async def run(self, step: Step) -> str:
         n = _Killer.calls
@@ -44,13 +45,6 @@ class _Killer:
         if n == self.at:
             os.kill(os.getpid(), signal.SIGKILL)  # done, but the result never journaled
         return detail
-
-    async def undo(self, step: Step) -> str:
-        return await self.inner.undo(step)
-
-    async def cordoned(self) -> frozenset[str]:
-        cordoned = getattr(self.inner, "cordoned")  # noqa: B009 (the Kubernetes layer's)
-        return frozenset(await cordoned())
 
 
 def _doomed(root: Path, at: int, after: bool) -> None:

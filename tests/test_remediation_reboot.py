@@ -22,16 +22,17 @@ from gpuconsole.actions.roles import Actor, Role
 from gpuconsole.facts.verdict import Action
 from gpuconsole.sim.actions import SimWorld, sim_drivers
 from gpuconsole.sources.boot import boot_id
-from tests.assign_fixtures import executor_for, world
+from tests.assign_fixtures import PassingDriver, executor_for, world
 from tests.test_remediation import OPS, PODS_ONLY, audit, bus_of, h100, quick
 
 
-class _RebootsAfter:
+class _RebootsAfter(PassingDriver):
     """The simulated driver of a layer; the node power-cycles by itself (its BMC, a hand,
     the mains) right after the step of `kind` went through."""
 
     def __init__(self, inner: StepDriver, world: SimWorld, kind: StepKind) -> None:
-        self.inner, self.world, self.kind = inner, world, kind
+        super().__init__(inner)
+        self.world, self.kind = world, kind
 
     async def run(self, step: Step) -> str:
         detail = await self.inner.run(step)
@@ -39,13 +40,6 @@ class _RebootsAfter:
             self.world.node.power_cycle()
             self.world.save()
         return detail
-
-    async def undo(self, step: Step) -> str:
-        return await self.inner.undo(step)
-
-    async def cordoned(self) -> frozenset[str]:
-        cordoned = getattr(self.inner, "cordoned")  # noqa: B009 (the Kubernetes layer's)
-        return frozenset(await cordoned())
 
 
 async def test_a_node_that_reboots_under_a_reset_plan_interrupts_it_and_says_how_the_gpu_reads(
