@@ -1034,7 +1034,9 @@ class GarblingProxy:
         self._client = aiohttp.ClientSession()
         app = web.Application()
         app.router.add_get("/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app, access_log=None)
+        # a head's watch through it is a request that never ends: its cleanup waits for
+        # none (aiohttp's default is a minute for every handler still running)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
         return self
