@@ -127,6 +127,13 @@ def test_node_totals(bmc: IpmiSim) -> None:
     assert reading.bmc == f"ipmi://127.0.0.1:{bmc.port}"
 
 
+def _polled(bmc: IpmiSim) -> FleetSnapshot:
+    """One poll of `bmc` as node dgx-017's BMC source reads it."""
+    hub = Hub()
+    hub.add_source(BmcSource("dgx-017", open_link(target(bmc))))
+    return asyncio.run(hub.poll_once())
+
+
 def test_a_stopped_fan_a_failed_psu_and_a_hot_inlet_are_each_named_in_the_verdict(
     bmc: IpmiSim,
 ) -> None:
@@ -134,9 +141,7 @@ def test_a_stopped_fan_a_failed_psu_and_a_hot_inlet_are_each_named_in_the_verdic
     bmc.set_raw(1, 42)  # Inlet Temp 42 C: past its critical 40
     # PSU1 Status asserts Failure alone (a BMC that has no presence offset for it)
     bmc.command("sensor_set_bit_clr_rest 0x20 0 10 1 1")
-    hub = Hub()
-    hub.add_source(BmcSource("dgx-017", open_link(target(bmc))))
-    node = asyncio.run(hub.poll_once()).node("dgx-017")
+    node = _polled(bmc).node("dgx-017")
     assert node is not None
     found = {f.code: f for f in node_verdict(node).findings if f.code != "sel_critical"}
     said = {code: (f.text, f.severity.value, f.action.value) for code, f in found.items()}
@@ -153,9 +158,7 @@ def test_a_sel_assertion_that_came_again_after_its_deassertion_stays_evidence(
 ) -> None:
     for raw in (42, 24, 42):  # Inlet Temp past its critical 40, back, past it again
         bmc.set_raw(1, raw)
-    hub = Hub()
-    hub.add_source(BmcSource("dgx-017", open_link(target(bmc))))
-    node = asyncio.run(hub.poll_once()).node("dgx-017")
+    node = _polled(bmc).node("dgx-017")
     assert node is not None and node.bmc is not None
     log = [(e.record_id, e.deassertion) for e in node.bmc.sel_recent]
     assert log == [(1, False), (2, False), (3, True), (4, True), (5, False), (6, False)]
@@ -578,9 +581,7 @@ def test_a_psus_state_is_the_same_reading_over_ipmi_as_over_redfish(
 ) -> None:
     # IPMI: PSU1 Status (sensor type 08h) asserts Presence detected (00h) and `offset`
     bmc.command(f"sensor_set_bit 0x20 0 10 {offset} 1 0")
-    hub = Hub()
-    hub.add_source(BmcSource("dgx-017", open_link(target(bmc))))
-    ipmi_node = asyncio.run(hub.poll_once()).node("dgx-017")
+    ipmi_node = _polled(bmc).node("dgx-017")
     assert ipmi_node is not None and ipmi_node.bmc is not None
     with serving_copy(tmp_path, "public-rackmount1") as server:
         edit(server.root, _BAY1, **bay1)
@@ -616,9 +617,7 @@ def test_a_psus_event_log_record_is_rated_as_its_state_is(
     # critical: a PSU whose input is lost (its cable out) or that predicts its failure was
     # judged "return it for service" by its SEL record, whatever its state said
     bmc.command(f"sensor_set_bit 0x20 0 10 {offset} 1 1")
-    hub = Hub()
-    hub.add_source(BmcSource("dgx-017", open_link(target(bmc))))
-    node = asyncio.run(hub.poll_once()).node("dgx-017")
+    node = _polled(bmc).node("dgx-017")
     assert node is not None and node.bmc is not None
     [record] = node.bmc.sel_recent
     assert (record.sensor, record.event, record.severity) == ("PSU1 Status", event, severity)
@@ -630,9 +629,7 @@ def test_a_discrete_psu_sensors_finding_says_the_state_it_asserts(bmc: IpmiSim) 
     # PSU1 Status (sensor type 08h) asserts Predictive failure (02h): the finding says so,
     # not a bare "warning" (a discrete sensor has no value to show)
     bmc.command("sensor_set_bit 0x20 0 10 2 1 0")
-    hub = Hub()
-    hub.add_source(BmcSource("dgx-017", open_link(target(bmc))))
-    node = asyncio.run(hub.poll_once()).node("dgx-017")
+    node = _polled(bmc).node("dgx-017")
     assert node is not None
     psu = [f for f in node_verdict(node).findings if _PSU.search(f.subject + f.text)]
     assert [(f.subject, f.severity) for f in psu] == [("BMC sensor PSU1 Status", Severity.WARNING)]
@@ -650,9 +647,7 @@ def test_a_bmc_clock_two_days_behind_is_measured_and_shown_and_its_sel_is_on_our
     behind = int(time.time()) - 50 * 3600
     bmc.ipmitool("raw", "0x0a", "0x49", *(f"0x{b:02x}" for b in behind.to_bytes(4, "little")))
     bmc.set_raw(1, 42)  # Inlet Temp 42 C: past its critical 40
-    hub = Hub()
-    hub.add_source(BmcSource("dgx-017", open_link(target(bmc))))
-    snapshot = asyncio.run(hub.poll_once())
+    snapshot = _polled(bmc)
     node = snapshot.node("dgx-017")
     assert node is not None and node.bmc is not None
     skew = node.bmc.clock_skew_s

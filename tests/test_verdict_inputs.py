@@ -306,3 +306,20 @@ def test_the_bmcs_record_of_a_gpus_fault_asks_what_follows_a_failed_repair() -> 
     assert [(f.code, f.action) for f in sel] == [("sel_critical", Action.REBOOT_NODE)]
     assert "reboot the node: the reset of GPU 5 (c3:00.0) at" in sel[0].text
     assert gpu_verdict(tried, LOST).action is Action.REBOOT_NODE
+
+
+def test_a_state_a_bmc_says_a_sensor_asserts_is_shown_cut_to_its_length() -> None:
+    """A discrete sensor's finding names the states it asserts, as its BMC words them: a
+    BMC that sends a state of 5,000 characters gets 64 of them shown, never a finding so
+    long that a head refuses the node's verdict for it."""
+    from gpuconsole.facts.verdict import bmc_findings
+    from gpuconsole.readings.bmc import BmcReading, BmcSensor, SensorHealth, SensorKind
+
+    def said(*states: str) -> str:
+        psu = BmcSensor("PSU1 Status", "10", SensorKind.OTHER, "Power Supply", None, "",
+                        SensorHealth.WARNING, states, context="psu")  # fmt: skip
+        (found,) = bmc_findings(BmcReading(at=FIXED, sensors=(psu,)))
+        return found.text
+
+    assert said("Predictive failure") == "warning: Predictive failure"
+    assert said("x" * 5000, "Present") == f"warning: {'x' * 64}, Present"

@@ -647,7 +647,8 @@ def bmc_findings(
         if sensor.value is not None:
             value = f" at {sensor.value:g} {sensor.unit}".rstrip()
         else:  # a discrete sensor (an IPMI PSU's): the states it asserts
-            value = f": {', '.join(sensor.states[:_NAMED])}" if sensor.states else ""
+            said = [state[:_STATE_CHARS] for state in sensor.states[:_NAMED]]  # the BMC's
+            value = f": {', '.join(said)}" if said else ""
         bad = health in (SensorHealth.CRITICAL, SensorHealth.FAILED)
         if kind is SensorKind.TEMPERATURE:
             where = "inlet" if sensor.context == "intake" else "temperature"
@@ -759,6 +760,7 @@ def _named(bmc: BmcReading, names: tuple[str, ...]) -> str:
 
 
 _NAMED = 8  # failed units named in one finding; a chassis of 60 fans is counted past that
+_STATE_CHARS = 64  # of a state a BMC says a sensor asserts ("Predictive failure")
 
 
 _ACTION_ADVICE = {Action.REBOOT_NODE: "reboot the node", Action.SERVICE: "return it for service"}
@@ -1029,8 +1031,7 @@ def tenancy_findings(node: NodeSnapshot) -> list[Finding]:
 def _gpu_verdict(findings: list[Finding]) -> Verdict:
     """A GPU's verdict: unknown health for one NVML cannot open (nothing else is known of
     it), unless what is known is critical."""
-    unread = any(f.code == "gpu_unreadable" for f in findings)
-    return _verdict(list(findings), Health.UNKNOWN if unread else Health.OK)
+    return _sorted_gpu_verdict(sorted(findings, key=_worst_first))
 
 
 def _sorted_gpu_verdict(findings: list[Finding]) -> Verdict:
