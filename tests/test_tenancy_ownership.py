@@ -292,6 +292,30 @@ def test_a_lost_gpu_in_a_pods_container_is_the_pods_once() -> None:
     assert gpu is not None and gpu.label == "unavailable (lost)"
 
 
+def test_a_monitoring_pod_holding_a_lost_gpu_its_pod_holds_too_is_no_second_owner() -> None:
+    """The kubelet gave the lost GPU to team-nlp/train-0; dcgm-exporter (a DaemonSet that the
+    kubelet gave no GPU) holds every /dev/nvidiaN too. The GPU is train-0's alone: a plan
+    that drained its owners would otherwise evict the node's monitoring."""
+    uid = "0b7c4a50-1111-2222-3333-444455556666"
+    container = HostProcess(
+        101, "python3", f"/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/x.scope",
+        pod_uid=uid, container_id="a" * 64, gpu_minors=(1,),
+    )  # fmt: skip
+    exporter_uid = "9d8e7f60-aaaa-bbbb-cccc-ddddeeeeffff"
+    exporter = HostProcess(
+        202, "dcgm-exporter", f"/kubepods.slice/kubepods-pod{exporter_uid.replace('-', '_')}"
+        ".slice/y.scope", pod_uid=exporter_uid, container_id="b" * 64, gpu_minors=(0, 1),
+    )  # fmt: skip
+    device = msgspec.structs.replace(pod("team-nlp", "train-0", U1, U1), pod_uid=uid)
+    held = msgspec.structs.replace(
+        _held(container, exporter, pods=(device,)),
+        parts=(PartStatus("kubelet", True, "1 GPU device"),),
+    )
+    gpu = resolve_owners(nvml(nvml_gpu(0), LOST1), held).gpu(BUS[1])
+    assert gpu is not None and [o.label for o in gpu.owners] == ["pod team-nlp/train-0"]
+    assert gpu.owner.pids == (101,)
+
+
 def test_a_lost_gpu_held_by_a_process_of_no_scheduler_is_its_users() -> None:
     notebook = HostProcess(
         101, "jupyter", "/user.slice/user-1000.slice/session-3.scope", user="alice",

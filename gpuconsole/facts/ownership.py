@@ -694,10 +694,15 @@ def _resolve_gpu(
     by_pid.update(_add_processes(claims, by_gi.get(None, []), hosts, claim=not in_guest))
     if unlisted and not in_guest:
         # NVML lists nothing for a GPU it lost: who still holds its /dev/nvidiaN says. Where
-        # the kubelet answered, a pod it gave no GPU here (dcgm-exporter, the device plugin:
-        # DaemonSets holding every device) is no owner: the pods it names are.
-        pods = any(c.owner.kind is OwnerKind.POD for c in claims)
-        holding = [h for h in holders if h.pod_uid is None or pods or not kubelet]
+        # the kubelet answered, a pod it did not give this GPU (dcgm-exporter, the device
+        # plugin: DaemonSets holding every device) is no owner: the pods it names are (by
+        # UID; any pod, where one it names has none)
+        given = {c.owner.pod_uid for c in claims if c.owner.kind is OwnerKind.POD}
+        holding = [
+            h
+            for h in holders
+            if h.pod_uid is None or not kubelet or h.pod_uid in given or None in given
+        ]
         _add_processes(claims, [ProcessReading(h.pid) for h in holding], hosts)
     owners, problems = _settle(claims, entry.where(), lost)
     if migs and not any(o.holds for o in owners):
